@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -43,8 +44,8 @@ class Allocator {
 // Thread-safe: communication threads may release tensors too.
 class CachingAllocator final : public Allocator {
  public:
-  using RawAllocate = void* (*)(std::size_t nbytes);
-  using RawFree = void (*)(void* ptr);
+  using RawAllocate = std::function<void*(std::size_t nbytes)>;
+  using RawFree = std::function<void(void* ptr)>;
 
   CachingAllocator(std::string name, RawAllocate raw_allocate, RawFree raw_free);
   ~CachingAllocator() override;

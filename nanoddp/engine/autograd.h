@@ -1,0 +1,82 @@
+#pragma once
+// Define-by-run autograd.
+//
+// Every differentiable op that sees an input requiring a gradient records a Node: the inputs it
+// read and a small backward function. The nodes form a DAG pointing from outputs back to
+// inputs; leaves (parameters) have no node. `loss.backward()` walks that DAG:
+//
+//  1. Discover the nodes reachable from the loss and count, for every node and every leaf, how
+//     many edges point at it (its number of pending gradient contributions).
+//  2. Run nodes in dependency order. A node runs once all its consumers have contributed, and
+//     among the ready nodes the most recently created runs first (like PyTorch), so the last
+//     layer's backward runs first.
+//  3. A node's backward function gets the gradient of its output and a GradSink through which
+//     it hands each input its gradient. For leaves the sink accumulates straight into the
+//     leaf's `.grad` buffer: a linear layer's weight gradient is written by the GEMM itself
+//     (beta = 1), never into a temporary that is then added.
+//  4. When a leaf's last contribution is in, its post-accumulate-grad hooks run at once, in
+//     the middle of the backward pass. The DDP Reducer hangs off exactly that moment: the
+//     gradient is final, so its bucket can be counted down and, when complete, reduced while
+//     the backward pass continues with earlier layers.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nanoddp/engine/tensor.h"
+
+namespace nanoddp {
+
+// How a backward function delivers the gradient of each of its inputs.
+class GradSink {
+ public:
+  // Writes `result` into `dst` as dst = beta * dst + result; beta is 0 or 1.
+  using Accumulator = std::function<void(Tensor& dst, float beta)>;
+
+  virtual ~GradSink() = default;
+  // Whether input `i` wants a gradient at all (skip the work when not).
+  virtual bool needs_grad(std::size_t i) const = 0;
+  // Hands input `i` an already computed gradient.
+  virtual void emit(std::size_t i, const Tensor& grad) = 0;
+  // Lets the caller write input `i`'s gradient in place (e.g. a GEMM with beta), avoiding a
+  // temporary. `write` is called exactly once, with the destination and the beta to use.
+  virtual void accumulate(std::size_t i, const Accumulator& write) = 0;
+};
+
+class Node {
+ public:
+  using BackwardFn = std::function<void(const Tensor& grad_output, GradSink& sink)>;
+
+  Node(std::string name, const std::vector<Tensor>& inputs, BackwardFn backward);
+
+  const std::string& name() const { return name_; }
+  std::uint64_t sequence_nr() const { return sequence_nr_; }
+
+ private:
+  friend class BackwardPass;
+  // Input i's origin: the node that produced it, or the leaf itself, or nothing (no grad).
+  struct Edge {
+    std::shared_ptr<Node> node;
+    std::shared_ptr<TensorImpl> leaf;
+    Shape shape;
+    Device device;
+    bool needs_grad() const { return node != nullptr || leaf != nullptr; }
+  };
+  std::string name_;
+  std::uint64_t sequence_nr_;
+  std::vector<Edge> edges_;
+  BackwardFn backward_;
+};
+
+// Records `output` as produced by `name` from `inputs` with the given backward function, when
+// grad mode is on and some input requires a gradient. Returns `output` for chaining:
+//   return record("relu", y, {x}, [x](const Tensor& g, GradSink& sink) { ... });
+Tensor record(std::string name, Tensor output, const std::vector<Tensor>& inputs,
+              Node::BackwardFn backward);
+
+// Runs backward from `root` (a one-element tensor), seeding d root / d root = 1.
+void run_backward(const Tensor& root);
+
+}  // namespace nanoddp

@@ -1,0 +1,192 @@
+#pragma once
+// Tensor: a cheap, shared handle to (storage, offset, shape, dtype, device) plus autograd state.
+//
+// Tensors are dense and row-major ("contiguous"); there are no strides. A view is the same
+// storage at another offset with its own shape: that is all a gradient needs to live inside a
+// DDP bucket's flat buffer, or a parameter inside the model's flat parameter buffer.
+//
+// Copying a Tensor copies the handle, not the data (like torch.Tensor in Python): two handles
+// to one tensor see each other's in-place updates and autograd state.
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "nanoddp/engine/device.h"
+#include "nanoddp/engine/dtype.h"
+
+namespace nanoddp {
+
+using Shape = std::vector<std::int64_t>;
+
+std::int64_t shape_numel(const Shape& shape);
+std::string shape_str(const Shape& shape);
+
+// Owns one allocation from a device's caching allocator; returns it to the cache when the
+// last tensor using it goes away.
+class Storage {
+ public:
+  Storage(Device device, std::size_t nbytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  Device device_;
+  std::size_t nbytes_;
+  void* data_;
+};
+
+// Where random numbers come from: the Philox stream `stream` under key `seed`, starting at
+// counter `offset` (see kernels/philox.h). A Generator hands out one fresh stream per tensor,
+// so initialising layer 3 never depends on how many numbers layers 1 and 2 drew.
+struct RandomStream {
+  std::uint64_t seed = 0;
+  std::uint64_t stream = 0;
+  std::uint64_t offset = 0;
+};
+
+class Generator {
+ public:
+  explicit Generator(std::uint64_t seed) : seed_(seed) {}
+  RandomStream next() { return RandomStream{.seed = seed_, .stream = next_stream_++}; }
+  std::uint64_t seed() const { return seed_; }
+
+ private:
+  std::uint64_t seed_;
+  std::uint64_t next_stream_ = 0;
+};
+
+class Node;
+struct TensorImpl;
+
+class Tensor {
+ public:
+  using Hook = std::function<void(Tensor& param)>;
+
+  Tensor() = default;
+
+  // ---- factories ----
+  static Tensor empty(const Shape& shape, Device device = Device::cpu(),
+                      DType dtype = DType::kF32);
+  static Tensor zeros(const Shape& shape, Device device = Device::cpu());
+  static Tensor full(const Shape& shape, float value, Device device = Device::cpu());
+  static Tensor ones(const Shape& shape, Device device = Device::cpu()) {
+    return full(shape, 1.0f, device);
+  }
+  static Tensor uniform(const Shape& shape, float lo, float hi, RandomStream rng,
+                        Device device = Device::cpu());
+  static Tensor normal(const Shape& shape, float mean, float stddev, RandomStream rng,
+                       Device device = Device::cpu());
+  static Tensor from_vector(std::span<const float> values, const Shape& shape,
+                            Device device = Device::cpu());
+  static Tensor empty_like(const Tensor& other) {
+    return empty(other.shape(), other.device(), other.dtype());
+  }
+
+  // ---- metadata ----
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const;
+  std::int64_t dim() const { return static_cast<std::int64_t>(shape().size()); }
+  std::int64_t size(std::int64_t d) const;
+  std::int64_t numel() const;
+  DType dtype() const;
+  Device device() const;
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype()); }
+  const std::shared_ptr<Storage>& storage() const;
+  std::int64_t storage_offset() const;  // in elements
+  // Two handles to the same tensor (not merely equal values).
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+
+  // ---- data ----
+  void* raw_data() const;
+  float* data() const;  // float32 tensors only
+  std::vector<float> to_vector() const;  // copies to the host
+  float item() const;                    // one-element tensors only
+
+  // A tensor over `shape` elements of this tensor's storage, starting `offset` elements after
+  // this tensor's start. No copy: writes through either are seen by both.
+  Tensor view(std::int64_t offset, const Shape& shape) const;
+  Tensor reshape(const Shape& shape) const { return view(0, shape); }
+  Tensor to(Device device) const;
+  Tensor clone() const;
+  void copy_from(const Tensor& source);  // same shape, any devices
+  void fill(float value);
+  void zero() { fill(0.0f); }
+  // Rebinds this tensor (every handle to it) to `source`'s storage and offset, keeping
+  // autograd state: how parameters are moved into a flat buffer (PyTorch's `p.data = ...`).
+  void set_data(const Tensor& source);
+
+  // ---- autograd ----
+  bool requires_grad() const;
+  Tensor& set_requires_grad(bool requires_grad);
+  bool is_leaf() const;
+  const std::shared_ptr<Node>& grad_fn() const;
+  void set_grad_fn(std::shared_ptr<Node> node);
+  // The accumulated gradient of a leaf (undefined before the first backward, or after
+  // zero_grad()).
+  Tensor grad() const;
+  // Gives the leaf a gradient buffer to accumulate into, e.g. a view into a flat buffer. The
+  // buffer's contents are taken as the current gradient.
+  void set_grad(const Tensor& grad);
+  // Forgets the gradient without freeing its buffer: the next backward overwrites the buffer
+  // (beta = 0) instead of adding to it, so zeroing costs no pass over memory.
+  void zero_grad();
+  bool has_grad() const;
+  // Runs after this leaf's gradient for the current backward is complete (all contributions
+  // accumulated). The DDP Reducer's entry point.
+  void register_post_accumulate_grad_hook(Hook hook);
+  // A handle to the same data with no autograd history.
+  Tensor detach() const;
+  // Backpropagates from this one-element tensor (d self / d self = 1).
+  void backward() const;
+
+  // For the autograd engine.
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// Autograd state of a tensor; leaves keep their gradient and hooks here.
+struct AutogradMeta {
+  bool requires_grad = false;
+  std::shared_ptr<Node> grad_fn;  // null for leaves
+  Tensor grad;                    // buffer of a leaf's gradient
+  bool grad_valid = false;        // false: `grad`'s contents are stale (treated as zero)
+  std::vector<Tensor::Hook> post_accumulate_grad_hooks;
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  std::int64_t offset = 0;  // elements
+  Shape shape;
+  DType dtype = DType::kF32;
+  AutogradMeta autograd;
+};
+
+// Gradient recording is on by default; a NoGrad scope turns it off on this thread (evaluation,
+// optimizer updates, in-place parameter surgery).
+class NoGrad {
+ public:
+  NoGrad();
+  ~NoGrad();
+  NoGrad(const NoGrad&) = delete;
+  NoGrad& operator=(const NoGrad&) = delete;
+  static bool grad_enabled();
+
+ private:
+  bool previous_;
+};
+
+}  // namespace nanoddp

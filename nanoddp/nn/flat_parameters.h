@@ -1,0 +1,56 @@
+#pragma once
+// All of a model's parameters in one flat buffer per device, and all their gradients in a
+// second one with the same layout.
+//
+// Why flat: the optimizer step becomes one kernel over one buffer instead of a launch per
+// parameter, and a contiguous run of parameters is a contiguous run of gradients. The layout
+// is the REVERSE of registration order (the last layer first) because that is the order in
+// which backward produces gradients; DDP's buckets are then plain contiguous slices of the
+// gradient buffer, filled front to back as backward proceeds.
+//
+// Each parameter (and each handle to it held by a module) becomes a view into the buffer, and
+// each parameter's `.grad` a view into the gradient buffer, so autograd writes gradients
+// in place: no copies in or out.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nanoddp/engine/tensor.h"
+#include "nanoddp/nn/module.h"
+
+namespace nanoddp::nn {
+
+struct ParameterSlot {
+  std::string name;
+  Tensor param;
+  std::int64_t offset = 0;  // elements from the start of the flat buffers
+  std::int64_t numel = 0;
+};
+
+class FlatParameters {
+ public:
+  // Moves `module`'s parameters onto `device` (copying their current values).
+  FlatParameters(const Module& module, Device device);
+
+  Device device() const { return values_.device(); }
+  std::int64_t numel() const { return values_.numel(); }
+  const Tensor& values() const { return values_; }
+  const Tensor& grads() const { return grads_; }
+  // In layout order (reverse registration order).
+  const std::vector<ParameterSlot>& slots() const { return slots_; }
+
+  // Marks every gradient stale without touching memory: the next backward overwrites instead
+  // of accumulating (see Tensor::zero_grad).
+  void zero_grad();
+  // Zero-fills the gradients no backward wrote since zero_grad() (parameters unused in this
+  // step), so that the flat gradient buffer is entirely valid. The optimizers call this.
+  void materialize_grads();
+
+ private:
+  Tensor values_;
+  Tensor grads_;
+  std::vector<ParameterSlot> slots_;
+};
+
+}  // namespace nanoddp::nn

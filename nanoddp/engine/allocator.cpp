@@ -8,6 +8,7 @@
 #include "nanoddp/engine/error.h"
 #if NANODDP_WITH_CUDA
 #include "nanoddp/engine/cuda/cuda_memory.h"
+#include "nanoddp/engine/cuda/device_guard.h"
 #endif
 
 namespace nanoddp {
@@ -100,8 +101,14 @@ Allocator& allocator_for(Device device) {
     const int index = device.index;
     slot = new CachingAllocator(
         device.str() + " allocator",
-        [index](std::size_t nbytes) { return cuda_raw_allocate(index, nbytes); },
-        [index](void* ptr) { cuda_raw_free(index, ptr); });
+        [index](std::size_t nbytes) {
+          detail::CudaDeviceGuard guard(index);
+          return cuda_raw_allocate(nbytes);
+        },
+        [index](void* ptr) {
+          detail::CudaDeviceGuard guard(index);
+          cuda_raw_free(ptr);
+        });
   }
   return *slot;
 #else

@@ -1,0 +1,124 @@
+#include "options.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <iostream>
+
+namespace nanoddp::train {
+
+namespace {
+
+// Checks that CLI11's validators cannot express (relations between flags).
+std::string check(const TrainOptions& o) {
+  if (o.steps && o.epochs) return "--steps and --epochs are mutually exclusive: give one";
+  if (o.data_path.empty() != o.targets_path.empty()) {
+    return "--data and --targets go together: give both .npy files or neither";
+  }
+  if (o.layers > 0 && o.hidden <= 0) return "--hidden must be positive when --layers > 0";
+  if (!std::isfinite(o.lr) || o.lr <= 0.0f) return fmt::format("--lr must be > 0, got {}", o.lr);
+  if (o.optimizer == "adamw" && o.momentum != 0.0f) {
+    return "--momentum applies to --optimizer sgd only";
+  }
+  if (o.gemm == "cublas" && o.device == "cpu") {
+    return "--gemm cublas needs --device cuda (on the CPU the GEMM is Eigen's)";
+  }
+  return {};
+}
+
+}  // namespace
+
+std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code) {
+  TrainOptions o;
+  CLI::App app{
+      "nanoddp-train: train an MLP regression (MSE loss) with nanoddp.\n"
+      "Data: a synthetic teacher-student task addressed by global sample index, or --data/--targets "
+      ".npy files."};
+  app.get_formatter()->column_width(34);
+
+  app.add_option("--device", o.device, "cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--gemm", o.gemm, "GEMM on CUDA: hand (nanoddp's kernel) or cublas")
+      ->check(CLI::IsMember({"hand", "cublas"}))
+      ->capture_default_str();
+  app.add_option("--in", o.in_features, "input features (synthetic data)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--out", o.out_features, "output features (synthetic data)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--hidden", o.hidden, "width of the hidden layers")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--layers", o.layers,
+                 "hidden layers L: L+1 Linear modules; 0 = one Linear(in, out)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1000}))
+      ->capture_default_str();
+  app.add_option("--activation", o.activation, "relu or gelu (tanh form)")
+      ->check(CLI::IsMember({"relu", "gelu"}))
+      ->capture_default_str();
+  app.add_option("--batch", o.batch, "samples per step")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24))
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps to run (default 1000)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+  app.add_option("--epochs", o.epochs, "passes over the data set (instead of --steps)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+  app.add_option("--dataset-size", o.dataset_size, "samples in the synthetic data set")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--noise", o.noise_std, "std of the noise on synthetic targets")
+      ->check(CLI::Range(0.0f, 1e6f))
+      ->capture_default_str();
+  app.add_option("--teacher-hidden", o.teacher_hidden,
+                 "hidden width of the synthetic teacher (0 = linear teacher)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--lr", o.lr, "learning rate")->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "sgd or adamw")
+      ->check(CLI::IsMember({"sgd", "adamw"}))
+      ->capture_default_str();
+  app.add_option("--momentum", o.momentum, "SGD momentum")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "weight decay (decoupled for AdamW)")
+      ->check(CLI::Range(0.0f, 1e3f))
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of the model init, the data and the shuffle")
+      ->capture_default_str();
+  app.add_flag("!--no-shuffle", o.shuffle, "visit samples in order instead of reshuffling per epoch");
+  app.add_option("--data", o.data_path, "inputs: a 2-D float32/float64 .npy file (N x in)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--targets", o.targets_path, "targets: a 2-D .npy file (N x out)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--log-every", o.log_every, "print progress every N steps")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--metrics", o.metrics_path, "write one JSON line per logged step to FILE");
+  app.add_option("--save", o.save_path, "save the final parameters as a safetensors FILE");
+  app.add_option("--threads", o.threads, "Eigen GEMM threads (CPU)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_flag("--quiet", o.quiet, "print only the summary");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    exit_code = app.exit(e);
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "nanoddp-train: error: " << e.what() << "\n"
+              << "Run 'nanoddp-train --help' for the list of flags.\n";
+    exit_code = 2;
+    return std::nullopt;
+  }
+  if (std::string problem = check(o); !problem.empty()) {
+    std::cerr << "nanoddp-train: error: " << problem << "\n";
+    exit_code = 2;
+    return std::nullopt;
+  }
+  exit_code = 0;
+  return o;
+}
+
+}  // namespace nanoddp::train

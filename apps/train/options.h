@@ -1,0 +1,44 @@
+#pragma once
+// nanoddp-train's command line: every flag, its default and its check.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace nanoddp::train {
+
+struct TrainOptions {
+  std::string device = "cpu";
+  std::string gemm = "hand";
+  std::int64_t in_features = 32;
+  std::int64_t out_features = 8;
+  std::int64_t hidden = 128;
+  std::int64_t layers = 2;
+  std::string activation = "relu";
+  std::int64_t batch = 64;
+  std::optional<std::int64_t> steps;
+  std::optional<std::int64_t> epochs;
+  std::int64_t dataset_size = 65536;
+  float noise_std = 1e-3f;
+  std::int64_t teacher_hidden = 0;
+  float lr = 1e-3f;
+  std::string optimizer = "adamw";
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;
+  std::uint64_t seed = 0;
+  bool shuffle = true;
+  std::string data_path;
+  std::string targets_path;
+  std::int64_t log_every = 50;
+  std::string metrics_path;
+  std::string save_path;
+  int threads = 1;
+  bool quiet = false;
+};
+
+// Parses argv. On --help prints usage and returns nullopt with exit_code 0; on a bad flag or
+// value prints a message naming the flag and returns nullopt with exit_code 2.
+std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code);
+
+}  // namespace nanoddp::train

@@ -1,0 +1,133 @@
+#include "nanoddp/nn/dataset.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/cpu/kernels.h"
+
+namespace nanoddp::nn {
+namespace {
+
+namespace cpu = nanoddp::kernels::cpu;
+
+constexpr float kBiasStd = 0.1f;
+constexpr float kTanhGain = 5.0f / 3.0f;
+
+void check_index(std::int64_t index, std::int64_t size, std::int64_t position,
+                 std::string_view what) {
+  if (index < 0 || index >= size) {
+    fail(
+        "{}: sample index {} (position {} in the batch) is outside [0, {}). The sampler's size "
+        "must match the data set's.",
+        what, index, position, size);
+  }
+}
+
+// out[o] = bias[o] + sum_k in[k] * weight[o, k], accumulated in double in index order.
+void affine_row(const float* in, const float* weight, const float* bias, std::int64_t fan_in,
+                std::int64_t fan_out, float* out) {
+  for (std::int64_t o = 0; o < fan_out; ++o) {
+    const float* w = weight + o * fan_in;
+    double acc = bias[o];
+    for (std::int64_t k = 0; k < fan_in; ++k) acc += static_cast<double>(in[k]) * w[k];
+    out[o] = static_cast<float>(acc);
+  }
+}
+
+}  // namespace
+
+SyntheticRegression::SyntheticRegression(SyntheticRegressionOptions options) : options_(options) {
+  const auto& o = options_;
+  if (o.in_features <= 0 || o.out_features <= 0 || o.size <= 0 || o.teacher_hidden < 0) {
+    fail(
+        "SyntheticRegression: in_features ({}), out_features ({}) and size ({}) must be "
+        "positive and teacher_hidden ({}) non-negative",
+        o.in_features, o.out_features, o.size, o.teacher_hidden);
+  }
+  if (!(o.noise_std >= 0.0f) || !std::isfinite(o.noise_std)) {
+    fail("SyntheticRegression: noise_std must be finite and >= 0, got {}", o.noise_std);
+  }
+  // Index * features must fit the 64-bit Philox offset without wrapping into another sample.
+  const std::int64_t widest = std::max(o.in_features, o.out_features);
+  if (o.size > INT64_MAX / widest) {
+    fail("SyntheticRegression: size {} x {} features overflows the 64-bit stream offset", o.size,
+         widest);
+  }
+  // The teacher's parameters, drawn back to back from one stream.
+  std::uint64_t offset = 0;
+  const auto draw = [&](std::vector<float>& out, std::int64_t n, float stddev) {
+    out.resize(static_cast<std::size_t>(n));
+    cpu::fill_normal(out.data(), n, o.seed, kTeacherStream, offset, 0.0f, stddev);
+    offset += static_cast<std::uint64_t>(n);
+  };
+  const float in_std = 1.0f / std::sqrt(static_cast<float>(o.in_features));
+  if (o.teacher_hidden == 0) {
+    draw(weight1_, o.out_features * o.in_features, in_std);
+    draw(bias1_, o.out_features, kBiasStd);
+  } else {
+    draw(weight1_, o.teacher_hidden * o.in_features, in_std);
+    draw(bias1_, o.teacher_hidden, kBiasStd);
+    draw(weight2_, o.out_features * o.teacher_hidden,
+         kTanhGain / std::sqrt(static_cast<float>(o.teacher_hidden)));
+    draw(bias2_, o.out_features, kBiasStd);
+  }
+  hidden_.resize(static_cast<std::size_t>(o.teacher_hidden));
+  noise_.resize(static_cast<std::size_t>(o.out_features));
+}
+
+void SyntheticRegression::fill_batch(std::span<const std::int64_t> indices, float* x, float* y) {
+  const auto& o = options_;
+  const std::int64_t in = o.in_features, out = o.out_features, hidden = o.teacher_hidden;
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    const std::int64_t i = indices[k];
+    check_index(i, o.size, static_cast<std::int64_t>(k), "SyntheticRegression");
+    float* x_row = x + static_cast<std::int64_t>(k) * in;
+    float* y_row = y + static_cast<std::int64_t>(k) * out;
+    cpu::fill_normal(x_row, in, o.seed, kInputStream, static_cast<std::uint64_t>(i * in), 0.0f,
+                     1.0f);
+    if (hidden == 0) {
+      affine_row(x_row, weight1_.data(), bias1_.data(), in, out, y_row);
+    } else {
+      affine_row(x_row, weight1_.data(), bias1_.data(), in, hidden, hidden_.data());
+      for (float& h : hidden_) h = std::tanh(h);
+      affine_row(hidden_.data(), weight2_.data(), bias2_.data(), hidden, out, y_row);
+    }
+    if (o.noise_std > 0.0f) {
+      cpu::fill_normal(noise_.data(), out, o.seed, kNoiseStream,
+                       static_cast<std::uint64_t>(i * out), 0.0f, o.noise_std);
+      for (std::int64_t j = 0; j < out; ++j) y_row[j] += noise_[static_cast<std::size_t>(j)];
+    }
+  }
+}
+
+NpyDataset::NpyDataset(const std::filesystem::path& x_path, const std::filesystem::path& y_path)
+    : x_(read_npy_matrix(x_path)), y_(read_npy_matrix(y_path)), x_path_(x_path) {
+  if (x_.shape[0] != y_.shape[0]) {
+    fail(
+        "the inputs '{}' have {} samples (rows) but the targets '{}' have {}; both files must "
+        "hold one row per sample, in the same order",
+        x_path.string(), x_.shape[0], y_path.string(), y_.shape[0]);
+  }
+  if (x_.shape[0] == 0 || x_.shape[1] == 0 || y_.shape[1] == 0) {
+    fail("the data set '{}' / '{}' is empty (shapes ({}, {}) and ({}, {}))", x_path.string(),
+         y_path.string(), x_.shape[0], x_.shape[1], y_.shape[0], y_.shape[1]);
+  }
+  check_finite(x_, x_path);
+  check_finite(y_, y_path);
+}
+
+void NpyDataset::fill_batch(std::span<const std::int64_t> indices, float* x, float* y) {
+  const std::int64_t in = in_features(), out = out_features();
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    const std::int64_t i = indices[k];
+    if (i < 0 || i >= size())
+      check_index(i, size(), static_cast<std::int64_t>(k), x_path_.string());
+    std::memcpy(x + static_cast<std::int64_t>(k) * in, x_.data.data() + i * in,
+                static_cast<std::size_t>(in) * sizeof(float));
+    std::memcpy(y + static_cast<std::int64_t>(k) * out, y_.data.data() + i * out,
+                static_cast<std::size_t>(out) * sizeof(float));
+  }
+}
+
+}  // namespace nanoddp::nn

@@ -1,0 +1,27 @@
+#pragma once
+// Whole-file reads and crash-safe whole-file writes, shared by the .npy and safetensors code.
+//
+// A checkpoint or data file must never be seen half-written: a job killed mid-save (or a full
+// disk) would otherwise leave a truncated file where the last good one was. So writes go to a
+// temporary file in the same directory (rename is atomic only within one file system), which is
+// written, fsynced and then renamed over the target; the directory is fsynced last so the
+// rename itself survives a power loss.
+
+#include <cstddef>
+#include <filesystem>
+#include <span>
+#include <vector>
+
+namespace nanoddp::nn {
+
+// The whole file as bytes. Throws nanoddp::Error naming the path and the system's reason.
+std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
+
+// Writes the concatenation of `chunks` to `path` atomically (see above). On any failure the
+// temporary file is removed, the old contents of `path` (if any) are untouched, and
+// nanoddp::Error names the path, the failing step and the system's reason (e.g. "No space left
+// on device", "Permission denied"). New files get mode 0666 minus the umask, like fopen.
+void write_file_atomically(const std::filesystem::path& path,
+                           std::span<const std::span<const std::byte>> chunks);
+
+}  // namespace nanoddp::nn

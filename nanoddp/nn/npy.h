@@ -1,0 +1,44 @@
+#pragma once
+// numpy's .npy format (https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html):
+// the magic "\x93NUMPY", a version byte pair (1.0, 2.0 or 3.0), the header length (2 bytes
+// little-endian in 1.0, 4 bytes in 2.0/3.0), a Python dict literal such as
+//   {'descr': '<f4', 'fortran_order': False, 'shape': (128, 16), }
+// padded with spaces and a newline, then the raw elements.
+//
+// nanoddp trains in float32, so the reader accepts little-endian float32 ('<f4') and float64
+// ('<f8', converted to float32) in C order, which covers what np.save writes for float arrays
+// on every common machine. Everything else is refused with a message that says what to change.
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <vector>
+
+namespace nanoddp::nn {
+
+struct NpyArray {
+  std::vector<std::int64_t> shape;  // empty for a 0-d array (one element)
+  std::vector<float> data;          // row-major (C order), product(shape) elements
+
+  std::int64_t numel() const;
+};
+
+// Reads an array of any rank. Throws nanoddp::Error naming the file and the problem: wrong
+// magic, unknown version, truncated header or data, extra bytes after the data, Fortran order,
+// or an unsupported dtype.
+NpyArray read_npy(const std::filesystem::path& path);
+
+// As read_npy, but the array must be 2-D (samples x features).
+NpyArray read_npy_matrix(const std::filesystem::path& path);
+
+// Throws nanoddp::Error naming `path` and the first NaN or infinite element (its row and column
+// for a 2-D array, its index tuple otherwise) and how many such elements there are.
+void check_finite(const NpyArray& array, const std::filesystem::path& path);
+
+// Writes a float32 array ('<f4', C order, format version 1.0; 2.0 when the header needs more
+// than 65535 bytes) atomically: temporary file in the same directory, fsync, rename.
+// `data` holds product(shape) elements (may be null when that product is 0).
+void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,
+               const float* data);
+
+}  // namespace nanoddp::nn

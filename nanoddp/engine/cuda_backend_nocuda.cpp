@@ -17,6 +17,8 @@ void* cuda_raw_allocate(std::size_t nbytes) {
   fail("cannot allocate {} bytes of CUDA memory: {}", nbytes, cuda_status());
 }
 
-void cuda_raw_free(void* /*ptr*/) { fail("cannot free CUDA memory: {}", cuda_status()); }
+void cuda_raw_free(void* /*ptr*/) {
+  fail("cannot free CUDA memory: {}", cuda_status());
+}
 
 }  // namespace nanoddp

@@ -10,17 +10,24 @@
 
 namespace nanoddp {
 
-bool built_with_cuda() { return false; }
+bool built_with_cuda() {
+  return false;
+}
 
-int cuda_device_count() { return 0; }
+int cuda_device_count() {
+  return 0;
+}
 
-std::string cuda_status() { return "this nanoddp was built without CUDA (NANODDP_CUDA=OFF)"; }
+std::string cuda_status() {
+  return "this nanoddp was built without CUDA (NANODDP_CUDA=OFF)";
+}
 
 void require_device(Device device) {
   if (device.is_cpu()) return;
-  fail("--device {} needs a CUDA device, but {}. Rebuild with -DNANODDP_CUDA=ON on a machine with "
-       "the CUDA toolkit, or use --device cpu.",
-       detail::device_name(device), cuda_status());
+  fail(
+      "--device {} needs a CUDA device, but {}. Rebuild with -DNANODDP_CUDA=ON on a machine with "
+      "the CUDA toolkit, or use --device cpu.",
+      detail::device_name(device), cuda_status());
 }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,

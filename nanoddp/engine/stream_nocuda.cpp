@@ -20,7 +20,9 @@ Stream Stream::create(Device device, StreamPriority /*priority*/) {
 
 void Stream::synchronize() const {}
 
-Event::Event(Device device) : device_(device) { require_device(device); }
+Event::Event(Device device) : device_(device) {
+  require_device(device);
+}
 
 Event::~Event() = default;
 
@@ -34,13 +36,17 @@ Event& Event::operator=(Event&& other) noexcept {
   return *this;
 }
 
-void Event::record(const Stream& /*stream*/) { cpu_time_ = detail::cpu_event_now(); }
+void Event::record(const Stream& /*stream*/) {
+  cpu_time_ = detail::cpu_event_now();
+}
 
 void Event::block(const Stream& /*stream*/) const {}
 
 void Event::synchronize() const {}
 
-bool Event::query() const { return true; }
+bool Event::query() const {
+  return true;
+}
 
 double Event::elapsed_ms(const Event& later) const {
   return detail::cpu_elapsed_ms(cpu_time_, later.cpu_time_);

@@ -47,8 +47,8 @@ class CudaBackend final : public Backend {
   void set_gemm_backend(GemmBackend backend) override { gemm_backend_ = backend; }
   GemmBackend gemm_backend() const override { return gemm_backend_; }
 
-  void gemm(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64_t k,
-            float alpha, const float* a, const float* b, float beta, float* c) override {
+  void gemm(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+            const float* a, const float* b, float beta, float* c) override {
     Guard guard(device_.index);
     if (gemm_backend_ == GemmBackend::kCublas) {
       kc::gemm_cublas(cublas_, ta, tb, m, n, k, alpha, a, b, beta, c);
@@ -79,8 +79,8 @@ class CudaBackend final : public Backend {
     Guard guard(device_.index);
     kc::mse_forward(pred, target, n, out, native_);
   }
-  void mse_backward(const float* pred, const float* target, std::int64_t n,
-                    const float* grad_out, float beta, float* grad_pred) override {
+  void mse_backward(const float* pred, const float* target, std::int64_t n, const float* grad_out,
+                    float beta, float* grad_pred) override {
     Guard guard(device_.index);
     kc::mse_backward(pred, target, n, grad_out, beta, grad_pred, native_);
   }
@@ -140,8 +140,7 @@ class CudaBackend final : public Backend {
   void copy(void* dst, const void* src, std::size_t nbytes) override {
     if (nbytes == 0 || dst == src) return;
     Guard guard(device_.index);
-    NANODDP_CUDA_CHECK(
-        cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, native_));
+    NANODDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, native_));
   }
 
  private:

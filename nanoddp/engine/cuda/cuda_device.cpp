@@ -51,9 +51,13 @@ std::string probe_failure() {
 
 }  // namespace
 
-bool built_with_cuda() { return true; }
+bool built_with_cuda() {
+  return true;
+}
 
-int cuda_device_count() { return probe().count; }
+int cuda_device_count() {
+  return probe().count;
+}
 
 std::string cuda_status() {
   const int count = cuda_device_count();
@@ -82,10 +86,11 @@ void require_device(Device device) {
     fail("--device {} needs a CUDA device, but {}. Use --device cpu.", name, probe_failure());
   }
   if (device.index < 0 || device.index >= count) {
-    fail("--device {} does not exist: this machine has {} CUDA device{} (cuda:0{}). Pick one of "
-         "those or use --device cpu.",
-         name, count, count == 1 ? "" : "s",
-         count == 1 ? std::string() : fmt::format(" .. cuda:{}", count - 1));
+    fail(
+        "--device {} does not exist: this machine has {} CUDA device{} (cuda:0{}). Pick one of "
+        "those or use --device cpu.",
+        name, count, count == 1 ? "" : "s",
+        count == 1 ? std::string() : fmt::format(" .. cuda:{}", count - 1));
   }
 }
 

@@ -20,7 +20,9 @@ cudaStream_t native_stream(const Stream& stream) {
   return static_cast<cudaStream_t>(stream.native());
 }
 
-cudaEvent_t native_event(void* handle) { return static_cast<cudaEvent_t>(handle); }
+cudaEvent_t native_event(void* handle) {
+  return static_cast<cudaEvent_t>(handle);
+}
 
 }  // namespace
 

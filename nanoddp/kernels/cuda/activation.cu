@@ -37,9 +37,8 @@ __device__ __forceinline__ float activate(float z) {
 
 // y and pre_activation are not __restrict__: with kNone they may be the same buffer.
 template <Activation kAct>
-__global__ void bias_activation_kernel(float* y, const float* __restrict__ bias,
-                                       std::int64_t rows, std::int64_t cols,
-                                       float* pre_activation) {
+__global__ void bias_activation_kernel(float* y, const float* __restrict__ bias, std::int64_t rows,
+                                       std::int64_t cols, float* pre_activation) {
   const std::int64_t n = rows * cols;
   NANODDP_GRID_STRIDE_LOOP(i, n) {
     // Row-major: consecutive threads touch consecutive columns of a row, so both y and the
@@ -54,8 +53,7 @@ __global__ void bias_activation_kernel(float* y, const float* __restrict__ bias,
 // grad_in may alias grad_out: each element is read before it is written by the same thread.
 template <Activation kAct>
 __global__ void activation_backward_kernel(const float* __restrict__ pre_activation,
-                                           const float* grad_out, float* grad_in,
-                                           std::int64_t n) {
+                                           const float* grad_out, float* grad_in, std::int64_t n) {
   NANODDP_GRID_STRIDE_LOOP(i, n) {
     const float g = grad_out[i];
     if constexpr (kAct == Activation::kRelu) {

@@ -28,9 +28,9 @@ inline unsigned grid_for(std::int64_t n, int threads = kThreads) {
 
 // The loop itself: i visits blockIdx.x * blockDim.x + threadIdx.x, then jumps by the grid size.
 // Indices are 64-bit so that buffers beyond 2^31 elements work.
-#define NANODDP_GRID_STRIDE_LOOP(i, n)                                                      \
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; \
-       i < (n); i += static_cast<std::int64_t>(blockDim.x) * gridDim.x)
+#define NANODDP_GRID_STRIDE_LOOP(i, n)                                                             \
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<std::int64_t>(blockDim.x) * gridDim.x)
 
 // Sum over the 32 lanes of a warp with shuffles: at each step every lane adds the value held by
 // the lane `offset` positions above it, halving the number of live partial sums (16, 8, 4, 2,

@@ -14,25 +14,35 @@ namespace nanoddp::kernels::cuda {
 namespace {
 
 __global__ void fill_kernel(float* x, std::int64_t n, float value) {
-  NANODDP_GRID_STRIDE_LOOP(i, n) { x[i] = value; }
+  NANODDP_GRID_STRIDE_LOOP(i, n) {
+    x[i] = value;
+  }
 }
 
 __global__ void scale_kernel(float* x, std::int64_t n, float alpha) {
-  NANODDP_GRID_STRIDE_LOOP(i, n) { x[i] *= alpha; }
+  NANODDP_GRID_STRIDE_LOOP(i, n) {
+    x[i] *= alpha;
+  }
 }
 
 __global__ void axpy_kernel(std::int64_t n, float alpha, const float* __restrict__ x,
                             float* __restrict__ y) {
-  NANODDP_GRID_STRIDE_LOOP(i, n) { y[i] += alpha * x[i]; }
+  NANODDP_GRID_STRIDE_LOOP(i, n) {
+    y[i] += alpha * x[i];
+  }
 }
 
 __global__ void add_kernel(const float* a, const float* b, float alpha, float* out,
                            std::int64_t n) {
-  NANODDP_GRID_STRIDE_LOOP(i, n) { out[i] = a[i] + alpha * b[i]; }
+  NANODDP_GRID_STRIDE_LOOP(i, n) {
+    out[i] = a[i] + alpha * b[i];
+  }
 }
 
 __global__ void scale_copy_kernel(const float* x, float alpha, float* out, std::int64_t n) {
-  NANODDP_GRID_STRIDE_LOOP(i, n) { out[i] = alpha * x[i]; }
+  NANODDP_GRID_STRIDE_LOOP(i, n) {
+    out[i] = alpha * x[i];
+  }
 }
 
 __global__ void broadcast_scalar_kernel(const float* __restrict__ scalar, float alpha, float beta,
@@ -40,7 +50,9 @@ __global__ void broadcast_scalar_kernel(const float* __restrict__ scalar, float 
   // The scalar lives on the device (it is the upstream gradient of a loss), so every thread
   // reads it; it is one cached word.
   const float value = alpha * scalar[0];
-  NANODDP_GRID_STRIDE_LOOP(i, n) { out[i] = beta == 0.0f ? value : beta * out[i] + value; }
+  NANODDP_GRID_STRIDE_LOOP(i, n) {
+    out[i] = beta == 0.0f ? value : beta * out[i] + value;
+  }
 }
 
 // ---- bf16 ----------------------------------------------------------------------------------
@@ -64,7 +76,9 @@ __device__ __forceinline__ std::uint16_t f32_to_bf16_bits(float value) {
 
 __global__ void f32_to_bf16_kernel(const float* __restrict__ in, std::uint16_t* __restrict__ out,
                                    std::int64_t n) {
-  NANODDP_GRID_STRIDE_LOOP(i, n) { out[i] = f32_to_bf16_bits(in[i]); }
+  NANODDP_GRID_STRIDE_LOOP(i, n) {
+    out[i] = f32_to_bf16_bits(in[i]);
+  }
 }
 
 __global__ void bf16_to_f32_kernel(const std::uint16_t* __restrict__ in, float* __restrict__ out,
@@ -110,8 +124,8 @@ void scale_copy(const float* x, float alpha, float* out, std::int64_t n, cudaStr
 void broadcast_scalar(const float* scalar, float alpha, float beta, float* out, std::int64_t n,
                       cudaStream_t stream) {
   if (n <= 0) return;
-  broadcast_scalar_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(scalar, alpha,
-                                                                                 beta, out, n);
+  broadcast_scalar_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(scalar, alpha, beta,
+                                                                                out, n);
   NANODDP_CUDA_CHECK_LAUNCH();
 }
 

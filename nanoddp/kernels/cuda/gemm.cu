@@ -33,13 +33,13 @@
 namespace nanoddp::kernels::cuda {
 namespace {
 
-constexpr int kBM = 64;  // rows of C per block
-constexpr int kBN = 64;  // columns of C per block
-constexpr int kBK = 16;  // depth of one shared-memory slice
-constexpr int kTM = 4;   // rows of C per thread
-constexpr int kTN = 4;   // columns of C per thread
-constexpr int kThreadsX = kBN / kTN;  // 16
-constexpr int kThreadsY = kBM / kTM;  // 16
+constexpr int kBM = 64;                              // rows of C per block
+constexpr int kBN = 64;                              // columns of C per block
+constexpr int kBK = 16;                              // depth of one shared-memory slice
+constexpr int kTM = 4;                               // rows of C per thread
+constexpr int kTN = 4;                               // columns of C per thread
+constexpr int kThreadsX = kBN / kTN;                 // 16
+constexpr int kThreadsY = kBM / kTM;                 // 16
 constexpr int kGemmThreads = kThreadsX * kThreadsY;  // 256
 // Each slice holds kBM * kBK = 1024 elements of op(A) (and as many of op(B)): 4 per thread.
 constexpr int kLoadsPerThread = kBM * kBK / kGemmThreads;
@@ -168,8 +168,7 @@ void launch_gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, co
 }  // namespace
 
 void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-          float alpha, const float* a, const float* b, float beta, float* c,
-          cudaStream_t stream) {
+          float alpha, const float* a, const float* b, float beta, float* c, cudaStream_t stream) {
   if (m <= 0 || n <= 0) return;
   const bool ta = trans_a == Transpose::kYes;
   const bool tb = trans_b == Transpose::kYes;

@@ -21,8 +21,8 @@ void gemm_cublas(cublasHandle_t handle, Transpose trans_a, Transpose trans_b, st
                  float beta, float* c) {
   if (m <= 0 || n <= 0) return;
   if (m > INT_MAX || n > INT_MAX || k > INT_MAX) {
-    throw CudaError("gemm_cublas: sizes " + std::to_string(m) + " x " + std::to_string(n) +
-                    " x " + std::to_string(k) + " exceed cuBLAS's 32-bit limit");
+    throw CudaError("gemm_cublas: sizes " + std::to_string(m) + " x " + std::to_string(n) + " x " +
+                    std::to_string(k) + " exceed cuBLAS's 32-bit limit");
   }
   // alpha and beta are host values; make sure an earlier user of the handle did not switch it
   // to device pointers.
@@ -47,8 +47,8 @@ void gemm_cublas(cublasHandle_t handle, Transpose trans_a, Transpose trans_b, st
   // Leading dimension = row length of the stored row-major matrix.
   const int lda = trans_a == Transpose::kYes ? mi : ki;  // A stored k x m, or m x k
   const int ldb = trans_b == Transpose::kYes ? ki : ni;  // B stored n x k, or k x n
-  NANODDP_CUBLAS_CHECK(cublasSgemm(handle, op_b, op_a, ni, mi, ki, &alpha, b, ldb, a, lda, &beta,
-                                   c, ni));
+  NANODDP_CUBLAS_CHECK(
+      cublasSgemm(handle, op_b, op_a, ni, mi, ki, &alpha, b, ldb, a, lda, &beta, c, ni));
 }
 
 }  // namespace nanoddp::kernels::cuda

@@ -22,8 +22,7 @@ __global__ void sgd_kernel(float* __restrict__ param, const float* __restrict__ 
     if (h.weight_decay != 0.0f) g += h.weight_decay * p;
     if (h.momentum != 0.0f) {
       // PyTorch starts the buffer at the first gradient (no dampening on the first step).
-      const float buf =
-          first_step ? g : h.momentum * momentum_buffer[i] + (1.0f - h.dampening) * g;
+      const float buf = first_step ? g : h.momentum * momentum_buffer[i] + (1.0f - h.dampening) * g;
       momentum_buffer[i] = buf;
       g = h.nesterov ? g + h.momentum * buf : buf;
     }
@@ -56,13 +55,13 @@ __global__ void adamw_kernel(float* __restrict__ param, const float* __restrict_
 void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int64_t n,
               const SgdHyper& h, bool first_step, cudaStream_t stream) {
   if (n <= 0) return;
-  sgd_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(param, grad, momentum_buffer,
-                                                                    n, h, first_step);
+  sgd_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(param, grad, momentum_buffer, n,
+                                                                   h, first_step);
   NANODDP_CUDA_CHECK_LAUNCH();
 }
 
-void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                std::int64_t n, const AdamWHyper& h, cudaStream_t stream) {
+void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n,
+                const AdamWHyper& h, cudaStream_t stream) {
   if (n <= 0) return;
   // The bias corrections depend only on the step: compute them once on the host, in double.
   const auto step = static_cast<double>(h.step);

@@ -44,16 +44,16 @@ __global__ void fill_normal_kernel(float* __restrict__ out, std::int64_t n, std:
 void fill_uniform(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t stream_id,
                   std::uint64_t offset, float lo, float hi, cudaStream_t stream) {
   if (n <= 0) return;
-  fill_uniform_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(
-      out, n, seed, stream_id, offset, lo, hi);
+  fill_uniform_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(out, n, seed, stream_id,
+                                                                            offset, lo, hi);
   NANODDP_CUDA_CHECK_LAUNCH();
 }
 
 void fill_normal(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t stream_id,
                  std::uint64_t offset, float mean, float stddev, cudaStream_t stream) {
   if (n <= 0) return;
-  fill_normal_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(
-      out, n, seed, stream_id, offset, mean, stddev);
+  fill_normal_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(out, n, seed, stream_id,
+                                                                           offset, mean, stddev);
   NANODDP_CUDA_CHECK_LAUNCH();
 }
 

@@ -45,7 +45,9 @@ template <typename Term>
 __global__ void __launch_bounds__(kReduceThreads)
     reduce_pass1_kernel(Term term, std::int64_t n, double scale, double* partials, float* out) {
   double acc = 0.0;
-  NANODDP_GRID_STRIDE_LOOP(i, n) { acc += term(i); }
+  NANODDP_GRID_STRIDE_LOOP(i, n) {
+    acc += term(i);
+  }
   acc = detail::block_reduce_sum(acc);
   if (threadIdx.x == 0) {
     if (out != nullptr) {
@@ -66,8 +68,7 @@ __global__ void __launch_bounds__(kReduceThreads)
 }
 
 template <typename Term>
-void reduce_to_scalar(Term term, std::int64_t n, double scale, float* out,
-                      cudaStream_t stream) {
+void reduce_to_scalar(Term term, std::int64_t n, double scale, float* out, cudaStream_t stream) {
   if (n <= kSingleBlockLimit) {
     // n == 0 also lands here: the single block writes 0 (the empty sum).
     reduce_pass1_kernel<<<1, kReduceThreads, 0, stream>>>(term, n, scale, nullptr, out);
@@ -98,8 +99,8 @@ void reduce_to_scalar(Term term, std::int64_t n, double scale, float* out,
 constexpr int kColTile = 32;
 
 __global__ void __launch_bounds__(kColTile* kColTile)
-    column_sum_kernel(const float* __restrict__ x, std::int64_t rows, std::int64_t cols,
-                      float beta, float* __restrict__ out) {
+    column_sum_kernel(const float* __restrict__ x, std::int64_t rows, std::int64_t cols, float beta,
+                      float* __restrict__ out) {
   __shared__ double partial[kColTile][kColTile + 1];
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * kColTile + threadIdx.x;
   double acc = 0.0;
@@ -154,7 +155,8 @@ void sum(const float* x, std::int64_t n, float* out, cudaStream_t stream) {
 void mse_forward(const float* pred, const float* target, std::int64_t n, float* out,
                  cudaStream_t stream) {
   // The mean of zero elements is 0/0; write NaN like PyTorch does.
-  const double scale = n > 0 ? 1.0 / static_cast<double>(n) : std::numeric_limits<double>::quiet_NaN();
+  const double scale =
+      n > 0 ? 1.0 / static_cast<double>(n) : std::numeric_limits<double>::quiet_NaN();
   reduce_to_scalar(SquaredErrorTerm{pred, target}, n < 0 ? 0 : n, scale, out, stream);
 }
 

@@ -1,0 +1,60 @@
+// Counter-based random fills with Philox4x32-10 (nanoddp/kernels/philox.h). Element i is a pure
+// function of (seed, stream, offset + i), so each GPU thread computes its elements independently,
+// with no generator state to carry between threads or launches, and the bits equal the CPU
+// twin's for the same (seed, stream, offset).
+
+#include <cstdint>
+
+#include "nanoddp/kernels/cuda/common.cuh"
+#include "nanoddp/kernels/cuda/kernels.h"
+#include "nanoddp/kernels/philox.h"
+
+namespace nanoddp::kernels::cuda {
+namespace {
+
+__global__ void fill_uniform_kernel(float* __restrict__ out, std::int64_t n, std::uint64_t seed,
+                                    std::uint64_t stream_id, std::uint64_t offset, float lo,
+                                    float hi) {
+  NANODDP_GRID_STRIDE_LOOP(i, n) {
+    const Philox4 r = philox4x32_10(offset + static_cast<std::uint64_t>(i), stream_id, seed);
+    const float u = uniform_from_bits(r.v[0]);
+    // __fmul_rn/__fadd_rn are never fused into an FMA by the compiler, so the rounding is that
+    // of the plain C++ expression lo + (hi - lo) * u on the CPU.
+    out[i] = __fadd_rn(lo, __fmul_rn(__fsub_rn(hi, lo), u));
+  }
+}
+
+__global__ void fill_normal_kernel(float* __restrict__ out, std::int64_t n, std::uint64_t seed,
+                                   std::uint64_t stream_id, std::uint64_t offset, float mean,
+                                   float stddev) {
+  constexpr float kTwoPi = 6.283185307179586f;
+  NANODDP_GRID_STRIDE_LOOP(i, n) {
+    const Philox4 r = philox4x32_10(offset + static_cast<std::uint64_t>(i), stream_id, seed);
+    // Box-Muller: two independent uniforms give one standard normal. u1 lies in (0, 1] (the +1)
+    // so that log(u1) is finite.
+    const float u1 = static_cast<float>((r.v[0] >> 8) + 1u) * (1.0f / 16777216.0f);
+    const float u2 = uniform_from_bits(r.v[1]);
+    const float z = sqrtf(-2.0f * logf(u1)) * cosf(kTwoPi * u2);
+    out[i] = mean + stddev * z;
+  }
+}
+
+}  // namespace
+
+void fill_uniform(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t stream_id,
+                  std::uint64_t offset, float lo, float hi, cudaStream_t stream) {
+  if (n <= 0) return;
+  fill_uniform_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(out, n, seed, stream_id,
+                                                                            offset, lo, hi);
+  NANODDP_CUDA_CHECK_LAUNCH();
+}
+
+void fill_normal(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t stream_id,
+                 std::uint64_t offset, float mean, float stddev, cudaStream_t stream) {
+  if (n <= 0) return;
+  fill_normal_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(out, n, seed, stream_id,
+                                                                           offset, mean, stddev);
+  NANODDP_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace nanoddp::kernels::cuda

@@ -16,7 +16,10 @@ void fill_uniform(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t 
   const float range = hi - lo;
   for (std::int64_t i = 0; i < n; ++i) {
     const Philox4 r = philox4x32_10(offset + static_cast<std::uint64_t>(i), stream, seed);
-    out[i] = lo + range * uniform_from_bits(r.v[0]);
+    // An explicit fused multiply-add: left to itself the compiler contracts `lo + range * u`
+    // into an FMA or not depending on -march and -ffp-contract, and nvcc always does, so only
+    // std::fma gives the same bits on every build and on the GPU (the CUDA twin uses fmaf).
+    out[i] = std::fma(range, uniform_from_bits(r.v[0]), lo);
   }
 }
 
@@ -31,7 +34,7 @@ void fill_normal(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t s
     const float u1 = static_cast<float>((r.v[0] >> 8) + 1u) * (1.0f / 16777216.0f);
     const float u2 = uniform_from_bits(r.v[1]);
     const float z = std::sqrt(-2.0f * std::log(u1)) * std::cos(kTwoPi * u2);
-    out[i] = mean + stddev * z;
+    out[i] = std::fma(stddev, z, mean);
   }
 }
 

@@ -18,11 +18,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-#if __has_include(<Eigen/Core>)
 #include <Eigen/Core>
-#else
-#include <eigen3/Eigen/Core>  // Debian's layout when eigen3/ is not on the include path
-#endif
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>

@@ -12,10 +12,14 @@
 
 #include <Eigen/Core>
 
+#include <atomic>
+
 #include "nanoddp/kernels/cpu/kernels.h"
 
 namespace nanoddp::kernels::cpu {
 namespace {
+
+std::atomic<int> gemm_thread_count{1};
 
 using RowMajorMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using ConstMatrixMap = Eigen::Map<const RowMajorMatrix>;
@@ -58,6 +62,7 @@ void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, 
   // GEMM kernel packs either orientation into its panels at the same cost.
   const bool ta = trans_a == Transpose::kYes;
   const bool tb = trans_b == Transpose::kYes;
+  Eigen::setNbThreads(gemm_threads());
   const ConstMatrixMap a_map(a, ta ? k : m, ta ? m : k);
   const ConstMatrixMap b_map(b, tb ? n : k, tb ? k : n);
   if (!ta && !tb) {
@@ -71,14 +76,14 @@ void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, 
   }
 }
 
-// Eigen keeps its own thread count (it parallelises its GEMM with OpenMP when the library is
-// built with it; otherwise it always uses one thread and this is a no-op).
+// Eigen keeps its own process-wide thread count, which defaults to every OpenMP thread. nanoddp
+// defaults to ONE: a data-parallel job runs one process per core group, and several ranks each
+// using all cores would oversubscribe the machine. gemm() applies the count on every call
+// (setting an int), so the default holds without any initialisation order games.
 void set_gemm_threads(int threads) {
-  Eigen::setNbThreads(threads < 1 ? 1 : threads);
+  gemm_thread_count.store(threads < 1 ? 1 : threads, std::memory_order_relaxed);
 }
 
-int gemm_threads() {
-  return Eigen::nbThreads();
-}
+int gemm_threads() { return gemm_thread_count.load(std::memory_order_relaxed); }
 
 }  // namespace nanoddp::kernels::cpu

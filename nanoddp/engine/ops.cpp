@@ -109,26 +109,26 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
       "linear", y, {x, weight, bias},
       [x = x.detach(), w = weight.detach(), z, act, batch, in, out](const Tensor& g,
                                                                     GradSink& sink) {
-        Backend& be = backend_of(g);
+        Backend& bb = backend_of(g);
         // Through the activation first: dz = g * act'(z).
         Tensor dz = g;
         if (act != Activation::kNone) {
           dz = Tensor::empty_like(g);
-          be.activation_backward(act, z.data(), g.data(), dz.data(), g.numel());
+          bb.activation_backward(act, z.data(), g.data(), dz.data(), g.numel());
         }
         // dX[batch,in] = dZ[batch,out] W[out,in]
         sink.accumulate(0, [&](Tensor& dx, float beta) {
-          be.gemm(Transpose::kNo, Transpose::kNo, batch, in, out, 1.0f, dz.data(), w.data(),
+          bb.gemm(Transpose::kNo, Transpose::kNo, batch, in, out, 1.0f, dz.data(), w.data(),
                   beta, dx.data());
         });
         // dW[out,in] = dZ^T X, written straight into the weight's gradient buffer.
         sink.accumulate(1, [&](Tensor& dw, float beta) {
-          be.gemm(Transpose::kYes, Transpose::kNo, out, in, batch, 1.0f, dz.data(), x.data(),
+          bb.gemm(Transpose::kYes, Transpose::kNo, out, in, batch, 1.0f, dz.data(), x.data(),
                   beta, dw.data());
         });
         // db[out] = column sums of dZ.
         sink.accumulate(2, [&](Tensor& db, float beta) {
-          be.column_sum(dz.data(), batch, out, beta, db.data());
+          bb.column_sum(dz.data(), batch, out, beta, db.data());
         });
       });
 }

@@ -118,6 +118,9 @@ Tensor Tensor::view(std::int64_t offset, const Shape& shape) const {
   const std::int64_t storage_elements =
       static_cast<std::int64_t>(impl_->storage->nbytes() / dtype_size(impl_->dtype));
   const std::int64_t begin = impl_->offset + offset;
+  for (std::int64_t d : shape) {
+    if (d < 0) fail("cannot view a tensor as shape {}: negative size", shape_str(shape));
+  }
   if (offset < 0 || begin + shape_numel(shape) > storage_elements) {
     fail("view of shape {} at offset {} does not fit in a storage of {} elements",
          shape_str(shape), begin, storage_elements);

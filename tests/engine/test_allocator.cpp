@@ -1,0 +1,194 @@
+// The caching allocator: reuse, rounding, statistics, and the property the engine relies on:
+// a training step in steady state allocates no new memory from the system.
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <set>
+#include <vector>
+
+#include "nanoddp/engine/allocator.h"
+#include "nanoddp/engine/ops.h"
+#include "nanoddp/engine/tensor.h"
+#include "nanoddp/nn/flat_parameters.h"
+#include "nanoddp/nn/layers.h"
+#include "nanoddp/nn/optimizer.h"
+
+namespace nanoddp {
+namespace {
+
+// Counts what the caching allocator asks of the "system".
+struct RawCounter {
+  int allocations = 0;
+  int frees = 0;
+  std::vector<std::size_t> sizes;
+  std::set<void*> live;
+};
+
+CachingAllocator make_allocator(RawCounter& counter) {
+  return CachingAllocator(
+      "test allocator",
+      [&counter](std::size_t nbytes) {
+        ++counter.allocations;
+        counter.sizes.push_back(nbytes);
+        void* p = std::malloc(nbytes);
+        counter.live.insert(p);
+        return p;
+      },
+      [&counter](void* p) {
+        ++counter.frees;
+        counter.live.erase(p);
+        std::free(p);
+      });
+}
+
+}  // namespace
+
+TEST_CASE("CachingAllocator rounds requests up to its granularity") {
+  constexpr std::size_t g = CachingAllocator::kGranularity;
+  CHECK(CachingAllocator::rounded_size(0) == g);
+  CHECK(CachingAllocator::rounded_size(1) == g);
+  CHECK(CachingAllocator::rounded_size(g) == g);
+  CHECK(CachingAllocator::rounded_size(g + 1) == 2 * g);
+  CHECK(CachingAllocator::rounded_size(3 * g - 1) == 3 * g);
+
+  RawCounter counter;
+  {
+    CachingAllocator alloc = make_allocator(counter);
+    void* p = alloc.allocate(100);
+    REQUIRE(counter.sizes.size() == 1);
+    CHECK(counter.sizes[0] == g);  // the system sees the rounded size
+    CHECK(alloc.stats().bytes_in_use == g);
+    alloc.deallocate(p, 100);
+    // 200 bytes round to the same block size: served from the cache.
+    void* q = alloc.allocate(200);
+    CHECK(q == p);
+    CHECK(counter.allocations == 1);
+    alloc.deallocate(q, 200);
+  }
+}
+
+TEST_CASE("CachingAllocator reuses freed blocks of the same size and keeps stats") {
+  RawCounter counter;
+  CachingAllocator alloc = make_allocator(counter);
+
+  void* a = alloc.allocate(1000);  // 1024
+  void* b = alloc.allocate(4096);  // 4096
+  CHECK(a != b);
+  AllocatorStats s = alloc.stats();
+  CHECK(s.requests == 2);
+  CHECK(s.cache_hits == 0);
+  CHECK(s.system_allocations == 2);
+  CHECK(counter.allocations == 2);
+  CHECK(s.bytes_in_use == 1024 + 4096);
+  CHECK(s.bytes_reserved == 1024 + 4096);
+
+  alloc.deallocate(a, 1000);
+  s = alloc.stats();
+  CHECK(s.bytes_in_use == 4096);
+  CHECK(s.bytes_reserved == 1024 + 4096);  // cached, not returned
+  CHECK(counter.frees == 0);
+
+  // Same size again: the cached block, no new system allocation.
+  void* a2 = alloc.allocate(1024);
+  CHECK(a2 == a);
+  s = alloc.stats();
+  CHECK(s.requests == 3);
+  CHECK(s.cache_hits == 1);
+  CHECK(s.system_allocations == 2);
+  CHECK(counter.allocations == 2);
+
+  // A different size does not take the cached block of another size.
+  alloc.deallocate(a2, 1024);
+  void* c = alloc.allocate(2048);
+  CHECK(c != a);
+  CHECK(alloc.stats().system_allocations == 3);
+  // Peak: a (1024) was freed before c (2048) was allocated, so b + c is the high mark.
+  CHECK(alloc.stats().peak_bytes_in_use == 4096 + 2048);
+
+  alloc.deallocate(b, 4096);
+  alloc.deallocate(c, 2048);
+  s = alloc.stats();
+  CHECK(s.bytes_in_use == 0);
+  CHECK(s.bytes_reserved == 1024 + 4096 + 2048);
+  CHECK(counter.frees == 0);
+
+  alloc.empty_cache();
+  s = alloc.stats();
+  CHECK(s.bytes_reserved == 0);
+  CHECK(counter.frees == 3);
+  CHECK(counter.live.empty());
+
+  // After empty_cache a request goes to the system again.
+  void* d = alloc.allocate(1024);
+  CHECK(alloc.stats().system_allocations == 4);
+  CHECK(alloc.stats().cache_hits == 1);
+  alloc.deallocate(d, 1024);
+}
+
+TEST_CASE("empty_cache keeps blocks that are still in use") {
+  RawCounter counter;
+  CachingAllocator alloc = make_allocator(counter);
+  void* kept = alloc.allocate(512);
+  void* freed = alloc.allocate(512);
+  alloc.deallocate(freed, 512);
+  alloc.empty_cache();
+  CHECK(counter.frees == 1);
+  CHECK(counter.live.count(kept) == 1);
+  CHECK(alloc.stats().bytes_reserved == 512);
+  CHECK(alloc.stats().bytes_in_use == 512);
+  alloc.deallocate(kept, 512);
+}
+
+TEST_CASE("tensors return their storage to the device allocator's cache") {
+  Allocator& alloc = allocator_for(Device::cpu());
+  { const Tensor warm = Tensor::zeros({333, 7}); }
+  const AllocatorStats before = alloc.stats();
+  {
+    const Tensor t = Tensor::zeros({333, 7});  // same size as the one just released
+  }
+  const AllocatorStats after = alloc.stats();
+  CHECK(after.requests == before.requests + 1);
+  CHECK(after.cache_hits == before.cache_hits + 1);
+  CHECK(after.system_allocations == before.system_allocations);
+  CHECK(after.bytes_in_use == before.bytes_in_use);
+}
+
+TEST_CASE("a training step in steady state allocates nothing new from the system") {
+  nn::MlpOptions options;
+  options.in_features = 16;
+  options.out_features = 8;
+  options.hidden = 64;
+  options.layers = 2;
+  options.seed = 5;
+  nn::Mlp model(options);
+  nn::FlatParameters flat(model, Device::cpu());
+  nn::SGD sgd(flat, {.lr = 0.01f, .momentum = 0.9f});
+
+  const Tensor x = Tensor::normal({32, 16}, 0.0f, 1.0f, {.seed = 1, .stream = 0});
+  const Tensor y = Tensor::normal({32, 8}, 0.0f, 1.0f, {.seed = 1, .stream = 1});
+
+  Allocator& alloc = allocator_for(Device::cpu());
+  std::vector<AllocatorStats> stats;
+  std::vector<float> losses;
+  for (int step = 0; step < 6; ++step) {
+    Tensor loss = mse_loss(model(x), y);
+    losses.push_back(loss.item());
+    loss.backward();
+    sgd.step();
+    sgd.zero_grad();
+    stats.push_back(alloc.stats());
+  }
+  // The steps did something (otherwise the property would be vacuous).
+  CHECK(losses.back() < losses.front());
+  CHECK(stats[5].requests > stats[1].requests);
+  // From the second step on, every request is served from the cache.
+  for (int step = 2; step < 6; ++step) {
+    CAPTURE(step);
+    CHECK(stats[step].system_allocations == stats[1].system_allocations);
+    CHECK(stats[step].bytes_reserved == stats[1].bytes_reserved);
+  }
+  CHECK(stats[5].cache_hits - stats[1].cache_hits == stats[5].requests - stats[1].requests);
+}
+
+}  // namespace nanoddp

@@ -30,7 +30,9 @@ void affine_row(const float* in, const float* weight, const float* bias, std::in
   for (std::int64_t o = 0; o < fan_out; ++o) {
     const float* w = weight + o * fan_in;
     double acc = bias[o];
-    for (std::int64_t k = 0; k < fan_in; ++k) acc += static_cast<double>(in[k]) * w[k];
+    // An explicit fma: whether the compiler contracts a * b + c depends on flags, and the bits of
+    // a sample must not.
+    for (std::int64_t k = 0; k < fan_in; ++k) acc = std::fma(double{in[k]}, double{w[k]}, acc);
     out[o] = static_cast<float>(acc);
   }
 }

@@ -272,7 +272,9 @@ NpyArray read_npy(const std::filesystem::path& path) {
   }
   array.data.resize(count);
   const std::byte* data = bytes.data() + prelude + header_length;
-  if (item_size == 4) {
+  if (count == 0) {
+    // Nothing to copy (and an empty vector's data() may be null, which memcpy must not get).
+  } else if (item_size == 4) {
     std::memcpy(array.data.data(), data, count * 4);
   } else {
     for (std::size_t i = 0; i < count; ++i) {

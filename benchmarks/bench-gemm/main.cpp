@@ -1,0 +1,303 @@
+// nanoddp-bench-gemm: GFLOP/s of the GEMMs nanoddp uses, against a raw Eigen product.
+//
+// Rows:
+//   eigen        Eigen's product written right here: the yardstick for the CPU.
+//   nanoddp-cpu  cpu_backend().gemm(...): the path every op takes on the CPU (Backend vtable
+//                -> kernels::cpu::gemm -> Eigen); should match `eigen` to within noise.
+//   cuda-hand    backend_for(cuda).gemm with the hand-written tiled kernel  } only where a
+//   cuda-cublas  the same call with cuBLAS                                   } CUDA device is
+// Shapes: squares (--sizes) and the three GEMMs of one linear layer of the MLP at
+// --batch B, --hidden H: forward Y = X W^T (B,H,H NT), input grad dX = dY W (B,H,H NN), weight
+// grad dW = dY^T X (H,H,B TN). A GEMM is 2 m n k flops.
+
+#include <unistd.h>
+
+// GCC 12 flags its own AVX-512 intrinsics (inlined into Eigen's kernel) with a false
+// -Wmaybe-uninitialized; it fires after inlining, so only a file-wide pragma silences it.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#if __has_include(<Eigen/Core>)
+#include <Eigen/Core>
+#else
+#include <eigen3/Eigen/Core>  // Debian's layout when eigen3/ is not on the include path
+#endif
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "nanoddp/config.h"
+#include "nanoddp/engine/allocator.h"
+#include "nanoddp/engine/backend.h"
+#include "nanoddp/engine/cpu_backend.h"
+#include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/engine/stream.h"
+#include "nanoddp/kernels/cpu/kernels.h"
+
+namespace {
+
+using nanoddp::Transpose;
+
+struct Shape {
+  std::string name;  // "square", "mlp-forward", ...
+  Transpose ta, tb;
+  std::int64_t m, n, k;
+
+  std::string layout() const {
+    return fmt::format("{}{}", ta == Transpose::kYes ? 'T' : 'N',
+                       tb == Transpose::kYes ? 'T' : 'N');
+  }
+  double gflop() const { return 2.0 * double(m) * double(n) * double(k) * 1e-9; }
+};
+
+struct Row {
+  std::string backend;
+  Shape shape;
+  double median_ms = 0.0;
+  double gflops() const { return shape.gflop() / (median_ms * 1e-3); }
+};
+
+struct Options {
+  std::vector<std::int64_t> sizes = {128, 256, 512, 1024, 2048};
+  std::int64_t batch = 64;
+  std::int64_t hidden = 1024;
+  int repeats = 10;
+  int warmup = 2;
+  int threads = 1;
+  std::string json_path;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t mid = v.size() / 2;
+  return v.size() % 2 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
+}
+
+// Host timing of a synchronous call: warm-up (page faults, packing buffers, OpenMP pool),
+// then the median of `repeats` individually timed calls (robust to a noisy shared machine).
+double time_cpu_ms(const std::function<void()>& call, const Options& opt) {
+  for (int i = 0; i < opt.warmup; ++i) call();
+  std::vector<double> ms;
+  for (int i = 0; i < opt.repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    const auto t1 = std::chrono::steady_clock::now();
+    ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  return median(ms);
+}
+
+// Operand buffers of one shape on the host, filled once with uniform values in [-1, 1).
+struct HostOperands {
+  std::vector<float> a, b, c;
+  explicit HostOperands(const Shape& s)
+      : a(static_cast<std::size_t>(s.m * s.k)),
+        b(static_cast<std::size_t>(s.k * s.n)),
+        c(static_cast<std::size_t>(s.m * s.n), 0.0f) {
+    std::mt19937 gen(1234);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (auto& x : a) x = dist(gen);
+    for (auto& x : b) x = dist(gen);
+  }
+};
+
+// The yardstick: what a user of Eigen would write for C = op(A) op(B).
+void eigen_gemm(const Shape& s, const float* a, const float* b, float* c) {
+  using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const bool ta = s.ta == Transpose::kYes, tb = s.tb == Transpose::kYes;
+  Eigen::Map<const Matrix> am(a, ta ? s.k : s.m, ta ? s.m : s.k);
+  Eigen::Map<const Matrix> bm(b, tb ? s.n : s.k, tb ? s.k : s.n);
+  Eigen::Map<Matrix> cm(c, s.m, s.n);
+  if (!ta && !tb) {
+    cm.noalias() = am * bm;
+  } else if (!ta && tb) {
+    cm.noalias() = am * bm.transpose();
+  } else if (ta && !tb) {
+    cm.noalias() = am.transpose() * bm;
+  } else {
+    cm.noalias() = am.transpose() * bm.transpose();
+  }
+}
+
+void run_cpu(const Shape& s, const Options& opt, std::vector<Row>& rows) {
+  HostOperands ops(s);
+  rows.push_back(
+      {"eigen", s,
+       time_cpu_ms([&] { eigen_gemm(s, ops.a.data(), ops.b.data(), ops.c.data()); }, opt)});
+  nanoddp::Backend& backend = nanoddp::cpu_backend();
+  rows.push_back({"nanoddp-cpu", s,
+                  time_cpu_ms(
+                      [&] {
+                        backend.gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, ops.a.data(), ops.b.data(),
+                                     0.0f, ops.c.data());
+                      },
+                      opt)});
+}
+
+// A device buffer from the CUDA caching allocator, returned on scope exit.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(nanoddp::Device device, std::size_t count)
+      : device_(device),
+        bytes_(count * sizeof(float)),
+        ptr_(static_cast<float*>(nanoddp::allocator_for(device).allocate(bytes_))) {}
+  ~DeviceBuffer() { nanoddp::allocator_for(device_).deallocate(ptr_, bytes_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  float* get() const { return ptr_; }
+
+ private:
+  nanoddp::Device device_;
+  std::size_t bytes_;
+  float* ptr_;
+};
+
+// Device timing with events on the backend's stream: the host only enqueues, so each call is
+// bracketed by two events and the GPU's own clock measures it.
+void run_cuda(const Shape& s, const Options& opt, std::vector<Row>& rows) {
+  const nanoddp::Device device = nanoddp::Device::cuda();
+  nanoddp::Backend& backend = nanoddp::backend_for(device);
+  DeviceBuffer a(device, s.m * s.k), b(device, s.k * s.n), c(device, s.m * s.n);
+  backend.fill_uniform(a.get(), s.m * s.k, 1, 0, 0, -1.0f, 1.0f);
+  backend.fill_uniform(b.get(), s.k * s.n, 1, 1, 0, -1.0f, 1.0f);
+  const nanoddp::GemmBackend before = backend.gemm_backend();
+  for (auto [name, which] : {std::pair{"cuda-hand", nanoddp::GemmBackend::kHand},
+                             std::pair{"cuda-cublas", nanoddp::GemmBackend::kCublas}}) {
+    backend.set_gemm_backend(which);
+    auto call = [&] {
+      backend.gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.get(), b.get(), 0.0f, c.get());
+    };
+    for (int i = 0; i < opt.warmup; ++i) call();
+    std::vector<nanoddp::Event> starts, stops;
+    for (int i = 0; i < opt.repeats; ++i) {
+      starts.emplace_back(device);
+      stops.emplace_back(device);
+    }
+    const nanoddp::Stream stream = backend.stream();
+    for (int i = 0; i < opt.repeats; ++i) {
+      starts[i].record(stream);
+      call();
+      stops[i].record(stream);
+    }
+    std::vector<double> ms;
+    for (int i = 0; i < opt.repeats; ++i) {
+      stops[i].synchronize();
+      ms.push_back(starts[i].elapsed_ms(stops[i]));
+    }
+    rows.push_back({name, s, median(ms)});
+  }
+  backend.set_gemm_backend(before);
+}
+
+std::string compiler() {
+#if defined(__clang__)
+  return fmt::format("clang {}", __clang_version__);
+#elif defined(__GNUC__)
+  return fmt::format("gcc {}", __VERSION__);
+#else
+  return "unknown";
+#endif
+}
+
+std::string hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "unknown";
+  return name;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  CLI::App app{"nanoddp-bench-gemm: GFLOP/s of Eigen, the CPU backend and the CUDA GEMMs"};
+  app.add_option("--sizes", opt.sizes, "square sizes m = n = k")->delimiter(',');
+  app.add_option("--batch", opt.batch, "MLP batch size B (its shapes: B,H,H and H,H,B)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--hidden", opt.hidden, "MLP hidden size H")->check(CLI::PositiveNumber);
+  app.add_option("--repeats", opt.repeats, "timed calls per row (the median is reported)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--warmup", opt.warmup, "untimed calls before timing")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", opt.threads, "Eigen threads for the CPU rows")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE");
+  CLI11_PARSE(app, argc, argv);
+
+  // Both calls: the library's Eigen and this file's Eigen each keep a thread setting.
+  Eigen::setNbThreads(opt.threads);
+  nanoddp::kernels::cpu::set_gemm_threads(opt.threads);
+
+  std::vector<Shape> shapes;
+  for (auto n : opt.sizes) shapes.push_back({"square", Transpose::kNo, Transpose::kNo, n, n, n});
+  const auto b = opt.batch, h = opt.hidden;
+  shapes.push_back({"mlp-forward", Transpose::kNo, Transpose::kYes, b, h, h});
+  shapes.push_back({"mlp-input-grad", Transpose::kNo, Transpose::kNo, b, h, h});
+  shapes.push_back({"mlp-weight-grad", Transpose::kYes, Transpose::kNo, h, h, b});
+
+  const bool cuda = nanoddp::cuda_device_count() > 0;
+  fmt::print("nanoddp {} on {}, {}, CPU GEMM threads {}\n", NANODDP_VERSION, hostname(), compiler(),
+             nanoddp::kernels::cpu::gemm_threads());
+#if !defined(__AVX2__)
+  fmt::print(
+      "note: this benchmark was compiled without -march=native, so the `eigen` "
+      "yardstick uses baseline SIMD and under-states Eigen\n");
+#endif
+  if (!cuda) fmt::print("note: CUDA rows skipped: {}\n", nanoddp::cuda_status());
+
+  std::vector<Row> rows;
+  for (const auto& s : shapes) {
+    run_cpu(s, opt, rows);
+    if (cuda) run_cuda(s, opt, rows);
+  }
+
+  fmt::print("\n{:<12} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10} {:>9} {:>9}\n", "backend", "shape",
+             "layout", "m", "n", "k", "median ms", "GFLOP/s", "vs eigen");
+  std::optional<std::ofstream> json;
+  if (!opt.json_path.empty()) {
+    json.emplace(opt.json_path);
+    if (!*json) {
+      fmt::print(stderr, "error: cannot open --json file {}\n", opt.json_path);
+      return 1;
+    }
+  }
+  double eigen_gflops = 0.0;
+  for (const auto& r : rows) {
+    if (r.backend == "eigen") eigen_gflops = r.gflops();  // rows come eigen-first per shape
+    const double ratio = r.gflops() / eigen_gflops;
+    fmt::print("{:<12} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10.3f} {:>9.1f} {:>8.2f}x\n", r.backend,
+               r.shape.name, r.shape.layout(), r.shape.m, r.shape.n, r.shape.k, r.median_ms,
+               r.gflops(), ratio);
+    if (json) {
+      const nlohmann::json line = {{"benchmark", "gemm"},
+                                   {"backend", r.backend},
+                                   {"shape", r.shape.name},
+                                   {"layout", r.shape.layout()},
+                                   {"m", r.shape.m},
+                                   {"n", r.shape.n},
+                                   {"k", r.shape.k},
+                                   {"median_ms", r.median_ms},
+                                   {"gflops", r.gflops()},
+                                   {"ratio_to_eigen", ratio},
+                                   {"repeats", opt.repeats},
+                                   {"warmup", opt.warmup},
+                                   {"threads", opt.threads},
+                                   {"hostname", hostname()},
+                                   {"compiler", compiler()},
+                                   {"nanoddp_version", NANODDP_VERSION},
+                                   {"with_cuda", bool(NANODDP_WITH_CUDA)}};
+      *json << line.dump() << '\n';
+    }
+  }
+  return 0;
+}

@@ -5,6 +5,13 @@
 //
 // Outputs that a kernel must overwrite without reading (beta == 0) are poisoned with NaN first:
 // a kernel that reads them anyway turns the result into NaN and fails loudly.
+//
+// In a build without CUDA (NANODDP_CUDA=OFF) this file compiles to nothing: the CUDA headers
+// are not there, and the test binary's main skips anyway.
+
+#include "nanoddp/config.h"
+
+#if NANODDP_WITH_CUDA
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -822,3 +829,5 @@ TEST_CASE("cuda raw memory: allocate, free, and a clear out-of-memory error") {
   gpu::fill(x.get(), 10, 1.0f, test_stream());
   CHECK(x.download() == std::vector<float>(10, 1.0f));
 }
+
+#endif  // NANODDP_WITH_CUDA

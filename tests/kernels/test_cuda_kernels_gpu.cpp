@@ -46,8 +46,10 @@ using nanoddp::kernels::AdamWHyper;
 using nanoddp::kernels::SgdHyper;
 using nanoddp::kernels::Transpose;
 
-// A device buffer of T with host round trips. Every transfer synchronizes the test's stream
-// first, so results of kernels enqueued there are complete.
+// A device buffer of T with host round trips. The kernels run on the compute stream, which is
+// a non-blocking stream: plain cudaMemcpy/cudaMemset (legacy default stream) are NOT ordered
+// with it, and an upload from pageable memory or a memset may still be in flight when the call
+// returns. So every transfer is fenced by a device-wide synchronization on both sides.
 template <typename T>
 class DeviceBuffer {
  public:
@@ -67,25 +69,24 @@ class DeviceBuffer {
 
   void upload(const std::vector<T>& host) {
     REQUIRE(host.size() == count_);
-    if (count_ > 0) {
-      NANODDP_CUDA_CHECK(cudaDeviceSynchronize());
-      NANODDP_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice));
-    }
+    if (count_ == 0) return;
+    NANODDP_CUDA_CHECK(cudaDeviceSynchronize());
+    NANODDP_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice));
+    NANODDP_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<T> download() const {
     std::vector<T> host(count_);
+    if (count_ == 0) return host;
     NANODDP_CUDA_CHECK(cudaDeviceSynchronize());
-    if (count_ > 0) {
-      NANODDP_CUDA_CHECK(cudaMemcpy(host.data(), ptr_, count_ * sizeof(T), cudaMemcpyDeviceToHost));
-    }
+    NANODDP_CUDA_CHECK(cudaMemcpy(host.data(), ptr_, count_ * sizeof(T), cudaMemcpyDeviceToHost));
     return host;
   }
   // All bytes 0xff: for float that is a NaN, so reading it poisons any result.
   void poison() {
-    if (count_ > 0) {
-      NANODDP_CUDA_CHECK(cudaDeviceSynchronize());
-      NANODDP_CUDA_CHECK(cudaMemset(ptr_, 0xff, count_ * sizeof(T)));
-    }
+    if (count_ == 0) return;
+    NANODDP_CUDA_CHECK(cudaDeviceSynchronize());
+    NANODDP_CUDA_CHECK(cudaMemset(ptr_, 0xff, count_ * sizeof(T)));
+    NANODDP_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
  private:
@@ -811,6 +812,7 @@ TEST_CASE("cuda raw memory: allocate, free, and a clear out-of-memory error") {
   void* p = nanoddp::cuda_raw_allocate(1 << 20);
   CHECK(p != nullptr);
   NANODDP_CUDA_CHECK(cudaMemset(p, 0, 1 << 20));
+  NANODDP_CUDA_CHECK(cudaDeviceSynchronize());
   nanoddp::cuda_raw_free(p);
   CHECK(nanoddp::cuda_raw_allocate(0) == nullptr);
   nanoddp::cuda_raw_free(nullptr);

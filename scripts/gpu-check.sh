@@ -160,6 +160,10 @@ cmake_args=(
   # The linker must find the libraries that libgloo.so itself needs (hiredis, ibverbs, libnl).
   "-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,$PREFIX/usr/lib/$MULTIARCH:$PREFIX/usr/lib"
   "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath-link,$PREFIX/usr/lib/$MULTIARCH:$PREFIX/usr/lib"
+  # CMake 4 (pip's cmake) refuses package files that ask for policies older than 3.5, as
+  # doctest's does (cmake_minimum_required(VERSION 3.0)); older CMake ignores this variable.
+  -DCMAKE_POLICY_VERSION_MINIMUM=3.5
+  --no-warn-unused-cli
 )
 # GPU_CHECK_CMAKE_ARGS: extra arguments, e.g. -DCMAKE_IGNORE_PREFIX_PATH=/usr when testing that
 # the prefix alone suffices on a machine that also has the packages installed.

@@ -170,6 +170,16 @@ void launch_gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, co
 void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
           float alpha, const float* a, const float* b, float beta, float* c, cudaStream_t stream) {
   if (m <= 0 || n <= 0) return;
+  if (alpha == 0.0f || k <= 0) {
+    // BLAS semantics: A and B are not read (so 0 * Inf in them cannot turn C into NaN) and
+    // C = beta * C, where beta == 0 still means "overwrite without reading".
+    if (beta == 0.0f) {
+      fill(c, m * n, 0.0f, stream);
+    } else if (beta != 1.0f) {
+      scale(c, m * n, beta, stream);
+    }
+    return;
+  }
   const bool ta = trans_a == Transpose::kYes;
   const bool tb = trans_b == Transpose::kYes;
   if (!ta && !tb) launch_gemm<false, false>(m, n, k, alpha, a, b, beta, c, stream);

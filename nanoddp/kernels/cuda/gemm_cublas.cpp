@@ -27,9 +27,10 @@ void gemm_cublas(cublasHandle_t handle, Transpose trans_a, Transpose trans_b, st
   // alpha and beta are host values; make sure an earlier user of the handle did not switch it
   // to device pointers.
   NANODDP_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
-  if (k == 0) {
-    // An empty inner dimension: C = beta * C. cuBLAS rejects leading dimensions of 0, so do it
-    // with cuBLAS's scal (or a memset when beta == 0, which must not read C).
+  if (alpha == 0.0f || k <= 0) {
+    // C = beta * C without reading A and B (BLAS semantics; also, cuBLAS rejects the leading
+    // dimension 0 of an empty inner dimension): cuBLAS's scal, or a memset when beta == 0,
+    // which must not read C.
     cudaStream_t stream = nullptr;
     NANODDP_CUBLAS_CHECK(cublasGetStream(handle, &stream));
     const std::int64_t count = m * n;

@@ -32,21 +32,19 @@ __global__ void sgd_kernel(float* __restrict__ param, const float* __restrict__ 
 
 __global__ void adamw_kernel(float* __restrict__ param, const float* __restrict__ grad,
                              float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
-                             std::int64_t n, AdamWHyper h, float bias_correction1,
-                             float bias_correction2) {
+                             std::int64_t n, AdamWHyper h, float step_size,
+                             float bias_correction2_sqrt, float decay) {
   NANODDP_GRID_STRIDE_LOOP(i, n) {
     const float g = grad[i];
-    // Decoupled weight decay: shrink the parameter itself, not the gradient (that is what
-    // distinguishes AdamW from Adam with L2 regularisation).
-    float p = param[i] * (1.0f - h.lr * h.weight_decay);
     const float m = h.beta1 * exp_avg[i] + (1.0f - h.beta1) * g;
     const float v = h.beta2 * exp_avg_sq[i] + (1.0f - h.beta2) * g * g;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
-    const float m_hat = m / bias_correction1;
-    const float v_hat = v / bias_correction2;
-    p -= h.lr * m_hat / (sqrtf(v_hat) + h.eps);
-    param[i] = p;
+    // PyTorch's arrangement: lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
+    const float denom = sqrtf(v) / bias_correction2_sqrt + h.eps;
+    // Decoupled weight decay: shrink the parameter itself, not the gradient (that is what
+    // distinguishes AdamW from Adam with L2 regularisation).
+    param[i] = param[i] * decay - step_size * m / denom;
   }
 }
 
@@ -63,12 +61,17 @@ void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int6
 void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n,
                 const AdamWHyper& h, cudaStream_t stream) {
   if (n <= 0) return;
-  // The bias corrections depend only on the step: compute them once on the host, in double.
+  // The bias corrections depend only on the step: compute them once on the host, in double
+  // (early in training 1 - beta^step is small and float would lose digits), the same way as the
+  // CPU twin so that both round identically.
   const auto step = static_cast<double>(h.step);
-  const auto bias_correction1 = static_cast<float>(1.0 - std::pow(double{h.beta1}, step));
-  const auto bias_correction2 = static_cast<float>(1.0 - std::pow(double{h.beta2}, step));
+  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(h.beta1), step);
+  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(h.beta2), step);
+  const auto step_size = static_cast<float>(h.lr / bias_correction1);
+  const auto bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  const float decay = 1.0f - h.lr * h.weight_decay;
   adamw_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(
-      param, grad, exp_avg, exp_avg_sq, n, h, bias_correction1, bias_correction2);
+      param, grad, exp_avg, exp_avg_sq, n, h, step_size, bias_correction2_sqrt, decay);
   NANODDP_CUDA_CHECK_LAUNCH();
 }
 

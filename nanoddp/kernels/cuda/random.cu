@@ -15,12 +15,13 @@ namespace {
 __global__ void fill_uniform_kernel(float* __restrict__ out, std::int64_t n, std::uint64_t seed,
                                     std::uint64_t stream_id, std::uint64_t offset, float lo,
                                     float hi) {
+  const float range = hi - lo;
   NANODDP_GRID_STRIDE_LOOP(i, n) {
     const Philox4 r = philox4x32_10(offset + static_cast<std::uint64_t>(i), stream_id, seed);
     const float u = uniform_from_bits(r.v[0]);
-    // __fmul_rn/__fadd_rn are never fused into an FMA by the compiler, so the rounding is that
-    // of the plain C++ expression lo + (hi - lo) * u on the CPU.
-    out[i] = __fadd_rn(lo, __fmul_rn(__fsub_rn(hi, lo), u));
+    // One explicit fused multiply-add, exactly like the CPU twin's std::fma: left alone, nvcc
+    // would fuse lo + range * u while a CPU compiler may or may not, and the bits would differ.
+    out[i] = fmaf(range, u, lo);
   }
 }
 
@@ -35,7 +36,7 @@ __global__ void fill_normal_kernel(float* __restrict__ out, std::int64_t n, std:
     const float u1 = static_cast<float>((r.v[0] >> 8) + 1u) * (1.0f / 16777216.0f);
     const float u2 = uniform_from_bits(r.v[1]);
     const float z = sqrtf(-2.0f * logf(u1)) * cosf(kTwoPi * u2);
-    out[i] = mean + stddev * z;
+    out[i] = fmaf(stddev, z, mean);  // as the CPU twin's std::fma
   }
 }
 

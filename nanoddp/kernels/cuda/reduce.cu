@@ -115,9 +115,10 @@ __global__ void __launch_bounds__(kColTile* kColTile)
   double v = detail::warp_reduce_sum(partial[lane][tile_col]);
   const std::int64_t out_col = static_cast<std::int64_t>(blockIdx.x) * kColTile + tile_col;
   if (lane == 0 && out_col < cols) {
-    const float total = static_cast<float>(v);
-    // beta == 0 overwrites without reading (out may hold garbage).
-    out[out_col] = beta == 0.0f ? total : beta * out[out_col] + total;
+    // beta == 0 overwrites without reading (out may hold garbage). Otherwise the old value is
+    // combined in double too, then rounded once (as the CPU twin does).
+    out[out_col] = beta == 0.0f ? static_cast<float>(v)
+                                : static_cast<float>(beta * static_cast<double>(out[out_col]) + v);
   }
 }
 

@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# The one script that verifies nanoddp's CUDA path on a GPU machine (H200, sm_90): unpack the
+# build dependencies, configure with CUDA, build, run the GPU tests (ctest -L gpu) and the GEMM
+# benchmark, and print a summary. Run from the repository root; it takes under 10 minutes.
+#
+# The GPU machine has CUDA 13, CMake, ninja, a compiler and Python, but none of the Debian -dev
+# packages and no network. So the packages travel as .deb files:
+#   1. HERE (with network):   scripts/gpu-debs.sh        -> .gpu-debs/*.deb (git-ignored)
+#   2. THERE (device tool):   run(command="bash scripts/gpu-check.sh", carry=[".gpu-debs"],
+#                                 timeout_s=600)
+#      .gpu-debs is git-ignored, so it travels ONLY when named in `carry`.
+# Logs and results go to ${OUT:-/tmp/gpu-check-out} (flat, few files, so they all come back):
+#   summary.txt configure.log build.log ctest.log ctest-failures.txt bench-gemm.log bench-gemm.json
+# Exit status: 0 all passed, 1 a step failed, 2 the GPU tests were skipped (no usable GPU).
+#
+# Knobs (environment): GPU_CHECK_PREFIX (where the .debs are unpacked, default
+# /tmp/nanoddp-deps), GPU_CHECK_BUILD_DIR (default build-gpu), GPU_CHECK_BUILD_ALL=1 (build every
+# target, not only the GPU test and the GEMM benchmark), GPU_CHECK_DEPS_ONLY=1 (unpack, patch
+# and configure only: how the dependency part is tested on a machine without a GPU),
+# CUDA_ARCHS (default 90), GPU_CHECK_CMAKE_ARGS (extra configure arguments).
+set -uo pipefail
+
+readonly START=$SECONDS
+readonly BUDGET_S=570  # the device tool allows 600 s per command; keep a margin
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root" || exit 1
+OUT="${OUT:-/tmp/gpu-check-out}"
+mkdir -p "$OUT"
+PREFIX="${GPU_CHECK_PREFIX:-/tmp/nanoddp-deps}"
+BUILD="${GPU_CHECK_BUILD_DIR:-build-gpu}"
+ARCHS="${CUDA_ARCHS:-90}"
+JOBS="$(nproc 2>/dev/null || echo 8)"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+
+declare -a ROWS=()
+row() {  # step status seconds note
+  ROWS+=("$(printf '%-12s %-8s %6ss  %s' "$1" "$2" "$3" "$4")")
+}
+remaining() { echo $((BUDGET_S - (SECONDS - START))); }
+# A step's time limit: its own cap, or what is left of the budget (minus a reserve for the
+# steps after it), whichever is smaller.
+limit() {
+  local cap=$1 reserve=$2 left
+  left=$(($(remaining) - reserve))
+  ((left < 10)) && left=10
+  ((cap < left)) && echo "$cap" || echo "$left"
+}
+finish() {
+  {
+    echo "nanoddp gpu-check ($(date -u +%FT%TZ), $((SECONDS - START)) s)"
+    echo "$GPU_LINE"
+    printf '%-12s %-8s %7s  %s\n' step status time note
+    printf '%s\n' "${ROWS[@]}"
+  } | tee "$SUMMARY"
+  exit "$1"
+}
+die() {  # step message
+  row "$1" FAIL "$((SECONDS - START))" "$2"
+  finish 1
+}
+
+# ---- 0. the machine ------------------------------------------------------------------------
+GPU_LINE="gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1 || true)"
+[[ "$GPU_LINE" == "gpu: " ]] && GPU_LINE="gpu: (nvidia-smi unavailable)"
+NVCC="$(command -v nvcc || true)"
+[[ -z "$NVCC" && -x /usr/local/cuda/bin/nvcc ]] && NVCC=/usr/local/cuda/bin/nvcc
+[[ -z "$NVCC" ]] && die setup "nvcc not found (PATH or /usr/local/cuda/bin)"
+CUDA_HOME="${CUDA_HOME:-$(cd "$(dirname "$NVCC")/.." && pwd)}"
+export PATH="$CUDA_HOME/bin:$PATH"
+GPU_LINE="$GPU_LINE | nvcc $("$NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') | cmake $(cmake --version | head -1 | awk '{print $3}')"
+
+# ---- 1. unpack the .debs into a private prefix -----------------------------------------------
+t=$SECONDS
+shopt -s nullglob
+debs=("$root"/.gpu-debs/*.deb)
+((${#debs[@]} == 0)) && die deps "no .gpu-debs/*.deb: run scripts/gpu-debs.sh on a networked machine and pass \".gpu-debs\" in the device tool's carry list"
+rm -rf "$PREFIX" && mkdir -p "$PREFIX"
+unpack() {  # deb: dpkg -x where dpkg exists, else ar + tar (a .deb is an ar archive)
+  if command -v dpkg >/dev/null; then
+    dpkg -x "$1" "$PREFIX"
+  else
+    local tmp
+    tmp="$(mktemp -d)"
+    (cd "$tmp" && ar x "$1" && tar -xf data.tar.* -C "$PREFIX")
+    rm -rf "$tmp"
+  fi
+}
+for deb in "${debs[@]}"; do unpack "$deb" || die deps "could not unpack $(basename "$deb")"; done
+# Debian's files assume they live under /usr. Absolute symlinks are re-pointed into the prefix,
+# and CMake package files that hard-code "/usr" (doctest's targets file, Gloo's library path,
+# fmt's "/usr move" check) are patched to the prefix. Files that compute their prefix from their
+# own location (Eigen, CLI11, nlohmann_json, fmt's targets) need nothing.
+while IFS= read -r link; do
+  target="$(readlink "$link")"
+  [[ "$target" == /* ]] && ln -sfn "$PREFIX$target" "$link"
+done < <(find "$PREFIX" -type l)
+find "$PREFIX" -name '*.cmake' -print0 |
+  xargs -0 sed -i -e "s#\"/usr/#\"$PREFIX/usr/#g" -e "s#\"/usr\"#\"$PREFIX/usr\"#g"
+if grep -rlE '"/usr(/|")' --include='*.cmake' "$PREFIX" >/dev/null; then
+  die deps "a CMake file under $PREFIX still points at /usr"
+fi
+MULTIARCH=x86_64-linux-gnu
+LIBDIRS="$PREFIX/usr/lib/$MULTIARCH:$PREFIX/usr/lib"
+export LD_LIBRARY_PATH="$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+row deps ok "$((SECONDS - t))" "${#debs[@]} packages -> $PREFIX"
+
+# ---- 2. NCCL: beside nvcc, in $NCCL_HOME, the system, or PyTorch's pip wheel -------------------
+# The CMake project looks for nccl.h and libnccl.so beside nvcc and under $NCCL_HOME. A CUDA
+# image without NCCL often still has it as the nvidia-nccl-cu13 wheel (include/ and
+# lib/libnccl.so.2, without the unversioned libnccl.so that find_library wants): link that into
+# a small NCCL_HOME.
+t=$SECONDS
+nccl_note=""
+if [[ -f "$CUDA_HOME/include/nccl.h" ]] && compgen -G "$CUDA_HOME/lib*/libnccl.so*" >/dev/null; then
+  nccl_note="beside nvcc ($CUDA_HOME)"
+elif [[ -n "${NCCL_HOME:-}" && -f "$NCCL_HOME/include/nccl.h" ]]; then
+  nccl_note="\$NCCL_HOME=$NCCL_HOME"
+elif [[ -f /usr/include/nccl.h ]] && compgen -G "/usr/lib/$MULTIARCH/libnccl.so*" >/dev/null; then
+  export NCCL_HOME="$PREFIX/nccl"
+  mkdir -p "$NCCL_HOME/include" "$NCCL_HOME/lib"
+  ln -sf /usr/include/nccl.h /usr/include/nccl_net.h "$NCCL_HOME/include/" 2>/dev/null
+  lib="$(ls /usr/lib/$MULTIARCH/libnccl.so* | head -1)"
+  ln -sf "$lib" "$NCCL_HOME/lib/libnccl.so"
+  nccl_note="system ($lib)"
+else
+  wheel="$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)"
+  if [[ -n "$wheel" && -f "$wheel/include/nccl.h" ]]; then
+    export NCCL_HOME="$PREFIX/nccl"
+    mkdir -p "$NCCL_HOME/lib"
+    ln -sfn "$wheel/include" "$NCCL_HOME/include"
+    lib="$(ls "$wheel"/lib/libnccl.so* | head -1)"
+    ln -sf "$lib" "$NCCL_HOME/lib/libnccl.so"
+    ln -sf "$lib" "$NCCL_HOME/lib/$(basename "$lib")"
+    export LD_LIBRARY_PATH="$NCCL_HOME/lib:$LD_LIBRARY_PATH"
+    nccl_note="pip wheel ($wheel)"
+  else
+    die nccl "no NCCL found (beside nvcc, \$NCCL_HOME, /usr, or python3's nvidia.nccl)"
+  fi
+fi
+row nccl ok "$((SECONDS - t))" "$nccl_note"
+
+# ---- 3. configure ----------------------------------------------------------------------------
+t=$SECONDS
+cmake_args=(
+  -S "$root" -B "$BUILD" -G Ninja
+  -DCMAKE_BUILD_TYPE=Release
+  -DNANODDP_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS" "-DCMAKE_CUDA_COMPILER=$NVCC"
+  # Each package from the unpacked prefix, named explicitly: no search can wander off to
+  # whatever else the image has installed.
+  "-DEigen3_DIR=$PREFIX/usr/share/eigen3/cmake"
+  "-Dfmt_DIR=$PREFIX/usr/lib/$MULTIARCH/cmake/fmt"
+  "-Ddoctest_DIR=$PREFIX/usr/lib/cmake/doctest"
+  "-DCLI11_DIR=$PREFIX/usr/share/cmake/CLI11"
+  "-Dnlohmann_json_DIR=$PREFIX/usr/share/cmake/nlohmann_json"
+  "-DGloo_DIR=$PREFIX/usr/share/cmake/Gloo"
+  "-DCMAKE_PREFIX_PATH=$PREFIX/usr"
+  "-DCMAKE_INCLUDE_PATH=$PREFIX/usr/include"
+  "-DCMAKE_LIBRARY_PATH=$PREFIX/usr/lib/$MULTIARCH;$PREFIX/usr/lib"
+  # The linker must find the libraries that libgloo.so itself needs (hiredis, ibverbs, libnl).
+  "-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,$PREFIX/usr/lib/$MULTIARCH:$PREFIX/usr/lib"
+  "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath-link,$PREFIX/usr/lib/$MULTIARCH:$PREFIX/usr/lib"
+  # CMake 4 (pip's cmake) refuses package files that ask for policies older than 3.5, as
+  # doctest's does (cmake_minimum_required(VERSION 3.0)); older CMake ignores this variable.
+  -DCMAKE_POLICY_VERSION_MINIMUM=3.5
+  --no-warn-unused-cli
+)
+# GPU_CHECK_CMAKE_ARGS: extra arguments, e.g. -DCMAKE_IGNORE_PREFIX_PATH=/usr when testing that
+# the prefix alone suffices on a machine that also has the packages installed.
+read -r -a extra_args <<<"${GPU_CHECK_CMAKE_ARGS:-}"
+timeout "$(limit 120 300)" cmake "${cmake_args[@]}" "${extra_args[@]}" >"$OUT/configure.log" 2>&1 ||
+  die configure "see configure.log: $(grep -m1 -A2 'CMake Error' "$OUT/configure.log" | tr '\n' ' ' | cut -c1-160)"
+row configure ok "$((SECONDS - t))" "$BUILD (CUDA archs $ARCHS)"
+
+if [[ "${GPU_CHECK_DEPS_ONLY:-0}" == 1 ]]; then
+  # Where each package came from, for whoever tests this part on a machine without a GPU.
+  grep -E '^(Eigen3|fmt|doctest|CLI11|nlohmann_json|Gloo)_DIR' "$BUILD/CMakeCache.txt" | tee -a "$OUT/configure.log"
+  finish 0
+fi
+
+# ---- 4. build --------------------------------------------------------------------------------
+t=$SECONDS
+targets=(nanoddp-tests-gpu)
+if cmake --build "$BUILD" --target help 2>/dev/null | grep -q 'nanoddp-bench-gemm'; then
+  targets+=(nanoddp-bench-gemm)
+fi
+if [[ "${GPU_CHECK_BUILD_ALL:-0}" == 1 ]]; then targets=(all); fi
+# -k 0: keep going, so that one broken benchmark does not hide the test binary.
+timeout "$(limit 330 150)" cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" -- -k 0 \
+  >"$OUT/build.log" 2>&1
+build_rc=$?
+if [[ ! -x "$BUILD/bin/nanoddp-tests-gpu" ]]; then
+  die build "rc $build_rc, no nanoddp-tests-gpu; see build.log: $(grep -m1 -E 'error|FAILED' "$OUT/build.log" | cut -c1-160)"
+fi
+if ((build_rc == 0)); then
+  row build ok "$((SECONDS - t))" "${targets[*]}"
+else
+  row build PARTIAL "$((SECONDS - t))" "rc $build_rc: $(grep -c '^FAILED' "$OUT/build.log") target(s) failed, see build.log"
+fi
+
+# ---- 5. the GPU tests --------------------------------------------------------------------------
+t=$SECONDS
+timeout "$(limit 240 60)" ctest --test-dir "$BUILD" -L gpu --output-on-failure -V \
+  >"$OUT/ctest.log" 2>&1
+ctest_rc=$?
+cases="$(grep -E '\[doctest\] test cases:' "$OUT/ctest.log" | tail -1 | sed 's/.*test cases: *//')"
+asserts="$(grep -E '\[doctest\] assertions:' "$OUT/ctest.log" | tail -1 | sed 's/.*assertions: *//')"
+skipped=0
+if grep -q 'SKIPPED: GPU tests' "$OUT/ctest.log"; then
+  # On the machine this script is for, a skip means nothing was verified: exit 2 below.
+  skipped=1
+  row ctest-gpu SKIPPED "$((SECONDS - t))" \
+    "$(grep -m1 'SKIPPED' "$OUT/ctest.log" | sed -E 's/^[0-9]+: //' | cut -c1-160)"
+elif ((ctest_rc == 0)); then
+  row ctest-gpu ok "$((SECONDS - t))" "cases: $cases; assertions: $asserts"
+else
+  row ctest-gpu FAIL "$((SECONDS - t))" "rc $ctest_rc; cases: ${cases:-?}; see ctest.log"
+  grep -E 'ERROR:|FATAL ERROR|TEST CASE:' "$OUT/ctest.log" | head -20 | sed 's/^/    /' >>"$OUT/ctest-failures.txt"
+fi
+
+# ---- 6. the GEMM benchmark ------------------------------------------------------------------------
+t=$SECONDS
+bench="$BUILD/bin/nanoddp-bench-gemm"
+if [[ -x "$bench" ]]; then
+  if timeout "$(limit 120 5)" "$bench" --json "$OUT/bench-gemm.json" >"$OUT/bench-gemm.log" 2>&1; then
+    row bench-gemm ok "$((SECONDS - t))" "bench-gemm.json"
+  else
+    row bench-gemm FAIL "$((SECONDS - t))" "rc $?; see bench-gemm.log"
+  fi
+elif [[ " ${targets[*]} " == *" nanoddp-bench-gemm "* || "${targets[*]}" == all ]]; then
+  row bench-gemm FAIL 0 "nanoddp-bench-gemm did not build; see build.log"
+else
+  row bench-gemm absent 0 "no nanoddp-bench-gemm in this tree"
+fi
+
+[[ -f "$OUT/ctest-failures.txt" ]] && cat "$OUT/ctest-failures.txt"
+if ((ctest_rc != 0)); then finish 1; fi
+if ((skipped)); then finish 2; fi
+finish 0

@@ -1,5 +1,6 @@
 #include "nanoddp/nn/dataset.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -24,16 +25,40 @@ void check_index(std::int64_t index, std::int64_t size, std::int64_t position,
   }
 }
 
-// out[o] = bias[o] + sum_k in[k] * weight[o, k], accumulated in double in index order.
-void affine_row(const float* in, const float* weight, const float* bias, std::int64_t fan_in,
-                std::int64_t fan_out, float* out) {
-  for (std::int64_t o = 0; o < fan_out; ++o) {
-    const float* w = weight + o * fan_in;
-    double acc = bias[o];
-    // An explicit fma: whether the compiler contracts a * b + c depends on flags, and the bits of
-    // a sample must not.
-    for (std::int64_t k = 0; k < fan_in; ++k) acc = std::fma(double{in[k]}, double{w[k]}, acc);
-    out[o] = static_cast<float>(acc);
+// out[r, o] = bias[o] + sum_k in[r, k] * weight[o, k] for `rows` rows.
+//
+// Sample i's target must be the same bits whatever else is in its batch (and on whichever rank
+// computes it), so every (row, output) dot product runs in one fixed order: kLanes float partial
+// sums over k, combined by a fixed tree, then the tail. Nothing depends on the number of rows,
+// and since nanoddp compiles in strict ISO mode (no FP contraction) nothing depends on the
+// vector width either. Rows go kRowBlock at a time so that each weight row, loaded once, serves
+// several samples: the loops vectorise over the lanes.
+void affine_rows(const float* in, std::int64_t rows, const float* weight, const float* bias,
+                 std::int64_t fan_in, std::int64_t fan_out, float* out) {
+  constexpr int kLanes = 16;
+  constexpr int kRowBlock = 4;
+  const std::int64_t full = fan_in / kLanes * kLanes;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int nr = static_cast<int>(std::min<std::int64_t>(kRowBlock, rows - r0));
+    for (std::int64_t o = 0; o < fan_out; ++o) {
+      const float* w = weight + o * fan_in;
+      float acc[kRowBlock][kLanes] = {};
+      for (std::int64_t k = 0; k < full; k += kLanes) {
+        for (int r = 0; r < nr; ++r) {
+          const float* x = in + (r0 + r) * fan_in + k;
+          for (int l = 0; l < kLanes; ++l) acc[r][l] += x[l] * w[k + l];
+        }
+      }
+      for (int r = 0; r < nr; ++r) {
+        for (int width = kLanes / 2; width > 0; width /= 2) {
+          for (int l = 0; l < width; ++l) acc[r][l] += acc[r][l + width];
+        }
+        float sum = acc[r][0];
+        const float* x = in + (r0 + r) * fan_in;
+        for (std::int64_t k = full; k < fan_in; ++k) sum += x[k] * w[k];
+        out[(r0 + r) * fan_out + o] = sum + bias[o];
+      }
+    }
   }
 }
 
@@ -81,23 +106,27 @@ SyntheticRegression::SyntheticRegression(SyntheticRegressionOptions options) : o
 void SyntheticRegression::fill_batch(std::span<const std::int64_t> indices, float* x, float* y) {
   const auto& o = options_;
   const std::int64_t in = o.in_features, out = o.out_features, hidden = o.teacher_hidden;
-  for (std::size_t k = 0; k < indices.size(); ++k) {
-    const std::int64_t i = indices[k];
-    check_index(i, o.size, static_cast<std::int64_t>(k), "SyntheticRegression");
-    float* x_row = x + static_cast<std::int64_t>(k) * in;
-    float* y_row = y + static_cast<std::int64_t>(k) * out;
-    cpu::fill_normal(x_row, in, o.seed, kInputStream, static_cast<std::uint64_t>(i * in), 0.0f,
-                     1.0f);
-    if (hidden == 0) {
-      affine_row(x_row, weight1_.data(), bias1_.data(), in, out, y_row);
-    } else {
-      affine_row(x_row, weight1_.data(), bias1_.data(), in, hidden, hidden_.data());
-      for (float& h : hidden_) h = std::tanh(h);
-      affine_row(hidden_.data(), weight2_.data(), bias2_.data(), hidden, out, y_row);
-    }
-    if (o.noise_std > 0.0f) {
+  const auto rows = static_cast<std::int64_t>(indices.size());
+  for (std::int64_t k = 0; k < rows; ++k) {
+    const std::int64_t i = indices[static_cast<std::size_t>(k)];
+    check_index(i, o.size, k, "SyntheticRegression");
+    cpu::fill_normal(x + k * in, in, o.seed, kInputStream, static_cast<std::uint64_t>(i * in),
+                     0.0f, 1.0f);
+  }
+  if (hidden == 0) {
+    affine_rows(x, rows, weight1_.data(), bias1_.data(), in, out, y);
+  } else {
+    hidden_.resize(static_cast<std::size_t>(rows * hidden));
+    affine_rows(x, rows, weight1_.data(), bias1_.data(), in, hidden, hidden_.data());
+    for (float& h : hidden_) h = std::tanh(h);
+    affine_rows(hidden_.data(), rows, weight2_.data(), bias2_.data(), hidden, out, y);
+  }
+  if (o.noise_std > 0.0f) {
+    for (std::int64_t k = 0; k < rows; ++k) {
+      const std::int64_t i = indices[static_cast<std::size_t>(k)];
       cpu::fill_normal(noise_.data(), out, o.seed, kNoiseStream,
                        static_cast<std::uint64_t>(i * out), 0.0f, o.noise_std);
+      float* y_row = y + k * out;
       for (std::int64_t j = 0; j < out; ++j) y_row[j] += noise_[static_cast<std::size_t>(j)];
     }
   }

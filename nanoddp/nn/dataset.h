@@ -49,8 +49,8 @@ struct SyntheticRegressionOptions {
 //   A, A1 ~ N(0, 1/in_features) (unit-variance pre-activations), c, c1 ~ N(0, 0.1^2),
 //   A2 ~ N(0, (5/3)^2 / teacher_hidden) (5/3 undoes tanh's shrinking, PyTorch's tanh gain),
 //   c2 ~ N(0, 0.1^2).
-// The teacher is evaluated with plain loops that accumulate in double in a fixed order, so a
-// sample's bits never depend on the batch it is in (a GEMM's blocking could change them).
+// The teacher is evaluated with vectorised loops whose summation order is fixed per sample, so
+// a sample's bits never depend on the batch it is in (a GEMM's blocking could change them).
 class SyntheticRegression final : public Dataset {
  public:
   // Philox stream numbers (counter_hi). Distinct from each other and from small integers that

@@ -49,12 +49,15 @@ struct Shape {
   std::string name;  // "square", "mlp-forward", ...
   Transpose ta, tb;
   std::int64_t m, n, k;
+  std::int64_t gemms = 1;  // GEMMs of this size one row times together (the mlp-step row)
 
   std::string layout() const {
     return fmt::format("{}{}", ta == Transpose::kYes ? 'T' : 'N',
                        tb == Transpose::kYes ? 'T' : 'N');
   }
-  double gflop() const { return 2.0 * double(m) * double(n) * double(k) * 1e-9; }
+  double gflop() const {
+    return 2.0 * double(m) * double(n) * double(k) * double(gemms) * 1e-9;
+  }
 };
 
 struct Row {
@@ -71,6 +74,7 @@ struct Options {
   int repeats = 10;
   int warmup = 2;
   int threads = 1;
+  std::int64_t linears = 4;
   std::string json_path;
 };
 
@@ -139,6 +143,43 @@ void run_cpu(const Shape& s, const Options& opt, std::vector<Row>& rows) {
                                      0.0f, ops.c.data());
                       },
                       opt)});
+}
+
+// The GEMMs of one training step of an MLP of `linears` Linear(H, H) layers at batch B, in the
+// order nanoddp-train runs them (forward layer by layer, then per layer from the last: dW, and
+// dX except for the first layer), each layer with its own weight, gradient and activations.
+//
+// Why a separate row: an isolated GEMM re-reads the same operands every repetition, so they sit
+// in cache. Inside a step each layer's weight and gradient are different memory (4 x 1024^2
+// floats = 16 MiB of weights and 16 MiB of gradients), touched once per step, and arrive cold.
+// This row is the GEMM floor of nanoddp-train's step_ms; the isolated rows are Eigen's peak.
+Row run_mlp_step_gemms(const Options& opt) {
+  const std::int64_t b = opt.batch, h = opt.hidden, layers = opt.linears;
+  const Shape unit{"mlp-step", Transpose::kNo, Transpose::kNo, b, h, h};
+  std::vector<HostOperands> weights;  // a: activations [B,H], b: weight [H,H], c: output [B,H]
+  std::vector<std::vector<float>> grads(static_cast<std::size_t>(layers),
+                                        std::vector<float>(static_cast<std::size_t>(h * h)));
+  for (std::int64_t l = 0; l < layers; ++l) weights.emplace_back(unit);
+  std::vector<float> grad_out(static_cast<std::size_t>(b * h), 0.01f), grad_in(grad_out.size());
+  nanoddp::Backend& be = nanoddp::cpu_backend();
+  auto step = [&] {
+    for (auto& layer : weights) {
+      be.gemm(Transpose::kNo, Transpose::kYes, b, h, h, 1.0f, layer.a.data(), layer.b.data(), 0.0f,
+              layer.c.data());
+    }
+    for (std::int64_t l = layers - 1; l >= 0; --l) {
+      auto& layer = weights[static_cast<std::size_t>(l)];
+      be.gemm(Transpose::kYes, Transpose::kNo, h, h, b, 1.0f, grad_out.data(), layer.a.data(), 0.0f,
+              grads[static_cast<std::size_t>(l)].data());
+      if (l > 0) {
+        be.gemm(Transpose::kNo, Transpose::kNo, b, h, h, 1.0f, grad_out.data(), layer.b.data(),
+                0.0f, grad_in.data());
+      }
+    }
+  };
+  Shape shape = unit;
+  shape.gemms = 3 * layers - 1;
+  return {"nanoddp-cpu", shape, time_cpu_ms(step, opt)};
 }
 
 // A device buffer from the CUDA caching allocator, returned on scope exit.
@@ -227,6 +268,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", opt.threads, "Eigen threads for the CPU rows")
       ->check(CLI::PositiveNumber);
+  app.add_option("--linears", opt.linears,
+                 "Linear layers of the mlp-step row (nanoddp-train --layers L has L+1)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE");
   CLI11_PARSE(app, argc, argv);
 
@@ -256,6 +300,17 @@ int main(int argc, char** argv) {
     run_cpu(s, opt, rows);
     if (cuda) run_cuda(s, opt, rows);
   }
+  // The isolated Eigen medians of the step's GEMMs, summed: the step row's yardstick.
+  double isolated_step_ms = 0.0;
+  for (const auto& r : rows) {
+    if (r.backend != "eigen") continue;
+    if (r.shape.name == "mlp-forward" || r.shape.name == "mlp-weight-grad") {
+      isolated_step_ms += static_cast<double>(opt.linears) * r.median_ms;
+    } else if (r.shape.name == "mlp-input-grad") {
+      isolated_step_ms += static_cast<double>(opt.linears - 1) * r.median_ms;
+    }
+  }
+  rows.push_back(run_mlp_step_gemms(opt));
 
   fmt::print("\n{:<12} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10} {:>9} {:>9}\n", "backend", "shape",
              "layout", "m", "n", "k", "median ms", "GFLOP/s", "vs eigen");
@@ -270,7 +325,8 @@ int main(int argc, char** argv) {
   double eigen_gflops = 0.0;
   for (const auto& r : rows) {
     if (r.backend == "eigen") eigen_gflops = r.gflops();  // rows come eigen-first per shape
-    const double ratio = r.gflops() / eigen_gflops;
+    double ratio = eigen_gflops > 0 ? r.gflops() / eigen_gflops : 0.0;
+    if (r.shape.name == "mlp-step") ratio = isolated_step_ms / r.median_ms;
     fmt::print("{:<12} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10.3f} {:>9.1f} {:>8.2f}x\n", r.backend,
                r.shape.name, r.shape.layout(), r.shape.m, r.shape.n, r.shape.k, r.median_ms,
                r.gflops(), ratio);
@@ -291,9 +347,16 @@ int main(int argc, char** argv) {
                                    {"hostname", hostname()},
                                    {"compiler", compiler()},
                                    {"nanoddp_version", NANODDP_VERSION},
-                                   {"with_cuda", bool(NANODDP_WITH_CUDA)}};
+                                   {"with_cuda", bool(NANODDP_WITH_CUDA)},
+                                   {"gemms", r.shape.gemms}};
       *json << line.dump() << '\n';
     }
   }
+  fmt::print(
+      "\nmlp-step: the {} GEMMs of one training step of {} x Linear({}, {}) at batch {}, in "
+      "training order over per-layer buffers (cold caches, as in nanoddp-train): {:.3f} ms.\n"
+      "The same GEMMs timed one at a time (warm caches, the rows above): {:.3f} ms.\n",
+      3 * opt.linears - 1, opt.linears, opt.hidden, opt.hidden, opt.batch, rows.back().median_ms,
+      isolated_step_ms);
   return 0;
 }

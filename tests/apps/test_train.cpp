@@ -1,0 +1,173 @@
+// nanoddp-train as a user runs it: the real executable, real files, real exit codes.
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/nn/npy.h"
+#include "nanoddp/nn/safetensors.h"
+#include "support/subprocess.h"
+
+using nanoddp::testing::bin_path;
+using nanoddp::testing::ProcessResult;
+using nanoddp::testing::run_process;
+using nanoddp::testing::TempDir;
+
+namespace {
+
+ProcessResult train(std::vector<std::string> args) {
+  args.insert(args.begin(), bin_path("nanoddp-train"));
+  return run_process(args);
+}
+
+std::vector<nlohmann::json> read_json_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+}  // namespace
+
+TEST_CASE("nanoddp-train --help lists the flags and exits 0") {
+  const ProcessResult r = train({"--help"});
+  CHECK(r.exit_code == 0);
+  for (const char* flag : {"--device", "--layers", "--batch", "--steps", "--epochs", "--optimizer",
+                           "--metrics", "--save", "--threads", "--data", "--targets", "--gemm"}) {
+    CHECK_MESSAGE(r.output.find(flag) != std::string::npos, flag);
+  }
+}
+
+TEST_CASE("nanoddp-train refuses bad flags and values with exit code 2 and names the flag") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;  // must appear in the message
+  };
+  const std::vector<Case> cases = {
+      {{"--no-such-flag"}, "--no-such-flag"},
+      {{"--batch", "0"}, "--batch"},
+      {{"--batch", "many"}, "--batch"},
+      {{"--layers", "-1"}, "--layers"},
+      {{"--activation", "tanh"}, "--activation"},
+      {{"--optimizer", "lbfgs"}, "--optimizer"},
+      {{"--steps", "10", "--epochs", "1"}, "mutually exclusive"},
+      {{"--lr", "0"}, "--lr"},
+      {{"--lr", "-0.5"}, "--lr"},
+      {{"--momentum", "0.9"}, "--momentum"},  // AdamW is the default optimizer
+      {{"--data", "/nonexistent/x.npy", "--targets", "/nonexistent/y.npy"}, "--data"},
+      {{"--gemm", "cublas"}, "--gemm cublas needs --device cuda"},
+      {{"--device", "gpu"}, "unknown device 'gpu'"},
+      {{"--threads", "0"}, "--threads"},
+  };
+  for (const Case& c : cases) {
+    const ProcessResult r = train(c.args);
+    INFO("args: ", fmt::format("{}", fmt::join(c.args, " ")), "\noutput: ", r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(c.expected) != std::string::npos);
+  }
+}
+
+TEST_CASE("nanoddp-train --device cuda without a GPU is a clear error, not a crash") {
+  if (nanoddp::cuda_device_count() > 0) return;  // this machine has a GPU: nothing to refuse
+  const ProcessResult r = train({"--device", "cuda", "--steps", "1"});
+  INFO(r.output);
+  CHECK_FALSE(r.signaled);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("cuda") != std::string::npos);
+  CHECK(r.output.find("--device cpu") != std::string::npos);
+}
+
+TEST_CASE("nanoddp-train learns nn.Linear(5, 3) + MSE, logs metrics and saves parameters") {
+  TempDir dir;
+  const std::string metrics = dir.file("metrics.jsonl"), saved = dir.file("params.safetensors");
+  const ProcessResult r = train({"--in", "5", "--out", "3", "--layers", "0", "--steps", "400",
+                                 "--lr", "0.01", "--log-every", "100", "--metrics", metrics,
+                                 "--save", saved});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("step 400/400") != std::string::npos);
+  CHECK(r.output.find("eta") != std::string::npos);
+
+  const auto lines = read_json_lines(metrics);
+  REQUIRE(lines.size() == 5);  // step 1, 100, 200, 300, 400
+  for (const auto& line : lines) {
+    for (const char* key : {"step", "loss", "step_ms", "samples_per_s"}) {
+      CHECK_MESSAGE(line.contains(key), key);
+    }
+    CHECK(line["step_ms"].get<double>() > 0.0);
+    CHECK(line["samples_per_s"].get<double>() > 0.0);
+  }
+  CHECK(lines.front()["step"] == 1);
+  CHECK(lines.back()["step"] == 400);
+  const double first = lines.front()["loss"], last = lines.back()["loss"];
+  CHECK(last < first / 100.0);
+
+  const nanoddp::nn::SafetensorsFile file = nanoddp::nn::read_safetensors(saved);
+  CHECK(file.names() == std::vector<std::string>{"layers.0.bias", "layers.0.weight"});
+  CHECK(file.at("layers.0.weight").shape == std::vector<std::int64_t>{3, 5});
+  CHECK(file.at("layers.0.bias").shape == std::vector<std::int64_t>{3});
+  CHECK(file.metadata_at("step") == "400");
+}
+
+TEST_CASE("nanoddp-train is deterministic: the same seed gives the same bits, another seed not") {
+  TempDir dir;
+  auto run = [&](const std::string& name, const std::string& seed) {
+    const ProcessResult r =
+        train({"--steps", "30", "--seed", seed, "--quiet", "--save", dir.file(name)});
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    return nanoddp::nn::read_safetensors(dir.file(name)).to_f32("layers.2.weight");
+  };
+  const auto a = run("a.safetensors", "5"), b = run("b.safetensors", "5"),
+             c = run("c.safetensors", "6");
+  CHECK(a == b);
+  CHECK(a != c);
+}
+
+TEST_CASE("nanoddp-train trains on .npy files and names a malformed one") {
+  TempDir dir;
+  const std::int64_t n = 64, in = 4, out = 2;
+  std::vector<float> x(n * in), y(n * out);
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t j = 0; j < in; ++j) x[i * in + j] = static_cast<float>((i * 7 + j * 3) % 11) / 11.0f;
+    y[i * out + 0] = x[i * in + 0] - 2.0f * x[i * in + 1];
+    y[i * out + 1] = 0.5f * x[i * in + 2] + x[i * in + 3];
+  }
+  const std::vector<std::int64_t> x_shape{n, in}, y_shape{n, out};
+  nanoddp::nn::write_npy(dir.file("x.npy"), x_shape, x.data());
+  nanoddp::nn::write_npy(dir.file("y.npy"), y_shape, y.data());
+
+  const ProcessResult ok = train({"--data", dir.file("x.npy"), "--targets", dir.file("y.npy"),
+                                  "--layers", "0", "--batch", "16", "--epochs", "50", "--lr",
+                                  "0.02", "--log-every", "1000"});
+  INFO(ok.output);
+  CHECK(ok.exit_code == 0);
+  CHECK(ok.output.find("64 samples x 4 -> 2") != std::string::npos);
+  CHECK(ok.output.find("200 steps") != std::string::npos);  // 50 epochs x 4 batches
+
+  // Targets with a different number of rows: refused before training, naming both files.
+  const std::vector<std::int64_t> short_shape{n - 1, out};
+  nanoddp::nn::write_npy(dir.file("y_short.npy"), short_shape, y.data());
+  const ProcessResult bad = train({"--data", dir.file("x.npy"), "--targets",
+                                   dir.file("y_short.npy"), "--steps", "1"});
+  INFO(bad.output);
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("y_short.npy") != std::string::npos);
+
+  // A truncated file.
+  {
+    std::ofstream f(dir.file("broken.npy"), std::ios::binary);
+    f << "\x93NUMPY\x01";
+  }
+  const ProcessResult broken =
+      train({"--data", dir.file("broken.npy"), "--targets", dir.file("y.npy"), "--steps", "1"});
+  INFO(broken.output);
+  CHECK(broken.exit_code == 2);
+  CHECK(broken.output.find("broken.npy") != std::string::npos);
+}

@@ -1,0 +1,38 @@
+#pragma once
+// "Who am I?": rank, world size and the master's address, read from whichever launcher started
+// this process: nanoddp-run and torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT), Open MPI's mpirun (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/
+// LOCAL_SIZE) or Slurm's srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE)
+// with MASTER_ADDR / MASTER_PORT. With none of them set: a world of one.
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace nanoddp::comm {
+
+struct WorldInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  int restart_count = 0;       // NANODDP_RESTART_COUNT (or TORCHELASTIC_RESTART_COUNT)
+  std::string launcher;        // "torchrun", "openmpi", "slurm" or "none"
+};
+
+// Reads an environment variable; nullopt when unset. Tests pass their own table.
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+EnvLookup process_env();
+
+// Throws an Error naming the variable for: a non-number, a rank outside [0, world), a world
+// size < 1, a local rank outside the local world, a port outside 1..65535, a missing
+// MASTER_ADDR/MASTER_PORT for a world > 1, or variables of one launcher only partly set.
+WorldInfo world_from_env(const EnvLookup& env = process_env());
+
+// The default timeout of every collective and store wait: $NANODDP_TIMEOUT_S seconds, else 300.
+std::chrono::milliseconds default_timeout(const EnvLookup& env = process_env());
+
+}  // namespace nanoddp::comm

@@ -1,0 +1,140 @@
+#pragma once
+// The rendezvous key-value store: how the processes of a job find each other.
+//
+// Rank 0 hosts a TcpStoreServer on a background thread; every rank (rank 0 included) talks to
+// it through a TcpStore client. Process groups exchange what they need to connect through it
+// (Gloo's pair addresses, NCCL's unique id), and the launcher-independent parts of a job (who is
+// alive, a shared step counter) can use it too. Every blocking call has a timeout: a store that
+// never answers, or a key that never appears, is an error that names the key and the address,
+// never a hang.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace nanoddp::comm {
+
+using Bytes = std::vector<std::uint8_t>;
+
+// A store operation failed: the server is unreachable, refused us, or a wait timed out.
+class StoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  virtual void set(const std::string& key, std::span<const std::uint8_t> value) = 0;
+  // Blocks until `key` exists, up to timeout(); then returns its value.
+  virtual Bytes get(const std::string& key) = 0;
+  // Atomically adds `delta` to the integer stored at `key` (absent = 0); returns the new value.
+  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
+  // Blocks until every key exists, up to `timeout`.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  void wait(const std::vector<std::string>& keys) { wait(keys, timeout()); }
+  // Whether every key exists now (no blocking).
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+  // If the value at `key` equals `expected` (an absent key equals an empty `expected`), stores
+  // `desired`. Returns the value stored afterwards either way.
+  virtual Bytes compare_set(const std::string& key, std::span<const std::uint8_t> expected,
+                            std::span<const std::uint8_t> desired) = 0;
+  // Removes `key`; returns whether it existed.
+  virtual bool remove(const std::string& key) = 0;
+
+  virtual std::chrono::milliseconds timeout() const = 0;
+  virtual void set_timeout(std::chrono::milliseconds timeout) = 0;
+
+  // Conveniences for text values.
+  void set(const std::string& key, const std::string& value);
+  std::string get_string(const std::string& key);
+};
+
+struct TcpStoreOptions {
+  // Address the server binds to (rank 0) and clients connect to.
+  std::string host = "127.0.0.1";
+  // 0 on the server: pick a free port (read it back with TcpStoreServer::port()).
+  std::uint16_t port = 29500;
+  // How long clients keep retrying to connect, and how long blocking calls wait.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Shared secret: when non-empty (default: $NANODDP_STORE_TOKEN), the server refuses clients
+  // whose handshake does not carry it.
+  std::string token;
+  // Bounds that keep a bad or hostile client from exhausting the server.
+  std::size_t max_key_bytes = 4096;
+  std::size_t max_value_bytes = 64u << 20;
+  std::size_t max_keys = 1u << 20;
+  std::size_t max_connections = 4096;
+};
+
+// The server: binds host:port, serves every client on one background thread (poll-based, no
+// thread per client), and shuts down (joining its thread) in its destructor.
+class TcpStoreServer {
+ public:
+  explicit TcpStoreServer(const TcpStoreOptions& options);
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+  std::uint16_t port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The client. Connects with retries and exponential backoff until options.timeout, then fails
+// with e.g. "cannot reach the store at 10.0.0.1:29500 after 30 s (is rank 0 running? is
+// MASTER_ADDR right?)". Thread-safe (one request at a time on its connection).
+class TcpStore final : public Store {
+ public:
+  explicit TcpStore(const TcpStoreOptions& options);
+  ~TcpStore() override;
+
+  void set(const std::string& key, std::span<const std::uint8_t> value) override;
+  using Store::set;
+  Bytes get(const std::string& key) override;
+  std::int64_t add(const std::string& key, std::int64_t delta) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  using Store::wait;
+  bool check(const std::vector<std::string>& keys) override;
+  Bytes compare_set(const std::string& key, std::span<const std::uint8_t> expected,
+                    std::span<const std::uint8_t> desired) override;
+  bool remove(const std::string& key) override;
+  std::chrono::milliseconds timeout() const override;
+  void set_timeout(std::chrono::milliseconds timeout) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Namespacing: every key gets "<prefix>/" in front (one prefix per process group and restart).
+class PrefixStore final : public Store {
+ public:
+  PrefixStore(std::string prefix, std::shared_ptr<Store> store);
+
+  void set(const std::string& key, std::span<const std::uint8_t> value) override;
+  using Store::set;
+  Bytes get(const std::string& key) override;
+  std::int64_t add(const std::string& key, std::int64_t delta) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  using Store::wait;
+  bool check(const std::vector<std::string>& keys) override;
+  Bytes compare_set(const std::string& key, std::span<const std::uint8_t> expected,
+                    std::span<const std::uint8_t> desired) override;
+  bool remove(const std::string& key) override;
+  std::chrono::milliseconds timeout() const override { return store_->timeout(); }
+  void set_timeout(std::chrono::milliseconds timeout) override { store_->set_timeout(timeout); }
+
+ private:
+  std::string key(const std::string& k) const { return prefix_ + "/" + k; }
+  std::string prefix_;
+  std::shared_ptr<Store> store_;
+};
+
+}  // namespace nanoddp::comm

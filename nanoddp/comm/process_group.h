@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -33,6 +34,12 @@ class CommError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// When an op ran, on the host's steady clock (for statistics and timelines).
+struct WorkTiming {
+  std::chrono::steady_clock::time_point start;
+  std::chrono::steady_clock::time_point end;
+};
+
 class Work {
  public:
   virtual ~Work() = default;
@@ -45,6 +52,9 @@ class Work {
   virtual std::exception_ptr error() = 0;
   virtual std::uint64_t sequence_number() const = 0;
   virtual const std::string& op_name() const = 0;
+  // When the op started and finished running, once it has completed (CPU backends). CUDA ops
+  // are timed with events instead and return nothing here.
+  virtual std::optional<WorkTiming> timing() const { return std::nullopt; }
 };
 
 struct ProcessGroupOptions {

@@ -6,6 +6,7 @@
 
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/error.h"
+#include "nanoddp/engine/trace.h"
 
 namespace nanoddp {
 
@@ -141,7 +142,13 @@ void BackwardPass::run(const Tensor& root) {
              node->name());
       }
       current_ = node;
+      Tracer* tracer = active_tracer();
+      const auto start = tracer ? Tracer::Clock::now() : Tracer::Clock::time_point{};
       node->backward_(state.grad, *this);
+      if (tracer) {
+        tracer->span("backward " + node->name(), TraceTrack::kCompute, start, Tracer::Clock::now(),
+                     {{"node", std::to_string(node->sequence_nr())}});
+      }
       current_ = nullptr;
       // Free what the backward function captured (activations) as soon as it has run.
       node->backward_ = nullptr;
@@ -229,9 +236,43 @@ void BackwardPass::accumulate(std::size_t i, const Accumulator& write) {
   state.owned = true;
 }
 
+namespace {
+// The callbacks of the backward pass running on this thread (null outside a pass).
+thread_local std::vector<std::function<void()>>* tls_backward_callbacks = nullptr;
+
+// Installs the pass's callback list for this thread, and removes it however the pass ends.
+class CallbackScope {
+ public:
+  CallbackScope() { tls_backward_callbacks = &callbacks_; }
+  ~CallbackScope() { tls_backward_callbacks = nullptr; }
+  CallbackScope(const CallbackScope&) = delete;
+  CallbackScope& operator=(const CallbackScope&) = delete;
+  // Callbacks may queue further callbacks; runs until none are left.
+  void run_all() {
+    for (std::size_t i = 0; i < callbacks_.size(); ++i) {
+      auto callback = std::move(callbacks_[i]);
+      callback();
+    }
+  }
+
+ private:
+  std::vector<std::function<void()>> callbacks_;
+};
+
+}  // namespace
+
 void run_backward(const Tensor& root) {
+  NANODDP_CHECK(tls_backward_callbacks == nullptr, "backward() called from inside a backward pass");
+  CallbackScope scope;
   BackwardPass pass;
   pass.run(root);
+  scope.run_all();
+}
+
+void queue_backward_callback(std::function<void()> callback) {
+  NANODDP_CHECK(tls_backward_callbacks != nullptr,
+                "queue_backward_callback() outside of a backward pass");
+  tls_backward_callbacks->push_back(std::move(callback));
 }
 
 }  // namespace nanoddp

@@ -79,4 +79,10 @@ Tensor record(std::string name, Tensor output, const std::vector<Tensor>& inputs
 // Runs backward from `root` (a one-element tensor), seeding d root / d root = 1.
 void run_backward(const Tensor& root);
 
+// Queues `callback` to run once the backward pass in progress on this thread has finished
+// (after every node and hook). Only valid from inside a backward pass (a hook or a backward
+// function). The DDP Reducer queues its finalize step this way, so `loss.backward()` returns
+// only once every bucket has been reduced, as with PyTorch's DDP.
+void queue_backward_callback(std::function<void()> callback);
+
 }  // namespace nanoddp

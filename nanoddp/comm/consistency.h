@@ -1,0 +1,23 @@
+#pragma once
+// Checks that every rank holds the same description of something (the model's parameters, the
+// training configuration) before any collective depends on it.
+//
+// Why: ranks that disagree — a different model, a different batch size, a different bucket
+// cap — issue different collectives, and the symptom is a hang or a crash deep inside an
+// all-reduce. PyTorch learned to all-gather parameter shapes first; this does the same through
+// the store, and every rank fails with the same message naming the first difference and which
+// ranks hold which value.
+
+#include <string>
+#include <vector>
+
+#include "nanoddp/comm/store.h"
+
+namespace nanoddp::comm {
+
+// Publishes `items` under `key` for this rank, reads every rank's, and throws nanoddp::Error on
+// every rank if they differ. `what` names the items in the message ("parameter", "setting").
+void check_same_on_all_ranks(Store& store, int rank, int size, const std::string& key,
+                             const std::string& what, const std::vector<std::string>& items);
+
+}  // namespace nanoddp::comm

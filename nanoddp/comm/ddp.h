@@ -1,0 +1,74 @@
+#pragma once
+// DistributedDataParallel: wraps a model so that `loss.backward()` leaves every rank with the
+// average of all ranks' gradients, reduced bucket by bucket while backward runs (see reducer.h).
+//
+//   nn::Mlp model(...);
+//   nn::FlatParameters params(model, device);
+//   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store, {.bucket_cap_mb = 25});
+//   nn::SGD sgd(params, {.lr = 0.01f});
+//   for (...) { sgd.zero_grad(); mse_loss(ddp(x), y).backward(); sgd.step(); }
+//
+// At construction every rank checks that all ranks hold the same model (names, dtypes, shapes)
+// and the same DDP settings — a mismatch fails on every rank, naming the first difference —
+// and rank 0's parameters are broadcast so that all ranks start equal.
+
+#include <memory>
+#include <string>
+
+#include "nanoddp/comm/process_group.h"
+#include "nanoddp/comm/reducer.h"
+#include "nanoddp/comm/store.h"
+#include "nanoddp/nn/flat_parameters.h"
+#include "nanoddp/nn/module.h"
+
+namespace nanoddp::comm {
+
+struct DdpOptions {
+  double bucket_cap_mb = 25.0;
+  double first_bucket_mb = 1.0;
+  bool find_unused_parameters = false;
+  bool broadcast_parameters = true;
+  CommHook comm_hook = CommHook::kAllreduce;
+  bool overlap = true;
+};
+
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(nn::Module& module, nn::FlatParameters& params,
+                          std::shared_ptr<ProcessGroup> group, std::shared_ptr<Store> store,
+                          const DdpOptions& options = {});
+
+  Tensor forward(const Tensor& x) { return module_.forward(x); }
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+  // While a NoSync is alive, backward passes only accumulate gradients locally; the next
+  // synchronized backward reduces the accumulated sum (gradient accumulation without paying
+  // for an all-reduce per micro-batch).
+  class NoSync {
+   public:
+    explicit NoSync(Reducer& reducer) : reducer_(reducer), previous_(reducer.sync()) {
+      reducer_.set_sync(false);
+    }
+    ~NoSync() { reducer_.set_sync(previous_); }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    Reducer& reducer_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*reducer_); }
+
+  Reducer& reducer() { return *reducer_; }
+  ProcessGroup& group() { return *group_; }
+  nn::Module& module() { return module_; }
+  const DdpOptions& options() const { return options_; }
+
+ private:
+  nn::Module& module_;
+  std::shared_ptr<ProcessGroup> group_;
+  DdpOptions options_;
+  std::unique_ptr<Reducer> reducer_;
+};
+
+}  // namespace nanoddp::comm

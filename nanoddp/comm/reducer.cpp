@@ -1,0 +1,250 @@
+#include "nanoddp/comm/reducer.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "nanoddp/engine/autograd.h"
+#include "nanoddp/engine/backend.h"
+#include "nanoddp/engine/error.h"
+#include "nanoddp/engine/trace.h"
+
+namespace nanoddp::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+std::int64_t cap_elements(double mb) {
+  // PyTorch's bucket_cap_mb counts MiB.
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * 1024.0 * 1024.0 / 4.0));
+}
+
+}  // namespace
+
+CommHook parse_comm_hook(const std::string& name) {
+  if (name == "allreduce") return CommHook::kAllreduce;
+  if (name == "bf16") return CommHook::kBf16;
+  fail("unknown comm hook '{}': expected allreduce or bf16", name);
+}
+
+const char* comm_hook_name(CommHook hook) {
+  return hook == CommHook::kBf16 ? "bf16" : "allreduce";
+}
+
+Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group,
+                 const ReducerOptions& options)
+    : params_(params), group_(std::move(group)), options_(options) {
+  if (!(options.bucket_cap_mb > 0) || !(options.first_bucket_mb > 0)) {
+    fail("bucket caps must be positive (got bucket_cap_mb={}, first_bucket_mb={})",
+         options.bucket_cap_mb, options.first_bucket_mb);
+  }
+  // Cut the flat gradient buffer into buckets, in its (reverse registration) order: a bucket
+  // closes once it holds at least its cap, so a parameter larger than the cap gets a bucket of
+  // its own and no parameter is ever split.
+  const auto& slots = params_.slots();
+  bucket_of_slot_.resize(slots.size());
+  Bucket current;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (current.slots.empty()) current.offset = slots[i].offset;
+    current.slots.push_back(i);
+    current.numel += slots[i].numel;
+    bucket_of_slot_[i] = buckets_.size();
+    const double cap_mb = buckets_.empty() ? options.first_bucket_mb : options.bucket_cap_mb;
+    if (current.numel >= cap_elements(cap_mb) || i + 1 == slots.size()) {
+      buckets_.push_back(std::move(current));
+      current = Bucket{};
+    }
+  }
+  const Device device = params_.device();
+  for (Bucket& bucket : buckets_) {
+    bucket.grads = params_.grads().view(bucket.offset, {bucket.numel});
+    if (options.comm_hook == CommHook::kBf16) {
+      bucket.compressed = Tensor::empty({bucket.numel}, device, DType::kBF16);
+    }
+  }
+
+  // The hooks hold a weak handle: a hook that outlives its Reducer does nothing.
+  alive_ = std::make_shared<Reducer*>(this);
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    Tensor param = slots[i].param;
+    std::weak_ptr<Reducer*> weak = alive_;
+    param.register_post_accumulate_grad_hook([weak, i](Tensor&) {
+      if (auto self = weak.lock()) (*self)->on_gradient_ready(i);
+    });
+  }
+  reset();
+}
+
+Reducer::~Reducer() {
+  // Never leave a collective running on buffers we are about to stop tracking.
+  for (auto& work : works_) {
+    if (work) {
+      try {
+        work->wait();
+      } catch (...) {
+      }
+    }
+  }
+}
+
+void Reducer::reset() {
+  in_backward_ = false;
+  pending_.assign(buckets_.size(), 0);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    pending_[b] = static_cast<int>(buckets_[b].slots.size());
+  }
+  slot_ready_.assign(params_.slots().size(), false);
+  next_to_launch_ = 0;
+  works_.assign(buckets_.size(), nullptr);
+}
+
+void Reducer::on_gradient_ready(std::size_t slot) {
+  if (!sync_) return;  // no_sync: the gradient just accumulates locally
+  const Clock::time_point now = Clock::now();
+  if (!in_backward_) {
+    in_backward_ = true;
+    stats_ = ReducerStats{};
+    stats_.origin = now;
+    stats_.buckets.assign(buckets_.size(), BucketStats{});
+    // Runs once autograd has finished the whole pass.
+    queue_backward_callback([this] { finalize(); });
+  }
+  if (slot_ready_[slot]) {
+    fail("parameter '{}' received its gradient twice in one backward pass; this Reducer "
+         "expects each parameter to be finished once per pass",
+         params_.slots()[slot].name);
+  }
+  slot_ready_[slot] = true;
+  const std::size_t b = bucket_of_slot_[slot];
+  if (--pending_[b] == 0) {
+    stats_.buckets[b].ready_ms = ms_between(stats_.origin, now);
+    if (Tracer* tracer = active_tracer()) {
+      tracer->instant(fmt::format("bucket {} ready", b), TraceTrack::kMarkers, now);
+    }
+    if (options_.overlap) launch_ready_buckets();
+  }
+}
+
+void Reducer::launch_ready_buckets() {
+  // Strictly in index order: bucket b+1 waits for bucket b even when it is ready first.
+  while (next_to_launch_ < buckets_.size() && pending_[next_to_launch_] == 0) {
+    launch(next_to_launch_++);
+  }
+}
+
+void Reducer::launch(std::size_t b) {
+  Bucket& bucket = buckets_[b];
+  stats_.buckets[b].launch_ms = ms_between(stats_.origin, Clock::now());
+  if (options_.comm_hook == CommHook::kBf16) {
+    backend_for(bucket.grads.device())
+        .f32_to_bf16(bucket.grads.data(), static_cast<std::uint16_t*>(bucket.compressed.raw_data()),
+                     bucket.numel);
+    works_[b] = group_->allreduce(bucket.compressed, ReduceOp::kAvg);
+  } else {
+    works_[b] = group_->allreduce(bucket.grads, ReduceOp::kAvg);
+  }
+}
+
+void Reducer::handle_unused() {
+  std::vector<std::string> unused;
+  for (std::size_t i = 0; i < slot_ready_.size(); ++i) {
+    if (!slot_ready_[i]) unused.push_back(params_.slots()[i].name);
+  }
+  if (unused.empty()) return;
+  if (!options_.find_unused_parameters) {
+    // Let the buckets already in flight finish (the other ranks launched them too) before
+    // reporting, so no collective is left half done.
+    for (auto& work : works_) {
+      if (!work) continue;
+      try {
+        work->wait();
+      } catch (...) {
+      }
+    }
+    reset();
+    fail("{} parameter(s) received no gradient in this backward pass, so their buckets could "
+         "never be reduced: {}. Make every parameter take part in the loss, or construct "
+         "DistributedDataParallel with find_unused_parameters = true (--find-unused-parameters).",
+         unused.size(), fmt::join(unused, ", "));
+  }
+  // find_unused_parameters: an unused parameter's gradient is zero on this rank; mark it ready
+  // so its bucket is reduced with the others (another rank may have used it).
+  for (std::size_t i = 0; i < slot_ready_.size(); ++i) {
+    if (slot_ready_[i]) continue;
+    const nn::ParameterSlot& slot = params_.slots()[i];
+    Tensor grad = params_.grads().view(slot.offset, slot.param.shape());
+    grad.zero();
+    Tensor param = slot.param;
+    param.set_grad(grad);
+    slot_ready_[i] = true;
+    const std::size_t b = bucket_of_slot_[i];
+    if (--pending_[b] == 0) stats_.buckets[b].ready_ms = ms_between(stats_.origin, Clock::now());
+  }
+}
+
+void Reducer::finalize() {
+  const Clock::time_point backward_end = Clock::now();
+  stats_.backward_end_ms = ms_between(stats_.origin, backward_end);
+  handle_unused();
+  launch_ready_buckets();
+  NANODDP_CHECK(next_to_launch_ == buckets_.size(), "finalize: bucket {} was never launched",
+                next_to_launch_);
+
+  const Clock::time_point wait_start = Clock::now();
+  std::exception_ptr failure;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    try {
+      works_[b]->wait();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  const Clock::time_point wait_end = Clock::now();
+  stats_.exposed_comm_ms = ms_between(wait_start, wait_end);
+  Tracer* tracer = active_tracer();
+  if (tracer) tracer->span("wait for all-reduce", TraceTrack::kCompute, wait_start, wait_end);
+  if (failure) {
+    reset();
+    std::rethrow_exception(failure);
+  }
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    if (options_.comm_hook == CommHook::kBf16) {
+      backend_for(bucket.grads.device())
+          .bf16_to_f32(static_cast<const std::uint16_t*>(bucket.compressed.raw_data()),
+                       bucket.grads.data(), bucket.numel);
+    }
+    if (const auto timing = works_[b]->timing()) {
+      BucketStats& s = stats_.buckets[b];
+      s.start_ms = ms_between(stats_.origin, timing->start);
+      s.end_ms = ms_between(stats_.origin, timing->end);
+      stats_.comm_ms += s.allreduce_ms();
+      if (tracer) {
+        tracer->span(fmt::format("all-reduce bucket {}", b), TraceTrack::kCommunication,
+                     timing->start, timing->end,
+                     {{"elements", std::to_string(bucket.numel)},
+                      {"sequence", std::to_string(works_[b]->sequence_number())},
+                      {"hook", comm_hook_name(options_.comm_hook)}});
+      }
+    }
+  }
+  reset();
+}
+
+std::string Reducer::describe_buckets() const {
+  std::string out;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    std::vector<std::string> names;
+    for (std::size_t slot : buckets_[b].slots) names.push_back(params_.slots()[slot].name);
+    out += fmt::format("bucket {}: {} elements ({:.2f} MiB): {}\n", b, buckets_[b].numel,
+                       static_cast<double>(buckets_[b].numel) * 4.0 / (1024.0 * 1024.0),
+                       fmt::join(names, ", "));
+  }
+  return out;
+}
+
+}  // namespace nanoddp::comm

@@ -1,0 +1,133 @@
+#pragma once
+// The Reducer: averages gradients across ranks while the backward pass is still running.
+//
+// Follow one gradient:
+//  1. Buckets. The model's gradients live in one flat buffer laid out in reverse registration
+//     order (nn/flat_parameters.h), i.e. in the order backward produces them. The Reducer cuts
+//     that buffer into buckets: contiguous slices, the first capped at `first_bucket_mb` (small,
+//     so the first all-reduce can start early), the others at `bucket_cap_mb`. A gradient is a
+//     view into its bucket: nothing is copied in or out.
+//  2. Ready. Each parameter's post-accumulate-grad hook fires when autograd has finished its
+//     gradient. The hook counts down the parameter's bucket; at zero the bucket is ready.
+//  3. Launch, in order. Ready buckets are launched strictly in index order: bucket 2 never goes
+//     before bucket 1, even if it is ready first. Every rank therefore issues the same sequence
+//     of collectives, which is what collectives require (a rank that launched out of order
+//     would pair its bucket 2 with another rank's bucket 1: a hang or garbage).
+//     The all-reduce (average) runs on the process group's worker thread (Gloo) or
+//     communication stream (NCCL) while autograd goes on with earlier layers.
+//  4. Finalize. When the backward pass ends (a callback autograd runs after the last node), the
+//     Reducer launches what is left, waits for every bucket, and only then lets backward()
+//     return. The time spent waiting here is the *exposed* communication: the part the overlap
+//     did not hide.
+//  5. Averaging happens exactly once, in the collective (ReduceOp::kAvg).
+//
+// A parameter that received no gradient leaves its bucket incomplete. By default that is an
+// error naming the parameter; with find_unused_parameters its gradient is zero-filled and its
+// bucket launched at finalize.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nanoddp/comm/process_group.h"
+#include "nanoddp/engine/tensor.h"
+#include "nanoddp/nn/flat_parameters.h"
+
+namespace nanoddp::comm {
+
+// What a bucket's collective does to its gradients.
+enum class CommHook {
+  kAllreduce,  // float32 all-reduce (average)
+  kBf16,       // compress to bf16, all-reduce in bf16, expand back to float32 in place
+};
+CommHook parse_comm_hook(const std::string& name);
+const char* comm_hook_name(CommHook hook);
+
+struct ReducerOptions {
+  double bucket_cap_mb = 25.0;
+  double first_bucket_mb = 1.0;
+  bool find_unused_parameters = false;
+  CommHook comm_hook = CommHook::kAllreduce;
+  // Off: nothing is launched during backward; all buckets are reduced at finalize (for
+  // measuring what the overlap buys).
+  bool overlap = true;
+};
+
+struct Bucket {
+  std::int64_t offset = 0;  // first element in the flat gradient buffer
+  std::int64_t numel = 0;
+  std::vector<std::size_t> slots;  // indices into FlatParameters::slots()
+  Tensor grads;                    // view of the flat gradient buffer
+  Tensor compressed;               // bf16 buffer (comm hook kBf16 only), kept across steps
+};
+
+// Timing of one step's communication, on the host's steady clock.
+struct BucketStats {
+  double ready_ms = 0;     // when the bucket became ready (from the first hook of the step)
+  double launch_ms = 0;    // when its collective was launched
+  double start_ms = 0;     // when the collective started running (CPU backends)
+  double end_ms = 0;       // when it finished
+  double allreduce_ms() const { return end_ms - start_ms; }
+};
+
+struct ReducerStats {
+  std::vector<BucketStats> buckets;
+  double backward_end_ms = 0;   // when the backward pass's last node finished
+  double exposed_comm_ms = 0;   // time finalize waited for communication
+  double comm_ms = 0;           // sum of the buckets' all-reduce durations
+  // Share of the communication that ran while backward was still computing.
+  double overlap_fraction() const {
+    return comm_ms > 0 ? std::clamp(1.0 - exposed_comm_ms / comm_ms, 0.0, 1.0) : 0.0;
+  }
+  std::chrono::steady_clock::time_point origin;  // the first hook of the step
+};
+
+class Reducer {
+ public:
+  Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group,
+          const ReducerOptions& options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // While false, backward passes only accumulate gradients locally (no_sync).
+  void set_sync(bool sync) { sync_ = sync; }
+  bool sync() const { return sync_; }
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const ReducerOptions& options() const { return options_; }
+  // Statistics of the last synchronized backward pass.
+  const ReducerStats& last_stats() const { return stats_; }
+  // A one-line-per-bucket description: index, size, parameter names.
+  std::string describe_buckets() const;
+
+ private:
+  void on_gradient_ready(std::size_t slot);
+  void launch_ready_buckets();
+  void launch(std::size_t bucket);
+  void finalize();
+  void reset();
+  void handle_unused();
+
+  nn::FlatParameters& params_;
+  std::shared_ptr<ProcessGroup> group_;
+  ReducerOptions options_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::size_t> bucket_of_slot_;
+  std::shared_ptr<Reducer*> alive_;  // the hooks hold weak handles to it
+
+  // Per-step state.
+  bool sync_ = true;
+  bool in_backward_ = false;
+  std::vector<int> pending_;           // per bucket: gradients still to come
+  std::vector<bool> slot_ready_;       // per slot
+  std::size_t next_to_launch_ = 0;
+  std::vector<std::shared_ptr<Work>> works_;
+  ReducerStats stats_;
+};
+
+}  // namespace nanoddp::comm

@@ -1,0 +1,359 @@
+#include "launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <memory>
+
+#include "free_port.h"
+#include "output.h"
+#include "report.h"
+#include "signals.h"
+#include "spawn.h"
+#include "worker_env.h"
+
+extern char** environ;
+
+namespace nanoddp::run {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+template <typename... Args>
+void say(fmt::format_string<Args...> format, Args&&... args) {
+  write_all(STDERR_FILENO,
+            "nanoddp-run: " + fmt::format(format, std::forward<Args>(args)...) + "\n");
+}
+
+bool failed(const WorkerResult& r) {
+  return r.pid < 0 || !WIFEXITED(r.wait_status) || WEXITSTATUS(r.wait_status) != 0;
+}
+
+// One local worker during one attempt.
+struct Worker {
+  WorkerResult result;
+  bool running = false;
+  UniqueFd out_fd;
+  UniqueFd err_fd;
+  UniqueFd log_fd;
+  std::unique_ptr<LineSink> out;
+  std::unique_ptr<LineSink> err;
+};
+
+enum class Outcome { kSucceeded, kFailed, kInterrupted };
+
+struct AttemptOutcome {
+  Outcome outcome = Outcome::kSucceeded;
+  int exit_code = 0;
+};
+
+// Reads what a worker pipe holds now into its sink; at end of file flushes the last partial line
+// and closes the pipe. The launcher's ends are non-blocking, so this never waits.
+void pump(UniqueFd& fd, LineSink& sink) {
+  char buffer[64 * 1024];
+  for (int reads = 0; fd && reads < 16; ++reads) {  // bounded: other pipes get their turn
+    const ssize_t n = ::read(fd.get(), buffer, sizeof(buffer));
+    if (n > 0) {
+      sink.feed(std::string_view(buffer, static_cast<std::size_t>(n)));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) {
+      return;
+    } else {  // end of file, or an error that will not go away
+      sink.flush();
+      fd.reset();
+    }
+  }
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  return fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", tm);
+}
+
+class Attempt {
+ public:
+  Attempt(const LaunchPlan& plan, int restart_count, int master_port, SignalPipe& signals)
+      : plan_(plan),
+        options_(plan.options),
+        restart_count_(restart_count),
+        master_port_(master_port),
+        signals_(signals),
+        workers_(static_cast<std::size_t>(plan.options.nproc_per_node)) {}
+
+  AttemptOutcome run();
+
+ private:
+  int attempts() const { return options_.max_restarts + 1; }
+  void start_worker(int local_rank);
+  void begin_stop(int signo);
+  void signal_groups(int signo);
+  bool groups_empty() const;
+  void handle_signals();
+  void poll_once();
+  void reap();
+  void drain_and_close();
+  AttemptOutcome finish(Clock::time_point started);
+
+  const LaunchPlan& plan_;
+  const RunOptions& options_;
+  const int restart_count_;
+  const int master_port_;
+  SignalPipe& signals_;
+  std::vector<Worker> workers_;
+
+  bool stopping_ = false;
+  bool killed_ = false;         // SIGKILL sent to every group
+  Clock::time_point deadline_;  // of the grace period, while stopping
+  int launcher_signal_ = 0;     // the first SIGINT/SIGTERM/SIGHUP the launcher got
+  int first_failed_ = -1;       // index into workers_
+};
+
+void Attempt::start_worker(int local_rank) {
+  Worker& w = workers_[static_cast<std::size_t>(local_rank)];
+  const int rank = options_.node_rank * options_.nproc_per_node + local_rank;
+  w.result.rank = rank;
+  w.result.local_rank = local_rank;
+
+  const WorkerIdentity identity{.rank = rank,
+                                .world_size = options_.nnodes * options_.nproc_per_node,
+                                .local_rank = local_rank,
+                                .local_world_size = options_.nproc_per_node,
+                                .group_rank = options_.node_rank,
+                                .master_addr = plan_.master_addr,
+                                .master_port = master_port_,
+                                .restart_count = restart_count_};
+  SpawnedProcess process =
+      spawn_process(plan_.program_path, options_.command, worker_environment(identity, environ));
+  if (process.pid < 0) {
+    w.result.spawn_error = process.error;
+    say("rank {} could not start '{}': {}", rank, plan_.program_path, std::strerror(process.error));
+    return;
+  }
+  w.result.pid = process.pid;
+  w.running = true;
+  w.out_fd = std::move(process.out);
+  w.err_fd = std::move(process.err);
+
+  if (!options_.log_dir.empty()) {
+    const std::string path = fmt::format("{}/rank_{}.log", options_.log_dir, rank);
+    w.log_fd.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+    if (w.log_fd) {
+      write_all(w.log_fd.get(),
+                fmt::format("===== nanoddp-run: attempt {} of {}, rank {}, pid {}, {} =====\n",
+                            restart_count_ + 1, attempts(), rank, process.pid, utc_now()));
+    } else {
+      say("warning: cannot write {}: {}", path, std::strerror(errno));
+    }
+  }
+  const std::string prefix = fmt::format("[rank {}] ", rank);
+  w.out = std::make_unique<LineSink>(STDOUT_FILENO, prefix, w.log_fd.get());
+  w.err = std::make_unique<LineSink>(STDERR_FILENO, prefix, w.log_fd.get());
+}
+
+// Signals every worker's process group, including groups whose leader already exited: the
+// worker's own children (data loaders, a shell's commands) live on in its group.
+void Attempt::signal_groups(int signo) {
+  for (const Worker& w : workers_) {
+    if (w.result.pid > 0) ::kill(-w.result.pid, signo);
+  }
+}
+
+bool Attempt::groups_empty() const {
+  return std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) {
+    return w.result.pid <= 0 || (::kill(-w.result.pid, 0) != 0 && errno == ESRCH);
+  });
+}
+
+void Attempt::begin_stop(int signo) {
+  if (!stopping_) {
+    stopping_ = true;
+    deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(options_.grace_period_s));
+    for (Worker& w : workers_) w.result.stopped_by_launcher = w.running;
+  }
+  signal_groups(signo);
+}
+
+void Attempt::handle_signals() {
+  for (const int signo : signals_.drain()) {
+    if (signo == SIGCHLD) continue;  // reap() looks at every worker after each wake-up
+    if (launcher_signal_ == 0) {
+      launcher_signal_ = signo;
+      say("got {}: forwarding it to the workers (SIGKILL after {} s)", signal_name(signo),
+          options_.grace_period_s);
+      begin_stop(signo);
+    } else if (!killed_) {
+      say("got {} again: killing the workers now", signal_name(signo));
+      signal_groups(SIGKILL);
+      killed_ = true;
+    }
+  }
+}
+
+// Reaps every child that ended: workers, and (the launcher being a child subreaper) the
+// orphaned children of workers, which would otherwise linger as zombies in their group until
+// init reaps them, and keep groups_empty() false.
+void Attempt::reap() {
+  for (;;) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid < 0 && errno == EINTR) continue;
+    if (pid <= 0) return;
+    const auto it = std::find_if(workers_.begin(), workers_.end(), [pid](const Worker& w) {
+      return w.running && w.result.pid == pid;
+    });
+    if (it == workers_.end()) continue;  // a worker's orphan, or one of an earlier attempt
+    Worker& w = *it;
+    w.running = false;
+    w.result.wait_status = status;
+    if (failed(w.result) && !w.result.stopped_by_launcher && first_failed_ < 0 &&
+        launcher_signal_ == 0) {
+      first_failed_ = static_cast<int>(it - workers_.begin());
+      say("rank {} (pid {}) failed: {}; stopping the other workers (SIGTERM, SIGKILL after {} s)",
+          w.result.rank, w.result.pid, describe(w.result), options_.grace_period_s);
+      begin_stop(SIGTERM);
+    }
+  }
+}
+
+void Attempt::poll_once() {
+  std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
+  std::vector<std::pair<UniqueFd*, LineSink*>> pipes;
+  for (Worker& w : workers_) {
+    for (auto [fd, sink] : {std::pair{&w.out_fd, w.out.get()}, std::pair{&w.err_fd, w.err.get()}}) {
+      if (*fd) {
+        fds.push_back({fd->get(), POLLIN, 0});
+        pipes.emplace_back(fd, sink);
+      }
+    }
+  }
+  // SIGCHLD wakes the poll; the timeout is a backstop. While stopping, a worker's grandchildren
+  // can outlive it without any notification, so their groups are re-checked every 50 ms.
+  int timeout_ms = 1000;
+  if (stopping_) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
+    timeout_ms = static_cast<int>(std::clamp<long long>(left, 0, 50));
+  }
+  if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;  // timeout or EINTR
+  if (fds[0].revents != 0) handle_signals();
+  for (std::size_t i = 1; i < fds.size(); ++i) {
+    if (fds[i].revents != 0) pump(*pipes[i - 1].first, *pipes[i - 1].second);
+  }
+}
+
+// After the last worker ended: its last lines are in the pipe buffers (or still held open by a
+// child that outlived it, which is not waited for).
+void Attempt::drain_and_close() {
+  for (Worker& w : workers_) {
+    for (auto [fd, sink] : {std::pair{&w.out_fd, w.out.get()}, std::pair{&w.err_fd, w.err.get()}}) {
+      while (*fd) {
+        char buffer[64 * 1024];
+        const ssize_t n = ::read(fd->get(), buffer, sizeof(buffer));
+        if (n < 0 && errno == EINTR) continue;
+        if (n > 0) {
+          sink->feed(std::string_view(buffer, static_cast<std::size_t>(n)));
+          continue;
+        }
+        fd->reset();
+      }
+      if (sink != nullptr) sink->flush();
+    }
+  }
+}
+
+AttemptOutcome Attempt::run() {
+  const auto started = Clock::now();
+  for (int i = 0; i < options_.nproc_per_node && !stopping_; ++i) {
+    start_worker(i);
+    if (workers_[static_cast<std::size_t>(i)].result.pid < 0) {
+      first_failed_ = i;
+      begin_stop(SIGTERM);
+    }
+  }
+  for (;;) {
+    poll_once();
+    reap();
+    const bool any_running =
+        std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
+    if (!stopping_ && !any_running) break;
+    if (stopping_ && !any_running && (killed_ || groups_empty())) break;
+    if (stopping_ && !killed_ && Clock::now() >= deadline_) {
+      say("grace period of {} s is over: SIGKILL to the workers still running",
+          options_.grace_period_s);
+      signal_groups(SIGKILL);
+      killed_ = true;
+    }
+  }
+  drain_and_close();
+  return finish(started);
+}
+
+AttemptOutcome Attempt::finish(Clock::time_point started) {
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  std::vector<WorkerResult> results;
+  for (const Worker& w : workers_) results.push_back(w.result);
+
+  if (launcher_signal_ != 0) {
+    if (first_failed_ >= 0) results[static_cast<std::size_t>(first_failed_)].failed_first = true;
+    write_all(STDERR_FILENO, result_table(results));
+    say("stopped by {} after {:.1f} s: exiting with code {}", signal_name(launcher_signal_),
+        seconds, 128 + launcher_signal_);
+    return {Outcome::kInterrupted, 128 + launcher_signal_};
+  }
+  if (first_failed_ >= 0) {
+    WorkerResult& first = results[static_cast<std::size_t>(first_failed_)];
+    first.failed_first = true;
+    say("attempt {} of {} failed after {:.1f} s", restart_count_ + 1, attempts(), seconds);
+    write_all(STDERR_FILENO, result_table(results));
+    say("rank {} (pid {}) failed first: {}", first.rank, first.pid, describe(first));
+    return {Outcome::kFailed, exit_code_of(first)};
+  }
+  say("all {} workers exited 0 (attempt {} of {}, {:.1f} s)", results.size(), restart_count_ + 1,
+      attempts(), seconds);
+  return {Outcome::kSucceeded, 0};
+}
+
+}  // namespace
+
+int run_launcher(const LaunchPlan& plan) {
+  SignalPipe signals;
+#ifdef __linux__
+  // Orphans of the workers become the launcher's children, so it can reap them (see reap()).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+#endif
+  const int attempts = plan.options.max_restarts + 1;
+  for (int restart = 0;; ++restart) {
+    // A fresh free port per attempt: the previous rank 0's port may still be in TIME_WAIT.
+    const int port = plan.master_port != 0 ? plan.master_port : find_free_port(plan.master_addr);
+    const AttemptOutcome outcome = Attempt(plan, restart, port, signals).run();
+    if (outcome.outcome != Outcome::kFailed) return outcome.exit_code;
+    if (restart + 1 < attempts) {
+      say("restarting the group (attempt {} of {})", restart + 2, attempts);
+      continue;
+    }
+    say("no restarts left (--max-restarts {}): exiting with code {}", plan.options.max_restarts,
+        outcome.exit_code);
+    return outcome.exit_code;
+  }
+}
+
+}  // namespace nanoddp::run

@@ -1,0 +1,55 @@
+// nanoddp-run: the launcher, what torchrun is for PyTorch. Starts PROGRAM once per local rank
+// with torchrun's environment variables, relays each worker's output prefixed with its rank,
+// stops every worker when one fails or when the launcher is signalled, and restarts the group
+// while --max-restarts allows.
+//
+// Exit codes:
+//   0        all workers exited 0
+//   2        bad flags, a missing PROGRAM, an unusable --master-addr or --log-dir
+//   126/127  PROGRAM is not executable / not found (checked before any worker starts, as shells do)
+//   128 + S  the launcher got signal S (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP)
+//   other    the last attempt failed: the exit code of the worker that failed first, or
+//            128 + S when signal S ended it (e.g. 137 for SIGKILL)
+
+#include <fmt/format.h>
+
+#include <exception>
+#include <filesystem>
+#include <iostream>
+
+#include "launcher.h"
+#include "options.h"
+#include "program_path.h"
+
+int main(int argc, char** argv) {
+  using namespace nanoddp::run;
+  int exit_code = 0;
+  std::optional<RunOptions> options = parse_options(argc, argv, exit_code);
+  if (!options) return exit_code;
+
+  const ProgramLookup program = find_program(options->command.front());
+  if (program.path.empty()) {
+    std::cerr << "nanoddp-run: error: " << program.error << "\n";
+    return program.exit_code;
+  }
+  if (!options->log_dir.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(options->log_dir, error);
+    if (error) {
+      std::cerr << fmt::format("nanoddp-run: error: --log-dir '{}': {}\n", options->log_dir,
+                               error.message());
+      return 2;
+    }
+  }
+  LaunchPlan plan;
+  plan.program_path = program.path;
+  plan.master_addr = options->master_addr.empty() ? "127.0.0.1" : options->master_addr;
+  plan.master_port = options->master_port;
+  plan.options = std::move(*options);
+  try {
+    return run_launcher(plan);
+  } catch (const std::exception& e) {
+    std::cerr << "nanoddp-run: error: " << e.what() << "\n";
+    return 2;
+  }
+}

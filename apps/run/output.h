@@ -1,0 +1,42 @@
+#pragma once
+// Worker output, line by line: the bytes read from one worker pipe are cut into lines, and each
+// complete line goes out as "[rank R] line\n" in a single write(). The launcher is the only
+// writer of its stdout and stderr and writes whole lines, so lines of different ranks never
+// interleave mid-line, however the workers' writes were split by the pipes.
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace nanoddp::run {
+
+// Writes all of `data` to `fd`, retrying after EINTR and short writes. Errors (a closed terminal,
+// EPIPE from `| head`) drop the rest: the launcher must keep supervising its workers even when
+// nobody reads their output any more.
+void write_all(int fd, std::string_view data);
+
+class LineSink {
+ public:
+  // A line longer than this is written in pieces of this size (each with the prefix and a
+  // newline), so a worker that never prints a newline cannot grow the launcher's memory.
+  static constexpr std::size_t kMaxLine = 64 * 1024;
+
+  // `log_fd` < 0: no log file. Otherwise lines are also written there, without the prefix.
+  LineSink(int out_fd, std::string prefix, int log_fd = -1)
+      : out_fd_(out_fd), prefix_(std::move(prefix)), log_fd_(log_fd) {}
+
+  void feed(std::string_view bytes);
+  // Writes a final line that did not end with a newline (adding one). Call when the pipe closed.
+  void flush();
+
+ private:
+  void emit(std::string_view line);  // without its '\n'
+
+  int out_fd_;
+  std::string prefix_;
+  int log_fd_;
+  std::string partial_;  // bytes after the last newline seen
+};
+
+}  // namespace nanoddp::run

@@ -1,0 +1,30 @@
+#pragma once
+// Signals become bytes on a pipe (the self-pipe trick), so the launcher's one poll() loop sees
+// SIGINT/SIGTERM/SIGHUP (to forward to the workers) and SIGCHLD (a worker ended) next to the
+// workers' output, with no work done inside a signal handler.
+
+#include <vector>
+
+#include "unique_fd.h"
+
+namespace nanoddp::run {
+
+class SignalPipe {
+ public:
+  // Installs the handlers, and ignores SIGPIPE (a closed stdout must not kill the launcher while
+  // its workers run). One instance per process; the destructor restores the old dispositions.
+  SignalPipe();
+  ~SignalPipe();
+  SignalPipe(const SignalPipe&) = delete;
+  SignalPipe& operator=(const SignalPipe&) = delete;
+
+  int fd() const { return read_end_.get(); }
+  // The signals received since the last call, in order (non-blocking).
+  std::vector<int> drain();
+
+ private:
+  UniqueFd read_end_;
+  UniqueFd write_end_;
+};
+
+}  // namespace nanoddp::run

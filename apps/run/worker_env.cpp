@@ -1,0 +1,31 @@
+#include "worker_env.h"
+
+#include <map>
+
+namespace nanoddp::run {
+
+std::vector<std::string> worker_environment(const WorkerIdentity& w, char** base) {
+  std::map<std::string, std::string> env;
+  for (char** entry = base; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string text(*entry);
+    const auto eq = text.find('=');
+    if (eq != std::string::npos) env.emplace(text.substr(0, eq), text.substr(eq + 1));
+  }
+  env["RANK"] = std::to_string(w.rank);
+  env["WORLD_SIZE"] = std::to_string(w.world_size);
+  env["LOCAL_RANK"] = std::to_string(w.local_rank);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(w.local_world_size);
+  env["GROUP_RANK"] = std::to_string(w.group_rank);
+  env["MASTER_ADDR"] = w.master_addr;
+  env["MASTER_PORT"] = std::to_string(w.master_port);
+  env["NANODDP_RESTART_COUNT"] = std::to_string(w.restart_count);
+  env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(w.restart_count);
+  env.emplace("OMP_NUM_THREADS", "1");  // only when unset
+
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [name, value] : env) out.push_back(name + "=" + value);
+  return out;
+}
+
+}  // namespace nanoddp::run

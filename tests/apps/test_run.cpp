@@ -1,0 +1,396 @@
+// nanoddp-run as a user runs it: real launcher, real worker processes (often /bin/sh -c '...' as
+// the program under test), real signals, real exit codes. Every run has a timeout.
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apps/background_process.h"
+#include "support/subprocess.h"
+
+using nanoddp::testing::BackgroundProcess;
+using nanoddp::testing::bin_path;
+using nanoddp::testing::ProcessOptions;
+using nanoddp::testing::ProcessResult;
+using nanoddp::testing::run_process;
+using nanoddp::testing::TempDir;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ProcessResult launch(std::vector<std::string> args, ProcessOptions options = {}) {
+  args.insert(args.begin(), bin_path("nanoddp-run"));
+  options.timeout = 20s;
+  return run_process(args, options);
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+bool contains(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// True once no process has this pid (allowing a moment for a zombie to be reaped).
+bool gone(int pid) {
+  for (const auto deadline = Clock::now() + 2s; Clock::now() < deadline;) {
+    if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+// The numbers after `tag` in lines like "[rank 0] <tag> 123 456".
+std::vector<int> pids_after(const std::string& output, const std::string& tag) {
+  std::vector<int> pids;
+  const std::regex pattern(tag + "((?: [0-9]+)+)");
+  for (const std::string& line : lines_of(output)) {
+    std::smatch m;
+    if (!std::regex_search(line, m, pattern)) continue;
+    std::istringstream numbers(m[1].str());
+    for (int pid; numbers >> pid;) pids.push_back(pid);
+  }
+  return pids;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+TEST_CASE("nanoddp-run --help lists the flags and exits 0") {
+  const ProcessResult r = launch({"--help"});
+  CHECK(r.exit_code == 0);
+  for (const char* flag : {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
+                           "--master-port", "--max-restarts", "--log-dir", "--grace-period"}) {
+    CHECK_MESSAGE(contains(r.output, flag), flag);
+  }
+}
+
+TEST_CASE("nanoddp-run gives every rank torchrun's variables") {
+  const std::string print =
+      "echo vars $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR "
+      "$MASTER_PORT $NANODDP_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT $OMP_NUM_THREADS";
+  SUBCASE("one node: 127.0.0.1, one free port for all, OMP_NUM_THREADS=1") {
+    const ProcessResult r = launch({"--nproc-per-node", "3", "/bin/sh", "-c", print});
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    std::set<std::string> ports;
+    for (int rank = 0; rank < 3; ++rank) {
+      const std::regex line(
+          fmt::format(R"(^\[rank {0}\] vars {0} 3 {0} 3 0 127\.0\.0\.1 ([0-9]+) 0 0 1$)", rank));
+      int matches = 0;
+      for (const std::string& l : lines_of(r.output)) {
+        std::smatch m;
+        if (!std::regex_match(l, m, line)) continue;
+        ++matches;
+        ports.insert(m[1].str());
+        const int port = std::stoi(m[1].str());
+        CHECK(port >= 1);
+        CHECK(port <= 65535);
+      }
+      CHECK_MESSAGE(matches == 1, "rank ", rank);
+    }
+    CHECK(ports.size() == 1);
+    CHECK(contains(r.output, "nanoddp-run: all 3 workers exited 0"));
+  }
+  SUBCASE("second of two nodes: global ranks, the given master, OMP_NUM_THREADS kept") {
+    ProcessOptions options;
+    options.env["OMP_NUM_THREADS"] = "7";
+    options.env["RANK"] = "99";  // an inherited value is replaced
+    const ProcessResult r =
+        launch({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr",
+                "10.1.2.3", "--master-port", "29555", "/bin/sh", "-c", print},
+               options);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(contains(r.output, "[rank 2] vars 2 4 0 2 1 10.1.2.3 29555 0 0 7\n"));
+    CHECK(contains(r.output, "[rank 3] vars 3 4 1 2 1 10.1.2.3 29555 0 0 7\n"));
+  }
+}
+
+TEST_CASE("nanoddp-run passes arguments verbatim: no shell between it and the program") {
+  const std::vector<std::string> args = {"a b",   "\"double\"", "'single'",         "$(echo hi)",
+                                         "`id`",  ";",          "x; echo injected", "*",
+                                         "$HOME", "",           "back\\slash"};
+  std::vector<std::string> command = {"/usr/bin/printf", "<%s>\\n"};
+  command.insert(command.end(), args.begin(), args.end());
+  const ProcessResult r = launch(command);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  for (const std::string& a : args) CHECK(contains(r.output, "[rank 0] <" + a + ">\n"));
+  CHECK_FALSE(contains(r.output, "<hi>"));
+  CHECK_FALSE(contains(r.output, "\ninjected"));
+}
+
+TEST_CASE("nanoddp-run prints whole lines, prefixed, stdout and stderr apart") {
+  // Each rank writes 200 lines to stdout, some in pieces, one to stderr, and ends with a partial
+  // line: no line may be torn or mixed with another rank's.
+  const std::string worker =
+      "i=0; while [ $i -lt 200 ]; do echo \"line-$RANK-$i\"; i=$((i+1)); done; "
+      "printf 'pie'; sleep 0.05; printf 'ces-%s\\n' $RANK; echo \"err-$RANK\" >&2; "
+      "printf 'tail-%s' $RANK";
+  const std::vector<std::string> run = {"--nproc-per-node", "3", "/bin/sh", "-c", worker};
+
+  SUBCASE("every line complete") {
+    const ProcessResult r = launch(run);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    const std::regex line(
+        R"(^\[rank ([0-2])\] (line-\1-[0-9]+|pieces-\1|err-\1|tail-\1)$|^nanoddp-run: .*$)");
+    int lines = 0;
+    for (const std::string& l : lines_of(r.output)) {
+      CHECK_MESSAGE(std::regex_match(l, line), l);
+      ++lines;
+    }
+    CHECK(lines == 3 * 203 + 1);  // 200 + pieces + err + tail per rank, the summary
+    for (int rank = 0; rank < 3; ++rank) {
+      CHECK(contains(r.output, fmt::format("[rank {0}] line-{0}-199\n", rank)));
+      CHECK(contains(r.output, fmt::format("[rank {0}] tail-{0}\n", rank)));
+    }
+  }
+  SUBCASE("stderr lines go to stderr") {
+    std::vector<std::string> quiet = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>/dev/null",
+                                      bin_path("nanoddp-run")};
+    quiet.insert(quiet.end(), run.begin(), run.end());
+    const ProcessResult r = run_process(quiet, {.timeout = 20s});
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(contains(r.output, "[rank 1] line-1-7\n"));
+    CHECK_FALSE(contains(r.output, "err-"));
+    CHECK_FALSE(contains(r.output, "nanoddp-run:"));  // the launcher's own lines are on stderr
+  }
+}
+
+TEST_CASE("nanoddp-run exit codes: 0 when all succeed, else the first failure's") {
+  SUBCASE("all exit 0") {
+    const ProcessResult r = launch({"--nproc-per-node", "2", "/bin/true"});
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.output, "nanoddp-run: all 2 workers exited 0 (attempt 1 of 1"));
+  }
+  SUBCASE("rank 1 exits 3") {
+    const ProcessResult r =
+        launch({"--nproc-per-node", "3", "/bin/sh", "-c", "[ $RANK = 1 ] && exit 3; exit 0"});
+    INFO(r.output);
+    CHECK(r.exit_code == 3);
+    CHECK(std::regex_search(
+        r.output, std::regex(R"(nanoddp-run: rank 1 \(pid [0-9]+\) failed first: exit code 3)")));
+    CHECK(std::regex_search(r.output,
+                            std::regex(R"(\n +1 +1 +[0-9]+ +exit code 3  <- failed first)")));
+  }
+  SUBCASE("a worker killed by a signal: 128 + signal") {
+    const ProcessResult r = launch({"/bin/sh", "-c", "kill -KILL $$"});
+    INFO(r.output);
+    CHECK(r.exit_code == 137);
+    CHECK(contains(r.output, "failed first: killed by SIGKILL"));
+  }
+}
+
+TEST_CASE("nanoddp-run stops the other workers (and their children) when one fails") {
+  TempDir dir;
+  // Ranks 0 and 1 start a child and wait; rank 2 fails once both are waiting.
+  const std::string worker = fmt::format(
+      "if [ $RANK = 2 ]; then while [ ! -e {0}/ready_0 ] || [ ! -e {0}/ready_1 ]; do sleep 0.01; "
+      "done; exit 4; fi; sleep 30 & echo pids $$ $!; touch {0}/ready_$RANK; wait",
+      dir.path());
+  const auto start = Clock::now();
+  const ProcessResult r = launch({"--nproc-per-node", "3", "/bin/sh", "-c", worker});
+  const double seconds = seconds_since(start);
+  INFO(r.output);
+  CHECK(r.exit_code == 4);
+  CHECK(seconds < 5.0);
+  CHECK(count(r.output, "stopped by launcher (killed by SIGTERM)") == 2);
+  CHECK(contains(r.output, "failed first: exit code 4"));
+  const std::vector<int> pids = pids_after(r.output, "pids");
+  CHECK(pids.size() == 4);  // two shells, two sleeps
+  for (const int pid : pids) CHECK_MESSAGE(gone(pid), "pid ", pid);
+}
+
+TEST_CASE("nanoddp-run SIGKILLs a worker that ignores SIGTERM after --grace-period") {
+  TempDir dir;
+  // Rank 0 fails once rank 1 ignores SIGTERM (it and its child, which inherits the ignoring).
+  const std::string worker = fmt::format(
+      "if [ $RANK = 0 ]; then while [ ! -e {0}/ready ]; do sleep 0.02; done; exit 1; fi; "
+      "trap '' TERM; sleep 30 & echo pids $$ $!; touch {0}/ready; wait; wait",
+      dir.path());
+  const auto start = Clock::now();
+  const ProcessResult r =
+      launch({"--nproc-per-node", "2", "--grace-period", "1", "/bin/sh", "-c", worker});
+  const double seconds = seconds_since(start);
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(seconds >= 1.0);
+  CHECK(seconds < 5.0);
+  CHECK(contains(r.output, "grace period of 1 s is over"));
+  CHECK(std::regex_search(
+      r.output, std::regex(R"(\n +1 +1 +[0-9]+ +stopped by launcher \(killed by SIGKILL\))")));
+  for (const int pid : pids_after(r.output, "pids")) CHECK_MESSAGE(gone(pid), "pid ", pid);
+}
+
+TEST_CASE("nanoddp-run restarts the group while --max-restarts allows") {
+  TempDir dir;
+  SUBCASE("succeeds on the third attempt after exactly two restarts") {
+    // Rank 0 fails unless NANODDP_RESTART_COUNT is 2, and only after rank 1 has recorded the
+    // attempt (once rank 0 fails, the launcher stops rank 1 wherever it is).
+    const std::string worker = fmt::format(
+        "echo $NANODDP_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT >> {0}/attempts_$RANK; "
+        "if [ $RANK = 1 ]; then touch {0}/ready_$NANODDP_RESTART_COUNT; exit 0; fi; "
+        "while [ ! -e {0}/ready_$NANODDP_RESTART_COUNT ]; do sleep 0.01; done; "
+        "[ \"$NANODDP_RESTART_COUNT\" = 2 ]",
+        dir.path());
+    const ProcessResult r =
+        launch({"--nproc-per-node", "2", "--max-restarts", "2", "/bin/sh", "-c", worker});
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    for (int rank = 0; rank < 2; ++rank) {
+      CHECK(read_file(fmt::format("{}/attempts_{}", dir.path(), rank)) == "0 0\n1 1\n2 2\n");
+    }
+    CHECK(contains(r.output, "nanoddp-run: restarting the group (attempt 2 of 3)"));
+    CHECK(contains(r.output, "nanoddp-run: restarting the group (attempt 3 of 3)"));
+    CHECK(contains(r.output, "all 2 workers exited 0 (attempt 3 of 3"));
+  }
+  SUBCASE("always failing: exactly two attempts with --max-restarts 1, then the failure") {
+    const std::string worker = fmt::format("echo x >> {}/attempts; exit 5", dir.path());
+    const ProcessResult r = launch({"--max-restarts", "1", "/bin/sh", "-c", worker});
+    INFO(r.output);
+    CHECK(r.exit_code == 5);
+    CHECK(read_file(dir.file("attempts")) == "x\nx\n");
+    CHECK(count(r.output, "restarting the group") == 1);
+    CHECK(contains(r.output, "no restarts left (--max-restarts 1): exiting with code 5"));
+  }
+}
+
+TEST_CASE("nanoddp-run forwards SIGINT and SIGTERM, leaves no worker behind, exits 128+signal") {
+  for (const int signo : {SIGINT, SIGTERM}) {
+    CAPTURE(signo);
+    // A background child of a non-interactive shell ignores SIGINT: it must still not survive.
+    BackgroundProcess launcher({bin_path("nanoddp-run"), "--nproc-per-node", "2", "--grace-period",
+                                "1", "/bin/sh", "-c", "sleep 30 & echo pids $$ $!; wait"});
+    REQUIRE(launcher.wait_for_output([](const std::string& out) { return count(out, "pids") == 2; },
+                                     10s));
+    const auto start = Clock::now();
+    launcher.send(signo);
+    const std::optional<int> status = launcher.wait(10s);
+    INFO(launcher.output());
+    REQUIRE(status.has_value());
+    CHECK(seconds_since(start) < 5.0);
+    REQUIRE(WIFEXITED(*status));
+    CHECK(WEXITSTATUS(*status) == 128 + signo);
+    CHECK(count(launcher.output(), "stopped by launcher") == 2);
+    const std::vector<int> pids = pids_after(launcher.output(), "pids");
+    CHECK(pids.size() == 4);
+    for (const int pid : pids) CHECK_MESSAGE(gone(pid), "pid ", pid);
+  }
+}
+
+TEST_CASE("nanoddp-run --log-dir writes each rank's lines, one header per attempt") {
+  TempDir dir;
+  const std::string logs = dir.file("logs");
+  // Rank 1 writes its lines and succeeds; rank 0 fails on the first attempt once rank 1 is done.
+  const std::string worker = fmt::format(
+      "echo out-$RANK-$NANODDP_RESTART_COUNT; echo err-$RANK >&2; "
+      "if [ $RANK = 1 ]; then touch {0}/ready_$NANODDP_RESTART_COUNT; exit 0; fi; "
+      "while [ ! -e {0}/ready_$NANODDP_RESTART_COUNT ]; do sleep 0.01; done; "
+      "[ $NANODDP_RESTART_COUNT = 1 ]",
+      dir.path());
+  const ProcessResult r = launch(
+      {"--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", logs, "/bin/sh", "-c", worker});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string log = read_file(fmt::format("{}/rank_{}.log", logs, rank));
+    INFO(log);
+    CHECK(count(log, "===== nanoddp-run: attempt") == 2);
+    CHECK(contains(log, fmt::format("attempt 1 of 2, rank {}, pid", rank)));
+    CHECK(contains(log, fmt::format("attempt 2 of 2, rank {}, pid", rank)));
+    CHECK(contains(log, fmt::format("\nout-{}-0\n", rank)));
+    CHECK(contains(log, fmt::format("\nout-{}-1\n", rank)));
+    CHECK(count(log, fmt::format("\nerr-{}\n", rank)) == 2);
+    CHECK_FALSE(contains(log, "[rank"));
+  }
+}
+
+TEST_CASE("nanoddp-run refuses bad flags with exit code 2 and names the flag") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;  // must appear in the message
+  };
+  const std::vector<Case> cases = {
+      {{"--no-such-flag", "/bin/true"}, "--no-such-flag"},
+      {{"--nproc-per-node", "0", "/bin/true"}, "--nproc-per-node"},
+      {{"--nproc-per-node", "two", "/bin/true"}, "--nproc-per-node"},
+      {{"--nnodes", "0", "/bin/true"}, "--nnodes"},
+      {{"--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "--master-port", "1",
+        "/bin/true"},
+       "--node-rank"},
+      {{"--master-port", "0", "/bin/true"}, "--master-port"},
+      {{"--master-port", "65536", "/bin/true"}, "--master-port"},
+      {{"--max-restarts", "-1", "/bin/true"}, "--max-restarts"},
+      {{"--grace-period", "-1", "/bin/true"}, "--grace-period"},
+      {{"--nnodes", "2", "--master-port", "29500", "/bin/true"}, "--master-addr is required"},
+      {{"--nnodes", "2", "--master-addr", "127.0.0.1", "/bin/true"}, "--master-port is required"},
+      {{}, "missing PROGRAM"},
+      {{"--nproc-per-node", "2"}, "missing PROGRAM"},
+  };
+  for (const Case& c : cases) {
+    const ProcessResult r = launch(c.args);
+    INFO("args: ", fmt::format("{}", fmt::join(c.args, " ")), "\noutput: ", r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, c.expected));
+  }
+}
+
+TEST_CASE("nanoddp-run: a PROGRAM that is missing or not executable fails before any worker") {
+  TempDir dir;
+  SUBCASE("not found: 127") {
+    const ProcessResult r = launch({"--nproc-per-node", "2", "nanoddp-no-such-program"});
+    CHECK(r.exit_code == 127);
+    CHECK(contains(r.output, "'nanoddp-no-such-program' not found in PATH"));
+    CHECK_FALSE(contains(r.output, "[rank"));
+  }
+  SUBCASE("not executable: 126") {
+    std::ofstream(dir.file("script.sh")) << "#!/bin/sh\necho hi\n";
+    const ProcessResult r = launch({dir.file("script.sh")});
+    CHECK(r.exit_code == 126);
+    CHECK(contains(r.output, "is not an executable file"));
+  }
+  SUBCASE("found in PATH") {
+    const ProcessResult r = launch({"echo", "hello"});
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.output, "[rank 0] hello\n"));
+  }
+}

@@ -441,6 +441,30 @@ TEST_CASE("store: hostile and broken clients cost only their own connection") {
     REQUIRE(eventually([&] { return server.stats().buffered_bytes >= (200u << 10); }));
     evil.close();
   }
+  SUBCASE("a client that hangs up while parked in get") {
+    RawSocket quitter(server.port());
+    quitter.hello();
+    Bytes get;
+    proto::encode_request({.op = proto::Opcode::kGet, .keys = {"never"}, .timeout_ms = 60000}, get);
+    quitter.send(get);
+    REQUIRE(eventually([&] { return server.stats().parked == 1; }));
+    quitter.close();
+    CHECK(eventually([&] { return server.stats().parked == 0; }));
+  }
+  SUBCASE("a client that asks for a big value again and again and never reads") {
+    good.set("big", Bytes(1u << 20, 1));
+    RawSocket hog(server.port());
+    hog.hello();
+    Bytes gets;
+    for (int i = 0; i < 200; ++i) {
+      proto::encode_request({.op = proto::Opcode::kGet, .keys = {"big"}}, gets);
+    }
+    hog.send(gets);
+    // Without back-pressure the server would queue 200 MiB of answers; it stops decoding this
+    // client's requests while ~1 MiB of its answers are unsent.
+    std::this_thread::sleep_for(200ms);
+    CHECK(server.stats().buffered_bytes < (8u << 20));
+  }
   SUBCASE("a token far over the limit") {
     RawSocket evil(server.port());
     Bytes b(proto::kMagic.begin(), proto::kMagic.end());

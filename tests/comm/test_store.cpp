@@ -376,7 +376,7 @@ TEST_CASE("store: a client that starts before the server connects once it is up"
   CHECK(error == "");
 }
 
-TEST_CASE("store: wrong and missing tokens are refused; a client with the token works") {
+TEST_CASE("store: wrong and missing tokens are refused, a client with the token works") {
   TcpStoreServer server(server_options("s3cret"));
   TcpStore good(client_options(server, 5s, "s3cret"));
   good.set("k", std::string("v"));
@@ -493,7 +493,7 @@ TEST_CASE("store: hostile and broken clients cost only their own connection") {
   CHECK(eventually([&] { return server.stats().buffered_bytes < (256u << 10); }));
 }
 
-TEST_CASE("store: connections over max_connections are closed at once; the rest keep working") {
+TEST_CASE("store: connections over max_connections are closed at once, the rest keep working") {
   TcpStoreOptions options = server_options();
   options.max_connections = 3;
   TcpStoreServer server(options);

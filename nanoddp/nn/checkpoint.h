@@ -1,0 +1,48 @@
+#pragma once
+// Checkpoints: safetensors files holding the parameters (named as the model names them), the
+// optimizer state ("optimizer.<name>", flat), and in the metadata everything needed to continue
+// the exact trajectory: step, epoch, the global position in the epoch's sample order, the seed,
+// the format version and a checksum of all tensor bytes.
+//
+// The position is counted in *global* samples, not in per-rank steps, so a checkpoint does not
+// depend on the world size: 4 ranks x batch 16 can resume what 2 ranks x batch 32 saved.
+//
+// Writes are atomic (temporary file in the same directory, fsync, rename, fsync of the
+// directory): a crash mid-write leaves the previous checkpoint as it was.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nanoddp/nn/module.h"
+#include "nanoddp/nn/optimizer.h"
+
+namespace nanoddp::nn {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+struct TrainingState {
+  std::int64_t step = 0;           // optimizer steps completed
+  std::int64_t epoch = 0;          // epoch of the next step
+  std::int64_t epoch_samples = 0;  // global samples of `epoch` already consumed
+  std::uint64_t seed = 0;
+  // Free-form settings recorded for the reader (model description, batch, world size).
+  std::map<std::string, std::string> info;
+};
+
+// Writes `dir`/step-<step>.safetensors (creating `dir` if needed) and then removes the oldest
+// step-*.safetensors files beyond the newest `keep`. Returns the path written.
+std::string save_checkpoint(const std::string& dir, const Module& model,
+                            const Optimizer& optimizer, const TrainingState& state, int keep);
+
+// All step-*.safetensors files in `dir`, oldest first (by step number).
+std::vector<std::string> list_checkpoints(const std::string& dir);
+
+// Loads `path` into the model's parameters and the optimizer's state, after checking the
+// format version, the checksum, and that every tensor exists with the right shape. Any problem
+// is an Error naming the file and what is wrong; the model is untouched then.
+TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer& optimizer);
+
+}  // namespace nanoddp::nn

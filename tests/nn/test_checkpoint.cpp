@@ -1,0 +1,175 @@
+// Checkpoints: round trips, retention, and every way a file can be wrong.
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "nanoddp/engine/error.h"
+#include "nanoddp/engine/ops.h"
+#include "nanoddp/nn/checkpoint.h"
+#include "nanoddp/nn/flat_parameters.h"
+#include "nanoddp/nn/layers.h"
+#include "nanoddp/nn/optimizer.h"
+#include "nanoddp/nn/safetensors.h"
+#include "support/subprocess.h"
+
+using namespace nanoddp;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  nn::Mlp model;
+  nn::FlatParameters params;
+  nn::AdamW adam;
+  explicit Run(std::int64_t hidden = 8, std::uint64_t seed = 1)
+      : model({.in_features = 4, .out_features = 2, .hidden = hidden, .layers = 1, .seed = seed}),
+        params(model, Device::cpu()),
+        adam(params, {.lr = 0.01f}) {}
+  void steps(int n) {
+    for (int i = 0; i < n; ++i) {
+      adam.zero_grad();
+      Tensor x = Tensor::normal({6, 4}, 0, 1, {.seed = 3, .offset = static_cast<std::uint64_t>(i) * 24});
+      mse_loss(model(x), Tensor::zeros({6, 2})).backward();
+      adam.step();
+    }
+  }
+};
+
+std::string expect_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  FAIL("expected an Error");
+  return {};
+}
+
+void flip_byte(const std::string& path, std::uintmax_t from_end) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(fs::file_size(path) - from_end));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(static_cast<std::streamoff>(fs::file_size(path) - from_end));
+  f.write(&c, 1);
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: save then load restores parameters, optimizer state and position exactly") {
+  testing::TempDir dir;
+  Run a;
+  a.steps(5);
+  const std::string path = nn::save_checkpoint(
+      dir.path(), a.model, a.adam,
+      {.step = 5, .epoch = 2, .epoch_samples = 96, .seed = 1, .info = {{"batch", "6"}}}, 3);
+  CHECK(fs::path(path).filename() == "step-000000005.safetensors");
+
+  Run b;  // same architecture, same init seed, but not trained
+  const nn::TrainingState state = nn::load_checkpoint(path, b.model, b.adam);
+  CHECK(state.step == 5);
+  CHECK(state.epoch == 2);
+  CHECK(state.epoch_samples == 96);
+  CHECK(state.seed == 1);
+  CHECK(state.info.at("batch") == "6");
+  CHECK(b.adam.steps() == 5);
+  CHECK(b.params.values().to_vector() == a.params.values().to_vector());
+  for (std::size_t i = 0; i < a.adam.state().size(); ++i) {
+    CHECK(b.adam.state()[i].tensor.to_vector() == a.adam.state()[i].tensor.to_vector());
+  }
+  // Continuing both gives the same bits: the trajectory goes on exactly.
+  a.steps(3);
+  b.steps(3);
+  CHECK(b.params.values().to_vector() == a.params.values().to_vector());
+}
+
+TEST_CASE("checkpoint: only the newest K are kept, listed oldest first") {
+  testing::TempDir dir;
+  Run a;
+  for (int step = 1; step <= 5; ++step) {
+    nn::save_checkpoint(dir.path(), a.model, a.adam, {.step = step}, 2);
+  }
+  const auto all = nn::list_checkpoints(dir.path());
+  REQUIRE(all.size() == 2);
+  CHECK(fs::path(all[0]).filename() == "step-000000004.safetensors");
+  CHECK(fs::path(all[1]).filename() == "step-000000005.safetensors");
+  CHECK(nn::list_checkpoints(dir.file("missing")).empty());
+}
+
+TEST_CASE("checkpoint: a bit flip, a truncation, another model or optimizer are clear errors") {
+  testing::TempDir dir;
+  Run a;
+  a.steps(2);
+  const std::string path = nn::save_checkpoint(dir.path(), a.model, a.adam, {.step = 2}, 5);
+  const auto pristine = Run().params.values().to_vector();
+
+  SUBCASE("bit flip in the tensor data") {
+    flip_byte(path, 5);
+    Run b;
+    const std::string msg = expect_error([&] { nn::load_checkpoint(path, b.model, b.adam); });
+    CHECK(msg.find("corrupted") != std::string::npos);
+    CHECK(msg.find(path) != std::string::npos);
+    CHECK(b.params.values().to_vector() == pristine);  // untouched
+  }
+  SUBCASE("truncated") {
+    fs::resize_file(path, fs::file_size(path) - 10);
+    Run b;
+    const std::string msg = expect_error([&] { nn::load_checkpoint(path, b.model, b.adam); });
+    CHECK(msg.find(path) != std::string::npos);
+  }
+  SUBCASE("another model") {
+    Run wider(16);
+    const std::string msg =
+        expect_error([&] { nn::load_checkpoint(path, wider.model, wider.adam); });
+    CHECK(msg.find("different model") != std::string::npos);
+    CHECK(msg.find("layers.0") != std::string::npos);
+  }
+  SUBCASE("another optimizer") {
+    Run b;
+    nn::SGD sgd(b.params, {.lr = 0.1f});
+    const std::string msg = expect_error([&] { nn::load_checkpoint(path, b.model, sgd); });
+    CHECK(msg.find("AdamW") != std::string::npos);
+    CHECK(msg.find("SGD") != std::string::npos);
+  }
+  SUBCASE("an older format version") {
+    // Rewrite the same tensors with format_version 0.
+    const nn::SafetensorsFile file = nn::read_safetensors(path);
+    std::vector<std::vector<float>> values;
+    std::vector<nn::SafetensorsEntry> entries;
+    for (const auto& name : file.names()) {
+      values.push_back(file.to_f32(name));
+      entries.push_back({.name = name, .dtype = "F32", .shape = file.at(name).shape,
+                         .data = values.back().data()});
+    }
+    nn::SafetensorsMetadata md = file.metadata();
+    md["format_version"] = "0";
+    const std::string old = dir.file("old.safetensors");
+    nn::write_safetensors(old, entries, md);
+    Run b;
+    const std::string msg = expect_error([&] { nn::load_checkpoint(old, b.model, b.adam); });
+    CHECK(msg.find("format version 0") != std::string::npos);
+  }
+  SUBCASE("not a checkpoint at all") {
+    const std::string other = dir.file("params.safetensors");
+    const std::vector<float> v(8, 1.0f);
+    const std::vector<nn::SafetensorsEntry> entries = {
+        {.name = "w", .dtype = "F32", .shape = {8}, .data = v.data()}};
+    nn::write_safetensors(other, entries);
+    Run b;
+    const std::string msg = expect_error([&] { nn::load_checkpoint(other, b.model, b.adam); });
+    CHECK(msg.find("not a nanoddp checkpoint") != std::string::npos);
+  }
+}
+
+TEST_CASE("checkpoint: an unwritable directory is an error naming it") {
+  testing::TempDir dir;
+  const std::string file = dir.file("a-file");
+  std::ofstream(file) << "x";
+  Run a;
+  const std::string msg =
+      expect_error([&] { nn::save_checkpoint(file + "/sub", a.model, a.adam, {.step = 1}, 1); });
+  CHECK(msg.find("a-file") != std::string::npos);
+}

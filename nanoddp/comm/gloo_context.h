@@ -1,0 +1,37 @@
+#pragma once
+// Building a connected Gloo context: the part of the Gloo process group that the allreduce
+// benchmark's --raw mode shares, so that "raw Gloo" and "nanoddp over Gloo" differ only in the
+// engine (Work objects, the worker thread, dtype dispatch), never in how they connected.
+//
+// Internal header: it includes Gloo's headers, so only targets that link `gloo` may use it.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gloo/context.h>
+
+#include "nanoddp/comm/process_group.h"
+#include "nanoddp/comm/store.h"
+
+namespace nanoddp::comm {
+
+struct GlooConnection {
+  std::shared_ptr<gloo::Context> context;
+  // What the transport device was bound to, e.g. "hostname 127.0.0.1" or "interface eth0".
+  std::string device_description;
+  // Rank r's listening address as Gloo prints it ("[10.0.0.2]:41234"), so that an error such
+  // as "Connection closed by peer [10.0.0.2]:41234" can be turned into "rank 2".
+  std::vector<std::string> addresses;
+};
+
+// Creates the TCP device on the interface chosen by `options` (see ProcessGroupOptions), then
+// connects every pair of ranks through `store` (keys under options.name), within
+// options.timeout. A rank that never shows up is a CommError that names it.
+GlooConnection connect_gloo(std::shared_ptr<Store> store, int rank, int size,
+                            const ProcessGroupOptions& options);
+
+// The rank whose address appears in a Gloo error message, or -1.
+int gloo_peer_from_message(const std::string& message, const std::vector<std::string>& addresses);
+
+}  // namespace nanoddp::comm

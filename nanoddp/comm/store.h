@@ -72,8 +72,24 @@ struct TcpStoreOptions {
   std::size_t max_connections = 4096;
 };
 
-// The server: binds host:port, serves every client on one background thread (poll-based, no
-// thread per client), and shuts down (joining its thread) in its destructor.
+// A snapshot of the server's state, for tests and diagnostics.
+struct TcpStoreServerStats {
+  std::size_t connections = 0;     // open client connections (handshake done or not)
+  std::size_t parked = 0;          // clients blocked in get / wait
+  std::size_t keys = 0;            // keys stored
+  std::size_t buffered_bytes = 0;  // capacity of all connections' input and output buffers
+  std::uint64_t dropped = 0;       // connections closed for bad bytes, refusals or overflow
+};
+
+// The server: binds host:port (that address only), serves every client on one background
+// thread (poll-based, no thread per client), and shuts down (joining its thread) in its
+// destructor; clients blocked in get / wait then see the connection close.
+//
+// A client blocked in get / wait is parked: its connection waits on the key without blocking
+// the thread, and is answered when the key is set or its timeout passes. A client that breaks
+// the protocol (garbage, a length over the limits, a wrong token, a hang-up mid-message) loses
+// its connection and nothing else. A bind failure throws StoreError, e.g. "cannot start the
+// store on 127.0.0.1:29500: address already in use (another job? pick another --master-port)".
 class TcpStoreServer {
  public:
   explicit TcpStoreServer(const TcpStoreOptions& options);
@@ -81,6 +97,8 @@ class TcpStoreServer {
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   std::uint16_t port() const;
+  // As of the end of the server thread's latest loop iteration.
+  TcpStoreServerStats stats() const;
 
  private:
   struct Impl;

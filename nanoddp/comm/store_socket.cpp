@@ -1,0 +1,50 @@
+#include "nanoddp/comm/store_socket.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+
+#include "nanoddp/comm/store.h"
+
+namespace nanoddp::comm::detail {
+
+void UniqueFd::reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+std::string format_address(const std::string& host, std::uint16_t port) {
+  if (host.find(':') != std::string::npos) return fmt::format("[{}]:{}", host, port);
+  return fmt::format("{}:{}", host, port);
+}
+
+std::string format_seconds(std::chrono::milliseconds ms) {
+  return fmt::format("{:g} s", static_cast<double>(ms.count()) / 1000.0);
+}
+
+std::string errno_text(int err) {
+  char buf[256];
+  // The GNU strerror_r returns the message (maybe not in buf); the XSI one fills buf.
+  const auto result = strerror_r(err, buf, sizeof buf);
+  std::string text;
+  if constexpr (std::is_same_v<decltype(result), char*>) {
+    text = result;
+  } else {
+    text = result == 0 ? std::string(buf) : fmt::format("error {}", err);
+  }
+  if (!text.empty()) text[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(text[0])));
+  return text;
+}
+
+void set_nonblocking(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    throw StoreError(fmt::format("cannot make a socket non-blocking: {}", errno_text(errno)));
+  }
+}
+
+}  // namespace nanoddp::comm::detail

@@ -1,0 +1,607 @@
+// The store server: one thread, one poll() loop over the listening socket, an eventfd (to wake
+// it for shutdown) and every client connection, all non-blocking.
+//
+// Per connection it keeps an input buffer (bytes not yet decoded) and an output buffer (answers
+// not yet sent). Both are bounded: the decoders reject any length over the limits as soon as it
+// arrives, so a partial request is never bigger than the largest legal one; and a connection
+// whose client does not read its answers (or is parked in a wait) is not read from beyond a
+// small cap until it catches up.
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "nanoddp/comm/store.h"
+#include "nanoddp/comm/store_protocol.h"
+#include "nanoddp/comm/store_socket.h"
+
+namespace nanoddp::comm {
+
+namespace {
+
+namespace proto = protocol;
+using Clock = std::chrono::steady_clock;
+using detail::UniqueFd;
+
+constexpr std::size_t kReadChunk = 64u << 10;
+// Stop decoding a connection's requests while this much of its output is unsent, and stop
+// reading it while it is parked or stalled and this much input is buffered.
+constexpr std::size_t kOutputHighWater = 1u << 20;
+constexpr std::size_t kStalledReadCap = 64u << 10;
+// Buffers that grew for a big value are given back once empty.
+constexpr std::size_t kKeepCapacity = 1u << 20;
+// Timeouts beyond this are clamped, so deadlines never overflow.
+constexpr std::int64_t kMaxTimeoutMs = 30LL * 24 * 3600 * 1000;
+
+struct Connection {
+  UniqueFd fd;
+  bool greeted = false;
+  bool closing = false;  // close once the output is flushed (after a refusal)
+  bool dead = false;     // close at the end of this loop iteration
+  proto::Bytes in;
+  proto::Bytes out;
+  std::size_t out_pos = 0;
+  // A parked get / wait.
+  bool parked = false;
+  proto::Opcode parked_op = proto::Opcode::kGet;
+  std::vector<std::string> parked_keys;
+  // The parked request's deadline, or (before the handshake) the handshake's.
+  Clock::time_point deadline;
+
+  std::size_t pending_out() const { return out.size() - out_pos; }
+};
+
+void release_if_big(proto::Bytes& b) {
+  if (b.capacity() > kKeepCapacity) proto::Bytes().swap(b);
+}
+
+}  // namespace
+
+struct TcpStoreServer::Impl {
+  TcpStoreOptions options;
+  std::string token;
+  proto::Limits limits;
+  std::string address;
+  UniqueFd listen_fd;
+  UniqueFd wake_fd;
+  std::uint16_t port = 0;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+
+  // Owned by the server thread.
+  std::map<std::uint64_t, Connection> conns;
+  std::uint64_t next_id = 1;
+  std::unordered_map<std::string, proto::Bytes> data;
+  // key -> parked connections that wait for it. A parked connection is listed under one of its
+  // missing keys at a time; entries of connections that left are skipped when the key is set.
+  std::unordered_map<std::string, std::vector<std::uint64_t>> waiters;
+  std::deque<std::uint64_t> runnable;  // connections with input to decode
+  Clock::time_point accept_paused_until{};
+  std::uint64_t dropped = 0;
+
+  mutable std::mutex stats_mutex;
+  TcpStoreServerStats stats;
+
+  explicit Impl(const TcpStoreOptions& opts);
+  void bind_and_listen();
+  void run();
+  void loop_once(std::vector<pollfd>& fds, std::vector<std::uint64_t>& ids);
+  void accept_all();
+  void read_from(std::uint64_t id, Connection& c);
+  void flush(Connection& c);
+  void process(std::uint64_t id, Connection& c);
+  void handshake(Connection& c, const proto::Hello& hello);
+  void handle(std::uint64_t id, Connection& c, proto::Request& req);
+  void respond(Connection& c, proto::Opcode op, const proto::Response& resp);
+  std::string store_value(const std::string& key, proto::Bytes value);
+  void notify(const std::string& key);
+  void park(std::uint64_t id, Connection& c, proto::Opcode op, std::vector<std::string> keys,
+            std::int64_t timeout_ms);
+  // Answers a parked connection if all its keys exist now; else lists it under a missing key.
+  bool try_unpark(std::uint64_t id, Connection& c);
+  void expire(Clock::time_point now);
+  void kill(Connection& c) {
+    if (!c.dead) ++dropped;
+    c.dead = true;
+  }
+  void publish_stats();
+};
+
+TcpStoreServer::Impl::Impl(const TcpStoreOptions& opts) : options(opts) {
+  token = options.token;
+  if (token.empty()) {
+    if (const char* env = std::getenv("NANODDP_STORE_TOKEN")) token = env;
+  }
+  limits.max_key_bytes = options.max_key_bytes;
+  limits.max_value_bytes = options.max_value_bytes;
+  limits.max_keys = options.max_keys;
+  address = detail::format_address(options.host, options.port);
+}
+
+void TcpStoreServer::Impl::bind_and_listen() {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string port_text = std::to_string(options.port);
+  const int rc = ::getaddrinfo(options.host.c_str(), port_text.c_str(), &hints, &found);
+  if (rc != 0) {
+    throw StoreError(fmt::format("cannot start the store on {}: cannot resolve '{}': {} (set "
+                                 "MASTER_ADDR / --master-addr to an address of this machine)",
+                                 address, options.host, ::gai_strerror(rc)));
+  }
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(found, &::freeaddrinfo);
+  int last_errno = 0;
+  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                         ai->ai_protocol));
+    if (!fd) {
+      last_errno = errno;
+      continue;
+    }
+    // Lets a restarted job rebind while the previous one's connections sit in TIME_WAIT; a port
+    // someone still listens on is refused all the same.
+    const int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd.get(), 1024) != 0) {
+      last_errno = errno;
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t len = sizeof bound;
+    ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len);
+    port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    listen_fd = std::move(fd);
+    return;
+  }
+  if (last_errno == EADDRINUSE) {
+    throw StoreError(fmt::format("cannot start the store on {}: address already in use (another "
+                                 "job? pick another --master-port)",
+                                 address));
+  }
+  if (last_errno == EADDRNOTAVAIL) {
+    throw StoreError(fmt::format("cannot start the store on {}: {} is not an address of this "
+                                 "machine (check MASTER_ADDR / --master-addr)",
+                                 address, options.host));
+  }
+  throw StoreError(
+      fmt::format("cannot start the store on {}: {}", address, detail::errno_text(last_errno)));
+}
+
+void TcpStoreServer::Impl::run() {
+  std::vector<pollfd> fds;
+  std::vector<std::uint64_t> ids;
+  while (!stop.load()) {
+    try {
+      loop_once(fds, ids);
+    } catch (const std::exception&) {
+      // Out of memory outside any one connection's work: back off and go on serving.
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  conns.clear();  // closes every client: parked ones see the connection end
+  publish_stats();
+}
+
+void TcpStoreServer::Impl::loop_once(std::vector<pollfd>& fds, std::vector<std::uint64_t>& ids) {
+  // Decode what was buffered (new input, unparked connections, drained output).
+  while (!runnable.empty()) {
+    const std::uint64_t id = runnable.front();
+    runnable.pop_front();
+    auto it = conns.find(id);
+    if (it == conns.end() || it->second.dead) continue;
+    try {
+      process(id, it->second);
+    } catch (const std::exception&) {
+      kill(it->second);  // e.g. out of memory for its value: that client loses its connection
+    }
+  }
+  std::erase_if(conns, [](const auto& kv) { return kv.second.dead; });
+  publish_stats();
+
+  const Clock::time_point now = Clock::now();
+  fds.clear();
+  ids.clear();
+  fds.push_back({wake_fd.get(), POLLIN, 0});
+  fds.push_back({listen_fd.get(), static_cast<short>(now >= accept_paused_until ? POLLIN : 0), 0});
+  Clock::time_point next = Clock::time_point::max();
+  if (accept_paused_until > now) next = accept_paused_until;
+  for (auto& [id, c] : conns) {
+    short events = 0;
+    const bool stalled = c.parked || c.pending_out() >= kOutputHighWater;
+    if (!c.closing && (!stalled || c.in.size() < kStalledReadCap)) events |= POLLIN;
+    if (c.pending_out() > 0) events |= POLLOUT;
+    fds.push_back({c.fd.get(), events, 0});
+    ids.push_back(id);
+    if (c.parked || !c.greeted) next = std::min(next, c.deadline);
+  }
+  int timeout_ms = -1;
+  if (next != Clock::time_point::max()) {
+    const auto wait = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
+    timeout_ms = static_cast<int>(std::clamp<std::int64_t>(wait, 0, 60'000));
+  }
+  const int n = ::poll(fds.data(), fds.size(), timeout_ms);
+  if (n < 0) {
+    if (errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return;
+  }
+  if (fds[0].revents != 0) {
+    std::uint64_t count = 0;
+    [[maybe_unused]] const auto r = ::read(wake_fd.get(), &count, sizeof count);
+    if (stop.load()) return;
+  }
+  for (std::size_t i = 2; i < fds.size(); ++i) {
+    const short revents = fds[i].revents;
+    if (revents == 0) continue;
+    auto it = conns.find(ids[i - 2]);
+    if (it == conns.end()) continue;
+    Connection& c = it->second;
+    if (revents & (POLLERR | POLLNVAL)) {
+      kill(c);
+      continue;
+    }
+    if (revents & POLLOUT) flush(c);
+    if (revents & (POLLIN | POLLHUP)) {
+      try {
+        read_from(it->first, c);
+      } catch (const std::exception&) {
+        kill(c);
+      }
+    }
+  }
+  if (fds[1].revents & POLLIN) accept_all();
+  expire(Clock::now());
+  std::erase_if(conns, [](const auto& kv) { return kv.second.dead; });
+}
+
+void TcpStoreServer::Impl::accept_all() {
+  while (true) {
+    UniqueFd fd(::accept4(listen_fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (!fd) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors: the listener stays readable, so pause accepting instead of
+        // spinning; connections wait in the backlog meanwhile.
+        accept_paused_until = Clock::now() + std::chrono::milliseconds(100);
+      }
+      return;
+    }
+    if (conns.size() >= options.max_connections) {
+      ++dropped;
+      continue;  // closed by fd's destructor
+    }
+    const int one = 1;
+    ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    Connection c;
+    c.fd = std::move(fd);
+    c.deadline = Clock::now() + options.timeout;  // to finish the handshake
+    conns.emplace(next_id++, std::move(c));
+  }
+}
+
+void TcpStoreServer::Impl::read_from(std::uint64_t id, Connection& c) {
+  const std::size_t old = c.in.size();
+  c.in.resize(old + kReadChunk);
+  const ssize_t n = ::recv(c.fd.get(), c.in.data() + old, kReadChunk, 0);
+  c.in.resize(old + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
+  if (n == 0) {
+    // The client hung up. Whatever it left half-sent dies with the connection. (Not counted as
+    // dropped: hanging up is how a client says goodbye.)
+    c.dead = true;
+    return;
+  }
+  if (n < 0) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) kill(c);
+    return;
+  }
+  runnable.push_back(id);
+}
+
+void TcpStoreServer::Impl::flush(Connection& c) {
+  while (c.pending_out() > 0) {
+    const ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_pos, c.pending_out(),
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+      kill(c);
+      return;
+    }
+    c.out_pos += static_cast<std::size_t>(n);
+  }
+  c.out.clear();
+  c.out_pos = 0;
+  release_if_big(c.out);
+  if (c.closing) c.dead = true;
+}
+
+void TcpStoreServer::Impl::process(std::uint64_t id, Connection& c) {
+  std::size_t pos = 0;
+  while (!c.dead && !c.closing && !c.parked && c.pending_out() < kOutputHighWater &&
+         pos < c.in.size()) {
+    const std::span<const std::uint8_t> bytes(c.in.data() + pos, c.in.size() - pos);
+    if (!c.greeted) {
+      auto hello = proto::decode_hello(bytes, limits);
+      if (hello.status == proto::DecodeStatus::kIncomplete) break;
+      if (hello.status == proto::DecodeStatus::kInvalid) {
+        kill(c);  // not one of ours (bad magic) or a token over the limit: say nothing
+        break;
+      }
+      pos += hello.consumed;
+      handshake(c, hello.message);
+      continue;
+    }
+    auto req = proto::decode_request(bytes, limits);
+    if (req.status == proto::DecodeStatus::kIncomplete) break;
+    if (req.status == proto::DecodeStatus::kInvalid) {
+      kill(c);
+      break;
+    }
+    pos += req.consumed;
+    handle(id, c, req.message);
+  }
+  if (pos == c.in.size()) {
+    c.in.clear();
+    release_if_big(c.in);
+  } else if (pos > 0) {
+    c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(pos));
+  }
+}
+
+void TcpStoreServer::Impl::handshake(Connection& c, const proto::Hello& hello) {
+  proto::HelloReply reply;
+  if (hello.version != proto::kVersion) {
+    reply.message = fmt::format(
+        "refused: protocol version {} but this store speaks version {} (do all ranks run the "
+        "same nanoddp build?)",
+        hello.version, proto::kVersion);
+  } else if (!token.empty() && hello.token.empty()) {
+    reply.message = "refused: missing token (set NANODDP_STORE_TOKEN to the job's token)";
+  } else if (!token.empty() && hello.token != token) {
+    reply.message = "refused: wrong token (set NANODDP_STORE_TOKEN to the job's token)";
+  } else {
+    reply.accepted = true;
+  }
+  proto::encode_hello_reply(reply, c.out);
+  if (reply.accepted) {
+    c.greeted = true;
+  } else {
+    ++dropped;
+    c.closing = true;
+  }
+  flush(c);
+}
+
+void TcpStoreServer::Impl::respond(Connection& c, proto::Opcode op,
+                                   const proto::Response& resp) {
+  proto::encode_response(op, resp, c.out);
+  flush(c);
+}
+
+std::string TcpStoreServer::Impl::store_value(const std::string& key, proto::Bytes value) {
+  auto it = data.find(key);
+  if (it != data.end()) {
+    it->second = std::move(value);
+  } else {
+    if (data.size() >= options.max_keys) {
+      return fmt::format(
+          "the store already holds {} keys (TcpStoreOptions::max_keys); cannot add key '{}'",
+          data.size(), key);
+    }
+    data.emplace(key, std::move(value));
+  }
+  notify(key);
+  return {};
+}
+
+void TcpStoreServer::Impl::handle(std::uint64_t id, Connection& c, proto::Request& req) {
+  proto::Response resp;
+  const std::string& key = req.keys.front();
+  switch (req.op) {
+    case proto::Opcode::kSet: {
+      std::string error = store_value(key, std::move(req.value));
+      if (!error.empty()) {
+        resp.status = proto::Status::kError;
+        resp.message = std::move(error);
+      }
+      break;
+    }
+    case proto::Opcode::kGet:
+    case proto::Opcode::kWait: {
+      const bool all = std::all_of(req.keys.begin(), req.keys.end(),
+                                   [&](const std::string& k) { return data.contains(k); });
+      if (!all && req.timeout_ms > 0) {
+        park(id, c, req.op, std::move(req.keys), req.timeout_ms);
+        return;
+      }
+      if (!all) {
+        resp.status = proto::Status::kTimeout;
+        for (const auto& k : req.keys) {
+          if (!data.contains(k)) resp.keys.push_back(k);
+        }
+      } else if (req.op == proto::Opcode::kGet) {
+        resp.value = data.at(key);
+      }
+      break;
+    }
+    case proto::Opcode::kAdd: {
+      std::int64_t current = 0;
+      auto it = data.find(key);
+      if (it != data.end()) {
+        const char* begin = reinterpret_cast<const char*>(it->second.data());
+        const char* end = begin + it->second.size();
+        const auto [ptr, ec] = std::from_chars(begin, end, current);
+        if (ec != std::errc() || ptr != end || begin == end) {
+          resp.status = proto::Status::kError;
+          resp.message = fmt::format(
+              "the value of key '{}' is not an integer, so add() cannot update it (was it "
+              "written with set()?)",
+              key);
+          break;
+        }
+      }
+      std::int64_t updated = 0;
+      if (__builtin_add_overflow(current, req.delta, &updated)) {
+        resp.status = proto::Status::kError;
+        resp.message = fmt::format("add({}) to key '{}' (now {}) overflows a 64-bit integer",
+                                   req.delta, key, current);
+        break;
+      }
+      const std::string text = std::to_string(updated);
+      std::string error = store_value(key, proto::Bytes(text.begin(), text.end()));
+      if (!error.empty()) {
+        resp.status = proto::Status::kError;
+        resp.message = std::move(error);
+      }
+      resp.number = updated;
+      break;
+    }
+    case proto::Opcode::kCheck:
+      resp.flag = std::all_of(req.keys.begin(), req.keys.end(),
+                              [&](const std::string& k) { return data.contains(k); });
+      break;
+    case proto::Opcode::kCompareSet: {
+      auto it = data.find(key);
+      const bool matches = it == data.end() ? req.value.empty() : it->second == req.value;
+      if (matches) {
+        resp.value = req.desired;
+        std::string error = store_value(key, std::move(req.desired));
+        if (!error.empty()) {
+          resp.status = proto::Status::kError;
+          resp.message = std::move(error);
+        }
+      } else if (it != data.end()) {
+        resp.value = it->second;
+      }
+      break;
+    }
+    case proto::Opcode::kDelete:
+      resp.flag = data.erase(key) > 0;
+      break;
+  }
+  respond(c, req.op, resp);
+}
+
+void TcpStoreServer::Impl::park(std::uint64_t id, Connection& c, proto::Opcode op,
+                                std::vector<std::string> keys, std::int64_t timeout_ms) {
+  c.parked = true;
+  c.parked_op = op;
+  c.parked_keys = std::move(keys);
+  c.deadline = Clock::now() + std::chrono::milliseconds(std::min(timeout_ms, kMaxTimeoutMs));
+  try_unpark(id, c);
+}
+
+bool TcpStoreServer::Impl::try_unpark(std::uint64_t id, Connection& c) {
+  for (const auto& k : c.parked_keys) {
+    if (!data.contains(k)) {
+      waiters[k].push_back(id);
+      return false;
+    }
+  }
+  proto::Response resp;
+  if (c.parked_op == proto::Opcode::kGet) resp.value = data.at(c.parked_keys.front());
+  c.parked = false;
+  c.parked_keys.clear();
+  respond(c, c.parked_op, resp);
+  runnable.push_back(id);  // it may have sent more requests meanwhile
+  return true;
+}
+
+void TcpStoreServer::Impl::notify(const std::string& key) {
+  auto it = waiters.find(key);
+  if (it == waiters.end()) return;
+  std::vector<std::uint64_t> ids = std::move(it->second);
+  waiters.erase(it);
+  for (const std::uint64_t id : ids) {
+    auto conn = conns.find(id);
+    if (conn == conns.end() || conn->second.dead || !conn->second.parked) continue;
+    const auto& keys = conn->second.parked_keys;
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) continue;  // a stale entry
+    try_unpark(id, conn->second);
+  }
+}
+
+void TcpStoreServer::Impl::expire(Clock::time_point now) {
+  for (auto& [id, c] : conns) {
+    if (c.dead || c.deadline > now) continue;
+    if (!c.greeted) {
+      kill(c);  // connected but never finished the handshake
+    } else if (c.parked) {
+      proto::Response resp;
+      resp.status = proto::Status::kTimeout;
+      for (const auto& k : c.parked_keys) {
+        if (!data.contains(k)) resp.keys.push_back(k);
+      }
+      c.parked = false;
+      c.parked_keys.clear();
+      respond(c, c.parked_op, resp);
+      runnable.push_back(id);
+    }
+  }
+  // Forget waiter lists that only name connections that are gone or no longer parked, so the
+  // index does not grow with every timed-out wait on a key that never comes.
+  for (auto it = waiters.begin(); it != waiters.end();) {
+    std::erase_if(it->second, [&](std::uint64_t id) {
+      auto conn = conns.find(id);
+      return conn == conns.end() || conn->second.dead || !conn->second.parked;
+    });
+    it = it->second.empty() ? waiters.erase(it) : std::next(it);
+  }
+}
+
+void TcpStoreServer::Impl::publish_stats() {
+  TcpStoreServerStats s;
+  s.connections = conns.size();
+  s.keys = data.size();
+  s.dropped = dropped;
+  for (const auto& [id, c] : conns) {
+    s.parked += c.parked ? 1 : 0;
+    s.buffered_bytes += c.in.capacity() + c.out.capacity();
+  }
+  std::lock_guard lock(stats_mutex);
+  stats = s;
+}
+
+TcpStoreServer::TcpStoreServer(const TcpStoreOptions& options)
+    : impl_(std::make_unique<Impl>(options)) {
+  impl_->bind_and_listen();
+  impl_->wake_fd = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!impl_->wake_fd) {
+    throw StoreError(fmt::format("cannot start the store on {}: eventfd failed: {}",
+                                 impl_->address, detail::errno_text(errno)));
+  }
+  impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
+}
+
+TcpStoreServer::~TcpStoreServer() {
+  impl_->stop.store(true);
+  const std::uint64_t one = 1;
+  [[maybe_unused]] const auto r = ::write(impl_->wake_fd.get(), &one, sizeof one);
+  impl_->thread.join();
+}
+
+std::uint16_t TcpStoreServer::port() const { return impl_->port; }
+
+TcpStoreServerStats TcpStoreServer::stats() const {
+  std::lock_guard lock(impl_->stats_mutex);
+  return impl_->stats;
+}
+
+}  // namespace nanoddp::comm

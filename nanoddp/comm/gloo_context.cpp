@@ -132,25 +132,35 @@ GlooConnection connect_gloo(std::shared_ptr<Store> store, int rank, int size,
         options.name, rank, size, seconds(options.timeout), who, e.what()));
   }
 
-  // 3. Every rank's listening address, to name the peer in later errors. All pairs of this
-  // process share the device's listening socket, so any pair's address (minus Gloo's "$seq"
-  // suffix that numbers the pair) is this rank's address.
-  std::string own = attr.hostname.empty() ? attr.iface : attr.hostname;
-  if (size > 1) {
-    own = context->getPair(rank == 0 ? 1 : 0)->address().str();
-    own = own.substr(0, own.find('$'));
+  // 3. Every rank's listening addresses, to name the peer in later errors. This Gloo gives
+  // each pair its own listening socket; a pair's address() is that socket plus a "$seq" suffix
+  // we drop, because Gloo's error messages print the address without it.
+  std::string own;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    std::string address = context->getPair(peer)->address().str();
+    address = address.substr(0, address.find('$'));
+    own += (own.empty() ? "" : " ") + address;
   }
   prefixed->set(fmt::format("address/{}", rank), own);
   connection.addresses.resize(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
-    connection.addresses[static_cast<std::size_t>(r)] =
-        r == rank ? own : prefixed->get_string(fmt::format("address/{}", r));
+    const std::string list = r == rank ? own : prefixed->get_string(fmt::format("address/{}", r));
+    auto& out = connection.addresses[static_cast<std::size_t>(r)];
+    for (std::size_t start = 0; start < list.size();) {
+      std::size_t end = list.find(' ', start);
+      if (end == std::string::npos) end = list.size();
+      if (end > start) out.push_back(list.substr(start, end - start));
+      start = end + 1;
+    }
   }
   connection.context = std::move(context);
   return connection;
 }
 
-int gloo_peer_from_message(const std::string& message, const std::vector<std::string>& addresses) {
+int gloo_peer_from_message(const std::string& message,
+                           const std::vector<std::vector<std::string>>& addresses,
+                           std::string* address) {
   // Gloo prints addresses as "[ip]:port" (IPv6 too: "[::1]:port"), optionally with "$seq".
   std::size_t open = message.find('[');
   while (open != std::string::npos) {
@@ -160,7 +170,12 @@ int gloo_peer_from_message(const std::string& message, const std::vector<std::st
     while (end < message.size() && message[end] >= '0' && message[end] <= '9') ++end;
     const std::string token = message.substr(open, end - open);
     for (std::size_t r = 0; r < addresses.size(); ++r) {
-      if (addresses[r] == token) return static_cast<int>(r);
+      for (const std::string& candidate : addresses[r]) {
+        if (candidate == token) {
+          if (address != nullptr) *address = token;
+          return static_cast<int>(r);
+        }
+      }
     }
     open = message.find('[', open + 1);
   }

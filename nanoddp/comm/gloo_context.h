@@ -20,9 +20,10 @@ struct GlooConnection {
   std::shared_ptr<gloo::Context> context;
   // What the transport device was bound to, e.g. "hostname 127.0.0.1" or "interface eth0".
   std::string device_description;
-  // Rank r's listening address as Gloo prints it ("[10.0.0.2]:41234"), so that an error such
-  // as "Connection closed by peer [10.0.0.2]:41234" can be turned into "rank 2".
-  std::vector<std::string> addresses;
+  // Every rank's listening addresses as Gloo prints them ("[10.0.0.2]:41234"), one per pair
+  // (this Gloo listens on one socket per pair), so that an error such as "Connection closed by
+  // peer [10.0.0.2]:41234" can be turned into "rank 2". addresses[r] lists rank r's.
+  std::vector<std::vector<std::string>> addresses;
 };
 
 // Creates the TCP device on the interface chosen by `options` (see ProcessGroupOptions), then
@@ -31,7 +32,10 @@ struct GlooConnection {
 GlooConnection connect_gloo(std::shared_ptr<Store> store, int rank, int size,
                             const ProcessGroupOptions& options);
 
-// The rank whose address appears in a Gloo error message, or -1.
-int gloo_peer_from_message(const std::string& message, const std::vector<std::string>& addresses);
+// The rank whose address appears in a Gloo error message, or -1; `address` receives the
+// matched address.
+int gloo_peer_from_message(const std::string& message,
+                           const std::vector<std::vector<std::string>>& addresses,
+                           std::string* address = nullptr);
 
 }  // namespace nanoddp::comm

@@ -1,6 +1,7 @@
 #include "nanoddp/comm/gloo_process_group.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <bit>
@@ -170,6 +171,7 @@ struct GlooProcessGroup::Impl {
   int size = 1;
   ProcessGroupOptions options;
   GlooConnection connection;
+  std::shared_ptr<Store> diagnostics;  // "<name>/gloo/diag/...": timeout reports only
 
   std::mutex mutex;  // guards everything below
   std::condition_variable queue_cv;
@@ -229,7 +231,8 @@ struct GlooProcessGroup::Impl {
         try {
           job.run(job.work->sequence_number());
         } catch (const std::exception& e) {
-          const std::string message = explain(job.description, e.what());
+          const std::string message =
+              explain(job.description, job.work->sequence_number(), e.what());
           first_failure = job.description + " failed";
           error = std::make_exception_ptr(CommError(message));
         }
@@ -238,23 +241,61 @@ struct GlooProcessGroup::Impl {
     }
   }
 
-  std::string explain(const std::string& description, const std::string& what) const {
+  // Which ranks are behind? Gloo's timeout only says "a recv did not complete". On a timeout
+  // (the failure path only, never per op), every rank that timed out in op `seq` checks in
+  // under "timeout/<seq>/<rank>" and looks, for a short grace period, for the others. A rank
+  // stuck before the op (in a long computation, a deadlock, a different op) never checks in:
+  // that is the rank to look at.
+  std::vector<int> ranks_without_report(std::uint64_t seq) const {
+    std::vector<int> missing;
+    if (diagnostics == nullptr) return missing;
+    try {
+      const auto key = [&](int r) { return fmt::format("timeout/{}/{}", seq, r); };
+      diagnostics->set(key(rank), std::string("1"));
+      const auto grace =
+          std::min<std::chrono::milliseconds>(options.timeout / 2, std::chrono::seconds(3));
+      const auto deadline = std::chrono::steady_clock::now() + grace;
+      for (;;) {
+        missing.clear();
+        for (int r = 0; r < size; ++r) {
+          if (r != rank && !diagnostics->check({key(r)})) missing.push_back(r);
+        }
+        if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    } catch (const std::exception&) {
+      missing.clear();  // the store is gone too: say nothing rather than something wrong
+    }
+    return missing;
+  }
+
+  std::string explain(const std::string& description, std::uint64_t seq,
+                      const std::string& what) const {
     const std::string gloo_message = strip_gloo_location(what);
-    const int peer = gloo_peer_from_message(gloo_message, connection.addresses);
+    std::string address;
+    const int peer = gloo_peer_from_message(gloo_message, connection.addresses, &address);
     const bool timed_out = gloo_message.find("Timed out") != std::string::npos ||
                            gloo_message.find("timeout") != std::string::npos;
-    std::string cause = timed_out
-                            ? fmt::format("timed out after {:.1f} s",
-                                          static_cast<double>(options.timeout.count()) / 1000.0)
-                            : std::string("the connection failed");
-    if (peer >= 0) {
-      cause += fmt::format(" (peer: rank {} at {})", peer,
-                           connection.addresses[static_cast<std::size_t>(peer)]);
+    std::string who = peer >= 0 ? fmt::format("rank {}", peer) : std::string("another rank");
+    std::string cause;
+    if (timed_out) {
+      cause = fmt::format("timed out after {:.1f} s",
+                          static_cast<double>(options.timeout.count()) / 1000.0);
+      const std::vector<int> missing = ranks_without_report(seq);
+      if (!missing.empty()) {
+        who = fmt::format("rank{} {}", missing.size() > 1 ? "s" : "", fmt::join(missing, ", "));
+        cause += fmt::format(
+            "; {} did not report reaching this op (every rank that times out "
+            "in it reports so through the store)",
+            who);
+      }
+    } else {
+      cause = peer >= 0 ? fmt::format("lost the connection to rank {} ({})", peer, address)
+                        : std::string("lost the connection to a peer");
     }
-    const std::string who = peer >= 0 ? fmt::format("rank {}", peer) : std::string("another rank");
     return fmt::format(
-        "Gloo {} on rank {} of {} {}. Gloo: \"{}\". Hint: {} may have crashed or be stuck; ops "
-        "must be issued in the same order on every rank",
+        "Gloo {} failed on rank {} of {}: {} (Gloo: \"{}\"). Hint: {} may have crashed or be "
+        "stuck; ops must be issued in the same order on every rank",
         description, rank, size, cause, gloo_message, who);
   }
 
@@ -287,6 +328,7 @@ GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int s
   impl_->rank = rank;
   impl_->size = size;
   impl_->options = options;
+  impl_->diagnostics = std::make_shared<PrefixStore>(options.name + "/gloo/diag", store);
   impl_->connection = connect_gloo(std::move(store), rank, size, options);
   impl_->worker = std::thread([impl = impl_.get()] { impl->worker_loop(); });
 }

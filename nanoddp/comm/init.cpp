@@ -49,11 +49,10 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
   group_options.interface = options.interface;
   group_options.master_addr = world.master_addr;
   group_options.device_index = options.device.is_cuda() ? options.device.index : 0;
-  dist.group = backend == "nccl"
-                   ? make_nccl_process_group(dist.store, world.rank, world.world_size,
-                                             group_options)
-                   : make_gloo_process_group(dist.store, world.rank, world.world_size,
-                                             group_options);
+  dist.group =
+      backend == "nccl"
+          ? make_nccl_process_group(dist.store, world.rank, world.world_size, group_options)
+          : make_gloo_process_group(dist.store, world.rank, world.world_size, group_options);
   return dist;
 }
 
@@ -66,8 +65,8 @@ Distributed::~Distributed() {
       // fast rank 0 cannot pull the store from under a rank still finishing its set-up.
       store->add("finished", 1);
       if (server != nullptr) {
-        const auto limit = std::min<std::chrono::milliseconds>(store->timeout(),
-                                                               std::chrono::seconds(30));
+        const auto limit =
+            std::min<std::chrono::milliseconds>(store->timeout(), std::chrono::seconds(30));
         const auto deadline = std::chrono::steady_clock::now() + limit;
         while (store->add("finished", 0) < world.world_size &&
                std::chrono::steady_clock::now() < deadline) {

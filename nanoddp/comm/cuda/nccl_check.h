@@ -15,10 +15,10 @@ namespace nanoddp::comm {
 }  // namespace nanoddp::comm
 
 // For blocking calls: anything but ncclSuccess is an error.
-#define NANODDP_NCCL_CHECK(call)                                                   \
-  do {                                                                             \
-    const ncclResult_t nanoddp_nccl_result_ = (call);                              \
-    if (nanoddp_nccl_result_ != ncclSuccess)                                       \
+#define NANODDP_NCCL_CHECK(call)                                                          \
+  do {                                                                                    \
+    const ncclResult_t nanoddp_nccl_result_ = (call);                                     \
+    if (nanoddp_nccl_result_ != ncclSuccess)                                              \
       ::nanoddp::comm::throw_nccl_error(#call, nanoddp_nccl_result_, __FILE__, __LINE__); \
   } while (0)
 
@@ -27,6 +27,6 @@ namespace nanoddp::comm {
 #define NANODDP_NCCL_CHECK_ASYNC(call)                                                    \
   do {                                                                                    \
     const ncclResult_t nanoddp_nccl_result_ = (call);                                     \
-    if (nanoddp_nccl_result_ != ncclSuccess && nanoddp_nccl_result_ != ncclInProgress)   \
+    if (nanoddp_nccl_result_ != ncclSuccess && nanoddp_nccl_result_ != ncclInProgress)    \
       ::nanoddp::comm::throw_nccl_error(#call, nanoddp_nccl_result_, __FILE__, __LINE__); \
   } while (0)

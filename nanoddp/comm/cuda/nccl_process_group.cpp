@@ -65,10 +65,14 @@ ncclDataType_t nccl_dtype(DType dtype) {
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;  // NCCL divides once, in the reduction kernel
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;  // NCCL divides once, in the reduction kernel
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -135,9 +139,10 @@ class NcclProcessGroup final : public ProcessGroup {
       prefixed->wait({"unique_id"}, options.timeout);
       const Bytes bytes = prefixed->get("unique_id");
       if (bytes.size() != sizeof(id)) {
-        throw CommError(fmt::format("NCCL group '{}': the unique id in the store has {} bytes, "
-                                    "expected {}",
-                                    options.name, bytes.size(), sizeof(id)));
+        throw CommError(
+            fmt::format("NCCL group '{}': the unique id in the store has {} bytes, "
+                        "expected {}",
+                        options.name, bytes.size(), sizeof(id)));
       }
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
@@ -214,20 +219,20 @@ class NcclProcessGroup final : public ProcessGroup {
       require_cuda(t, "allreduce_coalesced", "input");
       total += static_cast<std::size_t>(t.numel());
     }
-    return issue("allreduce_coalesced",
-                 fmt::format("{}, {} tensors, {} elements", reduce_op_name(op), tensors.size(),
-                             total),
-                 tensors, [&](cudaStream_t stream) {
-                   // One group: NCCL fuses the calls into one launch, one synchronization.
-                   NANODDP_NCCL_CHECK(ncclGroupStart());
-                   for (const Tensor& t : tensors) {
-                     if (t.numel() == 0) continue;
-                     NANODDP_NCCL_CHECK_ASYNC(ncclAllReduce(
-                         t.raw_data(), t.raw_data(), static_cast<std::size_t>(t.numel()),
-                         nccl_dtype(t.dtype()), nccl_op(op), comm_, stream));
-                   }
-                   NANODDP_NCCL_CHECK_ASYNC(ncclGroupEnd());
-                 });
+    return issue(
+        "allreduce_coalesced",
+        fmt::format("{}, {} tensors, {} elements", reduce_op_name(op), tensors.size(), total),
+        tensors, [&](cudaStream_t stream) {
+          // One group: NCCL fuses the calls into one launch, one synchronization.
+          NANODDP_NCCL_CHECK(ncclGroupStart());
+          for (const Tensor& t : tensors) {
+            if (t.numel() == 0) continue;
+            NANODDP_NCCL_CHECK_ASYNC(
+                ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<std::size_t>(t.numel()),
+                              nccl_dtype(t.dtype()), nccl_op(op), comm_, stream));
+          }
+          NANODDP_NCCL_CHECK_ASYNC(ncclGroupEnd());
+        });
   }
 
   std::shared_ptr<Work> broadcast(Tensor& tensor, int root) override {
@@ -236,55 +241,55 @@ class NcclProcessGroup final : public ProcessGroup {
       fail("NCCL broadcast: root {} is outside the group (size {})", root, size());
     }
     const auto n = static_cast<std::size_t>(tensor.numel());
-    return issue("broadcast",
-                 fmt::format("root {}, {} x {}", root, n, dtype_name(tensor.dtype())), {tensor},
-                 [&](cudaStream_t stream) {
-                   if (n == 0) return;
-                   NANODDP_NCCL_CHECK_ASYNC(ncclBroadcast(tensor.raw_data(), tensor.raw_data(), n,
-                                                          nccl_dtype(tensor.dtype()), root, comm_,
-                                                          stream));
-                 });
+    return issue(
+        "broadcast", fmt::format("root {}, {} x {}", root, n, dtype_name(tensor.dtype())), {tensor},
+        [&](cudaStream_t stream) {
+          if (n == 0) return;
+          NANODDP_NCCL_CHECK_ASYNC(ncclBroadcast(tensor.raw_data(), tensor.raw_data(), n,
+                                                 nccl_dtype(tensor.dtype()), root, comm_, stream));
+        });
   }
 
   std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output) override {
     require_cuda(input, "allgather", "input");
     require_cuda(output, "allgather", "output");
     if (input.dtype() != output.dtype() || output.numel() != input.numel() * size()) {
-      fail("NCCL allgather: the output must hold size() x input elements of the input's dtype "
-           "({} x {} {}), got {} {}",
-           size(), input.numel(), dtype_name(input.dtype()), output.numel(),
-           dtype_name(output.dtype()));
+      fail(
+          "NCCL allgather: the output must hold size() x input elements of the input's dtype "
+          "({} x {} {}), got {} {}",
+          size(), input.numel(), dtype_name(input.dtype()), output.numel(),
+          dtype_name(output.dtype()));
     }
     const auto n = static_cast<std::size_t>(input.numel());
-    return issue("allgather", fmt::format("{} x {} per rank", n, dtype_name(input.dtype())),
-                 {input, output}, [&](cudaStream_t stream) {
-                   if (n == 0) return;
-                   NANODDP_NCCL_CHECK_ASYNC(ncclAllGather(input.raw_data(), output.raw_data(), n,
-                                                          nccl_dtype(input.dtype()), comm_,
-                                                          stream));
-                 });
+    return issue(
+        "allgather", fmt::format("{} x {} per rank", n, dtype_name(input.dtype())), {input, output},
+        [&](cudaStream_t stream) {
+          if (n == 0) return;
+          NANODDP_NCCL_CHECK_ASYNC(ncclAllGather(input.raw_data(), output.raw_data(), n,
+                                                 nccl_dtype(input.dtype()), comm_, stream));
+        });
   }
 
-  std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output,
-                                       ReduceOp op) override {
+  std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override {
     require_cuda(input, "reduce_scatter", "input");
     require_cuda(output, "reduce_scatter", "output");
     if (input.dtype() != output.dtype() || input.numel() != output.numel() * size()) {
-      fail("NCCL reduce_scatter: the input must hold size() x output elements of the output's "
-           "dtype ({} x {} {}), got {} {}",
-           size(), output.numel(), dtype_name(output.dtype()), input.numel(),
-           dtype_name(input.dtype()));
+      fail(
+          "NCCL reduce_scatter: the input must hold size() x output elements of the output's "
+          "dtype ({} x {} {}), got {} {}",
+          size(), output.numel(), dtype_name(output.dtype()), input.numel(),
+          dtype_name(input.dtype()));
     }
     const auto n = static_cast<std::size_t>(output.numel());
-    return issue("reduce_scatter",
-                 fmt::format("{}, {} x {} per rank", reduce_op_name(op), n,
-                             dtype_name(output.dtype())),
-                 {input, output}, [&](cudaStream_t stream) {
-                   if (n == 0) return;
-                   NANODDP_NCCL_CHECK_ASYNC(ncclReduceScatter(
-                       input.raw_data(), output.raw_data(), n, nccl_dtype(output.dtype()),
-                       nccl_op(op), comm_, stream));
-                 });
+    return issue(
+        "reduce_scatter",
+        fmt::format("{}, {} x {} per rank", reduce_op_name(op), n, dtype_name(output.dtype())),
+        {input, output}, [&](cudaStream_t stream) {
+          if (n == 0) return;
+          NANODDP_NCCL_CHECK_ASYNC(ncclReduceScatter(input.raw_data(), output.raw_data(), n,
+                                                     nccl_dtype(output.dtype()), nccl_op(op), comm_,
+                                                     stream));
+        });
   }
 
   std::shared_ptr<Work> barrier() override {
@@ -311,7 +316,7 @@ class NcclProcessGroup final : public ProcessGroup {
 
   // Polls a non-blocking communicator until its last call has finished.
   void wait_ready(const char* what, std::chrono::steady_clock::time_point deadline) {
-    for (int polls = 0;; ) {
+    for (int polls = 0;;) {
       ncclResult_t state = ncclSuccess;
       NANODDP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
       if (state == ncclSuccess) return;
@@ -405,13 +410,14 @@ class NcclProcessGroup final : public ProcessGroup {
         if (async_error != ncclSuccess && async_error != ncclInProgress) {
           const char* last = ncclGetLastError(comm_);
           die(fmt::format("asynchronous NCCL error {} ({}){}; oldest unfinished op: {}",
-                          ncclGetErrorString(async_error), last != nullptr ? last : "",
-                          "", oldest != nullptr ? oldest->state->description : "none"));
+                          ncclGetErrorString(async_error), last != nullptr ? last : "", "",
+                          oldest != nullptr ? oldest->state->description : "none"));
         }
         if (oldest != nullptr) {
           const auto age = std::chrono::steady_clock::now() - oldest->state->issued;
           if (age > options_.timeout) {
-            die(fmt::format("{} timed out: not finished {:.1f} s after it was issued (timeout "
+            die(
+                fmt::format("{} timed out: not finished {:.1f} s after it was issued (timeout "
                             "{:.1f} s)",
                             oldest->state->description, seconds(age),
                             std::chrono::duration<double>(options_.timeout).count()));

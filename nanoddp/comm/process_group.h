@@ -92,9 +92,11 @@ class ProcessGroup {
 
 // Gloo over TCP (CPU tensors). Connects all pairs through `store`; throws on timeout.
 std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<Store> store, int rank,
-                                                      int size, const ProcessGroupOptions& options);
+                                                      int size,
+                                                      const ProcessGroupOptions& options);
 // NCCL (CUDA tensors). The unique id goes through `store`. Throws a clear Error without CUDA.
 std::shared_ptr<ProcessGroup> make_nccl_process_group(std::shared_ptr<Store> store, int rank,
-                                                      int size, const ProcessGroupOptions& options);
+                                                      int size,
+                                                      const ProcessGroupOptions& options);
 
 }  // namespace nanoddp::comm

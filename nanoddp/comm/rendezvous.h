@@ -19,8 +19,8 @@ struct WorldInfo {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  int restart_count = 0;  // NANODDP_RESTART_COUNT (or TORCHELASTIC_RESTART_COUNT)
-  std::string launcher;   // "torchrun", "openmpi", "slurm" or "none"
+  int restart_count = 0;       // NANODDP_RESTART_COUNT (or TORCHELASTIC_RESTART_COUNT)
+  std::string launcher;        // "torchrun", "openmpi", "slurm" or "none"
 };
 
 // Reads an environment variable; nullopt when unset. Tests pass their own table.

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <type_traits>
 
 #include "nanoddp/comm/store.h"
 
@@ -31,7 +32,7 @@ std::string errno_text(int err) {
   // The GNU strerror_r returns the message (maybe not in buf); the XSI one fills buf.
   const auto result = strerror_r(err, buf, sizeof buf);
   std::string text;
-  if constexpr (std::is_same_v<decltype(result), char*>) {
+  if constexpr (std::is_same_v<std::remove_cv_t<decltype(result)>, char*>) {
     text = result;
   } else {
     text = result == 0 ? std::string(buf) : fmt::format("error {}", err);

@@ -65,6 +65,9 @@ struct ProcessGroupOptions {
   // Gloo: the network interface to use ("" = the one that reaches the master;
   // $NANODDP_SOCKET_IFNAME overrides).
   std::string interface;
+  // Gloo: the master's address (MASTER_ADDR). With no interface given, the device binds to the
+  // local address whose route reaches it ("" = the address this host's name resolves to).
+  std::string master_addr;
   // NCCL: the CUDA device of this rank (usually LOCAL_RANK).
   int device_index = 0;
 };

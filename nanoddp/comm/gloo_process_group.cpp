@@ -1,0 +1,509 @@
+#include "nanoddp/comm/gloo_process_group.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <bit>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+
+#include "nanoddp/comm/gloo_context.h"
+#include "nanoddp/engine/error.h"
+
+namespace nanoddp::comm {
+namespace {
+
+// ---- element-wise reductions handed to gloo::allreduce ------------------------------------
+// Gloo calls these on segments of the buffer as they arrive from the ring neighbour:
+// c[i] = a[i] (op) b[i] for n elements. c may alias a.
+
+using ReduceFunc = gloo::AllreduceOptions::Func;
+
+struct Sum {
+  float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+  float operator()(float a, float b) const { return std::max(a, b); }
+};
+struct Min {
+  float operator()(float a, float b) const { return std::min(a, b); }
+};
+
+template <typename Op>
+void reduce_f32(void* c, const void* a, const void* b, std::size_t n) {
+  float* out = static_cast<float*>(c);
+  const float* x = static_cast<const float*>(a);
+  const float* y = static_cast<const float*>(b);
+  for (std::size_t i = 0; i < n; ++i) out[i] = Op{}(x[i], y[i]);
+}
+
+// bf16 is the upper half of a float32: widen by shifting, reduce in float32, round back to
+// nearest-even (the same rounding as kernels/cpu's f32_to_bf16, NaNs kept NaN).
+inline float bf16_to_float(std::uint16_t v) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(v) << 16);
+}
+inline std::uint16_t float_to_bf16(float value) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);
+  const std::uint32_t lsb = (bits >> 16) & 1u;
+  return static_cast<std::uint16_t>((bits + 0x7fffu + lsb) >> 16);
+}
+
+template <typename Op>
+void reduce_bf16(void* c, const void* a, const void* b, std::size_t n) {
+  std::uint16_t* out = static_cast<std::uint16_t*>(c);
+  const std::uint16_t* x = static_cast<const std::uint16_t*>(a);
+  const std::uint16_t* y = static_cast<const std::uint16_t*>(b);
+  for (std::size_t i = 0; i < n; ++i) {
+    out[i] = float_to_bf16(Op{}(bf16_to_float(x[i]), bf16_to_float(y[i])));
+  }
+}
+
+ReduceFunc reduce_function(ReduceOp op, DType dtype) {
+  const bool f32 = dtype == DType::kF32;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:  // summed on the wire, divided once afterwards (divide_by)
+      return f32 ? ReduceFunc(&reduce_f32<Sum>) : ReduceFunc(&reduce_bf16<Sum>);
+    case ReduceOp::kMax:
+      return f32 ? ReduceFunc(&reduce_f32<Max>) : ReduceFunc(&reduce_bf16<Max>);
+    case ReduceOp::kMin:
+      return f32 ? ReduceFunc(&reduce_f32<Min>) : ReduceFunc(&reduce_bf16<Min>);
+  }
+  return {};
+}
+
+// Average = sum, then one division by the world size here on the worker thread: exactly one
+// rounding for float32, and never divided twice (the Reducer relies on this).
+void divide_by(void* data, DType dtype, std::size_t n, int size) {
+  const float divisor = static_cast<float>(size);
+  if (dtype == DType::kF32) {
+    float* p = static_cast<float*>(data);
+    for (std::size_t i = 0; i < n; ++i) p[i] /= divisor;
+  } else {
+    std::uint16_t* p = static_cast<std::uint16_t*>(data);
+    for (std::size_t i = 0; i < n; ++i) p[i] = float_to_bf16(bf16_to_float(p[i]) / divisor);
+  }
+}
+
+void require_cpu(const Tensor& t, const char* op, const char* role) {
+  if (!t.defined()) fail("Gloo {}: the {} tensor is undefined", op, role);
+  if (!t.device().is_cpu()) {
+    fail(
+        "Gloo runs on CPU tensors; use the NCCL backend for cuda (Gloo {}: the {} tensor is on "
+        "{})",
+        op, role, t.device().str());
+  }
+}
+
+std::string strip_gloo_location(std::string message) {
+  // GLOO_ERROR_MSG prefixes "[/build/gloo/transport/tcp/pair.cc:598] ".
+  if (!message.empty() && message[0] == '[') {
+    const std::size_t end = message.find("] ");
+    if (end != std::string::npos && message.find(':') < end) message.erase(0, end + 2);
+  }
+  return message;
+}
+
+// ---- Work ---------------------------------------------------------------------------------
+
+class GlooWork final : public Work {
+ public:
+  GlooWork(std::uint64_t sequence_number, std::string op_name)
+      : sequence_number_(sequence_number), op_name_(std::move(op_name)) {}
+
+  void wait() override {
+    std::unique_lock lock(mutex_);
+    done_cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool is_completed() override {
+    std::lock_guard lock(mutex_);
+    return done_;
+  }
+  std::exception_ptr error() override {
+    std::lock_guard lock(mutex_);
+    return error_;
+  }
+  std::uint64_t sequence_number() const override { return sequence_number_; }
+  const std::string& op_name() const override { return op_name_; }
+
+  void finish(std::exception_ptr error) {
+    {
+      std::lock_guard lock(mutex_);
+      error_ = std::move(error);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+  }
+
+ private:
+  const std::uint64_t sequence_number_;
+  const std::string op_name_;
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+// ---- the group ----------------------------------------------------------------------------
+
+struct GlooProcessGroup::Impl {
+  struct Job {
+    std::shared_ptr<GlooWork> work;
+    std::string description;  // "allreduce #7 (sum, 1237 x float32)"
+    std::function<void(std::uint64_t sequence_number)> run;
+  };
+
+  int rank = 0;
+  int size = 1;
+  ProcessGroupOptions options;
+  GlooConnection connection;
+  std::shared_ptr<Store> diagnostics;  // "<name>/gloo/diag/...": timeout reports only
+
+  std::mutex mutex;  // guards everything below
+  std::condition_variable queue_cv;
+  std::deque<Job> queue;
+  bool stopping = false;
+  std::uint64_t last_sequence_number = 0;
+
+  // Touched by the worker thread only.
+  std::string first_failure;          // set by the first failed op: later ops fail fast
+  std::vector<std::uint8_t> scratch;  // reduce-scatter result, coalesced packing; kept, reused
+
+  std::thread worker;
+
+  std::uint32_t tag(std::uint64_t sequence_number) const {
+    // A distinct tag per op (Gloo slots are built from it), so messages of op N can never be
+    // mistaken for messages of op N+1, even if ranks drift out of step.
+    return static_cast<std::uint32_t>(sequence_number);
+  }
+
+  std::uint8_t* scratch_bytes(std::size_t nbytes) {
+    // Grows to the largest size seen and stays: first touch of fresh memory is slow here.
+    if (scratch.size() < nbytes) scratch.resize(nbytes);
+    return scratch.data();
+  }
+
+  std::shared_ptr<Work> enqueue(const std::string& op, const std::string& detail,
+                                std::function<void(std::uint64_t)> run) {
+    std::unique_lock lock(mutex);
+    const std::uint64_t seq = ++last_sequence_number;
+    auto work = std::make_shared<GlooWork>(seq, op);
+    std::string description = fmt::format("{} #{}", op, seq);
+    if (!detail.empty()) description += " (" + detail + ")";
+    queue.push_back(Job{work, std::move(description), std::move(run)});
+    lock.unlock();
+    queue_cv.notify_one();
+    return work;
+  }
+
+  void worker_loop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock lock(mutex);
+        queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        // On shutdown the queue is drained first: those ops were issued on every rank, and
+        // the peers are waiting for them.
+        if (queue.empty()) return;
+        job = std::move(queue.front());
+        queue.pop_front();
+      }
+      std::exception_ptr error;
+      if (!first_failure.empty()) {
+        error = std::make_exception_ptr(
+            CommError(fmt::format("Gloo {} on rank {} was not run: the group failed earlier ({})",
+                                  job.description, rank, first_failure)));
+      } else {
+        try {
+          job.run(job.work->sequence_number());
+        } catch (const std::exception& e) {
+          const std::string message =
+              explain(job.description, job.work->sequence_number(), e.what());
+          first_failure = job.description + " failed";
+          error = std::make_exception_ptr(CommError(message));
+        }
+      }
+      job.work->finish(error);
+    }
+  }
+
+  // Which ranks are behind? Gloo's timeout only says "a recv did not complete". On a timeout
+  // (the failure path only, never per op), every rank that timed out in op `seq` checks in
+  // under "timeout/<seq>/<rank>" and looks, for a short grace period, for the others. A rank
+  // stuck before the op (in a long computation, a deadlock, a different op) never checks in:
+  // that is the rank to look at.
+  std::vector<int> ranks_without_report(std::uint64_t seq) const {
+    std::vector<int> missing;
+    if (diagnostics == nullptr) return missing;
+    try {
+      const auto key = [&](int r) { return fmt::format("timeout/{}/{}", seq, r); };
+      diagnostics->set(key(rank), std::string("1"));
+      const auto grace =
+          std::min<std::chrono::milliseconds>(options.timeout / 2, std::chrono::seconds(3));
+      const auto deadline = std::chrono::steady_clock::now() + grace;
+      for (;;) {
+        missing.clear();
+        for (int r = 0; r < size; ++r) {
+          if (r != rank && !diagnostics->check({key(r)})) missing.push_back(r);
+        }
+        if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    } catch (const std::exception&) {
+      missing.clear();  // the store is gone too: say nothing rather than something wrong
+    }
+    return missing;
+  }
+
+  std::string explain(const std::string& description, std::uint64_t seq,
+                      const std::string& what) const {
+    const std::string gloo_message = strip_gloo_location(what);
+    std::string address;
+    const int peer = gloo_peer_from_message(gloo_message, connection.addresses, &address);
+    const bool timed_out = gloo_message.find("Timed out") != std::string::npos ||
+                           gloo_message.find("timeout") != std::string::npos;
+    std::string who = peer >= 0 ? fmt::format("rank {}", peer) : std::string("another rank");
+    std::string cause;
+    if (timed_out) {
+      cause = fmt::format("timed out after {:.1f} s",
+                          static_cast<double>(options.timeout.count()) / 1000.0);
+      const std::vector<int> missing = ranks_without_report(seq);
+      if (!missing.empty()) {
+        who = fmt::format("rank{} {}", missing.size() > 1 ? "s" : "", fmt::join(missing, ", "));
+        cause += fmt::format(
+            "; {} did not report reaching this op (every rank that times out "
+            "in it reports so through the store)",
+            who);
+      }
+    } else {
+      cause = peer >= 0 ? fmt::format("lost the connection to rank {} ({})", peer, address)
+                        : std::string("lost the connection to a peer");
+    }
+    return fmt::format(
+        "Gloo {} failed on rank {} of {}: {} (Gloo: \"{}\"). Hint: {} may have crashed or be "
+        "stuck; ops must be issued in the same order on every rank",
+        description, rank, size, cause, gloo_message, who);
+  }
+
+  // ---- the Gloo calls (worker thread) ----
+
+  void run_allreduce(void* data, std::size_t n, DType dtype, ReduceOp op, std::uint64_t seq,
+                     const void* input = nullptr) {
+    if (n == 0) return;
+    gloo::AllreduceOptions opts(connection.context);
+    if (dtype == DType::kF32) {
+      if (input != nullptr) opts.setInput(static_cast<float*>(const_cast<void*>(input)), n);
+      opts.setOutput(static_cast<float*>(data), n);
+    } else {
+      if (input != nullptr) {
+        opts.setInput(static_cast<std::uint16_t*>(const_cast<void*>(input)), n);
+      }
+      opts.setOutput(static_cast<std::uint16_t*>(data), n);
+    }
+    opts.setReduceFunction(reduce_function(op, dtype));
+    opts.setTag(tag(seq));
+    opts.setTimeout(options.timeout);
+    gloo::allreduce(opts);
+    if (op == ReduceOp::kAvg) divide_by(data, dtype, n, size);
+  }
+};
+
+GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size,
+                                   const ProcessGroupOptions& options)
+    : ProcessGroup(rank, size), impl_(std::make_unique<Impl>()) {
+  impl_->rank = rank;
+  impl_->size = size;
+  impl_->options = options;
+  impl_->diagnostics = std::make_shared<PrefixStore>(options.name + "/gloo/diag", store);
+  impl_->connection = connect_gloo(std::move(store), rank, size, options);
+  impl_->worker = std::thread([impl = impl_.get()] { impl->worker_loop(); });
+}
+
+GlooProcessGroup::~GlooProcessGroup() {
+  // Order matters (PyTorch's Gloo group can hang here): 1. tell the worker to stop once the
+  // queue is empty, 2. join it, 3. only then destroy the context, which closes the sockets and
+  // stops Gloo's own event-loop thread. A finished job must exit.
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->stopping = true;
+  }
+  impl_->queue_cv.notify_all();
+  if (impl_->worker.joinable()) impl_->worker.join();
+  impl_->connection.context.reset();
+}
+
+const std::string& GlooProcessGroup::device_description() const {
+  return impl_->connection.device_description;
+}
+
+std::uint64_t GlooProcessGroup::ops_issued() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->last_sequence_number;
+}
+
+std::shared_ptr<Work> GlooProcessGroup::allreduce(Tensor& tensor, ReduceOp op) {
+  require_cpu(tensor, "allreduce", "input");
+  const auto n = static_cast<std::size_t>(tensor.numel());
+  const DType dtype = tensor.dtype();
+  Impl* impl = impl_.get();
+  // The job holds a handle to the tensor, so its storage stays alive until the op has run.
+  return impl->enqueue("allreduce",
+                       fmt::format("{}, {} x {}", reduce_op_name(op), n, dtype_name(dtype)),
+                       [impl, tensor, n, dtype, op](std::uint64_t seq) {
+                         impl->run_allreduce(tensor.raw_data(), n, dtype, op, seq);
+                       });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::allreduce_coalesced(std::vector<Tensor>& tensors,
+                                                            ReduceOp op) {
+  std::size_t total = 0;
+  const DType dtype = tensors.empty() ? DType::kF32 : tensors.front().dtype();
+  for (const Tensor& t : tensors) {
+    require_cpu(t, "allreduce_coalesced", "input");
+    if (t.dtype() != dtype) {
+      fail("Gloo allreduce_coalesced: all tensors must have one dtype (got {} and {})",
+           dtype_name(dtype), dtype_name(t.dtype()));
+    }
+    total += static_cast<std::size_t>(t.numel());
+  }
+  Impl* impl = impl_.get();
+  return impl->enqueue("allreduce_coalesced",
+                       fmt::format("{}, {} tensors, {} x {}", reduce_op_name(op), tensors.size(),
+                                   total, dtype_name(dtype)),
+                       [impl, tensors, total, dtype, op](std::uint64_t seq) {
+                         if (tensors.size() == 1) {
+                           impl->run_allreduce(tensors[0].raw_data(), total, dtype, op, seq);
+                           return;
+                         }
+                         // Gloo's list form reduces several buffers of equal length *into one
+                         // result*; it is not a list of independent tensors. So: pack into the
+                         // scratch buffer, one ring allreduce over the whole (one latency instead
+                         // of one per tensor), unpack.
+                         const std::size_t elem = dtype_size(dtype);
+                         std::uint8_t* flat = impl->scratch_bytes(total * elem);
+                         std::size_t offset = 0;
+                         for (const Tensor& t : tensors) {
+                           if (t.nbytes() > 0) std::memcpy(flat + offset, t.raw_data(), t.nbytes());
+                           offset += t.nbytes();
+                         }
+                         impl->run_allreduce(flat, total, dtype, op, seq);
+                         offset = 0;
+                         for (const Tensor& t : tensors) {
+                           if (t.nbytes() > 0) std::memcpy(t.raw_data(), flat + offset, t.nbytes());
+                           offset += t.nbytes();
+                         }
+                       });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::broadcast(Tensor& tensor, int root) {
+  require_cpu(tensor, "broadcast", "input");
+  if (root < 0 || root >= size()) {
+    fail("Gloo broadcast: root {} is outside the group (size {})", root, size());
+  }
+  const std::size_t nbytes = tensor.nbytes();
+  Impl* impl = impl_.get();
+  return impl->enqueue(
+      "broadcast",
+      fmt::format("root {}, {} x {}", root, tensor.numel(), dtype_name(tensor.dtype())),
+      [impl, tensor, nbytes, root](std::uint64_t seq) {
+        if (nbytes == 0) return;
+        // Bytes are bytes: broadcast moves them as uint8 whatever the dtype.
+        gloo::BroadcastOptions opts(impl->connection.context);
+        opts.setOutput(static_cast<std::uint8_t*>(tensor.raw_data()), nbytes);
+        opts.setRoot(root);
+        opts.setTag(impl->tag(seq));
+        opts.setTimeout(impl->options.timeout);
+        gloo::broadcast(opts);
+      });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::allgather(const Tensor& input, Tensor& output) {
+  require_cpu(input, "allgather", "input");
+  require_cpu(output, "allgather", "output");
+  if (input.dtype() != output.dtype() || output.numel() != input.numel() * size()) {
+    fail(
+        "Gloo allgather: the output must hold size() x input elements of the input's dtype "
+        "({} x {} {}), got {} {}",
+        size(), input.numel(), dtype_name(input.dtype()), output.numel(),
+        dtype_name(output.dtype()));
+  }
+  const std::size_t in_bytes = input.nbytes();
+  Impl* impl = impl_.get();
+  return impl->enqueue("allgather",
+                       fmt::format("{} x {} per rank", input.numel(), dtype_name(input.dtype())),
+                       [impl, input, output, in_bytes](std::uint64_t seq) {
+                         if (in_bytes == 0) return;
+                         gloo::AllgatherOptions opts(impl->connection.context);
+                         opts.setInput(static_cast<std::uint8_t*>(input.raw_data()), in_bytes);
+                         opts.setOutput(static_cast<std::uint8_t*>(output.raw_data()),
+                                        in_bytes * static_cast<std::size_t>(impl->size));
+                         opts.setTag(impl->tag(seq));
+                         opts.setTimeout(impl->options.timeout);
+                         gloo::allgather(opts);
+                       });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& input, Tensor& output,
+                                                       ReduceOp op) {
+  require_cpu(input, "reduce_scatter", "input");
+  require_cpu(output, "reduce_scatter", "output");
+  if (input.dtype() != output.dtype() || input.numel() != output.numel() * size()) {
+    fail(
+        "Gloo reduce_scatter: the input must hold size() x output elements of the output's "
+        "dtype ({} x {} {}), got {} {}",
+        size(), output.numel(), dtype_name(output.dtype()), input.numel(),
+        dtype_name(input.dtype()));
+  }
+  const auto block = static_cast<std::size_t>(output.numel());
+  const DType dtype = output.dtype();
+  Impl* impl = impl_.get();
+  return impl->enqueue(
+      "reduce_scatter",
+      fmt::format("{}, {} x {} per rank", reduce_op_name(op), block, dtype_name(dtype)),
+      [impl, input, output, block, dtype, op](std::uint64_t seq) {
+        if (block == 0) return;
+        // No options-style reduce-scatter in this Gloo: allreduce the whole input into the
+        // reused scratch buffer (the input is left untouched) and keep our block. An average
+        // is summed on the wire and only our block is divided, once.
+        const std::size_t elem = dtype_size(dtype);
+        const std::size_t total = block * static_cast<std::size_t>(impl->size);
+        std::uint8_t* reduced = impl->scratch_bytes(total * elem);
+        const ReduceOp wire_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+        impl->run_allreduce(reduced, total, dtype, wire_op, seq, input.raw_data());
+        std::memcpy(output.raw_data(),
+                    reduced + static_cast<std::size_t>(impl->rank) * block * elem, block * elem);
+        if (op == ReduceOp::kAvg) divide_by(output.raw_data(), dtype, block, impl->size);
+      });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::barrier() {
+  Impl* impl = impl_.get();
+  return impl->enqueue("barrier", "", [impl](std::uint64_t seq) {
+    gloo::BarrierOptions opts(impl->connection.context);
+    opts.setTag(impl->tag(seq));
+    opts.setTimeout(impl->options.timeout);
+    gloo::barrier(opts);
+  });
+}
+
+std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<Store> store, int rank,
+                                                      int size,
+                                                      const ProcessGroupOptions& options) {
+  return std::make_shared<GlooProcessGroup>(std::move(store), rank, size, options);
+}
+
+}  // namespace nanoddp::comm

@@ -1,0 +1,66 @@
+#pragma once
+// The Gloo process group: collectives over TCP on CPU tensors.
+//
+// How an op runs. The caller (the training loop, the DDP Reducer's autograd hook) must not wait
+// for the network, so every op is only *queued* here: allreduce() checks its arguments, takes
+// the next sequence number and returns a Work at once. One worker thread owned by the group
+// pops the queue strictly in FIFO order and runs each op as one blocking Gloo call. FIFO on
+// one thread is what keeps every rank's Gloo calls in the same order as their issue order —
+// the property all collectives depend on — while the caller computes the next bucket's
+// gradients. Work::wait() is where the caller finally joins the op.
+//
+// Why one Gloo API. Debian's Gloo has two generations of collectives: the legacy algorithm
+// classes (gloo::AllreduceRing, ...) and the options-style functions (gloo::allreduce with
+// gloo::AllreduceOptions). Mixing them on one context shrinks its socket buffers and costs a
+// 10x slowdown, so this group uses only the options-style functions: allreduce, broadcast,
+// allgather and barrier. Gloo has no options-style reduce-scatter, so reduce_scatter is an
+// allreduce into a scratch buffer followed by a copy of this rank's block (it moves n/(n-1)
+// times the optimal bytes, an honest price for staying on one API).
+//
+// Failures. Every op has the group's timeout. A Gloo exception (a timeout, a peer that closed
+// its socket) becomes a CommError naming the op, its sequence number, element count, dtype and
+// — when Gloo's message gives its address — the peer rank. After one failure the connection
+// state is unknown, so every later op fails at once with a message pointing at the first.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nanoddp/comm/process_group.h"
+
+namespace nanoddp::comm {
+
+class GlooProcessGroup final : public ProcessGroup {
+ public:
+  // Connects to every other rank through `store` (throws CommError on timeout).
+  GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size,
+                   const ProcessGroupOptions& options);
+  // Lets queued ops finish (or fail fast after a failure), joins the worker thread, then
+  // closes the connections. Never hangs past one op's timeout.
+  ~GlooProcessGroup() override;
+  GlooProcessGroup(const GlooProcessGroup&) = delete;
+  GlooProcessGroup& operator=(const GlooProcessGroup&) = delete;
+
+  std::string backend_name() const override { return "gloo"; }
+
+  std::shared_ptr<Work> allreduce(Tensor& tensor, ReduceOp op = ReduceOp::kSum) override;
+  std::shared_ptr<Work> allreduce_coalesced(std::vector<Tensor>& tensors,
+                                            ReduceOp op = ReduceOp::kSum) override;
+  std::shared_ptr<Work> broadcast(Tensor& tensor, int root) override;
+  std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output) override;
+  std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output,
+                                       ReduceOp op = ReduceOp::kSum) override;
+  std::shared_ptr<Work> barrier() override;
+
+  // How the TCP device was bound, e.g. "address 127.0.0.1 (the route to 127.0.0.1)".
+  const std::string& device_description() const;
+  // Ops issued so far (the last sequence number handed out).
+  std::uint64_t ops_issued() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace nanoddp::comm

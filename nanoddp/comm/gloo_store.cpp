@@ -1,0 +1,30 @@
+#include "nanoddp/comm/gloo_store.h"
+
+#include <cstdint>
+#include <span>
+
+namespace nanoddp::comm {
+
+GlooStore::GlooStore(std::shared_ptr<comm::Store> store) : store_(std::move(store)) {}
+
+void GlooStore::set(const std::string& key, const std::vector<char>& data) {
+  // Gloo's values are opaque bytes (serialized socket addresses); only the pointer type differs.
+  store_->set(key, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(data.data()),
+                                                 data.size()));
+}
+
+std::vector<char> GlooStore::get(const std::string& key) {
+  const Bytes value = store_->get(key);
+  return std::vector<char>(value.begin(), value.end());
+}
+
+void GlooStore::wait(const std::vector<std::string>& keys) {
+  store_->wait(keys);
+}
+
+void GlooStore::wait(const std::vector<std::string>& keys,
+                     const std::chrono::milliseconds& timeout) {
+  store_->wait(keys, timeout);
+}
+
+}  // namespace nanoddp::comm

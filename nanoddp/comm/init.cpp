@@ -1,0 +1,84 @@
+#include "nanoddp/comm/init.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "nanoddp/engine/error.h"
+
+namespace nanoddp::comm {
+
+std::string resolve_backend(const std::string& backend, Device device) {
+  if (backend == "auto") return device.is_cuda() ? "nccl" : "gloo";
+  if (backend == "gloo") return backend;
+  if (backend == "nccl") {
+    if (!device.is_cuda()) {
+      fail("the NCCL backend needs a cuda device (got {}); use --backend gloo for the cpu",
+           device.str());
+    }
+    return backend;
+  }
+  fail("unknown backend '{}' (expected gloo, nccl or auto)", backend);
+}
+
+Distributed init_distributed(const WorldInfo& world, const DistributedOptions& options) {
+  const std::string backend = resolve_backend(options.backend, options.device);
+  Distributed dist;
+  dist.world = world;
+
+  // 1. The store. Rank 0 serves it on MASTER_ADDR:MASTER_PORT. A world of one needs nobody to
+  // find it, so it takes any free port: two single-process jobs on one machine never collide.
+  TcpStoreOptions store_options;
+  store_options.host = world.master_addr;
+  store_options.port = static_cast<std::uint16_t>(world.world_size == 1 ? 0 : world.master_port);
+  store_options.timeout = options.timeout;
+  if (world.rank == 0) {
+    dist.server = std::make_unique<TcpStoreServer>(store_options);
+    store_options.port = dist.server->port();
+  }
+  auto client = std::make_shared<TcpStore>(store_options);
+  // 2. One key namespace per restart: a restarted group never reads the keys (Gloo addresses,
+  // the NCCL unique id) of the attempt that failed.
+  dist.store = std::make_shared<PrefixStore>(fmt::format("restart{}", world.restart_count),
+                                             std::move(client));
+
+  // 3. The group.
+  ProcessGroupOptions group_options;
+  group_options.timeout = options.timeout;
+  group_options.interface = options.interface;
+  group_options.master_addr = world.master_addr;
+  group_options.device_index = options.device.is_cuda() ? options.device.index : 0;
+  dist.group =
+      backend == "nccl"
+          ? make_nccl_process_group(dist.store, world.rank, world.world_size, group_options)
+          : make_gloo_process_group(dist.store, world.rank, world.world_size, group_options);
+  return dist;
+}
+
+Distributed::~Distributed() {
+  // The group goes first: its threads joined, its connections closed.
+  group.reset();
+  if (store != nullptr) {
+    try {
+      // Every rank checks out; rank 0 keeps the server up until all have (bounded), so a
+      // fast rank 0 cannot pull the store from under a rank still finishing its set-up.
+      store->add("finished", 1);
+      if (server != nullptr) {
+        const auto limit =
+            std::min<std::chrono::milliseconds>(store->timeout(), std::chrono::seconds(30));
+        const auto deadline = std::chrono::steady_clock::now() + limit;
+        while (store->add("finished", 0) < world.world_size &&
+               std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+      }
+    } catch (const std::exception&) {
+      // The server is gone (rank 0 ended first) or unreachable: nothing left to wait for.
+    }
+  }
+  store.reset();
+  server.reset();
+}
+
+}  // namespace nanoddp::comm

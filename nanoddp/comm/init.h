@@ -1,0 +1,55 @@
+#pragma once
+// One call from "I was launched" to "I have a process group": reads nothing itself (pass
+// world_from_env()), starts the store server on rank 0, connects every rank's store client and
+// builds the group.
+//
+//   auto world = comm::world_from_env();
+//   auto dist = comm::init_distributed(world, {.backend = "auto", .device = device});
+//   dist.group->allreduce(grad)->wait();
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "nanoddp/comm/process_group.h"
+#include "nanoddp/comm/rendezvous.h"
+#include "nanoddp/comm/store.h"
+#include "nanoddp/engine/device.h"
+
+namespace nanoddp::comm {
+
+struct DistributedOptions {
+  // "gloo", "nccl", or "auto" (nccl for a cuda device, gloo for the cpu).
+  std::string backend = "auto";
+  // This rank's device; for NCCL usually cuda:LOCAL_RANK.
+  Device device = Device::cpu();
+  // Deadline of the rendezvous and of every collective.
+  std::chrono::milliseconds timeout = default_timeout();
+  // Gloo's network interface ("" = the one that reaches MASTER_ADDR).
+  std::string interface;
+};
+
+// Everything a distributed job holds on to. Members are destroyed in reverse order: the group
+// first (its worker thread joined, its sockets closed), then the store client, then rank 0's
+// server — after every rank has said it is done (see ~Distributed), so no rank loses the
+// store while it still needs it.
+struct Distributed {
+  WorldInfo world;
+  std::unique_ptr<TcpStoreServer> server;  // rank 0 only
+  std::shared_ptr<Store> store;            // this restart's namespace ("restart<N>/...")
+  std::shared_ptr<ProcessGroup> group;
+
+  Distributed() = default;
+  Distributed(Distributed&&) = default;
+  Distributed& operator=(Distributed&&) = default;
+  ~Distributed();
+};
+
+// Throws an Error for a bad backend/device combination, StoreError when the store cannot be
+// reached, CommError when the group cannot connect within the timeout.
+Distributed init_distributed(const WorldInfo& world, const DistributedOptions& options = {});
+
+// "gloo" or "nccl": what "auto" (or an explicit choice) means for `device`.
+std::string resolve_backend(const std::string& backend, Device device);
+
+}  // namespace nanoddp::comm

@@ -1,0 +1,19 @@
+#include "nanoddp/comm/process_group.h"
+
+namespace nanoddp::comm {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+  }
+  return "?";
+}
+
+}  // namespace nanoddp::comm

@@ -1,0 +1,130 @@
+// The NCCL process group on a real GPU, world of one (a second rank would need a second GPU:
+// NCCL refuses two ranks on one device). A world of one still runs the whole path: unique id
+// through the store, non-blocking communicator init, the communication stream and its events,
+// the watchdog, and an orderly destroy. Runs only where a GPU is (gpu_main.cpp skips with 77).
+
+#include "nanoddp/config.h"
+
+#if NANODDP_WITH_CUDA
+
+#include <doctest/doctest.h>
+
+#include <bit>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nanoddp/comm/process_group.h"
+#include "nanoddp/comm/store.h"
+#include "nanoddp/engine/error.h"
+#include "nanoddp/engine/stream.h"
+#include "nanoddp/engine/tensor.h"
+
+namespace {
+
+using nanoddp::Device;
+using nanoddp::Tensor;
+using nanoddp::comm::ReduceOp;
+
+struct NcclWorldOfOne {
+  std::unique_ptr<nanoddp::comm::TcpStoreServer> server;
+  std::shared_ptr<nanoddp::comm::ProcessGroup> pg;
+  NcclWorldOfOne() {
+    nanoddp::comm::TcpStoreOptions store_options;
+    store_options.host = "127.0.0.1";
+    store_options.port = 0;
+    store_options.timeout = std::chrono::seconds(60);
+    server = std::make_unique<nanoddp::comm::TcpStoreServer>(store_options);
+    store_options.port = server->port();
+    auto store = std::make_shared<nanoddp::comm::TcpStore>(store_options);
+    nanoddp::comm::ProcessGroupOptions options;
+    options.timeout = std::chrono::seconds(60);
+    options.device_index = 0;
+    pg = nanoddp::comm::make_nccl_process_group(store, 0, 1, options);
+  }
+};
+
+Tensor on_gpu(const std::vector<float>& values) {
+  return Tensor::from_vector(values, {static_cast<std::int64_t>(values.size())}, Device::cuda(0));
+}
+
+}  // namespace
+
+TEST_CASE("nccl: world of one, allreduce / broadcast / allgather / reduce_scatter / barrier") {
+  NcclWorldOfOne world;
+  auto& pg = *world.pg;
+  CHECK(pg.backend_name() == "nccl");
+
+  Tensor a = on_gpu({1, 2, 3, 4, 5});
+  auto w1 = pg.allreduce(a, ReduceOp::kSum);
+  CHECK(w1->sequence_number() == 1);
+  w1->wait();  // the compute stream waits; to_vector copies on the compute stream
+  CHECK(a.to_vector() == std::vector<float>{1, 2, 3, 4, 5});
+
+  Tensor b = on_gpu({2, 4, 6});
+  pg.allreduce(b, ReduceOp::kAvg)->wait();  // ncclAvg over one rank: unchanged
+  CHECK(b.to_vector() == std::vector<float>{2, 4, 6});
+  pg.allreduce(b, ReduceOp::kMax)->wait();
+  pg.allreduce(b, ReduceOp::kMin)->wait();
+  CHECK(b.to_vector() == std::vector<float>{2, 4, 6});
+
+  Tensor c = on_gpu({7, 8, 9});
+  auto w = pg.broadcast(c, 0);
+  w->wait();
+  CHECK(c.to_vector() == std::vector<float>{7, 8, 9});
+
+  Tensor out = Tensor::zeros({3}, Device::cuda(0));
+  pg.allgather(c, out)->wait();
+  CHECK(out.to_vector() == std::vector<float>{7, 8, 9});
+
+  Tensor rs = Tensor::zeros({3}, Device::cuda(0));
+  pg.reduce_scatter(c, rs, ReduceOp::kSum)->wait();
+  CHECK(rs.to_vector() == std::vector<float>{7, 8, 9});
+
+  std::vector<Tensor> list = {on_gpu({1}), on_gpu({2, 3}), Tensor::zeros({0}, Device::cuda(0))};
+  pg.allreduce_coalesced(list, ReduceOp::kSum)->wait();
+  CHECK(list[1].to_vector() == std::vector<float>{2, 3});
+
+  Tensor bf_host = Tensor::empty({4}, Device::cpu(), nanoddp::DType::kBF16);
+  auto* bits = static_cast<std::uint16_t*>(bf_host.raw_data());
+  for (int i = 0; i < 4; ++i) bits[i] = 0x4040;  // 3.0 in bfloat16
+  Tensor bf = bf_host.to(Device::cuda(0));
+  pg.allreduce(bf, ReduceOp::kSum)->wait();
+  Tensor bf_back = bf.to(Device::cpu());
+  CHECK(static_cast<const std::uint16_t*>(bf_back.raw_data())[3] == 0x4040);
+
+  auto last = pg.barrier();
+  last->wait();  // a barrier's wait blocks the host
+  CHECK(last->is_completed());
+  CHECK(last->error() == nullptr);
+  CHECK(last->sequence_number() == 11);
+}
+
+TEST_CASE("nccl: CPU tensors are refused with a pointer to Gloo") {
+  NcclWorldOfOne world;
+  Tensor cpu = Tensor::zeros({4});
+  CHECK_THROWS_AS(world.pg->allreduce(cpu), nanoddp::Error);
+}
+
+TEST_CASE("gloo: CUDA tensors are refused with a pointer to NCCL") {
+  nanoddp::comm::TcpStoreOptions store_options;
+  store_options.host = "127.0.0.1";
+  store_options.port = 0;
+  nanoddp::comm::TcpStoreServer server(store_options);
+  store_options.port = server.port();
+  nanoddp::comm::ProcessGroupOptions options;
+  options.master_addr = "127.0.0.1";
+  auto pg = nanoddp::comm::make_gloo_process_group(
+      std::make_shared<nanoddp::comm::TcpStore>(store_options), 0, 1, options);
+  Tensor gpu = Tensor::zeros({4}, Device::cuda(0));
+  try {
+    pg->allreduce(gpu);
+    FAIL("no error");
+  } catch (const nanoddp::Error& e) {
+    CHECK(std::string(e.what()).find("use the NCCL backend for cuda") != std::string::npos);
+  }
+}
+
+#endif  // NANODDP_WITH_CUDA

@@ -1,0 +1,272 @@
+// nanoddp-test-comm-worker: one rank of a multi-process collective test. The tests in
+// tests/comm/test_gloo*.cpp start 2-4 copies with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT
+// set, exactly as a launcher would, and assert on the exit codes and the output.
+//
+// Every check compares against a closed-form value computed from the rank-dependent fill, so a
+// wrong element is reported with its index, expected and actual value. Exit codes:
+//   0  every check passed
+//   1  a check failed (wrong value)
+//   2  a collective or the rendezvous threw (CommError, StoreError, Error): the message is
+//      printed, which the failure tests look for
+//   17 --fault crash: this rank "crashed" on purpose (std::_Exit, no clean-up)
+//
+// Usage: nanoddp-test-comm-worker [--big]
+//        nanoddp-test-comm-worker --fault crash|stall --fault-rank R --fault-after K
+//   crash: after K good allreduces rank R exits at once; the others' next op must fail.
+//   stall: after K good allreduces rank R sleeps for 3 timeouts before its next op; the
+//          others' next op must time out (and every process must still end).
+
+#include <fmt/format.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nanoddp/comm/init.h"
+#include "nanoddp/comm/process_group.h"
+#include "nanoddp/comm/rendezvous.h"
+#include "nanoddp/engine/tensor.h"
+
+using nanoddp::DType;
+using nanoddp::Tensor;
+using nanoddp::comm::ReduceOp;
+
+namespace {
+
+int g_rank = 0;
+int g_size = 1;
+long g_checks = 0;
+
+struct CheckFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void expect_eq(float actual, float expected, const std::string& what, std::int64_t index) {
+  ++g_checks;
+  const bool ok = actual == expected ||
+                  std::fabs(actual - expected) <= 1e-6f * std::max(1.0f, std::fabs(expected));
+  if (!ok) {
+    throw CheckFailed(fmt::format("rank {}: {}: element {} is {}, expected {}", g_rank, what, index,
+                                  actual, expected));
+  }
+}
+
+// The fill: element i of rank r holds (r + 1) * f(i), f(i) = i % 7 + 1 (small integers, so
+// sums are exact in float32 and bf16 for these world sizes).
+float f(std::int64_t i) {
+  return static_cast<float>(i % 7 + 1);
+}
+
+Tensor filled(std::int64_t n) {
+  Tensor t = Tensor::empty({n});
+  float* p = t.data();
+  for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(g_rank + 1) * f(i);
+  return t;
+}
+
+float expected_reduction(ReduceOp op, std::int64_t i) {
+  const float n = static_cast<float>(g_size);
+  switch (op) {
+    case ReduceOp::kSum:
+      return f(i) * n * (n + 1) / 2;
+    case ReduceOp::kAvg:
+      return f(i) * (n + 1) / 2;
+    case ReduceOp::kMax:
+      return f(i) * n;
+    case ReduceOp::kMin:
+      return f(i);
+  }
+  return 0;
+}
+
+std::uint16_t to_bf16(float v) {
+  return static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(v) >> 16);
+}
+float from_bf16(std::uint16_t v) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(v) << 16);
+}
+
+void check_allreduce(nanoddp::comm::ProcessGroup& pg, std::int64_t n, ReduceOp op) {
+  Tensor t = filled(n);
+  auto work = pg.allreduce(t, op);
+  work->wait();
+  const float* p = t.data();
+  const std::string what = fmt::format("allreduce {} n={}", nanoddp::comm::reduce_op_name(op), n);
+  // The 16M-element case checks a stride of elements (every check is a pass over memory).
+  const std::int64_t step = n > 100000 ? 997 : 1;
+  for (std::int64_t i = 0; i < n; i += step) expect_eq(p[i], expected_reduction(op, i), what, i);
+  if (n > 0) expect_eq(p[n - 1], expected_reduction(op, n - 1), what, n - 1);
+}
+
+void check_bf16_allreduce(nanoddp::comm::ProcessGroup& pg, std::int64_t n, ReduceOp op) {
+  Tensor t = Tensor::empty({n}, nanoddp::Device::cpu(), DType::kBF16);
+  auto* p = static_cast<std::uint16_t*>(t.raw_data());
+  for (std::int64_t i = 0; i < n; ++i) p[i] = to_bf16(static_cast<float>(g_rank + 1) * f(i));
+  pg.allreduce(t, op)->wait();
+  for (std::int64_t i = 0; i < n; ++i) {
+    expect_eq(from_bf16(p[i]), expected_reduction(op, i),
+              fmt::format("bf16 allreduce {}", nanoddp::comm::reduce_op_name(op)), i);
+  }
+}
+
+void check_broadcast(nanoddp::comm::ProcessGroup& pg, std::int64_t n, int root) {
+  Tensor t = Tensor::full({n}, -1.0f);
+  if (g_rank == root) {
+    for (std::int64_t i = 0; i < n; ++i) t.data()[i] = static_cast<float>(root * 1000 + i);
+  }
+  pg.broadcast(t, root)->wait();
+  for (std::int64_t i = 0; i < n; ++i) {
+    expect_eq(t.data()[i], static_cast<float>(root * 1000 + i),
+              fmt::format("broadcast root {}", root), i);
+  }
+}
+
+void check_allgather(nanoddp::comm::ProcessGroup& pg, std::int64_t n) {
+  Tensor in = Tensor::empty({n});
+  for (std::int64_t i = 0; i < n; ++i) in.data()[i] = static_cast<float>(g_rank * 10000 + i);
+  Tensor out = Tensor::full({n * g_size}, -1.0f);
+  pg.allgather(in, out)->wait();
+  for (int r = 0; r < g_size; ++r) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      expect_eq(out.data()[r * n + i], static_cast<float>(r * 10000 + i), "allgather", r * n + i);
+    }
+  }
+}
+
+void check_reduce_scatter(nanoddp::comm::ProcessGroup& pg, std::int64_t m, ReduceOp op) {
+  Tensor in = filled(m * g_size);
+  Tensor out = Tensor::full({m}, -1.0f);
+  pg.reduce_scatter(in, out, op)->wait();
+  for (std::int64_t k = 0; k < m; ++k) {
+    expect_eq(out.data()[k], expected_reduction(op, g_rank * m + k),
+              fmt::format("reduce_scatter {}", nanoddp::comm::reduce_op_name(op)), k);
+  }
+  // The input is left as it was.
+  for (std::int64_t j = 0; j < m * g_size; ++j) {
+    expect_eq(in.data()[j], static_cast<float>(g_rank + 1) * f(j), "reduce_scatter input", j);
+  }
+}
+
+void check_coalesced(nanoddp::comm::ProcessGroup& pg) {
+  std::vector<std::int64_t> sizes = {1, 1237, 0, 10};
+  std::vector<Tensor> tensors;
+  for (auto n : sizes) tensors.push_back(filled(n));
+  pg.allreduce_coalesced(tensors, ReduceOp::kSum)->wait();
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    for (std::int64_t i = 0; i < sizes[t]; ++i) {
+      expect_eq(tensors[t].data()[i], expected_reduction(ReduceOp::kSum, i),
+                fmt::format("coalesced tensor {}", t), i);
+    }
+  }
+}
+
+// Many ops in flight at once, waited for in reverse: FIFO on the worker still gives every rank
+// the same order, and sequence numbers count up by one.
+void check_pipelined(nanoddp::comm::ProcessGroup& pg) {
+  std::vector<Tensor> tensors;
+  std::vector<std::shared_ptr<nanoddp::comm::Work>> works;
+  for (int k = 0; k < 8; ++k) {
+    tensors.push_back(filled(100 + k));
+    works.push_back(pg.allreduce(tensors.back(), ReduceOp::kSum));
+  }
+  for (std::size_t k = 1; k < works.size(); ++k) {
+    ++g_checks;
+    if (works[k]->sequence_number() != works[0]->sequence_number() + k) {
+      throw CheckFailed(fmt::format("sequence numbers {} then {}", works[0]->sequence_number(),
+                                    works[k]->sequence_number()));
+    }
+  }
+  for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    ++g_checks;
+    if (!works[k]->is_completed() || works[k]->error() != nullptr) {
+      throw CheckFailed("a waited op is not completed or has an error");
+    }
+    for (std::int64_t i = 0; i < tensors[k].numel(); ++i) {
+      expect_eq(tensors[k].data()[i], expected_reduction(ReduceOp::kSum, i), "pipelined", i);
+    }
+  }
+}
+
+int run(int argc, char** argv) {
+  bool big = false;
+  std::string fault;
+  int fault_rank = -1;
+  int fault_after = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--big") {
+      big = true;
+    } else if (arg == "--fault" && i + 1 < argc) {
+      fault = argv[++i];
+    } else if (arg == "--fault-rank" && i + 1 < argc) {
+      fault_rank = std::atoi(argv[++i]);
+    } else if (arg == "--fault-after" && i + 1 < argc) {
+      fault_after = std::atoi(argv[++i]);
+    } else {
+      fmt::print(stderr, "unknown argument {}\n", arg);
+      return 64;
+    }
+  }
+  const auto world = nanoddp::comm::world_from_env();
+  g_rank = world.rank;
+  g_size = world.world_size;
+  nanoddp::comm::DistributedOptions options;
+  options.backend = "gloo";
+  auto dist = nanoddp::comm::init_distributed(world, options);
+  auto& pg = *dist.group;
+
+  if (!fault.empty()) {
+    for (int k = 0; k < fault_after; ++k) check_allreduce(pg, 1237, ReduceOp::kSum);
+    if (g_rank == fault_rank) {
+      fmt::print("rank {}: {} after {} ops\n", g_rank, fault, fault_after);
+      std::fflush(stdout);
+      if (fault == "crash") std::_Exit(17);
+      std::this_thread::sleep_for(3 * options.timeout);
+    }
+    check_allreduce(pg, 1237, ReduceOp::kSum);  // must fail: the peer is gone or late
+    fmt::print("rank {}: the op after the {} succeeded?!\n", g_rank, fault);
+    return 1;
+  }
+
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    for (std::int64_t n : {0, 1, 1237}) check_allreduce(pg, n, op);
+  }
+  if (big) check_allreduce(pg, std::int64_t{16} << 20, ReduceOp::kSum);  // 64 MiB of float32
+  check_broadcast(pg, 1237, g_size - 1);
+  check_broadcast(pg, 5, 0);
+  check_allgather(pg, 1237);
+  check_allgather(pg, 1);
+  check_reduce_scatter(pg, 1237, ReduceOp::kSum);
+  check_reduce_scatter(pg, 3, ReduceOp::kAvg);
+  check_reduce_scatter(pg, 5, ReduceOp::kMax);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    check_bf16_allreduce(pg, 1237, op);
+  }
+  check_coalesced(pg);
+  check_pipelined(pg);
+  auto last = pg.barrier();
+  last->wait();
+  fmt::print("rank {} of {}: ok, {} checks, {} ops\n", g_rank, g_size, g_checks,
+             last->sequence_number());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const CheckFailed& e) {
+    fmt::print(stderr, "CHECK FAILED: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "rank {} error: {}\n", g_rank, e.what());
+    return 2;
+  }
+}

@@ -21,6 +21,15 @@ std::string check(const TrainOptions& o) {
   if (o.optimizer == "adamw" && o.momentum != 0.0f) {
     return "--momentum applies to --optimizer sgd only";
   }
+  if (o.resume && o.checkpoint_dir.empty()) {
+    return "--resume needs --checkpoint-dir (where to look for the latest checkpoint)";
+  }
+  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) {
+    return "--checkpoint-every needs --checkpoint-dir";
+  }
+  if (o.backend == "nccl" && o.device == "cpu") {
+    return "--backend nccl needs --device cuda (NCCL reduces GPU tensors; use gloo on the CPU)";
+  }
   if (o.gemm == "cublas" && o.device == "cpu") {
     return "--gemm cublas needs --device cuda (on the CPU the GEMM is Eigen's)";
   }
@@ -100,6 +109,40 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "print only the summary");
+
+  // Distributed training: active when a launcher set RANK/WORLD_SIZE (nanoddp-run, torchrun).
+  app.add_option("--backend", o.backend, "collectives: gloo (CPU), nccl (CUDA) or auto")
+      ->check(CLI::IsMember({"auto", "gloo", "nccl"}))
+      ->capture_default_str();
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket size cap (MiB)")
+      ->check(CLI::Range(1e-6, 1e6))
+      ->capture_default_str();
+  app.add_option("--first-bucket-mb", o.first_bucket_mb, "cap of the first (small) bucket (MiB)")
+      ->check(CLI::Range(1e-6, 1e6))
+      ->capture_default_str();
+  app.add_flag("!--no-overlap", o.overlap,
+               "reduce all buckets after backward instead of during it (for comparison)");
+  app.add_option("--grad-accum", o.grad_accum,
+                 "micro-batches per optimizer step (all but the last under no_sync)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--comm-hook", o.comm_hook, "allreduce (float32) or bf16 (compressed)")
+      ->check(CLI::IsMember({"allreduce", "bf16"}))
+      ->capture_default_str();
+  app.add_flag("--find-unused-parameters", o.find_unused_parameters,
+               "zero-fill and reduce gradients of parameters unused in a step");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "directory of step-N.safetensors checkpoints");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "save a checkpoint every N steps")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--keep", o.keep, "checkpoints to keep")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_flag("--resume", o.resume, "continue from the latest checkpoint in --checkpoint-dir");
+  app.add_option("--trace", o.trace_path, "write a Chrome trace (Perfetto) of the first steps");
+  app.add_option("--trace-steps", o.trace_steps, "steps recorded by --trace")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->capture_default_str();
 
   try {
     app.parse(argc, argv);

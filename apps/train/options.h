@@ -35,6 +35,23 @@ struct TrainOptions {
   std::string save_path;
   int threads = 1;
   bool quiet = false;
+
+  // Distributed (active when launched by nanoddp-run, torchrun, mpirun or srun).
+  std::string backend = "auto";  // gloo | nccl | auto (by device)
+  double bucket_cap_mb = 25.0;
+  double first_bucket_mb = 1.0;
+  bool overlap = true;
+  std::int64_t grad_accum = 1;
+  std::string comm_hook = "allreduce";
+  bool find_unused_parameters = false;
+
+  // Checkpoints and timelines.
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  int keep = 3;
+  bool resume = false;
+  std::string trace_path;
+  std::int64_t trace_steps = 20;
 };
 
 // Parses argv. On --help prints usage and returns nullopt with exit_code 0; on a bad flag or

@@ -137,11 +137,17 @@ class GlooWork final : public Work {
   }
   std::uint64_t sequence_number() const override { return sequence_number_; }
   const std::string& op_name() const override { return op_name_; }
+  std::optional<WorkTiming> timing() const override {
+    std::lock_guard lock(mutex_);
+    if (!done_) return std::nullopt;
+    return timing_;
+  }
 
-  void finish(std::exception_ptr error) {
+  void finish(std::exception_ptr error, WorkTiming timing) {
     {
       std::lock_guard lock(mutex_);
       error_ = std::move(error);
+      timing_ = timing;
       done_ = true;
     }
     done_cv_.notify_all();
@@ -150,10 +156,11 @@ class GlooWork final : public Work {
  private:
   const std::uint64_t sequence_number_;
   const std::string op_name_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  WorkTiming timing_;
 };
 
 }  // namespace
@@ -223,6 +230,7 @@ struct GlooProcessGroup::Impl {
         queue.pop_front();
       }
       std::exception_ptr error;
+      WorkTiming timing{.start = std::chrono::steady_clock::now()};
       if (!first_failure.empty()) {
         error = std::make_exception_ptr(
             CommError(fmt::format("Gloo {} on rank {} was not run: the group failed earlier ({})",
@@ -237,7 +245,8 @@ struct GlooProcessGroup::Impl {
           error = std::make_exception_ptr(CommError(message));
         }
       }
-      job.work->finish(error);
+      timing.end = std::chrono::steady_clock::now();
+      job.work->finish(error, timing);
     }
   }
 

@@ -1,0 +1,396 @@
+#include "trainer.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "nanoddp/comm/consistency.h"
+#include "nanoddp/config.h"
+#include "nanoddp/engine/backend.h"
+#include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/engine/error.h"
+#include "nanoddp/engine/ops.h"
+#include "nanoddp/kernels/cpu/kernels.h"
+#include "nanoddp/nn/checkpoint.h"
+#include "nanoddp/nn/safetensors.h"
+
+namespace nanoddp::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<long long>(std::max(0.0, seconds) + 0.5);
+  return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
+}
+
+}  // namespace
+
+struct Trainer::Window {
+  double step_ms = 0, data_ms = 0, wall_ms = 0, comm_ms = 0, exposed_comm_ms = 0;
+  std::int64_t steps = 0, samples = 0;
+};
+
+Trainer::Trainer(const TrainOptions& options) : o_(options) {
+  world_ = comm::world_from_env();
+  distributed_ = world_.launcher != "none";
+
+  device_ = Device::parse(o_.device);
+  // One GPU per local rank unless the user named one.
+  if (device_.is_cuda() && o_.device == "cuda") device_ = Device::cuda(world_.local_rank);
+  require_device(device_);
+  if (device_.is_cuda()) {
+    backend_for(device_).set_gemm_backend(o_.gemm == "cublas" ? GemmBackend::kCublas
+                                                              : GemmBackend::kHand);
+  }
+  kernels::cpu::set_gemm_threads(o_.threads);
+
+  if (distributed_) {
+    dist_.emplace(comm::init_distributed(
+        world_, comm::DistributedOptions{.backend = o_.backend, .device = device_}));
+    rank_ = dist_->group->rank();
+    world_size_ = dist_->group->size();
+    check_same_settings();
+  }
+
+  if (!o_.data_path.empty()) {
+    dataset_ = std::make_unique<nn::NpyDataset>(o_.data_path, o_.targets_path);
+  } else {
+    dataset_ = std::make_unique<nn::SyntheticRegression>(
+        nn::SyntheticRegressionOptions{.in_features = o_.in_features,
+                                       .out_features = o_.out_features,
+                                       .size = o_.dataset_size,
+                                       .seed = o_.seed,
+                                       .noise_std = o_.noise_std,
+                                       .teacher_hidden = o_.teacher_hidden});
+  }
+  model_ = std::make_unique<nn::Mlp>(
+      nn::MlpOptions{.in_features = dataset_->in_features(),
+                     .out_features = dataset_->out_features(),
+                     .hidden = o_.hidden,
+                     .layers = o_.layers,
+                     .activation = nn::parse_activation(o_.activation),
+                     .seed = o_.seed});
+  params_ = std::make_unique<nn::FlatParameters>(*model_, device_);
+  if (o_.optimizer == "sgd") {
+    optimizer_ = std::make_unique<nn::SGD>(
+        *params_,
+        nn::SgdOptions{.lr = o_.lr, .momentum = o_.momentum, .weight_decay = o_.weight_decay});
+  } else {
+    optimizer_ = std::make_unique<nn::AdamW>(
+        *params_, nn::AdamWOptions{.lr = o_.lr, .weight_decay = o_.weight_decay});
+  }
+
+  sampler_ = std::make_unique<nn::Sampler>(nn::SamplerOptions{.size = dataset_->size(),
+                                                              .shuffle = o_.shuffle,
+                                                              .seed = o_.seed,
+                                                              .rank = rank_,
+                                                              .world_size = world_size_});
+  steps_per_epoch_ = sampler_->num_batches(o_.batch) / o_.grad_accum;
+  if (steps_per_epoch_ == 0) {
+    fail("the data set has {} samples: too few for one step of {} rank(s) x batch {} x "
+         "--grad-accum {}",
+         dataset_->size(), world_size_, o_.batch, o_.grad_accum);
+  }
+  steps_ = o_.epochs ? *o_.epochs * steps_per_epoch_ : o_.steps.value_or(1000);
+
+  if (o_.resume) resume();
+
+  if (distributed_) {
+    ddp_ = std::make_unique<comm::DistributedDataParallel>(
+        *model_, *params_, dist_->group, dist_->store,
+        comm::DdpOptions{.bucket_cap_mb = o_.bucket_cap_mb,
+                         .first_bucket_mb = o_.first_bucket_mb,
+                         .find_unused_parameters = o_.find_unused_parameters,
+                         .comm_hook = comm::parse_comm_hook(o_.comm_hook),
+                         .overlap = o_.overlap});
+  }
+  if (!o_.trace_path.empty()) tracer_ = std::make_unique<Tracer>(rank_);
+  if (!o_.metrics_path.empty() && is_main()) {
+    metrics_.open(o_.metrics_path, std::ios::trunc);
+    if (!metrics_) fail("cannot open --metrics file '{}' for writing", o_.metrics_path);
+  }
+}
+
+// Every rank must train with the same settings: a rank with another batch size or bucket cap
+// would issue different collectives (a hang, not an error, without this check).
+void Trainer::check_same_settings() {
+  const std::vector<std::string> settings = {
+      fmt::format("--in {} --out {}", o_.in_features, o_.out_features),
+      fmt::format("--hidden {} --layers {} --activation {}", o_.hidden, o_.layers, o_.activation),
+      fmt::format("--batch {}", o_.batch),
+      fmt::format("--grad-accum {}", o_.grad_accum),
+      fmt::format("--steps {} --epochs {}", o_.steps.value_or(0), o_.epochs.value_or(0)),
+      fmt::format("--dataset-size {} --data {} --targets {}", o_.dataset_size, o_.data_path,
+                  o_.targets_path),
+      fmt::format("--optimizer {} --lr {} --momentum {} --weight-decay {}", o_.optimizer, o_.lr,
+                  o_.momentum, o_.weight_decay),
+      fmt::format("--seed {} --shuffle {}", o_.seed, o_.shuffle),
+      fmt::format("--log-every {}", o_.log_every),
+      fmt::format("--checkpoint-every {} --resume {}", o_.checkpoint_every, o_.resume),
+      fmt::format("--trace-steps {} (trace {})", o_.trace_steps, !o_.trace_path.empty()),
+  };
+  comm::check_same_on_all_ranks(*dist_->store, rank_, world_size_, "train/settings",
+                                "command-line setting", settings);
+}
+
+void Trainer::resume() {
+  // Rank 0 picks the checkpoint and tells the others, so all load the same file even if a new
+  // one appears meanwhile.
+  std::string path;
+  if (is_main()) {
+    const std::vector<std::string> all = nn::list_checkpoints(o_.checkpoint_dir);
+    path = all.empty() ? "" : all.back();
+  }
+  if (distributed_) {
+    if (is_main()) dist_->store->set("train/resume", path.empty() ? std::string("-") : path);
+    path = dist_->store->get_string("train/resume");
+    if (path == "-") path.clear();
+  }
+  if (path.empty()) {
+    if (is_main()) fmt::print("resume: no checkpoint in {}, starting from step 0\n", o_.checkpoint_dir);
+    return;
+  }
+  const nn::TrainingState state = nn::load_checkpoint(path, *model_, *optimizer_);
+  const std::int64_t global_batch = world_size_ * o_.batch * o_.grad_accum;
+  if (state.epoch_samples % global_batch != 0) {
+    fail("checkpoint '{}' stopped after {} samples of epoch {}, which is not a whole number of "
+         "this run's global batches ({} ranks x --batch {} x --grad-accum {} = {}). Resume with "
+         "the same global batch.",
+         path, state.epoch_samples, state.epoch, world_size_, o_.batch, o_.grad_accum,
+         global_batch);
+  }
+  if (state.seed != o_.seed) {
+    fail("checkpoint '{}' was trained with --seed {}, this run has --seed {}", path, state.seed,
+         o_.seed);
+  }
+  start_step_ = state.epoch * steps_per_epoch_ + state.epoch_samples / global_batch;
+  if (state.step != start_step_) {
+    fail("checkpoint '{}' is at step {} but its data position (epoch {}, {} samples) is step {} "
+         "with this run's global batch and data set; resume with the same data and global batch",
+         path, state.step, state.epoch, state.epoch_samples, start_step_);
+  }
+  if (is_main()) fmt::print("resume: loaded {} (step {})\n", path, start_step_);
+}
+
+void Trainer::fill_batch(std::int64_t micro_batch_in_epoch) {
+  const std::span<const std::int64_t> indices = sampler_->batch(micro_batch_in_epoch, o_.batch);
+  const auto rows = static_cast<std::int64_t>(indices.size());
+  const std::int64_t in = dataset_->in_features(), out = dataset_->out_features();
+  if (!x_.defined() || x_.size(0) != rows) {
+    x_ = Tensor::empty({rows, in}, device_);
+    y_ = Tensor::empty({rows, out}, device_);
+  }
+  if (device_.is_cpu()) {
+    dataset_->fill_batch(indices, x_.data(), y_.data());
+    return;
+  }
+  x_host_.resize(static_cast<std::size_t>(rows * in));
+  y_host_.resize(static_cast<std::size_t>(rows * out));
+  dataset_->fill_batch(indices, x_host_.data(), y_host_.data());
+  copy_bytes(x_.raw_data(), device_, x_host_.data(), Device::cpu(), x_.nbytes());
+  copy_bytes(y_.raw_data(), device_, y_host_.data(), Device::cpu(), y_.nbytes());
+}
+
+float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window& window) {
+  const auto step_start = Clock::now();
+  double data_ms = 0;
+  optimizer_->zero_grad();
+  Tensor loss_sum;
+  for (std::int64_t m = 0; m < o_.grad_accum; ++m) {
+    {
+      TraceSpan span("data", TraceTrack::kData);
+      const auto data_start = Clock::now();
+      fill_batch(step_in_epoch * o_.grad_accum + m);
+      data_ms += ms_since(data_start);
+    }
+    // All micro-batches but the last only accumulate locally; the last one's backward reduces
+    // the accumulated gradients.
+    std::optional<comm::DistributedDataParallel::NoSync> no_sync;
+    if (ddp_ && m + 1 < o_.grad_accum) no_sync.emplace(ddp_->reducer());
+    Tensor loss;
+    {
+      TraceSpan span("forward", TraceTrack::kCompute);
+      loss = mse_loss(model_->forward(x_), y_);
+      // Mean over the micro-batches, so --grad-accum K with --batch B equals --batch K*B.
+      if (o_.grad_accum > 1) loss = mul(loss, 1.0f / static_cast<float>(o_.grad_accum));
+    }
+    loss.backward();
+    loss_sum = m == 0 ? loss.detach() : add(loss_sum, loss.detach());
+  }
+  {
+    TraceSpan span("optimizer step", TraceTrack::kCompute);
+    optimizer_->step();
+  }
+  const float loss = loss_sum.item();  // also waits for the device
+  if (!std::isfinite(loss)) {
+    fail("the loss became {} at step {} on rank {}. Lower --lr, or check the data.", loss, step,
+         rank_);
+  }
+  const double wall_ms = ms_since(step_start);
+  window.step_ms += wall_ms - data_ms;
+  window.data_ms += data_ms;
+  window.wall_ms += wall_ms;
+  window.steps += 1;
+  window.samples += world_size_ * o_.batch * o_.grad_accum;
+  if (ddp_) {
+    const comm::ReducerStats& stats = ddp_->reducer().last_stats();
+    window.comm_ms += stats.comm_ms;
+    window.exposed_comm_ms += stats.exposed_comm_ms;
+  }
+  return loss;
+}
+
+float Trainer::world_average(float local) {
+  if (!distributed_) return local;
+  Tensor t = Tensor::from_vector(std::vector<float>{local}, {1}, device_);
+  dist_->group->allreduce(t, comm::ReduceOp::kAvg)->wait();
+  return t.item();
+}
+
+void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) {
+  if (!is_main()) return;
+  const double samples_per_s = 1000.0 * w.samples / std::max(w.wall_ms, 1e-9);
+  const double n = static_cast<double>(w.steps);
+  const double eta_s = static_cast<double>(steps_ - step) * (w.wall_ms / n) / 1000.0;
+  if (!o_.quiet) {
+    std::string comm;
+    if (ddp_) comm = fmt::format("  comm {:.3f} ms (exposed {:.3f})", w.comm_ms / n, w.exposed_comm_ms / n);
+    fmt::print("step {:>{}}/{}  epoch {}  loss {:.6e}  {:.0f} samples/s  step {:.3f} ms  data "
+               "{:.3f} ms{}  eta {}\n",
+               step, std::to_string(steps_).size(), steps_, epoch, loss, samples_per_s,
+               w.step_ms / n, w.data_ms / n, comm, format_duration(eta_s));
+    std::fflush(stdout);
+  }
+  if (metrics_.is_open()) {
+    nlohmann::json line = {{"step", step},
+                           {"epoch", epoch},
+                           {"loss", loss},
+                           {"step_ms", w.step_ms / n},
+                           {"data_ms", w.data_ms / n},
+                           {"samples_per_s", samples_per_s},
+                           {"world_size", world_size_},
+                           {"steps_in_window", w.steps}};
+    if (ddp_) {
+      line["comm_ms"] = w.comm_ms / n;
+      line["exposed_comm_ms"] = w.exposed_comm_ms / n;
+    }
+    metrics_ << line.dump() << "\n";
+    metrics_.flush();
+  }
+}
+
+void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch) {
+  if (!is_main()) return;
+  nn::TrainingState state{
+      .step = step,
+      .epoch = epoch,
+      .epoch_samples = step_in_epoch * world_size_ * o_.batch * o_.grad_accum,
+      .seed = o_.seed,
+      .info = {{"model", model_->describe()},
+               {"world_size", std::to_string(world_size_)},
+               {"batch", std::to_string(o_.batch)},
+               {"grad_accum", std::to_string(o_.grad_accum)}}};
+  // The position of the NEXT step: a checkpoint after the last step of an epoch points at the
+  // start of the following one.
+  if (step_in_epoch == steps_per_epoch_) {
+    state.epoch += 1;
+    state.epoch_samples = 0;
+  }
+  nn::save_checkpoint(o_.checkpoint_dir, *model_, *optimizer_, state, o_.keep);
+}
+
+void Trainer::write_trace() {
+  if (!tracer_) return;
+  if (!distributed_) {
+    Tracer::write_file(o_.trace_path, {tracer_->events_json()});
+  } else {
+    // Every rank hands its events to rank 0 through the store; rank 0 writes one file.
+    dist_->store->set(fmt::format("train/trace/{}", rank_), tracer_->events_json());
+    if (is_main()) {
+      std::vector<std::string> all;
+      for (int r = 0; r < world_size_; ++r) {
+        all.push_back(dist_->store->get_string(fmt::format("train/trace/{}", r)));
+      }
+      Tracer::write_file(o_.trace_path, all);
+    }
+  }
+  if (is_main() && !o_.quiet) fmt::print("trace written to {}\n", o_.trace_path);
+}
+
+int Trainer::run() {
+  if (is_main() && !o_.quiet) {
+    fmt::print("nanoddp-train {} | device {} | {} | {} parameters | {}\n", NANODDP_VERSION,
+               device_.str(), model_->describe(), params_->numel(), optimizer_->describe());
+    fmt::print("data: {} samples x {} -> {} | {} rank(s) x batch {}{} | {} steps ({} per epoch)\n",
+               dataset_->size(), dataset_->in_features(), dataset_->out_features(), world_size_,
+               o_.batch, o_.grad_accum > 1 ? fmt::format(" x {} micro-batches", o_.grad_accum) : "",
+               steps_, steps_per_epoch_);
+    if (ddp_) {
+      fmt::print("ddp: backend {} | {} buckets (first {} MiB, then {} MiB) | overlap {} | hook {}\n",
+                 dist_->group->backend_name(), ddp_->reducer().buckets().size(), o_.first_bucket_mb,
+                 o_.bucket_cap_mb, o_.overlap ? "on" : "off", o_.comm_hook);
+    }
+  }
+  const auto run_start = Clock::now();
+  Window window;
+  float first_loss = NAN, last_loss = NAN;
+  for (std::int64_t step = start_step_ + 1; step <= steps_; ++step) {
+    const std::int64_t epoch = (step - 1) / steps_per_epoch_;
+    const std::int64_t step_in_epoch = (step - 1) % steps_per_epoch_;
+    if (epoch != sampler_epoch_) {
+      sampler_->set_epoch(epoch);
+      sampler_epoch_ = epoch;
+    }
+    const bool tracing = tracer_ && step - start_step_ <= o_.trace_steps;
+    std::optional<TraceScope> trace_scope;
+    if (tracing) trace_scope.emplace(tracer_.get());
+
+    const float local_loss = train_step(step, step_in_epoch, window);
+    if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
+      save_checkpoint(step, epoch, step_in_epoch + 1);
+    }
+    const bool log_now = step % o_.log_every == 0 || step == steps_ || step == start_step_ + 1;
+    if (!log_now) continue;
+    last_loss = world_average(local_loss);
+    if (std::isnan(first_loss)) first_loss = last_loss;
+    log(step, epoch, last_loss, window);
+    window = Window{};
+  }
+
+  if (!o_.save_path.empty() && is_main()) {
+    std::vector<nn::NamedTensor> named = model_->named_parameters();
+    std::vector<std::vector<float>> host;
+    std::vector<nn::SafetensorsEntry> entries;
+    host.reserve(named.size());
+    for (const nn::NamedTensor& p : named) {
+      host.push_back(p.tensor.to_vector());
+      entries.push_back({.name = p.name, .dtype = "F32", .shape = p.tensor.shape(),
+                         .data = host.back().data()});
+    }
+    nn::write_safetensors(o_.save_path, entries,
+                          {{"format", "nanoddp-parameters"},
+                           {"nanoddp_version", NANODDP_VERSION},
+                           {"step", std::to_string(steps_)},
+                           {"seed", std::to_string(o_.seed)},
+                           {"world_size", std::to_string(world_size_)},
+                           {"activation", o_.activation}});
+  }
+  write_trace();
+  if (is_main()) {
+    fmt::print("done: {} steps in {:.2f} s, loss {:.6e} -> {:.6e}{}\n", steps_ - start_step_,
+               ms_since(run_start) / 1000.0, first_loss, last_loss,
+               o_.save_path.empty() ? "" : fmt::format(", parameters saved to {}", o_.save_path));
+  }
+  return 0;
+}
+
+}  // namespace nanoddp::train

@@ -1,0 +1,68 @@
+#pragma once
+// The training loop of nanoddp-train, on one process or as one rank of a DDP job.
+
+#include <fstream>
+#include <memory>
+#include <optional>
+
+#include "nanoddp/comm/ddp.h"
+#include "nanoddp/comm/init.h"
+#include "nanoddp/comm/rendezvous.h"
+#include "nanoddp/engine/trace.h"
+#include "nanoddp/nn/dataset.h"
+#include "nanoddp/nn/flat_parameters.h"
+#include "nanoddp/nn/layers.h"
+#include "nanoddp/nn/optimizer.h"
+#include "nanoddp/nn/sampler.h"
+#include "options.h"
+
+namespace nanoddp::train {
+
+class Trainer {
+ public:
+  // Builds everything from the options: device, process group, data, model, optimizer,
+  // checkpoint state, DDP. Errors here are the user's input (exit code 2).
+  explicit Trainer(const TrainOptions& options);
+  // Runs the steps; returns the process exit code. Errors here are runtime failures.
+  int run();
+
+ private:
+  struct Window;  // statistics between two log lines
+
+  bool is_main() const { return rank_ == 0; }
+  void fill_batch(std::int64_t micro_batch_in_epoch);
+  float train_step(std::int64_t step, std::int64_t step_in_epoch, Window& window);
+  float world_average(float local);
+  void log(std::int64_t step, std::int64_t epoch, float loss, Window& window);
+  void save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch);
+  void resume();
+  void write_trace();
+  void check_same_settings();
+
+  TrainOptions o_;
+  comm::WorldInfo world_;
+  bool distributed_ = false;
+  int rank_ = 0;
+  int world_size_ = 1;
+  Device device_;
+  std::optional<comm::Distributed> dist_;
+  std::unique_ptr<nn::Dataset> dataset_;
+  std::unique_ptr<nn::Mlp> model_;
+  std::unique_ptr<nn::FlatParameters> params_;
+  std::unique_ptr<nn::Optimizer> optimizer_;
+  std::unique_ptr<comm::DistributedDataParallel> ddp_;
+  std::unique_ptr<nn::Sampler> sampler_;
+  std::unique_ptr<Tracer> tracer_;
+  std::ofstream metrics_;
+
+  std::int64_t steps_ = 0;            // total optimizer steps of the run
+  std::int64_t steps_per_epoch_ = 0;  // optimizer steps per epoch
+  std::int64_t start_step_ = 0;       // steps already done (resume)
+  std::int64_t sampler_epoch_ = -1;
+
+  // The current micro-batch: host staging buffers (CUDA) and the device tensors.
+  std::vector<float> x_host_, y_host_;
+  Tensor x_, y_;
+};
+
+}  // namespace nanoddp::train

@@ -1,0 +1,82 @@
+// DistributedDataParallel with real processes over real Gloo: each scenario of
+// nanoddp-test-ddp-worker runs as every rank of a job on loopback.
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "support/world.h"
+
+using namespace nanoddp::testing;
+
+namespace {
+
+std::vector<ProcessResult> run_scenario(const std::vector<std::string>& args, int world) {
+  std::vector<std::string> argv{bin_path("nanoddp-test-ddp-worker")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  ProcessOptions options;
+  options.timeout = std::chrono::seconds(60);
+  options.env["NANODDP_TIMEOUT_S"] = "20";
+  return run_world(argv, world, options);
+}
+
+bool all_exit(const std::vector<ProcessResult>& results, int code) {
+  for (const auto& r : results) {
+    if (r.timed_out || r.signaled || r.exit_code != code) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("ddp: an unused parameter is an error on every rank that names it") {
+  const auto results = run_scenario({"unused"}, 2);
+  INFO(describe(results));
+  REQUIRE(all_exit(results, 3));
+  for (const auto& r : results) {
+    CHECK(r.output.find("unused.weight") != std::string::npos);
+    CHECK(r.output.find("unused.bias") != std::string::npos);
+    CHECK(r.output.find("find_unused_parameters") != std::string::npos);
+    CHECK(r.output.find("used.weight,") == std::string::npos);  // the used head is not named
+  }
+}
+
+TEST_CASE("ddp: with find_unused_parameters training proceeds and unused gradients are zero") {
+  const auto results = run_scenario({"unused", "--find-unused"}, 2);
+  INFO(describe(results));
+  CHECK(all_exit(results, 0));
+}
+
+TEST_CASE("ddp: different models on different ranks fail on every rank, naming the parameter") {
+  for (int world : {2, 3}) {
+    const auto results = run_scenario({"mismatch"}, world);
+    INFO(describe(results));
+    REQUIRE(all_exit(results, 3));
+    for (const auto& r : results) {
+      CHECK(r.output.find("layers.0.weight") != std::string::npos);
+      CHECK(r.output.find("[24, 8]") != std::string::npos);
+      CHECK(r.output.find("[16, 8]") != std::string::npos);
+      CHECK(r.output.find("rank 1 has") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("ddp: no_sync micro-batches then one synced backward reduce the summed gradients") {
+  for (int world : {2, 3}) {
+    const auto results = run_scenario({"no-sync"}, world);
+    INFO(describe(results));
+    CHECK(all_exit(results, 0));
+  }
+}
+
+TEST_CASE("ddp: the first bucket is reduced while backward runs, buckets go in index order") {
+  const auto results = run_scenario({"overlap"}, 2);
+  INFO(describe(results));
+  CHECK(all_exit(results, 0));
+}
+
+TEST_CASE("ddp: the bf16 comm hook trains and stays close to float32") {
+  const auto results = run_scenario({"bf16"}, 2);
+  INFO(describe(results));
+  CHECK(all_exit(results, 0));
+}

@@ -48,9 +48,10 @@ std::optional<long long> int_var(const EnvLookup& env, const std::string& name) 
 // Slurm's SLURM_TASKS_PER_NODE, e.g. "2(x3),1": tasks on node 0..2 = 2, on node 3 = 1.
 std::vector<long long> expand_tasks_per_node(const std::string& text) {
   const auto bad = [&] {
-    fail("SLURM_TASKS_PER_NODE={} is not understood (expected e.g. \"4\" or \"2(x3),1\"); set "
-         "SLURM_NTASKS_PER_NODE, or launch with srun --ntasks-per-node",
-         text);
+    fail(
+        "SLURM_TASKS_PER_NODE={} is not understood (expected e.g. \"4\" or \"2(x3),1\"); set "
+        "SLURM_NTASKS_PER_NODE, or launch with srun --ntasks-per-node",
+        text);
   };
   std::vector<long long> out;
   std::size_t pos = 0;
@@ -77,7 +78,9 @@ std::vector<long long> expand_tasks_per_node(const std::string& text) {
   return out;
 }
 
-std::string rank_range(long long n) { return n == 1 ? "0" : fmt::format("0..{}", n - 1); }
+std::string rank_range(long long n) {
+  return n == 1 ? "0" : fmt::format("0..{}", n - 1);
+}
 
 }  // namespace
 
@@ -166,13 +169,15 @@ WorldInfo world_from_env(const EnvLookup& env) {
            world_name, info.world_size);
     }
     if (!port_text) {
-      fail("{}={} but MASTER_PORT is not set: set it to a free port on rank 0's machine (e.g. "
-           "29500)",
-           world_name, info.world_size);
+      fail(
+          "{}={} but MASTER_PORT is not set: set it to a free port on rank 0's machine (e.g. "
+          "29500)",
+          world_name, info.world_size);
     }
   }
   if (addr) {
-    if (addr->empty()) fail("MASTER_ADDR is set but empty: set it to the address of rank 0's machine");
+    if (addr->empty())
+      fail("MASTER_ADDR is set but empty: set it to the address of rank 0's machine");
     info.master_addr = *addr;
   }
   if (port_text) {
@@ -198,8 +203,8 @@ std::chrono::milliseconds default_timeout(const EnvLookup& env) {
   const char* end = text->data() + text->size();
   const auto [ptr, ec] = std::from_chars(text->data(), end, seconds);
   // The upper bound keeps the conversion to milliseconds far from overflow (~30 years).
-  if (text->empty() || ec != std::errc() || ptr != end || !std::isfinite(seconds) ||
-      seconds <= 0 || seconds > 1e9) {
+  if (text->empty() || ec != std::errc() || ptr != end || !std::isfinite(seconds) || seconds <= 0 ||
+      seconds > 1e9) {
     fail("NANODDP_TIMEOUT_S={} is not a positive number of seconds (e.g. NANODDP_TIMEOUT_S=300)",
          *text);
   }

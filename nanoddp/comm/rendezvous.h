@@ -4,6 +4,12 @@
 // MASTER_ADDR, MASTER_PORT), Open MPI's mpirun (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/
 // LOCAL_SIZE) or Slurm's srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE)
 // with MASTER_ADDR / MASTER_PORT. With none of them set: a world of one.
+//
+// Precedence: RANK/WORLD_SIZE, else OMPI_COMM_WORLD_*, else SLURM_PROCID/SLURM_NTASKS (Slurm
+// only when SLURM_PROCID is set: SLURM_NTASKS alone is an allocation's shell, not a task). The
+// local variables are optional as a pair: without them the job is taken to run on one machine
+// (local rank = rank). Slurm without --ntasks-per-node gives its local world size through
+// SLURM_TASKS_PER_NODE ("2(x3),1") at SLURM_NODEID.
 
 #include <chrono>
 #include <functional>
@@ -19,8 +25,8 @@ struct WorldInfo {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  int restart_count = 0;       // NANODDP_RESTART_COUNT (or TORCHELASTIC_RESTART_COUNT)
-  std::string launcher;        // "torchrun", "openmpi", "slurm" or "none"
+  int restart_count = 0;  // NANODDP_RESTART_COUNT (or TORCHELASTIC_RESTART_COUNT)
+  std::string launcher;   // "torchrun", "openmpi", "slurm" or "none"
 };
 
 // Reads an environment variable; nullopt when unset. Tests pass their own table.

@@ -20,7 +20,9 @@ void PrefixStore::set(const std::string& k, std::span<const std::uint8_t> value)
   store_->set(key(k), value);
 }
 
-Bytes PrefixStore::get(const std::string& k) { return store_->get(key(k)); }
+Bytes PrefixStore::get(const std::string& k) {
+  return store_->get(key(k));
+}
 
 std::int64_t PrefixStore::add(const std::string& k, std::int64_t delta) {
   return store_->add(key(k), delta);
@@ -45,6 +47,8 @@ Bytes PrefixStore::compare_set(const std::string& k, std::span<const std::uint8_
   return store_->compare_set(key(k), expected, desired);
 }
 
-bool PrefixStore::remove(const std::string& k) { return store_->remove(key(k)); }
+bool PrefixStore::remove(const std::string& k) {
+  return store_->remove(key(k));
+}
 
 }  // namespace nanoddp::comm

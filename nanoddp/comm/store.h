@@ -60,12 +60,16 @@ struct TcpStoreOptions {
   std::string host = "127.0.0.1";
   // 0 on the server: pick a free port (read it back with TcpStoreServer::port()).
   std::uint16_t port = 29500;
-  // How long clients keep retrying to connect, and how long blocking calls wait.
+  // Clients: how long they keep retrying to connect, and how long blocking calls wait.
+  // Server: how long a new connection may take to finish its handshake.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // Shared secret: when non-empty (default: $NANODDP_STORE_TOKEN), the server refuses clients
   // whose handshake does not carry it.
   std::string token;
-  // Bounds that keep a bad or hostile client from exhausting the server.
+  // Bounds that keep a bad or hostile client from exhausting the server. A request over them
+  // costs its sender the connection (the client checks key and value sizes before sending, and
+  // throws nanoddp::Error instead). max_keys bounds both the keys the server holds and the keys
+  // of one wait / check; connections over max_connections are closed as soon as accepted.
   std::size_t max_key_bytes = 4096;
   std::size_t max_value_bytes = 64u << 20;
   std::size_t max_keys = 1u << 20;
@@ -105,9 +109,17 @@ class TcpStoreServer {
   std::unique_ptr<Impl> impl_;
 };
 
-// The client. Connects with retries and exponential backoff until options.timeout, then fails
-// with e.g. "cannot reach the store at 10.0.0.1:29500 after 30 s (is rank 0 running? is
-// MASTER_ADDR right?)". Thread-safe (one request at a time on its connection).
+// The client. Connects with retries and exponential backoff (10 ms doubling to 1 s) until
+// options.timeout, then fails with e.g. "cannot reach the store at 10.0.0.1:29500 after 30 s (is
+// rank 0 running? is MASTER_ADDR right?)". A server that refuses the handshake (wrong or missing
+// token, another protocol version) fails it at once, with the server's reason.
+// Every send and receive has a deadline: timeout() for a request, a get / wait's own timeout
+// (+2 s for the answer) for those. A get / wait the server times out names the missing keys; a
+// server that goes quiet or closes the connection is a StoreError naming the operation, the
+// key(s) and the address. After such a failure the connection is dropped and the next call
+// connects again. Thread-safe (one request at a time on its connection; a thread blocked in
+// get holds the others up, so give each waiting thread its own client).
+// Values written by add() are decimal text ("42"), so get_string() reads counters too.
 class TcpStore final : public Store {
  public:
   explicit TcpStore(const TcpStoreOptions& options);

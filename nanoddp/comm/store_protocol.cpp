@@ -9,13 +9,20 @@ namespace nanoddp::comm::protocol {
 
 const char* opcode_name(Opcode op) {
   switch (op) {
-    case Opcode::kSet: return "set";
-    case Opcode::kGet: return "get";
-    case Opcode::kAdd: return "add";
-    case Opcode::kWait: return "wait";
-    case Opcode::kCheck: return "check";
-    case Opcode::kCompareSet: return "compare_set";
-    case Opcode::kDelete: return "delete";
+    case Opcode::kSet:
+      return "set";
+    case Opcode::kGet:
+      return "get";
+    case Opcode::kAdd:
+      return "add";
+    case Opcode::kWait:
+      return "wait";
+    case Opcode::kCheck:
+      return "check";
+    case Opcode::kCompareSet:
+      return "compare_set";
+    case Opcode::kDelete:
+      return "delete";
   }
   return "unknown";
 }
@@ -24,7 +31,9 @@ namespace {
 
 // ---- encoding -------------------------------------------------------------------------------
 
-void put_u8(Bytes& out, std::uint8_t v) { out.push_back(v); }
+void put_u8(Bytes& out, std::uint8_t v) {
+  out.push_back(v);
+}
 
 void put_u32(Bytes& out, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
@@ -34,7 +43,9 @@ void put_u64(Bytes& out, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
 }
 
-void put_i64(Bytes& out, std::int64_t v) { put_u64(out, static_cast<std::uint64_t>(v)); }
+void put_i64(Bytes& out, std::int64_t v) {
+  put_u64(out, static_cast<std::uint64_t>(v));
+}
 
 void put_string32(Bytes& out, std::string_view s) {
   put_u32(out, static_cast<std::uint32_t>(s.size()));
@@ -185,8 +196,7 @@ void encode_hello_reply(const HelloReply& reply, Bytes& out) {
   put_string32(out, reply.message);
 }
 
-Decoded<HelloReply> decode_hello_reply(std::span<const std::uint8_t> bytes,
-                                       const Limits& limits) {
+Decoded<HelloReply> decode_hello_reply(std::span<const std::uint8_t> bytes, const Limits& limits) {
   Reader r(bytes);
   HelloReply reply;
   if (auto a = r.uint(1)) {
@@ -289,19 +299,28 @@ void encode_response(Opcode op, const Response& response, Bytes& out) {
     case Status::kOk:
       switch (op) {
         case Opcode::kGet:
-        case Opcode::kCompareSet: put_value(out, response.value); break;
-        case Opcode::kAdd: put_i64(out, response.number); break;
+        case Opcode::kCompareSet:
+          put_value(out, response.value);
+          break;
+        case Opcode::kAdd:
+          put_i64(out, response.number);
+          break;
         case Opcode::kCheck:
-        case Opcode::kDelete: put_u8(out, response.flag ? 1 : 0); break;
+        case Opcode::kDelete:
+          put_u8(out, response.flag ? 1 : 0);
+          break;
         case Opcode::kSet:
-        case Opcode::kWait: break;
+        case Opcode::kWait:
+          break;
       }
       break;
     case Status::kTimeout:
       put_u32(out, static_cast<std::uint32_t>(response.keys.size()));
       for (const auto& k : response.keys) put_string32(out, k);
       break;
-    case Status::kError: put_string32(out, response.message); break;
+    case Status::kError:
+      put_string32(out, response.message);
+      break;
   }
 }
 
@@ -334,7 +353,8 @@ Decoded<Response> decode_response(Opcode op, std::span<const std::uint8_t> bytes
           }
           break;
         case Opcode::kSet:
-        case Opcode::kWait: break;
+        case Opcode::kWait:
+          break;
       }
       break;
     case Status::kTimeout:

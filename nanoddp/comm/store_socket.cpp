@@ -1,15 +1,11 @@
 #include "nanoddp/comm/store_socket.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <cctype>
-#include <cerrno>
 #include <cstring>
 #include <type_traits>
-
-#include "nanoddp/comm/store.h"
 
 namespace nanoddp::comm::detail {
 
@@ -39,13 +35,6 @@ std::string errno_text(int err) {
   }
   if (!text.empty()) text[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(text[0])));
   return text;
-}
-
-void set_nonblocking(int fd) {
-  const int flags = ::fcntl(fd, F_GETFL, 0);
-  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-    throw StoreError(fmt::format("cannot make a socket non-blocking: {}", errno_text(errno)));
-  }
 }
 
 }  // namespace nanoddp::comm::detail

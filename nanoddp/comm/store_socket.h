@@ -39,6 +39,5 @@ std::string format_address(const std::string& host, std::uint16_t port);
 std::string format_seconds(std::chrono::milliseconds ms);
 // strerror, thread-safely, lower-cased the way our messages use it ("connection refused").
 std::string errno_text(int err);
-void set_nonblocking(int fd);
 
 }  // namespace nanoddp::comm::detail

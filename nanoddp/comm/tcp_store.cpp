@@ -152,8 +152,7 @@ struct TcpStore::Impl {
   void check_value(const std::string& key, std::span<const std::uint8_t> value) const;
 };
 
-std::optional<UniqueFd> TcpStore::Impl::try_connect(Clock::time_point deadline,
-                                                    std::string& why) {
+std::optional<UniqueFd> TcpStore::Impl::try_connect(Clock::time_point deadline, std::string& why) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -168,8 +167,8 @@ std::optional<UniqueFd> TcpStore::Impl::try_connect(Clock::time_point deadline,
   }
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(found, &::freeaddrinfo);
   for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
-    UniqueFd s(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                        ai->ai_protocol));
+    UniqueFd s(
+        ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
     if (!s) {
       why = detail::errno_text(errno);
       continue;
@@ -247,8 +246,7 @@ void TcpStore::Impl::connect() {
     }
     const auto now = Clock::now();
     if (now >= deadline) break;
-    std::this_thread::sleep_for(
-        std::min<Clock::duration>(backoff, deadline - now));
+    std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, kMaxBackoff);
   }
   throw StoreError(fmt::format(
@@ -268,9 +266,10 @@ void TcpStore::Impl::check_key(const std::string& key) const {
 void TcpStore::Impl::check_value(const std::string& key,
                                  std::span<const std::uint8_t> value) const {
   if (value.size() > options.max_value_bytes) {
-    fail("the value for store key '{}' has {} bytes, more than TcpStoreOptions::max_value_bytes "
-         "= {}",
-         key, value.size(), options.max_value_bytes);
+    fail(
+        "the value for store key '{}' has {} bytes, more than TcpStoreOptions::max_value_bytes "
+        "= {}",
+        key, value.size(), options.max_value_bytes);
   }
 }
 
@@ -340,8 +339,7 @@ namespace {
         resp.keys.size() > 1 ? "are" : "is"));
   }
   throw StoreError(fmt::format("the store at {} refused {} of {}: {}", address,
-                               proto::opcode_name(req.op), describe_keys(req.keys),
-                               resp.message));
+                               proto::opcode_name(req.op), describe_keys(req.keys), resp.message));
 }
 
 }  // namespace
@@ -404,7 +402,9 @@ bool TcpStore::remove(const std::string& key) {
   return resp.flag;
 }
 
-std::chrono::milliseconds TcpStore::timeout() const { return impl_->timeout(); }
+std::chrono::milliseconds TcpStore::timeout() const {
+  return impl_->timeout();
+}
 
 void TcpStore::set_timeout(std::chrono::milliseconds timeout) {
   impl_->timeout_ms.store(timeout.count());

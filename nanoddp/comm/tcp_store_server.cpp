@@ -144,15 +144,16 @@ void TcpStoreServer::Impl::bind_and_listen() {
   const std::string port_text = std::to_string(options.port);
   const int rc = ::getaddrinfo(options.host.c_str(), port_text.c_str(), &hints, &found);
   if (rc != 0) {
-    throw StoreError(fmt::format("cannot start the store on {}: cannot resolve '{}': {} (set "
-                                 "MASTER_ADDR / --master-addr to an address of this machine)",
-                                 address, options.host, ::gai_strerror(rc)));
+    throw StoreError(
+        fmt::format("cannot start the store on {}: cannot resolve '{}': {} (set "
+                    "MASTER_ADDR / --master-addr to an address of this machine)",
+                    address, options.host, ::gai_strerror(rc)));
   }
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(found, &::freeaddrinfo);
   int last_errno = 0;
   for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
-    UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                         ai->ai_protocol));
+    UniqueFd fd(
+        ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
     if (!fd) {
       last_errno = errno;
       continue;
@@ -174,14 +175,16 @@ void TcpStoreServer::Impl::bind_and_listen() {
     return;
   }
   if (last_errno == EADDRINUSE) {
-    throw StoreError(fmt::format("cannot start the store on {}: address already in use (another "
-                                 "job? pick another --master-port)",
-                                 address));
+    throw StoreError(
+        fmt::format("cannot start the store on {}: address already in use (another "
+                    "job? pick another --master-port)",
+                    address));
   }
   if (last_errno == EADDRNOTAVAIL) {
-    throw StoreError(fmt::format("cannot start the store on {}: {} is not an address of this "
-                                 "machine (check MASTER_ADDR / --master-addr)",
-                                 address, options.host));
+    throw StoreError(
+        fmt::format("cannot start the store on {}: {} is not an address of this "
+                    "machine (check MASTER_ADDR / --master-addr)",
+                    address, options.host));
   }
   throw StoreError(
       fmt::format("cannot start the store on {}: {}", address, detail::errno_text(last_errno)));
@@ -317,8 +320,8 @@ void TcpStoreServer::Impl::read_from(std::uint64_t id, Connection& c) {
 
 void TcpStoreServer::Impl::flush(Connection& c) {
   while (c.pending_out() > 0) {
-    const ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_pos, c.pending_out(),
-                             MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n =
+        ::send(c.fd.get(), c.out.data() + c.out_pos, c.pending_out(), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
       kill(c);
@@ -389,8 +392,7 @@ void TcpStoreServer::Impl::handshake(Connection& c, const proto::Hello& hello) {
   flush(c);
 }
 
-void TcpStoreServer::Impl::respond(Connection& c, proto::Opcode op,
-                                   const proto::Response& resp) {
+void TcpStoreServer::Impl::respond(Connection& c, proto::Opcode op, const proto::Response& resp) {
   proto::encode_response(op, resp, c.out);
   flush(c);
 }
@@ -584,8 +586,8 @@ TcpStoreServer::TcpStoreServer(const TcpStoreOptions& options)
   impl_->bind_and_listen();
   impl_->wake_fd = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!impl_->wake_fd) {
-    throw StoreError(fmt::format("cannot start the store on {}: eventfd failed: {}",
-                                 impl_->address, detail::errno_text(errno)));
+    throw StoreError(fmt::format("cannot start the store on {}: eventfd failed: {}", impl_->address,
+                                 detail::errno_text(errno)));
   }
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
 }
@@ -597,7 +599,9 @@ TcpStoreServer::~TcpStoreServer() {
   impl_->thread.join();
 }
 
-std::uint16_t TcpStoreServer::port() const { return impl_->port; }
+std::uint16_t TcpStoreServer::port() const {
+  return impl_->port;
+}
 
 TcpStoreServerStats TcpStoreServer::stats() const {
   std::lock_guard lock(impl_->stats_mutex);

@@ -49,13 +49,15 @@ TcpStoreOptions server_options(std::string token = "") {
   return {.host = "127.0.0.1", .port = 0, .timeout = 5s, .token = std::move(token)};
 }
 
-TcpStoreOptions client_options(const TcpStoreServer& server,
-                               std::chrono::milliseconds timeout = 5s, std::string token = "") {
-  return {.host = "127.0.0.1", .port = server.port(), .timeout = timeout,
-          .token = std::move(token)};
+TcpStoreOptions client_options(const TcpStoreServer& server, std::chrono::milliseconds timeout = 5s,
+                               std::string token = "") {
+  return {
+      .host = "127.0.0.1", .port = server.port(), .timeout = timeout, .token = std::move(token)};
 }
 
-Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
+Bytes bytes(const std::string& s) {
+  return Bytes(s.begin(), s.end());
+}
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -203,7 +205,8 @@ TEST_CASE("store: set, get, add, check, compare_set, remove and wait") {
   store.set("big", big);
   CHECK(store.get("big") == big);
 
-  CHECK(contains(store_error([&] { store.add("greeting", 1); }), "key 'greeting' is not an integer"));
+  CHECK(
+      contains(store_error([&] { store.add("greeting", 1); }), "key 'greeting' is not an integer"));
   CHECK_THROWS_AS(store.set("", std::string("v")), nanoddp::Error);
   CHECK(server.stats().keys >= 4);
 }
@@ -342,9 +345,8 @@ TEST_CASE("store: get and wait time out, naming the missing keys") {
 TEST_CASE("store: an unreachable store fails within the timeout with the documented message") {
   const std::uint16_t port = free_port();
   const auto start = Clock::now();
-  const std::string error = store_error([&] {
-    TcpStore store({.host = "127.0.0.1", .port = port, .timeout = 300ms});
-  });
+  const std::string error =
+      store_error([&] { TcpStore store({.host = "127.0.0.1", .port = port, .timeout = 300ms}); });
   const double elapsed = seconds_since(start);
   CHECK(contains(error, fmt::format("cannot reach the store at 127.0.0.1:{} after 0.3 s (is rank "
                                     "0 running? is MASTER_ADDR right?)",
@@ -374,7 +376,7 @@ TEST_CASE("store: a client that starts before the server connects once it is up"
   CHECK(error == "");
 }
 
-TEST_CASE("store: wrong and missing tokens are refused; a client with the token works") {
+TEST_CASE("store: wrong and missing tokens are refused, a client with the token works") {
   TcpStoreServer server(server_options("s3cret"));
   TcpStore good(client_options(server, 5s, "s3cret"));
   good.set("k", std::string("v"));
@@ -439,6 +441,30 @@ TEST_CASE("store: hostile and broken clients cost only their own connection") {
     REQUIRE(eventually([&] { return server.stats().buffered_bytes >= (200u << 10); }));
     evil.close();
   }
+  SUBCASE("a client that hangs up while parked in get") {
+    RawSocket quitter(server.port());
+    quitter.hello();
+    Bytes get;
+    proto::encode_request({.op = proto::Opcode::kGet, .keys = {"never"}, .timeout_ms = 60000}, get);
+    quitter.send(get);
+    REQUIRE(eventually([&] { return server.stats().parked == 1; }));
+    quitter.close();
+    CHECK(eventually([&] { return server.stats().parked == 0; }));
+  }
+  SUBCASE("a client that asks for a big value again and again and never reads") {
+    good.set("big", Bytes(1u << 20, 1));
+    RawSocket hog(server.port());
+    hog.hello();
+    Bytes gets;
+    for (int i = 0; i < 200; ++i) {
+      proto::encode_request({.op = proto::Opcode::kGet, .keys = {"big"}}, gets);
+    }
+    hog.send(gets);
+    // Without back-pressure the server would queue 200 MiB of answers; it stops decoding this
+    // client's requests while ~1 MiB of its answers are unsent.
+    std::this_thread::sleep_for(200ms);
+    CHECK(server.stats().buffered_bytes < (8u << 20));
+  }
   SUBCASE("a token far over the limit") {
     RawSocket evil(server.port());
     Bytes b(proto::kMagic.begin(), proto::kMagic.end());
@@ -467,7 +493,7 @@ TEST_CASE("store: hostile and broken clients cost only their own connection") {
   CHECK(eventually([&] { return server.stats().buffered_bytes < (256u << 10); }));
 }
 
-TEST_CASE("store: connections over max_connections are closed at once; the rest keep working") {
+TEST_CASE("store: connections over max_connections are closed at once, the rest keep working") {
   TcpStoreOptions options = server_options();
   options.max_connections = 3;
   TcpStoreServer server(options);
@@ -507,9 +533,8 @@ TEST_CASE("store: PrefixStore keeps namespaces apart") {
 
 TEST_CASE("store: a port in use is a clear error") {
   TcpStoreServer first(server_options());
-  const std::string error = store_error([&] {
-    TcpStoreServer second({.host = "127.0.0.1", .port = first.port()});
-  });
+  const std::string error =
+      store_error([&] { TcpStoreServer second({.host = "127.0.0.1", .port = first.port()}); });
   CHECK(contains(error, fmt::format("cannot start the store on 127.0.0.1:{}: address already in "
                                     "use (another job? pick another --master-port)",
                                     first.port())));
@@ -518,9 +543,8 @@ TEST_CASE("store: a port in use is a clear error") {
 TEST_CASE("store: shutting the server down wakes a client parked in get with an error") {
   auto server = std::make_unique<TcpStoreServer>(server_options());
   TcpStore store(client_options(*server, 10s));
-  auto result = std::async(std::launch::async, [&] {
-    return store_error([&] { store.get("never"); });
-  });
+  auto result =
+      std::async(std::launch::async, [&] { return store_error([&] { store.get("never"); }); });
   REQUIRE(eventually([&] { return server->stats().parked == 1; }));
   const auto start = Clock::now();
   server.reset();

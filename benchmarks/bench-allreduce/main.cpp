@@ -1,0 +1,432 @@
+// nanoddp-bench-allreduce: all-reduce bandwidth the way nccl-tests' all_reduce_perf reports it,
+// through nanoddp's process groups — and, with --raw, straight on the Gloo API, so that the
+// engine's own overhead (Work objects, the worker thread hand-off, dtype dispatch) can be read
+// off by comparing the two runs.
+//
+// Run it as a worker under a launcher (it reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
+// e.g. two processes on one machine:
+//   RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 nanoddp-bench-allreduce &
+//   RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 nanoddp-bench-allreduce
+// Rank 0 prints.
+//
+// What is measured (per size): `-w` warm-up ops, a barrier, then `-n` ops issued back to back on
+// one buffer (in place, as nccl-tests does) and waited for; time = elapsed / n on rank 0.
+//   algbw = bytes / time                    (what the caller sees)
+//   busbw = algbw * 2 (n - 1) / n           (what each link carries in a ring all-reduce:
+//                                            comparable across world sizes, and with nccl-tests)
+// With -c 1 a separate op on freshly filled data (element i of rank r is (r + 1) * (i % 4 + 1))
+// is compared with its closed-form result; #wrong counts mismatching elements over all ranks.
+// Buffers are allocated once at the largest size and viewed for smaller ones.
+
+#include <fmt/format.h>
+
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nanoddp/comm/gloo_context.h"
+#include "nanoddp/comm/gloo_process_group.h"
+#include "nanoddp/comm/init.h"
+#include "nanoddp/comm/rendezvous.h"
+#include "nanoddp/comm/store.h"
+#include "nanoddp/engine/error.h"
+#include "nanoddp/engine/stream.h"
+#include "nanoddp/engine/tensor.h"
+
+namespace {
+
+using nanoddp::DType;
+using nanoddp::Tensor;
+using nanoddp::comm::ReduceOp;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string min_bytes = "8";
+  std::string max_bytes = "64M";
+  double factor = 2.0;
+  int iters = 20;
+  int warmup = 5;
+  int check = 1;
+  std::string op = "sum";
+  std::string dtype = "float";
+  std::string backend = "gloo";
+  std::string json_path;
+  bool raw = false;
+};
+
+std::int64_t parse_bytes(const std::string& text) {
+  // nccl-tests style: 8, 1K, 16M, 1G (powers of 1024).
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    nanoddp::fail("'{}' is not a size (e.g. 8, 1K, 16M, 1G)", text);
+  }
+  const std::string suffix = text.substr(used);
+  double scale = 1;
+  if (suffix == "K" || suffix == "k")
+    scale = 1024.0;
+  else if (suffix == "M" || suffix == "m")
+    scale = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g")
+    scale = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty())
+    nanoddp::fail("'{}' is not a size (e.g. 8, 1K, 16M, 1G)", text);
+  return static_cast<std::int64_t>(value * scale);
+}
+
+ReduceOp parse_op(const std::string& op) {
+  if (op == "sum") return ReduceOp::kSum;
+  if (op == "avg") return ReduceOp::kAvg;
+  if (op == "max") return ReduceOp::kMax;
+  if (op == "min") return ReduceOp::kMin;
+  nanoddp::fail("--op {}: expected sum, avg, max or min", op);
+}
+
+std::uint16_t to_bf16(float v) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(v);
+  return static_cast<std::uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+float from_bf16(std::uint16_t v) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(v) << 16);
+}
+
+// ---- raw Gloo: the same calls the process group's worker makes, on the calling thread ------
+
+template <typename T, typename F>
+void reduce_loop(void* c, const void* a, const void* b, std::size_t n, F f) {
+  T* out = static_cast<T*>(c);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (std::size_t i = 0; i < n; ++i) out[i] = f(x[i], y[i]);
+}
+
+gloo::AllreduceOptions::Func raw_reduce(ReduceOp op, DType dtype) {
+  const auto pick = [](ReduceOp o, float a, float b) {
+    return o == ReduceOp::kMax ? std::max(a, b) : o == ReduceOp::kMin ? std::min(a, b) : a + b;
+  };
+  if (dtype == DType::kF32) {
+    return [op, pick](void* c, const void* a, const void* b, std::size_t n) {
+      reduce_loop<float>(c, a, b, n, [&](float x, float y) { return pick(op, x, y); });
+    };
+  }
+  return [op, pick](void* c, const void* a, const void* b, std::size_t n) {
+    reduce_loop<std::uint16_t>(c, a, b, n, [&](std::uint16_t x, std::uint16_t y) {
+      return to_bf16(pick(op, from_bf16(x), from_bf16(y)));
+    });
+  };
+}
+
+struct RawGloo {
+  nanoddp::comm::GlooConnection connection;
+  std::chrono::milliseconds timeout;
+  std::uint32_t tag = 0;
+
+  void allreduce(Tensor& t, ReduceOp op) {
+    const auto n = static_cast<std::size_t>(t.numel());
+    if (n == 0) return;
+    gloo::AllreduceOptions opts(connection.context);
+    if (t.dtype() == DType::kF32) {
+      opts.setOutput(static_cast<float*>(t.raw_data()), n);
+    } else {
+      opts.setOutput(static_cast<std::uint16_t*>(t.raw_data()), n);
+    }
+    opts.setReduceFunction(raw_reduce(op, t.dtype()));
+    opts.setTag(++tag);
+    opts.setTimeout(timeout);
+    gloo::allreduce(opts);
+    if (op == ReduceOp::kAvg) {
+      const float size = static_cast<float>(connection.context->size);
+      if (t.dtype() == DType::kF32) {
+        for (std::size_t i = 0; i < n; ++i) t.data()[i] /= size;
+      } else {
+        auto* p = static_cast<std::uint16_t*>(t.raw_data());
+        for (std::size_t i = 0; i < n; ++i) p[i] = to_bf16(from_bf16(p[i]) / size);
+      }
+    }
+  }
+  void barrier() {
+    gloo::BarrierOptions opts(connection.context);
+    opts.setTag(++tag);
+    opts.setTimeout(timeout);
+    gloo::barrier(opts);
+  }
+};
+
+// ---- one rank's view of the job --------------------------------------------------------------
+
+struct Runner {
+  nanoddp::comm::WorldInfo world;
+  nanoddp::Device device = nanoddp::Device::cpu();
+  std::optional<nanoddp::comm::Distributed> dist;  // nanoddp mode
+  // raw mode: our own store (the same steps as init_distributed) and a bare Gloo context
+  std::unique_ptr<nanoddp::comm::TcpStoreServer> server;
+  std::shared_ptr<nanoddp::comm::Store> store;
+  std::optional<RawGloo> raw;
+  std::string transport;
+
+  int rank() const { return world.rank; }
+  int size() const { return world.world_size; }
+
+  // Issues `count` ops and waits for all (nanoddp: back to back, then wait in order).
+  void run_ops(Tensor& t, ReduceOp op, int count) {
+    if (raw) {
+      for (int i = 0; i < count; ++i) raw->allreduce(t, op);
+      return;
+    }
+    // Ops complete in issue order, so waiting for the last one waits for all of them (and
+    // wakes this thread once, not once per op).
+    std::shared_ptr<nanoddp::comm::Work> last;
+    for (int i = 0; i < count; ++i) {
+      last = dist->group->allreduce(t, op);
+    }
+    if (last != nullptr) last->wait();
+    if (device.is_cuda()) nanoddp::Stream::compute(device).synchronize();
+  }
+  void barrier() {
+    if (raw) {
+      raw->barrier();
+    } else {
+      dist->group->barrier()->wait();
+    }
+  }
+  std::int64_t sum_across(std::int64_t value) {
+    Tensor t = Tensor::full({1}, static_cast<float>(value));
+    if (raw) {
+      raw->allreduce(t, ReduceOp::kSum);
+    } else if (device.is_cuda()) {
+      Tensor g = t.to(device);
+      dist->group->allreduce(g, ReduceOp::kSum)->wait();
+      t = g.to(nanoddp::Device::cpu());
+    } else {
+      dist->group->allreduce(t, ReduceOp::kSum)->wait();
+    }
+    return static_cast<std::int64_t>(t.item());
+  }
+};
+
+float fill_value(int rank, std::int64_t i) {
+  return static_cast<float>((rank + 1) * (i % 4 + 1));
+}
+
+float expected_value(ReduceOp op, int size, std::int64_t i) {
+  const float f = static_cast<float>(i % 4 + 1);
+  const float n = static_cast<float>(size);
+  switch (op) {
+    case ReduceOp::kSum:
+      return f * n * (n + 1) / 2;
+    case ReduceOp::kAvg:
+      return f * (n + 1) / 2;
+    case ReduceOp::kMax:
+      return f * n;
+    case ReduceOp::kMin:
+      return f;
+  }
+  return 0;
+}
+
+// Fills the first `count` elements of the host buffer and copies them where the op runs.
+void fill_for_check(Tensor& host, Tensor& buffer, int rank, std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    if (host.dtype() == DType::kF32) {
+      host.data()[i] = fill_value(rank, i);
+    } else {
+      static_cast<std::uint16_t*>(host.raw_data())[i] = to_bf16(fill_value(rank, i));
+    }
+  }
+  if (!buffer.is_same(host)) buffer.copy_from(host);
+}
+
+std::int64_t count_wrong(const Tensor& result_host, ReduceOp op, int size, std::int64_t count) {
+  std::int64_t wrong = 0;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const float expected = expected_value(op, size, i);
+    const float actual =
+        result_host.dtype() == DType::kF32
+            ? result_host.data()[i]
+            : from_bf16(static_cast<const std::uint16_t*>(result_host.raw_data())[i]);
+    const float tolerance = result_host.dtype() == DType::kF32 ? 1e-5f : 1e-2f;
+    if (!(std::fabs(actual - expected) <= tolerance * std::max(1.0f, std::fabs(expected)))) {
+      ++wrong;
+    }
+  }
+  return wrong;
+}
+
+int run(int argc, char** argv) {
+  Options opt;
+  CLI::App app{"nanoddp-bench-allreduce: all-reduce time, algbw and busbw (nccl-tests style)"};
+  app.add_option("-b,--minbytes", opt.min_bytes, "smallest size in bytes (8, 1K, 16M, ...)");
+  app.add_option("-e,--maxbytes", opt.max_bytes, "largest size in bytes");
+  app.add_option("-f,--stepfactor", opt.factor, "size multiplier between rows")
+      ->check(CLI::Range(1.01, 1e6));
+  app.add_option("-n,--iters", opt.iters, "timed ops per size")->check(CLI::PositiveNumber);
+  app.add_option("-w,--warmup_iters", opt.warmup, "untimed ops per size first")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("-c,--check", opt.check, "check results against closed-form values (0/1)")
+      ->check(CLI::Range(0, 1));
+  app.add_option("--op", opt.op, "reduction: sum, avg, max, min");
+  app.add_option("--dtype", opt.dtype, "float or bf16")->check(CLI::IsMember({"float", "bf16"}));
+  app.add_option("--backend", opt.backend, "gloo or nccl")->check(CLI::IsMember({"gloo", "nccl"}));
+  app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE");
+  app.add_flag("--raw", opt.raw,
+               "Gloo only: call gloo::allreduce directly (same connection set-up, no process "
+               "group, no worker thread) to show the engine's overhead");
+  CLI11_PARSE(app, argc, argv);
+
+  const ReduceOp op = parse_op(opt.op);
+  const DType dtype = opt.dtype == "float" ? DType::kF32 : DType::kBF16;
+  const std::int64_t min_bytes = parse_bytes(opt.min_bytes);
+  const std::int64_t max_bytes = parse_bytes(opt.max_bytes);
+  if (min_bytes < 1 || max_bytes < min_bytes) {
+    nanoddp::fail("-b {} -e {}: need 1 <= minbytes <= maxbytes", opt.min_bytes, opt.max_bytes);
+  }
+  if (opt.raw && opt.backend != "gloo") nanoddp::fail("--raw is for the gloo backend only");
+
+  Runner runner;
+  runner.world = nanoddp::comm::world_from_env();
+  const auto timeout = nanoddp::comm::default_timeout();
+  if (opt.backend == "nccl") {
+    runner.device = nanoddp::Device::cuda(runner.world.local_rank);
+  }
+  if (opt.raw) {
+    // The steps of init_distributed, then connect_gloo — the very function the process group
+    // uses — so both modes talk over identically built connections.
+    nanoddp::comm::TcpStoreOptions so;
+    so.host = runner.world.master_addr;
+    so.port =
+        static_cast<std::uint16_t>(runner.world.world_size == 1 ? 0 : runner.world.master_port);
+    so.timeout = timeout;
+    if (runner.rank() == 0) {
+      runner.server = std::make_unique<nanoddp::comm::TcpStoreServer>(so);
+      so.port = runner.server->port();
+    }
+    runner.store = std::make_shared<nanoddp::comm::PrefixStore>(
+        fmt::format("restart{}", runner.world.restart_count),
+        std::make_shared<nanoddp::comm::TcpStore>(so));
+    nanoddp::comm::ProcessGroupOptions po;
+    po.timeout = timeout;
+    po.master_addr = runner.world.master_addr;
+    auto connection = nanoddp::comm::connect_gloo(runner.store, runner.rank(), runner.size(), po);
+    runner.transport = connection.device_description;
+    runner.raw.emplace(RawGloo{std::move(connection), timeout});
+  } else {
+    nanoddp::comm::DistributedOptions dopt;
+    dopt.backend = opt.backend;
+    dopt.device = runner.device;
+    dopt.timeout = timeout;
+    runner.dist.emplace(nanoddp::comm::init_distributed(runner.world, dopt));
+    if (auto* gloo = dynamic_cast<nanoddp::comm::GlooProcessGroup*>(runner.dist->group.get())) {
+      runner.transport = gloo->device_description();
+    }
+  }
+
+  const std::size_t elem = nanoddp::dtype_size(dtype);
+  const std::int64_t max_count =
+      std::max<std::int64_t>(1, max_bytes / static_cast<std::int64_t>(elem));
+  // One buffer at the largest size, viewed for smaller ones (fresh memory is slow to touch).
+  Tensor host = Tensor::empty({max_count}, nanoddp::Device::cpu(), dtype);
+  Tensor buffer = runner.device.is_cuda() ? Tensor::empty({max_count}, runner.device, dtype) : host;
+  fill_for_check(host, buffer, runner.rank(), max_count);
+
+  std::optional<std::ofstream> json;
+  if (runner.rank() == 0 && !opt.json_path.empty()) {
+    json.emplace(opt.json_path);
+    if (!*json) nanoddp::fail("cannot open --json file {}", opt.json_path);
+  }
+  const std::string mode = opt.raw ? "raw gloo::allreduce" : "nanoddp ProcessGroup";
+  std::string algorithm;
+  if (opt.backend == "gloo") {
+    algorithm =
+        fmt::format("ring allreduce as used by gloo::allreduce (TCP, {})", runner.transport);
+  } else {
+    const char* algo = std::getenv("NCCL_ALGO");
+    const char* proto = std::getenv("NCCL_PROTO");
+    algorithm = fmt::format(
+        "NCCL_ALGO={} NCCL_PROTO={} (unset = NCCL picks per size: ring, "
+        "tree, NVLS...)",
+        algo != nullptr ? algo : "auto", proto != nullptr ? proto : "auto");
+  }
+  if (runner.rank() == 0) {
+    fmt::print("# nanoddp-bench-allreduce: backend {} via {}, {} ranks, {} iters, {} warm-up\n",
+               opt.backend, mode, runner.size(), opt.iters, opt.warmup);
+    fmt::print("# algorithm: {}\n", algorithm);
+    fmt::print("# time = rank 0's wall time per op; busbw = algbw * 2(n-1)/n\n");
+    fmt::print("#\n# {:>12} {:>12} {:>8} {:>6} {:>11} {:>11} {:>11} {:>7}\n", "size", "count",
+               "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+  }
+
+  for (double bytes_d = static_cast<double>(min_bytes); bytes_d <= static_cast<double>(max_bytes);
+       bytes_d *= opt.factor) {
+    const std::int64_t count = std::max<std::int64_t>(
+        1, static_cast<std::int64_t>(bytes_d) / static_cast<std::int64_t>(elem));
+    const std::int64_t bytes = count * static_cast<std::int64_t>(elem);
+    Tensor view = buffer.view(0, {count});
+
+    runner.run_ops(view, op, opt.warmup);
+    runner.barrier();
+    const auto start = Clock::now();
+    runner.run_ops(view, op, opt.iters);
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / opt.iters;
+
+    std::int64_t wrong = -1;
+    if (opt.check != 0) {
+      Tensor host_view = host.view(0, {count});
+      fill_for_check(host_view, view, runner.rank(), count);
+      runner.run_ops(view, op, 1);
+      if (!view.is_same(host_view)) host_view.copy_from(view);
+      wrong = runner.sum_across(count_wrong(host_view, op, runner.size(), count));
+    }
+    const double n = runner.size();
+    const double algbw = static_cast<double>(bytes) / seconds / 1e9;
+    const double busbw = algbw * 2.0 * (n - 1) / n;
+    if (runner.rank() == 0) {
+      fmt::print("  {:>12} {:>12} {:>8} {:>6} {:>11.1f} {:>11.3f} {:>11.3f} {:>7}\n", bytes, count,
+                 opt.dtype, opt.op, seconds * 1e6, algbw, busbw,
+                 wrong < 0 ? std::string("N/A") : std::to_string(wrong));
+      if (json) {
+        const nlohmann::json line = {{"benchmark", "allreduce"},
+                                     {"backend", opt.backend},
+                                     {"mode", opt.raw ? "raw" : "nanoddp"},
+                                     {"ranks", runner.size()},
+                                     {"bytes", bytes},
+                                     {"count", count},
+                                     {"dtype", opt.dtype},
+                                     {"op", opt.op},
+                                     {"time_us", seconds * 1e6},
+                                     {"algbw_gbps", algbw},
+                                     {"busbw_gbps", busbw},
+                                     {"wrong", wrong},
+                                     {"algorithm", algorithm}};
+        *json << line.dump() << '\n';
+      }
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "nanoddp-bench-allreduce: error: {}\n", e.what());
+    return 1;
+  }
+}

@@ -52,8 +52,8 @@ class Work {
   virtual std::exception_ptr error() = 0;
   virtual std::uint64_t sequence_number() const = 0;
   virtual const std::string& op_name() const = 0;
-  // When the op started and finished running, once it has completed (CPU backends). CUDA ops
-  // are timed with events instead and return nothing here.
+  // When the op started and finished running, once it has completed. CUDA ops are timed with
+  // events on the communication stream, mapped onto the host clock.
   virtual std::optional<WorkTiming> timing() const { return std::nullopt; }
 };
 

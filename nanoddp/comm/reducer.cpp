@@ -109,6 +109,7 @@ void Reducer::on_gradient_ready(std::size_t slot) {
     in_backward_ = true;
     stats_ = ReducerStats{};
     stats_.origin = now;
+    timed_works_.clear();  // timings of the previous step not asked for by now are dropped
     stats_.buckets.assign(buckets_.size(), BucketStats{});
     // Runs once autograd has finished the whole pass.
     queue_backward_callback([this] { finalize(); });
@@ -218,21 +219,38 @@ void Reducer::finalize() {
           .bf16_to_f32(static_cast<const std::uint16_t*>(bucket.compressed.raw_data()),
                        bucket.grads.data(), bucket.numel);
     }
-    if (const auto timing = works_[b]->timing()) {
-      BucketStats& s = stats_.buckets[b];
-      s.start_ms = ms_between(stats_.origin, timing->start);
-      s.end_ms = ms_between(stats_.origin, timing->end);
-      stats_.comm_ms += s.allreduce_ms();
-      if (tracer) {
-        tracer->span(fmt::format("all-reduce bucket {}", b), TraceTrack::kCommunication,
-                     timing->start, timing->end,
-                     {{"elements", std::to_string(bucket.numel)},
-                      {"sequence", std::to_string(works_[b]->sequence_number())},
-                      {"hook", comm_hook_name(options_.comm_hook)}});
-      }
-    }
   }
+  // Timings: a CPU collective has finished by now; a CUDA one may still be running on its
+  // stream (the host did not wait), so its timing is picked up later by last_stats().
+  timed_works_ = works_;
+  timed_tracer_ = tracer;
+  collect_timings();
   reset();
+}
+
+void Reducer::collect_timings() {
+  for (std::size_t b = 0; b < timed_works_.size(); ++b) {
+    if (!timed_works_[b]) continue;
+    const auto timing = timed_works_[b]->timing();
+    if (!timing) continue;
+    BucketStats& s = stats_.buckets[b];
+    s.start_ms = ms_between(stats_.origin, timing->start);
+    s.end_ms = ms_between(stats_.origin, timing->end);
+    stats_.comm_ms += s.allreduce_ms();
+    if (timed_tracer_) {
+      timed_tracer_->span(fmt::format("all-reduce bucket {}", b), TraceTrack::kCommunication,
+                          timing->start, timing->end,
+                          {{"elements", std::to_string(buckets_[b].numel)},
+                           {"sequence", std::to_string(timed_works_[b]->sequence_number())},
+                           {"hook", comm_hook_name(options_.comm_hook)}});
+    }
+    timed_works_[b] = nullptr;  // counted once
+  }
+}
+
+const ReducerStats& Reducer::last_stats() {
+  collect_timings();
+  return stats_;
 }
 
 std::string Reducer::describe_buckets() const {

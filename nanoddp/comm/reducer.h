@@ -35,6 +35,7 @@
 
 #include "nanoddp/comm/process_group.h"
 #include "nanoddp/engine/tensor.h"
+#include "nanoddp/engine/trace.h"
 #include "nanoddp/nn/flat_parameters.h"
 
 namespace nanoddp::comm {
@@ -100,8 +101,9 @@ class Reducer {
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const ReducerOptions& options() const { return options_; }
-  // Statistics of the last synchronized backward pass.
-  const ReducerStats& last_stats() const { return stats_; }
+  // Statistics of the last synchronized backward pass. On CUDA the all-reduce timings arrive
+  // once the collectives have finished on their stream (call it after the step synchronized).
+  const ReducerStats& last_stats();
   // A one-line-per-bucket description: index, size, parameter names.
   std::string describe_buckets() const;
 
@@ -112,6 +114,7 @@ class Reducer {
   void finalize();
   void reset();
   void handle_unused();
+  void collect_timings();
 
   nn::FlatParameters& params_;
   std::shared_ptr<ProcessGroup> group_;
@@ -128,6 +131,9 @@ class Reducer {
   std::size_t next_to_launch_ = 0;
   std::vector<std::shared_ptr<Work>> works_;
   ReducerStats stats_;
+  // The last step's collectives whose timings are not yet in stats_ (and where to trace them).
+  std::vector<std::shared_ptr<Work>> timed_works_;
+  Tracer* timed_tracer_ = nullptr;
 };
 
 }  // namespace nanoddp::comm

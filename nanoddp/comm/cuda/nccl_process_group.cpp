@@ -84,15 +84,29 @@ double seconds(std::chrono::steady_clock::duration d) {
 // What the watchdog sees of an op: its events and its description. No tensors here, so the
 // watchdog thread never drops the last handle to a buffer (the allocator is the issuing
 // thread's business).
+// Maps GPU event times onto the host's steady clock: an event recorded (and waited for) at a
+// known host time; any later event's host time is that time plus the GPU-measured interval.
+struct ClockAnchor {
+  Event event;
+  std::chrono::steady_clock::time_point host;
+  explicit ClockAnchor(Device device) : event(device) {}
+  std::chrono::steady_clock::time_point host_time_of(const Event& later) const {
+    return host + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double, std::milli>(event.elapsed_ms(later)));
+  }
+};
+
 struct OpState {
   std::uint64_t sequence_number = 0;
   std::string op_name;
   std::string description;  // "allreduce #7 (sum, 1237 x float32)"
   Event ready;
+  Event started;  // on the comm stream, once the inputs are ready: the op's real start
   Event done;
+  std::shared_ptr<const ClockAnchor> anchor;
   std::chrono::steady_clock::time_point issued;
   bool host_blocking = false;  // barrier: wait() blocks the host
-  OpState(Device device) : ready(device), done(device) {}
+  OpState(Device device) : ready(device), started(device), done(device) {}
 };
 
 class NcclWork final : public Work {
@@ -112,6 +126,12 @@ class NcclWork final : public Work {
   std::exception_ptr error() override { return nullptr; }
   std::uint64_t sequence_number() const override { return state_->sequence_number; }
   const std::string& op_name() const override { return state_->op_name; }
+  // When the collective ran on the GPU, in host steady-clock time (timelines and statistics).
+  std::optional<WorkTiming> timing() const override {
+    if (!state_->done.query()) return std::nullopt;
+    return WorkTiming{.start = state_->anchor->host_time_of(state_->started),
+                      .end = state_->anchor->host_time_of(state_->done)};
+  }
 
  private:
   std::shared_ptr<OpState> state_;
@@ -164,6 +184,13 @@ class NcclProcessGroup final : public ProcessGroup {
     // 3. The communication stream (high priority: NCCL's kernels are scheduled ahead of queued
     // compute kernels) and a one-element buffer for barrier().
     comm_stream_ = Stream::create(device_, StreamPriority::kHigh);
+    {
+      auto anchor = std::make_shared<ClockAnchor>(device_);
+      anchor->event.record(comm_stream_);
+      anchor->event.synchronize();
+      anchor->host = std::chrono::steady_clock::now();
+      anchor_ = std::move(anchor);
+    }
     barrier_buffer_ = Tensor::zeros({1}, device_);
 
     watchdog_ = std::thread([this] { watchdog_loop(); });
@@ -355,6 +382,8 @@ class NcclProcessGroup final : public ProcessGroup {
 
     state->ready.record(Stream::compute(device_));  // 1. inputs are produced up to here
     state->ready.block(comm_stream_);               // 2. comm stream waits (GPU-side)
+    state->started.record(comm_stream_);
+    state->anchor = anchor_;
     state->issued = std::chrono::steady_clock::now();
     launch(static_cast<cudaStream_t>(comm_stream_.native()));  // 3. the collective
     wait_ready(op, state->issued + options_.timeout);
@@ -438,6 +467,7 @@ class NcclProcessGroup final : public ProcessGroup {
   Device device_;
   ncclComm_t comm_ = nullptr;
   Stream comm_stream_;
+  std::shared_ptr<const ClockAnchor> anchor_;
   Tensor barrier_buffer_;
   std::mutex issue_mutex_;
   std::uint64_t last_sequence_number_ = 0;

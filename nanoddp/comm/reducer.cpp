@@ -105,7 +105,20 @@ void Reducer::reset() {
 void Reducer::on_gradient_ready(std::size_t slot) {
   if (!sync_) return;  // no_sync: the gradient just accumulates locally
   const Clock::time_point now = Clock::now();
+  if (in_backward_ && current_backward_pass() != backward_pass_) {
+    // The previous pass died before its end (an exception in a backward function), so its
+    // finalize never ran: drop its state and start over with this pass.
+    for (auto& work : works_) {
+      if (!work) continue;
+      try {
+        work->wait();
+      } catch (...) {
+      }
+    }
+    reset();
+  }
   if (!in_backward_) {
+    backward_pass_ = current_backward_pass();
     in_backward_ = true;
     stats_ = ReducerStats{};
     stats_.origin = now;

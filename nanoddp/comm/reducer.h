@@ -126,6 +126,7 @@ class Reducer {
   // Per-step state.
   bool sync_ = true;
   bool in_backward_ = false;
+  std::uint64_t backward_pass_ = 0;  // autograd's id of the pass in progress
   std::vector<int> pending_;           // per bucket: gradients still to come
   std::vector<bool> slot_ready_;       // per slot
   std::size_t next_to_launch_ = 0;

@@ -239,12 +239,20 @@ void BackwardPass::accumulate(std::size_t i, const Accumulator& write) {
 namespace {
 // The callbacks of the backward pass running on this thread (null outside a pass).
 thread_local std::vector<std::function<void()>>* tls_backward_callbacks = nullptr;
+thread_local std::uint64_t tls_backward_pass = 0;
+thread_local std::uint64_t tls_backward_passes_started = 0;
 
 // Installs the pass's callback list for this thread, and removes it however the pass ends.
 class CallbackScope {
  public:
-  CallbackScope() { tls_backward_callbacks = &callbacks_; }
-  ~CallbackScope() { tls_backward_callbacks = nullptr; }
+  CallbackScope() {
+    tls_backward_callbacks = &callbacks_;
+    tls_backward_pass = ++tls_backward_passes_started;
+  }
+  ~CallbackScope() {
+    tls_backward_callbacks = nullptr;
+    tls_backward_pass = 0;
+  }
   CallbackScope(const CallbackScope&) = delete;
   CallbackScope& operator=(const CallbackScope&) = delete;
   // Callbacks may queue further callbacks; runs until none are left.
@@ -268,6 +276,8 @@ void run_backward(const Tensor& root) {
   pass.run(root);
   scope.run_all();
 }
+
+std::uint64_t current_backward_pass() { return tls_backward_pass; }
 
 void queue_backward_callback(std::function<void()> callback) {
   NANODDP_CHECK(tls_backward_callbacks != nullptr,

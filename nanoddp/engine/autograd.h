@@ -85,4 +85,8 @@ void run_backward(const Tensor& root);
 // only once every bucket has been reduced, as with PyTorch's DDP.
 void queue_backward_callback(std::function<void()> callback);
 
+// A number that identifies the backward pass running on this thread (0 outside a pass): lets a
+// hook tell a new pass from the rest of the current one, even after a pass died mid-way.
+std::uint64_t current_backward_pass();
+
 }  // namespace nanoddp

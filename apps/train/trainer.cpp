@@ -3,10 +3,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "nanoddp/comm/consistency.h"
 #include "nanoddp/config.h"
@@ -33,6 +36,24 @@ std::string format_duration(double seconds) {
   return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
 }
 
+// Creates `dir` if needed and writes (then removes) a small file in it.
+void check_checkpoint_dir_writable(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail("--checkpoint-dir '{}' cannot be created: {}", dir, ec.message());
+  const std::filesystem::path probe =
+      std::filesystem::path(dir) / fmt::format(".nanoddp-write-test.{}", ::getpid());
+  {
+    std::ofstream out(probe, std::ios::trunc);
+    out << "x";
+    out.close();
+    if (!out) {
+      fail("--checkpoint-dir '{}' is not writable (cannot create '{}')", dir, probe.string());
+    }
+  }
+  std::filesystem::remove(probe, ec);
+}
+
 }  // namespace
 
 struct Trainer::Window {
@@ -53,6 +74,12 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
                                                               : GemmBackend::kHand);
   }
   kernels::cpu::set_gemm_threads(o_.threads);
+
+  // Rank 0 writes the checkpoints: find out now, not after hours of training, that it cannot.
+  // (Before the process group: a launcher then stops the other ranks at once.)
+  if (o_.checkpoint_every > 0 && world_.rank == 0) {
+    check_checkpoint_dir_writable(o_.checkpoint_dir);
+  }
 
   if (distributed_) {
     dist_.emplace(comm::init_distributed(

@@ -200,8 +200,8 @@ TEST_CASE("a whole job killed, resumed on another number of ranks (same global b
   auto argv_for = [&](int world, int batch, std::vector<std::string> extra) {
     std::vector<std::string> argv = {bin_path("nanoddp-run"), "--nproc-per-node",
                                      std::to_string(world)};
-    std::vector<std::string> train = train_argv({"--steps", "600", "--log-every", "300", "--lr",
-                                                 "0.01", "--batch", std::to_string(batch)});
+    std::vector<std::string> train = train_argv(
+        {"--steps", "600", "--log-every", "300", "--lr", "0.01", "--batch", std::to_string(batch)});
     train.insert(train.end(), extra.begin(), extra.end());
     argv.insert(argv.end(), train.begin(), train.end());
     return argv;

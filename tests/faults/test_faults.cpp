@@ -69,6 +69,8 @@ void kill_one_rank(int world, int victim, int signo) {
   std::this_thread::sleep_for(200ms);  // well inside the training loop
   ranks[static_cast<std::size_t>(victim)]->send(signo);
   const auto start = Clock::now();
+  int named = 0, fast = 0;
+  std::string outputs;
   for (int r = 0; r < world; ++r) {
     if (r == victim) continue;
     auto& rank = *ranks[static_cast<std::size_t>(r)];
@@ -77,16 +79,27 @@ void kill_one_rank(int world, int victim, int signo) {
     INFO("rank ", r, ": ", status_text(status), " after ", took, " s\n", rank.output());
     REQUIRE(status.has_value());  // it ended by itself: no hang
     CHECK(exited_with(status, 1));
-    // The message names the operation with its sequence number and a peer rank.
-    CHECK(std::regex_search(rank.output(), std::regex(R"(Gloo \w+ #[0-9]+)")));
-    CHECK(std::regex_search(rank.output(), std::regex(R"(rank [0-9])")));
+    // The message names the operation with its sequence number.
+    CHECK(
+        std::regex_search(rank.output(), std::regex(R"(Gloo \w+ #[0-9]+ \(.*\) failed on rank)")));
     if (signo == SIGSTOP) {
       CHECK(contains(rank.output(), fmt::format("timed out after {}.0 s", kTimeoutS)));
-    } else {
-      // A crash is noticed at once (a closed connection), not after the timeout.
-      CHECK(took < kTimeoutS + 3.0);
     }
+    // "rank V may have crashed", "ranks 1, V did not report reaching this op", ...
+    named += std::regex_search(
+        rank.output(),
+        std::regex(fmt::format(
+            R"(ranks? (?:[0-9]+, )*{}(?:, [0-9]+)* (?:may have crashed|did not report))", victim)));
+    fast += took < kTimeoutS + 3.0;
+    outputs += fmt::format("---- rank {} after {:.1f} s:\n{}", r, took, rank.output());
   }
+  // The victim's ring neighbour sees the closed socket (or, for SIGSTOP, the missing report)
+  // and names it; a rank further round the ring may instead time out in a send, or be failed
+  // by a cascade, and then says "another rank" (as tests/comm/test_gloo.cpp describes).
+  INFO(outputs);
+  CHECK(named >= 1);
+  // A crash is noticed at once by the neighbour, not only after the timeout.
+  if (signo == SIGKILL) CHECK(fast >= 1);
   if (signo == SIGSTOP) {
     // The stopped rank is cleaned up by the test (SIGKILL reaches a stopped process).
     ranks[static_cast<std::size_t>(victim)]->send(SIGKILL);

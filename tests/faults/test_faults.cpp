@@ -69,7 +69,7 @@ void kill_one_rank(int world, int victim, int signo) {
   std::this_thread::sleep_for(200ms);  // well inside the training loop
   ranks[static_cast<std::size_t>(victim)]->send(signo);
   const auto start = Clock::now();
-  int named = 0, fast = 0;
+  int named = 0, lost = 0, timed_out = 0;
   std::string outputs;
   for (int r = 0; r < world; ++r) {
     if (r == victim) continue;
@@ -82,15 +82,13 @@ void kill_one_rank(int world, int victim, int signo) {
     // The message names the operation with its sequence number.
     CHECK(
         std::regex_search(rank.output(), std::regex(R"(Gloo \w+ #[0-9]+ \(.*\) failed on rank)")));
-    if (signo == SIGSTOP) {
-      CHECK(contains(rank.output(), fmt::format("timed out after {}.0 s", kTimeoutS)));
-    }
+    timed_out += contains(rank.output(), fmt::format("timed out after {}.0 s", kTimeoutS));
     // "rank V may have crashed", "ranks 1, V did not report reaching this op", ...
     named += std::regex_search(
         rank.output(),
         std::regex(fmt::format(
             R"(ranks? (?:[0-9]+, )*{}(?:, [0-9]+)* (?:may have crashed|did not report))", victim)));
-    fast += took < kTimeoutS + 3.0;
+    lost += contains(rank.output(), fmt::format("lost the connection to rank {}", victim));
     outputs += fmt::format("---- rank {} after {:.1f} s:\n{}", r, took, rank.output());
   }
   // The victim's ring neighbour sees the closed socket (or, for SIGSTOP, the missing report)
@@ -98,8 +96,11 @@ void kill_one_rank(int world, int victim, int signo) {
   // by a cascade, and then says "another rank" (as tests/comm/test_gloo.cpp describes).
   INFO(outputs);
   CHECK(named >= 1);
-  // A crash is noticed at once by the neighbour, not only after the timeout.
-  if (signo == SIGKILL) CHECK(fast >= 1);
+  // A crash is seen as a closed connection (at once), not only as a timeout.
+  if (signo == SIGKILL) CHECK(lost >= 1);
+  // A hang is found by the timeout (a rank that timed out and exited may then fail the last
+  // one with a closed connection: also an error, also bounded).
+  if (signo == SIGSTOP) CHECK(timed_out >= 1);
   if (signo == SIGSTOP) {
     // The stopped rank is cleaned up by the test (SIGKILL reaches a stopped process).
     ranks[static_cast<std::size_t>(victim)]->send(SIGKILL);

@@ -5,6 +5,7 @@
 // before the first step).
 
 #include <fmt/format.h>
+#include <signal.h>
 
 #include <memory>
 
@@ -13,6 +14,11 @@
 
 int main(int argc, char** argv) {
   using namespace nanoddp::train;
+  // Gloo's TCP transport writes to peers without MSG_NOSIGNAL: when a peer dies, the write
+  // raised SIGPIPE and this rank died silently (killed by SIGPIPE, no message) instead of
+  // reporting the failed collective. Ignored, the write fails with EPIPE and the process group
+  // names the op and the peer.
+  ::signal(SIGPIPE, SIG_IGN);
   int exit_code = 0;
   const std::optional<TrainOptions> options = parse_options(argc, argv, exit_code);
   if (!options) return exit_code;

@@ -109,6 +109,9 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "print only the summary");
+  app.add_flag("--skip-nonfinite", o.skip_nonfinite,
+               "skip (on every rank) an optimizer step whose loss or gradients are NaN/Inf, "
+               "instead of stopping");
 
   // Distributed training: active when a launcher set RANK/WORLD_SIZE (nanoddp-run, torchrun).
   app.add_option("--backend", o.backend, "collectives: gloo (CPU), nccl (CUDA) or auto")

@@ -35,6 +35,9 @@ struct TrainOptions {
   std::string save_path;
   int threads = 1;
   bool quiet = false;
+  // A step whose loss (on any rank) or averaged gradients are NaN or Inf: stop (default), or
+  // skip its optimizer update on every rank and go on.
+  bool skip_nonfinite = false;
 
   // Distributed (active when launched by nanoddp-run, torchrun, mpirun or srun).
   std::string backend = "auto";  // gloo | nccl | auto (by device)

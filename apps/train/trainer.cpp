@@ -1,11 +1,15 @@
 #include "trainer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "nanoddp/comm/consistency.h"
 #include "nanoddp/config.h"
@@ -32,6 +36,24 @@ std::string format_duration(double seconds) {
   return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
 }
 
+// Creates `dir` if needed and writes (then removes) a small file in it.
+void check_checkpoint_dir_writable(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail("--checkpoint-dir '{}' cannot be created: {}", dir, ec.message());
+  const std::filesystem::path probe =
+      std::filesystem::path(dir) / fmt::format(".nanoddp-write-test.{}", ::getpid());
+  {
+    std::ofstream out(probe, std::ios::trunc);
+    out << "x";
+    out.close();
+    if (!out) {
+      fail("--checkpoint-dir '{}' is not writable (cannot create '{}')", dir, probe.string());
+    }
+  }
+  std::filesystem::remove(probe, ec);
+}
+
 }  // namespace
 
 struct Trainer::Window {
@@ -52,6 +74,12 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
                                                               : GemmBackend::kHand);
   }
   kernels::cpu::set_gemm_threads(o_.threads);
+
+  // Rank 0 writes the checkpoints: find out now, not after hours of training, that it cannot.
+  // (Before the process group: a launcher then stops the other ranks at once.)
+  if (o_.checkpoint_every > 0 && world_.rank == 0) {
+    check_checkpoint_dir_writable(o_.checkpoint_dir);
+  }
 
   if (distributed_) {
     dist_.emplace(comm::init_distributed(
@@ -135,6 +163,7 @@ void Trainer::check_same_settings() {
                   o_.momentum, o_.weight_decay),
       fmt::format("--seed {} --shuffle {}", o_.seed, o_.shuffle),
       fmt::format("--log-every {}", o_.log_every),
+      fmt::format("--skip-nonfinite {}", o_.skip_nonfinite),
       fmt::format("--checkpoint-every {} --resume {}", o_.checkpoint_every, o_.resume),
       fmt::format("--trace-steps {} (trace {})", o_.trace_steps, !o_.trace_path.empty()),
   };
@@ -226,14 +255,44 @@ float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window&
     loss.backward();
     loss_sum = m == 0 ? loss.detach() : add(loss_sum, loss.detach());
   }
-  {
+  // NaN/Inf policy. Decided from every rank's loss and the averaged gradients (identical on
+  // every rank after the all-reduce), so all ranks stop, or skip, at the same step: a rank that
+  // stopped alone would leave the others waiting in the next step's collectives.
+  const StepHealth health = exchange_health(loss_sum.item());  // item() waits for the device
+  std::vector<int> bad_ranks;
+  for (int r = 0; r < world_size_; ++r) {
+    if (!std::isfinite(health.losses[static_cast<std::size_t>(r)])) bad_ranks.push_back(r);
+  }
+  double loss_sum_all = 0;
+  for (const float l : health.losses) loss_sum_all += l;
+  const auto loss = static_cast<float>(loss_sum_all / world_size_);
+  if (bad_ranks.empty() && health.grads_finite) {
     TraceSpan span("optimizer step", TraceTrack::kCompute);
     optimizer_->step();
-  }
-  const float loss = loss_sum.item();  // also waits for the device
-  if (!std::isfinite(loss)) {
-    fail("the loss became {} at step {} on rank {}. Lower --lr, or check the data.", loss, step,
-         rank_);
+  } else {
+    // "nan", not "-nan": the sign of a NaN means nothing.
+    const auto text = [](float v) {
+      return std::isnan(v) ? std::string("nan") : fmt::format("{}", v);
+    };
+    const std::string what =
+        !bad_ranks.empty()
+            ? fmt::format("the loss became {} at step {} on rank{} {}",
+                          text(health.losses[static_cast<std::size_t>(bad_ranks.front())]), step,
+                          bad_ranks.size() > 1 ? "s" : "", fmt::join(bad_ranks, ", "))
+            : fmt::format("the gradients became non-finite at step {} (averaged over the ranks; "
+                          "the loss was finite on every rank)",
+                          step);
+    if (!o_.skip_nonfinite) {
+      fail("{}. Lower --lr, check the data, or pass --skip-nonfinite to skip such steps.", what);
+    }
+    ++skipped_steps_;
+    if (is_main()) {
+      fmt::print(stderr,
+                 "nanoddp-train: warning: {}: skipped this optimizer step on every rank "
+                 "({} skipped so far)\n",
+                 what, skipped_steps_);
+      std::fflush(stderr);
+    }
   }
   const double wall_ms = ms_since(step_start);
   window.step_ms += wall_ms - data_ms;
@@ -249,11 +308,43 @@ float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window&
   return loss;
 }
 
-float Trainer::world_average(float local) {
-  if (!distributed_) return local;
-  Tensor t = Tensor::from_vector(std::vector<float>{local}, {1}, device_);
-  dist_->group->allreduce(t, comm::ReduceOp::kAvg)->wait();
-  return t.item();
+namespace {
+
+// True when every element is finite. On the GPU: the sum of x * 0 is 0 exactly when no element
+// is NaN or Inf (and cannot overflow).
+bool all_finite(const Tensor& t) {
+  if (t.device().is_cpu()) {
+    const float* p = t.data();
+    const std::int64_t n = t.numel();
+    bool finite = true;
+    for (std::int64_t i = 0; i < n; ++i) finite &= std::isfinite(p[i]);
+    return finite;
+  }
+  return std::isfinite(sum(mul(t, 0.0f)).item());
+}
+
+}  // namespace
+
+Trainer::StepHealth Trainer::exchange_health(float local_loss) {
+  params_->materialize_grads();  // a parameter without a gradient this step counts as zero
+  StepHealth health;
+  health.grads_finite = all_finite(params_->grads());
+  if (!distributed_) {
+    health.losses = {local_loss};
+    return health;
+  }
+  // [loss of rank 0, ..., loss of rank W-1, gradients non-finite on rank 0, ...]: each rank
+  // fills its own entries and the sum hands everyone all of them (x + 0 keeps NaN and Inf).
+  const auto w = static_cast<std::size_t>(world_size_);
+  std::vector<float> values(2 * w, 0.0f);
+  values[static_cast<std::size_t>(rank_)] = local_loss;
+  values[w + static_cast<std::size_t>(rank_)] = health.grads_finite ? 0.0f : 1.0f;
+  Tensor t = Tensor::from_vector(values, {static_cast<std::int64_t>(2 * w)}, device_);
+  dist_->group->allreduce(t, comm::ReduceOp::kSum)->wait();
+  values = t.to_vector();
+  health.losses.assign(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(w));
+  for (std::size_t r = 0; r < w; ++r) health.grads_finite &= values[w + r] == 0.0f;
+  return health;
 }
 
 void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) {
@@ -283,6 +374,7 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) 
       line["comm_ms"] = w.comm_ms / n;
       line["exposed_comm_ms"] = w.exposed_comm_ms / n;
     }
+    if (o_.skip_nonfinite) line["skipped_steps"] = skipped_steps_;
     metrics_ << line.dump() << "\n";
     metrics_.flush();
   }
@@ -354,13 +446,13 @@ int Trainer::run() {
     std::optional<TraceScope> trace_scope;
     if (tracing) trace_scope.emplace(tracer_.get());
 
-    const float local_loss = train_step(step, step_in_epoch, window);
+    const float world_loss = train_step(step, step_in_epoch, window);
     if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
       save_checkpoint(step, epoch, step_in_epoch + 1);
     }
     const bool log_now = step % o_.log_every == 0 || step == steps_ || step == start_step_ + 1;
     if (!log_now) continue;
-    last_loss = world_average(local_loss);
+    last_loss = world_loss;
     if (std::isnan(first_loss)) first_loss = last_loss;
     log(step, epoch, last_loss, window);
     window = Window{};
@@ -386,9 +478,11 @@ int Trainer::run() {
   }
   write_trace();
   if (is_main()) {
-    fmt::print("done: {} steps in {:.2f} s, loss {:.6e} -> {:.6e}{}\n", steps_ - start_step_,
-               ms_since(run_start) / 1000.0, first_loss, last_loss,
-               o_.save_path.empty() ? "" : fmt::format(", parameters saved to {}", o_.save_path));
+    fmt::print(
+        "done: {} steps in {:.2f} s, loss {:.6e} -> {:.6e}{}{}\n", steps_ - start_step_,
+        ms_since(run_start) / 1000.0, first_loss, last_loss,
+        o_.skip_nonfinite ? fmt::format(", {} step(s) skipped for NaN/Inf", skipped_steps_) : "",
+        o_.save_path.empty() ? "" : fmt::format(", parameters saved to {}", o_.save_path));
   }
   return 0;
 }

@@ -31,8 +31,15 @@ class Trainer {
 
   bool is_main() const { return rank_ == 0; }
   void fill_batch(std::int64_t micro_batch_in_epoch);
+  // One optimizer step; returns the loss averaged over the ranks.
   float train_step(std::int64_t step, std::int64_t step_in_epoch, Window& window);
-  float world_average(float local);
+  // Every rank's loss of this step (index = rank), and whether the averaged gradients are
+  // finite: one small all-reduce, so that every rank takes the same decision at the same step.
+  struct StepHealth {
+    std::vector<float> losses;
+    bool grads_finite = true;
+  };
+  StepHealth exchange_health(float local_loss);
   void log(std::int64_t step, std::int64_t epoch, float loss, Window& window);
   void save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch);
   void resume();
@@ -59,6 +66,7 @@ class Trainer {
   std::int64_t steps_per_epoch_ = 0;  // optimizer steps per epoch
   std::int64_t start_step_ = 0;       // steps already done (resume)
   std::int64_t sampler_epoch_ = -1;
+  std::int64_t skipped_steps_ = 0;  // optimizer steps skipped for NaN/Inf (--skip-nonfinite)
 
   // The current micro-batch: host staging buffers (CUDA) and the device tensors.
   std::vector<float> x_host_, y_host_;

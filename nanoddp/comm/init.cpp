@@ -43,16 +43,43 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
   dist.store = std::make_shared<PrefixStore>(fmt::format("restart{}", world.restart_count),
                                              std::move(client));
 
-  // 3. The group.
+  // 3. Every rank publishes its world size. Ranks started with different WORLD_SIZE values
+  // fail inside Gloo's connection set-up (an assertion about address sizes); when the set-up
+  // fails, the published values (only those already there: no extra wait) say what is wrong.
+  dist.store->set(fmt::format("world_size/{}", world.rank), std::to_string(world.world_size));
+  auto check_world_sizes = [&] {
+    for (int other = 0; other < world.world_size; ++other) {
+      const std::string key = fmt::format("world_size/{}", other);
+      if (other == world.rank || !dist.store->check({key})) continue;
+      const std::string theirs = dist.store->get_string(key);
+      if (theirs != std::to_string(world.world_size)) {
+        fail(
+            "the ranks disagree on the world size: WORLD_SIZE is {} on rank {} but {} on rank "
+            "{}. Start every rank with the same WORLD_SIZE.",
+            world.world_size, world.rank, theirs, other);
+      }
+    }
+  };
+
+  // 4. The group.
   ProcessGroupOptions group_options;
   group_options.timeout = options.timeout;
   group_options.interface = options.interface;
   group_options.master_addr = world.master_addr;
   group_options.device_index = options.device.is_cuda() ? options.device.index : 0;
-  dist.group =
-      backend == "nccl"
-          ? make_nccl_process_group(dist.store, world.rank, world.world_size, group_options)
-          : make_gloo_process_group(dist.store, world.rank, world.world_size, group_options);
+  try {
+    dist.group =
+        backend == "nccl"
+            ? make_nccl_process_group(dist.store, world.rank, world.world_size, group_options)
+            : make_gloo_process_group(dist.store, world.rank, world.world_size, group_options);
+  } catch (const std::exception&) {
+    try {
+      check_world_sizes();  // the clearer message when that is the cause
+    } catch (const StoreError&) {
+      // The store is gone too: the group's own error says more.
+    }
+    throw;
+  }
   return dist;
 }
 

@@ -1,6 +1,10 @@
 #include "nanoddp/nn/checkpoint.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <filesystem>
 
@@ -71,6 +75,30 @@ std::string optimizer_kind(const Optimizer& optimizer) {
   return d.substr(0, d.find('('));
 }
 
+// A writer killed in the middle of a checkpoint leaves its temporary file behind
+// (".step-N.safetensors.tmp.PID.K", see file_io.cpp): never listed as a checkpoint, but tens of
+// megabytes each. Remove those whose writer is dead; a live writer's (another process saving
+// into this directory) is left alone.
+void remove_stale_temporaries(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    constexpr std::string_view kTmp = ".safetensors.tmp.";
+    const auto at = name.find(kTmp);
+    if (!name.starts_with(".step-") || at == std::string::npos) continue;
+    const char* first = name.data() + at + kTmp.size();
+    const char* last = name.data() + name.size();
+    long pid = 0;
+    const auto [end, parse_error] = std::from_chars(first, last, pid);
+    if (parse_error != std::errc() || end == last || *end != '.' || pid <= 0) continue;
+    if (pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::error_code ignored;
+      fs::remove(entry.path(), ignored);
+    }
+  }
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, const Module& model,
@@ -78,6 +106,7 @@ std::string save_checkpoint(const std::string& dir, const Module& model,
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fail("cannot create the checkpoint directory '{}': {}", dir, ec.message());
+  remove_stale_temporaries(dir);
 
   std::vector<HostTensor> tensors = gather(model, optimizer);
   std::vector<SafetensorsEntry> entries;

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# A network cut between two "nodes" in the middle of training: two network namespaces joined
+# by a veth pair (as in tests/multinode/two_nodes.sh), each running nanoddp-run with one rank;
+# once both train, the link goes down. Both nodes must exit non-zero, with a timeout error,
+# within the collective timeout plus slack: a cut is an error, never a hang.
+#
+# Usage: network_cut.sh BIN_DIR
+# Needs root (ip netns); exits 77 (ctest: Skipped) where namespaces cannot be made.
+set -uo pipefail
+bin=$1
+suffix=$$
+ns_a=nddp-ca-$suffix ns_b=nddp-cb-$suffix
+veth_a=nddpca$suffix veth_b=nddpcb$suffix
+addr_a=10.231.9.1 addr_b=10.231.9.2
+work=$(mktemp -d)
+timeout_s=5
+
+cleanup() {
+  ip netns pids "$ns_a" 2>/dev/null | xargs -r kill -9 2>/dev/null
+  ip netns pids "$ns_b" 2>/dev/null | xargs -r kill -9 2>/dev/null
+  ip netns del "$ns_a" 2>/dev/null
+  ip netns del "$ns_b" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null; then
+  echo "SKIPPED: needs root and iproute2 to create network namespaces"
+  exit 77
+fi
+if ! ip netns add "$ns_a" 2>/dev/null; then
+  echo "SKIPPED: cannot create network namespaces here"
+  exit 77
+fi
+ip netns add "$ns_b"
+ip link add "$veth_a" type veth peer name "$veth_b"
+ip link set "$veth_a" netns "$ns_a"
+ip link set "$veth_b" netns "$ns_b"
+ip -n "$ns_a" addr add "$addr_a/24" dev "$veth_a"
+ip -n "$ns_b" addr add "$addr_b/24" dev "$veth_b"
+for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
+ip -n "$ns_a" link set "$veth_a" up
+ip -n "$ns_b" link set "$veth_b" up
+
+job=(--nnodes 2 --nproc-per-node 1 --master-addr "$addr_a" --master-port 29641 --grace-period 2
+     "$bin/nanoddp-train" --in 8 --out 4 --hidden 16 --layers 2 --batch 8 --steps 10000000
+     --log-every 200)
+export NANODDP_TIMEOUT_S=$timeout_s
+timeout 90 ip netns exec "$ns_a" "$bin/nanoddp-run" --node-rank 0 "${job[@]}" >"$work/a.log" 2>&1 &
+pid_a=$!
+timeout 90 ip netns exec "$ns_b" "$bin/nanoddp-run" --node-rank 1 "${job[@]}" >"$work/b.log" 2>&1 &
+pid_b=$!
+
+# Wait (bounded) until training runs: rank 0 prints progress lines.
+for _ in $(seq 300); do
+  grep -q "loss " "$work/a.log" && break
+  sleep 0.1
+done
+if ! grep -q "loss " "$work/a.log"; then
+  echo "FAILED: training never started"; cat "$work/a.log" "$work/b.log"; exit 1
+fi
+sleep 0.5
+echo "cutting the link $veth_a <-> $veth_b"
+cut_at=$(date +%s%3N)
+ip -n "$ns_a" link set "$veth_a" down
+ip -n "$ns_b" link set "$veth_b" down
+wait "$pid_a"; rc_a=$?
+end_a=$(date +%s%3N)
+wait "$pid_b"; rc_b=$?
+end_b=$(date +%s%3N)
+took_a=$((end_a - cut_at))
+took_b=$((end_b - cut_at))
+
+echo "---- node 0 (exit $rc_a after ${took_a} ms)"; cat "$work/a.log"
+echo "---- node 1 (exit $rc_b after ${took_b} ms)"; cat "$work/b.log"
+status=0
+for node in a b; do
+  rc_var=rc_$node took_var=took_$node
+  rc=${!rc_var} took=${!took_var}
+  # 124: killed by timeout(1), i.e. a hang.
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
+    echo "FAILED: node $node exited $rc (0 = trained through a cut link, 124 = hung)"; status=1
+  fi
+  # The timeout, the teardown's bounded store check-out (another timeout) and slack.
+  if [ "$took" -gt $(( (2 * timeout_s + 10) * 1000 )) ]; then
+    echo "FAILED: node $node took ${took} ms to exit after the cut"; status=1
+  fi
+  if ! grep -q "timed out" "$work/$node.log"; then
+    echo "FAILED: node $node did not report a timeout"; status=1
+  fi
+done
+[ "$status" -eq 0 ] && echo "a network cut ended both nodes with a timeout error"
+exit "$status"

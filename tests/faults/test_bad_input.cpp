@@ -1,0 +1,359 @@
+// Bad input to a real nanoddp-train: flags, environments, ports, data files, checkpoints and
+// checkpoint directories. Each case checks the exit code and that the message names the
+// culprit; docs/reliability.md's bad-input table points at these cases (and at older ones).
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+
+#include "faults/faults_util.h"
+#include "nanoddp/nn/checkpoint.h"
+#include "nanoddp/nn/npy.h"
+#include "nanoddp/nn/safetensors.h"
+
+using namespace nanoddp::testing;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+ProcessOptions with_timeout_env(std::map<std::string, std::string> env = {}) {
+  ProcessOptions o;
+  o.env = std::move(env);
+  o.env.emplace("NANODDP_TIMEOUT_S", "5");
+  o.timeout = 60s;
+  return o;
+}
+
+// Two ranks by hand, each with its own argv and environment additions.
+std::vector<ProcessResult> two_ranks(const std::vector<std::string>& argv0,
+                                     const std::vector<std::string>& argv1,
+                                     std::map<std::string, std::string> env0 = {},
+                                     std::map<std::string, std::string> env1 = {}) {
+  const std::string port = std::to_string(free_port());
+  auto start = [&](int rank, const std::vector<std::string>& argv,
+                   std::map<std::string, std::string> env) {
+    ProcessOptions o = with_timeout_env();
+    o.env["RANK"] = std::to_string(rank);
+    o.env["WORLD_SIZE"] = "2";
+    o.env["MASTER_ADDR"] = "127.0.0.1";
+    o.env["MASTER_PORT"] = port;
+    for (const auto& [k, v] : env) o.env[k] = v;
+    return std::async(std::launch::async, [argv, o] { return run_process(argv, o); });
+  };
+  auto a = start(0, argv0, std::move(env0));
+  auto b = start(1, argv1, std::move(env1));
+  return {a.get(), b.get()};
+}
+
+// A little .npy file written byte for byte (dtype and order as given).
+void write_raw_npy(const std::string& path, const std::string& descr, bool fortran,
+                   const std::string& data, const std::string& shape) {
+  std::string header = "{'descr': '" + descr +
+                       "', 'fortran_order': " + (fortran ? "True" : "False") +
+                       ", 'shape': " + shape + ", }";
+  const std::size_t unpadded = 10 + header.size() + 1;
+  header.append((64 - unpadded % 64) % 64, ' ');
+  header.push_back('\n');
+  std::string out = "\x93NUMPY";
+  out.push_back(1);
+  out.push_back(0);
+  out.push_back(static_cast<char>(header.size() & 0xff));
+  out.push_back(static_cast<char>(header.size() >> 8));
+  std::ofstream(path, std::ios::binary) << out << header << data;
+}
+
+std::vector<std::string> npy_train(const std::string& x, const std::string& y) {
+  return {bin_path("nanoddp-train"),
+          "--data",
+          x,
+          "--targets",
+          y,
+          "--layers",
+          "0",
+          "--batch",
+          "4",
+          "--steps",
+          "2",
+          "--quiet"};
+}
+
+// 16 x 4 inputs and 16 x 2 targets, finite.
+void write_good_npy(const TempDir& dir) {
+  std::vector<float> x(16 * 4, 0.5f), y(16 * 2, 0.25f);
+  const std::vector<std::int64_t> xs{16, 4}, ys{16, 2};
+  nanoddp::nn::write_npy(dir.file("x.npy"), xs, x.data());
+  nanoddp::nn::write_npy(dir.file("y.npy"), ys, y.data());
+}
+
+}  // namespace
+
+TEST_CASE("bad input: --backend nccl with --device cpu is refused (exit 2)") {
+  const ProcessResult r =
+      run_process(train_argv({"--backend", "nccl", "--device", "cpu", "--steps", "1"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "--backend nccl needs --device cuda"));
+}
+
+TEST_CASE("bad input: WORLD_SIZE differing between ranks is an error on both, not a hang") {
+  const auto start = Clock::now();
+  const auto argv = train_argv({"--steps", "5", "--quiet"});
+  const auto results = two_ranks(argv, argv, {}, {{"WORLD_SIZE", "3"}});
+  INFO(describe(results));
+  CHECK(seconds_since(start) < 15.0);
+  for (const auto& r : results) {
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "the ranks disagree on the world size"));
+  }
+  CHECK(contains(results[0].output, "WORLD_SIZE is 2 on rank 0 but 3 on rank 1"));
+  CHECK(contains(results[1].output, "WORLD_SIZE is 3 on rank 1 but 2 on rank 0"));
+}
+
+TEST_CASE("bad input: malformed or missing launcher variables name the variable (exit 2)") {
+  struct Case {
+    std::map<std::string, std::string> env;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "abc"}},
+       "MASTER_PORT"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}}, "MASTER_ADDR"},
+      {{{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}},
+       "RANK"},
+      {{{"WORLD_SIZE", "2"}}, "WORLD_SIZE is set but RANK is not"},
+  };
+  for (const Case& c : cases) {
+    const ProcessResult r = run_process(train_argv({"--steps", "1"}), with_timeout_env(c.env));
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, c.expected));
+  }
+}
+
+TEST_CASE("bad input: MASTER_PORT held by a foreign process fails rank 0, and rank 1 ends too") {
+  // A foreign listener on the port, which accepts nothing and answers nothing.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(listen(fd, 16) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+
+  const auto start = Clock::now();
+  const auto argv = train_argv({"--steps", "5", "--quiet"});
+  const auto results = two_ranks(argv, argv, {{"MASTER_PORT", port}}, {{"MASTER_PORT", port}});
+  close(fd);
+  INFO(describe(results));
+  CHECK(seconds_since(start) < 20.0);
+  CHECK(results[0].exit_code == 2);
+  CHECK(contains(
+      results[0].output,
+      fmt::format("cannot start the store on 127.0.0.1:{}: address already in use", port)));
+  // Rank 1 reached the foreign listener, which never answers: a bounded failure, not a hang.
+  CHECK_FALSE(results[1].timed_out);
+  CHECK(results[1].exit_code == 2);
+  CHECK(contains(results[1].output, "127.0.0.1:" + port));
+}
+
+TEST_CASE("bad input: an unreachable master fails within the timeout, naming the address") {
+  const std::string port = std::to_string(free_port());
+  const auto start = Clock::now();
+  const ProcessResult r =
+      run_process(train_argv({"--steps", "5"}), with_timeout_env({{"RANK", "1"},
+                                                                  {"WORLD_SIZE", "2"},
+                                                                  {"MASTER_ADDR", "127.0.0.2"},
+                                                                  {"MASTER_PORT", port}}));
+  const double took = seconds_since(start);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "cannot reach the store at 127.0.0.2:" + port));
+  CHECK(took >= 4.5);
+  CHECK(took < 12.0);
+}
+
+TEST_CASE("bad input: another model or bucket cap on one rank is refused on every rank") {
+  struct Case {
+    std::vector<std::string> rank1;
+    std::vector<std::string> expected;
+  };
+  const std::vector<Case> cases = {
+      {{"--hidden", "32"}, {"--hidden 16", "--hidden 32"}},
+      {{"--bucket-cap-mb", "7"}, {"bucket_cap_mb=25", "bucket_cap_mb=7"}},
+      {{"--comm-hook", "bf16"}, {"comm_hook"}},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> extra = {"--steps", "5", "--quiet"};
+    auto argv1 = extra;
+    argv1.insert(argv1.end(), c.rank1.begin(), c.rank1.end());
+    const auto results = two_ranks(train_argv(extra), train_argv(argv1));
+    INFO(describe(results));
+    for (const auto& r : results) {
+      CHECK_FALSE(r.timed_out);
+      CHECK(r.exit_code == 2);
+      for (const auto& e : c.expected) CHECK_MESSAGE(contains(r.output, e), e);
+    }
+  }
+}
+
+TEST_CASE("bad input: .npy files with the wrong dtype, Fortran order or NaN (exit 2, named)") {
+  TempDir dir;
+  write_good_npy(dir);
+  struct Case {
+    std::string name, descr;
+    bool fortran;
+    std::string data;
+    std::vector<std::string> expected;
+  };
+  std::vector<float> nan_data(16 * 4, 0.5f);
+  nan_data[9] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<Case> cases = {
+      {"int.npy", "<i8", false, std::string(16 * 4 * 8, '\0'), {"int.npy", "'<i8'", "float32"}},
+      {"fortran.npy", "<f4", true, std::string(16 * 4 * 4, '\0'), {"fortran.npy", "Fortran"}},
+      {"nan.npy",
+       "<f4",
+       false,
+       std::string(reinterpret_cast<const char*>(nan_data.data()), nan_data.size() * 4),
+       {"nan.npy", "non-finite", "row 2, column 1"}},
+  };
+  for (const Case& c : cases) {
+    write_raw_npy(dir.file(c.name), c.descr, c.fortran, c.data, "(16, 4)");
+    const ProcessResult r = run_process(npy_train(dir.file(c.name), dir.file("y.npy")));
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    for (const auto& e : c.expected) CHECK_MESSAGE(contains(r.output, e), e);
+  }
+}
+
+TEST_CASE("bad input: --resume from a damaged or foreign checkpoint is refused (exit 2)") {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const auto make = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"--quiet", "--checkpoint-dir", ckpt};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return train_argv(a);
+  };
+  const ProcessResult saved = run_process(make({"--steps", "4", "--checkpoint-every", "4"}));
+  REQUIRE_MESSAGE(saved.exit_code == 0, saved.output);
+  const std::string path = ckpt + "/step-000000004.safetensors";
+  REQUIRE(fs::exists(path));
+  const std::string pristine = dir.file("pristine");
+  fs::copy_file(path, pristine);
+  const auto restore = [&] { fs::copy_file(pristine, path, fs::copy_options::overwrite_existing); };
+
+  SUBCASE("truncated") {
+    fs::resize_file(path, fs::file_size(path) - 100);
+    const ProcessResult r = run_process(make({"--steps", "8", "--resume"}));
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, path));
+  }
+  SUBCASE("a bit flipped in the data") {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-20, std::ios::end);
+    char byte = 0;
+    f.read(&byte, 1);
+    f.seekp(-20, std::ios::end);
+    byte = static_cast<char>(byte ^ 0x10);
+    f.write(&byte, 1);
+    f.close();
+    const ProcessResult r = run_process(make({"--steps", "8", "--resume"}));
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "is corrupted"));
+    CHECK(contains(r.output, path));
+  }
+  SUBCASE("another model") {
+    const ProcessResult r = run_process(make({"--steps", "8", "--resume", "--hidden", "20"}));
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "different model"));
+  }
+  SUBCASE("another optimizer") {
+    const ProcessResult r =
+        run_process(make({"--steps", "8", "--resume", "--optimizer", "sgd", "--lr", "0.1"}));
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "--optimizer"));
+  }
+  SUBCASE("an older format version") {
+    const auto file = nanoddp::nn::read_safetensors(pristine);
+    std::vector<std::vector<float>> values;
+    std::vector<nanoddp::nn::SafetensorsEntry> entries;
+    for (const auto& name : file.names()) {
+      values.push_back(file.to_f32(name));
+      entries.push_back({.name = name,
+                         .dtype = "F32",
+                         .shape = file.at(name).shape,
+                         .data = values.back().data()});
+    }
+    auto md = file.metadata();
+    md["format_version"] = "0";
+    nanoddp::nn::write_safetensors(path, entries, md);
+    const ProcessResult r = run_process(make({"--steps", "8", "--resume"}));
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "format version 0"));
+  }
+  restore();
+  const ProcessResult ok = run_process(make({"--steps", "8", "--resume"}));
+  CHECK_MESSAGE(ok.exit_code == 0, ok.output);  // the pristine file resumes: the cases were real
+}
+
+TEST_CASE("bad input: an unusable --checkpoint-dir is refused before training (exit 2)") {
+  TempDir dir;
+  const std::string file = dir.file("a-file");
+  std::ofstream(file) << "x";
+  const ProcessResult r = run_process(train_argv(
+      {"--steps", "100", "--checkpoint-every", "10", "--checkpoint-dir", file + "/sub"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, file + "/sub"));
+  CHECK_FALSE(contains(r.output, "step   1/"));  // no step ran
+}
+
+TEST_CASE("bad input: a disk that fills up during a checkpoint write names the path (exit 1)") {
+  TempDir dir;
+  const std::string mnt = dir.file("small");
+  fs::create_directories(mnt);
+  // 1 MiB of tmpfs: a few ~200 KB checkpoints fit (--keep 100 keeps them all), then one fails.
+  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=1m") != 0) {
+    MESSAGE("SKIPPED: cannot mount a tmpfs here (needs root): ", std::strerror(errno));
+    return;
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  const ProcessResult r =
+      run_process(train_argv({"--hidden", "120", "--steps", "30", "--checkpoint-every", "1",
+                              "--keep", "100", "--checkpoint-dir", mnt, "--quiet"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(contains(r.output, "No space left on device"));
+  const auto listed = nanoddp::nn::list_checkpoints(mnt);
+  REQUIRE(!listed.empty());
+  const std::string failed = fmt::format("{}/step-{:09}.safetensors", mnt, listed.size() + 1);
+  CHECK(contains(r.output, "cannot write '" + failed + "'"));
+  // The earlier checkpoints survive whole and no temporary file is left.
+  for (const std::string& path : listed) CHECK_NOTHROW(nanoddp::nn::read_safetensors(path));
+  for (const auto& entry : fs::directory_iterator(mnt)) {
+    CHECK_MESSAGE(!entry.path().filename().string().starts_with("."), entry.path());
+  }
+  const ProcessResult resumed =
+      run_process(train_argv({"--hidden", "120", "--steps", std::to_string(listed.size() + 1),
+                              "--checkpoint-dir", mnt, "--resume", "--quiet"}));
+  CHECK_MESSAGE(resumed.exit_code == 0, resumed.output);
+}

@@ -1,0 +1,434 @@
+// Faults injected into real training jobs: real nanoddp-train processes over real Gloo, real
+// signals (SIGKILL, SIGSTOP) sent from outside, real checkpoint files. No test hook lives in the
+// product: every fault comes from the test. Each test bounds every wait; collectives time out
+// after NANODDP_TIMEOUT_S = 5 s.
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "faults/faults_util.h"
+#include "nanoddp/nn/checkpoint.h"
+#include "nanoddp/nn/flat_parameters.h"
+#include "nanoddp/nn/layers.h"
+#include "nanoddp/nn/npy.h"
+#include "nanoddp/nn/optimizer.h"
+#include "nanoddp/nn/safetensors.h"
+
+using namespace nanoddp::testing;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kTimeoutS = 5;
+// Time a surviving rank may take to notice and exit: the collective timeout plus slack for
+// the teardown (the store check-out is bounded by the same timeout).
+constexpr auto kExitWithin = std::chrono::seconds(2 * kTimeoutS + 8);
+
+std::map<std::string, std::string> fault_env() {
+  return {{"NANODDP_TIMEOUT_S", std::to_string(kTimeoutS)}};
+}
+
+bool has_progress(const std::string& out) {
+  return contains(out, "loss ");
+}
+
+std::vector<float> all_parameters(const std::string& path) {
+  const auto file = nanoddp::nn::read_safetensors(path);
+  std::vector<float> out;
+  for (const auto& name : file.names()) {
+    const auto v = file.to_f32(name);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(a[i]) * a[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+// Kills rank `victim` with `signo` once training runs, then checks that every other rank ends
+// on its own, non-zero, within the bound, naming an operation and a rank.
+void kill_one_rank(int world, int victim, int signo) {
+  auto ranks =
+      start_ranks(train_argv({"--steps", "100000", "--log-every", "1000"}), world, fault_env());
+  REQUIRE_MESSAGE(ranks[0]->wait_for_output(has_progress, 30s), ranks[0]->output());
+  std::this_thread::sleep_for(200ms);  // well inside the training loop
+  ranks[static_cast<std::size_t>(victim)]->send(signo);
+  const auto start = Clock::now();
+  int named = 0, lost = 0, timed_out = 0;
+  std::string outputs;
+  for (int r = 0; r < world; ++r) {
+    if (r == victim) continue;
+    auto& rank = *ranks[static_cast<std::size_t>(r)];
+    const auto status = rank.wait(kExitWithin);
+    const double took = seconds_since(start);
+    INFO("rank ", r, ": ", status_text(status), " after ", took, " s\n", rank.output());
+    REQUIRE(status.has_value());  // it ended by itself: no hang
+    CHECK(exited_with(status, 1));
+    // The message names the operation with its sequence number.
+    CHECK(
+        std::regex_search(rank.output(), std::regex(R"(Gloo \w+ #[0-9]+ \(.*\) failed on rank)")));
+    timed_out += contains(rank.output(), fmt::format("timed out after {}.0 s", kTimeoutS));
+    // "rank V may have crashed", "ranks 1, V did not report reaching this op", ...
+    named += std::regex_search(
+        rank.output(),
+        std::regex(fmt::format(
+            R"(ranks? (?:[0-9]+, )*{}(?:, [0-9]+)* (?:may have crashed|did not report))", victim)));
+    lost += contains(rank.output(), fmt::format("lost the connection to rank {}", victim));
+    outputs += fmt::format("---- rank {} after {:.1f} s:\n{}", r, took, rank.output());
+  }
+  // The victim's ring neighbour sees the closed socket (or, for SIGSTOP, the missing report)
+  // and names it; a rank further round the ring may instead time out in a send, or be failed
+  // by a cascade, and then says "another rank" (as tests/comm/test_gloo.cpp describes).
+  INFO(outputs);
+  CHECK(named >= 1);
+  // A crash is seen as a closed connection (at once), not only as a timeout.
+  if (signo == SIGKILL) CHECK(lost >= 1);
+  // A hang is found by the timeout (a rank that timed out and exited may then fail the last
+  // one with a closed connection: also an error, also bounded).
+  if (signo == SIGSTOP) CHECK(timed_out >= 1);
+  if (signo == SIGSTOP) {
+    // The stopped rank is cleaned up by the test (SIGKILL reaches a stopped process).
+    ranks[static_cast<std::size_t>(victim)]->send(SIGKILL);
+    CHECK(ranks[static_cast<std::size_t>(victim)]->wait(10s).has_value());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("kill -9 of rank 0 (the store host) mid-training ends every other rank") {
+  kill_one_rank(3, 0, SIGKILL);
+}
+
+TEST_CASE("kill -9 of a non-zero rank mid-training ends every other rank") {
+  kill_one_rank(3, 1, SIGKILL);
+}
+
+TEST_CASE("SIGSTOP of a rank (a hang) makes the others time out and exit") {
+  kill_one_rank(3, 2, SIGSTOP);
+}
+
+TEST_CASE("under nanoddp-run a killed rank is named first in the launcher's summary") {
+  TempDir dir;
+  std::vector<std::string> argv = {
+      bin_path("nanoddp-run"), "--nproc-per-node", "2", "--grace-period", "3", "--log-dir",
+      dir.file("logs")};
+  for (const auto& a : train_argv({"--steps", "100000", "--log-every", "1000"})) {
+    argv.push_back(a);
+  }
+  BackgroundProcess launcher(with_env(fault_env(), argv));
+  REQUIRE_MESSAGE(launcher.wait_for_output(has_progress, 30s), launcher.output());
+  pid_t victim = -1;
+  for (const pid_t child : children_of(launcher.pid())) {
+    if (environ_of(child, "RANK") == "1") victim = child;
+  }
+  REQUIRE(victim > 0);
+  REQUIRE(kill(victim, SIGKILL) == 0);
+  const auto status = launcher.wait(20s);
+  INFO(status_text(status), "\n", launcher.output());
+  REQUIRE(status.has_value());
+  CHECK(exited_with(status, 137));  // 128 + SIGKILL: the first failure's code
+  CHECK(contains(launcher.output(),
+                 fmt::format("rank 1 (pid {}) failed first: killed by SIGKILL", victim)));
+  CHECK(std::regex_search(launcher.output(),
+                          std::regex(R"(\n +1 +1 +[0-9]+ +killed by SIGKILL  <- failed first)")));
+}
+
+TEST_CASE("--max-restarts recovers a killed rank from the newest checkpoint, bit for bit") {
+  TempDir dir;
+  const std::vector<std::string> training = {"--steps",     "1000",  "--log-every", "500",
+                                             "--optimizer", "adamw", "--lr",        "0.01"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = training;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return train_argv(a);
+  };
+  // The uninterrupted run.
+  {
+    std::vector<std::string> argv = {bin_path("nanoddp-run"), "--nproc-per-node", "2"};
+    for (const auto& a : with({"--save", dir.file("full")})) argv.push_back(a);
+    ProcessOptions o;
+    o.env = fault_env();
+    o.timeout = 60s;
+    const ProcessResult r = run_process(argv, o);
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  }
+  // The same run with checkpoints every 200 steps; a rank is killed from outside once step 400
+  // is on disk, and the launcher restarts the group, which resumes from the newest checkpoint.
+  const std::string ckpt = dir.file("ckpt");
+  std::vector<std::string> argv = {bin_path("nanoddp-run"),
+                                   "--nproc-per-node",
+                                   "2",
+                                   "--max-restarts",
+                                   "2",
+                                   "--grace-period",
+                                   "3"};
+  for (const auto& a : with({"--checkpoint-dir", ckpt, "--checkpoint-every", "200", "--resume",
+                             "--save", dir.file("recovered")})) {
+    argv.push_back(a);
+  }
+  BackgroundProcess launcher(with_env(fault_env(), argv));
+  const auto deadline = Clock::now() + 30s;
+  while (!fs::exists(ckpt + "/step-000000400.safetensors") && Clock::now() < deadline) {
+    std::this_thread::sleep_for(2ms);
+  }
+  REQUIRE_MESSAGE(fs::exists(ckpt + "/step-000000400.safetensors"), launcher.output());
+  pid_t victim = -1;
+  for (const pid_t child : children_of(launcher.pid())) {
+    if (environ_of(child, "RANK") == "1") victim = child;
+  }
+  REQUIRE(victim > 0);
+  REQUIRE(kill(victim, SIGKILL) == 0);  // it was still training: the job had not finished
+  const auto status = launcher.wait(60s);
+  const std::string& out = launcher.output();
+  INFO(status_text(status), "\n", out);
+  REQUIRE(exited_with(status, 0));
+  CHECK(contains(out, "failed first: killed by SIGKILL"));
+  CHECK(contains(out, "restarting the group (attempt 2 of 3)"));
+  CHECK(contains(out, "all 2 workers exited 0 (attempt 2 of 3"));
+  std::smatch m;
+  REQUIRE(
+      std::regex_search(out, m, std::regex(R"(resume: loaded \S+step-0*([0-9]+)\.safetensors)")));
+  CHECK(std::stoi(m[1]) >= 400);
+  CHECK(std::stoi(m[1]) < 1000);
+  // The recovered job ends exactly where the uninterrupted one does.
+  CHECK(all_parameters(dir.file("recovered")) == all_parameters(dir.file("full")));
+}
+
+TEST_CASE("a whole job killed, resumed on another number of ranks (same global batch)") {
+  TempDir dir;
+  auto argv_for = [&](int world, int batch, std::vector<std::string> extra) {
+    std::vector<std::string> argv = {bin_path("nanoddp-run"), "--nproc-per-node",
+                                     std::to_string(world)};
+    std::vector<std::string> train = train_argv(
+        {"--steps", "600", "--log-every", "300", "--lr", "0.01", "--batch", std::to_string(batch)});
+    train.insert(train.end(), extra.begin(), extra.end());
+    argv.insert(argv.end(), train.begin(), train.end());
+    return argv;
+  };
+  ProcessOptions o;
+  o.env = fault_env();
+  o.timeout = 60s;
+  const ProcessResult full = run_process(argv_for(2, 8, {"--save", dir.file("full")}), o);
+  REQUIRE_MESSAGE(full.exit_code == 0, full.output);
+
+  // 2 ranks x batch 8, killed as a whole (launcher and workers, SIGKILL) once step 300 is saved.
+  const std::string ckpt = dir.file("ckpt");
+  {
+    BackgroundProcess launcher(with_env(
+        fault_env(), argv_for(2, 8, {"--checkpoint-dir", ckpt, "--checkpoint-every", "150"})));
+    const auto deadline = Clock::now() + 30s;
+    while (!fs::exists(ckpt + "/step-000000300.safetensors") && Clock::now() < deadline) {
+      std::this_thread::sleep_for(2ms);
+    }
+    REQUIRE_MESSAGE(fs::exists(ckpt + "/step-000000300.safetensors"), launcher.output());
+    const std::vector<pid_t> workers = children_of(launcher.pid());
+    REQUIRE(workers.size() == 2);
+    launcher.send(SIGKILL);
+    for (const pid_t w : workers) kill(w, SIGKILL);
+    const auto status = launcher.wait(10s);
+    REQUIRE(status.has_value());
+    CHECK(WIFSIGNALED(*status));
+  }
+  const auto checkpoints = nanoddp::nn::list_checkpoints(ckpt);
+  REQUIRE(!checkpoints.empty());
+  CHECK(checkpoints.back() < ckpt + "/step-000000600.safetensors");
+  // Resumed by 4 ranks x batch 4.
+  const ProcessResult resumed = run_process(
+      argv_for(4, 4, {"--checkpoint-dir", ckpt, "--resume", "--save", dir.file("resumed")}), o);
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(contains(resumed.output, "resume: loaded " + checkpoints.back()));
+  CHECK(contains(resumed.output, "4 rank(s) x batch 4"));
+  CHECK(relative_difference(all_parameters(dir.file("resumed")),
+                            all_parameters(dir.file("full"))) <= 1e-5);
+}
+
+TEST_CASE("killed while writing checkpoints, the directory only ever holds whole ones") {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  // ~37 MB per checkpoint (3.1 M parameters + AdamW's two moments), one every step: most of
+  // the wall time is spent writing, so a kill at a random moment often lands inside a write.
+  const std::vector<std::string> model = {"--in",     "64",     "--out",    "8",
+                                          "--hidden", "1024",   "--layers", "3",
+                                          "--batch",  "8",      "--quiet",  "--checkpoint-dir",
+                                          ckpt,       "--keep", "2"};
+  auto argv_for = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {bin_path("nanoddp-train")};
+    argv.insert(argv.end(), model.begin(), model.end());
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  };
+  // What the test loads the checkpoints into: the same model and optimizer.
+  nanoddp::nn::Mlp mlp(
+      nanoddp::nn::MlpOptions{.in_features = 64, .out_features = 8, .hidden = 1024, .layers = 3});
+  nanoddp::nn::FlatParameters flat(mlp, nanoddp::Device::cpu());
+  nanoddp::nn::AdamW adamw(flat, nanoddp::nn::AdamWOptions{});
+
+  std::mt19937 random(12345);
+  int hit_a_write = 0;
+  const int attempts = 6;
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    CAPTURE(attempt);
+    BackgroundProcess train(argv_for({"--steps", "100000", "--checkpoint-every", "1", "--resume"}));
+    // Wait for the next checkpoint beyond what is there, then kill at a random moment.
+    const auto before = nanoddp::nn::list_checkpoints(ckpt);
+    const auto deadline = Clock::now() + 30s;
+    while (nanoddp::nn::list_checkpoints(ckpt) == before && Clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    REQUIRE_MESSAGE(nanoddp::nn::list_checkpoints(ckpt) != before, train.output());
+    std::this_thread::sleep_for(std::chrono::milliseconds(random() % 300));
+    train.send(SIGKILL);
+    REQUIRE(train.wait(10s).has_value());
+
+    // A temporary file left behind means the kill hit a write; it is never a step-*.safetensors.
+    int temporaries = 0;
+    for (const auto& entry : fs::directory_iterator(ckpt)) {
+      if (entry.path().filename().string().starts_with(".step-")) ++temporaries;
+    }
+    hit_a_write += temporaries > 0;
+    // Only the last killed writer's: the next save removes those of dead writers.
+    CHECK(temporaries <= 1);
+    const auto listed = nanoddp::nn::list_checkpoints(ckpt);
+    REQUIRE(!listed.empty());
+    for (const std::string& path : listed) {
+      CAPTURE(path);
+      CHECK_NOTHROW(nanoddp::nn::load_checkpoint(path, mlp, adamw));  // sizes and checksum
+    }
+    // --resume takes the newest complete one.
+    const std::int64_t newest =
+        std::stoll(fs::path(listed.back()).stem().string().substr(std::string("step-").size()));
+    const ProcessResult ok = run_process(argv_for(
+        {"--steps", std::to_string(newest + 1), "--checkpoint-every", "1000", "--resume"}));
+    INFO(ok.output);
+    CHECK(ok.exit_code == 0);
+    CHECK(contains(ok.output, "resume: loaded " + listed.back()));
+  }
+  MESSAGE(hit_a_write, " of ", attempts, " kills landed inside a checkpoint write");
+  CHECK(hit_a_write >= 1);
+}
+
+// ---- NaN and Inf ---------------------------------------------------------------------------
+
+TEST_CASE("a diverging run stops on every rank at the same step, naming it") {
+  const auto results =
+      run_world(train_argv({"--steps", "50", "--optimizer", "sgd", "--lr", "1e30", "--quiet"}), 2,
+                {.env = fault_env(), .timeout = 60s});
+  INFO(describe(results));
+  std::set<std::string> steps;
+  for (const auto& r : results) {
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.exit_code == 1);
+    std::smatch m;
+    REQUIRE(std::regex_search(
+        r.output, m, std::regex(R"(the loss became (nan|inf) at step ([0-9]+) on ranks? )")));
+    steps.insert(m[2]);
+    CHECK(contains(r.output, "--skip-nonfinite"));
+  }
+  CHECK(steps.size() == 1);  // the same step on both ranks
+}
+
+namespace {
+
+// 64 samples x 4 -> 2 in .npy files; sample `poisoned` has a target of 3e38, whose squared
+// error overflows to +inf (the files themselves are finite, so the loader accepts them).
+void write_poisoned_data(const TempDir& dir, std::int64_t poisoned) {
+  const std::int64_t n = 64, in = 4, out = 2;
+  std::vector<float> x(n * in), y(n * out);
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t j = 0; j < in; ++j) {
+      x[i * in + j] = static_cast<float>((i * 7 + j * 3) % 11) / 11.0f;
+    }
+    y[i * out + 0] = x[i * in + 0] - 2.0f * x[i * in + 1];
+    y[i * out + 1] = 0.5f * x[i * in + 2] + x[i * in + 3];
+  }
+  y[poisoned * out] = 3e38f;
+  const std::vector<std::int64_t> x_shape{n, in}, y_shape{n, out};
+  nanoddp::nn::write_npy(dir.file("x.npy"), x_shape, x.data());
+  nanoddp::nn::write_npy(dir.file("y.npy"), y_shape, y.data());
+}
+
+}  // namespace
+
+TEST_CASE("an Inf loss on one rank only stops every rank at that step, naming the rank") {
+  TempDir dir;
+  // No shuffle, 2 ranks x batch 4: global batch k is samples 8k..8k+7, rank 1 holds 8k+4..8k+7.
+  // Sample 21 = global batch 2 (step 3), rank 1.
+  write_poisoned_data(dir, 21);
+  const auto results = run_world(
+      {bin_path("nanoddp-train"), "--data", dir.file("x.npy"), "--targets", dir.file("y.npy"),
+       "--layers", "0", "--batch", "4", "--no-shuffle", "--epochs", "3", "--quiet"},
+      2, {.env = fault_env(), .timeout = 60s});
+  INFO(describe(results));
+  for (const auto& r : results) {
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.exit_code == 1);
+    CHECK(contains(r.output, "the loss became inf at step 3 on rank 1."));
+  }
+}
+
+TEST_CASE("--skip-nonfinite skips the poisoned step on every rank and keeps training") {
+  TempDir dir;
+  write_poisoned_data(dir, 21);  // step 3 of each epoch, rank 1
+  const auto results = run_world({bin_path("nanoddp-train"),
+                                  "--data",
+                                  dir.file("x.npy"),
+                                  "--targets",
+                                  dir.file("y.npy"),
+                                  "--layers",
+                                  "0",
+                                  "--batch",
+                                  "4",
+                                  "--no-shuffle",
+                                  "--epochs",
+                                  "3",
+                                  "--log-every",
+                                  "1",
+                                  "--lr",
+                                  "0.01",
+                                  "--skip-nonfinite",
+                                  "--metrics",
+                                  dir.file("m.jsonl"),
+                                  "--save",
+                                  dir.file("params")},
+                                 2, {.env = fault_env(), .timeout = 60s});
+  INFO(describe(results));
+  for (const auto& r : results) {
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.exit_code == 0);
+  }
+  const std::string& out = results[0].output;
+  // 8 steps per epoch: the poisoned batch is step 3, 11 and 19.
+  for (const int step : {3, 11, 19}) {
+    CHECK(contains(out, fmt::format("the loss became inf at step {} on rank 1: skipped this "
+                                    "optimizer step on every rank",
+                                    step)));
+  }
+  CHECK(contains(out, "24 steps"));
+  CHECK(contains(out, "3 step(s) skipped for NaN/Inf"));
+  const auto params = all_parameters(dir.file("params"));
+  REQUIRE(!params.empty());
+  for (const float p : params) REQUIRE(std::isfinite(p));
+  // And the clean steps did train: the last loss is finite and below the first.
+  std::ifstream metrics(dir.file("m.jsonl"));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(metrics, line);) lines.push_back(line);
+  REQUIRE(lines.size() == 24);
+  CHECK(contains(lines[2], "\"loss\":null"));  // step 3: inf is not JSON
+  CHECK(contains(lines.back(), "\"skipped_steps\":3"));
+}

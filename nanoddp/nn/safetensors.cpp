@@ -254,10 +254,15 @@ std::vector<float> SafetensorsFile::to_f32(std::string_view name) const {
 }
 
 SafetensorsFile read_safetensors(const std::filesystem::path& path) {
+  return parse_safetensors(read_file_bytes(path), path);
+}
+
+SafetensorsFile parse_safetensors(std::vector<std::byte> bytes_in,
+                                  const std::filesystem::path& source) {
   SafetensorsFile result;
-  result.path_ = path;
-  result.bytes_ = read_file_bytes(path);
-  const std::string file = path.string();
+  result.path_ = source;
+  result.bytes_ = std::move(bytes_in);
+  const std::string file = source.string();
   const std::vector<std::byte>& bytes = result.bytes_;
   constexpr std::string_view kHint = "Was it written completely (check the disk was not full)?";
   if (bytes.size() < 8) {

@@ -303,7 +303,11 @@ SafetensorsFile parse_safetensors(std::vector<std::byte> bytes_in,
     std::string_view name;
   };
   std::vector<Range> ranges;
-  for (const auto& [name, entry] : header.items()) {
+  for (const auto& item : header.items()) {
+    // Plain references, not a structured binding: the lambda below uses them, and clang before
+    // 16 cannot capture structured bindings (C++20 allows it).
+    const std::string& name = item.key();
+    const nlohmann::json& entry = item.value();
     if (name == kMetadataKey) {
       if (!entry.is_object()) {
         fail("'{}': its '__metadata__' is not a JSON object of strings", file);

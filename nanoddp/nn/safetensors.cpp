@@ -289,7 +289,8 @@ SafetensorsFile parse_safetensors(std::vector<std::byte> bytes_in,
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // Not only parse_error: a number too large for a double ("1E400") is out_of_range.
     fail("'{}' is not a valid safetensors file: its header is not valid JSON: {}", file, e.what());
   }
   if (!header.is_object()) {

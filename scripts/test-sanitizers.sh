@@ -9,8 +9,7 @@
 # (nanoddp-train, nanoddp-run, the comm test workers) are checked too.
 #
 # Usage: scripts/test-sanitizers.sh [asan] [tsan]      (default: both)
-# Environment: NANODDP_SANITIZER_JOBS (ctest -j, default nproc), NANODDP_TEST_SLOWDOWN (passed
-# to the tests: factor for their timeouts, default 3 under ASan and 8 under TSan).
+# Environment: NANODDP_SANITIZER_JOBS (ctest -j, default nproc).
 #
 # How a finding fails the run, even in a child process whose exit code a test does not look at:
 # each report goes to a file (log_path) in build-<config>/sanitizer-logs/ as well as making the
@@ -35,11 +34,11 @@ overall=0
 summary=()
 for config in "${configs[@]}"; do
   case $config in
-    asan) sanitize=address,undefined openmp=ON slowdown=${NANODDP_TEST_SLOWDOWN:-3} ;;
+    asan) sanitize=address,undefined openmp=ON ;;
     # No OpenMP under TSan: libgomp is not instrumented, so TSan cannot see its barriers and
     # reports races between Eigen's GEMM threads that are not there. nanoddp's GEMM runs one
     # thread unless --threads asks for more, and without OpenMP Eigen stays single-threaded.
-    tsan) sanitize=thread openmp=OFF slowdown=${NANODDP_TEST_SLOWDOWN:-8} ;;
+    tsan) sanitize=thread openmp=OFF ;;
     *) echo "test-sanitizers: unknown configuration '$config' (asan or tsan)" >&2; exit 2 ;;
   esac
   dir=build-$config
@@ -62,14 +61,13 @@ for config in "${configs[@]}"; do
   export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:exitcode=66:log_path=$logs/ubsan"
   # Suppressions for uninstrumented third-party code only (Gloo, libgomp): see the file.
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:exitcode=66:log_path=$logs/tsan:suppressions=$root/tests/sanitizers/tsan.supp:print_suppressions=0"
-  export NANODDP_TEST_SLOWDOWN=$slowdown
-  echo "== $config: ctest -L cpu -LE $exclude_labels (NANODDP_TEST_SLOWDOWN=$slowdown)"
+  echo "== $config: ctest -L cpu -LE $exclude_labels"
   start=$SECONDS
   rc=0
   ctest --test-dir "$dir" -L cpu -LE "$exclude_labels" --output-on-failure -j "$jobs" \
-    --timeout $((300 * slowdown)) || rc=$?
+    --timeout 600 || rc=$?
   test_s=$((SECONDS - start))
-  unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS NANODDP_TEST_SLOWDOWN
+  unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS
 
   reports=$(find "$logs" -type f | sort)
   if [ -n "$reports" ]; then

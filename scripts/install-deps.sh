@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs what nanoddp needs to build and test, from Debian/Ubuntu packages only.
 # As root it runs apt-get; otherwise it prints the exact command to run.
+# Arguments are extra packages for optional tools (scripts/fuzz.sh passes clang and
+# libclang-rt-dev, libFuzzer's runtime).
 set -euo pipefail
 
 packages=(
   cmake ninja-build g++ ccache pkg-config
   libeigen3-dev libfmt-dev doctest-dev libcli11-dev nlohmann-json3-dev libgloo-dev
   python3 python3-numpy
+  "$@"
 )
 
 missing=()

@@ -39,8 +39,7 @@ struct HeaderValue {
 
 class HeaderParser {
  public:
-  HeaderParser(std::string_view text, const std::filesystem::path& path)
-      : text_(text), path_(path) {}
+  HeaderParser(std::string_view text, std::string_view name) : text_(text), name_(name) {}
 
   // Returns the three keys np.save writes; unknown keys are an error (a newer format we would
   // misread).
@@ -76,7 +75,7 @@ class HeaderParser {
     fail(
         "'{}' is not a valid .npy file: its header has {} at character {} (header: {}). "
         "Re-save the array with numpy.save.",
-        path_.string(), what, pos_, text_);
+        name_, what, pos_, text_);
   }
   void skip_space() {
     while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
@@ -160,7 +159,7 @@ class HeaderParser {
   }
 
   std::string_view text_;
-  const std::filesystem::path& path_;
+  std::string_view name_;
   std::size_t pos_ = 0;
 };
 
@@ -180,7 +179,10 @@ std::int64_t NpyArray::numel() const {
 
 NpyArray read_npy(const std::filesystem::path& path) {
   const std::vector<std::byte> bytes = read_file_bytes(path);
-  const std::string name = path.string();
+  return parse_npy(bytes, path.string());
+}
+
+NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view name) {
   if (bytes.size() < kMagic.size() ||
       std::memcmp(bytes.data(), kMagic.data(), kMagic.size()) != 0) {
     fail(
@@ -214,7 +216,7 @@ NpyArray read_npy(const std::filesystem::path& path) {
                                 header_length);
 
   std::optional<HeaderValue> descr, fortran_order, shape_value;
-  HeaderParser(header, path).parse(descr, fortran_order, shape_value);
+  HeaderParser(header, name).parse(descr, fortran_order, shape_value);
   if (!descr || !fortran_order || !shape_value) {
     fail("'{}' is not a valid .npy file: its header lacks '{}' (header: {})", name,
          !descr           ? "descr"

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <string_view>
 #include <vector>
 
 namespace nanoddp::nn {
@@ -27,6 +28,10 @@ struct NpyArray {
 // magic, unknown version, truncated header or data, extra bytes after the data, Fortran order,
 // or an unsupported dtype.
 NpyArray read_npy(const std::filesystem::path& path);
+
+// The same over bytes already in memory (read_npy reads the file and calls this); `name` stands
+// for the file in messages. The fuzz target (fuzz/npy_fuzzer.cpp) drives this entry point.
+NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view name);
 
 // As read_npy, but the array must be 2-D (samples x features).
 NpyArray read_npy_matrix(const std::filesystem::path& path);

@@ -254,10 +254,15 @@ std::vector<float> SafetensorsFile::to_f32(std::string_view name) const {
 }
 
 SafetensorsFile read_safetensors(const std::filesystem::path& path) {
+  return parse_safetensors(read_file_bytes(path), path);
+}
+
+SafetensorsFile parse_safetensors(std::vector<std::byte> bytes_in,
+                                  const std::filesystem::path& source) {
   SafetensorsFile result;
-  result.path_ = path;
-  result.bytes_ = read_file_bytes(path);
-  const std::string file = path.string();
+  result.path_ = source;
+  result.bytes_ = std::move(bytes_in);
+  const std::string file = source.string();
   const std::vector<std::byte>& bytes = result.bytes_;
   constexpr std::string_view kHint = "Was it written completely (check the disk was not full)?";
   if (bytes.size() < 8) {
@@ -284,7 +289,8 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // Not only parse_error: a number too large for a double ("1E400") is out_of_range.
     fail("'{}' is not a valid safetensors file: its header is not valid JSON: {}", file, e.what());
   }
   if (!header.is_object()) {
@@ -298,7 +304,11 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
     std::string_view name;
   };
   std::vector<Range> ranges;
-  for (const auto& [name, entry] : header.items()) {
+  for (const auto& item : header.items()) {
+    // Plain references, not a structured binding: the lambda below uses them, and clang before
+    // 16 cannot capture structured bindings (C++20 allows it).
+    const std::string& name = item.key();
+    const nlohmann::json& entry = item.value();
     if (name == kMetadataKey) {
       if (!entry.is_object()) {
         fail("'{}': its '__metadata__' is not a JSON object of strings", file);

@@ -76,7 +76,8 @@ class SafetensorsFile {
   const std::string& metadata_at(std::string_view key) const;
 
  private:
-  friend SafetensorsFile read_safetensors(const std::filesystem::path& path);
+  friend SafetensorsFile parse_safetensors(std::vector<std::byte> bytes,
+                                           const std::filesystem::path& name);
   SafetensorsFile() = default;
 
   std::filesystem::path path_;
@@ -91,6 +92,11 @@ class SafetensorsFile {
 // entries tile the buffer exactly (contiguous, non-overlapping, no trailing bytes), and
 // "__metadata__" maps strings to strings. Any violation throws nanoddp::Error naming the file.
 SafetensorsFile read_safetensors(const std::filesystem::path& path);
+
+// The same validation over bytes already in memory (read_safetensors reads the file and calls
+// this); `name` stands for the file in messages and is what path() returns. The fuzz target
+// (fuzz/safetensors_fuzzer.cpp) drives this entry point.
+SafetensorsFile parse_safetensors(std::vector<std::byte> bytes, const std::filesystem::path& name);
 
 // ---- checksums ----------------------------------------------------------------------------
 // FNV-1a, 64-bit (offset basis 0xcbf29ce484222325, prime 0x100000001b3), over bytes in order.

@@ -128,6 +128,8 @@ const Tensor* find_state(const std::vector<NamedTensor>& state, const std::strin
   }
   return nullptr;
 }
+// The result points into `state`: a temporary (optimizer.state() is by value) would dangle.
+const Tensor* find_state(std::vector<NamedTensor>&& state, const std::string& name) = delete;
 
 }  // namespace
 
@@ -163,7 +165,8 @@ TEST_CASE("SGD matches torch.optim.SGD over several steps") {
             fx.flat.values().to_vector()[fx.flat.slots()[1].offset]);
     }
     CHECK(sgd.steps() == 6);
-    const Tensor* buf = find_state(sgd.state(), "momentum_buffer");
+    const auto state = sgd.state();
+    const Tensor* buf = find_state(state, "momentum_buffer");
     CHECK((buf != nullptr) == (c.options.momentum != 0.0f));
     if (buf != nullptr) check_close(buf->to_vector(), ref.buf, "momentum_buffer");
   }
@@ -195,8 +198,9 @@ TEST_CASE("AdamW matches torch.optim.AdamW over several steps") {
       check_close(fx.flat.values().to_vector(), p, "params");
     }
     CHECK(adamw.steps() == 6);
-    const Tensor* m = find_state(adamw.state(), "exp_avg");
-    const Tensor* v = find_state(adamw.state(), "exp_avg_sq");
+    const auto state = adamw.state();
+    const Tensor* m = find_state(state, "exp_avg");
+    const Tensor* v = find_state(state, "exp_avg_sq");
     REQUIRE(m != nullptr);
     REQUIRE(v != nullptr);
     check_close(m->to_vector(), ref.m, "exp_avg");

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <bit>
 #include <condition_variable>
@@ -104,6 +106,18 @@ void require_cpu(const Tensor& t, const char* op, const char* role) {
         "Gloo runs on CPU tensors; use the NCCL backend for cuda (Gloo {}: the {} tensor is on "
         "{})",
         op, role, t.device().str());
+  }
+}
+
+// Gloo's TCP pairs write to their sockets without MSG_NOSIGNAL, so a write to a peer that has
+// just crashed raises SIGPIPE, whose default action kills this process silently (exit 141)
+// instead of letting the write fail and the op report "rank 1 may have crashed". Ignore it —
+// only if nobody chose a disposition for it already — and let the error path do its job.
+void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+      (current.sa_flags & SA_SIGINFO) == 0) {
+    signal(SIGPIPE, SIG_IGN);
   }
 }
 
@@ -364,6 +378,7 @@ GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int s
   impl_->size = size;
   impl_->options = options;
   impl_->diagnostics = std::make_shared<PrefixStore>(options.name + "/gloo/diag", store);
+  ignore_sigpipe_unless_handled();
   impl_->connection = connect_gloo(store, rank, size, options);
   // After the TCP connection (which still carries broadcast, allgather and barrier, and is
   // the fallback): all ranks agree here whether they can share memory.

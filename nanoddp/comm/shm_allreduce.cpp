@@ -563,7 +563,7 @@ void ShmAllreduce::wait_for_all(std::uint32_t target,
       }
       const Peer& info = peers_[static_cast<std::size_t>(p)];
       if (info.checkable && process_start_time(info.pid) != info.start_time) {
-        fail_waiting(target, "a peer's process is gone", phase, chunk, chunks);
+        fail_waiting(target, "a peer's process ended", phase, chunk, chunks);
       }
       const auto slice = std::min<Clock::duration>(deadline - now, kPollSlice);
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
@@ -580,31 +580,40 @@ void ShmAllreduce::wait_for_all(std::uint32_t target,
 
 void ShmAllreduce::fail_waiting(std::uint32_t target, const std::string& what_happened,
                                 const char* phase, std::size_t chunk, std::size_t chunks) {
-  std::vector<int> suspects;
-  std::vector<std::string> why;
+  // Who is behind, and why. A dead process explains everything: the live ranks that have not
+  // arrived yet are then most likely just slower, and naming them would send the reader to
+  // the wrong place. Without a dead one, every live straggler is a suspect.
+  std::vector<int> dead;
+  std::vector<int> late;
+  std::vector<std::string> dead_why;
+  std::vector<std::string> late_why;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     RankLine& line = segment_->line(q);
     if (reached(atomic(line.arrivals).load(std::memory_order_acquire), target)) continue;
-    suspects.push_back(q);
     const Peer& info = peers_[static_cast<std::size_t>(q)];
     const std::uint64_t its_seq = atomic(line.op_seq).load(std::memory_order_relaxed);
     if (info.checkable && process_start_time(info.pid) != info.start_time) {
-      why.push_back(fmt::format("rank {} did not arrive: its process (pid {}) has exited "
-                                "(crashed or killed?)",
-                                q, info.pid));
+      dead.push_back(q);
+      dead_why.push_back(fmt::format(
+          "rank {} did not arrive: its process (pid {}) has exited (crashed or killed?)", q,
+          info.pid));
     } else if (its_seq < op_seq_) {
-      why.push_back(fmt::format(
+      late.push_back(q);
+      late_why.push_back(fmt::format(
           "rank {} did not report reaching this op (the last shared-memory op it entered is #{}; "
           "crashed or stuck?)",
           q, its_seq));
     } else {
-      why.push_back(fmt::format("rank {} is in this op but did not arrive (crashed or stuck?)", q));
+      late.push_back(q);
+      late_why.push_back(
+          fmt::format("rank {} is in this op but did not arrive (crashed or stuck?)", q));
     }
   }
-  throw ShmError(fmt::format("{} in chunk {} of {} at the {} barrier: {}", what_happened,
-                             chunk + 1, chunks, phase, fmt::join(why, "; ")),
-                 std::move(suspects));
+  const bool any_dead = !dead.empty();
+  throw ShmError(fmt::format("{} at the {} barrier of chunk {} of {}: {}", what_happened, phase,
+                             chunk + 1, chunks, fmt::join(any_dead ? dead_why : late_why, "; ")),
+                 any_dead ? std::move(dead) : std::move(late));
 }
 
 // ---- one all-reduce -----------------------------------------------------------------------

@@ -110,10 +110,6 @@ constexpr std::uint32_t kVersion = 1;
 // Two 64-byte cache lines: x86 cores prefetch lines in adjacent pairs, so 64 bytes apart is
 // still close enough for two ranks' counters to disturb each other.
 constexpr std::size_t kLine = 128;
-// One rank's slot. Large enough that the two barriers per chunk cost little; small enough
-// that a slot set of all ranks stays in the last-level cache while peers read it.
-// $NANODDP_SHM_CHUNK_KB overrides (rank 0's value wins; it is written into the header).
-constexpr std::size_t kDefaultChunkBytes = std::size_t{1} << 20;
 // Spin this long before sleeping: a barrier between ranks doing the same work is usually
 // passed within microseconds, and a futex sleep + wake-up costs tens of them. Kept short
 // because on a machine with few cores the spinning thread takes a core from the computation.
@@ -423,7 +419,7 @@ void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
   std::string name;
   std::string local_failure;
   if (rank_ == 0) {
-    std::size_t chunk = kDefaultChunkBytes;
+    std::size_t chunk = kShmDefaultChunkBytes;
     if (const char* kb = std::getenv("NANODDP_SHM_CHUNK_KB")) {
       chunk = std::clamp<std::size_t>(std::strtoull(kb, nullptr, 10), 4, 1 << 20) * 1024;
     }

@@ -41,6 +41,7 @@
 #include "nanoddp/comm/init.h"
 #include "nanoddp/comm/process_group.h"
 #include "nanoddp/comm/rendezvous.h"
+#include "nanoddp/comm/shm_allreduce.h"
 #include "nanoddp/engine/tensor.h"
 
 using nanoddp::DType;
@@ -176,11 +177,13 @@ void check_coalesced(nanoddp::comm::ProcessGroup& pg) {
   }
 }
 
-// Buffers that cross the shared-memory path's chunk boundaries by one element either way (1 MiB
-// chunks by default, $NANODDP_SHM_CHUNK_KB in the tests; the TCP path just sees odd sizes).
+// Buffers that cross the shared-memory path's chunk boundaries by one element either way
+// (kShmDefaultChunkBytes, or $NANODDP_SHM_CHUNK_KB; the TCP path just sees odd sizes).
 void check_chunk_boundaries(nanoddp::comm::ProcessGroup& pg) {
   const char* kb = std::getenv("NANODDP_SHM_CHUNK_KB");
-  const std::int64_t chunk_bytes = (kb != nullptr ? std::atoll(kb) : 1024) * 1024;
+  const std::int64_t chunk_bytes =
+      kb != nullptr ? std::atoll(kb) * 1024
+                    : static_cast<std::int64_t>(nanoddp::comm::kShmDefaultChunkBytes);
   const std::int64_t f32 = chunk_bytes / 4;
   for (std::int64_t n : {f32 - 1, f32, f32 + 1, 2 * f32 + 17, 3 * f32 - 1}) {
     check_allreduce(pg, n, ReduceOp::kSum);

@@ -371,7 +371,8 @@ int run(int argc, char** argv) {
   }
   if (runner.rank() == 0) {
     fmt::print("# nanoddp-bench-allreduce: backend {} via {}, {} ranks, {} iters, {} warm-up\n",
-               runner.dist ? runner.dist->group->backend_name() : opt.backend, mode, runner.size(), opt.iters, opt.warmup);
+               runner.dist ? runner.dist->group->backend_name() : opt.backend, mode, runner.size(),
+               opt.iters, opt.warmup);
     fmt::print("# algorithm: {}\n", algorithm);
     fmt::print("# time = rank 0's wall time per op; busbw = algbw * 2(n-1)/n\n");
     fmt::print("#\n# {:>12} {:>12} {:>8} {:>6} {:>11} {:>11} {:>11} {:>7}\n", "size", "count",

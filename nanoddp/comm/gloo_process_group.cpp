@@ -409,7 +409,8 @@ bool GlooProcessGroup::uses_shared_memory() const {
 
 std::string GlooProcessGroup::allreduce_transport() const {
   if (uses_shared_memory()) {
-    return fmt::format("shared memory (same host; {} KiB chunks)", impl_->shm->chunk_bytes() / 1024);
+    return fmt::format("shared memory (same host; {} KiB chunks)",
+                       impl_->shm->chunk_bytes() / 1024);
   }
   std::string why;
   if (impl_->shm != nullptr && size() > 1) why = "; " + impl_->shm->fallback_reason();

@@ -238,8 +238,8 @@ void reduce_bf16(const std::uint8_t* const* sources, int n, std::size_t count, b
   }
 }
 
-void reduce(const std::uint8_t* const* sources, int n, std::size_t count, DType dtype,
-            ReduceOp op, std::uint8_t* out_a, std::uint8_t* out_b) {
+void reduce(const std::uint8_t* const* sources, int n, std::size_t count, DType dtype, ReduceOp op,
+            std::uint8_t* out_a, std::uint8_t* out_b) {
   const bool avg = op == ReduceOp::kAvg;
   const bool f32 = dtype == DType::kF32;
   switch (op) {
@@ -384,8 +384,8 @@ void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
   const bool wanted = env == nullptr || std::string(env) != "0";
   const long pid = static_cast<long>(getpid());
   store.set(prefix + "hello/" + std::to_string(rank_),
-            fmt::format("{}\n{}\n{}\n{}", wanted ? 1 : 0, pid,
-                        process_start_time(pid).value_or(0), host_identity()));
+            fmt::format("{}\n{}\n{}\n{}", wanted ? 1 : 0, pid, process_start_time(pid).value_or(0),
+                        host_identity()));
   std::vector<std::string> identities(static_cast<std::size_t>(size_));
   peers_.assign(static_cast<std::size_t>(size_), Peer{});
   std::string no_reason;  // the first reason not to, the same on every rank
@@ -467,8 +467,8 @@ void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
       } else {
         const auto bytes_total = static_cast<std::size_t>(st.st_size);
         // MAP_POPULATE maps every page now (rank 0 already made them exist).
-        void* base = mmap(nullptr, bytes_total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                          fd, 0);
+        void* base =
+            mmap(nullptr, bytes_total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         if (base == MAP_FAILED) {
           local_failure = errno_text("mmap");
         } else {
@@ -477,8 +477,7 @@ void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
           const Header& h = segment->header();
           if (atomic(const_cast<Header&>(h).magic).load(std::memory_order_acquire) != kMagic ||
               h.version != kVersion || h.size != static_cast<std::uint32_t>(size_) ||
-              h.total_bytes != bytes_total ||
-              Layout(size_, h.chunk_bytes).total != bytes_total) {
+              h.total_bytes != bytes_total || Layout(size_, h.chunk_bytes).total != bytes_total) {
             local_failure = "the segment's header does not match this build or world size";
           }
         }
@@ -552,10 +551,10 @@ void ShmAllreduce::wait_for_all(std::uint32_t target,
     while (!arrived) {
       const auto now = Clock::now();
       if (now >= deadline) {
-        fail_waiting(target,
-                     fmt::format("timed out after {:.1f} s",
-                                 static_cast<double>(timeout_.count()) / 1000.0),
-                     phase, chunk, chunks);
+        fail_waiting(
+            target,
+            fmt::format("timed out after {:.1f} s", static_cast<double>(timeout_.count()) / 1000.0),
+            phase, chunk, chunks);
       }
       const Peer& info = peers_[static_cast<std::size_t>(p)];
       if (info.checkable && process_start_time(info.pid) != info.start_time) {
@@ -614,8 +613,8 @@ void ShmAllreduce::fail_waiting(std::uint32_t target, const std::string& what_ha
 
 // ---- one all-reduce -----------------------------------------------------------------------
 
-void ShmAllreduce::run(void* data, const void* input, std::size_t count, DType dtype,
-                       ReduceOp op, std::uint64_t seq) {
+void ShmAllreduce::run(void* data, const void* input, std::size_t count, DType dtype, ReduceOp op,
+                       std::uint64_t seq) {
   if (!enabled()) fail("ShmAllreduce::run: the shared segment is not in use");
   if (count == 0) return;
   const auto deadline = std::chrono::steady_clock::now() + timeout_;

@@ -102,9 +102,9 @@ class ShmAllreduce {
   std::size_t chunk_bytes_ = 0;
   std::unique_ptr<Segment> segment_;
   std::vector<Peer> peers_;
-  std::uint32_t generation_ = 0;  // this rank's barrier count (mirrors its arrival counter)
+  std::uint32_t generation_ = 0;   // this rank's barrier count (mirrors its arrival counter)
   std::uint64_t chunks_done_ = 0;  // chunks over the segment's life: picks the slot set
-  std::uint64_t op_seq_ = 0;  // the op being run, for messages
+  std::uint64_t op_seq_ = 0;       // the op being run, for messages
 };
 
 }  // namespace nanoddp::comm

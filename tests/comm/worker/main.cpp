@@ -314,13 +314,14 @@ int run(int argc, char** argv) {
       }
       const auto issued = std::chrono::steady_clock::now();
       try {
-        work->wait();  // must fail: the peer died in it
+        work->wait();                                  // must fail: the peer died in it
         pg.allreduce(buffer, ReduceOp::kSum)->wait();  // (if it finished first: this one fails)
       } catch (const std::exception&) {
         // How long the failure took to surface (the process then still waits, bounded, for the
         // dead rank to check out of the store, so its exit time says less).
-        fmt::print("rank {}: failed {:.3f} s after the op was issued\n", g_rank,
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - issued).count());
+        fmt::print(
+            "rank {}: failed {:.3f} s after the op was issued\n", g_rank,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - issued).count());
         std::fflush(stdout);
         throw;
       }

@@ -418,10 +418,20 @@ void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
   auto segment = std::make_unique<Segment>();
   std::string name;
   std::string local_failure;
+  // Rank 0 removes the name once everyone has reported — or on any way out of here, an
+  // exception included — so the name never outlives the set-up.
+  bool created = false;
+  struct Unlink {
+    const std::string& name;
+    const bool& created;
+    ~Unlink() {
+      if (created) shm_unlink(name.c_str());
+    }
+  } unlink_guard{name, created};
   if (rank_ == 0) {
     std::size_t chunk = kShmDefaultChunkBytes;
     if (const char* kb = std::getenv("NANODDP_SHM_CHUNK_KB")) {
-      chunk = std::clamp<std::size_t>(std::strtoull(kb, nullptr, 10), 4, 1 << 20) * 1024;
+      chunk = std::clamp<std::size_t>(std::strtoull(kb, nullptr, 10), 4, 64 << 10) * 1024;
     }
     const Layout layout(size_, chunk);
     name = random_segment_name();
@@ -429,6 +439,7 @@ void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
     if (fd < 0) {
       local_failure = errno_text("shm_open");
     } else {
+      created = true;
       if (ftruncate(fd, static_cast<off_t>(layout.total)) != 0) {
         local_failure = errno_text("ftruncate");
       } else {
@@ -491,13 +502,6 @@ void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
   store.set(prefix + "attached/" + std::to_string(rank_),
             local_failure.empty() ? std::string("ok") : local_failure);
   std::string failure;
-  struct Unlink {
-    const std::string* name;
-    bool active;
-    ~Unlink() {
-      if (active) shm_unlink(name->c_str());
-    }
-  } unlink_guard{&name, rank_ == 0 && segment->base != nullptr};
   for (int r = 0; r < size_; ++r) {
     const Bytes bytes = store.get(prefix + "attached/" + std::to_string(r));
     const std::string report(bytes.begin(), bytes.end());

@@ -57,9 +57,9 @@ inline constexpr std::size_t kShmDefaultChunkBytes = std::size_t{512} << 10;
 class ShmAllreduce {
  public:
   // Collective: every rank of the group constructs one at the same point, with the same `name`
-  // (keys live under "<name>/shm/" in `store`). Never throws for a segment that cannot be made
-  // (that is a fallback: enabled() is false); throws StoreError if the store fails.
-  // `timeout` bounds every later op, and the set-up exchange.
+  // (keys live under "<name>/shm/" in `store`; like Gloo's rendezvous, one group per name). Never
+  // throws for a segment that cannot be made (that is a fallback: enabled() is false); throws
+  // StoreError if the store fails. `timeout` bounds every later op, and the set-up exchange.
   ShmAllreduce(Store& store, int rank, int size, std::chrono::milliseconds timeout,
                const std::string& name);
   ~ShmAllreduce();

@@ -3,6 +3,10 @@
 // engine's own overhead (Work objects, the worker thread hand-off, dtype dispatch) can be read
 // off by comparing the two runs.
 //
+// Transport. When every rank is on this host, the process group's allreduce goes through shared
+// memory (backend "gloo+shm"; NANODDP_SHM=0 turns that off), while --raw always runs Gloo's TCP
+// ring: the header's "transport" line says which one a run measured, so the two can be compared.
+//
 // Run it as a worker under a launcher (it reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
 // e.g. two processes on one machine:
 //   RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 nanoddp-bench-allreduce &
@@ -331,7 +335,7 @@ int run(int argc, char** argv) {
     dopt.timeout = timeout;
     runner.dist.emplace(nanoddp::comm::init_distributed(runner.world, dopt));
     if (auto* gloo = dynamic_cast<nanoddp::comm::GlooProcessGroup*>(runner.dist->group.get())) {
-      runner.transport = gloo->device_description();
+      runner.transport = gloo->allreduce_transport();
     }
   }
 
@@ -350,9 +354,13 @@ int run(int argc, char** argv) {
   }
   const std::string mode = opt.raw ? "raw gloo::allreduce" : "nanoddp ProcessGroup";
   std::string algorithm;
-  if (opt.backend == "gloo") {
-    algorithm =
-        fmt::format("ring allreduce as used by gloo::allreduce (TCP, {})", runner.transport);
+  if (opt.backend == "gloo" && opt.raw) {
+    algorithm = fmt::format("ring allreduce as used by gloo::allreduce; transport: TCP ring ({})",
+                            runner.transport);
+  } else if (opt.backend == "gloo") {
+    // "shared memory (same host; ...)": copy in, each rank reduces 1/n, copy out (see
+    // nanoddp/comm/shm_allreduce.cpp); or "TCP ring (...)": gloo::allreduce.
+    algorithm = fmt::format("process group allreduce; transport: {}", runner.transport);
   } else {
     const char* algo = std::getenv("NCCL_ALGO");
     const char* proto = std::getenv("NCCL_PROTO");
@@ -363,7 +371,8 @@ int run(int argc, char** argv) {
   }
   if (runner.rank() == 0) {
     fmt::print("# nanoddp-bench-allreduce: backend {} via {}, {} ranks, {} iters, {} warm-up\n",
-               opt.backend, mode, runner.size(), opt.iters, opt.warmup);
+               runner.dist ? runner.dist->group->backend_name() : opt.backend, mode, runner.size(),
+               opt.iters, opt.warmup);
     fmt::print("# algorithm: {}\n", algorithm);
     fmt::print("# time = rank 0's wall time per op; busbw = algbw * 2(n-1)/n\n");
     fmt::print("#\n# {:>12} {:>12} {:>8} {:>6} {:>11} {:>11} {:>11} {:>7}\n", "size", "count",

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <bit>
 #include <condition_variable>
@@ -18,6 +20,7 @@
 #include <gloo/broadcast.h>
 
 #include "nanoddp/comm/gloo_context.h"
+#include "nanoddp/comm/shm_allreduce.h"
 #include "nanoddp/engine/error.h"
 
 namespace nanoddp::comm {
@@ -106,6 +109,18 @@ void require_cpu(const Tensor& t, const char* op, const char* role) {
   }
 }
 
+// Gloo's TCP pairs write to their sockets without MSG_NOSIGNAL, so a write to a peer that has
+// just crashed raises SIGPIPE, whose default action kills this process silently (exit 141)
+// instead of letting the write fail and the op report "rank 1 may have crashed". Ignore it —
+// only if nobody chose a disposition for it already — and let the error path do its job.
+void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+      (current.sa_flags & SA_SIGINFO) == 0) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
 std::string strip_gloo_location(std::string message) {
   // GLOO_ERROR_MSG prefixes "[/build/gloo/transport/tcp/pair.cc:598] ".
   if (!message.empty() && message[0] == '[') {
@@ -178,6 +193,10 @@ struct GlooProcessGroup::Impl {
   int size = 1;
   ProcessGroupOptions options;
   GlooConnection connection;
+  // Same host: allreduce (and reduce-scatter, which is one) goes through shared memory instead
+  // of Gloo's TCP ring. Runs on the worker thread like every op, so order, sequence numbers,
+  // Work and timings are unchanged. Null or disabled: everything goes over TCP.
+  std::unique_ptr<ShmAllreduce> shm;
   std::shared_ptr<Store> diagnostics;  // "<name>/gloo/diag/...": timeout reports only
 
   std::mutex mutex;  // guards everything below
@@ -238,6 +257,9 @@ struct GlooProcessGroup::Impl {
       } else {
         try {
           job.run(job.work->sequence_number());
+        } catch (const ShmError& e) {
+          first_failure = job.description + " failed";
+          error = std::make_exception_ptr(CommError(explain_shm(job.description, e)));
         } catch (const std::exception& e) {
           const std::string message =
               explain(job.description, job.work->sequence_number(), e.what());
@@ -308,11 +330,29 @@ struct GlooProcessGroup::Impl {
         description, rank, size, cause, gloo_message, who);
   }
 
+  // The shared-memory path knows exactly who is missing (their arrival counters are behind,
+  // or their process is gone), so no store round is needed to find out.
+  std::string explain_shm(const std::string& description, const ShmError& e) const {
+    std::string who = "another rank";
+    if (!e.suspects().empty()) {
+      who = fmt::format("rank{} {}", e.suspects().size() > 1 ? "s" : "",
+                        fmt::join(e.suspects(), ", "));
+    }
+    return fmt::format(
+        "Gloo {} failed on rank {} of {} (shared memory): {}. Hint: {} may have crashed or be "
+        "stuck; ops must be issued in the same order on every rank",
+        description, rank, size, e.what(), who);
+  }
+
   // ---- the Gloo calls (worker thread) ----
 
   void run_allreduce(void* data, std::size_t n, DType dtype, ReduceOp op, std::uint64_t seq,
                      const void* input = nullptr) {
     if (n == 0) return;
+    if (shm != nullptr && shm->enabled()) {
+      shm->run(data, input, n, dtype, op, seq);  // divides once itself for avg
+      return;
+    }
     gloo::AllreduceOptions opts(connection.context);
     if (dtype == DType::kF32) {
       if (input != nullptr) opts.setInput(static_cast<float*>(const_cast<void*>(input)), n);
@@ -338,7 +378,11 @@ GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int s
   impl_->size = size;
   impl_->options = options;
   impl_->diagnostics = std::make_shared<PrefixStore>(options.name + "/gloo/diag", store);
-  impl_->connection = connect_gloo(std::move(store), rank, size, options);
+  ignore_sigpipe_unless_handled();
+  impl_->connection = connect_gloo(store, rank, size, options);
+  // After the TCP connection (which still carries broadcast, allgather and barrier, and is
+  // the fallback): all ranks agree here whether they can share memory.
+  impl_->shm = std::make_unique<ShmAllreduce>(*store, rank, size, options.timeout, options.name);
   impl_->worker = std::thread([impl = impl_.get()] { impl->worker_loop(); });
 }
 
@@ -353,6 +397,24 @@ GlooProcessGroup::~GlooProcessGroup() {
   impl_->queue_cv.notify_all();
   if (impl_->worker.joinable()) impl_->worker.join();
   impl_->connection.context.reset();
+}
+
+std::string GlooProcessGroup::backend_name() const {
+  return uses_shared_memory() ? "gloo+shm" : "gloo";
+}
+
+bool GlooProcessGroup::uses_shared_memory() const {
+  return impl_->shm != nullptr && impl_->shm->enabled();
+}
+
+std::string GlooProcessGroup::allreduce_transport() const {
+  if (uses_shared_memory()) {
+    return fmt::format("shared memory (same host; {} KiB chunks)",
+                       impl_->shm->chunk_bytes() / 1024);
+  }
+  std::string why;
+  if (impl_->shm != nullptr && size() > 1) why = "; " + impl_->shm->fallback_reason();
+  return fmt::format("TCP ring ({}{})", impl_->connection.device_description, why);
 }
 
 const std::string& GlooProcessGroup::device_description() const {

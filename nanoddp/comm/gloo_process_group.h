@@ -1,5 +1,5 @@
 #pragma once
-// The Gloo process group: collectives over TCP on CPU tensors.
+// The Gloo process group: collectives over TCP (or shared memory) on CPU tensors.
 //
 // How an op runs. The caller (the training loop, the DDP Reducer's autograd hook) must not wait
 // for the network, so every op is only *queued* here: allreduce() checks its arguments, takes
@@ -8,6 +8,11 @@
 // one thread is what keeps every rank's Gloo calls in the same order as their issue order —
 // the property all collectives depend on — while the caller computes the next bucket's
 // gradients. Work::wait() is where the caller finally joins the op.
+//
+// Same host, no sockets. When every rank runs on this host, allreduce (and reduce_scatter,
+// built on it) bypasses TCP and goes through a shared-memory segment (shm_allreduce.h) — still
+// on the worker thread, so everything above holds. $NANODDP_SHM=0 turns it off;
+// backend_name() says "gloo+shm" when it is on.
 //
 // Why one Gloo API. Debian's Gloo has two generations of collectives: the legacy algorithm
 // classes (gloo::AllreduceRing, ...) and the options-style functions (gloo::allreduce with
@@ -42,7 +47,8 @@ class GlooProcessGroup final : public ProcessGroup {
   GlooProcessGroup(const GlooProcessGroup&) = delete;
   GlooProcessGroup& operator=(const GlooProcessGroup&) = delete;
 
-  std::string backend_name() const override { return "gloo"; }
+  // "gloo+shm" when allreduce goes through shared memory, else "gloo".
+  std::string backend_name() const override;
 
   std::shared_ptr<Work> allreduce(Tensor& tensor, ReduceOp op = ReduceOp::kSum) override;
   std::shared_ptr<Work> allreduce_coalesced(std::vector<Tensor>& tensors,
@@ -53,6 +59,13 @@ class GlooProcessGroup final : public ProcessGroup {
                                        ReduceOp op = ReduceOp::kSum) override;
   std::shared_ptr<Work> barrier() override;
 
+  // Whether allreduce (and reduce_scatter) go through a shared-memory segment: every rank is on
+  // this host and $NANODDP_SHM is not "0" (shm_allreduce.h). Broadcast, allgather and barrier
+  // always use TCP.
+  bool uses_shared_memory() const;
+  // How allreduce moves data, for benchmark headers: "shared memory (same host; ...)" or
+  // "TCP ring (address ...; why not shared memory)".
+  std::string allreduce_transport() const;
   // How the TCP device was bound, e.g. "address 127.0.0.1 (the route to 127.0.0.1)".
   const std::string& device_description() const;
   // Ops issued so far (the last sequence number handed out).

@@ -3,6 +3,10 @@
 // collective against closed-form values (tests/comm/worker/main.cpp). Then the failures that
 // matter in practice: a rank that never joins, a rank that crashes, a rank that stalls — each
 // must end every process with a message that names the op, its sequence number and the rank.
+//
+// Two transports: on one host allreduce goes through shared memory (backend "gloo+shm"), and
+// with NANODDP_SHM=0 over Gloo's TCP ring (backend "gloo"). Every scenario runs on both, and
+// both must agree with the same closed-form values.
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -11,6 +15,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <future>
 #include <map>
 #include <string>
@@ -50,7 +55,17 @@ struct Launch {
   int started = -1;  // ranks 0..started-1 are started (default: all)
   std::vector<std::string> args;
   std::map<std::string, std::string> env;
+  std::map<int, std::map<std::string, std::string>> rank_env;  // per rank, on top of env
 };
+
+const std::map<std::string, std::string> kTcp = {{"NANODDP_SHM", "0"}};
+const std::map<std::string, std::string> kShm = {};
+
+std::map<std::string, std::string> with(std::map<std::string, std::string> env,
+                                        const std::map<std::string, std::string>& more) {
+  env.insert(more.begin(), more.end());
+  return env;
+}
 
 // Starts the ranks concurrently, waits for all, returns their results (index = rank).
 std::vector<ProcessResult> launch(const Launch& spec) {
@@ -60,6 +75,9 @@ std::vector<ProcessResult> launch(const Launch& spec) {
   for (int r = 0; r < started; ++r) {
     nanoddp::testing::ProcessOptions options;
     options.env = spec.env;
+    if (auto it = spec.rank_env.find(r); it != spec.rank_env.end()) {
+      for (const auto& [key, value] : it->second) options.env[key] = value;
+    }
     options.env["RANK"] = std::to_string(r);
     options.env["WORLD_SIZE"] = std::to_string(spec.world);
     options.env["MASTER_ADDR"] = "127.0.0.1";
@@ -77,12 +95,14 @@ std::vector<ProcessResult> launch(const Launch& spec) {
   return results;
 }
 
-void require_all_ok(const std::vector<ProcessResult>& results) {
+// `backend`: what the group must have picked ("gloo+shm" or "gloo").
+void require_all_ok(const std::vector<ProcessResult>& results, const std::string& backend) {
   for (std::size_t r = 0; r < results.size(); ++r) {
     INFO("rank " << r << " output:\n" << results[r].output);
     CHECK_FALSE(results[r].timed_out);
     CHECK(results[r].exit_code == 0);
     CHECK(results[r].output.find("ok,") != std::string::npos);
+    CHECK(results[r].output.find("backend " + backend + "\n") != std::string::npos);
   }
 }
 
@@ -92,16 +112,44 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-TEST_CASE("gloo: 2 processes, every collective, including a 64 MiB allreduce") {
-  require_all_ok(launch({.world = 2, .args = {"--big"}}));
+TEST_CASE("gloo: 2 processes, every collective, including a 64 MiB allreduce (shared memory)") {
+  require_all_ok(launch({.world = 2, .args = {"--big"}, .env = kShm}), "gloo+shm");
 }
 
-TEST_CASE("gloo: 3 processes, every collective") {
-  require_all_ok(launch({.world = 3}));
+TEST_CASE("gloo: 2 processes, every collective, including a 64 MiB allreduce (TCP)") {
+  const auto results = launch({.world = 2, .args = {"--big"}, .env = kTcp});
+  require_all_ok(results, "gloo");
+  // NANODDP_SHM=0 is obeyed, and rank 0 says so in one line.
+  CHECK(results[0].output.find("allreduce goes over TCP, not shared memory: NANODDP_SHM=0 on "
+                               "rank 0") != std::string::npos);
 }
 
-TEST_CASE("gloo: 4 processes, every collective") {
-  require_all_ok(launch({.world = 4}));
+TEST_CASE("gloo: 3 processes, every collective (shared memory)") {
+  require_all_ok(launch({.world = 3, .env = kShm}), "gloo+shm");
+}
+
+TEST_CASE("gloo: 3 processes, every collective (TCP)") {
+  require_all_ok(launch({.world = 3, .env = kTcp}), "gloo");
+}
+
+TEST_CASE("gloo: 4 processes, every collective (shared memory)") {
+  require_all_ok(launch({.world = 4, .env = kShm}), "gloo+shm");
+}
+
+TEST_CASE("gloo: 4 processes, every collective (TCP)") {
+  require_all_ok(launch({.world = 4, .env = kTcp}), "gloo");
+}
+
+TEST_CASE("gloo: shared memory with 64 KiB chunks: sizes around many chunk boundaries") {
+  // The worker's chunk-boundary sizes follow NANODDP_SHM_CHUNK_KB: with small chunks a buffer
+  // spans dozens of chunks, so both slot sets are reused many times within one op.
+  require_all_ok(launch({.world = 3, .env = {{"NANODDP_SHM_CHUNK_KB", "64"}}}), "gloo+shm");
+}
+
+TEST_CASE("gloo: ranks that disagree about NANODDP_SHM all use TCP") {
+  const auto results = launch({.world = 3, .rank_env = {{2, kTcp}}});
+  require_all_ok(results, "gloo");
+  CHECK(results[0].output.find("NANODDP_SHM=0 on rank 2") != std::string::npos);
 }
 
 TEST_CASE("gloo: a rank that never joins fails the others within the timeout") {
@@ -116,11 +164,16 @@ TEST_CASE("gloo: a rank that never joins fails the others within the timeout") {
   }
 }
 
-TEST_CASE("gloo: a rank that crashes mid-way fails the peers' next op, naming op and rank") {
+namespace {
+bool uses_shm(const std::map<std::string, std::string>& transport) {
+  return transport.count("NANODDP_SHM") == 0;
+}
+
+void check_crash(const std::map<std::string, std::string>& transport) {
   const auto results =
       launch({.world = 3,
               .args = {"--fault", "crash", "--fault-rank", "1", "--fault-after", "3"},
-              .env = {{"NANODDP_TIMEOUT_S", "3"}}});
+              .env = with({{"NANODDP_TIMEOUT_S", "3"}}, transport)});
   REQUIRE(results.size() == 3);
   CHECK(results[1].exit_code == 17);
   int named = 0;
@@ -134,17 +187,37 @@ TEST_CASE("gloo: a rank that crashes mid-way fails the peers' next op, naming op
     CHECK(out.find("same order on every rank") != std::string::npos);
     if (out.find("rank 1 may have crashed") != std::string::npos) ++named;
   }
-  // Rank 0 receives from rank 1 in the ring and sees its socket close. Rank 2 may instead be
-  // failed by rank 0's exit (a cascade), and then names rank 0 or "a peer". At least one names 1.
-  CHECK(named >= 1);
+  // TCP: rank 0 receives from rank 1 in the ring and sees its socket close. Rank 2 may instead
+  // be failed by rank 0's exit (a cascade), and then names rank 0 or "a peer". At least one
+  // names 1. Shared memory: both survivors wait on rank 1's counter and see its process gone.
+  INFO("rank 0 output:\n" << results[0].output << "\nrank 2 output:\n" << results[2].output);
+  CHECK(named >= (uses_shm(transport) ? 2 : 1));
+  if (uses_shm(transport)) {
+    for (int r : {0, 2}) {
+      const auto& out = results[static_cast<std::size_t>(r)].output;
+      INFO("rank " << r << " output:\n" << out);
+      CHECK(out.find("(shared memory)") != std::string::npos);
+      CHECK(out.find("rank 1 did not arrive: its process") != std::string::npos);
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE("gloo: a rank that crashes mid-way fails the peers' next op, naming op and rank (shm)") {
+  check_crash(kShm);
 }
 
-TEST_CASE("gloo: a stalled rank makes the others time out, and the report names it") {
+TEST_CASE("gloo: a rank that crashes mid-way fails the peers' next op, naming op and rank (TCP)") {
+  check_crash(kTcp);
+}
+
+namespace {
+void check_stall(const std::map<std::string, std::string>& transport) {
   const auto start = std::chrono::steady_clock::now();
   const auto results =
       launch({.world = 3,
               .args = {"--fault", "stall", "--fault-rank", "2", "--fault-after", "2"},
-              .env = {{"NANODDP_TIMEOUT_S", "1.5"}}});
+              .env = with({{"NANODDP_TIMEOUT_S", "1.5"}}, transport)});
   CHECK(seconds_since(start) < 25.0);
   REQUIRE(results.size() == 3);
   for (int r = 0; r < 3; ++r) {
@@ -160,6 +233,65 @@ TEST_CASE("gloo: a stalled rank makes the others time out, and the report names 
     CHECK(out.find("timed out after 1.5 s") != std::string::npos);
     CHECK(out.find("rank 2 did not report reaching this op") != std::string::npos);
   }
+}
+
+// SIGKILL inside a 64 MiB allreduce: no clean-up, no socket shutdown handshake, a counter in
+// shared memory that simply stops. The survivors must fail that op — long before the timeout
+// on shared memory, which sees the process gone — name the rank, and exit.
+void check_kill_mid(const std::map<std::string, std::string>& transport, int world) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto results =
+      launch({.world = world,
+              .args = {"--fault", "kill-mid", "--fault-rank", "1", "--fault-after", "2"},
+              .env = with({{"NANODDP_TIMEOUT_S", "8"}}, transport)});
+  const double elapsed = seconds_since(start);
+  REQUIRE(results.size() == static_cast<std::size_t>(world));
+  CHECK(results[1].signaled);
+  CHECK(results[1].signal == SIGKILL);
+  for (int r = 0; r < world; ++r) {
+    if (r == 1) continue;
+    const auto& out = results[static_cast<std::size_t>(r)].output;
+    INFO("rank " << r << " output:\n" << out);
+    CHECK_FALSE(results[static_cast<std::size_t>(r)].timed_out);
+    CHECK(results[static_cast<std::size_t>(r)].exit_code == 2);
+    CHECK(out.find("Gloo allreduce #3 (sum, 16777216 x float32) failed") != std::string::npos);
+    const std::size_t at = out.find("failed ");
+    REQUIRE(at != std::string::npos);
+    const double failed_after = std::stod(out.substr(at + 7));
+    if (uses_shm(transport)) {
+      CHECK(out.find("(shared memory)") != std::string::npos);
+      CHECK(out.find("rank 1 did not arrive: its process") != std::string::npos);
+      CHECK(out.find("rank 1 may have crashed") != std::string::npos);
+      // The dead process is noticed between two 50 ms futex sleeps, not at the 8 s timeout.
+      CHECK(failed_after < 2.0);
+    } else {
+      CHECK(failed_after < 8.0 + 2.0);
+    }
+  }
+  // Every process ended: within the timeout plus slack (rank 0 waits, bounded by the timeout,
+  // for the dead rank to check out of the store before it stops serving it).
+  CHECK(elapsed < 8.0 + 10.0);
+}
+}  // namespace
+
+TEST_CASE("gloo: a stalled rank makes the others time out, and the report names it (shm)") {
+  check_stall(kShm);
+}
+
+TEST_CASE("gloo: a stalled rank makes the others time out, and the report names it (TCP)") {
+  check_stall(kTcp);
+}
+
+TEST_CASE("gloo: a peer killed mid-allreduce fails the survivors, not hangs them (shm, 2 ranks)") {
+  check_kill_mid(kShm, 2);
+}
+
+TEST_CASE("gloo: a peer killed mid-allreduce fails the survivors, not hangs them (shm, 3 ranks)") {
+  check_kill_mid(kShm, 3);
+}
+
+TEST_CASE("gloo: a peer killed mid-allreduce fails the survivors, not hangs them (TCP)") {
+  check_kill_mid(kTcp, 2);
 }
 
 // ---- in one process ---------------------------------------------------------------------

@@ -10,15 +10,26 @@
 //      printed, which the failure tests look for
 //   17 --fault crash: this rank "crashed" on purpose (std::_Exit, no clean-up)
 //
+// The collectives run over whatever the group picked: shared memory when all ranks are on this
+// host (always, here), TCP with NANODDP_SHM=0. The "ok" line names the backend ("gloo+shm" or
+// "gloo") so the tests can tell which transport they covered.
+//
 // Usage: nanoddp-test-comm-worker [--big]
 //        nanoddp-test-comm-worker --fault crash|stall --fault-rank R --fault-after K
 //   crash: after K good allreduces rank R exits at once; the others' next op must fail.
 //   stall: after K good allreduces rank R sleeps for 3 timeouts before its next op; the
 //          others' next op must time out (and every process must still end).
+//   kill-mid: after K good allreduces every rank starts a 64 MiB allreduce, and rank R kills
+//          itself (SIGKILL) a few milliseconds into it; the others' op must fail, naming rank R.
 
 #include <fmt/format.h>
 
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +41,7 @@
 #include "nanoddp/comm/init.h"
 #include "nanoddp/comm/process_group.h"
 #include "nanoddp/comm/rendezvous.h"
+#include "nanoddp/comm/shm_allreduce.h"
 #include "nanoddp/engine/tensor.h"
 
 using nanoddp::DType;
@@ -98,7 +110,7 @@ void check_allreduce(nanoddp::comm::ProcessGroup& pg, std::int64_t n, ReduceOp o
   const float* p = t.data();
   const std::string what = fmt::format("allreduce {} n={}", nanoddp::comm::reduce_op_name(op), n);
   // The 16M-element case checks a stride of elements (every check is a pass over memory).
-  const std::int64_t step = n > 100000 ? 997 : 1;
+  const std::int64_t step = n > 2000000 ? 997 : 1;
   for (std::int64_t i = 0; i < n; i += step) expect_eq(p[i], expected_reduction(op, i), what, i);
   if (n > 0) expect_eq(p[n - 1], expected_reduction(op, n - 1), what, n - 1);
 }
@@ -165,6 +177,73 @@ void check_coalesced(nanoddp::comm::ProcessGroup& pg) {
   }
 }
 
+// Buffers that cross the shared-memory path's chunk boundaries by one element either way
+// (kShmDefaultChunkBytes, or $NANODDP_SHM_CHUNK_KB; the TCP path just sees odd sizes).
+void check_chunk_boundaries(nanoddp::comm::ProcessGroup& pg) {
+  const char* kb = std::getenv("NANODDP_SHM_CHUNK_KB");
+  const std::int64_t chunk_bytes =
+      kb != nullptr ? std::atoll(kb) * 1024
+                    : static_cast<std::int64_t>(nanoddp::comm::kShmDefaultChunkBytes);
+  const std::int64_t f32 = chunk_bytes / 4;
+  for (std::int64_t n : {f32 - 1, f32, f32 + 1, 2 * f32 + 17, 3 * f32 - 1}) {
+    check_allreduce(pg, n, ReduceOp::kSum);
+  }
+  check_allreduce(pg, f32 + 1, ReduceOp::kAvg);
+  check_allreduce(pg, 2 * f32 + 5, ReduceOp::kMax);
+  check_allreduce(pg, 2 * f32 + 5, ReduceOp::kMin);
+  check_bf16_allreduce(pg, chunk_bytes / 2 + 1, ReduceOp::kSum);
+  check_bf16_allreduce(pg, chunk_bytes / 2 + 1, ReduceOp::kAvg);
+}
+
+std::uint64_t fnv1a(const void* data, std::size_t bytes) {
+  std::uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// Values whose sum depends on the order of the additions, so a rank that combined them in
+// another order would show up: every rank must end with the very same bits.
+void check_bit_identical(nanoddp::comm::ProcessGroup& pg, std::int64_t n, ReduceOp op) {
+  Tensor t = Tensor::empty({n});
+  for (std::int64_t i = 0; i < n; ++i) {
+    t.data()[i] = std::sin(static_cast<float>(i) * 0.37f + static_cast<float>(g_rank)) *
+                  std::pow(10.0f, static_cast<float>((i + g_rank) % 9) - 4.0f);
+  }
+  pg.allreduce(t, op)->wait();
+  const std::uint64_t mine = fnv1a(t.data(), t.nbytes());
+  // Hashes travel as two float32 each (bytes are bytes to allgather).
+  Tensor hash = Tensor::empty({2});
+  std::memcpy(hash.data(), &mine, sizeof(mine));
+  Tensor all = Tensor::empty({2 * g_size});
+  pg.allgather(hash, all)->wait();
+  for (int r = 0; r < g_size; ++r) {
+    ++g_checks;
+    std::uint64_t theirs = 0;
+    std::memcpy(&theirs, all.data() + 2 * r, sizeof(theirs));
+    if (theirs != mine) {
+      throw CheckFailed(fmt::format("rank {}: allreduce {} n={} differs bitwise from rank {}'s",
+                                    g_rank, nanoddp::comm::reduce_op_name(op), n, r));
+    }
+  }
+}
+
+// The segment's name is unlinked as soon as every rank has mapped it: /dev/shm keeps nothing,
+// even if the job is killed later. Rank 0 created it, so its pid is in the name.
+void check_no_segment_left() {
+  if (g_rank != 0) return;
+  const std::string prefix = fmt::format("nanoddp-{}-", getpid());
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  std::string found;
+  while (const dirent* entry = readdir(dir)) {
+    if (std::string(entry->d_name).rfind(prefix, 0) == 0) found = entry->d_name;
+  }
+  closedir(dir);
+  ++g_checks;
+  if (!found.empty()) throw CheckFailed("shared segment left in /dev/shm: " + found);
+}
+
 // Many ops in flight at once, waited for in reverse: FIFO on the worker still gives every rank
 // the same order, and sequence numbers count up by one.
 void check_pipelined(nanoddp::comm::ProcessGroup& pg) {
@@ -223,6 +302,32 @@ int run(int argc, char** argv) {
 
   if (!fault.empty()) {
     for (int k = 0; k < fault_after; ++k) check_allreduce(pg, 1237, ReduceOp::kSum);
+    if (fault == "kill-mid") {
+      Tensor buffer = filled(std::int64_t{16} << 20);  // 64 MiB: tens of milliseconds to reduce
+      auto work = pg.allreduce(buffer, ReduceOp::kSum);
+      if (g_rank == fault_rank) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        fmt::print("rank {}: killing myself mid-allreduce{}\n", g_rank,
+                   work->is_completed() ? " (too late? it completed)" : "");
+        std::fflush(stdout);
+        raise(SIGKILL);
+      }
+      const auto issued = std::chrono::steady_clock::now();
+      try {
+        work->wait();                                  // must fail: the peer died in it
+        pg.allreduce(buffer, ReduceOp::kSum)->wait();  // (if it finished first: this one fails)
+      } catch (const std::exception&) {
+        // How long the failure took to surface (the process then still waits, bounded, for the
+        // dead rank to check out of the store, so its exit time says less).
+        fmt::print(
+            "rank {}: failed {:.3f} s after the op was issued\n", g_rank,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - issued).count());
+        std::fflush(stdout);
+        throw;
+      }
+      fmt::print("rank {}: the allreduce with a killed peer succeeded?!\n", g_rank);
+      return 1;
+    }
     if (g_rank == fault_rank) {
       fmt::print("rank {}: {} after {} ops\n", g_rank, fault, fault_after);
       std::fflush(stdout);
@@ -238,6 +343,11 @@ int run(int argc, char** argv) {
     for (std::int64_t n : {0, 1, 1237}) check_allreduce(pg, n, op);
   }
   if (big) check_allreduce(pg, std::int64_t{16} << 20, ReduceOp::kSum);  // 64 MiB of float32
+  check_chunk_boundaries(pg);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+    check_bit_identical(pg, 300007, op);
+  }
+  check_no_segment_left();
   check_broadcast(pg, 1237, g_size - 1);
   check_broadcast(pg, 5, 0);
   check_allgather(pg, 1237);
@@ -252,8 +362,8 @@ int run(int argc, char** argv) {
   check_pipelined(pg);
   auto last = pg.barrier();
   last->wait();
-  fmt::print("rank {} of {}: ok, {} checks, {} ops\n", g_rank, g_size, g_checks,
-             last->sequence_number());
+  fmt::print("rank {} of {}: ok, {} checks, {} ops, backend {}\n", g_rank, g_size, g_checks,
+             last->sequence_number(), pg.backend_name());
   return 0;
 }
 

@@ -88,7 +88,9 @@ void kill_one_rank(int world, int victim, int signo) {
         rank.output(),
         std::regex(fmt::format(
             R"(ranks? (?:[0-9]+, )*{}(?:, [0-9]+)* (?:may have crashed|did not report))", victim)));
-    lost += contains(rank.output(), fmt::format("lost the connection to rank {}", victim));
+    // TCP: the closed socket; shared memory: the victim's pid is gone.
+    lost += contains(rank.output(), fmt::format("lost the connection to rank {}", victim)) ||
+            contains(rank.output(), fmt::format("rank {} did not arrive: its process", victim));
     outputs += fmt::format("---- rank {} after {:.1f} s:\n{}", r, took, rank.output());
   }
   // The victim's ring neighbour sees the closed socket (or, for SIGSTOP, the missing report)
@@ -96,7 +98,8 @@ void kill_one_rank(int world, int victim, int signo) {
   // by a cascade, and then says "another rank" (as tests/comm/test_gloo.cpp describes).
   INFO(outputs);
   CHECK(named >= 1);
-  // A crash is seen as a closed connection (at once), not only as a timeout.
+  // A crash is seen as a closed connection or a vanished peer process (at once), not only as a
+  // timeout.
   if (signo == SIGKILL) CHECK(lost >= 1);
   // A hang is found by the timeout (a rank that timed out and exited may then fail the last
   // one with a closed connection: also an error, also bounded).

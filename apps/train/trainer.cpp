@@ -58,6 +58,7 @@ void check_checkpoint_dir_writable(const std::string& dir) {
 
 struct Trainer::Window {
   double step_ms = 0, data_ms = 0, wall_ms = 0, comm_ms = 0, exposed_comm_ms = 0;
+  double backward_ms = 0;  // backward compute: the backward() calls minus the exposed wait
   std::int64_t steps = 0, samples = 0;
 };
 
@@ -233,6 +234,7 @@ float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window&
   const auto step_start = Clock::now();
   double data_ms = 0;
   optimizer_->zero_grad();
+  double backward_ms = 0;
   Tensor loss_sum;
   for (std::int64_t m = 0; m < o_.grad_accum; ++m) {
     {
@@ -252,7 +254,9 @@ float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window&
       // Mean over the micro-batches, so --grad-accum K with --batch B equals --batch K*B.
       if (o_.grad_accum > 1) loss = mul(loss, 1.0f / static_cast<float>(o_.grad_accum));
     }
+    const auto backward_start = Clock::now();
     loss.backward();
+    backward_ms += ms_since(backward_start);
     loss_sum = m == 0 ? loss.detach() : add(loss_sum, loss.detach());
   }
   // NaN/Inf policy. Decided from every rank's loss and the averaged gradients (identical on
@@ -295,6 +299,7 @@ float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window&
     }
   }
   const double wall_ms = ms_since(step_start);
+  window.backward_ms += backward_ms;
   window.step_ms += wall_ms - data_ms;
   window.data_ms += data_ms;
   window.wall_ms += wall_ms;
@@ -304,6 +309,7 @@ float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window&
     const comm::ReducerStats& stats = ddp_->reducer().last_stats();
     window.comm_ms += stats.comm_ms;
     window.exposed_comm_ms += stats.exposed_comm_ms;
+    window.backward_ms -= stats.exposed_comm_ms;
   }
   return loss;
 }
@@ -370,9 +376,13 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) 
                            {"samples_per_s", samples_per_s},
                            {"world_size", world_size_},
                            {"steps_in_window", w.steps}};
+    line["backward_ms"] = w.backward_ms / n;
     if (ddp_) {
       line["comm_ms"] = w.comm_ms / n;
       line["exposed_comm_ms"] = w.exposed_comm_ms / n;
+      // Share of the all-reduce time hidden behind the backward pass.
+      line["overlap_fraction"] =
+          w.comm_ms > 0 ? std::clamp(1.0 - w.exposed_comm_ms / w.comm_ms, 0.0, 1.0) : 0.0;
     }
     if (o_.skip_nonfinite) line["skipped_steps"] = skipped_steps_;
     metrics_ << line.dump() << "\n";

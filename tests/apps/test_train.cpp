@@ -98,10 +98,12 @@ TEST_CASE("nanoddp-train learns nn.Linear(5, 3) + MSE, logs metrics and saves pa
   const auto lines = read_json_lines(metrics);
   REQUIRE(lines.size() == 5);  // step 1, 100, 200, 300, 400
   for (const auto& line : lines) {
-    for (const char* key : {"step", "loss", "step_ms", "samples_per_s"}) {
+    for (const char* key : {"step", "loss", "step_ms", "samples_per_s", "backward_ms"}) {
       CHECK_MESSAGE(line.contains(key), key);
     }
     CHECK(line["step_ms"].get<double>() > 0.0);
+    CHECK(line["backward_ms"].get<double>() > 0.0);
+    CHECK(line["backward_ms"].get<double>() < line["step_ms"].get<double>());
     CHECK(line["samples_per_s"].get<double>() > 0.0);
   }
   CHECK(lines.front()["step"] == 1);

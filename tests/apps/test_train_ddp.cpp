@@ -157,6 +157,19 @@ TEST_CASE("ddp training: stop after a checkpoint, resume, and the losses are bit
                                   "--resume", "--metrics", dir.file("resumed.jsonl"), "--save",
                                   dir.file("resumed")}),
                             2, quick()));
+  {
+    // DDP metrics: communication, the exposed part, overlap, backward compute.
+    std::ifstream in(dir.file("full.jsonl"));
+    std::string first_line;
+    std::getline(in, first_line);
+    const auto line = nlohmann::json::parse(first_line);
+    for (const char* key : {"comm_ms", "exposed_comm_ms", "overlap_fraction", "backward_ms"}) {
+      CHECK_MESSAGE(line.contains(key), key);
+    }
+    CHECK(line["comm_ms"].get<double>() > 0.0);
+    CHECK(line["overlap_fraction"].get<double>() >= 0.0);
+    CHECK(line["overlap_fraction"].get<double>() <= 1.0);
+  }
   const auto full = losses(dir.file("full.jsonl"));
   const auto resumed = losses(dir.file("resumed.jsonl"));
   REQUIRE(full.size() == 40);

@@ -562,6 +562,9 @@ void ShmAllreduce::wait_for_all(std::uint32_t target,
       }
       const Peer& info = peers_[static_cast<std::size_t>(p)];
       if (info.checkable && process_start_time(info.pid) != info.start_time) {
+        // It may have arrived just before it died: its arrival still counts (the next barrier
+        // finds it gone). Only a peer that died without arriving fails this barrier.
+        if (reached(count.load(std::memory_order_acquire), target)) break;
         fail_waiting(target, "a peer's process ended", phase, chunk, chunks);
       }
       const auto slice = std::min<Clock::duration>(deadline - now, kPollSlice);
@@ -608,6 +611,12 @@ void ShmAllreduce::fail_waiting(std::uint32_t target, const std::string& what_ha
       late_why.push_back(
           fmt::format("rank {} is in this op but did not arrive (crashed or stuck?)", q));
     }
+  }
+  if (dead.empty() && late.empty()) {
+    // Everyone arrived after all (a peer's last arrival raced with its death): say so rather
+    // than naming nobody.
+    late_why.push_back("every rank had arrived by the time this was checked; one of them has "
+                       "since ended");
   }
   const bool any_dead = !dead.empty();
   throw ShmError(fmt::format("{} at the {} barrier of chunk {} of {}: {}", what_happened, phase,

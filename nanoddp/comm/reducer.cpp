@@ -106,16 +106,9 @@ void Reducer::on_gradient_ready(std::size_t slot) {
   if (!sync_) return;  // no_sync: the gradient just accumulates locally
   const Clock::time_point now = Clock::now();
   if (in_backward_ && current_backward_pass() != backward_pass_) {
-    // The previous pass died before its end (an exception in a backward function), so its
-    // finalize never ran: drop its state and start over with this pass.
-    for (auto& work : works_) {
-      if (!work) continue;
-      try {
-        work->wait();
-      } catch (...) {
-      }
-    }
-    reset();
+    // The previous pass died before its end and nobody told us (abort() below normally runs):
+    // drop its state and start over with this pass.
+    abort();
   }
   if (!in_backward_) {
     backward_pass_ = current_backward_pass();
@@ -124,8 +117,8 @@ void Reducer::on_gradient_ready(std::size_t slot) {
     stats_.origin = now;
     timed_works_.clear();  // timings of the previous step not asked for by now are dropped
     stats_.buckets.assign(buckets_.size(), BucketStats{});
-    // Runs once autograd has finished the whole pass.
-    queue_backward_callback([this] { finalize(); });
+    // Runs once autograd has finished the whole pass (or, if it throws, abort()).
+    queue_backward_callback([this] { finalize(); }, [this] { abort(); });
   }
   if (slot_ready_[slot]) {
     fail("parameter '{}' received its gradient twice in one backward pass; this Reducer "
@@ -141,6 +134,19 @@ void Reducer::on_gradient_ready(std::size_t slot) {
     }
     if (options_.overlap) launch_ready_buckets();
   }
+}
+
+void Reducer::abort() {
+  // Collectives already launched keep writing into the gradient buckets: wait for them (their
+  // errors are moot, the pass failed anyway) before anyone computes into those buffers again.
+  for (auto& work : works_) {
+    if (!work) continue;
+    try {
+      work->wait();
+    } catch (...) {
+    }
+  }
+  reset();
 }
 
 void Reducer::launch_ready_buckets() {

@@ -112,6 +112,7 @@ class Reducer {
   void launch_ready_buckets();
   void launch(std::size_t bucket);
   void finalize();
+  void abort();
   void reset();
   void handle_unused();
   void collect_timings();

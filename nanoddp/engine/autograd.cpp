@@ -238,7 +238,11 @@ void BackwardPass::accumulate(std::size_t i, const Accumulator& write) {
 
 namespace {
 // The callbacks of the backward pass running on this thread (null outside a pass).
-thread_local std::vector<std::function<void()>>* tls_backward_callbacks = nullptr;
+struct BackwardCallback {
+  std::function<void()> on_done;
+  std::function<void()> on_abort;
+};
+thread_local std::vector<BackwardCallback>* tls_backward_callbacks = nullptr;
 thread_local std::uint64_t tls_backward_pass = 0;
 thread_local std::uint64_t tls_backward_passes_started = 0;
 
@@ -258,13 +262,23 @@ class CallbackScope {
   // Callbacks may queue further callbacks; runs until none are left.
   void run_all() {
     for (std::size_t i = 0; i < callbacks_.size(); ++i) {
-      auto callback = std::move(callbacks_[i]);
+      auto callback = std::move(callbacks_[i].on_done);
       callback();
+    }
+  }
+  // The pass failed: give every callback's owner its chance to clean up (never throws).
+  void abort_all() noexcept {
+    for (auto& callback : callbacks_) {
+      if (!callback.on_abort) continue;
+      try {
+        callback.on_abort();
+      } catch (...) {
+      }
     }
   }
 
  private:
-  std::vector<std::function<void()>> callbacks_;
+  std::vector<BackwardCallback> callbacks_;
 };
 
 }  // namespace
@@ -272,17 +286,22 @@ class CallbackScope {
 void run_backward(const Tensor& root) {
   NANODDP_CHECK(tls_backward_callbacks == nullptr, "backward() called from inside a backward pass");
   CallbackScope scope;
-  BackwardPass pass;
-  pass.run(root);
+  try {
+    BackwardPass pass;
+    pass.run(root);
+  } catch (...) {
+    scope.abort_all();
+    throw;
+  }
   scope.run_all();
 }
 
 std::uint64_t current_backward_pass() { return tls_backward_pass; }
 
-void queue_backward_callback(std::function<void()> callback) {
+void queue_backward_callback(std::function<void()> callback, std::function<void()> on_abort) {
   NANODDP_CHECK(tls_backward_callbacks != nullptr,
                 "queue_backward_callback() outside of a backward pass");
-  tls_backward_callbacks->push_back(std::move(callback));
+  tls_backward_callbacks->push_back({std::move(callback), std::move(on_abort)});
 }
 
 }  // namespace nanoddp

@@ -82,8 +82,12 @@ void run_backward(const Tensor& root);
 // Queues `callback` to run once the backward pass in progress on this thread has finished
 // (after every node and hook). Only valid from inside a backward pass (a hook or a backward
 // function). The DDP Reducer queues its finalize step this way, so `loss.backward()` returns
-// only once every bucket has been reduced, as with PyTorch's DDP.
-void queue_backward_callback(std::function<void()> callback);
+// only once every bucket has been reduced, as with PyTorch's DDP. If the pass ends with an
+// exception instead, `on_abort` (when given) runs before the exception leaves backward(): the
+// Reducer uses it to wait for the collectives it already launched, which still write into the
+// gradient buffers the next pass is about to use.
+void queue_backward_callback(std::function<void()> callback,
+                             std::function<void()> on_abort = {});
 
 // A number that identifies the backward pass running on this thread (0 outside a pass): lets a
 // hook tell a new pass from the rest of the current one, even after a pass died mid-way.

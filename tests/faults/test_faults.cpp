@@ -295,7 +295,20 @@ TEST_CASE("killed while writing checkpoints, the directory only ever holds whole
       std::this_thread::sleep_for(1ms);
     }
     REQUIRE_MESSAGE(nanoddp::nn::list_checkpoints(ckpt) != before, train.output());
-    std::this_thread::sleep_for(std::chrono::milliseconds(random() % 300));
+    if (attempt % 2 == 1) {
+      // Every other attempt aims: kill the moment a writer's temporary file exists, so at
+      // least some kills surely land mid-write, however fast or slow this machine is.
+      const auto aim_deadline = Clock::now() + 5s;
+      auto writing = [&] {
+        for (const auto& entry : fs::directory_iterator(ckpt)) {
+          if (entry.path().filename().string().starts_with(".step-")) return true;
+        }
+        return false;
+      };
+      while (!writing() && Clock::now() < aim_deadline) std::this_thread::sleep_for(100us);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(random() % 300));
+    }
     train.send(SIGKILL);
     REQUIRE(train.wait(10s).has_value());
 

@@ -5,6 +5,8 @@
 #
 # Usage: scripts/fuzz.sh [TARGET...]     (default: store_protocol safetensors npy)
 # Environment: NANODDP_FUZZ_SECONDS   seconds per target (default 60)
+#              NANODDP_FUZZ_SEED      libFuzzer's -seed (default 1, so CI retraces the same path
+#                                     from the same corpus; 0 = a random seed, for exploring)
 #
 # New inputs libFuzzer finds go to build-fuzz/corpus/<target>/ (not into the repository). A
 # crash leaves its input in build-fuzz/artifacts/<target>/ and fails the script: fix the code,
@@ -18,6 +20,7 @@ scripts/install-deps.sh clang libclang-rt-dev
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(store_protocol safetensors npy)
 seconds=${NANODDP_FUZZ_SECONDS:-60}
+seed=${NANODDP_FUZZ_SEED:-1}
 dir=build-fuzz
 
 start=$SECONDS
@@ -48,7 +51,7 @@ for t in "${targets[@]}"; do
   corpus=$dir/corpus/$t artifacts=$dir/artifacts/$t
   mkdir -p "$corpus" "$artifacts"
   echo "== fuzz $t: ${seconds}s"
-  if ! "$fuzzer" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
+  if ! "$fuzzer" -seed="$seed" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
       -print_final_stats=1 -artifact_prefix="$artifacts/" "$corpus" "fuzz/corpus/$t" \
       >"$dir/fuzz-$t.log" 2>&1; then
     tail -n 60 "$dir/fuzz-$t.log"

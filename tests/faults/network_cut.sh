@@ -8,39 +8,9 @@
 # Needs root (ip netns); exits 77 (ctest: Skipped) where namespaces cannot be made.
 set -uo pipefail
 bin=$1
-suffix=$$
-ns_a=nddp-ca-$suffix ns_b=nddp-cb-$suffix
-veth_a=nddpca$suffix veth_b=nddpcb$suffix
-addr_a=10.231.9.1 addr_b=10.231.9.2
-work=$(mktemp -d)
 timeout_s=5
-
-cleanup() {
-  ip netns pids "$ns_a" 2>/dev/null | xargs -r kill -9 2>/dev/null
-  ip netns pids "$ns_b" 2>/dev/null | xargs -r kill -9 2>/dev/null
-  ip netns del "$ns_a" 2>/dev/null
-  ip netns del "$ns_b" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null; then
-  echo "SKIPPED: needs root and iproute2 to create network namespaces"
-  exit 77
-fi
-if ! ip netns add "$ns_a" 2>/dev/null; then
-  echo "SKIPPED: cannot create network namespaces here"
-  exit 77
-fi
-ip netns add "$ns_b"
-ip link add "$veth_a" type veth peer name "$veth_b"
-ip link set "$veth_a" netns "$ns_a"
-ip link set "$veth_b" netns "$ns_b"
-ip -n "$ns_a" addr add "$addr_a/24" dev "$veth_a"
-ip -n "$ns_b" addr add "$addr_b/24" dev "$veth_b"
-for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
-ip -n "$ns_a" link set "$veth_a" up
-ip -n "$ns_b" link set "$veth_b" up
+source "$(dirname "$0")/../support/two_node_netns.sh"
+two_node_netns_up c 10.231.9
 
 job=(--nnodes 2 --nproc-per-node 1 --master-addr "$addr_a" --master-port 29641 --grace-period 2
      "$bin/nanoddp-train" --in 8 --out 4 --hidden 16 --layers 2 --batch 8 --steps 10000000

@@ -13,6 +13,7 @@
 
 #include "nanoddp/nn/checkpoint.h"
 #include "nanoddp/nn/safetensors.h"
+#include "support/saved_parameters.h"
 #include "support/subprocess.h"
 #include "support/world.h"
 
@@ -43,27 +44,6 @@ void require_success(const std::vector<ProcessResult>& results) {
   for (const auto& r : results) REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
 }
 
-std::vector<float> all_parameters(const std::string& path) {
-  const auto file = nanoddp::nn::read_safetensors(path);
-  std::vector<float> out;
-  for (const auto& name : file.names()) {
-    const auto v = file.to_f32(name);
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
-
-// ||a - b|| / ||a|| over all parameters (float32 summation order differs between one rank
-// summing W*B samples and W ranks summing B each and averaging: equal up to rounding).
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(a[i]) * a[i];
-  }
-  return std::sqrt(diff / norm);
-}
 
 std::vector<double> losses(const std::string& metrics_path) {
   std::ifstream in(metrics_path);

@@ -20,6 +20,7 @@
 #include "nanoddp/nn/npy.h"
 #include "nanoddp/nn/optimizer.h"
 #include "nanoddp/nn/safetensors.h"
+#include "support/saved_parameters.h"
 
 using namespace nanoddp::testing;
 using namespace std::chrono_literals;
@@ -40,25 +41,6 @@ bool has_progress(const std::string& out) {
   return contains(out, "loss ");
 }
 
-std::vector<float> all_parameters(const std::string& path) {
-  const auto file = nanoddp::nn::read_safetensors(path);
-  std::vector<float> out;
-  for (const auto& name : file.names()) {
-    const auto v = file.to_f32(name);
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
-
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(a[i]) * a[i];
-  }
-  return std::sqrt(diff / norm);
-}
 
 // Kills rank `victim` with `signo` once training runs, then checks that every other rank ends
 // on its own, non-zero, within the bound, naming an operation and a rank.

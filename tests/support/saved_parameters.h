@@ -1,0 +1,37 @@
+#pragma once
+// Comparing the parameters two training runs saved (nanoddp-train --save FILE.safetensors).
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "nanoddp/nn/safetensors.h"
+
+namespace nanoddp::testing {
+
+// Every tensor of the file, in name order, concatenated.
+inline std::vector<float> all_parameters(const std::string& path) {
+  const auto file = nanoddp::nn::read_safetensors(path);
+  std::vector<float> out;
+  for (const auto& name : file.names()) {
+    const auto v = file.to_f32(name);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+// ||a - b|| / ||a|| over all parameters (float32 summation order differs between one rank
+// summing W*B samples and W ranks summing B each and averaging: equal up to rounding).
+inline double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(a[i]) * a[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+}  // namespace nanoddp::testing

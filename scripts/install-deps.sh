@@ -8,7 +8,7 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ ccache pkg-config
   libeigen3-dev libfmt-dev doctest-dev libcli11-dev nlohmann-json3-dev libgloo-dev
-  python3 python3-numpy
+  python3 python3-numpy python3-matplotlib
   "$@"
 )
 

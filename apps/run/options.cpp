@@ -1,5 +1,7 @@
 #include "options.h"
 
+#include "apps/cli.h"
+
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
@@ -65,15 +67,8 @@ std::optional<RunOptions> parse_options(int argc, char** argv, int& exit_code) {
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    exit_code = app.exit(e);
-    return std::nullopt;
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "nanoddp-run: error: " << e.what() << "\n"
-              << "Run 'nanoddp-run --help' for the list of flags.\n";
-    exit_code = 2;
+  if (const std::optional<int> code = cli::parse(app, argc, argv, "nanoddp-run")) {
+    exit_code = *code;
     return std::nullopt;
   }
   o.command = app.remaining();

@@ -1,7 +1,9 @@
 #include "options.h"
 
-#include <CLI/CLI.hpp>
+#include "apps/cli.h"
+
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cmath>
 #include <iostream>
@@ -42,8 +44,8 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
   TrainOptions o;
   CLI::App app{
       "nanoddp-train: train an MLP regression (MSE loss) with nanoddp.\n"
-      "Data: a synthetic teacher-student task addressed by global sample index, or --data/--targets "
-      ".npy files."};
+      "Data: a synthetic teacher-student task addressed by global sample index, or\n"
+      "--data/--targets .npy files."};
   app.get_formatter()->column_width(34);
 
   app.add_option("--device", o.device, "cpu, cuda or cuda:N")->capture_default_str();
@@ -95,7 +97,8 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
       ->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the model init, the data and the shuffle")
       ->capture_default_str();
-  app.add_flag("!--no-shuffle", o.shuffle, "visit samples in order instead of reshuffling per epoch");
+  app.add_flag("!--no-shuffle", o.shuffle,
+               "visit samples in order instead of reshuffling per epoch");
   app.add_option("--data", o.data_path, "inputs: a 2-D float32/float64 .npy file (N x in)")
       ->check(CLI::ExistingFile);
   app.add_option("--targets", o.targets_path, "targets: a 2-D .npy file (N x out)")
@@ -134,7 +137,8 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
       ->capture_default_str();
   app.add_flag("--find-unused-parameters", o.find_unused_parameters,
                "zero-fill and reduce gradients of parameters unused in a step");
-  app.add_option("--checkpoint-dir", o.checkpoint_dir, "directory of step-N.safetensors checkpoints");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "directory of step-N.safetensors checkpoints");
   app.add_option("--checkpoint-every", o.checkpoint_every, "save a checkpoint every N steps")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))
       ->capture_default_str();
@@ -147,15 +151,8 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->capture_default_str();
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    exit_code = app.exit(e);
-    return std::nullopt;
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "nanoddp-train: error: " << e.what() << "\n"
-              << "Run 'nanoddp-train --help' for the list of flags.\n";
-    exit_code = 2;
+  if (const std::optional<int> code = cli::parse(app, argc, argv, "nanoddp-train")) {
+    exit_code = *code;
     return std::nullopt;
   }
   if (std::string problem = check(o); !problem.empty()) {

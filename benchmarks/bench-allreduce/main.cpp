@@ -1,7 +1,8 @@
 // nanoddp-bench-allreduce: all-reduce bandwidth the way nccl-tests' all_reduce_perf reports it,
 // through nanoddp's process groups — and, with --raw, straight on the Gloo API, so that the
 // engine's own overhead (Work objects, the worker thread hand-off, dtype dispatch) can be read
-// off by comparing the two runs.
+// off by comparing the two runs. --vs-raw does both in one run, interleaved round by round, so
+// that the comparison holds even on a busy machine (two separate runs see different loads).
 //
 // Transport. When every rank is on this host, the process group's allreduce goes through shared
 // memory (backend "gloo+shm"; NANODDP_SHM=0 turns that off), while --raw always runs Gloo's TCP
@@ -13,8 +14,9 @@
 //   RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 nanoddp-bench-allreduce
 // Rank 0 prints.
 //
-// What is measured (per size): `-w` warm-up ops, a barrier, then `-n` ops issued back to back on
-// one buffer (in place, as nccl-tests does) and waited for; time = elapsed / n on rank 0.
+// What is measured (per size): `-w` warm-up ops, then `-r` rounds of: a barrier, `-n` ops issued
+// back to back on one buffer (in place, as nccl-tests does) and waited for; a round's time is
+// elapsed / n on rank 0, and the row reports the median round (one round by default).
 //   algbw = bytes / time                    (what the caller sees)
 //   busbw = algbw * 2 (n - 1) / n           (what each link carries in a ring all-reduce:
 //                                            comparable across world sizes, and with nccl-tests)
@@ -41,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/cli.h"
 #include "nanoddp/comm/gloo_context.h"
 #include "nanoddp/comm/gloo_process_group.h"
 #include "nanoddp/comm/init.h"
@@ -69,6 +72,8 @@ struct Options {
   std::string backend = "gloo";
   std::string json_path;
   bool raw = false;
+  bool vs_raw = false;
+  int rounds = 0;  // 0: 1, or 5 with --vs-raw
 };
 
 std::int64_t parse_bytes(const std::string& text) {
@@ -173,22 +178,27 @@ struct RawGloo {
 
 // ---- one rank's view of the job --------------------------------------------------------------
 
+enum class Mode { kEngine, kRaw };
+
 struct Runner {
   nanoddp::comm::WorldInfo world;
   nanoddp::Device device = nanoddp::Device::cpu();
-  std::optional<nanoddp::comm::Distributed> dist;  // nanoddp mode
+  std::optional<nanoddp::comm::Distributed> dist;  // nanoddp mode (and --vs-raw)
   // raw mode: our own store (the same steps as init_distributed) and a bare Gloo context
   std::unique_ptr<nanoddp::comm::TcpStoreServer> server;
   std::shared_ptr<nanoddp::comm::Store> store;
-  std::optional<RawGloo> raw;
+  std::optional<RawGloo> raw;  // --raw (and --vs-raw: a second connection of its own)
   std::string transport;
+  std::string raw_transport;
 
   int rank() const { return world.rank; }
   int size() const { return world.world_size; }
+  // The mode of plain runs: --raw, or the process group.
+  Mode default_mode() const { return dist ? Mode::kEngine : Mode::kRaw; }
 
   // Issues `count` ops and waits for all (nanoddp: back to back, then wait in order).
-  void run_ops(Tensor& t, ReduceOp op, int count) {
-    if (raw) {
+  void run_ops(Mode mode, Tensor& t, ReduceOp op, int count) {
+    if (mode == Mode::kRaw) {
       for (int i = 0; i < count; ++i) raw->allreduce(t, op);
       return;
     }
@@ -202,7 +212,7 @@ struct Runner {
     if (device.is_cuda()) nanoddp::Stream::compute(device).synchronize();
   }
   void barrier() {
-    if (raw) {
+    if (!dist) {
       raw->barrier();
     } else {
       dist->group->barrier()->wait();
@@ -210,7 +220,7 @@ struct Runner {
   }
   std::int64_t sum_across(std::int64_t value) {
     Tensor t = Tensor::full({1}, static_cast<float>(value));
-    if (raw) {
+    if (!dist) {
       raw->allreduce(t, ReduceOp::kSum);
     } else if (device.is_cuda()) {
       Tensor g = t.to(device);
@@ -287,19 +297,44 @@ int run(int argc, char** argv) {
   app.add_option("--dtype", opt.dtype, "float or bf16")->check(CLI::IsMember({"float", "bf16"}));
   app.add_option("--backend", opt.backend, "gloo or nccl")->check(CLI::IsMember({"gloo", "nccl"}));
   app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE");
-  app.add_flag("--raw", opt.raw,
-               "Gloo only: call gloo::allreduce directly (same connection set-up, no process "
-               "group, no worker thread) to show the engine's overhead");
-  CLI11_PARSE(app, argc, argv);
-
-  const ReduceOp op = parse_op(opt.op);
-  const DType dtype = opt.dtype == "float" ? DType::kF32 : DType::kBF16;
-  const std::int64_t min_bytes = parse_bytes(opt.min_bytes);
-  const std::int64_t max_bytes = parse_bytes(opt.max_bytes);
-  if (min_bytes < 1 || max_bytes < min_bytes) {
-    nanoddp::fail("-b {} -e {}: need 1 <= minbytes <= maxbytes", opt.min_bytes, opt.max_bytes);
+  app.add_option("-r,--rounds", opt.rounds,
+                 "timed rounds of -n ops per size; the median round is reported (default 1, "
+                 "5 with --vs-raw)")
+      ->check(CLI::PositiveNumber);
+  auto* raw_flag = app.add_flag(
+      "--raw", opt.raw,
+      "Gloo only: call gloo::allreduce directly (same connection set-up, no process group, no "
+      "worker thread) to show the engine's overhead");
+  app.add_flag("--vs-raw", opt.vs_raw,
+               "Gloo only: the process group and raw gloo::allreduce in one run, alternating "
+               "rounds, with their ratio per size (set NANODDP_SHM=0 to compare the same TCP "
+               "transport)")
+      ->excludes(raw_flag);
+  if (const std::optional<int> code =
+          nanoddp::cli::parse(app, argc, argv, "nanoddp-bench-allreduce")) {
+    return *code;
   }
-  if (opt.raw && opt.backend != "gloo") nanoddp::fail("--raw is for the gloo backend only");
+  if (opt.rounds == 0) opt.rounds = opt.vs_raw ? 5 : 1;
+
+  // The values CLI11 cannot check itself: a mistake here is a usage error (exit 2), like a bad
+  // flag, not a failure of the run.
+  ReduceOp op{};
+  std::int64_t min_bytes = 0, max_bytes = 0;
+  try {
+    op = parse_op(opt.op);
+    min_bytes = parse_bytes(opt.min_bytes);
+    max_bytes = parse_bytes(opt.max_bytes);
+    if (min_bytes < 1 || max_bytes < min_bytes) {
+      nanoddp::fail("-b {} -e {}: need 1 <= minbytes <= maxbytes", opt.min_bytes, opt.max_bytes);
+    }
+    if ((opt.raw || opt.vs_raw) && opt.backend != "gloo") {
+      nanoddp::fail("--raw and --vs-raw are for the gloo backend only (got --backend {})",
+                    opt.backend);
+    }
+  } catch (const nanoddp::Error& e) {
+    return nanoddp::cli::usage_error("nanoddp-bench-allreduce", e.what());
+  }
+  const DType dtype = opt.dtype == "float" ? DType::kF32 : DType::kBF16;
 
   Runner runner;
   runner.world = nanoddp::comm::world_from_env();
@@ -337,6 +372,18 @@ int run(int argc, char** argv) {
     if (auto* gloo = dynamic_cast<nanoddp::comm::GlooProcessGroup*>(runner.dist->group.get())) {
       runner.transport = gloo->allreduce_transport();
     }
+    if (opt.vs_raw) {
+      // A second, bare connection through the same store, under its own key prefix: raw ops
+      // never share sockets (or tags) with the process group's.
+      nanoddp::comm::ProcessGroupOptions po;
+      po.timeout = timeout;
+      po.master_addr = runner.world.master_addr;
+      po.name = "bench-raw";
+      auto connection =
+          nanoddp::comm::connect_gloo(runner.dist->store, runner.rank(), runner.size(), po);
+      runner.raw_transport = connection.device_description;
+      runner.raw.emplace(RawGloo{std::move(connection), timeout});
+    }
   }
 
   const std::size_t elem = nanoddp::dtype_size(dtype);
@@ -352,7 +399,9 @@ int run(int argc, char** argv) {
     json.emplace(opt.json_path);
     if (!*json) nanoddp::fail("cannot open --json file {}", opt.json_path);
   }
-  const std::string mode = opt.raw ? "raw gloo::allreduce" : "nanoddp ProcessGroup";
+  const std::string mode_text = opt.raw      ? "raw gloo::allreduce"
+                                : opt.vs_raw ? "nanoddp ProcessGroup vs raw gloo::allreduce"
+                                             : "nanoddp ProcessGroup";
   std::string algorithm;
   if (opt.backend == "gloo" && opt.raw) {
     algorithm = fmt::format("ring allreduce as used by gloo::allreduce; transport: TCP ring ({})",
@@ -361,6 +410,9 @@ int run(int argc, char** argv) {
     // "shared memory (same host; ...)": copy in, each rank reduces 1/n, copy out (see
     // nanoddp/comm/shm_allreduce.cpp); or "TCP ring (...)": gloo::allreduce.
     algorithm = fmt::format("process group allreduce; transport: {}", runner.transport);
+    if (opt.vs_raw) {
+      algorithm += fmt::format("; raw: gloo::allreduce ring over TCP ({})", runner.raw_transport);
+    }
   } else {
     const char* algo = std::getenv("NCCL_ALGO");
     const char* proto = std::getenv("NCCL_PROTO");
@@ -370,13 +422,20 @@ int run(int argc, char** argv) {
         algo != nullptr ? algo : "auto", proto != nullptr ? proto : "auto");
   }
   if (runner.rank() == 0) {
-    fmt::print("# nanoddp-bench-allreduce: backend {} via {}, {} ranks, {} iters, {} warm-up\n",
-               runner.dist ? runner.dist->group->backend_name() : opt.backend, mode, runner.size(),
-               opt.iters, opt.warmup);
+    fmt::print(
+        "# nanoddp-bench-allreduce: backend {} via {}, {} ranks, {} iters x {} round{}, {} "
+        "warm-up\n",
+        runner.dist ? runner.dist->group->backend_name() : opt.backend, mode_text, runner.size(),
+        opt.iters, opt.rounds, opt.rounds > 1 ? "s" : "", opt.warmup);
     fmt::print("# algorithm: {}\n", algorithm);
-    fmt::print("# time = rank 0's wall time per op; busbw = algbw * 2(n-1)/n\n");
-    fmt::print("#\n# {:>12} {:>12} {:>8} {:>6} {:>11} {:>11} {:>11} {:>7}\n", "size", "count",
-               "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    fmt::print("# time = rank 0's wall time per op{}; busbw = algbw * 2(n-1)/n\n",
+               opt.rounds > 1 ? ", median round" : "");
+    fmt::print("#\n# {:>12} {:>12} {:>8} {:>6} {:>11} {:>11} {:>11} {:>7}", "size", "count", "type",
+               "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    if (opt.vs_raw) {
+      fmt::print(" {:>11} {:>11} {:>9}", "raw(us)", "raw busbw", "busbw/raw");
+    }
+    fmt::print("\n");
   }
 
   for (double bytes_d = static_cast<double>(min_bytes); bytes_d <= static_cast<double>(max_bytes);
@@ -386,17 +445,33 @@ int run(int argc, char** argv) {
     const std::int64_t bytes = count * static_cast<std::int64_t>(elem);
     Tensor view = buffer.view(0, {count});
 
-    runner.run_ops(view, op, opt.warmup);
-    runner.barrier();
-    const auto start = Clock::now();
-    runner.run_ops(view, op, opt.iters);
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / opt.iters;
+    // The modes this run compares, and each one's per-op time in every round.
+    std::vector<Mode> modes{runner.default_mode()};
+    if (opt.vs_raw) modes.push_back(Mode::kRaw);
+    std::vector<std::vector<double>> round_seconds(modes.size());
+    for (const Mode mode : modes) runner.run_ops(mode, view, op, opt.warmup);
+    for (int round = 0; round < opt.rounds; ++round) {
+      // Alternate which mode goes first, so neither always runs right after the other.
+      for (std::size_t k = 0; k < modes.size(); ++k) {
+        const std::size_t m = (k + static_cast<std::size_t>(round)) % modes.size();
+        runner.barrier();
+        const auto start = Clock::now();
+        runner.run_ops(modes[m], view, op, opt.iters);
+        round_seconds[m].push_back(std::chrono::duration<double>(Clock::now() - start).count() /
+                                   opt.iters);
+      }
+    }
+    const auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double seconds = median(round_seconds[0]);
 
     std::int64_t wrong = -1;
     if (opt.check != 0) {
       Tensor host_view = host.view(0, {count});
       fill_for_check(host_view, view, runner.rank(), count);
-      runner.run_ops(view, op, 1);
+      runner.run_ops(runner.default_mode(), view, op, 1);
       if (!view.is_same(host_view)) host_view.copy_from(view);
       wrong = runner.sum_across(count_wrong(host_view, op, runner.size(), count));
     }
@@ -404,24 +479,39 @@ int run(int argc, char** argv) {
     const double algbw = static_cast<double>(bytes) / seconds / 1e9;
     const double busbw = algbw * 2.0 * (n - 1) / n;
     if (runner.rank() == 0) {
-      fmt::print("  {:>12} {:>12} {:>8} {:>6} {:>11.1f} {:>11.3f} {:>11.3f} {:>7}\n", bytes, count,
+      fmt::print("  {:>12} {:>12} {:>8} {:>6} {:>11.1f} {:>11.3f} {:>11.3f} {:>7}", bytes, count,
                  opt.dtype, opt.op, seconds * 1e6, algbw, busbw,
                  wrong < 0 ? std::string("N/A") : std::to_string(wrong));
+      double raw_seconds = 0;
+      if (opt.vs_raw) {
+        // Same bytes, same ranks: the busbw ratio is the inverse time ratio.
+        raw_seconds = median(round_seconds[1]);
+        const double raw_busbw = static_cast<double>(bytes) / raw_seconds / 1e9 * 2.0 * (n - 1) / n;
+        fmt::print(" {:>11.1f} {:>11.3f} {:>8.0f}%", raw_seconds * 1e6, raw_busbw,
+                   100.0 * raw_seconds / seconds);
+      }
+      fmt::print("\n");
       if (json) {
-        const nlohmann::json line = {{"benchmark", "allreduce"},
-                                     {"backend", opt.backend},
-                                     {"mode", opt.raw ? "raw" : "nanoddp"},
-                                     {"ranks", runner.size()},
-                                     {"bytes", bytes},
-                                     {"count", count},
-                                     {"dtype", opt.dtype},
-                                     {"op", opt.op},
-                                     {"time_us", seconds * 1e6},
-                                     {"algbw_gbps", algbw},
-                                     {"busbw_gbps", busbw},
-                                     {"wrong", wrong},
-                                     {"algorithm", algorithm}};
-        *json << line.dump() << '\n';
+        // One line per mode measured (--vs-raw: the engine's line, then raw's).
+        for (std::size_t m = 0; m < modes.size(); ++m) {
+          const double t = m == 0 ? seconds : raw_seconds;
+          const double a = static_cast<double>(bytes) / t / 1e9;
+          const nlohmann::json line = {{"benchmark", "allreduce"},
+                                       {"backend", opt.backend},
+                                       {"mode", modes[m] == Mode::kRaw ? "raw" : "nanoddp"},
+                                       {"ranks", runner.size()},
+                                       {"bytes", bytes},
+                                       {"count", count},
+                                       {"dtype", opt.dtype},
+                                       {"op", opt.op},
+                                       {"time_us", t * 1e6},
+                                       {"algbw_gbps", a},
+                                       {"busbw_gbps", a * 2.0 * (n - 1) / n},
+                                       {"rounds", opt.rounds},
+                                       {"wrong", m == 0 ? wrong : -1},
+                                       {"algorithm", algorithm}};
+          *json << line.dump() << '\n';
+        }
       }
     }
     std::fflush(stdout);

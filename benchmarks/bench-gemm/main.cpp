@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/cli.h"
 #include "nanoddp/config.h"
 #include "nanoddp/engine/allocator.h"
 #include "nanoddp/engine/backend.h"
@@ -55,9 +56,7 @@ struct Shape {
     return fmt::format("{}{}", ta == Transpose::kYes ? 'T' : 'N',
                        tb == Transpose::kYes ? 'T' : 'N');
   }
-  double gflop() const {
-    return 2.0 * double(m) * double(n) * double(k) * double(gemms) * 1e-9;
-  }
+  double gflop() const { return 2.0 * double(m) * double(n) * double(k) * double(gemms) * 1e-9; }
 };
 
 struct Row {
@@ -272,7 +271,9 @@ int main(int argc, char** argv) {
                  "Linear layers of the mlp-step row (nanoddp-train --layers L has L+1)")
       ->check(CLI::PositiveNumber);
   app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE");
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> code = nanoddp::cli::parse(app, argc, argv, "nanoddp-bench-gemm")) {
+    return *code;
+  }
 
   // Both calls: the library's Eigen and this file's Eigen each keep a thread setting.
   Eigen::setNbThreads(opt.threads);

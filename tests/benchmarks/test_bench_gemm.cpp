@@ -1,0 +1,63 @@
+// nanoddp-bench-gemm end to end on small shapes: the rows it promises, in its JSON lines, with
+// GFLOP/s consistent with the shapes and times it reports. No timing assertions.
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "support/subprocess.h"
+
+using namespace nanoddp::testing;
+
+TEST_CASE("bench-gemm: every shape has an Eigen and a nanoddp row, GFLOP/s match the shapes") {
+  TempDir dir;
+  const ProcessResult r = run_process(
+      {bin_path("nanoddp-bench-gemm"), "--sizes", "32,48", "--batch", "8", "--hidden", "40",
+       "--repeats", "3", "--warmup", "1", "--linears", "3", "--json", dir.file("g.jsonl")});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::ifstream in(dir.file("g.jsonl"));
+  std::map<std::string, std::set<std::string>> backends_of_shape;
+  std::string text;
+  int mlp_steps = 0;
+  while (std::getline(in, text)) {
+    const auto l = nlohmann::json::parse(text);
+    CHECK(l.at("benchmark") == "gemm");
+    const auto m = l.at("m").get<double>(), n = l.at("n").get<double>(),
+               k = l.at("k").get<double>(), gemms = l.at("gemms").get<double>();
+    const double ms = l.at("median_ms").get<double>();
+    REQUIRE(ms > 0);
+    CHECK(l.at("gflops").get<double>() ==
+          doctest::Approx(2 * m * n * k * gemms / (ms * 1e-3) * 1e-9).epsilon(1e-9));
+    CHECK(l.at("repeats") == 3);
+    const std::string shape = l.at("shape").get<std::string>() + " " +
+                              std::to_string(static_cast<int>(m)) + "x" +
+                              std::to_string(static_cast<int>(n)) + "x" +
+                              std::to_string(static_cast<int>(k));
+    backends_of_shape[shape].insert(l.at("backend").get<std::string>());
+    if (l.at("shape") == "mlp-step") {
+      ++mlp_steps;
+      CHECK(gemms == 3 * 3 - 1);  // per Linear: forward, dW; dX for all but the first
+    } else {
+      CHECK(gemms == 1);
+    }
+  }
+  CHECK(mlp_steps == 1);
+  for (const char* shape : {"square 32x32x32", "square 48x48x48", "mlp-forward 8x40x40",
+                            "mlp-input-grad 8x40x40", "mlp-weight-grad 40x40x8"}) {
+    INFO(shape);
+    CHECK(backends_of_shape[shape] == std::set<std::string>{"eigen", "nanoddp-cpu"});
+  }
+}
+
+TEST_CASE("bench-gemm: a bad flag exits 2 and names it") {
+  const ProcessResult r = run_process({bin_path("nanoddp-bench-gemm"), "--repeats", "0"});
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("--repeats") != std::string::npos);
+}

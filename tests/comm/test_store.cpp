@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -538,6 +539,27 @@ TEST_CASE("store: a port in use is a clear error") {
   CHECK(contains(error, fmt::format("cannot start the store on 127.0.0.1:{}: address already in "
                                     "use (another job? pick another --master-port)",
                                     first.port())));
+}
+
+TEST_CASE("store: the server listens on the address it was given, not on every interface") {
+  // Bound to 127.0.0.1, the port must be closed on 127.0.0.2 (the same loopback device, another
+  // address): a store given a cluster-internal address is not reachable through the others.
+  TcpStoreServer server(server_options());
+  const auto connects_to = [&](const char* ip) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(server.port());
+    REQUIRE(::inet_pton(AF_INET, ip, &addr.sin_addr) == 1);
+    const bool connected = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    const int error = errno;
+    ::close(fd);
+    if (!connected) CHECK(error == ECONNREFUSED);
+    return connected;
+  };
+  CHECK(connects_to("127.0.0.1"));
+  CHECK_FALSE(connects_to("127.0.0.2"));
 }
 
 TEST_CASE("store: shutting the server down wakes a client parked in get with an error") {

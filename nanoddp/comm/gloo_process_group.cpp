@@ -21,6 +21,7 @@
 
 #include "nanoddp/comm/gloo_context.h"
 #include "nanoddp/comm/shm_allreduce.h"
+#include "nanoddp/engine/debug_log.h"
 #include "nanoddp/engine/error.h"
 
 namespace nanoddp::comm {
@@ -230,6 +231,7 @@ struct GlooProcessGroup::Impl {
     auto work = std::make_shared<GlooWork>(seq, op);
     std::string description = fmt::format("{} #{}", op, seq);
     if (!detail.empty()) description += " (" + detail + ")";
+    debug_log(DebugLevel::kDetail, "gloo {} issued", description);
     queue.push_back(Job{work, std::move(description), std::move(run)});
     lock.unlock();
     queue_cv.notify_one();
@@ -268,6 +270,12 @@ struct GlooProcessGroup::Impl {
         }
       }
       timing.end = std::chrono::steady_clock::now();
+      if (debug_enabled(DebugLevel::kDetail)) {
+        const double ms =
+            std::chrono::duration<double, std::milli>(timing.end - timing.start).count();
+        debug_log(DebugLevel::kDetail, "gloo {} {} in {:.3f} ms", job.description,
+                  error ? "failed" : "finished", ms);
+      }
       job.work->finish(error, timing);
     }
   }
@@ -384,6 +392,8 @@ GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int s
   // the fallback): all ranks agree here whether they can share memory.
   impl_->shm = std::make_unique<ShmAllreduce>(*store, rank, size, options.timeout, options.name);
   impl_->worker = std::thread([impl = impl_.get()] { impl->worker_loop(); });
+  debug_log(DebugLevel::kInfo, "gloo group '{}': rank {} of {}, allreduce over {}", options.name,
+            rank, size, allreduce_transport());
 }
 
 GlooProcessGroup::~GlooProcessGroup() {

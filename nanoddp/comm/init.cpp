@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "nanoddp/engine/debug_log.h"
 #include "nanoddp/engine/error.h"
 
 namespace nanoddp::comm {
@@ -26,6 +27,12 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
   const std::string backend = resolve_backend(options.backend, options.device);
   Distributed dist;
   dist.world = world;
+  set_debug_rank(world.rank);
+  debug_log(DebugLevel::kInfo,
+            "rendezvous: rank {} of {} (local rank {} of {}), store at {}:{}{}, restart {}",
+            world.rank, world.world_size, world.local_rank, world.local_world_size,
+            world.master_addr, world.master_port, world.rank == 0 ? " (served here)" : "",
+            world.restart_count);
 
   // 1. The store. Rank 0 serves it on MASTER_ADDR:MASTER_PORT. A world of one needs nobody to
   // find it, so it takes any free port: two single-process jobs on one machine never collide.
@@ -72,6 +79,8 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
         backend == "nccl"
             ? make_nccl_process_group(dist.store, world.rank, world.world_size, group_options)
             : make_gloo_process_group(dist.store, world.rank, world.world_size, group_options);
+    debug_log(DebugLevel::kInfo, "process group ready: backend {}, {} ranks",
+              dist.group->backend_name(), world.world_size);
   } catch (const std::exception&) {
     try {
       check_world_sizes();  // the clearer message when that is the cause

@@ -5,6 +5,7 @@
 
 #include "nanoddp/engine/autograd.h"
 #include "nanoddp/engine/backend.h"
+#include "nanoddp/engine/debug_log.h"
 #include "nanoddp/engine/error.h"
 #include "nanoddp/engine/trace.h"
 
@@ -68,6 +69,11 @@ Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group
   }
 
   // The hooks hold a weak handle: a hook that outlives its Reducer does nothing.
+  if (debug_enabled(DebugLevel::kInfo)) {
+    debug_log(DebugLevel::kInfo, "reducer: {} buckets (first {} MiB, then {} MiB, overlap {})\n{}",
+              buckets_.size(), options.first_bucket_mb, options.bucket_cap_mb,
+              options.overlap ? "on" : "off", describe_buckets());
+  }
   alive_ = std::make_shared<Reducer*>(this);
   for (std::size_t i = 0; i < slots.size(); ++i) {
     Tensor param = slots[i].param;
@@ -121,9 +127,10 @@ void Reducer::on_gradient_ready(std::size_t slot) {
     queue_backward_callback([this] { finalize(); }, [this] { abort(); });
   }
   if (slot_ready_[slot]) {
-    fail("parameter '{}' received its gradient twice in one backward pass; this Reducer "
-         "expects each parameter to be finished once per pass",
-         params_.slots()[slot].name);
+    fail(
+        "parameter '{}' received its gradient twice in one backward pass; this Reducer "
+        "expects each parameter to be finished once per pass",
+        params_.slots()[slot].name);
   }
   slot_ready_[slot] = true;
   const std::size_t b = bucket_of_slot_[slot];
@@ -159,6 +166,8 @@ void Reducer::launch_ready_buckets() {
 void Reducer::launch(std::size_t b) {
   Bucket& bucket = buckets_[b];
   stats_.buckets[b].launch_ms = ms_between(stats_.origin, Clock::now());
+  debug_log(DebugLevel::kDetail, "reducer: bucket {} ({} elements) launched at +{:.3f} ms", b,
+            bucket.numel, stats_.buckets[b].launch_ms);
   if (options_.comm_hook == CommHook::kBf16) {
     backend_for(bucket.grads.device())
         .f32_to_bf16(bucket.grads.data(), static_cast<std::uint16_t*>(bucket.compressed.raw_data()),
@@ -186,10 +195,11 @@ void Reducer::handle_unused() {
       }
     }
     reset();
-    fail("{} parameter(s) received no gradient in this backward pass, so their buckets could "
-         "never be reduced: {}. Make every parameter take part in the loss, or construct "
-         "DistributedDataParallel with find_unused_parameters = true (--find-unused-parameters).",
-         unused.size(), fmt::join(unused, ", "));
+    fail(
+        "{} parameter(s) received no gradient in this backward pass, so their buckets could "
+        "never be reduced: {}. Make every parameter take part in the loss, or construct "
+        "DistributedDataParallel with find_unused_parameters = true (--find-unused-parameters).",
+        unused.size(), fmt::join(unused, ", "));
   }
   // find_unused_parameters: an unused parameter's gradient is zero on this rank; mark it ready
   // so its bucket is reduced with the others (another rank may have used it).

@@ -24,6 +24,7 @@
 #include "nanoddp/comm/store.h"
 #include "nanoddp/comm/store_protocol.h"
 #include "nanoddp/comm/store_socket.h"
+#include "nanoddp/engine/debug_log.h"
 #include "nanoddp/engine/error.h"
 
 namespace nanoddp::comm {
@@ -284,6 +285,7 @@ proto::Response TcpStore::Impl::call(const proto::Request& req,
   if (!fd) connect();
   const char* op = proto::opcode_name(req.op);
   const std::string what = fmt::format("{} of {}", op, describe_keys(req.keys));
+  debug_log(DebugLevel::kDetail, "store {} at {}", what, address);
 
   proto::Bytes message;
   proto::encode_request(req, message);

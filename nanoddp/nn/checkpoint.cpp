@@ -8,6 +8,7 @@
 #include <charconv>
 #include <filesystem>
 
+#include "nanoddp/engine/debug_log.h"
 #include "nanoddp/engine/error.h"
 #include "nanoddp/nn/safetensors.h"
 
@@ -40,8 +41,8 @@ std::vector<HostTensor> gather(const Module& model, const Optimizer& optimizer) 
 }
 
 // FNV-1a 64 over every tensor's bytes, in name order.
-std::uint64_t tensors_checksum(const std::vector<std::pair<std::string, std::span<const std::byte>>>&
-                                   tensors) {
+std::uint64_t tensors_checksum(
+    const std::vector<std::pair<std::string, std::span<const std::byte>>>& tensors) {
   std::uint64_t state = kChecksumInit;
   for (const auto& [name, bytes] : tensors) state = checksum(bytes.data(), bytes.size(), state);
   return state;
@@ -101,8 +102,8 @@ void remove_stale_temporaries(const fs::path& dir) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, const Module& model,
-                            const Optimizer& optimizer, const TrainingState& state, int keep) {
+std::string save_checkpoint(const std::string& dir, const Module& model, const Optimizer& optimizer,
+                            const TrainingState& state, int keep) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fail("cannot create the checkpoint directory '{}': {}", dir, ec.message());
@@ -113,8 +114,8 @@ std::string save_checkpoint(const std::string& dir, const Module& model,
   std::vector<std::pair<std::string, std::span<const std::byte>>> bytes;
   for (HostTensor& t : tensors) {
     t.values = t.target.to_vector();
-    entries.push_back({.name = t.name, .dtype = "F32", .shape = t.target.shape(),
-                       .data = t.values.data()});
+    entries.push_back(
+        {.name = t.name, .dtype = "F32", .shape = t.target.shape(), .data = t.values.data()});
     bytes.emplace_back(t.name, std::as_bytes(std::span<const float>(t.values)));
   }
   SafetensorsMetadata metadata = {
@@ -131,8 +132,11 @@ std::string save_checkpoint(const std::string& dir, const Module& model,
   };
   for (const auto& [k, v] : state.info) metadata.emplace("info." + k, v);
 
-  const std::string path = (fs::path(dir) / fmt::format("step-{:09}.safetensors", state.step)).string();
+  const std::string path =
+      (fs::path(dir) / fmt::format("step-{:09}.safetensors", state.step)).string();
   write_safetensors(path, entries, metadata);
+  debug_log(DebugLevel::kInfo, "checkpoint: wrote {} (step {}, {} tensors)", path, state.step,
+            entries.size());
 
   // Keep the newest `keep`; the one just written is always among them.
   std::vector<std::string> all = list_checkpoints(dir);
@@ -158,6 +162,7 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 }
 
 TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer& optimizer) {
+  debug_log(DebugLevel::kInfo, "checkpoint: loading {}", path);
   const SafetensorsFile file = read_safetensors(path);
   const auto& md = file.metadata();
   if (md.find("format") == md.end() || md.at("format") != "nanoddp-checkpoint") {
@@ -165,14 +170,16 @@ TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer&
   }
   const std::int64_t version = metadata_int(file, "format_version");
   if (version != kCheckpointFormatVersion) {
-    fail("checkpoint '{}' has format version {}, but this nanoddp reads version {}; resume it "
-         "with the nanoddp that wrote it",
-         path, version, kCheckpointFormatVersion);
+    fail(
+        "checkpoint '{}' has format version {}, but this nanoddp reads version {}; resume it "
+        "with the nanoddp that wrote it",
+        path, version, kCheckpointFormatVersion);
   }
   if (file.metadata_at("optimizer_kind") != optimizer_kind(optimizer)) {
-    fail("checkpoint '{}' holds {} state, but this run uses {}; resume with --optimizer matching "
-         "the checkpoint",
-         path, file.metadata_at("optimizer_kind"), optimizer_kind(optimizer));
+    fail(
+        "checkpoint '{}' holds {} state, but this run uses {}; resume with --optimizer matching "
+        "the checkpoint",
+        path, file.metadata_at("optimizer_kind"), optimizer_kind(optimizer));
   }
 
   // Check everything before touching the model: names, shapes, dtype, checksum.
@@ -183,30 +190,34 @@ TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer&
             [](const auto& a, const auto& b) { return a.first < b.first; });
   const std::string actual = checksum_hex(tensors_checksum(bytes));
   if (actual != file.metadata_at("checksum")) {
-    fail("checkpoint '{}' is corrupted: its tensors' checksum is {} but the file records {}. Use "
-         "an earlier checkpoint.",
-         path, actual, file.metadata_at("checksum"));
+    fail(
+        "checkpoint '{}' is corrupted: its tensors' checksum is {} but the file records {}. Use "
+        "an earlier checkpoint.",
+        path, actual, file.metadata_at("checksum"));
   }
   for (const HostTensor& t : tensors) {
     const SafetensorsTensor* stored = file.find(t.name);
     if (stored == nullptr) {
-      fail("checkpoint '{}' has no tensor '{}': it was saved from a different model or "
-           "optimizer",
-           path, t.name);
+      fail(
+          "checkpoint '{}' has no tensor '{}': it was saved from a different model or "
+          "optimizer",
+          path, t.name);
     }
     if (stored->shape != t.target.shape()) {
-      fail("checkpoint '{}': '{}' has shape {} but the model expects {}: it was saved from a "
-           "different model",
-           path, t.name, shape_str(stored->shape), shape_str(t.target.shape()));
+      fail(
+          "checkpoint '{}': '{}' has shape {} but the model expects {}: it was saved from a "
+          "different model",
+          path, t.name, shape_str(stored->shape), shape_str(t.target.shape()));
     }
     if (stored->dtype != "F32") {
       fail("checkpoint '{}': '{}' is {}, expected F32", path, t.name, stored->dtype);
     }
   }
   if (file.names().size() != tensors.size()) {
-    fail("checkpoint '{}' holds {} tensors, but the model and optimizer have {}: it was saved "
-         "from a different model",
-         path, file.names().size(), tensors.size());
+    fail(
+        "checkpoint '{}' holds {} tensors, but the model and optimizer have {}: it was saved "
+        "from a different model",
+        path, file.names().size(), tensors.size());
   }
 
   for (HostTensor& t : tensors) {

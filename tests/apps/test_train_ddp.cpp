@@ -1,13 +1,14 @@
 // nanoddp-train as a DDP job: real processes, real Gloo over loopback, real checkpoint files.
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <set>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -24,9 +25,21 @@ namespace {
 
 // The model and data of these tests: small enough for seconds, several layers and buckets.
 std::vector<std::string> train_args(std::vector<std::string> extra) {
-  std::vector<std::string> args = {bin_path("nanoddp-train"), "--in", "12", "--out", "5",
-                                   "--hidden", "24", "--layers", "2", "--dataset-size", "4096",
-                                   "--quiet", "--first-bucket-mb", "0.001", "--bucket-cap-mb",
+  std::vector<std::string> args = {bin_path("nanoddp-train"),
+                                   "--in",
+                                   "12",
+                                   "--out",
+                                   "5",
+                                   "--hidden",
+                                   "24",
+                                   "--layers",
+                                   "2",
+                                   "--dataset-size",
+                                   "4096",
+                                   "--quiet",
+                                   "--first-bucket-mb",
+                                   "0.001",
+                                   "--bucket-cap-mb",
                                    "0.002"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
@@ -44,7 +57,6 @@ void require_success(const std::vector<ProcessResult>& results) {
   for (const auto& r : results) REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
 }
 
-
 std::vector<double> losses(const std::string& metrics_path) {
   std::ifstream in(metrics_path);
   std::vector<double> out;
@@ -59,8 +71,8 @@ std::vector<double> losses(const std::string& metrics_path) {
 TEST_CASE("ddp training: W ranks x batch B end where 1 rank x batch W*B ends") {
   TempDir dir;
   for (const std::string optimizer : {"sgd", "adamw"}) {
-    std::vector<std::string> opt = {"--optimizer", optimizer, "--steps", "20", "--lr",
-                                    optimizer == "sgd" ? "0.05" : "0.01"};
+    std::vector<std::string> opt = {"--optimizer", optimizer, "--steps",
+                                    "20",          "--lr",    optimizer == "sgd" ? "0.05" : "0.01"};
     if (optimizer == "sgd") {
       opt.insert(opt.end(), {"--momentum", "0.9"});
     }
@@ -98,10 +110,10 @@ TEST_CASE("ddp training: W ranks x batch B end where 1 rank x batch W*B ends") {
 
 TEST_CASE("ddp training: --grad-accum K under no_sync equals a K times larger batch") {
   TempDir dir;
-  const auto accum = run_world(
-      train_args({"--batch", "4", "--grad-accum", "3", "--steps", "15", "--optimizer", "sgd",
-                  "--lr", "0.05", "--save", dir.file("accum")}),
-      2, quick());
+  const auto accum =
+      run_world(train_args({"--batch", "4", "--grad-accum", "3", "--steps", "15", "--optimizer",
+                            "sgd", "--lr", "0.05", "--save", dir.file("accum")}),
+                2, quick());
   require_success(accum);
   const auto big = run_world(train_args({"--batch", "12", "--steps", "15", "--optimizer", "sgd",
                                          "--lr", "0.05", "--save", dir.file("big")}),
@@ -113,8 +125,8 @@ TEST_CASE("ddp training: --grad-accum K under no_sync equals a K times larger ba
 
 TEST_CASE("ddp training: stop after a checkpoint, resume, and the losses are bit-identical") {
   TempDir dir;
-  const std::vector<std::string> common = {"--optimizer", "adamw", "--lr", "0.01", "--log-every",
-                                           "1"};
+  const std::vector<std::string> common = {"--optimizer", "adamw",       "--lr",
+                                           "0.01",        "--log-every", "1"};
   auto with = [&](std::vector<std::string> extra, const std::string& batch = "8") {
     std::vector<std::string> a = common;
     a.insert(a.end(), {"--batch", batch});
@@ -126,17 +138,17 @@ TEST_CASE("ddp training: stop after a checkpoint, resume, and the losses are bit
       with({"--steps", "40", "--metrics", dir.file("full.jsonl"), "--save", dir.file("full")}), 2,
       quick()));
   // The same run, stopped at step 25 with a checkpoint every 10 (so the last one is step 20)...
-  require_success(run_world(with({"--steps", "25", "--checkpoint-dir", dir.file("ckpt"),
-                                  "--checkpoint-every", "10"}),
-                            2, quick()));
+  require_success(run_world(
+      with({"--steps", "25", "--checkpoint-dir", dir.file("ckpt"), "--checkpoint-every", "10"}), 2,
+      quick()));
   const auto checkpoints = nanoddp::nn::list_checkpoints(dir.file("ckpt"));
   REQUIRE(checkpoints.size() == 2);
   CHECK(fs::path(checkpoints.back()).filename() == "step-000000020.safetensors");
   // ...resumed to step 40.
-  require_success(run_world(with({"--steps", "40", "--checkpoint-dir", dir.file("ckpt"),
-                                  "--resume", "--metrics", dir.file("resumed.jsonl"), "--save",
-                                  dir.file("resumed")}),
-                            2, quick()));
+  require_success(
+      run_world(with({"--steps", "40", "--checkpoint-dir", dir.file("ckpt"), "--resume",
+                      "--metrics", dir.file("resumed.jsonl"), "--save", dir.file("resumed")}),
+                2, quick()));
   {
     // DDP metrics: communication, the exposed part, overlap, backward compute.
     std::ifstream in(dir.file("full.jsonl"));
@@ -162,19 +174,18 @@ TEST_CASE("ddp training: stop after a checkpoint, resume, and the losses are bit
 
   SUBCASE("a different world size continues the same global sample order") {
     // 2 ranks x batch 8 saved it; 1 rank x batch 16 (same global batch) resumes it.
-    const ProcessResult one = run_process(
-        with({"--steps", "40", "--checkpoint-dir", dir.file("ckpt"), "--resume", "--save",
-              dir.file("one-rank")},
-             "16"),
-        quick());
+    const ProcessResult one =
+        run_process(with({"--steps", "40", "--checkpoint-dir", dir.file("ckpt"), "--resume",
+                          "--save", dir.file("one-rank")},
+                         "16"),
+                    quick());
     REQUIRE_MESSAGE(one.exit_code == 0, one.output);
     CHECK(relative_difference(all_parameters(dir.file("one-rank")),
-                                  all_parameters(dir.file("full"))) <= 1e-5);
+                              all_parameters(dir.file("full"))) <= 1e-5);
   }
   SUBCASE("a different global batch is refused, naming the checkpoint") {
     const ProcessResult wrong = run_process(
-        with({"--steps", "40", "--checkpoint-dir", dir.file("ckpt"), "--resume"}, "12"),
-        quick());
+        with({"--steps", "40", "--checkpoint-dir", dir.file("ckpt"), "--resume"}, "12"), quick());
     CHECK(wrong.exit_code == 2);
     CHECK(wrong.output.find("step-000000020.safetensors") != std::string::npos);
     CHECK(wrong.output.find("global batch") != std::string::npos);
@@ -187,8 +198,10 @@ TEST_CASE("ddp training: a different --batch on one rank is refused at start on 
   const int port = free_port();
   auto rank = [&](int r, const std::string& batch) {
     ProcessOptions o = quick();
-    o.env = {{"RANK", std::to_string(r)},        {"WORLD_SIZE", "2"},
-             {"MASTER_ADDR", "127.0.0.1"},       {"MASTER_PORT", std::to_string(port)},
+    o.env = {{"RANK", std::to_string(r)},
+             {"WORLD_SIZE", "2"},
+             {"MASTER_ADDR", "127.0.0.1"},
+             {"MASTER_PORT", std::to_string(port)},
              {"NANODDP_TIMEOUT_S", "20"}};
     return std::async(std::launch::async, [=] {
       return run_process(train_args({"--batch", batch, "--steps", "5"}), o);
@@ -208,8 +221,8 @@ TEST_CASE("ddp training: a different --batch on one rank is refused at start on 
 TEST_CASE("ddp training: --trace writes one Chrome trace with every rank's tracks and overlap") {
   TempDir dir;
   const std::string trace = dir.file("trace.json");
-  require_success(run_world(train_args({"--batch", "64", "--steps", "6", "--trace", trace}), 2,
-                            quick()));
+  require_success(
+      run_world(train_args({"--batch", "64", "--steps", "6", "--trace", trace}), 2, quick()));
   std::ifstream in(trace);
   const auto json = nlohmann::json::parse(in);
   const auto& events = json.at("traceEvents");
@@ -230,4 +243,58 @@ TEST_CASE("ddp training: --trace writes one Chrome trace with every rank's track
   CHECK(backward > 0);
   CHECK(allreduce > 0);
   CHECK(ready == allreduce);
+}
+
+TEST_CASE("ddp training: NANODDP_DEBUG logs set-up (INFO) and every collective (DETAIL)") {
+  const auto run_with = [](const std::string& level) {
+    ProcessOptions options = quick();
+    if (!level.empty()) options.env["NANODDP_DEBUG"] = level;
+    const auto results = run_world(train_args({"--steps", "3", "--batch", "8"}), 2, options);
+    require_success(results);
+    return results;
+  };
+  const auto contains = [](const std::string& text, const std::string& what) {
+    return text.find(what) != std::string::npos;
+  };
+
+  const auto detail = run_with("DETAIL");
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string& out = detail[static_cast<std::size_t>(rank)].output;
+    INFO(out);
+    const std::string prefix = fmt::format("[nanoddp rank {} +", rank);
+    CHECK(contains(out, prefix));
+    CHECK(contains(out, fmt::format("rendezvous: rank {} of 2", rank)));
+    CHECK(contains(out, "process group ready: backend gloo"));
+    // The bucket layout, every line prefixed (the model has several buckets here).
+    CHECK(contains(out, prefix));
+    CHECK(contains(out, "] bucket 1: "));
+    // Every collective: issued and finished, with its sequence number.
+    CHECK(contains(out, "gloo broadcast #1 (root 0"));
+    CHECK(contains(out, "gloo allreduce #2 (avg"));
+    CHECK(contains(out, ") issued"));
+    CHECK(contains(out, " finished in "));
+    CHECK(contains(out, "reducer: bucket 0 ("));
+    CHECK(contains(out, "store set of key"));
+  }
+
+  const auto info = run_with("info");
+  INFO(info[0].output);
+  CHECK(contains(info[0].output, "rendezvous: rank 0 of 2"));
+  CHECK_FALSE(contains(info[0].output, ") issued"));  // per-op lines are DETAIL only
+  CHECK_FALSE(contains(info[0].output, "store set"));
+
+  const auto off = run_with("");
+  CHECK_FALSE(contains(off[0].output, "[nanoddp rank"));
+  CHECK_FALSE(contains(off[1].output, "[nanoddp rank"));
+}
+
+TEST_CASE("nanoddp-train: an unknown NANODDP_DEBUG value is reported, and taken as INFO") {
+  ProcessOptions options = quick();
+  options.env["NANODDP_DEBUG"] = "loud";
+  const ProcessResult r =
+      run_process({bin_path("nanoddp-train"), "--steps", "1", "--hidden", "8", "--quiet"}, options);
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("NANODDP_DEBUG=loud is not understood (expected OFF, INFO or DETAIL)") !=
+        std::string::npos);
 }

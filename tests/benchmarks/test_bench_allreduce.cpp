@@ -75,8 +75,8 @@ TEST_CASE("bench-allreduce: 3 ranks through the process group, every result corr
 
 TEST_CASE("bench-allreduce: --vs-raw measures the engine and raw Gloo in one run") {
   TempDir dir;
-  std::vector<std::string> argv = {bin_path("nanoddp-bench-allreduce"), "--vs-raw", "-r", "2",
-                                   "--json", dir.file("a.jsonl")};
+  std::vector<std::string> argv = {
+      bin_path("nanoddp-bench-allreduce"), "--vs-raw", "-r", "2", "--json", dir.file("a.jsonl")};
   argv.insert(argv.end(), kSizes.begin(), kSizes.end());
   // Over TCP on both sides, the comparison the flag is for.
   const auto results = run_world(argv, 2, quick({{"NANODDP_SHM", "0"}}));
@@ -97,8 +97,8 @@ TEST_CASE("bench-allreduce: --vs-raw measures the engine and raw Gloo in one run
 
 TEST_CASE("bench-allreduce: --raw runs straight on Gloo and its results are correct") {
   TempDir dir;
-  std::vector<std::string> argv = {bin_path("nanoddp-bench-allreduce"), "--raw", "--op", "max",
-                                   "--json", dir.file("a.jsonl")};
+  std::vector<std::string> argv = {
+      bin_path("nanoddp-bench-allreduce"), "--raw", "--op", "max", "--json", dir.file("a.jsonl")};
   argv.insert(argv.end(), kSizes.begin(), kSizes.end());
   const auto results = run_world(argv, 2, quick());
   INFO(describe(results));
@@ -117,12 +117,9 @@ TEST_CASE("bench-allreduce: bad flags exit 2 with a message naming them") {
     std::string expected;
   };
   const std::vector<Case> cases = {
-      {{"--bogus"}, "--bogus"},
-      {{"-b", "1M", "-e", "1K"}, "minbytes"},
-      {{"-b", "12Q"}, "12Q"},
-      {{"--raw", "--vs-raw"}, "--vs-raw"},
-      {{"--op", "prod"}, "--op prod"},
-      {{"-n", "0"}, "--iters"},
+      {{"--bogus"}, "--bogus"},        {{"-b", "1M", "-e", "1K"}, "minbytes"},
+      {{"-b", "12Q"}, "12Q"},          {{"--raw", "--vs-raw"}, "--vs-raw"},
+      {{"--op", "prod"}, "--op prod"}, {{"-n", "0"}, "--iters"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {bin_path("nanoddp-bench-allreduce")};

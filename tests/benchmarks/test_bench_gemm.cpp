@@ -35,10 +35,9 @@ TEST_CASE("bench-gemm: every shape has an Eigen and a nanoddp row, GFLOP/s match
     CHECK(l.at("gflops").get<double>() ==
           doctest::Approx(2 * m * n * k * gemms / (ms * 1e-3) * 1e-9).epsilon(1e-9));
     CHECK(l.at("repeats") == 3);
-    const std::string shape = l.at("shape").get<std::string>() + " " +
-                              std::to_string(static_cast<int>(m)) + "x" +
-                              std::to_string(static_cast<int>(n)) + "x" +
-                              std::to_string(static_cast<int>(k));
+    const std::string shape =
+        l.at("shape").get<std::string>() + " " + std::to_string(static_cast<int>(m)) + "x" +
+        std::to_string(static_cast<int>(n)) + "x" + std::to_string(static_cast<int>(k));
     backends_of_shape[shape].insert(l.at("backend").get<std::string>());
     if (l.at("shape") == "mlp-step") {
       ++mlp_steps;

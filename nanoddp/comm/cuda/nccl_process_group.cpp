@@ -37,6 +37,7 @@
 #include "nanoddp/comm/process_group.h"
 #include "nanoddp/engine/cuda/device_guard.h"
 #include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/engine/debug_log.h"
 #include "nanoddp/engine/error.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/kernels/cuda/check.h"
@@ -194,6 +195,10 @@ class NcclProcessGroup final : public ProcessGroup {
     barrier_buffer_ = Tensor::zeros({1}, device_);
 
     watchdog_ = std::thread([this] { watchdog_loop(); });
+    int nccl_version = 0;
+    (void)ncclGetVersion(&nccl_version);
+    debug_log(DebugLevel::kInfo, "nccl communicator ready: rank {} of {} on cuda:{} (NCCL {})",
+              rank, size, device_.index, nccl_version);
   }
 
   ~NcclProcessGroup() override {
@@ -379,6 +384,7 @@ class NcclProcessGroup final : public ProcessGroup {
     state->description = fmt::format("{} #{}", op, state->sequence_number);
     if (!arguments.empty()) state->description += " (" + arguments + ")";
     state->host_blocking = host_blocking;
+    debug_log(DebugLevel::kDetail, "nccl {} issued on cuda:{}", state->description, device_.index);
 
     state->ready.record(Stream::compute(device_));  // 1. inputs are produced up to here
     state->ready.block(comm_stream_);               // 2. comm stream waits (GPU-side)

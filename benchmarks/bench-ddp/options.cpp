@@ -139,7 +139,8 @@ void convert_lists(const ListFlags& f, Options& o) {
 
 // Checks between flags (what one flag's validator cannot see).
 void check_relations(const Options& o) {
-  if (o.nnodes > 1 && (o.master_addr.empty() || o.master_port == 0)) {
+  // (A worker finds the master through the launcher's variables.)
+  if (!o.worker && o.nnodes > 1 && (o.master_addr.empty() || o.master_port == 0)) {
     usage_error(
         "--nnodes {}: several nodes need --master-addr and --master-port (node 0's "
         "address and a port free there), the same on every node",

@@ -215,18 +215,20 @@ class Sweep {
     } else {
       // Node 0 computes the efficiency; the other nodes only take part in the jobs.
       std::optional<double> base;
-      if (o_.node_rank == 0) {
-        base = baseline(p);
-        if (!base) {
-          fmt::print(stderr,
-                     "nanoddp-bench-ddp: error: skipped --world {} {}: its 1-rank baseline "
-                     "failed (above)\n",
-                     p.world, fmt::join(config_flags(o_, p), " "));
-          return false;
-        }
+      if (o_.node_rank == 0) base = baseline(p);
+      const bool no_baseline = o_.node_rank == 0 && !base;
+      if (no_baseline) {
+        fmt::print(
+            stderr,
+            "nanoddp-bench-ddp: error: no scaling efficiency for --world {} {}: its 1-rank "
+            "baseline failed (above){}\n",
+            p.world, fmt::join(config_flags(o_, p), " "),
+            o_.nnodes > 1 ? "; running the job anyway, the other nodes wait for it" : "; skipped");
+        // Alone, skip the point; with other nodes, take part so they are not left waiting.
+        if (o_.nnodes == 1) return false;
       }
       const auto result = run_job_for(p, p.world, true, "the job");
-      if (!result) return false;
+      if (!result || no_baseline) return false;
       if (o_.node_rank != 0) {
         if (!o_.quiet) {
           fmt::print("# --world {} done on node {} (figures on node 0)\n", p.world, o_.node_rank);

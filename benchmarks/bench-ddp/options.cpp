@@ -1,0 +1,290 @@
+#include "options.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
+
+#include <charconv>
+#include <cmath>
+#include <iostream>
+#include <stdexcept>
+
+#include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/engine/device.h"
+
+namespace nanoddp::bench_ddp {
+
+const char* scaling_name(Scaling scaling) {
+  return scaling == Scaling::kWeak ? "weak" : "strong";
+}
+
+namespace {
+
+// A usage error: the message names the flag; main turns it into exit code 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <typename... Args>
+[[noreturn]] void usage_error(fmt::format_string<Args...> format, Args&&... args) {
+  throw UsageError(fmt::format(format, std::forward<Args>(args)...));
+}
+
+std::vector<std::string> split(const std::string& flag, const std::string& text) {
+  std::vector<std::string> items;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    items.push_back(text.substr(start, comma == std::string::npos ? comma : comma - start));
+    if (items.back().empty()) {
+      usage_error("{} '{}': empty value in the list (expected e.g. {} 1,2,4)", flag, text, flag);
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return items;
+}
+
+std::int64_t parse_int(const std::string& flag, const std::string& item, std::int64_t lo,
+                       std::int64_t hi) {
+  std::int64_t value = 0;
+  const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+  if (ec != std::errc() || end != item.data() + item.size()) {
+    usage_error("{}: '{}' is not an integer", flag, item);
+  }
+  if (value < lo || value > hi) usage_error("{}: {} is out of range [{}, {}]", flag, value, lo, hi);
+  return value;
+}
+
+double parse_positive(const std::string& flag, const std::string& item) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(item, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != item.size() || used == 0) usage_error("{}: '{}' is not a number", flag, item);
+  if (!(value > 0) || !std::isfinite(value) || value > 1e6) {
+    usage_error("{}: {} must be > 0 (MiB, at most 1e6)", flag, item);
+  }
+  return value;
+}
+
+std::string parse_choice(const std::string& flag, const std::string& item,
+                         const std::vector<std::string>& choices) {
+  for (const std::string& c : choices) {
+    if (item == c) return item;
+  }
+  usage_error("{}: '{}' is not one of {}", flag, item, fmt::join(choices, ", "));
+}
+
+template <typename T, typename Parse>
+std::vector<T> parse_list(const std::string& flag, const std::string& text, Parse parse) {
+  std::vector<T> values;
+  for (const std::string& item : split(flag, text)) values.push_back(parse(item));
+  return values;
+}
+
+struct ListFlags {
+  std::string world, hidden, layers, in, out, activation, batch, bucket_cap_mb, first_bucket_mb,
+      overlap, comm_hook, threads;
+};
+
+void convert_lists(const ListFlags& f, Options& o) {
+  using I = std::int64_t;
+  const auto ints = [](const std::string& flag, const std::string& text, I lo, I hi) {
+    return parse_list<I>(flag, text,
+                         [&](const std::string& s) { return parse_int(flag, s, lo, hi); });
+  };
+  if (!f.world.empty()) {
+    o.world.clear();
+    for (I w : ints("--world", f.world, 1, 4096)) o.world.push_back(static_cast<int>(w));
+  }
+  if (!f.hidden.empty()) o.hidden = ints("--hidden", f.hidden, 1, I{1} << 20);
+  if (!f.layers.empty()) o.layers = ints("--layers", f.layers, 0, 1000);
+  if (!f.in.empty()) o.in = ints("--in", f.in, 1, I{1} << 20);
+  if (!f.out.empty()) o.out = ints("--out", f.out, 1, I{1} << 20);
+  if (!f.batch.empty()) o.batch = ints("--batch", f.batch, 1, I{1} << 24);
+  if (!f.threads.empty()) {
+    o.threads.clear();
+    for (I t : ints("--threads", f.threads, 1, 1024)) o.threads.push_back(static_cast<int>(t));
+  }
+  if (!f.activation.empty()) {
+    o.activation = parse_list<std::string>("--activation", f.activation, [](const std::string& s) {
+      return parse_choice("--activation", s, {"relu", "gelu"});
+    });
+  }
+  if (!f.comm_hook.empty()) {
+    o.comm_hook = parse_list<std::string>("--comm-hook", f.comm_hook, [](const std::string& s) {
+      return parse_choice("--comm-hook", s, {"allreduce", "bf16"});
+    });
+  }
+  if (!f.overlap.empty()) {
+    o.overlap = parse_list<bool>("--overlap", f.overlap, [](const std::string& s) {
+      return parse_choice("--overlap", s, {"on", "off"}) == "on";
+    });
+  }
+  if (!f.bucket_cap_mb.empty()) {
+    o.bucket_cap_mb = parse_list<double>(
+        "--bucket-cap-mb", f.bucket_cap_mb,
+        [](const std::string& s) { return parse_positive("--bucket-cap-mb", s); });
+  }
+  if (!f.first_bucket_mb.empty()) {
+    o.first_bucket_mb = parse_list<double>(
+        "--first-bucket-mb", f.first_bucket_mb,
+        [](const std::string& s) { return parse_positive("--first-bucket-mb", s); });
+  }
+}
+
+// Checks between flags (what one flag's validator cannot see).
+void check_relations(const Options& o) {
+  // (A worker finds the master through the launcher's variables.)
+  if (!o.worker && o.nnodes > 1 && (o.master_addr.empty() || o.master_port == 0)) {
+    usage_error(
+        "--nnodes {}: several nodes need --master-addr and --master-port (node 0's "
+        "address and a port free there), the same on every node",
+        o.nnodes);
+  }
+  if (o.node_rank >= o.nnodes) {
+    usage_error("--node-rank {} is not below --nnodes {}", o.node_rank, o.nnodes);
+  }
+  if (o.backend == "nccl" && o.device == "cpu") {
+    usage_error(
+        "--backend nccl needs --device cuda (NCCL reduces GPU tensors; use gloo on the "
+        "CPU)");
+  }
+  if (o.backend == "gloo" && o.device == "cuda") {
+    usage_error("--backend gloo reduces CPU tensors: with --device cuda use nccl (or auto)");
+  }
+  if (o.device == "cuda") {
+    try {
+      require_device(Device::cuda(0));
+    } catch (const std::exception& e) {
+      usage_error("--device cuda: {}", e.what());
+    }
+  }
+  if (o.scaling == Scaling::kStrong) {
+    for (const std::int64_t batch : o.batch) {
+      for (const int w : o.world) {
+        const std::int64_t ranks = static_cast<std::int64_t>(w) * o.nnodes;
+        if (batch % ranks != 0) {
+          usage_error(
+              "--batch {} with --scaling strong: the global batch {} does not divide "
+              "evenly over {} ranks (--world {} x --nnodes {}); give a --batch that "
+              "every world size divides",
+              batch, batch, ranks, w, o.nnodes);
+        }
+      }
+    }
+  }
+  if (o.worker) {
+    if (o.result_path.empty()) usage_error("--worker needs --result FILE");
+    const std::vector<std::pair<const char*, std::size_t>> sizes = {
+        {"--world", o.world.size()},
+        {"--hidden", o.hidden.size()},
+        {"--layers", o.layers.size()},
+        {"--in", o.in.size()},
+        {"--out", o.out.size()},
+        {"--activation", o.activation.size()},
+        {"--batch", o.batch.size()},
+        {"--bucket-cap-mb", o.bucket_cap_mb.size()},
+        {"--first-bucket-mb", o.first_bucket_mb.size()},
+        {"--overlap", o.overlap.size()},
+        {"--comm-hook", o.comm_hook.size()},
+        {"--threads", o.threads.size()}};
+    for (const auto& [flag, n] : sizes) {
+      if (n != 1) usage_error("--worker runs one point, but {} has {} values", flag, n);
+    }
+  }
+}
+
+}  // namespace
+
+std::optional<Options> parse_options(int argc, const char* const* argv, int& exit_code) {
+  Options o;
+  ListFlags lists;
+  std::string scaling = "weak";
+  CLI::App app{
+      "nanoddp-bench-ddp: the DDP training step as a benchmark, swept like a scaling study.\n"
+      "Runs every combination of the list flags (comma-separated) as a DDP job under "
+      "nanoddp-run,\nplus the 1-rank run of each configuration as the scaling-efficiency "
+      "baseline; prints a table\nand, with --json, one JSON line per point."};
+  app.get_formatter()->column_width(30);
+  const auto list_option = [&app](const std::string& name, std::string& target,
+                                  const std::string& help) {
+    return app.add_option(name, target, help)->type_name("LIST");
+  };
+
+  list_option("--world", lists.world, "processes per node (list; default 1,2)");
+  app.add_option("--nnodes", o.nnodes, "nodes (run the same command on each)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--node-rank", o.node_rank, "this node's index")
+      ->check(CLI::Range(0, 4095))
+      ->capture_default_str();
+  app.add_option("--master-addr", o.master_addr, "node 0's address (several nodes)");
+  app.add_option("--master-port", o.master_port, "the rendezvous port (several nodes)")
+      ->check(CLI::Range(1, 65535));
+  list_option("--hidden", lists.hidden, "hidden width (list; default 1024)");
+  list_option("--layers", lists.layers, "hidden layers L: L+1 Linear modules (list; default 3)");
+  list_option("--in", lists.in, "input features (list; default: the hidden width)");
+  list_option("--out", lists.out, "output features (list; default: the hidden width)");
+  list_option("--activation", lists.activation, "relu or gelu (list; default relu)");
+  list_option("--batch", lists.batch,
+              "samples per step: per rank with --scaling weak, global with strong (list; "
+              "default 64)");
+  app.add_option("--scaling", scaling, "weak (fixed batch per rank) or strong (fixed global batch)")
+      ->check(CLI::IsMember({"weak", "strong"}))
+      ->capture_default_str();
+  list_option("--bucket-cap-mb", lists.bucket_cap_mb, "DDP bucket cap in MiB (list; default 25)");
+  list_option("--first-bucket-mb", lists.first_bucket_mb,
+              "cap of the first bucket in MiB (list; default 1)");
+  list_option("--overlap", lists.overlap,
+              "on: reduce buckets during backward; off: after it (list; default on)");
+  list_option("--comm-hook", lists.comm_hook, "allreduce (float32) or bf16 (list)");
+  list_option("--threads", lists.threads, "GEMM threads per rank (list; default 1)");
+  app.add_option("--backend", o.backend, "gloo, nccl or auto (by device)")
+      ->check(CLI::IsMember({"auto", "gloo", "nccl"}))
+      ->capture_default_str();
+  app.add_option("--device", o.device, "cpu or cuda (each rank uses cuda:LOCAL_RANK)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "measured steps per point")
+      ->check(CLI::Range(1, 100000000))
+      ->capture_default_str();
+  app.add_option("--warmup", o.warmup, "steps run before the measured ones")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  app.add_option("--timeout", o.timeout_s, "seconds one point's job may take before it is stopped")
+      ->check(CLI::Range(1.0, 1e7))
+      ->capture_default_str();
+  app.add_option("--json", o.json_path, "write one JSON line per point to FILE (truncated)");
+  app.add_flag("--quiet", o.quiet, "print nothing but errors");
+  // The worker role: started by the driver through nanoddp-run, one point per job.
+  app.add_flag("--worker", o.worker)->group("");
+  app.add_option("--result", o.result_path)->group("");
+
+  try {
+    app.parse(argc, argv);
+    o.scaling = scaling == "strong" ? Scaling::kStrong : Scaling::kWeak;
+    convert_lists(lists, o);
+    check_relations(o);
+  } catch (const CLI::CallForHelp& e) {
+    exit_code = app.exit(e);
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "nanoddp-bench-ddp: error: " << e.what() << "\n"
+              << "Run 'nanoddp-bench-ddp --help' for the list of flags.\n";
+    exit_code = 2;
+    return std::nullopt;
+  } catch (const UsageError& e) {
+    std::cerr << "nanoddp-bench-ddp: error: " << e.what() << "\n";
+    exit_code = 2;
+    return std::nullopt;
+  }
+  exit_code = 0;
+  return o;
+}
+
+}  // namespace nanoddp::bench_ddp

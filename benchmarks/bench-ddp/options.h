@@ -1,0 +1,58 @@
+#pragma once
+// The flags of nanoddp-bench-ddp, for both of its roles.
+//
+// The driver takes comma-separated lists (`--world 1,2,4 --hidden 256,1024`) and runs every
+// point of their cartesian product. A worker is started by the driver (through nanoddp-run)
+// with the same flags, each holding the one value of its point, plus `--worker --result FILE`:
+// one parser and one set of names for both, so a point's command line reads like the sweep's.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace nanoddp::bench_ddp {
+
+enum class Scaling { kWeak, kStrong };
+const char* scaling_name(Scaling scaling);
+
+struct Options {
+  // Sweep dimensions (each a list; a worker's have one element each).
+  std::vector<int> world = {1, 2};  // processes per node
+  std::vector<std::int64_t> hidden = {1024};
+  std::vector<std::int64_t> layers = {3};
+  // Empty: the hidden width (so that sweeping --hidden scales every layer of the MLP).
+  std::vector<std::int64_t> in;
+  std::vector<std::int64_t> out;
+  std::vector<std::string> activation = {"relu"};
+  std::vector<std::int64_t> batch = {64};  // per rank (weak) or global (strong)
+  std::vector<double> bucket_cap_mb = {25.0};
+  std::vector<double> first_bucket_mb = {1.0};
+  std::vector<bool> overlap = {true};
+  std::vector<std::string> comm_hook = {"allreduce"};
+  std::vector<int> threads = {1};
+
+  // One value for the whole sweep.
+  Scaling scaling = Scaling::kWeak;
+  std::string backend = "auto";
+  std::string device = "cpu";
+  int steps = 20;
+  int warmup = 5;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;
+  int master_port = 0;  // 0: nanoddp-run picks a free one (single node only)
+  double timeout_s = 600;
+  std::string json_path;
+  bool quiet = false;
+
+  // Worker role (hidden from --help).
+  bool worker = false;
+  std::string result_path;
+};
+
+// Parses argv. On --help, a usage error or a bad value, prints what to print (the message names
+// the flag) and returns nullopt with `exit_code` set (0 for --help, 2 otherwise).
+std::optional<Options> parse_options(int argc, const char* const* argv, int& exit_code);
+
+}  // namespace nanoddp::bench_ddp

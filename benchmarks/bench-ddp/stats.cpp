@@ -1,0 +1,98 @@
+#include "stats.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "nanoddp/engine/error.h"
+
+namespace nanoddp::bench_ddp {
+
+double median(std::vector<double> values) {
+  return quantile(std::move(values), 0.5);
+}
+
+double quantile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const double pos = std::clamp(q, 0.0, 1.0) * static_cast<double>(values.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(pos));
+  const std::size_t hi = std::min(lo + 1, values.size() - 1);
+  const double frac = pos - static_cast<double>(lo);
+  return values[lo] + (values[hi] - values[lo]) * frac;
+}
+
+Summary summarize(const std::vector<RankSteps>& ranks) {
+  NANODDP_CHECK(!ranks.empty(), "summarize: no ranks");
+  const std::size_t steps = ranks.front().step_ms.size();
+  for (const RankSteps& r : ranks) {
+    NANODDP_CHECK(r.step_ms.size() == steps && r.compute_ms.size() == steps &&
+                      r.comm_ms.size() == steps && r.exposed_ms.size() == steps,
+                  "summarize: ranks with different step counts");
+  }
+  std::vector<double> step, compute, comm, exposed;
+  for (std::size_t s = 0; s < steps; ++s) {
+    std::size_t slowest = 0;
+    for (std::size_t r = 1; r < ranks.size(); ++r) {
+      if (ranks[r].step_ms[s] > ranks[slowest].step_ms[s]) slowest = r;
+    }
+    const RankSteps& r = ranks[slowest];
+    step.push_back(r.step_ms[s]);
+    compute.push_back(r.compute_ms[s]);
+    comm.push_back(r.comm_ms[s]);
+    exposed.push_back(r.exposed_ms[s]);
+  }
+  Summary out;
+  out.steps = static_cast<int>(steps);
+  out.step_ms_median = median(step);
+  out.step_ms_p90 = quantile(step, 0.9);
+  out.compute_ms = median(compute);
+  out.allreduce_ms = median(comm);
+  // exposed <= comm in every step, so the median is too: hidden is never negative, and
+  // hidden + exposed = allreduce exactly.
+  out.exposed_comm_ms = std::min(median(exposed), out.allreduce_ms);
+  out.hidden_comm_ms = out.allreduce_ms - out.exposed_comm_ms;
+  out.overlap_fraction = out.allreduce_ms > 0 ? out.hidden_comm_ms / out.allreduce_ms : 0.0;
+  return out;
+}
+
+namespace {
+
+// (in, out) of each Linear of the MLP, first layer first.
+std::vector<std::pair<std::int64_t, std::int64_t>> linear_shapes(const MlpShape& m) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> shapes;
+  std::int64_t width = m.in;
+  for (std::int64_t i = 0; i < m.layers; ++i) {
+    shapes.emplace_back(width, m.hidden);
+    width = m.hidden;
+  }
+  shapes.emplace_back(width, m.out);
+  return shapes;
+}
+
+}  // namespace
+
+std::int64_t mlp_parameter_count(const MlpShape& shape) {
+  std::int64_t n = 0;
+  for (const auto& [in, out] : linear_shapes(shape)) n += in * out + out;
+  return n;
+}
+
+double mlp_training_flops(const MlpShape& shape, std::int64_t batch) {
+  const auto shapes = linear_shapes(shape);
+  const auto b = static_cast<double>(batch);
+  double flops = 0;
+  for (const auto& [in, out] : shapes) {
+    flops += 6.0 * b * static_cast<double>(in) * static_cast<double>(out);
+  }
+  const auto& [in0, out0] = shapes.front();
+  flops -= 2.0 * b * static_cast<double>(in0) * static_cast<double>(out0);  // no dX for the input
+  return flops;
+}
+
+double allreduce_busbw_gbs(double bytes, int world, double ms) {
+  if (world <= 1 || ms <= 0) return 0;
+  const double n = world;
+  return bytes * 2.0 * (n - 1) / n / (ms / 1000.0) / 1e9;
+}
+
+}  // namespace nanoddp::bench_ddp

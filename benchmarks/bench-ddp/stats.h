@@ -1,0 +1,59 @@
+#pragma once
+// The arithmetic of the benchmark: from every rank's per-step timings to the figures of one
+// point, and the model's parameter count, FLOPs and gradient traffic.
+
+#include <cstdint>
+#include <vector>
+
+namespace nanoddp::bench_ddp {
+
+// One rank's measured steps (warm-up excluded), all in milliseconds, index = step.
+struct RankSteps {
+  std::vector<double> step_ms;     // forward + backward + optimizer, wall time
+  std::vector<double> compute_ms;  // step_ms - exposed_ms
+  std::vector<double> comm_ms;     // the buckets' all-reduce durations, summed
+  std::vector<double> exposed_ms;  // the part of comm_ms the step waited for (<= comm_ms)
+};
+
+struct Summary {
+  int steps = 0;
+  double step_ms_median = 0;
+  double step_ms_p90 = 0;
+  double compute_ms = 0;
+  double allreduce_ms = 0;
+  double exposed_comm_ms = 0;
+  double hidden_comm_ms = 0;    // allreduce_ms - exposed_comm_ms
+  double overlap_fraction = 0;  // hidden_comm_ms / allreduce_ms (0 without communication)
+};
+
+// Median (mean of the two middle values for an even count). Empty: 0.
+double median(std::vector<double> values);
+// The q-quantile (0..1) with linear interpolation between order statistics (numpy's default).
+double quantile(std::vector<double> values, double q);
+
+// A step is as slow as its slowest rank (the others wait for it in the all-reduce), so for each
+// step the figures are the slowest rank's; then the median (and p90 for the step time) over
+// the steps. Every rank must have the same number of steps.
+Summary summarize(const std::vector<RankSteps>& ranks);
+
+struct MlpShape {
+  std::int64_t in = 0, out = 0, hidden = 0, layers = 0;
+};
+
+// Weights and biases of the L+1 Linear layers (nn::Mlp's layout).
+std::int64_t mlp_parameter_count(const MlpShape& shape);
+
+// Floating-point operations of one training step on `batch` samples, counting the GEMMs only
+// (bias, activation, loss and optimizer are O(batch x width), negligible next to them):
+//   per Linear(in, out):  forward  y = x W^T      2 * B * in * out
+//                         backward dW = dY^T X    2 * B * in * out
+//                                  dX = dY W      2 * B * in * out
+// minus the first layer's dX: the input does not require a gradient, and autograd skips that
+// GEMM (GradSink::accumulate does nothing for an input that needs no gradient).
+double mlp_training_flops(const MlpShape& shape, std::int64_t batch);
+
+// nccl-tests' bus bandwidth of an all-reduce of `bytes` over `world` ranks taking `ms`:
+// bytes * 2(n-1)/n / time, in GB/s (1e9). 0 for one rank or no time.
+double allreduce_busbw_gbs(double bytes, int world, double ms);
+
+}  // namespace nanoddp::bench_ddp

@@ -1,0 +1,261 @@
+// nanoddp-bench-ddp as a user runs it: the real driver starting real DDP jobs through
+// nanoddp-run, its JSON lines parsed and checked key by key. No timing assertions: times are
+// only checked to be positive and consistent with each other and with the formulas.
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "nanoddp/config.h"
+#include "support/subprocess.h"
+
+using namespace nanoddp::testing;
+using nlohmann::json;
+
+namespace {
+
+ProcessResult bench(const std::vector<std::string>& flags) {
+  std::vector<std::string> argv = {bin_path("nanoddp-bench-ddp")};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  ProcessOptions options;
+  options.timeout = std::chrono::seconds(120);
+  options.env["NANODDP_TIMEOUT_S"] = "30";  // a hung collective fails the test, not the CI job
+  return run_process(argv, options);
+}
+
+std::vector<json> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+  return lines;
+}
+
+std::set<std::string> keys_of(const json& object) {
+  std::set<std::string> keys;
+  for (const auto& [key, value] : object.items()) keys.insert(key);
+  return keys;
+}
+
+// The MLP's parameters from its shape, counted independently of the library.
+std::int64_t mlp_params(std::int64_t in, std::int64_t hidden, std::int64_t layers,
+                        std::int64_t out) {
+  std::int64_t n = 0, width = in;
+  for (std::int64_t i = 0; i < layers; ++i) {
+    n += width * hidden + hidden;
+    width = hidden;
+  }
+  return n + width * out + out;
+}
+
+// GEMM FLOPs of one step: 6 B in out per Linear, minus the first layer's input gradient.
+double mlp_flops(std::int64_t in, std::int64_t hidden, std::int64_t layers, std::int64_t out,
+                 std::int64_t batch) {
+  const double b = static_cast<double>(batch);
+  double flops = 0;
+  std::int64_t width = in;
+  for (std::int64_t i = 0; i < layers; ++i) {
+    flops += 6 * b * static_cast<double>(width * hidden);
+    width = hidden;
+  }
+  flops += 6 * b * static_cast<double>(width * out);
+  const std::int64_t first_out = layers > 0 ? hidden : out;
+  return flops - 2 * b * static_cast<double>(in * first_out);
+}
+
+// Every key of the documented record, and values that make sense for the asked configuration.
+void check_record(const json& r, int world, std::int64_t in, std::int64_t hidden,
+                  std::int64_t layers, std::int64_t out, std::int64_t batch_per_rank,
+                  const std::string& scaling) {
+  CAPTURE(r.dump());
+  CHECK(keys_of(r) == std::set<std::string>{"bench", "machine", "build", "config", "steps",
+                                            "warmup", "step_ms_median", "step_ms_p90",
+                                            "samples_per_s", "compute_ms", "allreduce_ms",
+                                            "exposed_comm_ms", "hidden_comm_ms", "overlap_fraction",
+                                            "scaling_efficiency", "gflops", "busbw_gbs"});
+  CHECK(r["bench"] == "ddp");
+
+  const json& m = r["machine"];
+  CHECK(keys_of(m) == std::set<std::string>{"hostname", "cpu", "cores", "os"});
+  CHECK(!m["hostname"].get<std::string>().empty());
+  CHECK(!m["cpu"].get<std::string>().empty());
+  CHECK(m["cores"].get<int>() >= 1);
+  CHECK(!m["os"].get<std::string>().empty());
+
+  const json& b = r["build"];
+  CHECK(keys_of(b) == std::set<std::string>{"version", "compiler", "build_type", "cuda", "native"});
+  CHECK(b["version"] == NANODDP_VERSION);
+  CHECK(!b["compiler"].get<std::string>().empty());
+  CHECK(!b["build_type"].get<std::string>().empty());
+  CHECK(b["cuda"].get<bool>() == (NANODDP_WITH_CUDA != 0));
+  CHECK(b["native"].is_boolean());
+
+  const json& c = r["config"];
+  CHECK(keys_of(c) == std::set<std::string>{"world_size",   "nnodes",        "nproc_per_node",
+                                            "device",       "backend",       "in",
+                                            "out",          "hidden",        "layers",
+                                            "activation",   "scaling",       "batch_per_rank",
+                                            "global_batch", "bucket_cap_mb", "first_bucket_mb",
+                                            "overlap",      "comm_hook",     "threads",
+                                            "params",       "buckets"});
+  CHECK(c["world_size"] == world);
+  CHECK(c["nnodes"] == 1);
+  CHECK(c["nproc_per_node"] == world);
+  CHECK(c["device"] == "cpu");
+  CHECK(c["backend"].get<std::string>().rfind("gloo", 0) == 0);
+  CHECK(c["in"] == in);
+  CHECK(c["out"] == out);
+  CHECK(c["hidden"] == hidden);
+  CHECK(c["layers"] == layers);
+  CHECK(c["activation"] == "relu");
+  CHECK(c["scaling"] == scaling);
+  CHECK(c["batch_per_rank"] == batch_per_rank);
+  CHECK(c["global_batch"] == batch_per_rank * world);
+  CHECK(c["bucket_cap_mb"].get<double>() > 0);
+  CHECK(c["first_bucket_mb"].get<double>() > 0);
+  CHECK(c["overlap"].is_boolean());
+  CHECK(c["comm_hook"] == "allreduce");
+  CHECK(c["threads"] == 1);
+  CHECK(c["params"] == mlp_params(in, hidden, layers, out));
+  CHECK(c["buckets"].get<int>() >= 1);
+
+  const double step = r["step_ms_median"].get<double>();
+  const double allreduce = r["allreduce_ms"].get<double>();
+  const double exposed = r["exposed_comm_ms"].get<double>();
+  const double hidden_comm = r["hidden_comm_ms"].get<double>();
+  CHECK(step > 0);
+  CHECK(r["step_ms_p90"].get<double>() >= step);
+  CHECK(
+      r["samples_per_s"].get<double>() ==
+      doctest::Approx(static_cast<double>(batch_per_rank * world) / (step / 1000.0)).epsilon(1e-9));
+  CHECK(r["compute_ms"].get<double>() > 0);
+  CHECK(r["compute_ms"].get<double>() <= step);
+  CHECK(allreduce >= 0);
+  if (world > 1) CHECK(allreduce > 0);
+  CHECK(exposed >= 0);
+  CHECK(hidden_comm >= 0);
+  CHECK(std::fabs(hidden_comm + exposed - allreduce) <= 1e-9 * std::max(1.0, allreduce));
+  CHECK(r["overlap_fraction"].get<double>() >= 0);
+  CHECK(r["overlap_fraction"].get<double>() <= 1);
+  const double efficiency = r["scaling_efficiency"].get<double>();
+  if (world == 1) {
+    CHECK(efficiency == 1.0);
+  } else {
+    CHECK(efficiency > 0);
+  }
+  CHECK(r["gflops"].get<double>() ==
+        doctest::Approx(mlp_flops(in, hidden, layers, out, batch_per_rank) / (step / 1000.0) / 1e9)
+            .epsilon(1e-9));
+  const double busbw = r["busbw_gbs"].get<double>();
+  if (world == 1) {
+    CHECK(busbw == 0.0);
+  } else {
+    const double bytes = 4.0 * static_cast<double>(mlp_params(in, hidden, layers, out));
+    CHECK(busbw == doctest::Approx(bytes * 2.0 * (world - 1) / world / (allreduce / 1000.0) / 1e9)
+                       .epsilon(1e-9));
+  }
+}
+
+std::size_t count_rows(const std::string& output) {
+  std::size_t rows = 0, start = 0;
+  while (start < output.size()) {
+    std::size_t end = output.find('\n', start);
+    if (end == std::string::npos) end = output.size();
+    const std::string line = output.substr(start, end - start);
+    if (!line.empty() && line[0] != '#' && line.find("ranks") == std::string::npos) ++rows;
+    start = end + 1;
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("bench-ddp: a weak-scaling sweep writes one complete JSON line per point") {
+  TempDir dir;
+  const std::string path = dir.file("ddp.jsonl");
+  const ProcessResult r =
+      bench({"--world",         "1,2",      "--in",     "24", "--hidden",          "32",
+             "--layers",        "2",        "--out",    "8",  "--batch",           "16",
+             "--steps",         "5",        "--warmup", "2",  "--first-bucket-mb", "0.001",
+             "--bucket-cap-mb", "0.002,25", "--json",   path});
+  INFO(r.output);
+  REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
+  CHECK(r.output.find("median of 5 steps") != std::string::npos);
+  CHECK(r.output.find("slowest rank per step") != std::string::npos);
+  CHECK(count_rows(r.output) == 4);  // one table row per point
+
+  const std::vector<json> lines = read_lines(path);
+  REQUIRE(lines.size() == 4);
+  // The world size varies fastest: (0.002 MiB: 1, 2), (25 MiB: 1, 2).
+  const std::vector<std::pair<int, double>> expected = {{1, 0.002}, {2, 0.002}, {1, 25}, {2, 25}};
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    CAPTURE(i);
+    check_record(lines[i], expected[i].first, 24, 32, 2, 8, 16, "weak");
+    CHECK(lines[i]["config"]["bucket_cap_mb"].get<double>() == expected[i].second);
+    CHECK(lines[i]["steps"] == 5);
+    CHECK(lines[i]["warmup"] == 2);
+  }
+  // A 2 KiB bucket cap cuts the 12 KiB of gradients into more buckets than a 25 MiB one.
+  CHECK(lines[1]["config"]["buckets"].get<int>() > lines[3]["config"]["buckets"].get<int>());
+}
+
+TEST_CASE("bench-ddp: strong scaling splits the global batch, with a baseline not in --world") {
+  TempDir dir;
+  const std::string path = dir.file("strong.jsonl");
+  const ProcessResult r =
+      bench({"--world", "2", "--scaling", "strong", "--batch", "8", "--hidden", "16", "--layers",
+             "1", "--steps", "3", "--warmup", "1", "--overlap", "off", "--json", path, "--quiet"});
+  INFO(r.output);
+  REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
+  CHECK(r.output.empty());  // --quiet
+  const std::vector<json> lines = read_lines(path);
+  REQUIRE(lines.size() == 1);  // the 1-rank baseline ran, but is not a point of this sweep
+  check_record(lines[0], 2, 16, 16, 1, 16, 4, "strong");
+  CHECK(lines[0]["config"]["global_batch"] == 8);
+  CHECK(lines[0]["config"]["overlap"] == false);
+}
+
+TEST_CASE("bench-ddp: a job that overruns --timeout is stopped and named") {
+  const ProcessResult r = bench({"--world", "1", "--hidden", "16", "--layers", "1", "--steps",
+                                 "100000000", "--warmup", "0", "--timeout", "1"});
+  INFO(r.output);
+  REQUIRE(!r.timed_out);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("timed out after 1 s") != std::string::npos);
+  CHECK(r.output.find("point: --world 1") != std::string::npos);
+  CHECK(r.output.find("--steps 100000000") != std::string::npos);
+}
+
+TEST_CASE("bench-ddp: bad flags exit 2 with a message naming the flag") {
+  struct Case {
+    std::vector<std::string> flags;
+    std::string names;
+  };
+  const std::vector<Case> cases = {
+      {{"--no-such-flag"}, "--no-such-flag"},
+      {{"--world", "0"}, "--world"},
+      {{"--world", "1,x"}, "--world"},
+      {{"--scaling", "strong", "--world", "1,3", "--batch", "8"}, "--batch 8"},
+      {{"--overlap", "sometimes"}, "--overlap"},
+      {{"--bucket-cap-mb", "-1"}, "--bucket-cap-mb"},
+      {{"--nnodes", "2"}, "--master-addr"},
+      {{"--json", "/nonexistent-dir/x.jsonl"}, "--json"},
+  };
+  for (const Case& c : cases) {
+    const ProcessResult r = bench(c.flags);
+    CAPTURE(c.names);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(c.names) != std::string::npos);
+  }
+  // --help lists the sweep flags, but not the worker's.
+  const ProcessResult help = bench({"--help"});
+  CHECK(help.exit_code == 0);
+  CHECK(help.output.find("--bucket-cap-mb") != std::string::npos);
+  CHECK(help.output.find("--worker") == std::string::npos);
+}

@@ -14,7 +14,8 @@ namespace nanoddp::cli {
 
 // Parses argv into `app`. Returns nullopt when the program should go on; otherwise the exit
 // code to return now (0 after --help, 2 after a bad flag or value).
-inline std::optional<int> parse(CLI::App& app, int argc, char** argv, const char* program) {
+inline std::optional<int> parse(CLI::App& app, int argc, const char* const* argv,
+                                const char* program) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

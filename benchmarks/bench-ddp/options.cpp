@@ -9,6 +9,7 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "apps/cli.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/engine/device.h"
 
@@ -265,22 +266,16 @@ std::optional<Options> parse_options(int argc, const char* const* argv, int& exi
   app.add_flag("--worker", o.worker)->group("");
   app.add_option("--result", o.result_path)->group("");
 
+  if (const std::optional<int> code = cli::parse(app, argc, argv, "nanoddp-bench-ddp")) {
+    exit_code = *code;
+    return std::nullopt;
+  }
   try {
-    app.parse(argc, argv);
     o.scaling = scaling == "strong" ? Scaling::kStrong : Scaling::kWeak;
     convert_lists(lists, o);
     check_relations(o);
-  } catch (const CLI::CallForHelp& e) {
-    exit_code = app.exit(e);
-    return std::nullopt;
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "nanoddp-bench-ddp: error: " << e.what() << "\n"
-              << "Run 'nanoddp-bench-ddp --help' for the list of flags.\n";
-    exit_code = 2;
-    return std::nullopt;
   } catch (const UsageError& e) {
-    std::cerr << "nanoddp-bench-ddp: error: " << e.what() << "\n";
-    exit_code = 2;
+    exit_code = cli::usage_error("nanoddp-bench-ddp", e.what());
     return std::nullopt;
   }
   exit_code = 0;

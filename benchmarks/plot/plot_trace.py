@@ -15,8 +15,10 @@ it are faded). --step K picks the K-th recorded step (1 = the first); the defaul
 median length after the first (a typical one, not the warm-up or an outlier). --from-ms and
 --to-ms pick a window instead, in ms from the start of the trace.
 
-It prints "wrote PATH: ..." and, per rank, how much of the step's all-reduce time ran while
-backward was running. Bad input (missing file, not a trace, no such step) exits 2.
+It prints "wrote PATH: ..." and, per rank, how many of the step's all-reduces started before
+its backward pass ended (with --no-overlap: none), and how much of their time a backward node was
+running at the same time (on a machine with fewer cores than threads, the compute thread may be
+descheduled while the all-reduce runs, so an early start does not guarantee hidden time). Bad input (missing file, not a trace, no such step) exits 2.
 """
 
 import argparse
@@ -185,18 +187,21 @@ def _overlap(a, b, merged):
 
 
 def overlap_summary(ranks, spans, lo, hi, own):
-    """Per rank: (all-reduce ms, ms of it while a backward node ran, all-reduce spans), counting
-    the spans that start in the rank's own step (own[pid]) or, without one, in [lo, hi]."""
+    """Per rank, over the all-reduce spans that start in the rank's own step (own[pid]; without
+    one, in [lo, hi]): (rank name, their total ms, how many, how many started before the step's
+    last backward node ended, ms of them during which a backward node was running)."""
     out = []
     for pid, name in ranks:
         start, end = own.get(pid, (lo, hi))
         inside = [e for e in spans if e["pid"] == pid and start <= e["ts"] < end]
         backward = _union((e["ts"], e["ts"] + e["dur"]) for e in inside
                           if e["name"].startswith("backward"))
+        backward_end = backward[-1][1] if backward else float("-inf")
         comm = [e for e in inside if e["track"] == "communication"]
         total = sum(e["dur"] for e in comm)
+        early = sum(1 for e in comm if e["ts"] < backward_end)
         hidden = sum(_overlap(e["ts"], e["ts"] + e["dur"], backward) for e in comm)
-        out.append((name, total, hidden, len(comm)))
+        out.append((name, total, len(comm), early, hidden))
     return out
 
 
@@ -322,10 +327,12 @@ def main(argv):
         args.out = os.path.splitext(args.trace)[0] + ".png"
     summary = overlap_summary(ranks, spans, lo, hi, own)
     lines = []
-    for name, total, hidden, buckets in summary:
-        if buckets:
-            lines.append(f"{name}: all-reduce {total:.2f} ms in {buckets} span(s), {hidden:.2f} ms "
-                         f"({100 * hidden / total if total > 0 else 0:.0f}%) while backward ran")
+    for name, total, count, early, hidden in summary:
+        if count:
+            share = 100 * hidden / total if total > 0 else 0
+            lines.append(f"{name}: {count} all-reduce(s), {early} started before backward ended; "
+                         f"{total:.2f} ms, of which {hidden:.2f} ms ({share:.0f}%) while a "
+                         "backward node ran")
     title = (f"{args.title}\n" if args.title else f"{os.path.basename(args.trace)}: ") + \
         f"{what}, {hi - lo:.1f} ms"
     if lines:

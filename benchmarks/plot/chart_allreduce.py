@@ -1,0 +1,86 @@
+"""nanoddp-bench-allreduce lines -> bus bandwidth (and time per op) against message size.
+
+One line per backend / mode (nanoddp ProcessGroup or raw gloo::allreduce) / transport (shared
+memory or TCP ring, read from the line's "algorithm" text), so runs with --raw and with
+NANODDP_SHM=0 land on one chart and the engine's overhead and the transports can be compared.
+"""
+
+import re
+
+import figure
+
+
+def transport_of(record):
+    """'shared memory', 'TCP ring', or for NCCL the NCCL_ALGO setting; '' if unknown."""
+    algorithm = record.get("algorithm", "")
+    match = re.search(r"transport: ([^(;]+)", algorithm)
+    if match:
+        return match.group(1).strip()
+    match = re.search(r"NCCL_ALGO=(\S+)", algorithm)
+    if match:
+        return f"NCCL_ALGO={match.group(1)}"
+    return ""
+
+
+MODE_NAMES = {"nanoddp": "nanoddp ProcessGroup", "raw": "raw gloo::allreduce"}
+
+
+def series_key(record):
+    return (record["backend"], record["mode"], transport_of(record), record["ranks"],
+            record.get("dtype", "float"), record.get("op", "sum"))
+
+
+def label_of(key, varying):
+    backend, mode, transport, ranks, dtype, op = key
+    parts = [f"{backend}: {MODE_NAMES.get(mode, mode)}"]
+    if transport:
+        parts.append(transport)
+    if varying["ranks"]:
+        parts.append(f"{ranks} ranks")
+    if varying["dtype"]:
+        parts.append(dtype)
+    if varying["op"]:
+        parts.append(op)
+    return ", ".join(parts)
+
+
+def plot(records, out_dir, written):
+    series = {}
+    for record, where in records:
+        # The same series and size twice (a rerun in another file): the later line wins.
+        series.setdefault(series_key(record), {})[record["bytes"]] = (record, where)
+    # nanoddp before raw Gloo, shared memory before TCP: the same order (and colours) every time.
+    keys = sorted(series, key=lambda k: (k[0], k[1] != "nanoddp", k[1], k[2] != "shared memory",
+                                         k[2], k[3], k[4], k[5]))
+    varying = {
+        name: len({key[i] for key in keys}) > 1
+        for i, name in ((3, "ranks"), (4, "dtype"), (5, "op"))
+    }
+    fig, axes = figure.new_figure(ncols=2, width=10.5, height=4.4)
+    bw_ax, time_ax = axes[0]
+    for i, key in enumerate(keys):
+        points = sorted(series[key].items())
+        sizes = [size for size, _ in points]
+        color = figure.COLORS[i % len(figure.COLORS)]
+        label = label_of(key, varying)
+        bw_ax.plot(sizes, [r["busbw_gbps"] for _, (r, _) in points], marker="o", markersize=3,
+                   color=color, label=label)
+        time_ax.plot(sizes, [r["time_us"] for _, (r, _) in points], marker="o", markersize=3,
+                     color=color, label=label)
+    for ax in (bw_ax, time_ax):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(figure.BYTES_FORMATTER)
+        ax.set_xlabel("message size (bytes, log scale)")
+        ax.grid(True, which="major", alpha=0.3)
+    bw_ax.set_ylabel("bus bandwidth (GB/s, log scale)")
+    bw_ax.set_title("busbw = algbw · 2(n−1)/n", fontsize=10)
+    time_ax.set_ylabel("time per all-reduce (µs, log scale)")
+    time_ax.set_title("rank 0's wall time per op", fontsize=10)
+    bw_ax.legend(fontsize=7, loc="upper left")
+    ranks = sorted({key[3] for key in keys})
+    fig.suptitle(f"nanoddp-bench-allreduce: {'/'.join(map(str, ranks))} ranks", fontsize=11)
+    figure.footnote(fig, figure.sources_text(w for s in series.values() for _, w in s.values()))
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    figure.save(fig, out_dir, "allreduce_busbw", "all-reduce bus bandwidth and time vs message "
+                f"size ({len(keys)} series)", written)

@@ -1,0 +1,137 @@
+"""nanoddp-bench-gemm lines -> GFLOP/s against matrix size (square shapes), one line per backend
+(the `eigen` yardstick, nanoddp's CPU backend, the CUDA GEMMs where they ran), and a bar chart
+of the MLP's own GEMM shapes (forward, input grad, weight grad, and the cold-cache step row).
+"""
+
+import figure
+
+MLP_SHAPES = ["mlp-forward", "mlp-input-grad", "mlp-weight-grad", "mlp-step"]
+BACKEND_ORDER = ["eigen", "nanoddp-cpu", "cuda-hand", "cuda-cublas"]
+
+
+def _backend_rank(name):
+    return BACKEND_ORDER.index(name) if name in BACKEND_ORDER else len(BACKEND_ORDER)
+
+
+def series_key(record):
+    return (record["backend"], record.get("threads", 1))
+
+
+def label_of(key, threads_vary):
+    backend, threads = key
+    label = {"eigen": "Eigen (reference)", "nanoddp-cpu": "nanoddp CPU backend"}.get(backend,
+                                                                                      backend)
+    if threads_vary:
+        label += f", {threads} thread{'s' if threads != 1 else ''}"
+    return label
+
+
+def _colour(key, keys):
+    """The CPU rows pair up: Eigen and nanoddp at one thread count share a colour (Eigen dashed
+    or hatched); other backends (CUDA) get colours of their own."""
+    threads = sorted({k[1] for k in keys})
+    if key[0] in ("eigen", "nanoddp-cpu"):
+        index = threads.index(key[1])
+    else:
+        others = sorted({k[0] for k in keys} - {"eigen", "nanoddp-cpu"}, key=_backend_rank)
+        index = len(threads) + others.index(key[0])
+    return figure.COLORS[index % len(figure.COLORS)]
+
+
+def _host_text(records):
+    hosts = sorted({r.get("hostname", "") for r, _ in records} - {""})
+    compilers = sorted({r.get("compiler", "") for r, _ in records} - {""})
+    parts = []
+    if hosts:
+        parts.append("host " + ", ".join(hosts))
+    if compilers:
+        parts.append(", ".join(compilers))
+    return "; ".join(parts)
+
+
+def plot_squares(records, out_dir, written):
+    squares = [(r, w) for r, w in records if r["shape"] == "square"]
+    if not squares:
+        return
+    series = {}
+    for record, where in squares:
+        series.setdefault(series_key(record), {})[record["n"]] = (record, where)
+    keys = sorted(series, key=lambda k: (k[1], _backend_rank(k[0])))
+    threads_vary = len({k[1] for k in keys}) > 1
+    fig, axes = figure.new_figure(width=7.0, height=4.4)
+    ax = axes[0][0]
+    for key in keys:
+        points = sorted(series[key].items())
+        ax.plot([n for n, _ in points], [r["gflops"] for _, (r, _) in points],
+                marker="o" if key[0] == "eigen" else "s", markersize=4,
+                color=_colour(key, keys), linestyle="--" if key[0] == "eigen" else "-",
+                label=label_of(key, threads_vary))
+    ax.set_xscale("log", base=2)
+    sizes = sorted({r["n"] for r, _ in squares})
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([str(n) for n in sizes])
+    ax.set_xlabel("matrix size n (C = A·B, all n × n, float32)")
+    ax.set_ylabel("GFLOP/s (2n³ flops / median time)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    threads = sorted({k[1] for k in keys})
+    ax.set_title(f"nanoddp-bench-gemm: square GEMMs, {'/'.join(map(str, threads))} "
+                 f"thread{'s' if threads != [1] else ''}", fontsize=11)
+    note = figure.sources_text(w for s in series.values() for _, w in s.values())
+    host = _host_text(squares)
+    figure.footnote(fig, note + (f"; {host}" if host else ""))
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    figure.save(fig, out_dir, "gemm_gflops", f"GEMM GFLOP/s vs matrix size ({len(keys)} series)",
+                written)
+
+
+def plot_mlp(records, out_dir, written):
+    mlp = [(r, w) for r, w in records if r["shape"] in MLP_SHAPES]
+    if not mlp:
+        return
+    values = {}
+    for record, _ in mlp:
+        values[(series_key(record), record["shape"])] = record
+    keys = sorted({k for k, _ in values}, key=lambda k: (k[1], _backend_rank(k[0])))
+    shapes = [s for s in MLP_SHAPES if any((k, s) in values for k in keys)]
+    threads_vary = len({k[1] for k in keys}) > 1
+    fig, axes = figure.new_figure(width=7.5, height=4.4)
+    ax = axes[0][0]
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        xs, ys = [], []
+        for j, shape in enumerate(shapes):
+            record = values.get((key, shape))
+            if record is None:
+                continue
+            xs.append(j - 0.4 + width * (i + 0.5))
+            ys.append(record["gflops"])
+        bars = ax.bar(xs, ys, width=width * 0.95, color=_colour(key, keys),
+                      hatch="//" if key[0] == "eigen" else None, edgecolor="white",
+                      label=label_of(key, threads_vary))
+        ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=1)
+    labels = []
+    for shape in shapes:
+        record = next(values[(k, shape)] for k in keys if (k, shape) in values)
+        if shape == "mlp-step":
+            labels.append(f"{shape}\n{record.get('gemms', '?')} GEMMs,\ncold caches")
+        else:
+            labels.append(f"{shape}\n{record['layout']} {record['m']}×{record['n']}×{record['k']}")
+    ax.set_xticks(range(len(shapes)))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel("GFLOP/s")
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.1)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("nanoddp-bench-gemm: the GEMMs of one MLP layer (m×n×k)", fontsize=11)
+    host = _host_text(mlp)
+    figure.footnote(fig, figure.sources_text(w for _, w in mlp) + (f"; {host}" if host else ""))
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    figure.save(fig, out_dir, "gemm_mlp", f"GFLOP/s of the MLP's GEMM shapes ({len(shapes)} "
+                "shapes)", written)
+
+
+def plot(records, out_dir, written):
+    plot_squares(records, out_dir, written)
+    plot_mlp(records, out_dir, written)

@@ -1,0 +1,78 @@
+#!/usr/bin/python3
+"""Charts (PNG) from the JSON lines of nanoddp's benchmarks.
+
+  benchmarks/plot/plot.py --out DIR FILE.jsonl [FILE.jsonl ...]
+
+Each line says which benchmark wrote it, and the charts follow from what the files hold; lines of
+one benchmark from several files share its charts (e.g. runs with and without --raw):
+  nanoddp-bench-ddp --json        ddp_scaling.png     scaling efficiency vs world size
+                                  ddp_breakdown.png   step time: compute / hidden / exposed comm
+                                                      vs bucket cap, overlap on and off
+  nanoddp-bench-allreduce --json  allreduce_busbw.png bus bandwidth vs message size
+  nanoddp-bench-gemm --json       gemm_gflops.png     GFLOP/s vs size, nanoddp vs Eigen
+                                  gemm_mlp.png        GFLOP/s of the MLP's GEMM shapes
+It prints one "wrote PATH: what" line per chart. A missing or empty file, or a line it does not
+recognise, is an error naming the file and line (exit code 2).
+
+Needs Debian's python3-matplotlib (the Agg backend: no display needed). The shebang is
+/usr/bin/python3 because that is the interpreter Debian's packages are installed for.
+"""
+
+import argparse
+import os
+import sys
+
+SCRIPT_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, SCRIPT_DIR)
+
+from records import InputError, read_files  # noqa: E402
+
+PROG = "plot.py"
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="PNG charts from nanoddp benchmark JSON lines "
+        "(nanoddp-bench-ddp, nanoddp-bench-allreduce, nanoddp-bench-gemm --json FILE).")
+    parser.add_argument("--out", default=".", metavar="DIR",
+                        help="directory for the PNG files (created if missing; default: .)")
+    parser.add_argument("files", nargs="+", metavar="FILE.jsonl",
+                        help="JSON-lines files written by the benchmarks' --json")
+    return parser.parse_args(argv)
+
+
+def main(argv):
+    args = parse_args(argv)
+    try:
+        by_kind = read_files(args.files)
+    except InputError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        print(f"{PROG}: error: --out {args.out}: cannot create the directory ({e.strerror})",
+              file=sys.stderr)
+        return 2
+    try:
+        import chart_allreduce
+        import chart_ddp
+        import chart_gemm
+    except ImportError as e:
+        print(f"{PROG}: error: {e}. Install Debian's python3-matplotlib "
+              "(scripts/install-deps.sh) and run this with /usr/bin/python3.", file=sys.stderr)
+        return 1
+    charts = {"ddp": chart_ddp, "allreduce": chart_allreduce, "gemm": chart_gemm}
+    written = []
+    for kind in ("ddp", "allreduce", "gemm"):
+        if kind not in by_kind:
+            continue
+        before = len(written)
+        charts[kind].plot(by_kind[kind], args.out, written)
+        if len(written) == before:
+            print(f"{PROG}: note: the {kind} lines hold nothing these charts show", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,358 @@
+#!/usr/bin/python3
+"""A timeline PNG of one training step from a nanoddp Chrome trace (nanoddp-train --trace FILE).
+
+  benchmarks/plot/plot_trace.py TRACE.json [--out PNG] [--step K | --from-ms A --to-ms B]
+
+The trace (nanoddp/engine/trace.cpp) has one process per rank and four tracks: compute (forward,
+each backward node, "wait for all-reduce", optimizer step), communication (each bucket's
+all-reduce), markers ("bucket N ready") and data. The chart has one row per rank x track, spans
+as bars, so the all-reduce of bucket 0 can be seen running while the rest of backward still
+computes (overlap on), or starting only after it (nanoddp-train --no-overlap).
+
+A step runs from the first span after the previous "optimizer step" to the end of its own
+"optimizer step" (on each rank; the window covers all ranks, and the neighbouring steps' spans in
+it are faded). --step K picks the K-th recorded step (1 = the first); the default is the step of
+median length after the first (a typical one, not the warm-up or an outlier). --from-ms and
+--to-ms pick a window instead, in ms from the start of the trace.
+
+It prints "wrote PATH: ..." and, per rank, how many of the step's all-reduces started before
+its backward pass ended (with --no-overlap: none), and how much of their time a backward node was
+running at the same time (on a machine with fewer cores than threads, the compute thread may be
+descheduled while the all-reduce runs, so an early start does not guarantee hidden time). Bad input (missing file, not a trace, no such step) exits 2.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+PROG = "plot_trace.py"
+TRACKS = ["compute", "communication", "markers", "data"]
+
+COLOR = {
+    "forward": "#4c72b0",
+    "backward": ("#dd8452", "#f2b482"),  # alternating, so neighbouring nodes stay apart
+    "wait": "#c44e52",
+    "optimizer": "#55a868",
+    "data": "#9a9a9a",
+    "bucket": ("#8172b3", "#b07aa1", "#64b5cd", "#937860", "#da8bc3", "#8c8c8c"),
+    "other": "#cccccc",
+}
+
+
+class InputError(Exception):
+    pass
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Timeline PNG of one step of a nanoddp-train --trace file.")
+    parser.add_argument("trace", metavar="TRACE.json", help="written by nanoddp-train --trace")
+    parser.add_argument("--out", metavar="PNG",
+                        help="output file (default: the trace's name with .png)")
+    parser.add_argument("--step", type=int, metavar="K",
+                        help="the K-th recorded step, from 1 (default: the step of median length)")
+    parser.add_argument("--from-ms", type=float, metavar="A",
+                        help="window start, ms after the trace's first event")
+    parser.add_argument("--to-ms", type=float, metavar="B",
+                        help="window end, ms after the trace's first event")
+    parser.add_argument("--title", help="chart title (default: the trace's file name and step)")
+    args = parser.parse_args(argv)
+    if args.step is not None and (args.from_ms is not None or args.to_ms is not None):
+        parser.error("--step and --from-ms/--to-ms choose the window two ways; pass one")
+    if (args.from_ms is None) != (args.to_ms is None):
+        parser.error("--from-ms and --to-ms go together")
+    if args.from_ms is not None and not args.from_ms < args.to_ms:
+        parser.error(f"--from-ms {args.from_ms} must be less than --to-ms {args.to_ms}")
+    if args.step is not None and args.step < 1:
+        parser.error(f"--step {args.step}: steps count from 1")
+    return args
+
+
+def load(path):
+    """Returns (ranks, spans, instants): ranks [(pid, name)], events as dicts with track names."""
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read it ({e})") from e
+    if not text.strip():
+        raise InputError(f"{path}: the file is empty; was it written by nanoddp-train --trace?")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}: not a JSON trace ({e.msg} at line {e.lineno}, column "
+                         f"{e.colno}); expected a file written by nanoddp-train --trace") from e
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        raise InputError(f"{path}: not a Chrome trace (no \"traceEvents\" list)")
+    process_name, sort_index, track_name = {}, {}, {}
+    spans, instants = [], []
+    for i, e in enumerate(events):
+        if not isinstance(e, dict) or "ph" not in e or "pid" not in e:
+            raise InputError(f"{path}: traceEvents[{i}] is not a trace event (needs ph and pid)")
+        ph, pid = e["ph"], e["pid"]
+        if ph == "M":
+            args = e.get("args", {})
+            if e.get("name") == "process_name":
+                process_name[pid] = args.get("name", f"pid {pid}")
+            elif e.get("name") == "process_sort_index":
+                sort_index[pid] = args.get("sort_index", pid)
+            elif e.get("name") == "thread_name":
+                track_name[(pid, e.get("tid"))] = args.get("name", str(e.get("tid")))
+        elif ph in ("X", "i", "I"):
+            try:
+                event = {"name": str(e["name"]), "pid": pid, "tid": e.get("tid"),
+                         "ts": float(e["ts"]) / 1000.0, "args": e.get("args", {})}
+                if ph == "X":
+                    event["dur"] = float(e["dur"]) / 1000.0
+            except (KeyError, TypeError, ValueError) as err:
+                raise InputError(f"{path}: traceEvents[{i}] ({ph}) lacks a valid {err}") from err
+            (spans if ph == "X" else instants).append(event)
+    if not spans:
+        raise InputError(f"{path}: the trace has no spans (\"ph\": \"X\" events)")
+    pids = sorted({e["pid"] for e in spans + instants} | set(process_name),
+                  key=lambda p: (sort_index.get(p, p), p))
+    for e in spans + instants:
+        e["track"] = track_name.get((e["pid"], e["tid"]), str(e["tid"]))
+    ranks = [(pid, process_name.get(pid, f"pid {pid}")) for pid in pids]
+    return ranks, spans, instants
+
+
+def step_windows(ranks, spans):
+    """Per recorded step, {pid: (start_ms, end_ms)} on each rank: see the module comment."""
+    per_rank = {}
+    for pid, _ in ranks:
+        mine = sorted((e for e in spans if e["pid"] == pid), key=lambda e: e["ts"])
+        steps = [e for e in mine if e["name"] == "optimizer step"]
+        if not steps:
+            continue
+        windows, previous_end = [], None
+        for opt in steps:
+            end = opt["ts"] + opt["dur"]
+            starts = [e["ts"] for e in mine if previous_end is None or e["ts"] >= previous_end]
+            windows.append((min(starts), end))
+            previous_end = end
+        per_rank[pid] = windows
+    if not per_rank:
+        return []
+    count = min(len(w) for w in per_rank.values())
+    return [{pid: w[k] for pid, w in per_rank.items()} for k in range(count)]
+
+
+def typical_step(windows):
+    """The step of median length, leaving out the first (warm-up: first touches, connections)
+    unless it is the only one: on a shared machine a chosen number may land on an outlier."""
+    lengths = [(max(b for _, b in w.values()) - min(a for a, _ in w.values()), k + 1)
+               for k, w in enumerate(windows)]
+    candidates = sorted(lengths[1:] or lengths)
+    return candidates[(len(candidates) - 1) // 2][1]
+
+
+def style_of(event):
+    name = event["name"]
+    if name == "forward":
+        return COLOR["forward"], "forward"
+    if name.startswith("backward"):
+        seq = event["args"].get("node", "0")
+        shade = COLOR["backward"][int(seq) % 2 if str(seq).isdigit() else 0]
+        return shade, name[len("backward "):].replace("Backward", "")
+    if name == "wait for all-reduce":
+        return COLOR["wait"], "wait"
+    if name == "optimizer step":
+        return COLOR["optimizer"], "optimizer"
+    if name == "data":
+        return COLOR["data"], "data"
+    if name.startswith("all-reduce bucket"):
+        bucket = name.rsplit(" ", 1)[-1]
+        index = int(bucket) if bucket.isdigit() else 0
+        return COLOR["bucket"][index % len(COLOR["bucket"])], f"b{bucket}"
+    return COLOR["other"], name
+
+
+def _union(intervals):
+    merged = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
+
+
+def _overlap(a, b, merged):
+    return sum(max(0.0, min(b, y) - max(a, x)) for x, y in merged)
+
+
+def overlap_summary(ranks, spans, lo, hi, own):
+    """Per rank, over the all-reduce spans that start in the rank's own step (own[pid]; without
+    one, in [lo, hi]): (rank name, their total ms, how many, how many started before the step's
+    last backward node ended, ms of them during which a backward node was running)."""
+    out = []
+    for pid, name in ranks:
+        start, end = own.get(pid, (lo, hi))
+        inside = [e for e in spans if e["pid"] == pid and start <= e["ts"] < end]
+        backward = _union((e["ts"], e["ts"] + e["dur"]) for e in inside
+                          if e["name"].startswith("backward"))
+        backward_end = backward[-1][1] if backward else float("-inf")
+        comm = [e for e in inside if e["track"] == "communication"]
+        total = sum(e["dur"] for e in comm)
+        early = sum(1 for e in comm if e["ts"] < backward_end)
+        hidden = sum(_overlap(e["ts"], e["ts"] + e["dur"], backward) for e in comm)
+        out.append((name, total, len(comm), early, hidden))
+    return out
+
+
+ROW_HEIGHT = {"compute": 1.0, "communication": 1.0, "markers": 0.7, "data": 0.5}
+
+
+def draw(args, ranks, spans, instants, lo, hi, own, title):
+    """own: {pid: (start, end)} of the chosen step on each rank; other spans are drawn faded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    t0 = lo
+    width_ms = hi - lo
+    rows = []  # (pid, track, label, centre y, height)
+    y = 0.0
+    for pid, name in ranks:
+        for track in TRACKS:
+            has = any(e["pid"] == pid and e["track"] == track and e["ts"] < hi
+                      and e["ts"] + e.get("dur", 0) >= lo for e in spans + instants)
+            if has or track in ("compute", "communication"):
+                h = ROW_HEIGHT[track]
+                rows.append((pid, track, f"{name} · {track}", y + h / 2, h))
+                y += h
+    fig, ax = plt.subplots(figsize=(12, 1.9 + 0.42 * y))
+    row_of = {(pid, track): (centre, h) for pid, track, _, centre, h in rows}
+
+    def faded(e):
+        start, end = own.get(e["pid"], (lo, hi))
+        return e["ts"] + e.get("dur", 0) <= start or e["ts"] >= end
+
+    for e in spans:
+        row = row_of.get((e["pid"], e["track"]))
+        start, end = max(e["ts"], lo), min(e["ts"] + e["dur"], hi)
+        if row is None or end <= start:
+            continue
+        centre, h = row
+        color, short = style_of(e)
+        alpha = 0.3 if faded(e) else 1.0
+        ax.broken_barh([(start - t0, end - start)], (centre - 0.35 * h, 0.7 * h),
+                       facecolors=color, edgecolor="white", linewidth=0.4, alpha=alpha)
+        if (end - start) > 0.035 * width_ms:
+            ax.text((start + end) / 2 - t0, centre, short, ha="center", va="center", fontsize=7,
+                    clip_on=True, alpha=alpha)
+    last_label = {}
+    for e in sorted(instants, key=lambda e: e["ts"]):
+        row = row_of.get((e["pid"], e["track"]))
+        if row is None or not lo <= e["ts"] <= hi:
+            continue
+        centre, h = row
+        alpha = 0.3 if faded(e) else 1.0
+        x = e["ts"] - t0
+        ax.plot([x], [centre + 0.1 * h], marker="v", color="black", markersize=6, alpha=alpha)
+        # Markers close together (buckets ready at once) get their labels side by side.
+        key = (e["pid"], e["track"])
+        prev_x, prev_n = last_label.get(key, (None, 0))
+        n = prev_n + 1 if prev_x is not None and x - prev_x < 0.025 * width_ms else 0
+        last_label[key] = (x, n)
+        label = e["name"].replace("bucket ", "b").replace(" ready", "")
+        ax.text(x + n * 0.012 * width_ms, centre - 0.12 * h, label, ha="center", va="bottom",
+                fontsize=7, alpha=alpha)
+    ax.set_yticks([centre for *_, centre, _ in rows])
+    ax.set_yticklabels([label for _, _, label, _, _ in rows], fontsize=8)
+    ax.set_ylim(y, 0)
+    # A line between the ranks.
+    for i in range(1, len(rows)):
+        if rows[i][0] != rows[i - 1][0]:
+            ax.axhline(rows[i][3] - rows[i][4] / 2, color="black", linewidth=0.8)
+    ax.set_xlim(0, width_ms)
+    ax.set_xlabel(f"ms (from {lo - args.trace_start:.1f} ms into the trace; faded: the "
+                  "neighbouring steps)")
+    ax.grid(True, axis="x", alpha=0.3)
+    legend = [Patch(color=COLOR["forward"], label="forward"),
+              Patch(color=COLOR["backward"][0], label="backward node"),
+              Patch(color=COLOR["wait"], label="wait for all-reduce"),
+              Patch(color=COLOR["optimizer"], label="optimizer step"),
+              Patch(color=COLOR["bucket"][0], label="all-reduce bucket b0"),
+              Patch(color=COLOR["bucket"][1], label="all-reduce bucket b1, …"),
+              Patch(color=COLOR["data"], label="data"),
+              Line2D([], [], marker="v", color="black", linestyle="none", label="bucket ready")]
+    ax.legend(handles=legend, fontsize=7, ncol=8, loc="lower left", bbox_to_anchor=(0, 1.0),
+              frameon=False)
+    ax.set_title(title, fontsize=9, pad=22, loc="left")
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=100)
+    plt.close(fig)
+
+
+def main(argv):
+    args = parse_args(argv)
+    try:
+        ranks, spans, instants = load(args.trace)
+    except InputError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    args.trace_start = min(e["ts"] for e in spans)
+    windows = step_windows(ranks, spans)
+    if args.from_ms is not None:
+        lo, hi = args.trace_start + args.from_ms, args.trace_start + args.to_ms
+        own = {}
+        what = f"{args.from_ms:g}–{args.to_ms:g} ms"
+    else:
+        if not windows:
+            print(f"{PROG}: error: {args.trace}: no \"optimizer step\" spans, so no steps to "
+                  "choose from; pass --from-ms and --to-ms", file=sys.stderr)
+            return 2
+        step = args.step if args.step is not None else typical_step(windows)
+        if step > len(windows):
+            print(f"{PROG}: error: --step {step}: {args.trace} records {len(windows)} step(s); "
+                  f"pass 1..{len(windows)} (nanoddp-train --trace-steps sets how many)",
+                  file=sys.stderr)
+            return 2
+        own = windows[step - 1]
+        lo, hi = min(a for a, _ in own.values()), max(b for _, b in own.values())
+        what = f"step {step} of {len(windows)} recorded"
+        # A little room on both sides, so the first and last bars are not cut by the frame.
+        pad = 0.01 * (hi - lo)
+        lo, hi = lo - pad, hi + pad
+    if args.out is None:
+        args.out = os.path.splitext(args.trace)[0] + ".png"
+    summary = overlap_summary(ranks, spans, lo, hi, own)
+    lines = []
+    for name, total, count, early, hidden in summary:
+        if count:
+            share = 100 * hidden / total if total > 0 else 0
+            lines.append(f"{name}: {count} all-reduce(s), {early} started before backward ended; "
+                         f"{total:.2f} ms, of which {hidden:.2f} ms ({share:.0f}%) while a "
+                         "backward node ran")
+    title = (f"{args.title}\n" if args.title else f"{os.path.basename(args.trace)}: ") + \
+        f"{what}, {hi - lo:.1f} ms"
+    if lines:
+        title += "\n" + "\n".join(lines)
+    try:
+        out_dir = os.path.dirname(os.path.abspath(args.out))
+        os.makedirs(out_dir, exist_ok=True)
+        draw(args, ranks, spans, instants, lo, hi, own, title)
+    except ImportError as e:
+        print(f"{PROG}: error: {e}. Install Debian's python3-matplotlib "
+              "(scripts/install-deps.sh) and run this with /usr/bin/python3.", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"{PROG}: error: --out {args.out}: {e.strerror}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: timeline of {what} ({hi - lo:.1f} ms, {len(ranks)} rank(s))")
+    for line in lines:
+        print("  " + line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

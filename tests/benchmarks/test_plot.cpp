@@ -1,0 +1,268 @@
+// The chart scripts (benchmarks/plot) on real benchmark output: nanoddp-bench-allreduce on two
+// processes, nanoddp-bench-gemm and a 2-rank nanoddp-train --trace, all on tiny settings, then
+// plot.py / plot_trace.py on their files. The PNGs must be real PNGs with a size, and each chart
+// must be reported. nanoddp-bench-ddp is checked on a hand-written FIXTURE
+// (tests/benchmarks/data/bench_ddp_sample.jsonl, host "hand-written-fixture"): its values are
+// made up to look like this machine's, not measured. No figures are asserted (shared machine).
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "support/subprocess.h"
+
+using namespace nanoddp::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string source_dir() {
+  const char* source = std::getenv("NANODDP_SOURCE_DIR");
+  REQUIRE_MESSAGE(source != nullptr, "NANODDP_SOURCE_DIR is not set (run the tests with ctest)");
+  return source;
+}
+
+std::string script(const std::string& name) {
+  return source_dir() + "/benchmarks/plot/" + name;
+}
+
+// Debian's python3-matplotlib is installed for /usr/bin/python3 (a python3 found first on PATH,
+// e.g. pyenv's, may not have it). NANODDP_PYTHON overrides.
+std::string python() {
+  const char* chosen = std::getenv("NANODDP_PYTHON");
+  const std::string path = chosen != nullptr ? chosen : "/usr/bin/python3";
+  const ProcessResult probe = run_process({path, "-c", "import matplotlib"});
+  REQUIRE_MESSAGE(probe.exit_code == 0, path << " cannot import matplotlib: install "
+                                                "python3-matplotlib (scripts/install-deps.sh) or "
+                                                "set NANODDP_PYTHON\n"
+                                             << probe.output);
+  return path;
+}
+
+ProcessOptions quick() {
+  ProcessOptions options;
+  options.timeout = std::chrono::seconds(60);
+  options.env["NANODDP_TIMEOUT_S"] = "30";
+  return options;
+}
+
+ProcessResult run_ok(const std::vector<std::string>& argv) {
+  ProcessResult r = run_process(argv, quick());
+  INFO(argv.front() << " " << (argv.size() > 1 ? argv[1] : ""));
+  REQUIRE_MESSAGE((!r.timed_out && !r.signaled && r.exit_code == 0), r.output);
+  return r;
+}
+
+std::uint32_t big_endian(const std::array<unsigned char, 24>& b, std::size_t at) {
+  return (std::uint32_t{b[at]} << 24) | (std::uint32_t{b[at + 1]} << 16) |
+         (std::uint32_t{b[at + 2]} << 8) | std::uint32_t{b[at + 3]};
+}
+
+// A PNG starts with its 8-byte signature, then the IHDR chunk: length 13, "IHDR", width, height.
+void check_png(const std::string& path) {
+  CAPTURE(path);
+  REQUIRE(fs::is_regular_file(path));
+  std::ifstream in(path, std::ios::binary);
+  std::array<unsigned char, 24> head{};
+  in.read(reinterpret_cast<char*>(head.data()), head.size());
+  REQUIRE(in.gcount() == 24);
+  const std::array<unsigned char, 8> signature = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  CHECK(std::equal(signature.begin(), signature.end(), head.begin()));
+  CHECK(big_endian(head, 8) == 13u);
+  CHECK(std::string(head.begin() + 12, head.begin() + 16) == "IHDR");
+  const std::uint32_t width = big_endian(head, 16), height = big_endian(head, 20);
+  CHECK(width > 0);
+  CHECK(height > 0);
+  // The charts are drawn at 100 dpi, about 7-12 inches wide: a few hundred to ~1200 pixels.
+  CHECK(width <= 2000);
+  CHECK(height <= 2000);
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+void check_chart(const ProcessResult& r, const std::string& path) {
+  INFO(r.output);
+  CHECK(contains(r.output, "wrote " + path + ":"));
+  check_png(path);
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+}
+
+}  // namespace
+
+TEST_CASE("plot.py: charts from real nanoddp-bench-allreduce and nanoddp-bench-gemm runs") {
+  const std::string py = python();
+  TempDir dir;
+  // Two processes through the real launcher; four sizes, a few ops each; nanoddp and raw Gloo.
+  const std::vector<std::string> allreduce = {bin_path("nanoddp-run"),
+                                              "--nproc-per-node",
+                                              "2",
+                                              bin_path("nanoddp-bench-allreduce"),
+                                              "-b",
+                                              "8",
+                                              "-e",
+                                              "32K",
+                                              "-f",
+                                              "16",
+                                              "-n",
+                                              "3",
+                                              "-w",
+                                              "1"};
+  auto nanoddp_run = allreduce;
+  nanoddp_run.insert(nanoddp_run.end(), {"--json", dir.file("allreduce.jsonl")});
+  run_ok(nanoddp_run);
+  auto raw_run = allreduce;
+  raw_run.insert(raw_run.end(), {"--raw", "--json", dir.file("raw.jsonl")});
+  run_ok(raw_run);
+  run_ok({bin_path("nanoddp-bench-gemm"), "--sizes", "32,64", "--repeats", "1", "--warmup", "0",
+          "--batch", "8", "--hidden", "64", "--linears", "2", "--json", dir.file("gemm.jsonl")});
+
+  const std::string out = dir.file("charts");
+  const ProcessResult r = run_ok({py, script("plot.py"), "--out", out, dir.file("allreduce.jsonl"),
+                                  dir.file("raw.jsonl"), dir.file("gemm.jsonl")});
+  check_chart(r, out + "/allreduce_busbw.png");
+  check_chart(r, out + "/gemm_gflops.png");
+  check_chart(r, out + "/gemm_mlp.png");
+  // Both all-reduce modes became series of the one chart.
+  CHECK(contains(r.output, "(2 series)"));
+  // Nothing else was written.
+  CHECK(std::distance(fs::directory_iterator(out), fs::directory_iterator()) == 3);
+}
+
+TEST_CASE("plot.py: bench-ddp charts from the hand-written fixture") {
+  const std::string py = python();
+  TempDir dir;
+  // A FIXTURE, not a measurement: nanoddp-bench-ddp's schema with made-up, plausible values.
+  const std::string fixture = source_dir() + "/tests/benchmarks/data/bench_ddp_sample.jsonl";
+  const ProcessResult r = run_ok({py, script("plot.py"), "--out", dir.path(), fixture});
+  check_chart(r, dir.file("ddp_scaling.png"));
+  check_chart(r, dir.file("ddp_breakdown.png"));
+  // 3 bucket caps x overlap on/off, each a line across world sizes 1 and 2.
+  CHECK(contains(r.output, "(6 configurations)"));
+  // World size 1 has no communication to break down: one panel, for 2 ranks.
+  CHECK(contains(r.output, "(1 panel)"));
+}
+
+TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overlap on and off") {
+  const std::string py = python();
+  TempDir dir;
+  for (const bool overlap : {true, false}) {
+    CAPTURE(overlap);
+    const std::string trace = dir.file(overlap ? "overlap.json" : "no_overlap.json");
+    std::vector<std::string> train = {bin_path("nanoddp-run"), "--nproc-per-node", "2",
+                                      bin_path("nanoddp-train")};
+    // A small MLP with several buckets; 4 steps, all traced.
+    const std::vector<std::string> model = {
+        "--hidden",          "64",    "--layers",        "2",    "--batch", "16", "--steps", "4",
+        "--first-bucket-mb", "0.001", "--bucket-cap-mb", "0.01", "--quiet"};
+    train.insert(train.end(), model.begin(), model.end());
+    train.insert(train.end(), {"--trace", trace});
+    if (!overlap) train.push_back("--no-overlap");
+    run_ok(train);
+
+    const std::string png = dir.file(overlap ? "overlap.png" : "no_overlap.png");
+    const ProcessResult r =
+        run_ok({py, script("plot_trace.py"), trace, "--step", "2", "--out", png});
+    INFO(r.output);
+    check_chart(r, png);
+    CHECK(contains(r.output, "step 2 of 4 recorded"));
+    CHECK(contains(r.output, "2 rank(s)"));
+    CHECK(contains(r.output, "rank 0: 3 all-reduce(s)"));  // 3 buckets at this cap
+    CHECK(contains(r.output, "rank 1: 3 all-reduce(s)"));
+    if (!overlap) {
+      // --no-overlap launches every bucket after backward has finished: no all-reduce can start
+      // before it ended, nor run while a backward node runs, whatever the timing.
+      const auto count = [&](const std::string& part) {
+        std::size_t n = 0;
+        for (std::size_t at = r.output.find(part); at != std::string::npos;
+             at = r.output.find(part, at + 1)) {
+          ++n;
+        }
+        return n;
+      };
+      CHECK(count(" 0 started before backward ended") == 2);
+      CHECK(count("of which 0.00 ms (0%) while a backward node ran") == 2);
+    }
+    // The default window (the step of median length) and the explicit time window work too.
+    const ProcessResult typical =
+        run_ok({py, script("plot_trace.py"), trace, "--out", dir.file("typical.png")});
+    check_chart(typical, dir.file("typical.png"));
+    const ProcessResult window = run_ok({py, script("plot_trace.py"), trace, "--from-ms", "0",
+                                         "--to-ms", "5", "--out", dir.file("window.png")});
+    check_chart(window, dir.file("window.png"));
+    // A step the trace does not hold is a usage error naming what it does hold.
+    const ProcessResult beyond = run_process(
+        {py, script("plot_trace.py"), trace, "--step", "9", "--out", dir.file("beyond.png")},
+        quick());
+    CHECK(beyond.exit_code == 2);
+    CHECK(contains(beyond.output, "--step 9: " + trace + " records 4 step(s)"));
+    CHECK(!fs::exists(dir.file("beyond.png")));
+  }
+}
+
+TEST_CASE("plot scripts: bad input exits 2 naming the file and the line") {
+  const std::string py = python();
+  TempDir dir;
+  const std::string empty = dir.file("empty.jsonl");
+  write_file(empty, "");
+  const std::string garbage = dir.file("garbage.jsonl");
+  write_file(garbage, R"({"benchmark":"gemm","backend":"eigen","shape":"square","m":8,"n":8,"k":8,)"
+                      R"("gflops":1.5})"
+                      "\nthis is not json\n");
+  const std::string unknown = dir.file("unknown.jsonl");
+  write_file(unknown, "\n{\"loss\": 0.5, \"step\": 3}\n");
+  const std::string partial = dir.file("partial.jsonl");
+  write_file(partial, R"({"benchmark":"allreduce","backend":"gloo","mode":"nanoddp"})"
+                      "\n");
+
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;  // in the message
+  };
+  const std::vector<Case> cases = {
+      {{dir.file("missing.jsonl")}, dir.file("missing.jsonl") + ": no such file"},
+      {{empty}, empty + ": the file is empty"},
+      {{garbage}, garbage + ":2: not a JSON line"},
+      {{unknown}, unknown + ":2: not a line of nanoddp-bench-ddp"},
+      {{partial}, partial + ":1: this nanoddp-bench-allreduce line has no 'ranks' field"},
+      // A good file does not excuse a bad one after it.
+      {{source_dir() + "/tests/benchmarks/data/bench_ddp_sample.jsonl", garbage}, garbage + ":2:"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {py, script("plot.py"), "--out", dir.file("out")};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    const ProcessResult r = run_process(argv, quick());
+    CAPTURE(c.expected);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "plot.py: error: " + c.expected));
+  }
+  // Nothing half-drawn was left behind.
+  CHECK(!fs::exists(dir.file("out")));
+
+  const std::vector<Case> trace_cases = {
+      {{dir.file("missing.json")}, dir.file("missing.json") + ": no such file"},
+      {{empty}, empty + ": the file is empty"},
+      {{garbage}, garbage + ": not a JSON trace"},
+      {{unknown}, unknown + ": not a Chrome trace"},
+  };
+  for (const Case& c : trace_cases) {
+    std::vector<std::string> argv = {py, script("plot_trace.py")};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    const ProcessResult r = run_process(argv, quick());
+    CAPTURE(c.expected);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "plot_trace.py: error: " + c.expected));
+  }
+}

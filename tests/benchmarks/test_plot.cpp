@@ -153,6 +153,21 @@ TEST_CASE("plot.py: bench-ddp charts from the hand-written fixture") {
   CHECK(contains(r.output, "(1 panel)"));
 }
 
+TEST_CASE("plot.py: bench-ddp charts from a real nanoddp-bench-ddp sweep") {
+  const std::string py = python();
+  TempDir dir;
+  // The real driver: world 1 and 2, two bucket caps, overlap on and off, a tiny model.
+  run_ok({bin_path("nanoddp-bench-ddp"), "--world", "1,2", "--hidden", "32", "--layers", "2",
+          "--batch", "8", "--bucket-cap-mb", "0.002,25", "--overlap", "on,off", "--steps", "3",
+          "--warmup", "1", "--quiet", "--json", dir.file("ddp.jsonl")});
+  const std::string out = dir.file("charts");
+  const ProcessResult r = run_ok({py, script("plot.py"), "--out", out, dir.file("ddp.jsonl")});
+  check_chart(r, out + "/ddp_scaling.png");
+  check_chart(r, out + "/ddp_breakdown.png");
+  // 2 bucket caps x overlap on/off, each a line across world sizes 1 and 2.
+  CHECK(contains(r.output, "(4 configurations)"));
+}
+
 TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overlap on and off") {
   const std::string py = python();
   TempDir dir;

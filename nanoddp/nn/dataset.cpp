@@ -29,10 +29,12 @@ void check_index(std::int64_t index, std::int64_t size, std::int64_t position,
 //
 // Sample i's target must be the same bits whatever else is in its batch (and on whichever rank
 // computes it), so every (row, output) dot product runs in one fixed order: kLanes float partial
-// sums over k, combined by a fixed tree, then the tail. Nothing depends on the number of rows,
-// and since nanoddp compiles in strict ISO mode (no FP contraction) nothing depends on the
-// vector width either. Rows go kRowBlock at a time so that each weight row, loaded once, serves
-// several samples: the loops vectorise over the lanes.
+// sums over k, combined by a fixed tree, then the tail. Every row runs the same instructions,
+// so nothing depends on the number of rows or on which rank computes it. (Whether the compiler
+// fuses a*b+c into an FMA — GCC does for C++ with -march=native — it does so for every row
+// alike; a build for another CPU may round differently, so all ranks of a job should run one
+// build.) Rows go kRowBlock at a time so that each weight row, loaded once, serves several
+// samples: the loops vectorise over the lanes.
 void affine_rows(const float* in, std::int64_t rows, const float* weight, const float* bias,
                  std::int64_t fan_in, std::int64_t fan_out, float* out) {
   constexpr int kLanes = 16;

@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
 
 #include "benchmarks/sim/allreduce_fit.h"
+#include "benchmarks/sim/buckets.h"
 #include "benchmarks/sim/error.h"
 #include "benchmarks/sim/flop_model.h"
 #include "benchmarks/sim/report.h"
@@ -52,6 +54,10 @@ std::string check(const CliOptions& o, const CLI::App& app) {
     for (const char* flag : {"--rank", "--skip-steps"}) {
       if (app.count(flag) > 0) return fmt::format("{} applies to --profile only", flag);
     }
+  }
+  if (!o.fit_path.empty() && o.sweep_nodes) {
+    return "--sweep-nodes needs a named fabric: a --fit-allreduce fit holds at its own world "
+           "size only";
   }
   if (!o.fit_path.empty()) {
     for (const char* flag : {"--fabric", "--intra-bw-gbs", "--intra-lat-us", "--inter-bw-gbs",
@@ -151,10 +157,10 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
   app.add_option("--launch-us", o.launch_us, "fixed cost of one collective, us");
   app.add_option("--fit-allreduce", o.fit_path,
                  "fit the network to nanoddp-bench-allreduce --json rows (same world size)");
-  app.add_option("--fit-min-bytes", o.fit_min_bytes, "smallest size the fit uses (8, 1K, 16M)")
-      ->capture_default_str();
-  app.add_option("--fit-max-bytes", o.fit_max_bytes, "largest size the fit uses")
-      ->capture_default_str();
+  app.add_option("--fit-min-bytes", o.fit_min_bytes,
+                 "smallest size the fit uses (8, 1K, 16M; default: half the smallest bucket)");
+  app.add_option("--fit-max-bytes", o.fit_max_bytes,
+                 "largest size the fit uses (default: twice the largest bucket)");
   app.add_option("--algo", o.algo, "all-reduce algorithm: ring, tree or auto (the faster)")
       ->check(CLI::IsMember({"ring", "tree", "auto"}))
       ->capture_default_str();
@@ -176,7 +182,7 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   app.add_option("--overlap-slowdown", o.overlap_slowdown,
-                 "backward runs (1 + S) times slower while a collective runs")
+                 "backward and a collective running together are each (1 + S) times slower")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--compute-scale", o.compute_scale,
@@ -185,6 +191,7 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
       ->capture_default_str();
 
   app.add_flag("--sweep-buckets", o.sweep_buckets, "also try bucket caps 0.25..1000 MiB");
+  app.add_flag("--sweep-nodes", o.sweep_nodes, "also predict 1, 2, 4, ... --nodes nodes");
   app.add_option("--json", o.json_path,
                  "also write the figures as JSON to FILE ('-': stdout only)");
   app.add_flag("--busbw", o.busbw, "print the all-reduce model's time and busbw per size, alone");
@@ -227,16 +234,25 @@ void emit(const CliOptions& o, const std::string& table, const nlohmann::json& j
   }
 }
 
-}  // namespace
-
-void run_cli(const CliOptions& o) {
-  const Cluster cluster{.nodes = o.nodes, .gpus_per_node = o.gpus_per_node};
+// The fabric: fitted to measurements, or named with the flags' overrides. `bucket_bytes` (the
+// run's bucket sizes) sets the fit's default size window.
+Fabric network_from_flags(const CliOptions& o, const Cluster& cluster,
+                          const std::vector<double>& bucket_bytes) {
   Fabric fabric;
   if (!o.fit_path.empty()) {
     const auto samples = read_bench_allreduce(o.fit_path, cluster.world_size());
-    fabric = fit_allreduce(samples, cluster, parse_bytes(o.fit_min_bytes, "--fit-min-bytes"),
-                           parse_bytes(o.fit_max_bytes, "--fit-max-bytes"), o.fit_path)
-                 .fabric;
+    double lo = 0, hi = 1e300;
+    if (!bucket_bytes.empty()) {
+      lo = *std::min_element(bucket_bytes.begin(), bucket_bytes.end()) / 2;
+      hi = *std::max_element(bucket_bytes.begin(), bucket_bytes.end()) * 2;
+      const auto in_window = std::count_if(samples.begin(), samples.end(), [&](const auto& s) {
+        return s.bytes >= lo && s.bytes <= hi;
+      });
+      if (in_window < 2) lo = 0, hi = 1e300;
+    }
+    if (o.fit_min_bytes) lo = parse_bytes(*o.fit_min_bytes, "--fit-min-bytes");
+    if (o.fit_max_bytes) hi = parse_bytes(*o.fit_max_bytes, "--fit-max-bytes");
+    fabric = fit_allreduce(samples, cluster, lo, hi, o.fit_path).fabric;
   } else {
     fabric = find_fabric(o.fabric);
     const bool overridden =
@@ -252,8 +268,15 @@ void run_cli(const CliOptions& o) {
     }
   }
   check_fabric(fabric, cluster);
+  return fabric;
+}
 
+}  // namespace
+
+void run_cli(const CliOptions& o) {
+  const Cluster cluster{.nodes = o.nodes, .gpus_per_node = o.gpus_per_node};
   if (o.busbw) {
+    const Fabric fabric = network_from_flags(o, cluster, {});
     const auto rows = busbw_table(cluster, fabric, parse_bytes(o.busbw_min, "--busbw-min"),
                                   parse_bytes(o.busbw_max, "--busbw-max"));
     emit(o, format_busbw(cluster, fabric, rows), busbw_json(cluster, fabric, rows));
@@ -272,16 +295,23 @@ void run_cli(const CliOptions& o) {
                                                    .efficiency = o.efficiency,
                                                    .optimizer = o.optimizer});
   }
+  const double grad_bytes = o.comm_hook == "bf16" ? 2.0 : 4.0;
+  std::vector<std::int64_t> numels;
+  for (const GradientWork& g : profile.grads) numels.push_back(g.numel);
+  std::vector<double> bucket_bytes;
+  for (const SimBucket& b : cut_buckets(numels, o.first_bucket_mb, o.bucket_cap_mb)) {
+    bucket_bytes.push_back(static_cast<double>(b.numel) * grad_bytes);
+  }
 
   SimReport report;
   report.profile = &profile;
   report.options = StepOptions{.cluster = cluster,
-                               .fabric = fabric,
+                               .fabric = network_from_flags(o, cluster, bucket_bytes),
                                .algorithm = parse_algorithm(o.algo),
                                .bucket_cap_mb = o.bucket_cap_mb,
                                .first_bucket_mb = o.first_bucket_mb,
                                .overlap = o.overlap == "on",
-                               .grad_bytes = o.comm_hook == "bf16" ? 2.0 : 4.0,
+                               .grad_bytes = grad_bytes,
                                .sync_allreduce = o.sync_allreduce == "on",
                                .overlap_slowdown = o.overlap_slowdown,
                                .compute_scale = o.compute_scale};
@@ -289,6 +319,7 @@ void run_cli(const CliOptions& o) {
   if (o.sweep_buckets) {
     report.sweep = sweep_bucket_caps(profile, report.options, default_sweep_caps(o.bucket_cap_mb));
   }
+  if (o.sweep_nodes) report.scaling = sweep_nodes(profile, report.options);
   emit(o, format_report(report), report_json(report));
 }
 

@@ -26,8 +26,9 @@ struct CliOptions {
   std::string fabric = "nvlink4-ib400";
   std::optional<double> intra_bw_gbs, intra_lat_us, inter_bw_gbs, inter_lat_us, launch_us;
   std::string fit_path;
-  std::string fit_min_bytes = "1";
-  std::string fit_max_bytes = "1T";
+  // Unset: from half the smallest to twice the largest bucket (all sizes if fewer than two
+  // measured sizes fall there).
+  std::optional<std::string> fit_min_bytes, fit_max_bytes;
   std::string algo = "auto";
 
   // DDP.
@@ -41,6 +42,7 @@ struct CliOptions {
 
   // Output.
   bool sweep_buckets = false;
+  bool sweep_nodes = false;
   std::string json_path;  // "-" = stdout, instead of the table
   bool busbw = false;
   std::string busbw_min = "8M";

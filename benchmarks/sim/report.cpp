@@ -45,7 +45,7 @@ std::string format_report(const SimReport& r) {
       "buckets   first {} MiB, then {} MiB -> {} bucket(s); overlap {}{}{}\n", o.first_bucket_mb,
       o.bucket_cap_mb, p.buckets.size(), o.overlap ? "on" : "off",
       o.overlap_slowdown > 0
-          ? fmt::format("; compute x{:.2f} while a collective runs", 1 + o.overlap_slowdown)
+          ? fmt::format("; backward and all-reduce x{:.2f} slower together", 1 + o.overlap_slowdown)
           : "",
       o.compute_scale != 1 ? fmt::format("; compute x{:.2f}", o.compute_scale) : "");
   out += "\n";
@@ -107,6 +107,17 @@ std::string format_report(const SimReport& r) {
         "best bucket cap: {:g} MiB (step {:.3f} ms; {} MiB gives {:.3f} ms, {:+.1f} %)\n",
         best.bucket_cap_mb, best.step_ms, o.bucket_cap_mb, p.step_ms,
         pct(p.step_ms - best.step_ms, best.step_ms));
+  }
+  if (!r.scaling.empty()) {
+    out += fmt::format("\nscaling ({} GPU(s) per node, batch per GPU fixed)\n",
+                       o.cluster.gpus_per_node);
+    out += fmt::format("{:>6} {:>6} {:>10} {:>10} {:>11} {:>11}\n", "nodes", "ranks", "step ms",
+                       "comm ms", "exposed ms", "efficiency");
+    for (const ScalingRow& s : r.scaling) {
+      out += fmt::format("{:>6} {:>6} {:>10.3f} {:>10.3f} {:>11.3f} {:>10.1f}%\n", s.nodes,
+                         s.world_size, s.step_ms, s.comm_ms, s.exposed_comm_ms,
+                         s.scaling_efficiency * 100.0);
+    }
   }
   return out;
 }
@@ -192,6 +203,18 @@ nlohmann::json report_json(const SimReport& r) {
     }
     j["sweep"] = rows;
     j["best_bucket_cap_mb"] = best_row(r.sweep).bucket_cap_mb;
+  }
+  if (!r.scaling.empty()) {
+    json rows = json::array();
+    for (const ScalingRow& s : r.scaling) {
+      rows.push_back({{"nodes", s.nodes},
+                      {"world_size", s.world_size},
+                      {"step_ms", s.step_ms},
+                      {"comm_ms", s.comm_ms},
+                      {"exposed_comm_ms", s.exposed_comm_ms},
+                      {"scaling_efficiency", s.scaling_efficiency}});
+    }
+    j["scaling"] = rows;
   }
   return j;
 }

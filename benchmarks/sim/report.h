@@ -15,7 +15,8 @@ struct SimReport {
   const ComputeProfile* profile = nullptr;
   StepOptions options;
   StepPrediction prediction;
-  std::vector<SweepRow> sweep;  // empty unless --sweep-buckets
+  std::vector<SweepRow> sweep;      // empty unless --sweep-buckets
+  std::vector<ScalingRow> scaling;  // empty unless --sweep-nodes
 };
 
 std::string format_report(const SimReport& report);

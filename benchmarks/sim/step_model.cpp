@@ -87,4 +87,17 @@ const SweepRow& best_row(const std::vector<SweepRow>& rows) {
   return *best;
 }
 
+std::vector<ScalingRow> sweep_nodes(const ComputeProfile& profile, const StepOptions& options) {
+  std::vector<ScalingRow> rows;
+  for (int nodes = 1;; nodes = std::min(nodes * 2, options.cluster.nodes)) {
+    StepOptions o = options;
+    o.cluster.nodes = nodes;
+    const StepPrediction p = predict_step(profile, o);
+    rows.push_back(
+        {nodes, p.world_size, p.step_ms, p.comm_ms, p.exposed_comm_ms, p.scaling_efficiency});
+    if (nodes >= options.cluster.nodes) break;
+  }
+  return rows;
+}
+
 }  // namespace nanoddp::sim

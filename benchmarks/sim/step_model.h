@@ -71,4 +71,16 @@ std::vector<SweepRow> sweep_bucket_caps(const ComputeProfile& profile, const Ste
 // The row with the shortest step (the smaller cap on a tie).
 const SweepRow& best_row(const std::vector<SweepRow>& rows);
 
+// Scaling: the same step on 1, 2, 4, ... nodes up to options.cluster.nodes (that one included),
+// G GPUs each.
+struct ScalingRow {
+  int nodes = 1;
+  int world_size = 1;
+  double step_ms = 0;
+  double comm_ms = 0;
+  double exposed_comm_ms = 0;
+  double scaling_efficiency = 0;
+};
+std::vector<ScalingRow> sweep_nodes(const ComputeProfile& profile, const StepOptions& options);
+
 }  // namespace nanoddp::sim

@@ -67,14 +67,13 @@ Timeline replay(const TimelineInput& in) {
   Timeline out;
   out.buckets.assign(n_buckets, BucketTiming{});
   out.grad_ready_ms.assign(n_grads, 0.0);
-  for (double c : in.collective_ms) out.comm_ms += c;
 
   double t = 0;     // wall time since backward started
   double done = 0;  // backward compute done (in undisturbed milliseconds)
   std::size_t next_grad = 0, next_launch = 0, next_start = 0;
   bool backward_done = false;
   bool comm_busy = false;
-  double comm_end = 0;
+  double comm_left = 0;  // undisturbed milliseconds left of the running collective
 
   const auto launch_ready = [&](bool everything) {
     while (next_launch < n_buckets && (everything || pending[next_launch] == 0)) {
@@ -83,7 +82,9 @@ Timeline replay(const TimelineInput& in) {
   };
 
   // Event loop: the next event is a gradient becoming ready (or backward ending) or the
-  // running collective finishing; between events compute advances at a constant rate.
+  // running collective finishing; between events compute and communication each advance at a
+  // constant rate (slowed while both run).
+  const double shared_rate = 1.0 / (1.0 + in.overlap_slowdown);
   while (true) {
     while (next_grad < n_grads && done >= threshold[next_grad]) {
       out.grad_ready_ms[next_grad] = t;
@@ -99,31 +100,29 @@ Timeline replay(const TimelineInput& in) {
       launch_ready(true);  // finalize: what is left (everything, with overlap off)
     }
     if (!comm_busy && next_start < next_launch) {
-      BucketTiming& bt = out.buckets[next_start];
-      bt.start_ms = std::max(t, bt.launch_ms);
-      comm_end = bt.start_ms + in.collective_ms[next_start];
+      out.buckets[next_start].start_ms = t;
+      comm_left = in.collective_ms[next_start];
       comm_busy = true;
     }
     if (backward_done && !comm_busy) break;
 
-    const double rate = comm_busy ? 1.0 / (1.0 + in.overlap_slowdown) : 1.0;
+    const double compute_rate = comm_busy ? shared_rate : 1.0;
+    const double comm_rate = backward_done ? 1.0 : shared_rate;
     const double target = next_grad < n_grads ? threshold[next_grad] : work_end;
-    const double to_compute = backward_done ? kInf : (target - done) / rate;
-    const double to_comm = comm_busy ? comm_end - t : kInf;
-    if (to_compute <= to_comm) {
-      t += to_compute;
-      done = target;  // exactly, so that the threshold test above fires
-      if (comm_busy && to_compute == to_comm) {
-        out.buckets[next_start++].end_ms = comm_end;
+    const double to_compute = backward_done ? kInf : (target - done) / compute_rate;
+    const double to_comm = comm_busy ? comm_left / comm_rate : kInf;
+    const double dt = std::min(to_compute, to_comm);
+    t += dt;
+    if (!backward_done) done = to_compute <= to_comm ? target : done + dt * compute_rate;
+    if (comm_busy) {
+      comm_left = to_comm <= to_compute ? 0.0 : comm_left - dt * comm_rate;
+      if (comm_left == 0.0) {
+        out.buckets[next_start++].end_ms = t;
         comm_busy = false;
       }
-    } else {
-      if (!backward_done) done = std::min(target, done + to_comm * rate);
-      t = comm_end;
-      out.buckets[next_start++].end_ms = comm_end;
-      comm_busy = false;
     }
   }
+  for (const BucketTiming& b : out.buckets) out.comm_ms += b.end_ms - b.start_ms;
   out.comm_end_ms = n_buckets > 0 ? out.buckets.back().end_ms : 0.0;
   out.exposed_comm_ms = std::max(0.0, out.comm_end_ms - out.backward_end_ms);
   return out;

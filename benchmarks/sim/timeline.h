@@ -13,9 +13,10 @@
 //  - Backward ends when its compute is done (the tail after the last gradient included);
 //    finalize waits for every bucket. Exposed communication = max(0, end_last - backward_end):
 //    the part the overlap did not hide, what the Reducer measures as its wait in finalize.
-//  - Optional contention: while a collective is in flight, backward compute runs
-//    (1 + overlap_slowdown) times slower (NCCL kernels take SMs; on a CPU the reduction takes
-//    cores). 0 by default: the rules above exactly.
+//  - Optional contention: while a collective runs during backward, both run (1 + S) times
+//    slower, S = overlap_slowdown (NCCL's kernels and the GEMMs share SMs and memory bandwidth;
+//    on a CPU the reducing thread and the compute thread share cores). 0 by default: the rules
+//    above exactly. A collective after backward (finalize) runs at full speed.
 
 #include <cstdint>
 #include <vector>
@@ -45,7 +46,8 @@ struct Timeline {
   std::vector<double> grad_ready_ms;  // per gradient
   double backward_end_ms = 0;
   double comm_end_ms = 0;      // when the last collective ends (0 without buckets)
-  double comm_ms = 0;          // sum of the collectives' durations
+  double comm_ms = 0;          // sum of the collectives' durations, end - start, as the
+                               // Reducer measures them (longer than undisturbed when slowed)
   double exposed_comm_ms = 0;  // max(0, comm_end - backward_end)
   // Share of the communication hidden behind backward, as the Reducer reports it.
   double overlap_fraction() const;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -45,7 +46,7 @@ double number(const json& event, const char* key, const std::string& name, std::
 // One step of one rank, cut out of the trace.
 struct StepSample {
   double forward_ms = 0;
-  double step_ms = 0;  // forward start to next forward start, data preparation excluded
+  double step_ms = 0;  // data start to optimizer end, data preparation excluded
   double data_ms = 0;
   std::vector<double> linear_ready_ms;  // end of each "backward linear", from backward's start
   double backward_end_ms = 0;
@@ -127,32 +128,38 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   for (std::size_t i = 0; i < spans.size(); ++i) {
     if (spans[i].tid == kComputeTrack && spans[i].name == "forward") forwards.push_back(i);
   }
-  const std::size_t usable =
-      forwards.size() > static_cast<std::size_t>(options.skip_steps) + 1
-          ? forwards.size() - static_cast<std::size_t>(options.skip_steps) - 1
-          : 0;
-  if (usable == 0) {
+  const auto skip = static_cast<std::size_t>(options.skip_steps);
+  if (forwards.size() <= skip) {
     fail(
-        "--profile {}: rank {} has {} \"forward\" span(s); with --skip-steps {} and the last "
-        "step (unfinished in the trace) left out, no step remains. Trace more steps "
-        "(nanoddp-train --trace-steps N with N >= {}).",
-        name, options.rank, forwards.size(), options.skip_steps, options.skip_steps + 3);
+        "--profile {}: rank {} has {} \"forward\" span(s); with --skip-steps {} no step remains. "
+        "Trace more steps (nanoddp-train --trace-steps N with N > {}).",
+        name, options.rank, forwards.size(), options.skip_steps, options.skip_steps + 1);
   }
 
   std::vector<StepSample> samples;
-  for (std::size_t f = static_cast<std::size_t>(options.skip_steps); f + 1 < forwards.size(); ++f) {
+  for (std::size_t f = skip; f < forwards.size(); ++f) {
     const Span& forward = spans[forwards[f]];
-    const double window_end = spans[forwards[f + 1]].ts_us;
+    const double window_end = f + 1 < forwards.size() ? spans[forwards[f + 1]].ts_us
+                                                      : std::numeric_limits<double>::infinity();
+    // The step starts with its data preparation, just before the forward (nanoddp-train's
+    // step_ms runs from there to the end of the optimizer step, without the data time).
+    const Span* data = nullptr;
+    for (std::size_t i = forwards[f]; i-- > (f > 0 ? forwards[f - 1] : 0);) {
+      if (spans[i].tid == kDataTrack && spans[i].name == "data") {
+        data = &spans[i];
+        break;
+      }
+    }
     const int step_number = static_cast<int>(f) + 1;
     StepSample s;
     s.forward_ms = forward.dur_us / 1000.0;
     std::vector<const Span*> nodes;
     std::vector<const Span*> linears;
     bool has_optimizer = false;
+    double optimizer_end_us = 0;
     double wait_us = 0;
     for (std::size_t i = forwards[f] + 1; i < spans.size() && spans[i].ts_us < window_end; ++i) {
       const Span& sp = spans[i];
-      if (sp.tid == kDataTrack && sp.name == "data") s.data_ms += sp.dur_us / 1000.0;
       if (sp.tid == kComputeTrack && sp.name.rfind("backward ", 0) == 0) {
         nodes.push_back(&sp);
         if (sp.name == "backward linear") linears.push_back(&sp);
@@ -165,6 +172,7 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
         }
         has_optimizer = true;
         s.optimizer_ms = sp.dur_us / 1000.0;
+        optimizer_end_us = sp.end_us();
       }
       if (sp.tid == kCommTrack && sp.name.rfind("all-reduce bucket ", 0) == 0) {
         int index = -1;
@@ -196,7 +204,9 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
       s.linear_ready_ms.push_back((lin->end_us() - backward_start) / 1000.0);
     s.backward_end_ms = (backward_end - backward_start) / 1000.0;
     s.wait_ms = wait_us / 1000.0;
-    s.step_ms = (window_end - forward.ts_us) / 1000.0 - s.data_ms;
+    s.data_ms = data != nullptr ? data->dur_us / 1000.0 : 0.0;
+    const double step_start_us = data != nullptr ? data->ts_us : forward.ts_us;
+    s.step_ms = (optimizer_end_us - step_start_us) / 1000.0 - s.data_ms;
     samples.push_back(std::move(s));
   }
 

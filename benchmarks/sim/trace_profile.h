@@ -14,9 +14,10 @@
 // end (its bias and weight), ready when the span ends -- that is when autograd fires the
 // parameters' post-accumulate-grad hooks. Every other node's time goes to the next gradient.
 //
-// Steps are cut at each "forward" span. The first `skip_steps` are left out (the first step
-// touches fresh memory), and the last one (its end is not in the trace); each quantity is the
-// median over the rest.
+// Steps are cut at each "forward" span; a step runs from its "data" span to the end of its
+// "optimizer step", without the data time (as nanoddp-train's step_ms). The first `skip_steps`
+// are left out (the first step touches fresh memory); each quantity is the median over the
+// rest.
 
 #include <string>
 

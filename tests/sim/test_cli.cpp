@@ -21,13 +21,14 @@ ProcessResult sim(std::vector<std::string> args) {
 
 }  // namespace
 
-TEST_CASE("cli: the FLOP model on 4 nodes prints the step, the sweep and the best cap") {
+TEST_CASE("cli: the FLOP model on 4 nodes prints the step, the sweeps and the best cap") {
   const ProcessResult r =
       sim({"--model", "mlp", "--gpu", "h100", "--hidden", "8192", "--layers", "8", "--batch", "32",
-           "--nodes", "4", "--gpus-per-node", "8", "--sweep-buckets"});
+           "--nodes", "4", "--gpus-per-node", "8", "--sweep-buckets", "--sweep-nodes"});
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  for (const char* expected : {"4 node(s) x 8 GPU(s) = 32 rank(s)", "exposed comm", "overlap",
-                               "scaling efficiency", "bucket-cap sweep", "best bucket cap:"}) {
+  for (const char* expected :
+       {"4 node(s) x 8 GPU(s) = 32 rank(s)", "exposed comm", "overlap", "scaling efficiency",
+        "bucket-cap sweep", "best bucket cap:", "scaling (8 GPU(s) per node"}) {
     CHECK_MESSAGE(r.output.find(expected) != std::string::npos, expected, "\n", r.output);
   }
 }
@@ -102,6 +103,8 @@ TEST_CASE("cli: bad input exits 2 and names the flag") {
       {{"--model", "mlp", "--fit-allreduce", "/nonexistent.jsonl"}, "cannot open the file"},
       {{"--model", "mlp", "--fit-allreduce", "x.jsonl", "--fabric", "nvlink4-ib400"}, "give one"},
       {{"--busbw", "--busbw-min", "8X"}, "--busbw-min 8X: not a size"},
+      {{"--model", "mlp", "--fit-allreduce", "x.jsonl", "--sweep-nodes"},
+       "--sweep-nodes needs a named fabric"},
       {{"--model", "mlp", "--no-such-flag"}, "--no-such-flag"},
   };
   for (const Case& c : cases) {

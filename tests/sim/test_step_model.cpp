@@ -141,3 +141,18 @@ TEST_CASE("step model: the bucket sweep names the fastest cap") {
   for (const SweepRow& r : rows) CHECK(best.step_ms <= r.step_ms);
   CHECK(default_sweep_caps(3.0).size() == default_sweep_caps(25.0).size() + 1);
 }
+
+TEST_CASE("step model: the node sweep doubles the nodes up to the cluster's") {
+  const ComputeProfile p = hand_profile();
+  const StepOptions o{.cluster = {.nodes = 6, .gpus_per_node = 4},
+                      .fabric = find_fabric("nvlink4-ib400")};
+  const auto rows = sweep_nodes(p, o);
+  std::vector<int> nodes;
+  for (const ScalingRow& r : rows) nodes.push_back(r.nodes);
+  CHECK(nodes == std::vector<int>{1, 2, 4, 6});
+  CHECK(rows.back().world_size == 24);
+  CHECK(rows.back().step_ms == doctest::Approx(predict_step(p, o).step_ms));
+  // More ranks never make this step faster: every rank still computes as much.
+  for (std::size_t i = 1; i < rows.size(); ++i) CHECK(rows[i].step_ms >= rows[i - 1].step_ms);
+  CHECK(rows.front().scaling_efficiency <= 1.0);
+}

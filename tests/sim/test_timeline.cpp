@@ -85,21 +85,27 @@ TEST_CASE("timeline: a bucket is ready with its last gradient") {
   CHECK(t.exposed_comm_ms == doctest::Approx(2.0));
 }
 
-TEST_CASE("timeline: compute slowed while a collective runs") {
-  // Same as the partly hidden case, but backward runs at half speed (slowdown 1) while a
-  // collective is in flight:
-  //   0-2 full speed: done 2, bucket 0 ready, all-reduce 2-6. 2-6 half speed: done 4.
-  //   6-7 full speed: done 5, bucket 1 ready, all-reduce 7-11. 7-11 half speed: done 7.
-  //   11-13 full speed: done 9, bucket 2 ready, all-reduce 13-15. 13-15 half speed: the tail's
-  //   1 ms of work ends exactly at 15 with the last collective: exposed 0.
+TEST_CASE("timeline: compute and communication slowed while they run together") {
+  // The partly hidden case with slowdown 1: while backward and a collective both run, each
+  // advances at half speed (two threads sharing one core).
+  //   0-2    backward alone: done 2, bucket 0 ready; its 4 ms all-reduce starts at 2.
+  //   2-8    both at half speed: backward reaches 5 (bucket 1 ready, queued), bucket 0 has
+  //          done 3 of its 4 ms.
+  //   8-10   bucket 0's last 1 ms at half speed ends at 10; backward reaches 6. Bucket 1 starts.
+  //   10-16  backward reaches 9 (bucket 2 ready, queued); bucket 1 has done 3 of 4 ms.
+  //   16-18  the 1 ms tail and bucket 1's last 1 ms both end at 18: backward ends.
+  //   18-20  bucket 2 alone, at full speed. Exposed: 20 - 18 = 2 ms.
   TimelineInput in = three_buckets({4, 4, 2});
   in.overlap_slowdown = 1.0;
   const Timeline t = replay(in);
-  check_bucket(t.buckets[0], 2, 2, 2, 6);
-  check_bucket(t.buckets[1], 7, 7, 7, 11);
-  check_bucket(t.buckets[2], 13, 13, 13, 15);
-  CHECK(t.backward_end_ms == doctest::Approx(15));
-  CHECK(t.exposed_comm_ms == doctest::Approx(0.0));
+  check_bucket(t.buckets[0], 2, 2, 2, 10);
+  check_bucket(t.buckets[1], 8, 8, 10, 18);
+  check_bucket(t.buckets[2], 16, 16, 18, 20);
+  CHECK(t.backward_end_ms == doctest::Approx(18));
+  CHECK(t.exposed_comm_ms == doctest::Approx(2.0));
+  // Communication as the Reducer measures it, start to end: 8 + 8 + 2 ms, 2 of them exposed.
+  CHECK(t.comm_ms == doctest::Approx(18.0));
+  CHECK(t.overlap_fraction() == doctest::Approx(1.0 - 2.0 / 18.0));
 }
 
 TEST_CASE("timeline: inputs that disagree are refused") {

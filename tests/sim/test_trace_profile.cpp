@@ -78,7 +78,7 @@ TEST_CASE("trace profile: one rank's trace, per parameter, replays its own media
   CHECK(p.measured->world_size == 1);
   CHECK(p.measured->bucket_numel.empty());  // no DDP on one process
   CHECK_FALSE(p.other_includes_sync);
-  CHECK(p.source.find("medians of 6 steps") != std::string::npos);
+  CHECK(p.source.find("medians of 7 steps") != std::string::npos);
 
   // Replayed on one rank (no communication), the profile gives back the trace's median step.
   const StepPrediction one = predict_step(
@@ -93,7 +93,7 @@ TEST_CASE("trace profile: one rank's trace, per parameter, replays its own media
       doctest::Contains("has 3 \"backward linear\" spans, but --layers 3 means 4"), SimError);
   CHECK_THROWS_WITH_AS(profile_from_trace(trace, {.shape = kShape, .rank = 1}),
                        doctest::Contains("holds ranks 0"), SimError);
-  CHECK_THROWS_WITH_AS(profile_from_trace(trace, {.shape = kShape, .skip_steps = 7}),
+  CHECK_THROWS_WITH_AS(profile_from_trace(trace, {.shape = kShape, .skip_steps = 8}),
                        doctest::Contains("no step remains"), SimError);
 }
 

@@ -158,13 +158,17 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     bool has_optimizer = false;
     double optimizer_end_us = 0;
     double wait_us = 0;
+    double wait_start_us = 0;
     for (std::size_t i = forwards[f] + 1; i < spans.size() && spans[i].ts_us < window_end; ++i) {
       const Span& sp = spans[i];
       if (sp.tid == kComputeTrack && sp.name.rfind("backward ", 0) == 0) {
         nodes.push_back(&sp);
         if (sp.name == "backward linear") linears.push_back(&sp);
       }
-      if (sp.tid == kComputeTrack && sp.name == "wait for all-reduce") wait_us += sp.dur_us;
+      if (sp.tid == kComputeTrack && sp.name == "wait for all-reduce") {
+        wait_us += sp.dur_us;
+        wait_start_us = sp.ts_us;
+      }
       if (sp.tid == kComputeTrack && sp.name == "optimizer step") {
         if (has_optimizer) {
           fail("{}: step {} of rank {} has two \"optimizer step\" spans", name, step_number,
@@ -200,6 +204,11 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     const double backward_start = nodes.front()->ts_us;
     double backward_end = backward_start;
     for (const Span* node : nodes) backward_end = std::max(backward_end, node->end_us());
+    // With DDP, backward ends where the Reducer's finalize starts to wait: after the last node,
+    // autograd still releases the graph (a fraction of a millisecond that hides the start of
+    // the last bucket's all-reduce). Without DDP that tail cannot be told apart from what
+    // follows, and goes to "other".
+    backward_end = std::max(backward_end, wait_start_us);
     for (const Span* lin : linears)
       s.linear_ready_ms.push_back((lin->end_us() - backward_start) / 1000.0);
     s.backward_end_ms = (backward_end - backward_start) / 1000.0;

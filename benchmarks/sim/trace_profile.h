@@ -13,6 +13,8 @@
 // "backward linear" span of a step is taken to produce the gradients of the k-th Linear from the
 // end (its bias and weight), ready when the span ends -- that is when autograd fires the
 // parameters' post-accumulate-grad hooks. Every other node's time goes to the next gradient.
+// Backward ends with its last node or, in a DDP trace, where "wait for all-reduce" starts (the
+// Reducer's finalize): the time between is the backward tail.
 //
 // Steps are cut at each "forward" span; a step runs from its "data" span to the end of its
 // "optimizer step", without the data time (as nanoddp-train's step_ms). The first `skip_steps`

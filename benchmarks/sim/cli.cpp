@@ -1,0 +1,326 @@
+#include "benchmarks/sim/cli.h"
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+
+#include "benchmarks/sim/allreduce_fit.h"
+#include "benchmarks/sim/buckets.h"
+#include "benchmarks/sim/error.h"
+#include "benchmarks/sim/flop_model.h"
+#include "benchmarks/sim/report.h"
+#include "benchmarks/sim/step_model.h"
+#include "benchmarks/sim/trace_profile.h"
+
+namespace nanoddp::sim {
+
+namespace {
+
+constexpr const char* kFooter = R"(
+Examples:
+  nanoddp-sim --model mlp --gpu h100 --hidden 8192 --layers 8 --batch 32 --nodes 4 --gpus-per-node 8
+  nanoddp-sim --profile trace.json --hidden 1024 --layers 3 --nodes 1 --gpus-per-node 2 \
+              --fit-allreduce allreduce-2.jsonl --sweep-buckets
+  nanoddp-sim --busbw --nodes 1 --gpus-per-node 8 --fabric nvlink4-ib400
+Fabrics: nvlink4-ib400 (DGX/HGX H100, H200), nvlink3-ib200 (DGX A100); the --intra-*/--inter-*
+flags override a named fabric's values. Model, formulas and sources: docs/simulator.md.)";
+
+// Checks that CLI11's validators cannot express (relations between flags).
+std::string check(const CliOptions& o, const CLI::App& app) {
+  if (o.busbw) {
+    if (!o.profile_path.empty() || !o.model.empty()) {
+      return "--busbw prints the network model alone: drop --profile/--model";
+    }
+    return {};
+  }
+  if (o.profile_path.empty() == o.model.empty()) {
+    return "give one compute profile: --profile TRACE.json (from nanoddp-train --trace) or "
+           "--model mlp (the FLOP model)";
+  }
+  if (!o.profile_path.empty()) {
+    for (const char* flag : {"--batch", "--gpu", "--precision", "--efficiency", "--optimizer"}) {
+      if (app.count(flag) > 0) {
+        return fmt::format(
+            "{} applies to --model mlp only (a trace already holds the compute "
+            "times)",
+            flag);
+      }
+    }
+  } else {
+    for (const char* flag : {"--rank", "--skip-steps"}) {
+      if (app.count(flag) > 0) return fmt::format("{} applies to --profile only", flag);
+    }
+  }
+  if (!o.fit_path.empty() && o.sweep_nodes) {
+    return "--sweep-nodes needs a named fabric: a --fit-allreduce fit holds at its own world "
+           "size only";
+  }
+  if (!o.fit_path.empty()) {
+    for (const char* flag : {"--fabric", "--intra-bw-gbs", "--intra-lat-us", "--inter-bw-gbs",
+                             "--inter-lat-us", "--launch-us"}) {
+      if (app.count(flag) > 0) {
+        return fmt::format("--fit-allreduce and {} both describe the network: give one", flag);
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+double parse_bytes(const std::string& text, const std::string& flag) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    fail("{} {}: not a size (e.g. 8, 1K, 16M, 1G)", flag, text);
+  }
+  const std::string suffix = text.substr(used);
+  double scale = 1;
+  if (suffix == "K" || suffix == "k") {
+    scale = 1024.0;
+  } else if (suffix == "M" || suffix == "m") {
+    scale = 1024.0 * 1024;
+  } else if (suffix == "G" || suffix == "g") {
+    scale = 1024.0 * 1024 * 1024;
+  } else if (suffix == "T" || suffix == "t") {
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  } else if (!suffix.empty()) {
+    fail("{} {}: not a size (e.g. 8, 1K, 16M, 1G)", flag, text);
+  }
+  if (!(value >= 0) || !std::isfinite(value)) fail("{} {}: must be a size >= 0", flag, text);
+  return value * scale;
+}
+
+std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
+  CliOptions o;
+  CLI::App app{
+      "nanoddp-sim: predicts a DDP training step (compute, bucketed all-reduce overlapped with "
+      "backward, exposed communication, scaling efficiency) on clusters you do not have."};
+  app.footer(kFooter);
+  app.get_formatter()->column_width(34);
+
+  app.add_option("--profile", o.profile_path,
+                 "compute profile from a trace written by nanoddp-train --trace");
+  app.add_option("--model", o.model, "compute profile from the FLOP model: mlp")
+      ->check(CLI::IsMember({"mlp"}));
+  app.add_option("--rank", o.rank, "trace: whose steps to read")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--skip-steps", o.skip_steps, "trace: warm-up steps left out")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--in", o.in, "MLP input features (as nanoddp-train)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--out", o.out, "MLP output features")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--hidden", o.hidden, "MLP hidden width")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--layers", o.layers, "MLP hidden layers (layers + 1 Linear modules)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--batch", o.batch, "model: batch per GPU")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--gpu", o.gpu, "model: h100, h200 or a100")->capture_default_str();
+  app.add_option("--precision", o.precision, "model: GEMM precision fp32, tf32 or bf16")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--efficiency", o.efficiency,
+                 "model: share of peak FLOP/s and HBM bandwidth reached")
+      ->check(CLI::Range(1e-6, 1.0))
+      ->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "model: adamw, sgd or sgd-momentum")
+      ->check(CLI::IsMember({"adamw", "sgd", "sgd-momentum"}))
+      ->capture_default_str();
+
+  app.add_option("--nodes", o.nodes, "nodes")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--gpus-per-node", o.gpus_per_node, "GPUs (ranks) per node")
+      ->check(CLI::Range(1, 1 << 12))
+      ->capture_default_str();
+  app.add_option("--fabric", o.fabric, "named fabric: nvlink4-ib400, nvlink3-ib200")
+      ->capture_default_str();
+  app.add_option("--intra-bw-gbs", o.intra_bw_gbs,
+                 "GPU to node peers, GB/s, one direction, effective");
+  app.add_option("--intra-lat-us", o.intra_lat_us, "latency of one step inside a node, us");
+  app.add_option("--inter-bw-gbs", o.inter_bw_gbs,
+                 "per GPU (its NIC) across nodes, GB/s, one direction, effective");
+  app.add_option("--inter-lat-us", o.inter_lat_us, "latency of one step across nodes, us");
+  app.add_option("--launch-us", o.launch_us, "fixed cost of one collective, us");
+  app.add_option("--fit-allreduce", o.fit_path,
+                 "fit the network to nanoddp-bench-allreduce --json rows (same world size)");
+  app.add_option("--fit-min-bytes", o.fit_min_bytes,
+                 "smallest size the fit uses (8, 1K, 16M; default: half the smallest bucket)");
+  app.add_option("--fit-max-bytes", o.fit_max_bytes,
+                 "largest size the fit uses (default: twice the largest bucket)");
+  app.add_option("--algo", o.algo, "all-reduce algorithm: ring, tree or auto (the faster)")
+      ->check(CLI::IsMember({"ring", "tree", "auto"}))
+      ->capture_default_str();
+
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "bucket cap, MiB")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--first-bucket-mb", o.first_bucket_mb, "first bucket's cap, MiB")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--overlap", o.overlap, "on: launch buckets during backward; off: at its end")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--comm-hook", o.comm_hook, "allreduce (fp32 on the wire) or bf16 (2 bytes)")
+      ->check(CLI::IsMember({"allreduce", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--sync-allreduce", o.sync_allreduce,
+                 "count nanoddp-train's per-step loss/NaN all-reduce: on or off")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--overlap-slowdown", o.overlap_slowdown,
+                 "backward and a collective running together are each (1 + S) times slower")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--compute-scale", o.compute_scale,
+                 "multiply every compute time (e.g. ranks sharing CPU cores)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
+  app.add_flag("--sweep-buckets", o.sweep_buckets, "also try bucket caps 0.25..1000 MiB");
+  app.add_flag("--sweep-nodes", o.sweep_nodes, "also predict 1, 2, 4, ... --nodes nodes");
+  app.add_option("--json", o.json_path,
+                 "also write the figures as JSON to FILE ('-': stdout only)");
+  app.add_flag("--busbw", o.busbw, "print the all-reduce model's time and busbw per size, alone");
+  app.add_option("--busbw-min", o.busbw_min, "--busbw: smallest size")->capture_default_str();
+  app.add_option("--busbw-max", o.busbw_max, "--busbw: largest size")->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    exit_code = app.exit(e);
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "nanoddp-sim: error: " << e.what() << "\n"
+              << "Run 'nanoddp-sim --help' for the list of flags.\n";
+    exit_code = 2;
+    return std::nullopt;
+  }
+  if (std::string problem = check(o, app); !problem.empty()) {
+    std::cerr << "nanoddp-sim: error: " << problem << "\n";
+    exit_code = 2;
+    return std::nullopt;
+  }
+  exit_code = 0;
+  return o;
+}
+
+namespace {
+
+void emit(const CliOptions& o, const std::string& table, const nlohmann::json& json) {
+  if (o.json_path == "-") {
+    std::cout << json.dump(2) << "\n";
+    return;
+  }
+  std::cout << table;
+  if (!o.json_path.empty()) {
+    std::ofstream out(o.json_path, std::ios::trunc);
+    if (!out) fail("--json {}: cannot open the file for writing", o.json_path);
+    out << json.dump(2) << "\n";
+    if (!out) fail("--json {}: writing failed", o.json_path);
+  }
+}
+
+// The fabric: fitted to measurements, or named with the flags' overrides. `bucket_bytes` (the
+// run's bucket sizes) sets the fit's default size window.
+Fabric network_from_flags(const CliOptions& o, const Cluster& cluster,
+                          const std::vector<double>& bucket_bytes) {
+  Fabric fabric;
+  if (!o.fit_path.empty()) {
+    const auto samples = read_bench_allreduce(o.fit_path, cluster.world_size());
+    double lo = 0, hi = 1e300;
+    if (!bucket_bytes.empty()) {
+      lo = *std::min_element(bucket_bytes.begin(), bucket_bytes.end()) / 2;
+      hi = *std::max_element(bucket_bytes.begin(), bucket_bytes.end()) * 2;
+      const auto in_window = std::count_if(samples.begin(), samples.end(), [&](const auto& s) {
+        return s.bytes >= lo && s.bytes <= hi;
+      });
+      if (in_window < 2) lo = 0, hi = 1e300;
+    }
+    if (o.fit_min_bytes) lo = parse_bytes(*o.fit_min_bytes, "--fit-min-bytes");
+    if (o.fit_max_bytes) hi = parse_bytes(*o.fit_max_bytes, "--fit-max-bytes");
+    fabric = fit_allreduce(samples, cluster, lo, hi, o.fit_path).fabric;
+  } else {
+    fabric = find_fabric(o.fabric);
+    const bool overridden =
+        o.intra_bw_gbs || o.intra_lat_us || o.inter_bw_gbs || o.inter_lat_us || o.launch_us;
+    if (o.intra_bw_gbs) fabric.intra_bw_gbs = *o.intra_bw_gbs;
+    if (o.intra_lat_us) fabric.intra_lat_us = *o.intra_lat_us;
+    if (o.inter_bw_gbs) fabric.inter_bw_gbs = *o.inter_bw_gbs;
+    if (o.inter_lat_us) fabric.inter_lat_us = *o.inter_lat_us;
+    if (o.launch_us) fabric.launch_us = *o.launch_us;
+    if (overridden) {
+      fabric.description = fmt::format("{}, with values given on the command line", fabric.name);
+      fabric.name = "custom";
+    }
+  }
+  check_fabric(fabric, cluster);
+  return fabric;
+}
+
+}  // namespace
+
+void run_cli(const CliOptions& o) {
+  const Cluster cluster{.nodes = o.nodes, .gpus_per_node = o.gpus_per_node};
+  if (o.busbw) {
+    const Fabric fabric = network_from_flags(o, cluster, {});
+    const auto rows = busbw_table(cluster, fabric, parse_bytes(o.busbw_min, "--busbw-min"),
+                                  parse_bytes(o.busbw_max, "--busbw-max"));
+    emit(o, format_busbw(cluster, fabric, rows), busbw_json(cluster, fabric, rows));
+    return;
+  }
+
+  const MlpShape shape{.in = o.in, .out = o.out, .hidden = o.hidden, .layers = o.layers};
+  ComputeProfile profile;
+  if (!o.profile_path.empty()) {
+    profile = profile_from_trace(o.profile_path,
+                                 {.shape = shape, .rank = o.rank, .skip_steps = o.skip_steps});
+  } else {
+    profile = profile_from_flops(find_gpu(o.gpu), {.shape = shape,
+                                                   .batch = o.batch,
+                                                   .precision = parse_precision(o.precision),
+                                                   .efficiency = o.efficiency,
+                                                   .optimizer = o.optimizer});
+  }
+  const double grad_bytes = o.comm_hook == "bf16" ? 2.0 : 4.0;
+  std::vector<std::int64_t> numels;
+  for (const GradientWork& g : profile.grads) numels.push_back(g.numel);
+  std::vector<double> bucket_bytes;
+  for (const SimBucket& b : cut_buckets(numels, o.first_bucket_mb, o.bucket_cap_mb)) {
+    bucket_bytes.push_back(static_cast<double>(b.numel) * grad_bytes);
+  }
+
+  SimReport report;
+  report.profile = &profile;
+  report.options = StepOptions{.cluster = cluster,
+                               .fabric = network_from_flags(o, cluster, bucket_bytes),
+                               .algorithm = parse_algorithm(o.algo),
+                               .bucket_cap_mb = o.bucket_cap_mb,
+                               .first_bucket_mb = o.first_bucket_mb,
+                               .overlap = o.overlap == "on",
+                               .grad_bytes = grad_bytes,
+                               .sync_allreduce = o.sync_allreduce == "on",
+                               .overlap_slowdown = o.overlap_slowdown,
+                               .compute_scale = o.compute_scale};
+  report.prediction = predict_step(profile, report.options);
+  if (o.sweep_buckets) {
+    report.sweep = sweep_bucket_caps(profile, report.options, default_sweep_caps(o.bucket_cap_mb));
+  }
+  if (o.sweep_nodes) report.scaling = sweep_nodes(profile, report.options);
+  emit(o, format_report(report), report_json(report));
+}
+
+}  // namespace nanoddp::sim

@@ -1,0 +1,62 @@
+#pragma once
+// nanoddp-sim's command line: every flag, its default, and the run it describes.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace nanoddp::sim {
+
+struct CliOptions {
+  // Compute profile: a trace, or the FLOP model.
+  std::string profile_path;
+  std::string model;  // "mlp"
+  int rank = 0;
+  int skip_steps = 1;
+  std::int64_t in = 32, out = 8, hidden = 128, layers = 2;  // nanoddp-train's defaults
+  std::int64_t batch = 64;
+  std::string gpu = "h100";
+  std::string precision = "fp32";
+  double efficiency = 0.7;
+  std::string optimizer = "adamw";
+
+  // Cluster and network.
+  int nodes = 1;
+  int gpus_per_node = 8;
+  std::string fabric = "nvlink4-ib400";
+  std::optional<double> intra_bw_gbs, intra_lat_us, inter_bw_gbs, inter_lat_us, launch_us;
+  std::string fit_path;
+  // Unset: from half the smallest to twice the largest bucket (all sizes if fewer than two
+  // measured sizes fall there).
+  std::optional<std::string> fit_min_bytes, fit_max_bytes;
+  std::string algo = "auto";
+
+  // DDP.
+  double bucket_cap_mb = 25.0;
+  double first_bucket_mb = 1.0;
+  std::string overlap = "on";
+  std::string comm_hook = "allreduce";
+  std::string sync_allreduce = "on";
+  double overlap_slowdown = 0;
+  double compute_scale = 1;
+
+  // Output.
+  bool sweep_buckets = false;
+  bool sweep_nodes = false;
+  std::string json_path;  // "-" = stdout, instead of the table
+  bool busbw = false;
+  std::string busbw_min = "8M";
+  std::string busbw_max = "8G";
+};
+
+// Parses argv. On --help prints usage and returns nullopt with exit_code 0; on a bad flag or
+// value prints a message naming the flag and returns nullopt with exit_code 2.
+std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code);
+
+// Runs the simulation and prints it. Throws SimError for bad input (exit code 2).
+void run_cli(const CliOptions& options);
+
+// nccl-tests style sizes: 8, 1K, 16M, 1G (powers of 1024). Throws SimError naming `flag`.
+double parse_bytes(const std::string& text, const std::string& flag);
+
+}  // namespace nanoddp::sim

@@ -1,0 +1,74 @@
+#pragma once
+// The network: how long one all-reduce of S bytes takes on N nodes x G GPUs, in the alpha-beta
+// (latency-bandwidth) model, for NCCL's two classic algorithms.
+//
+// Notation: n = N*G ranks; alpha_intra, alpha_inter = latency of one step (hop) inside a node /
+// across nodes; B_intra = one GPU's bandwidth to its node peers (NVLink through NVSwitch), B_nic
+// = one GPU's NIC; every bandwidth is one direction and *effective* (what a collective reaches,
+// not the line rate). beta = 1/B.
+//
+// Ring (reduce-scatter then all-gather; 2(n-1) steps, each rank sends 2(n-1)/n * S):
+//   T_ring = launch + 2(n-N) alpha_intra + 2N alpha_inter + 2(n-1)/n * S / B_ring
+//   B_ring = B_intra on one node; min(B_intra, G * B_nic) on several. The slowest link bounds
+//   the ring: NCCL runs one ring (channel) per NIC, so the node's G NICs together carry what
+//   leaves the node. The latency counts hops along the pipelined ring as NCCL's tuner does
+//   (src/graph/tuning.cc: 2N of the 2(n-1) steps cross nodes). With one level (N = 1, or
+//   alpha_intra = alpha_inter) it is the textbook 2(n-1) alpha + 2(n-1)/n S beta.
+// Tree (NCCL's: a chain through the G GPUs of a node, a double binary tree across nodes; reduce
+//   up, broadcast down, pipelined):
+//   T_tree = launch + 2((G-1) alpha_intra + ceil(log2 N) alpha_inter)
+//            + max(2S / B_intra  [G > 1],  V(N) / (G * B_nic)  [N > 1])
+//   A GPU in the chain sends S up and S down (2S); across nodes each tree carries half of the
+//   data, and a node that is interior in one tree and a leaf in the other sends V = 2S (N >= 3);
+//   with N = 2 each node is the root of one tree and the leaf of the other: V = S. That is why
+//   NCCL's tree beats the ring on two nodes when the NICs are the bottleneck.
+// Auto: the faster of the two for each message, as NCCL's tuner picks per size.
+// n = 1: no communication, cost 0.
+
+#include <string>
+#include <vector>
+
+namespace nanoddp::sim {
+
+enum class Algorithm { kRing, kTree, kAuto };
+Algorithm parse_algorithm(const std::string& name);  // "ring", "tree", "auto"
+const char* algorithm_name(Algorithm algorithm);
+
+struct Cluster {
+  int nodes = 1;
+  int gpus_per_node = 1;
+  int world_size() const { return nodes * gpus_per_node; }
+};
+
+// Bandwidths in GB/s (1e9 bytes/s), one direction, per GPU; latencies in microseconds.
+struct Fabric {
+  std::string name = "custom";
+  std::string description;
+  double intra_bw_gbs = 0;  // GPU to its node peers
+  double intra_lat_us = 0;  // per step inside a node
+  double inter_bw_gbs = 0;  // per GPU: its NIC (the node has G of them)
+  double inter_lat_us = 0;  // per step that crosses nodes
+  double launch_us = 0;     // fixed cost of one collective (NCCL's baseLat)
+};
+
+// The named fabrics (nvlink4-ib400, ...), with the sources of their numbers in docs/simulator.md.
+const std::vector<Fabric>& named_fabrics();
+// Throws SimError listing the known names.
+const Fabric& find_fabric(const std::string& name);
+// Throws SimError naming the flag when a bandwidth is not positive or a latency negative.
+void check_fabric(const Fabric& fabric, const Cluster& cluster);
+
+double ring_allreduce_ms(const Cluster& cluster, const Fabric& fabric, double bytes);
+double tree_allreduce_ms(const Cluster& cluster, const Fabric& fabric, double bytes);
+
+struct CollectiveTime {
+  double ms = 0;
+  Algorithm algorithm = Algorithm::kRing;  // the one that ran (never kAuto)
+};
+CollectiveTime allreduce_time(const Cluster& cluster, const Fabric& fabric, Algorithm algorithm,
+                              double bytes);
+
+// nccl-tests' bus bandwidth of an all-reduce: bytes / time * 2(n-1)/n, in GB/s.
+double bus_bandwidth_gbs(double bytes, double ms, int ranks);
+
+}  // namespace nanoddp::sim

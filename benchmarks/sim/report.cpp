@@ -1,0 +1,273 @@
+#include "benchmarks/sim/report.h"
+
+#include <fmt/format.h>
+
+#include "benchmarks/sim/error.h"
+
+namespace nanoddp::sim {
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+std::string fabric_line(const Fabric& f, const Cluster& c) {
+  std::string line =
+      fmt::format("{}: intra {:.3g} GB/s, {:.3g} us/step", f.name, f.intra_bw_gbs, f.intra_lat_us);
+  if (c.nodes > 1) {
+    line += fmt::format("; inter {:.3g} GB/s per GPU ({:.3g} per node), {:.3g} us/step",
+                        f.inter_bw_gbs, f.inter_bw_gbs * c.gpus_per_node, f.inter_lat_us);
+  }
+  if (f.launch_us > 0) line += fmt::format("; {:.3g} us per collective", f.launch_us);
+  return line;
+}
+
+double pct(double part, double whole) {
+  return whole > 0 ? 100.0 * part / whole : 0.0;
+}
+
+}  // namespace
+
+std::string format_report(const SimReport& r) {
+  const ComputeProfile& prof = *r.profile;
+  const StepOptions& o = r.options;
+  const StepPrediction& p = r.prediction;
+  std::string out;
+  out += "nanoddp-sim: one DDP training step, predicted\n";
+  out += fmt::format("profile   {}\n", prof.source);
+  out += fmt::format("          {:.2f} MiB of gradients ({} bytes per element on the wire)\n",
+                     static_cast<double>(prof.numel()) * o.grad_bytes / kMiB, o.grad_bytes);
+  out +=
+      fmt::format("cluster   {} node(s) x {} GPU(s) = {} rank(s); all-reduce {}\n", o.cluster.nodes,
+                  o.cluster.gpus_per_node, p.world_size, algorithm_name(o.algorithm));
+  out += fmt::format("fabric    {}\n", fabric_line(o.fabric, o.cluster));
+  if (!o.fabric.description.empty()) out += fmt::format("          {}\n", o.fabric.description);
+  out += fmt::format(
+      "buckets   first {} MiB, then {} MiB -> {} bucket(s); overlap {}{}{}\n", o.first_bucket_mb,
+      o.bucket_cap_mb, p.buckets.size(), o.overlap ? "on" : "off",
+      o.overlap_slowdown > 0
+          ? fmt::format("; backward and all-reduce x{:.2f} slower together", 1 + o.overlap_slowdown)
+          : "",
+      o.compute_scale != 1 ? fmt::format("; compute x{:.2f}", o.compute_scale) : "");
+  out += "\n";
+  out += fmt::format("{:>6} {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>12} {:>5}\n", "bucket",
+                     "params", "MiB", "ready", "launch", "start", "end", "all-reduce", "algo");
+  for (std::size_t b = 0; b < p.buckets.size(); ++b) {
+    const BucketTiming& t = p.timeline.buckets[b];
+    out += fmt::format(
+        "{:>6} {:>6} {:>10.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>12.3f} {:>5}\n", b,
+        p.buckets[b].count, static_cast<double>(p.buckets[b].numel) * o.grad_bytes / kMiB,
+        t.ready_ms, t.launch_ms, t.start_ms, t.end_ms, p.collectives[b].ms,
+        algorithm_name(p.collectives[b].algorithm));
+  }
+  out += "(ms from the start of backward)\n\n";
+  out += fmt::format("step                 {:>10.3f} ms\n", p.step_ms);
+  const auto row = [&](const char* what, double ms) {
+    out += fmt::format("  {:<18} {:>10.3f} ms  {:>5.1f} %\n", what, ms, pct(ms, p.step_ms));
+  };
+  row("forward", p.forward_ms);
+  row("backward", p.backward_ms);
+  row("exposed comm", p.exposed_comm_ms);
+  row("sync all-reduce", p.sync_ms);
+  row("optimizer", p.optimizer_ms);
+  row("other", p.other_ms);
+  out +=
+      fmt::format("compute              {:>10.3f} ms  (forward + backward + optimizer + other)\n",
+                  p.compute_ms());
+  out += fmt::format("communication        {:>10.3f} ms  (sum of the buckets' all-reduces)\n",
+                     p.comm_ms);
+  out += fmt::format(
+      "exposed comm         {:>10.3f} ms  overlap {:.1f} % of the communication "
+      "hidden behind backward\n",
+      p.exposed_comm_ms, p.overlap_fraction * 100.0);
+  out += fmt::format(
+      "1-GPU step           {:>10.3f} ms  scaling efficiency {:.1f} % (batch per "
+      "GPU fixed)\n",
+      p.single_gpu_step_ms, p.scaling_efficiency * 100.0);
+  if (prof.measured) {
+    const MeasuredStep& m = *prof.measured;
+    out += fmt::format("traced run           {:>10.3f} ms  measured with {} rank(s)", m.step_ms,
+                       m.world_size);
+    if (m.world_size > 1) {
+      out += fmt::format(": comm {:.3f} ms, exposed {:.3f} ms", m.comm_ms, m.exposed_comm_ms);
+    }
+    out += "\n";
+  }
+  if (!r.sweep.empty()) {
+    out += fmt::format("\nbucket-cap sweep (first bucket {} MiB, overlap {})\n", o.first_bucket_mb,
+                       o.overlap ? "on" : "off");
+    out += fmt::format("{:>10} {:>8} {:>10} {:>10} {:>11}\n", "cap MiB", "buckets", "step ms",
+                       "comm ms", "exposed ms");
+    const SweepRow& best = best_row(r.sweep);
+    for (const SweepRow& s : r.sweep) {
+      out +=
+          fmt::format("{:>10g} {:>8} {:>10.3f} {:>10.3f} {:>11.3f}{}\n", s.bucket_cap_mb, s.buckets,
+                      s.step_ms, s.comm_ms, s.exposed_comm_ms, &s == &best ? "  <- best" : "");
+    }
+    out += fmt::format(
+        "best bucket cap: {:g} MiB (step {:.3f} ms; {} MiB gives {:.3f} ms, {:+.1f} %)\n",
+        best.bucket_cap_mb, best.step_ms, o.bucket_cap_mb, p.step_ms,
+        pct(p.step_ms - best.step_ms, best.step_ms));
+  }
+  if (!r.scaling.empty()) {
+    out += fmt::format("\nscaling ({} GPU(s) per node, batch per GPU fixed)\n",
+                       o.cluster.gpus_per_node);
+    out += fmt::format("{:>6} {:>6} {:>10} {:>10} {:>11} {:>11}\n", "nodes", "ranks", "step ms",
+                       "comm ms", "exposed ms", "efficiency");
+    for (const ScalingRow& s : r.scaling) {
+      out += fmt::format("{:>6} {:>6} {:>10.3f} {:>10.3f} {:>11.3f} {:>10.1f}%\n", s.nodes,
+                         s.world_size, s.step_ms, s.comm_ms, s.exposed_comm_ms,
+                         s.scaling_efficiency * 100.0);
+    }
+  }
+  return out;
+}
+
+nlohmann::json report_json(const SimReport& r) {
+  using nlohmann::json;
+  const ComputeProfile& prof = *r.profile;
+  const StepOptions& o = r.options;
+  const StepPrediction& p = r.prediction;
+  json j;
+  j["profile"] = {{"source", prof.source},
+                  {"parameters", prof.numel()},
+                  {"forward_ms", prof.forward_ms},
+                  {"backward_ms", prof.backward_ms()},
+                  {"optimizer_ms", prof.optimizer_ms},
+                  {"other_ms", prof.other_ms},
+                  {"data_ms", prof.data_ms}};
+  json grads = json::array();
+  for (const GradientWork& g : prof.grads) {
+    grads.push_back({{"name", g.name}, {"numel", g.numel}, {"work_ms", g.work_ms}});
+  }
+  j["profile"]["gradients"] = grads;
+  if (prof.measured) {
+    const MeasuredStep& m = *prof.measured;
+    j["profile"]["measured"] = {
+        {"world_size", m.world_size},     {"step_ms", m.step_ms},
+        {"comm_ms", m.comm_ms},           {"exposed_comm_ms", m.exposed_comm_ms},
+        {"bucket_numel", m.bucket_numel}, {"bucket_allreduce_ms", m.bucket_allreduce_ms}};
+  }
+  j["cluster"] = {{"nodes", o.cluster.nodes},
+                  {"gpus_per_node", o.cluster.gpus_per_node},
+                  {"world_size", p.world_size}};
+  j["fabric"] = {{"name", o.fabric.name},
+                 {"description", o.fabric.description},
+                 {"intra_bw_gbs", o.fabric.intra_bw_gbs},
+                 {"intra_lat_us", o.fabric.intra_lat_us},
+                 {"inter_bw_gbs", o.fabric.inter_bw_gbs},
+                 {"inter_lat_us", o.fabric.inter_lat_us},
+                 {"launch_us", o.fabric.launch_us}};
+  j["options"] = {{"algo", algorithm_name(o.algorithm)},
+                  {"bucket_cap_mb", o.bucket_cap_mb},
+                  {"first_bucket_mb", o.first_bucket_mb},
+                  {"overlap", o.overlap},
+                  {"grad_bytes", o.grad_bytes},
+                  {"sync_allreduce", o.sync_allreduce},
+                  {"overlap_slowdown", o.overlap_slowdown},
+                  {"compute_scale", o.compute_scale}};
+  json buckets = json::array();
+  for (std::size_t b = 0; b < p.buckets.size(); ++b) {
+    const BucketTiming& t = p.timeline.buckets[b];
+    buckets.push_back({{"index", b},
+                       {"parameters", p.buckets[b].count},
+                       {"numel", p.buckets[b].numel},
+                       {"bytes", static_cast<double>(p.buckets[b].numel) * o.grad_bytes},
+                       {"ready_ms", t.ready_ms},
+                       {"launch_ms", t.launch_ms},
+                       {"start_ms", t.start_ms},
+                       {"end_ms", t.end_ms},
+                       {"allreduce_ms", p.collectives[b].ms},
+                       {"algo", algorithm_name(p.collectives[b].algorithm)}});
+  }
+  j["buckets"] = buckets;
+  j["step"] = {{"step_ms", p.step_ms},
+               {"forward_ms", p.forward_ms},
+               {"backward_ms", p.backward_ms},
+               {"exposed_comm_ms", p.exposed_comm_ms},
+               {"sync_ms", p.sync_ms},
+               {"optimizer_ms", p.optimizer_ms},
+               {"other_ms", p.other_ms},
+               {"compute_ms", p.compute_ms()},
+               {"comm_ms", p.comm_ms},
+               {"overlap_fraction", p.overlap_fraction},
+               {"single_gpu_step_ms", p.single_gpu_step_ms},
+               {"scaling_efficiency", p.scaling_efficiency}};
+  if (!r.sweep.empty()) {
+    json rows = json::array();
+    for (const SweepRow& s : r.sweep) {
+      rows.push_back({{"bucket_cap_mb", s.bucket_cap_mb},
+                      {"buckets", s.buckets},
+                      {"step_ms", s.step_ms},
+                      {"comm_ms", s.comm_ms},
+                      {"exposed_comm_ms", s.exposed_comm_ms}});
+    }
+    j["sweep"] = rows;
+    j["best_bucket_cap_mb"] = best_row(r.sweep).bucket_cap_mb;
+  }
+  if (!r.scaling.empty()) {
+    json rows = json::array();
+    for (const ScalingRow& s : r.scaling) {
+      rows.push_back({{"nodes", s.nodes},
+                      {"world_size", s.world_size},
+                      {"step_ms", s.step_ms},
+                      {"comm_ms", s.comm_ms},
+                      {"exposed_comm_ms", s.exposed_comm_ms},
+                      {"scaling_efficiency", s.scaling_efficiency}});
+    }
+    j["scaling"] = rows;
+  }
+  return j;
+}
+
+std::vector<BusbwRow> busbw_table(const Cluster& cluster, const Fabric& fabric, double min_bytes,
+                                  double max_bytes) {
+  check_fabric(fabric, cluster);
+  if (!(min_bytes >= 1) || !(max_bytes >= min_bytes)) {
+    fail("--busbw sizes: need 1 <= min <= max bytes (got {} and {})", min_bytes, max_bytes);
+  }
+  std::vector<BusbwRow> rows;
+  const int n = cluster.world_size();
+  for (double bytes = min_bytes; bytes <= max_bytes * (1 + 1e-12); bytes *= 2) {
+    BusbwRow row;
+    row.bytes = bytes;
+    row.ring_ms = ring_allreduce_ms(cluster, fabric, bytes);
+    row.tree_ms = tree_allreduce_ms(cluster, fabric, bytes);
+    row.ring_busbw_gbs = bus_bandwidth_gbs(bytes, row.ring_ms, n);
+    row.tree_busbw_gbs = bus_bandwidth_gbs(bytes, row.tree_ms, n);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::string format_busbw(const Cluster& cluster, const Fabric& fabric,
+                         const std::vector<BusbwRow>& rows) {
+  std::string out = fmt::format(
+      "nanoddp-sim: all-reduce model, {} node(s) x {} GPU(s), fabric {}\n"
+      "busbw = bytes / time * 2(n-1)/n (nccl-tests' definition)\n",
+      cluster.nodes, cluster.gpus_per_node, fabric_line(fabric, cluster));
+  out += fmt::format("{:>14} {:>12} {:>12} {:>12} {:>12}\n", "size (B)", "ring us", "ring busbw",
+                     "tree us", "tree busbw");
+  for (const BusbwRow& r : rows) {
+    out += fmt::format("{:>14.0f} {:>12.1f} {:>12.1f} {:>12.1f} {:>12.1f}\n", r.bytes,
+                       r.ring_ms * 1000.0, r.ring_busbw_gbs, r.tree_ms * 1000.0, r.tree_busbw_gbs);
+  }
+  return out;
+}
+
+nlohmann::json busbw_json(const Cluster& cluster, const Fabric& fabric,
+                          const std::vector<BusbwRow>& rows) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const BusbwRow& r : rows) {
+    out.push_back({{"nodes", cluster.nodes},
+                   {"gpus_per_node", cluster.gpus_per_node},
+                   {"fabric", fabric.name},
+                   {"bytes", r.bytes},
+                   {"ring_us", r.ring_ms * 1000.0},
+                   {"ring_busbw_gbs", r.ring_busbw_gbs},
+                   {"tree_us", r.tree_ms * 1000.0},
+                   {"tree_busbw_gbs", r.tree_busbw_gbs}});
+  }
+  return out;
+}
+
+}  // namespace nanoddp::sim

@@ -1,0 +1,38 @@
+#pragma once
+// What nanoddp-sim prints: a table for people, the same figures as JSON for scripts.
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "benchmarks/sim/profile.h"
+#include "benchmarks/sim/step_model.h"
+
+namespace nanoddp::sim {
+
+struct SimReport {
+  const ComputeProfile* profile = nullptr;
+  StepOptions options;
+  StepPrediction prediction;
+  std::vector<SweepRow> sweep;      // empty unless --sweep-buckets
+  std::vector<ScalingRow> scaling;  // empty unless --sweep-nodes
+};
+
+std::string format_report(const SimReport& report);
+nlohmann::json report_json(const SimReport& report);
+
+// The network model alone, nccl-tests style: all-reduce time and busbw per size.
+struct BusbwRow {
+  double bytes = 0;
+  double ring_ms = 0, tree_ms = 0;
+  double ring_busbw_gbs = 0, tree_busbw_gbs = 0;
+};
+std::vector<BusbwRow> busbw_table(const Cluster& cluster, const Fabric& fabric, double min_bytes,
+                                  double max_bytes);
+std::string format_busbw(const Cluster& cluster, const Fabric& fabric,
+                         const std::vector<BusbwRow>& rows);
+nlohmann::json busbw_json(const Cluster& cluster, const Fabric& fabric,
+                          const std::vector<BusbwRow>& rows);
+
+}  // namespace nanoddp::sim

@@ -1,0 +1,40 @@
+#include "benchmarks/sim/stats.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "benchmarks/sim/error.h"
+
+namespace nanoddp::sim {
+
+double median(std::vector<double> values) {
+  if (values.empty()) fail("median of no values");
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+Line fit_line_relative(const std::vector<double>& x, const std::vector<double>& y) {
+  if (x.size() != y.size()) fail("fit: {} x values for {} y values", x.size(), y.size());
+  // Weighted normal equations: minimise sum w (a + b x - y)^2 with w = 1/y^2.
+  double sw = 0, swx = 0, swy = 0, swxx = 0, swxy = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (!(y[i] > 0)) fail("fit: a measured time is not positive ({})", y[i]);
+    const double w = 1.0 / (y[i] * y[i]);
+    sw += w;
+    swx += w * x[i];
+    swy += w * y[i];
+    swxx += w * x[i] * x[i];
+    swxy += w * x[i] * y[i];
+  }
+  const double det = sw * swxx - swx * swx;
+  if (x.size() < 2 || !(std::fabs(det) > 1e-12 * sw * swxx)) {
+    fail("fit: need measurements at two or more different sizes (got {})", x.size());
+  }
+  Line line;
+  line.slope = (sw * swxy - swx * swy) / det;
+  line.intercept = (swy - line.slope * swx) / sw;
+  return line;
+}
+
+}  // namespace nanoddp::sim

@@ -1,0 +1,43 @@
+#pragma once
+// A compute profile read from a nanoddp trace (`nanoddp-train --trace FILE`, Chrome trace JSON
+// written by nanoddp/engine/trace.cpp).
+//
+// What the trace holds, per rank (pid), per step: on the compute track (tid 0) a "forward" span,
+// one "backward <op>" span per autograd node ("backward mse_loss", "backward linear",
+// "backward relu", ...), "wait for all-reduce" (the Reducer's finalize) and "optimizer step";
+// on the data track (tid 3) "data"; on the communication track (tid 1) "all-reduce bucket b"
+// spans with an `elements` argument; markers (tid 2) "bucket b ready".
+//
+// What it does not hold: which parameters a node produced, or their sizes. So the model's shape
+// comes from the same --in/--out/--hidden/--layers flags the traced run used, and the k-th
+// "backward linear" span of a step is taken to produce the gradients of the k-th Linear from the
+// end (its bias and weight), ready when the span ends -- that is when autograd fires the
+// parameters' post-accumulate-grad hooks. Every other node's time goes to the next gradient.
+// Backward ends with its last node or, in a DDP trace, where "wait for all-reduce" starts (the
+// Reducer's finalize): the time between is the backward tail.
+//
+// Steps are cut at each "forward" span; a step runs from its "data" span to the end of its
+// "optimizer step", without the data time (as nanoddp-train's step_ms). The first `skip_steps`
+// are left out (the first step touches fresh memory); each quantity is the median over the
+// rest.
+
+#include <string>
+
+#include "benchmarks/sim/profile.h"
+
+namespace nanoddp::sim {
+
+struct TraceProfileOptions {
+  MlpShape shape;
+  int rank = 0;
+  int skip_steps = 1;
+};
+
+// Throws SimError for an unreadable file, JSON that is not such a trace, a rank not in it, too
+// few steps, or a shape that does not match the trace.
+ComputeProfile profile_from_trace(const std::string& path, const TraceProfileOptions& options);
+// The same from the file's text; `name` is used in messages.
+ComputeProfile profile_from_trace_text(const std::string& text, const std::string& name,
+                                       const TraceProfileOptions& options);
+
+}  // namespace nanoddp::sim

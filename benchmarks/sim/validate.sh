@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Reproduces the validation in docs/simulator.md: nanoddp-sim's predicted step time against DDP
+# runs measured on this machine with 1, 2, 3 and 4 CPU ranks.
+#
+#   benchmarks/sim/validate.sh [BIN_DIR] [OUT_DIR]      (defaults: build-cpu/bin, a temp dir)
+#
+# For each world size W:
+#   1. nanoddp-bench-allreduce on W ranks (the transport nanoddp-train uses: shared memory on one
+#      host, unless NANODDP_SHM=0) -> allreduce-W.jsonl; nanoddp-sim fits alpha and beta to it.
+#   2. nanoddp-train on W ranks (W = 1: one plain process, no DDP) with --trace and --metrics.
+#   3. Predictions for W ranks:
+#        A  profile from the 1-rank trace (compute measured alone), network fitted at W;
+#        A' A with --compute-scale W/cores when the W ranks outnumber the cores (time-sharing);
+#        B  profile from rank 0 of the W-rank trace (compute as it ran beside W-1 other ranks
+#           and their communication), same network.
+#      Measured: the median step_ms of the metrics (data preparation excluded, step 1 left out).
+# Environment: STEPS (default 40), MODEL (default "--hidden 1024 --layers 3 --batch 64"),
+# WORLDS (default "1 2 3 4"), EXTRA_TRAIN_ARGS (e.g. "--bucket-cap-mb 1 --first-bucket-mb 0.5").
+# The machine is shared: the script prints the load average before each run; rerun when busy.
+set -euo pipefail
+
+BIN=${1:-build-cpu/bin}
+OUT=${2:-$(mktemp -d /tmp/nanoddp-sim-validate.XXXXXX)}
+STEPS=${STEPS:-40}
+MODEL=${MODEL:-"--hidden 1024 --layers 3 --batch 64"}
+WORLDS=${WORLDS:-"1 2 3 4"}
+EXTRA_TRAIN_ARGS=${EXTRA_TRAIN_ARGS:-}
+mkdir -p "$OUT"
+for exe in nanoddp-train nanoddp-run nanoddp-bench-allreduce nanoddp-sim; do
+  [[ -x $BIN/$exe ]] || { echo "validate.sh: $BIN/$exe not found: build first" >&2; exit 2; }
+done
+# shellcheck disable=SC2206
+model=($MODEL)
+# shellcheck disable=SC2206
+extra=($EXTRA_TRAIN_ARGS)
+# The simulator needs the same MLP shape (the trace does not record it): in/out are
+# nanoddp-train's defaults unless MODEL sets them.
+shape=()
+for flag in --in --out --hidden --layers; do
+  for ((i = 0; i < ${#model[@]}; i++)); do
+    [[ ${model[i]} == "$flag" ]] && shape+=("$flag" "${model[i + 1]}")
+  done
+done
+ddp=()
+for ((i = 0; i < ${#extra[@]}; i++)); do
+  case ${extra[i]} in
+    --bucket-cap-mb | --first-bucket-mb) ddp+=("${extra[i]}" "${extra[i + 1]}") ;;
+    --no-overlap) ddp+=(--overlap off) ;;
+  esac
+done
+
+echo "# output in $OUT; $(nproc) cores"
+for w in $WORLDS; do
+  echo "# W=$w  load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+  train=("$BIN/nanoddp-train" "${model[@]}" "${extra[@]}" --steps "$STEPS" --trace-steps "$STEPS"
+         --trace "$OUT/trace-$w.json" --metrics "$OUT/metrics-$w.jsonl" --log-every 1 --quiet)
+  if [[ $w == 1 ]]; then
+    "${train[@]}" > "$OUT/train-1.log"
+  else
+    "$BIN/nanoddp-run" --nproc-per-node "$w" "$BIN/nanoddp-bench-allreduce" -b 64K -e 32M -f 1.5 \
+      -n 30 -w 5 --json "$OUT/allreduce-$w.jsonl" > "$OUT/allreduce-$w.log"
+    "$BIN/nanoddp-run" --nproc-per-node "$w" "${train[@]}" > "$OUT/train-$w.log"
+  fi
+done
+
+[[ -f $OUT/trace-1.json ]] || { echo "validate.sh: WORLDS must include 1 (prediction A)" >&2; exit 2; }
+cores=$(nproc)
+for w in $WORLDS; do
+  net=()
+  [[ $w != 1 ]] && net=(--fit-allreduce "$OUT/allreduce-$w.jsonl")
+  "$BIN/nanoddp-sim" --profile "$OUT/trace-1.json" "${shape[@]}" "${ddp[@]}" --nodes 1 \
+    --gpus-per-node "$w" "${net[@]}" --json "$OUT/sim-A-$w.json" > "$OUT/sim-A-$w.txt"
+  scale=$(python3 -c "print(max(1.0, $w / $cores))")
+  "$BIN/nanoddp-sim" --profile "$OUT/trace-1.json" "${shape[@]}" "${ddp[@]}" --nodes 1 \
+    --gpus-per-node "$w" "${net[@]}" --compute-scale "$scale" --json "$OUT/sim-A2-$w.json" \
+    > "$OUT/sim-A2-$w.txt"
+  "$BIN/nanoddp-sim" --profile "$OUT/trace-$w.json" "${shape[@]}" "${ddp[@]}" --nodes 1 \
+    --gpus-per-node "$w" "${net[@]}" --json "$OUT/sim-B-$w.json" > "$OUT/sim-B-$w.txt"
+done
+
+python3 - "$OUT" $WORLDS <<'EOF'
+import json, statistics, sys
+out, worlds = sys.argv[1], sys.argv[2:]
+def measured(w):
+    rows = [json.loads(l) for l in open(f"{out}/metrics-{w}.jsonl")]
+    rows = [r for r in rows if r["step"] > 1]
+    med = lambda k: statistics.median(r.get(k, 0.0) for r in rows)
+    return med("step_ms"), med("comm_ms"), med("exposed_comm_ms")
+print(f"{'ranks':>5} {'measured':>9} {'pred A':>8} {'err A':>7} {'pred A2':>8} {'err A2':>7}"
+      f" {'pred B':>8} {'err B':>7} {'comm meas':>9} {'comm B':>7} {'exp meas':>8}"
+      f" {'exp B':>6}")
+for w in worlds:
+    step, comm, exposed = measured(w)
+    a, a2, b = (json.load(open(f"{out}/sim-{v}-{w}.json"))["step"] for v in ("A", "A2", "B"))
+    err = lambda p: 100.0 * (p["step_ms"] - step) / step
+    print(f"{w:>5} {step:>9.2f} {a['step_ms']:>8.2f} {err(a):>+6.1f}% {a2['step_ms']:>8.2f}"
+          f" {err(a2):>+6.1f}% {b['step_ms']:>8.2f} {err(b):>+6.1f}% {comm:>9.2f}"
+          f" {b['comm_ms']:>7.2f} {exposed:>8.2f} {b['exposed_comm_ms']:>6.2f}")
+print("(ms; measured = median step_ms of nanoddp-train's metrics, steps 2..N; A = profile of "
+      "the 1-rank trace; A2 = A x max(1, W/cores); B = profile of the W-rank trace)")
+EOF

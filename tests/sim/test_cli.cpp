@@ -1,0 +1,116 @@
+// nanoddp-sim as a user runs it: the table, --json, --busbw, and exit code 2 with a message that
+// names the flag for bad input.
+
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "support/subprocess.h"
+
+using namespace nanoddp::testing;
+
+namespace {
+
+ProcessResult sim(std::vector<std::string> args) {
+  args.insert(args.begin(), bin_path("nanoddp-sim"));
+  ProcessOptions options;
+  options.timeout = std::chrono::seconds(60);
+  return run_process(args, options);
+}
+
+}  // namespace
+
+TEST_CASE("cli: the FLOP model on 4 nodes prints the step, the sweeps and the best cap") {
+  const ProcessResult r =
+      sim({"--model", "mlp", "--gpu", "h100", "--hidden", "8192", "--layers", "8", "--batch", "32",
+           "--nodes", "4", "--gpus-per-node", "8", "--sweep-buckets", "--sweep-nodes"});
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  for (const char* expected :
+       {"4 node(s) x 8 GPU(s) = 32 rank(s)", "exposed comm", "overlap", "scaling efficiency",
+        "bucket-cap sweep", "best bucket cap:", "scaling (8 GPU(s) per node"}) {
+    CHECK_MESSAGE(r.output.find(expected) != std::string::npos, expected, "\n", r.output);
+  }
+}
+
+TEST_CASE("cli: --json holds the same figures, consistent with each other") {
+  TempDir dir;
+  const std::string path = dir.file("sim.json");
+  const ProcessResult r =
+      sim({"--model", "mlp", "--hidden", "4096", "--layers", "4", "--nodes", "2", "--gpus-per-node",
+           "8", "--fabric", "nvlink3-ib200", "--sweep-buckets", "--json", path});
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  CHECK(j["cluster"]["world_size"] == 16);
+  CHECK(j["fabric"]["name"] == "nvlink3-ib200");
+  const auto& step = j["step"];
+  const double sum = step["forward_ms"].get<double>() + step["backward_ms"].get<double>() +
+                     step["exposed_comm_ms"].get<double>() + step["sync_ms"].get<double>() +
+                     step["optimizer_ms"].get<double>() + step["other_ms"].get<double>();
+  CHECK(step["step_ms"].get<double>() == doctest::Approx(sum));
+  double comm = 0;
+  for (const auto& b : j["buckets"]) comm += b["allreduce_ms"].get<double>();
+  CHECK(step["comm_ms"].get<double>() == doctest::Approx(comm));
+  CHECK(j["sweep"].size() >= 11);
+  double best = 1e300;
+  for (const auto& row : j["sweep"]) best = std::min(best, row["step_ms"].get<double>());
+  bool named = false;
+  for (const auto& row : j["sweep"]) {
+    if (row["bucket_cap_mb"] == j["best_bucket_cap_mb"]) named = row["step_ms"] == best;
+  }
+  CHECK(named);
+
+  // "-" writes the JSON alone to stdout.
+  const ProcessResult only = sim({"--model", "mlp", "--nodes", "1", "--json", "-"});
+  REQUIRE(only.exit_code == 0);
+  CHECK(nlohmann::json::parse(only.output)["cluster"]["world_size"] == 8);
+}
+
+TEST_CASE("cli: --busbw prints the network model alone") {
+  const ProcessResult r = sim({"--busbw", "--nodes", "1", "--gpus-per-node", "8", "--busbw-min",
+                               "8M", "--busbw-max", "8G", "--json", "-"});
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const nlohmann::json rows = nlohmann::json::parse(r.output);
+  REQUIRE(rows.size() == 11);  // 8 MiB .. 8 GiB, doubling
+  CHECK(rows.front()["bytes"] == 8.0 * 1024 * 1024);
+  // busbw grows with the size towards the fabric's 370 GB/s and never above.
+  for (std::size_t i = 1; i < rows.size(); ++i) {
+    CHECK(rows[i]["ring_busbw_gbs"].get<double>() > rows[i - 1]["ring_busbw_gbs"].get<double>());
+    CHECK(rows[i]["ring_busbw_gbs"].get<double>() < 370.0);
+  }
+}
+
+TEST_CASE("cli: bad input exits 2 and names the flag") {
+  struct Case {
+    std::vector<std::string> args;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {{}, "give one compute profile"},
+      {{"--model", "mlp", "--profile", "t.json"}, "give one compute profile"},
+      {{"--model", "cnn"}, "--model"},
+      {{"--model", "mlp", "--gpu", "b200"}, "--gpu b200: unknown GPU"},
+      {{"--model", "mlp", "--fabric", "ethernet"}, "--fabric ethernet: unknown fabric"},
+      {{"--model", "mlp", "--nodes", "0"}, "--nodes"},
+      {{"--model", "mlp", "--algo", "nvls"}, "--algo"},
+      {{"--model", "mlp", "--bucket-cap-mb", "0"}, "--bucket-cap-mb"},
+      {{"--model", "mlp", "--intra-bw-gbs", "-5"}, "--intra-bw-gbs must be a positive number"},
+      {{"--model", "mlp", "--overlap", "maybe"}, "--overlap"},
+      {{"--model", "mlp", "--rank", "1"}, "--rank applies to --profile only"},
+      {{"--profile", "t.json", "--gpu", "h100"}, "--gpu applies to --model mlp only"},
+      {{"--profile", "/nonexistent/t.json"}, "cannot open the file"},
+      {{"--model", "mlp", "--fit-allreduce", "/nonexistent.jsonl"}, "cannot open the file"},
+      {{"--model", "mlp", "--fit-allreduce", "x.jsonl", "--fabric", "nvlink4-ib400"}, "give one"},
+      {{"--busbw", "--busbw-min", "8X"}, "--busbw-min 8X: not a size"},
+      {{"--model", "mlp", "--fit-allreduce", "x.jsonl", "--sweep-nodes"},
+       "--sweep-nodes needs a named fabric"},
+      {{"--model", "mlp", "--no-such-flag"}, "--no-such-flag"},
+  };
+  for (const Case& c : cases) {
+    const ProcessResult r = sim(c.args);
+    CAPTURE(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(c.message) != std::string::npos);
+  }
+}

@@ -1,0 +1,158 @@
+// The FLOP model's arithmetic, and the step model that puts profile, buckets, network and replay
+// together.
+
+#include <doctest/doctest.h>
+
+#include "benchmarks/sim/error.h"
+#include "benchmarks/sim/flop_model.h"
+#include "benchmarks/sim/step_model.h"
+
+using namespace nanoddp::sim;
+
+TEST_CASE("flop model: a single Linear, timed by the roofline by hand") {
+  // Linear(1024 -> 1024), batch 1024, H100 fp32 at 100 %: the GEMM is 2 * 1024^3 FLOP =
+  // 2.147e9 / 66.9e12 FLOP/s = 32.10 us (its 12.6 MB take only 3.8 us at 3.35 TB/s), + 4 us
+  // launch. Forward adds the bias kernel (read + write 4 MiB: 1.25 us + 4) and the loss (reads
+  // two 4 MiB tensors: 1.25 us + 4).
+  const GpuSpec& h100 = find_gpu("h100");
+  const MlpShape shape{.in = 1024, .out = 1024, .hidden = 1, .layers = 0};
+  const ComputeProfile p =
+      profile_from_flops(h100, {.shape = shape, .batch = 1024, .efficiency = 1.0});
+  const double gemm_ms = 2.0 * 1024 * 1024 * 1024 / 66.9e9 + 0.004;
+  const double elementwise_ms = 1024.0 * 1024 * 2 * 4 / 3350e6 + 0.004;
+  CHECK(p.forward_ms == doctest::Approx(gemm_ms + 2 * elementwise_ms).epsilon(1e-9));
+  // Backward: the loss's backward (2 reads + 1 write), dW, db (one read); no dX for the first
+  // layer. Bias and weight are ready together.
+  const double loss_backward_ms = 1024.0 * 1024 * 3 * 4 / 3350e6 + 0.004;
+  const double db_ms = 1024.0 * 1024 * 1 * 4 / 3350e6 + 0.004;
+  REQUIRE(p.grads.size() == 2);
+  CHECK(p.grads[0].name == "layers.0.bias");
+  CHECK(p.grads[0].work_ms == doctest::Approx(loss_backward_ms + gemm_ms + db_ms).epsilon(1e-9));
+  CHECK(p.grads[1].work_ms == 0.0);
+  // AdamW streams 28 bytes per parameter.
+  const double params = 1024.0 * 1024 + 1024;
+  CHECK(p.optimizer_ms == doctest::Approx(params * 28 / 3350e6 + 0.004).epsilon(1e-9));
+}
+
+TEST_CASE("flop model: precision, GPU and efficiency move the times the right way") {
+  const MlpShape shape{.in = 4096, .out = 4096, .hidden = 4096, .layers = 4};
+  const FlopModelOptions fp32{.shape = shape, .batch = 512};
+  FlopModelOptions bf16 = fp32;
+  bf16.precision = Precision::kBf16;
+  const ComputeProfile h100_fp32 = profile_from_flops(find_gpu("h100"), fp32);
+  const ComputeProfile h100_bf16 = profile_from_flops(find_gpu("h100"), bf16);
+  const ComputeProfile h200_fp32 = profile_from_flops(find_gpu("h200"), fp32);
+  CHECK(h100_bf16.backward_ms() < h100_fp32.backward_ms() / 5);
+  // Same tensor cores, faster memory: the (memory-bound) optimizer is 4.8/3.35 faster on H200.
+  CHECK(h200_fp32.optimizer_ms < h100_fp32.optimizer_ms);
+  CHECK(h200_fp32.backward_ms() == doctest::Approx(h100_fp32.backward_ms()).epsilon(0.02));
+  // The first Linear has no dX to compute: less backward work than an equal hidden one.
+  const auto& g = h100_fp32.grads;
+  CHECK(g[g.size() - 2].work_ms < g[g.size() - 4].work_ms);
+  CHECK_THROWS_WITH_AS(profile_from_flops(find_gpu("h100"), {.shape = shape, .efficiency = 1.5}),
+                       doctest::Contains("--efficiency"), SimError);
+  CHECK_THROWS_WITH_AS(find_gpu("b200"), doctest::Contains("known: h100, h200, a100"), SimError);
+}
+
+namespace {
+
+// A hand-made profile: three Linear layers, 1 ms of backward each, 1 MiB of gradients each.
+ComputeProfile hand_profile() {
+  ComputeProfile p;
+  p.source = "hand-made";
+  for (int k = 0; k < 3; ++k) {
+    p.grads.push_back({"bias", 0, 1.0});
+    p.grads.push_back({"weight", 262144, 0.0});
+  }
+  p.forward_ms = 2.0;
+  p.optimizer_ms = 0.5;
+  p.other_ms = 0.25;
+  return p;
+}
+
+// One level, 5 us steps, 10 GB/s: all-reduce of 1 MiB on 2 ranks = 10 us + 104.9 us.
+Fabric slow_fabric() {
+  return {.name = "slow",
+          .intra_bw_gbs = 10.0,
+          .intra_lat_us = 5.0,
+          .inter_bw_gbs = 10.0,
+          .inter_lat_us = 5.0};
+}
+
+}  // namespace
+
+TEST_CASE("step model: step = forward + backward + exposed + sync + optimizer + other") {
+  const ComputeProfile p = hand_profile();
+  StepOptions o{.cluster = {.nodes = 1, .gpus_per_node = 2},
+                .fabric = slow_fabric(),
+                .algorithm = Algorithm::kRing,
+                .bucket_cap_mb = 1.0,
+                .first_bucket_mb = 1.0};
+  const StepPrediction s = predict_step(p, o);
+  // Three buckets of 1 MiB, ready at 1, 2, 3 ms; each all-reduce 0.010 + 1048576/1e7 ms.
+  const double c = 0.010 + 1048576.0 / 1e7;
+  REQUIRE(s.buckets.size() == 3);
+  CHECK(s.collectives[0].ms == doctest::Approx(c));
+  // The last bucket starts at 3 ms (the stream is free by then): exposed = c.
+  CHECK(s.exposed_comm_ms == doctest::Approx(c));
+  CHECK(s.comm_ms == doctest::Approx(3 * c));
+  // Sync: 2n floats = 16 bytes.
+  CHECK(s.sync_ms == doctest::Approx(0.010 + 16.0 / 1e7));
+  CHECK(s.step_ms == doctest::Approx(2.0 + 3.0 + c + s.sync_ms + 0.5 + 0.25));
+  CHECK(s.single_gpu_step_ms == doctest::Approx(5.75));
+  CHECK(s.scaling_efficiency == doctest::Approx(5.75 / s.step_ms));
+
+  // Overlap off: all of the communication is exposed.
+  o.overlap = false;
+  const StepPrediction off = predict_step(p, o);
+  CHECK(off.exposed_comm_ms == doctest::Approx(3 * c));
+  CHECK(off.overlap_fraction == doctest::Approx(0.0));
+
+  // Without the sync all-reduce, and on one rank: no communication at all.
+  o.overlap = true;
+  o.sync_allreduce = false;
+  CHECK(predict_step(p, o).sync_ms == 0.0);
+  o.cluster = {.nodes = 1, .gpus_per_node = 1};
+  o.sync_allreduce = true;
+  const StepPrediction one = predict_step(p, o);
+  CHECK(one.comm_ms == 0.0);
+  CHECK(one.sync_ms == 0.0);
+  CHECK(one.step_ms == doctest::Approx(5.75));
+  CHECK(one.scaling_efficiency == doctest::Approx(1.0));
+}
+
+TEST_CASE("step model: the bucket sweep names the fastest cap") {
+  // With a large per-collective cost, fewer buckets win: one bucket after the first (cap >= 2 MiB
+  // holds the remaining two layers) pays the launch cost twice instead of three times.
+  const ComputeProfile p = hand_profile();
+  Fabric f = slow_fabric();
+  f.launch_us = 5000;  // 5 ms per collective
+  const StepOptions o{.cluster = {.nodes = 1, .gpus_per_node = 2},
+                      .fabric = f,
+                      .bucket_cap_mb = 1.0,
+                      .first_bucket_mb = 1.0};
+  const auto rows = sweep_bucket_caps(p, o, {0.5, 1.0, 2.0, 25.0});
+  REQUIRE(rows.size() == 4);
+  CHECK(rows[0].buckets == 3);
+  CHECK(rows[2].buckets == 2);
+  CHECK(rows[3].buckets == 2);
+  const SweepRow& best = best_row(rows);
+  CHECK(best.bucket_cap_mb == 2.0);  // ties with 25 MiB: the smaller cap
+  for (const SweepRow& r : rows) CHECK(best.step_ms <= r.step_ms);
+  CHECK(default_sweep_caps(3.0).size() == default_sweep_caps(25.0).size() + 1);
+}
+
+TEST_CASE("step model: the node sweep doubles the nodes up to the cluster's") {
+  const ComputeProfile p = hand_profile();
+  const StepOptions o{.cluster = {.nodes = 6, .gpus_per_node = 4},
+                      .fabric = find_fabric("nvlink4-ib400")};
+  const auto rows = sweep_nodes(p, o);
+  std::vector<int> nodes;
+  for (const ScalingRow& r : rows) nodes.push_back(r.nodes);
+  CHECK(nodes == std::vector<int>{1, 2, 4, 6});
+  CHECK(rows.back().world_size == 24);
+  CHECK(rows.back().step_ms == doctest::Approx(predict_step(p, o).step_ms));
+  // More ranks never make this step faster: every rank still computes as much.
+  for (std::size_t i = 1; i < rows.size(); ++i) CHECK(rows[i].step_ms >= rows[i - 1].step_ms);
+  CHECK(rows.front().scaling_efficiency <= 1.0);
+}

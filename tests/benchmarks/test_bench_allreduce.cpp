@@ -91,7 +91,16 @@ TEST_CASE("bench-allreduce: --vs-raw measures the engine and raw Gloo in one run
     CHECK(lines[i].at("wrong") == 0);
     CHECK(lines[i].at("rounds") == 2);
   }
-  CHECK(lines[0].at("algorithm").get<std::string>().find("TCP ring") != std::string::npos);
+  CHECK(lines[0]
+            .at("algorithm")
+            .get<std::string>()
+            .find("process group allreduce; transport: "
+                  "TCP ring") != std::string::npos);
+  CHECK(lines[1]
+            .at("algorithm")
+            .get<std::string>()
+            .find("as used by gloo::allreduce; "
+                  "transport: TCP ring") != std::string::npos);
   CHECK(results[0].output.find("busbw/raw") != std::string::npos);
 }
 

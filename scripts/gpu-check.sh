@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one script that verifies nanoddp's CUDA path on a GPU machine (H200, sm_90): unpack the
-# build dependencies, configure with CUDA, build, run the GPU tests (ctest -L gpu) and the GEMM
+# build dependencies, configure with CUDA, build, run the GPU tests (ctest -L gpu), the GEMM
+# benchmark, GPU training (hand GEMM and cuBLAS), the NCCL all-reduce benchmark and the DDP
 # benchmark, and print a summary. Run from the repository root; it takes under 10 minutes.
 #
 # The GPU machine has CUDA 13, CMake, ninja, a compiler and Python, but none of the Debian -dev
@@ -11,11 +12,12 @@
 #      .gpu-debs is git-ignored, so it travels ONLY when named in `carry`.
 # Logs and results go to ${OUT:-/tmp/gpu-check-out} (flat, few files, so they all come back):
 #   summary.txt configure.log build.log ctest.log ctest-failures.txt bench-gemm.log bench-gemm.json
+#   train-hand.log train-cublas.log bench-allreduce-nccl.{log,json} bench-ddp.{log,json}
 # Exit status: 0 all passed, 1 a step failed, 2 the GPU tests were skipped (no usable GPU).
 #
 # Knobs (environment): GPU_CHECK_PREFIX (where the .debs are unpacked, default
 # /tmp/nanoddp-deps), GPU_CHECK_BUILD_DIR (default build-gpu), GPU_CHECK_BUILD_ALL=1 (build every
-# target, not only the GPU test and the GEMM benchmark), GPU_CHECK_DEPS_ONLY=1 (unpack, patch
+# target, not only the GPU test and the executables the steps run), GPU_CHECK_DEPS_ONLY=1 (unpack, patch
 # and configure only: how the dependency part is tested on a machine without a GPU),
 # CUDA_ARCHS (default 90), GPU_CHECK_CMAKE_ARGS (extra configure arguments).
 set -uo pipefail
@@ -181,9 +183,11 @@ fi
 # ---- 4. build --------------------------------------------------------------------------------
 t=$SECONDS
 targets=(nanoddp-tests-gpu)
-if cmake --build "$BUILD" --target help 2>/dev/null | grep -q 'nanoddp-bench-gemm'; then
-  targets+=(nanoddp-bench-gemm)
-fi
+available="$(cmake --build "$BUILD" --target help 2>/dev/null)"
+for target in nanoddp-bench-gemm nanoddp-train nanoddp-run nanoddp-bench-allreduce \
+  nanoddp-bench-ddp; do
+  grep -q "$target" <<<"$available" && targets+=("$target")
+done
 if [[ "${GPU_CHECK_BUILD_ALL:-0}" == 1 ]]; then targets=(all); fi
 # -k 0: keep going, so that one broken benchmark does not hide the test binary.
 timeout "$(limit 330 150)" cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" -- -k 0 \
@@ -233,7 +237,37 @@ else
   row bench-gemm absent 0 "no nanoddp-bench-gemm in this tree"
 fi
 
+# ---- 7. the DDP path on the GPU: training (hand GEMM and cuBLAS), the NCCL all-reduce through
+# the launcher, the DDP benchmark. One GPU: a world of one, which still runs every NCCL call,
+# the communication stream and its events, and the watchdog.
+extra_fail=0
+gpu_step() {  # step cap_seconds log_file executable [args...]
+  local step=$1 cap=$2 log=$3 t0=$SECONDS
+  shift 3
+  if [[ ! -x "$1" ]]; then
+    row "$step" absent 0 "$(basename "$1") was not built"
+    return
+  fi
+  if timeout "$(limit "$cap" 5)" "$@" >"$OUT/$log" 2>&1; then
+    row "$step" ok "$((SECONDS - t0))" "$(tail -1 "$OUT/$log" | cut -c1-120)"
+  else
+    row "$step" FAIL "$((SECONDS - t0))" "rc $?; see $log"
+    extra_fail=1
+  fi
+}
+bin="$BUILD/bin"
+gpu_step train-hand 60 train-hand.log "$bin/nanoddp-train" --device cuda --gemm hand \
+  --in 1024 --out 1024 --hidden 1024 --layers 3 --batch 256 --steps 200 --log-every 50
+gpu_step train-cublas 60 train-cublas.log "$bin/nanoddp-train" --device cuda --gemm cublas \
+  --in 1024 --out 1024 --hidden 1024 --layers 3 --batch 256 --steps 200 --log-every 50
+gpu_step allreduce 60 bench-allreduce-nccl.log "$bin/nanoddp-run" --nproc-per-node 1 \
+  "$bin/nanoddp-bench-allreduce" --backend nccl -b 8 -e 256M -f 8 \
+  --json "$OUT/bench-allreduce-nccl.json"
+gpu_step bench-ddp 90 bench-ddp.log "$bin/nanoddp-bench-ddp" --device cuda --backend nccl \
+  --world 1 --hidden 4096 --layers 4 --batch 256 --bucket-cap-mb 1,25 --steps 20 --warmup 5 \
+  --json "$OUT/bench-ddp.json"
+
 [[ -f "$OUT/ctest-failures.txt" ]] && cat "$OUT/ctest-failures.txt"
-if ((ctest_rc != 0)); then finish 1; fi
+if ((ctest_rc != 0 || extra_fail)); then finish 1; fi
 if ((skipped)); then finish 2; fi
 finish 0

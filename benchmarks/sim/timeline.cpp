@@ -152,7 +152,11 @@ Timeline replay(const TimelineInput& in) {
   for (std::size_t b = 0; b < n_buckets; ++b) {
     out.buckets[b].peers_ready_ms = std::max(out.buckets[b].ready_ms, peers[b]);
   }
-  for (const BucketTiming& b : out.buckets) out.comm_ms += b.end_ms - b.start_ms;
+  for (std::size_t b = 0; b < n_buckets; ++b) {
+    const double taken_up =
+        std::max(out.buckets[b].launch_ms, b > 0 ? out.buckets[b - 1].end_ms : 0.0);
+    out.comm_ms += out.buckets[b].end_ms - taken_up;
+  }
   out.comm_end_ms = n_buckets > 0 ? out.buckets.back().end_ms : 0.0;
   out.exposed_comm_ms = std::max(0.0, out.comm_end_ms - out.backward_end_ms);
   return out;

@@ -65,8 +65,11 @@ struct Timeline {
   std::vector<double> grad_ready_ms;  // per gradient
   double backward_end_ms = 0;
   double comm_end_ms = 0;      // when the last collective ends (0 without buckets)
-  double comm_ms = 0;          // sum of the collectives' durations, end - start, as the
-                               // Reducer measures them (longer than undisturbed when slowed)
+  double comm_ms = 0;          // sum of the collectives' durations as the Reducer measures
+                               // them: from when this rank's communication thread takes one up
+                               // (max(launch, previous end)) to its end -- longer than
+                               // undisturbed when slowed, and including the wait for the
+                               // slowest rank with peers
   double exposed_comm_ms = 0;  // max(0, comm_end - backward_end)
   // Share of the communication hidden behind backward, as the Reducer reports it.
   double overlap_fraction() const;

@@ -193,8 +193,8 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--cores", o.cores,
-                 "CPU ranks: the cores their compute and communication threads share "
-                 "(0 = unlimited, GPUs)")
+                 "CPU ranks: the cores per node their compute and communication threads "
+                 "share (0 = unlimited, GPUs)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   app.add_option("--peers", o.peers,
@@ -330,8 +330,9 @@ void run_cli(const CliOptions& o) {
                                .overlap_slowdown = o.overlap_slowdown,
                                .compute_scale = o.compute_scale,
                                .cores = o.cores,
-                               // nanoddp-bench-allreduce ran at the simulated world size.
-                               .network_ranks = o.fit_path.empty() ? 0 : cluster.world_size(),
+                               // nanoddp-bench-allreduce ran at the simulated world size,
+                               // gpus_per_node ranks sharing each node's cores.
+                               .network_ranks = o.fit_path.empty() ? 0 : cluster.gpus_per_node,
                                .peers = o.peers == "traced"};
   report.prediction = predict_step(profile, report.options);
   if (o.sweep_buckets) {

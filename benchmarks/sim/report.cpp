@@ -51,11 +51,11 @@ std::string format_report(const SimReport& r) {
   if (o.cores > 0) {
     const ReplayRates& q = p.rates;
     out += fmt::format(
-        "cores     {} CPU core(s) shared by {} compute + {} communication threads: speed x{:.3g} "
-        "compute alone, x{:.3g} beside a collective; collective x{:.3g} alone, x{:.3g} beside "
-        "backward\n",
-        o.cores, p.world_size, p.world_size > 1 ? p.world_size : 0, q.compute_alone,
-        q.compute_shared, q.comm_alone, q.comm_shared);
+        "cores     {} CPU core(s) per node shared by {} compute + {} communication threads: "
+        "speed x{:.3g} compute alone, x{:.3g} beside a collective; collective x{:.3g} alone, "
+        "x{:.3g} beside backward\n",
+        o.cores, o.cluster.gpus_per_node, p.world_size > 1 ? o.cluster.gpus_per_node : 0,
+        q.compute_alone, q.compute_shared, q.comm_alone, q.comm_shared);
   }
   if (o.peers) out += "peers     each collective waits for the slowest traced rank\n";
   out += "\n";

@@ -24,7 +24,8 @@ double profile_share(const ComputeProfile& profile, int cores) {
 
 ReplayRates sharing_rates(const ComputeProfile& profile, const StepOptions& o) {
   const int c = o.cores;
-  const int n = o.cluster.world_size();
+  // The cores are a node's: its ranks share them, other nodes' ranks do not.
+  const int n = o.cluster.gpus_per_node;
   const int p = profile.measured ? profile.measured->world_size : 0;
   const double profile_alone = profile_share(profile, c);
   const double profile_shared = p > 1 ? core_share(c, 2 * p) : profile_alone;

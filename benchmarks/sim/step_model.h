@@ -13,18 +13,18 @@
 // GPU) / step(n GPUs).
 //
 // CPU time-sharing (`cores` > 0; 0 = unlimited, the GPU case, where nothing below applies). Each
-// of the n CPU ranks runs a compute thread and a communication thread (Gloo's worker), and k
-// runnable threads on C cores each get share(k) = min(1, C / k) of a core (the kernel's fair
-// share, in the fluid limit). With identical ranks, k is n while only compute runs (forward,
-// backward alone, optimizer, other) or only collectives run (after backward), and 2n while
-// backward and a collective run together. A collective advances at the rate of its slowest
-// participant -- with identical ranks, every participant's share. Rates are relative to where
-// the inputs were measured:
-//   - a trace profile of p ranks on these cores ran its compute at share(p) and, in a DDP trace
-//     (p > 1), its backward beside its collectives at share(2p); a profile without a
-//     measurement (the FLOP model) is taken as a dedicated core (share 1);
-//   - a network fitted to nanoddp-bench-allreduce on m ranks (`network_ranks`) ran its
-//     collectives at share(m) (communication threads alone); a named fabric is not CPU work
+// of the n CPU ranks of a node (gpus_per_node) runs a compute thread and a communication thread
+// (Gloo's worker) on the node's C cores, and k runnable threads on C cores each get
+// share(k) = min(1, C / k) of a core (the kernel's fair share, in the fluid limit). With identical
+// ranks, k is n while only compute runs (forward, backward alone, optimizer, other) or only
+// collectives run (after backward), and 2n while backward and a collective run together. A
+// collective advances at the rate of its slowest participant -- with identical ranks, every
+// participant's share. Rates are relative to where the inputs were measured:
+//   - a trace profile of p ranks (on one host with these cores) ran its compute at share(p)
+//     and, in a DDP trace (p > 1), its backward beside its collectives at share(2p); a profile
+//     without a measurement (the FLOP model) is taken as a dedicated core (share 1);
+//   - a network fitted to nanoddp-bench-allreduce with m ranks per node (`network_ranks`) ran
+//     its collectives at share(m) (communication threads alone); a named fabric is not CPU work
 //     (share 1).
 // So compute alone runs at share(n) / share(p), backward beside a collective at share(2n) /
 // share(2p), a collective alone at share(n) / share(m) and beside backward at share(2n) /
@@ -55,8 +55,8 @@ struct StepOptions {
   bool sync_allreduce = true;   // nanoddp-train's loss/NaN all-reduce
   double overlap_slowdown = 0;  // see timeline.h
   double compute_scale = 1;     // every compute time multiplied
-  int cores = 0;                // CPU cores the ranks share; 0 = unlimited (GPUs)
-  int network_ranks = 0;        // ranks the network was measured with on these cores; 0 = none
+  int cores = 0;                // CPU cores per node, shared by its ranks; 0 = unlimited (GPUs)
+  int network_ranks = 0;        // ranks per node the network was measured with; 0 = not CPU
   bool peers = false;           // wait for the slowest traced rank (profile.peers_ready_ms)
 };
 

@@ -134,8 +134,9 @@ TEST_CASE("cli: --cores and --peers on a two-rank trace") {
   const ProcessResult r = sim({"--profile", trace, "--hidden", "64", "--layers", "2", "--nodes",
                                "1", "--gpus-per-node", "2", "--cores", "1", "--peers", "traced"});
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  for (const char* expected : {"1 CPU core(s) shared by 2 compute + 2 communication threads",
-                               "waits for the slowest traced rank", "all ready"}) {
+  for (const char* expected :
+       {"1 CPU core(s) per node shared by 2 compute + 2 communication threads",
+        "waits for the slowest traced rank", "all ready"}) {
     CHECK_MESSAGE(r.output.find(expected) != std::string::npos, expected, "\n", r.output);
   }
   const ProcessResult j =

@@ -195,6 +195,15 @@ TEST_CASE("step model: CPU ranks sharing cores, shares by hand") {
   CHECK(r.comm_alone == 1.0);
   CHECK(r.comm_shared == doctest::Approx(0.5));
 
+  // The cores are a node's: two nodes of three ranks share like one node of three.
+  o.cluster = {.nodes = 2, .gpus_per_node = 3};
+  o.network_ranks = 3;
+  r = sharing_rates(alone, o);
+  CHECK(r.compute_alone == doctest::Approx(2.0 / 3));
+  CHECK(r.compute_shared == doctest::Approx(1.0 / 3));
+  CHECK(r.comm_shared == doctest::Approx(0.5));
+  o.cluster = {.nodes = 1, .gpus_per_node = 2};
+
   // A named (GPU) fabric is no CPU work when measured: collectives get share(n) of a core.
   o.network_ranks = 0;
   o.cluster.gpus_per_node = 4;

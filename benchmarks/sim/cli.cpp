@@ -51,8 +51,12 @@ std::string check(const CliOptions& o, const CLI::App& app) {
       }
     }
   } else {
-    for (const char* flag : {"--rank", "--skip-steps"}) {
+    for (const char* flag : {"--rank", "--skip-steps", "--peers"}) {
       if (app.count(flag) > 0) return fmt::format("{} applies to --profile only", flag);
+    }
+    if (o.cores > 0) {
+      return "--cores models CPU ranks sharing cores; the FLOP model describes GPUs (use a "
+             "--profile traced on the CPU)";
     }
   }
   if (!o.fit_path.empty() && o.sweep_nodes) {
@@ -185,9 +189,18 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
                  "backward and a collective running together are each (1 + S) times slower")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--compute-scale", o.compute_scale,
-                 "multiply every compute time (e.g. ranks sharing CPU cores)")
+  app.add_option("--compute-scale", o.compute_scale, "multiply every compute time")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--cores", o.cores,
+                 "CPU ranks: the cores per node their compute and communication threads "
+                 "share (0 = unlimited, GPUs)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--peers", o.peers,
+                 "identical: every rank is the profiled one; traced: each collective waits "
+                 "for the slowest rank of the trace (same world size)")
+      ->check(CLI::IsMember({"identical", "traced"}))
       ->capture_default_str();
 
   app.add_flag("--sweep-buckets", o.sweep_buckets, "also try bucket caps 0.25..1000 MiB");
@@ -286,8 +299,9 @@ void run_cli(const CliOptions& o) {
   const MlpShape shape{.in = o.in, .out = o.out, .hidden = o.hidden, .layers = o.layers};
   ComputeProfile profile;
   if (!o.profile_path.empty()) {
-    profile = profile_from_trace(o.profile_path,
-                                 {.shape = shape, .rank = o.rank, .skip_steps = o.skip_steps});
+    profile = profile_from_trace(
+        o.profile_path,
+        {.shape = shape, .rank = o.rank, .skip_steps = o.skip_steps, .peers = o.peers == "traced"});
   } else {
     profile = profile_from_flops(find_gpu(o.gpu), {.shape = shape,
                                                    .batch = o.batch,
@@ -314,7 +328,12 @@ void run_cli(const CliOptions& o) {
                                .grad_bytes = grad_bytes,
                                .sync_allreduce = o.sync_allreduce == "on",
                                .overlap_slowdown = o.overlap_slowdown,
-                               .compute_scale = o.compute_scale};
+                               .compute_scale = o.compute_scale,
+                               .cores = o.cores,
+                               // nanoddp-bench-allreduce ran at the simulated world size,
+                               // gpus_per_node ranks sharing each node's cores.
+                               .network_ranks = o.fit_path.empty() ? 0 : cluster.gpus_per_node,
+                               .peers = o.peers == "traced"};
   report.prediction = predict_step(profile, report.options);
   if (o.sweep_buckets) {
     report.sweep = sweep_bucket_caps(profile, report.options, default_sweep_caps(o.bucket_cap_mb));

@@ -39,6 +39,8 @@ struct CliOptions {
   std::string sync_allreduce = "on";
   double overlap_slowdown = 0;
   double compute_scale = 1;
+  int cores = 0;                    // CPU cores per node, shared by its ranks; 0 = unlimited
+  std::string peers = "identical";  // or "traced": wait for the trace's slowest rank
 
   // Output.
   bool sweep_buckets = false;

@@ -60,6 +60,10 @@ struct ComputeProfile {
   // (nanoddp-train's loss/NaN exchange), so the step model does not add its own.
   bool other_includes_sync = false;
   std::optional<MeasuredStep> measured;
+  // A multi-rank trace read with its peers: per gradient, when the slowest rank of the traced
+  // run (this one included) had produced it, from this rank's backward start, on the ranks'
+  // common clock (median over the steps of the per-step latest). Empty otherwise.
+  std::vector<double> peers_ready_ms;
 
   double backward_ms() const;  // sum of work + tail
   std::int64_t numel() const;

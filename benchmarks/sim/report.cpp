@@ -48,18 +48,29 @@ std::string format_report(const SimReport& r) {
           ? fmt::format("; backward and all-reduce x{:.2f} slower together", 1 + o.overlap_slowdown)
           : "",
       o.compute_scale != 1 ? fmt::format("; compute x{:.2f}", o.compute_scale) : "");
+  if (o.cores > 0) {
+    const ReplayRates& q = p.rates;
+    out += fmt::format(
+        "cores     {} CPU core(s) per node shared by {} compute + {} communication threads: "
+        "speed x{:.3g} compute alone, x{:.3g} beside a collective; collective x{:.3g} alone, "
+        "x{:.3g} beside backward\n",
+        o.cores, o.cluster.gpus_per_node, p.world_size > 1 ? o.cluster.gpus_per_node : 0,
+        q.compute_alone, q.compute_shared, q.comm_alone, q.comm_shared);
+  }
+  if (o.peers) out += "peers     each collective waits for the slowest traced rank\n";
   out += "\n";
-  out += fmt::format("{:>6} {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>12} {:>5}\n", "bucket",
-                     "params", "MiB", "ready", "launch", "start", "end", "all-reduce", "algo");
+  out += fmt::format("{:>6} {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>5}\n", "bucket",
+                     "params", "MiB", "ready", "all ready", "launch", "start", "end", "all-reduce",
+                     "algo");
   for (std::size_t b = 0; b < p.buckets.size(); ++b) {
     const BucketTiming& t = p.timeline.buckets[b];
     out += fmt::format(
-        "{:>6} {:>6} {:>10.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>12.3f} {:>5}\n", b,
+        "{:>6} {:>6} {:>10.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>12.3f} {:>5}\n", b,
         p.buckets[b].count, static_cast<double>(p.buckets[b].numel) * o.grad_bytes / kMiB,
-        t.ready_ms, t.launch_ms, t.start_ms, t.end_ms, p.collectives[b].ms,
+        t.ready_ms, t.peers_ready_ms, t.launch_ms, t.start_ms, t.end_ms, p.collectives[b].ms,
         algorithm_name(p.collectives[b].algorithm));
   }
-  out += "(ms from the start of backward)\n\n";
+  out += "(ms from the start of backward; all ready: the slowest rank's, with --peers traced)\n\n";
   out += fmt::format("step                 {:>10.3f} ms\n", p.step_ms);
   const auto row = [&](const char* what, double ms) {
     out += fmt::format("  {:<18} {:>10.3f} ms  {:>5.1f} %\n", what, ms, pct(ms, p.step_ms));
@@ -140,6 +151,7 @@ nlohmann::json report_json(const SimReport& r) {
     grads.push_back({{"name", g.name}, {"numel", g.numel}, {"work_ms", g.work_ms}});
   }
   j["profile"]["gradients"] = grads;
+  if (!prof.peers_ready_ms.empty()) j["profile"]["peers_ready_ms"] = prof.peers_ready_ms;
   if (prof.measured) {
     const MeasuredStep& m = *prof.measured;
     j["profile"]["measured"] = {
@@ -164,7 +176,14 @@ nlohmann::json report_json(const SimReport& r) {
                   {"grad_bytes", o.grad_bytes},
                   {"sync_allreduce", o.sync_allreduce},
                   {"overlap_slowdown", o.overlap_slowdown},
-                  {"compute_scale", o.compute_scale}};
+                  {"compute_scale", o.compute_scale},
+                  {"cores", o.cores},
+                  {"network_ranks", o.network_ranks},
+                  {"peers", o.peers ? "traced" : "identical"}};
+  j["rates"] = {{"compute_alone", p.rates.compute_alone},
+                {"compute_shared", p.rates.compute_shared},
+                {"comm_alone", p.rates.comm_alone},
+                {"comm_shared", p.rates.comm_shared}};
   json buckets = json::array();
   for (std::size_t b = 0; b < p.buckets.size(); ++b) {
     const BucketTiming& t = p.timeline.buckets[b];
@@ -173,6 +192,7 @@ nlohmann::json report_json(const SimReport& r) {
                        {"numel", p.buckets[b].numel},
                        {"bytes", static_cast<double>(p.buckets[b].numel) * o.grad_bytes},
                        {"ready_ms", t.ready_ms},
+                       {"peers_ready_ms", t.peers_ready_ms},
                        {"launch_ms", t.launch_ms},
                        {"start_ms", t.start_ms},
                        {"end_ms", t.end_ms},

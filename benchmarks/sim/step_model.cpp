@@ -7,6 +7,35 @@
 
 namespace nanoddp::sim {
 
+double core_share(int cores, int threads) {
+  return cores > 0 && threads > cores ? static_cast<double>(cores) / threads : 1.0;
+}
+
+namespace {
+
+// The share of a core the profile's compute had when it was measured (its traced world on these
+// cores; a dedicated core for a profile without a measurement).
+double profile_share(const ComputeProfile& profile, int cores) {
+  const int p = profile.measured ? profile.measured->world_size : 0;
+  return p > 0 ? core_share(cores, p) : 1.0;
+}
+
+}  // namespace
+
+ReplayRates sharing_rates(const ComputeProfile& profile, const StepOptions& o) {
+  const int c = o.cores;
+  // The cores are a node's: its ranks share them, other nodes' ranks do not.
+  const int n = o.cluster.gpus_per_node;
+  const int p = profile.measured ? profile.measured->world_size : 0;
+  const double profile_alone = profile_share(profile, c);
+  const double profile_shared = p > 1 ? core_share(c, 2 * p) : profile_alone;
+  const double network = o.network_ranks > 0 ? core_share(c, o.network_ranks) : 1.0;
+  return {.compute_alone = core_share(c, n) / profile_alone,
+          .compute_shared = core_share(c, 2 * n) / profile_shared,
+          .comm_alone = core_share(c, n) / network,
+          .comm_shared = core_share(c, 2 * n) / network};
+}
+
 StepPrediction predict_step(const ComputeProfile& profile, const StepOptions& o) {
   check_fabric(o.fabric, o.cluster);
   if (!(o.compute_scale > 0) || !std::isfinite(o.compute_scale)) {
@@ -16,11 +45,37 @@ StepPrediction predict_step(const ComputeProfile& profile, const StepOptions& o)
     fail("--overlap-slowdown must be a number >= 0, got {}", o.overlap_slowdown);
   }
   if (profile.grads.empty()) fail("the compute profile has no parameters");
+  if (o.cores < 0) fail("--cores must be >= 0 (0 = unlimited), got {}", o.cores);
+  if (o.network_ranks < 0) fail("network_ranks must be >= 0, got {}", o.network_ranks);
+  if (o.peers) {
+    if (profile.peers_ready_ms.empty()) {
+      fail(
+          "--peers traced needs a profile read with its peers: a trace of several ranks "
+          "(--profile with --peers traced)");
+    }
+    if (profile.peers_ready_ms.size() != profile.grads.size()) {
+      fail("the profile has {} peer ready times for {} gradients", profile.peers_ready_ms.size(),
+           profile.grads.size());
+    }
+    const int traced = profile.measured ? profile.measured->world_size : 0;
+    if (traced != o.cluster.world_size()) {
+      fail(
+          "--peers traced: the trace holds {} ranks but the cluster has {}; the slowest rank of "
+          "a traced run says nothing about another world size (use --peers identical)",
+          traced, o.cluster.world_size());
+    }
+  }
 
   StepPrediction p;
   p.world_size = o.cluster.world_size();
+  p.rates = sharing_rates(profile, o);
+  // Time outside the replay (forward, optimizer, other) runs with compute alone.
+  const double compute_factor = o.compute_scale / p.rates.compute_alone;
   std::vector<std::int64_t> numels;
   TimelineInput in;
+  // The replay scales by its rates itself; compute_scale is the caller's.
+  in.rates = p.rates;
+  if (o.peers) in.peers_ready_ms = profile.peers_ready_ms;
   for (const GradientWork& g : profile.grads) {
     numels.push_back(g.numel);
     in.work_ms.push_back(g.work_ms * o.compute_scale);
@@ -37,21 +92,24 @@ StepPrediction predict_step(const ComputeProfile& profile, const StepOptions& o)
   in.overlap_slowdown = p.world_size > 1 ? o.overlap_slowdown : 0.0;
   p.timeline = replay(in);
 
-  p.forward_ms = profile.forward_ms * o.compute_scale;
+  p.forward_ms = profile.forward_ms * compute_factor;
   p.backward_ms = p.timeline.backward_end_ms;
-  p.optimizer_ms = profile.optimizer_ms * o.compute_scale;
-  p.other_ms = profile.other_ms * o.compute_scale;
+  p.optimizer_ms = profile.optimizer_ms * compute_factor;
+  p.other_ms = profile.other_ms * compute_factor;
   p.comm_ms = p.timeline.comm_ms;
   p.exposed_comm_ms = p.timeline.exposed_comm_ms;
   p.overlap_fraction = p.timeline.overlap_fraction();
   if (o.sync_allreduce && p.world_size > 1 && !profile.other_includes_sync) {
-    p.sync_ms = allreduce_time(o.cluster, o.fabric, o.algorithm, 2.0 * p.world_size * 4.0).ms;
+    p.sync_ms = allreduce_time(o.cluster, o.fabric, o.algorithm, 2.0 * p.world_size * 4.0).ms /
+                p.rates.comm_alone;
   }
   p.step_ms =
       p.forward_ms + p.backward_ms + p.exposed_comm_ms + p.sync_ms + p.optimizer_ms + p.other_ms;
+  // One rank alone on the same cores: its compute thread has a core to itself.
+  const double one_rank_rate = core_share(o.cores, 1) / profile_share(profile, o.cores);
   p.single_gpu_step_ms =
       (profile.forward_ms + profile.backward_ms() + profile.optimizer_ms + profile.other_ms) *
-      o.compute_scale;
+      o.compute_scale / one_rank_rate;
   p.scaling_efficiency = p.step_ms > 0 ? p.single_gpu_step_ms / p.step_ms : 0.0;
   return p;
 }

@@ -11,6 +11,29 @@
 // nanoddp-train's step_ms leaves it out. The 1-GPU step is forward + backward + optimizer + other:
 // no Reducer, no sync. With a fixed batch per GPU (weak scaling) the scaling efficiency is step(1
 // GPU) / step(n GPUs).
+//
+// CPU time-sharing (`cores` > 0; 0 = unlimited, the GPU case, where nothing below applies). Each
+// of the n CPU ranks of a node (gpus_per_node) runs a compute thread and a communication thread
+// (Gloo's worker) on the node's C cores, and k runnable threads on C cores each get
+// share(k) = min(1, C / k) of a core (the kernel's fair share, in the fluid limit). With identical
+// ranks, k is n while only compute runs (forward, backward alone, optimizer, other) or only
+// collectives run (after backward), and 2n while backward and a collective run together. A
+// collective advances at the rate of its slowest participant -- with identical ranks, every
+// participant's share. Rates are relative to where the inputs were measured:
+//   - a trace profile of p ranks (on one host with these cores) ran its compute at share(p)
+//     and, in a DDP trace (p > 1), its backward beside its collectives at share(2p); a profile
+//     without a measurement (the FLOP model) is taken as a dedicated core (share 1);
+//   - a network fitted to nanoddp-bench-allreduce with m ranks per node (`network_ranks`) ran
+//     its collectives at share(m) (communication threads alone); a named fabric is not CPU work
+//     (share 1).
+// So compute alone runs at share(n) / share(p), backward beside a collective at share(2n) /
+// share(2p), a collective alone at share(n) / share(m) and beside backward at share(2n) /
+// share(m). Simulating the traced world on the traced machine (n = p = m) leaves compute as
+// traced and collectives as fitted, except beside backward: share(2n) / share(n), what the
+// benchmark's idle compute threads did not show.
+//
+// Peers (`peers`): with a profile read with its peers (trace_profile.h) and the traced world,
+// each bucket's collective waits for the slowest rank to produce the bucket (timeline.h).
 
 #include <vector>
 
@@ -31,14 +54,24 @@ struct StepOptions {
   double grad_bytes = 4;        // per element on the wire: 4 (fp32), 2 (the bf16 comm hook)
   bool sync_allreduce = true;   // nanoddp-train's loss/NaN all-reduce
   double overlap_slowdown = 0;  // see timeline.h
-  double compute_scale = 1;     // every compute time multiplied (e.g. ranks sharing cores)
+  double compute_scale = 1;     // every compute time multiplied
+  int cores = 0;                // CPU cores per node, shared by its ranks; 0 = unlimited (GPUs)
+  int network_ranks = 0;        // ranks per node the network was measured with; 0 = not CPU
+  bool peers = false;           // wait for the slowest traced rank (profile.peers_ready_ms)
 };
+
+// share(k) above: the share of a core each of k runnable threads gets on `cores` cores
+// (1 when cores is 0, unlimited).
+double core_share(int cores, int threads);
+// The replay's rates for the options' world size (see "CPU time-sharing" above).
+ReplayRates sharing_rates(const ComputeProfile& profile, const StepOptions& options);
 
 struct StepPrediction {
   int world_size = 1;
   std::vector<SimBucket> buckets;
   std::vector<CollectiveTime> collectives;  // per bucket
   Timeline timeline;
+  ReplayRates rates;  // the CPU time-sharing rates used (all 1 without --cores)
   double forward_ms = 0;
   double backward_ms = 0;  // backward compute, as replayed
   double exposed_comm_ms = 0;

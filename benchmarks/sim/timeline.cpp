@@ -41,6 +41,17 @@ void check_input(const TimelineInput& in) {
     fail("timeline: negative backward tail ({}) or overlap slowdown ({})", in.tail_ms,
          in.overlap_slowdown);
   }
+  for (double r : {in.rates.compute_alone, in.rates.compute_shared, in.rates.comm_alone,
+                   in.rates.comm_shared}) {
+    if (!(r > 0) || !std::isfinite(r)) fail("timeline: a replay rate is {}; rates must be > 0", r);
+  }
+  if (!in.peers_ready_ms.empty() && in.peers_ready_ms.size() != in.work_ms.size()) {
+    fail("timeline: {} peer ready times for {} gradients", in.peers_ready_ms.size(),
+         in.work_ms.size());
+  }
+  for (double p : in.peers_ready_ms) {
+    if (!std::isfinite(p)) fail("timeline: a peer ready time is {}", p);
+  }
 }
 
 }  // namespace
@@ -59,9 +70,15 @@ Timeline replay(const TimelineInput& in) {
 
   std::vector<std::size_t> bucket_of(n_grads);
   std::vector<std::size_t> pending(n_buckets);
+  // When the slowest rank has every gradient of bucket b (-inf: identical ranks).
+  std::vector<double> peers(n_buckets, -kInf);
   for (std::size_t b = 0; b < n_buckets; ++b) {
     pending[b] = in.buckets[b].count;
-    for (std::size_t k = 0; k < in.buckets[b].count; ++k) bucket_of[in.buckets[b].first + k] = b;
+    for (std::size_t k = 0; k < in.buckets[b].count; ++k) {
+      const std::size_t i = in.buckets[b].first + k;
+      bucket_of[i] = b;
+      if (!in.peers_ready_ms.empty()) peers[b] = std::max(peers[b], in.peers_ready_ms[i]);
+    }
   }
 
   Timeline out;
@@ -81,10 +98,12 @@ Timeline replay(const TimelineInput& in) {
     }
   };
 
-  // Event loop: the next event is a gradient becoming ready (or backward ending) or the
-  // running collective finishing; between events compute and communication each advance at a
-  // constant rate (slowed while both run).
-  const double shared_rate = 1.0 / (1.0 + in.overlap_slowdown);
+  // Event loop: the next event is a gradient becoming ready (or backward ending), the running
+  // collective finishing, or the slowest rank catching up with the next collective; between
+  // events compute and communication each advance at a constant rate.
+  const ReplayRates& r = in.rates;
+  const double compute_shared = r.compute_shared / (1.0 + in.overlap_slowdown);
+  const double comm_shared = r.comm_shared / (1.0 + in.overlap_slowdown);
   while (true) {
     while (next_grad < n_grads && done >= threshold[next_grad]) {
       out.grad_ready_ms[next_grad] = t;
@@ -99,19 +118,27 @@ Timeline replay(const TimelineInput& in) {
       out.backward_end_ms = t;
       launch_ready(true);  // finalize: what is left (everything, with overlap off)
     }
-    if (!comm_busy && next_start < next_launch) {
+    if (!comm_busy && next_start < next_launch && peers[next_start] <= t) {
       out.buckets[next_start].start_ms = t;
       comm_left = in.collective_ms[next_start];
       comm_busy = true;
     }
-    if (backward_done && !comm_busy) break;
+    if (backward_done && next_start == n_buckets) break;
 
-    const double compute_rate = comm_busy ? shared_rate : 1.0;
-    const double comm_rate = backward_done ? 1.0 : shared_rate;
+    const double compute_rate = comm_busy ? compute_shared : r.compute_alone;
+    const double comm_rate = backward_done ? r.comm_alone : comm_shared;
     const double target = next_grad < n_grads ? threshold[next_grad] : work_end;
     const double to_compute = backward_done ? kInf : (target - done) / compute_rate;
     const double to_comm = comm_busy ? comm_left / comm_rate : kInf;
-    const double dt = std::min(to_compute, to_comm);
+    // A launched collective waiting for the slowest rank: its arrival is an event.
+    const double to_peers = !comm_busy && next_start < next_launch ? peers[next_start] - t : kInf;
+    const double dt = std::min({to_compute, to_comm, to_peers});
+    if (dt == to_peers && dt < to_compute && dt < to_comm) {
+      // Land exactly on the arrival (t + (p - t) may round below p).
+      if (!backward_done) done += dt * compute_rate;
+      t = peers[next_start];
+      continue;
+    }
     t += dt;
     if (!backward_done) done = to_compute <= to_comm ? target : done + dt * compute_rate;
     if (comm_busy) {
@@ -122,7 +149,14 @@ Timeline replay(const TimelineInput& in) {
       }
     }
   }
-  for (const BucketTiming& b : out.buckets) out.comm_ms += b.end_ms - b.start_ms;
+  for (std::size_t b = 0; b < n_buckets; ++b) {
+    out.buckets[b].peers_ready_ms = std::max(out.buckets[b].ready_ms, peers[b]);
+  }
+  for (std::size_t b = 0; b < n_buckets; ++b) {
+    const double taken_up =
+        std::max(out.buckets[b].launch_ms, b > 0 ? out.buckets[b - 1].end_ms : 0.0);
+    out.comm_ms += out.buckets[b].end_ms - taken_up;
+  }
   out.comm_end_ms = n_buckets > 0 ? out.buckets.back().end_ms : 0.0;
   out.exposed_comm_ms = std::max(0.0, out.comm_end_ms - out.backward_end_ms);
   return out;

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -53,7 +54,87 @@ struct StepSample {
   double wait_ms = 0;
   double optimizer_ms = 0;
   std::map<int, std::pair<std::int64_t, double>> buckets;  // index -> (elements, ms)
+  double backward_start_us = 0;                            // on the trace's clock (for the peers)
+  double allreduce_end_us = -1;  // end of the last all-reduce span; -1 without one
 };
+
+// What the peers contribute to one step: when each "backward linear" span ended and when the
+// step's last all-reduce ended, on the trace's clock.
+struct PeerStep {
+  std::vector<double> linear_end_us;
+  double allreduce_end_us = -1;
+};
+
+// Cuts one rank's spans (sorted by start) into steps at its "forward" spans.
+std::vector<PeerStep> peer_steps(const std::vector<Span>& spans) {
+  std::vector<PeerStep> steps;
+  for (const Span& sp : spans) {
+    if (sp.tid == kComputeTrack && sp.name == "forward") steps.emplace_back();
+    if (steps.empty()) continue;
+    if (sp.tid == kComputeTrack && sp.name == "backward linear") {
+      steps.back().linear_end_us.push_back(sp.end_us());
+    }
+    if (sp.tid == kCommTrack && sp.name.rfind("all-reduce bucket ", 0) == 0) {
+      steps.back().allreduce_end_us = std::max(steps.back().allreduce_end_us, sp.end_us());
+    }
+  }
+  return steps;
+}
+
+// Medians over the kept steps of the slowest rank's "backward linear" ends, from this rank's
+// backward start: one per Linear, in backward order. Checks that the ranks share a clock.
+std::vector<double> peers_ready(const std::map<int, std::vector<Span>>& by_rank, int rank,
+                                const std::vector<StepSample>& samples, std::size_t skip,
+                                std::size_t n_linear, const std::string& name) {
+  if (by_rank.size() < 2) {
+    fail("--peers traced: {} holds one rank; the slowest rank needs a trace of several", name);
+  }
+  // Per step the latest over every rank, this one included: the collective starts when the
+  // last rank arrives, whoever it is that step.
+  std::vector<std::vector<double>> latest(n_linear, std::vector<double>(samples.size()));
+  for (std::size_t k = 0; k < n_linear; ++k) {
+    for (std::size_t s = 0; s < samples.size(); ++s) latest[k][s] = samples[s].linear_ready_ms[k];
+  }
+  std::vector<double> clock_gaps;
+  for (const auto& [peer, spans] : by_rank) {
+    if (peer == rank) continue;
+    const std::vector<PeerStep> steps = peer_steps(spans);
+    if (steps.size() != samples.size() + skip) {
+      fail("--peers traced: in {}, rank {} has {} steps and rank {} has {}", name, peer,
+           steps.size(), rank, samples.size() + skip);
+    }
+    for (std::size_t s = 0; s < samples.size(); ++s) {
+      const PeerStep& step = steps[s + skip];
+      const StepSample& own = samples[s];
+      if (step.linear_end_us.size() != n_linear) {
+        fail("--peers traced: step {} of rank {} in {} has {} \"backward linear\" spans, not {}",
+             s + skip + 1, peer, name, step.linear_end_us.size(), n_linear);
+      }
+      if (step.allreduce_end_us < 0 || own.allreduce_end_us < 0) {
+        fail("--peers traced: step {} of {} has no all-reduce span; the peers need a DDP trace",
+             s + skip + 1, name);
+      }
+      clock_gaps.push_back(std::fabs(step.allreduce_end_us - own.allreduce_end_us) / 1000.0);
+      for (std::size_t k = 0; k < n_linear; ++k) {
+        latest[k][s] =
+            std::max(latest[k][s], (step.linear_end_us[k] - own.backward_start_us) / 1000.0);
+      }
+    }
+  }
+  // The last all-reduce of a step ends at the same moment on every rank (within the time a
+  // rank takes to notice); far apart, the ranks' times are not on one clock.
+  constexpr double kMaxClockGapMs = 1.0;
+  const double gap = median(clock_gaps);
+  if (gap > kMaxClockGapMs) {
+    fail(
+        "--peers traced: in {} the same all-reduce ends {:.3g} ms apart on different ranks "
+        "(median); the ranks' clocks differ (traced on several hosts?). Use --peers identical.",
+        name, gap);
+  }
+  std::vector<double> ready;
+  for (std::size_t k = 0; k < n_linear; ++k) ready.push_back(median(latest[k]));
+  return ready;
+}
 
 }  // namespace
 
@@ -88,7 +169,7 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   }
 
   std::set<int> ranks;
-  std::vector<Span> spans;
+  std::map<int, std::vector<Span>> by_rank;  // only options.rank's unless the peers are wanted
   const json& events = doc["traceEvents"];
   for (std::size_t i = 0; i < events.size(); ++i) {
     const json& e = events[i];
@@ -99,7 +180,7 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     }
     const int pid = e["pid"].get<int>();
     ranks.insert(pid);
-    if (e["ph"].get<std::string>() != "X" || pid != options.rank) continue;
+    if (e["ph"].get<std::string>() != "X" || (pid != options.rank && !options.peers)) continue;
     Span s;
     if (!e.contains("name") || !e["name"].is_string()) fail("{}: event {} has no name", name, i);
     s.name = e["name"].get<std::string>();
@@ -115,14 +196,17 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
         fail("{}: event {} ('{}') has an unreadable \"elements\" argument", name, i, s.name);
       }
     }
-    spans.push_back(std::move(s));
+    by_rank[pid].push_back(std::move(s));
   }
   if (ranks.empty()) fail("--profile {}: the trace has no events", name);
   if (!ranks.contains(options.rank)) {
     fail("--rank {}: the trace {} holds ranks {}", options.rank, name, fmt::join(ranks, ", "));
   }
-  std::sort(spans.begin(), spans.end(),
-            [](const Span& a, const Span& b) { return a.ts_us < b.ts_us; });
+  for (auto& [pid, list] : by_rank) {
+    std::sort(list.begin(), list.end(),
+              [](const Span& a, const Span& b) { return a.ts_us < b.ts_us; });
+  }
+  const std::vector<Span>& spans = by_rank[options.rank];
 
   std::vector<std::size_t> forwards;
   for (std::size_t i = 0; i < spans.size(); ++i) {
@@ -186,6 +270,7 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
           fail("{}: unreadable bucket number in '{}'", name, sp.name);
         }
         s.buckets[index] = {sp.elements, sp.dur_us / 1000.0};
+        s.allreduce_end_us = std::max(s.allreduce_end_us, sp.end_us());
       }
     }
     if (!has_optimizer) {
@@ -202,6 +287,7 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
           name, step_number, options.rank, linears.size(), options.shape.layers, n_linear);
     }
     const double backward_start = nodes.front()->ts_us;
+    s.backward_start_us = backward_start;
     double backward_end = backward_start;
     for (const Span* node : nodes) backward_end = std::max(backward_end, node->end_us());
     // With DDP, backward ends where the Reducer's finalize starts to wait: after the last node,
@@ -248,6 +334,11 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     profile.grads.push_back({params[i].name, params[i].numel, work});
   }
   profile.backward_tail_ms = std::max(0.0, backward_end - previous);
+  if (options.peers) {
+    const std::vector<double> peers =
+        peers_ready(by_rank, options.rank, samples, skip, n_linear, name);
+    for (std::size_t i = 0; i < params.size(); ++i) profile.peers_ready_ms.push_back(peers[i / 2]);
+  }
 
   // "Other" closes the books: the median step minus the medians of its parts, so that the
   // profile replayed on the traced run's own world reproduces its median step.
@@ -289,8 +380,9 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   profile.measured = measured;
   profile.other_includes_sync = ranks.size() > 1;
   profile.source = fmt::format(
-      "trace {} (rank {} of {}; medians of {} steps, {} warm-up step(s) skipped); {}", name,
-      options.rank, ranks.size(), samples.size(), options.skip_steps, describe(options.shape));
+      "trace {} (rank {} of {}; medians of {} steps, {} warm-up step(s) skipped{}); {}", name,
+      options.rank, ranks.size(), samples.size(), options.skip_steps,
+      options.peers ? "; with the slowest rank's gradient times" : "", describe(options.shape));
   return profile;
 }
 

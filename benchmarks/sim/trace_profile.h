@@ -20,6 +20,13 @@
 // "optimizer step", without the data time (as nanoddp-train's step_ms). The first `skip_steps`
 // are left out (the first step touches fresh memory); each quantity is the median over the
 // rest.
+//
+// With `peers`, a DDP trace of several ranks also gives, per gradient, when the slowest rank had
+// produced it (ComputeProfile::peers_ready_ms): in each step, the latest end over all ranks
+// (this one included) of the same "backward linear" span, minus this rank's backward start,
+// then the median over the steps. That needs one clock for all ranks (ranks on one host: the
+// trace's times are steady_clock); it is checked on the all-reduce spans, which end together on
+// every rank.
 
 #include <string>
 
@@ -31,6 +38,7 @@ struct TraceProfileOptions {
   MlpShape shape;
   int rank = 0;
   int skip_steps = 1;
+  bool peers = false;
 };
 
 // Throws SimError for an unreadable file, JSON that is not such a trace, a rank not in it, too

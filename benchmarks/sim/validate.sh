@@ -8,11 +8,15 @@
 #   1. nanoddp-bench-allreduce on W ranks (the transport nanoddp-train uses: shared memory on one
 #      host, unless NANODDP_SHM=0) -> allreduce-W.jsonl; nanoddp-sim fits alpha and beta to it.
 #   2. nanoddp-train on W ranks (W = 1: one plain process, no DDP) with --trace and --metrics.
-#   3. Predictions for W ranks:
-#        A  profile from the 1-rank trace (compute measured alone), network fitted at W;
-#        A' A with --compute-scale W/cores when the W ranks outnumber the cores (time-sharing);
-#        B  profile from rank 0 of the W-rank trace (compute as it ran beside W-1 other ranks
-#           and their communication), same network.
+#   3. Predictions for W ranks, network fitted at W:
+#        A   profile from the 1-rank trace (compute measured alone), identical ranks, no core
+#            limit: the simulator as it models GPUs;
+#        Ac  A with --cores $(nproc): the ranks' compute and communication threads share the
+#            cores (docs/simulator.md, "CPU time-sharing");
+#        B0  profile from rank 0 of the W-rank trace (compute as it ran beside W-1 other ranks
+#            and their communication), identical ranks, no core limit;
+#        B   B0 with --cores $(nproc) and --peers traced: each collective waits for the slowest
+#            rank of the trace.
 #      Measured: the median step_ms of the metrics (data preparation excluded, step 1 left out).
 # Environment: STEPS (default 40), MODEL (default "--hidden 1024 --layers 3 --batch 64"),
 # WORLDS (default "1 2 3 4"), EXTRA_TRAIN_ARGS (e.g. "--bucket-cap-mb 1 --first-bucket-mb 0.5").
@@ -49,7 +53,8 @@ for ((i = 0; i < ${#extra[@]}; i++)); do
   esac
 done
 
-echo "# output in $OUT; $(nproc) cores"
+cores=$(nproc)
+echo "# output in $OUT; $cores cores; $(date -u '+%Y-%m-%d %H:%M UTC')"
 for w in $WORLDS; do
   echo "# W=$w  load average: $(cut -d' ' -f1-3 /proc/loadavg)"
   train=("$BIN/nanoddp-train" "${model[@]}" "${extra[@]}" --steps "$STEPS" --trace-steps "$STEPS"
@@ -63,19 +68,20 @@ for w in $WORLDS; do
   fi
 done
 
+echo "# done; load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+
 [[ -f $OUT/trace-1.json ]] || { echo "validate.sh: WORLDS must include 1 (prediction A)" >&2; exit 2; }
-cores=$(nproc)
 for w in $WORLDS; do
   net=()
-  [[ $w != 1 ]] && net=(--fit-allreduce "$OUT/allreduce-$w.jsonl")
-  "$BIN/nanoddp-sim" --profile "$OUT/trace-1.json" "${shape[@]}" "${ddp[@]}" --nodes 1 \
-    --gpus-per-node "$w" "${net[@]}" --json "$OUT/sim-A-$w.json" > "$OUT/sim-A-$w.txt"
-  scale=$(python3 -c "print(max(1.0, $w / $cores))")
-  "$BIN/nanoddp-sim" --profile "$OUT/trace-1.json" "${shape[@]}" "${ddp[@]}" --nodes 1 \
-    --gpus-per-node "$w" "${net[@]}" --compute-scale "$scale" --json "$OUT/sim-A2-$w.json" \
-    > "$OUT/sim-A2-$w.txt"
-  "$BIN/nanoddp-sim" --profile "$OUT/trace-$w.json" "${shape[@]}" "${ddp[@]}" --nodes 1 \
-    --gpus-per-node "$w" "${net[@]}" --json "$OUT/sim-B-$w.json" > "$OUT/sim-B-$w.txt"
+  peers=()
+  [[ $w != 1 ]] && net=(--fit-allreduce "$OUT/allreduce-$w.jsonl") && peers=(--peers traced)
+  sim=("$BIN/nanoddp-sim" "${shape[@]}" "${ddp[@]}" --nodes 1 --gpus-per-node "$w" "${net[@]}")
+  "${sim[@]}" --profile "$OUT/trace-1.json" --json "$OUT/sim-A-$w.json" > "$OUT/sim-A-$w.txt"
+  "${sim[@]}" --profile "$OUT/trace-1.json" --cores "$cores" --json "$OUT/sim-Ac-$w.json" \
+    > "$OUT/sim-Ac-$w.txt"
+  "${sim[@]}" --profile "$OUT/trace-$w.json" --json "$OUT/sim-B0-$w.json" > "$OUT/sim-B0-$w.txt"
+  "${sim[@]}" --profile "$OUT/trace-$w.json" --cores "$cores" "${peers[@]}" \
+    --json "$OUT/sim-B-$w.json" > "$OUT/sim-B-$w.txt"
 done
 
 python3 - "$OUT" $WORLDS <<'EOF'
@@ -86,16 +92,18 @@ def measured(w):
     rows = [r for r in rows if r["step"] > 1]
     med = lambda k: statistics.median(r.get(k, 0.0) for r in rows)
     return med("step_ms"), med("comm_ms"), med("exposed_comm_ms")
-print(f"{'ranks':>5} {'measured':>9} {'pred A':>8} {'err A':>7} {'pred A2':>8} {'err A2':>7}"
-      f" {'pred B':>8} {'err B':>7} {'comm meas':>9} {'comm B':>7} {'exp meas':>8}"
-      f" {'exp B':>6}")
+variants = ("A", "Ac", "B0", "B")
+print(f"{'ranks':>5} {'measured':>8}" + "".join(f" {v:>6} {'err':>6}" for v in variants)
+      + f" {'comm meas':>9} {'comm B':>6} {'exp meas':>8} {'exp B':>6}")
 for w in worlds:
     step, comm, exposed = measured(w)
-    a, a2, b = (json.load(open(f"{out}/sim-{v}-{w}.json"))["step"] for v in ("A", "A2", "B"))
+    pred = {v: json.load(open(f"{out}/sim-{v}-{w}.json"))["step"] for v in variants}
     err = lambda p: 100.0 * (p["step_ms"] - step) / step
-    print(f"{w:>5} {step:>9.2f} {a['step_ms']:>8.2f} {err(a):>+6.1f}% {a2['step_ms']:>8.2f}"
-          f" {err(a2):>+6.1f}% {b['step_ms']:>8.2f} {err(b):>+6.1f}% {comm:>9.2f}"
-          f" {b['comm_ms']:>7.2f} {exposed:>8.2f} {b['exposed_comm_ms']:>6.2f}")
-print("(ms; measured = median step_ms of nanoddp-train's metrics, steps 2..N; A = profile of "
-      "the 1-rank trace; A2 = A x max(1, W/cores); B = profile of the W-rank trace)")
+    b = pred["B"]
+    print(f"{w:>5} {step:>8.2f}" + "".join(f" {pred[v]['step_ms']:>6.2f} {err(pred[v]):>+5.1f}%"
+                                            for v in variants)
+          + f" {comm:>9.2f} {b['comm_ms']:>6.2f} {exposed:>8.2f} {b['exposed_comm_ms']:>6.2f}")
+print("(ms; measured = median step_ms of nanoddp-train's metrics, steps 2..N. A = profile of the "
+      "1-rank trace; Ac = A with --cores; B0 = profile of the W-rank trace; B = B0 with --cores "
+      "and --peers traced)")
 EOF

@@ -106,6 +106,10 @@ TEST_CASE("cli: bad input exits 2 and names the flag") {
       {{"--model", "mlp", "--fit-allreduce", "x.jsonl", "--sweep-nodes"},
        "--sweep-nodes needs a named fabric"},
       {{"--model", "mlp", "--no-such-flag"}, "--no-such-flag"},
+      {{"--model", "mlp", "--cores", "2"}, "--cores models CPU ranks sharing cores"},
+      {{"--model", "mlp", "--cores", "-1"}, "--cores"},
+      {{"--model", "mlp", "--peers", "traced"}, "--peers applies to --profile only"},
+      {{"--profile", "t.json", "--peers", "maybe"}, "--peers"},
   };
   for (const Case& c : cases) {
     const ProcessResult r = sim(c.args);
@@ -113,4 +117,48 @@ TEST_CASE("cli: bad input exits 2 and names the flag") {
     CHECK(r.exit_code == 2);
     CHECK(r.output.find(c.message) != std::string::npos);
   }
+}
+
+TEST_CASE("cli: --cores and --peers on a two-rank trace") {
+  TempDir dir;
+  const std::string trace = dir.file("two.json");
+  ProcessOptions options;
+  options.timeout = std::chrono::seconds(120);
+  options.env["NANODDP_TIMEOUT_S"] = "60";
+  const ProcessResult train = run_process(
+      {bin_path("nanoddp-run"), "--nproc-per-node", "2", bin_path("nanoddp-train"), "--hidden",
+       "64", "--layers", "2", "--steps", "6", "--trace", trace, "--trace-steps", "6", "--quiet"},
+      options);
+  REQUIRE_MESSAGE(train.exit_code == 0, train.output);
+
+  const ProcessResult r = sim({"--profile", trace, "--hidden", "64", "--layers", "2", "--nodes",
+                               "1", "--gpus-per-node", "2", "--cores", "1", "--peers", "traced"});
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  for (const char* expected :
+       {"1 CPU core(s) per node shared by 2 compute + 2 communication threads",
+        "waits for the slowest traced rank", "all ready"}) {
+    CHECK_MESSAGE(r.output.find(expected) != std::string::npos, expected, "\n", r.output);
+  }
+  const ProcessResult j =
+      sim({"--profile", trace, "--hidden", "64", "--layers", "2", "--nodes", "1", "--gpus-per-node",
+           "2", "--cores", "1", "--peers", "traced", "--json", "-"});
+  REQUIRE_MESSAGE(j.exit_code == 0, j.output);
+  const nlohmann::json out = nlohmann::json::parse(j.output);
+  CHECK(out["options"]["cores"] == 1);
+  CHECK(out["options"]["peers"] == "traced");
+  // Traced on these 2 ranks: compute as traced; a named fabric's collectives get share(2) = 1/2
+  // of the core alone and share(4) = 1/4 beside backward.
+  CHECK(out["rates"]["compute_alone"].get<double>() == doctest::Approx(1.0));
+  CHECK(out["rates"]["comm_alone"].get<double>() == doctest::Approx(0.5));
+  CHECK(out["rates"]["comm_shared"].get<double>() == doctest::Approx(0.25));
+  CHECK(out["profile"]["peers_ready_ms"].size() == 6);
+  for (const auto& b : out["buckets"]) {
+    CHECK(b["start_ms"].get<double>() >= b["peers_ready_ms"].get<double>() - 1e-9);
+  }
+
+  // The slowest rank of a 2-rank run says nothing about 4 ranks.
+  const ProcessResult four = sim({"--profile", trace, "--hidden", "64", "--layers", "2", "--nodes",
+                                  "1", "--gpus-per-node", "4", "--peers", "traced"});
+  CHECK(four.exit_code == 2);
+  CHECK(four.output.find("the trace holds 2 ranks but the cluster has 4") != std::string::npos);
 }

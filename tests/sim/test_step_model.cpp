@@ -156,3 +156,143 @@ TEST_CASE("step model: the node sweep doubles the nodes up to the cluster's") {
   for (std::size_t i = 1; i < rows.size(); ++i) CHECK(rows[i].step_ms >= rows[i - 1].step_ms);
   CHECK(rows.front().scaling_efficiency <= 1.0);
 }
+
+TEST_CASE("step model: CPU ranks sharing cores, shares by hand") {
+  CHECK(core_share(0, 64) == 1.0);  // unlimited: GPUs
+  CHECK(core_share(2, 1) == 1.0);
+  CHECK(core_share(2, 2) == 1.0);
+  CHECK(core_share(2, 3) == doctest::Approx(2.0 / 3));
+  CHECK(core_share(2, 8) == doctest::Approx(0.25));
+
+  ComputeProfile alone = hand_profile();
+  alone.measured = MeasuredStep{.world_size = 1};
+  StepOptions o{.cluster = {.nodes = 1, .gpus_per_node = 3}, .fabric = slow_fabric()};
+  // Without --cores nothing changes, whatever the profile and the network.
+  o.network_ranks = 3;
+  ReplayRates r = sharing_rates(alone, o);
+  CHECK(r.compute_alone == 1.0);
+  CHECK(r.compute_shared == 1.0);
+  CHECK(r.comm_alone == 1.0);
+  CHECK(r.comm_shared == 1.0);
+
+  // Three ranks on two cores from a one-rank profile and a network fitted on three ranks:
+  // compute alone 2/3 (3 threads), beside a collective 1/3 (6 threads); the fit already ran 3
+  // communication threads on the 2 cores, so collectives run as fitted alone and at
+  // (1/3) / (2/3) beside backward.
+  o.cores = 2;
+  r = sharing_rates(alone, o);
+  CHECK(r.compute_alone == doctest::Approx(2.0 / 3));
+  CHECK(r.compute_shared == doctest::Approx(1.0 / 3));
+  CHECK(r.comm_alone == doctest::Approx(1.0));
+  CHECK(r.comm_shared == doctest::Approx(0.5));
+
+  // Two ranks on two cores: compute has a core each until the collectives come.
+  o.cluster.gpus_per_node = 2;
+  o.network_ranks = 2;
+  r = sharing_rates(alone, o);
+  CHECK(r.compute_alone == 1.0);
+  CHECK(r.compute_shared == doctest::Approx(0.5));
+  CHECK(r.comm_alone == 1.0);
+  CHECK(r.comm_shared == doctest::Approx(0.5));
+
+  // The cores are a node's: two nodes of three ranks share like one node of three.
+  o.cluster = {.nodes = 2, .gpus_per_node = 3};
+  o.network_ranks = 3;
+  r = sharing_rates(alone, o);
+  CHECK(r.compute_alone == doctest::Approx(2.0 / 3));
+  CHECK(r.compute_shared == doctest::Approx(1.0 / 3));
+  CHECK(r.comm_shared == doctest::Approx(0.5));
+  o.cluster = {.nodes = 1, .gpus_per_node = 2};
+
+  // A named (GPU) fabric is no CPU work when measured: collectives get share(n) of a core.
+  o.network_ranks = 0;
+  o.cluster.gpus_per_node = 4;
+  r = sharing_rates(alone, o);
+  CHECK(r.comm_alone == doctest::Approx(0.5));
+  CHECK(r.comm_shared == doctest::Approx(0.25));
+
+  // A profile traced on the simulated world already ran at that world's shares, beside its
+  // collectives included: compute as traced. The collectives were fitted alone; beside backward
+  // they share the cores with the compute threads: share(8) / share(4).
+  ComputeProfile traced = hand_profile();
+  traced.measured = MeasuredStep{.world_size = 4};
+  o.network_ranks = 4;
+  r = sharing_rates(traced, o);
+  CHECK(r.compute_alone == doctest::Approx(1.0));
+  CHECK(r.compute_shared == doctest::Approx(1.0));
+  CHECK(r.comm_alone == doctest::Approx(1.0));
+  CHECK(r.comm_shared == doctest::Approx(0.5));
+}
+
+TEST_CASE("step model: three CPU ranks on two cores, the step by hand") {
+  // hand_profile measured on one rank; three ranks share two cores; the network (1 MiB: c =
+  // 4 x 5 us + 4/3 x 1 MiB / 10 GB/s) was measured on three ranks.
+  //   forward 2 / (2/3) = 3, optimizer 0.75, other 0.375.
+  //   backward: gradient 0 at 1.5; bucket 0 runs at 1/2 (2c) while backward does 2c/3 of work at
+  //   1/3, which alone would have taken c: each overlapped bucket adds c. Buckets 0 and 1
+  //   overlap; bucket 2 is ready as backward ends (no tail) at 4.5 + 2c and runs alone: c
+  //   exposed.
+  ComputeProfile p = hand_profile();
+  p.measured = MeasuredStep{.world_size = 1};
+  const StepOptions o{.cluster = {.nodes = 1, .gpus_per_node = 3},
+                      .fabric = slow_fabric(),
+                      .algorithm = Algorithm::kRing,
+                      .bucket_cap_mb = 1.0,
+                      .first_bucket_mb = 1.0,
+                      .cores = 2,
+                      .network_ranks = 3};
+  const StepPrediction s = predict_step(p, o);
+  const double c = 0.020 + 4.0 / 3 * 1048576.0 / 1e7;
+  REQUIRE(s.buckets.size() == 3);
+  CHECK(s.collectives[0].ms == doctest::Approx(c));
+  CHECK(s.forward_ms == doctest::Approx(3.0));
+  CHECK(s.optimizer_ms == doctest::Approx(0.75));
+  CHECK(s.other_ms == doctest::Approx(0.375));
+  CHECK(s.timeline.buckets[1].ready_ms == doctest::Approx(3.0 + c));
+  CHECK(s.backward_ms == doctest::Approx(4.5 + 2 * c));
+  CHECK(s.exposed_comm_ms == doctest::Approx(c));
+  CHECK(s.comm_ms == doctest::Approx(5 * c));  // two at half speed, one at full
+  const double sync = 0.020 + 4.0 / 3 * 24 / 1e7;
+  CHECK(s.sync_ms == doctest::Approx(sync));
+  CHECK(s.step_ms == doctest::Approx(3.0 + 4.5 + 3 * c + sync + 0.75 + 0.375));
+  // One rank alone has a core: the profile as measured.
+  CHECK(s.single_gpu_step_ms == doctest::Approx(5.75));
+
+  // The same profile traced on the three ranks: its compute replays as traced (the sharing is
+  // in the trace already); the overlapped buckets 0 and 1 still take 2c beside backward, and one
+  // rank alone would have run 3/2 as fast.
+  ComputeProfile traced = hand_profile();
+  traced.measured = MeasuredStep{.world_size = 3};
+  const StepPrediction t = predict_step(traced, o);
+  CHECK(t.forward_ms == doctest::Approx(2.0));
+  CHECK(t.backward_ms == doctest::Approx(3.0));
+  CHECK(t.optimizer_ms == doctest::Approx(0.5));
+  CHECK(t.comm_ms == doctest::Approx(5 * c));
+  CHECK(t.exposed_comm_ms == doctest::Approx(c));
+  CHECK(t.single_gpu_step_ms == doctest::Approx(5.75 / 1.5));
+}
+
+TEST_CASE("step model: the slowest rank needs a profile with peers, on the traced world") {
+  ComputeProfile p = hand_profile();
+  p.measured = MeasuredStep{.world_size = 2};
+  StepOptions o{.cluster = {.nodes = 1, .gpus_per_node = 2},
+                .fabric = slow_fabric(),
+                .bucket_cap_mb = 1.0,
+                .first_bucket_mb = 1.0,
+                .peers = true};
+  CHECK_THROWS_WITH_AS(predict_step(p, o), doctest::Contains("needs a profile read with its peers"),
+                       SimError);
+  // The peer has every gradient 0.5 ms after this rank: the last bucket starts 0.5 ms later.
+  p.peers_ready_ms = {1.5, 1.5, 2.5, 2.5, 3.5, 3.5};
+  const StepPrediction with = predict_step(p, o);
+  o.peers = false;
+  const StepPrediction without = predict_step(p, o);
+  CHECK(with.timeline.buckets[2].start_ms == doctest::Approx(3.5));
+  CHECK(with.exposed_comm_ms == doctest::Approx(without.exposed_comm_ms + 0.5));
+  o.peers = true;
+  o.cluster.gpus_per_node = 4;
+  CHECK_THROWS_WITH_AS(predict_step(p, o), doctest::Contains("the trace holds 2 ranks"), SimError);
+  o.cluster.gpus_per_node = 2;
+  o.cores = -1;
+  CHECK_THROWS_WITH_AS(predict_step(p, o), doctest::Contains("--cores must be >= 0"), SimError);
+}

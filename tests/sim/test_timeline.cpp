@@ -108,6 +108,82 @@ TEST_CASE("timeline: compute and communication slowed while they run together") 
   CHECK(t.overlap_fraction() == doctest::Approx(1.0 - 2.0 / 18.0));
 }
 
+TEST_CASE("timeline: three CPU ranks on two cores, from a one-rank profile") {
+  // The rates --cores 2 gives three ranks whose profile was measured alone and whose network was
+  // fitted on three ranks (step_model.h): backward alone at share(3) = 2/3; beside a collective
+  // 6 threads share 2 cores, 1/3 each; a collective alone at share(3) / share(3) = 1 and beside
+  // backward at share(6) / share(3) = 1/2. All-reduces of 1 ms each.
+  //   0-3      backward alone at 2/3 does 2 ms: bucket 0 ready, starts.
+  //   3-5      bucket 0 at 1/2 ends at 5; backward at 1/3 reaches 2 + 2/3.
+  //   5-8.5    alone: the 2 1/3 ms to gradient 2 take 3.5 ms; bucket 1 ready, starts.
+  //   8.5-10.5 bucket 1 ends at 10.5; backward reaches 5 2/3.
+  //   10.5-15.5  alone: 3 1/3 ms to gradient 4 take 5 ms; bucket 2 ready, starts.
+  //   15.5-17.5  bucket 2 ends at 17.5; backward does 2/3 of its 1 ms tail...
+  //   17.5-18  ...and the last 1/3 alone: backward ends at 18, nothing exposed.
+  TimelineInput in = three_buckets({1, 1, 1});
+  in.rates = {
+      .compute_alone = 2.0 / 3, .compute_shared = 1.0 / 3, .comm_alone = 1, .comm_shared = 0.5};
+  const Timeline t = replay(in);
+  check_bucket(t.buckets[0], 3, 3, 3, 5);
+  check_bucket(t.buckets[1], 8.5, 8.5, 8.5, 10.5);
+  check_bucket(t.buckets[2], 15.5, 15.5, 15.5, 17.5);
+  CHECK(t.backward_end_ms == doctest::Approx(18));
+  CHECK(t.exposed_comm_ms == 0.0);
+  CHECK(t.comm_ms == doctest::Approx(6));
+
+  // The same rates as the overlap slowdown's: halved together, full speed apart.
+  TimelineInput halved = three_buckets({4, 4, 2});
+  halved.rates = {.compute_shared = 0.5, .comm_shared = 0.5};
+  TimelineInput slowed = three_buckets({4, 4, 2});
+  slowed.overlap_slowdown = 1.0;
+  const Timeline a = replay(halved);
+  const Timeline b = replay(slowed);
+  for (std::size_t i = 0; i < 3; ++i)
+    CHECK(a.buckets[i].end_ms == doctest::Approx(b.buckets[i].end_ms));
+  CHECK(a.backward_end_ms == doctest::Approx(b.backward_end_ms));
+}
+
+TEST_CASE("timeline: a collective starts when the slowest rank has its bucket") {
+  // Another rank produces the gradients at 1, 1, 7, 7, 9.5, 9.5 ms (earlier than this rank for
+  // bucket 0, later for buckets 1 and 2). All-reduces of 1 ms.
+  //   bucket 0: this rank is the last, at 2: runs 2-3.
+  //   bucket 1: launched here at 5, the peer joins at 7: runs 7-8.
+  //   bucket 2: launched at 9, the peer joins at 9.5: runs 9.5-10.5; backward ended at 10.
+  TimelineInput in = three_buckets({1, 1, 1});
+  in.peers_ready_ms = {1, 1, 7, 7, 9.5, 9.5};
+  const Timeline t = replay(in);
+  check_bucket(t.buckets[0], 2, 2, 2, 3);
+  check_bucket(t.buckets[1], 5, 5, 7, 8);
+  check_bucket(t.buckets[2], 9, 9, 9.5, 10.5);
+  CHECK(t.buckets[0].peers_ready_ms == doctest::Approx(2));
+  CHECK(t.buckets[1].peers_ready_ms == doctest::Approx(7));
+  CHECK(t.backward_end_ms == doctest::Approx(10));
+  CHECK(t.exposed_comm_ms == doctest::Approx(0.5));
+  // As this rank's Reducer measures it, from launch (or the previous end) to the end, waits for
+  // the peer included: 1 + 3 + 1.5 ms.
+  CHECK(t.comm_ms == doctest::Approx(5.5));
+}
+
+TEST_CASE("timeline: waiting for the slowest rank takes no CPU from backward") {
+  // Backward at half speed beside a running collective, full speed otherwise; the peer has
+  // bucket 1 only at 6. All-reduces of 1 ms.
+  //   0-2      alone: bucket 0 ready, runs 2-3 while backward does 0.5 ms (2.5).
+  //   3-5.5    alone to 5: bucket 1 launched at 5.5, waits for the peer until 6 while backward
+  //            runs alone (5.5 at 6).
+  //   6-7      bucket 1; backward at half speed reaches 6.
+  //   7-10     alone to 9: bucket 2 ready at 10, runs 10-11; the 1 ms tail does 0.5...
+  //   11-11.5  ...and the rest alone: backward ends at 11.5, after the last collective.
+  TimelineInput in = three_buckets({1, 1, 1});
+  in.rates = {.compute_shared = 0.5};
+  in.peers_ready_ms = {0, 0, 6, 6, 0, 0};
+  const Timeline t = replay(in);
+  check_bucket(t.buckets[0], 2, 2, 2, 3);
+  check_bucket(t.buckets[1], 5.5, 5.5, 6, 7);
+  check_bucket(t.buckets[2], 10, 10, 10, 11);
+  CHECK(t.backward_end_ms == doctest::Approx(11.5));
+  CHECK(t.exposed_comm_ms == 0.0);
+}
+
 TEST_CASE("timeline: inputs that disagree are refused") {
   TimelineInput in = three_buckets({1, 1});
   CHECK_THROWS_WITH_AS(replay(in), doctest::Contains("2 collective durations for 3 buckets"),
@@ -117,4 +193,11 @@ TEST_CASE("timeline: inputs that disagree are refused") {
   CHECK_THROWS_AS(replay(in), SimError);
   in = three_buckets({1, -1, 1});
   CHECK_THROWS_AS(replay(in), SimError);
+  in = three_buckets({1, 1, 1});
+  in.rates.comm_shared = 0;
+  CHECK_THROWS_WITH_AS(replay(in), doctest::Contains("rates must be > 0"), SimError);
+  in = three_buckets({1, 1, 1});
+  in.peers_ready_ms = {1, 2, 3};
+  CHECK_THROWS_WITH_AS(replay(in), doctest::Contains("3 peer ready times for 6 gradients"),
+                       SimError);
 }

@@ -95,6 +95,9 @@ TEST_CASE("trace profile: one rank's trace, per parameter, replays its own media
                        doctest::Contains("holds ranks 0"), SimError);
   CHECK_THROWS_WITH_AS(profile_from_trace(trace, {.shape = kShape, .skip_steps = 8}),
                        doctest::Contains("no step remains"), SimError);
+  // One rank has no peers to wait for.
+  CHECK_THROWS_WITH_AS(profile_from_trace(trace, {.shape = kShape, .peers = true}),
+                       doctest::Contains("holds one rank"), SimError);
 }
 
 TEST_CASE("trace profile: a two-rank DDP trace has the simulator's buckets and its comm") {
@@ -124,6 +127,28 @@ TEST_CASE("trace profile: a two-rank DDP trace has the simulator's buckets and i
     CHECK(buckets.size() >= 2);
     CHECK(p.measured->comm_ms > 0.0);
   }
+  // With its peers: per gradient the slowest rank's time, a bias and its weight together.
+  // Waiting for the slowest rank can only delay the collectives.
+  const ComputeProfile alone = profile_from_trace(trace, {.shape = kShape});
+  const ComputeProfile peers = profile_from_trace(trace, {.shape = kShape, .peers = true});
+  REQUIRE(peers.peers_ready_ms.size() == peers.grads.size());
+  for (std::size_t i = 0; i < peers.grads.size(); i += 2) {
+    CHECK(peers.peers_ready_ms[i] == peers.peers_ready_ms[i + 1]);
+    CHECK(peers.peers_ready_ms[i] >= 0.0);
+  }
+  CHECK(alone.peers_ready_ms.empty());
+  StepOptions o{.cluster = {.nodes = 1, .gpus_per_node = 2},
+                .fabric = find_fabric("nvlink4-ib400"),
+                .bucket_cap_mb = 0.03,
+                .first_bucket_mb = 0.01};
+  const StepPrediction identical = predict_step(peers, o);
+  o.peers = true;
+  const StepPrediction slowest = predict_step(peers, o);
+  for (std::size_t b = 0; b < slowest.buckets.size(); ++b) {
+    CHECK(slowest.timeline.buckets[b].start_ms >= identical.timeline.buckets[b].start_ms);
+  }
+  CHECK(slowest.exposed_comm_ms >= identical.exposed_comm_ms);
+
   // A rank the trace does not hold.
   CHECK_THROWS_WITH_AS(profile_from_trace(trace, {.shape = kShape, .rank = 2}),
                        doctest::Contains("holds ranks 0, 1"), SimError);
@@ -131,6 +156,64 @@ TEST_CASE("trace profile: a two-rank DDP trace has the simulator's buckets and i
   CHECK_THROWS_WITH_AS(
       profile_from_trace(trace, {.shape = {.in = 16, .out = 4, .hidden = 95, .layers = 2}}),
       doctest::Contains("all-reduce spans of rank 0 cover"), SimError);
+}
+
+namespace {
+
+// A hand-made two-rank DDP trace of kShape (3 Linear, 11332 parameters in one bucket), 3 steps
+// 1 ms apart. Per step, in microseconds from the step's start: data 0-10, forward 10-110, the
+// three "backward linear" spans end at 200, 300 and 400 (+ `late_us` on rank 1), finalize waits
+// 450-500 and the all-reduce ends at 500 on both ranks (+ `clock_offset_us` on rank 1's clock),
+// optimizer 500-600.
+std::string two_rank_trace(double late_us, double clock_offset_us) {
+  std::string events;
+  const auto add = [&](const std::string& name, int pid, int tid, double ts, double dur,
+                       const std::string& args = "") {
+    if (!events.empty()) events += ",";
+    events += fmt::format(R"({{"name":"{}","ph":"X","pid":{},"tid":{},"ts":{},"dur":{}{}}})", name,
+                          pid, tid, ts, dur, args);
+  };
+  for (int pid : {0, 1}) {
+    const double late = pid == 1 ? late_us : 0.0;
+    for (int step = 0; step < 3; ++step) {
+      const double t0 = step * 1000.0 + (pid == 1 ? clock_offset_us : 0.0);
+      add("data", pid, 3, t0, 10);
+      add("forward", pid, 0, t0 + 10, 100);
+      for (int k = 0; k < 3; ++k) add("backward linear", pid, 0, t0 + 110 + 100 * k + late, 90);
+      add("all-reduce bucket 0", pid, 1, t0 + 150, 350, R"(,"args":{"elements":11332})");
+      add("wait for all-reduce", pid, 0, t0 + 450, 50);
+      add("optimizer step", pid, 0, t0 + 500, 100);
+    }
+  }
+  return R"({"traceEvents": [)" + events + "]}";
+}
+
+}  // namespace
+
+TEST_CASE("trace profile: the slowest rank's gradient times, by hand") {
+  // Rank 1 finishes each Linear 30 us after rank 0. Seen from rank 0 (backward from 110): its own
+  // gradients at 0.09, 0.19, 0.29 ms, rank 1's at 0.12, 0.22, 0.32 -- the slowest.
+  const std::string late = two_rank_trace(30, 0);
+  const ComputeProfile p0 =
+      profile_from_trace_text(late, "late.json", {.shape = kShape, .peers = true});
+  REQUIRE(p0.peers_ready_ms.size() == 6);
+  const std::vector<double> expected0 = {0.12, 0.12, 0.22, 0.22, 0.32, 0.32};
+  for (std::size_t i = 0; i < 6; ++i) CHECK(p0.peers_ready_ms[i] == doctest::Approx(expected0[i]));
+  CHECK(p0.grads[0].work_ms == doctest::Approx(0.09));
+  CHECK(p0.source.find("slowest rank") != std::string::npos);
+  // Seen from rank 1 (backward from 140): rank 0's ends are 30 us earlier than its own, so the
+  // slowest is rank 1 itself: 0.09, 0.19, 0.29.
+  const ComputeProfile p1 =
+      profile_from_trace_text(late, "late.json", {.shape = kShape, .rank = 1, .peers = true});
+  const std::vector<double> expected1 = {0.09, 0.09, 0.19, 0.19, 0.29, 0.29};
+  for (std::size_t i = 0; i < 6; ++i) CHECK(p1.peers_ready_ms[i] == doctest::Approx(expected1[i]));
+
+  // Ranks on different clocks (hosts): the same all-reduce ends 5 s apart.
+  CHECK_THROWS_WITH_AS(profile_from_trace_text(two_rank_trace(0, 5e6), "hosts.json",
+                                               {.shape = kShape, .peers = true}),
+                       doctest::Contains("the ranks' clocks differ"), SimError);
+  // Without the peers, the clocks do not matter.
+  CHECK_NOTHROW(profile_from_trace_text(two_rank_trace(0, 5e6), "hosts.json", {.shape = kShape}));
 }
 
 TEST_CASE("trace profile: files that are not nanoddp traces are refused with a reason") {

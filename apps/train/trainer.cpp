@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -101,13 +101,13 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
                                        .noise_std = o_.noise_std,
                                        .teacher_hidden = o_.teacher_hidden});
   }
-  model_ = std::make_unique<nn::Mlp>(
-      nn::MlpOptions{.in_features = dataset_->in_features(),
-                     .out_features = dataset_->out_features(),
-                     .hidden = o_.hidden,
-                     .layers = o_.layers,
-                     .activation = nn::parse_activation(o_.activation),
-                     .seed = o_.seed});
+  model_ =
+      std::make_unique<nn::Mlp>(nn::MlpOptions{.in_features = dataset_->in_features(),
+                                               .out_features = dataset_->out_features(),
+                                               .hidden = o_.hidden,
+                                               .layers = o_.layers,
+                                               .activation = nn::parse_activation(o_.activation),
+                                               .seed = o_.seed});
   params_ = std::make_unique<nn::FlatParameters>(*model_, device_);
   if (o_.optimizer == "sgd") {
     optimizer_ = std::make_unique<nn::SGD>(
@@ -125,9 +125,10 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
                                                               .world_size = world_size_});
   steps_per_epoch_ = sampler_->num_batches(o_.batch) / o_.grad_accum;
   if (steps_per_epoch_ == 0) {
-    fail("the data set has {} samples: too few for one step of {} rank(s) x batch {} x "
-         "--grad-accum {}",
-         dataset_->size(), world_size_, o_.batch, o_.grad_accum);
+    fail(
+        "the data set has {} samples: too few for one step of {} rank(s) x batch {} x "
+        "--grad-accum {}",
+        dataset_->size(), world_size_, o_.batch, o_.grad_accum);
   }
   steps_ = o_.epochs ? *o_.epochs * steps_per_epoch_ : o_.steps.value_or(1000);
 
@@ -186,17 +187,18 @@ void Trainer::resume() {
     if (path == "-") path.clear();
   }
   if (path.empty()) {
-    if (is_main()) fmt::print("resume: no checkpoint in {}, starting from step 0\n", o_.checkpoint_dir);
+    if (is_main())
+      fmt::print("resume: no checkpoint in {}, starting from step 0\n", o_.checkpoint_dir);
     return;
   }
   const nn::TrainingState state = nn::load_checkpoint(path, *model_, *optimizer_);
   const std::int64_t global_batch = world_size_ * o_.batch * o_.grad_accum;
   if (state.epoch_samples % global_batch != 0) {
-    fail("checkpoint '{}' stopped after {} samples of epoch {}, which is not a whole number of "
-         "this run's global batches ({} ranks x --batch {} x --grad-accum {} = {}). Resume with "
-         "the same global batch.",
-         path, state.epoch_samples, state.epoch, world_size_, o_.batch, o_.grad_accum,
-         global_batch);
+    fail(
+        "checkpoint '{}' stopped after {} samples of epoch {}, which is not a whole number of "
+        "this run's global batches ({} ranks x --batch {} x --grad-accum {} = {}). Resume with "
+        "the same global batch.",
+        path, state.epoch_samples, state.epoch, world_size_, o_.batch, o_.grad_accum, global_batch);
   }
   if (state.seed != o_.seed) {
     fail("checkpoint '{}' was trained with --seed {}, this run has --seed {}", path, state.seed,
@@ -204,9 +206,10 @@ void Trainer::resume() {
   }
   start_step_ = state.epoch * steps_per_epoch_ + state.epoch_samples / global_batch;
   if (state.step != start_step_) {
-    fail("checkpoint '{}' is at step {} but its data position (epoch {}, {} samples) is step {} "
-         "with this run's global batch and data set; resume with the same data and global batch",
-         path, state.step, state.epoch, state.epoch_samples, start_step_);
+    fail(
+        "checkpoint '{}' is at step {} but its data position (epoch {}, {} samples) is step {} "
+        "with this run's global batch and data set; resume with the same data and global batch",
+        path, state.step, state.epoch, state.epoch_samples, start_step_);
   }
   if (is_main()) fmt::print("resume: loaded {} (step {})\n", path, start_step_);
 }
@@ -283,9 +286,10 @@ float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window&
             ? fmt::format("the loss became {} at step {} on rank{} {}",
                           text(health.losses[static_cast<std::size_t>(bad_ranks.front())]), step,
                           bad_ranks.size() > 1 ? "s" : "", fmt::join(bad_ranks, ", "))
-            : fmt::format("the gradients became non-finite at step {} (averaged over the ranks; "
-                          "the loss was finite on every rank)",
-                          step);
+            : fmt::format(
+                  "the gradients became non-finite at step {} (averaged over the ranks; "
+                  "the loss was finite on every rank)",
+                  step);
     if (!o_.skip_nonfinite) {
       fail("{}. Lower --lr, check the data, or pass --skip-nonfinite to skip such steps.", what);
     }
@@ -309,7 +313,9 @@ float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window&
     const comm::ReducerStats& stats = ddp_->reducer().last_stats();
     window.comm_ms += stats.comm_ms;
     window.exposed_comm_ms += stats.exposed_comm_ms;
-    window.backward_ms -= stats.exposed_comm_ms;
+    // On the CPU backward() waited for the exposed part; on a GPU the compute stream stalled
+    // for it while the host went on, so the host's backward time does not contain it.
+    if (device_.is_cpu()) window.backward_ms -= stats.exposed_comm_ms;
   }
   return loss;
 }
@@ -360,11 +366,13 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) 
   const double eta_s = static_cast<double>(steps_ - step) * (w.wall_ms / n) / 1000.0;
   if (!o_.quiet) {
     std::string comm;
-    if (ddp_) comm = fmt::format("  comm {:.3f} ms (exposed {:.3f})", w.comm_ms / n, w.exposed_comm_ms / n);
-    fmt::print("step {:>{}}/{}  epoch {}  loss {:.6e}  {:.0f} samples/s  step {:.3f} ms  data "
-               "{:.3f} ms{}  eta {}\n",
-               step, std::to_string(steps_).size(), steps_, epoch, loss, samples_per_s,
-               w.step_ms / n, w.data_ms / n, comm, format_duration(eta_s));
+    if (ddp_)
+      comm = fmt::format("  comm {:.3f} ms (exposed {:.3f})", w.comm_ms / n, w.exposed_comm_ms / n);
+    fmt::print(
+        "step {:>{}}/{}  epoch {}  loss {:.6e}  {:.0f} samples/s  step {:.3f} ms  data "
+        "{:.3f} ms{}  eta {}\n",
+        step, std::to_string(steps_).size(), steps_, epoch, loss, samples_per_s, w.step_ms / n,
+        w.data_ms / n, comm, format_duration(eta_s));
     std::fflush(stdout);
   }
   if (metrics_.is_open()) {
@@ -392,15 +400,14 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) 
 
 void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch) {
   if (!is_main()) return;
-  nn::TrainingState state{
-      .step = step,
-      .epoch = epoch,
-      .epoch_samples = step_in_epoch * world_size_ * o_.batch * o_.grad_accum,
-      .seed = o_.seed,
-      .info = {{"model", model_->describe()},
-               {"world_size", std::to_string(world_size_)},
-               {"batch", std::to_string(o_.batch)},
-               {"grad_accum", std::to_string(o_.grad_accum)}}};
+  nn::TrainingState state{.step = step,
+                          .epoch = epoch,
+                          .epoch_samples = step_in_epoch * world_size_ * o_.batch * o_.grad_accum,
+                          .seed = o_.seed,
+                          .info = {{"model", model_->describe()},
+                                   {"world_size", std::to_string(world_size_)},
+                                   {"batch", std::to_string(o_.batch)},
+                                   {"grad_accum", std::to_string(o_.grad_accum)}}};
   // The position of the NEXT step: a checkpoint after the last step of an epoch points at the
   // start of the following one.
   if (step_in_epoch == steps_per_epoch_) {
@@ -437,9 +444,10 @@ int Trainer::run() {
                o_.batch, o_.grad_accum > 1 ? fmt::format(" x {} micro-batches", o_.grad_accum) : "",
                steps_, steps_per_epoch_);
     if (ddp_) {
-      fmt::print("ddp: backend {} | {} buckets (first {} MiB, then {} MiB) | overlap {} | hook {}\n",
-                 dist_->group->backend_name(), ddp_->reducer().buckets().size(), o_.first_bucket_mb,
-                 o_.bucket_cap_mb, o_.overlap ? "on" : "off", o_.comm_hook);
+      fmt::print(
+          "ddp: backend {} | {} buckets (first {} MiB, then {} MiB) | overlap {} | hook {}\n",
+          dist_->group->backend_name(), ddp_->reducer().buckets().size(), o_.first_bucket_mb,
+          o_.bucket_cap_mb, o_.overlap ? "on" : "off", o_.comm_hook);
     }
   }
   const auto run_start = Clock::now();
@@ -475,8 +483,8 @@ int Trainer::run() {
     host.reserve(named.size());
     for (const nn::NamedTensor& p : named) {
       host.push_back(p.tensor.to_vector());
-      entries.push_back({.name = p.name, .dtype = "F32", .shape = p.tensor.shape(),
-                         .data = host.back().data()});
+      entries.push_back(
+          {.name = p.name, .dtype = "F32", .shape = p.tensor.shape(), .data = host.back().data()});
     }
     nn::write_safetensors(o_.save_path, entries,
                           {{"format", "nanoddp-parameters"},

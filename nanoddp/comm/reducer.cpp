@@ -38,7 +38,11 @@ const char* comm_hook_name(CommHook hook) {
 
 Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group,
                  const ReducerOptions& options)
-    : params_(params), group_(std::move(group)), options_(options) {
+    : params_(params),
+      group_(std::move(group)),
+      options_(options),
+      backward_end_(params.device()),
+      comm_done_(params.device()) {
   if (!(options.bucket_cap_mb > 0) || !(options.first_bucket_mb > 0)) {
     fail("bucket caps must be positive (got bucket_cap_mb={}, first_bucket_mb={})",
          options.bucket_cap_mb, options.first_bucket_mb);
@@ -121,6 +125,7 @@ void Reducer::on_gradient_ready(std::size_t slot) {
     in_backward_ = true;
     stats_ = ReducerStats{};
     stats_.origin = now;
+    exposed_pending_ = false;
     timed_works_.clear();  // timings of the previous step not asked for by now are dropped
     stats_.buckets.assign(buckets_.size(), BucketStats{});
     // Runs once autograd has finished the whole pass (or, if it throws, abort()).
@@ -224,7 +229,14 @@ void Reducer::finalize() {
   NANODDP_CHECK(next_to_launch_ == buckets_.size(), "finalize: bucket {} was never launched",
                 next_to_launch_);
 
+  // The exposed communication is what the compute stream waits for here, so two events on it
+  // bracket the waits. On the CPU the "stream" is this thread and the events are host times:
+  // the host's wait. On a GPU Work::wait() only makes the compute stream wait (the host goes
+  // on at once), and the interval between the events, read once the step has run, is the GPU
+  // stalling for the all-reduce.
+  const Stream compute = Stream::compute(params_.device());
   const Clock::time_point wait_start = Clock::now();
+  backward_end_.record(compute);
   std::exception_ptr failure;
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     try {
@@ -233,8 +245,11 @@ void Reducer::finalize() {
       if (!failure) failure = std::current_exception();
     }
   }
+  comm_done_.record(compute);
   const Clock::time_point wait_end = Clock::now();
-  stats_.exposed_comm_ms = ms_between(wait_start, wait_end);
+  // A GPU's events are not done yet (reading them now would fail): collect_timings() reads them.
+  exposed_pending_ = params_.device().is_cuda();
+  stats_.exposed_comm_ms = exposed_pending_ ? 0.0 : backward_end_.elapsed_ms(comm_done_);
   Tracer* tracer = active_tracer();
   if (tracer) tracer->span("wait for all-reduce", TraceTrack::kCompute, wait_start, wait_end);
   if (failure) {
@@ -258,6 +273,10 @@ void Reducer::finalize() {
 }
 
 void Reducer::collect_timings() {
+  if (exposed_pending_ && comm_done_.query()) {
+    stats_.exposed_comm_ms = backward_end_.elapsed_ms(comm_done_);
+    exposed_pending_ = false;
+  }
   for (std::size_t b = 0; b < timed_works_.size(); ++b) {
     if (!timed_works_[b]) continue;
     const auto timing = timed_works_[b]->timing();

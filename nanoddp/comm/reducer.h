@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "nanoddp/comm/process_group.h"
+#include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/tensor.h"
 #include "nanoddp/engine/trace.h"
 #include "nanoddp/nn/flat_parameters.h"
@@ -68,18 +69,21 @@ struct Bucket {
 
 // Timing of one step's communication, on the host's steady clock.
 struct BucketStats {
-  double ready_ms = 0;     // when the bucket became ready (from the first hook of the step)
-  double launch_ms = 0;    // when its collective was launched
-  double start_ms = 0;     // when the collective started running (CPU backends)
-  double end_ms = 0;       // when it finished
+  double ready_ms = 0;   // when the bucket became ready (from the first hook of the step)
+  double launch_ms = 0;  // when its collective was launched
+  double start_ms = 0;   // when the collective started running (CPU backends)
+  double end_ms = 0;     // when it finished
   double allreduce_ms() const { return end_ms - start_ms; }
 };
 
 struct ReducerStats {
   std::vector<BucketStats> buckets;
-  double backward_end_ms = 0;   // when the backward pass's last node finished
-  double exposed_comm_ms = 0;   // time finalize waited for communication
-  double comm_ms = 0;           // sum of the buckets' all-reduce durations
+  double backward_end_ms = 0;  // when the backward pass's last node finished
+  // How long the compute stream waited for communication at the end of backward: on the CPU
+  // the host's wait in finalize; on a GPU the compute stream's stall between two events (the
+  // host does not wait there), known once the step has run (see last_stats()).
+  double exposed_comm_ms = 0;
+  double comm_ms = 0;  // sum of the buckets' all-reduce durations
   // Share of the communication that ran while backward was still computing.
   double overlap_fraction() const {
     return comm_ms > 0 ? std::clamp(1.0 - exposed_comm_ms / comm_ms, 0.0, 1.0) : 0.0;
@@ -128,14 +132,19 @@ class Reducer {
   bool sync_ = true;
   bool in_backward_ = false;
   std::uint64_t backward_pass_ = 0;  // autograd's id of the pass in progress
-  std::vector<int> pending_;           // per bucket: gradients still to come
-  std::vector<bool> slot_ready_;       // per slot
+  std::vector<int> pending_;         // per bucket: gradients still to come
+  std::vector<bool> slot_ready_;     // per slot
   std::size_t next_to_launch_ = 0;
   std::vector<std::shared_ptr<Work>> works_;
   ReducerStats stats_;
   // The last step's collectives whose timings are not yet in stats_ (and where to trace them).
   std::vector<std::shared_ptr<Work>> timed_works_;
   Tracer* timed_tracer_ = nullptr;
+  // Recorded on the compute stream just before and just after finalize makes it wait for the
+  // buckets: the interval is the exposed communication, on any device.
+  Event backward_end_;
+  Event comm_done_;
+  bool exposed_pending_ = false;  // a GPU step whose exposed time is not read yet
 };
 
 }  // namespace nanoddp::comm

@@ -14,6 +14,7 @@
 #include "nanoddp/comm/ddp.h"
 #include "nanoddp/comm/init.h"
 #include "nanoddp/engine/ops.h"
+#include "nanoddp/engine/stream.h"
 #include "nanoddp/nn/flat_parameters.h"
 #include "nanoddp/nn/layers.h"
 #include "nanoddp/nn/optimizer.h"
@@ -22,10 +23,10 @@ using namespace nanoddp;
 
 TEST_CASE("ddp on cuda:0 with NCCL (world of one) leaves the plain backward's gradients") {
   const Device gpu = Device::cuda(0);
-  comm::Distributed dist = comm::init_distributed(comm::WorldInfo{},
-                                                  {.backend = "nccl", .device = gpu});
-  const nn::MlpOptions shape{.in_features = 32, .out_features = 8, .hidden = 64, .layers = 3,
-                             .seed = 11};
+  comm::Distributed dist =
+      comm::init_distributed(comm::WorldInfo{}, {.backend = "nccl", .device = gpu});
+  const nn::MlpOptions shape{
+      .in_features = 32, .out_features = 8, .hidden = 64, .layers = 3, .seed = 11};
   nn::Mlp model(shape), reference(shape);
   nn::FlatParameters params(model, gpu), ref_params(reference, gpu);
   // Small caps: several buckets, so the in-order launch and the event waits are exercised.
@@ -36,8 +37,8 @@ TEST_CASE("ddp on cuda:0 with NCCL (world of one) leaves the plain backward's gr
   nn::SGD sgd(params, {.lr = 0.05f});
   float first = 0, last = 0;
   for (int step = 0; step < 30; ++step) {
-    const Tensor x = Tensor::normal({16, 32}, 0.0f, 1.0f,
-                                    {.seed = 4, .offset = static_cast<std::uint64_t>(step) * 512}, gpu);
+    const Tensor x = Tensor::normal(
+        {16, 32}, 0.0f, 1.0f, {.seed = 4, .offset = static_cast<std::uint64_t>(step) * 512}, gpu);
     const Tensor y = Tensor::zeros({16, 8}, gpu);
     sgd.zero_grad();
     ref_params.zero_grad();
@@ -58,4 +59,38 @@ TEST_CASE("ddp on cuda:0 with NCCL (world of one) leaves the plain backward's gr
   CHECK(last < first);
 }
 
+#endif  // NANODDP_WITH_CUDA
+
+#if NANODDP_WITH_CUDA
+TEST_CASE(
+    "ddp on cuda:0: the exposed communication is the compute stream's stall, not the host's") {
+  const Device gpu = Device::cuda(0);
+  comm::Distributed dist =
+      comm::init_distributed(comm::WorldInfo{}, {.backend = "nccl", .device = gpu});
+  const nn::MlpOptions shape{
+      .in_features = 256, .out_features = 256, .hidden = 1024, .layers = 3, .seed = 5};
+  nn::Mlp model(shape);
+  nn::FlatParameters params(model, gpu);
+  // Overlap off: every bucket is reduced after backward, so the compute stream must stall for
+  // all of it, while the host returns from backward() without waiting.
+  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
+                                    {.bucket_cap_mb = 1, .overlap = false});
+  nn::SGD sgd(params, {.lr = 0.01f});
+  const Tensor x = Tensor::normal({64, 256}, 0.0f, 1.0f, {.seed = 1}, gpu);
+  const Tensor y = Tensor::zeros({64, 256}, gpu);
+  for (int step = 0; step < 5; ++step) {
+    sgd.zero_grad();
+    mse_loss(ddp(x), y).backward();
+    sgd.step();
+    Stream::compute(gpu).synchronize();
+    const comm::ReducerStats& stats = ddp.reducer().last_stats();
+    CAPTURE(step);
+    CHECK(stats.comm_ms > 0);
+    CHECK(stats.exposed_comm_ms > 0);
+    // The stall covers the collectives (launched after the event), plus launch gaps: at least
+    // a good part of their GPU time, and never wildly more than the step.
+    CHECK(stats.exposed_comm_ms >= 0.5 * stats.comm_ms);
+    CHECK(stats.exposed_comm_ms < 1000.0);
+  }
+}
 #endif  // NANODDP_WITH_CUDA

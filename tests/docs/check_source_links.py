@@ -7,7 +7,9 @@ link text is code (in backticks), that line must contain it as a whole token —
 `::`, and without a trailing "(...)". So when code moves, the test names the stale link instead of the
 guide silently pointing at the wrong line.
 
-Usage: check_source_links.py SOURCE_DIR   (exit 1 and one line per broken link)
+Usage: check_source_links.py SOURCE_DIR [--fix]
+  exit 1 and one line per broken link; --fix moves each broken link to the nearest line (within
+  40) that contains its text, and reports what it could not fix.
 """
 import pathlib
 import re
@@ -16,14 +18,19 @@ import sys
 LINK = re.compile(r"\[([^\]]+)\]\(([^)#\s]+)#L(\d+)\)")
 
 
-def key_of(label):
+def keys_of(label):
+    """What the linked line must contain, best first; None for prose links (file and line only)."""
     code = label.strip()
     if not (code.startswith("`") and code.endswith("`")):
         return None
     code = code[1:-1]
     if code.endswith("(...)"):
         code = code[: -len("(...)")]
-    return code.split("::")[-1] if "::" in code and "(" not in code.split("::")[-1] else code
+    # A qualified name (`Reducer::launch`): the definition spells it whole
+    # (`void Reducer::launch(`), a declaration or call only its last part.
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)+", code):
+        return [code, code.split("::")[-1]]
+    return [code]
 
 
 def contains(line, key):
@@ -33,10 +40,12 @@ def contains(line, key):
 
 def main():
     root = pathlib.Path(sys.argv[1]).resolve()
+    fix = "--fix" in sys.argv[2:]
     docs = sorted((root / "docs").glob("*.md")) + [root / "README.md"]
-    problems, checked = [], 0
+    problems, checked, fixed = [], 0, 0
     for doc in docs:
-        for number, text in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+        doc_lines = doc.read_text(encoding="utf-8").splitlines(keepends=True)
+        for number, text in enumerate(list(doc_lines), 1):
             for match in LINK.finditer(text):
                 label, target, line = match.group(1), match.group(2), int(match.group(3))
                 where = f"{doc.relative_to(root)}:{number}: [{label}]({target}#L{line})"
@@ -49,17 +58,32 @@ def main():
                 if line < 1 or line > len(lines):
                     problems.append(f"{where}: the file has {len(lines)} lines")
                     continue
-                key = key_of(label)
-                if key is not None and not contains(lines[line - 1], key):
-                    near = [n for n in range(max(1, line - 40), min(len(lines), line + 40) + 1)
-                            if contains(lines[n - 1], key)]
+                keys = keys_of(label)
+                if keys is not None and not any(contains(lines[line - 1], k) for k in keys):
+                    near = []
+                    for key in keys:  # the best key found anywhere nearby wins
+                        near = [n for n in range(max(1, line - 40), min(len(lines), line + 40) + 1)
+                                if contains(lines[n - 1], key)]
+                        if near:
+                            break
                     near.sort(key=lambda n: abs(n - line))
+                    if fix and near:
+                        old_link = match.group(0)
+                        new_link = old_link.replace(f"#L{line})", f"#L{near[0]})")
+                        doc_lines[number - 1] = doc_lines[number - 1].replace(old_link, new_link, 1)
+                        fixed += 1
+                        continue
                     hint = f" (nearest match: line {near[0]})" if near else ""
-                    problems.append(f"{where}: line {line} does not contain '{key}'{hint}: "
+                    problems.append(f"{where}: line {line} does not contain '{keys[0]}'{hint}: "
                                     f"{lines[line - 1].strip()!r}")
+        if fix:
+            doc.write_text("".join(doc_lines), encoding="utf-8")
     for p in problems:
         print(p)
-    print(f"{checked} source links checked, {len(problems)} broken")
+    print(f"{checked} source links checked, {len(problems)} broken"
+          + (f", {fixed} moved to the line that now holds their text" if fix else ""))
+    if problems and not fix:
+        print("(tests/docs/check_source_links.py SOURCE_DIR --fix moves links whose text is nearby)")
     return 1 if problems or checked == 0 else 0
 
 

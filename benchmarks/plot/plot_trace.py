@@ -5,9 +5,10 @@
 
 The trace (nanoddp/engine/trace.cpp) has one process per rank and four tracks: compute (forward,
 each backward node, "wait for all-reduce", optimizer step), communication (each bucket's
-all-reduce), markers ("bucket N ready") and data. The chart has one row per rank x track, spans
-as bars, so the all-reduce of bucket 0 can be seen running while the rest of backward still
-computes (overlap on), or starting only after it (nanoddp-train --no-overlap).
+all-reduce), markers ("grad <parameter>" when a gradient is final, drawn as small ticks; "bucket N
+ready") and data. The chart has one row per rank x track, spans as bars, so the all-reduce of
+bucket 0 can be seen running while the rest of backward still computes (overlap on), or starting
+only after it (nanoddp-train --no-overlap).
 
 A step runs from the first span after the previous "optimizer step" to the end of its own
 "optimizer step" (on each rank; the window covers all ranks, and the neighbouring steps' spans in
@@ -257,6 +258,11 @@ def draw(args, ranks, spans, instants, lo, hi, own, title):
         centre, h = row
         alpha = 0.3 if faded(e) else 1.0
         x = e["ts"] - t0
+        if e["name"] == "grad" or e["name"].startswith("grad "):
+            # One per parameter ("grad layers.4.weight"): a small unlabelled tick, so that the
+            # bucket markers' labels stay readable.
+            ax.plot([x], [centre + 0.1 * h], marker="|", color="grey", markersize=7, alpha=alpha)
+            continue
         ax.plot([x], [centre + 0.1 * h], marker="v", color="black", markersize=6, alpha=alpha)
         # Markers close together (buckets ready at once) get their labels side by side.
         key = (e["pid"], e["track"])
@@ -284,8 +290,10 @@ def draw(args, ranks, spans, instants, lo, hi, own, title):
               Patch(color=COLOR["bucket"][0], label="all-reduce bucket b0"),
               Patch(color=COLOR["bucket"][1], label="all-reduce bucket b1, …"),
               Patch(color=COLOR["data"], label="data"),
+              Line2D([], [], marker="|", color="grey", linestyle="none", label="gradient final"),
               Line2D([], [], marker="v", color="black", linestyle="none", label="bucket ready")]
-    ax.legend(handles=legend, fontsize=7, ncol=8, loc="lower left", bbox_to_anchor=(0, 1.0),
+    ax.legend(handles=legend, fontsize=7, ncol=9, loc="lower left", bbox_to_anchor=(0, 1.0),
+              columnspacing=1.0, handlelength=1.4,
               frameon=False)
     ax.set_title(title, fontsize=9, pad=22, loc="left")
     fig.tight_layout()

@@ -108,8 +108,9 @@ void BackwardPass::run(const Tensor& root) {
     fail("backward() needs a one-element tensor (a loss); got shape {}", shape_str(root.shape()));
   }
   if (!root.requires_grad()) {
-    fail("backward(): the tensor does not require a gradient (no parameter that requires one "
-         "was used to compute it, or it was computed under NoGrad)");
+    fail(
+        "backward(): the tensor does not require a gradient (no parameter that requires one "
+        "was used to compute it, or it was computed under NoGrad)");
   }
   const Tensor seed = Tensor::ones(root.shape(), root.device());
   if (root.is_leaf()) {
@@ -137,9 +138,10 @@ void BackwardPass::run(const Tensor& root) {
     NodeState& state = nodes_[node];
     if (state.grad.defined()) {
       if (!node->backward_) {
-        fail("backward through '{}' a second time: its saved tensors were released after the "
-             "first backward. Run the forward pass again.",
-             node->name());
+        fail(
+            "backward through '{}' a second time: its saved tensors were released after the "
+            "first backward. Run the forward pass again.",
+            node->name());
       }
       current_ = node;
       Tracer* tracer = active_tracer();
@@ -168,6 +170,13 @@ void BackwardPass::run(const Tensor& root) {
 void BackwardPass::finish_leaf(const std::shared_ptr<TensorImpl>& leaf) {
   if (!leaves_[leaf.get()].received) return;
   Tensor param(leaf);
+  // In a timeline: this parameter's gradient is final here (its bucket's "ready" comes from
+  // the hook below, when it was the bucket's last).
+  if (Tracer* tracer = active_tracer()) {
+    const std::string& name = leaf->autograd.name;
+    tracer->instant(name.empty() ? std::string("grad") : "grad " + name, TraceTrack::kMarkers,
+                    Tracer::Clock::now(), {{"numel", std::to_string(param.numel())}});
+  }
   for (auto& hook : leaf->autograd.post_accumulate_grad_hooks) hook(param);
 }
 
@@ -296,7 +305,9 @@ void run_backward(const Tensor& root) {
   scope.run_all();
 }
 
-std::uint64_t current_backward_pass() { return tls_backward_pass; }
+std::uint64_t current_backward_pass() {
+  return tls_backward_pass;
+}
 
 void queue_backward_callback(std::function<void()> callback, std::function<void()> on_abort) {
   NANODDP_CHECK(tls_backward_callbacks != nullptr,

@@ -16,14 +16,18 @@ std::int64_t shape_numel(const Shape& shape) {
   return n;
 }
 
-std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+std::string shape_str(const Shape& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
 
 // ---- Storage ------------------------------------------------------------------------------
 
 Storage::Storage(Device device, std::size_t nbytes)
     : device_(device), nbytes_(nbytes), data_(allocator_for(device).allocate(nbytes)) {}
 
-Storage::~Storage() { allocator_for(device_).deallocate(data_, nbytes_); }
+Storage::~Storage() {
+  allocator_for(device_).deallocate(data_, nbytes_);
+}
 
 // ---- factories ----------------------------------------------------------------------------
 
@@ -39,7 +43,9 @@ Tensor Tensor::empty(const Shape& shape, Device device, DType dtype) {
   return Tensor(std::move(impl));
 }
 
-Tensor Tensor::zeros(const Shape& shape, Device device) { return full(shape, 0.0f, device); }
+Tensor Tensor::zeros(const Shape& shape, Device device) {
+  return full(shape, 0.0f, device);
+}
 
 Tensor Tensor::full(const Shape& shape, float value, Device device) {
   Tensor t = empty(shape, device);
@@ -73,7 +79,9 @@ Tensor Tensor::from_vector(std::span<const float> values, const Shape& shape, De
 
 // ---- metadata -----------------------------------------------------------------------------
 
-const Shape& Tensor::shape() const { return impl_->shape; }
+const Shape& Tensor::shape() const {
+  return impl_->shape;
+}
 
 std::int64_t Tensor::size(std::int64_t d) const {
   const std::int64_t n = dim();
@@ -82,11 +90,21 @@ std::int64_t Tensor::size(std::int64_t d) const {
   return impl_->shape[static_cast<std::size_t>(d)];
 }
 
-std::int64_t Tensor::numel() const { return shape_numel(impl_->shape); }
-DType Tensor::dtype() const { return impl_->dtype; }
-Device Tensor::device() const { return impl_->storage->device(); }
-const std::shared_ptr<Storage>& Tensor::storage() const { return impl_->storage; }
-std::int64_t Tensor::storage_offset() const { return impl_->offset; }
+std::int64_t Tensor::numel() const {
+  return shape_numel(impl_->shape);
+}
+DType Tensor::dtype() const {
+  return impl_->dtype;
+}
+Device Tensor::device() const {
+  return impl_->storage->device();
+}
+const std::shared_ptr<Storage>& Tensor::storage() const {
+  return impl_->storage;
+}
+std::int64_t Tensor::storage_offset() const {
+  return impl_->offset;
+}
 
 // ---- data ---------------------------------------------------------------------------------
 
@@ -110,7 +128,8 @@ std::vector<float> Tensor::to_vector() const {
 }
 
 float Tensor::item() const {
-  if (numel() != 1) fail("item(): tensor of shape {} has {} elements, not 1", shape_str(shape()), numel());
+  if (numel() != 1)
+    fail("item(): tensor of shape {} has {} elements, not 1", shape_str(shape()), numel());
   return to_vector()[0];
 }
 
@@ -122,8 +141,8 @@ Tensor Tensor::view(std::int64_t offset, const Shape& shape) const {
     if (d < 0) fail("cannot view a tensor as shape {}: negative size", shape_str(shape));
   }
   if (offset < 0 || begin + shape_numel(shape) > storage_elements) {
-    fail("view of shape {} at offset {} does not fit in a storage of {} elements",
-         shape_str(shape), begin, storage_elements);
+    fail("view of shape {} at offset {} does not fit in a storage of {} elements", shape_str(shape),
+         begin, storage_elements);
   }
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = impl_->storage;
@@ -139,7 +158,9 @@ Tensor Tensor::to(Device device) const {
   return out;
 }
 
-Tensor Tensor::clone() const { return to(device()); }
+Tensor Tensor::clone() const {
+  return to(device());
+}
 
 void Tensor::copy_from(const Tensor& source) {
   if (source.shape() != shape() || source.dtype() != dtype()) {
@@ -155,7 +176,9 @@ void Tensor::copy_from(const Tensor& source) {
   copy_bytes(raw_data(), device(), source.raw_data(), source.device(), nbytes());
 }
 
-void Tensor::fill(float value) { backend_for(device()).fill(data(), numel(), value); }
+void Tensor::fill(float value) {
+  backend_for(device()).fill(data(), numel(), value);
+}
 
 void Tensor::set_data(const Tensor& source) {
   if (source.shape() != shape()) {
@@ -169,7 +192,9 @@ void Tensor::set_data(const Tensor& source) {
 
 // ---- autograd -----------------------------------------------------------------------------
 
-bool Tensor::requires_grad() const { return impl_->autograd.requires_grad; }
+bool Tensor::requires_grad() const {
+  return impl_->autograd.requires_grad;
+}
 
 Tensor& Tensor::set_requires_grad(bool requires_grad) {
   NANODDP_CHECK(is_leaf() || requires_grad, "only leaf tensors can stop requiring a gradient");
@@ -177,8 +202,12 @@ Tensor& Tensor::set_requires_grad(bool requires_grad) {
   return *this;
 }
 
-bool Tensor::is_leaf() const { return impl_->autograd.grad_fn == nullptr; }
-const std::shared_ptr<Node>& Tensor::grad_fn() const { return impl_->autograd.grad_fn; }
+bool Tensor::is_leaf() const {
+  return impl_->autograd.grad_fn == nullptr;
+}
+const std::shared_ptr<Node>& Tensor::grad_fn() const {
+  return impl_->autograd.grad_fn;
+}
 
 void Tensor::set_grad_fn(std::shared_ptr<Node> node) {
   impl_->autograd.grad_fn = std::move(node);
@@ -199,13 +228,26 @@ void Tensor::set_grad(const Tensor& grad) {
   impl_->autograd.grad_valid = true;
 }
 
-void Tensor::zero_grad() { impl_->autograd.grad_valid = false; }
-bool Tensor::has_grad() const { return impl_->autograd.grad_valid; }
+void Tensor::zero_grad() {
+  impl_->autograd.grad_valid = false;
+}
+bool Tensor::has_grad() const {
+  return impl_->autograd.grad_valid;
+}
 
 void Tensor::register_post_accumulate_grad_hook(Hook hook) {
   NANODDP_CHECK(is_leaf() && requires_grad(),
                 "post-accumulate-grad hooks are for leaf tensors that require a gradient");
   impl_->autograd.post_accumulate_grad_hooks.push_back(std::move(hook));
+}
+
+Tensor& Tensor::set_name(std::string name) {
+  impl_->autograd.name = std::move(name);
+  return *this;
+}
+
+const std::string& Tensor::name() const {
+  return impl_->autograd.name;
 }
 
 Tensor Tensor::detach() const {
@@ -217,7 +259,9 @@ Tensor Tensor::detach() const {
   return Tensor(std::move(impl));
 }
 
-void Tensor::backward() const { run_backward(*this); }
+void Tensor::backward() const {
+  run_backward(*this);
+}
 
 // ---- grad mode ----------------------------------------------------------------------------
 
@@ -225,8 +269,14 @@ namespace {
 thread_local bool tls_grad_enabled = true;
 }
 
-NoGrad::NoGrad() : previous_(tls_grad_enabled) { tls_grad_enabled = false; }
-NoGrad::~NoGrad() { tls_grad_enabled = previous_; }
-bool NoGrad::grad_enabled() { return tls_grad_enabled; }
+NoGrad::NoGrad() : previous_(tls_grad_enabled) {
+  tls_grad_enabled = false;
+}
+NoGrad::~NoGrad() {
+  tls_grad_enabled = previous_;
+}
+bool NoGrad::grad_enabled() {
+  return tls_grad_enabled;
+}
 
 }  // namespace nanoddp

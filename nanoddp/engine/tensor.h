@@ -75,8 +75,7 @@ class Tensor {
   Tensor() = default;
 
   // ---- factories ----
-  static Tensor empty(const Shape& shape, Device device = Device::cpu(),
-                      DType dtype = DType::kF32);
+  static Tensor empty(const Shape& shape, Device device = Device::cpu(), DType dtype = DType::kF32);
   static Tensor zeros(const Shape& shape, Device device = Device::cpu());
   static Tensor full(const Shape& shape, float value, Device device = Device::cpu());
   static Tensor ones(const Shape& shape, Device device = Device::cpu()) {
@@ -108,7 +107,7 @@ class Tensor {
 
   // ---- data ----
   void* raw_data() const;
-  float* data() const;  // float32 tensors only
+  float* data() const;                   // float32 tensors only
   std::vector<float> to_vector() const;  // copies to the host
   float item() const;                    // one-element tensors only
 
@@ -144,6 +143,10 @@ class Tensor {
   // Runs after this leaf's gradient for the current backward is complete (all contributions
   // accumulated). The DDP Reducer's entry point.
   void register_post_accumulate_grad_hook(Hook hook);
+  // A name for timelines: a traced backward marks "grad <name>" when this leaf's gradient is
+  // final (nn::FlatParameters names every parameter).
+  Tensor& set_name(std::string name);
+  const std::string& name() const;
   // A handle to the same data with no autograd history.
   Tensor detach() const;
   // Backpropagates from this one-element tensor (d self / d self = 1).
@@ -165,6 +168,7 @@ struct AutogradMeta {
   Tensor grad;                    // buffer of a leaf's gradient
   bool grad_valid = false;        // false: `grad`'s contents are stale (treated as zero)
   std::vector<Tensor::Hook> post_accumulate_grad_hooks;
+  std::string name;  // a leaf's name for traces ("layers.0.weight"); may be empty
 };
 
 struct TensorImpl {

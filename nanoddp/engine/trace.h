@@ -2,8 +2,9 @@
 // Timelines: Chrome trace JSON ("Trace Event Format"), which Perfetto (ui.perfetto.dev) and
 // chrome://tracing open. One process per rank, one track per kind of work: compute (forward,
 // each backward node, optimizer step), communication (each bucket's all-reduce), and markers
-// (bucket ready). Seeing the all-reduce spans of bucket 0 start while backward spans are still
-// running on the compute track is seeing the overlap.
+// (each parameter's gradient becoming final, "grad <name>"; each bucket becoming ready). Seeing
+// the all-reduce spans of bucket 0 start while backward spans are still running on the compute
+// track is seeing the overlap.
 //
 // Recording is off unless a Tracer is installed (TraceScope); then each span costs a clock read
 // and a vector push under a mutex. Times are steady_clock, which on one machine is the same

@@ -13,8 +13,8 @@ FlatParameters::FlatParameters(const Module& module, Device device) {
       fail("parameter '{}' is {}; flat parameter buffers hold float32", it->name,
            dtype_name(it->tensor.dtype()));
     }
-    slots_.push_back({.name = it->name, .param = it->tensor, .offset = total,
-                      .numel = it->tensor.numel()});
+    slots_.push_back(
+        {.name = it->name, .param = it->tensor, .offset = total, .numel = it->tensor.numel()});
     total += it->tensor.numel();
   }
   values_ = Tensor::empty({total}, device);
@@ -24,6 +24,7 @@ FlatParameters::FlatParameters(const Module& module, Device device) {
     value.copy_from(slot.param);
     slot.param.set_data(value);
     slot.param.set_grad(grads_.view(slot.offset, slot.param.shape()));
+    slot.param.set_name(slot.name);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -228,6 +229,7 @@ TEST_CASE("ddp training: --trace writes one Chrome trace with every rank's track
   const auto& events = json.at("traceEvents");
   std::set<int> ranks;
   int forward = 0, backward = 0, allreduce = 0, ready = 0, optimizer = 0;
+  std::map<std::string, int> grads;  // "grad <name>" markers: one per parameter per step
   for (const auto& e : events) {
     ranks.insert(e.at("pid").get<int>());
     const std::string name = e.at("name");
@@ -236,6 +238,10 @@ TEST_CASE("ddp training: --trace writes one Chrome trace with every rank's track
     allreduce += name.starts_with("all-reduce bucket ");
     ready += name.ends_with(" ready");
     optimizer += name == "optimizer step";
+    if (name.starts_with("grad ")) {
+      ++grads[name.substr(5)];
+      CHECK(std::stoll(e.at("args").at("numel").get<std::string>()) > 0);
+    }
   }
   CHECK(ranks == std::set<int>{0, 1});
   CHECK(forward == 2 * 6);
@@ -243,6 +249,13 @@ TEST_CASE("ddp training: --trace writes one Chrome trace with every rank's track
   CHECK(backward > 0);
   CHECK(allreduce > 0);
   CHECK(ready == allreduce);
+  // --layers 2: three Linear modules, a weight and a bias each, every step on both ranks.
+  CHECK(grads.size() == 6);
+  for (const auto& [name, count] : grads) {
+    CAPTURE(name);
+    CHECK(name.starts_with("layers."));
+    CHECK(count == 2 * 6);
+  }
 }
 
 TEST_CASE("ddp training: NANODDP_DEBUG logs set-up (INFO) and every collective (DETAIL)") {

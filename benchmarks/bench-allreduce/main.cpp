@@ -434,7 +434,7 @@ int run(int argc, char** argv) {
     fmt::print("#\n# {:>12} {:>12} {:>8} {:>6} {:>11} {:>11} {:>11} {:>7}", "size", "count", "type",
                "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     if (opt.vs_raw) {
-      fmt::print(" {:>11} {:>11} {:>9}", "raw(us)", "raw busbw", "busbw/raw");
+      fmt::print(" {:>11} {:>11} {:>9} {:>10}", "raw(us)", "raw busbw", "busbw/raw", "raw #wrong");
     }
     fmt::print("\n");
   }
@@ -468,13 +468,16 @@ int run(int argc, char** argv) {
     };
     const double seconds = median(round_seconds[0]);
 
-    std::int64_t wrong = -1;
+    // -c 1: each mode measured also gets one op on fresh data, checked element by element.
+    std::vector<std::int64_t> wrong(modes.size(), -1);
     if (opt.check != 0) {
-      Tensor host_view = host.view(0, {count});
-      fill_for_check(host_view, view, runner.rank(), count);
-      runner.run_ops(runner.default_mode(), view, op, 1);
-      if (!view.is_same(host_view)) host_view.copy_from(view);
-      wrong = runner.sum_across(count_wrong(host_view, op, runner.size(), count));
+      for (std::size_t m = 0; m < modes.size(); ++m) {
+        Tensor host_view = host.view(0, {count});
+        fill_for_check(host_view, view, runner.rank(), count);
+        runner.run_ops(modes[m], view, op, 1);
+        if (!view.is_same(host_view)) host_view.copy_from(view);
+        wrong[m] = runner.sum_across(count_wrong(host_view, op, runner.size(), count));
+      }
     }
     const double n = runner.size();
     const double algbw = static_cast<double>(bytes) / seconds / 1e9;
@@ -482,14 +485,15 @@ int run(int argc, char** argv) {
     if (runner.rank() == 0) {
       fmt::print("  {:>12} {:>12} {:>8} {:>6} {:>11.1f} {:>11.3f} {:>11.3f} {:>7}", bytes, count,
                  opt.dtype, opt.op, seconds * 1e6, algbw, busbw,
-                 wrong < 0 ? std::string("N/A") : std::to_string(wrong));
+                 wrong[0] < 0 ? std::string("N/A") : std::to_string(wrong[0]));
       double raw_seconds = 0;
       if (opt.vs_raw) {
         // Same bytes, same ranks: the busbw ratio is the inverse time ratio.
         raw_seconds = median(round_seconds[1]);
         const double raw_busbw = static_cast<double>(bytes) / raw_seconds / 1e9 * 2.0 * (n - 1) / n;
-        fmt::print(" {:>11.1f} {:>11.3f} {:>8.0f}%", raw_seconds * 1e6, raw_busbw,
-                   100.0 * raw_seconds / seconds);
+        fmt::print(" {:>11.1f} {:>11.3f} {:>8.0f}% {:>10}", raw_seconds * 1e6, raw_busbw,
+                   100.0 * raw_seconds / seconds,
+                   wrong[1] < 0 ? std::string("N/A") : std::to_string(wrong[1]));
       }
       fmt::print("\n");
       if (json) {
@@ -510,7 +514,7 @@ int run(int argc, char** argv) {
               {"algbw_gbps", a},
               {"busbw_gbps", a * 2.0 * (n - 1) / n},
               {"rounds", opt.rounds},
-              {"wrong", m == 0 ? wrong : -1},
+              {"wrong", wrong[m]},
               {"algorithm", modes[m] == Mode::kRaw && opt.vs_raw ? raw_algorithm : algorithm}};
           *json << line.dump() << '\n';
         }

@@ -89,6 +89,7 @@ TEST_CASE("bench-allreduce: --vs-raw measures the engine and raw Gloo in one run
     check_line(lines[i + 1], "raw", 2);
     CHECK(lines[i].at("bytes") == lines[i + 1].at("bytes"));
     CHECK(lines[i].at("wrong") == 0);
+    CHECK(lines[i + 1].at("wrong") == 0);  // raw Gloo's result is checked too
     CHECK(lines[i].at("rounds") == 2);
   }
   CHECK(lines[0]

@@ -23,7 +23,7 @@ namespace {
 constexpr const char* kFooter = R"(
 Examples:
   nanoddp-sim --model mlp --gpu h100 --hidden 8192 --layers 8 --batch 32 --nodes 4 --gpus-per-node 8
-  nanoddp-sim --profile trace.json --hidden 1024 --layers 3 --nodes 1 --gpus-per-node 2 \
+  nanoddp-sim --profile trace.json --nodes 1 --gpus-per-node 2 \
               --fit-allreduce allreduce-2.jsonl --sweep-buckets
   nanoddp-sim --busbw --nodes 1 --gpus-per-node 8 --fabric nvlink4-ib400
 Fabrics: nvlink4-ib400 (DGX/HGX H100, H200), nvlink3-ib200 (DGX A100); the --intra-*/--inter-*
@@ -110,7 +110,8 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
   app.get_formatter()->column_width(34);
 
   app.add_option("--profile", o.profile_path,
-                 "compute profile from a trace written by nanoddp-train --trace");
+                 "compute profile from a trace written by nanoddp-train --trace (its \"grad\" "
+                 "markers give the parameters; older traces need the MLP shape flags)");
   app.add_option("--model", o.model, "compute profile from the FLOP model: mlp")
       ->check(CLI::IsMember({"mlp"}));
   app.add_option("--rank", o.rank, "trace: whose steps to read")
@@ -119,7 +120,9 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
   app.add_option("--skip-steps", o.skip_steps, "trace: warm-up steps left out")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
-  app.add_option("--in", o.in, "MLP input features (as nanoddp-train)")
+  app.add_option("--in", o.in,
+                 "MLP input features (as nanoddp-train; with --profile: checked against the "
+                 "trace's \"grad\" markers, or the shape of an older trace)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))
       ->capture_default_str();
   app.add_option("--out", o.out, "MLP output features")
@@ -227,6 +230,9 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
     exit_code = 2;
     return std::nullopt;
   }
+  for (const char* flag : {"--in", "--out", "--hidden", "--layers"}) {
+    o.shape_given = o.shape_given || app.count(flag) > 0;
+  }
   exit_code = 0;
   return o;
 }
@@ -299,9 +305,13 @@ void run_cli(const CliOptions& o) {
   const MlpShape shape{.in = o.in, .out = o.out, .hidden = o.hidden, .layers = o.layers};
   ComputeProfile profile;
   if (!o.profile_path.empty()) {
+    // Unset shape flags: the trace's "grad" markers describe the model (older traces:
+    // nanoddp-train's defaults, as the flags' defaults).
     profile = profile_from_trace(
-        o.profile_path,
-        {.shape = shape, .rank = o.rank, .skip_steps = o.skip_steps, .peers = o.peers == "traced"});
+        o.profile_path, {.shape = o.shape_given ? std::optional<MlpShape>(shape) : std::nullopt,
+                         .rank = o.rank,
+                         .skip_steps = o.skip_steps,
+                         .peers = o.peers == "traced"});
   } else {
     profile = profile_from_flops(find_gpu(o.gpu), {.shape = shape,
                                                    .batch = o.batch,

@@ -24,6 +24,7 @@ using nlohmann::json;
 // Track ids of nanoddp/engine/trace.h's TraceTrack.
 constexpr int kComputeTrack = 0;
 constexpr int kCommTrack = 1;
+constexpr int kMarkersTrack = 2;
 constexpr int kDataTrack = 3;
 
 struct Span {
@@ -32,8 +33,114 @@ struct Span {
   double ts_us = 0;
   double dur_us = 0;
   std::int64_t elements = -1;  // all-reduce spans
+  std::int64_t numel = -1;     // "grad <name>" markers (instants: dur_us = 0)
   double end_us() const { return ts_us + dur_us; }
+  bool is_grad_marker() const { return tid == kMarkersTrack && name.rfind("grad ", 0) == 0; }
+  bool is_backward_node() const { return tid == kComputeTrack && name.rfind("backward ", 0) == 0; }
 };
+
+std::int64_t integer_arg(const json& event, const char* key, const std::string& name,
+                         std::size_t index, const std::string& event_name) {
+  const json& value = event["args"][key];
+  try {
+    return value.is_string() ? std::stoll(value.get<std::string>()) : value.get<std::int64_t>();
+  } catch (const std::exception&) {
+    fail("{}: event {} ('{}') has an unreadable \"{}\" argument", name, index, event_name, key);
+  }
+}
+
+// The gradients of one step, in layout order, with the moment each became final (trace clock).
+struct StepGrads {
+  std::vector<ParameterInfo> layout;  // from the markers; empty for the "backward linear" path
+  std::vector<double> ready_us;       // per parameter of the layout
+  std::size_t n_linear = 0;           // "backward linear" spans seen
+};
+
+// The parameters of the "grad <name>" markers in [first, last) of a rank's sorted spans.
+//
+// Layout order: markers arrive node by node in backward order, and within one autograd node in
+// the order of its inputs (linear(x, weight, bias): weight, then bias). nn::FlatParameters lays
+// the gradients out in reverse registration order, and nanoddp's modules register their
+// parameters in the order they pass them to their op (Linear: weight, bias). So the layout is
+// the node order, each node's markers reversed -- for an MLP exactly mlp_parameters(). This is
+// an assumption about the model, not something the trace records: it is checked against the
+// --in/--out/--hidden/--layers flags when given, and against the buckets of a DDP trace.
+// A node's gradients all count as ready when its last marker fires (they are sub-microsecond
+// apart; the bucket holding them waits for all).
+StepGrads marker_grads(const std::vector<Span>& spans, std::size_t first, std::size_t last) {
+  StepGrads grads;
+  std::vector<std::vector<const Span*>> groups;  // per backward node, markers in arrival order
+  bool new_group = true;
+  for (std::size_t i = first; i < last; ++i) {
+    const Span& sp = spans[i];
+    if (sp.is_backward_node()) new_group = true;
+    if (!sp.is_grad_marker()) continue;
+    if (new_group) groups.emplace_back();
+    new_group = false;
+    groups.back().push_back(&sp);
+  }
+  for (const auto& group : groups) {
+    for (auto it = group.rbegin(); it != group.rend(); ++it) {
+      grads.layout.push_back({(*it)->name.substr(5), (*it)->numel, 0});
+      grads.ready_us.push_back(group.back()->ts_us);
+    }
+  }
+  return grads;
+}
+
+// The "backward linear" path (traces without markers): the k-th span's end is when the
+// gradients of the k-th Linear from the end (its bias and weight, layout order) became final.
+StepGrads linear_grads(const std::vector<Span>& spans, std::size_t first, std::size_t last) {
+  StepGrads grads;
+  for (std::size_t i = first; i < last; ++i) {
+    const Span& sp = spans[i];
+    if (sp.tid == kComputeTrack && sp.name == "backward linear") {
+      ++grads.n_linear;
+      grads.ready_us.push_back(sp.end_us());  // bias
+      grads.ready_us.push_back(sp.end_us());  // weight
+    }
+  }
+  return grads;
+}
+
+std::string list_parameters(const std::vector<ParameterInfo>& params) {
+  constexpr std::size_t kShown = 8;
+  std::vector<std::string> items;
+  std::int64_t numel = 0;
+  for (const ParameterInfo& p : params) {
+    numel += p.numel;
+    if (items.size() < kShown) items.push_back(fmt::format("{} {}", p.name, p.numel));
+  }
+  if (params.size() > kShown) items.push_back(fmt::format("... {} more", params.size() - kShown));
+  return fmt::format("{} parameters, {} elements: {}", params.size(), numel,
+                     fmt::join(items, ", "));
+}
+
+// True when `a` and `b` hold the same (name, numel) pairs, whatever the order.
+bool same_parameters(std::vector<ParameterInfo> a, std::vector<ParameterInfo> b) {
+  const auto by_name = [](const ParameterInfo& x, const ParameterInfo& y) {
+    return x.name < y.name;
+  };
+  std::sort(a.begin(), a.end(), by_name);
+  std::sort(b.begin(), b.end(), by_name);
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].name != b[i].name || a[i].numel != b[i].numel) return false;
+  }
+  return true;
+}
+
+// Per parameter of `params`, its ready time in `grads` (found by name: `params` may be the
+// flags' layout and `grads` the markers').
+std::vector<double> ready_by_name(const std::vector<ParameterInfo>& params,
+                                  const StepGrads& grads) {
+  std::map<std::string, double> at;
+  for (std::size_t i = 0; i < grads.layout.size(); ++i)
+    at[grads.layout[i].name] = grads.ready_us[i];
+  std::vector<double> ready;
+  for (const ParameterInfo& p : params) ready.push_back(at.at(p.name));
+  return ready;
+}
 
 double number(const json& event, const char* key, const std::string& name, std::size_t index) {
   const auto it = event.find(key);
@@ -49,7 +156,7 @@ struct StepSample {
   double forward_ms = 0;
   double step_ms = 0;  // data start to optimizer end, data preparation excluded
   double data_ms = 0;
-  std::vector<double> linear_ready_ms;  // end of each "backward linear", from backward's start
+  std::vector<double> ready_ms;  // per parameter (layout order), from backward's start
   double backward_end_ms = 0;
   double wait_ms = 0;
   double optimizer_ms = 0;
@@ -58,66 +165,92 @@ struct StepSample {
   double allreduce_end_us = -1;  // end of the last all-reduce span; -1 without one
 };
 
-// What the peers contribute to one step: when each "backward linear" span ended and when the
-// step's last all-reduce ended, on the trace's clock.
-struct PeerStep {
-  std::vector<double> linear_end_us;
-  double allreduce_end_us = -1;
-};
-
-// Cuts one rank's spans (sorted by start) into steps at its "forward" spans.
-std::vector<PeerStep> peer_steps(const std::vector<Span>& spans) {
-  std::vector<PeerStep> steps;
-  for (const Span& sp : spans) {
-    if (sp.tid == kComputeTrack && sp.name == "forward") steps.emplace_back();
-    if (steps.empty()) continue;
-    if (sp.tid == kComputeTrack && sp.name == "backward linear") {
-      steps.back().linear_end_us.push_back(sp.end_us());
-    }
-    if (sp.tid == kCommTrack && sp.name.rfind("all-reduce bucket ", 0) == 0) {
-      steps.back().allreduce_end_us = std::max(steps.back().allreduce_end_us, sp.end_us());
-    }
+// Where the steps of one rank's spans (sorted by start) begin: at its "forward" spans. Step f
+// holds the spans from forwards[f] to forwards[f + 1].
+std::vector<std::size_t> forward_indices(const std::vector<Span>& spans) {
+  std::vector<std::size_t> forwards;
+  for (std::size_t i = 0; i < spans.size(); ++i) {
+    if (spans[i].tid == kComputeTrack && spans[i].name == "forward") forwards.push_back(i);
   }
-  return steps;
+  return forwards;
 }
 
-// Medians over the kept steps of the slowest rank's "backward linear" ends, from this rank's
-// backward start: one per Linear, in backward order. Checks that the ranks share a clock.
+std::size_t step_end(const std::vector<std::size_t>& forwards, std::size_t f, std::size_t n) {
+  return f + 1 < forwards.size() ? forwards[f + 1] : n;
+}
+
+// How a rank's steps give their parameters' ready times.
+struct GradSource {
+  bool markers = false;                      // "grad <name>" markers, or "backward linear" ends
+  const std::vector<ParameterInfo>* params;  // layout order
+  std::size_t n_linear = 0;                  // without markers
+};
+
+// The ready times (trace clock) of the source's parameters in the step [first, last) of `spans`;
+// `where` names the step in messages. Fails when the step's gradients are not those.
+std::vector<double> step_ready_us(const std::vector<Span>& spans, std::size_t first,
+                                  std::size_t last, const GradSource& source,
+                                  const std::string& where) {
+  if (source.markers) {
+    const StepGrads grads = marker_grads(spans, first, last);
+    if (!same_parameters(grads.layout, *source.params)) {
+      fail(
+          "{} has \"grad\" markers for {}, but the first step read has them for {}. The "
+          "simulator needs the same parameters every step (one forward/backward per step).",
+          where, list_parameters(grads.layout), list_parameters(*source.params));
+    }
+    return ready_by_name(*source.params, grads);
+  }
+  const StepGrads grads = linear_grads(spans, first, last);
+  if (grads.n_linear != source.n_linear) {
+    fail("{} has {} \"backward linear\" spans, not {}", where, grads.n_linear, source.n_linear);
+  }
+  return grads.ready_us;
+}
+
+// Medians over the kept steps of the slowest rank's ready times, from this rank's backward
+// start: one per parameter, in layout order. Checks that the ranks share a clock.
 std::vector<double> peers_ready(const std::map<int, std::vector<Span>>& by_rank, int rank,
                                 const std::vector<StepSample>& samples, std::size_t skip,
-                                std::size_t n_linear, const std::string& name) {
+                                const GradSource& source, const std::string& name) {
   if (by_rank.size() < 2) {
     fail("--peers traced: {} holds one rank; the slowest rank needs a trace of several", name);
   }
+  const std::size_t n = source.params->size();
   // Per step the latest over every rank, this one included: the collective starts when the
   // last rank arrives, whoever it is that step.
-  std::vector<std::vector<double>> latest(n_linear, std::vector<double>(samples.size()));
-  for (std::size_t k = 0; k < n_linear; ++k) {
-    for (std::size_t s = 0; s < samples.size(); ++s) latest[k][s] = samples[s].linear_ready_ms[k];
+  std::vector<std::vector<double>> latest(n, std::vector<double>(samples.size()));
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t s = 0; s < samples.size(); ++s) latest[i][s] = samples[s].ready_ms[i];
   }
   std::vector<double> clock_gaps;
   for (const auto& [peer, spans] : by_rank) {
     if (peer == rank) continue;
-    const std::vector<PeerStep> steps = peer_steps(spans);
-    if (steps.size() != samples.size() + skip) {
+    const std::vector<std::size_t> forwards = forward_indices(spans);
+    if (forwards.size() != samples.size() + skip) {
       fail("--peers traced: in {}, rank {} has {} steps and rank {} has {}", name, peer,
-           steps.size(), rank, samples.size() + skip);
+           forwards.size(), rank, samples.size() + skip);
     }
     for (std::size_t s = 0; s < samples.size(); ++s) {
-      const PeerStep& step = steps[s + skip];
+      const std::size_t f = s + skip;
+      const std::size_t last = step_end(forwards, f, spans.size());
       const StepSample& own = samples[s];
-      if (step.linear_end_us.size() != n_linear) {
-        fail("--peers traced: step {} of rank {} in {} has {} \"backward linear\" spans, not {}",
-             s + skip + 1, peer, name, step.linear_end_us.size(), n_linear);
+      const std::vector<double> ready =
+          step_ready_us(spans, forwards[f], last, source,
+                        fmt::format("--peers traced: step {} of rank {} in {}", f + 1, peer, name));
+      double allreduce_end_us = -1;
+      for (std::size_t i = forwards[f]; i < last; ++i) {
+        if (spans[i].tid == kCommTrack && spans[i].name.rfind("all-reduce bucket ", 0) == 0) {
+          allreduce_end_us = std::max(allreduce_end_us, spans[i].end_us());
+        }
       }
-      if (step.allreduce_end_us < 0 || own.allreduce_end_us < 0) {
+      if (allreduce_end_us < 0 || own.allreduce_end_us < 0) {
         fail("--peers traced: step {} of {} has no all-reduce span; the peers need a DDP trace",
-             s + skip + 1, name);
+             f + 1, name);
       }
-      clock_gaps.push_back(std::fabs(step.allreduce_end_us - own.allreduce_end_us) / 1000.0);
-      for (std::size_t k = 0; k < n_linear; ++k) {
-        latest[k][s] =
-            std::max(latest[k][s], (step.linear_end_us[k] - own.backward_start_us) / 1000.0);
+      clock_gaps.push_back(std::fabs(allreduce_end_us - own.allreduce_end_us) / 1000.0);
+      for (std::size_t i = 0; i < n; ++i) {
+        latest[i][s] = std::max(latest[i][s], (ready[i] - own.backward_start_us) / 1000.0);
       }
     }
   }
@@ -132,7 +265,7 @@ std::vector<double> peers_ready(const std::map<int, std::vector<Span>>& by_rank,
         name, gap);
   }
   std::vector<double> ready;
-  for (std::size_t k = 0; k < n_linear; ++k) ready.push_back(median(latest[k]));
+  for (std::size_t i = 0; i < n; ++i) ready.push_back(median(latest[i]));
   return ready;
 }
 
@@ -148,8 +281,6 @@ ComputeProfile profile_from_trace(const std::string& path, const TraceProfileOpt
 
 ComputeProfile profile_from_trace_text(const std::string& text, const std::string& name,
                                        const TraceProfileOptions& options) {
-  const std::vector<ParameterInfo> params = mlp_parameters(options.shape);
-  const std::size_t n_linear = static_cast<std::size_t>(options.shape.layers + 1);
   if (options.skip_steps < 0) fail("--skip-steps must be >= 0, got {}", options.skip_steps);
 
   json doc;
@@ -180,20 +311,31 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     }
     const int pid = e["pid"].get<int>();
     ranks.insert(pid);
-    if (e["ph"].get<std::string>() != "X" || (pid != options.rank && !options.peers)) continue;
+    const std::string ph = e["ph"].get<std::string>();
+    if ((ph != "X" && ph != "i") || (pid != options.rank && !options.peers)) continue;
     Span s;
     if (!e.contains("name") || !e["name"].is_string()) fail("{}: event {} has no name", name, i);
     s.name = e["name"].get<std::string>();
     s.tid = static_cast<int>(number(e, "tid", name, i));
     s.ts_us = number(e, "ts", name, i);
-    s.dur_us = number(e, "dur", name, i);
-    if (s.dur_us < 0) fail("{}: event {} ('{}') has a negative duration", name, i, s.name);
-    if (e.contains("args") && e["args"].is_object() && e["args"].contains("elements")) {
-      const json& el = e["args"]["elements"];
-      try {
-        s.elements = el.is_string() ? std::stoll(el.get<std::string>()) : el.get<std::int64_t>();
-      } catch (const std::exception&) {
-        fail("{}: event {} ('{}') has an unreadable \"elements\" argument", name, i, s.name);
+    const bool has_args = e.contains("args") && e["args"].is_object();
+    if (ph == "i") {
+      // Of the instants only the gradient markers matter ("bucket b ready" is the Reducer's
+      // view of the same moments).
+      if (!s.is_grad_marker()) continue;
+      if (!has_args || !e["args"].contains("numel")) {
+        fail("{}: event {} ('{}') has no \"numel\" argument", name, i, s.name);
+      }
+      s.numel = integer_arg(e, "numel", name, i, s.name);
+      if (s.numel < 1 || s.name.size() <= 5) {
+        fail("{}: event {} ('{}', numel {}) names no parameter with elements", name, i, s.name,
+             s.numel);
+      }
+    } else {
+      s.dur_us = number(e, "dur", name, i);
+      if (s.dur_us < 0) fail("{}: event {} ('{}') has a negative duration", name, i, s.name);
+      if (has_args && e["args"].contains("elements")) {
+        s.elements = integer_arg(e, "elements", name, i, s.name);
       }
     }
     by_rank[pid].push_back(std::move(s));
@@ -203,15 +345,13 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     fail("--rank {}: the trace {} holds ranks {}", options.rank, name, fmt::join(ranks, ", "));
   }
   for (auto& [pid, list] : by_rank) {
-    std::sort(list.begin(), list.end(),
-              [](const Span& a, const Span& b) { return a.ts_us < b.ts_us; });
+    // Stable: markers of one microsecond keep the order they were written in.
+    std::stable_sort(list.begin(), list.end(),
+                     [](const Span& a, const Span& b) { return a.ts_us < b.ts_us; });
   }
   const std::vector<Span>& spans = by_rank[options.rank];
 
-  std::vector<std::size_t> forwards;
-  for (std::size_t i = 0; i < spans.size(); ++i) {
-    if (spans[i].tid == kComputeTrack && spans[i].name == "forward") forwards.push_back(i);
-  }
+  const std::vector<std::size_t> forwards = forward_indices(spans);
   const auto skip = static_cast<std::size_t>(options.skip_steps);
   if (forwards.size() <= skip) {
     fail(
@@ -220,11 +360,53 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
         name, options.rank, forwards.size(), options.skip_steps, options.skip_steps + 1);
   }
 
+  // The parameters: from the "grad" markers when the trace has them (checked against the
+  // shape flags when given), else from the shape (nanoddp-train's defaults without flags).
+  const bool markers =
+      std::any_of(spans.begin(), spans.end(), [](const Span& sp) { return sp.is_grad_marker(); });
+  const MlpShape shape = options.shape.value_or(MlpShape{});
+  std::vector<ParameterInfo> params;
+  std::string model;
+  if (markers) {
+    const std::size_t f = skip;
+    const StepGrads first = marker_grads(spans, forwards[f], step_end(forwards, f, spans.size()));
+    if (first.layout.empty()) {
+      fail("{}: step {} of rank {} has no \"grad\" markers, other steps have them", name, f + 1,
+           options.rank);
+    }
+    if (options.shape) {
+      params = mlp_parameters(*options.shape);
+      if (!same_parameters(first.layout, params)) {
+        fail(
+            "{}: the trace's \"grad\" markers (rank {}, step {}) list {}; but the shape flags "
+            "--in {} --out {} --hidden {} --layers {} mean {}. The markers record the traced "
+            "model: drop the shape flags, or pass the traced run's.",
+            name, options.rank, f + 1, list_parameters(first.layout), options.shape->in,
+            options.shape->out, options.shape->hidden, options.shape->layers,
+            list_parameters(params));
+      }
+      // The flags' layout is FlatParameters' by construction (the bucket test checks it); the
+      // markers give each parameter's time by name.
+      model = describe(*options.shape);
+    } else {
+      params = first.layout;
+      std::int64_t numel = 0;
+      for (const ParameterInfo& p : params) numel += p.numel;
+      model = fmt::format("{} parameters ({} elements) from the trace's \"grad\" markers",
+                          params.size(), numel);
+    }
+  } else {
+    params = mlp_parameters(shape);
+    model = describe(shape);
+  }
+  const GradSource source{.markers = markers,
+                          .params = &params,
+                          .n_linear = static_cast<std::size_t>(shape.layers + 1)};
+
   std::vector<StepSample> samples;
   for (std::size_t f = skip; f < forwards.size(); ++f) {
     const Span& forward = spans[forwards[f]];
-    const double window_end = f + 1 < forwards.size() ? spans[forwards[f + 1]].ts_us
-                                                      : std::numeric_limits<double>::infinity();
+    const std::size_t last = step_end(forwards, f, spans.size());
     // The step starts with its data preparation, just before the forward (nanoddp-train's
     // step_ms runs from there to the end of the optimizer step, without the data time).
     const Span* data = nullptr;
@@ -238,17 +420,13 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     StepSample s;
     s.forward_ms = forward.dur_us / 1000.0;
     std::vector<const Span*> nodes;
-    std::vector<const Span*> linears;
     bool has_optimizer = false;
     double optimizer_end_us = 0;
     double wait_us = 0;
     double wait_start_us = 0;
-    for (std::size_t i = forwards[f] + 1; i < spans.size() && spans[i].ts_us < window_end; ++i) {
+    for (std::size_t i = forwards[f] + 1; i < last; ++i) {
       const Span& sp = spans[i];
-      if (sp.tid == kComputeTrack && sp.name.rfind("backward ", 0) == 0) {
-        nodes.push_back(&sp);
-        if (sp.name == "backward linear") linears.push_back(&sp);
-      }
+      if (sp.is_backward_node()) nodes.push_back(&sp);
       if (sp.tid == kComputeTrack && sp.name == "wait for all-reduce") {
         wait_us += sp.dur_us;
         wait_start_us = sp.ts_us;
@@ -280,23 +458,33 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
           "without --grad-accum, and without skipped (NaN) steps.",
           name, step_number, options.rank);
     }
-    if (linears.size() != n_linear) {
-      fail(
-          "{}: step {} of rank {} has {} \"backward linear\" spans, but --layers {} means {} "
-          "Linear layers. Pass the --in/--out/--hidden/--layers of the traced run.",
-          name, step_number, options.rank, linears.size(), options.shape.layers, n_linear);
+    if (nodes.empty()) {
+      fail("{}: step {} of rank {} has no \"backward <op>\" span", name, step_number, options.rank);
     }
+    if (!markers) {
+      const std::size_t n_linear = linear_grads(spans, forwards[f], last).n_linear;
+      if (n_linear != source.n_linear) {
+        fail(
+            "{}: step {} of rank {} has {} \"backward linear\" spans, but --layers {} means {} "
+            "Linear layers. Pass the --in/--out/--hidden/--layers of the traced run.",
+            name, step_number, options.rank, n_linear, shape.layers, source.n_linear);
+      }
+    }
+    const std::vector<double> ready_us =
+        step_ready_us(spans, forwards[f], last, source,
+                      fmt::format("{}: step {} of rank {}", name, step_number, options.rank));
     const double backward_start = nodes.front()->ts_us;
     s.backward_start_us = backward_start;
     double backward_end = backward_start;
     for (const Span* node : nodes) backward_end = std::max(backward_end, node->end_us());
+    // The last gradient's hooks run after its node's span ends.
+    for (double r : ready_us) backward_end = std::max(backward_end, r);
     // With DDP, backward ends where the Reducer's finalize starts to wait: after the last node,
     // autograd still releases the graph (a fraction of a millisecond that hides the start of
     // the last bucket's all-reduce). Without DDP that tail cannot be told apart from what
     // follows, and goes to "other".
     backward_end = std::max(backward_end, wait_start_us);
-    for (const Span* lin : linears)
-      s.linear_ready_ms.push_back((lin->end_us() - backward_start) / 1000.0);
+    for (double r : ready_us) s.ready_ms.push_back((r - backward_start) / 1000.0);
     s.backward_end_ms = (backward_end - backward_start) / 1000.0;
     s.wait_ms = wait_us / 1000.0;
     s.data_ms = data != nullptr ? data->dur_us / 1000.0 : 0.0;
@@ -315,29 +503,20 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   profile.forward_ms = median_of([](const StepSample& s) { return s.forward_ms; });
   profile.optimizer_ms = median_of([](const StepSample& s) { return s.optimizer_ms; });
   profile.data_ms = median_of([](const StepSample& s) { return s.data_ms; });
-  std::vector<double> ready(n_linear);
-  for (std::size_t k = 0; k < n_linear; ++k) {
-    ready[k] = median_of([k](const StepSample& s) { return s.linear_ready_ms[k]; });
-  }
   const double backward_end = median_of([](const StepSample& s) { return s.backward_end_ms; });
 
-  // Layout order pairs (bias, weight) per Linear from the last; the k-th backward linear node
-  // produces pair k. Medians of cumulative times need not be monotone: clamp at zero.
+  // Each gradient's work is the time since the latest earlier one in layout order (a Linear's
+  // weight is ready with its bias: no work of its own). Medians of cumulative times need not be
+  // monotone: clamp at zero.
   double previous = 0;
   for (std::size_t i = 0; i < params.size(); ++i) {
-    const std::size_t k = i / 2;
-    double work = 0;
-    if (i % 2 == 0) {
-      work = std::max(0.0, ready[k] - previous);
-      previous = std::max(previous, ready[k]);
-    }
-    profile.grads.push_back({params[i].name, params[i].numel, work});
+    const double ready = median_of([i](const StepSample& s) { return s.ready_ms[i]; });
+    profile.grads.push_back({params[i].name, params[i].numel, std::max(0.0, ready - previous)});
+    previous = std::max(previous, ready);
   }
   profile.backward_tail_ms = std::max(0.0, backward_end - previous);
   if (options.peers) {
-    const std::vector<double> peers =
-        peers_ready(by_rank, options.rank, samples, skip, n_linear, name);
-    for (std::size_t i = 0; i < params.size(); ++i) profile.peers_ready_ms.push_back(peers[i / 2]);
+    profile.peers_ready_ms = peers_ready(by_rank, options.rank, samples, skip, source, name);
   }
 
   // "Other" closes the books: the median step minus the medians of its parts, so that the
@@ -347,7 +526,7 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   profile.other_ms =
       std::max(0.0, step_ms - profile.forward_ms - backward_end - wait_ms - profile.optimizer_ms);
 
-  // The traced run's own figures, and a check that the shape matches its buckets.
+  // The traced run's own figures, and a check that the parameters match its buckets.
   MeasuredStep measured;
   measured.world_size = static_cast<int>(ranks.size());
   measured.step_ms = step_ms;
@@ -369,7 +548,23 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
       fail(
           "{}: the all-reduce spans of rank {} cover {} gradient elements, but {} has {}. Pass "
           "the --in/--out/--hidden/--layers of the traced run.",
-          name, options.rank, elements, describe(options.shape), numel);
+          name, options.rank, elements, model, numel);
+    }
+    // The Reducer's buckets are contiguous runs of its layout: each must end on a parameter
+    // boundary of ours, or our layout order is not FlatParameters' (see marker_grads).
+    std::set<std::int64_t> boundaries;
+    std::int64_t offset = 0;
+    for (const ParameterInfo& p : params) boundaries.insert(offset += p.numel);
+    offset = 0;
+    for (std::size_t b = 0; b < measured.bucket_numel.size(); ++b) {
+      offset += measured.bucket_numel[b];
+      if (!boundaries.contains(offset)) {
+        fail(
+            "{}: all-reduce bucket {} of rank {} ends {} elements into the gradients, inside a "
+            "parameter of the layout assumed ({}); the traced model's layout differs from "
+            "it. For an MLP pass the --in/--out/--hidden/--layers of the traced run.",
+            name, b, options.rank, offset, list_parameters(params));
+      }
     }
     measured.comm_ms = median_of([](const StepSample& s) {
       double total = 0;
@@ -379,10 +574,10 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   }
   profile.measured = measured;
   profile.other_includes_sync = ranks.size() > 1;
-  profile.source = fmt::format(
-      "trace {} (rank {} of {}; medians of {} steps, {} warm-up step(s) skipped{}); {}", name,
-      options.rank, ranks.size(), samples.size(), options.skip_steps,
-      options.peers ? "; with the slowest rank's gradient times" : "", describe(options.shape));
+  profile.source =
+      fmt::format("trace {} (rank {} of {}; medians of {} steps, {} warm-up step(s) skipped{}); {}",
+                  name, options.rank, ranks.size(), samples.size(), options.skip_steps,
+                  options.peers ? "; with the slowest rank's gradient times" : "", model);
   return profile;
 }
 

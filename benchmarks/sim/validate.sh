@@ -37,8 +37,8 @@ done
 model=($MODEL)
 # shellcheck disable=SC2206
 extra=($EXTRA_TRAIN_ARGS)
-# The simulator needs the same MLP shape (the trace does not record it): in/out are
-# nanoddp-train's defaults unless MODEL sets them.
+# The traces' "grad" markers give the simulator the model; the shape flags MODEL sets are passed
+# on as a check (the simulator refuses them if they disagree with the markers).
 shape=()
 for flag in --in --out --hidden --layers; do
   for ((i = 0; i < ${#model[@]}; i++)); do

@@ -156,6 +156,18 @@ TEST_CASE("cli: --cores and --peers on a two-rank trace") {
     CHECK(b["start_ms"].get<double>() >= b["peers_ready_ms"].get<double>() - 1e-9);
   }
 
+  // The trace's "grad" markers carry the model: no shape flags needed; one that disagrees
+  // (--in defaults to 32, the run's) is a usage error naming the markers and the flags.
+  const ProcessResult bare = sim({"--profile", trace, "--nodes", "1", "--gpus-per-node", "2"});
+  REQUIRE_MESSAGE(bare.exit_code == 0, bare.output);
+  CHECK(bare.output.find("6 parameters (6792 elements) from the trace's \"grad\" markers") !=
+        std::string::npos);
+  const ProcessResult wrong = sim({"--profile", trace, "--hidden", "65"});
+  CHECK(wrong.exit_code == 2);
+  CHECK(wrong.output.find("markers (rank 0, step 2) list 6 parameters, 6792 elements") !=
+        std::string::npos);
+  CHECK(wrong.output.find("--in 32 --out 8 --hidden 65 --layers 2 mean") != std::string::npos);
+
   // The slowest rank of a 2-rank run says nothing about 4 ranks.
   const ProcessResult four = sim({"--profile", trace, "--hidden", "64", "--layers", "2", "--nodes",
                                   "1", "--gpus-per-node", "4", "--peers", "traced"});

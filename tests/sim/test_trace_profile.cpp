@@ -1,5 +1,7 @@
 // Compute profiles from real traces: nanoddp-train --trace run here, on one rank and as a
-// two-rank DDP job, and the errors for files that are not such traces.
+// two-rank DDP job, with and without the shape flags (the traces' "grad" markers carry the
+// parameters); hand-made traces: a model that is no MLP, an older trace without markers; and
+// the errors for files that are not such traces.
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -87,10 +89,14 @@ TEST_CASE("trace profile: one rank's trace, per parameter, replays its own media
   CHECK(one.comm_ms == 0.0);
   CHECK(one.scaling_efficiency == doctest::Approx(1.0));
 
-  // The shape must be the traced run's.
-  CHECK_THROWS_WITH_AS(
-      profile_from_trace(trace, {.shape = {.in = 16, .out = 4, .hidden = 96, .layers = 3}}),
-      doctest::Contains("has 3 \"backward linear\" spans, but --layers 3 means 4"), SimError);
+  // Shape flags that disagree with the trace's "grad" markers: the message names both.
+  const auto wrong_layers = [&] {
+    profile_from_trace(trace, {.shape = MlpShape{.in = 16, .out = 4, .hidden = 96, .layers = 3}});
+  };
+  CHECK_THROWS_WITH_AS(wrong_layers(),
+                       doctest::Contains("markers (rank 0, step 2) list 6 parameters"), SimError);
+  CHECK_THROWS_WITH_AS(wrong_layers(), doctest::Contains("--layers 3 mean 8 parameters"), SimError);
+  CHECK_THROWS_WITH_AS(wrong_layers(), doctest::Contains("layers.6.weight 384"), SimError);
   CHECK_THROWS_WITH_AS(profile_from_trace(trace, {.shape = kShape, .rank = 1}),
                        doctest::Contains("holds ranks 0"), SimError);
   CHECK_THROWS_WITH_AS(profile_from_trace(trace, {.shape = kShape, .skip_steps = 8}),
@@ -152,10 +158,147 @@ TEST_CASE("trace profile: a two-rank DDP trace has the simulator's buckets and i
   // A rank the trace does not hold.
   CHECK_THROWS_WITH_AS(profile_from_trace(trace, {.shape = kShape, .rank = 2}),
                        doctest::Contains("holds ranks 0, 1"), SimError);
-  // The wrong widths: the layer count matches, the element count of the buckets does not.
+  // The wrong widths: the layer count matches, the markers' sizes do not.
   CHECK_THROWS_WITH_AS(
-      profile_from_trace(trace, {.shape = {.in = 16, .out = 4, .hidden = 95, .layers = 2}}),
-      doctest::Contains("all-reduce spans of rank 0 cover"), SimError);
+      profile_from_trace(trace, {.shape = MlpShape{.in = 16, .out = 4, .hidden = 95, .layers = 2}}),
+      doctest::Contains("layers.0.weight 1536; but the shape flags --in 16 --out 4 --hidden 95 "
+                        "--layers 2 mean 6 parameters, 11119 elements"),
+      SimError);
+}
+
+TEST_CASE("trace profile: with grad markers the shape flags are optional and change nothing") {
+  TempDir dir;
+  const std::string trace = dir.file("two.json");
+  std::vector<std::string> args = {bin_path("nanoddp-run"), "--nproc-per-node", "2"};
+  const auto train = train_args(trace);
+  args.insert(args.end(), train.begin(), train.end());
+  const ProcessResult run = run_process(args, quick());
+  REQUIRE_MESSAGE(run.exit_code == 0, run.output);
+
+  for (int rank : {0, 1}) {
+    CAPTURE(rank);
+    const ComputeProfile flags = profile_from_trace(trace, {.shape = kShape, .rank = rank});
+    const ComputeProfile markers = profile_from_trace(trace, {.rank = rank});
+    // The same parameters, in the same (layout) order, with the same times.
+    REQUIRE(markers.grads.size() == flags.grads.size());
+    for (std::size_t i = 0; i < flags.grads.size(); ++i) {
+      CAPTURE(i);
+      CHECK(markers.grads[i].name == flags.grads[i].name);
+      CHECK(markers.grads[i].numel == flags.grads[i].numel);
+      CHECK(markers.grads[i].work_ms == flags.grads[i].work_ms);
+    }
+    CHECK(markers.numel() == 11332);
+    CHECK(markers.backward_tail_ms == flags.backward_tail_ms);
+    CHECK(markers.source.find("6 parameters (11332 elements) from the trace's \"grad\" markers") !=
+          std::string::npos);
+    // So the same buckets, which are the ones the real Reducer reduced.
+    std::vector<std::int64_t> numels;
+    for (const GradientWork& g : markers.grads) numels.push_back(g.numel);
+    const auto buckets = cut_buckets(numels, 0.01, 0.03);
+    REQUIRE(markers.measured.has_value());
+    REQUIRE(markers.measured->bucket_numel.size() == buckets.size());
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      CHECK(markers.measured->bucket_numel[b] == buckets[b].numel);
+    }
+    CHECK(buckets.size() >= 2);
+  }
+  const ComputeProfile peers = profile_from_trace(trace, {.peers = true});
+  REQUIRE(peers.peers_ready_ms.size() == 6);
+  for (double t : peers.peers_ready_ms) CHECK(t >= 0.0);
+}
+
+namespace {
+
+// A hand-made one-rank trace of a model that is no MLP: 3 steps 1 ms apart, per step (us from
+// the step's start) data 0-10, forward 10-110, then three backward nodes: "backward embed"
+// 110-200 finishes "embed.table" (10 elements, marker at 201), "backward matmul" 210-300
+// finishes "head.proj" then "head.gain" (1000 and 5; markers at 301, 302: layout order is the
+// reverse), "backward sum" 310-400 finishes nothing; optimizer 500-600. `buckets` adds all-reduce
+// spans of those element counts (and a finalize wait 450-500); `extra` one more marker in step 3.
+std::string marker_trace(const std::vector<int>& buckets, bool extra = false) {
+  std::string events;
+  const auto add = [&](const std::string& event) {
+    if (!events.empty()) events += ",";
+    events += event;
+  };
+  const auto span = [&](const std::string& name, int tid, double ts, double dur,
+                        const std::string& args = "") {
+    add(fmt::format(R"({{"name":"{}","ph":"X","pid":0,"tid":{},"ts":{},"dur":{}{}}})", name, tid,
+                    ts, dur, args));
+  };
+  const auto marker = [&](const std::string& param, int numel, double ts) {
+    add(fmt::format(
+        R"({{"name":"grad {}","ph":"i","s":"t","pid":0,"tid":2,"ts":{},"args":{{"numel":"{}"}}}})",
+        param, ts, numel));
+  };
+  for (int step = 0; step < 3; ++step) {
+    const double t0 = step * 1000.0;
+    span("data", 3, t0, 10);
+    span("forward", 0, t0 + 10, 100);
+    span("backward embed", 0, t0 + 110, 90);
+    marker("embed.table", 10, t0 + 201);
+    span("backward matmul", 0, t0 + 210, 90);
+    marker("head.proj", 1000, t0 + 301);
+    marker("head.gain", 5, t0 + 302);
+    if (extra && step == 2) marker("head.extra", 7, t0 + 303);
+    span("backward sum", 0, t0 + 310, 90);
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      span(fmt::format("all-reduce bucket {}", b), 1, t0 + 220 + 100 * b, 50,
+           fmt::format(R"(,"args":{{"elements":"{}"}})", buckets[b]));
+    }
+    if (!buckets.empty()) span("wait for all-reduce", 0, t0 + 450, 50);
+    span("optimizer step", 0, t0 + 500, 100);
+  }
+  return R"({"traceEvents": [)" + events + "]}";
+}
+
+}  // namespace
+
+TEST_CASE("trace profile: grad markers give any model's parameters, sizes and ready times") {
+  const ComputeProfile p = profile_from_trace_text(marker_trace({}), "m.json", {});
+  REQUIRE(p.grads.size() == 3);
+  CHECK(p.grads[0].name == "embed.table");
+  CHECK(p.grads[0].numel == 10);
+  CHECK(p.grads[1].name == "head.gain");
+  CHECK(p.grads[1].numel == 5);
+  CHECK(p.grads[2].name == "head.proj");
+  CHECK(p.grads[2].numel == 1000);
+  // Backward from 110: embed.table final at 201, the matmul's pair at 302 (its last marker).
+  CHECK(p.grads[0].work_ms == doctest::Approx(0.091));
+  CHECK(p.grads[1].work_ms == doctest::Approx(0.101));
+  CHECK(p.grads[2].work_ms == 0.0);
+  // "backward sum" ends at 400: the tail.
+  CHECK(p.backward_tail_ms == doctest::Approx(0.098));
+  CHECK(p.source.find("3 parameters (1015 elements)") != std::string::npos);
+  // Replayed alone it gives back the median step (data excluded): 10 to 600.
+  const StepPrediction one = predict_step(
+      p, {.cluster = {.nodes = 1, .gpus_per_node = 1}, .fabric = find_fabric("nvlink4-ib400")});
+  CHECK(one.step_ms == doctest::Approx(0.59));
+
+  // With buckets: they must be contiguous runs of that layout.
+  const ComputeProfile ddp = profile_from_trace_text(marker_trace({15, 1000}), "m.json", {});
+  REQUIRE(ddp.measured.has_value());
+  CHECK(ddp.measured->bucket_numel == std::vector<std::int64_t>{15, 1000});
+  CHECK_THROWS_WITH_AS(profile_from_trace_text(marker_trace({510, 505}), "m.json", {}),
+                       doctest::Contains("bucket 0 of rank 0 ends 510 elements into the gradients, "
+                                         "inside a parameter"),
+                       SimError);
+  // Every step must finalize the same parameters.
+  CHECK_THROWS_WITH_AS(profile_from_trace_text(marker_trace({}, true), "m.json", {}),
+                       doctest::Contains("step 3 of rank 0 has \"grad\" markers for 4 parameters"),
+                       SimError);
+  // Shape flags describe an MLP; these markers are not one: the message names both.
+  const auto with_flags = [] {
+    profile_from_trace_text(marker_trace({}), "m.json",
+                            {.shape = MlpShape{.in = 2, .out = 1, .hidden = 3, .layers = 1}});
+  };
+  CHECK_THROWS_WITH_AS(with_flags(),
+                       doctest::Contains("list 3 parameters, 1015 elements: embed.table 10, "
+                                         "head.gain 5, head.proj 1000"),
+                       SimError);
+  CHECK_THROWS_WITH_AS(with_flags(),
+                       doctest::Contains("--in 2 --out 1 --hidden 3 --layers 1 mean 4 parameters"),
+                       SimError);
 }
 
 namespace {
@@ -212,6 +355,15 @@ TEST_CASE("trace profile: the slowest rank's gradient times, by hand") {
   CHECK_THROWS_WITH_AS(profile_from_trace_text(two_rank_trace(0, 5e6), "hosts.json",
                                                {.shape = kShape, .peers = true}),
                        doctest::Contains("the ranks' clocks differ"), SimError);
+  // Without markers (an older trace) the shape flags say what the spans are; absent, they are
+  // nanoddp-train's defaults.
+  CHECK_THROWS_WITH_AS(
+      profile_from_trace_text(late, "late.json",
+                              {.shape = MlpShape{.in = 16, .out = 4, .hidden = 96, .layers = 3}}),
+      doctest::Contains("has 3 \"backward linear\" spans, but --layers 3 means 4"), SimError);
+  CHECK_THROWS_WITH_AS(profile_from_trace_text(late, "late.json", {}),
+                       doctest::Contains("cover 11332 gradient elements, but MLP in=32 hidden=128"),
+                       SimError);
   // Without the peers, the clocks do not matter.
   CHECK_NOTHROW(profile_from_trace_text(two_rank_trace(0, 5e6), "hosts.json", {.shape = kShape}));
 }

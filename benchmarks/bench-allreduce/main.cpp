@@ -52,6 +52,7 @@
 #include "nanoddp/engine/error.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/tensor.h"
+#include "nanoddp/kernels/bf16.h"
 
 namespace {
 
@@ -106,13 +107,8 @@ ReduceOp parse_op(const std::string& op) {
   nanoddp::fail("--op {}: expected sum, avg, max or min", op);
 }
 
-std::uint16_t to_bf16(float v) {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(v);
-  return static_cast<std::uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-float from_bf16(std::uint16_t v) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(v) << 16);
-}
+using nanoddp::kernels::bf16_to_float;
+using nanoddp::kernels::float_to_bf16;
 
 // ---- raw Gloo: the same calls the process group's worker makes, on the calling thread ------
 
@@ -135,7 +131,7 @@ gloo::AllreduceOptions::Func raw_reduce(ReduceOp op, DType dtype) {
   }
   return [op, pick](void* c, const void* a, const void* b, std::size_t n) {
     reduce_loop<std::uint16_t>(c, a, b, n, [&](std::uint16_t x, std::uint16_t y) {
-      return to_bf16(pick(op, from_bf16(x), from_bf16(y)));
+      return float_to_bf16(pick(op, bf16_to_float(x), bf16_to_float(y)));
     });
   };
 }
@@ -164,7 +160,7 @@ struct RawGloo {
         for (std::size_t i = 0; i < n; ++i) t.data()[i] /= size;
       } else {
         auto* p = static_cast<std::uint16_t*>(t.raw_data());
-        for (std::size_t i = 0; i < n; ++i) p[i] = to_bf16(from_bf16(p[i]) / size);
+        for (std::size_t i = 0; i < n; ++i) p[i] = float_to_bf16(bf16_to_float(p[i]) / size);
       }
     }
   }
@@ -259,7 +255,7 @@ void fill_for_check(Tensor& host, Tensor& buffer, int rank, std::int64_t count) 
     if (host.dtype() == DType::kF32) {
       host.data()[i] = fill_value(rank, i);
     } else {
-      static_cast<std::uint16_t*>(host.raw_data())[i] = to_bf16(fill_value(rank, i));
+      static_cast<std::uint16_t*>(host.raw_data())[i] = float_to_bf16(fill_value(rank, i));
     }
   }
   if (!buffer.is_same(host)) buffer.copy_from(host);
@@ -272,7 +268,7 @@ std::int64_t count_wrong(const Tensor& result_host, ReduceOp op, int size, std::
     const float actual =
         result_host.dtype() == DType::kF32
             ? result_host.data()[i]
-            : from_bf16(static_cast<const std::uint16_t*>(result_host.raw_data())[i]);
+            : bf16_to_float(static_cast<const std::uint16_t*>(result_host.raw_data())[i]);
     const float tolerance = result_host.dtype() == DType::kF32 ? 1e-5f : 1e-2f;
     if (!(std::fabs(actual - expected) <= tolerance * std::max(1.0f, std::fabs(expected)))) {
       ++wrong;

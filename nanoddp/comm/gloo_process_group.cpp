@@ -23,6 +23,7 @@
 #include "nanoddp/comm/shm_allreduce.h"
 #include "nanoddp/engine/debug_log.h"
 #include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/bf16.h"
 
 namespace nanoddp::comm {
 namespace {
@@ -51,17 +52,9 @@ void reduce_f32(void* c, const void* a, const void* b, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) out[i] = Op{}(x[i], y[i]);
 }
 
-// bf16 is the upper half of a float32: widen by shifting, reduce in float32, round back to
-// nearest-even (the same rounding as kernels/cpu's f32_to_bf16, NaNs kept NaN).
-inline float bf16_to_float(std::uint16_t v) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(v) << 16);
-}
-inline std::uint16_t float_to_bf16(float value) {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);
-  const std::uint32_t lsb = (bits >> 16) & 1u;
-  return static_cast<std::uint16_t>((bits + 0x7fffu + lsb) >> 16);
-}
+// bf16 values are widened to float32, reduced, and rounded back (nanoddp/kernels/bf16.h).
+using kernels::bf16_to_float;
+using kernels::float_to_bf16;
 
 template <typename Op>
 void reduce_bf16(void* c, const void* a, const void* b, std::size_t n) {

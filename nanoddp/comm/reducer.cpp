@@ -91,14 +91,7 @@ Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group
 
 Reducer::~Reducer() {
   // Never leave a collective running on buffers we are about to stop tracking.
-  for (auto& work : works_) {
-    if (work) {
-      try {
-        work->wait();
-      } catch (...) {
-      }
-    }
-  }
+  wait_for_launched();
 }
 
 void Reducer::reset() {
@@ -148,9 +141,9 @@ void Reducer::on_gradient_ready(std::size_t slot) {
   }
 }
 
-void Reducer::abort() {
-  // Collectives already launched keep writing into the gradient buckets: wait for them (their
-  // errors are moot, the pass failed anyway) before anyone computes into those buffers again.
+void Reducer::wait_for_launched() {
+  // On a path that fails anyway (or tears down), a collective's own error adds nothing: the
+  // point is only that nothing still writes into the buckets afterwards.
   for (auto& work : works_) {
     if (!work) continue;
     try {
@@ -158,6 +151,12 @@ void Reducer::abort() {
     } catch (...) {
     }
   }
+}
+
+void Reducer::abort() {
+  // Collectives already launched keep writing into the gradient buckets: wait for them (their
+  // errors are moot, the pass failed anyway) before anyone computes into those buffers again.
+  wait_for_launched();
   reset();
 }
 
@@ -192,13 +191,7 @@ void Reducer::handle_unused() {
   if (!options_.find_unused_parameters) {
     // Let the buckets already in flight finish (the other ranks launched them too) before
     // reporting, so no collective is left half done.
-    for (auto& work : works_) {
-      if (!work) continue;
-      try {
-        work->wait();
-      } catch (...) {
-      }
-    }
+    wait_for_launched();
     reset();
     fail(
         "{} parameter(s) received no gradient in this backward pass, so their buckets could "

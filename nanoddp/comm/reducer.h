@@ -117,6 +117,7 @@ class Reducer {
   void launch(std::size_t bucket);
   void finalize();
   void abort();
+  void wait_for_launched();  // every launched bucket's collective, errors ignored
   void reset();
   void handle_unused();
   void collect_timings();

@@ -28,6 +28,7 @@
 #endif
 
 #include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/bf16.h"
 
 // ================================================================================================
 // The shared segment
@@ -178,16 +179,8 @@ struct Min {
   float operator()(float a, float b) const { return std::min(a, b); }
 };
 
-inline float bf16_to_float(std::uint16_t v) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(v) << 16);
-}
-// Round to nearest-even, NaNs kept NaN: the same rounding as kernels/cpu's f32_to_bf16.
-inline std::uint16_t float_to_bf16(float value) {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);
-  const std::uint32_t lsb = (bits >> 16) & 1u;
-  return static_cast<std::uint16_t>((bits + 0x7fffu + lsb) >> 16);
-}
+using kernels::bf16_to_float;  // the rounding of nanoddp/kernels/bf16.h
+using kernels::float_to_bf16;
 
 // Block by block: acc = s0; acc = op(acc, s1); ...; (avg: acc /= n); then write the block to
 // both outputs. The simple inner loops over a block vectorise. Writing only after the whole
@@ -615,8 +608,9 @@ void ShmAllreduce::fail_waiting(std::uint32_t target, const std::string& what_ha
   if (dead.empty() && late.empty()) {
     // Everyone arrived after all (a peer's last arrival raced with its death): say so rather
     // than naming nobody.
-    late_why.push_back("every rank had arrived by the time this was checked; one of them has "
-                       "since ended");
+    late_why.push_back(
+        "every rank had arrived by the time this was checked; one of them has "
+        "since ended");
   }
   const bool any_dead = !dead.empty();
   throw ShmError(fmt::format("{} at the {} barrier of chunk {} of {}: {}", what_happened, phase,

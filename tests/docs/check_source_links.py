@@ -26,16 +26,18 @@ def keys_of(label):
     code = code[1:-1]
     if code.endswith("(...)"):
         code = code[: -len("(...)")]
-    # A qualified name (`Reducer::launch`): the definition spells it whole
-    # (`void Reducer::launch(`), a declaration or call only its last part.
+    # A qualified name (`Reducer::launch`): the definition spells it whole and opens its
+    # parameter list (`void Reducer::launch(`); a message may quote it, a call uses the last part.
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)+", code):
-        return [code, code.split("::")[-1]]
+        return [code + "(", code, code.split("::")[-1]]
     return [code]
 
 
 def contains(line, key):
     # As a whole token: `launch` must not match "launched", nor `run` "run_allreduce".
-    return re.search(r"(?<![A-Za-z0-9_])" + re.escape(key) + r"(?![A-Za-z0-9_])", line) is not None
+    before = r"(?<![A-Za-z0-9_])" if re.match(r"[A-Za-z0-9_]", key) else ""
+    after = r"(?![A-Za-z0-9_])" if re.search(r"[A-Za-z0-9_]$", key) else ""
+    return re.search(before + re.escape(key) + after, line) is not None
 
 
 def main():

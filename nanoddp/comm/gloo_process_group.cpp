@@ -12,6 +12,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <gloo/allgather.h>
@@ -126,6 +127,11 @@ std::string strip_gloo_location(std::string message) {
 
 // ---- Work ---------------------------------------------------------------------------------
 
+// The error travels as text, and every thread that asks for it gets an exception object of its
+// own. Handing the worker's exception object itself to the waiting thread (rethrow of a shared
+// exception_ptr) would leave two threads sharing one object whose lifetime is counted inside
+// the C++ runtime, out of ThreadSanitizer's sight: it reported the worker freeing the message
+// a waiter had printed.
 class GlooWork final : public Work {
  public:
   GlooWork(std::uint64_t sequence_number, std::string op_name)
@@ -134,7 +140,7 @@ class GlooWork final : public Work {
   void wait() override {
     std::unique_lock lock(mutex_);
     done_cv_.wait(lock, [&] { return done_; });
-    if (error_) std::rethrow_exception(error_);
+    if (error_message_) throw CommError(*error_message_);
   }
   bool is_completed() override {
     std::lock_guard lock(mutex_);
@@ -142,7 +148,8 @@ class GlooWork final : public Work {
   }
   std::exception_ptr error() override {
     std::lock_guard lock(mutex_);
-    return error_;
+    if (!error_message_) return nullptr;
+    return std::make_exception_ptr(CommError(*error_message_));
   }
   std::uint64_t sequence_number() const override { return sequence_number_; }
   const std::string& op_name() const override { return op_name_; }
@@ -152,10 +159,11 @@ class GlooWork final : public Work {
     return timing_;
   }
 
-  void finish(std::exception_ptr error, WorkTiming timing) {
+  // `error`: what went wrong, or nullopt on success.
+  void finish(std::optional<std::string> error, WorkTiming timing) {
     {
       std::lock_guard lock(mutex_);
-      error_ = std::move(error);
+      error_message_ = std::move(error);
       timing_ = timing;
       done_ = true;
     }
@@ -168,7 +176,7 @@ class GlooWork final : public Work {
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
-  std::exception_ptr error_;
+  std::optional<std::string> error_message_;
   WorkTiming timing_;
 };
 
@@ -243,23 +251,20 @@ struct GlooProcessGroup::Impl {
         job = std::move(queue.front());
         queue.pop_front();
       }
-      std::exception_ptr error;
+      std::optional<std::string> error;
       WorkTiming timing{.start = std::chrono::steady_clock::now()};
       if (!first_failure.empty()) {
-        error = std::make_exception_ptr(
-            CommError(fmt::format("Gloo {} on rank {} was not run: the group failed earlier ({})",
-                                  job.description, rank, first_failure)));
+        error = fmt::format("Gloo {} on rank {} was not run: the group failed earlier ({})",
+                            job.description, rank, first_failure);
       } else {
         try {
           job.run(job.work->sequence_number());
         } catch (const ShmError& e) {
           first_failure = job.description + " failed";
-          error = std::make_exception_ptr(CommError(explain_shm(job.description, e)));
+          error = explain_shm(job.description, e);
         } catch (const std::exception& e) {
-          const std::string message =
-              explain(job.description, job.work->sequence_number(), e.what());
+          error = explain(job.description, job.work->sequence_number(), e.what());
           first_failure = job.description + " failed";
-          error = std::make_exception_ptr(CommError(message));
         }
       }
       timing.end = std::chrono::steady_clock::now();
@@ -269,7 +274,7 @@ struct GlooProcessGroup::Impl {
         debug_log(DebugLevel::kDetail, "gloo {} {} in {:.3f} ms", job.description,
                   error ? "failed" : "finished", ms);
       }
-      job.work->finish(error, timing);
+      job.work->finish(std::move(error), timing);
     }
   }
 

@@ -278,26 +278,42 @@ TEST_CASE("store: one client shared by threads serializes their requests") {
 }
 
 TEST_CASE("store: add is atomic across processes") {
-  TcpStoreServer server(server_options());
   constexpr int kChildren = 4;
   constexpr int kAdds = 1000;
-  const TcpStoreOptions options = client_options(server);
+  // The children are forked BEFORE the server starts its thread, while this process has only
+  // one: a fork while another thread holds an allocator lock (the server's thread in malloc, or
+  // a sanitizer runtime's own allocator) leaves the child stuck in malloc forever. Each child
+  // then learns the server's port through a pipe.
   std::vector<pid_t> children;
+  std::vector<int> port_pipes;
   for (int c = 0; c < kChildren; ++c) {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
     const pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
       // The child: its own client; _exit so no doctest or static teardown runs here.
+      ::close(fds[1]);
+      std::uint16_t port = 0;
+      if (::read(fds[0], &port, sizeof port) != static_cast<ssize_t>(sizeof port)) ::_exit(2);
       int code = 0;
       try {
-        TcpStore store(options);
+        TcpStore store({.host = "127.0.0.1", .port = port, .timeout = 10s});
         for (int i = 0; i < kAdds; ++i) store.add("processes", 1);
       } catch (...) {
         code = 1;
       }
       ::_exit(code);
     }
+    ::close(fds[0]);
     children.push_back(pid);
+    port_pipes.push_back(fds[1]);
+  }
+  TcpStoreServer server(server_options());
+  const std::uint16_t port = server.port();
+  for (const int fd : port_pipes) {
+    CHECK(::write(fd, &port, sizeof port) == static_cast<ssize_t>(sizeof port));
+    ::close(fd);
   }
   const auto deadline = Clock::now() + 10s;
   for (const pid_t pid : children) {
@@ -313,7 +329,7 @@ TEST_CASE("store: add is atomic across processes") {
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
   }
-  TcpStore store(options);
+  TcpStore store(client_options(server));
   CHECK(store.add("processes", 0) == kChildren * kAdds);
 }
 

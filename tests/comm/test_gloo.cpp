@@ -10,8 +10,6 @@
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -28,27 +26,13 @@
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/engine/error.h"
 #include "support/subprocess.h"
+#include "support/world.h"
 
 using nanoddp::Tensor;
 using nanoddp::comm::ReduceOp;
 using nanoddp::testing::ProcessResult;
 
 namespace {
-
-// A port nobody listens on right now (the kernel picks it; the race until the worker binds it
-// is harmless on a test machine).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  socklen_t len = sizeof(addr);
-  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 struct Launch {
   int world = 2;
@@ -69,7 +53,7 @@ std::map<std::string, std::string> with(std::map<std::string, std::string> env,
 
 // Starts the ranks concurrently, waits for all, returns their results (index = rank).
 std::vector<ProcessResult> launch(const Launch& spec) {
-  const int port = free_port();
+  const int port = nanoddp::testing::free_port();
   const int started = spec.started < 0 ? spec.world : spec.started;
   std::vector<std::future<ProcessResult>> futures;
   for (int r = 0; r < started; ++r) {

@@ -106,14 +106,21 @@ TEST_CASE("trace profile: one rank's trace, per parameter, replays its own media
                        doctest::Contains("holds one rank"), SimError);
 }
 
-TEST_CASE("trace profile: a two-rank DDP trace has the simulator's buckets and its comm") {
-  TempDir dir;
-  const std::string trace = dir.file("two.json");
+namespace {
+// A real 2-rank DDP trace: nanoddp-run starting two nanoddp-train ranks with --trace.
+void write_two_rank_trace(const std::string& trace) {
   std::vector<std::string> args = {bin_path("nanoddp-run"), "--nproc-per-node", "2"};
   const auto train = train_args(trace);
   args.insert(args.end(), train.begin(), train.end());
   const ProcessResult run = run_process(args, quick());
   REQUIRE_MESSAGE(run.exit_code == 0, run.output);
+}
+}  // namespace
+
+TEST_CASE("trace profile: a two-rank DDP trace has the simulator's buckets and its comm") {
+  TempDir dir;
+  const std::string trace = dir.file("two.json");
+  write_two_rank_trace(trace);
 
   for (int rank : {0, 1}) {
     CAPTURE(rank);
@@ -171,11 +178,7 @@ TEST_CASE("trace profile: a two-rank DDP trace has the simulator's buckets and i
 TEST_CASE("trace profile: with grad markers the shape flags are optional and change nothing") {
   TempDir dir;
   const std::string trace = dir.file("two.json");
-  std::vector<std::string> args = {bin_path("nanoddp-run"), "--nproc-per-node", "2"};
-  const auto train = train_args(trace);
-  args.insert(args.end(), train.begin(), train.end());
-  const ProcessResult run = run_process(args, quick());
-  REQUIRE_MESSAGE(run.exit_code == 0, run.output);
+  write_two_rank_trace(trace);
 
   for (int rank : {0, 1}) {
     CAPTURE(rank);

@@ -40,6 +40,7 @@ class Trainer {
     bool grads_finite = true;
   };
   StepHealth exchange_health(float local_loss);
+  std::string describe_nonfinite_grads() const;
   void log(std::int64_t step, std::int64_t epoch, float loss, Window& window);
   void save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch);
   void resume();

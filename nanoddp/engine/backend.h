@@ -37,6 +37,7 @@ class Backend {
   virtual void column_sum(const float* x, std::int64_t rows, std::int64_t cols, float beta,
                           float* out) = 0;
   virtual void sum(const float* x, std::int64_t n, float* out) = 0;
+  virtual void count_nonfinite(const float* x, std::int64_t n, float* out) = 0;
   virtual void mse_forward(const float* pred, const float* target, std::int64_t n,
                            float* out) = 0;
   virtual void mse_backward(const float* pred, const float* target, std::int64_t n,

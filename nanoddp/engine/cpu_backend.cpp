@@ -46,6 +46,9 @@ class CpuBackend final : public Backend {
     kc::column_sum(x, rows, cols, beta, out);
   }
   void sum(const float* x, std::int64_t n, float* out) override { kc::sum(x, n, out); }
+  void count_nonfinite(const float* x, std::int64_t n, float* out) override {
+    kc::count_nonfinite(x, n, out);
+  }
   void mse_forward(const float* pred, const float* target, std::int64_t n, float* out) override {
     kc::mse_forward(pred, target, n, out);
   }

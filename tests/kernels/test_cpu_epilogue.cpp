@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu_test_util.h"
@@ -171,6 +172,36 @@ TEST_CASE("cpu sum: float64 accumulation, empty and odd sizes") {
   float out = kNaN;
   cpu::sum(x.data(), static_cast<std::int64_t>(x.size()), &out);
   CHECK(out == 16778216.0f);
+}
+
+TEST_CASE("cpu count_nonfinite: NaN and +-Inf anywhere, finite extremes are not counted") {
+  const float kInf = std::numeric_limits<float>::infinity();
+  const float kDenormal = std::numeric_limits<float>::denorm_min();
+  const float kMax = std::numeric_limits<float>::max();
+  for (std::int64_t n : {0, 1, 15, 16, 17, 1000, 65537}) {
+    CAPTURE(n);
+    auto x = random_floats(n, 71, -1e30f, 1e30f);
+    float out = -1.0f;
+    cpu::count_nonfinite(x.data(), n, &out);
+    CHECK(out == 0.0f);
+    if (n == 0) continue;
+    // Finite values whose bits come closest to a non-finite exponent must not count.
+    x[0] = kMax;
+    x[static_cast<std::size_t>(n / 2)] = -kMax;
+    x[static_cast<std::size_t>(n - 1)] = kDenormal;
+    cpu::count_nonfinite(x.data(), n, &out);
+    CHECK(out == 0.0f);
+    // Then non-finite values at the first, a middle (inside the vector body) and the last
+    // (the scalar tail) positions, and a negative NaN.
+    std::int64_t want = 0;
+    for (const std::int64_t i : {std::int64_t{0}, n / 2, n - 1, n / 3}) {
+      const float bad[] = {kNaN, kInf, -kInf, -kNaN};
+      if (std::isfinite(x[static_cast<std::size_t>(i)])) ++want;
+      x[static_cast<std::size_t>(i)] = bad[want % 4];
+    }
+    cpu::count_nonfinite(x.data(), n, &out);
+    CHECK(out == static_cast<float>(want));
+  }
 }
 
 TEST_CASE("cpu mse forward/backward against float64") {

@@ -395,6 +395,28 @@ TEST_CASE("cuda sum and mse_forward match the CPU and are deterministic") {
   }
 }
 
+TEST_CASE("cuda count_nonfinite matches the CPU on both reduction paths") {
+  const float kInf = std::numeric_limits<float>::infinity();
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  const std::int64_t sizes[] = {1, 1000, 65536, 65537, (1 << 22) + 3};
+  std::uint32_t seed = 550;
+  for (std::int64_t n : sizes) {
+    auto x_host = random_floats(static_cast<std::size_t>(n), ++seed, -1e30f, 1e30f);
+    x_host[0] = std::numeric_limits<float>::max();  // finite, however large
+    for (std::int64_t i = 1; i < n; i += 997) {
+      x_host[static_cast<std::size_t>(i)] = (i % 3 == 0) ? kNaN : (i % 3 == 1 ? kInf : -kInf);
+    }
+    float want = -1.0f;
+    cpu::count_nonfinite(x_host.data(), n, &want);
+    DeviceFloats x(x_host), out(1);
+    out.poison();
+    gpu::count_nonfinite(x.get(), n, out.get(), test_stream());
+    const std::string what = "n=" + std::to_string(n);
+    check_bits_equal(out.download(), {want}, "count_nonfinite " + what);
+    CHECK_MESSAGE(want == static_cast<float>((n - 1 + 996) / 997), what);
+  }
+}
+
 TEST_CASE("cuda mse_backward matches the CPU") {
   std::uint32_t seed = 600;
   for (std::int64_t n : kElementwiseSizes) {

@@ -75,6 +75,10 @@ class CudaBackend final : public Backend {
     Guard guard(device_.index);
     kc::sum(x, n, out, native_);
   }
+  void count_nonfinite(const float* x, std::int64_t n, float* out) override {
+    Guard guard(device_.index);
+    kc::count_nonfinite(x, n, out, native_);
+  }
   void mse_forward(const float* pred, const float* target, std::int64_t n, float* out) override {
     Guard guard(device_.index);
     kc::mse_forward(pred, target, n, out, native_);

@@ -51,6 +51,10 @@ void column_sum(const float* x, std::int64_t rows, std::int64_t cols, float beta
 // out[0] = sum of x[0..n) (accumulated in double on the CPU).
 void sum(const float* x, std::int64_t n, float* out);
 
+// out[0] = how many of x[0..n) are NaN or +-Inf (exact up to 2^24, then rounded as a float).
+// The health check of a gradient buffer before the optimizer step.
+void count_nonfinite(const float* x, std::int64_t n, float* out);
+
 // ---- loss ---------------------------------------------------------------------------------
 // out[0] = mean((pred - target)^2) over n elements (PyTorch's MSELoss, reduction='mean').
 void mse_forward(const float* pred, const float* target, std::int64_t n, float* out);

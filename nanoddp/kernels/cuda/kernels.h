@@ -31,6 +31,7 @@ void activation_backward(Activation act, const float* pre_activation, const floa
 void column_sum(const float* x, std::int64_t rows, std::int64_t cols, float beta, float* out,
                 cudaStream_t stream);
 void sum(const float* x, std::int64_t n, float* out, cudaStream_t stream);
+void count_nonfinite(const float* x, std::int64_t n, float* out, cudaStream_t stream);
 
 void mse_forward(const float* pred, const float* target, std::int64_t n, float* out,
                  cudaStream_t stream);

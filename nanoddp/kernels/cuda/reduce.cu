@@ -1,4 +1,5 @@
-// Reductions: the bias gradient (column sums), sum, and the MSE loss with its backward.
+// Reductions: the bias gradient (column sums), sum, the count of non-finite values, and the
+// MSE loss with its backward.
 //
 // All of them are deterministic: the same input gives the same bits on every run. Reductions
 // with atomicAdd are not, because the order in which blocks add into the result changes from
@@ -30,6 +31,13 @@ struct SquaredErrorTerm {
   __device__ __forceinline__ double operator()(std::int64_t i) const {
     const double d = static_cast<double>(pred[i]) - static_cast<double>(target[i]);
     return d * d;
+  }
+};
+// 1 for NaN and +-Inf (all exponent bits set), else 0: the sum is their count.
+struct NonfiniteTerm {
+  const float* x;
+  __device__ __forceinline__ double operator()(std::int64_t i) const {
+    return (__float_as_uint(x[i]) & 0x7f800000u) == 0x7f800000u ? 1.0 : 0.0;
   }
 };
 
@@ -151,6 +159,10 @@ void column_sum(const float* x, std::int64_t rows, std::int64_t cols, float beta
 
 void sum(const float* x, std::int64_t n, float* out, cudaStream_t stream) {
   reduce_to_scalar(SumTerm{x}, n < 0 ? 0 : n, 1.0, out, stream);
+}
+
+void count_nonfinite(const float* x, std::int64_t n, float* out, cudaStream_t stream) {
+  reduce_to_scalar(NonfiniteTerm{x}, n < 0 ? 0 : n, 1.0, out, stream);
 }
 
 void mse_forward(const float* pred, const float* target, std::int64_t n, float* out,

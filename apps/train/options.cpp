@@ -32,6 +32,11 @@ std::string check(const TrainOptions& o) {
   if (o.backend == "nccl" && o.device == "cpu") {
     return "--backend nccl needs --device cuda (NCCL reduces GPU tensors; use gloo on the CPU)";
   }
+  if (o.optimizer_in_backward && o.skip_nonfinite) {
+    return "--optimizer-in-backward cannot be combined with --skip-nonfinite: the update is "
+           "applied during backward, before the step's loss and gradients can be checked; drop "
+           "one of the two";
+  }
   if (o.gemm == "cublas" && o.device == "cpu") {
     return "--gemm cublas needs --device cuda (on the CPU the GEMM is Eigen's)";
   }
@@ -115,6 +120,9 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
   app.add_flag("--skip-nonfinite", o.skip_nonfinite,
                "skip (on every rank) an optimizer step whose loss or gradients are NaN/Inf, "
                "instead of stopping");
+  app.add_flag("--optimizer-in-backward", o.optimizer_in_backward,
+               "update each parameter during backward as soon as its gradient is final (under "
+               "DDP: its bucket is averaged); same result, less memory traffic");
 
   // Distributed training: active when a launcher set RANK/WORLD_SIZE (nanoddp-run, torchrun).
   app.add_option("--backend", o.backend, "collectives: gloo (CPU), nccl (CUDA) or auto")

@@ -38,6 +38,9 @@ struct TrainOptions {
   // A step whose loss (on any rank) or averaged gradients are NaN or Inf: stop (default), or
   // skip its optimizer update on every rank and go on.
   bool skip_nonfinite = false;
+  // Update each parameter during backward, as soon as its gradient is final (under DDP: as
+  // soon as its bucket is averaged), instead of one optimizer pass after backward.
+  bool optimizer_in_backward = false;
 
   // Distributed (active when launched by nanoddp-run, torchrun, mpirun or srun).
   std::string backend = "auto";  // gloo | nccl | auto (by device)

@@ -143,6 +143,17 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
                          .comm_hook = comm::parse_comm_hook(o_.comm_hook),
                          .overlap = o_.overlap});
   }
+  if (o_.optimizer_in_backward) {
+    // Single process: each parameter's own hook updates it. Under DDP its gradient is final only
+    // once its bucket is averaged, so the Reducer hands over bucket after bucket instead.
+    optimizer_in_backward_ = std::make_unique<nn::OptimizerInBackward>(
+        *optimizer_, *params_, nn::OptimizerInBackwardOptions{.hook_parameters = !ddp_});
+    if (ddp_) {
+      ddp_->reducer().set_bucket_reduced_hook([this](const comm::Bucket& bucket) {
+        optimizer_in_backward_->update_range(bucket.offset, bucket.numel, bucket.slots);
+      });
+    }
+  }
   if (!o_.trace_path.empty()) tracer_ = std::make_unique<Tracer>(rank_);
   if (!o_.metrics_path.empty() && is_main()) {
     metrics_.open(o_.metrics_path, std::ios::trunc);
@@ -166,6 +177,7 @@ void Trainer::check_same_settings() {
       fmt::format("--seed {} --shuffle {}", o_.seed, o_.shuffle),
       fmt::format("--log-every {}", o_.log_every),
       fmt::format("--skip-nonfinite {}", o_.skip_nonfinite),
+      fmt::format("--optimizer-in-backward {}", o_.optimizer_in_backward),
       fmt::format("--checkpoint-every {} --resume {}", o_.checkpoint_every, o_.resume),
       fmt::format("--trace-steps {} (trace {})", o_.trace_steps, !o_.trace_path.empty()),
   };
@@ -257,11 +269,15 @@ float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window&
       // Mean over the micro-batches, so --grad-accum K with --batch B equals --batch K*B.
       if (o_.grad_accum > 1) loss = mul(loss, 1.0f / static_cast<float>(o_.grad_accum));
     }
+    // With --optimizer-in-backward the last micro-batch's backward also takes the step.
+    if (optimizer_in_backward_ && m + 1 == o_.grad_accum) optimizer_in_backward_->arm();
     const auto backward_start = Clock::now();
     loss.backward();
     backward_ms += ms_since(backward_start);
     loss_sum = m == 0 ? loss.detach() : add(loss_sum, loss.detach());
   }
+  // Parameters that got no gradient in the step are updated here, as step() would.
+  if (optimizer_in_backward_) optimizer_in_backward_->finish();
   // NaN/Inf policy. Decided from every rank's loss and the averaged gradients (identical on
   // every rank after the all-reduce), so all ranks stop, or skip, at the same step: a rank that
   // stopped alone would leave the others waiting in the next step's collectives.
@@ -274,8 +290,10 @@ float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window&
   for (const float l : health.losses) loss_sum_all += l;
   const auto loss = static_cast<float>(loss_sum_all / world_size_);
   if (bad_ranks.empty() && health.grads_finite) {
-    TraceSpan span("optimizer step", TraceTrack::kCompute);
-    optimizer_->step();
+    if (!optimizer_in_backward_) {
+      TraceSpan span("optimizer step", TraceTrack::kCompute);
+      optimizer_->step();
+    }
   } else {
     // "nan", not "-nan": the sign of a NaN means nothing.
     const auto text = [](float v) {
@@ -290,6 +308,12 @@ float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window&
                   "the gradients became non-finite at step {} (averaged over the ranks; "
                   "the loss was finite on every rank): {}",
                   step, describe_nonfinite_grads());
+    if (optimizer_in_backward_) {
+      fail(
+          "{} (with --optimizer-in-backward this step's update is already applied). Lower --lr "
+          "or check the data.",
+          what);
+    }
     if (!o_.skip_nonfinite) {
       fail("{}. Lower --lr, check the data, or pass --skip-nonfinite to skip such steps.", what);
     }
@@ -335,7 +359,9 @@ std::int64_t count_nonfinite(const Tensor& t) {
 Trainer::StepHealth Trainer::exchange_health(float local_loss) {
   params_->materialize_grads();  // a parameter without a gradient this step counts as zero
   StepHealth health;
-  health.grads_finite = count_nonfinite(params_->grads()) == 0;
+  // With the optimizer in backward the gradients were counted as they were applied.
+  health.grads_finite = (optimizer_in_backward_ ? optimizer_in_backward_->nonfinite_gradients()
+                                                : count_nonfinite(params_->grads())) == 0;
   if (!distributed_) {
     health.losses = {local_loss};
     return health;

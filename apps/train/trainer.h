@@ -13,6 +13,7 @@
 #include "nanoddp/nn/flat_parameters.h"
 #include "nanoddp/nn/layers.h"
 #include "nanoddp/nn/optimizer.h"
+#include "nanoddp/nn/optimizer_in_backward.h"
 #include "nanoddp/nn/sampler.h"
 #include "options.h"
 
@@ -58,6 +59,7 @@ class Trainer {
   std::unique_ptr<nn::Mlp> model_;
   std::unique_ptr<nn::FlatParameters> params_;
   std::unique_ptr<nn::Optimizer> optimizer_;
+  std::unique_ptr<nn::OptimizerInBackward> optimizer_in_backward_;  // --optimizer-in-backward
   std::unique_ptr<comm::DistributedDataParallel> ddp_;
   std::unique_ptr<nn::Sampler> sampler_;
   std::unique_ptr<Tracer> tracer_;

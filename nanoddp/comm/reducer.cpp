@@ -38,11 +38,7 @@ const char* comm_hook_name(CommHook hook) {
 
 Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group,
                  const ReducerOptions& options)
-    : params_(params),
-      group_(std::move(group)),
-      options_(options),
-      backward_end_(params.device()),
-      comm_done_(params.device()) {
+    : params_(params), group_(std::move(group)), options_(options) {
   if (!(options.bucket_cap_mb > 0) || !(options.first_bucket_mb > 0)) {
     fail("bucket caps must be positive (got bucket_cap_mb={}, first_bucket_mb={})",
          options.bucket_cap_mb, options.first_bucket_mb);
@@ -70,6 +66,8 @@ Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group
     if (options.comm_hook == CommHook::kBf16) {
       bucket.compressed = Tensor::empty({bucket.numel}, device, DType::kBF16);
     }
+    wait_begin_.emplace_back(device);
+    wait_end_.emplace_back(device);
   }
 
   // The hooks hold a weak handle: a hook that outlives its Reducer does nothing.
@@ -223,39 +221,56 @@ void Reducer::finalize() {
                 next_to_launch_);
 
   // The exposed communication is what the compute stream waits for here, so two events on it
-  // bracket the waits. On the CPU the "stream" is this thread and the events are host times:
-  // the host's wait. On a GPU Work::wait() only makes the compute stream wait (the host goes
-  // on at once), and the interval between the events, read once the step has run, is the GPU
-  // stalling for the all-reduce.
+  // bracket each bucket's wait. On the CPU the "stream" is this thread and the events are host
+  // times: the host's wait. On a GPU Work::wait() only makes the compute stream wait (the host
+  // goes on at once), and the intervals, read once the step has run, are the GPU stalling for
+  // the all-reduce. Without a bucket hook the intervals follow each other without a gap; with
+  // one, the hook's work (the optimizer) lies between them and is not counted.
   const Stream compute = Stream::compute(params_.device());
+  Tracer* tracer = active_tracer();
   const Clock::time_point wait_start = Clock::now();
-  backward_end_.record(compute);
+  Clock::time_point wait_end = wait_start;
   std::exception_ptr failure;
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    const Clock::time_point bucket_wait_start = Clock::now();
+    wait_begin_[b].record(compute);
     try {
       works_[b]->wait();
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }
-  }
-  comm_done_.record(compute);
-  const Clock::time_point wait_end = Clock::now();
-  // A GPU's events are not done yet (reading them now would fail): collect_timings() reads them.
-  exposed_pending_ = params_.device().is_cuda();
-  stats_.exposed_comm_ms = exposed_pending_ ? 0.0 : backward_end_.elapsed_ms(comm_done_);
-  Tracer* tracer = active_tracer();
-  if (tracer) tracer->span("wait for all-reduce", TraceTrack::kCompute, wait_start, wait_end);
-  if (failure) {
-    reset();
-    std::rethrow_exception(failure);
-  }
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    wait_end_[b].record(compute);
+    wait_end = Clock::now();
+    // After a failure the gradients are garbage: wait for the rest (never leave a collective
+    // running on buffers we stop tracking), but run nothing on them.
+    if (failure) continue;
     Bucket& bucket = buckets_[b];
     if (options_.comm_hook == CommHook::kBf16) {
       backend_for(bucket.grads.device())
           .bf16_to_f32(static_cast<const std::uint16_t*>(bucket.compressed.raw_data()),
                        bucket.grads.data(), bucket.numel);
     }
+    if (bucket_reduced_hook_) {
+      if (tracer) {
+        tracer->span("wait for all-reduce", TraceTrack::kCompute, bucket_wait_start, wait_end,
+                     {{"bucket", std::to_string(b)}});
+      }
+      try {
+        bucket_reduced_hook_(bucket);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+  }
+  // A GPU's events are not done yet (reading them now would fail): collect_timings() reads them.
+  exposed_pending_ = params_.device().is_cuda();
+  stats_.exposed_comm_ms = exposed_pending_ ? 0.0 : exposed_wait_ms();
+  if (tracer && !bucket_reduced_hook_) {
+    tracer->span("wait for all-reduce", TraceTrack::kCompute, wait_start, wait_end);
+  }
+  if (failure) {
+    reset();
+    std::rethrow_exception(failure);
   }
   // Timings: a CPU collective has finished by now; a CUDA one may still be running on its
   // stream (the host did not wait), so its timing is picked up later by last_stats().
@@ -265,9 +280,17 @@ void Reducer::finalize() {
   reset();
 }
 
+double Reducer::exposed_wait_ms() const {
+  double total = 0;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    total += wait_begin_[b].elapsed_ms(wait_end_[b]);
+  }
+  return total;
+}
+
 void Reducer::collect_timings() {
-  if (exposed_pending_ && comm_done_.query()) {
-    stats_.exposed_comm_ms = backward_end_.elapsed_ms(comm_done_);
+  if (exposed_pending_ && wait_end_.back().query()) {
+    stats_.exposed_comm_ms = exposed_wait_ms();
     exposed_pending_ = false;
   }
   for (std::size_t b = 0; b < timed_works_.size(); ++b) {

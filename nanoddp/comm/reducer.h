@@ -20,6 +20,10 @@
 //     return. The time spent waiting here is the *exposed* communication: the part the overlap
 //     did not hide.
 //  5. Averaging happens exactly once, in the collective (ReduceOp::kAvg).
+//  6. Optionally, a bucket-reduced hook runs for each bucket, in order, as soon as its average
+//     is in place (finalize waits for bucket 0, runs the hook, then waits for bucket 1, ...):
+//     the optimizer in backward (nn/optimizer_in_backward.h) updates bucket 0's parameters
+//     while bucket 1's all-reduce is still on the wire.
 //
 // A parameter that received no gradient leaves its bucket incomplete. By default that is an
 // error naming the parameter; with find_unused_parameters its gradient is zero-filled and its
@@ -28,6 +32,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -111,6 +116,13 @@ class Reducer {
   // A one-line-per-bucket description: index, size, parameter names.
   std::string describe_buckets() const;
 
+  // Runs in finalize, once per bucket and in bucket order, right after that bucket's averaged
+  // gradients are in the flat gradient buffer (on a GPU: in stream order on the compute stream,
+  // after the stream waited for the bucket). Only synchronized passes reduce, so only they
+  // call it. The time the hook takes is not counted as exposed communication.
+  using BucketHook = std::function<void(const Bucket& bucket)>;
+  void set_bucket_reduced_hook(BucketHook hook) { bucket_reduced_hook_ = std::move(hook); }
+
  private:
   void on_gradient_ready(std::size_t slot);
   void launch_ready_buckets();
@@ -121,6 +133,7 @@ class Reducer {
   void reset();
   void handle_unused();
   void collect_timings();
+  double exposed_wait_ms() const;  // the bucket waits' events, once they have happened
 
   nn::FlatParameters& params_;
   std::shared_ptr<ProcessGroup> group_;
@@ -128,6 +141,7 @@ class Reducer {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_slot_;
   std::shared_ptr<Reducer*> alive_;  // the hooks hold weak handles to it
+  BucketHook bucket_reduced_hook_;
 
   // Per-step state.
   bool sync_ = true;
@@ -141,10 +155,10 @@ class Reducer {
   // The last step's collectives whose timings are not yet in stats_ (and where to trace them).
   std::vector<std::shared_ptr<Work>> timed_works_;
   Tracer* timed_tracer_ = nullptr;
-  // Recorded on the compute stream just before and just after finalize makes it wait for the
-  // buckets: the interval is the exposed communication, on any device.
-  Event backward_end_;
-  Event comm_done_;
+  // Recorded on the compute stream just before and just after finalize makes it wait for each
+  // bucket: the intervals add up to the exposed communication, on any device.
+  std::vector<Event> wait_begin_;
+  std::vector<Event> wait_end_;
   bool exposed_pending_ = false;  // a GPU step whose exposed time is not read yet
 };
 

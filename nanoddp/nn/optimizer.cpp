@@ -13,8 +13,21 @@ void check_lr(float lr) {
 
 }  // namespace
 
-SGD::SGD(FlatParameters& params, const SgdOptions& options)
-    : Optimizer(params), options_(options) {
+void Optimizer::step() {
+  params_.materialize_grads();
+  begin_step();
+  update(0, params_.numel());
+}
+
+void Optimizer::update(std::int64_t offset, std::int64_t numel) {
+  NANODDP_CHECK(offset >= 0 && numel >= 0 && offset + numel <= params_.numel(),
+                "optimizer update of elements [{}, {}) outside the {} parameters", offset,
+                offset + numel, params_.numel());
+  NANODDP_CHECK(steps_ > 0, "optimizer update() before the first begin_step()");
+  if (numel > 0) update_slice(offset, numel);
+}
+
+SGD::SGD(FlatParameters& params, const SgdOptions& options) : Optimizer(params), options_(options) {
   check_lr(options.lr);
   if (options.momentum < 0.0f) fail("SGD momentum must be >= 0, got {}", options.momentum);
   if (options.weight_decay < 0.0f) {
@@ -26,14 +39,13 @@ SGD::SGD(FlatParameters& params, const SgdOptions& options)
   if (options.momentum != 0.0f) momentum_buffer_ = Tensor::zeros({params.numel()}, params.device());
 }
 
-void SGD::step() {
-  params_.materialize_grads();
-  const bool first_step = steps_ == 0;
+void SGD::update_slice(std::int64_t offset, std::int64_t numel) {
+  // PyTorch starts the momentum buffer from the first gradient.
+  const bool first_step = steps_ == 1;
   backend_for(params_.device())
-      .sgd_step(params_.values().data(), params_.grads().data(),
-                momentum_buffer_.defined() ? momentum_buffer_.data() : nullptr, params_.numel(),
+      .sgd_step(params_.values().data() + offset, params_.grads().data() + offset,
+                momentum_buffer_.defined() ? momentum_buffer_.data() + offset : nullptr, numel,
                 options_, first_step);
-  ++steps_;
 }
 
 std::vector<NamedTensor> SGD::state() const {
@@ -61,9 +73,7 @@ AdamW::AdamW(FlatParameters& params, const AdamWOptions& options)
   exp_avg_sq_ = Tensor::zeros({params.numel()}, params.device());
 }
 
-void AdamW::step() {
-  params_.materialize_grads();
-  ++steps_;
+void AdamW::update_slice(std::int64_t offset, std::int64_t numel) {
   const kernels::AdamWHyper hyper{.lr = options_.lr,
                                   .beta1 = options_.beta1,
                                   .beta2 = options_.beta2,
@@ -71,8 +81,8 @@ void AdamW::step() {
                                   .weight_decay = options_.weight_decay,
                                   .step = steps_};
   backend_for(params_.device())
-      .adamw_step(params_.values().data(), params_.grads().data(), exp_avg_.data(),
-                  exp_avg_sq_.data(), params_.numel(), hyper);
+      .adamw_step(params_.values().data() + offset, params_.grads().data() + offset,
+                  exp_avg_.data() + offset, exp_avg_sq_.data() + offset, numel, hyper);
 }
 
 std::vector<NamedTensor> AdamW::state() const {

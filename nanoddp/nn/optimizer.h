@@ -17,7 +17,14 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  virtual void step() = 0;
+  // One step over every parameter (a parameter that received no gradient counts as zero).
+  void step();
+  // The same step in pieces, for running the optimizer inside backward
+  // (nn/optimizer_in_backward.h): begin_step() once, then update() once for each slice of the
+  // flat buffers whose gradients are final. Slices that cover every parameter once make exactly
+  // the step() above: the update is elementwise, so slicing changes when it runs, not what.
+  void begin_step() { ++steps_; }
+  void update(std::int64_t offset, std::int64_t numel);
   void zero_grad() { params_.zero_grad(); }
   std::int64_t steps() const { return steps_; }
   // The optimizer's state as named flat tensors (same layout as the parameters), for
@@ -27,6 +34,10 @@ class Optimizer {
   virtual std::string describe() const = 0;
 
  protected:
+  // Updates elements [offset, offset + numel) of the flat buffers; steps_ already counts the
+  // step being taken.
+  virtual void update_slice(std::int64_t offset, std::int64_t numel) = 0;
+
   FlatParameters& params_;
   std::int64_t steps_ = 0;
 };
@@ -36,11 +47,12 @@ using SgdOptions = kernels::SgdHyper;
 class SGD final : public Optimizer {
  public:
   SGD(FlatParameters& params, const SgdOptions& options);
-  void step() override;
   std::vector<NamedTensor> state() const override;
   std::string describe() const override;
 
  private:
+  void update_slice(std::int64_t offset, std::int64_t numel) override;
+
   SgdOptions options_;
   Tensor momentum_buffer_;  // only with momentum
 };
@@ -56,11 +68,12 @@ struct AdamWOptions {
 class AdamW final : public Optimizer {
  public:
   AdamW(FlatParameters& params, const AdamWOptions& options);
-  void step() override;
   std::vector<NamedTensor> state() const override;
   std::string describe() const override;
 
  private:
+  void update_slice(std::int64_t offset, std::int64_t numel) override;
+
   AdamWOptions options_;
   Tensor exp_avg_;
   Tensor exp_avg_sq_;

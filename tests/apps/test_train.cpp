@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -65,6 +66,7 @@ TEST_CASE("nanoddp-train refuses bad flags and values with exit code 2 and names
       {{"--gemm", "cublas"}, "--gemm cublas needs --device cuda"},
       {{"--device", "gpu"}, "unknown device 'gpu'"},
       {{"--threads", "0"}, "--threads"},
+      {{"--optimizer-in-backward", "--skip-nonfinite"}, "cannot be combined with --skip-nonfinite"},
   };
   for (const Case& c : cases) {
     const ProcessResult r = train(c.args);
@@ -87,9 +89,9 @@ TEST_CASE("nanoddp-train --device cuda without a GPU is a clear error, not a cra
 TEST_CASE("nanoddp-train learns nn.Linear(5, 3) + MSE, logs metrics and saves parameters") {
   TempDir dir;
   const std::string metrics = dir.file("metrics.jsonl"), saved = dir.file("params.safetensors");
-  const ProcessResult r = train({"--in", "5", "--out", "3", "--layers", "0", "--steps", "400",
-                                 "--lr", "0.01", "--log-every", "100", "--metrics", metrics,
-                                 "--save", saved});
+  const ProcessResult r =
+      train({"--in", "5", "--out", "3", "--layers", "0", "--steps", "400", "--lr", "0.01",
+             "--log-every", "100", "--metrics", metrics, "--save", saved});
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("step 400/400") != std::string::npos);
@@ -132,12 +134,60 @@ TEST_CASE("nanoddp-train is deterministic: the same seed gives the same bits, an
   CHECK(a != c);
 }
 
+TEST_CASE("nanoddp-train --optimizer-in-backward: the same bits, the updates inside backward") {
+  TempDir dir;
+  const std::vector<std::vector<std::string>> configs = {
+      {"--optimizer", "sgd", "--momentum", "0.9", "--weight-decay", "0.01", "--lr", "0.05"},
+      {"--optimizer", "adamw", "--grad-accum", "3"},
+  };
+  for (std::size_t c = 0; c < configs.size(); ++c) {
+    CAPTURE(fmt::format("{}", fmt::join(configs[c], " ")));
+    std::vector<std::string> saved;
+    for (const bool in_backward : {false, true}) {
+      saved.push_back(dir.file(fmt::format("c{}-{}.safetensors", c, in_backward)));
+      std::vector<std::string> args = {
+          "--in",       "16",       "--out",
+          "4",          "--hidden", "32",
+          "--layers",   "2",        "--steps",
+          "25",         "--quiet",  "--save",
+          saved.back(), "--trace",  dir.file(fmt::format("c{}-{}.json", c, in_backward))};
+      args.insert(args.end(), configs[c].begin(), configs[c].end());
+      if (in_backward) args.push_back("--optimizer-in-backward");
+      const ProcessResult r = train(args);
+      REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    }
+    const auto plain = nanoddp::nn::read_safetensors(saved[0]);
+    const auto fused = nanoddp::nn::read_safetensors(saved[1]);
+    REQUIRE(plain.names() == fused.names());
+    for (const auto& name : plain.names()) {
+      CAPTURE(name);
+      const auto a = plain.to_f32(name), b = fused.to_f32(name);
+      REQUIRE(a.size() == b.size());
+      CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    }
+    // The timeline shows where the update ran: one "optimizer update" per parameter inside
+    // backward instead of one "optimizer step" after it.
+    auto count = [&](bool in_backward, const std::string& span) {
+      std::ifstream in(dir.file(fmt::format("c{}-{}.json", c, in_backward)));
+      const nlohmann::json trace = nlohmann::json::parse(in);
+      int n = 0;
+      for (const auto& e : trace["traceEvents"]) n += e.value("name", "") == span;
+      return n;
+    };
+    CHECK(count(false, "optimizer step") > 0);
+    CHECK(count(false, "optimizer update") == 0);
+    CHECK(count(true, "optimizer step") == 0);
+    CHECK(count(true, "optimizer update") == 6 * count(false, "optimizer step"));
+  }
+}
+
 TEST_CASE("nanoddp-train trains on .npy files and names a malformed one") {
   TempDir dir;
   const std::int64_t n = 64, in = 4, out = 2;
   std::vector<float> x(n * in), y(n * out);
   for (std::int64_t i = 0; i < n; ++i) {
-    for (std::int64_t j = 0; j < in; ++j) x[i * in + j] = static_cast<float>((i * 7 + j * 3) % 11) / 11.0f;
+    for (std::int64_t j = 0; j < in; ++j)
+      x[i * in + j] = static_cast<float>((i * 7 + j * 3) % 11) / 11.0f;
     y[i * out + 0] = x[i * in + 0] - 2.0f * x[i * in + 1];
     y[i * out + 1] = 0.5f * x[i * in + 2] + x[i * in + 3];
   }
@@ -145,9 +195,9 @@ TEST_CASE("nanoddp-train trains on .npy files and names a malformed one") {
   nanoddp::nn::write_npy(dir.file("x.npy"), x_shape, x.data());
   nanoddp::nn::write_npy(dir.file("y.npy"), y_shape, y.data());
 
-  const ProcessResult ok = train({"--data", dir.file("x.npy"), "--targets", dir.file("y.npy"),
-                                  "--layers", "0", "--batch", "16", "--epochs", "50", "--lr",
-                                  "0.02", "--log-every", "1000"});
+  const ProcessResult ok =
+      train({"--data", dir.file("x.npy"), "--targets", dir.file("y.npy"), "--layers", "0",
+             "--batch", "16", "--epochs", "50", "--lr", "0.02", "--log-every", "1000"});
   INFO(ok.output);
   CHECK(ok.exit_code == 0);
   CHECK(ok.output.find("64 samples x 4 -> 2") != std::string::npos);
@@ -156,8 +206,8 @@ TEST_CASE("nanoddp-train trains on .npy files and names a malformed one") {
   // Targets with a different number of rows: refused before training, naming both files.
   const std::vector<std::int64_t> short_shape{n - 1, out};
   nanoddp::nn::write_npy(dir.file("y_short.npy"), short_shape, y.data());
-  const ProcessResult bad = train({"--data", dir.file("x.npy"), "--targets",
-                                   dir.file("y_short.npy"), "--steps", "1"});
+  const ProcessResult bad =
+      train({"--data", dir.file("x.npy"), "--targets", dir.file("y_short.npy"), "--steps", "1"});
   INFO(bad.output);
   CHECK(bad.exit_code == 2);
   CHECK(bad.output.find("y_short.npy") != std::string::npos);

@@ -2,9 +2,11 @@
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -122,6 +124,31 @@ TEST_CASE("ddp training: --grad-accum K under no_sync equals a K times larger ba
   require_success(big);
   CHECK(relative_difference(all_parameters(dir.file("accum")), all_parameters(dir.file("big"))) <=
         1e-5);
+}
+
+TEST_CASE("ddp training: --optimizer-in-backward ends at the same bits as the step after it") {
+  // Under DDP each bucket is updated as soon as its all-reduce completes, while later buckets
+  // are still on the wire; the averaged gradients and the elementwise update are the same.
+  TempDir dir;
+  const std::vector<std::vector<std::string>> configs = {
+      {"--optimizer", "sgd", "--momentum", "0.9", "--weight-decay", "0.01", "--lr", "0.05"},
+      {"--optimizer", "adamw", "--lr", "0.01", "--grad-accum", "2"},
+      {"--optimizer", "adamw", "--lr", "0.01", "--comm-hook", "bf16"},
+  };
+  for (std::size_t c = 0; c < configs.size(); ++c) {
+    CAPTURE(fmt::format("{}", fmt::join(configs[c], " ")));
+    std::vector<std::vector<float>> params;
+    for (const bool in_backward : {false, true}) {
+      const std::string save = dir.file(fmt::format("c{}-{}", c, in_backward));
+      auto extra = configs[c];
+      extra.insert(extra.end(), {"--batch", "8", "--steps", "12", "--save", save});
+      if (in_backward) extra.push_back("--optimizer-in-backward");
+      require_success(run_world(train_args(extra), 2, quick()));
+      params.push_back(all_parameters(save));
+    }
+    REQUIRE(params[0].size() == params[1].size());
+    CHECK(std::memcmp(params[0].data(), params[1].data(), params[0].size() * sizeof(float)) == 0);
+  }
 }
 
 TEST_CASE("ddp training: stop after a checkpoint, resume, and the losses are bit-identical") {

@@ -3,6 +3,9 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "nanoddp/comm/ddp.h"
 #include "nanoddp/comm/init.h"
 #include "nanoddp/engine/autograd.h"
@@ -90,9 +93,8 @@ TEST_CASE("reducer: after a backward pass that threw half-way, the next one work
   auto poisoned_forward = [&] {
     const auto& layers = model.children().front().second->children();
     Tensor h = layers[0].second->forward(x);
-    h = record("explodes", h.detach(), {h}, [](const Tensor&, GradSink&) {
-      throw Error("backward failed on purpose");
-    });
+    h = record("explodes", h.detach(), {h},
+               [](const Tensor&, GradSink&) { throw Error("backward failed on purpose"); });
     for (std::size_t i = 1; i < layers.size(); ++i) h = layers[i].second->forward(h);
     return mse_loss(h, y);
   };
@@ -103,4 +105,54 @@ TEST_CASE("reducer: after a backward pass that threw half-way, the next one work
   params.zero_grad();
   CHECK_NOTHROW(mse_loss(ddp(x), y).backward());
   for (const auto& slot : params.slots()) CHECK(slot.param.has_grad());
+}
+
+TEST_CASE("reducer: the bucket-reduced hook runs once per bucket, in order, after the reduce") {
+  comm::Distributed dist = world_of_one();
+  const nn::MlpOptions shape{.in_features = 8, .out_features = 3, .hidden = 16, .layers = 2};
+  nn::Mlp model(shape), reference(shape);
+  nn::FlatParameters params(model, Device::cpu()), ref_params(reference, Device::cpu());
+  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
+                                    {.bucket_cap_mb = 0.0005, .first_bucket_mb = 0.0001});
+  const auto& buckets = ddp.reducer().buckets();
+  REQUIRE(buckets.size() >= 3);
+  std::vector<std::int64_t> seen;  // bucket offsets, in call order
+  std::vector<float> grads_seen;   // what the hook found in the gradient buffer
+  ddp.reducer().set_bucket_reduced_hook([&](const comm::Bucket& bucket) {
+    seen.push_back(bucket.offset);
+    const std::vector<float> g = bucket.grads.to_vector();
+    grads_seen.insert(grads_seen.end(), g.begin(), g.end());
+  });
+  const Tensor x = Tensor::normal({5, 8}, 0, 1, {.seed = 1});
+  const Tensor y = Tensor::normal({5, 3}, 0, 1, {.seed = 2});
+
+  // no_sync passes reduce nothing, so they call nothing.
+  params.zero_grad();
+  {
+    auto no_sync = ddp.no_sync();
+    mse_loss(ddp(x), y).backward();
+  }
+  CHECK(seen.empty());
+
+  // The synchronized pass calls it for bucket 0, 1, 2, ... with the final gradients in place.
+  mse_loss(ddp(x), y).backward();
+  ref_params.zero_grad();
+  mse_loss(reference(x), y).backward();
+  mse_loss(reference(x), y).backward();
+  std::vector<std::int64_t> want;
+  for (const comm::Bucket& b : buckets) want.push_back(b.offset);
+  CHECK(seen == want);
+  CHECK(grads_seen == ref_params.grads().to_vector());
+
+  // A hook that throws fails the backward pass; the next pass runs normally.
+  ddp.reducer().set_bucket_reduced_hook(
+      [](const comm::Bucket&) { throw Error("hook failed on purpose"); });
+  params.zero_grad();
+  CHECK_THROWS_WITH_AS(mse_loss(ddp(x), y).backward(), "hook failed on purpose", Error);
+  seen.clear();
+  ddp.reducer().set_bucket_reduced_hook(
+      [&](const comm::Bucket& bucket) { seen.push_back(bucket.offset); });
+  params.zero_grad();
+  CHECK_NOTHROW(mse_loss(ddp(x), y).backward());
+  CHECK(seen == want);
 }

@@ -1,0 +1,81 @@
+#pragma once
+// Optimizer in backward: each parameter is updated as soon as backward has finished its
+// gradient, instead of in one pass over all parameters after backward returns.
+//
+// Why: an optimizer step is pure memory traffic (it reads the weights, the gradients and the
+// optimizer state, and writes the weights and the state). Right after a Linear layer's backward
+// its weight (just read by the input-gradient GEMM) and its gradient (just written by the
+// weight-gradient GEMM) are still in the cache; a separate step after backward finds them
+// evicted by the earlier layers' GEMMs. PyTorch offers the same as
+// `_apply_optimizer_in_backward`, driven by post-accumulate-grad hooks, as here.
+//
+// The parameters end bit-for-bit where optimizer.step() after backward would take them: the
+// optimizers are elementwise, so updating slice by slice changes when each element is updated,
+// not how (tests/nn/test_optimizer_in_backward.cpp holds the two against each other).
+//
+// What it gives up: the step cannot be skipped once backward has run (a NaN gradient is already
+// applied; the trainer still detects it and stops), and nothing can look at all gradients before
+// the update (clipping by the global norm).
+//
+//   nn::OptimizerInBackward fused(optimizer, params, {.hook_parameters = true});
+//   for (...) {
+//     optimizer.zero_grad();
+//     fused.arm();               // the next backward ends the step (the last micro-batch)
+//     loss.backward();           // parameters are updated during this call
+//     fused.finish();            // parameters that got no gradient: updated as with zero
+//   }
+//
+// Under DDP a gradient is final only once its bucket is averaged across ranks, so the hooks on
+// the parameters stay off and the Reducer hands over each bucket as its all-reduce completes
+// (update_range() from Reducer::set_bucket_reduced_hook; the trainer wires the two).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "nanoddp/nn/flat_parameters.h"
+#include "nanoddp/nn/optimizer.h"
+
+namespace nanoddp::nn {
+
+struct OptimizerInBackwardOptions {
+  // Update each parameter from its own post-accumulate-grad hook (single process). Off when
+  // something else (the DDP Reducer) calls update_range() when gradients are final.
+  bool hook_parameters = true;
+};
+
+class OptimizerInBackward {
+ public:
+  OptimizerInBackward(Optimizer& optimizer, FlatParameters& params,
+                      const OptimizerInBackwardOptions& options);
+  OptimizerInBackward(const OptimizerInBackward&) = delete;
+  OptimizerInBackward& operator=(const OptimizerInBackward&) = delete;
+
+  // Starts an optimizer step that the next backward pass carries out. Backward passes run while
+  // not armed (the earlier micro-batches of gradient accumulation) only accumulate gradients.
+  void arm();
+  bool armed() const { return armed_; }
+  // Updates the flat-buffer slice [offset, offset + numel), which holds the parameters `slots`
+  // (indices into params.slots()), if armed. Each slot is updated at most once per step.
+  void update_range(std::int64_t offset, std::int64_t numel, const std::vector<std::size_t>& slots);
+  // Ends the step: parameters that received no gradient are updated with a zero gradient (as
+  // optimizer.step() treats them), then disarms. Returns how many parameters that was.
+  std::size_t finish();
+  // How many of the step's gradients were NaN or Inf, counted slice by slice just before each
+  // update, while the gradients were in cache (so no separate pass over them is needed). Valid
+  // after finish(); waits for the device.
+  std::int64_t nonfinite_gradients() const;
+
+ private:
+  void update_slot(std::size_t slot);
+
+  Optimizer& optimizer_;
+  FlatParameters& params_;
+  bool armed_ = false;
+  std::vector<bool> updated_;                    // per slot, this step
+  Tensor nonfinite_;                             // per slot: NaN/Inf count of the range it started
+  std::shared_ptr<OptimizerInBackward*> alive_;  // the hooks hold weak handles to it
+};
+
+}  // namespace nanoddp::nn

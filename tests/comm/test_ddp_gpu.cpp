@@ -18,6 +18,7 @@
 #include "nanoddp/nn/flat_parameters.h"
 #include "nanoddp/nn/layers.h"
 #include "nanoddp/nn/optimizer.h"
+#include "nanoddp/nn/optimizer_in_backward.h"
 
 using namespace nanoddp;
 
@@ -92,5 +93,44 @@ TEST_CASE(
     CHECK(stats.exposed_comm_ms >= 0.5 * stats.comm_ms);
     CHECK(stats.exposed_comm_ms < 1000.0);
   }
+}
+#endif  // NANODDP_WITH_CUDA
+
+#if NANODDP_WITH_CUDA
+TEST_CASE("ddp on cuda:0: the optimizer in backward (bucket hook) equals the step after it") {
+  const Device gpu = Device::cuda(0);
+  comm::Distributed dist =
+      comm::init_distributed(comm::WorldInfo{}, {.backend = "nccl", .device = gpu});
+  const nn::MlpOptions shape{
+      .in_features = 32, .out_features = 8, .hidden = 64, .layers = 3, .seed = 12};
+  nn::Mlp model(shape), reference(shape);
+  nn::FlatParameters params(model, gpu), ref_params(reference, gpu);
+  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
+                                    {.bucket_cap_mb = 0.01, .first_bucket_mb = 0.005});
+  REQUIRE(ddp.reducer().buckets().size() >= 3);
+  nn::AdamW adamw(params, {.lr = 0.01f}), ref_adamw(ref_params, {.lr = 0.01f});
+  // The Reducer hands each averaged bucket to the optimizer, on the compute stream after its
+  // wait on the bucket's NCCL event.
+  nn::OptimizerInBackward fused(adamw, params, {.hook_parameters = false});
+  ddp.reducer().set_bucket_reduced_hook([&](const comm::Bucket& bucket) {
+    fused.update_range(bucket.offset, bucket.numel, bucket.slots);
+  });
+  for (int step = 0; step < 10; ++step) {
+    const Tensor x = Tensor::normal(
+        {16, 32}, 0.0f, 1.0f, {.seed = 6, .offset = static_cast<std::uint64_t>(step) * 512}, gpu);
+    const Tensor y = Tensor::zeros({16, 8}, gpu);
+    adamw.zero_grad();
+    ref_adamw.zero_grad();
+    fused.arm();
+    mse_loss(ddp(x), y).backward();
+    CHECK(fused.finish() == 0);
+    CHECK(fused.nonfinite_gradients() == 0);
+    mse_loss(reference(x), y).backward();
+    ref_adamw.step();
+  }
+  const auto got = params.values().to_vector();
+  const auto expected = ref_params.values().to_vector();
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == expected[i]);
 }
 #endif  // NANODDP_WITH_CUDA

@@ -30,6 +30,7 @@ struct Point {
   std::string activation;
   double bucket_cap_mb = 0, first_bucket_mb = 0;
   bool overlap = true;
+  bool optimizer_in_backward = false;
   std::string comm_hook;
   int threads = 1;
 };
@@ -50,21 +51,23 @@ std::vector<Point> expand(const Options& o) {
               for (const auto bucket : o.bucket_cap_mb)
                 for (const auto first : o.first_bucket_mb)
                   for (const bool overlap : o.overlap)
-                    for (const auto& hook : o.comm_hook)
-                      for (const int threads : o.threads)
-                        for (const int world : o.world)
-                          points.push_back(Point{.world = world,
-                                                 .hidden = hidden,
-                                                 .layers = layers,
-                                                 .batch = batch,
-                                                 .in = in == 0 ? hidden : in,
-                                                 .out = out == 0 ? hidden : out,
-                                                 .activation = activation,
-                                                 .bucket_cap_mb = bucket,
-                                                 .first_bucket_mb = first,
-                                                 .overlap = overlap,
-                                                 .comm_hook = hook,
-                                                 .threads = threads});
+                    for (const bool in_backward : o.optimizer_in_backward)
+                      for (const auto& hook : o.comm_hook)
+                        for (const int threads : o.threads)
+                          for (const int world : o.world)
+                            points.push_back(Point{.world = world,
+                                                   .hidden = hidden,
+                                                   .layers = layers,
+                                                   .batch = batch,
+                                                   .in = in == 0 ? hidden : in,
+                                                   .out = out == 0 ? hidden : out,
+                                                   .activation = activation,
+                                                   .bucket_cap_mb = bucket,
+                                                   .first_bucket_mb = first,
+                                                   .overlap = overlap,
+                                                   .optimizer_in_backward = in_backward,
+                                                   .comm_hook = hook,
+                                                   .threads = threads});
   return points;
 }
 
@@ -73,18 +76,32 @@ std::vector<std::string> config_flags(const Options& o, const Point& p) {
   std::vector<std::string> f = {
       "--hidden", std::to_string(p.hidden), "--layers", std::to_string(p.layers),
       "--in",     std::to_string(p.in),     "--out",    std::to_string(p.out)};
-  f.insert(f.end(), {"--activation",      p.activation,
-                     "--batch",           std::to_string(p.batch),
-                     "--scaling",         scaling_name(o.scaling),
-                     "--bucket-cap-mb",   fmt::format("{}", p.bucket_cap_mb),
-                     "--first-bucket-mb", fmt::format("{}", p.first_bucket_mb),
-                     "--overlap",         p.overlap ? "on" : "off",
-                     "--comm-hook",       p.comm_hook,
-                     "--threads",         std::to_string(p.threads),
-                     "--backend",         o.backend,
-                     "--device",          o.device,
-                     "--steps",           std::to_string(o.steps),
-                     "--warmup",          std::to_string(o.warmup)});
+  f.insert(f.end(), {"--activation",
+                     p.activation,
+                     "--batch",
+                     std::to_string(p.batch),
+                     "--scaling",
+                     scaling_name(o.scaling),
+                     "--bucket-cap-mb",
+                     fmt::format("{}", p.bucket_cap_mb),
+                     "--first-bucket-mb",
+                     fmt::format("{}", p.first_bucket_mb),
+                     "--overlap",
+                     p.overlap ? "on" : "off",
+                     "--optimizer-in-backward",
+                     p.optimizer_in_backward ? "on" : "off",
+                     "--comm-hook",
+                     p.comm_hook,
+                     "--threads",
+                     std::to_string(p.threads),
+                     "--backend",
+                     o.backend,
+                     "--device",
+                     o.device,
+                     "--steps",
+                     std::to_string(o.steps),
+                     "--warmup",
+                     std::to_string(o.warmup)});
   return f;
 }
 

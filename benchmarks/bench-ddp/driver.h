@@ -9,7 +9,8 @@
 //    "build":{"version","compiler","build_type","cuda","native"},
 //    "config":{"world_size","nnodes","nproc_per_node","device","backend","in","out","hidden",
 //              "layers","activation","scaling","batch_per_rank","global_batch","bucket_cap_mb",
-//              "first_bucket_mb","overlap","comm_hook","threads","params","buckets"},
+//              "first_bucket_mb","overlap","optimizer_in_backward","comm_hook","threads",
+//              "params","buckets"},
 //    "steps","warmup","step_ms_median","step_ms_p90","samples_per_s","compute_ms",
 //    "allreduce_ms","exposed_comm_ms","hidden_comm_ms","overlap_fraction","scaling_efficiency",
 //    "gflops","busbw_gbs"}

@@ -1,6 +1,6 @@
 // nanoddp-bench-ddp: the DDP training step as a benchmark, swept the way a scaling study sweeps
-// it (world size, model size, batch, bucket size, overlap, comm hook) — nccl-tests for a whole
-// DDP step instead of one collective.
+// it (world size, model size, batch, bucket size, overlap, optimizer in backward, comm hook) —
+// nccl-tests for a whole DDP step instead of one collective.
 //
 //   nanoddp-bench-ddp --world 1,2 --hidden 1024 --layers 3 --batch 64 --bucket-cap-mb 1,25
 //                     --overlap on,off --json ddp.jsonl

@@ -89,7 +89,7 @@ std::vector<T> parse_list(const std::string& flag, const std::string& text, Pars
 
 struct ListFlags {
   std::string world, hidden, layers, in, out, activation, batch, bucket_cap_mb, first_bucket_mb,
-      overlap, comm_hook, threads;
+      overlap, optimizer_in_backward, comm_hook, threads;
 };
 
 void convert_lists(const ListFlags& f, Options& o) {
@@ -125,6 +125,12 @@ void convert_lists(const ListFlags& f, Options& o) {
     o.overlap = parse_list<bool>("--overlap", f.overlap, [](const std::string& s) {
       return parse_choice("--overlap", s, {"on", "off"}) == "on";
     });
+  }
+  if (!f.optimizer_in_backward.empty()) {
+    o.optimizer_in_backward = parse_list<bool>(
+        "--optimizer-in-backward", f.optimizer_in_backward, [](const std::string& s) {
+          return parse_choice("--optimizer-in-backward", s, {"on", "off"}) == "on";
+        });
   }
   if (!f.bucket_cap_mb.empty()) {
     o.bucket_cap_mb = parse_list<double>(
@@ -192,6 +198,7 @@ void check_relations(const Options& o) {
         {"--bucket-cap-mb", o.bucket_cap_mb.size()},
         {"--first-bucket-mb", o.first_bucket_mb.size()},
         {"--overlap", o.overlap.size()},
+        {"--optimizer-in-backward", o.optimizer_in_backward.size()},
         {"--comm-hook", o.comm_hook.size()},
         {"--threads", o.threads.size()}};
     for (const auto& [flag, n] : sizes) {
@@ -243,6 +250,9 @@ std::optional<Options> parse_options(int argc, const char* const* argv, int& exi
               "cap of the first bucket in MiB (list; default 1)");
   list_option("--overlap", lists.overlap,
               "on: reduce buckets during backward; off: after it (list; default on)");
+  list_option("--optimizer-in-backward", lists.optimizer_in_backward,
+              "on: update each bucket's parameters as its all-reduce completes; off: one "
+              "optimizer step after backward (list; default off)");
   list_option("--comm-hook", lists.comm_hook, "allreduce (float32) or bf16 (list)");
   list_option("--threads", lists.threads, "GEMM threads per rank (list; default 1)");
   app.add_option("--backend", o.backend, "gloo, nccl or auto (by device)")

@@ -29,6 +29,7 @@ struct Options {
   std::vector<double> bucket_cap_mb = {25.0};
   std::vector<double> first_bucket_mb = {1.0};
   std::vector<bool> overlap = {true};
+  std::vector<bool> optimizer_in_backward = {false};
   std::vector<std::string> comm_hook = {"allreduce"};
   std::vector<int> threads = {1};
 

@@ -10,7 +10,8 @@ namespace nanoddp::bench_ddp {
 namespace {
 
 constexpr const char* kRowFormat =
-    "{:>5} {:>5} {:>6} {:>6} {:>6} {:>6} {:>4} {:>9} {:>7} {:>8} {:>7} {:>7} {:>3} {:>9} {:>9} "
+    "{:>5} {:>5} {:>6} {:>6} {:>6} {:>6} {:>4} {:>9} {:>7} {:>8} {:>7} {:>7} {:>5} {:>3} {:>9} "
+    "{:>9} "
     "{:>9} {:>10} {:>9} {:>9} {:>9} {:>5} {:>6} {:>8} {:>7}\n";
 
 }  // namespace
@@ -36,12 +37,15 @@ void print_header(const Options& o, const nlohmann::ordered_json& machine,
       "# step = forward + backward + optimizer; compute = step - exposed; allreduce = "
       "the buckets' all-reduce time; exposed = the part of it backward waited for\n");
   fmt::print(
+      "# optim: after = one optimizer step after backward, inbwd = --optimizer-in-backward "
+      "(each bucket updated as soon as it is averaged)\n");
+  fmt::print(
       "# ovl = hidden / allreduce; eff = samples/s / (ranks x samples/s of the 1-rank "
       "run); GFLOP/s per rank (GEMMs); busbw = gradient bytes x 2(n-1)/n / allreduce\n");
   fmt::print("#\n");
   fmt::print(kRowFormat, "ranks", "nodes", "in", "hidden", "layers", "out", "act", "params",
-             "batch/r", "bucketMB", "buckets", "overlap", "thr", "hook", "step", "p90", "samples/s",
-             "compute", "allreduce", "exposed", "ovl", "eff", "GFLOP/s", "busbw");
+             "batch/r", "bucketMB", "buckets", "overlap", "optim", "thr", "hook", "step", "p90",
+             "samples/s", "compute", "allreduce", "exposed", "ovl", "eff", "GFLOP/s", "busbw");
   std::fflush(stdout);
 }
 
@@ -53,7 +57,8 @@ void print_row(const nlohmann::ordered_json& r) {
       c["out"].get<std::int64_t>(), c["activation"].get<std::string>(),
       c["params"].get<std::int64_t>(), c["batch_per_rank"].get<std::int64_t>(),
       fmt::format("{}", c["bucket_cap_mb"].get<double>()), c["buckets"].get<int>(),
-      c["overlap"].get<bool>() ? "on" : "off", c["threads"].get<int>(),
+      c["overlap"].get<bool>() ? "on" : "off",
+      c["optimizer_in_backward"].get<bool>() ? "inbwd" : "after", c["threads"].get<int>(),
       c["comm_hook"].get<std::string>(), fmt::format("{:.3f}", r["step_ms_median"].get<double>()),
       fmt::format("{:.3f}", r["step_ms_p90"].get<double>()),
       fmt::format("{:.0f}", r["samples_per_s"].get<double>()),

@@ -21,6 +21,7 @@
 #include "nanoddp/nn/flat_parameters.h"
 #include "nanoddp/nn/layers.h"
 #include "nanoddp/nn/optimizer.h"
+#include "nanoddp/nn/optimizer_in_backward.h"
 #include "stats.h"
 
 namespace nanoddp::bench_ddp {
@@ -143,6 +144,19 @@ int run_worker(const Options& o) {
     ddp = std::make_unique<comm::DistributedDataParallel>(model, params, dist->group, dist->store,
                                                           p.ddp);
   }
+  // --optimizer-in-backward on: the update runs inside backward, per parameter on one rank, per
+  // averaged bucket under DDP (as nanoddp-train wires it).
+  const bool in_backward = o.optimizer_in_backward.front();
+  std::unique_ptr<nn::OptimizerInBackward> fused;
+  if (in_backward) {
+    fused = std::make_unique<nn::OptimizerInBackward>(
+        optimizer, params, nn::OptimizerInBackwardOptions{.hook_parameters = !ddp});
+    if (ddp) {
+      ddp->reducer().set_bucket_reduced_hook([&fused](const comm::Bucket& bucket) {
+        fused->update_range(bucket.offset, bucket.numel, bucket.slots);
+      });
+    }
+  }
 
   // The batch, generated once: each rank its own samples; no data loading in the timed step.
   const auto r = static_cast<std::uint64_t>(rank);
@@ -157,8 +171,13 @@ int run_worker(const Options& o) {
     const auto start = Clock::now();
     optimizer.zero_grad();
     Tensor loss = mse_loss(model.forward(x), y);
+    if (fused) fused->arm();
     loss.backward();
-    optimizer.step();
+    if (fused) {
+      fused->finish();
+    } else {
+      optimizer.step();
+    }
     if (device.is_cuda()) Stream::compute(device).synchronize();
     const auto end = Clock::now();
     if (step < o.warmup) continue;
@@ -213,6 +232,7 @@ int run_worker(const Options& o) {
       {"bucket_cap_mb", p.ddp.bucket_cap_mb},
       {"first_bucket_mb", p.ddp.first_bucket_mb},
       {"overlap", p.ddp.overlap},
+      {"optimizer_in_backward", in_backward},
       {"comm_hook", o.comm_hook.front()},
       {"threads", o.threads.front()},
       {"params", numel},

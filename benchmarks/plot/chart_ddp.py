@@ -24,7 +24,7 @@ from matplotlib.patches import Patch
 # the world size (backend: none on one process; nnodes, global batch, buckets).
 SERIES_FIELDS = ["hidden", "layers", "in", "out", "activation", "device", "scaling",
                  "batch_per_rank", "threads", "comm_hook", "first_bucket_mb", "bucket_cap_mb",
-                 "overlap"]
+                 "optimizer_in_backward", "overlap"]
 # What is on the breakdown chart's x axis or side by side, not a panel of its own.
 BAR_FIELDS = {"bucket_cap_mb", "overlap"}
 # The breakdown's panels: one per model / world size / backend / nodes.
@@ -52,6 +52,7 @@ def _field_text(name, value):
         "first_bucket_mb": lambda v: f"first bucket {_mb(v)}",
         "bucket_cap_mb": lambda v: f"buckets {_mb(v)}",
         "overlap": lambda v: "overlap on" if v else "overlap off",
+        "optimizer_in_backward": lambda v: "optimizer in backward" if v else "optimizer after",
         "nnodes": lambda v: f"{v} node{'s' if v != 1 else ''}",
     }[name](value)
 

@@ -96,13 +96,14 @@ void check_record(const json& r, int world, std::int64_t in, std::int64_t hidden
   CHECK(b["native"].is_boolean());
 
   const json& c = r["config"];
-  CHECK(keys_of(c) == std::set<std::string>{"world_size",   "nnodes",        "nproc_per_node",
-                                            "device",       "backend",       "in",
-                                            "out",          "hidden",        "layers",
-                                            "activation",   "scaling",       "batch_per_rank",
-                                            "global_batch", "bucket_cap_mb", "first_bucket_mb",
-                                            "overlap",      "comm_hook",     "threads",
-                                            "params",       "buckets"});
+  CHECK(keys_of(c) ==
+        std::set<std::string>{"world_size",   "nnodes",        "nproc_per_node",
+                              "device",       "backend",       "in",
+                              "out",          "hidden",        "layers",
+                              "activation",   "scaling",       "batch_per_rank",
+                              "global_batch", "bucket_cap_mb", "first_bucket_mb",
+                              "overlap",      "comm_hook",     "threads",
+                              "params",       "buckets",       "optimizer_in_backward"});
   CHECK(c["world_size"] == world);
   CHECK(c["nnodes"] == 1);
   CHECK(c["nproc_per_node"] == world);
@@ -119,6 +120,7 @@ void check_record(const json& r, int world, std::int64_t in, std::int64_t hidden
   CHECK(c["bucket_cap_mb"].get<double>() > 0);
   CHECK(c["first_bucket_mb"].get<double>() > 0);
   CHECK(c["overlap"].is_boolean());
+  CHECK(c["optimizer_in_backward"].is_boolean());
   CHECK(c["comm_hook"] == "allreduce");
   CHECK(c["threads"] == 1);
   CHECK(c["params"] == mlp_params(in, hidden, layers, out));
@@ -220,6 +222,49 @@ TEST_CASE("bench-ddp: strong scaling splits the global batch, with a baseline no
   CHECK(lines[0]["config"]["overlap"] == false);
 }
 
+TEST_CASE("bench-ddp: --optimizer-in-backward on,off sweeps both ways of stepping") {
+  TempDir dir;
+  const std::string path = dir.file("inbwd.jsonl");
+  const ProcessResult r = bench({"--world",
+                                 "1,2",
+                                 "--hidden",
+                                 "16",
+                                 "--layers",
+                                 "2",
+                                 "--batch",
+                                 "8",
+                                 "--steps",
+                                 "3",
+                                 "--warmup",
+                                 "1",
+                                 "--bucket-cap-mb",
+                                 "0.001",
+                                 "--first-bucket-mb",
+                                 "0.001",
+                                 "--optimizer-in-backward",
+                                 "on,off",
+                                 "--json",
+                                 path});
+  INFO(r.output);
+  REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
+  CHECK(r.output.find("inbwd") != std::string::npos);
+  CHECK(r.output.find("after") != std::string::npos);
+  const std::vector<json> lines = read_lines(path);
+  REQUIRE(lines.size() == 4);
+  // The world size varies fastest: (on: 1, 2), (off: 1, 2).
+  const std::vector<std::pair<int, bool>> expected = {{1, true}, {2, true}, {1, false}, {2, false}};
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    CAPTURE(i);
+    CHECK(lines[i]["config"]["world_size"] == expected[i].first);
+    CHECK(lines[i]["config"]["optimizer_in_backward"] == expected[i].second);
+    CHECK(lines[i]["step_ms_median"].get<double>() > 0);
+    // Each setting is compared with its own 1-rank baseline: efficiency is 1 at one rank.
+    if (expected[i].first == 1) {
+      CHECK(lines[i]["scaling_efficiency"].get<double>() == doctest::Approx(1.0));
+    }
+  }
+}
+
 TEST_CASE("bench-ddp: a job that overruns --timeout is stopped and named") {
   const ProcessResult r = bench({"--world", "1", "--hidden", "16", "--layers", "1", "--steps",
                                  "100000000", "--warmup", "0", "--timeout", "1"});
@@ -242,6 +287,7 @@ TEST_CASE("bench-ddp: bad flags exit 2 with a message naming the flag") {
       {{"--world", "1,x"}, "--world"},
       {{"--scaling", "strong", "--world", "1,3", "--batch", "8"}, "--batch 8"},
       {{"--overlap", "sometimes"}, "--overlap"},
+      {{"--optimizer-in-backward", "maybe"}, "--optimizer-in-backward"},
       {{"--bucket-cap-mb", "-1"}, "--bucket-cap-mb"},
       {{"--nnodes", "2"}, "--master-addr"},
       {{"--json", "/nonexistent-dir/x.jsonl"}, "--json"},

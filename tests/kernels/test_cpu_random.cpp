@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <numbers>
 #include <vector>
 
 #include "kernels/cpu_test_util.h"
@@ -51,6 +52,33 @@ TEST_CASE("fill_uniform: element i is word 0 of philox(offset + i, stream, seed)
     REQUIRE(out[i] == std::fma(5.0f, nanoddp::kernels::uniform_from_bits(r.v[0]), -2.0f));
   }
   CHECK(out.guards_intact());
+}
+
+TEST_CASE("fill_normal and fill_uniform: the blocked Philox gives each element its own bits") {
+  // The fills run Philox for blocks of counters side by side; every element must still be the
+  // scalar philox4x32_10 of its own counter. 150 = two full blocks and a tail, and the counters
+  // cross 2^32, where the counter's high word (Philox's second input word) changes mid-block.
+  constexpr float kTwoPi = 2.0f * std::numbers::pi_v<float>;
+  const std::int64_t n = 150;
+  for (const std::uint64_t offset : {std::uint64_t{0}, (std::uint64_t{1} << 32) - 70}) {
+    CAPTURE(offset);
+    Poisoned normal(n), uniform(n);
+    cpu::fill_normal(normal.data(), n, 77, (std::uint64_t{3} << 32) | 9, offset, 0.5f, 2.0f);
+    cpu::fill_uniform(uniform.data(), n, 77, 9, offset, -1.0f, 1.0f);
+    for (std::int64_t i = 0; i < n; ++i) {
+      CAPTURE(i);
+      const auto r =
+          philox4x32_10(offset + static_cast<std::uint64_t>(i), (std::uint64_t{3} << 32) | 9, 77);
+      const float u1 = static_cast<float>((r.v[0] >> 8) + 1u) * (1.0f / 16777216.0f);
+      const float u2 = nanoddp::kernels::uniform_from_bits(r.v[1]);
+      const float z = std::sqrt(-2.0f * std::log(u1)) * std::cos(kTwoPi * u2);
+      REQUIRE(normal[i] == std::fma(2.0f, z, 0.5f));
+      const auto q = philox4x32_10(offset + static_cast<std::uint64_t>(i), 9, 77);
+      REQUIRE(uniform[i] == std::fma(2.0f, nanoddp::kernels::uniform_from_bits(q.v[0]), -1.0f));
+    }
+    CHECK(normal.guards_intact());
+    CHECK(uniform.guards_intact());
+  }
 }
 
 TEST_CASE("fill_uniform: range and moments over 1e5 samples") {

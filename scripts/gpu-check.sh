@@ -260,6 +260,20 @@ gpu_step train-hand 60 train-hand.log "$bin/nanoddp-train" --device cuda --gemm 
   --in 1024 --out 1024 --hidden 1024 --layers 3 --batch 256 --steps 200 --log-every 50
 gpu_step train-cublas 60 train-cublas.log "$bin/nanoddp-train" --device cuda --gemm cublas \
   --in 1024 --out 1024 --hidden 1024 --layers 3 --batch 256 --steps 200 --log-every 50
+# The optimizer in backward through the Reducer's bucket hook on NCCL (a world of one under
+# nanoddp-run): its saved parameters must equal the plain step's, bit for bit.
+train_small=("$bin/nanoddp-train" --device cuda --in 256 --out 64 --hidden 512 --layers 3
+  --batch 64 --steps 50 --quiet --bucket-cap-mb 0.5 --first-bucket-mb 0.25)
+gpu_step train-ddp-step 60 train-ddp-step.log "$bin/nanoddp-run" --nproc-per-node 1 \
+  "${train_small[@]}" --save "$OUT/ddp-step.safetensors"
+gpu_step train-ddp-inbwd 60 train-ddp-inbwd.log "$bin/nanoddp-run" --nproc-per-node 1 \
+  "${train_small[@]}" --optimizer-in-backward --save "$OUT/ddp-inbwd.safetensors"
+if cmp -s "$OUT/ddp-step.safetensors" "$OUT/ddp-inbwd.safetensors"; then
+  row optimizer-in-backward ok 0 "the same bits as the step after backward"
+else
+  row optimizer-in-backward FAIL 0 "saved parameters differ from the plain step's"
+  extra_fail=1
+fi
 gpu_step allreduce 60 bench-allreduce-nccl.log "$bin/nanoddp-run" --nproc-per-node 1 \
   "$bin/nanoddp-bench-allreduce" --backend nccl -b 8 -e 256M -f 8 \
   --json "$OUT/bench-allreduce-nccl.json"

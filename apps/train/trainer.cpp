@@ -59,6 +59,11 @@ void check_checkpoint_dir_writable(const std::string& dir) {
 struct Trainer::Window {
   double step_ms = 0, data_ms = 0, wall_ms = 0, comm_ms = 0, exposed_comm_ms = 0;
   double backward_ms = 0;  // backward compute: the backward() calls minus the exposed wait
+  double forward_ms = 0;   // the forward pass and the loss
+  // The optimizer step after backward, and the gradient NaN/Inf check before it (with
+  // --optimizer-in-backward only the check: the updates are inside backward_ms), with, under DDP,
+  // the one small all-reduce that exchanges the ranks' losses.
+  double optimizer_ms = 0;
   std::int64_t steps = 0, samples = 0;
 };
 
@@ -263,12 +268,14 @@ float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window&
     std::optional<comm::DistributedDataParallel::NoSync> no_sync;
     if (ddp_ && m + 1 < o_.grad_accum) no_sync.emplace(ddp_->reducer());
     Tensor loss;
+    const auto forward_start = Clock::now();
     {
       TraceSpan span("forward", TraceTrack::kCompute);
       loss = mse_loss(model_->forward(x_), y_);
       // Mean over the micro-batches, so --grad-accum K with --batch B equals --batch K*B.
       if (o_.grad_accum > 1) loss = mul(loss, 1.0f / static_cast<float>(o_.grad_accum));
     }
+    window.forward_ms += ms_since(forward_start);
     // With --optimizer-in-backward the last micro-batch's backward also takes the step.
     if (optimizer_in_backward_ && m + 1 == o_.grad_accum) optimizer_in_backward_->arm();
     const auto backward_start = Clock::now();
@@ -276,6 +283,7 @@ float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window&
     backward_ms += ms_since(backward_start);
     loss_sum = m == 0 ? loss.detach() : add(loss_sum, loss.detach());
   }
+  const auto optimizer_start = Clock::now();
   // Parameters that got no gradient in the step are updated here, as step() would.
   if (optimizer_in_backward_) optimizer_in_backward_->finish();
   // NaN/Inf policy. Decided from every rank's loss and the averaged gradients (identical on
@@ -327,6 +335,7 @@ float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window&
     }
   }
   const double wall_ms = ms_since(step_start);
+  window.optimizer_ms += ms_since(optimizer_start);
   window.backward_ms += backward_ms;
   window.step_ms += wall_ms - data_ms;
   window.data_ms += data_ms;
@@ -416,7 +425,9 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) 
                            {"samples_per_s", samples_per_s},
                            {"world_size", world_size_},
                            {"steps_in_window", w.steps}};
+    line["forward_ms"] = w.forward_ms / n;
     line["backward_ms"] = w.backward_ms / n;
+    line["optimizer_ms"] = w.optimizer_ms / n;
     if (ddp_) {
       line["comm_ms"] = w.comm_ms / n;
       line["exposed_comm_ms"] = w.exposed_comm_ms / n;

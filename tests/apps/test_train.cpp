@@ -106,6 +106,12 @@ TEST_CASE("nanoddp-train learns nn.Linear(5, 3) + MSE, logs metrics and saves pa
     CHECK(line["step_ms"].get<double>() > 0.0);
     CHECK(line["backward_ms"].get<double>() > 0.0);
     CHECK(line["backward_ms"].get<double>() < line["step_ms"].get<double>());
+    // The phases are parts of the step.
+    CHECK(line["forward_ms"].get<double>() > 0.0);
+    CHECK(line["optimizer_ms"].get<double>() > 0.0);
+    CHECK(line["forward_ms"].get<double>() + line["backward_ms"].get<double>() +
+              line["optimizer_ms"].get<double>() <=
+          line["step_ms"].get<double>() * 1.0001);
     CHECK(line["samples_per_s"].get<double>() > 0.0);
   }
   CHECK(lines.front()["step"] == 1);

@@ -3,8 +3,12 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <set>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "nanoddp/engine/allocator.h"
@@ -189,6 +193,66 @@ TEST_CASE("a training step in steady state allocates nothing new from the system
     CHECK(stats[step].bytes_reserved == stats[1].bytes_reserved);
   }
   CHECK(stats[5].cache_hits - stats[1].cache_hits == stats[5].requests - stats[1].requests);
+}
+
+}  // namespace nanoddp
+
+namespace nanoddp {
+namespace {
+
+// kB of transparent huge pages backing the mapping that contains `p` (from /proc/self/smaps).
+long anon_huge_kb_at(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto addr = reinterpret_cast<std::uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    std::uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
+      inside = lo <= addr && addr < hi;
+      continue;
+    }
+    if (inside && line.rfind("AnonHugePages:", 0) == 0) {
+      return std::stol(line.substr(std::string("AnonHugePages:").size()));
+    }
+  }
+  return -1;
+}
+
+std::string thp_mode() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(in, mode);
+  return mode;
+}
+
+}  // namespace
+
+TEST_CASE("host buffers of 2 MiB or more are 2 MiB aligned and asked to be huge pages") {
+  CHECK(host_huge_page_bytes(kHugePageBytes - 1) == 0);
+  const char* env = std::getenv("NANODDP_HUGEPAGES");
+  if (env != nullptr && std::string(env) == "0") {
+    CHECK(host_huge_page_bytes(kHugePageBytes) == 0);
+    return;
+  }
+  CHECK(host_huge_page_bytes(kHugePageBytes) == kHugePageBytes);
+  // A 4 x 1024 x 1024 weight, and an odd size above 2 MiB.
+  for (const std::int64_t rows : {std::int64_t{1024}, std::int64_t{777}}) {
+    CAPTURE(rows);
+    Tensor big = Tensor::empty({rows, 1024});
+    CHECK(reinterpret_cast<std::uintptr_t>(big.raw_data()) % kHugePageBytes == 0);
+    big.fill(1.0f);  // touch every page
+    CHECK(big.to_vector()[static_cast<std::size_t>(rows * 1024 - 1)] == 1.0f);
+    // Whether the kernel really backed it with huge pages depends on its THP mode and on free
+    // contiguous memory: reported, not required.
+    const long huge_kb = anon_huge_kb_at(big.raw_data());
+    MESSAGE("THP mode '", thp_mode(), "': ", huge_kb, " kB of huge pages behind the buffer");
+    if (thp_mode().find("[never]") == std::string::npos) WARN(huge_kb >= 2048);
+  }
+  // Small buffers keep the plain allocation (no rounding to 2 MiB).
+  const Tensor small = Tensor::empty({1000});
+  CHECK(reinterpret_cast<std::uintptr_t>(small.raw_data()) % 64 == 0);
 }
 
 }  // namespace nanoddp

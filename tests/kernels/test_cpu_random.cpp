@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numbers>
@@ -58,7 +59,6 @@ TEST_CASE("fill_normal and fill_uniform: the blocked Philox gives each element i
   // The fills run Philox for blocks of counters side by side; every element must still be the
   // scalar philox4x32_10 of its own counter. 150 = two full blocks and a tail, and the counters
   // cross 2^32, where the counter's high word (Philox's second input word) changes mid-block.
-  constexpr float kTwoPi = 2.0f * std::numbers::pi_v<float>;
   const std::int64_t n = 150;
   for (const std::uint64_t offset : {std::uint64_t{0}, (std::uint64_t{1} << 32) - 70}) {
     CAPTURE(offset);
@@ -69,9 +69,7 @@ TEST_CASE("fill_normal and fill_uniform: the blocked Philox gives each element i
       CAPTURE(i);
       const auto r =
           philox4x32_10(offset + static_cast<std::uint64_t>(i), (std::uint64_t{3} << 32) | 9, 77);
-      const float u1 = static_cast<float>((r.v[0] >> 8) + 1u) * (1.0f / 16777216.0f);
-      const float u2 = nanoddp::kernels::uniform_from_bits(r.v[1]);
-      const float z = std::sqrt(-2.0f * std::log(u1)) * std::cos(kTwoPi * u2);
+      const float z = nanoddp::kernels::normal_from_bits(r.v[0], r.v[1]);
       REQUIRE(normal[i] == std::fma(2.0f, z, 0.5f));
       const auto q = philox4x32_10(offset + static_cast<std::uint64_t>(i), 9, 77);
       REQUIRE(uniform[i] == std::fma(2.0f, nanoddp::kernels::uniform_from_bits(q.v[0]), -1.0f));
@@ -79,6 +77,41 @@ TEST_CASE("fill_normal and fill_uniform: the blocked Philox gives each element i
     CHECK(normal.guards_intact());
     CHECK(uniform.guards_intact());
   }
+}
+
+TEST_CASE("Box-Muller's polynomial log and cosine, on every input they get: within 1 ulp") {
+  using nanoddp::kernels::cos_two_pi;
+  using nanoddp::kernels::log_unit_interval;
+  // u1 takes the 2^24 values k / 2^24, k = 1 .. 2^24: all of them, against float64.
+  double worst_log_ulp = 0;
+  for (std::int64_t k = 1; k <= (std::int64_t{1} << 24); ++k) {
+    const float x = static_cast<float>(k) * (1.0f / 16777216.0f);
+    const float got = log_unit_interval(x);
+    const double want = std::log(static_cast<double>(x));
+    if (k == (std::int64_t{1} << 24)) {
+      CHECK(got == 0.0f);  // ln 1, exactly
+      continue;
+    }
+    const float rounded = static_cast<float>(want);
+    const double ulp = static_cast<double>(std::nextafter(std::fabs(rounded), INFINITY)) -
+                       static_cast<double>(std::fabs(rounded));
+    worst_log_ulp = std::max(worst_log_ulp, std::fabs(static_cast<double>(got) - want) / ulp);
+  }
+  MESSAGE("log: worst error ", worst_log_ulp, " ulp");
+  CHECK(worst_log_ulp < 1.0);
+  // u2 takes the 2^24 values k / 2^24, k = 0 .. 2^24 - 1. cos crosses zero, where relative
+  // error means nothing: compare absolutely, against the ulp of 1 (2^-23).
+  double worst_cos = 0;
+  for (std::int64_t k = 0; k < (std::int64_t{1} << 24); ++k) {
+    const float u = static_cast<float>(k) * (1.0f / 16777216.0f);
+    const double want = std::cos(2.0 * std::numbers::pi * static_cast<double>(u));
+    worst_cos = std::max(worst_cos, std::fabs(static_cast<double>(cos_two_pi(u)) - want));
+  }
+  MESSAGE("cos: worst absolute error ", worst_cos);
+  CHECK(worst_cos < std::ldexp(1.0, -23));
+  // The exact values the reductions must reproduce.
+  CHECK(cos_two_pi(0.0f) == 1.0f);
+  CHECK(cos_two_pi(0.5f) == -1.0f);
 }
 
 TEST_CASE("fill_uniform: range and moments over 1e5 samples") {

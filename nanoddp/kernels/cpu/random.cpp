@@ -7,14 +7,13 @@
 // time, that is a long serial chain per element. The fills below run it for a block of
 // kBlock counters side by side, as plain loops over arrays, which the compiler vectorises (one
 // AVX-512 vpmuludq does eight of the multiplies). The integer arithmetic is exact, so every
-// element gets the same bits as philox4x32_10() gives it alone; the float formulas after it are
-// unchanged. The synthetic data set draws its inputs with fill_normal, so this is on the
-// training loop's data path.
+// element gets the same bits as philox4x32_10() gives it alone. fill_normal's logarithm and
+// cosine are polynomials (philox.h), so its second loop vectorises too. The synthetic data set
+// draws its inputs with fill_normal, so this is on the training loop's data path.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <numbers>
 
 #include "nanoddp/kernels/cpu/kernels.h"
 #include "nanoddp/kernels/philox.h"
@@ -81,19 +80,14 @@ void fill_uniform(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t 
 
 void fill_normal(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t stream,
                  std::uint64_t offset, float mean, float stddev) {
-  constexpr float kTwoPi = 2.0f * std::numbers::pi_v<float>;
   alignas(64) std::uint32_t w0[kBlock], w1[kBlock];
   for (std::int64_t start = 0; start < n; start += kBlock) {
     const int count = static_cast<int>(std::min<std::int64_t>(kBlock, n - start));
     philox_block(offset + static_cast<std::uint64_t>(start), count, stream, seed, w0, w1);
+    // Box-Muller with the polynomial log and cosine of philox.h (the GPU's too): branch-free,
+    // so this loop vectorises as well.
     for (int j = 0; j < count; ++j) {
-      // Box-Muller. u1 is taken in (0, 1], not [0, 1), so log(u1) is finite: the largest |z|
-      // is sqrt(-2 ln 2^-24) ~ 5.8. Only the cosine branch is used (one normal per counter),
-      // which keeps element i independent of its neighbours.
-      const float u1 = static_cast<float>((w0[j] >> 8) + 1u) * (1.0f / 16777216.0f);
-      const float u2 = uniform_from_bits(w1[j]);
-      const float z = std::sqrt(-2.0f * std::log(u1)) * std::cos(kTwoPi * u2);
-      out[start + j] = std::fma(stddev, z, mean);
+      out[start + j] = std::fma(stddev, normal_from_bits(w0[j], w1[j]), mean);
     }
   }
 }

@@ -28,15 +28,11 @@ __global__ void fill_uniform_kernel(float* __restrict__ out, std::int64_t n, std
 __global__ void fill_normal_kernel(float* __restrict__ out, std::int64_t n, std::uint64_t seed,
                                    std::uint64_t stream_id, std::uint64_t offset, float mean,
                                    float stddev) {
-  constexpr float kTwoPi = 6.283185307179586f;
   NANODDP_GRID_STRIDE_LOOP(i, n) {
     const Philox4 r = philox4x32_10(offset + static_cast<std::uint64_t>(i), stream_id, seed);
-    // Box-Muller: two independent uniforms give one standard normal. u1 lies in (0, 1] (the +1)
-    // so that log(u1) is finite.
-    const float u1 = static_cast<float>((r.v[0] >> 8) + 1u) * (1.0f / 16777216.0f);
-    const float u2 = uniform_from_bits(r.v[1]);
-    const float z = sqrtf(-2.0f * logf(u1)) * cosf(kTwoPi * u2);
-    out[i] = fmaf(stddev, z, mean);  // as the CPU twin's std::fma
+    // Box-Muller with philox.h's polynomial log and cosine, not logf/cosf: those differ from the
+    // C library's in the last bit, and the data must be the CPU's to the bit.
+    out[i] = fmaf(stddev, normal_from_bits(r.v[0], r.v[1]), mean);  // as the CPU twin's std::fma
   }
 }
 

@@ -1,0 +1,75 @@
+// benchmarks/step-anatomy.sh on tiny settings: it runs nanoddp-bench-gemm and four nanoddp-train
+// configurations and prints one row per configuration. The figures are not asserted (shared
+// machine); their presence and consistency are.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "support/subprocess.h"
+
+using namespace nanoddp::testing;
+
+namespace {
+
+std::string anatomy_script() {
+  const char* source = std::getenv("NANODDP_SOURCE_DIR");
+  REQUIRE_MESSAGE(source != nullptr, "NANODDP_SOURCE_DIR is not set (run the tests with ctest)");
+  return std::string(source) + "/benchmarks/step-anatomy.sh";
+}
+
+ProcessResult anatomy(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {anatomy_script()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  ProcessOptions options;
+  options.timeout = std::chrono::seconds(120);
+  const char* bin_dir = std::getenv("NANODDP_BIN_DIR");
+  REQUIRE_MESSAGE(bin_dir != nullptr, "NANODDP_BIN_DIR is not set (run the tests with ctest)");
+  options.env["NANODDP_BIN_DIR"] = bin_dir;
+  return run_process(argv, options);
+}
+
+}  // namespace
+
+TEST_CASE("step-anatomy.sh: one row per optimizer and mode, phases within the step") {
+  const ProcessResult r =
+      anatomy({"--hidden", "48", "--batch", "8", "--layers", "2", "--steps", "20"});
+  INFO(r.output);
+  REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
+  CHECK(r.output.find("GEMMs of one step:") != std::string::npos);
+  // optimizer, mode, forward, backward, optimizer, step, x warm, x cold, data
+  const std::regex row(
+      R"((sgd|adamw)\s+(after|in-backward)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)x\s+([0-9.]+)x\s+([0-9.]+))");
+  int rows = 0;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (!std::regex_search(line, m, row)) continue;
+    ++rows;
+    CAPTURE(line);
+    const double forward = std::stod(m[3]), backward = std::stod(m[4]), optimizer = std::stod(m[5]),
+                 step = std::stod(m[6]);
+    CHECK(step > 0);
+    // Medians of each phase need not add up exactly, but none can exceed the step by much.
+    CHECK(forward <= step * 1.01);
+    CHECK(backward <= step * 1.01);
+    // With the optimizer in backward nothing is left to do after it but the NaN/Inf check.
+    if (m[2] == "in-backward") CHECK(optimizer < 0.5 * step);
+    CHECK(std::stod(m[7]) > 0);
+  }
+  CHECK(rows == 4);
+}
+
+TEST_CASE("step-anatomy.sh: a bad argument is refused with exit code 2") {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--hidden", "wide"}, std::vector<std::string>{"--frobnicate"},
+        std::vector<std::string>{"--steps", "5"}}) {
+    const ProcessResult r = anatomy(args);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("step-anatomy.sh:") != std::string::npos);
+  }
+}

@@ -13,6 +13,7 @@
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/nn/flat_parameters.h"
 #include "nanoddp/nn/layers.h"
+#include "nn/half_used.h"
 
 namespace nanoddp::nn {
 namespace {
@@ -38,20 +39,6 @@ std::shared_ptr<Linear> linear_at(const Mlp& model, std::size_t index) {
   const auto& seq = model.children().at(0).second;
   return std::dynamic_pointer_cast<Linear>(seq->children().at(index).second);
 }
-
-// Two linear layers of which forward uses only the first: "second" never gets a gradient.
-class HalfUsed : public Module {
- public:
-  explicit HalfUsed(Generator& gen)
-      : first_(register_module("first", std::make_shared<Linear>(3, 2, gen))),
-        second_(register_module("second", std::make_shared<Linear>(2, 2, gen))) {}
-  Tensor forward(const Tensor& x) override { return first_->forward(x); }
-  std::string describe() const override { return "HalfUsed"; }
-
- private:
-  std::shared_ptr<Linear> first_;
-  std::shared_ptr<Linear> second_;
-};
 
 }  // namespace
 
@@ -270,7 +257,7 @@ TEST_CASE("after backward the gradients are in FlatParameters::grads()") {
 
 TEST_CASE("materialize_grads zero-fills only the gradients no backward wrote") {
   Generator gen(8);
-  HalfUsed model(gen);
+  testing::HalfUsed model(gen, 3, 2);
   FlatParameters flat(model, Device::cpu());
   REQUIRE(flat.slots().size() == 4);
   CHECK(flat.slots()[0].name == "second.bias");

@@ -20,23 +20,10 @@
 #include "nanoddp/nn/layers.h"
 #include "nanoddp/nn/optimizer.h"
 #include "nanoddp/nn/optimizer_in_backward.h"
+#include "nn/half_used.h"
 
 namespace nanoddp::nn {
 namespace {
-
-// Two Linear layers of which forward uses only the first: the second never gets a gradient.
-class HalfUsed : public Module {
- public:
-  explicit HalfUsed(Generator& gen)
-      : first_(register_module("first", std::make_shared<Linear>(6, 5, gen))),
-        second_(register_module("second", std::make_shared<Linear>(5, 5, gen))) {}
-  Tensor forward(const Tensor& x) override { return first_->forward(x); }
-  std::string describe() const override { return "HalfUsed"; }
-
- private:
-  std::shared_ptr<Linear> first_;
-  std::shared_ptr<Linear> second_;
-};
 
 using MakeOptimizer = std::function<std::unique_ptr<Optimizer>(FlatParameters&)>;
 
@@ -138,14 +125,14 @@ TEST_CASE("optimizer in backward: a parameter without a gradient is updated at f
   for (const auto& [name, make] : optimizers()) {
     CAPTURE(name);
     Generator gen_a(3), gen_b(3);
-    HalfUsed plain_model(gen_a), fused_model(gen_b);
+    testing::HalfUsed plain_model(gen_a, 6, 5), fused_model(gen_b, 6, 5);
     const Run plain = train(plain_model, 6, 5, make, false, 4, 1);
     const Run fused = train(fused_model, 6, 5, make, true, 4, 1);
     check_same(plain, fused);
   }
   // finish() reports the two parameters of `second` (weight and bias) as updated late.
   Generator gen(3);
-  HalfUsed model(gen);
+  testing::HalfUsed model(gen, 6, 5);
   FlatParameters flat(model, Device::cpu());
   SGD sgd(flat, {.lr = 0.1f, .weight_decay = 0.5f});
   OptimizerInBackward fused(sgd, flat, {});

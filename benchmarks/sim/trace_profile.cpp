@@ -431,6 +431,13 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
         wait_us += sp.dur_us;
         wait_start_us = sp.ts_us;
       }
+      if (sp.tid == kComputeTrack && sp.name == "optimizer update") {
+        fail(
+            "{}: step {} of rank {} was traced with --optimizer-in-backward (its updates run "
+            "inside backward, as \"optimizer update\" spans). The simulator models the "
+            "optimizer step after backward: trace a run without --optimizer-in-backward.",
+            name, step_number, options.rank);
+      }
       if (sp.tid == kComputeTrack && sp.name == "optimizer step") {
         if (has_optimizer) {
           fail("{}: step {} of rank {} has two \"optimizer step\" spans", name, step_number,

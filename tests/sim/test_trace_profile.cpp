@@ -405,4 +405,15 @@ TEST_CASE("trace profile: files that are not nanoddp traces are refused with a r
   }
   CHECK_THROWS_WITH_AS(profile_from_trace_text(R"({"traceEvents": [)" + events + "]}", "t.json", o),
                        doctest::Contains("has no \"optimizer step\" span"), SimError);
+
+  // Updates inside backward (--optimizer-in-backward) are named as such, not as a missing step.
+  std::string in_backward = events;
+  for (int step = 0; step < 4; ++step) {
+    in_backward +=
+        fmt::format(R"(,{{"name":"optimizer update","ph":"X","pid":0,"tid":0,"ts":{},"dur":5}})",
+                    step * 1000.0 + 90);
+  }
+  CHECK_THROWS_WITH_AS(
+      profile_from_trace_text(R"({"traceEvents": [)" + in_backward + "]}", "t.json", o),
+      doctest::Contains("traced with --optimizer-in-backward"), SimError);
 }

@@ -15,7 +15,11 @@
 //
 // What it gives up: the step cannot be skipped once backward has run (a NaN gradient is already
 // applied; the trainer still detects it and stops), and nothing can look at all gradients before
-// the update (clipping by the global norm).
+// the update (clipping by the global norm). And it relies on what autograd guarantees for
+// gradients, not for values: a parameter's hook runs after every node with an edge to it, so
+// no node that differentiates through it reads it afterwards; a node that captured a parameter
+// through .detach() (a view, no edge) and runs later would see the new value. nanoddp's ops
+// never do that; nanoddp has no version counters to catch it (PyTorch's would raise).
 //
 //   nn::OptimizerInBackward fused(optimizer, params, {.hook_parameters = true});
 //   for (...) {

@@ -120,6 +120,9 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
   app.add_flag("--skip-nonfinite", o.skip_nonfinite,
                "skip (on every rank) an optimizer step whose loss or gradients are NaN/Inf, "
                "instead of stopping");
+  app.add_flag("--prefetch", o.prefetch,
+               "prepare the next batch on a background thread while the step computes (uses "
+               "another core; data_ms is then the time the step waited for its batch)");
   app.add_flag("--optimizer-in-backward", o.optimizer_in_backward,
                "update each parameter during backward as soon as its gradient is final (under "
                "DDP: its bucket is averaged); same result, less memory traffic");

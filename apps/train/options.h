@@ -41,6 +41,8 @@ struct TrainOptions {
   // Update each parameter during backward, as soon as its gradient is final (under DDP: as
   // soon as its bucket is averaged), instead of one optimizer pass after backward.
   bool optimizer_in_backward = false;
+  // Prepare the next batch on a background thread while the current step computes.
+  bool prefetch = false;
 
   // Distributed (active when launched by nanoddp-run, torchrun, mpirun or srun).
   std::string backend = "auto";  // gloo | nccl | auto (by device)

@@ -136,6 +136,11 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
         dataset_->size(), world_size_, o_.batch, o_.grad_accum);
   }
   steps_ = o_.epochs ? *o_.epochs * steps_per_epoch_ : o_.steps.value_or(1000);
+  if (o_.prefetch) {
+    lookahead_sampler_ = std::make_unique<nn::Sampler>(sampler_->options());
+    prefetcher_ = std::make_unique<nn::BatchPrefetcher>(
+        *dataset_, nn::BatchPrefetcherOptions{.timeout = comm::default_timeout()});
+  }
 
   if (o_.resume) resume();
 
@@ -231,26 +236,74 @@ void Trainer::resume() {
   if (is_main()) fmt::print("resume: loaded {} (step {})\n", path, start_step_);
 }
 
-void Trainer::fill_batch(std::int64_t micro_batch_in_epoch) {
-  const std::span<const std::int64_t> indices = sampler_->batch(micro_batch_in_epoch, o_.batch);
-  const auto rows = static_cast<std::int64_t>(indices.size());
+void Trainer::resize_batch(std::int64_t rows) {
   const std::int64_t in = dataset_->in_features(), out = dataset_->out_features();
   if (!x_.defined() || x_.size(0) != rows) {
     x_ = Tensor::empty({rows, in}, device_);
     y_ = Tensor::empty({rows, out}, device_);
   }
+  if (device_.is_cuda()) {
+    x_host_.resize(static_cast<std::size_t>(rows * in));
+    y_host_.resize(static_cast<std::size_t>(rows * out));
+  }
+}
+
+std::span<const std::int64_t> Trainer::lookahead_indices(std::int64_t g) {
+  const std::int64_t step0 = g / o_.grad_accum;  // 0-based optimizer step
+  const std::int64_t epoch = step0 / steps_per_epoch_;
+  if (epoch != lookahead_epoch_) {
+    lookahead_sampler_->set_epoch(epoch);
+    lookahead_epoch_ = epoch;
+  }
+  return lookahead_sampler_->batch((step0 % steps_per_epoch_) * o_.grad_accum + g % o_.grad_accum,
+                                   o_.batch);
+}
+
+void Trainer::load_batch(std::int64_t step, std::int64_t m) {
+  if (!prefetcher_) {
+    fill_batch(((step - 1) % steps_per_epoch_) * o_.grad_accum + m);
+    return;
+  }
+  const std::int64_t g = (step - 1) * o_.grad_accum + m;
+  std::int64_t rows = 0;
+  if (prefetched_ != g) {  // the first batch of the run: nothing was prefetched yet
+    rows = static_cast<std::int64_t>(lookahead_indices(g).size());
+    prefetcher_->start(lookahead_indices(g));
+  } else {
+    rows = prefetched_rows_;
+  }
+  resize_batch(rows);
+  if (device_.is_cpu()) {
+    prefetcher_->take(x_.data(), y_.data());
+  } else {
+    prefetcher_->take(x_host_.data(), y_host_.data());
+    copy_bytes(x_.raw_data(), device_, x_host_.data(), Device::cpu(), x_.nbytes());
+    copy_bytes(y_.raw_data(), device_, y_host_.data(), Device::cpu(), y_.nbytes());
+  }
+  prefetched_ = -1;
+  // The next micro-batch is filled while this one trains.
+  if (g + 1 < steps_ * o_.grad_accum) {
+    const std::span<const std::int64_t> next = lookahead_indices(g + 1);
+    prefetched_rows_ = static_cast<std::int64_t>(next.size());
+    prefetcher_->start(next);
+    prefetched_ = g + 1;
+  }
+}
+
+void Trainer::fill_batch(std::int64_t micro_batch_in_epoch) {
+  const std::span<const std::int64_t> indices = sampler_->batch(micro_batch_in_epoch, o_.batch);
+  const auto rows = static_cast<std::int64_t>(indices.size());
+  resize_batch(rows);
   if (device_.is_cpu()) {
     dataset_->fill_batch(indices, x_.data(), y_.data());
     return;
   }
-  x_host_.resize(static_cast<std::size_t>(rows * in));
-  y_host_.resize(static_cast<std::size_t>(rows * out));
   dataset_->fill_batch(indices, x_host_.data(), y_host_.data());
   copy_bytes(x_.raw_data(), device_, x_host_.data(), Device::cpu(), x_.nbytes());
   copy_bytes(y_.raw_data(), device_, y_host_.data(), Device::cpu(), y_.nbytes());
 }
 
-float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window& window) {
+float Trainer::train_step(std::int64_t step, Window& window) {
   const auto step_start = Clock::now();
   double data_ms = 0;
   optimizer_->zero_grad();
@@ -260,7 +313,7 @@ float Trainer::train_step(std::int64_t step, std::int64_t step_in_epoch, Window&
     {
       TraceSpan span("data", TraceTrack::kData);
       const auto data_start = Clock::now();
-      fill_batch(step_in_epoch * o_.grad_accum + m);
+      load_batch(step, m);
       data_ms += ms_since(data_start);
     }
     // All micro-batches but the last only accumulate locally; the last one's backward reduces
@@ -507,7 +560,7 @@ int Trainer::run() {
     std::optional<TraceScope> trace_scope;
     if (tracing) trace_scope.emplace(tracer_.get());
 
-    const float world_loss = train_step(step, step_in_epoch, window);
+    const float world_loss = train_step(step, window);
     if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
       save_checkpoint(step, epoch, step_in_epoch + 1);
     }

@@ -14,6 +14,7 @@
 #include "nanoddp/nn/layers.h"
 #include "nanoddp/nn/optimizer.h"
 #include "nanoddp/nn/optimizer_in_backward.h"
+#include "nanoddp/nn/prefetcher.h"
 #include "nanoddp/nn/sampler.h"
 #include "options.h"
 
@@ -31,9 +32,16 @@ class Trainer {
   struct Window;  // statistics between two log lines
 
   bool is_main() const { return rank_ == 0; }
+  // Puts micro-batch m of (1-based) `step` into x_ and y_: filled here, or, with --prefetch,
+  // taken from the background worker (which then starts on the micro-batch after it).
+  void load_batch(std::int64_t step, std::int64_t m);
   void fill_batch(std::int64_t micro_batch_in_epoch);
+  // The sample indices of global micro-batch g = (step - 1) * grad_accum + m, from a sampler of
+  // its own (the batch after the last of an epoch belongs to the next epoch).
+  std::span<const std::int64_t> lookahead_indices(std::int64_t g);
+  void resize_batch(std::int64_t rows);
   // One optimizer step; returns the loss averaged over the ranks.
-  float train_step(std::int64_t step, std::int64_t step_in_epoch, Window& window);
+  float train_step(std::int64_t step, Window& window);
   // Every rank's loss of this step (index = rank), and whether the averaged gradients are
   // finite: one small all-reduce, so that every rank takes the same decision at the same step.
   struct StepHealth {
@@ -62,6 +70,11 @@ class Trainer {
   std::unique_ptr<nn::OptimizerInBackward> optimizer_in_backward_;  // --optimizer-in-backward
   std::unique_ptr<comm::DistributedDataParallel> ddp_;
   std::unique_ptr<nn::Sampler> sampler_;
+  std::unique_ptr<nn::BatchPrefetcher> prefetcher_;  // --prefetch
+  std::unique_ptr<nn::Sampler> lookahead_sampler_;   // --prefetch: the next batch's epoch
+  std::int64_t lookahead_epoch_ = -1;
+  std::int64_t prefetched_ = -1;  // the global micro-batch in flight, -1 for none
+  std::int64_t prefetched_rows_ = 0;
   std::unique_ptr<Tracer> tracer_;
   std::ofstream metrics_;
 

@@ -187,6 +187,39 @@ TEST_CASE("nanoddp-train --optimizer-in-backward: the same bits, the updates ins
   }
 }
 
+TEST_CASE(
+    "nanoddp-train --prefetch: the same batches, so the same bits, filled in the background") {
+  TempDir dir;
+  // 203 samples in batches of 16: every epoch ends with a short batch, and the batch after an
+  // epoch's last is the next epoch's first (prefetched across the boundary, reshuffled).
+  const std::vector<std::vector<std::string>> configs = {
+      {"--epochs", "3", "--dataset-size", "203"},
+      {"--epochs", "2", "--dataset-size", "203", "--grad-accum", "2"},
+  };
+  for (std::size_t c = 0; c < configs.size(); ++c) {
+    CAPTURE(fmt::format("{}", fmt::join(configs[c], " ")));
+    std::vector<std::string> saved;
+    for (const bool prefetch : {false, true}) {
+      saved.push_back(dir.file(fmt::format("p{}-{}.safetensors", c, prefetch)));
+      std::vector<std::string> args = {"--in",    "12",       "--out",     "3",       "--hidden",
+                                       "16",      "--layers", "1",         "--batch", "16",
+                                       "--quiet", "--save",   saved.back()};
+      args.insert(args.end(), configs[c].begin(), configs[c].end());
+      if (prefetch) args.push_back("--prefetch");
+      const ProcessResult r = train(args);
+      REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    }
+    const auto plain = nanoddp::nn::read_safetensors(saved[0]);
+    const auto prefetched = nanoddp::nn::read_safetensors(saved[1]);
+    for (const auto& name : plain.names()) {
+      CAPTURE(name);
+      const auto a = plain.to_f32(name), b = prefetched.to_f32(name);
+      REQUIRE(a.size() == b.size());
+      CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
 TEST_CASE("nanoddp-train trains on .npy files and names a malformed one") {
   TempDir dir;
   const std::int64_t n = 64, in = 4, out = 2;

@@ -277,8 +277,7 @@ void Trainer::load_batch(std::int64_t step, std::int64_t m) {
     prefetcher_->take(x_.data(), y_.data());
   } else {
     prefetcher_->take(x_host_.data(), y_host_.data());
-    copy_bytes(x_.raw_data(), device_, x_host_.data(), Device::cpu(), x_.nbytes());
-    copy_bytes(y_.raw_data(), device_, y_host_.data(), Device::cpu(), y_.nbytes());
+    upload_batch();
   }
   prefetched_ = -1;
   // The next micro-batch is filled while this one trains.
@@ -299,6 +298,10 @@ void Trainer::fill_batch(std::int64_t micro_batch_in_epoch) {
     return;
   }
   dataset_->fill_batch(indices, x_host_.data(), y_host_.data());
+  upload_batch();
+}
+
+void Trainer::upload_batch() {
   copy_bytes(x_.raw_data(), device_, x_host_.data(), Device::cpu(), x_.nbytes());
   copy_bytes(y_.raw_data(), device_, y_host_.data(), Device::cpu(), y_.nbytes());
 }

@@ -40,6 +40,7 @@ class Trainer {
   // its own (the batch after the last of an epoch belongs to the next epoch).
   std::span<const std::int64_t> lookahead_indices(std::int64_t g);
   void resize_batch(std::int64_t rows);
+  void upload_batch();  // CUDA: the host staging buffers into x_ and y_
   // One optimizer step; returns the loss averaged over the ranks.
   float train_step(std::int64_t step, Window& window);
   // Every rank's loss of this step (index = rank), and whether the averaged gradients are

@@ -260,6 +260,9 @@ gpu_step train-hand 60 train-hand.log "$bin/nanoddp-train" --device cuda --gemm 
   --in 1024 --out 1024 --hidden 1024 --layers 3 --batch 256 --steps 200 --log-every 50
 gpu_step train-cublas 60 train-cublas.log "$bin/nanoddp-train" --device cuda --gemm cublas \
   --in 1024 --out 1024 --hidden 1024 --layers 3 --batch 256 --steps 200 --log-every 50
+# The same with the batches prepared on a CPU worker while the GPU computes (compare samples/s).
+gpu_step train-prefetch 60 train-prefetch.log "$bin/nanoddp-train" --device cuda --gemm cublas \
+  --in 1024 --out 1024 --hidden 1024 --layers 3 --batch 256 --steps 200 --log-every 50 --prefetch
 # The optimizer in backward through the Reducer's bucket hook on NCCL (a world of one under
 # nanoddp-run): its saved parameters must equal the plain step's, bit for bit.
 train_small=("$bin/nanoddp-train" --device cuda --in 256 --out 64 --hidden 512 --layers 3

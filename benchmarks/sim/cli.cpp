@@ -181,6 +181,11 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
   app.add_option("--overlap", o.overlap, "on: launch buckets during backward; off: at its end")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  app.add_option("--optimizer-in-backward", o.optimizer_in_backward,
+                 "on: each bucket's optimizer update runs as soon as its all-reduce ends "
+                 "(nanoddp-train --optimizer-in-backward); off: one step after all of them")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   app.add_option("--comm-hook", o.comm_hook, "allreduce (fp32 on the wire) or bf16 (2 bytes)")
       ->check(CLI::IsMember({"allreduce", "bf16"}))
       ->capture_default_str();
@@ -343,7 +348,8 @@ void run_cli(const CliOptions& o) {
                                // nanoddp-bench-allreduce ran at the simulated world size,
                                // gpus_per_node ranks sharing each node's cores.
                                .network_ranks = o.fit_path.empty() ? 0 : cluster.gpus_per_node,
-                               .peers = o.peers == "traced"};
+                               .peers = o.peers == "traced",
+                               .optimizer_in_backward = o.optimizer_in_backward == "on"};
   report.prediction = predict_step(profile, report.options);
   if (o.sweep_buckets) {
     report.sweep = sweep_bucket_caps(profile, report.options, default_sweep_caps(o.bucket_cap_mb));

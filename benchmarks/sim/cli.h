@@ -36,6 +36,7 @@ struct CliOptions {
   double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;
   std::string overlap = "on";
+  std::string optimizer_in_backward = "off";
   std::string comm_hook = "allreduce";
   std::string sync_allreduce = "on";
   double overlap_slowdown = 0;

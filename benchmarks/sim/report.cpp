@@ -42,8 +42,9 @@ std::string format_report(const SimReport& r) {
   out += fmt::format("fabric    {}\n", fabric_line(o.fabric, o.cluster));
   if (!o.fabric.description.empty()) out += fmt::format("          {}\n", o.fabric.description);
   out += fmt::format(
-      "buckets   first {} MiB, then {} MiB -> {} bucket(s); overlap {}{}{}\n", o.first_bucket_mb,
+      "buckets   first {} MiB, then {} MiB -> {} bucket(s); overlap {}{}{}{}\n", o.first_bucket_mb,
       o.bucket_cap_mb, p.buckets.size(), o.overlap ? "on" : "off",
+      o.optimizer_in_backward ? "; optimizer in backward (each bucket updated after its wait)" : "",
       o.overlap_slowdown > 0
           ? fmt::format("; backward and all-reduce x{:.2f} slower together", 1 + o.overlap_slowdown)
           : "",
@@ -88,8 +89,9 @@ std::string format_report(const SimReport& r) {
                      p.comm_ms);
   out += fmt::format(
       "exposed comm         {:>10.3f} ms  overlap {:.1f} % of the communication "
-      "hidden behind backward\n",
-      p.exposed_comm_ms, p.overlap_fraction * 100.0);
+      "hidden behind backward{}\n",
+      p.exposed_comm_ms, p.overlap_fraction * 100.0,
+      o.optimizer_in_backward ? " and the updates" : "");
   out += fmt::format(
       "1-GPU step           {:>10.3f} ms  scaling efficiency {:.1f} % (batch per "
       "GPU fixed)\n",
@@ -173,6 +175,7 @@ nlohmann::json report_json(const SimReport& r) {
                   {"bucket_cap_mb", o.bucket_cap_mb},
                   {"first_bucket_mb", o.first_bucket_mb},
                   {"overlap", o.overlap},
+                  {"optimizer_in_backward", o.optimizer_in_backward},
                   {"grad_bytes", o.grad_bytes},
                   {"sync_allreduce", o.sync_allreduce},
                   {"overlap_slowdown", o.overlap_slowdown},

@@ -99,6 +99,25 @@ StepPrediction predict_step(const ComputeProfile& profile, const StepOptions& o)
   p.comm_ms = p.timeline.comm_ms;
   p.exposed_comm_ms = p.timeline.exposed_comm_ms;
   p.overlap_fraction = p.timeline.overlap_fraction();
+  if (o.optimizer_in_backward && !p.buckets.empty()) {
+    // Finalize waits for bucket 0, updates its parameters, waits for bucket 1, ... Only the
+    // waits are exposed; the step still ends after the whole update, which now hides behind
+    // the later buckets' all-reduces (never later than waiting for all of them first).
+    std::int64_t total = 0;
+    for (const SimBucket& b : p.buckets) total += b.numel;
+    double t = p.timeline.backward_end_ms, exposed = 0;
+    for (std::size_t b = 0; b < p.buckets.size(); ++b) {
+      const double end = p.timeline.buckets[b].end_ms;
+      if (end > t) {
+        exposed += end - t;
+        t = end;
+      }
+      t += p.optimizer_ms * static_cast<double>(p.buckets[b].numel) / static_cast<double>(total);
+    }
+    p.exposed_comm_ms = exposed;
+    p.overlap_fraction =
+        p.comm_ms > 0 ? std::clamp(1.0 - p.exposed_comm_ms / p.comm_ms, 0.0, 1.0) : 0.0;
+  }
   if (o.sync_allreduce && p.world_size > 1 && !profile.other_includes_sync) {
     p.sync_ms = allreduce_time(o.cluster, o.fabric, o.algorithm, 2.0 * p.world_size * 4.0).ms /
                 p.rates.comm_alone;

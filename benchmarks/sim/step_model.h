@@ -58,6 +58,11 @@ struct StepOptions {
   int cores = 0;                // CPU cores per node, shared by its ranks; 0 = unlimited (GPUs)
   int network_ranks = 0;        // ranks per node the network was measured with; 0 = not CPU
   bool peers = false;           // wait for the slowest traced rank (profile.peers_ready_ms)
+  // nanoddp-train --optimizer-in-backward: after backward, each bucket's share of the optimizer
+  // step runs as soon as that bucket's all-reduce has ended, while the later ones still run.
+  // Modelled without contention between the two (GPUs: the update and NCCL run side by side);
+  // CPU ranks without a spare core share it, and gain less (2 ranks on 2 cores: nothing).
+  bool optimizer_in_backward = false;
 };
 
 // share(k) above: the share of a core each of k runnable threads gets on `cores` cores

@@ -67,6 +67,25 @@ TEST_CASE("cli: --json holds the same figures, consistent with each other") {
   CHECK(nlohmann::json::parse(only.output)["cluster"]["world_size"] == 8);
 }
 
+TEST_CASE("cli: --optimizer-in-backward on reports itself and never predicts a slower step") {
+  auto step = [](const std::string& mode) {
+    const ProcessResult r =
+        sim({"--model", "mlp", "--hidden", "8192", "--layers", "4", "--batch", "16", "--nodes", "4",
+             "--gpus-per-node", "8", "--optimizer-in-backward", mode, "--json", "-"});
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    return nlohmann::json::parse(r.output);
+  };
+  const nlohmann::json after = step("off"), in_backward = step("on");
+  CHECK(after["options"]["optimizer_in_backward"] == false);
+  CHECK(in_backward["options"]["optimizer_in_backward"] == true);
+  // The same compute and communication; only how much of it waits differs.
+  CHECK(in_backward["step"]["optimizer_ms"] == after["step"]["optimizer_ms"]);
+  CHECK(in_backward["step"]["comm_ms"] == after["step"]["comm_ms"]);
+  CHECK(in_backward["step"]["exposed_comm_ms"].get<double>() <=
+        after["step"]["exposed_comm_ms"].get<double>());
+  CHECK(in_backward["step"]["step_ms"].get<double>() <= after["step"]["step_ms"].get<double>());
+}
+
 TEST_CASE("cli: --busbw prints the network model alone") {
   const ProcessResult r = sim({"--busbw", "--nodes", "1", "--gpus-per-node", "8", "--busbw-min",
                                "8M", "--busbw-max", "8G", "--json", "-"});

@@ -121,6 +121,33 @@ TEST_CASE("step model: step = forward + backward + exposed + sync + optimizer + 
   CHECK(one.scaling_efficiency == doctest::Approx(1.0));
 }
 
+TEST_CASE("step model: the optimizer in backward hides the last all-reduces, by hand") {
+  ComputeProfile p = hand_profile();
+  StepOptions o{.cluster = {.nodes = 1, .gpus_per_node = 2},
+                .fabric = slow_fabric(),
+                .algorithm = Algorithm::kRing,
+                .bucket_cap_mb = 1.0,
+                .first_bucket_mb = 1.0,
+                .optimizer_in_backward = true};
+  // Three equal buckets end at 1 + c, 2 + c and 3 + c ms; backward ends at 3 ms.
+  const double c = 0.010 + 1048576.0 / 1e7;
+  // Updates of 0.5 / 3 ms each: bucket 0 and 1 are done when backward ends, their updates take
+  // until 3.333 ms, by when bucket 2 (3 + c = 3.115 ms) is done too: nothing exposed.
+  const StepPrediction hidden = predict_step(p, o);
+  CHECK(hidden.exposed_comm_ms == doctest::Approx(0.0));
+  CHECK(hidden.overlap_fraction == doctest::Approx(1.0));
+  CHECK(hidden.step_ms == doctest::Approx(2.0 + 3.0 + hidden.sync_ms + 0.5 + 0.25));
+  // Updates of 0.01 ms: waiting for bucket 2 starts at 3.02 ms and lasts until 3 + c.
+  p.optimizer_ms = 0.03;
+  const StepPrediction partial = predict_step(p, o);
+  CHECK(partial.exposed_comm_ms == doctest::Approx(c - 0.02));
+  // Never worse than the step after backward, which waits for all of them first.
+  o.optimizer_in_backward = false;
+  const StepPrediction after = predict_step(p, o);
+  CHECK(after.exposed_comm_ms == doctest::Approx(c));
+  CHECK(partial.step_ms == doctest::Approx(after.step_ms - 0.02));
+}
+
 TEST_CASE("step model: the bucket sweep names the fastest cap") {
   // With a large per-collective cost, fewer buckets win: one bucket after the first (cap >= 2 MiB
   // holds the remaining two layers) pays the launch cost twice instead of three times.

@@ -17,6 +17,7 @@
 #include "nanoddp/nn/flat_parameters.h"
 #include "nanoddp/nn/layers.h"
 #include "nanoddp/nn/optimizer.h"
+#include "nanoddp/nn/optimizer_in_backward.h"
 
 namespace nanoddp {
 namespace {
@@ -172,16 +173,32 @@ TEST_CASE("a training step in steady state allocates nothing new from the system
   const Tensor x = Tensor::normal({32, 16}, 0.0f, 1.0f, {.seed = 1, .stream = 0});
   const Tensor y = Tensor::normal({32, 8}, 0.0f, 1.0f, {.seed = 1, .stream = 1});
 
+  // Steps after backward, then (from step 6) steps taken inside backward: the NaN count and
+  // the slice updates of nn::OptimizerInBackward must allocate nothing per step either.
+  nn::OptimizerInBackward in_backward(sgd, flat, {});
   Allocator& alloc = allocator_for(Device::cpu());
   std::vector<AllocatorStats> stats;
   std::vector<float> losses;
-  for (int step = 0; step < 6; ++step) {
+  for (int step = 0; step < 12; ++step) {
+    const bool fused = step >= 6;
     Tensor loss = mse_loss(model(x), y);
     losses.push_back(loss.item());
+    if (fused) in_backward.arm();
     loss.backward();
-    sgd.step();
+    if (fused) {
+      in_backward.finish();
+      CHECK(in_backward.nonfinite_gradients() == 0);
+    } else {
+      sgd.step();
+    }
     sgd.zero_grad();
     stats.push_back(alloc.stats());
+  }
+  CHECK(losses[11] < losses[6]);  // the steps inside backward train too
+  for (int step = 8; step < 12; ++step) {
+    CAPTURE(step);
+    CHECK(stats[step].system_allocations == stats[7].system_allocations);
+    CHECK(stats[step].bytes_reserved == stats[7].bytes_reserved);
   }
   // The steps did something (otherwise the property would be vacuous).
   CHECK(losses.back() < losses.front());

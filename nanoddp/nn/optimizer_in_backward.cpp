@@ -40,11 +40,11 @@ void OptimizerInBackward::arm() {
 
 void OptimizerInBackward::update_slot(std::size_t slot) {
   const ParameterSlot& s = params_.slots()[slot];
-  update_range(s.offset, s.numel, {slot});
+  update_range(s.offset, s.numel, std::span<const std::size_t>(&slot, 1));
 }
 
 void OptimizerInBackward::update_range(std::int64_t offset, std::int64_t numel,
-                                       const std::vector<std::size_t>& slots) {
+                                       std::span<const std::size_t> slots) {
   if (!armed_) return;
   for (const std::size_t slot : slots) {
     NANODDP_CHECK(!updated_[slot], "parameter '{}' updated twice in one optimizer step",

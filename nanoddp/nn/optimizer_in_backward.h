@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "nanoddp/nn/flat_parameters.h"
@@ -62,7 +63,7 @@ class OptimizerInBackward {
   bool armed() const { return armed_; }
   // Updates the flat-buffer slice [offset, offset + numel), which holds the parameters `slots`
   // (indices into params.slots()), if armed. Each slot is updated at most once per step.
-  void update_range(std::int64_t offset, std::int64_t numel, const std::vector<std::size_t>& slots);
+  void update_range(std::int64_t offset, std::int64_t numel, std::span<const std::size_t> slots);
   // Ends the step: parameters that received no gradient are updated with a zero gradient (as
   // optimizer.step() treats them), then disarms. Returns how many parameters that was.
   std::size_t finish();

@@ -206,7 +206,8 @@ TEST_CASE("optimizer in backward: misuse is an Error, not a silent wrong step") 
   fused.arm();
   CHECK_THROWS_AS(fused.arm(), Error);  // arm() twice
   // The same parameter twice in one step (a caller feeding overlapping ranges).
-  CHECK_THROWS_AS(fused.update_range(0, 1, {0, 0}), Error);
+  const std::vector<std::size_t> twice = {0, 0};
+  CHECK_THROWS_AS(fused.update_range(0, 1, twice), Error);
   // Ranges outside the flat buffer.
   CHECK_THROWS_AS(sgd.update(0, flat.numel() + 1), Error);
   CHECK_THROWS_AS(sgd.update(-1, 1), Error);

@@ -60,8 +60,8 @@ struct StepOptions {
   bool peers = false;           // wait for the slowest traced rank (profile.peers_ready_ms)
   // nanoddp-train --optimizer-in-backward: after backward, each bucket's share of the optimizer
   // step runs as soon as that bucket's all-reduce has ended, while the later ones still run.
-  // Modelled without contention between the two (GPUs: the update and NCCL run side by side);
-  // CPU ranks without a spare core share it, and gain less (2 ranks on 2 cores: nothing).
+  // Without --cores the two do not slow each other (GPUs: the update and NCCL run side by
+  // side); with it, both go at the "together" rates while both run (step_model.cpp).
   bool optimizer_in_backward = false;
 };
 

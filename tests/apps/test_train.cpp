@@ -5,7 +5,6 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -14,6 +13,7 @@
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/nn/npy.h"
 #include "nanoddp/nn/safetensors.h"
+#include "support/saved_parameters.h"
 #include "support/subprocess.h"
 
 using nanoddp::testing::bin_path;
@@ -162,15 +162,7 @@ TEST_CASE("nanoddp-train --optimizer-in-backward: the same bits, the updates ins
       const ProcessResult r = train(args);
       REQUIRE_MESSAGE(r.exit_code == 0, r.output);
     }
-    const auto plain = nanoddp::nn::read_safetensors(saved[0]);
-    const auto fused = nanoddp::nn::read_safetensors(saved[1]);
-    REQUIRE(plain.names() == fused.names());
-    for (const auto& name : plain.names()) {
-      CAPTURE(name);
-      const auto a = plain.to_f32(name), b = fused.to_f32(name);
-      REQUIRE(a.size() == b.size());
-      CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-    }
+    nanoddp::testing::check_same_bits(saved[0], saved[1]);
     // The timeline shows where the update ran: one "optimizer update" per parameter inside
     // backward instead of one "optimizer step" after it.
     auto count = [&](bool in_backward, const std::string& span) {
@@ -209,14 +201,7 @@ TEST_CASE(
       const ProcessResult r = train(args);
       REQUIRE_MESSAGE(r.exit_code == 0, r.output);
     }
-    const auto plain = nanoddp::nn::read_safetensors(saved[0]);
-    const auto prefetched = nanoddp::nn::read_safetensors(saved[1]);
-    for (const auto& name : plain.names()) {
-      CAPTURE(name);
-      const auto a = plain.to_f32(name), b = prefetched.to_f32(name);
-      REQUIRE(a.size() == b.size());
-      CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-    }
+    nanoddp::testing::check_same_bits(saved[0], saved[1]);
   }
 }
 

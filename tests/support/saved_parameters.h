@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,20 @@ inline std::vector<float> all_parameters(const std::string& path) {
     out.insert(out.end(), v.begin(), v.end());
   }
   return out;
+}
+
+// Two saved files hold the same tensors, bit for bit (for changes that must not change the
+// arithmetic: the optimizer in backward, prefetching).
+inline void check_same_bits(const std::string& a_path, const std::string& b_path) {
+  const auto a = nanoddp::nn::read_safetensors(a_path);
+  const auto b = nanoddp::nn::read_safetensors(b_path);
+  REQUIRE(a.names() == b.names());
+  for (const auto& name : a.names()) {
+    CAPTURE(name);
+    const auto x = a.to_f32(name), y = b.to_f32(name);
+    REQUIRE(x.size() == y.size());
+    CHECK(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+  }
 }
 
 // ||a - b|| / ||a|| over all parameters (float32 summation order differs between one rank

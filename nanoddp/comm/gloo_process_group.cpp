@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -184,6 +185,19 @@ class GlooWork final : public Work {
 
 // ---- the group ----------------------------------------------------------------------------
 
+namespace {
+
+// The options of failed Gloo ops, never destroyed (see Impl::run_gloo). Reachable from a static
+// pointer, so LeakSanitizer does not count them as leaks: they are kept on purpose.
+void keep_failed_gloo_op(std::shared_ptr<void> op) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::shared_ptr<void>>();
+  std::lock_guard lock(mutex);
+  kept->push_back(std::move(op));
+}
+
+}  // namespace
+
 struct GlooProcessGroup::Impl {
   struct Job {
     std::shared_ptr<GlooWork> work;
@@ -217,6 +231,23 @@ struct GlooProcessGroup::Impl {
     // A distinct tag per op (Gloo slots are built from it), so messages of op N can never be
     // mistaken for messages of op N+1, even if ranks drift out of step.
     return static_cast<std::uint32_t>(sequence_number);
+  }
+
+  // Runs one Gloo collective on `opts` (worker thread). When it fails (a peer died or timed
+  // out), Gloo's transport thread may still complete a send on the op's buffers later, under a
+  // lock the failed op never took again: destroying the options then is a use after free
+  // (ThreadSanitizer caught UnboundBuffer's destructor destroying the condition variable that
+  // handleSendCompletion was signalling). The buffers also hold the transport context, so no
+  // destruction order inside the group helps. A failed group is done anyway (later ops fail
+  // fast) and the job is ending, so a failed op's options are kept for the life of the process.
+  template <typename Options, typename Collective>
+  void run_gloo(std::unique_ptr<Options> opts, Collective collective) {
+    try {
+      collective(*opts);
+    } catch (...) {
+      keep_failed_gloo_op(std::shared_ptr<Options>(std::move(opts)));
+      throw;
+    }
   }
 
   std::uint8_t* scratch_bytes(std::size_t nbytes) {
@@ -359,20 +390,20 @@ struct GlooProcessGroup::Impl {
       shm->run(data, input, n, dtype, op, seq);  // divides once itself for avg
       return;
     }
-    gloo::AllreduceOptions opts(connection.context);
+    auto opts = std::make_unique<gloo::AllreduceOptions>(connection.context);
     if (dtype == DType::kF32) {
-      if (input != nullptr) opts.setInput(static_cast<float*>(const_cast<void*>(input)), n);
-      opts.setOutput(static_cast<float*>(data), n);
+      if (input != nullptr) opts->setInput(static_cast<float*>(const_cast<void*>(input)), n);
+      opts->setOutput(static_cast<float*>(data), n);
     } else {
       if (input != nullptr) {
-        opts.setInput(static_cast<std::uint16_t*>(const_cast<void*>(input)), n);
+        opts->setInput(static_cast<std::uint16_t*>(const_cast<void*>(input)), n);
       }
-      opts.setOutput(static_cast<std::uint16_t*>(data), n);
+      opts->setOutput(static_cast<std::uint16_t*>(data), n);
     }
-    opts.setReduceFunction(reduce_function(op, dtype));
-    opts.setTag(tag(seq));
-    opts.setTimeout(options.timeout);
-    gloo::allreduce(opts);
+    opts->setReduceFunction(reduce_function(op, dtype));
+    opts->setTag(tag(seq));
+    opts->setTimeout(options.timeout);
+    run_gloo(std::move(opts), [](gloo::AllreduceOptions& o) { gloo::allreduce(o); });
     if (op == ReduceOp::kAvg) divide_by(data, dtype, n, size);
   }
 };
@@ -501,12 +532,12 @@ std::shared_ptr<Work> GlooProcessGroup::broadcast(Tensor& tensor, int root) {
       [impl, tensor, nbytes, root](std::uint64_t seq) {
         if (nbytes == 0) return;
         // Bytes are bytes: broadcast moves them as uint8 whatever the dtype.
-        gloo::BroadcastOptions opts(impl->connection.context);
-        opts.setOutput(static_cast<std::uint8_t*>(tensor.raw_data()), nbytes);
-        opts.setRoot(root);
-        opts.setTag(impl->tag(seq));
-        opts.setTimeout(impl->options.timeout);
-        gloo::broadcast(opts);
+        auto opts = std::make_unique<gloo::BroadcastOptions>(impl->connection.context);
+        opts->setOutput(static_cast<std::uint8_t*>(tensor.raw_data()), nbytes);
+        opts->setRoot(root);
+        opts->setTag(impl->tag(seq));
+        opts->setTimeout(impl->options.timeout);
+        impl->run_gloo(std::move(opts), [](gloo::BroadcastOptions& o) { gloo::broadcast(o); });
       });
 }
 
@@ -522,18 +553,18 @@ std::shared_ptr<Work> GlooProcessGroup::allgather(const Tensor& input, Tensor& o
   }
   const std::size_t in_bytes = input.nbytes();
   Impl* impl = impl_.get();
-  return impl->enqueue("allgather",
-                       fmt::format("{} x {} per rank", input.numel(), dtype_name(input.dtype())),
-                       [impl, input, output, in_bytes](std::uint64_t seq) {
-                         if (in_bytes == 0) return;
-                         gloo::AllgatherOptions opts(impl->connection.context);
-                         opts.setInput(static_cast<std::uint8_t*>(input.raw_data()), in_bytes);
-                         opts.setOutput(static_cast<std::uint8_t*>(output.raw_data()),
-                                        in_bytes * static_cast<std::size_t>(impl->size));
-                         opts.setTag(impl->tag(seq));
-                         opts.setTimeout(impl->options.timeout);
-                         gloo::allgather(opts);
-                       });
+  return impl->enqueue(
+      "allgather", fmt::format("{} x {} per rank", input.numel(), dtype_name(input.dtype())),
+      [impl, input, output, in_bytes](std::uint64_t seq) {
+        if (in_bytes == 0) return;
+        auto opts = std::make_unique<gloo::AllgatherOptions>(impl->connection.context);
+        opts->setInput(static_cast<std::uint8_t*>(input.raw_data()), in_bytes);
+        opts->setOutput(static_cast<std::uint8_t*>(output.raw_data()),
+                        in_bytes * static_cast<std::size_t>(impl->size));
+        opts->setTag(impl->tag(seq));
+        opts->setTimeout(impl->options.timeout);
+        impl->run_gloo(std::move(opts), [](gloo::AllgatherOptions& o) { gloo::allgather(o); });
+      });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& input, Tensor& output,
@@ -572,10 +603,10 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& input, Tens
 std::shared_ptr<Work> GlooProcessGroup::barrier() {
   Impl* impl = impl_.get();
   return impl->enqueue("barrier", "", [impl](std::uint64_t seq) {
-    gloo::BarrierOptions opts(impl->connection.context);
-    opts.setTag(impl->tag(seq));
-    opts.setTimeout(impl->options.timeout);
-    gloo::barrier(opts);
+    auto opts = std::make_unique<gloo::BarrierOptions>(impl->connection.context);
+    opts->setTag(impl->tag(seq));
+    opts->setTimeout(impl->options.timeout);
+    impl->run_gloo(std::move(opts), [](gloo::BarrierOptions& o) { gloo::barrier(o); });
   });
 }
 

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -97,17 +98,38 @@ double time_cpu_ms(const std::function<void()>& call, const Options& opt) {
   return median(ms);
 }
 
+// A buffer from nanoddp's caching allocator for `device`, returned on scope exit. Host operands
+// come from it too, so the CPU rows run on the memory nanoddp-train uses (buffers of 2 MiB or
+// more on 2 MiB pages), not on the 4 KiB pages of a std::vector.
+class EngineBuffer {
+ public:
+  EngineBuffer(nanoddp::Device device, std::int64_t count)
+      : device_(device),
+        bytes_(static_cast<std::size_t>(count) * sizeof(float)),
+        ptr_(static_cast<float*>(nanoddp::allocator_for(device).allocate(bytes_))) {}
+  ~EngineBuffer() { nanoddp::allocator_for(device_).deallocate(ptr_, bytes_); }
+  EngineBuffer(const EngineBuffer&) = delete;
+  EngineBuffer& operator=(const EngineBuffer&) = delete;
+  float* get() const { return ptr_; }
+
+ private:
+  nanoddp::Device device_;
+  std::size_t bytes_;
+  float* ptr_;
+};
+
 // Operand buffers of one shape on the host, filled once with uniform values in [-1, 1).
 struct HostOperands {
-  std::vector<float> a, b, c;
+  EngineBuffer a, b, c;
   explicit HostOperands(const Shape& s)
-      : a(static_cast<std::size_t>(s.m * s.k)),
-        b(static_cast<std::size_t>(s.k * s.n)),
-        c(static_cast<std::size_t>(s.m * s.n), 0.0f) {
+      : a(nanoddp::Device::cpu(), s.m * s.k),
+        b(nanoddp::Device::cpu(), s.k * s.n),
+        c(nanoddp::Device::cpu(), s.m * s.n) {
     std::mt19937 gen(1234);
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    for (auto& x : a) x = dist(gen);
-    for (auto& x : b) x = dist(gen);
+    std::generate_n(a.get(), s.m * s.k, [&] { return dist(gen); });
+    std::generate_n(b.get(), s.k * s.n, [&] { return dist(gen); });
+    std::fill_n(c.get(), s.m * s.n, 0.0f);
   }
 };
 
@@ -131,15 +153,14 @@ void eigen_gemm(const Shape& s, const float* a, const float* b, float* c) {
 
 void run_cpu(const Shape& s, const Options& opt, std::vector<Row>& rows) {
   HostOperands ops(s);
-  rows.push_back(
-      {"eigen", s,
-       time_cpu_ms([&] { eigen_gemm(s, ops.a.data(), ops.b.data(), ops.c.data()); }, opt)});
+  rows.push_back({"eigen", s,
+                  time_cpu_ms([&] { eigen_gemm(s, ops.a.get(), ops.b.get(), ops.c.get()); }, opt)});
   nanoddp::Backend& backend = nanoddp::cpu_backend();
   rows.push_back({"nanoddp-cpu", s,
                   time_cpu_ms(
                       [&] {
-                        backend.gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, ops.a.data(), ops.b.data(),
-                                     0.0f, ops.c.data());
+                        backend.gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, ops.a.get(), ops.b.get(),
+                                     0.0f, ops.c.get());
                       },
                       opt)});
 }
@@ -155,24 +176,28 @@ void run_cpu(const Shape& s, const Options& opt, std::vector<Row>& rows) {
 Row run_mlp_step_gemms(const Options& opt) {
   const std::int64_t b = opt.batch, h = opt.hidden, layers = opt.linears;
   const Shape unit{"mlp-step", Transpose::kNo, Transpose::kNo, b, h, h};
-  std::vector<HostOperands> weights;  // a: activations [B,H], b: weight [H,H], c: output [B,H]
-  std::vector<std::vector<float>> grads(static_cast<std::size_t>(layers),
-                                        std::vector<float>(static_cast<std::size_t>(h * h)));
-  for (std::int64_t l = 0; l < layers; ++l) weights.emplace_back(unit);
-  std::vector<float> grad_out(static_cast<std::size_t>(b * h), 0.01f), grad_in(grad_out.size());
+  const nanoddp::Device cpu = nanoddp::Device::cpu();
+  std::deque<HostOperands> weights;  // a: activations [B,H], b: weight [H,H], c: output [B,H]
+  std::deque<EngineBuffer> grads;
+  for (std::int64_t l = 0; l < layers; ++l) {
+    weights.emplace_back(unit);
+    grads.emplace_back(cpu, h * h);
+  }
+  EngineBuffer grad_out(cpu, b * h), grad_in(cpu, b * h);
+  std::fill_n(grad_out.get(), b * h, 0.01f);
   nanoddp::Backend& be = nanoddp::cpu_backend();
   auto step = [&] {
     for (auto& layer : weights) {
-      be.gemm(Transpose::kNo, Transpose::kYes, b, h, h, 1.0f, layer.a.data(), layer.b.data(), 0.0f,
-              layer.c.data());
+      be.gemm(Transpose::kNo, Transpose::kYes, b, h, h, 1.0f, layer.a.get(), layer.b.get(), 0.0f,
+              layer.c.get());
     }
     for (std::int64_t l = layers - 1; l >= 0; --l) {
       auto& layer = weights[static_cast<std::size_t>(l)];
-      be.gemm(Transpose::kYes, Transpose::kNo, h, h, b, 1.0f, grad_out.data(), layer.a.data(), 0.0f,
-              grads[static_cast<std::size_t>(l)].data());
+      be.gemm(Transpose::kYes, Transpose::kNo, h, h, b, 1.0f, grad_out.get(), layer.a.get(), 0.0f,
+              grads[static_cast<std::size_t>(l)].get());
       if (l > 0) {
-        be.gemm(Transpose::kNo, Transpose::kNo, b, h, h, 1.0f, grad_out.data(), layer.b.data(),
-                0.0f, grad_in.data());
+        be.gemm(Transpose::kNo, Transpose::kNo, b, h, h, 1.0f, grad_out.get(), layer.b.get(), 0.0f,
+                grad_in.get());
       }
     }
   };
@@ -181,30 +206,12 @@ Row run_mlp_step_gemms(const Options& opt) {
   return {"nanoddp-cpu", shape, time_cpu_ms(step, opt)};
 }
 
-// A device buffer from the CUDA caching allocator, returned on scope exit.
-class DeviceBuffer {
- public:
-  DeviceBuffer(nanoddp::Device device, std::size_t count)
-      : device_(device),
-        bytes_(count * sizeof(float)),
-        ptr_(static_cast<float*>(nanoddp::allocator_for(device).allocate(bytes_))) {}
-  ~DeviceBuffer() { nanoddp::allocator_for(device_).deallocate(ptr_, bytes_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  float* get() const { return ptr_; }
-
- private:
-  nanoddp::Device device_;
-  std::size_t bytes_;
-  float* ptr_;
-};
-
 // Device timing with events on the backend's stream: the host only enqueues, so each call is
 // bracketed by two events and the GPU's own clock measures it.
 void run_cuda(const Shape& s, const Options& opt, std::vector<Row>& rows) {
   const nanoddp::Device device = nanoddp::Device::cuda();
   nanoddp::Backend& backend = nanoddp::backend_for(device);
-  DeviceBuffer a(device, s.m * s.k), b(device, s.k * s.n), c(device, s.m * s.n);
+  EngineBuffer a(device, s.m * s.k), b(device, s.k * s.n), c(device, s.m * s.n);
   backend.fill_uniform(a.get(), s.m * s.k, 1, 0, 0, -1.0f, 1.0f);
   backend.fill_uniform(b.get(), s.k * s.n, 1, 1, 0, -1.0f, 1.0f);
   const nanoddp::GemmBackend before = backend.gemm_backend();

@@ -97,6 +97,17 @@ TEST_CASE("cpu gemm: alpha/beta combinations") {
   }
 }
 
+TEST_CASE("cpu gemm: accumulating into an output of 1 MiB or more (pre-read into cache)") {
+  // gemm() reads a large C once before an accumulating (beta == 1) product: the weight
+  // gradient case of --grad-accum. The result must still be C0 + op(A) op(B), in every layout,
+  // including the edges of a C that is not a multiple of a cache line or of Eigen's tiles.
+  for (const auto& s : {Shape{520, 513, 3}, Shape{1024, 257, 1}}) {
+    for (auto ta : kT) {
+      for (auto tb : kT) run_case(ta, tb, s, 1.0f, 1.0f);
+    }
+  }
+}
+
 TEST_CASE("cpu gemm: alpha = 0 does not read A and B; beta = 0 zero-fills") {
   const Shape s{4, 6, 3};
   std::vector<float> a(s.m * s.k, kNaN), b(s.k * s.n, INFINITY);

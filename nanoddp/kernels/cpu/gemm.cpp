@@ -13,6 +13,8 @@
 #include <Eigen/Core>
 
 #include <atomic>
+#include <bit>
+#include <cstdint>
 
 #include "nanoddp/kernels/cpu/kernels.h"
 
@@ -20,6 +22,23 @@ namespace nanoddp::kernels::cpu {
 namespace {
 
 std::atomic<int> gemm_thread_count{1};
+
+// Why an accumulating GEMM (beta == 1) first reads its output once, front to back.
+// Eigen's kernel updates C in small register tiles that hop across C's rows: a pattern the
+// hardware prefetcher cannot follow, so when C is cold (a weight gradient of a few MiB, last
+// touched a whole step ago) nearly every tile waits on memory. One sequential pass, a load per
+// cache line, brings C into L2/L3 at streaming bandwidth instead. For a 1024 x 1024 gradient
+// accumulated in training order (--grad-accum) that is 0.95 ms per dW GEMM instead of 1.3 on
+// this machine's EPYC. beta == 0 needs no pass: Eigen's zero fill is already one, and smaller
+// outputs (below 1 MiB) stay in cache between uses anyway.
+constexpr std::int64_t kPullIntoCacheFloats = (std::int64_t{1} << 20) / sizeof(float);
+
+void pull_into_cache(const float* p, std::int64_t n) {
+  constexpr std::int64_t kFloatsPerLine = 64 / sizeof(float);
+  std::uint32_t sink = 0;  // integer XOR: no floating-point latency chain, no NaN traps
+  for (std::int64_t i = 0; i < n; i += kFloatsPerLine) sink ^= std::bit_cast<std::uint32_t>(p[i]);
+  asm volatile("" : : "r"(sink));  // keeps the loads: the compiler must assume sink is used
+}
 
 using RowMajorMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using ConstMatrixMap = Eigen::Map<const RowMajorMatrix>;
@@ -37,7 +56,11 @@ void gemm_into(const OpA& a, const OpB& b, float alpha, float beta, MatrixMap& c
   if (beta == 0.0f) {
     c.noalias() = (alpha * a) * b;
   } else {
-    if (beta != 1.0f) c *= beta;
+    if (beta != 1.0f) {
+      c *= beta;  // a sequential pass over C, so it also leaves C in cache
+    } else if (c.size() >= kPullIntoCacheFloats) {
+      pull_into_cache(c.data(), c.size());
+    }
     c.noalias() += (alpha * a) * b;
   }
 }
@@ -84,6 +107,8 @@ void set_gemm_threads(int threads) {
   gemm_thread_count.store(threads < 1 ? 1 : threads, std::memory_order_relaxed);
 }
 
-int gemm_threads() { return gemm_thread_count.load(std::memory_order_relaxed); }
+int gemm_threads() {
+  return gemm_thread_count.load(std::memory_order_relaxed);
+}
 
 }  // namespace nanoddp::kernels::cpu

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# nanoddp against PyTorch's DistributedDataParallel on the same MLP, in one run on this machine.
+#
+#   benchmarks/vs-pytorch.sh [--hidden H] [--linears L] [--batch B] [--steps N] [--warmup W]
+#                            [--ranks 1,2] [--json FILE]
+#
+# The model of both: L x Linear(H, H) with ReLU between them, MSE loss, SGD (lr 0.01, no
+# momentum), batch B per rank, one thread per rank. For each rank count R it runs
+#   pytorch              benchmarks/peer/torch_ddp_mlp.py (R = 1: its plain loop, no DDP;
+#                        R > 1: DDP over Gloo on loopback TCP, started with mp.spawn)
+#   nanoddp              nanoddp-train (R > 1: under nanoddp-run; ranks on one host reduce
+#                        through shared memory, as NCCL does within a node)
+#   nanoddp (tcp)        R > 1 only: the same with NANODDP_SHM=0, Gloo over loopback TCP like
+#                        PyTorch's run: the same transport, so the engines compare directly
+# and prints one table: the median step time of the W+1-th to W+N-th steps (PyTorch: the
+# slowest rank's, per step; nanoddp: rank 0's; neither counts making the batch), the 10th and
+# 90th percentiles, samples per second over all ranks and the speed relative to PyTorch.
+# --json FILE writes the same rows as JSON lines.
+#
+# Needs PyTorch for Debian's python (exit 3 with the command to install it otherwise):
+#   apt-get install -y python3-torch libopenblas0-pthread
+# NANODDP_PYTHON picks another interpreter; NANODDP_BIN_DIR the executables (build/bin).
+# Measure on an idle machine: the dev VM's two vCPUs vary +-5% from run to run.
+set -euo pipefail
+
+hidden=1024 linears=4 batch=64 steps=200 warmup=20 ranks=1,2 json=""
+while (($#)); do
+  case $1 in
+    --hidden) hidden=$2; shift 2 ;;
+    --linears) linears=$2; shift 2 ;;
+    --batch) batch=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --ranks) ranks=$2; shift 2 ;;
+    --json) json=$2; shift 2 ;;
+    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "vs-pytorch.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+for value in "$hidden" "$linears" "$batch" "$steps" "$warmup"; do
+  [[ $value =~ ^[0-9]+$ ]] || { echo "vs-pytorch.sh: '$value' is not a whole number" >&2; exit 2; }
+done
+((hidden >= 1 && linears >= 1 && batch >= 1)) ||
+  { echo "vs-pytorch.sh: --hidden, --linears and --batch must be at least 1" >&2; exit 2; }
+((steps >= 5)) || { echo "vs-pytorch.sh: --steps must be at least 5" >&2; exit 2; }
+[[ $ranks =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] ||
+  { echo "vs-pytorch.sh: --ranks '$ranks' is not a comma-separated list of counts (e.g. 1,2)" >&2; exit 2; }
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${NANODDP_BIN_DIR:-$root/build/bin}
+for exe in nanoddp-train nanoddp-run; do
+  [[ -x $bin/$exe ]] || { echo "vs-pytorch.sh: $bin/$exe not found: build first" >&2; exit 2; }
+done
+python=${NANODDP_PYTHON:-/usr/bin/python3}
+if ! "$python" -c "import torch" 2>/dev/null; then
+  echo "vs-pytorch.sh: PyTorch is not importable by $python; install Debian's (as root):" >&2
+  echo "  apt-get install -y python3-torch libopenblas0-pthread" >&2
+  echo "or point NANODDP_PYTHON at an interpreter that has it" >&2
+  exit 3
+fi
+peer=$root/benchmarks/peer/torch_ddp_mlp.py
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+total=$((warmup + steps))
+# nanoddp-train counts hidden layers: L Linear modules are L-1 hidden layers.
+train_args=(--in "$hidden" --out "$hidden" --hidden "$hidden" --layers "$((linears - 1))"
+  --batch "$batch" --optimizer sgd --lr 0.01 --threads 1 --steps "$total" --log-every 1 --quiet)
+peer_args=(--layers "$linears" --hidden "$hidden" --batch "$batch" --steps "$steps"
+  --warmup "$warmup" --threads 1)
+
+IFS=, read -r -a counts <<<"$ranks"
+for r in "${counts[@]}"; do
+  echo "vs-pytorch.sh: $r rank(s): PyTorch, then nanoddp ..." >&2
+  if ((r == 1)); then
+    "$python" "$peer" "${peer_args[@]}" --no-ddp >"$work/pytorch-$r.json"
+    "$bin/nanoddp-train" "${train_args[@]}" --metrics "$work/nanoddp-$r.jsonl" >/dev/null
+  else
+    "$python" "$peer" "${peer_args[@]}" --world-size "$r" >"$work/pytorch-$r.json"
+    "$bin/nanoddp-run" --nproc-per-node "$r" "$bin/nanoddp-train" "${train_args[@]}" \
+      --metrics "$work/nanoddp-$r.jsonl" >/dev/null
+    NANODDP_SHM=0 "$bin/nanoddp-run" --nproc-per-node "$r" "$bin/nanoddp-train" \
+      "${train_args[@]}" --metrics "$work/nanoddp-tcp-$r.jsonl" >/dev/null
+  fi
+done
+
+"$python" - "$work" "$ranks" "$warmup" "$hidden" "$linears" "$batch" "$steps" "$json" <<'EOF'
+import json, os, statistics, sys
+work, ranks, warmup, hidden, linears, batch, steps, json_path = sys.argv[1:]
+warmup, batch, steps = int(warmup), int(batch), int(steps)
+
+def percentile(sorted_ms, q):  # the peer script's own definition, so both columns agree
+    return sorted_ms[int(q * (len(sorted_ms) - 1))]
+
+rows, version, blas = [], "", ""
+for r in map(int, ranks.split(",")):
+    peer = json.loads(open(f"{work}/pytorch-{r}.json").read().strip().splitlines()[-1])
+    version, blas = peer["torch"], os.path.basename(peer["blas"])
+    base = peer["median_ms"]
+    rows.append({"ranks": r, "engine": "pytorch" if r == 1 else "pytorch (tcp)",
+                 "step_ms": base, "p10_ms": peer["p10_ms"], "p90_ms": peer["p90_ms"]})
+    runs = [("nanoddp", f"nanoddp-{r}.jsonl")]
+    if r > 1:
+        runs = [("nanoddp (shm)", f"nanoddp-{r}.jsonl"), ("nanoddp (tcp)", f"nanoddp-tcp-{r}.jsonl")]
+    for engine, name in runs:
+        lines = [json.loads(l) for l in open(f"{work}/{name}")]
+        ms = sorted(l["step_ms"] for l in lines if l["step"] > warmup)
+        rows.append({"ranks": r, "engine": engine, "step_ms": round(statistics.median(ms), 3),
+                     "p10_ms": round(percentile(ms, 0.1), 3), "p90_ms": round(percentile(ms, 0.9), 3)})
+    for row in rows:
+        if row["ranks"] == r:
+            row["samples_per_s"] = round(1000.0 * r * batch / row["step_ms"], 1)
+            row["vs_pytorch"] = round(base / row["step_ms"], 3)
+
+print(f"nanoddp vs PyTorch {version} DDP ({blas}): {linears} x Linear({hidden}, {hidden}), "
+      f"batch {batch} per rank, SGD, 1 thread per rank, {steps} steps after {warmup} warm-up\n")
+print(f"{'ranks':>5}  {'engine':<14} {'step ms':>8} {'p10':>8} {'p90':>8} {'samples/s':>10} "
+      f"{'vs PyTorch':>10}")
+for row in rows:
+    print(f"{row['ranks']:>5}  {row['engine']:<14} {row['step_ms']:>8.3f} {row['p10_ms']:>8.3f} "
+          f"{row['p90_ms']:>8.3f} {row['samples_per_s']:>10.1f} {row['vs_pytorch']:>9.2f}x")
+print("\nstep ms: median per step (PyTorch: the slowest rank; nanoddp: rank 0; without making the "
+      "batch); vs PyTorch: its step time over this row's (above 1: faster)")
+if json_path:
+    with open(json_path, "w") as f:
+        for row in rows:
+            f.write(json.dumps({"torch": version, "hidden": int(hidden), "linears": int(linears),
+                                "batch_per_rank": batch, **row}) + "\n")
+EOF

@@ -13,10 +13,11 @@
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/nn/npy.h"
 #include "nanoddp/nn/safetensors.h"
-#include "support/saved_parameters.h"
+#include "support/flag_keeps_bits.h"
 #include "support/subprocess.h"
 
 using nanoddp::testing::bin_path;
+using nanoddp::testing::check_flag_keeps_bits;
 using nanoddp::testing::ProcessResult;
 using nanoddp::testing::run_process;
 using nanoddp::testing::TempDir;
@@ -146,27 +147,23 @@ TEST_CASE("nanoddp-train --optimizer-in-backward: the same bits, the updates ins
       {"--optimizer", "sgd", "--momentum", "0.9", "--weight-decay", "0.01", "--lr", "0.05"},
       {"--optimizer", "adamw", "--grad-accum", "3"},
   };
+  auto trace_file = [&](std::size_t c, bool in_backward) {
+    return dir.file(fmt::format("c{}-{}.json", c, in_backward));
+  };
+  check_flag_keeps_bits("--optimizer-in-backward", configs, dir,
+                        [&](std::vector<std::string> args, std::size_t c, bool in_backward) {
+                          args.insert(args.begin(), {"--in", "16", "--out", "4", "--hidden", "32",
+                                                     "--layers", "2", "--steps", "25", "--quiet",
+                                                     "--trace", trace_file(c, in_backward)});
+                          const ProcessResult r = train(args);
+                          REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+                        });
+  // The timeline shows where the update ran: one "optimizer update" per parameter inside
+  // backward instead of one "optimizer step" after it.
   for (std::size_t c = 0; c < configs.size(); ++c) {
     CAPTURE(fmt::format("{}", fmt::join(configs[c], " ")));
-    std::vector<std::string> saved;
-    for (const bool in_backward : {false, true}) {
-      saved.push_back(dir.file(fmt::format("c{}-{}.safetensors", c, in_backward)));
-      std::vector<std::string> args = {
-          "--in",       "16",       "--out",
-          "4",          "--hidden", "32",
-          "--layers",   "2",        "--steps",
-          "25",         "--quiet",  "--save",
-          saved.back(), "--trace",  dir.file(fmt::format("c{}-{}.json", c, in_backward))};
-      args.insert(args.end(), configs[c].begin(), configs[c].end());
-      if (in_backward) args.push_back("--optimizer-in-backward");
-      const ProcessResult r = train(args);
-      REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-    }
-    nanoddp::testing::check_same_bits(saved[0], saved[1]);
-    // The timeline shows where the update ran: one "optimizer update" per parameter inside
-    // backward instead of one "optimizer step" after it.
     auto count = [&](bool in_backward, const std::string& span) {
-      std::ifstream in(dir.file(fmt::format("c{}-{}.json", c, in_backward)));
+      std::ifstream in(trace_file(c, in_backward));
       const nlohmann::json trace = nlohmann::json::parse(in);
       int n = 0;
       for (const auto& e : trace["traceEvents"]) n += e.value("name", "") == span;
@@ -188,21 +185,13 @@ TEST_CASE(
       {"--epochs", "3", "--dataset-size", "203"},
       {"--epochs", "2", "--dataset-size", "203", "--grad-accum", "2"},
   };
-  for (std::size_t c = 0; c < configs.size(); ++c) {
-    CAPTURE(fmt::format("{}", fmt::join(configs[c], " ")));
-    std::vector<std::string> saved;
-    for (const bool prefetch : {false, true}) {
-      saved.push_back(dir.file(fmt::format("p{}-{}.safetensors", c, prefetch)));
-      std::vector<std::string> args = {"--in",    "12",       "--out",     "3",       "--hidden",
-                                       "16",      "--layers", "1",         "--batch", "16",
-                                       "--quiet", "--save",   saved.back()};
-      args.insert(args.end(), configs[c].begin(), configs[c].end());
-      if (prefetch) args.push_back("--prefetch");
-      const ProcessResult r = train(args);
-      REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-    }
-    nanoddp::testing::check_same_bits(saved[0], saved[1]);
-  }
+  check_flag_keeps_bits("--prefetch", configs, dir,
+                        [](std::vector<std::string> args, std::size_t, bool) {
+                          args.insert(args.begin(), {"--in", "12", "--out", "3", "--hidden", "16",
+                                                     "--layers", "1", "--batch", "16", "--quiet"});
+                          const ProcessResult r = train(args);
+                          REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+                        });
 }
 
 TEST_CASE("nanoddp-train trains on .npy files and names a malformed one") {

@@ -17,6 +17,7 @@
 
 #include "nanoddp/nn/checkpoint.h"
 #include "nanoddp/nn/safetensors.h"
+#include "support/flag_keeps_bits.h"
 #include "support/saved_parameters.h"
 #include "support/subprocess.h"
 #include "support/world.h"
@@ -135,18 +136,11 @@ TEST_CASE("ddp training: --optimizer-in-backward ends at the same bits as the st
       {"--optimizer", "adamw", "--lr", "0.01", "--grad-accum", "2"},
       {"--optimizer", "adamw", "--lr", "0.01", "--comm-hook", "bf16"},
   };
-  for (std::size_t c = 0; c < configs.size(); ++c) {
-    CAPTURE(fmt::format("{}", fmt::join(configs[c], " ")));
-    std::vector<std::string> saved;
-    for (const bool in_backward : {false, true}) {
-      saved.push_back(dir.file(fmt::format("c{}-{}", c, in_backward)));
-      auto extra = configs[c];
-      extra.insert(extra.end(), {"--batch", "8", "--steps", "12", "--save", saved.back()});
-      if (in_backward) extra.push_back("--optimizer-in-backward");
-      require_success(run_world(train_args(extra), 2, quick()));
-    }
-    check_same_bits(saved[0], saved[1]);
-  }
+  check_flag_keeps_bits("--optimizer-in-backward", configs, dir,
+                        [](std::vector<std::string> args, std::size_t, bool) {
+                          args.insert(args.begin(), {"--batch", "8", "--steps", "12"});
+                          require_success(run_world(train_args(args), 2, quick()));
+                        });
 }
 
 TEST_CASE("ddp training: --prefetch on every rank gives the same bits, resumed or not") {

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "nanoddp/comm/ddp.h"
 #include "nanoddp/comm/init.h"
@@ -22,17 +23,32 @@
 
 using namespace nanoddp;
 
-TEST_CASE("ddp on cuda:0 with NCCL (world of one) leaves the plain backward's gradients") {
+namespace {
+
+// A DDP-wrapped Mlp on cuda:0 in an NCCL world of one, beside an unwrapped twin of the same
+// seed: whatever the CUDA path does, it must match the twin. Small caps: several buckets, so the
+// in-order launch and the event waits are exercised. The seed is a template argument so that
+// TEST_CASE_FIXTURE can build it. Members are built in this order; ddp keeps references.
+template <std::uint64_t Seed>
+struct NcclDdpAndPlainTwin {
+  static constexpr nn::MlpOptions kShape{
+      .in_features = 32, .out_features = 8, .hidden = 64, .layers = 3, .seed = Seed};
+
   const Device gpu = Device::cuda(0);
   comm::Distributed dist =
       comm::init_distributed(comm::WorldInfo{}, {.backend = "nccl", .device = gpu});
-  const nn::MlpOptions shape{
-      .in_features = 32, .out_features = 8, .hidden = 64, .layers = 3, .seed = 11};
-  nn::Mlp model(shape), reference(shape);
-  nn::FlatParameters params(model, gpu), ref_params(reference, gpu);
-  // Small caps: several buckets, so the in-order launch and the event waits are exercised.
-  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.bucket_cap_mb = 0.01, .first_bucket_mb = 0.005});
+  nn::Mlp model{kShape};
+  nn::Mlp reference{kShape};
+  nn::FlatParameters params{model, gpu};
+  nn::FlatParameters ref_params{reference, gpu};
+  comm::DistributedDataParallel ddp{
+      model, params, dist.group, dist.store, {.bucket_cap_mb = 0.01, .first_bucket_mb = 0.005}};
+};
+
+}  // namespace
+
+TEST_CASE_FIXTURE(NcclDdpAndPlainTwin<11>,
+                  "ddp on cuda:0 with NCCL (world of one) leaves the plain backward's gradients") {
   CHECK(ddp.reducer().buckets().size() >= 3);
 
   nn::SGD sgd(params, {.lr = 0.05f});
@@ -97,16 +113,9 @@ TEST_CASE(
 #endif  // NANODDP_WITH_CUDA
 
 #if NANODDP_WITH_CUDA
-TEST_CASE("ddp on cuda:0: the optimizer in backward (bucket hook) equals the step after it") {
-  const Device gpu = Device::cuda(0);
-  comm::Distributed dist =
-      comm::init_distributed(comm::WorldInfo{}, {.backend = "nccl", .device = gpu});
-  const nn::MlpOptions shape{
-      .in_features = 32, .out_features = 8, .hidden = 64, .layers = 3, .seed = 12};
-  nn::Mlp model(shape), reference(shape);
-  nn::FlatParameters params(model, gpu), ref_params(reference, gpu);
-  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.bucket_cap_mb = 0.01, .first_bucket_mb = 0.005});
+TEST_CASE_FIXTURE(
+    NcclDdpAndPlainTwin<12>,
+    "ddp on cuda:0: the optimizer in backward (bucket hook) equals the step after it") {
   REQUIRE(ddp.reducer().buckets().size() >= 3);
   nn::AdamW adamw(params, {.lr = 0.01f}), ref_adamw(ref_params, {.lr = 0.01f});
   // The Reducer hands each averaged bucket to the optimizer, on the compute stream after its

@@ -22,6 +22,24 @@ comm::Distributed world_of_one() {
   return comm::init_distributed(comm::WorldInfo{}, {.backend = "gloo", .device = Device::cpu()});
 }
 
+// A DDP-wrapped Mlp beside an unwrapped twin of the same shape (so the same initial values) and
+// one batch: in a world of one, DDP must leave exactly the twin's gradients. Small caps: several
+// buckets. Members are built in this order; ddp keeps references to model and params.
+struct DdpAndPlainTwin {
+  static constexpr nn::MlpOptions kShape{
+      .in_features = 8, .out_features = 3, .hidden = 16, .layers = 2};
+
+  comm::Distributed dist = world_of_one();
+  nn::Mlp model{kShape};
+  nn::Mlp reference{kShape};
+  nn::FlatParameters params{model, Device::cpu()};
+  nn::FlatParameters ref_params{reference, Device::cpu()};
+  comm::DistributedDataParallel ddp{
+      model, params, dist.group, dist.store, {.bucket_cap_mb = 0.0005, .first_bucket_mb = 0.0001}};
+  const Tensor x = Tensor::normal({5, 8}, 0, 1, {.seed = 1});
+  const Tensor y = Tensor::normal({5, 3}, 0, 1, {.seed = 2});
+};
+
 }  // namespace
 
 TEST_CASE("reducer: buckets follow reverse registration order, first one small, no split") {
@@ -58,15 +76,8 @@ TEST_CASE("reducer: buckets follow reverse registration order, first one small, 
   CHECK(ddp.reducer().describe_buckets().find("bucket 0:") != std::string::npos);
 }
 
-TEST_CASE("reducer: a world of one leaves exactly the plain backward's gradients") {
-  comm::Distributed dist = world_of_one();
-  const nn::MlpOptions shape{.in_features = 8, .out_features = 3, .hidden = 16, .layers = 2};
-  nn::Mlp model(shape), reference(shape);
-  nn::FlatParameters params(model, Device::cpu()), ref_params(reference, Device::cpu());
-  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.bucket_cap_mb = 0.0005, .first_bucket_mb = 0.0001});
-  const Tensor x = Tensor::normal({5, 8}, 0, 1, {.seed = 1});
-  const Tensor y = Tensor::normal({5, 3}, 0, 1, {.seed = 2});
+TEST_CASE_FIXTURE(DdpAndPlainTwin,
+                  "reducer: a world of one leaves exactly the plain backward's gradients") {
   for (int step = 0; step < 3; ++step) {
     params.zero_grad();
     ref_params.zero_grad();
@@ -107,13 +118,9 @@ TEST_CASE("reducer: after a backward pass that threw half-way, the next one work
   for (const auto& slot : params.slots()) CHECK(slot.param.has_grad());
 }
 
-TEST_CASE("reducer: the bucket-reduced hook runs once per bucket, in order, after the reduce") {
-  comm::Distributed dist = world_of_one();
-  const nn::MlpOptions shape{.in_features = 8, .out_features = 3, .hidden = 16, .layers = 2};
-  nn::Mlp model(shape), reference(shape);
-  nn::FlatParameters params(model, Device::cpu()), ref_params(reference, Device::cpu());
-  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.bucket_cap_mb = 0.0005, .first_bucket_mb = 0.0001});
+TEST_CASE_FIXTURE(
+    DdpAndPlainTwin,
+    "reducer: the bucket-reduced hook runs once per bucket, in order, after the reduce") {
   const auto& buckets = ddp.reducer().buckets();
   REQUIRE(buckets.size() >= 3);
   std::vector<std::int64_t> seen;  // bucket offsets, in call order
@@ -123,8 +130,6 @@ TEST_CASE("reducer: the bucket-reduced hook runs once per bucket, in order, afte
     const std::vector<float> g = bucket.grads.to_vector();
     grads_seen.insert(grads_seen.end(), g.begin(), g.end());
   });
-  const Tensor x = Tensor::normal({5, 8}, 0, 1, {.seed = 1});
-  const Tensor y = Tensor::normal({5, 3}, 0, 1, {.seed = 2});
 
   // no_sync passes reduce nothing, so they call nothing.
   params.zero_grad();

@@ -79,15 +79,21 @@ Fabric slow_fabric() {
           .inter_lat_us = 5.0};
 }
 
+// Two ranks on slow_fabric() with 1 MiB buckets: hand_profile()'s three layers make three
+// buckets of 1 MiB, for the tests that add the times up by hand. kAuto is StepOptions' default.
+StepOptions two_slow_ranks(Algorithm algorithm = Algorithm::kAuto) {
+  return {.cluster = {.nodes = 1, .gpus_per_node = 2},
+          .fabric = slow_fabric(),
+          .algorithm = algorithm,
+          .bucket_cap_mb = 1.0,
+          .first_bucket_mb = 1.0};
+}
+
 }  // namespace
 
 TEST_CASE("step model: step = forward + backward + exposed + sync + optimizer + other") {
   const ComputeProfile p = hand_profile();
-  StepOptions o{.cluster = {.nodes = 1, .gpus_per_node = 2},
-                .fabric = slow_fabric(),
-                .algorithm = Algorithm::kRing,
-                .bucket_cap_mb = 1.0,
-                .first_bucket_mb = 1.0};
+  StepOptions o = two_slow_ranks(Algorithm::kRing);
   const StepPrediction s = predict_step(p, o);
   // Three buckets of 1 MiB, ready at 1, 2, 3 ms; each all-reduce 0.010 + 1048576/1e7 ms.
   const double c = 0.010 + 1048576.0 / 1e7;
@@ -123,12 +129,8 @@ TEST_CASE("step model: step = forward + backward + exposed + sync + optimizer + 
 
 TEST_CASE("step model: the optimizer in backward hides the last all-reduces, by hand") {
   ComputeProfile p = hand_profile();
-  StepOptions o{.cluster = {.nodes = 1, .gpus_per_node = 2},
-                .fabric = slow_fabric(),
-                .algorithm = Algorithm::kRing,
-                .bucket_cap_mb = 1.0,
-                .first_bucket_mb = 1.0,
-                .optimizer_in_backward = true};
+  StepOptions o = two_slow_ranks(Algorithm::kRing);
+  o.optimizer_in_backward = true;
   // Three equal buckets end at 1 + c, 2 + c and 3 + c ms; backward ends at 3 ms.
   const double c = 0.010 + 1048576.0 / 1e7;
   // Updates of 0.5 / 3 ms each: bucket 0 and 1 are done when backward ends, their updates take
@@ -150,12 +152,8 @@ TEST_CASE("step model: the optimizer in backward hides the last all-reduces, by 
 
 TEST_CASE("step model: the optimizer in backward on CPU cores that are all busy gains nothing") {
   const ComputeProfile p = hand_profile();
-  StepOptions o{.cluster = {.nodes = 1, .gpus_per_node = 2},
-                .fabric = slow_fabric(),
-                .algorithm = Algorithm::kRing,
-                .bucket_cap_mb = 1.0,
-                .first_bucket_mb = 1.0,
-                .cores = 2};
+  StepOptions o = two_slow_ranks(Algorithm::kRing);
+  o.cores = 2;
   // 2 ranks on 2 cores: an update and an all-reduce running together get half a core each, so
   // interleaving them conserves the work and finalize takes as long as waiting first, then
   // updating (measured on the 2-core VM: no clear change beyond the run-to-run noise).
@@ -178,12 +176,8 @@ TEST_CASE("step model: the bucket sweep names the fastest cap") {
   // With a large per-collective cost, fewer buckets win: one bucket after the first (cap >= 2 MiB
   // holds the remaining two layers) pays the launch cost twice instead of three times.
   const ComputeProfile p = hand_profile();
-  Fabric f = slow_fabric();
-  f.launch_us = 5000;  // 5 ms per collective
-  const StepOptions o{.cluster = {.nodes = 1, .gpus_per_node = 2},
-                      .fabric = f,
-                      .bucket_cap_mb = 1.0,
-                      .first_bucket_mb = 1.0};
+  StepOptions o = two_slow_ranks();
+  o.fabric.launch_us = 5000;  // 5 ms per collective
   const auto rows = sweep_bucket_caps(p, o, {0.5, 1.0, 2.0, 25.0});
   REQUIRE(rows.size() == 4);
   CHECK(rows[0].buckets == 3);
@@ -328,11 +322,8 @@ TEST_CASE("step model: three CPU ranks on two cores, the step by hand") {
 TEST_CASE("step model: the slowest rank needs a profile with peers, on the traced world") {
   ComputeProfile p = hand_profile();
   p.measured = MeasuredStep{.world_size = 2};
-  StepOptions o{.cluster = {.nodes = 1, .gpus_per_node = 2},
-                .fabric = slow_fabric(),
-                .bucket_cap_mb = 1.0,
-                .first_bucket_mb = 1.0,
-                .peers = true};
+  StepOptions o = two_slow_ranks();
+  o.peers = true;
   CHECK_THROWS_WITH_AS(predict_step(p, o), doctest::Contains("needs a profile read with its peers"),
                        SimError);
   // The peer has every gradient 0.5 ms after this rank: the last bucket starts 0.5 ms later.

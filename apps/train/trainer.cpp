@@ -338,7 +338,7 @@ float Trainer::train_step(std::int64_t step, Window& window) {
     Tensor loss;
     const auto forward_start = Clock::now();
     {
-      TraceSpan span("forward", TraceTrack::kCompute);
+      TraceSpan span("forward", TraceTrack::kCompute, device_);
       loss = mse_loss(model_->forward(x_), y_);
       // Mean over the micro-batches, so --grad-accum K with --batch B equals --batch K*B.
       if (o_.grad_accum > 1) loss = mul(loss, 1.0f / static_cast<float>(o_.grad_accum));
@@ -367,7 +367,7 @@ float Trainer::train_step(std::int64_t step, Window& window) {
   const auto loss = static_cast<float>(loss_sum_all / world_size_);
   if (bad_ranks.empty() && health.grads_finite) {
     if (!optimizer_in_backward_) {
-      TraceSpan span("optimizer step", TraceTrack::kCompute);
+      TraceSpan span("optimizer step", TraceTrack::kCompute, device_);
       optimizer_->step();
     }
   } else {

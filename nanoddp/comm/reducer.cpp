@@ -3,6 +3,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <map>
+#include <optional>
+#include <string>
+
 #include "nanoddp/engine/autograd.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/debug_log.h"
@@ -133,7 +137,8 @@ void Reducer::on_gradient_ready(std::size_t slot) {
   if (--pending_[b] == 0) {
     stats_.buckets[b].ready_ms = ms_between(stats_.origin, now);
     if (Tracer* tracer = active_tracer()) {
-      tracer->instant(fmt::format("bucket {} ready", b), TraceTrack::kMarkers, now);
+      tracer->instant_on(params_.device(), now, fmt::format("bucket {} ready", b),
+                         TraceTrack::kMarkers);
     }
     if (options_.overlap) launch_ready_buckets();
   }
@@ -228,19 +233,30 @@ void Reducer::finalize() {
   // one, the hook's work (the optimizer) lies between them and is not counted.
   const Stream compute = Stream::compute(params_.device());
   Tracer* tracer = active_tracer();
-  const Clock::time_point wait_start = Clock::now();
-  Clock::time_point wait_end = wait_start;
+  // In a trace, the waits are "wait for all-reduce" spans on the compute track: one span for
+  // all of them, or with a bucket hook one per bucket (the hook's work lies between them). On
+  // a GPU they are the compute stream's stalls, not the host's (instant) enqueue of the waits.
+  std::optional<TraceSpan> all_waits;
+  if (tracer && !bucket_reduced_hook_) {
+    all_waits.emplace(tracer, "wait for all-reduce", TraceTrack::kCompute, params_.device());
+  }
   std::exception_ptr failure;
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    const Clock::time_point bucket_wait_start = Clock::now();
-    wait_begin_[b].record(compute);
-    try {
-      works_[b]->wait();
-    } catch (...) {
-      if (!failure) failure = std::current_exception();
+    {
+      std::optional<TraceSpan> bucket_wait;
+      if (tracer && bucket_reduced_hook_) {
+        bucket_wait.emplace(tracer, "wait for all-reduce", TraceTrack::kCompute, params_.device(),
+                            std::map<std::string, std::string>{{"bucket", std::to_string(b)}});
+      }
+      wait_begin_[b].record(compute);
+      try {
+        works_[b]->wait();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      wait_end_[b].record(compute);
     }
-    wait_end_[b].record(compute);
-    wait_end = Clock::now();
+    if (b + 1 == buckets_.size()) all_waits.reset();
     // After a failure the gradients are garbage: wait for the rest (never leave a collective
     // running on buffers we stop tracking), but run nothing on them.
     if (failure) continue;
@@ -251,10 +267,6 @@ void Reducer::finalize() {
                        bucket.grads.data(), bucket.numel);
     }
     if (bucket_reduced_hook_) {
-      if (tracer) {
-        tracer->span("wait for all-reduce", TraceTrack::kCompute, bucket_wait_start, wait_end,
-                     {{"bucket", std::to_string(b)}});
-      }
       try {
         bucket_reduced_hook_(bucket);
       } catch (...) {
@@ -265,9 +277,6 @@ void Reducer::finalize() {
   // A GPU's events are not done yet (reading them now would fail): collect_timings() reads them.
   exposed_pending_ = params_.device().is_cuda();
   stats_.exposed_comm_ms = exposed_pending_ ? 0.0 : exposed_wait_ms();
-  if (tracer && !bucket_reduced_hook_) {
-    tracer->span("wait for all-reduce", TraceTrack::kCompute, wait_start, wait_end);
-  }
   if (failure) {
     reset();
     std::rethrow_exception(failure);

@@ -1,6 +1,7 @@
 #include "nanoddp/engine/autograd.h"
 
 #include <atomic>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
@@ -144,12 +145,16 @@ void BackwardPass::run(const Tensor& root) {
             node->name());
       }
       current_ = node;
-      Tracer* tracer = active_tracer();
-      const auto start = tracer ? Tracer::Clock::now() : Tracer::Clock::time_point{};
-      node->backward_(state.grad, *this);
-      if (tracer) {
-        tracer->span("backward " + node->name(), TraceTrack::kCompute, start, Tracer::Clock::now(),
-                     {{"node", std::to_string(node->sequence_nr())}});
+      {
+        // On a GPU: when the device ran this node's kernels, not when the host enqueued them.
+        Tracer* tracer = active_tracer();
+        std::optional<TraceSpan> span;
+        if (tracer) {
+          span.emplace(
+              tracer, "backward " + node->name(), TraceTrack::kCompute, root.device(),
+              std::map<std::string, std::string>{{"node", std::to_string(node->sequence_nr())}});
+        }
+        node->backward_(state.grad, *this);
       }
       current_ = nullptr;
       // Free what the backward function captured (activations) as soon as it has run.
@@ -174,8 +179,9 @@ void BackwardPass::finish_leaf(const std::shared_ptr<TensorImpl>& leaf) {
   // the hook below, when it was the bucket's last).
   if (Tracer* tracer = active_tracer()) {
     const std::string& name = leaf->autograd.name;
-    tracer->instant(name.empty() ? std::string("grad") : "grad " + name, TraceTrack::kMarkers,
-                    Tracer::Clock::now(), {{"numel", std::to_string(param.numel())}});
+    tracer->instant_on(param.device(), Tracer::Clock::now(),
+                       name.empty() ? std::string("grad") : "grad " + name, TraceTrack::kMarkers,
+                       {{"numel", std::to_string(param.numel())}});
   }
   for (auto& hook : leaf->autograd.post_accumulate_grad_hooks) hook(param);
 }

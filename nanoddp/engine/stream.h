@@ -61,11 +61,37 @@ class Event {
   bool query() const;
   // Milliseconds from this event to `later` (both recorded, on the same device).
   double elapsed_ms(const Event& later) const;
+  Device device() const { return device_; }
 
  private:
   Device device_;
   void* handle_ = nullptr;  // cudaEvent_t on CUDA
   std::chrono::steady_clock::time_point cpu_time_{};
+};
+
+// Maps a device's event times onto the host's steady clock, for timelines and statistics. An
+// event is recorded on `stream` and waited for; the host time read right after is taken as the
+// moment it happened (late by the wake-up latency, microseconds). Any later event of the same
+// device happened at that time plus the interval the device measured between the two. On the
+// CPU an event is itself a host time, so the mapping is exact but for the few nanoseconds
+// between recording the anchor and reading the clock.
+class ClockAnchor {
+ public:
+  explicit ClockAnchor(const Stream& stream) : event_(stream.device()) {
+    event_.record(stream);
+    event_.synchronize();
+    host_ = std::chrono::steady_clock::now();
+  }
+  Device device() const { return event_.device(); }
+  // `later` must be recorded on this device and have happened (Event::query()).
+  std::chrono::steady_clock::time_point host_time_of(const Event& later) const {
+    return host_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                       std::chrono::duration<double, std::milli>(event_.elapsed_ms(later)));
+  }
+
+ private:
+  Event event_;
+  std::chrono::steady_clock::time_point host_;
 };
 
 }  // namespace nanoddp

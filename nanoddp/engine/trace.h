@@ -9,6 +9,11 @@
 // Recording is off unless a Tracer is installed (TraceScope); then each span costs a clock read
 // and a vector push under a mutex. Times are steady_clock, which on one machine is the same
 // clock in every process, so the ranks' tracks line up.
+//
+// On a GPU the host only enqueues work: two host clock reads around a kernel launch measure
+// the launch (microseconds), not the kernel. So spans of device work (TraceSpan with a CUDA
+// device) are bracketed by two events on the device's compute stream instead, and become the
+// GPU's own times, mapped onto the host clock by a ClockAnchor, when the trace is written.
 
 #include <chrono>
 #include <cstdint>
@@ -16,6 +21,9 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "nanoddp/engine/device.h"
+#include "nanoddp/engine/stream.h"
 
 namespace nanoddp {
 
@@ -32,9 +40,21 @@ class Tracer {
   // A point in time.
   void instant(const std::string& name, TraceTrack track, Clock::time_point at,
                const std::map<std::string, std::string>& args = {});
+  // A span of work on a device's stream, from event `begin` to event `end` (both recorded
+  // after anchor_for(their device) was first called). It is resolved into host times when the
+  // events have happened: events_json() waits for them.
+  void device_span(std::string name, TraceTrack track, Event begin, Event end,
+                   std::map<std::string, std::string> args = {});
+  // A point in time on `device`: `host_time` on the CPU; on a CUDA device, when its compute
+  // stream reaches the work enqueued so far (an event there, resolved like a device span).
+  void instant_on(Device device, Clock::time_point host_time, std::string name, TraceTrack track,
+                  std::map<std::string, std::string> args = {});
+  // The clock anchor of `device`, made (one stream synchronisation) the first time it is asked
+  // for: call it before recording a device span's first event.
+  void anchor_for(Device device);
 
   // This rank's events as a JSON array body (comma-separated objects, no brackets), with the
-  // metadata that names the process ("rank R") and its tracks.
+  // metadata that names the process ("rank R") and its tracks. Waits for pending device spans.
   std::string events_json() const;
   // Writes a complete trace file from several ranks' events_json() strings.
   static void write_file(const std::string& path, const std::vector<std::string>& ranks_events);
@@ -43,18 +63,29 @@ class Tracer {
   std::size_t size() const;
 
  private:
-  struct Event {
+  struct Record {  // one trace event, in host time
     std::string name;
     TraceTrack track;
     double ts_us;
     double dur_us;  // < 0: instant
     std::map<std::string, std::string> args;
   };
+  struct DeviceSpan {
+    std::string name;
+    TraceTrack track;
+    Event begin, end;  // an instant has only `begin`
+    std::map<std::string, std::string> args;
+    bool instant = false;
+  };
   double to_us(Clock::time_point t) const;
+  // Turns device spans into events (host times). Called under mutex_.
+  void resolve_device_spans() const;
 
   int rank_;
   mutable std::mutex mutex_;
-  std::vector<Event> events_;
+  mutable std::vector<Record> events_;
+  mutable std::vector<DeviceSpan> device_spans_;
+  std::map<int, ClockAnchor> anchors_;  // by CUDA device index
 };
 
 // The tracer that engine code (autograd) and the Reducer report to, if any. Installed for the
@@ -72,24 +103,30 @@ class TraceScope {
   Tracer* previous_;
 };
 
-// Times a block: records a span on the active tracer (if any) when it goes out of scope.
+// Times a block: records a span on the active tracer (if any) when it goes out of scope. For
+// host work (the default device, the CPU) the span is the host's time in the block. For a CUDA
+// device it is when the device ran the work the block enqueued on its compute stream.
 class TraceSpan {
  public:
-  TraceSpan(const char* name, TraceTrack track)
-      : name_(name), track_(track), tracer_(active_tracer()) {
-    if (tracer_) start_ = Tracer::Clock::now();
-  }
-  ~TraceSpan() {
-    if (tracer_) tracer_->span(name_, track_, start_, Tracer::Clock::now());
-  }
+  // The name is copied only when a tracer is active: untraced steps pay one atomic load.
+  TraceSpan(const char* name, TraceTrack track, Device device = Device::cpu());
+  // With a name built at run time (build it only when `tracer` is not null) and arguments.
+  TraceSpan(Tracer* tracer, std::string name, TraceTrack track, Device device,
+            std::map<std::string, std::string> args = {});
+  ~TraceSpan();
   TraceSpan(const TraceSpan&) = delete;
   TraceSpan& operator=(const TraceSpan&) = delete;
 
  private:
-  const char* name_;
-  TraceTrack track_;
   Tracer* tracer_;
+  std::string name_;
+  TraceTrack track_;
+  Device device_;
+  std::map<std::string, std::string> args_;
   Tracer::Clock::time_point start_{};
+  Event begin_;  // CUDA only: on the compute stream, where the block's work starts
+
+  void begin();
 };
 
 }  // namespace nanoddp

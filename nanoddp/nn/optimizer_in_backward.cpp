@@ -52,7 +52,7 @@ void OptimizerInBackward::update_range(std::int64_t offset, std::int64_t numel,
     updated_[slot] = true;
   }
   if (slots.empty()) return;
-  TraceSpan span("optimizer update", TraceTrack::kCompute);
+  TraceSpan span("optimizer update", TraceTrack::kCompute, params_.device());
   backend_for(params_.device())
       .count_nonfinite(params_.grads().data() + offset, numel,
                        nonfinite_.data() + static_cast<std::int64_t>(slots.front()));

@@ -93,8 +93,13 @@ TEST_CASE(
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
                                     {.bucket_cap_mb = 1, .overlap = false});
   nn::SGD sgd(params, {.lr = 0.01f});
-  const Tensor x = Tensor::normal({64, 256}, 0.0f, 1.0f, {.seed = 1}, gpu);
-  const Tensor y = Tensor::zeros({64, 256}, gpu);
+  // A batch large enough that the GPU runs behind the host: the host has enqueued the step
+  // (backward, the all-reduces, the waits) long before the GPU gets to the waits, so the stall
+  // is the GPU's, and it covers the collectives. With a tiny batch an H200 would idle between
+  // kernel launches, the collectives would be done before the waits were reached, and the
+  // host's launch time would dominate both figures.
+  const Tensor x = Tensor::normal({4096, 256}, 0.0f, 1.0f, {.seed = 1}, gpu);
+  const Tensor y = Tensor::zeros({4096, 256}, gpu);
   for (int step = 0; step < 5; ++step) {
     sgd.zero_grad();
     mse_loss(ddp(x), y).backward();
@@ -102,6 +107,7 @@ TEST_CASE(
     Stream::compute(gpu).synchronize();
     const comm::ReducerStats& stats = ddp.reducer().last_stats();
     CAPTURE(step);
+    if (step == 0) continue;  // a fresh communicator's first collectives include its set-up
     CHECK(stats.comm_ms > 0);
     CHECK(stats.exposed_comm_ms > 0);
     // The stall covers the collectives (launched after the event), plus launch gaps: at least

@@ -336,10 +336,14 @@ TEST_CASE("cuda activation_backward matches the CPU, also in place") {
       gpu::activation_backward(act, pre.get(), grad.get(), out.get(), n, test_stream());
       const std::string what = "activation_backward n=" + std::to_string(n) +
                                " act=" + std::to_string(static_cast<int>(act));
-      check_close(out.download(), want, 1e-5f, 1e-6f, what);
+      // GELU's derivative near z = -4 is a small difference of terms near 1 (1 + tanh, and
+      // 1 - tanh^2 times ~5): CUDA's tanhf (2 ulp) and glibc's differ there by ~1.2e-6 * |g|
+      // while the result itself is ~1e-4 * g.
+      const float atol = act == Activation::kGelu ? 1e-5f : 1e-6f;
+      check_close(out.download(), want, 1e-5f, atol, what);
       // grad_in may alias grad_out.
       gpu::activation_backward(act, pre.get(), grad.get(), grad.get(), n, test_stream());
-      check_close(grad.download(), want, 1e-5f, 1e-6f, what + " in place");
+      check_close(grad.download(), want, 1e-5f, atol, what + " in place");
     }
   }
 }

@@ -85,18 +85,6 @@ double seconds(std::chrono::steady_clock::duration d) {
 // What the watchdog sees of an op: its events and its description. No tensors here, so the
 // watchdog thread never drops the last handle to a buffer (the allocator is the issuing
 // thread's business).
-// Maps GPU event times onto the host's steady clock: an event recorded (and waited for) at a
-// known host time; any later event's host time is that time plus the GPU-measured interval.
-struct ClockAnchor {
-  Event event;
-  std::chrono::steady_clock::time_point host;
-  explicit ClockAnchor(Device device) : event(device) {}
-  std::chrono::steady_clock::time_point host_time_of(const Event& later) const {
-    return host + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                      std::chrono::duration<double, std::milli>(event.elapsed_ms(later)));
-  }
-};
-
 struct OpState {
   std::uint64_t sequence_number = 0;
   std::string op_name;
@@ -130,8 +118,13 @@ class NcclWork final : public Work {
   // When the collective ran on the GPU, in host steady-clock time (timelines and statistics).
   std::optional<WorkTiming> timing() const override {
     if (!state_->done.query()) return std::nullopt;
-    return WorkTiming{.start = state_->anchor->host_time_of(state_->started),
-                      .end = state_->anchor->host_time_of(state_->done)};
+    // The start through the anchor; the duration from the op's own two events. (Both ends
+    // through the anchor would lose it: GPU event intervals are float milliseconds, which an
+    // hour after the anchor step by 0.25 ms.)
+    const auto start = state_->anchor->host_time_of(state_->started);
+    const auto duration = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double, std::milli>(state_->started.elapsed_ms(state_->done)));
+    return WorkTiming{.start = start, .end = start + duration};
   }
 
  private:
@@ -185,13 +178,8 @@ class NcclProcessGroup final : public ProcessGroup {
     // 3. The communication stream (high priority: NCCL's kernels are scheduled ahead of queued
     // compute kernels) and a one-element buffer for barrier().
     comm_stream_ = Stream::create(device_, StreamPriority::kHigh);
-    {
-      auto anchor = std::make_shared<ClockAnchor>(device_);
-      anchor->event.record(comm_stream_);
-      anchor->event.synchronize();
-      anchor->host = std::chrono::steady_clock::now();
-      anchor_ = std::move(anchor);
-    }
+    // The ops' GPU event times (Work::timing()) map onto the host clock through this anchor.
+    anchor_ = std::make_shared<const ClockAnchor>(comm_stream_);
     barrier_buffer_ = Tensor::zeros({1}, device_);
 
     watchdog_ = std::thread([this] { watchdog_loop(); });
@@ -221,6 +209,13 @@ class NcclProcessGroup final : public ProcessGroup {
                    rank(), e.what());
     }
     if (clean) {
+      // The ops' buffers (in_flight_'s keep_alive) go back to the caching allocator below:
+      // make sure no NCCL kernel still uses them.
+      try {
+        comm_stream_.synchronize();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "[nanoddp] rank %d: NCCL shutdown: %s\n", rank(), e.what());
+      }
       (void)ncclCommDestroy(comm_);
     } else {
       (void)ncclCommAbort(comm_);
@@ -257,11 +252,16 @@ class NcclProcessGroup final : public ProcessGroup {
         tensors, [&](cudaStream_t stream) {
           // One group: NCCL fuses the calls into one launch, one synchronization.
           NANODDP_NCCL_CHECK(ncclGroupStart());
-          for (const Tensor& t : tensors) {
-            if (t.numel() == 0) continue;
-            NANODDP_NCCL_CHECK_ASYNC(
-                ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<std::size_t>(t.numel()),
-                              nccl_dtype(t.dtype()), nccl_op(op), comm_, stream));
+          try {
+            for (const Tensor& t : tensors) {
+              if (t.numel() == 0) continue;
+              NANODDP_NCCL_CHECK_ASYNC(
+                  ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<std::size_t>(t.numel()),
+                                nccl_dtype(t.dtype()), nccl_op(op), comm_, stream));
+            }
+          } catch (...) {
+            (void)ncclGroupEnd();  // a group left open would break every later NCCL call
+            throw;
           }
           NANODDP_NCCL_CHECK_ASYNC(ncclGroupEnd());
         });

@@ -68,6 +68,20 @@ void write_all(int fd, const std::byte* data, std::size_t size, const std::files
 
 }  // namespace
 
+std::int64_t shape_numel_checked(std::span<const std::int64_t> shape) {
+  // A zero anywhere makes the product 0, however large the other sizes: the parser accepted
+  // such a shape (it holds no data), so multiplying in order could overflow before reaching
+  // the zero (found by fuzzing).
+  for (const std::int64_t d : shape) {
+    if (d == 0) return 0;
+  }
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) fail("a shape's element count overflows 64 bits");
+  }
+  return n;
+}
+
 std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {

@@ -8,6 +8,7 @@
 // rename itself survives a power loss.
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <span>
 #include <vector>
@@ -23,5 +24,9 @@ std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
 // on device", "Permission denied"). New files get mode 0666 minus the umask, like fopen.
 void write_file_atomically(const std::filesystem::path& path,
                            std::span<const std::span<const std::byte>> chunks);
+
+// The element count of a shape read from a file (non-negative sizes, already validated).
+// Throws nanoddp::Error when it does not fit 64 bits, unless a size is 0: then it is 0.
+std::int64_t shape_numel_checked(std::span<const std::int64_t> shape);
 
 }  // namespace nanoddp::nn

@@ -172,17 +172,7 @@ std::uint32_t read_le(const std::byte* p, int bytes) {
 }  // namespace
 
 std::int64_t NpyArray::numel() const {
-  // A zero anywhere makes the product 0, however large the other sizes: the parser accepted
-  // such a shape (it holds no data), so multiplying in order could overflow before reaching
-  // the zero (found by fuzzing).
-  for (const std::int64_t d : shape) {
-    if (d == 0) return 0;
-  }
-  std::int64_t n = 1;
-  for (const std::int64_t d : shape) {
-    if (__builtin_mul_overflow(n, d, &n)) fail("a shape's element count overflows 64 bits");
-  }
-  return n;
+  return shape_numel_checked(shape);
 }
 
 NpyArray read_npy(const std::filesystem::path& path) {

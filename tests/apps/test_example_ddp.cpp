@@ -1,0 +1,64 @@
+// examples/ddp_train.cpp, the API example of the README, run as its users would run it: under
+// nanoddp-run with two real processes over Gloo, and alone as a world of one.
+#include <doctest/doctest.h>
+
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "support/subprocess.h"
+
+using namespace nanoddp::testing;
+
+namespace {
+
+struct ExampleRun {
+  std::set<std::string> checksums;  // one per rank line; all ranks equal: one element
+  int rank_lines = 0;
+  double first_loss = 0, last_loss = 0;
+  int epochs = 0;
+};
+
+ExampleRun parse(const std::string& output, int world_size) {
+  ExampleRun run;
+  const std::regex rank_line(R"(rank (\d+) of (\d+): parameters checksum ([0-9a-f]{16}))");
+  const std::regex epoch_line(R"(epoch (\d+): loss ([0-9.e+-]+))");
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, rank_line)) {
+      CHECK(std::stoi(m[2]) == world_size);
+      run.checksums.insert(m[3]);
+      ++run.rank_lines;
+    } else if (std::regex_search(line, m, epoch_line)) {
+      (run.epochs++ == 0 ? run.first_loss : run.last_loss) = std::stod(m[2]);
+    }
+  }
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("example ddp_train: two ranks learn and end with the same parameters") {
+  const ProcessResult r = run_process(
+      {bin_path("nanoddp-run"), "--nproc-per-node", "2", bin_path("nanoddp-example-ddp")},
+      {.timeout = std::chrono::seconds(120)});
+  INFO(r.output);
+  REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
+  const ExampleRun run = parse(r.output, 2);
+  CHECK(run.rank_lines == 2);
+  CHECK(run.checksums.size() == 1);  // DDP kept the ranks' parameters bit-identical
+  CHECK(run.epochs == 4);
+  CHECK(run.last_loss < run.first_loss / 5);
+}
+
+TEST_CASE("example ddp_train: alone it is a world of one") {
+  const ProcessResult r =
+      run_process({bin_path("nanoddp-example-ddp")}, {.timeout = std::chrono::seconds(120)});
+  INFO(r.output);
+  REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
+  const ExampleRun run = parse(r.output, 1);
+  CHECK(run.rank_lines == 1);
+  CHECK(run.last_loss < run.first_loss / 5);
+}

@@ -281,6 +281,23 @@ else
   row optimizer-in-backward FAIL 0 "saved parameters differ from the plain step's"
   extra_fail=1
 fi
+# A timeline of DDP on the GPU (device-timed spans: events on the compute stream); the JSON
+# comes back in $OUT for docs/ and benchmarks/plot/plot_trace.py.
+gpu_step train-trace 60 train-trace.log "$bin/nanoddp-run" --nproc-per-node 1 \
+  "${train_small[@]}" --trace "$OUT/gpu-trace.json" --trace-steps 3
+if [[ -s "$OUT/gpu-trace.json" ]]; then
+  summary="$(python3 - "$OUT/gpu-trace.json" <<'PY' 2>&1
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+spans = [e for e in events if e.get("ph") == "X"]
+backward = sum(e["dur"] for e in spans if e["name"].startswith("backward ")) / 1000.0
+comm = sum(e["dur"] for e in spans if e["name"].startswith("all-reduce")) / 1000.0
+print(f"{len(spans)} spans; backward {backward:.3f} ms and all-reduce {comm:.3f} ms of GPU time "
+      f"over the traced steps")
+PY
+)"
+  row gpu-trace ok 0 "$summary"
+fi
 gpu_step allreduce 60 bench-allreduce-nccl.log "$bin/nanoddp-run" --nproc-per-node 1 \
   "$bin/nanoddp-bench-allreduce" --backend nccl -b 8 -e 256M -f 8 \
   --json "$OUT/bench-allreduce-nccl.json"

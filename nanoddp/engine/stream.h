@@ -83,6 +83,8 @@ class ClockAnchor {
     host_ = std::chrono::steady_clock::now();
   }
   Device device() const { return event_.device(); }
+  // The host time taken as the anchor event's.
+  std::chrono::steady_clock::time_point host_time() const { return host_; }
   // `later` must be recorded on this device and have happened (Event::query()).
   std::chrono::steady_clock::time_point host_time_of(const Event& later) const {
     return host_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(

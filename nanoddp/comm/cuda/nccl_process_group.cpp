@@ -59,6 +59,8 @@ constexpr int kWatchdogExitCode = 70;
 constexpr auto kWatchdogPeriod = std::chrono::milliseconds(100);
 // If ncclCommAbort itself hangs (it can, with a wedged GPU), this ends the process anyway.
 constexpr auto kAbortGrace = std::chrono::seconds(10);
+// How often op timings get a fresh GPU clock anchor (see renew_anchor_if_due).
+constexpr auto kAnchorRenewal = std::chrono::seconds(60);
 
 ncclDataType_t nccl_dtype(DType dtype) {
   return dtype == DType::kF32 ? ncclFloat : ncclBfloat16;
@@ -378,6 +380,7 @@ class NcclProcessGroup final : public ProcessGroup {
     // not interleave, and sequence numbers must follow the launch order.
     std::lock_guard issue_lock(issue_mutex_);
     detail::CudaDeviceGuard guard(device_.index);
+    renew_anchor_if_due();
     auto state = std::make_shared<OpState>(device_);
     state->sequence_number = ++last_sequence_number_;
     state->op_name = op;
@@ -404,6 +407,22 @@ class NcclProcessGroup final : public ProcessGroup {
       in_flight_.push_back(InFlight{state, std::move(keep_alive)});
     }
     return std::make_shared<NcclWork>(state, device_);
+  }
+
+  // Op timings read GPU event times as float milliseconds since the anchor, which an hour later
+  // step by 0.25 ms. So the anchor is renewed every minute, at a moment the communication stream
+  // is idle (every issued op has finished): waiting for the new anchor's event then takes
+  // microseconds and never stalls behind a collective. Ops keep the anchor they were issued with.
+  void renew_anchor_if_due() {
+    if (std::chrono::steady_clock::now() - anchor_->host_time() < kAnchorRenewal) return;
+    {
+      std::lock_guard lock(watch_mutex_);
+      while (!in_flight_.empty() && in_flight_.front().state->done.query()) {
+        in_flight_.pop_front();
+      }
+      if (!in_flight_.empty()) return;  // try again at the next op
+    }
+    anchor_ = std::make_shared<const ClockAnchor>(comm_stream_);
   }
 
   [[noreturn]] void die(const std::string& message) {

@@ -113,6 +113,10 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
       ->capture_default_str();
   app.add_option("--metrics", o.metrics_path, "write one JSON line per logged step to FILE");
   app.add_option("--save", o.save_path, "save the final parameters as a safetensors FILE");
+  app.add_option("--init", o.init_path,
+                 "start from the parameters in a safetensors FILE (as --save writes them, or "
+                 "PyTorch's state_dict of the same model); rank 0 reads it and DDP broadcasts it")
+      ->check(CLI::ExistingFile);
   app.add_option("--threads", o.threads, "Eigen GEMM threads (CPU)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();

@@ -58,6 +58,7 @@ struct TrainOptions {
   std::int64_t checkpoint_every = 0;
   int keep = 3;
   bool resume = false;
+  std::string init_path;  // start from these parameters (safetensors) instead of the seeded init
   std::string trace_path;
   std::int64_t trace_steps = 20;
 };

@@ -154,6 +154,12 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
         *dataset_, nn::BatchPrefetcherOptions{.timeout = comm::default_timeout()});
   }
 
+  // A given starting point: rank 0 reads it; DDP's constructor broadcasts rank 0's parameters,
+  // so the other ranks need not see the file. A checkpoint found by --resume comes after it.
+  if (!o_.init_path.empty() && is_main()) {
+    nn::load_parameters(o_.init_path, *model_);
+    fmt::print("init: parameters from {}\n", o_.init_path);
+  }
   if (o_.resume) resume();
 
   if (distributed_) {

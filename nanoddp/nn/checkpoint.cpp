@@ -8,6 +8,9 @@
 #include <charconv>
 #include <filesystem>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "nanoddp/engine/debug_log.h"
 #include "nanoddp/engine/error.h"
 #include "nanoddp/nn/safetensors.h"
@@ -159,6 +162,46 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::string> out;
   for (auto& [step, path] : found) out.push_back(std::move(path));
   return out;
+}
+
+void load_parameters(const std::string& path, Module& model) {
+  debug_log(DebugLevel::kInfo, "parameters: loading {}", path);
+  const SafetensorsFile file = read_safetensors(path);
+  const std::vector<NamedTensor> params = model.named_parameters();
+  std::vector<std::string> missing, unexpected;
+  for (const NamedTensor& p : params) {
+    const SafetensorsTensor* stored = file.find(p.name);
+    if (stored == nullptr) {
+      missing.push_back(p.name);
+    } else if (stored->shape != p.tensor.shape()) {
+      fail("'{}': '{}' has shape {} but the model's parameter is {}: the file holds another model",
+           path, p.name, shape_str(stored->shape), shape_str(p.tensor.shape()));
+    } else if (stored->dtype != "F32" && stored->dtype != "BF16" && stored->dtype != "F16" &&
+               stored->dtype != "F64") {
+      fail("'{}': '{}' is {}; parameters load from F32, BF16, F16 or F64", path, p.name,
+           stored->dtype);
+    }
+  }
+  for (const std::string& name : file.names()) {
+    const bool known = std::any_of(params.begin(), params.end(),
+                                   [&](const NamedTensor& p) { return p.name == name; });
+    if (!known) unexpected.push_back(name);
+  }
+  if (!missing.empty() || !unexpected.empty()) {
+    std::vector<std::string> expected;
+    for (const NamedTensor& p : params) expected.push_back(p.name);
+    fail(
+        "'{}' does not hold this model's parameters: {}{}{} (the model has: {}; names follow "
+        "PyTorch's state_dict of the same nn.Sequential)",
+        path, missing.empty() ? "" : fmt::format("missing {}", fmt::join(missing, ", ")),
+        !missing.empty() && !unexpected.empty() ? "; " : "",
+        unexpected.empty() ? "" : fmt::format("not in the model {}", fmt::join(unexpected, ", ")),
+        fmt::join(expected, ", "));
+  }
+  for (const NamedTensor& p : params) {
+    Tensor target = p.tensor;
+    target.copy_from(Tensor::from_vector(file.to_f32(p.name), target.shape()));
+  }
 }
 
 TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer& optimizer) {

@@ -45,4 +45,13 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 // is an Error naming the file and what is wrong; the model is untouched then.
 TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer& optimizer);
 
+// Loads `path`, a safetensors file of parameters named as the model names them, into the model:
+// what nanoddp-train --save writes, or what PyTorch writes for the same architecture with
+// safetensors.torch.save_file(model.state_dict(), path) ("layers.0.weight", ...). Every
+// parameter must be there with its shape, stored as F32, BF16, F16 or F64 (converted to float32),
+// and a tensor the model has no parameter for is an error too, as with PyTorch's
+// load_state_dict(strict=True): a silently ignored tensor would mean a silently different model.
+// Everything is checked before the model is touched; errors name the file and the tensors.
+void load_parameters(const std::string& path, Module& model);
+
 }  // namespace nanoddp::nn

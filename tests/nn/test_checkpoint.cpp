@@ -30,7 +30,8 @@ struct Run {
   void steps(int n) {
     for (int i = 0; i < n; ++i) {
       adam.zero_grad();
-      Tensor x = Tensor::normal({6, 4}, 0, 1, {.seed = 3, .offset = static_cast<std::uint64_t>(i) * 24});
+      Tensor x =
+          Tensor::normal({6, 4}, 0, 1, {.seed = 3, .offset = static_cast<std::uint64_t>(i) * 24});
       mse_loss(model(x), Tensor::zeros({6, 2})).backward();
       adam.step();
     }
@@ -141,7 +142,9 @@ TEST_CASE("checkpoint: a bit flip, a truncation, another model or optimizer are 
     std::vector<nn::SafetensorsEntry> entries;
     for (const auto& name : file.names()) {
       values.push_back(file.to_f32(name));
-      entries.push_back({.name = name, .dtype = "F32", .shape = file.at(name).shape,
+      entries.push_back({.name = name,
+                         .dtype = "F32",
+                         .shape = file.at(name).shape,
                          .data = values.back().data()});
     }
     nn::SafetensorsMetadata md = file.metadata();
@@ -172,4 +175,69 @@ TEST_CASE("checkpoint: an unwritable directory is an error naming it") {
   const std::string msg =
       expect_error([&] { nn::save_checkpoint(file + "/sub", a.model, a.adam, {.step = 1}, 1); });
   CHECK(msg.find("a-file") != std::string::npos);
+}
+
+// load_parameters (nanoddp-train --init): the model's own tensors, converted from any float
+// dtype, strictly by name and shape.
+TEST_CASE("load_parameters: a parameter file round-trips, also from F64; mismatches are errors") {
+  testing::TempDir dir;
+  Run source(8, 1), target(8, 2);
+  source.steps(2);
+  std::vector<std::vector<float>> values;
+  std::vector<nn::SafetensorsEntry> entries;
+  for (const nn::NamedTensor& p : source.model.named_parameters())
+    values.push_back(p.tensor.to_vector());
+  std::size_t i = 0;
+  for (const nn::NamedTensor& p : source.model.named_parameters()) {
+    entries.push_back({p.name, "F32", p.tensor.shape(), values[i++].data()});
+  }
+  const std::string f32 = dir.file("f32.safetensors");
+  nn::write_safetensors(f32, entries);
+  nn::load_parameters(f32, target.model);
+  i = 0;
+  for (const nn::NamedTensor& p : target.model.named_parameters()) {
+    CAPTURE(p.name);
+    CHECK(p.tensor.to_vector() == values[i++]);  // bit for bit
+  }
+
+  // F64, as numpy or torch.float64 would store them: the same floats after conversion.
+  std::vector<std::vector<double>> wide;
+  for (const auto& v : values) wide.emplace_back(v.begin(), v.end());
+  std::vector<nn::SafetensorsEntry> f64_entries = entries;
+  for (std::size_t k = 0; k < entries.size(); ++k) {
+    f64_entries[k].dtype = "F64";
+    f64_entries[k].data = wide[k].data();
+  }
+  const std::string f64 = dir.file("f64.safetensors");
+  nn::write_safetensors(f64, f64_entries);
+  Run other(8, 3);
+  nn::load_parameters(f64, other.model);
+  CHECK(other.model.named_parameters()[0].tensor.to_vector() == values[0]);
+
+  // Missing and unexpected names, a wrong shape, a non-float dtype: errors naming them, and the
+  // model untouched.
+  Run untouched(8, 4);
+  const std::vector<float> before = untouched.model.named_parameters()[0].tensor.to_vector();
+  std::vector<nn::SafetensorsEntry> renamed = entries;
+  renamed[0].name = "layers.9.weight";
+  const std::string bad_names = dir.file("names.safetensors");
+  nn::write_safetensors(bad_names, renamed);
+  std::string message = expect_error([&] { nn::load_parameters(bad_names, untouched.model); });
+  CHECK(message.find("missing layers.0.weight") != std::string::npos);
+  CHECK(message.find("not in the model layers.9.weight") != std::string::npos);
+  CHECK(untouched.model.named_parameters()[0].tensor.to_vector() == before);
+
+  Run wider(16, 1);
+  message = expect_error([&] { nn::load_parameters(f32, wider.model); });
+  CHECK(message.find("has shape [8, 4] but the model's parameter is [16, 4]") != std::string::npos);
+
+  std::vector<std::int64_t> ints(values[0].size(), 1);
+  std::vector<nn::SafetensorsEntry> int_entries = entries;
+  int_entries[0].dtype = "I64";
+  int_entries[0].data = ints.data();
+  const std::string i64 = dir.file("i64.safetensors");
+  nn::write_safetensors(i64, int_entries);
+  message = expect_error([&] { nn::load_parameters(i64, untouched.model); });
+  CHECK(message.find("is I64; parameters load from F32, BF16, F16 or F64") != std::string::npos);
+  CHECK(untouched.model.named_parameters()[0].tensor.to_vector() == before);
 }

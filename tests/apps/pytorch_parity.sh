@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# nanoddp-train matches PyTorch number for number: the same starting parameters (PyTorch's
+# init, loaded with --init), the same data (.npy) in the same order, SGD with momentum and
+# AdamW, for one process and for two DDP ranks with half the batch each (DDP = the big batch).
+# tests/apps/pytorch_parity.py has the model, the data and the bound. Skipped (exit 77) where
+# Debian's python3-torch is not installed.
+#
+#   tests/apps/pytorch_parity.sh BIN_DIR
+set -euo pipefail
+bin=$1
+here=$(cd "$(dirname "$0")" && pwd)
+python=${NANODDP_PYTHON:-/usr/bin/python3}
+if ! "$python" -c "import torch, numpy" 2>/dev/null; then
+  echo "SKIPPED: PyTorch is not importable by $python (apt-get install python3-torch)"
+  exit 77
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+"$python" "$here/pytorch_parity.py" prepare "$work"
+common=(--data "$work/X.npy" --targets "$work/Y.npy" --hidden 32 --layers 2 --no-shuffle
+  --steps 16 --log-every 1 --quiet --init "$work/init.safetensors")
+flags_sgd=(--optimizer sgd --lr 0.05 --momentum 0.9)
+flags_adamw=(--optimizer adamw --lr 0.01 --weight-decay 0.01)
+status=0
+for optimizer in sgd adamw; do
+  flags_name="flags_${optimizer}[@]"
+  flags=("${!flags_name}")
+  timeout 120 "$bin/nanoddp-train" "${common[@]}" "${flags[@]}" --batch 32 \
+    --save "$work/one-$optimizer.safetensors" --metrics "$work/one-$optimizer.jsonl" >/dev/null
+  "$python" "$here/pytorch_parity.py" compare "$work" "one-$optimizer" "$optimizer" || status=1
+  timeout 120 "$bin/nanoddp-run" --nproc-per-node 2 "$bin/nanoddp-train" "${common[@]}" \
+    "${flags[@]}" --batch 16 --save "$work/ddp-$optimizer.safetensors" \
+    --metrics "$work/ddp-$optimizer.jsonl" >/dev/null 2>&1
+  "$python" "$here/pytorch_parity.py" compare "$work" "ddp-$optimizer" "$optimizer" || status=1
+done
+exit $status

@@ -236,3 +236,37 @@ TEST_CASE("nanoddp-train trains on .npy files and names a malformed one") {
   CHECK(broken.exit_code == 2);
   CHECK(broken.output.find("broken.npy") != std::string::npos);
 }
+
+TEST_CASE("nanoddp-train --init starts from saved parameters; another model's file is refused") {
+  nanoddp::testing::TempDir dir;
+  const std::string saved = dir.file("narrow.safetensors");
+  const std::vector<std::string> narrow = {"--hidden", "8", "--layers", "1", "--quiet"};
+  auto with = [](std::vector<std::string> args, std::initializer_list<std::string> more) {
+    args.insert(args.end(), more);
+    return args;
+  };
+  REQUIRE(train(with(narrow, {"--steps", "20", "--save", saved})).exit_code == 0);
+
+  // Starting from the trained parameters, the first logged loss is the trained model's: far
+  // below a fresh start's.
+  const std::string fresh = dir.file("fresh.jsonl"), resumed = dir.file("init.jsonl");
+  REQUIRE(train(with(narrow, {"--steps", "1", "--log-every", "1", "--metrics", fresh})).exit_code ==
+          0);
+  const ProcessResult from_saved = train(
+      with(narrow, {"--steps", "1", "--log-every", "1", "--metrics", resumed, "--init", saved}));
+  INFO(from_saved.output);
+  REQUIRE(from_saved.exit_code == 0);
+  CHECK(from_saved.output.find("init: parameters from " + saved) != std::string::npos);
+  const auto first_loss = [](const std::string& path) {
+    return read_json_lines(path).at(0).at("loss").get<double>();
+  };
+  CHECK(first_loss(resumed) < 0.5 * first_loss(fresh));
+
+  // A wider model cannot start from it: an error naming the file and the tensor, exit 1.
+  const ProcessResult wide =
+      train({"--hidden", "16", "--layers", "1", "--steps", "1", "--init", saved});
+  INFO(wide.output);
+  CHECK(wide.exit_code == 1);
+  CHECK(wide.output.find(saved) != std::string::npos);
+  CHECK(wide.output.find("'layers.0.weight' has shape [8, 32]") != std::string::npos);
+}

@@ -24,18 +24,22 @@ import torch
 
 IN, HIDDEN, OUT, N, BATCH, STEPS = 16, 32, 4, 256, 32, 16
 CONFIGS = {
-    "sgd": dict(cls=torch.optim.SGD, kwargs=dict(lr=0.05, momentum=0.9)),
-    "adamw": dict(cls=torch.optim.AdamW, kwargs=dict(lr=0.01, weight_decay=0.01)),
+    "sgd": dict(cls=torch.optim.SGD, kwargs=dict(lr=0.05, momentum=0.9), act="relu"),
+    "adamw": dict(cls=torch.optim.AdamW, kwargs=dict(lr=0.01, weight_decay=0.01), act="relu"),
+    # nanoddp's GELU is the tanh form: PyTorch's GELU(approximate="tanh").
+    "sgd-gelu": dict(cls=torch.optim.SGD, kwargs=dict(lr=0.05, momentum=0.9), act="gelu"),
 }
 TOLERANCE = 5e-6  # max |nanoddp - torch| / max |torch|, per tensor (measured: 1e-7 to 5e-7)
 
 
 class Net(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, act="relu"):
         super().__init__()
+        make = (lambda: torch.nn.ReLU()) if act == "relu" else (
+            lambda: torch.nn.GELU(approximate="tanh"))
         self.layers = torch.nn.Sequential(
-            torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN),
-            torch.nn.ReLU(), torch.nn.Linear(HIDDEN, OUT))
+            torch.nn.Linear(IN, HIDDEN), make(), torch.nn.Linear(HIDDEN, HIDDEN), make(),
+            torch.nn.Linear(HIDDEN, OUT))
 
     def forward(self, x):
         return self.layers(x)
@@ -81,7 +85,7 @@ def prepare(d):
     init = Net().state_dict()
     write_safetensors(f"{d}/init.safetensors", init)
     for name, cfg in CONFIGS.items():
-        model = Net()
+        model = Net(cfg["act"])
         model.load_state_dict(init)
         opt = cfg["cls"](model.parameters(), **cfg["kwargs"])
         losses = []

@@ -281,6 +281,43 @@ else
   row optimizer-in-backward FAIL 0 "saved parameters differ from the plain step's"
   extra_fail=1
 fi
+# The GPU trains like the CPU: the same seed gives the same initial parameters and data (Philox,
+# bit-identical on both), so after 50 SGD steps the saved parameters may differ only by the
+# GEMMs' float rounding (another summation order): within 1e-4 of each tensor's largest value.
+# (SGD, not AdamW: AdamW's m/sqrt(v) turns a rounding-level sign flip of a near-zero gradient
+# into a whole lr-sized step.)
+small=(--in 64 --out 16 --hidden 128 --layers 2 --batch 64 --steps 50 --quiet --optimizer sgd
+  --lr 0.01 --momentum 0.9)
+gpu_step cpu-reference 60 train-cpu-ref.log "$bin/nanoddp-train" --device cpu "${small[@]}" \
+  --save "$OUT/params-cpu.safetensors"
+for gemm in hand cublas; do
+  gpu_step "gpu-$gemm-params" 60 "train-params-$gemm.log" "$bin/nanoddp-train" --device cuda \
+    --gemm "$gemm" "${small[@]}" --save "$OUT/params-$gemm.safetensors"
+  if [[ -s "$OUT/params-cpu.safetensors" && -s "$OUT/params-$gemm.safetensors" ]]; then
+    if verdict="$(python3 - "$OUT/params-cpu.safetensors" "$OUT/params-$gemm.safetensors" <<'PY' 2>&1
+import array, json, struct, sys
+def load(path):
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header, body = json.loads(raw[8:8 + n]), raw[8 + n:]
+    return {k: array.array("f", body[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items() if k != "__metadata__"}
+cpu, gpu = load(sys.argv[1]), load(sys.argv[2])
+assert sorted(cpu) == sorted(gpu), (sorted(cpu), sorted(gpu))
+worst = max(max(abs(a - b) for a, b in zip(cpu[k], gpu[k])) / max(abs(a) for a in cpu[k])
+            for k in cpu)
+print(f"max |gpu - cpu| / max |cpu| = {worst:.2e} over {len(cpu)} tensors")
+sys.exit(0 if worst <= 1e-4 else 1)
+PY
+)"; then
+      row "cpu-vs-$gemm" ok 0 "$verdict"
+    else
+      row "cpu-vs-$gemm" FAIL 0 "$verdict"
+      extra_fail=1
+    fi
+  fi
+done
+
 # A timeline of DDP on the GPU (device-timed spans: events on the compute stream); the JSON
 # comes back in $OUT for docs/ and benchmarks/plot/plot_trace.py.
 gpu_step train-trace 60 train-trace.log "$bin/nanoddp-run" --nproc-per-node 1 \

@@ -60,6 +60,7 @@ class Tracer {
   static void write_file(const std::string& path, const std::vector<std::string>& ranks_events);
 
   int rank() const { return rank_; }
+  // Events recorded so far; device spans count once events_json() has resolved them.
   std::size_t size() const;
 
  private:

@@ -67,8 +67,14 @@ def ms(name):
 # every layer but the first.
 warm = linears * ms("mlp-forward") + linears * ms("mlp-weight-grad") + (linears - 1) * ms("mlp-input-grad")
 cold = ms("mlp-step")
+step = next(r for r in rows if r["shape"] == "mlp-step")
 print(f"GEMMs of one step: {warm:.3f} ms warm (one at a time), {cold:.3f} ms in training order "
-      f"(cold caches)\n")
+      f"(cold caches)")
+per = lambda total, count: total / count if count else 0.0
+print(f"per GEMM, in training order (warm): forward {per(step['forward_ms'], linears):.3f} "
+      f"({ms('mlp-forward'):.3f}), input grad {per(step['input_grad_ms'], linears - 1):.3f} "
+      f"({ms('mlp-input-grad'):.3f}), weight grad {per(step['weight_grad_ms'], linears):.3f} "
+      f"({ms('mlp-weight-grad'):.3f}) ms\n")
 print(f"{'optimizer':<10} {'step':<12} {'forward':>8} {'backward':>9} {'optimizer':>10} "
       f"{'step':>8} {'x warm':>7} {'x cold':>7} {'data':>7}")
 for optimizer in ("sgd", "adamw"):

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -60,10 +61,16 @@ struct Shape {
   double gflop() const { return 2.0 * double(m) * double(n) * double(k) * double(gemms) * 1e-9; }
 };
 
+// The mlp-step row by kind of GEMM: the median over repetitions of each kind's time in one step.
+struct StepKinds {
+  double forward_ms = 0, input_grad_ms = 0, weight_grad_ms = 0;
+};
+
 struct Row {
   std::string backend;
   Shape shape;
   double median_ms = 0.0;
+  std::optional<StepKinds> kinds;  // the mlp-step row only
   double gflops() const { return shape.gflop() / (median_ms * 1e-3); }
 };
 
@@ -186,24 +193,51 @@ Row run_mlp_step_gemms(const Options& opt) {
   EngineBuffer grad_out(cpu, b * h), grad_in(cpu, b * h);
   std::fill_n(grad_out.get(), b * h, 0.01f);
   nanoddp::Backend& be = nanoddp::cpu_backend();
+  // Each GEMM is timed on its own (a clock read between GEMMs costs nanoseconds), so the step
+  // splits by kind: which GEMMs suffer most from cold caches.
+  std::vector<double> total, forward, input_grad, weight_grad;
+  auto timed = [](double& sum, const auto& call) {
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    sum += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
   auto step = [&] {
+    double f = 0, x = 0, w = 0;
     for (auto& layer : weights) {
-      be.gemm(Transpose::kNo, Transpose::kYes, b, h, h, 1.0f, layer.a.get(), layer.b.get(), 0.0f,
-              layer.c.get());
+      timed(f, [&] {
+        be.gemm(Transpose::kNo, Transpose::kYes, b, h, h, 1.0f, layer.a.get(), layer.b.get(), 0.0f,
+                layer.c.get());
+      });
     }
     for (std::int64_t l = layers - 1; l >= 0; --l) {
       auto& layer = weights[static_cast<std::size_t>(l)];
-      be.gemm(Transpose::kYes, Transpose::kNo, h, h, b, 1.0f, grad_out.get(), layer.a.get(), 0.0f,
-              grads[static_cast<std::size_t>(l)].get());
+      timed(w, [&] {
+        be.gemm(Transpose::kYes, Transpose::kNo, h, h, b, 1.0f, grad_out.get(), layer.a.get(), 0.0f,
+                grads[static_cast<std::size_t>(l)].get());
+      });
       if (l > 0) {
-        be.gemm(Transpose::kNo, Transpose::kNo, b, h, h, 1.0f, grad_out.get(), layer.b.get(), 0.0f,
-                grad_in.get());
+        timed(x, [&] {
+          be.gemm(Transpose::kNo, Transpose::kNo, b, h, h, 1.0f, grad_out.get(), layer.b.get(),
+                  0.0f, grad_in.get());
+        });
       }
     }
+    return std::array{f, x, w};
   };
+  for (int i = 0; i < opt.warmup; ++i) step();
+  for (int i = 0; i < opt.repeats; ++i) {
+    const auto [f, x, w] = step();
+    forward.push_back(f);
+    input_grad.push_back(x);
+    weight_grad.push_back(w);
+    total.push_back(f + x + w);
+  }
   Shape shape = unit;
   shape.gemms = 3 * layers - 1;
-  return {"nanoddp-cpu", shape, time_cpu_ms(step, opt)};
+  return {"nanoddp-cpu", shape, median(total),
+          StepKinds{.forward_ms = median(forward),
+                    .input_grad_ms = median(input_grad),
+                    .weight_grad_ms = median(weight_grad)}};
 }
 
 // Device timing with events on the backend's stream: the host only enqueues, so each call is
@@ -357,7 +391,14 @@ int main(int argc, char** argv) {
                                    {"nanoddp_version", NANODDP_VERSION},
                                    {"with_cuda", bool(NANODDP_WITH_CUDA)},
                                    {"gemms", r.shape.gemms}};
-      *json << line.dump() << '\n';
+      nlohmann::json out = line;
+      if (r.kinds) {
+        out["forward_ms"] = r.kinds->forward_ms;
+        out["input_grad_ms"] = r.kinds->input_grad_ms;
+        out["weight_grad_ms"] = r.kinds->weight_grad_ms;
+        out["isolated_ms"] = isolated_step_ms;
+      }
+      *json << out.dump() << '\n';
     }
   }
   fmt::print(
@@ -366,5 +407,20 @@ int main(int argc, char** argv) {
       "The same GEMMs timed one at a time (warm caches, the rows above): {:.3f} ms.\n",
       3 * opt.linears - 1, opt.linears, opt.hidden, opt.hidden, opt.batch, rows.back().median_ms,
       isolated_step_ms);
+  // Per kind, per GEMM: in training order against warm (the eigen rows above).
+  const StepKinds& kinds = *rows.back().kinds;
+  auto warm = [&](const char* shape) {
+    for (const auto& r : rows) {
+      if (r.backend == "eigen" && r.shape.name == shape) return r.median_ms;
+    }
+    return 0.0;
+  };
+  const double l = static_cast<double>(opt.linears);
+  fmt::print(
+      "Per GEMM in training order (warm): forward {:.3f} ms ({:.3f}), input grad {:.3f} ({:.3f}), "
+      "weight grad {:.3f} ({:.3f}).\n",
+      kinds.forward_ms / l, warm("mlp-forward"),
+      opt.linears > 1 ? kinds.input_grad_ms / (l - 1) : 0.0, warm("mlp-input-grad"),
+      kinds.weight_grad_ms / l, warm("mlp-weight-grad"));
   return 0;
 }

@@ -10,11 +10,7 @@
 set -euo pipefail
 bin=$1
 here=$(cd "$(dirname "$0")" && pwd)
-python=${NANODDP_PYTHON:-/usr/bin/python3}
-if ! "$python" -c "import torch, numpy" 2>/dev/null; then
-  echo "SKIPPED: PyTorch is not importable by $python (apt-get install python3-torch)"
-  exit 77
-fi
+source "$here/../support/torch_python.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -7,11 +7,7 @@
 set -euo pipefail
 bin_dir=$1
 root=$(cd "$(dirname "$0")/../.." && pwd)
-python=${NANODDP_PYTHON:-/usr/bin/python3}
-if ! "$python" -c "import torch" 2>/dev/null; then
-  echo "SKIPPED: PyTorch is not importable by $python (apt-get install python3-torch)"
-  exit 77
-fi
+source "$root/tests/support/torch_python.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -1,5 +1,5 @@
-// examples/ddp_train.cpp, the API example of the README, run as its users would run it: under
-// nanoddp-run with two real processes over Gloo, and alone as a world of one.
+// The programs in examples/, run as their users would run them: under nanoddp-run with two real
+// processes over Gloo (and ddp_train alone, as a world of one).
 #include <doctest/doctest.h>
 
 #include <regex>
@@ -61,4 +61,19 @@ TEST_CASE("example ddp_train: alone it is a world of one") {
   const ExampleRun run = parse(r.output, 1);
   CHECK(run.rank_lines == 1);
   CHECK(run.last_loss < run.first_loss / 5);
+}
+
+TEST_CASE("example custom_module: a user-defined residual model trains under DDP on two ranks") {
+  const ProcessResult r = run_process(
+      {bin_path("nanoddp-run"), "--nproc-per-node", "2", bin_path("nanoddp-example-custom-module")},
+      {.timeout = std::chrono::seconds(120)});
+  INFO(r.output);
+  REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
+  // The user's module names its parameters as PyTorch would (registered children, dotted).
+  CHECK(r.output.find("blocks.1.fc2.weight    [32, 64]") != std::string::npos);
+  const ExampleRun run = parse(r.output, 2);
+  CHECK(run.rank_lines == 2);
+  CHECK(run.checksums.size() == 1);
+  CHECK(run.epochs == 5);
+  CHECK(run.last_loss < run.first_loss / 3);
 }

@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "support/subprocess.h"
 
@@ -14,6 +15,7 @@ using namespace nanoddp::testing;
 namespace {
 
 struct ExampleRun {
+  std::string output;
   std::set<std::string> checksums;  // one per rank line; all ranks equal: one element
   int rank_lines = 0;
   double first_loss = 0, last_loss = 0;
@@ -38,15 +40,24 @@ ExampleRun parse(const std::string& output, int world_size) {
   return run;
 }
 
+// Runs build/bin/nanoddp-example-NAME under nanoddp-run with `ranks` processes (0: alone, no
+// launcher), requires a clean exit and parses what it printed.
+ExampleRun run_example(const std::string& name, int ranks) {
+  std::vector<std::string> argv;
+  if (ranks > 0) argv = {bin_path("nanoddp-run"), "--nproc-per-node", std::to_string(ranks)};
+  argv.push_back(bin_path("nanoddp-example-" + name));
+  const ProcessResult r = run_process(argv, {.timeout = std::chrono::seconds(120)});
+  REQUIRE_MESSAGE((!r.timed_out && !r.signaled && r.exit_code == 0), r.output);
+  ExampleRun run = parse(r.output, ranks > 0 ? ranks : 1);
+  run.output = r.output;
+  return run;
+}
+
 }  // namespace
 
 TEST_CASE("example ddp_train: two ranks learn and end with the same parameters") {
-  const ProcessResult r = run_process(
-      {bin_path("nanoddp-run"), "--nproc-per-node", "2", bin_path("nanoddp-example-ddp")},
-      {.timeout = std::chrono::seconds(120)});
-  INFO(r.output);
-  REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
-  const ExampleRun run = parse(r.output, 2);
+  const ExampleRun run = run_example("ddp", 2);
+  INFO(run.output);
   CHECK(run.rank_lines == 2);
   CHECK(run.checksums.size() == 1);  // DDP kept the ranks' parameters bit-identical
   CHECK(run.epochs == 4);
@@ -54,24 +65,17 @@ TEST_CASE("example ddp_train: two ranks learn and end with the same parameters")
 }
 
 TEST_CASE("example ddp_train: alone it is a world of one") {
-  const ProcessResult r =
-      run_process({bin_path("nanoddp-example-ddp")}, {.timeout = std::chrono::seconds(120)});
-  INFO(r.output);
-  REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
-  const ExampleRun run = parse(r.output, 1);
+  const ExampleRun run = run_example("ddp", 0);
+  INFO(run.output);
   CHECK(run.rank_lines == 1);
   CHECK(run.last_loss < run.first_loss / 5);
 }
 
 TEST_CASE("example custom_module: a user-defined residual model trains under DDP on two ranks") {
-  const ProcessResult r = run_process(
-      {bin_path("nanoddp-run"), "--nproc-per-node", "2", bin_path("nanoddp-example-custom-module")},
-      {.timeout = std::chrono::seconds(120)});
-  INFO(r.output);
-  REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
+  const ExampleRun run = run_example("custom-module", 2);
+  INFO(run.output);
   // The user's module names its parameters as PyTorch would (registered children, dotted).
-  CHECK(r.output.find("blocks.1.fc2.weight    [32, 64]") != std::string::npos);
-  const ExampleRun run = parse(r.output, 2);
+  CHECK(run.output.find("blocks.1.fc2.weight    [32, 64]") != std::string::npos);
   CHECK(run.rank_lines == 2);
   CHECK(run.checksums.size() == 1);
   CHECK(run.epochs == 5);

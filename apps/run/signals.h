@@ -5,9 +5,11 @@
 
 #include <vector>
 
-#include "unique_fd.h"
+#include "nanoddp/comm/unique_fd.h"
 
 namespace nanoddp::run {
+
+using comm::UniqueFd;
 
 class SignalPipe {
  public:

@@ -8,9 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "unique_fd.h"
+#include "nanoddp/comm/unique_fd.h"
 
 namespace nanoddp::run {
+
+using comm::UniqueFd;
 
 struct SpawnedProcess {
   pid_t pid = -1;  // also its process group id

@@ -22,6 +22,7 @@
 #include <gloo/broadcast.h>
 
 #include "nanoddp/comm/gloo_context.h"
+#include "nanoddp/comm/reduce_ops.h"
 #include "nanoddp/comm/shm_allreduce.h"
 #include "nanoddp/engine/debug_log.h"
 #include "nanoddp/engine/error.h"
@@ -36,15 +37,9 @@ namespace {
 
 using ReduceFunc = gloo::AllreduceOptions::Func;
 
-struct Sum {
-  float operator()(float a, float b) const { return a + b; }
-};
-struct Max {
-  float operator()(float a, float b) const { return std::max(a, b); }
-};
-struct Min {
-  float operator()(float a, float b) const { return std::min(a, b); }
-};
+using detail::Max;
+using detail::Min;
+using detail::Sum;
 
 template <typename Op>
 void reduce_f32(void* c, const void* a, const void* b, std::size_t n) {

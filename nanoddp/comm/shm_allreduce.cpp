@@ -27,6 +27,7 @@
 #include <immintrin.h>
 #endif
 
+#include "nanoddp/comm/reduce_ops.h"
 #include "nanoddp/engine/error.h"
 #include "nanoddp/kernels/bf16.h"
 
@@ -169,15 +170,9 @@ long futex(std::uint32_t* word, int op, std::uint32_t value, const timespec* tim
 
 // ---- the reduction: sources[0..n) in rank order, combined element-wise ----------------------
 
-struct Sum {
-  float operator()(float a, float b) const { return a + b; }
-};
-struct Max {
-  float operator()(float a, float b) const { return std::max(a, b); }
-};
-struct Min {
-  float operator()(float a, float b) const { return std::min(a, b); }
-};
+using detail::Max;
+using detail::Min;
+using detail::Sum;
 
 using kernels::bf16_to_float;  // the rounding of nanoddp/kernels/bf16.h
 using kernels::float_to_bf16;

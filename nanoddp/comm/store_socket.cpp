@@ -4,14 +4,24 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
 namespace nanoddp::comm::detail {
 
-void UniqueFd::reset(int fd) {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
+std::string store_token(const TcpStoreOptions& options) {
+  if (!options.token.empty()) return options.token;
+  const char* env = std::getenv("NANODDP_STORE_TOKEN");
+  return env != nullptr ? env : "";
+}
+
+protocol::Limits store_limits(const TcpStoreOptions& options) {
+  protocol::Limits limits;
+  limits.max_key_bytes = options.max_key_bytes;
+  limits.max_value_bytes = options.max_value_bytes;
+  limits.max_keys = options.max_keys;
+  return limits;
 }
 
 std::string format_address(const std::string& host, std::uint16_t port) {

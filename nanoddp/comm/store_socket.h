@@ -6,32 +6,16 @@
 #include <string>
 #include <utility>
 
+#include "nanoddp/comm/store.h"
+#include "nanoddp/comm/store_protocol.h"
+#include "nanoddp/comm/unique_fd.h"
+
 namespace nanoddp::comm::detail {
 
-// Owns a file descriptor; closes it once.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  ~UniqueFd() { reset(); }
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-  void reset(int fd = -1);
-
- private:
-  int fd_ = -1;
-};
+// What the client and the server both take from TcpStoreOptions: the shared secret (the option,
+// else $NANODDP_STORE_TOKEN) and the limits on what a message may hold.
+std::string store_token(const TcpStoreOptions& options);
+protocol::Limits store_limits(const TcpStoreOptions& options);
 
 // "127.0.0.1:29500", or "[::1]:29500" for an IPv6 literal.
 std::string format_address(const std::string& host, std::uint16_t port);

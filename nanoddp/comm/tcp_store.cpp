@@ -33,7 +33,6 @@ namespace {
 
 namespace proto = protocol;
 using Clock = std::chrono::steady_clock;
-using detail::UniqueFd;
 
 constexpr auto kFirstBackoff = std::chrono::milliseconds(10);
 constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
@@ -132,15 +131,9 @@ struct TcpStore::Impl {
   explicit Impl(const TcpStoreOptions& opts)
       : options(opts),
         address(detail::format_address(opts.host, opts.port)),
-        timeout_ms(opts.timeout.count()) {
-    token = options.token;
-    if (token.empty()) {
-      if (const char* env = std::getenv("NANODDP_STORE_TOKEN")) token = env;
-    }
-    limits.max_key_bytes = options.max_key_bytes;
-    limits.max_value_bytes = options.max_value_bytes;
-    limits.max_keys = options.max_keys;
-  }
+        token(detail::store_token(opts)),
+        limits(detail::store_limits(opts)),
+        timeout_ms(opts.timeout.count()) {}
 
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms.load()); }
 

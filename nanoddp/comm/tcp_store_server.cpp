@@ -38,7 +38,6 @@ namespace {
 
 namespace proto = protocol;
 using Clock = std::chrono::steady_clock;
-using detail::UniqueFd;
 
 constexpr std::size_t kReadChunk = 64u << 10;
 // Stop decoding a connection's requests while this much of its output is unsent, and stop
@@ -124,16 +123,11 @@ struct TcpStoreServer::Impl {
   void publish_stats();
 };
 
-TcpStoreServer::Impl::Impl(const TcpStoreOptions& opts) : options(opts) {
-  token = options.token;
-  if (token.empty()) {
-    if (const char* env = std::getenv("NANODDP_STORE_TOKEN")) token = env;
-  }
-  limits.max_key_bytes = options.max_key_bytes;
-  limits.max_value_bytes = options.max_value_bytes;
-  limits.max_keys = options.max_keys;
-  address = detail::format_address(options.host, options.port);
-}
+TcpStoreServer::Impl::Impl(const TcpStoreOptions& opts)
+    : options(opts),
+      token(detail::store_token(opts)),
+      limits(detail::store_limits(opts)),
+      address(detail::format_address(opts.host, opts.port)) {}
 
 void TcpStoreServer::Impl::bind_and_listen() {
   addrinfo hints{};

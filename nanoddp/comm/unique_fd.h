@@ -1,12 +1,14 @@
 #pragma once
-// A file descriptor that closes itself: the launcher holds two pipes and a log file per worker,
-// and every early return (a failed spawn, a signal) must not leak them into the next attempt.
+// A file descriptor that closes itself, once. The TCP store's client and server hold sockets
+// and an eventfd; the launcher (apps/run) holds two pipes and a log file per worker. Every early
+// return (a refused connection, a failed spawn, a signal) must close them, not leak them into
+// the next attempt.
 
 #include <unistd.h>
 
 #include <utility>
 
-namespace nanoddp::run {
+namespace nanoddp::comm {
 
 class UniqueFd {
  public:
@@ -32,4 +34,4 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-}  // namespace nanoddp::run
+}  // namespace nanoddp::comm

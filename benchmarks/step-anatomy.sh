@@ -67,7 +67,7 @@ def ms(name):
 # every layer but the first.
 warm = linears * ms("mlp-forward") + linears * ms("mlp-weight-grad") + (linears - 1) * ms("mlp-input-grad")
 cold = ms("mlp-step")
-step = next(r for r in rows if r["shape"] == "mlp-step")
+step = next(r for r in rows if r["backend"] == "nanoddp-cpu" and r["shape"] == "mlp-step")
 print(f"GEMMs of one step: {warm:.3f} ms warm (one at a time), {cold:.3f} ms in training order "
       f"(cold caches)")
 per = lambda total, count: total / count if count else 0.0

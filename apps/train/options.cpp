@@ -38,7 +38,10 @@ std::string check(const TrainOptions& o) {
            "one of the two";
   }
   if (o.gemm == "cublas" && o.device == "cpu") {
-    return "--gemm cublas needs --device cuda (on the CPU the GEMM is Eigen's)";
+    return "--gemm cublas needs --device cuda (on the CPU use --gemm hand or --gemm eigen)";
+  }
+  if (o.gemm == "eigen" && o.device != "cpu") {
+    return "--gemm eigen runs on the CPU only (on CUDA use --gemm hand or --gemm cublas)";
   }
   return {};
 }
@@ -54,8 +57,9 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
   app.get_formatter()->column_width(34);
 
   app.add_option("--device", o.device, "cpu, cuda or cuda:N")->capture_default_str();
-  app.add_option("--gemm", o.gemm, "GEMM on CUDA: hand (nanoddp's kernel) or cublas")
-      ->check(CLI::IsMember({"hand", "cublas"}))
+  app.add_option("--gemm", o.gemm,
+                 "GEMM: hand (nanoddp's kernels), or the reference: eigen (CPU), cublas (CUDA)")
+      ->check(CLI::IsMember({"hand", "eigen", "cublas"}))
       ->capture_default_str();
   app.add_option("--in", o.in_features, "input features (synthetic data)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))

@@ -76,10 +76,9 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
   // One GPU per local rank unless the user named one.
   if (device_.is_cuda() && o_.device == "cuda") device_ = Device::cuda(world_.local_rank);
   require_device(device_);
-  if (device_.is_cuda()) {
-    backend_for(device_).set_gemm_backend(o_.gemm == "cublas" ? GemmBackend::kCublas
-                                                              : GemmBackend::kHand);
-  }
+  backend_for(device_).set_gemm_backend(o_.gemm == "cublas"  ? GemmBackend::kCublas
+                                        : o_.gemm == "eigen" ? GemmBackend::kEigen
+                                                             : GemmBackend::kHand);
   kernels::cpu::set_gemm_threads(o_.threads);
 
   // Rank 0 writes the checkpoints: find out now, not after hours of training, that it cannot.

@@ -1,9 +1,11 @@
 // nanoddp-bench-gemm: GFLOP/s of the GEMMs nanoddp uses, against a raw Eigen product.
 //
 // Rows:
-//   eigen        Eigen's product written right here: the yardstick for the CPU.
-//   nanoddp-cpu  cpu_backend().gemm(...): the path every op takes on the CPU (Backend vtable
-//                -> kernels::cpu::gemm -> Eigen); should match `eigen` to within noise.
+//   eigen          Eigen's product written right here: the yardstick for the CPU.
+//   nanoddp-cpu    cpu_backend().gemm(...): the path every op takes on the CPU (Backend vtable
+//                  -> kernels::cpu::gemm, nanoddp's own AVX-512 kernels; --gemm hand).
+//   nanoddp-eigen  the same call with the backend set to Eigen (--gemm eigen): the engine's own
+//                  overhead, which should be nil (it matches `eigen` to within noise).
 //   cuda-hand    backend_for(cuda).gemm with the hand-written tiled kernel  } only where a
 //   cuda-cublas  the same call with cuBLAS                                   } CUDA device is
 // Shapes: squares (--sizes) and the three GEMMs of one linear layer of the MLP at
@@ -29,6 +31,7 @@
 #include <deque>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -140,6 +143,10 @@ struct HostOperands {
   }
 };
 
+// The CPU backend's two GEMMs, each a row of its own.
+const std::pair<const char*, nanoddp::GemmBackend> kCpuBackends[] = {
+    {"nanoddp-cpu", nanoddp::GemmBackend::kHand}, {"nanoddp-eigen", nanoddp::GemmBackend::kEigen}};
+
 // The yardstick: what a user of Eigen would write for C = op(A) op(B).
 void eigen_gemm(const Shape& s, const float* a, const float* b, float* c) {
   using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -163,13 +170,17 @@ void run_cpu(const Shape& s, const Options& opt, std::vector<Row>& rows) {
   rows.push_back({"eigen", s,
                   time_cpu_ms([&] { eigen_gemm(s, ops.a.get(), ops.b.get(), ops.c.get()); }, opt)});
   nanoddp::Backend& backend = nanoddp::cpu_backend();
-  rows.push_back({"nanoddp-cpu", s,
-                  time_cpu_ms(
-                      [&] {
-                        backend.gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, ops.a.get(), ops.b.get(),
-                                     0.0f, ops.c.get());
-                      },
-                      opt)});
+  for (const auto& [name, which] : kCpuBackends) {
+    backend.set_gemm_backend(which);
+    rows.push_back({name, s,
+                    time_cpu_ms(
+                        [&] {
+                          backend.gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, ops.a.get(), ops.b.get(),
+                                       0.0f, ops.c.get());
+                        },
+                        opt)});
+  }
+  backend.set_gemm_backend(nanoddp::GemmBackend::kHand);
 }
 
 // The GEMMs of one training step of an MLP of `linears` Linear(H, H) layers at batch B, in the
@@ -179,8 +190,8 @@ void run_cpu(const Shape& s, const Options& opt, std::vector<Row>& rows) {
 // Why a separate row: an isolated GEMM re-reads the same operands every repetition, so they sit
 // in cache. Inside a step each layer's weight and gradient are different memory (4 x 1024^2
 // floats = 16 MiB of weights and 16 MiB of gradients), touched once per step, and arrive cold.
-// This row is the GEMM floor of nanoddp-train's step_ms; the isolated rows are Eigen's peak.
-Row run_mlp_step_gemms(const Options& opt) {
+// This row is the GEMM floor of nanoddp-train's step_ms; the isolated rows are the peak.
+Row run_mlp_step_gemms(const Options& opt, const char* name, nanoddp::GemmBackend which) {
   const std::int64_t b = opt.batch, h = opt.hidden, layers = opt.linears;
   const Shape unit{"mlp-step", Transpose::kNo, Transpose::kNo, b, h, h};
   const nanoddp::Device cpu = nanoddp::Device::cpu();
@@ -193,6 +204,7 @@ Row run_mlp_step_gemms(const Options& opt) {
   EngineBuffer grad_out(cpu, b * h), grad_in(cpu, b * h);
   std::fill_n(grad_out.get(), b * h, 0.01f);
   nanoddp::Backend& be = nanoddp::cpu_backend();
+  be.set_gemm_backend(which);
   // Each GEMM is timed on its own (a clock read between GEMMs costs nanoseconds), so the step
   // splits by kind: which GEMMs suffer most from cold caches.
   std::vector<double> total, forward, input_grad, weight_grad;
@@ -232,9 +244,10 @@ Row run_mlp_step_gemms(const Options& opt) {
     weight_grad.push_back(w);
     total.push_back(f + x + w);
   }
+  be.set_gemm_backend(nanoddp::GemmBackend::kHand);
   Shape shape = unit;
   shape.gemms = 3 * layers - 1;
-  return {"nanoddp-cpu", shape, median(total),
+  return {name, shape, median(total),
           StepKinds{.forward_ms = median(forward),
                     .input_grad_ms = median(input_grad),
                     .weight_grad_ms = median(weight_grad)}};
@@ -342,19 +355,19 @@ int main(int argc, char** argv) {
     run_cpu(s, opt, rows);
     if (cuda) run_cuda(s, opt, rows);
   }
-  // The isolated Eigen medians of the step's GEMMs, summed: the step row's yardstick.
-  double isolated_step_ms = 0.0;
+  // Per CPU backend, the isolated medians of the step's GEMMs, summed: its step row's yardstick.
+  std::map<std::string, double> isolated_step_ms;
   for (const auto& r : rows) {
-    if (r.backend != "eigen") continue;
     if (r.shape.name == "mlp-forward" || r.shape.name == "mlp-weight-grad") {
-      isolated_step_ms += static_cast<double>(opt.linears) * r.median_ms;
+      isolated_step_ms[r.backend] += static_cast<double>(opt.linears) * r.median_ms;
     } else if (r.shape.name == "mlp-input-grad") {
-      isolated_step_ms += static_cast<double>(opt.linears - 1) * r.median_ms;
+      isolated_step_ms[r.backend] += static_cast<double>(opt.linears - 1) * r.median_ms;
     }
   }
-  rows.push_back(run_mlp_step_gemms(opt));
+  for (const auto& [name, which] : kCpuBackends)
+    rows.push_back(run_mlp_step_gemms(opt, name, which));
 
-  fmt::print("\n{:<12} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10} {:>9} {:>9}\n", "backend", "shape",
+  fmt::print("\n{:<13} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10} {:>9} {:>9}\n", "backend", "shape",
              "layout", "m", "n", "k", "median ms", "GFLOP/s", "vs eigen");
   std::optional<std::ofstream> json;
   if (!opt.json_path.empty()) {
@@ -368,8 +381,8 @@ int main(int argc, char** argv) {
   for (const auto& r : rows) {
     if (r.backend == "eigen") eigen_gflops = r.gflops();  // rows come eigen-first per shape
     double ratio = eigen_gflops > 0 ? r.gflops() / eigen_gflops : 0.0;
-    if (r.shape.name == "mlp-step") ratio = isolated_step_ms / r.median_ms;
-    fmt::print("{:<12} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10.3f} {:>9.1f} {:>8.2f}x\n", r.backend,
+    if (r.shape.name == "mlp-step") ratio = isolated_step_ms[r.backend] / r.median_ms;
+    fmt::print("{:<13} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10.3f} {:>9.1f} {:>8.2f}x\n", r.backend,
                r.shape.name, r.shape.layout(), r.shape.m, r.shape.n, r.shape.k, r.median_ms,
                r.gflops(), ratio);
     if (json) {
@@ -396,31 +409,33 @@ int main(int argc, char** argv) {
         out["forward_ms"] = r.kinds->forward_ms;
         out["input_grad_ms"] = r.kinds->input_grad_ms;
         out["weight_grad_ms"] = r.kinds->weight_grad_ms;
-        out["isolated_ms"] = isolated_step_ms;
+        out["isolated_ms"] = isolated_step_ms[r.backend];
       }
       *json << out.dump() << '\n';
     }
   }
   fmt::print(
       "\nmlp-step: the {} GEMMs of one training step of {} x Linear({}, {}) at batch {}, in "
-      "training order over per-layer buffers (cold caches, as in nanoddp-train): {:.3f} ms.\n"
-      "The same GEMMs timed one at a time (warm caches, the rows above): {:.3f} ms.\n",
-      3 * opt.linears - 1, opt.linears, opt.hidden, opt.hidden, opt.batch, rows.back().median_ms,
-      isolated_step_ms);
-  // Per kind, per GEMM: in training order against warm (the eigen rows above).
-  const StepKinds& kinds = *rows.back().kinds;
-  auto warm = [&](const char* shape) {
-    for (const auto& r : rows) {
-      if (r.backend == "eigen" && r.shape.name == shape) return r.median_ms;
-    }
-    return 0.0;
-  };
+      "training order over per-layer buffers (cold caches, as in nanoddp-train), against the same "
+      "GEMMs timed one at a time (warm caches, the rows above); per GEMM by kind, in training "
+      "order (warm):\n",
+      3 * opt.linears - 1, opt.linears, opt.hidden, opt.hidden, opt.batch);
   const double l = static_cast<double>(opt.linears);
-  fmt::print(
-      "Per GEMM in training order (warm): forward {:.3f} ms ({:.3f}), input grad {:.3f} ({:.3f}), "
-      "weight grad {:.3f} ({:.3f}).\n",
-      kinds.forward_ms / l, warm("mlp-forward"),
-      opt.linears > 1 ? kinds.input_grad_ms / (l - 1) : 0.0, warm("mlp-input-grad"),
-      kinds.weight_grad_ms / l, warm("mlp-weight-grad"));
+  for (const auto& step : rows) {
+    if (step.shape.name != "mlp-step") continue;
+    auto warm = [&](const char* shape) {
+      for (const auto& r : rows) {
+        if (r.backend == step.backend && r.shape.name == shape) return r.median_ms;
+      }
+      return 0.0;
+    };
+    const StepKinds& kinds = *step.kinds;
+    fmt::print(
+        "  {:<13} {:.3f} ms ({:.3f} warm): forward {:.3f} ({:.3f}), input grad {:.3f} ({:.3f}), "
+        "weight grad {:.3f} ({:.3f})\n",
+        step.backend, step.median_ms, isolated_step_ms[step.backend], kinds.forward_ms / l,
+        warm("mlp-forward"), opt.linears > 1 ? kinds.input_grad_ms / (l - 1) : 0.0,
+        warm("mlp-input-grad"), kinds.weight_grad_ms / l, warm("mlp-weight-grad"));
+  }
   return 0;
 }

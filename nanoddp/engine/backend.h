@@ -16,8 +16,9 @@ namespace nanoddp {
 using kernels::Activation;
 using kernels::Transpose;
 
-// Which GEMM a CUDA backend uses: the hand-written tiled kernel or cuBLAS.
-enum class GemmBackend { kHand, kCublas };
+// Which GEMM a backend uses: nanoddp's own kernels (the default on every device), or the
+// library each is held against: Eigen on the CPU, cuBLAS on CUDA.
+enum class GemmBackend { kHand, kEigen, kCublas };
 
 class Backend {
  public:

@@ -1,8 +1,9 @@
-// The CPU backend: a thin, stateless forwarder to nanoddp/kernels/cpu. CPU kernels run
-// synchronously on the calling thread, so "enqueue on the stream" is simply "call it now".
+// The CPU backend: a thin forwarder to nanoddp/kernels/cpu. CPU kernels run synchronously on
+// the calling thread, so "enqueue on the stream" is simply "call it now".
 
 #include "nanoddp/engine/cpu_backend.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "nanoddp/engine/error.h"
@@ -18,20 +19,26 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::cpu(); }
   Stream stream() const override { return Stream::compute(Device::cpu()); }
 
-  // The CPU has one GEMM (Eigen); kHand is accepted as "the default" so code that sets the
-  // backend for whatever device it runs on need not special-case the CPU.
+  // kHand: nanoddp's own kernels (kernels/cpu/gemm.cpp); kEigen: Eigen alone, the reference.
   void set_gemm_backend(GemmBackend backend) override {
     if (backend == GemmBackend::kCublas) {
       fail(
-          "GEMM backend cublas is only available on CUDA devices; run with --device cuda "
-          "(the CPU always uses Eigen)");
+          "GEMM backend cublas is only available on CUDA devices; run with --device cuda, or "
+          "use --gemm hand or --gemm eigen on the CPU");
     }
+    gemm_backend_.store(backend, std::memory_order_relaxed);
   }
-  GemmBackend gemm_backend() const override { return GemmBackend::kHand; }
+  GemmBackend gemm_backend() const override {
+    return gemm_backend_.load(std::memory_order_relaxed);
+  }
 
   void gemm(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
             const float* a, const float* b, float beta, float* c) override {
-    kc::gemm(ta, tb, m, n, k, alpha, a, b, beta, c);
+    if (gemm_backend() == GemmBackend::kEigen) {
+      kc::gemm_eigen(ta, tb, m, n, k, alpha, a, b, beta, c);
+    } else {
+      kc::gemm(ta, tb, m, n, k, alpha, a, b, beta, c);
+    }
   }
   void bias_activation(float* y, const float* bias, std::int64_t rows, std::int64_t cols,
                        Activation act, float* pre_activation) override {
@@ -97,6 +104,9 @@ class CpuBackend final : public Backend {
     // memcpy with nbytes == 0 is fine, but null pointers are undefined behaviour even then.
     if (nbytes != 0) std::memcpy(dst, src, nbytes);
   }
+
+ private:
+  std::atomic<GemmBackend> gemm_backend_{GemmBackend::kHand};
 };
 
 }  // namespace

@@ -65,6 +65,8 @@ TEST_CASE("nanoddp-train refuses bad flags and values with exit code 2 and names
       {{"--momentum", "0.9"}, "--momentum"},  // AdamW is the default optimizer
       {{"--data", "/nonexistent/x.npy", "--targets", "/nonexistent/y.npy"}, "--data"},
       {{"--gemm", "cublas"}, "--gemm cublas needs --device cuda"},
+      {{"--device", "cuda", "--gemm", "eigen"}, "--gemm eigen runs on the CPU only"},
+      {{"--gemm", "blas"}, "--gemm"},
       {{"--device", "gpu"}, "unknown device 'gpu'"},
       {{"--threads", "0"}, "--threads"},
       {{"--optimizer-in-backward", "--skip-nonfinite"}, "cannot be combined with --skip-nonfinite"},

@@ -14,7 +14,7 @@
 
 using namespace nanoddp::testing;
 
-TEST_CASE("bench-gemm: every shape has an Eigen and a nanoddp row, GFLOP/s match the shapes") {
+TEST_CASE("bench-gemm: every shape has an Eigen row and both nanoddp rows, GFLOP/s match") {
   TempDir dir;
   const ProcessResult r = run_process(
       {bin_path("nanoddp-bench-gemm"), "--sizes", "32,48", "--batch", "8", "--hidden", "40",
@@ -56,11 +56,14 @@ TEST_CASE("bench-gemm: every shape has an Eigen and a nanoddp row, GFLOP/s match
       CHECK(gemms == 1);
     }
   }
-  CHECK(mlp_steps == 1);
+  CHECK(mlp_steps == 2);  // nanoddp-cpu and nanoddp-eigen
+  CHECK(backends_of_shape["mlp-step 8x40x40"] ==
+        std::set<std::string>{"nanoddp-cpu", "nanoddp-eigen"});
   for (const char* shape : {"square 32x32x32", "square 48x48x48", "mlp-forward 8x40x40",
                             "mlp-input-grad 8x40x40", "mlp-weight-grad 40x40x8"}) {
     INFO(shape);
-    CHECK(backends_of_shape[shape] == std::set<std::string>{"eigen", "nanoddp-cpu"});
+    CHECK(backends_of_shape[shape] ==
+          std::set<std::string>{"eigen", "nanoddp-cpu", "nanoddp-eigen"});
   }
 }
 

@@ -1,4 +1,5 @@
-// The CPU Backend forwards to the kernels and refuses cuBLAS with a message that says why.
+// The CPU Backend forwards to the kernels (nanoddp's GEMM or Eigen's, as selected) and refuses
+// cuBLAS with a message that says why.
 
 #include <doctest/doctest.h>
 
@@ -8,19 +9,50 @@
 #include "kernels/cpu_test_util.h"
 #include "nanoddp/engine/cpu_backend.h"
 #include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/cpu/kernels.h"
 
 TEST_CASE("cpu backend: device, GEMM backend selection") {
   nanoddp::Backend& backend = nanoddp::cpu_backend();
   CHECK(&backend == &nanoddp::cpu_backend());  // one instance per process
   CHECK(backend.device() == nanoddp::Device::cpu());
   CHECK(backend.gemm_backend() == nanoddp::GemmBackend::kHand);
-  CHECK_NOTHROW(backend.set_gemm_backend(nanoddp::GemmBackend::kHand));
+  CHECK_NOTHROW(backend.set_gemm_backend(nanoddp::GemmBackend::kEigen));
+  CHECK(backend.gemm_backend() == nanoddp::GemmBackend::kEigen);
   try {
     backend.set_gemm_backend(nanoddp::GemmBackend::kCublas);
     FAIL("expected nanoddp::Error");
   } catch (const nanoddp::Error& e) {
     CHECK(std::string(e.what()).find("--device cuda") != std::string::npos);
   }
+  CHECK(backend.gemm_backend() ==
+        nanoddp::GemmBackend::kEigen);  // a refused choice changes nothing
+  CHECK_NOTHROW(backend.set_gemm_backend(nanoddp::GemmBackend::kHand));
+  CHECK(backend.gemm_backend() == nanoddp::GemmBackend::kHand);
+}
+
+TEST_CASE("cpu backend: gemm goes to the selected implementation") {
+  // Eigen sums a long inner dimension in blocks of a few hundred terms, nanoddp's kernels in one
+  // chain, so at k = 3000 the two round differently: the backend's result must equal, bit for
+  // bit, the one it was told to use.
+  nanoddp::Backend& backend = nanoddp::cpu_backend();
+  const std::int64_t m = 64, n = 96, k = 3000;
+  const auto a = nanoddp::test::random_floats(m * k, 11);
+  const auto b = nanoddp::test::random_floats(n * k, 12);
+  std::vector<float> own(m * n), eigen(m * n), got(m * n);
+  namespace cpu = nanoddp::kernels::cpu;
+  using nanoddp::Transpose;
+  cpu::gemm(Transpose::kNo, Transpose::kYes, m, n, k, 1.0f, a.data(), b.data(), 0.0f, own.data());
+  cpu::gemm_eigen(Transpose::kNo, Transpose::kYes, m, n, k, 1.0f, a.data(), b.data(), 0.0f,
+                  eigen.data());
+  if (cpu::gemm_has_own_kernels()) REQUIRE(own != eigen);  // else the check below proves nothing
+  for (auto [which, want] : {std::pair{nanoddp::GemmBackend::kHand, &own},
+                             std::pair{nanoddp::GemmBackend::kEigen, &eigen}}) {
+    backend.set_gemm_backend(which);
+    backend.gemm(Transpose::kNo, Transpose::kYes, m, n, k, 1.0f, a.data(), b.data(), 0.0f,
+                 got.data());
+    CHECK(got == *want);
+  }
+  backend.set_gemm_backend(nanoddp::GemmBackend::kHand);
 }
 
 TEST_CASE("cpu backend: forwards gemm, fills and copy") {

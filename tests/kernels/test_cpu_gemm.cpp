@@ -1,4 +1,5 @@
-// GEMM against a float64 reference for every layout, alpha/beta combination and awkward shape.
+// GEMM against a float64 reference for every layout, alpha/beta combination and awkward shape,
+// for both implementations: nanoddp's own kernels (cpu::gemm) and Eigen's (cpu::gemm_eigen).
 
 #include <doctest/doctest.h>
 
@@ -17,6 +18,14 @@ namespace cpu = nanoddp::kernels::cpu;
 struct Shape {
   std::int64_t m, n, k;
 };
+
+using GemmFn = void (*)(Transpose, Transpose, std::int64_t, std::int64_t, std::int64_t, float,
+                        const float*, const float*, float, float*);
+struct Impl {
+  const char* name;
+  GemmFn gemm;
+};
+const Impl kImpls[] = {{"gemm", cpu::gemm}, {"gemm_eigen", cpu::gemm_eigen}};
 
 // C = alpha op(A) op(B) + beta C0 in double, plus the sum of |terms| for an error bound.
 void reference_gemm(Transpose ta, Transpose tb, const Shape& s, double alpha,
@@ -41,7 +50,9 @@ void reference_gemm(Transpose ta, Transpose tb, const Shape& s, double alpha,
   }
 }
 
-void run_case(Transpose ta, Transpose tb, const Shape& s, float alpha, float beta) {
+void run_case(const Impl& impl, Transpose ta, Transpose tb, const Shape& s, float alpha,
+              float beta) {
+  CAPTURE(impl.name);
   CAPTURE(s.m);
   CAPTURE(s.n);
   CAPTURE(s.k);
@@ -54,7 +65,7 @@ void run_case(Transpose ta, Transpose tb, const Shape& s, float alpha, float bet
   const auto c0 = random_floats(s.m * s.n, 3 + s.m + s.n);
   // beta == 0: C starts as NaN and must be overwritten without being read.
   Poisoned c = beta == 0.0f ? Poisoned(s.m * s.n) : Poisoned(c0);
-  cpu::gemm(ta, tb, s.m, s.n, s.k, alpha, a.data(), b.data(), beta, c.data());
+  impl.gemm(ta, tb, s.m, s.n, s.k, alpha, a.data(), b.data(), beta, c.data());
   std::vector<double> want, magnitude;
   reference_gemm(ta, tb, s, alpha, a, b, beta, c0, want, magnitude);
   CHECK(c.guards_intact());
@@ -77,11 +88,29 @@ const Transpose kT[] = {Transpose::kNo, Transpose::kYes};
 
 }  // namespace
 
-TEST_CASE("cpu gemm: all layouts and shapes, beta = 0 over NaN, against float64") {
-  for (const auto& s : kShapes) {
+// Every implementation, every layout, each shape, at one alpha/beta.
+void run_all(const Shape& s, float alpha, float beta) {
+  for (const Impl& impl : kImpls) {
     for (auto ta : kT) {
-      for (auto tb : kT) run_case(ta, tb, s, 1.0f, 0.0f);
+      for (auto tb : kT) run_case(impl, ta, tb, s, alpha, beta);
     }
+  }
+}
+
+TEST_CASE("cpu gemm: all layouts and shapes, beta = 0 over NaN, against float64") {
+  for (const auto& s : kShapes) run_all(s, 1.0f, 0.0f);
+}
+
+TEST_CASE("cpu gemm: the own kernels' tile edges (6-row tiles, 64-wide panels)") {
+  // Sizes on both sides of the tiles' 6 and 64, so every partial tile and masked panel is
+  // written, and nothing past the matrix (the guards); a NN/TN product whose B is just below
+  // and just above the 1 MiB at which "broadcast A" stops packing all of B at once.
+  const Shape shapes[] = {{6, 64, 1},     {7, 65, 3},    {63, 7, 64},  {65, 129, 17},
+                          {130, 6, 5},    {1, 64, 300},  {64, 1, 257}, {13, 200, 70},
+                          {5, 1000, 262}, {5, 1025, 256}};
+  for (const auto& s : shapes) {
+    run_all(s, 1.0f, 0.0f);
+    run_all(s, -0.5f, 1.0f);
   }
 }
 
@@ -90,9 +119,7 @@ TEST_CASE("cpu gemm: alpha/beta combinations") {
                              {1.5f, -1.0f}, {0.0f, 1.0f}, {0.0f, 0.25f}};
   for (const auto& ab : combos) {
     for (const auto& s : {Shape{17, 33, 5}, Shape{1000, 3, 7}, Shape{1, 1, 1}}) {
-      for (auto ta : kT) {
-        for (auto tb : kT) run_case(ta, tb, s, ab[0], ab[1]);
-      }
+      run_all(s, ab[0], ab[1]);
     }
   }
 }
@@ -101,32 +128,34 @@ TEST_CASE("cpu gemm: accumulating into an output of 1 MiB or more (pre-read into
   // gemm() reads a large C once before an accumulating (beta == 1) product: the weight
   // gradient case of --grad-accum. The result must still be C0 + op(A) op(B), in every layout,
   // including the edges of a C that is not a multiple of a cache line or of Eigen's tiles.
-  for (const auto& s : {Shape{520, 513, 3}, Shape{1024, 257, 1}}) {
-    for (auto ta : kT) {
-      for (auto tb : kT) run_case(ta, tb, s, 1.0f, 1.0f);
-    }
-  }
+  for (const auto& s : {Shape{520, 513, 3}, Shape{1024, 257, 1}}) run_all(s, 1.0f, 1.0f);
 }
 
 TEST_CASE("cpu gemm: alpha = 0 does not read A and B; beta = 0 zero-fills") {
   const Shape s{4, 6, 3};
   std::vector<float> a(s.m * s.k, kNaN), b(s.k * s.n, INFINITY);
-  Poisoned c(s.m * s.n);
-  cpu::gemm(Transpose::kNo, Transpose::kNo, s.m, s.n, s.k, 0.0f, a.data(), b.data(), 0.0f,
-            c.data());
-  for (std::size_t i = 0; i < c.size(); ++i) REQUIRE(c[i] == 0.0f);
-  CHECK(c.guards_intact());
+  for (const Impl& impl : kImpls) {
+    CAPTURE(impl.name);
+    Poisoned c(s.m * s.n);
+    impl.gemm(Transpose::kNo, Transpose::kNo, s.m, s.n, s.k, 0.0f, a.data(), b.data(), 0.0f,
+              c.data());
+    for (std::size_t i = 0; i < c.size(); ++i) REQUIRE(c[i] == 0.0f);
+    CHECK(c.guards_intact());
+  }
 }
 
 TEST_CASE("cpu gemm: k = 0 gives beta * C") {
-  Poisoned c(std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f});
-  cpu::gemm(Transpose::kNo, Transpose::kNo, 2, 2, 0, 1.0f, nullptr, nullptr, 0.5f, c.data());
-  CHECK(c[0] == 0.5f);
-  CHECK(c[3] == 2.0f);
-  Poisoned z(4);
-  cpu::gemm(Transpose::kYes, Transpose::kYes, 2, 2, 0, 1.0f, nullptr, nullptr, 0.0f, z.data());
-  CHECK(z[0] == 0.0f);
-  CHECK(z[3] == 0.0f);
+  for (const Impl& impl : kImpls) {
+    CAPTURE(impl.name);
+    Poisoned c(std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f});
+    impl.gemm(Transpose::kNo, Transpose::kNo, 2, 2, 0, 1.0f, nullptr, nullptr, 0.5f, c.data());
+    CHECK(c[0] == 0.5f);
+    CHECK(c[3] == 2.0f);
+    Poisoned z(4);
+    impl.gemm(Transpose::kYes, Transpose::kYes, 2, 2, 0, 1.0f, nullptr, nullptr, 0.0f, z.data());
+    CHECK(z[0] == 0.0f);
+    CHECK(z[3] == 0.0f);
+  }
 }
 
 TEST_CASE("cpu gemm: the three linear-layer layouts agree with each other") {
@@ -162,9 +191,37 @@ TEST_CASE("cpu gemm: threads setting round-trips and multi-threaded results matc
   cpu::set_gemm_threads(2);
   const int two = cpu::gemm_threads();
   CHECK(two >= 1);
-  run_case(Transpose::kNo, Transpose::kYes, {300, 200, 100}, 1.0f, 0.0f);
+  run_all({300, 200, 100}, 1.0f, 0.0f);
   cpu::set_gemm_threads(1);
   CHECK(cpu::gemm_threads() == 1);
-  run_case(Transpose::kNo, Transpose::kYes, {300, 200, 100}, 1.0f, 0.0f);
+  run_all({300, 200, 100}, 1.0f, 0.0f);
+  cpu::set_gemm_threads(before);
+}
+
+TEST_CASE("cpu gemm: the own kernels give the same bits on 1 and 3 threads") {
+  // Threads split the tiles of C, never a sum, so --threads must not change a single bit of a
+  // training run. Each linear-layer layout, at a batch of 64 and with partial tiles.
+  const int before = cpu::gemm_threads();
+  struct Case {
+    Transpose ta, tb;
+    Shape s;
+  };
+  const Case cases[] = {{Transpose::kNo, Transpose::kYes, {64, 130, 300}},
+                        {Transpose::kNo, Transpose::kNo, {64, 300, 130}},
+                        {Transpose::kYes, Transpose::kNo, {130, 300, 64}},
+                        {Transpose::kNo, Transpose::kNo, {100, 1100, 250}}};
+  for (const Case& c : cases) {
+    CAPTURE(c.s.m);
+    CAPTURE(c.s.n);
+    CAPTURE(c.s.k);
+    const auto a = random_floats(c.s.m * c.s.k, 21);
+    const auto b = random_floats(c.s.k * c.s.n, 22);
+    std::vector<float> one(c.s.m * c.s.n), three(c.s.m * c.s.n);
+    cpu::set_gemm_threads(1);
+    cpu::gemm(c.ta, c.tb, c.s.m, c.s.n, c.s.k, 1.0f, a.data(), b.data(), 0.0f, one.data());
+    cpu::set_gemm_threads(3);
+    cpu::gemm(c.ta, c.tb, c.s.m, c.s.n, c.s.k, 1.0f, a.data(), b.data(), 0.0f, three.data());
+    CHECK(one == three);
+  }
   cpu::set_gemm_threads(before);
 }

@@ -12,6 +12,7 @@
 
 #include "nanoddp/engine/cuda/device_guard.h"
 #include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/engine/error.h"
 #include "nanoddp/kernels/cuda/check.h"
 #include "nanoddp/kernels/cuda/kernels.h"
 
@@ -44,7 +45,13 @@ class CudaBackend final : public Backend {
   Device device() const override { return device_; }
   Stream stream() const override { return stream_; }
 
-  void set_gemm_backend(GemmBackend backend) override { gemm_backend_ = backend; }
+  void set_gemm_backend(GemmBackend backend) override {
+    if (backend == GemmBackend::kEigen) {
+      fail("GEMM backend eigen runs on the CPU only; on {} use --gemm hand or --gemm cublas",
+           device_.str());
+    }
+    gemm_backend_ = backend;
+  }
   GemmBackend gemm_backend() const override { return gemm_backend_; }
 
   void gemm(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,

@@ -1,6 +1,6 @@
 #pragma once
 // CPU kernels: pure functions over raw, dense, row-major float32 buffers. They run on the
-// calling thread (GEMM may use Eigen's OpenMP threads, see set_gemm_threads). Each has a CUDA
+// calling thread (GEMM may use OpenMP threads, see set_gemm_threads). Each has a CUDA
 // twin with the same name and meaning in nanoddp/kernels/cuda/kernels.h; the tests hold the two
 // against each other and both against float64 references.
 //
@@ -25,10 +25,18 @@ namespace nanoddp::kernels::cpu {
 //   forward  Y = X W^T   gemm(kNo,  kYes, batch, out, in, ...)
 //   input    dX = dY W   gemm(kNo,  kNo,  batch, in, out, ...)
 //   weight   dW = dY^T X gemm(kYes, kNo,  out, in, batch, ...)
+// gemm() runs nanoddp's own AVX-512 kernels for these three layouts (gemm.cpp) and Eigen for
+// the fourth (both transposed) or where the build has no AVX-512 (gemm_has_own_kernels()).
 void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
           float alpha, const float* a, const float* b, float beta, float* c);
+// The same product through Eigen alone: the reference the own kernels are held against
+// (tests, nanoddp-bench-gemm, --gemm eigen).
+void gemm_eigen(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n,
+                std::int64_t k, float alpha, const float* a, const float* b, float beta, float* c);
+bool gemm_has_own_kernels();
 
-// Threads Eigen may use inside gemm (1 = the calling thread only).
+// Threads gemm and gemm_eigen may use (1 = the calling thread only). gemm's threads split the
+// tiles of C, never a sum, so its results are the same bits for every thread count.
 void set_gemm_threads(int threads);
 int gemm_threads();
 
@@ -81,8 +89,8 @@ void broadcast_scalar(const float* scalar, float alpha, float beta, float* out, 
 // has no history yet (PyTorch initialises it with the first gradient).
 void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int64_t n,
               const SgdHyper& h, bool first_step);
-void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                std::int64_t n, const AdamWHyper& h);
+void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n,
+                const AdamWHyper& h);
 
 // ---- counter-based random fills (nanoddp/kernels/philox.h) --------------------------------
 // Element i takes Philox4x32-10 at counter (offset + i, stream) under key seed, so any slice of

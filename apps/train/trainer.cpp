@@ -159,7 +159,22 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
     nn::load_parameters(o_.init_path, *model_);
     fmt::print("init: parameters from {}\n", o_.init_path);
   }
-  if (o_.resume) resume();
+  if (o_.resume) {
+    resume();
+  } else if (is_main() && !o_.checkpoint_dir.empty()) {
+    // A reused folder: this run's checkpoints go beside the earlier run's, which are left alone
+    // (pruning only removes this run's earlier steps), but a later --resume takes the highest
+    // step, whichever run wrote it.
+    const std::vector<std::string> earlier = nn::list_checkpoints(o_.checkpoint_dir);
+    if (!earlier.empty()) {
+      fmt::print(stderr,
+                 "nanoddp-train: warning: --checkpoint-dir {} already holds {} checkpoint(s) of "
+                 "an earlier run (newest: {}); without --resume this run starts from step 0 and "
+                 "writes its own beside them. A later --resume takes the newest step of either "
+                 "run: pass --resume to continue the earlier run, or use an empty folder.\n",
+                 o_.checkpoint_dir, earlier.size(), earlier.back());
+    }
+  }
 
   if (distributed_) {
     ddp_ = std::make_unique<comm::DistributedDataParallel>(

@@ -1,6 +1,7 @@
 #include "nanoddp/engine/tensor.h"
 
 #include <cstring>
+#include <limits>
 
 #include "nanoddp/engine/allocator.h"
 #include "nanoddp/engine/autograd.h"
@@ -12,7 +13,14 @@ namespace nanoddp {
 
 std::int64_t shape_numel(const Shape& shape) {
   std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
+  for (std::int64_t d : shape) {
+    // A wrapped product would make a huge tensor look small (or empty) while its sizes stay
+    // huge, and ops that trust the sizes would run past its storage.
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) {
+      fail("shape {} has no valid element count (a negative size, or more than 2^63 elements)",
+           shape_str(shape));
+    }
+  }
   return n;
 }
 
@@ -35,9 +43,15 @@ Tensor Tensor::empty(const Shape& shape, Device device, DType dtype) {
   for (std::int64_t d : shape) {
     if (d < 0) fail("cannot create a tensor of shape {}: negative size", shape_str(shape));
   }
+  const std::int64_t numel = shape_numel(shape);
+  if (numel >
+      std::numeric_limits<std::int64_t>::max() / static_cast<std::int64_t>(dtype_size(dtype))) {
+    fail("cannot create a tensor of shape {}: {} elements do not fit in memory", shape_str(shape),
+         numel);
+  }
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(
-      device, static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype));
+  impl->storage =
+      std::make_shared<Storage>(device, static_cast<std::size_t>(numel) * dtype_size(dtype));
   impl->shape = shape;
   impl->dtype = dtype;
   return Tensor(std::move(impl));
@@ -140,7 +154,7 @@ Tensor Tensor::view(std::int64_t offset, const Shape& shape) const {
   for (std::int64_t d : shape) {
     if (d < 0) fail("cannot view a tensor as shape {}: negative size", shape_str(shape));
   }
-  if (offset < 0 || begin + shape_numel(shape) > storage_elements) {
+  if (offset < 0 || begin > storage_elements || shape_numel(shape) > storage_elements - begin) {
     fail("view of shape {} at offset {} does not fit in a storage of {} elements", shape_str(shape),
          begin, storage_elements);
   }
@@ -150,6 +164,14 @@ Tensor Tensor::view(std::int64_t offset, const Shape& shape) const {
   impl->shape = shape;
   impl->dtype = impl_->dtype;
   return Tensor(std::move(impl));
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  if (shape_numel(shape) != numel()) {
+    fail("cannot reshape a tensor of shape {} ({} elements) to {} ({} elements)",
+         shape_str(this->shape()), numel(), shape_str(shape), shape_numel(shape));
+  }
+  return view(0, shape);
 }
 
 Tensor Tensor::to(Device device) const {

@@ -114,7 +114,7 @@ class Tensor {
   // A tensor over `shape` elements of this tensor's storage, starting `offset` elements after
   // this tensor's start. No copy: writes through either are seen by both.
   Tensor view(std::int64_t offset, const Shape& shape) const;
-  Tensor reshape(const Shape& shape) const { return view(0, shape); }
+  Tensor reshape(const Shape& shape) const;  // same elements, new shape (a view)
   Tensor to(Device device) const;
   Tensor clone() const;
   void copy_from(const Tensor& source);  // same shape, any devices

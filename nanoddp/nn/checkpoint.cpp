@@ -74,6 +74,15 @@ std::int64_t metadata_int(const SafetensorsFile& file, const std::string& key) {
   return value;
 }
 
+// A step, an epoch or a count: an integer that cannot be negative.
+std::int64_t metadata_count(const SafetensorsFile& file, const std::string& key) {
+  const std::int64_t value = metadata_int(file, key);
+  if (value < 0) {
+    fail("checkpoint '{}': metadata '{}' = {} is negative", file.path().string(), key, value);
+  }
+  return value;
+}
+
 std::string optimizer_kind(const Optimizer& optimizer) {
   const std::string d = optimizer.describe();
   return d.substr(0, d.find('('));
@@ -141,12 +150,16 @@ std::string save_checkpoint(const std::string& dir, const Module& model, const O
   debug_log(DebugLevel::kInfo, "checkpoint: wrote {} (step {}, {} tensors)", path, state.step,
             entries.size());
 
-  // Keep the newest `keep`; the one just written is always among them.
-  std::vector<std::string> all = list_checkpoints(dir);
-  if (keep > 0 && static_cast<int>(all.size()) > keep) {
-    for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < all.size(); ++i) {
-      fs::remove(all[i], ec);
+  // Keep the newest `keep` up to this one: only earlier steps are pruned. Checkpoints of later
+  // steps (another run's, in a reused folder) are not this run's to delete, and must never
+  // push out the one just written.
+  if (keep > 0) {
+    std::vector<std::string> earlier;
+    for (const std::string& p : list_checkpoints(dir)) {
+      if (step_of(p).value_or(state.step) < state.step) earlier.push_back(p);
     }
+    const std::size_t keep_earlier = static_cast<std::size_t>(keep - 1);
+    for (std::size_t i = 0; i + keep_earlier < earlier.size(); ++i) fs::remove(earlier[i], ec);
   }
   return path;
 }
@@ -257,26 +270,37 @@ TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer&
     }
   }
   if (file.names().size() != tensors.size()) {
+    std::vector<std::string> unexpected;
+    for (const std::string& name : file.names()) {
+      const bool known = std::any_of(tensors.begin(), tensors.end(),
+                                     [&](const HostTensor& t) { return t.name == name; });
+      if (!known) unexpected.push_back("'" + name + "'");
+    }
     fail(
-        "checkpoint '{}' holds {} tensors, but the model and optimizer have {}: it was saved "
-        "from a different model",
-        path, file.names().size(), tensors.size());
+        "checkpoint '{}' holds {} tensors, but the model and optimizer have {}; not expected: {}. "
+        "It was saved from a different model, or with different optimizer settings (momentum "
+        "buffers exist only with --momentum > 0)",
+        path, file.names().size(), tensors.size(), fmt::join(unexpected, ", "));
+  }
+
+  // The metadata too, before anything is copied: a bad value must leave the model untouched.
+  TrainingState state;
+  const std::int64_t optimizer_steps = metadata_count(file, "optimizer_steps");
+  state.step = metadata_count(file, "step");
+  state.epoch = metadata_count(file, "epoch");
+  state.epoch_samples = metadata_count(file, "epoch_samples");
+  const std::string& seed = file.metadata_at("seed");
+  const auto [seed_end, seed_ec] =
+      std::from_chars(seed.data(), seed.data() + seed.size(), state.seed);
+  if (seed_ec != std::errc() || seed_end != seed.data() + seed.size()) {
+    fail("checkpoint '{}': metadata 'seed' = '{}' is not a number", path, seed);
   }
 
   for (HostTensor& t : tensors) {
     t.values = file.to_f32(t.name);
     t.target.copy_from(Tensor::from_vector(t.values, t.target.shape()));
   }
-  optimizer.set_steps(metadata_int(file, "optimizer_steps"));
-
-  TrainingState state;
-  state.step = metadata_int(file, "step");
-  state.epoch = metadata_int(file, "epoch");
-  state.epoch_samples = metadata_int(file, "epoch_samples");
-  const std::string& seed = file.metadata_at("seed");
-  if (std::from_chars(seed.data(), seed.data() + seed.size(), state.seed).ec != std::errc()) {
-    fail("checkpoint '{}': metadata 'seed' = '{}' is not a number", path, seed);
-  }
+  optimizer.set_steps(optimizer_steps);
   for (const auto& [k, v] : md) {
     if (k.starts_with("info.")) state.info[k.substr(5)] = v;
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -162,6 +163,29 @@ TEST_CASE("a view that does not fit in the storage is an Error") {
   CHECK_NOTHROW(v.view(2, {2}));
   CHECK_THROWS_AS(v.view(2, {3}), Error);
   CHECK(error_message([&] { base.view(7, {2}); }).find("does not fit") != std::string::npos);
+}
+
+TEST_CASE("reshape keeps the element count: a view into a flat buffer cannot reach its neighbour") {
+  // Parameters are views into one flat buffer; reshape must not widen one into the next.
+  const Tensor flat = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {6});
+  const Tensor a = flat.view(0, {2});
+  CHECK_THROWS_AS(a.reshape({4}), Error);  // would read 3 and 4, the next parameter's
+  CHECK_THROWS_AS(a.reshape({1}), Error);  // would silently drop an element
+  CHECK(error_message([&] { a.reshape({4}); }).find("2 elements") != std::string::npos);
+  const Tensor b = flat.view(2, {4}).reshape({2, 2});
+  CHECK(b.shape() == Shape{2, 2});
+  CHECK(b.to_vector() == std::vector<float>{3, 4, 5, 6});
+}
+
+TEST_CASE("a shape whose element count overflows is an Error, not a small tensor") {
+  constexpr std::int64_t kHuge = std::int64_t{1} << 62;
+  CHECK_THROWS_AS(Tensor::empty({4, kHuge}), Error);
+  CHECK_THROWS_AS(Tensor::empty({std::int64_t{1} << 32, std::int64_t{1} << 32}), Error);
+  CHECK_THROWS_AS(Tensor::empty({kHuge}), Error);  // fits in int64, not in bytes
+  CHECK(error_message([&] { Tensor::empty({4, kHuge}); }).find("2^63") != std::string::npos);
+  const Tensor base = Tensor::zeros({8});
+  CHECK_THROWS_AS(base.view(1, {kHuge, 4}), Error);
+  CHECK_THROWS_AS(base.view(std::numeric_limits<std::int64_t>::max() - 2, {4}), Error);
 }
 
 TEST_CASE("clone is an independent copy and copy_from checks shapes") {

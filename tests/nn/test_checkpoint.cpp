@@ -58,6 +58,23 @@ void flip_byte(const std::string& path, std::uintmax_t from_end) {
   f.write(&c, 1);
 }
 
+// Writes the tensors of checkpoint `path` again as `out`, with one metadata entry replaced.
+void rewrite_metadata(const std::string& path, const std::string& out, const std::string& key,
+                      const std::string& value) {
+  const nn::SafetensorsFile file = nn::read_safetensors(path);
+  std::vector<std::vector<float>> values;
+  values.reserve(file.names().size());  // entries point into these
+  std::vector<nn::SafetensorsEntry> entries;
+  for (const auto& name : file.names()) {
+    values.push_back(file.to_f32(name));
+    entries.push_back(
+        {.name = name, .dtype = "F32", .shape = file.at(name).shape, .data = values.back().data()});
+  }
+  nn::SafetensorsMetadata md = file.metadata();
+  md[key] = value;
+  nn::write_safetensors(out, entries, md);
+}
+
 }  // namespace
 
 TEST_CASE("checkpoint: save then load restores parameters, optimizer state and position exactly") {
@@ -100,6 +117,24 @@ TEST_CASE("checkpoint: only the newest K are kept, listed oldest first") {
   CHECK(nn::list_checkpoints(dir.file("missing")).empty());
 }
 
+TEST_CASE("checkpoint: a reused folder's later checkpoints never push out the one just written") {
+  // An earlier run got to step 1000 in this folder; a new run (no --resume) saves step 100 with
+  // keep = 2. Pruning only removes this run's earlier steps: step 100 must survive, and the
+  // earlier run's files are not this run's to delete.
+  testing::TempDir dir;
+  Run a;
+  for (int step : {900, 1000}) nn::save_checkpoint(dir.path(), a.model, a.adam, {.step = step}, 2);
+  for (int step : {100, 200, 300}) {
+    const std::string path = nn::save_checkpoint(dir.path(), a.model, a.adam, {.step = step}, 2);
+    CHECK(fs::exists(path));
+  }
+  std::vector<std::string> names;
+  for (const auto& p : nn::list_checkpoints(dir.path())) names.push_back(fs::path(p).filename());
+  CHECK(names ==
+        std::vector<std::string>{"step-000000200.safetensors", "step-000000300.safetensors",
+                                 "step-000000900.safetensors", "step-000001000.safetensors"});
+}
+
 TEST_CASE("checkpoint: a bit flip, a truncation, another model or optimizer are clear errors") {
   testing::TempDir dir;
   Run a;
@@ -136,24 +171,37 @@ TEST_CASE("checkpoint: a bit flip, a truncation, another model or optimizer are 
     CHECK(msg.find("SGD") != std::string::npos);
   }
   SUBCASE("an older format version") {
-    // Rewrite the same tensors with format_version 0.
-    const nn::SafetensorsFile file = nn::read_safetensors(path);
-    std::vector<std::vector<float>> values;
-    std::vector<nn::SafetensorsEntry> entries;
-    for (const auto& name : file.names()) {
-      values.push_back(file.to_f32(name));
-      entries.push_back({.name = name,
-                         .dtype = "F32",
-                         .shape = file.at(name).shape,
-                         .data = values.back().data()});
-    }
-    nn::SafetensorsMetadata md = file.metadata();
-    md["format_version"] = "0";
     const std::string old = dir.file("old.safetensors");
-    nn::write_safetensors(old, entries, md);
+    rewrite_metadata(path, old, "format_version", "0");
     Run b;
     const std::string msg = expect_error([&] { nn::load_checkpoint(old, b.model, b.adam); });
     CHECK(msg.find("format version 0") != std::string::npos);
+  }
+  SUBCASE("bad metadata is an error before the model is touched") {
+    const std::pair<const char*, const char*> bad[] = {
+        {"step", "five"}, {"optimizer_steps", "-3"}, {"epoch", "-1"}, {"seed", "7garbage"}};
+    for (const auto& [key, value] : bad) {
+      CAPTURE(key);
+      const std::string edited = dir.file(std::string("bad-") + key + ".safetensors");
+      rewrite_metadata(path, edited, key, value);
+      Run b;
+      const std::string msg = expect_error([&] { nn::load_checkpoint(edited, b.model, b.adam); });
+      CHECK(msg.find(key) != std::string::npos);
+      CHECK(b.params.values().to_vector() == pristine);  // untouched
+      CHECK(b.adam.steps() == 0);
+    }
+  }
+  SUBCASE("other optimizer settings: the unexpected tensors are named") {
+    Run c;
+    nn::SGD with_momentum(c.params, {.lr = 0.1f, .momentum = 0.9f});
+    const std::string sgd_path =
+        nn::save_checkpoint(dir.file("sgd"), c.model, with_momentum, {.step = 1}, 1);
+    Run b;
+    nn::SGD plain(b.params, {.lr = 0.1f});
+    const std::string msg = expect_error([&] { nn::load_checkpoint(sgd_path, b.model, plain); });
+    CHECK(msg.find("momentum") != std::string::npos);
+    CHECK(msg.find("not expected: 'optimizer.") != std::string::npos);
+    CHECK(b.params.values().to_vector() == pristine);
   }
   SUBCASE("not a checkpoint at all") {
     const std::string other = dir.file("params.safetensors");

@@ -193,6 +193,9 @@ TEST_CASE("bad input: another model or bucket cap on one rank is refused on ever
       {{"--hidden", "32"}, {"--hidden 16", "--hidden 32"}},
       {{"--bucket-cap-mb", "7"}, {"bucket_cap_mb=25", "bucket_cap_mb=7"}},
       {{"--comm-hook", "bf16"}, {"comm_hook"}},
+      // The synthetic data: a rank with other noise or another teacher trains on other samples.
+      {{"--noise", "0.5"}, {"--noise 0.001", "--noise 0.5"}},
+      {{"--teacher-hidden", "8"}, {"--teacher-hidden 0", "--teacher-hidden 8"}},
   };
   for (const Case& c : cases) {
     std::vector<std::string> extra = {"--steps", "5", "--quiet"};

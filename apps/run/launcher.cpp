@@ -143,7 +143,8 @@ void Attempt::start_worker(int local_rank) {
                                 .group_rank = options_.node_rank,
                                 .master_addr = plan_.master_addr,
                                 .master_port = master_port_,
-                                .restart_count = restart_count_};
+                                .restart_count = restart_count_,
+                                .launcher_pid = static_cast<int>(::getpid())};
   SpawnedProcess process =
       spawn_process(plan_.program_path, options_.command, worker_environment(identity, environ));
   if (process.pid < 0) {

@@ -132,6 +132,49 @@ TEST_CASE("under nanoddp-run a killed rank is named first in the launcher's summ
                           std::regex(R"(\n +1 +1 +[0-9]+ +killed by SIGKILL  <- failed first)")));
 }
 
+namespace {
+
+// Whether a process with this pid still exists (a zombie, awaiting its reaper, counts as gone).
+bool process_alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  // pid (comm) state ...: comm may contain spaces, so the state follows the last ')'.
+  const auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return false;
+  const char state = line[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+}  // namespace
+
+TEST_CASE("a SIGKILLed nanoddp-run takes its workers with it") {
+  // SIGKILL leaves the launcher no chance to stop anyone, and the workers live in process groups
+  // of their own: they must notice the launcher's death themselves (parent-death signal).
+  std::vector<std::string> argv = {bin_path("nanoddp-run"), "--nproc-per-node", "2"};
+  for (const auto& a : train_argv({"--steps", "100000000", "--log-every", "1000"})) {
+    argv.push_back(a);
+  }
+  BackgroundProcess launcher(with_env(fault_env(), argv));
+  REQUIRE_MESSAGE(launcher.wait_for_output(has_progress, 30s), launcher.output());
+  const std::vector<pid_t> workers = children_of(launcher.pid());
+  REQUIRE(workers.size() == 2);
+  for (const pid_t w : workers) REQUIRE(contains(cmdline_of(w), "nanoddp-train"));
+  REQUIRE(kill(launcher.pid(), SIGKILL) == 0);
+  const auto status = launcher.wait(5s);
+  REQUIRE(status.has_value());
+  const auto start = Clock::now();
+  std::vector<pid_t> left = workers;
+  while (!left.empty() && seconds_since(start) < 5.0) {
+    std::erase_if(left, [](pid_t pid) { return !process_alive(pid); });
+    std::this_thread::sleep_for(20ms);
+  }
+  // Whatever the outcome, no worker outlives the test.
+  for (const pid_t pid : left) kill(pid, SIGKILL);
+  INFO(launcher.output());
+  CHECK_MESSAGE(left.empty(), left.size(), " worker(s) still running 5 s after the launcher died");
+}
+
 TEST_CASE("a rank that dies during the shared-memory set-up leaves no segment in /dev/shm") {
   // Rank 1 exits after rank 0 created /dev/shm/nanoddp-<pid>-<hex> and before rank 1 attached;
   // the launcher's SIGTERM then ends rank 0 without its destructor, the one that unlinks.

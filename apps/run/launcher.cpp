@@ -18,10 +18,12 @@
 #include <cstring>
 #include <ctime>
 #include <memory>
+#include <set>
 
 #include "free_port.h"
 #include "output.h"
 #include "report.h"
+#include "shm_cleanup.h"
 #include "signals.h"
 #include "spawn.h"
 #include "worker_env.h"
@@ -110,6 +112,7 @@ class Attempt {
   void poll_once();
   void reap();
   void drain_and_close();
+  void remove_shm_segments();
   AttemptOutcome finish(Clock::time_point started);
 
   const LaunchPlan& plan_;
@@ -124,6 +127,7 @@ class Attempt {
   Clock::time_point deadline_;  // of the grace period, while stopping
   int launcher_signal_ = 0;     // the first SIGINT/SIGTERM/SIGHUP the launcher got
   int first_failed_ = -1;       // index into workers_
+  std::set<pid_t> orphans_;     // workers' children that ended after their parent (reap())
 };
 
 void Attempt::start_worker(int local_rank) {
@@ -139,7 +143,8 @@ void Attempt::start_worker(int local_rank) {
                                 .group_rank = options_.node_rank,
                                 .master_addr = plan_.master_addr,
                                 .master_port = master_port_,
-                                .restart_count = restart_count_};
+                                .restart_count = restart_count_,
+                                .launcher_pid = static_cast<int>(::getpid())};
   SpawnedProcess process =
       spawn_process(plan_.program_path, options_.command, worker_environment(identity, environ));
   if (process.pid < 0) {
@@ -220,7 +225,10 @@ void Attempt::reap() {
     const auto it = std::find_if(workers_.begin(), workers_.end(), [pid](const Worker& w) {
       return w.running && w.result.pid == pid;
     });
-    if (it == workers_.end()) continue;  // a worker's orphan, or one of an earlier attempt
+    if (it == workers_.end()) {  // a worker's orphan, or one of an earlier attempt
+      orphans_.insert(pid);      // a wrapped program's rank 0 may have created a segment
+      continue;
+    }
     Worker& w = *it;
     w.running = false;
     w.result.wait_status = status;
@@ -280,6 +288,22 @@ void Attempt::drain_and_close() {
   }
 }
 
+// Once every worker has ended: the shared-memory segments they left (see shm_cleanup.h), named
+// after the worker's pid, or an orphan's when PROGRAM is a wrapper that forked the real rank.
+void Attempt::remove_shm_segments() {
+  std::set<pid_t> pids = orphans_;
+  for (const Worker& w : workers_) {
+    if (w.result.pid > 0) pids.insert(w.result.pid);
+  }
+  for (const RemovedSegment& segment : remove_shm_segments_of(pids)) {
+    const auto it = std::find_if(workers_.begin(), workers_.end(),
+                                 [&](const Worker& w) { return w.result.pid == segment.creator; });
+    say("removed /dev/shm/{}, left by {} (pid {}) during the shared-memory set-up", segment.name,
+        it != workers_.end() ? fmt::format("rank {}", it->result.rank) : "a worker's child",
+        segment.creator);
+  }
+}
+
 AttemptOutcome Attempt::run() {
   const auto started = Clock::now();
   for (int i = 0; i < options_.nproc_per_node && !stopping_; ++i) {
@@ -304,6 +328,7 @@ AttemptOutcome Attempt::run() {
     }
   }
   drain_and_close();
+  remove_shm_segments();
   return finish(started);
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // Runs the local workers of a job: start them, relay their output, watch them end, stop the
-// whole group when one fails or when the launcher is signalled, and restart the group while
+// whole group when one fails or when the launcher is signalled, remove the shared-memory
+// segments that workers killed mid-set-up left (shm_cleanup.h), and restart the group while
 // restarts remain.
 
 #include <string>

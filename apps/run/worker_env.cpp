@@ -20,6 +20,7 @@ std::vector<std::string> worker_environment(const WorkerIdentity& w, char** base
   env["MASTER_PORT"] = std::to_string(w.master_port);
   env["NANODDP_RESTART_COUNT"] = std::to_string(w.restart_count);
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(w.restart_count);
+  env["NANODDP_LAUNCHER_PID"] = std::to_string(w.launcher_pid);
   env.emplace("OMP_NUM_THREADS", "1");  // only when unset
 
   std::vector<std::string> out;

@@ -16,12 +16,15 @@ struct WorkerIdentity {
   std::string master_addr;
   int master_port = 0;
   int restart_count = 0;  // 0 on the first attempt
+  int launcher_pid = 0;   // this nanoddp-run's pid
 };
 
 // `base` is a null-terminated "NAME=value" array (environ). RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, NANODDP_RESTART_COUNT and
-// TORCHELASTIC_RESTART_COUNT replace any inherited value; OMP_NUM_THREADS is set to 1 only when
-// unset (as torchrun does: N workers with one OpenMP pool of all cores each oversubscribe).
+// LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, NANODDP_RESTART_COUNT,
+// TORCHELASTIC_RESTART_COUNT and NANODDP_LAUNCHER_PID (which nanoddp::comm::init_distributed
+// uses to end the worker when the launcher dies) replace any inherited value; OMP_NUM_THREADS is
+// set to 1 only when unset (as torchrun does: N workers with one OpenMP pool of all cores each
+// oversubscribe).
 std::vector<std::string> worker_environment(const WorkerIdentity& worker, char** base);
 
 }  // namespace nanoddp::run

@@ -204,7 +204,8 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
 }
 
 // Every rank must train with the same settings: a rank with another batch size or bucket cap
-// would issue different collectives (a hang, not an error, without this check).
+// would issue different collectives (a hang, not an error, without this check), and one with
+// other data settings would train on other samples (no error at all).
 void Trainer::check_same_settings() {
   const std::vector<std::string> settings = {
       fmt::format("--in {} --out {}", o_.in_features, o_.out_features),
@@ -214,6 +215,8 @@ void Trainer::check_same_settings() {
       fmt::format("--steps {} --epochs {}", o_.steps.value_or(0), o_.epochs.value_or(0)),
       fmt::format("--dataset-size {} --data {} --targets {}", o_.dataset_size, o_.data_path,
                   o_.targets_path),
+      // They define the synthetic samples: other values on one rank mean other data, silently.
+      fmt::format("--noise {} --teacher-hidden {}", o_.noise_std, o_.teacher_hidden),
       fmt::format("--optimizer {} --lr {} --momentum {} --weight-decay {}", o_.optimizer, o_.lr,
                   o_.momentum, o_.weight_decay),
       fmt::format("--seed {} --shuffle {}", o_.seed, o_.shuffle),

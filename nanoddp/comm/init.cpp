@@ -1,14 +1,84 @@
 #include "nanoddp/comm/init.h"
 
 #include <fmt/format.h>
+#include <signal.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include "nanoddp/engine/debug_log.h"
 #include "nanoddp/engine/error.h"
 
 namespace nanoddp::comm {
+
+namespace {
+
+// The parent of process `pid` (field 4 of /proc/<pid>/stat), or 0 if it cannot be read.
+pid_t parent_of(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return 0;
+  const auto paren = line.rfind(')');  // the command name may contain spaces and parentheses
+  if (paren == std::string::npos) return 0;
+  std::istringstream fields(line.substr(paren + 1));
+  std::string state;
+  pid_t parent = 0;
+  fields >> state >> parent;
+  return fields ? parent : 0;
+}
+
+// Whether `pid` is this process's parent, grandparent, ...
+bool is_ancestor(pid_t pid) {
+  pid_t p = ::getppid();
+  for (int hops = 0; hops < 64 && p > 0; ++hops) {
+    if (p == pid) return true;
+    if (p == 1) return false;
+    p = parent_of(p);
+  }
+  return false;
+}
+
+// nanoddp-run starts every worker in a process group of its own (so that stopping a worker
+// stops its children too), so when the launcher itself is SIGKILLed (the OOM killer,
+// `timeout -s KILL`, a batch system) no signal reaches the workers: they would train on,
+// orphaned, forever. A worker the launcher started directly has the kernel send it SIGTERM
+// when the launcher dies; one whose launcher is already gone stops here.
+void tie_to_launcher(pid_t launcher) {
+#ifdef __linux__
+  if (::getppid() == launcher) {
+    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) {
+      fail("prctl(PR_SET_PDEATHSIG) failed: {}", std::strerror(errno));
+    }
+    // The launcher may have died before the prctl: then this process has a new parent already.
+    if (::getppid() == launcher) return;
+  } else if (is_ancestor(launcher)) {
+    // PROGRAM is a wrapper (a shell script) that started this process: a death signal would
+    // follow the wrapper, not the launcher (which the wrapper survives), and could end this
+    // process while the job goes on. Such a worker is stopped with its group, as any worker,
+    // but outlives a SIGKILLed launcher (docs/reliability.md).
+    debug_log(DebugLevel::kInfo, "nanoddp-run (pid {}) is not the parent: no parent-death signal",
+              launcher);
+    return;
+  }
+  fail(
+      "NANODDP_LAUNCHER_PID={}: the nanoddp-run that started this process is no longer running "
+      "(it died before this worker got going); stopping instead of training unsupervised",
+      launcher);
+#else
+  (void)launcher;  // no parent-death signal to ask for
+#endif
+}
+
+}  // namespace
 
 std::string resolve_backend(const std::string& backend, Device device) {
   if (backend == "auto") return device.is_cuda() ? "nccl" : "gloo";
@@ -28,6 +98,7 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
   Distributed dist;
   dist.world = world;
   set_debug_rank(world.rank);
+  if (world.launcher_pid > 0) tie_to_launcher(static_cast<pid_t>(world.launcher_pid));
   debug_log(DebugLevel::kInfo,
             "rendezvous: rank {} of {} (local rank {} of {}), store at {}:{}{}, restart {}",
             world.rank, world.world_size, world.local_rank, world.local_world_size,

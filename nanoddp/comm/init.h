@@ -47,6 +47,9 @@ struct Distributed {
 
 // Throws an Error for a bad backend/device combination, StoreError when the store cannot be
 // reached, CommError when the group cannot connect within the timeout.
+// Started by nanoddp-run (world.launcher_pid != 0), the process first ties its life to the
+// launcher's: SIGTERM when the launcher dies (Linux's parent-death signal), and an Error at once
+// if the launcher is gone already.
 Distributed init_distributed(const WorldInfo& world, const DistributedOptions& options = {});
 
 // "gloo" or "nccl": what "auto" (or an explicit choice) means for `device`.

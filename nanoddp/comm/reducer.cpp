@@ -202,15 +202,19 @@ void Reducer::handle_unused() {
         "DistributedDataParallel with find_unused_parameters = true (--find-unused-parameters).",
         unused.size(), fmt::join(unused, ", "));
   }
-  // find_unused_parameters: an unused parameter's gradient is zero on this rank; mark it ready
-  // so its bucket is reduced with the others (another rank may have used it).
+  // find_unused_parameters: mark an unused parameter ready so its bucket is reduced with the
+  // others (another rank may have used it). Its gradient on this rank is what it holds: the sum
+  // of earlier no_sync micro-batches that did use it (kept, as PyTorch does), or, when nothing
+  // wrote it since zero_grad(), zero (the buffer's stale contents must not be reduced).
   for (std::size_t i = 0; i < slot_ready_.size(); ++i) {
     if (slot_ready_[i]) continue;
     const nn::ParameterSlot& slot = params_.slots()[i];
-    Tensor grad = params_.grads().view(slot.offset, slot.param.shape());
-    grad.zero();
-    Tensor param = slot.param;
-    param.set_grad(grad);
+    if (!slot.param.has_grad()) {
+      Tensor grad = params_.grads().view(slot.offset, slot.param.shape());
+      grad.zero();
+      Tensor param = slot.param;
+      param.set_grad(grad);
+    }
     slot_ready_[i] = true;
     const std::size_t b = bucket_of_slot_[i];
     if (--pending_[b] == 0) stats_.buckets[b].ready_ms = ms_between(stats_.origin, Clock::now());

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <vector>
 
 #include "nanoddp/engine/error.h"
@@ -192,6 +193,12 @@ WorldInfo world_from_env(const EnvLookup& env) {
       info.restart_count = static_cast<int>(*count);
       break;
     }
+  }
+  if (const auto pid = int_var(env, "NANODDP_LAUNCHER_PID")) {
+    if (*pid < 1 || *pid > std::numeric_limits<int>::max()) {
+      fail("NANODDP_LAUNCHER_PID={} is not a process id", *pid);
+    }
+    info.launcher_pid = static_cast<int>(*pid);
   }
   return info;
 }

@@ -27,6 +27,9 @@ struct WorldInfo {
   int master_port = 29500;
   int restart_count = 0;  // NANODDP_RESTART_COUNT (or TORCHELASTIC_RESTART_COUNT)
   std::string launcher;   // "torchrun", "openmpi", "slurm" or "none"
+  // NANODDP_LAUNCHER_PID: the nanoddp-run that started this process, 0 under any other
+  // launcher. init_distributed() ties the process's life to it.
+  int launcher_pid = 0;
 };
 
 // Reads an environment variable; nullopt when unset. Tests pass their own table.
@@ -35,7 +38,8 @@ EnvLookup process_env();
 
 // Throws an Error naming the variable for: a non-number, a rank outside [0, world), a world
 // size < 1, a local rank outside the local world, a port outside 1..65535, a missing
-// MASTER_ADDR/MASTER_PORT for a world > 1, or variables of one launcher only partly set.
+// MASTER_ADDR/MASTER_PORT for a world > 1, variables of one launcher only partly set, or a
+// NANODDP_LAUNCHER_PID that is not a pid.
 WorldInfo world_from_env(const EnvLookup& env = process_env());
 
 // The default timeout of every collective and store wait: $NANODDP_TIMEOUT_S seconds, else 300.

@@ -141,6 +141,27 @@ TEST_CASE("nanoddp-run gives every rank torchrun's variables") {
     CHECK(contains(r.output, "[rank 2] vars 2 4 0 2 1 10.1.2.3 29555 0 0 7\n"));
     CHECK(contains(r.output, "[rank 3] vars 3 4 1 2 1 10.1.2.3 29555 0 0 7\n"));
   }
+  SUBCASE("NANODDP_LAUNCHER_PID: the launcher's pid, the workers' parent") {
+    ProcessOptions options;
+    options.env["NANODDP_LAUNCHER_PID"] = "1";  // an inherited value is replaced
+    const ProcessResult r = launch(
+        {"--nproc-per-node", "2", "/bin/sh", "-c", "echo launcher $NANODDP_LAUNCHER_PID $PPID"},
+        options);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    std::set<std::string> pids;
+    int matches = 0;
+    for (const std::string& l : lines_of(r.output)) {
+      std::smatch m;
+      if (std::regex_match(l, m, std::regex(R"(^\[rank [01]\] launcher ([0-9]+) \1$)"))) {
+        ++matches;
+        pids.insert(m[1].str());
+      }
+    }
+    CHECK(matches == 2);
+    REQUIRE(pids.size() == 1);
+    CHECK(*pids.begin() != "1");
+  }
 }
 
 TEST_CASE("nanoddp-run passes arguments verbatim: no shell between it and the program") {

@@ -47,6 +47,16 @@ TEST_CASE("ddp: with find_unused_parameters training proceeds and unused gradien
   CHECK(all_exit(results, 0));
 }
 
+TEST_CASE("ddp: find_unused_parameters keeps a gradient accumulated under no_sync") {
+  // Head b takes part only in the no_sync micro-batch: the synced pass must reduce its
+  // accumulated gradient, not replace it with zeros.
+  for (int world : {1, 2}) {
+    const auto results = run_scenario({"unused-no-sync"}, world);
+    INFO(describe(results));
+    CHECK(all_exit(results, 0));
+  }
+}
+
 TEST_CASE("ddp: different models on different ranks fail on every rank, naming the parameter") {
   for (int world : {2, 3}) {
     const auto results = run_scenario({"mismatch"}, world);

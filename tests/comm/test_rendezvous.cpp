@@ -78,6 +78,9 @@ TEST_CASE("world_from_env: launchers' environments give the expected world") {
       {"restart count from TORCHELASTIC_RESTART_COUNT",
        {{"TORCHELASTIC_RESTART_COUNT", "3"}},
        {.restart_count = 3, .launcher = "none"}},
+      {"nanoddp-run's NANODDP_LAUNCHER_PID",
+       {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"NANODDP_LAUNCHER_PID", "4242"}},
+       {.launcher = "torchrun", .launcher_pid = 4242}},
       {"NANODDP_RESTART_COUNT wins over TORCHELASTIC_RESTART_COUNT",
        {{"NANODDP_RESTART_COUNT", "1"}, {"TORCHELASTIC_RESTART_COUNT", "5"}},
        {.restart_count = 1, .launcher = "none"}},
@@ -162,6 +165,7 @@ TEST_CASE("world_from_env: launchers' environments give the expected world") {
     CHECK(w.master_port == row.expected.master_port);
     CHECK(w.restart_count == row.expected.restart_count);
     CHECK(w.launcher == row.expected.launcher);
+    CHECK(w.launcher_pid == row.expected.launcher_pid);
   }
 }
 
@@ -225,6 +229,12 @@ TEST_CASE("world_from_env: bad environments fail with messages that name the var
        {{"TORCHELASTIC_RESTART_COUNT", "x"}},
        "TORCHELASTIC_RESTART_COUNT=x is not a number"},
       {"empty MASTER_ADDR", {{"MASTER_ADDR", ""}}, "MASTER_ADDR is set but empty"},
+      {"NANODDP_LAUNCHER_PID not a pid",
+       {{"NANODDP_LAUNCHER_PID", "0"}},
+       "NANODDP_LAUNCHER_PID=0 is not a process id"},
+      {"NANODDP_LAUNCHER_PID not a number",
+       {{"NANODDP_LAUNCHER_PID", "abc"}},
+       "NANODDP_LAUNCHER_PID=abc is not a number"},
       {"rank out of int range",
        with_master({{"RANK", "99999999999999999999"}, {"WORLD_SIZE", "2"}}),
        "RANK=99999999999999999999 is out of range"},

@@ -130,6 +130,8 @@ TEST_CASE("bad input: malformed or missing launcher variables name the variable 
       {{{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}},
        "RANK"},
       {{{"WORLD_SIZE", "2"}}, "WORLD_SIZE is set but RANK is not"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"NANODDP_LAUNCHER_PID", "abc"}},
+       "NANODDP_LAUNCHER_PID"},
   };
   for (const Case& c : cases) {
     const ProcessResult r = run_process(train_argv({"--steps", "1"}), with_timeout_env(c.env));
@@ -137,6 +139,21 @@ TEST_CASE("bad input: malformed or missing launcher variables name the variable 
     CHECK(r.exit_code == 2);
     CHECK(contains(r.output, c.expected));
   }
+}
+
+TEST_CASE("bad input: a worker whose nanoddp-run is already gone stops at start (exit 2)") {
+  // A launcher that died before its worker got going: NANODDP_LAUNCHER_PID names a process
+  // that is not among the worker's ancestors (here a live sibling), so the worker, orphaned,
+  // must not train on unsupervised.
+  BackgroundProcess sibling({"/bin/sleep", "30"});
+  const std::string pid = std::to_string(sibling.pid());
+  const ProcessResult r = run_process(
+      train_argv({"--steps", "5"}),
+      with_timeout_env({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"NANODDP_LAUNCHER_PID", pid}}));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "NANODDP_LAUNCHER_PID=" + pid));
+  CHECK(contains(r.output, "no longer running"));
 }
 
 TEST_CASE("bad input: MASTER_PORT held by a foreign process fails rank 0, and rank 1 ends too") {
@@ -193,6 +210,9 @@ TEST_CASE("bad input: another model or bucket cap on one rank is refused on ever
       {{"--hidden", "32"}, {"--hidden 16", "--hidden 32"}},
       {{"--bucket-cap-mb", "7"}, {"bucket_cap_mb=25", "bucket_cap_mb=7"}},
       {{"--comm-hook", "bf16"}, {"comm_hook"}},
+      // The synthetic data: a rank with other noise or another teacher trains on other samples.
+      {{"--noise", "0.5"}, {"--noise 0.001", "--noise 0.5"}},
+      {{"--teacher-hidden", "8"}, {"--teacher-hidden 0", "--teacher-hidden 8"}},
   };
   for (const Case& c : cases) {
     std::vector<std::string> extra = {"--steps", "5", "--quiet"};

@@ -41,7 +41,6 @@ bool has_progress(const std::string& out) {
   return contains(out, "loss ");
 }
 
-
 // Kills rank `victim` with `signo` once training runs, then checks that every other rank ends
 // on its own, non-zero, within the bound, naming an operation and a rank.
 void kill_one_rank(int world, int victim, int signo) {
@@ -131,6 +130,71 @@ TEST_CASE("under nanoddp-run a killed rank is named first in the launcher's summ
                  fmt::format("rank 1 (pid {}) failed first: killed by SIGKILL", victim)));
   CHECK(std::regex_search(launcher.output(),
                           std::regex(R"(\n +1 +1 +[0-9]+ +killed by SIGKILL  <- failed first)")));
+}
+
+namespace {
+
+// Whether a process with this pid still exists (a zombie, awaiting its reaper, counts as gone).
+bool process_alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  // pid (comm) state ...: comm may contain spaces, so the state follows the last ')'.
+  const auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return false;
+  const char state = line[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+}  // namespace
+
+TEST_CASE("a SIGKILLed nanoddp-run takes its workers with it") {
+  // SIGKILL leaves the launcher no chance to stop anyone, and the workers live in process groups
+  // of their own: they must notice the launcher's death themselves (parent-death signal).
+  std::vector<std::string> argv = {bin_path("nanoddp-run"), "--nproc-per-node", "2"};
+  for (const auto& a : train_argv({"--steps", "100000000", "--log-every", "1000"})) {
+    argv.push_back(a);
+  }
+  BackgroundProcess launcher(with_env(fault_env(), argv));
+  REQUIRE_MESSAGE(launcher.wait_for_output(has_progress, 30s), launcher.output());
+  const std::vector<pid_t> workers = children_of(launcher.pid());
+  REQUIRE(workers.size() == 2);
+  for (const pid_t w : workers) REQUIRE(contains(cmdline_of(w), "nanoddp-train"));
+  REQUIRE(kill(launcher.pid(), SIGKILL) == 0);
+  const auto status = launcher.wait(5s);
+  REQUIRE(status.has_value());
+  const auto start = Clock::now();
+  std::vector<pid_t> left = workers;
+  while (!left.empty() && seconds_since(start) < 5.0) {
+    std::erase_if(left, [](pid_t pid) { return !process_alive(pid); });
+    std::this_thread::sleep_for(20ms);
+  }
+  // Whatever the outcome, no worker outlives the test.
+  for (const pid_t pid : left) kill(pid, SIGKILL);
+  INFO(launcher.output());
+  CHECK_MESSAGE(left.empty(), left.size(), " worker(s) still running 5 s after the launcher died");
+}
+
+TEST_CASE("a rank that dies during the shared-memory set-up leaves no segment in /dev/shm") {
+  // Rank 1 exits after rank 0 created /dev/shm/nanoddp-<pid>-<hex> and before rank 1 attached;
+  // the launcher's SIGTERM then ends rank 0 without its destructor, the one that unlinks.
+  const ProcessResult r =
+      run_process({bin_path("nanoddp-run"), "--nproc-per-node", "2", "--grace-period", "2",
+                   bin_path("nanoddp-test-shm-setup-worker")},
+                  {.timeout = 40s});
+  INFO(r.output);
+  std::smatch m;
+  REQUIRE(
+      std::regex_search(r.output, m, std::regex(R"(saw segment /(nanoddp-[0-9]+-[0-9a-f]{16}))")));
+  const fs::path segment = fs::path("/dev/shm") / m[1].str();
+  const bool left = fs::exists(segment);
+  if (left) fs::remove(segment);  // nor does a failing test leave it behind
+  CHECK_FALSE(r.timed_out);
+  CHECK(r.exit_code == 3);  // rank 1's exit code: it failed first
+  CHECK(contains(r.output, "rank 1 (pid"));
+  CHECK_MESSAGE(!left, segment.string(), " was left behind");
+  // Removed by the launcher, which says so (and not by, say, a late rank 0).
+  CHECK(contains(r.output, "nanoddp-run: removed " + segment.string() + ", left by rank 0"));
 }
 
 TEST_CASE("--max-restarts recovers a killed rank from the newest checkpoint, bit for bit") {

@@ -1,12 +1,19 @@
 """nanoddp-bench-gemm lines -> GFLOP/s against matrix size (square shapes), one line per backend
-(the `eigen` yardstick, nanoddp's CPU backend, the CUDA GEMMs where they ran), and a bar chart
+(the `eigen` yardstick, nanoddp's CPU backend with its own kernels and with Eigen, the CUDA GEMMs
+where they ran), and a bar chart
 of the MLP's own GEMM shapes (forward, input grad, weight grad, and the cold-cache step row).
 """
 
 import figure
 
 MLP_SHAPES = ["mlp-forward", "mlp-input-grad", "mlp-weight-grad", "mlp-step"]
-BACKEND_ORDER = ["eigen", "nanoddp-cpu", "cuda-hand", "cuda-cublas"]
+BACKEND_ORDER = ["eigen", "nanoddp-cpu", "nanoddp-eigen", "cuda-hand", "cuda-cublas"]
+LABELS = {"eigen": "Eigen (reference)", "nanoddp-cpu": "nanoddp CPU backend (own kernels)",
+          "nanoddp-eigen": "nanoddp CPU backend, --gemm eigen"}
+
+
+CPU_BACKENDS = ("eigen", "nanoddp-cpu", "nanoddp-eigen")
+LINESTYLES = {"eigen": "--", "nanoddp-eigen": ":"}
 
 
 def _backend_rank(name):
@@ -19,21 +26,21 @@ def series_key(record):
 
 def label_of(key, threads_vary):
     backend, threads = key
-    label = {"eigen": "Eigen (reference)", "nanoddp-cpu": "nanoddp CPU backend"}.get(backend,
-                                                                                      backend)
+    label = LABELS.get(backend, backend)
     if threads_vary:
         label += f", {threads} thread{'s' if threads != 1 else ''}"
     return label
 
 
 def _colour(key, keys):
-    """The CPU rows pair up: Eigen and nanoddp at one thread count share a colour (Eigen dashed
-    or hatched); other backends (CUDA) get colours of their own."""
+    """The CPU rows group up: Eigen and nanoddp (both GEMMs) at one thread count share a colour
+    (Eigen dashed or hatched, nanoddp's Eigen dotted); other backends (CUDA) get colours of their
+    own."""
     threads = sorted({k[1] for k in keys})
-    if key[0] in ("eigen", "nanoddp-cpu"):
+    if key[0] in CPU_BACKENDS:
         index = threads.index(key[1])
     else:
-        others = sorted({k[0] for k in keys} - {"eigen", "nanoddp-cpu"}, key=_backend_rank)
+        others = sorted({k[0] for k in keys} - set(CPU_BACKENDS), key=_backend_rank)
         index = len(threads) + others.index(key[0])
     return figure.COLORS[index % len(figure.COLORS)]
 
@@ -64,7 +71,7 @@ def plot_squares(records, out_dir, written):
         points = sorted(series[key].items())
         ax.plot([n for n, _ in points], [r["gflops"] for _, (r, _) in points],
                 marker="o" if key[0] == "eigen" else "s", markersize=4,
-                color=_colour(key, keys), linestyle="--" if key[0] == "eigen" else "-",
+                color=_colour(key, keys), linestyle=LINESTYLES.get(key[0], "-"),
                 label=label_of(key, threads_vary))
     ax.set_xscale("log", base=2)
     sizes = sorted({r["n"] for r, _ in squares})
@@ -108,7 +115,7 @@ def plot_mlp(records, out_dir, written):
             xs.append(j - 0.4 + width * (i + 0.5))
             ys.append(record["gflops"])
         bars = ax.bar(xs, ys, width=width * 0.95, color=_colour(key, keys),
-                      hatch="//" if key[0] == "eigen" else None, edgecolor="white",
+                      hatch={"eigen": "//", "nanoddp-eigen": ".."}.get(key[0]), edgecolor="white",
                       label=label_of(key, threads_vary))
         ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=1)
     labels = []

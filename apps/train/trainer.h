@@ -64,6 +64,9 @@ class Trainer {
   int world_size_ = 1;
   Device device_;
   std::optional<comm::Distributed> dist_;
+  // Declared before everything that records spans (the prefetcher's thread, the Reducer), so it
+  // is destroyed after them: members go in reverse order.
+  std::unique_ptr<Tracer> tracer_;
   std::unique_ptr<nn::Dataset> dataset_;
   std::unique_ptr<nn::Mlp> model_;
   std::unique_ptr<nn::FlatParameters> params_;
@@ -76,7 +79,6 @@ class Trainer {
   std::int64_t lookahead_epoch_ = -1;
   std::int64_t prefetched_ = -1;  // the global micro-batch in flight, -1 for none
   std::int64_t prefetched_rows_ = 0;
-  std::unique_ptr<Tracer> tracer_;
   std::ofstream metrics_;
 
   std::int64_t steps_ = 0;            // total optimizer steps of the run

@@ -190,6 +190,19 @@ void Tensor::copy_from(const Tensor& source) {
          dtype_name(source.dtype()), shape_str(shape()), dtype_name(dtype()));
   }
   if (device() == source.device()) {
+    if (impl_->storage == source.impl_->storage && nbytes() != 0) {
+      // Two views of one buffer: a copy onto itself is nothing to do, and a partial overlap has
+      // no defined result (memcpy and cudaMemcpy both forbid it).
+      if (impl_->offset == source.impl_->offset) return;
+      const std::int64_t lo = std::min(impl_->offset, source.impl_->offset);
+      const std::int64_t hi = std::max(impl_->offset, source.impl_->offset);
+      if (hi < lo + numel()) {
+        fail(
+            "copy_from: source and destination overlap in one storage (elements {} and {}, {} "
+            "each); copy through a clone()",
+            source.impl_->offset, impl_->offset, numel());
+      }
+    }
     backend_for(device()).copy(raw_data(), source.raw_data(), nbytes());
     return;
   }

@@ -13,6 +13,7 @@
 
 #include "nanoddp/engine/debug_log.h"
 #include "nanoddp/engine/error.h"
+#include "nanoddp/nn/file_io.h"
 #include "nanoddp/nn/safetensors.h"
 
 namespace nanoddp::nn {
@@ -89,23 +90,18 @@ std::string optimizer_kind(const Optimizer& optimizer) {
 }
 
 // A writer killed in the middle of a checkpoint leaves its temporary file behind
-// (".step-N.safetensors.tmp.PID.K", see file_io.cpp): never listed as a checkpoint, but tens of
-// megabytes each. Remove those whose writer is dead; a live writer's (another process saving
-// into this directory) is left alone.
+// (".step-N.safetensors.tmp.HOST.PID.K", see file_io.h): never listed as a checkpoint, but tens
+// of megabytes each. Remove those whose writer is dead; a live writer's (another process saving
+// into this directory) is left alone, and so is another host's, whose pids cannot be checked.
 void remove_stale_temporaries(const fs::path& dir) {
   std::error_code ec;
+  const std::string host = this_host();
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    constexpr std::string_view kTmp = ".safetensors.tmp.";
-    const auto at = name.find(kTmp);
-    if (!name.starts_with(".step-") || at == std::string::npos) continue;
-    const char* first = name.data() + at + kTmp.size();
-    const char* last = name.data() + name.size();
-    long pid = 0;
-    const auto [end, parse_error] = std::from_chars(first, last, pid);
-    if (parse_error != std::errc() || end == last || *end != '.' || pid <= 0) continue;
-    if (pid == static_cast<long>(::getpid())) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+    if (!name.starts_with(".step-")) continue;
+    const std::optional<TemporaryWriter> writer = temporary_writer(name);
+    if (!writer || writer->host != host || writer->pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<pid_t>(writer->pid), 0) != 0 && errno == ESRCH) {
       std::error_code ignored;
       fs::remove(entry.path(), ignored);
     }

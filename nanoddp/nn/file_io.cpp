@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <string>
 
@@ -38,13 +39,17 @@ class FdGuard {
   int fd_;
 };
 
-// The temporary name: hidden, next to the target, unique per process and call so concurrent
-// writers (several ranks saving into one directory by mistake) never share a temporary file.
+constexpr std::string_view kTemporaryMark = ".tmp.";
+
+// The temporary name: hidden, next to the target, unique per host, process and call so
+// concurrent writers (several ranks saving into one directory by mistake, on one machine or
+// several) never share a temporary file.
 std::filesystem::path temp_path_for(const std::filesystem::path& path) {
   static std::atomic<unsigned> counter{0};
   std::filesystem::path temp = path;
-  temp.replace_filename(fmt::format(".{}.tmp.{}.{}", path.filename().string(),
-                                    static_cast<long>(::getpid()), counter.fetch_add(1)));
+  temp.replace_filename(fmt::format(".{}{}{}.{}.{}", path.filename().string(), kTemporaryMark,
+                                    this_host(), static_cast<long>(::getpid()),
+                                    counter.fetch_add(1)));
   return temp;
 }
 
@@ -67,6 +72,28 @@ void write_all(int fd, const std::byte* data, std::size_t size, const std::files
 }
 
 }  // namespace
+
+std::string this_host() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+std::optional<TemporaryWriter> temporary_writer(const std::string& filename) {
+  // ".<target>.tmp.<host>.<pid>.<k>": the host may hold dots, so pid and k are read from the end.
+  const auto mark = filename.find(kTemporaryMark);
+  if (!filename.starts_with('.') || mark == std::string::npos) return std::nullopt;
+  const std::string_view rest = std::string_view(filename).substr(mark + kTemporaryMark.size());
+  const auto last_dot = rest.rfind('.');
+  if (last_dot == std::string_view::npos || last_dot == 0) return std::nullopt;
+  const auto pid_dot = rest.rfind('.', last_dot - 1);
+  if (pid_dot == std::string_view::npos || pid_dot == 0) return std::nullopt;
+  TemporaryWriter writer{.host = std::string(rest.substr(0, pid_dot))};
+  const std::string_view pid = rest.substr(pid_dot + 1, last_dot - pid_dot - 1);
+  const auto [end, ec] = std::from_chars(pid.data(), pid.data() + pid.size(), writer.pid);
+  if (ec != std::errc() || end != pid.data() + pid.size() || writer.pid <= 0) return std::nullopt;
+  return writer;
+}
 
 std::int64_t shape_numel_checked(std::span<const std::int64_t> shape) {
   // A zero anywhere makes the product 0, however large the other sizes: the parser accepted

@@ -10,7 +10,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace nanoddp::nn {
@@ -24,6 +26,17 @@ std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
 // on device", "Permission denied"). New files get mode 0666 minus the umask, like fopen.
 void write_file_atomically(const std::filesystem::path& path,
                            std::span<const std::span<const std::byte>> chunks);
+
+// Who is writing a write_file_atomically temporary: its name is ".<target>.tmp.<host>.<pid>.<k>"
+// while it is written, and stays so when the writer is killed. A later writer may remove such a
+// leftover only when it is from this host (a pid means nothing on another machine sharing the
+// folder over the network) and that process is gone.
+struct TemporaryWriter {
+  std::string host;
+  long pid = 0;
+};
+std::optional<TemporaryWriter> temporary_writer(const std::string& filename);
+std::string this_host();  // gethostname(), or "localhost"
 
 // The element count of a shape read from a file (non-negative sizes, already validated).
 // Throws nanoddp::Error when it does not fit 64 bits, unless a size is 0: then it is 0.

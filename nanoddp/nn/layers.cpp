@@ -77,8 +77,8 @@ Mlp::Mlp(const MlpOptions& options) : options_(options) {
 
 std::string Mlp::describe() const {
   return fmt::format("MLP(in={}, out={}, hidden={}, layers={}, activation={})",
-                     options_.in_features, options_.out_features, options_.hidden,
-                     options_.layers, activation_name(options_.activation));
+                     options_.in_features, options_.out_features, options_.hidden, options_.layers,
+                     activation_name(options_.activation));
 }
 
 Activation parse_activation(const std::string& name) {

@@ -177,6 +177,17 @@ TEST_CASE("reshape keeps the element count: a view into a flat buffer cannot rea
   CHECK(b.to_vector() == std::vector<float>{3, 4, 5, 6});
 }
 
+TEST_CASE("copy_from between overlapping views of one storage is an Error; onto itself a no-op") {
+  Tensor flat = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {6});
+  Tensor a = flat.view(0, {4}), b = flat.view(2, {4}), c = flat.view(4, {2});
+  CHECK_THROWS_AS(b.copy_from(a), Error);
+  CHECK(error_message([&] { b.copy_from(a); }).find("overlap") != std::string::npos);
+  CHECK(flat.to_vector() == std::vector<float>{1, 2, 3, 4, 5, 6});  // untouched
+  a.copy_from(a);
+  c.copy_from(flat.view(0, {2}));  // disjoint views of one storage are fine
+  CHECK(flat.to_vector() == std::vector<float>{1, 2, 3, 4, 1, 2});
+}
+
 TEST_CASE("a shape whose element count overflows is an Error, not a small tensor") {
   constexpr std::int64_t kHuge = std::int64_t{1} << 62;
   CHECK_THROWS_AS(Tensor::empty({4, kHuge}), Error);

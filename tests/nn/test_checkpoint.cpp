@@ -1,6 +1,7 @@
 // Checkpoints: round trips, retention, and every way a file can be wrong.
 
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -8,6 +9,7 @@
 #include "nanoddp/engine/error.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/nn/checkpoint.h"
+#include "nanoddp/nn/file_io.h"
 #include "nanoddp/nn/flat_parameters.h"
 #include "nanoddp/nn/layers.h"
 #include "nanoddp/nn/optimizer.h"
@@ -115,6 +117,30 @@ TEST_CASE("checkpoint: only the newest K are kept, listed oldest first") {
   CHECK(fs::path(all[0]).filename() == "step-000000004.safetensors");
   CHECK(fs::path(all[1]).filename() == "step-000000005.safetensors");
   CHECK(nn::list_checkpoints(dir.file("missing")).empty());
+}
+
+TEST_CASE("checkpoint: a save removes dead writers' temporaries from this host only") {
+  // A pid above any pid_max is surely dead; on another host the same pid says nothing, and the
+  // folder may be shared over the network with a writer there that is alive.
+  testing::TempDir dir;
+  const std::string dead_here =
+      ".step-000000001.safetensors.tmp." + nn::this_host() + ".999999999.0";
+  const std::string other_host = ".step-000000001.safetensors.tmp.node-7.cluster.999999999.0";
+  const std::string live_here = ".step-000000001.safetensors.tmp." + nn::this_host() + "." +
+                                std::to_string(::getppid()) + ".3";
+  for (const auto& name : {dead_here, other_host, live_here}) std::ofstream(dir.file(name)) << "x";
+  Run a;
+  nn::save_checkpoint(dir.path(), a.model, a.adam, {.step = 2}, 3);
+  CHECK_FALSE(fs::exists(dir.file(dead_here)));
+  CHECK(fs::exists(dir.file(other_host)));
+  CHECK(fs::exists(dir.file(live_here)));
+
+  const auto w = nn::temporary_writer(other_host);
+  REQUIRE(w.has_value());
+  CHECK(w->host == "node-7.cluster");
+  CHECK(w->pid == 999999999);
+  CHECK_FALSE(nn::temporary_writer("step-000000001.safetensors").has_value());
+  CHECK_FALSE(nn::temporary_writer(".step-1.safetensors.tmp.host.x.0").has_value());
 }
 
 TEST_CASE("checkpoint: a reused folder's later checkpoints never push out the one just written") {

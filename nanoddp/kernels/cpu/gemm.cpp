@@ -39,6 +39,9 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 namespace nanoddp::kernels::cpu {
 namespace {
@@ -96,6 +99,15 @@ inline void store_lanes(float* out, __m512 acc, __mmask16 mask, float alpha, flo
     r = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(mask, out), r);
   }
   _mm512_mask_storeu_ps(out, mask, r);
+}
+
+// Which of the parallel region's threads this is (0 outside one, or without OpenMP).
+inline std::int64_t worker_index() {
+#if defined(_OPENMP)
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
 }
 
 inline __mmask16 lanes_below(std::int64_t count) {  // the first min(count, 16) lanes
@@ -176,11 +188,14 @@ void gemm_broadcast_a(std::int64_t m, std::int64_t n, std::int64_t k, float alph
     return;
   }
   // dX = dY W: B (the weight) is large and read once, a 64-column panel at a time; the panel
-  // (k x 256 B) stays in L2 while every row tile of the small A goes over it.
-  float* bp = scratch_b.get(k * kPanel);
-  for (std::int64_t panel = 0; panel < panels; ++panel) {
-    pack_panel(b, k, n, panel * kPanel, bp);
+  // (k x 256 B) stays in L2 while every row tile of the small A goes over it. Threads take whole
+  // panels, each packing into its own slice of the scratch (allocated here, not inside the
+  // parallel region, where an exception could not be caught).
+  float* slices = scratch_b.get(threads * k * kPanel);
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (std::int64_t panel = 0; panel < panels; ++panel) {
+    float* bp = slices + worker_index() * k * kPanel;
+    pack_panel(b, k, n, panel * kPanel, bp);
     for (std::int64_t t = 0; t < row_tiles; ++t) tile(t, panel, bp);
   }
 }
@@ -206,9 +221,9 @@ void transpose(const float* src, std::int64_t lds, std::int64_t rows, std::int64
 // ---- "broadcast B": C[m, n] = alpha * sum_p A[m, p] B[n, p] + beta * C -------------------------
 // `xt` is a k x 64 panel of A transposed (row p holds A[0..64, p]); `b` points at B's row n0.
 // Computes C[0..rows, n0..n0 + cols) with rows <= 16 * kVecs, cols <= kCols. kVecs registers
-// cover the rows, so a block of 16 or 32 rows (a small batch) wastes no lanes. They hold C transposed (register j, lane i is C[i, n0 + j]),
-// so they go out through a small buffer. Columns past `cols` repeat the last column's weights:
-// computed, never stored.
+// cover the rows, so a block of 16 or 32 rows (a small batch) wastes no lanes. They hold C
+// transposed (register j, lane i is C[i, n0 + j]), so they go out through a small buffer. Columns
+// past `cols` repeat the last column's weights: computed, never stored.
 template <int kVecs, int kCols>
 void tile_broadcast_b(const float* xt, const float* b, std::int64_t ldb, std::int64_t k,
                       std::int64_t rows, std::int64_t cols, float alpha, float beta, float* c,

@@ -128,9 +128,9 @@ def plot_mlp(records, out_dir, written):
     ax.set_xticks(range(len(shapes)))
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel("GFLOP/s")
-    ax.set_ylim(top=ax.get_ylim()[1] * 1.1)
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.4)  # room for the legend above the bars
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2, loc="upper left")
     ax.set_title("nanoddp-bench-gemm: the GEMMs of one MLP layer (m×n×k)", fontsize=11)
     host = _host_text(mlp)
     figure.footnote(fig, figure.sources_text(w for _, w in mlp) + (f"; {host}" if host else ""))

@@ -267,20 +267,6 @@ std::string read_first_line(const char* path) {
   return line;
 }
 
-// Ranks share memory only when this matches: same host name, same kernel boot (boot_id is
-// random per boot: two machines never share it, a container shares its host's), and the same
-// network namespace. The last one is a policy: processes in different network namespaces are
-// how containers and tests/multinode simulate separate machines, so they are treated as such.
-std::string host_identity() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  char netns[128] = {};
-  const ssize_t len = readlink("/proc/self/ns/net", netns, sizeof(netns) - 1);
-  if (len < 0) netns[0] = '\0';
-  return fmt::format("{} boot {} {}", host, read_first_line("/proc/sys/kernel/random/boot_id"),
-                     netns);
-}
-
 // A process's start time (field 22 of /proc/<pid>/stat, in clock ticks since boot), or nothing
 // if there is no such process or it has already exited (a zombie waiting to be reaped).
 std::optional<std::uint64_t> process_start_time(long pid) {
@@ -325,6 +311,19 @@ struct Layout {
 };
 
 }  // namespace
+
+// Why these three: boot_id is random per boot (two machines never share it, a container shares
+// its host's), and processes in different network namespaces are how containers and
+// tests/multinode simulate separate machines, so they are treated as such.
+std::string shm_host_identity() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  char netns[128] = {};
+  const ssize_t len = readlink("/proc/self/ns/net", netns, sizeof(netns) - 1);
+  if (len < 0) netns[0] = '\0';
+  return fmt::format("{} boot {} {}", host, read_first_line("/proc/sys/kernel/random/boot_id"),
+                     netns);
+}
 
 // The mapping: unmapped when the object goes (the name was unlinked long before).
 struct ShmAllreduce::Segment {
@@ -373,7 +372,7 @@ void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
   const long pid = static_cast<long>(getpid());
   store.set(prefix + "hello/" + std::to_string(rank_),
             fmt::format("{}\n{}\n{}\n{}", wanted ? 1 : 0, pid, process_start_time(pid).value_or(0),
-                        host_identity()));
+                        shm_host_identity()));
   std::vector<std::string> identities(static_cast<std::size_t>(size_));
   peers_.assign(static_cast<std::size_t>(size_), Peer{});
   std::string no_reason;  // the first reason not to, the same on every rank

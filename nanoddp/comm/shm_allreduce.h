@@ -37,6 +37,10 @@ namespace nanoddp::comm {
 
 // A shared-memory all-reduce failed: a peer did not arrive in time, died, or is running a
 // different op. what() is the cause; `suspects` are the ranks to look at (may be empty).
+// What each rank publishes as its host: host name, kernel boot id and network namespace. Ranks
+// share /dev/shm (and so the shared-memory all-reduce) only when theirs are equal.
+std::string shm_host_identity();
+
 class ShmError : public CommError {
  public:
   ShmError(const std::string& cause, std::vector<int> suspects)

@@ -14,7 +14,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 
@@ -23,28 +22,6 @@
 #include "nanoddp/comm/store.h"
 
 using namespace nanoddp;
-
-namespace {
-
-std::string first_line(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-// What ShmAllreduce publishes as the host identity (host name, boot id, network namespace):
-// ranks with equal identities share /dev/shm, so rank 0 goes on to create the segment.
-std::string host_identity() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  char netns[128] = {};
-  const ssize_t len = readlink("/proc/self/ns/net", netns, sizeof(netns) - 1);
-  if (len < 0) netns[0] = '\0';
-  return fmt::format("{} boot {} {}", host, first_line("/proc/sys/kernel/random/boot_id"), netns);
-}
-
-}  // namespace
 
 int main() {
   try {
@@ -67,7 +44,8 @@ int main() {
       return 1;  // the launcher should have stopped this rank long before
     }
     // Start time 0: rank 0 cannot tell whether this process is alive, so it simply waits.
-    store.set("setup/shm/hello/1", fmt::format("1\n{}\n0\n{}", getpid(), host_identity()));
+    store.set("setup/shm/hello/1",
+              fmt::format("1\n{}\n0\n{}", getpid(), comm::shm_host_identity()));
     const std::string segment = store.get_string("setup/shm/segment");
     fmt::print("rank 1 saw segment {} and dies before attaching\n", segment);
     std::fflush(stdout);

@@ -1,5 +1,7 @@
 #include "nanoddp/nn/module.h"
 
+#include <algorithm>
+
 namespace nanoddp::nn {
 
 Tensor& Module::register_parameter(std::string name, Tensor tensor) {
@@ -14,8 +16,19 @@ void Module::collect(const std::string& prefix, std::vector<NamedTensor>& out) c
 }
 
 std::vector<NamedTensor> Module::named_parameters() const {
+  std::vector<NamedTensor> all;
+  collect("", all);
+  // A module (or parameter) reachable twice, as in Sequential{lin, lin} or tied weights, is one
+  // parameter, listed once under its first name, as PyTorch's named_parameters() does. Listed
+  // twice it would get two slots in the flat buffer (one of them dead), two hooks and two
+  // copies in every checkpoint.
   std::vector<NamedTensor> out;
-  collect("", out);
+  out.reserve(all.size());
+  for (NamedTensor& p : all) {
+    const bool seen = std::any_of(out.begin(), out.end(),
+                                  [&](const NamedTensor& q) { return q.tensor.is_same(p.tensor); });
+    if (!seen) out.push_back(std::move(p));
+  }
   return out;
 }
 

@@ -2,7 +2,8 @@
 // Module: what models are written with. A module owns named parameters and named child
 // modules; `named_parameters()` walks them in registration order with dotted names
 // ("layers.0.weight"), exactly as PyTorch names them, so a checkpoint's names line up with an
-// equivalent PyTorch model.
+// equivalent PyTorch model. A parameter reachable twice (a module used twice) is listed once,
+// under its first name, as in PyTorch.
 
 #include <memory>
 #include <string>

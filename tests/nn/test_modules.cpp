@@ -255,6 +255,40 @@ TEST_CASE("after backward the gradients are in FlatParameters::grads()") {
   CHECK(any_nonzero);
 }
 
+TEST_CASE("a module used twice is one parameter set: listed once, one slot, both uses' gradient") {
+  // Sequential{lin, relu, lin}: PyTorch lists lin's weight and bias once ("0.weight",
+  // "0.bias"); two listings would give two flat slots, one of them dead, and two hooks.
+  auto build = [](Generator& g) {
+    auto lin = std::make_shared<Linear>(3, 3, g);
+    auto seq = std::make_shared<Sequential>();
+    seq->push_back(lin);
+    seq->push_back(std::make_shared<ReLU>());
+    seq->push_back(lin);
+    return seq;
+  };
+  Generator g1(9), g2(9);
+  auto shared = build(g1);
+  const auto params = shared->named_parameters();
+  REQUIRE(params.size() == 2);
+  CHECK(params[0].name == "0.weight");
+  CHECK(params[1].name == "0.bias");
+
+  FlatParameters flat(*shared, Device::cpu());
+  CHECK(flat.numel() == 3 * 3 + 3);
+  const Tensor x = Tensor::normal({5, 3}, 0.0f, 1.0f, {.seed = 4, .stream = 0});
+  flat.zero_grad();
+  sum((*shared)(x)).backward();
+  // Without the flat buffer, the same module's gradient: the sum over both uses.
+  auto reference = build(g2);
+  sum((*reference)(x)).backward();
+  const auto ref = reference->named_parameters();
+  REQUIRE(ref.size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CAPTURE(params[i].name);
+    CHECK(params[i].tensor.grad().to_vector() == ref[i].tensor.grad().to_vector());
+  }
+}
+
 TEST_CASE("materialize_grads zero-fills only the gradients no backward wrote") {
   Generator gen(8);
   testing::HalfUsed model(gen, 3, 2);

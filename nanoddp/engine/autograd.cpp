@@ -274,19 +274,27 @@ class CallbackScope {
   }
   CallbackScope(const CallbackScope&) = delete;
   CallbackScope& operator=(const CallbackScope&) = delete;
-  // Callbacks may queue further callbacks; runs until none are left.
+  // Callbacks may queue further callbacks; runs until none are left. A callback that throws ends
+  // the pass like a failing node does: the callbacks that have not run yet get their on_abort.
   void run_all() {
-    for (std::size_t i = 0; i < callbacks_.size(); ++i) {
-      auto callback = std::move(callbacks_[i].on_done);
-      callback();
+    std::size_t i = 0;
+    try {
+      for (; i < callbacks_.size(); ++i) {
+        auto callback = std::move(callbacks_[i].on_done);
+        callback();
+      }
+    } catch (...) {
+      abort_from(i + 1);
+      throw;
     }
   }
-  // The pass failed: give every callback's owner its chance to clean up (never throws).
-  void abort_all() noexcept {
-    for (auto& callback : callbacks_) {
-      if (!callback.on_abort) continue;
+  // The pass failed: give every callback's owner from `first` on its chance to clean up (never
+  // throws).
+  void abort_from(std::size_t first = 0) noexcept {
+    for (std::size_t i = first; i < callbacks_.size(); ++i) {
+      if (!callbacks_[i].on_abort) continue;
       try {
-        callback.on_abort();
+        callbacks_[i].on_abort();
       } catch (...) {
       }
     }
@@ -305,7 +313,7 @@ void run_backward(const Tensor& root) {
     BackwardPass pass;
     pass.run(root);
   } catch (...) {
-    scope.abort_all();
+    scope.abort_from();
     throw;
   }
   scope.run_all();

@@ -85,9 +85,9 @@ void run_backward(const Tensor& root);
 // only once every bucket has been reduced, as with PyTorch's DDP. If the pass ends with an
 // exception instead, `on_abort` (when given) runs before the exception leaves backward(): the
 // Reducer uses it to wait for the collectives it already launched, which still write into the
-// gradient buffers the next pass is about to use.
-void queue_backward_callback(std::function<void()> callback,
-                             std::function<void()> on_abort = {});
+// gradient buffers the next pass is about to use. A callback that throws ends the pass the same
+// way: the callbacks queued after it do not run, and get their `on_abort`.
+void queue_backward_callback(std::function<void()> callback, std::function<void()> on_abort = {});
 
 // A number that identifies the backward pass running on this thread (0 outside a pass): lets a
 // hook tell a new pass from the rest of the current one, even after a pass died mid-way.

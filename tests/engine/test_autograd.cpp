@@ -678,6 +678,26 @@ TEST_CASE("a leaf's hook fires once per backward, after its gradient is complete
   CHECK(w_grad_in_hook == tw.grad().to_vector());
 }
 
+TEST_CASE("a backward callback that throws: the later callbacks are aborted, not run") {
+  // Two end-of-pass callbacks, queued in this order from a hook (as Reducers do). When the first
+  // throws, backward() throws, and the second's owner must hear of it through its on_abort (to
+  // wait for collectives it launched) instead of being skipped in silence.
+  Tensor a = leaf(test_values(3, 150), {3});
+  bool second_ran = false, second_aborted = false, first_aborted = false;
+  a.register_post_accumulate_grad_hook([&](Tensor&) {
+    queue_backward_callback([] { throw Error("the first owner failed"); },
+                            [&] { first_aborted = true; });
+    queue_backward_callback([&] { second_ran = true; }, [&] { second_aborted = true; });
+  });
+  CHECK_THROWS_WITH_AS(sum(a * 2.0f).backward(), doctest::Contains("first owner failed"), Error);
+  CHECK_FALSE(second_ran);
+  CHECK(second_aborted);
+  CHECK_FALSE(first_aborted);  // its own on_done ran (and threw): nothing to abort for it
+  // No pass is left half-open: the next backward runs.
+  Tensor c = leaf(test_values(3, 152), {3});
+  CHECK_NOTHROW(sum(c).backward());
+}
+
 TEST_CASE("x + x: the hook fires once, with both contributions in") {
   Tensor x = leaf(test_values(4, 140), {4});
   int calls = 0;

@@ -37,20 +37,19 @@ std::string format_duration(double seconds) {
   return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
 }
 
-// Creates `dir` if needed and writes (then removes) a small file in it.
-void check_checkpoint_dir_writable(const std::string& dir) {
+// Creates `dir` if needed and writes (then removes) a small file in it. `flag` names the option
+// in the message.
+void check_dir_writable(const std::string& flag, const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) fail("--checkpoint-dir '{}' cannot be created: {}", dir, ec.message());
+  if (ec) fail("{} '{}' cannot be created: {}", flag, dir, ec.message());
   const std::filesystem::path probe =
       std::filesystem::path(dir) / fmt::format(".nanoddp-write-test.{}", ::getpid());
   {
     std::ofstream out(probe, std::ios::trunc);
     out << "x";
     out.close();
-    if (!out) {
-      fail("--checkpoint-dir '{}' is not writable (cannot create '{}')", dir, probe.string());
-    }
+    if (!out) fail("{} '{}' is not writable (cannot create '{}')", flag, dir, probe.string());
   }
   std::filesystem::remove(probe, ec);
 }
@@ -84,7 +83,12 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
   // Rank 0 writes the checkpoints: find out now, not after hours of training, that it cannot.
   // (Before the process group: a launcher then stops the other ranks at once.)
   if (o_.checkpoint_every > 0 && world_.rank == 0) {
-    check_checkpoint_dir_writable(o_.checkpoint_dir);
+    check_dir_writable("--checkpoint-dir", o_.checkpoint_dir);
+  }
+  // The same for --save's folder: the parameters are written only after the last step.
+  if (!o_.save_path.empty() && world_.rank == 0) {
+    const std::filesystem::path folder = std::filesystem::path(o_.save_path).parent_path();
+    check_dir_writable("the folder of --save", folder.empty() ? std::string(".") : folder.string());
   }
 
   if (distributed_) {
@@ -128,13 +132,11 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
                                                               .seed = o_.seed,
                                                               .rank = rank_,
                                                               .world_size = world_size_});
-  steps_per_epoch_ = sampler_->num_batches(o_.batch) / o_.grad_accum;
-  if (steps_per_epoch_ == 0) {
-    fail(
-        "the data set has {} samples: too few for one step of {} rank(s) x batch {} x "
-        "--grad-accum {}",
-        dataset_->size(), world_size_, o_.batch, o_.grad_accum);
-  }
+  // An epoch's last step may have fewer micro-batches (and its last micro-batch fewer rows),
+  // exactly as --batch K*B's last batch is partial: no sample of the epoch is left out.
+  micro_batches_per_epoch_ = sampler_->num_batches(o_.batch);
+  steps_per_epoch_ = (micro_batches_per_epoch_ + o_.grad_accum - 1) / o_.grad_accum;
+  if (steps_per_epoch_ == 0) fail("the data set has no samples");
   steps_ = o_.epochs ? *o_.epochs * steps_per_epoch_ : o_.steps.value_or(1000);
   if (o_.prefetch) {
     // Each rank's worker wants a core of its own; without one it slows the steps down (2 ranks
@@ -261,6 +263,13 @@ void Trainer::resume() {
     fail("checkpoint '{}' was trained with --seed {}, this run has --seed {}", path, state.seed,
          o_.seed);
   }
+  // Other data would pass the position check below (it only counts samples): compare what the
+  // data was. (Checkpoints written before this key existed have none to compare.)
+  const auto data = state.info.find("data");
+  if (data != state.info.end() && data->second != data_description()) {
+    fail("checkpoint '{}' was trained on other data: {}; this run: {}. Resume with the same data",
+         path, data->second, data_description());
+  }
   start_step_ = state.epoch * steps_per_epoch_ + state.epoch_samples / global_batch;
   if (state.step != start_step_) {
     fail(
@@ -268,7 +277,16 @@ void Trainer::resume() {
         "with this run's global batch and data set; resume with the same data and global batch",
         path, state.step, state.epoch, state.epoch_samples, start_step_);
   }
-  if (is_main()) fmt::print("resume: loaded {} (step {})\n", path, start_step_);
+  if (start_step_ > steps_) {
+    fail(
+        "checkpoint '{}' is at step {}, past this run's last step {}: raise --steps (or "
+        "--epochs), or resume from an earlier checkpoint",
+        path, start_step_, steps_);
+  }
+  if (is_main()) {
+    fmt::print("resume: loaded {} (step {}){}\n", path, start_step_,
+               start_step_ == steps_ ? "; it is the last step: nothing left to train" : "");
+  }
 }
 
 void Trainer::resize_batch(std::int64_t rows) {
@@ -294,6 +312,22 @@ std::span<const std::int64_t> Trainer::lookahead_indices(std::int64_t g) {
                                    o_.batch);
 }
 
+std::string Trainer::data_description() const {
+  const std::string order = o_.shuffle ? "shuffled" : "in order (--no-shuffle)";
+  if (!o_.data_path.empty()) {
+    return fmt::format(".npy data, {} samples x {} -> {}, {}", dataset_->size(),
+                       dataset_->in_features(), dataset_->out_features(), order);
+  }
+  return fmt::format("synthetic data, {} samples x {} -> {}, --noise {} --teacher-hidden {}, {}",
+                     dataset_->size(), dataset_->in_features(), dataset_->out_features(),
+                     o_.noise_std, o_.teacher_hidden, order);
+}
+
+std::int64_t Trainer::micro_batches_in_step(std::int64_t step) const {
+  const std::int64_t first = ((step - 1) % steps_per_epoch_) * o_.grad_accum;
+  return std::min<std::int64_t>(o_.grad_accum, micro_batches_per_epoch_ - first);
+}
+
 void Trainer::load_batch(std::int64_t step, std::int64_t m) {
   if (!prefetcher_) {
     fill_batch(((step - 1) % steps_per_epoch_) * o_.grad_accum + m);
@@ -315,12 +349,14 @@ void Trainer::load_batch(std::int64_t step, std::int64_t m) {
     upload_batch();
   }
   prefetched_ = -1;
-  // The next micro-batch is filled while this one trains.
-  if (g + 1 < steps_ * o_.grad_accum) {
-    const std::span<const std::int64_t> next = lookahead_indices(g + 1);
+  // The next micro-batch is filled while this one trains: the next of this step, or the first
+  // of the next step (an epoch's last step may have fewer than --grad-accum).
+  const std::int64_t next_g = m + 1 < micro_batches_in_step(step) ? g + 1 : step * o_.grad_accum;
+  if (next_g < steps_ * o_.grad_accum) {
+    const std::span<const std::int64_t> next = lookahead_indices(next_g);
     prefetched_rows_ = static_cast<std::int64_t>(next.size());
     prefetcher_->start(next);
-    prefetched_ = g + 1;
+    prefetched_ = next_g;
   }
 }
 
@@ -347,7 +383,16 @@ float Trainer::train_step(std::int64_t step, Window& window) {
   optimizer_->zero_grad();
   double backward_ms = 0;
   Tensor loss_sum;
-  for (std::int64_t m = 0; m < o_.grad_accum; ++m) {
+  // Each micro-batch's mean loss weighs by its share of the step's rows, so --grad-accum K with
+  // --batch B equals --batch K*B, a partial last micro-batch included. (Every rank has the same
+  // rows per micro-batch, so the all-reduce's average over ranks stays right.)
+  const std::int64_t micro_batches = micro_batches_in_step(step);
+  const std::int64_t first_micro = ((step - 1) % steps_per_epoch_) * o_.grad_accum;
+  std::int64_t step_rows = 0;
+  for (std::int64_t m = 0; m < micro_batches; ++m) {
+    step_rows += static_cast<std::int64_t>(sampler_->batch(first_micro + m, o_.batch).size());
+  }
+  for (std::int64_t m = 0; m < micro_batches; ++m) {
     {
       TraceSpan span("data", TraceTrack::kData);
       const auto data_start = Clock::now();
@@ -357,18 +402,20 @@ float Trainer::train_step(std::int64_t step, Window& window) {
     // All micro-batches but the last only accumulate locally; the last one's backward reduces
     // the accumulated gradients.
     std::optional<comm::DistributedDataParallel::NoSync> no_sync;
-    if (ddp_ && m + 1 < o_.grad_accum) no_sync.emplace(ddp_->reducer());
+    if (ddp_ && m + 1 < micro_batches) no_sync.emplace(ddp_->reducer());
     Tensor loss;
     const auto forward_start = Clock::now();
     {
       TraceSpan span("forward", TraceTrack::kCompute, device_);
       loss = mse_loss(model_->forward(x_), y_);
-      // Mean over the micro-batches, so --grad-accum K with --batch B equals --batch K*B.
-      if (o_.grad_accum > 1) loss = mul(loss, 1.0f / static_cast<float>(o_.grad_accum));
+      if (micro_batches > 1) {
+        const double share = static_cast<double>(x_.size(0)) / static_cast<double>(step_rows);
+        loss = mul(loss, static_cast<float>(share));
+      }
     }
     window.forward_ms += ms_since(forward_start);
     // With --optimizer-in-backward the last micro-batch's backward also takes the step.
-    if (optimizer_in_backward_ && m + 1 == o_.grad_accum) optimizer_in_backward_->arm();
+    if (optimizer_in_backward_ && m + 1 == micro_batches) optimizer_in_backward_->arm();
     const auto backward_start = Clock::now();
     loss.backward();
     backward_ms += ms_since(backward_start);
@@ -432,7 +479,7 @@ float Trainer::train_step(std::int64_t step, Window& window) {
   window.data_ms += data_ms;
   window.wall_ms += wall_ms;
   window.steps += 1;
-  window.samples += world_size_ * o_.batch * o_.grad_accum;
+  window.samples += world_size_ * step_rows;
   if (ddp_) {
     const comm::ReducerStats& stats = ddp_->reducer().last_stats();
     window.comm_ms += stats.comm_ms;
@@ -539,6 +586,7 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
                           .epoch_samples = step_in_epoch * world_size_ * o_.batch * o_.grad_accum,
                           .seed = o_.seed,
                           .info = {{"model", model_->describe()},
+                                   {"data", data_description()},
                                    {"world_size", std::to_string(world_size_)},
                                    {"batch", std::to_string(o_.batch)},
                                    {"grad_accum", std::to_string(o_.grad_accum)}}};
@@ -586,7 +634,8 @@ int Trainer::run() {
   }
   const auto run_start = Clock::now();
   Window window;
-  float first_loss = NAN, last_loss = NAN;
+  std::optional<float> first_loss;  // not NaN as "unset": a logged loss can be NaN
+  float last_loss = NAN;
   for (std::int64_t step = start_step_ + 1; step <= steps_; ++step) {
     const std::int64_t epoch = (step - 1) / steps_per_epoch_;
     const std::int64_t step_in_epoch = (step - 1) % steps_per_epoch_;
@@ -605,7 +654,7 @@ int Trainer::run() {
     const bool log_now = step % o_.log_every == 0 || step == steps_ || step == start_step_ + 1;
     if (!log_now) continue;
     last_loss = world_loss;
-    if (std::isnan(first_loss)) first_loss = last_loss;
+    if (!first_loss) first_loss = last_loss;
     log(step, epoch, last_loss, window);
     window = Window{};
   }
@@ -630,9 +679,15 @@ int Trainer::run() {
   }
   write_trace();
   if (is_main()) {
+    // "nan", not "-nan": the sign of a NaN means nothing.
+    const auto text = [](std::optional<float> v) {
+      if (!v) return std::string("-");
+      return std::isnan(*v) ? std::string("nan") : fmt::format("{:.6e}", *v);
+    };
     fmt::print(
-        "done: {} steps in {:.2f} s, loss {:.6e} -> {:.6e}{}{}\n", steps_ - start_step_,
-        ms_since(run_start) / 1000.0, first_loss, last_loss,
+        "done: {} steps in {:.2f} s, loss {} -> {}{}{}\n", steps_ - start_step_,
+        ms_since(run_start) / 1000.0, text(first_loss),
+        text(first_loss ? std::optional(last_loss) : std::nullopt),
         o_.skip_nonfinite ? fmt::format(", {} step(s) skipped for NaN/Inf", skipped_steps_) : "",
         o_.save_path.empty() ? "" : fmt::format(", parameters saved to {}", o_.save_path));
   }

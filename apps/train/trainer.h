@@ -36,6 +36,10 @@ class Trainer {
   // taken from the background worker (which then starts on the micro-batch after it).
   void load_batch(std::int64_t step, std::int64_t m);
   void fill_batch(std::int64_t micro_batch_in_epoch);
+  // What the data is, for checkpoints: --resume refuses other data.
+  std::string data_description() const;
+  // --grad-accum or fewer: the micro-batches of (1-based) `step` (fewer at an epoch's end).
+  std::int64_t micro_batches_in_step(std::int64_t step) const;
   // The sample indices of global micro-batch g = (step - 1) * grad_accum + m, from a sampler of
   // its own (the batch after the last of an epoch belongs to the next epoch).
   std::span<const std::int64_t> lookahead_indices(std::int64_t g);
@@ -83,7 +87,8 @@ class Trainer {
 
   std::int64_t steps_ = 0;            // total optimizer steps of the run
   std::int64_t steps_per_epoch_ = 0;  // optimizer steps per epoch
-  std::int64_t start_step_ = 0;       // steps already done (resume)
+  std::int64_t micro_batches_per_epoch_ = 0;
+  std::int64_t start_step_ = 0;  // steps already done (resume)
   std::int64_t sampler_epoch_ = -1;
   std::int64_t skipped_steps_ = 0;  // optimizer steps skipped for NaN/Inf (--skip-nonfinite)
 

@@ -458,9 +458,10 @@ int run(int argc, char** argv) {
                                    opt.iters);
       }
     }
-    const auto median = [](std::vector<double> v) {
+    const auto median = [](std::vector<double> v) {  // of an even count: the middle two's mean
       std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
+      const std::size_t mid = v.size() / 2;
+      return v.size() % 2 == 1 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
     };
     const double seconds = median(round_seconds[0]);
 

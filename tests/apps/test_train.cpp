@@ -5,6 +5,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -176,6 +178,78 @@ TEST_CASE("nanoddp-train --optimizer-in-backward: the same bits, the updates ins
     CHECK(count(true, "optimizer step") == 0);
     CHECK(count(true, "optimizer update") == 6 * count(false, "optimizer step"));
   }
+}
+
+TEST_CASE(
+    "nanoddp-train --grad-accum K equals --batch K*B over whole epochs, partial batches too") {
+  // 10 samples: --batch 2 x 2 micro-batches is 3 steps an epoch (the last of one micro-batch),
+  // as --batch 4 is (4, 4, 2); --batch 3 x 2 is 2 steps (3+3, 3+1), as --batch 6 is (6, 4).
+  // No sample may be left out, and a short micro-batch weighs by its rows, not 1/K.
+  TempDir dir;
+  auto run = [&](const std::string& name, std::vector<std::string> args) {
+    args.insert(args.end(), {"--in", "4", "--out", "2", "--hidden", "8", "--layers", "1",
+                             "--dataset-size", "10", "--no-shuffle", "--epochs", "2", "--optimizer",
+                             "sgd", "--lr", "0.1", "--save", dir.file(name)});
+    const ProcessResult r = train(args);
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    return r.output;
+  };
+  struct Pair {
+    std::vector<std::string> accum, batch;
+    std::string per_epoch;
+  };
+  const Pair pairs[] = {{{"--batch", "2", "--grad-accum", "2"}, {"--batch", "4"}, "(3 per epoch)"},
+                        {{"--batch", "3", "--grad-accum", "2"}, {"--batch", "6"}, "(2 per epoch)"}};
+  for (const Pair& p : pairs) {
+    CAPTURE(fmt::format("{}", fmt::join(p.accum, " ")));
+    const std::string out_accum = run("accum.safetensors", p.accum);
+    const std::string out_batch = run("batch.safetensors", p.batch);
+    CHECK(out_accum.find(p.per_epoch) != std::string::npos);
+    CHECK(out_batch.find(p.per_epoch) != std::string::npos);
+    const auto a = nanoddp::nn::read_safetensors(dir.file("accum.safetensors"));
+    const auto b = nanoddp::nn::read_safetensors(dir.file("batch.safetensors"));
+    double worst = 0, scale = 0;
+    for (const std::string& name : b.names()) {
+      const auto va = a.to_f32(name), vb = b.to_f32(name);
+      REQUIRE(va.size() == vb.size());
+      for (std::size_t i = 0; i < va.size(); ++i) {
+        worst = std::max(worst, std::abs(double(va[i]) - vb[i]));
+        scale = std::max(scale, std::abs(double(vb[i])));
+      }
+    }
+    INFO("largest difference ", worst, " of values up to ", scale);
+    CHECK(worst <= 1e-5 * scale);
+  }
+}
+
+TEST_CASE("nanoddp-train --resume refuses other data and a checkpoint past the last step") {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.end(), {"--in", "4", "--out", "2", "--hidden", "8", "--layers", "1", "--batch",
+                             "8", "--checkpoint-dir", ckpt, "--quiet"});
+    return train(args);
+  };
+  const ProcessResult first =
+      run({"--dataset-size", "100", "--steps", "4", "--checkpoint-every", "4"});
+  REQUIRE_MESSAGE(first.exit_code == 0, first.output);
+  // The position check alone (samples into the epoch) would accept all of these.
+  for (const auto& other :
+       std::vector<std::vector<std::string>>{{"--dataset-size", "200"},
+                                             {"--dataset-size", "100", "--no-shuffle"},
+                                             {"--dataset-size", "100", "--noise", "0.5"}}) {
+    CAPTURE(fmt::format("{}", fmt::join(other, " ")));
+    std::vector<std::string> args = other;
+    args.insert(args.end(), {"--steps", "8", "--resume"});
+    const ProcessResult r = run(args);
+    CHECK(r.exit_code != 0);
+    CHECK(r.output.find("trained on other data") != std::string::npos);
+  }
+  const ProcessResult past = run({"--dataset-size", "100", "--steps", "3", "--resume"});
+  CHECK(past.exit_code != 0);
+  CHECK(past.output.find("past this run's last step 3") != std::string::npos);
+  const ProcessResult same = run({"--dataset-size", "100", "--steps", "8", "--resume"});
+  CHECK_MESSAGE(same.exit_code == 0, same.output);
 }
 
 TEST_CASE(

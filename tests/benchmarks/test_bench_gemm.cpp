@@ -25,6 +25,7 @@ TEST_CASE("bench-gemm: every shape has an Eigen row and both nanoddp rows, GFLOP
   std::map<std::string, std::set<std::string>> backends_of_shape;
   std::string text;
   int mlp_steps = 0;
+  std::map<std::string, double> step_ms, step_ratio;
   while (std::getline(in, text)) {
     const auto l = nlohmann::json::parse(text);
     CHECK(l.at("benchmark") == "gemm");
@@ -52,11 +53,19 @@ TEST_CASE("bench-gemm: every shape has an Eigen row and both nanoddp rows, GFLOP
       CHECK(f + x + w >= 0.5 * ms);
       CHECK(f + x + w <= 1.5 * ms);
       CHECK(l.at("isolated_ms").get<double>() > 0);
+      CHECK(l.at("ratio_to_isolated").get<double>() ==
+            doctest::Approx(l.at("isolated_ms").get<double>() / ms));
+      step_ms[l.at("backend").get<std::string>()] = ms;
+      step_ratio[l.at("backend").get<std::string>()] = l.at("ratio_to_eigen").get<double>();
     } else {
       CHECK(gemms == 1);
     }
   }
   CHECK(mlp_steps == 2);  // nanoddp-cpu and nanoddp-eigen
+  // A step row's "vs eigen" is against the step run with Eigen's GEMM.
+  CHECK(step_ratio["nanoddp-eigen"] == doctest::Approx(1.0));
+  CHECK(step_ratio["nanoddp-cpu"] ==
+        doctest::Approx(step_ms["nanoddp-eigen"] / step_ms["nanoddp-cpu"]));
   CHECK(backends_of_shape["mlp-step 8x40x40"] ==
         std::set<std::string>{"nanoddp-cpu", "nanoddp-eigen"});
   for (const char* shape : {"square 32x32x32", "square 48x48x48", "mlp-forward 8x40x40",

@@ -344,6 +344,20 @@ TEST_CASE("bad input: an unusable --checkpoint-dir is refused before training (e
   CHECK_FALSE(contains(r.output, "step   1/"));  // no step ran
 }
 
+TEST_CASE("bad input: an unwritable --save folder is refused before training (exit 2)") {
+  // The parameters are written after the last step: finding out only then loses the whole run.
+  TempDir dir;
+  const std::string file = dir.file("a-file");
+  std::ofstream(file) << "x";
+  const ProcessResult r =
+      run_process(train_argv({"--steps", "100", "--save", file + "/sub/params.safetensors"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "--save"));
+  CHECK(contains(r.output, file + "/sub"));
+  CHECK_FALSE(contains(r.output, "step   1/"));  // no step ran
+}
+
 TEST_CASE("bad input: a disk that fills up during a checkpoint write names the path (exit 1)") {
   TempDir dir;
   const std::string mnt = dir.file("small");

@@ -133,6 +133,25 @@ TEST_CASE("cpu activation values at known points") {
   CHECK(out == doctest::Approx(0.5));
 }
 
+TEST_CASE("cpu relu keeps a NaN, forward and backward, as torch.relu does") {
+  // A NaN made inside a hidden layer (Inf - Inf once weights blow up) must reach the loss, where
+  // the NaN/Inf policy sees it: max(NaN, 0) written as (z > 0 ? z : 0) would make it 0 and let
+  // the run carry on with garbage.
+  Poisoned y(std::vector<float>{kNaN, 0.0f, -1.0f, 2.0f});
+  cpu::bias_activation(y.data(), nullptr, 1, 4, Activation::kRelu, nullptr);
+  CHECK(std::isnan(y[0]));
+  CHECK(y[1] == 0.0f);
+  CHECK(y[2] == 0.0f);
+  CHECK(y[3] == 2.0f);
+  const std::vector<float> z = {kNaN, 0.0f, -1.0f, 2.0f}, g = {1.0f, 1.0f, kNaN, 3.0f};
+  std::vector<float> dz(4, -7.0f);
+  cpu::activation_backward(Activation::kRelu, z.data(), g.data(), dz.data(), 4);
+  CHECK(dz[0] == 1.0f);  // threshold_backward: NaN <= 0 is false, the gradient passes
+  CHECK(dz[1] == 0.0f);
+  CHECK(dz[2] == 0.0f);  // a NaN gradient below the threshold is dropped (a select, no 0 * NaN)
+  CHECK(dz[3] == 3.0f);
+}
+
 TEST_CASE("cpu column_sum: beta 0 over NaN, beta 1 and beta 0.5") {
   for (const auto& d : kDims) {
     for (float beta : {0.0f, 1.0f, 0.5f}) {

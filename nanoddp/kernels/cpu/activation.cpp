@@ -30,7 +30,7 @@ inline float gelu_grad(float z) {
 inline float apply(Activation act, float z) {
   switch (act) {
     case Activation::kRelu:
-      return z > 0.0f ? z : 0.0f;
+      return z <= 0.0f ? 0.0f : z;  // NaN passes through (NaN <= 0 is false), as torch.relu
     case Activation::kGelu:
       return gelu(z);
     case Activation::kNone:
@@ -79,9 +79,11 @@ void activation_backward(Activation act, const float* pre_activation, const floa
       for (std::int64_t i = 0; i < n; ++i) grad_in[i] = grad_out[i];
       break;
     case Activation::kRelu:
-      // (z > 0) as a select, not a multiply: 0 * Inf or 0 * NaN upstream stays 0, as in PyTorch.
+      // A select, not a multiply: 0 * Inf or 0 * NaN upstream stays 0, as in PyTorch. Written as
+      // (z <= 0 ? 0 : g), PyTorch's threshold_backward, so a NaN pre-activation passes the
+      // gradient on instead of hiding the NaN.
       for (std::int64_t i = 0; i < n; ++i) {
-        grad_in[i] = pre_activation[i] > 0.0f ? grad_out[i] : 0.0f;
+        grad_in[i] = pre_activation[i] <= 0.0f ? 0.0f : grad_out[i];
       }
       break;
     case Activation::kGelu:

@@ -30,7 +30,7 @@ __device__ __forceinline__ float gelu_grad(float z) {
 
 template <Activation kAct>
 __device__ __forceinline__ float activate(float z) {
-  if constexpr (kAct == Activation::kRelu) return z > 0.0f ? z : 0.0f;
+  if constexpr (kAct == Activation::kRelu) return z <= 0.0f ? 0.0f : z;  // NaN passes, as torch
   if constexpr (kAct == Activation::kGelu) return gelu(z);
   return z;
 }
@@ -57,7 +57,7 @@ __global__ void activation_backward_kernel(const float* __restrict__ pre_activat
   NANODDP_GRID_STRIDE_LOOP(i, n) {
     const float g = grad_out[i];
     if constexpr (kAct == Activation::kRelu) {
-      grad_in[i] = pre_activation[i] > 0.0f ? g : 0.0f;
+      grad_in[i] = pre_activation[i] <= 0.0f ? 0.0f : g;  // PyTorch's threshold_backward
     } else if constexpr (kAct == Activation::kGelu) {
       grad_in[i] = g * gelu_grad(pre_activation[i]);
     } else {

@@ -174,7 +174,17 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
     exit_code = *code;
     return std::nullopt;
   }
-  if (std::string problem = check(o); !problem.empty()) {
+  std::string problem = check(o);
+  // The synthetic data's flags mean nothing with --data: the .npy files set the sizes. Given
+  // both, the user expects one of them to matter; say which does instead of ignoring it.
+  for (const char* flag : {"--in", "--out", "--dataset-size", "--noise", "--teacher-hidden"}) {
+    if (problem.empty() && !o.data_path.empty() && app.count(flag) > 0) {
+      problem = fmt::format(
+          "{} describes the synthetic data; with --data the .npy files set the sizes: drop {}",
+          flag, flag);
+    }
+  }
+  if (!problem.empty()) {
     std::cerr << "nanoddp-train: error: " << problem << "\n";
     exit_code = 2;
     return std::nullopt;

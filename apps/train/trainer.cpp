@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -200,7 +201,8 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
   }
   if (!o_.trace_path.empty()) tracer_ = std::make_unique<Tracer>(rank_);
   if (!o_.metrics_path.empty() && is_main()) {
-    metrics_.open(o_.metrics_path, std::ios::trunc);
+    // A resumed run continues the earlier run's metrics instead of erasing them.
+    metrics_.open(o_.metrics_path, start_step_ > 0 ? std::ios::app : std::ios::trunc);
     if (!metrics_) fail("cannot open --metrics file '{}' for writing", o_.metrics_path);
   }
 }
@@ -276,6 +278,14 @@ void Trainer::resume() {
         "checkpoint '{}' is at step {} but its data position (epoch {}, {} samples) is step {} "
         "with this run's global batch and data set; resume with the same data and global batch",
         path, state.step, state.epoch, state.epoch_samples, start_step_);
+  }
+  // --skip-nonfinite's count goes on across the restart.
+  if (const auto skipped = state.info.find("skipped_steps"); skipped != state.info.end()) {
+    const std::string& text = skipped->second;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), skipped_steps_);
+    if (ec != std::errc() || end != text.data() + text.size() || skipped_steps_ < 0) {
+      fail("checkpoint '{}': info 'skipped_steps' = '{}' is not a count", path, text);
+    }
   }
   if (start_step_ > steps_) {
     fail(
@@ -589,7 +599,8 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
                                    {"data", data_description()},
                                    {"world_size", std::to_string(world_size_)},
                                    {"batch", std::to_string(o_.batch)},
-                                   {"grad_accum", std::to_string(o_.grad_accum)}}};
+                                   {"grad_accum", std::to_string(o_.grad_accum)},
+                                   {"skipped_steps", std::to_string(skipped_steps_)}}};
   // The position of the NEXT step: a checkpoint after the last step of an epoch points at the
   // start of the following one.
   if (step_in_epoch == steps_per_epoch_) {

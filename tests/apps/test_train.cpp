@@ -252,6 +252,54 @@ TEST_CASE("nanoddp-train --resume refuses other data and a checkpoint past the l
   CHECK_MESSAGE(same.exit_code == 0, same.output);
 }
 
+TEST_CASE("nanoddp-train --resume continues the metrics file and the skipped-step count") {
+  // Sample 0 overflows the loss (inputs of 3e38), so with --no-shuffle --batch 1 steps 1 and 4
+  // (2 epochs of 3 samples) are skipped under --skip-nonfinite: one before the checkpoint at
+  // step 2, one after it.
+  TempDir dir;
+  const std::int64_t n = 3, in = 4, out = 1;
+  std::vector<float> x(n * in, 1.0f), y(n * out, 0.0f);
+  for (std::int64_t j = 0; j < in; ++j) x[j] = 3e38f;
+  const std::vector<std::int64_t> x_shape{n, in}, y_shape{n, out};
+  nanoddp::nn::write_npy(dir.file("x.npy"), x_shape, x.data());
+  nanoddp::nn::write_npy(dir.file("y.npy"), y_shape, y.data());
+  const std::string metrics = dir.file("m.jsonl");
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.end(), {"--data",
+                             dir.file("x.npy"),
+                             "--targets",
+                             dir.file("y.npy"),
+                             "--layers",
+                             "0",
+                             "--batch",
+                             "1",
+                             "--no-shuffle",
+                             "--skip-nonfinite",
+                             "--optimizer",
+                             "sgd",
+                             "--lr",
+                             "0.001",
+                             "--log-every",
+                             "1",
+                             "--metrics",
+                             metrics,
+                             "--checkpoint-dir",
+                             dir.file("ckpt")});
+    const ProcessResult r = train(args);
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    return r.output;
+  };
+  run({"--steps", "2", "--checkpoint-every", "2"});
+  CHECK(read_json_lines(metrics).size() == 2);
+  const std::string resumed = run({"--steps", "6", "--resume"});
+  const auto lines = read_json_lines(metrics);
+  REQUIRE(lines.size() == 6);  // 2 from the first run, 4 appended
+  CHECK(lines[0].at("step") == 1);
+  CHECK(lines[5].at("step") == 6);
+  CHECK(lines[5].at("skipped_steps") == 2);  // 1 before the restart, 1 after
+  CHECK(resumed.find("2 step(s) skipped") != std::string::npos);
+}
+
 TEST_CASE(
     "nanoddp-train --prefetch: the same batches, so the same bits, filled in the background") {
   TempDir dir;
@@ -291,6 +339,12 @@ TEST_CASE("nanoddp-train trains on .npy files and names a malformed one") {
   CHECK(ok.exit_code == 0);
   CHECK(ok.output.find("64 samples x 4 -> 2") != std::string::npos);
   CHECK(ok.output.find("200 steps") != std::string::npos);  // 50 epochs x 4 batches
+
+  // The synthetic data's flags beside --data: refused, not ignored.
+  const ProcessResult sizes = train(
+      {"--data", dir.file("x.npy"), "--targets", dir.file("y.npy"), "--in", "5", "--steps", "1"});
+  CHECK(sizes.exit_code == 2);
+  CHECK(sizes.output.find("--in describes the synthetic data") != std::string::npos);
 
   // Targets with a different number of rows: refused before training, naming both files.
   const std::vector<std::int64_t> short_shape{n - 1, out};

@@ -318,8 +318,7 @@ std::span<const std::int64_t> Trainer::lookahead_indices(std::int64_t g) {
     lookahead_sampler_->set_epoch(epoch);
     lookahead_epoch_ = epoch;
   }
-  return lookahead_sampler_->batch((step0 % steps_per_epoch_) * o_.grad_accum + g % o_.grad_accum,
-                                   o_.batch);
+  return lookahead_sampler_->batch(first_micro_batch(step0 + 1) + g % o_.grad_accum, o_.batch);
 }
 
 std::string Trainer::data_description() const {
@@ -333,14 +332,17 @@ std::string Trainer::data_description() const {
                      o_.noise_std, o_.teacher_hidden, order);
 }
 
+std::int64_t Trainer::first_micro_batch(std::int64_t step) const {
+  return ((step - 1) % steps_per_epoch_) * o_.grad_accum;
+}
+
 std::int64_t Trainer::micro_batches_in_step(std::int64_t step) const {
-  const std::int64_t first = ((step - 1) % steps_per_epoch_) * o_.grad_accum;
-  return std::min<std::int64_t>(o_.grad_accum, micro_batches_per_epoch_ - first);
+  return std::min<std::int64_t>(o_.grad_accum, micro_batches_per_epoch_ - first_micro_batch(step));
 }
 
 void Trainer::load_batch(std::int64_t step, std::int64_t m) {
   if (!prefetcher_) {
-    fill_batch(((step - 1) % steps_per_epoch_) * o_.grad_accum + m);
+    fill_batch(first_micro_batch(step) + m);
     return;
   }
   const std::int64_t g = (step - 1) * o_.grad_accum + m;
@@ -397,7 +399,7 @@ float Trainer::train_step(std::int64_t step, Window& window) {
   // --batch B equals --batch K*B, a partial last micro-batch included. (Every rank has the same
   // rows per micro-batch, so the all-reduce's average over ranks stays right.)
   const std::int64_t micro_batches = micro_batches_in_step(step);
-  const std::int64_t first_micro = ((step - 1) % steps_per_epoch_) * o_.grad_accum;
+  const std::int64_t first_micro = first_micro_batch(step);
   std::int64_t step_rows = 0;
   for (std::int64_t m = 0; m < micro_batches; ++m) {
     step_rows += static_cast<std::int64_t>(sampler_->batch(first_micro + m, o_.batch).size());

@@ -38,6 +38,8 @@ class Trainer {
   void fill_batch(std::int64_t micro_batch_in_epoch);
   // What the data is, for checkpoints: --resume refuses other data.
   std::string data_description() const;
+  // The index within its epoch of (1-based) `step`'s first micro-batch.
+  std::int64_t first_micro_batch(std::int64_t step) const;
   // --grad-accum or fewer: the micro-batches of (1-based) `step` (fewer at an epoch's end).
   std::int64_t micro_batches_in_step(std::int64_t step) const;
   // The sample indices of global micro-batch g = (step - 1) * grad_accum + m, from a sampler of

@@ -17,6 +17,7 @@
 #include "nanoddp/nn/checkpoint.h"
 #include "nanoddp/nn/npy.h"
 #include "nanoddp/nn/safetensors.h"
+#include "support/saved_parameters.h"
 
 using namespace nanoddp::testing;
 using namespace std::chrono_literals;
@@ -309,19 +310,7 @@ TEST_CASE("bad input: --resume from a damaged or foreign checkpoint is refused (
     CHECK(contains(r.output, "--optimizer"));
   }
   SUBCASE("an older format version") {
-    const auto file = nanoddp::nn::read_safetensors(pristine);
-    std::vector<std::vector<float>> values;
-    std::vector<nanoddp::nn::SafetensorsEntry> entries;
-    for (const auto& name : file.names()) {
-      values.push_back(file.to_f32(name));
-      entries.push_back({.name = name,
-                         .dtype = "F32",
-                         .shape = file.at(name).shape,
-                         .data = values.back().data()});
-    }
-    auto md = file.metadata();
-    md["format_version"] = "0";
-    nanoddp::nn::write_safetensors(path, entries, md);
+    nanoddp::testing::rewrite_metadata(pristine, path, "format_version", "0");
     const ProcessResult r = run_process(make({"--steps", "8", "--resume"}));
     INFO(r.output);
     CHECK(r.exit_code == 2);

@@ -14,9 +14,11 @@
 #include "nanoddp/nn/layers.h"
 #include "nanoddp/nn/optimizer.h"
 #include "nanoddp/nn/safetensors.h"
+#include "support/saved_parameters.h"
 #include "support/subprocess.h"
 
 using namespace nanoddp;
+using nanoddp::testing::rewrite_metadata;
 namespace fs = std::filesystem;
 
 namespace {
@@ -58,23 +60,6 @@ void flip_byte(const std::string& path, std::uintmax_t from_end) {
   c = static_cast<char>(c ^ 0x10);
   f.seekp(static_cast<std::streamoff>(fs::file_size(path) - from_end));
   f.write(&c, 1);
-}
-
-// Writes the tensors of checkpoint `path` again as `out`, with one metadata entry replaced.
-void rewrite_metadata(const std::string& path, const std::string& out, const std::string& key,
-                      const std::string& value) {
-  const nn::SafetensorsFile file = nn::read_safetensors(path);
-  std::vector<std::vector<float>> values;
-  values.reserve(file.names().size());  // entries point into these
-  std::vector<nn::SafetensorsEntry> entries;
-  for (const auto& name : file.names()) {
-    values.push_back(file.to_f32(name));
-    entries.push_back(
-        {.name = name, .dtype = "F32", .shape = file.at(name).shape, .data = values.back().data()});
-  }
-  nn::SafetensorsMetadata md = file.metadata();
-  md[key] = value;
-  nn::write_safetensors(out, entries, md);
 }
 
 }  // namespace

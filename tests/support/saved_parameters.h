@@ -1,5 +1,6 @@
 #pragma once
-// Comparing the parameters two training runs saved (nanoddp-train --save FILE.safetensors).
+// Comparing the parameters two training runs saved (nanoddp-train --save FILE.safetensors), and
+// editing a saved file's metadata.
 
 #include <doctest/doctest.h>
 
@@ -47,6 +48,24 @@ inline double relative_difference(const std::vector<float>& a, const std::vector
     norm += static_cast<double>(a[i]) * a[i];
   }
   return std::sqrt(diff / norm);
+}
+
+// Writes the tensors of safetensors file `path` again as `out`, with one metadata entry set to
+// `value`: a checkpoint whose metadata is wrong (an older format version, a bad step).
+inline void rewrite_metadata(const std::string& path, const std::string& out,
+                             const std::string& key, const std::string& value) {
+  const nanoddp::nn::SafetensorsFile file = nanoddp::nn::read_safetensors(path);
+  std::vector<std::vector<float>> values;
+  values.reserve(file.names().size());  // entries point into these
+  std::vector<nanoddp::nn::SafetensorsEntry> entries;
+  for (const auto& name : file.names()) {
+    values.push_back(file.to_f32(name));
+    entries.push_back(
+        {.name = name, .dtype = "F32", .shape = file.at(name).shape, .data = values.back().data()});
+  }
+  nanoddp::nn::SafetensorsMetadata md = file.metadata();
+  md[key] = value;
+  nanoddp::nn::write_safetensors(out, entries, md);
 }
 
 }  // namespace nanoddp::testing

@@ -1,4 +1,4 @@
-// libFuzzer target: the .npy reader (nanoddp/nn/npy.h), which loads training data given on the
+// libFuzzer target: the .npy reader (nn/npy.h), which loads training data given on the
 // command line (--data X.npy). Any input must either parse or throw nanoddp::Error; anything
 // else (a crash, an out-of-bounds read, another exception type) is a finding. A parsed array
 // must hold exactly product(shape) elements.
@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <span>
 
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/nn/npy.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

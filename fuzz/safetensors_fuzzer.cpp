@@ -1,4 +1,4 @@
-// libFuzzer target: the safetensors reader (nanoddp/nn/safetensors.h), which loads checkpoints
+// libFuzzer target: the safetensors reader (nn/safetensors.h), which loads checkpoints
 // and weights that may come from anywhere. Any input must either parse or throw nanoddp::Error;
 // anything else (a crash, an out-of-bounds read, another exception type) is a finding. A file
 // that parses is also read back: every tensor's bytes are touched and converted when the dtype
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/nn/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -1,4 +1,4 @@
-// libFuzzer target: the TCP store's wire decoders (nanoddp/comm/store_protocol.h), the code that
+// libFuzzer target: the TCP store's wire decoders (comm/store_protocol.h), the code that
 // reads bytes from any peer that connects to rank 0's port.
 //
 // The first input byte picks the decoder (request, hello, hello reply, or a response to one of

@@ -1,6 +1,6 @@
 #include "options.h"
 
-#include "apps/cli.h"
+#include "common/cli.h"
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>

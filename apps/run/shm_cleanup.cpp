@@ -8,7 +8,7 @@
 namespace nanoddp::run {
 
 std::optional<pid_t> shm_segment_creator(std::string_view name) {
-  // The format of random_segment_name() in nanoddp/comm/shm_allreduce.cpp, without its '/'.
+  // The format of random_segment_name() in comm/shm_allreduce.cpp, without its '/'.
   constexpr std::string_view kPrefix = "nanoddp-";
   constexpr std::size_t kHexDigits = 16;
   if (!name.starts_with(kPrefix)) return std::nullopt;

@@ -1,7 +1,7 @@
 #pragma once
 // Removes the shared-memory segments that a job's workers left in /dev/shm.
 //
-// nanoddp's shared-memory all-reduce (nanoddp/comm/shm_allreduce.cpp) has rank 0 create
+// nanoddp's shared-memory all-reduce (comm/shm_allreduce.cpp) has rank 0 create
 // /dev/shm/nanoddp-<its pid>-<16 hex digits> and unlink the name as soon as every rank has
 // mapped it. When a rank dies in between, rank 0 waits for its report until the launcher stops
 // it, and SIGTERM or SIGKILL skips the unlink: the segment (RAM, sized for the world) would stay

@@ -17,7 +17,7 @@
 #include "nanoddp/config.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/cuda_device.h"
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/kernels/cpu/kernels.h"
 #include "nanoddp/nn/checkpoint.h"

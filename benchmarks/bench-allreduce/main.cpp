@@ -43,13 +43,14 @@
 #include <string>
 #include <vector>
 
-#include "apps/cli.h"
+#include "common/cli.h"
+#include "common/stats.h"
 #include "nanoddp/comm/gloo_context.h"
 #include "nanoddp/comm/gloo_process_group.h"
 #include "nanoddp/comm/init.h"
 #include "nanoddp/comm/rendezvous.h"
 #include "nanoddp/comm/store.h"
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/tensor.h"
 #include "nanoddp/kernels/bf16.h"
@@ -404,7 +405,7 @@ int run(int argc, char** argv) {
                             runner.transport);
   } else if (opt.backend == "gloo") {
     // "shared memory (same host; ...)": copy in, each rank reduces 1/n, copy out (see
-    // nanoddp/comm/shm_allreduce.cpp); or "TCP ring (...)": gloo::allreduce.
+    // comm/shm_allreduce.cpp); or "TCP ring (...)": gloo::allreduce.
     algorithm = fmt::format("process group allreduce; transport: {}", runner.transport);
   } else {
     const char* algo = std::getenv("NCCL_ALGO");
@@ -458,12 +459,7 @@ int run(int argc, char** argv) {
                                    opt.iters);
       }
     }
-    const auto median = [](std::vector<double> v) {  // of an even count: the middle two's mean
-      std::sort(v.begin(), v.end());
-      const std::size_t mid = v.size() / 2;
-      return v.size() % 2 == 1 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
-    };
-    const double seconds = median(round_seconds[0]);
+    const double seconds = nanoddp::common::median(round_seconds[0]);
 
     // -c 1: each mode measured also gets one op on fresh data, checked element by element.
     std::vector<std::int64_t> wrong(modes.size(), -1);
@@ -486,7 +482,7 @@ int run(int argc, char** argv) {
       double raw_seconds = 0;
       if (opt.vs_raw) {
         // Same bytes, same ranks: the busbw ratio is the inverse time ratio.
-        raw_seconds = median(round_seconds[1]);
+        raw_seconds = nanoddp::common::median(round_seconds[1]);
         const double raw_busbw = static_cast<double>(bytes) / raw_seconds / 1e9 * 2.0 * (n - 1) / n;
         fmt::print(" {:>11.1f} {:>11.3f} {:>8.0f}% {:>10}", raw_seconds * 1e6, raw_busbw,
                    100.0 * raw_seconds / seconds,

@@ -12,8 +12,8 @@
 #include <optional>
 
 #include "launch.h"
-#include "machine_info.h"
-#include "nanoddp/engine/error.h"
+#include "common/machine_info.h"
+#include "nanoddp/kernels/error.h"
 #include "table.h"
 
 namespace nanoddp::bench_ddp {
@@ -143,8 +143,8 @@ class Sweep {
   Sweep& operator=(const Sweep&) = delete;
 
   int run() {
-    const auto machine = machine_info();
-    const auto build = build_info();
+    const auto machine = common::machine_info();
+    const auto build = common::build_info();
     if (!o_.quiet) print_header(o_, machine, build);
     bool all_ok = true;
     for (const Point& p : expand(o_)) all_ok &= run_point(p);

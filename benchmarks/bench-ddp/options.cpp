@@ -9,7 +9,7 @@
 #include <iostream>
 #include <stdexcept>
 
-#include "apps/cli.h"
+#include "common/cli.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/engine/device.h"
 

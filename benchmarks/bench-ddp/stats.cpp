@@ -3,23 +3,13 @@
 #include <algorithm>
 #include <cmath>
 
-#include "nanoddp/engine/error.h"
+#include "common/stats.h"
+#include "nanoddp/kernels/error.h"
 
 namespace nanoddp::bench_ddp {
 
-double median(std::vector<double> values) {
-  return quantile(std::move(values), 0.5);
-}
-
-double quantile(std::vector<double> values, double q) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const double pos = std::clamp(q, 0.0, 1.0) * static_cast<double>(values.size() - 1);
-  const auto lo = static_cast<std::size_t>(std::floor(pos));
-  const std::size_t hi = std::min(lo + 1, values.size() - 1);
-  const double frac = pos - static_cast<double>(lo);
-  return values[lo] + (values[hi] - values[lo]) * frac;
-}
+using common::median;
+using common::quantile;
 
 Summary summarize(const std::vector<RankSteps>& ranks) {
   NANODDP_CHECK(!ranks.empty(), "summarize: no ranks");

@@ -26,11 +26,6 @@ struct Summary {
   double overlap_fraction = 0;  // hidden_comm_ms / allreduce_ms (0 without communication)
 };
 
-// Median (mean of the two middle values for an even count). Empty: 0.
-double median(std::vector<double> values);
-// The q-quantile (0..1) with linear interpolation between order statistics (numpy's default).
-double quantile(std::vector<double> values, double q);
-
 // A step is as slow as its slowest rank (the others wait for it in the all-reduce), so for each
 // step the figures are the slowest rank's; then the median (and p90 for the step time) over
 // the steps. Every rank must have the same number of steps.

@@ -9,12 +9,12 @@
 #include <memory>
 #include <optional>
 
-#include "machine_info.h"
+#include "common/machine_info.h"
 #include "nanoddp/comm/ddp.h"
 #include "nanoddp/comm/init.h"
 #include "nanoddp/comm/rendezvous.h"
 #include "nanoddp/engine/cuda_device.h"
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/kernels/cpu/kernels.h"
@@ -239,8 +239,8 @@ int run_worker(const Options& o) {
       {"buckets", ddp ? ddp->reducer().buckets().size() : std::size_t{0}}};
   nlohmann::ordered_json record = {
       {"bench", "ddp"},
-      {"machine", machine_info()},
-      {"build", build_info()},
+      {"machine", common::machine_info()},
+      {"build", common::build_info()},
       {"config", config},
       {"steps", s.steps},
       {"warmup", o.warmup},

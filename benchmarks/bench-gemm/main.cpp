@@ -38,7 +38,9 @@
 #include <string>
 #include <vector>
 
-#include "apps/cli.h"
+#include "common/cli.h"
+#include "common/machine_info.h"
+#include "common/stats.h"
 #include "nanoddp/config.h"
 #include "nanoddp/engine/allocator.h"
 #include "nanoddp/engine/backend.h"
@@ -88,12 +90,6 @@ struct Options {
   std::string json_path;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t mid = v.size() / 2;
-  return v.size() % 2 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
-}
-
 // Host timing of a synchronous call: warm-up (page faults, packing buffers, OpenMP pool),
 // then the median of `repeats` individually timed calls (robust to a noisy shared machine).
 double time_cpu_ms(const std::function<void()>& call, const Options& opt) {
@@ -105,7 +101,7 @@ double time_cpu_ms(const std::function<void()>& call, const Options& opt) {
     const auto t1 = std::chrono::steady_clock::now();
     ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
-  return median(ms);
+  return nanoddp::common::median(ms);
 }
 
 // A buffer from nanoddp's caching allocator for `device`, returned on scope exit. Host operands
@@ -247,10 +243,10 @@ Row run_mlp_step_gemms(const Options& opt, const char* name, nanoddp::GemmBacken
   be.set_gemm_backend(nanoddp::GemmBackend::kHand);
   Shape shape = unit;
   shape.gemms = 3 * layers - 1;
-  return {name, shape, median(total),
-          StepKinds{.forward_ms = median(forward),
-                    .input_grad_ms = median(input_grad),
-                    .weight_grad_ms = median(weight_grad)}};
+  return {name, shape, nanoddp::common::median(total),
+          StepKinds{.forward_ms = nanoddp::common::median(forward),
+                    .input_grad_ms = nanoddp::common::median(input_grad),
+                    .weight_grad_ms = nanoddp::common::median(weight_grad)}};
 }
 
 // Device timing with events on the backend's stream: the host only enqueues, so each call is
@@ -285,25 +281,9 @@ void run_cuda(const Shape& s, const Options& opt, std::vector<Row>& rows) {
       stops[i].synchronize();
       ms.push_back(starts[i].elapsed_ms(stops[i]));
     }
-    rows.push_back({name, s, median(ms)});
+    rows.push_back({name, s, nanoddp::common::median(ms)});
   }
   backend.set_gemm_backend(before);
-}
-
-std::string compiler() {
-#if defined(__clang__)
-  return fmt::format("clang {}", __clang_version__);
-#elif defined(__GNUC__)
-  return fmt::format("gcc {}", __VERSION__);
-#else
-  return "unknown";
-#endif
-}
-
-std::string hostname() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "unknown";
-  return name;
 }
 
 }  // namespace
@@ -341,7 +321,7 @@ int main(int argc, char** argv) {
   shapes.push_back({"mlp-weight-grad", Transpose::kYes, Transpose::kNo, h, h, b});
 
   const bool cuda = nanoddp::cuda_device_count() > 0;
-  fmt::print("nanoddp {} on {}, {}, CPU GEMM threads {}\n", NANODDP_VERSION, hostname(), compiler(),
+  fmt::print("nanoddp {} on {}, {}, CPU GEMM threads {}\n", NANODDP_VERSION, nanoddp::common::hostname(), nanoddp::common::compiler(),
              nanoddp::kernels::cpu::gemm_threads());
 #if !defined(__AVX2__)
   fmt::print(
@@ -404,8 +384,8 @@ int main(int argc, char** argv) {
                                    {"repeats", opt.repeats},
                                    {"warmup", opt.warmup},
                                    {"threads", opt.threads},
-                                   {"hostname", hostname()},
-                                   {"compiler", compiler()},
+                                   {"hostname", nanoddp::common::hostname()},
+                                   {"compiler", nanoddp::common::compiler()},
                                    {"nanoddp_version", NANODDP_VERSION},
                                    {"with_cuda", bool(NANODDP_WITH_CUDA)},
                                    {"gemms", r.shape.gemms}};

@@ -3,7 +3,7 @@
 
   benchmarks/plot/plot_trace.py TRACE.json [--out PNG] [--step K | --from-ms A --to-ms B]
 
-The trace (nanoddp/engine/trace.cpp) has one process per rank and four tracks: compute (forward,
+The trace (engine/trace.cpp) has one process per rank and four tracks: compute (forward,
 each backward node, "wait for all-reduce", optimizer step), communication (each bucket's
 all-reduce), markers ("grad <parameter>" when a gradient is final, drawn as small ticks; "bucket N
 ready") and data. The chart has one row per rank x track, spans as bars, so the all-reduce of

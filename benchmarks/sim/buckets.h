@@ -1,5 +1,5 @@
 #pragma once
-// The Reducer's bucket rule (nanoddp/comm/reducer.cpp), reproduced without the Reducer: the
+// The Reducer's bucket rule (comm/reducer.cpp), reproduced without the Reducer: the
 // gradients sit in one flat buffer in the order backward produces them (reverse registration
 // order); walking it front to back, a parameter joins the open bucket, and the bucket closes as
 // soon as it holds at least its cap -- `first_bucket_mb` for bucket 0, `bucket_cap_mb` for the

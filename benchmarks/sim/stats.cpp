@@ -4,14 +4,13 @@
 #include <cmath>
 
 #include "benchmarks/sim/error.h"
+#include "common/stats.h"
 
 namespace nanoddp::sim {
 
 double median(std::vector<double> values) {
   if (values.empty()) fail("median of no values");
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+  return common::median(std::move(values));
 }
 
 Line fit_line_relative(const std::vector<double>& x, const std::vector<double>& y) {

@@ -1,6 +1,6 @@
 #pragma once
 // The replay: one backward pass and its bucketed all-reduces, by the Reducer's rules
-// (nanoddp/comm/reducer.h).
+// (comm/reducer.h).
 //
 //  - Time 0 is the start of backward. Gradient i is ready once backward has done the compute
 //    work of gradients 0..i (each gradient's `work_ms`: compute since the previous one).

@@ -21,7 +21,7 @@ namespace {
 
 using nlohmann::json;
 
-// Track ids of nanoddp/engine/trace.h's TraceTrack.
+// Track ids of engine/trace.h's TraceTrack.
 constexpr int kComputeTrack = 0;
 constexpr int kCommTrack = 1;
 constexpr int kMarkersTrack = 2;

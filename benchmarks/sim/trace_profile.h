@@ -1,6 +1,6 @@
 #pragma once
 // A compute profile read from a nanoddp trace (`nanoddp-train --trace FILE`, Chrome trace JSON
-// written by nanoddp/engine/trace.cpp).
+// written by engine/trace.cpp).
 //
 // What the trace holds, per rank (pid), per step: on the compute track (tid 0) a "forward" span,
 // one "backward <op>" span per autograd node ("backward mse_loss", "backward linear",

@@ -24,7 +24,7 @@
 #include "nanoddp/comm/init.h"
 #include "nanoddp/comm/store.h"
 #include "nanoddp/engine/cuda_device.h"
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 #include "support/subprocess.h"
 #include "support/world.h"
 

@@ -18,7 +18,7 @@
 
 #include "nanoddp/comm/process_group.h"
 #include "nanoddp/comm/store.h"
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/tensor.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "nanoddp/comm/rendezvous.h"
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 
 using nanoddp::comm::EnvLookup;
 using nanoddp::comm::WorldInfo;

@@ -25,7 +25,7 @@
 
 #include "nanoddp/comm/store.h"
 #include "nanoddp/comm/store_protocol.h"
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 
 using namespace std::chrono_literals;
 using nanoddp::comm::Bytes;

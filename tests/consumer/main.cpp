@@ -1,9 +1,7 @@
 // Trains nn.Linear(5, 3) with MSE for a few SGD steps through the installed nanoddp and checks
 // that the loss went down: proof that the installed headers, library and package config work.
-#include <nanoddp/engine/ops.h>
-#include <nanoddp/nn/flat_parameters.h>
-#include <nanoddp/nn/layers.h>
-#include <nanoddp/nn/optimizer.h>
+// One include is enough for a normal program: the umbrella header names every public header.
+#include <nanoddp/nanoddp.h>
 
 #include <cstdio>
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks that the docs' links into the source land where they say.
 
-A link such as [`Reducer::launch`](../nanoddp/comm/reducer.cpp#L166) in docs/*.md (or
+A link such as [`Reducer::launch`](../comm/reducer.cpp#L166) in docs/*.md (or
 (nanoddp/...#L166) in README.md) must name a file that exists and a line that exists; when the
 link text is code (in backticks), that line must contain it as a whole token — the part after the last
 `::`, and without a trailing "(...)". So when code moves, the test names the stale link instead of the

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "nanoddp/engine/autograd.h"
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/engine/tensor.h"
 #include "nanoddp/nn/layers.h"

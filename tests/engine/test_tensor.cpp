@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "nanoddp/engine/device.h"
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/tensor.h"
 
 namespace nanoddp {

@@ -8,7 +8,7 @@
 
 #include "kernels/cpu_test_util.h"
 #include "nanoddp/engine/cpu_backend.h"
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/kernels/cpu/kernels.h"
 
 TEST_CASE("cpu backend: device, GEMM backend selection") {

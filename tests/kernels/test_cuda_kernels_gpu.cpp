@@ -1,4 +1,4 @@
-// The CUDA kernels against their CPU twins (nanoddp/kernels/cpu), on random inputs whose sizes
+// The CUDA kernels against their CPU twins (kernels/cpu), on random inputs whose sizes
 // are deliberately not multiples of any tile or block size, plus the CUDA runtime pieces of the
 // engine (streams, events, device checks, raw memory, the backend). Runs only where a GPU is
 // (tests/support/gpu_main.cpp skips with code 77 otherwise).
@@ -30,7 +30,7 @@
 #include "nanoddp/engine/cuda/cuda_backend.h"
 #include "nanoddp/engine/cuda/cuda_memory.h"
 #include "nanoddp/engine/cuda_device.h"
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/kernels/cpu/kernels.h"
 #include "nanoddp/kernels/cuda/check.h"

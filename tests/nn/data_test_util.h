@@ -14,7 +14,7 @@
 #include <string>
 #include <string_view>
 
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 
 namespace nanoddp::nn::testing {
 

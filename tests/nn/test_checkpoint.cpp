@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/nn/checkpoint.h"
 #include "nanoddp/nn/file_io.h"

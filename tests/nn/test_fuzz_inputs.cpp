@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "nanoddp/comm/store_protocol.h"
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/nn/npy.h"
 #include "nanoddp/nn/safetensors.h"
 

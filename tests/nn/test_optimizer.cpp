@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/nn/flat_parameters.h"
 #include "nanoddp/nn/layers.h"

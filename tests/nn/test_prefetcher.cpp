@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/nn/dataset.h"
 #include "nanoddp/nn/prefetcher.h"
 

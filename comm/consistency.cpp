@@ -1,0 +1,62 @@
+#include "nanoddp/comm/consistency.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <map>
+
+#include "nanoddp/kernels/error.h"
+
+namespace nanoddp::comm {
+
+namespace {
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  if (text.empty()) return lines;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t end = text.find('\n', start);
+    lines.push_back(text.substr(start, end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return lines;
+}
+
+// "ranks 0, 2" / "rank 1"
+std::string ranks_text(const std::vector<int>& ranks) {
+  return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
+}
+
+}  // namespace
+
+void check_same_on_all_ranks(Store& store, int rank, int size, const std::string& key,
+                             const std::string& what, const std::vector<std::string>& items) {
+  store.set(fmt::format("{}/{}", key, rank), fmt::format("{}", fmt::join(items, "\n")));
+  std::vector<std::vector<std::string>> all(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    all[static_cast<std::size_t>(r)] = split_lines(store.get_string(fmt::format("{}/{}", key, r)));
+  }
+  std::size_t longest = 0;
+  for (const auto& v : all) longest = std::max(longest, v.size());
+  for (std::size_t i = 0; i < longest; ++i) {
+    // Group the ranks by what they hold at position i.
+    std::map<std::string, std::vector<int>> holders;
+    for (int r = 0; r < size; ++r) {
+      const auto& v = all[static_cast<std::size_t>(r)];
+      holders[i < v.size() ? "'" + v[i] + "'" : "nothing"].push_back(r);
+    }
+    if (holders.size() == 1) continue;
+    std::vector<std::string> parts;
+    for (const auto& [value, ranks] : holders) {
+      parts.push_back(fmt::format("{} {} {}", ranks_text(ranks), ranks.size() == 1 ? "has" : "have",
+                                  value));
+    }
+    fail("the ranks disagree on {} #{} (of {} on rank 0): {}. Every rank must run the same model "
+         "and settings; this is rank {}.",
+         what, i, all[0].size(), fmt::join(parts, "; "), rank);
+  }
+}
+
+}  // namespace nanoddp::comm

@@ -1,0 +1,185 @@
+#include "nanoddp/comm/gloo_context.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "nanoddp/comm/gloo_store.h"
+#include "nanoddp/kernels/error.h"
+
+namespace nanoddp::comm {
+namespace {
+
+// The local IP address the kernel would use to reach `host`. A connected UDP socket sends
+// nothing; connect() only picks the route, and getsockname() reads the source address back.
+// This is how a multi-homed machine (loopback, docker bridge, two NICs) binds Gloo to the
+// interface that can actually reach the other ranks.
+std::string local_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* result = nullptr;
+  const int rc = getaddrinfo(host.c_str(), "9", &hints, &result);
+  if (rc != 0) {
+    fail("cannot resolve the master address '{}': {} (is MASTER_ADDR right?)", host,
+         gai_strerror(rc));
+  }
+  std::string address;
+  for (addrinfo* ai = result; ai != nullptr && address.empty(); ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, ai->ai_socktype, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char text[INET6_ADDRSTRLEN] = {};
+      const void* raw =
+          local.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(&local)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(&local)->sin6_addr);
+      if (inet_ntop(local.ss_family, raw, text, sizeof(text)) != nullptr) address = text;
+    }
+    close(fd);
+  }
+  freeaddrinfo(result);
+  if (address.empty()) fail("no local network route reaches the master address '{}'", host);
+  return address;
+}
+
+std::string this_host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+double seconds(std::chrono::milliseconds ms) {
+  return static_cast<double>(ms.count()) / 1000.0;
+}
+
+}  // namespace
+
+GlooConnection connect_gloo(std::shared_ptr<Store> store, int rank, int size,
+                            const ProcessGroupOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    fail("Gloo group '{}': rank {} is outside a world of size {}", options.name, rank, size);
+  }
+  if (store == nullptr) fail("Gloo group '{}': no store to rendezvous through", options.name);
+
+  // 1. The transport device: one listening socket and one epoll loop thread for this process.
+  gloo::transport::tcp::attr attr;
+  GlooConnection connection;
+  const char* env_iface = std::getenv("NANODDP_SOCKET_IFNAME");
+  if (env_iface != nullptr && *env_iface != '\0') {
+    attr.iface = env_iface;
+    connection.device_description =
+        fmt::format("interface {} ($NANODDP_SOCKET_IFNAME)", attr.iface);
+  } else if (!options.interface.empty()) {
+    attr.iface = options.interface;
+    connection.device_description = fmt::format("interface {}", attr.iface);
+  } else if (!options.master_addr.empty()) {
+    attr.hostname = local_address_towards(options.master_addr);
+    connection.device_description =
+        fmt::format("address {} (the route to {})", attr.hostname, options.master_addr);
+  } else {
+    attr.hostname = this_host_name();
+    connection.device_description = fmt::format("host name {}", attr.hostname);
+  }
+  std::shared_ptr<gloo::transport::Device> device;
+  try {
+    device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    fail("Gloo group '{}': cannot open a TCP device on {}: {}", options.name,
+         connection.device_description, e.what());
+  }
+
+  // 2. Connect every pair of ranks. Gloo publishes this rank's addresses in the store and
+  // reads everybody else's; the keys live under "<group name>/" so two groups (or two
+  // restarts, see init.cpp) never see each other's.
+  auto prefixed = std::make_shared<PrefixStore>(options.name + "/gloo", std::move(store));
+  // Our own "I got here" key: when the mesh cannot be completed, it tells which ranks never
+  // started connecting (crashed before init, wrong MASTER_ADDR, wrong WORLD_SIZE).
+  prefixed->set(fmt::format("joined/{}", rank), std::string("1"));
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  context->setTimeout(options.timeout);
+  try {
+    GlooStore gloo_store(prefixed);
+    context->connectFullMesh(gloo_store, device);
+  } catch (const std::exception& e) {
+    std::string missing;
+    try {
+      for (int r = 0; r < size; ++r) {
+        if (!prefixed->check({fmt::format("joined/{}", r)})) {
+          missing += missing.empty() ? std::to_string(r) : ", " + std::to_string(r);
+        }
+      }
+    } catch (const std::exception&) {
+      missing.clear();  // the store itself is gone; the original error says enough
+    }
+    const std::string who = missing.empty() ? std::string("a peer did not complete the connection")
+                                            : fmt::format("rank(s) {} never joined", missing);
+    throw CommError(fmt::format(
+        "Gloo group '{}': rank {} of {} could not connect to its peers within {:.1f} s: {} (is "
+        "every rank running, with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT?). Cause: {}",
+        options.name, rank, size, seconds(options.timeout), who, e.what()));
+  }
+
+  // 3. Every rank's listening addresses, to name the peer in later errors. This Gloo gives
+  // each pair its own listening socket; a pair's address() is that socket plus a "$seq" suffix
+  // we drop, because Gloo's error messages print the address without it.
+  std::string own;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    std::string address = context->getPair(peer)->address().str();
+    address = address.substr(0, address.find('$'));
+    own += (own.empty() ? "" : " ") + address;
+  }
+  prefixed->set(fmt::format("address/{}", rank), own);
+  connection.addresses.resize(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    const std::string list = r == rank ? own : prefixed->get_string(fmt::format("address/{}", r));
+    auto& out = connection.addresses[static_cast<std::size_t>(r)];
+    for (std::size_t start = 0; start < list.size();) {
+      std::size_t end = list.find(' ', start);
+      if (end == std::string::npos) end = list.size();
+      if (end > start) out.push_back(list.substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  connection.context = std::move(context);
+  return connection;
+}
+
+int gloo_peer_from_message(const std::string& message,
+                           const std::vector<std::vector<std::string>>& addresses,
+                           std::string* address) {
+  // Gloo prints addresses as "[ip]:port" (IPv6 too: "[::1]:port"), optionally with "$seq".
+  std::size_t open = message.find('[');
+  while (open != std::string::npos) {
+    const std::size_t close_bracket = message.find("]:", open);
+    if (close_bracket == std::string::npos) break;
+    std::size_t end = close_bracket + 2;
+    while (end < message.size() && message[end] >= '0' && message[end] <= '9') ++end;
+    const std::string token = message.substr(open, end - open);
+    for (std::size_t r = 0; r < addresses.size(); ++r) {
+      for (const std::string& candidate : addresses[r]) {
+        if (candidate == token) {
+          if (address != nullptr) *address = token;
+          return static_cast<int>(r);
+        }
+      }
+    }
+    open = message.find('[', open + 1);
+  }
+  return -1;
+}
+
+}  // namespace nanoddp::comm

@@ -1,0 +1,191 @@
+#include "nanoddp/comm/init.h"
+
+#include <fmt/format.h>
+#include <signal.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "nanoddp/engine/debug_log.h"
+#include "nanoddp/kernels/error.h"
+
+namespace nanoddp::comm {
+
+namespace {
+
+// The parent of process `pid` (field 4 of /proc/<pid>/stat), or 0 if it cannot be read.
+pid_t parent_of(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return 0;
+  const auto paren = line.rfind(')');  // the command name may contain spaces and parentheses
+  if (paren == std::string::npos) return 0;
+  std::istringstream fields(line.substr(paren + 1));
+  std::string state;
+  pid_t parent = 0;
+  fields >> state >> parent;
+  return fields ? parent : 0;
+}
+
+// Whether `pid` is this process's parent, grandparent, ...
+bool is_ancestor(pid_t pid) {
+  pid_t p = ::getppid();
+  for (int hops = 0; hops < 64 && p > 0; ++hops) {
+    if (p == pid) return true;
+    if (p == 1) return false;
+    p = parent_of(p);
+  }
+  return false;
+}
+
+// nanoddp-run starts every worker in a process group of its own (so that stopping a worker
+// stops its children too), so when the launcher itself is SIGKILLed (the OOM killer,
+// `timeout -s KILL`, a batch system) no signal reaches the workers: they would train on,
+// orphaned, forever. A worker the launcher started directly has the kernel send it SIGTERM
+// when the launcher dies; one whose launcher is already gone stops here.
+void tie_to_launcher(pid_t launcher) {
+#ifdef __linux__
+  if (::getppid() == launcher) {
+    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) {
+      fail("prctl(PR_SET_PDEATHSIG) failed: {}", std::strerror(errno));
+    }
+    // The launcher may have died before the prctl: then this process has a new parent already.
+    if (::getppid() == launcher) return;
+  } else if (is_ancestor(launcher)) {
+    // PROGRAM is a wrapper (a shell script) that started this process: a death signal would
+    // follow the wrapper, not the launcher (which the wrapper survives), and could end this
+    // process while the job goes on. Such a worker is stopped with its group, as any worker,
+    // but outlives a SIGKILLed launcher (docs/reliability.md).
+    debug_log(DebugLevel::kInfo, "nanoddp-run (pid {}) is not the parent: no parent-death signal",
+              launcher);
+    return;
+  }
+  fail(
+      "NANODDP_LAUNCHER_PID={}: the nanoddp-run that started this process is no longer running "
+      "(it died before this worker got going); stopping instead of training unsupervised",
+      launcher);
+#else
+  (void)launcher;  // no parent-death signal to ask for
+#endif
+}
+
+}  // namespace
+
+std::string resolve_backend(const std::string& backend, Device device) {
+  if (backend == "auto") return device.is_cuda() ? "nccl" : "gloo";
+  if (backend == "gloo") return backend;
+  if (backend == "nccl") {
+    if (!device.is_cuda()) {
+      fail("the NCCL backend needs a cuda device (got {}); use --backend gloo for the cpu",
+           device.str());
+    }
+    return backend;
+  }
+  fail("unknown backend '{}' (expected gloo, nccl or auto)", backend);
+}
+
+Distributed init_distributed(const WorldInfo& world, const DistributedOptions& options) {
+  const std::string backend = resolve_backend(options.backend, options.device);
+  Distributed dist;
+  dist.world = world;
+  set_debug_rank(world.rank);
+  if (world.launcher_pid > 0) tie_to_launcher(static_cast<pid_t>(world.launcher_pid));
+  debug_log(DebugLevel::kInfo,
+            "rendezvous: rank {} of {} (local rank {} of {}), store at {}:{}{}, restart {}",
+            world.rank, world.world_size, world.local_rank, world.local_world_size,
+            world.master_addr, world.master_port, world.rank == 0 ? " (served here)" : "",
+            world.restart_count);
+
+  // 1. The store. Rank 0 serves it on MASTER_ADDR:MASTER_PORT. A world of one needs nobody to
+  // find it, so it takes any free port: two single-process jobs on one machine never collide.
+  TcpStoreOptions store_options;
+  store_options.host = world.master_addr;
+  store_options.port = static_cast<std::uint16_t>(world.world_size == 1 ? 0 : world.master_port);
+  store_options.timeout = options.timeout;
+  if (world.rank == 0) {
+    dist.server = std::make_unique<TcpStoreServer>(store_options);
+    store_options.port = dist.server->port();
+  }
+  auto client = std::make_shared<TcpStore>(store_options);
+  // 2. One key namespace per restart: a restarted group never reads the keys (Gloo addresses,
+  // the NCCL unique id) of the attempt that failed.
+  dist.store = std::make_shared<PrefixStore>(fmt::format("restart{}", world.restart_count),
+                                             std::move(client));
+
+  // 3. Every rank publishes its world size. Ranks started with different WORLD_SIZE values
+  // fail inside Gloo's connection set-up (an assertion about address sizes); when the set-up
+  // fails, the published values (only those already there: no extra wait) say what is wrong.
+  dist.store->set(fmt::format("world_size/{}", world.rank), std::to_string(world.world_size));
+  auto check_world_sizes = [&] {
+    for (int other = 0; other < world.world_size; ++other) {
+      const std::string key = fmt::format("world_size/{}", other);
+      if (other == world.rank || !dist.store->check({key})) continue;
+      const std::string theirs = dist.store->get_string(key);
+      if (theirs != std::to_string(world.world_size)) {
+        fail(
+            "the ranks disagree on the world size: WORLD_SIZE is {} on rank {} but {} on rank "
+            "{}. Start every rank with the same WORLD_SIZE.",
+            world.world_size, world.rank, theirs, other);
+      }
+    }
+  };
+
+  // 4. The group.
+  ProcessGroupOptions group_options;
+  group_options.timeout = options.timeout;
+  group_options.interface = options.interface;
+  group_options.master_addr = world.master_addr;
+  group_options.device_index = options.device.is_cuda() ? options.device.index : 0;
+  try {
+    dist.group =
+        backend == "nccl"
+            ? make_nccl_process_group(dist.store, world.rank, world.world_size, group_options)
+            : make_gloo_process_group(dist.store, world.rank, world.world_size, group_options);
+    debug_log(DebugLevel::kInfo, "process group ready: backend {}, {} ranks",
+              dist.group->backend_name(), world.world_size);
+  } catch (const std::exception&) {
+    try {
+      check_world_sizes();  // the clearer message when that is the cause
+    } catch (const StoreError&) {
+      // The store is gone too: the group's own error says more.
+    }
+    throw;
+  }
+  return dist;
+}
+
+Distributed::~Distributed() {
+  // The group goes first: its threads joined, its connections closed.
+  group.reset();
+  if (store != nullptr) {
+    try {
+      // Every rank checks out; rank 0 keeps the server up until all have (bounded), so a
+      // fast rank 0 cannot pull the store from under a rank still finishing its set-up.
+      store->add("finished", 1);
+      if (server != nullptr) {
+        const auto limit =
+            std::min<std::chrono::milliseconds>(store->timeout(), std::chrono::seconds(30));
+        const auto deadline = std::chrono::steady_clock::now() + limit;
+        while (store->add("finished", 0) < world.world_size &&
+               std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+      }
+    } catch (const std::exception&) {
+      // The server is gone (rank 0 ended first) or unreachable: nothing left to wait for.
+    }
+  }
+  store.reset();
+  server.reset();
+}
+
+}  // namespace nanoddp::comm

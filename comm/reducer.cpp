@@ -1,0 +1,345 @@
+#include "nanoddp/comm/reducer.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "nanoddp/engine/autograd.h"
+#include "nanoddp/engine/backend.h"
+#include "nanoddp/engine/debug_log.h"
+#include "nanoddp/kernels/error.h"
+#include "nanoddp/engine/trace.h"
+
+namespace nanoddp::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+std::int64_t cap_elements(double mb) {
+  // PyTorch's bucket_cap_mb counts MiB.
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * 1024.0 * 1024.0 / 4.0));
+}
+
+}  // namespace
+
+CommHook parse_comm_hook(const std::string& name) {
+  if (name == "allreduce") return CommHook::kAllreduce;
+  if (name == "bf16") return CommHook::kBf16;
+  fail("unknown comm hook '{}': expected allreduce or bf16", name);
+}
+
+const char* comm_hook_name(CommHook hook) {
+  return hook == CommHook::kBf16 ? "bf16" : "allreduce";
+}
+
+Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group,
+                 const ReducerOptions& options)
+    : params_(params), group_(std::move(group)), options_(options) {
+  if (!(options.bucket_cap_mb > 0) || !(options.first_bucket_mb > 0)) {
+    fail("bucket caps must be positive (got bucket_cap_mb={}, first_bucket_mb={})",
+         options.bucket_cap_mb, options.first_bucket_mb);
+  }
+  // Cut the flat gradient buffer into buckets, in its (reverse registration) order: a bucket
+  // closes once it holds at least its cap, so a parameter larger than the cap gets a bucket of
+  // its own and no parameter is ever split.
+  const auto& slots = params_.slots();
+  bucket_of_slot_.resize(slots.size());
+  Bucket current;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (current.slots.empty()) current.offset = slots[i].offset;
+    current.slots.push_back(i);
+    current.numel += slots[i].numel;
+    bucket_of_slot_[i] = buckets_.size();
+    const double cap_mb = buckets_.empty() ? options.first_bucket_mb : options.bucket_cap_mb;
+    if (current.numel >= cap_elements(cap_mb) || i + 1 == slots.size()) {
+      buckets_.push_back(std::move(current));
+      current = Bucket{};
+    }
+  }
+  const Device device = params_.device();
+  for (Bucket& bucket : buckets_) {
+    bucket.grads = params_.grads().view(bucket.offset, {bucket.numel});
+    if (options.comm_hook == CommHook::kBf16) {
+      bucket.compressed = Tensor::empty({bucket.numel}, device, DType::kBF16);
+    }
+    wait_begin_.emplace_back(device);
+    wait_end_.emplace_back(device);
+  }
+
+  // The hooks hold a weak handle: a hook that outlives its Reducer does nothing.
+  if (debug_enabled(DebugLevel::kInfo)) {
+    debug_log(DebugLevel::kInfo, "reducer: {} buckets (first {} MiB, then {} MiB, overlap {})\n{}",
+              buckets_.size(), options.first_bucket_mb, options.bucket_cap_mb,
+              options.overlap ? "on" : "off", describe_buckets());
+  }
+  alive_ = std::make_shared<Reducer*>(this);
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    Tensor param = slots[i].param;
+    std::weak_ptr<Reducer*> weak = alive_;
+    param.register_post_accumulate_grad_hook([weak, i](Tensor&) {
+      if (auto self = weak.lock()) (*self)->on_gradient_ready(i);
+    });
+  }
+  reset();
+}
+
+Reducer::~Reducer() {
+  // Never leave a collective running on buffers we are about to stop tracking.
+  wait_for_launched();
+}
+
+void Reducer::reset() {
+  in_backward_ = false;
+  pending_.assign(buckets_.size(), 0);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    pending_[b] = static_cast<int>(buckets_[b].slots.size());
+  }
+  slot_ready_.assign(params_.slots().size(), false);
+  next_to_launch_ = 0;
+  works_.assign(buckets_.size(), nullptr);
+}
+
+void Reducer::on_gradient_ready(std::size_t slot) {
+  if (!sync_) return;  // no_sync: the gradient just accumulates locally
+  const Clock::time_point now = Clock::now();
+  if (in_backward_ && current_backward_pass() != backward_pass_) {
+    // The previous pass died before its end and nobody told us (abort() below normally runs):
+    // drop its state and start over with this pass.
+    abort();
+  }
+  if (!in_backward_) {
+    backward_pass_ = current_backward_pass();
+    in_backward_ = true;
+    stats_ = ReducerStats{};
+    stats_.origin = now;
+    exposed_pending_ = false;
+    timed_works_.clear();  // timings of the previous step not asked for by now are dropped
+    stats_.buckets.assign(buckets_.size(), BucketStats{});
+    // Runs once autograd has finished the whole pass (or, if it throws, abort()).
+    queue_backward_callback([this] { finalize(); }, [this] { abort(); });
+  }
+  if (slot_ready_[slot]) {
+    fail(
+        "parameter '{}' received its gradient twice in one backward pass; this Reducer "
+        "expects each parameter to be finished once per pass",
+        params_.slots()[slot].name);
+  }
+  slot_ready_[slot] = true;
+  const std::size_t b = bucket_of_slot_[slot];
+  if (--pending_[b] == 0) {
+    stats_.buckets[b].ready_ms = ms_between(stats_.origin, now);
+    if (Tracer* tracer = active_tracer()) {
+      tracer->instant_on(params_.device(), now, fmt::format("bucket {} ready", b),
+                         TraceTrack::kMarkers);
+    }
+    if (options_.overlap) launch_ready_buckets();
+  }
+}
+
+void Reducer::wait_for_launched() {
+  // On a path that fails anyway (or tears down), a collective's own error adds nothing: the
+  // point is only that nothing still writes into the buckets afterwards.
+  for (auto& work : works_) {
+    if (!work) continue;
+    try {
+      work->wait();
+    } catch (...) {
+    }
+  }
+}
+
+void Reducer::abort() {
+  // Collectives already launched keep writing into the gradient buckets: wait for them (their
+  // errors are moot, the pass failed anyway) before anyone computes into those buffers again.
+  wait_for_launched();
+  reset();
+}
+
+void Reducer::launch_ready_buckets() {
+  // Strictly in index order: bucket b+1 waits for bucket b even when it is ready first.
+  while (next_to_launch_ < buckets_.size() && pending_[next_to_launch_] == 0) {
+    launch(next_to_launch_++);
+  }
+}
+
+void Reducer::launch(std::size_t b) {
+  Bucket& bucket = buckets_[b];
+  stats_.buckets[b].launch_ms = ms_between(stats_.origin, Clock::now());
+  debug_log(DebugLevel::kDetail, "reducer: bucket {} ({} elements) launched at +{:.3f} ms", b,
+            bucket.numel, stats_.buckets[b].launch_ms);
+  if (options_.comm_hook == CommHook::kBf16) {
+    backend_for(bucket.grads.device())
+        .f32_to_bf16(bucket.grads.data(), static_cast<std::uint16_t*>(bucket.compressed.raw_data()),
+                     bucket.numel);
+    works_[b] = group_->allreduce(bucket.compressed, ReduceOp::kAvg);
+  } else {
+    works_[b] = group_->allreduce(bucket.grads, ReduceOp::kAvg);
+  }
+}
+
+void Reducer::handle_unused() {
+  std::vector<std::string> unused;
+  for (std::size_t i = 0; i < slot_ready_.size(); ++i) {
+    if (!slot_ready_[i]) unused.push_back(params_.slots()[i].name);
+  }
+  if (unused.empty()) return;
+  if (!options_.find_unused_parameters) {
+    // Let the buckets already in flight finish (the other ranks launched them too) before
+    // reporting, so no collective is left half done.
+    wait_for_launched();
+    reset();
+    fail(
+        "{} parameter(s) received no gradient in this backward pass, so their buckets could "
+        "never be reduced: {}. Make every parameter take part in the loss, or construct "
+        "DistributedDataParallel with find_unused_parameters = true (--find-unused-parameters).",
+        unused.size(), fmt::join(unused, ", "));
+  }
+  // find_unused_parameters: mark an unused parameter ready so its bucket is reduced with the
+  // others (another rank may have used it). Its gradient on this rank is what it holds: the sum
+  // of earlier no_sync micro-batches that did use it (kept, as PyTorch does), or, when nothing
+  // wrote it since zero_grad(), zero (the buffer's stale contents must not be reduced).
+  for (std::size_t i = 0; i < slot_ready_.size(); ++i) {
+    if (slot_ready_[i]) continue;
+    const nn::ParameterSlot& slot = params_.slots()[i];
+    if (!slot.param.has_grad()) {
+      Tensor grad = params_.grads().view(slot.offset, slot.param.shape());
+      grad.zero();
+      Tensor param = slot.param;
+      param.set_grad(grad);
+    }
+    slot_ready_[i] = true;
+    const std::size_t b = bucket_of_slot_[i];
+    if (--pending_[b] == 0) stats_.buckets[b].ready_ms = ms_between(stats_.origin, Clock::now());
+  }
+}
+
+void Reducer::finalize() {
+  const Clock::time_point backward_end = Clock::now();
+  stats_.backward_end_ms = ms_between(stats_.origin, backward_end);
+  handle_unused();
+  launch_ready_buckets();
+  NANODDP_CHECK(next_to_launch_ == buckets_.size(), "finalize: bucket {} was never launched",
+                next_to_launch_);
+
+  // The exposed communication is what the compute stream waits for here, so two events on it
+  // bracket each bucket's wait. On the CPU the "stream" is this thread and the events are host
+  // times: the host's wait. On a GPU Work::wait() only makes the compute stream wait (the host
+  // goes on at once), and the intervals, read once the step has run, are the GPU stalling for
+  // the all-reduce. Without a bucket hook the intervals follow each other without a gap; with
+  // one, the hook's work (the optimizer) lies between them and is not counted.
+  const Stream compute = Stream::compute(params_.device());
+  Tracer* tracer = active_tracer();
+  // In a trace, the waits are "wait for all-reduce" spans on the compute track: one span for
+  // all of them, or with a bucket hook one per bucket (the hook's work lies between them). On
+  // a GPU they are the compute stream's stalls, not the host's (instant) enqueue of the waits.
+  std::optional<TraceSpan> all_waits;
+  if (tracer && !bucket_reduced_hook_) {
+    all_waits.emplace(tracer, "wait for all-reduce", TraceTrack::kCompute, params_.device());
+  }
+  std::exception_ptr failure;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    {
+      std::optional<TraceSpan> bucket_wait;
+      if (tracer && bucket_reduced_hook_) {
+        bucket_wait.emplace(tracer, "wait for all-reduce", TraceTrack::kCompute, params_.device(),
+                            std::map<std::string, std::string>{{"bucket", std::to_string(b)}});
+      }
+      wait_begin_[b].record(compute);
+      try {
+        works_[b]->wait();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      wait_end_[b].record(compute);
+    }
+    if (b + 1 == buckets_.size()) all_waits.reset();
+    // After a failure the gradients are garbage: wait for the rest (never leave a collective
+    // running on buffers we stop tracking), but run nothing on them.
+    if (failure) continue;
+    Bucket& bucket = buckets_[b];
+    if (options_.comm_hook == CommHook::kBf16) {
+      backend_for(bucket.grads.device())
+          .bf16_to_f32(static_cast<const std::uint16_t*>(bucket.compressed.raw_data()),
+                       bucket.grads.data(), bucket.numel);
+    }
+    if (bucket_reduced_hook_) {
+      try {
+        bucket_reduced_hook_(bucket);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+  }
+  // A GPU's events are not done yet (reading them now would fail): collect_timings() reads them.
+  exposed_pending_ = params_.device().is_cuda();
+  stats_.exposed_comm_ms = exposed_pending_ ? 0.0 : exposed_wait_ms();
+  if (failure) {
+    reset();
+    std::rethrow_exception(failure);
+  }
+  // Timings: a CPU collective has finished by now; a CUDA one may still be running on its
+  // stream (the host did not wait), so its timing is picked up later by last_stats().
+  timed_works_ = works_;
+  timed_tracer_ = tracer;
+  collect_timings();
+  reset();
+}
+
+double Reducer::exposed_wait_ms() const {
+  double total = 0;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    total += wait_begin_[b].elapsed_ms(wait_end_[b]);
+  }
+  return total;
+}
+
+void Reducer::collect_timings() {
+  if (exposed_pending_ && wait_end_.back().query()) {
+    stats_.exposed_comm_ms = exposed_wait_ms();
+    exposed_pending_ = false;
+  }
+  for (std::size_t b = 0; b < timed_works_.size(); ++b) {
+    if (!timed_works_[b]) continue;
+    const auto timing = timed_works_[b]->timing();
+    if (!timing) continue;
+    BucketStats& s = stats_.buckets[b];
+    s.start_ms = ms_between(stats_.origin, timing->start);
+    s.end_ms = ms_between(stats_.origin, timing->end);
+    stats_.comm_ms += s.allreduce_ms();
+    if (timed_tracer_) {
+      timed_tracer_->span(fmt::format("all-reduce bucket {}", b), TraceTrack::kCommunication,
+                          timing->start, timing->end,
+                          {{"elements", std::to_string(buckets_[b].numel)},
+                           {"sequence", std::to_string(timed_works_[b]->sequence_number())},
+                           {"hook", comm_hook_name(options_.comm_hook)}});
+    }
+    timed_works_[b] = nullptr;  // counted once
+  }
+}
+
+const ReducerStats& Reducer::last_stats() {
+  collect_timings();
+  return stats_;
+}
+
+std::string Reducer::describe_buckets() const {
+  std::string out;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    std::vector<std::string> names;
+    for (std::size_t slot : buckets_[b].slots) names.push_back(params_.slots()[slot].name);
+    out += fmt::format("bucket {}: {} elements ({:.2f} MiB): {}\n", b, buckets_[b].numel,
+                       static_cast<double>(buckets_[b].numel) * 4.0 / (1024.0 * 1024.0),
+                       fmt::join(names, ", "));
+  }
+  return out;
+}
+
+}  // namespace nanoddp::comm

@@ -1,0 +1,697 @@
+#include "nanoddp/comm/shm_allreduce.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <sstream>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include "nanoddp/comm/reduce_ops.h"
+#include "nanoddp/kernels/error.h"
+#include "nanoddp/kernels/bf16.h"
+
+// ================================================================================================
+// The shared segment
+// ================================================================================================
+//
+//   +----------------------------------------------------------+  offset 0
+//   | Header: magic, version, world size, chunk bytes, size    |  one 128-byte line
+//   +----------------------------------------------------------+
+//   | RankLine 0: arrivals, sleepers, the op rank 0 is in      |  one 128-byte line per rank:
+//   | RankLine 1                                               |  a rank writes only its own
+//   | ...                                                      |  line, so ranks never fight
+//   +----------------------------------------------------------+  over a cache line
+//   | slot set 0: rank 0's slot | rank 1's slot | ...          |  chunk_bytes each
+//   | slot set 1: rank 0's slot | rank 1's slot | ...          |  (4 KiB-aligned)
+//   +----------------------------------------------------------+
+//
+// A buffer larger than one slot is reduced chunk by chunk. Within a chunk of m elements, the
+// elements are cut into `size` partitions (cache-line aligned): partition p is rank p's job.
+// One chunk on rank r:
+//
+//   1. copy in    for every p != r: my partition-p elements  -> my slot  (partition p)
+//   2. barrier A  "everyone's data is in shared memory"
+//   3. reduce     partition r: combine rank 0's, 1's, ... n-1's elements IN THAT ORDER (mine
+//                 from my own buffer, the others' from their slots), divide once for avg, and
+//                 write the result to my buffer and to my slot (partition r, which step 1 left
+//                 free)
+//   4. barrier B  "every partition is reduced"
+//   5. copy out   for every p != r: rank p's slot (partition p) -> my buffer (partition p)
+//
+// That is a reduce-scatter (steps 1-3) followed by an all-gather (step 5), the same split a ring
+// all-reduce makes, but each byte crosses memory once per step instead of passing through two
+// sockets. Each rank copies (n-1)/n of the buffer in and out, and reduces 1/n of it.
+//
+// Why a fixed reduction order. Float addition is not associative: (a + b) + c may differ from
+// a + (b + c) in the last bit. Every element is combined by exactly one rank, always in rank
+// order 0, 1, ..., n-1, and everybody then copies that one result. So all ranks end up with
+// bit-identical values, and the values do not depend on which rank happened to arrive first.
+// (Bit-identical gradients keep the replicas of a DDP model bit-identical, step after step.)
+//
+// Why two slot sets and no third barrier. Before rank r may overwrite its slot with the next
+// chunk, every peer must have finished copying the previous chunk's results out of it. Chunk
+// k uses slot set k % 2. A rank writes set k % 2 again only in chunk k + 2, after passing barrier
+// A of chunk k + 1 — and every rank arrives at that barrier only after finishing chunk k's copy
+// out. So the barrier that exists anyway doubles as the "slots are free" barrier. The chunk
+// counter runs across ops, so back-to-back all-reduces alternate sets the same way.
+//
+// ================================================================================================
+// Barriers: arrival counters and futexes
+// ================================================================================================
+//
+// Each rank owns one 32-bit counter, `arrivals`: the number of barriers it has reached. It only
+// ever counts up (never reset, not even between ops), so barrier number g is passed when every
+// rank's counter is >= g. Arriving is one atomic store. Waiting is: look at each peer's counter;
+// if it is behind, spin briefly (the peer is usually microseconds away), then sleep in the
+// kernel with futex(FUTEX_WAIT) on the peer's counter. The futex is the right tool because it
+// sleeps on a *memory word*: "wake me when this word is no longer v". The kernel checks the
+// value and puts us to sleep atomically, so a store that lands in between cannot be missed. We
+// use the shared (not FUTEX_PRIVATE_FLAG) form because the word lives in memory that another
+// process maps; the kernel then keys the wait on the physical page, not on our address space.
+//
+// A waker must call FUTEX_WAKE, a system call. Most barriers are passed while spinning, so each
+// counter has a `sleepers` word: a waiter raises it before sleeping, and an arriving rank calls
+// FUTEX_WAKE only when it is non-zero. Both sides use sequentially consistent operations, so
+// either the waiter sees the new count (and does not sleep) or the arriver sees the sleeper
+// (and wakes it); never neither.
+//
+// Never wait forever. Every sleep has a timeout (at most kPollSlice), and between sleeps the
+// waiter checks the op's deadline and whether the peer it waits for is still alive. A peer that
+// was killed cannot arrive and cannot say so: its counter simply stops. So the survivors look at
+// /proc/<pid>/stat: a process that is gone (or a zombie, or a new process that reused its pid,
+// told apart by its start time) is reported at once as "rank 1 ... has exited", without waiting
+// for the timeout. A peer that is alive but stuck is reported when the timeout passes, with the
+// op it is in — a rank in an earlier op "did not report reaching this op".
+
+namespace nanoddp::comm {
+namespace {
+
+constexpr std::uint64_t kMagic = 0x6e616e6f64647073ull;  // "nanoddps"
+constexpr std::uint32_t kVersion = 1;
+// Two 64-byte cache lines: x86 cores prefetch lines in adjacent pairs, so 64 bytes apart is
+// still close enough for two ranks' counters to disturb each other.
+constexpr std::size_t kLine = 128;
+// Spin this long before sleeping: a barrier between ranks doing the same work is usually
+// passed within microseconds, and a futex sleep + wake-up costs tens of them. Kept short
+// because on a machine with few cores the spinning thread takes a core from the computation.
+constexpr std::chrono::microseconds kSpin{20};
+// Longest single futex sleep: how often a waiter checks the deadline and the peer's process.
+constexpr std::chrono::milliseconds kPollSlice{50};
+// Elements per reduction block: the block's accumulator lives on the stack, in L1.
+constexpr std::size_t kBlock = 2048;
+
+struct alignas(kLine) Header {
+  std::uint64_t magic;
+  std::uint32_t version;
+  std::uint32_t size;
+  std::uint64_t chunk_bytes;
+  std::uint64_t total_bytes;
+};
+
+struct alignas(kLine) RankLine {
+  std::uint32_t arrivals;  // barriers reached (the futex word)
+  std::uint32_t sleepers;  // peers sleeping on `arrivals`
+  std::uint64_t op_seq;    // the op this rank is in (its sequence number; 0 = none yet)
+  std::uint64_t op_count;  // its element count
+  std::uint32_t op_kind;   // dtype | reduce op << 8
+};
+
+// The segment's words are plain integers accessed through std::atomic_ref: no C++ object has
+// to be "constructed" in memory that another process created.
+static_assert(std::atomic_ref<std::uint32_t>::is_always_lock_free);
+static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free);
+static_assert(alignof(RankLine) >= std::atomic_ref<std::uint64_t>::required_alignment);
+
+std::atomic_ref<std::uint32_t> atomic(std::uint32_t& word) {
+  return std::atomic_ref<std::uint32_t>(word);
+}
+std::atomic_ref<std::uint64_t> atomic(std::uint64_t& word) {
+  return std::atomic_ref<std::uint64_t>(word);
+}
+
+// Wrap-around-safe "count >= target" (the counters are 32-bit; 2^31 barriers is far away, but
+// the comparison costs nothing).
+bool reached(std::uint32_t count, std::uint32_t target) {
+  return static_cast<std::int32_t>(count - target) >= 0;
+}
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();  // tells the core we spin: saves power, frees the sibling hyper-thread
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+long futex(std::uint32_t* word, int op, std::uint32_t value, const timespec* timeout) {
+  return syscall(SYS_futex, word, op, value, timeout, nullptr, 0);
+}
+
+// ---- the reduction: sources[0..n) in rank order, combined element-wise ----------------------
+
+using detail::Max;
+using detail::Min;
+using detail::Sum;
+
+using kernels::bf16_to_float;  // the rounding of kernels/bf16.h
+using kernels::float_to_bf16;
+
+// Block by block: acc = s0; acc = op(acc, s1); ...; (avg: acc /= n); then write the block to
+// both outputs. The simple inner loops over a block vectorise. Writing only after the whole
+// block is read lets an output alias source `own` (in-place all-reduce).
+template <typename Op>
+void reduce_f32(const std::uint8_t* const* sources, int n, std::size_t count, bool average,
+                std::uint8_t* out_a, std::uint8_t* out_b) {
+  alignas(64) float acc[kBlock];
+  const float divisor = static_cast<float>(n);
+  for (std::size_t base = 0; base < count; base += kBlock) {
+    const std::size_t m = std::min(kBlock, count - base);
+    const float* s0 = reinterpret_cast<const float*>(sources[0]) + base;
+    for (std::size_t i = 0; i < m; ++i) acc[i] = s0[i];
+    for (int q = 1; q < n; ++q) {
+      const float* s = reinterpret_cast<const float*>(sources[q]) + base;
+      for (std::size_t i = 0; i < m; ++i) acc[i] = Op{}(acc[i], s[i]);
+    }
+    if (average) {
+      for (std::size_t i = 0; i < m; ++i) acc[i] /= divisor;
+    }
+    std::memcpy(out_a + base * sizeof(float), acc, m * sizeof(float));
+    std::memcpy(out_b + base * sizeof(float), acc, m * sizeof(float));
+  }
+}
+
+// bf16 is reduced through float32: widen every source, combine in float, round once at the end
+// (the TCP ring instead rounds after every pairwise step, so results can differ in the last bit).
+template <typename Op>
+void reduce_bf16(const std::uint8_t* const* sources, int n, std::size_t count, bool average,
+                 std::uint8_t* out_a, std::uint8_t* out_b) {
+  alignas(64) float acc[kBlock];
+  alignas(64) std::uint16_t rounded[kBlock];
+  const float divisor = static_cast<float>(n);
+  for (std::size_t base = 0; base < count; base += kBlock) {
+    const std::size_t m = std::min(kBlock, count - base);
+    const auto* s0 = reinterpret_cast<const std::uint16_t*>(sources[0]) + base;
+    for (std::size_t i = 0; i < m; ++i) acc[i] = bf16_to_float(s0[i]);
+    for (int q = 1; q < n; ++q) {
+      const auto* s = reinterpret_cast<const std::uint16_t*>(sources[q]) + base;
+      for (std::size_t i = 0; i < m; ++i) acc[i] = Op{}(acc[i], bf16_to_float(s[i]));
+    }
+    if (average) {
+      for (std::size_t i = 0; i < m; ++i) acc[i] /= divisor;
+    }
+    for (std::size_t i = 0; i < m; ++i) rounded[i] = float_to_bf16(acc[i]);
+    std::memcpy(out_a + base * 2, rounded, m * 2);
+    std::memcpy(out_b + base * 2, rounded, m * 2);
+  }
+}
+
+void reduce(const std::uint8_t* const* sources, int n, std::size_t count, DType dtype, ReduceOp op,
+            std::uint8_t* out_a, std::uint8_t* out_b) {
+  const bool avg = op == ReduceOp::kAvg;
+  const bool f32 = dtype == DType::kF32;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return f32 ? reduce_f32<Sum>(sources, n, count, avg, out_a, out_b)
+                 : reduce_bf16<Sum>(sources, n, count, avg, out_a, out_b);
+    case ReduceOp::kMax:
+      return f32 ? reduce_f32<Max>(sources, n, count, false, out_a, out_b)
+                 : reduce_bf16<Max>(sources, n, count, false, out_a, out_b);
+    case ReduceOp::kMin:
+      return f32 ? reduce_f32<Min>(sources, n, count, false, out_a, out_b)
+                 : reduce_bf16<Min>(sources, n, count, false, out_a, out_b);
+  }
+}
+
+// Partition p of a chunk of m elements: [begin(p), end(p)). Boundaries are multiples of a
+// cache line, so two ranks never write into the same line of a buffer.
+struct Partition {
+  std::size_t per = 0;
+  std::size_t m = 0;
+  Partition(std::size_t m_, int size, std::size_t elem) : m(m_) {
+    const std::size_t align = kLine / elem;
+    const std::size_t n = static_cast<std::size_t>(size);
+    per = ((m + n - 1) / n + align - 1) / align * align;
+  }
+  std::size_t begin(int p) const { return std::min(m, static_cast<std::size_t>(p) * per); }
+  std::size_t end(int p) const { return std::min(m, static_cast<std::size_t>(p + 1) * per); }
+};
+
+// ---- host identity and processes ------------------------------------------------------------
+
+std::string read_first_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// A process's start time (field 22 of /proc/<pid>/stat, in clock ticks since boot), or nothing
+// if there is no such process or it has already exited (a zombie waiting to be reaped).
+std::optional<std::uint64_t> process_start_time(long pid) {
+  const std::string stat = read_first_line(fmt::format("/proc/{}/stat", pid).c_str());
+  const std::size_t paren = stat.rfind(')');  // the command name may contain spaces
+  if (paren == std::string::npos) return std::nullopt;
+  std::istringstream fields(stat.substr(paren + 1));
+  std::string state;
+  fields >> state;  // field 3
+  if (state.empty() || state == "Z" || state == "X") return std::nullopt;
+  std::string skip;
+  for (int field = 4; field < 22; ++field) fields >> skip;
+  std::uint64_t start = 0;
+  if (!(fields >> start)) return std::nullopt;
+  return start;
+}
+
+std::string random_segment_name() {
+  std::random_device device;
+  const std::uint64_t bits = (static_cast<std::uint64_t>(device()) << 32) ^ device();
+  return fmt::format("/nanoddp-{}-{:016x}", getpid(), bits);
+}
+
+std::string errno_text(const char* call) {
+  return fmt::format("{}: {}", call, std::strerror(errno));
+}
+
+std::size_t round_up(std::size_t value, std::size_t to) {
+  return (value + to - 1) / to * to;
+}
+
+// Byte offsets of the parts of a segment for `size` ranks.
+struct Layout {
+  std::size_t lines = 0;  // first RankLine
+  std::size_t slots = 0;  // slot set 0, rank 0
+  std::size_t total = 0;
+  Layout(int size, std::size_t chunk_bytes) {
+    lines = kLine;
+    slots = round_up(lines + static_cast<std::size_t>(size) * sizeof(RankLine), 4096);
+    total = slots + 2 * static_cast<std::size_t>(size) * chunk_bytes;
+  }
+};
+
+}  // namespace
+
+// Why these three: boot_id is random per boot (two machines never share it, a container shares
+// its host's), and processes in different network namespaces are how containers and
+// tests/multinode simulate separate machines, so they are treated as such.
+std::string shm_host_identity() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  char netns[128] = {};
+  const ssize_t len = readlink("/proc/self/ns/net", netns, sizeof(netns) - 1);
+  if (len < 0) netns[0] = '\0';
+  return fmt::format("{} boot {} {}", host, read_first_line("/proc/sys/kernel/random/boot_id"),
+                     netns);
+}
+
+// The mapping: unmapped when the object goes (the name was unlinked long before).
+struct ShmAllreduce::Segment {
+  std::uint8_t* base = nullptr;
+  std::size_t bytes = 0;
+  int size = 0;
+  std::size_t chunk_bytes = 0;
+  Layout layout{1, 0};
+
+  ~Segment() {
+    if (base != nullptr) munmap(base, bytes);
+  }
+  Header& header() const { return *reinterpret_cast<Header*>(base); }
+  RankLine& line(int r) const {
+    return reinterpret_cast<RankLine*>(base + layout.lines)[static_cast<std::size_t>(r)];
+  }
+  std::uint8_t* slot(std::uint64_t set, int r) const {
+    return base + layout.slots +
+           (static_cast<std::size_t>(set) * static_cast<std::size_t>(size) +
+            static_cast<std::size_t>(r)) *
+               chunk_bytes;
+  }
+};
+
+ShmAllreduce::ShmAllreduce(Store& store, int rank, int size, std::chrono::milliseconds timeout,
+                           const std::string& name)
+    : rank_(rank), size_(size), timeout_(timeout) {
+  if (size <= 1) {
+    fallback_reason_ = "a world of one has nothing to reduce";
+    return;
+  }
+  set_up(store, name + "/shm/");
+  if (!enabled() && rank_ == 0) {
+    fmt::print(stderr, "nanoddp: allreduce goes over TCP, not shared memory: {}\n",
+               fallback_reason_);
+    std::fflush(stderr);
+  }
+}
+
+ShmAllreduce::~ShmAllreduce() = default;
+
+void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
+  // 1. Everyone publishes: wants shared memory?, host identity, pid and its start time.
+  const char* env = std::getenv("NANODDP_SHM");
+  const bool wanted = env == nullptr || std::string(env) != "0";
+  const long pid = static_cast<long>(getpid());
+  store.set(prefix + "hello/" + std::to_string(rank_),
+            fmt::format("{}\n{}\n{}\n{}", wanted ? 1 : 0, pid, process_start_time(pid).value_or(0),
+                        shm_host_identity()));
+  std::vector<std::string> identities(static_cast<std::size_t>(size_));
+  peers_.assign(static_cast<std::size_t>(size_), Peer{});
+  std::string no_reason;  // the first reason not to, the same on every rank
+  for (int r = 0; r < size_; ++r) {
+    const Bytes bytes = store.get(prefix + "hello/" + std::to_string(r));
+    std::istringstream in(std::string(bytes.begin(), bytes.end()));
+    int peer_wants = 0;
+    Peer& peer = peers_[static_cast<std::size_t>(r)];
+    in >> peer_wants >> peer.pid >> peer.start_time;
+    in.ignore(1);
+    std::getline(in, identities[static_cast<std::size_t>(r)]);
+    if (no_reason.empty() && peer_wants == 0) {
+      no_reason = fmt::format("NANODDP_SHM=0 on rank {}", r);
+    }
+    if (no_reason.empty() && identities[static_cast<std::size_t>(r)] != identities[0]) {
+      no_reason = fmt::format("ranks 0 and {} are on different hosts ({} / {})", r, identities[0],
+                              identities[static_cast<std::size_t>(r)]);
+    }
+    // Can we tell whether this peer is alive? Only if /proc/<pid> shows the very process (same
+    // pid namespace): then a dead peer is reported at once instead of after the timeout.
+    peer.checkable = r != rank_ && peer.start_time != 0 &&
+                     process_start_time(peer.pid) == std::optional<std::uint64_t>(peer.start_time);
+  }
+  if (!no_reason.empty()) {
+    fallback_reason_ = no_reason;
+    return;
+  }
+
+  // 2. Rank 0 creates the segment and publishes its name ("!reason" if it could not).
+  auto segment = std::make_unique<Segment>();
+  std::string name;
+  std::string local_failure;
+  // Rank 0 removes the name once everyone has reported — or on any way out of here, an
+  // exception included — so the name never outlives the set-up.
+  bool created = false;
+  struct Unlink {
+    const std::string& name;
+    const bool& created;
+    ~Unlink() {
+      if (created) shm_unlink(name.c_str());
+    }
+  } unlink_guard{name, created};
+  if (rank_ == 0) {
+    std::size_t chunk = kShmDefaultChunkBytes;
+    if (const char* kb = std::getenv("NANODDP_SHM_CHUNK_KB")) {
+      chunk = std::clamp<std::size_t>(std::strtoull(kb, nullptr, 10), 4, 64 << 10) * 1024;
+    }
+    const Layout layout(size_, chunk);
+    name = random_segment_name();
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      local_failure = errno_text("shm_open");
+    } else {
+      created = true;
+      if (ftruncate(fd, static_cast<off_t>(layout.total)) != 0) {
+        local_failure = errno_text("ftruncate");
+      } else {
+        void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (base == MAP_FAILED) {
+          local_failure = errno_text("mmap");
+        } else {
+          segment->base = static_cast<std::uint8_t*>(base);
+          segment->bytes = layout.total;
+          // Touch every page now: the first touch of fresh memory is slow (page faults, the
+          // kernel zeroing pages), and it belongs in set-up, not in the first training step.
+          std::memset(base, 0, layout.total);
+          Header& h = segment->header();
+          h.version = kVersion;
+          h.size = static_cast<std::uint32_t>(size_);
+          h.chunk_bytes = chunk;
+          h.total_bytes = layout.total;
+          atomic(h.magic).store(kMagic, std::memory_order_release);
+        }
+      }
+      close(fd);  // the mapping stays valid without the descriptor
+    }
+    store.set(prefix + "segment", local_failure.empty() ? name : "!" + local_failure);
+  } else {
+    const Bytes bytes = store.get(prefix + "segment");
+    name.assign(bytes.begin(), bytes.end());
+    if (!name.empty() && name[0] == '!') {
+      local_failure = "rank 0 could not create it";  // rank 0's report says why
+    } else {
+      const int fd = shm_open(name.c_str(), O_RDWR, 0);
+      struct stat st {};
+      if (fd < 0) {
+        local_failure = errno_text("shm_open");
+      } else if (fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(kLine)) {
+        local_failure = "the segment has no header";
+      } else {
+        const auto bytes_total = static_cast<std::size_t>(st.st_size);
+        // MAP_POPULATE maps every page now (rank 0 already made them exist).
+        void* base =
+            mmap(nullptr, bytes_total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+        if (base == MAP_FAILED) {
+          local_failure = errno_text("mmap");
+        } else {
+          segment->base = static_cast<std::uint8_t*>(base);
+          segment->bytes = bytes_total;
+          const Header& h = segment->header();
+          if (atomic(const_cast<Header&>(h).magic).load(std::memory_order_acquire) != kMagic ||
+              h.version != kVersion || h.size != static_cast<std::uint32_t>(size_) ||
+              h.total_bytes != bytes_total || Layout(size_, h.chunk_bytes).total != bytes_total) {
+            local_failure = "the segment's header does not match this build or world size";
+          }
+        }
+      }
+      if (fd >= 0) close(fd);
+    }
+  }
+
+  // 3. Everyone reports, everyone reads all reports; rank 0 then unlinks the name. From here
+  // on the segment has no name: it goes away with the last process that maps it.
+  store.set(prefix + "attached/" + std::to_string(rank_),
+            local_failure.empty() ? std::string("ok") : local_failure);
+  std::string failure;
+  for (int r = 0; r < size_; ++r) {
+    const Bytes bytes = store.get(prefix + "attached/" + std::to_string(r));
+    const std::string report(bytes.begin(), bytes.end());
+    if (failure.empty() && report != "ok") {
+      failure = fmt::format("rank {} could not map the shared segment {} ({})", r, name, report);
+    }
+  }
+  if (!failure.empty()) {
+    fallback_reason_ = failure;
+    return;  // the segment (if mapped) is unmapped here, and rank 0 unlinks
+  }
+  segment->size = size_;
+  segment->chunk_bytes = segment->header().chunk_bytes;
+  segment->layout = Layout(size_, segment->chunk_bytes);
+  chunk_bytes_ = segment->chunk_bytes;
+  segment_ = std::move(segment);
+}
+
+// ---- barriers --------------------------------------------------------------------------------
+
+void ShmAllreduce::arrive() {
+  RankLine& mine = segment_->line(rank_);
+  ++generation_;
+  atomic(mine.arrivals).store(generation_, std::memory_order_seq_cst);
+  if (atomic(mine.sleepers).load(std::memory_order_seq_cst) != 0) {
+    futex(&mine.arrivals, FUTEX_WAKE, INT_MAX, nullptr);
+  }
+}
+
+void ShmAllreduce::wait_for_all(std::uint32_t target,
+                                std::chrono::steady_clock::time_point deadline, const char* phase,
+                                std::size_t chunk, std::size_t chunks) {
+  using Clock = std::chrono::steady_clock;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    RankLine& peer = segment_->line(p);
+    auto count = atomic(peer.arrivals);
+    if (reached(count.load(std::memory_order_acquire), target)) continue;
+    // Spin: check the clock only every 64 pauses (reading it costs more than a pause).
+    const auto spin_until = Clock::now() + kSpin;
+    bool arrived = false;
+    for (int i = 1;; ++i) {
+      cpu_relax();
+      if (reached(count.load(std::memory_order_acquire), target)) {
+        arrived = true;
+        break;
+      }
+      if (i % 64 == 0 && Clock::now() >= spin_until) break;
+    }
+    // Sleep in slices until the peer arrives, dies, or the deadline passes.
+    while (!arrived) {
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        fail_waiting(
+            target,
+            fmt::format("timed out after {:.1f} s", static_cast<double>(timeout_.count()) / 1000.0),
+            phase, chunk, chunks);
+      }
+      const Peer& info = peers_[static_cast<std::size_t>(p)];
+      if (info.checkable && process_start_time(info.pid) != info.start_time) {
+        // It may have arrived just before it died: its arrival still counts (the next barrier
+        // finds it gone). Only a peer that died without arriving fails this barrier.
+        if (reached(count.load(std::memory_order_acquire), target)) break;
+        fail_waiting(target, "a peer's process ended", phase, chunk, chunks);
+      }
+      const auto slice = std::min<Clock::duration>(deadline - now, kPollSlice);
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
+      const timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+      auto sleepers = atomic(peer.sleepers);
+      sleepers.fetch_add(1, std::memory_order_seq_cst);
+      const std::uint32_t seen = count.load(std::memory_order_seq_cst);
+      if (!reached(seen, target)) futex(&peer.arrivals, FUTEX_WAIT, seen, &ts);
+      sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      arrived = reached(count.load(std::memory_order_acquire), target);
+    }
+  }
+}
+
+void ShmAllreduce::fail_waiting(std::uint32_t target, const std::string& what_happened,
+                                const char* phase, std::size_t chunk, std::size_t chunks) {
+  // Who is behind, and why. A dead process explains everything: the live ranks that have not
+  // arrived yet are then most likely just slower, and naming them would send the reader to
+  // the wrong place. Without a dead one, every live straggler is a suspect.
+  std::vector<int> dead;
+  std::vector<int> late;
+  std::vector<std::string> dead_why;
+  std::vector<std::string> late_why;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    RankLine& line = segment_->line(q);
+    if (reached(atomic(line.arrivals).load(std::memory_order_acquire), target)) continue;
+    const Peer& info = peers_[static_cast<std::size_t>(q)];
+    const std::uint64_t its_seq = atomic(line.op_seq).load(std::memory_order_relaxed);
+    if (info.checkable && process_start_time(info.pid) != info.start_time) {
+      dead.push_back(q);
+      dead_why.push_back(fmt::format(
+          "rank {} did not arrive: its process (pid {}) has exited (crashed or killed?)", q,
+          info.pid));
+    } else if (its_seq < op_seq_) {
+      late.push_back(q);
+      late_why.push_back(fmt::format(
+          "rank {} did not report reaching this op (the last shared-memory op it entered is #{}; "
+          "crashed or stuck?)",
+          q, its_seq));
+    } else {
+      late.push_back(q);
+      late_why.push_back(
+          fmt::format("rank {} is in this op but did not arrive (crashed or stuck?)", q));
+    }
+  }
+  if (dead.empty() && late.empty()) {
+    // Everyone arrived after all (a peer's last arrival raced with its death): say so rather
+    // than naming nobody.
+    late_why.push_back(
+        "every rank had arrived by the time this was checked; one of them has "
+        "since ended");
+  }
+  const bool any_dead = !dead.empty();
+  throw ShmError(fmt::format("{} at the {} barrier of chunk {} of {}: {}", what_happened, phase,
+                             chunk + 1, chunks, fmt::join(any_dead ? dead_why : late_why, "; ")),
+                 any_dead ? std::move(dead) : std::move(late));
+}
+
+// ---- one all-reduce -----------------------------------------------------------------------
+
+void ShmAllreduce::run(void* data, const void* input, std::size_t count, DType dtype, ReduceOp op,
+                       std::uint64_t seq) {
+  if (!enabled()) fail("ShmAllreduce::run: the shared segment is not in use");
+  if (count == 0) return;
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  op_seq_ = seq;
+  const std::uint32_t kind =
+      static_cast<std::uint32_t>(dtype) | (static_cast<std::uint32_t>(op) << 8);
+  RankLine& mine = segment_->line(rank_);
+  // Relaxed is enough: the release of our next arrival publishes these with it.
+  atomic(mine.op_seq).store(seq, std::memory_order_relaxed);
+  atomic(mine.op_count).store(count, std::memory_order_relaxed);
+  atomic(mine.op_kind).store(kind, std::memory_order_relaxed);
+
+  const std::size_t elem = dtype_size(dtype);
+  const std::size_t chunk_elems = chunk_bytes_ / elem;
+  const std::size_t chunks = (count + chunk_elems - 1) / chunk_elems;
+  auto* out = static_cast<std::uint8_t*>(data);
+  const auto* src = static_cast<const std::uint8_t*>(input != nullptr ? input : data);
+  std::vector<const std::uint8_t*> sources(static_cast<std::size_t>(size_));
+
+  for (std::size_t c = 0; c < chunks; ++c) {
+    const std::size_t first = c * chunk_elems;
+    const Partition part(std::min(chunk_elems, count - first), size_, elem);
+    const std::uint64_t set = chunks_done_ & 1;
+    std::uint8_t* my_slot = segment_->slot(set, rank_);
+    const auto bytes_of = [&](int p) { return (part.end(p) - part.begin(p)) * elem; };
+
+    // 1. Copy in: the partitions the other ranks reduce.
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || bytes_of(p) == 0) continue;
+      std::memcpy(my_slot + part.begin(p) * elem, src + (first + part.begin(p)) * elem,
+                  bytes_of(p));
+    }
+    arrive();
+    wait_for_all(generation_, deadline, "copy-in", c, chunks);
+
+    if (c == 0) {
+      // Every rank is past its copy-in of this op's first chunk, so every rank has published
+      // which op it runs: a mismatch (ranks out of step) is reported here, not as wrong numbers.
+      for (int q = 0; q < size_; ++q) {
+        RankLine& line = segment_->line(q);
+        const std::uint64_t its_seq = atomic(line.op_seq).load(std::memory_order_relaxed);
+        const std::uint64_t its_count = atomic(line.op_count).load(std::memory_order_relaxed);
+        const std::uint32_t its_kind = atomic(line.op_kind).load(std::memory_order_relaxed);
+        if (its_seq != seq || its_count != count || its_kind != kind) {
+          throw ShmError(
+              fmt::format("ranks are out of step: rank {} runs op #{} ({} x {}, {}) while rank "
+                          "{} runs op #{} ({} x {}, {})",
+                          q, its_seq, its_count, dtype_name(static_cast<DType>(its_kind & 0xff)),
+                          reduce_op_name(static_cast<ReduceOp>(its_kind >> 8)), rank_, seq, count,
+                          dtype_name(dtype), reduce_op_name(op)),
+              {q});
+        }
+      }
+    }
+
+    // 3. Reduce my partition over all ranks, in rank order.
+    if (bytes_of(rank_) > 0) {
+      const std::size_t begin = part.begin(rank_);
+      for (int q = 0; q < size_; ++q) {
+        sources[static_cast<std::size_t>(q)] =
+            q == rank_ ? src + (first + begin) * elem : segment_->slot(set, q) + begin * elem;
+      }
+      reduce(sources.data(), size_, part.end(rank_) - begin, dtype, op,
+             out + (first + begin) * elem, my_slot + begin * elem);
+    }
+    arrive();
+    wait_for_all(generation_, deadline, "reduce", c, chunks);
+
+    // 5. Copy out: every other rank's reduced partition.
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || bytes_of(p) == 0) continue;
+      std::memcpy(out + (first + part.begin(p)) * elem,
+                  segment_->slot(set, p) + part.begin(p) * elem, bytes_of(p));
+    }
+    ++chunks_done_;
+  }
+}
+
+}  // namespace nanoddp::comm

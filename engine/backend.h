@@ -1,0 +1,70 @@
+#pragma once
+// Op dispatch: one Backend per device, the table of kernels an op may call on that device's
+// buffers. The CPU backend forwards to kernels/cpu, the CUDA backend to
+// kernels/cuda on the device's compute stream. Ops (engine/ops.cpp) only ever talk to
+// this interface, so an op is written once for every device.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "nanoddp/engine/device.h"
+#include "nanoddp/engine/stream.h"
+#include "nanoddp/kernels/types.h"
+
+namespace nanoddp {
+
+using kernels::Activation;
+using kernels::Transpose;
+
+// Which GEMM a backend uses: nanoddp's own kernels (the default on every device), or the
+// library each is held against: Eigen on the CPU, cuBLAS on CUDA.
+enum class GemmBackend { kHand, kEigen, kCublas };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual Stream stream() const = 0;
+
+  virtual void set_gemm_backend(GemmBackend backend) = 0;
+  virtual GemmBackend gemm_backend() const = 0;
+
+  virtual void gemm(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                    float alpha, const float* a, const float* b, float beta, float* c) = 0;
+  virtual void bias_activation(float* y, const float* bias, std::int64_t rows, std::int64_t cols,
+                               Activation act, float* pre_activation) = 0;
+  virtual void activation_backward(Activation act, const float* pre_activation,
+                                   const float* grad_out, float* grad_in, std::int64_t n) = 0;
+  virtual void column_sum(const float* x, std::int64_t rows, std::int64_t cols, float beta,
+                          float* out) = 0;
+  virtual void sum(const float* x, std::int64_t n, float* out) = 0;
+  virtual void count_nonfinite(const float* x, std::int64_t n, float* out) = 0;
+  virtual void mse_forward(const float* pred, const float* target, std::int64_t n,
+                           float* out) = 0;
+  virtual void mse_backward(const float* pred, const float* target, std::int64_t n,
+                            const float* grad_out, float beta, float* grad_pred) = 0;
+  virtual void fill(float* x, std::int64_t n, float value) = 0;
+  virtual void scale(float* x, std::int64_t n, float alpha) = 0;
+  virtual void axpy(std::int64_t n, float alpha, const float* x, float* y) = 0;
+  virtual void add(const float* a, const float* b, float alpha, float* out, std::int64_t n) = 0;
+  virtual void scale_copy(const float* x, float alpha, float* out, std::int64_t n) = 0;
+  virtual void broadcast_scalar(const float* scalar, float alpha, float beta, float* out,
+                                std::int64_t n) = 0;
+  virtual void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int64_t n,
+                        const kernels::SgdHyper& h, bool first_step) = 0;
+  virtual void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                          std::int64_t n, const kernels::AdamWHyper& h) = 0;
+  virtual void fill_uniform(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t stream,
+                            std::uint64_t offset, float lo, float hi) = 0;
+  virtual void fill_normal(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t stream,
+                           std::uint64_t offset, float mean, float stddev) = 0;
+  virtual void f32_to_bf16(const float* in, std::uint16_t* out, std::int64_t n) = 0;
+  virtual void bf16_to_f32(const std::uint16_t* in, float* out, std::int64_t n) = 0;
+  // Same-device copy of raw bytes, in stream order.
+  virtual void copy(void* dst, const void* src, std::size_t nbytes) = 0;
+};
+
+// The backend of a device. CUDA devices fail with a clear Error when CUDA is unavailable.
+Backend& backend_for(Device device);
+
+}  // namespace nanoddp

@@ -1,0 +1,119 @@
+// The CPU backend: a thin forwarder to kernels/cpu. CPU kernels run synchronously on
+// the calling thread, so "enqueue on the stream" is simply "call it now".
+
+#include "nanoddp/engine/cpu_backend.h"
+
+#include <atomic>
+#include <cstring>
+
+#include "nanoddp/kernels/error.h"
+#include "nanoddp/kernels/cpu/kernels.h"
+
+namespace nanoddp {
+namespace {
+
+namespace kc = kernels::cpu;
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::cpu(); }
+  Stream stream() const override { return Stream::compute(Device::cpu()); }
+
+  // kHand: nanoddp's own kernels (kernels/cpu/gemm.cpp); kEigen: Eigen alone, the reference.
+  void set_gemm_backend(GemmBackend backend) override {
+    if (backend == GemmBackend::kCublas) {
+      fail(
+          "GEMM backend cublas is only available on CUDA devices; run with --device cuda, or "
+          "use --gemm hand or --gemm eigen on the CPU");
+    }
+    gemm_backend_.store(backend, std::memory_order_relaxed);
+  }
+  GemmBackend gemm_backend() const override {
+    return gemm_backend_.load(std::memory_order_relaxed);
+  }
+
+  void gemm(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+            const float* a, const float* b, float beta, float* c) override {
+    if (gemm_backend() == GemmBackend::kEigen) {
+      kc::gemm_eigen(ta, tb, m, n, k, alpha, a, b, beta, c);
+    } else {
+      kc::gemm(ta, tb, m, n, k, alpha, a, b, beta, c);
+    }
+  }
+  void bias_activation(float* y, const float* bias, std::int64_t rows, std::int64_t cols,
+                       Activation act, float* pre_activation) override {
+    kc::bias_activation(y, bias, rows, cols, act, pre_activation);
+  }
+  void activation_backward(Activation act, const float* pre_activation, const float* grad_out,
+                           float* grad_in, std::int64_t n) override {
+    kc::activation_backward(act, pre_activation, grad_out, grad_in, n);
+  }
+  void column_sum(const float* x, std::int64_t rows, std::int64_t cols, float beta,
+                  float* out) override {
+    kc::column_sum(x, rows, cols, beta, out);
+  }
+  void sum(const float* x, std::int64_t n, float* out) override { kc::sum(x, n, out); }
+  void count_nonfinite(const float* x, std::int64_t n, float* out) override {
+    kc::count_nonfinite(x, n, out);
+  }
+  void mse_forward(const float* pred, const float* target, std::int64_t n, float* out) override {
+    kc::mse_forward(pred, target, n, out);
+  }
+  void mse_backward(const float* pred, const float* target, std::int64_t n, const float* grad_out,
+                    float beta, float* grad_pred) override {
+    kc::mse_backward(pred, target, n, grad_out, beta, grad_pred);
+  }
+  void fill(float* x, std::int64_t n, float value) override { kc::fill(x, n, value); }
+  void scale(float* x, std::int64_t n, float alpha) override { kc::scale(x, n, alpha); }
+  void axpy(std::int64_t n, float alpha, const float* x, float* y) override {
+    kc::axpy(n, alpha, x, y);
+  }
+  void add(const float* a, const float* b, float alpha, float* out, std::int64_t n) override {
+    kc::add(a, b, alpha, out, n);
+  }
+  void scale_copy(const float* x, float alpha, float* out, std::int64_t n) override {
+    kc::scale_copy(x, alpha, out, n);
+  }
+  void broadcast_scalar(const float* scalar, float alpha, float beta, float* out,
+                        std::int64_t n) override {
+    kc::broadcast_scalar(scalar, alpha, beta, out, n);
+  }
+  void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int64_t n,
+                const kernels::SgdHyper& h, bool first_step) override {
+    kc::sgd_step(param, grad, momentum_buffer, n, h, first_step);
+  }
+  void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                  std::int64_t n, const kernels::AdamWHyper& h) override {
+    kc::adamw_step(param, grad, exp_avg, exp_avg_sq, n, h);
+  }
+  void fill_uniform(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t stream_id,
+                    std::uint64_t offset, float lo, float hi) override {
+    kc::fill_uniform(out, n, seed, stream_id, offset, lo, hi);
+  }
+  void fill_normal(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t stream_id,
+                   std::uint64_t offset, float mean, float stddev) override {
+    kc::fill_normal(out, n, seed, stream_id, offset, mean, stddev);
+  }
+  void f32_to_bf16(const float* in, std::uint16_t* out, std::int64_t n) override {
+    kc::f32_to_bf16(in, out, n);
+  }
+  void bf16_to_f32(const std::uint16_t* in, float* out, std::int64_t n) override {
+    kc::bf16_to_f32(in, out, n);
+  }
+  void copy(void* dst, const void* src, std::size_t nbytes) override {
+    // memcpy with nbytes == 0 is fine, but null pointers are undefined behaviour even then.
+    if (nbytes != 0) std::memcpy(dst, src, nbytes);
+  }
+
+ private:
+  std::atomic<GemmBackend> gemm_backend_{GemmBackend::kHand};
+};
+
+}  // namespace
+
+Backend& cpu_backend() {
+  static CpuBackend backend;
+  return backend;
+}
+
+}  // namespace nanoddp

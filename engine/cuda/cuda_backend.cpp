@@ -1,0 +1,179 @@
+// The CUDA Backend: forwards every op to kernels/cuda on the device's compute stream.
+// Every call first makes the backend's device current (a no-op check in the usual one device per
+// process setup), since kernels launch on the current device.
+
+#include "nanoddp/engine/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "nanoddp/engine/cuda/device_guard.h"
+#include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/kernels/error.h"
+#include "nanoddp/kernels/cuda/check.h"
+#include "nanoddp/kernels/cuda/kernels.h"
+
+namespace nanoddp {
+namespace {
+
+namespace kc = kernels::cuda;
+using Guard = detail::CudaDeviceGuard;
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(Device device)
+      : device_(device),
+        stream_(Stream::compute(device)),
+        native_(static_cast<cudaStream_t>(stream_.native())) {
+    Guard guard(device_.index);
+    NANODDP_CUBLAS_CHECK(cublasCreate(&cublas_));
+    // Bound once: every cuBLAS call of this backend runs on the compute stream, ordered with our
+    // own kernels. The default math mode keeps full float32 (no TF32 tensor cores), so cuBLAS
+    // is a faithful reference for the hand kernel.
+    NANODDP_CUBLAS_CHECK(cublasSetStream(cublas_, native_));
+    NANODDP_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  }
+  // Backends live until the process ends (see cuda_backend), so the handle is never destroyed:
+  // doing it from a static destructor could run after the CUDA runtime has shut down.
+  ~CudaBackend() override = default;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Device device() const override { return device_; }
+  Stream stream() const override { return stream_; }
+
+  void set_gemm_backend(GemmBackend backend) override {
+    if (backend == GemmBackend::kEigen) {
+      fail("GEMM backend eigen runs on the CPU only; on {} use --gemm hand or --gemm cublas",
+           device_.str());
+    }
+    gemm_backend_ = backend;
+  }
+  GemmBackend gemm_backend() const override { return gemm_backend_; }
+
+  void gemm(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+            const float* a, const float* b, float beta, float* c) override {
+    Guard guard(device_.index);
+    if (gemm_backend_ == GemmBackend::kCublas) {
+      kc::gemm_cublas(cublas_, ta, tb, m, n, k, alpha, a, b, beta, c);
+    } else {
+      kc::gemm(ta, tb, m, n, k, alpha, a, b, beta, c, native_);
+    }
+  }
+  void bias_activation(float* y, const float* bias, std::int64_t rows, std::int64_t cols,
+                       Activation act, float* pre_activation) override {
+    Guard guard(device_.index);
+    kc::bias_activation(y, bias, rows, cols, act, pre_activation, native_);
+  }
+  void activation_backward(Activation act, const float* pre_activation, const float* grad_out,
+                           float* grad_in, std::int64_t n) override {
+    Guard guard(device_.index);
+    kc::activation_backward(act, pre_activation, grad_out, grad_in, n, native_);
+  }
+  void column_sum(const float* x, std::int64_t rows, std::int64_t cols, float beta,
+                  float* out) override {
+    Guard guard(device_.index);
+    kc::column_sum(x, rows, cols, beta, out, native_);
+  }
+  void sum(const float* x, std::int64_t n, float* out) override {
+    Guard guard(device_.index);
+    kc::sum(x, n, out, native_);
+  }
+  void count_nonfinite(const float* x, std::int64_t n, float* out) override {
+    Guard guard(device_.index);
+    kc::count_nonfinite(x, n, out, native_);
+  }
+  void mse_forward(const float* pred, const float* target, std::int64_t n, float* out) override {
+    Guard guard(device_.index);
+    kc::mse_forward(pred, target, n, out, native_);
+  }
+  void mse_backward(const float* pred, const float* target, std::int64_t n, const float* grad_out,
+                    float beta, float* grad_pred) override {
+    Guard guard(device_.index);
+    kc::mse_backward(pred, target, n, grad_out, beta, grad_pred, native_);
+  }
+  void fill(float* x, std::int64_t n, float value) override {
+    Guard guard(device_.index);
+    kc::fill(x, n, value, native_);
+  }
+  void scale(float* x, std::int64_t n, float alpha) override {
+    Guard guard(device_.index);
+    kc::scale(x, n, alpha, native_);
+  }
+  void axpy(std::int64_t n, float alpha, const float* x, float* y) override {
+    Guard guard(device_.index);
+    kc::axpy(n, alpha, x, y, native_);
+  }
+  void add(const float* a, const float* b, float alpha, float* out, std::int64_t n) override {
+    Guard guard(device_.index);
+    kc::add(a, b, alpha, out, n, native_);
+  }
+  void scale_copy(const float* x, float alpha, float* out, std::int64_t n) override {
+    Guard guard(device_.index);
+    kc::scale_copy(x, alpha, out, n, native_);
+  }
+  void broadcast_scalar(const float* scalar, float alpha, float beta, float* out,
+                        std::int64_t n) override {
+    Guard guard(device_.index);
+    kc::broadcast_scalar(scalar, alpha, beta, out, n, native_);
+  }
+  void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int64_t n,
+                const kernels::SgdHyper& h, bool first_step) override {
+    Guard guard(device_.index);
+    kc::sgd_step(param, grad, momentum_buffer, n, h, first_step, native_);
+  }
+  void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                  std::int64_t n, const kernels::AdamWHyper& h) override {
+    Guard guard(device_.index);
+    kc::adamw_step(param, grad, exp_avg, exp_avg_sq, n, h, native_);
+  }
+  void fill_uniform(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t stream,
+                    std::uint64_t offset, float lo, float hi) override {
+    Guard guard(device_.index);
+    kc::fill_uniform(out, n, seed, stream, offset, lo, hi, native_);
+  }
+  void fill_normal(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t stream,
+                   std::uint64_t offset, float mean, float stddev) override {
+    Guard guard(device_.index);
+    kc::fill_normal(out, n, seed, stream, offset, mean, stddev, native_);
+  }
+  void f32_to_bf16(const float* in, std::uint16_t* out, std::int64_t n) override {
+    Guard guard(device_.index);
+    kc::f32_to_bf16(in, out, n, native_);
+  }
+  void bf16_to_f32(const std::uint16_t* in, float* out, std::int64_t n) override {
+    Guard guard(device_.index);
+    kc::bf16_to_f32(in, out, n, native_);
+  }
+  void copy(void* dst, const void* src, std::size_t nbytes) override {
+    if (nbytes == 0 || dst == src) return;
+    Guard guard(device_.index);
+    NANODDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, native_));
+  }
+
+ private:
+  Device device_;
+  Stream stream_;
+  cudaStream_t native_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  GemmBackend gemm_backend_ = GemmBackend::kHand;
+};
+
+}  // namespace
+
+Backend& cuda_backend(int index) {
+  const Device device = Device::cuda(index);
+  require_device(device);
+  static std::mutex mutex;
+  // Intentionally leaked (see ~CudaBackend): one backend per device for the process lifetime.
+  static auto* backends = new std::unordered_map<int, CudaBackend*>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = backends->find(index);
+  if (it == backends->end()) it = backends->emplace(index, new CudaBackend(device)).first;
+  return *it->second;
+}
+
+}  // namespace nanoddp

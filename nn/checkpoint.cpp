@@ -1,0 +1,306 @@
+#include "nanoddp/nn/checkpoint.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "nanoddp/engine/debug_log.h"
+#include "nanoddp/kernels/error.h"
+#include "nanoddp/nn/file_io.h"
+#include "nanoddp/nn/safetensors.h"
+
+namespace nanoddp::nn {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kOptimizerPrefix = "optimizer.";
+
+// Every tensor the checkpoint holds, with a host copy of its values.
+struct HostTensor {
+  std::string name;
+  Tensor target;  // where it is loaded back into
+  std::vector<float> values;
+};
+
+std::vector<HostTensor> gather(const Module& model, const Optimizer& optimizer) {
+  std::vector<HostTensor> out;
+  for (const NamedTensor& p : model.named_parameters()) {
+    out.push_back({p.name, p.tensor, {}});
+  }
+  for (const NamedTensor& s : optimizer.state()) {
+    out.push_back({kOptimizerPrefix + s.name, s.tensor, {}});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const HostTensor& a, const HostTensor& b) { return a.name < b.name; });
+  return out;
+}
+
+// FNV-1a 64 over every tensor's bytes, in name order.
+std::uint64_t tensors_checksum(
+    const std::vector<std::pair<std::string, std::span<const std::byte>>>& tensors) {
+  std::uint64_t state = kChecksumInit;
+  for (const auto& [name, bytes] : tensors) state = checksum(bytes.data(), bytes.size(), state);
+  return state;
+}
+
+std::optional<std::int64_t> step_of(const fs::path& file) {
+  const std::string name = file.filename().string();
+  constexpr std::string_view kPrefix = "step-", kSuffix = ".safetensors";
+  if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return std::nullopt;
+  const char* first = name.data() + kPrefix.size();
+  const char* last = name.data() + name.size() - kSuffix.size();
+  std::int64_t step = 0;
+  const auto [end, ec] = std::from_chars(first, last, step);
+  if (ec != std::errc() || end != last) return std::nullopt;
+  return step;
+}
+
+std::int64_t metadata_int(const SafetensorsFile& file, const std::string& key) {
+  const std::string& text = file.metadata_at(key);
+  std::int64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size()) {
+    fail("checkpoint '{}': metadata '{}' = '{}' is not an integer", file.path().string(), key,
+         text);
+  }
+  return value;
+}
+
+// A step, an epoch or a count: an integer that cannot be negative.
+std::int64_t metadata_count(const SafetensorsFile& file, const std::string& key) {
+  const std::int64_t value = metadata_int(file, key);
+  if (value < 0) {
+    fail("checkpoint '{}': metadata '{}' = {} is negative", file.path().string(), key, value);
+  }
+  return value;
+}
+
+std::string optimizer_kind(const Optimizer& optimizer) {
+  const std::string d = optimizer.describe();
+  return d.substr(0, d.find('('));
+}
+
+// A writer killed in the middle of a checkpoint leaves its temporary file behind
+// (".step-N.safetensors.tmp.HOST.PID.K", see file_io.h): never listed as a checkpoint, but tens
+// of megabytes each. Remove those whose writer is dead; a live writer's (another process saving
+// into this directory) is left alone, and so is another host's, whose pids cannot be checked.
+void remove_stale_temporaries(const fs::path& dir) {
+  std::error_code ec;
+  const std::string host = this_host();
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(".step-")) continue;
+    const std::optional<TemporaryWriter> writer = temporary_writer(name);
+    if (!writer || writer->host != host || writer->pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<pid_t>(writer->pid), 0) != 0 && errno == ESRCH) {
+      std::error_code ignored;
+      fs::remove(entry.path(), ignored);
+    }
+  }
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& dir, const Module& model, const Optimizer& optimizer,
+                            const TrainingState& state, int keep) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail("cannot create the checkpoint directory '{}': {}", dir, ec.message());
+  remove_stale_temporaries(dir);
+
+  std::vector<HostTensor> tensors = gather(model, optimizer);
+  std::vector<SafetensorsEntry> entries;
+  std::vector<std::pair<std::string, std::span<const std::byte>>> bytes;
+  for (HostTensor& t : tensors) {
+    t.values = t.target.to_vector();
+    entries.push_back(
+        {.name = t.name, .dtype = "F32", .shape = t.target.shape(), .data = t.values.data()});
+    bytes.emplace_back(t.name, std::as_bytes(std::span<const float>(t.values)));
+  }
+  SafetensorsMetadata metadata = {
+      {"format", "nanoddp-checkpoint"},
+      {"format_version", std::to_string(kCheckpointFormatVersion)},
+      {"step", std::to_string(state.step)},
+      {"epoch", std::to_string(state.epoch)},
+      {"epoch_samples", std::to_string(state.epoch_samples)},
+      {"seed", std::to_string(state.seed)},
+      {"optimizer", optimizer.describe()},
+      {"optimizer_kind", optimizer_kind(optimizer)},
+      {"optimizer_steps", std::to_string(optimizer.steps())},
+      {"checksum", checksum_hex(tensors_checksum(bytes))},
+  };
+  for (const auto& [k, v] : state.info) metadata.emplace("info." + k, v);
+
+  const std::string path =
+      (fs::path(dir) / fmt::format("step-{:09}.safetensors", state.step)).string();
+  write_safetensors(path, entries, metadata);
+  debug_log(DebugLevel::kInfo, "checkpoint: wrote {} (step {}, {} tensors)", path, state.step,
+            entries.size());
+
+  // Keep the newest `keep` up to this one: only earlier steps are pruned. Checkpoints of later
+  // steps (another run's, in a reused folder) are not this run's to delete, and must never
+  // push out the one just written.
+  if (keep > 0) {
+    std::vector<std::string> earlier;
+    for (const std::string& p : list_checkpoints(dir)) {
+      if (step_of(p).value_or(state.step) < state.step) earlier.push_back(p);
+    }
+    const std::size_t keep_earlier = static_cast<std::size_t>(keep - 1);
+    for (std::size_t i = 0; i + keep_earlier < earlier.size(); ++i) fs::remove(earlier[i], ec);
+  }
+  return path;
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return {};
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (auto step = step_of(entry.path())) found.emplace_back(*step, entry.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [step, path] : found) out.push_back(std::move(path));
+  return out;
+}
+
+void load_parameters(const std::string& path, Module& model) {
+  debug_log(DebugLevel::kInfo, "parameters: loading {}", path);
+  const SafetensorsFile file = read_safetensors(path);
+  const std::vector<NamedTensor> params = model.named_parameters();
+  std::vector<std::string> missing, unexpected;
+  for (const NamedTensor& p : params) {
+    const SafetensorsTensor* stored = file.find(p.name);
+    if (stored == nullptr) {
+      missing.push_back(p.name);
+    } else if (stored->shape != p.tensor.shape()) {
+      fail("'{}': '{}' has shape {} but the model's parameter is {}: the file holds another model",
+           path, p.name, shape_str(stored->shape), shape_str(p.tensor.shape()));
+    } else if (stored->dtype != "F32" && stored->dtype != "BF16" && stored->dtype != "F16" &&
+               stored->dtype != "F64") {
+      fail("'{}': '{}' is {}; parameters load from F32, BF16, F16 or F64", path, p.name,
+           stored->dtype);
+    }
+  }
+  for (const std::string& name : file.names()) {
+    const bool known = std::any_of(params.begin(), params.end(),
+                                   [&](const NamedTensor& p) { return p.name == name; });
+    if (!known) unexpected.push_back(name);
+  }
+  if (!missing.empty() || !unexpected.empty()) {
+    std::vector<std::string> expected;
+    for (const NamedTensor& p : params) expected.push_back(p.name);
+    fail(
+        "'{}' does not hold this model's parameters: {}{}{} (the model has: {}; names follow "
+        "PyTorch's state_dict of the same nn.Sequential)",
+        path, missing.empty() ? "" : fmt::format("missing {}", fmt::join(missing, ", ")),
+        !missing.empty() && !unexpected.empty() ? "; " : "",
+        unexpected.empty() ? "" : fmt::format("not in the model {}", fmt::join(unexpected, ", ")),
+        fmt::join(expected, ", "));
+  }
+  for (const NamedTensor& p : params) {
+    Tensor target = p.tensor;
+    target.copy_from(Tensor::from_vector(file.to_f32(p.name), target.shape()));
+  }
+}
+
+TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer& optimizer) {
+  debug_log(DebugLevel::kInfo, "checkpoint: loading {}", path);
+  const SafetensorsFile file = read_safetensors(path);
+  const auto& md = file.metadata();
+  if (md.find("format") == md.end() || md.at("format") != "nanoddp-checkpoint") {
+    fail("'{}' is not a nanoddp checkpoint (no format=nanoddp-checkpoint in its metadata)", path);
+  }
+  const std::int64_t version = metadata_int(file, "format_version");
+  if (version != kCheckpointFormatVersion) {
+    fail(
+        "checkpoint '{}' has format version {}, but this nanoddp reads version {}; resume it "
+        "with the nanoddp that wrote it",
+        path, version, kCheckpointFormatVersion);
+  }
+  if (file.metadata_at("optimizer_kind") != optimizer_kind(optimizer)) {
+    fail(
+        "checkpoint '{}' holds {} state, but this run uses {}; resume with --optimizer matching "
+        "the checkpoint",
+        path, file.metadata_at("optimizer_kind"), optimizer_kind(optimizer));
+  }
+
+  // Check everything before touching the model: names, shapes, dtype, checksum.
+  std::vector<HostTensor> tensors = gather(model, optimizer);
+  std::vector<std::pair<std::string, std::span<const std::byte>>> bytes;
+  for (const std::string& name : file.names()) bytes.emplace_back(name, file.at(name).bytes);
+  std::sort(bytes.begin(), bytes.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  const std::string actual = checksum_hex(tensors_checksum(bytes));
+  if (actual != file.metadata_at("checksum")) {
+    fail(
+        "checkpoint '{}' is corrupted: its tensors' checksum is {} but the file records {}. Use "
+        "an earlier checkpoint.",
+        path, actual, file.metadata_at("checksum"));
+  }
+  for (const HostTensor& t : tensors) {
+    const SafetensorsTensor* stored = file.find(t.name);
+    if (stored == nullptr) {
+      fail(
+          "checkpoint '{}' has no tensor '{}': it was saved from a different model or "
+          "optimizer",
+          path, t.name);
+    }
+    if (stored->shape != t.target.shape()) {
+      fail(
+          "checkpoint '{}': '{}' has shape {} but the model expects {}: it was saved from a "
+          "different model",
+          path, t.name, shape_str(stored->shape), shape_str(t.target.shape()));
+    }
+    if (stored->dtype != "F32") {
+      fail("checkpoint '{}': '{}' is {}, expected F32", path, t.name, stored->dtype);
+    }
+  }
+  if (file.names().size() != tensors.size()) {
+    std::vector<std::string> unexpected;
+    for (const std::string& name : file.names()) {
+      const bool known = std::any_of(tensors.begin(), tensors.end(),
+                                     [&](const HostTensor& t) { return t.name == name; });
+      if (!known) unexpected.push_back("'" + name + "'");
+    }
+    fail(
+        "checkpoint '{}' holds {} tensors, but the model and optimizer have {}; not expected: {}. "
+        "It was saved from a different model, or with different optimizer settings (momentum "
+        "buffers exist only with --momentum > 0)",
+        path, file.names().size(), tensors.size(), fmt::join(unexpected, ", "));
+  }
+
+  // The metadata too, before anything is copied: a bad value must leave the model untouched.
+  TrainingState state;
+  const std::int64_t optimizer_steps = metadata_count(file, "optimizer_steps");
+  state.step = metadata_count(file, "step");
+  state.epoch = metadata_count(file, "epoch");
+  state.epoch_samples = metadata_count(file, "epoch_samples");
+  const std::string& seed = file.metadata_at("seed");
+  const auto [seed_end, seed_ec] =
+      std::from_chars(seed.data(), seed.data() + seed.size(), state.seed);
+  if (seed_ec != std::errc() || seed_end != seed.data() + seed.size()) {
+    fail("checkpoint '{}': metadata 'seed' = '{}' is not a number", path, seed);
+  }
+
+  for (HostTensor& t : tensors) {
+    t.values = file.to_f32(t.name);
+    t.target.copy_from(Tensor::from_vector(t.values, t.target.shape()));
+  }
+  optimizer.set_steps(optimizer_steps);
+  for (const auto& [k, v] : md) {
+    if (k.starts_with("info.")) state.info[k.substr(5)] = v;
+  }
+  return state;
+}
+
+}  // namespace nanoddp::nn

@@ -1,0 +1,203 @@
+#include "nanoddp/nn/file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <string>
+
+#include "nanoddp/kernels/error.h"
+
+namespace nanoddp::nn {
+namespace {
+
+std::string errno_text(int error) {
+  return std::strerror(error);
+}
+
+// Closes a descriptor on scope exit unless released.
+class FdGuard {
+ public:
+  explicit FdGuard(int fd) : fd_(fd) {}
+  FdGuard(const FdGuard&) = delete;
+  FdGuard& operator=(const FdGuard&) = delete;
+  ~FdGuard() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_;
+};
+
+constexpr std::string_view kTemporaryMark = ".tmp.";
+
+// The temporary name: hidden, next to the target, unique per host, process and call so
+// concurrent writers (several ranks saving into one directory by mistake, on one machine or
+// several) never share a temporary file.
+std::filesystem::path temp_path_for(const std::filesystem::path& path) {
+  static std::atomic<unsigned> counter{0};
+  std::filesystem::path temp = path;
+  temp.replace_filename(fmt::format(".{}{}{}.{}.{}", path.filename().string(), kTemporaryMark,
+                                    this_host(), static_cast<long>(::getpid()),
+                                    counter.fetch_add(1)));
+  return temp;
+}
+
+void write_all(int fd, const std::byte* data, std::size_t size, const std::filesystem::path& temp,
+               const std::filesystem::path& path) {
+  while (size > 0) {
+    const ::ssize_t written = ::write(fd, data, size);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      ::unlink(temp.c_str());
+      fail(
+          "cannot write '{}': writing the temporary file '{}' failed: {}. Check free disk space "
+          "and permissions of the directory; the previous '{}' (if any) is unchanged.",
+          path.string(), temp.string(), errno_text(error), path.filename().string());
+    }
+    data += written;
+    size -= static_cast<std::size_t>(written);
+  }
+}
+
+}  // namespace
+
+std::string this_host() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+std::optional<TemporaryWriter> temporary_writer(const std::string& filename) {
+  // ".<target>.tmp.<host>.<pid>.<k>": the host may hold dots, so pid and k are read from the end.
+  const auto mark = filename.find(kTemporaryMark);
+  if (!filename.starts_with('.') || mark == std::string::npos) return std::nullopt;
+  const std::string_view rest = std::string_view(filename).substr(mark + kTemporaryMark.size());
+  const auto last_dot = rest.rfind('.');
+  if (last_dot == std::string_view::npos || last_dot == 0) return std::nullopt;
+  const auto pid_dot = rest.rfind('.', last_dot - 1);
+  if (pid_dot == std::string_view::npos || pid_dot == 0) return std::nullopt;
+  TemporaryWriter writer{.host = std::string(rest.substr(0, pid_dot))};
+  const std::string_view pid = rest.substr(pid_dot + 1, last_dot - pid_dot - 1);
+  const auto [end, ec] = std::from_chars(pid.data(), pid.data() + pid.size(), writer.pid);
+  if (ec != std::errc() || end != pid.data() + pid.size() || writer.pid <= 0) return std::nullopt;
+  return writer;
+}
+
+std::int64_t shape_numel_checked(std::span<const std::int64_t> shape) {
+  // A zero anywhere makes the product 0, however large the other sizes: the parser accepted
+  // such a shape (it holds no data), so multiplying in order could overflow before reaching
+  // the zero (found by fuzzing).
+  for (const std::int64_t d : shape) {
+    if (d == 0) return 0;
+  }
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) fail("a shape's element count overflows 64 bits");
+  }
+  return n;
+}
+
+std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    fail("cannot open '{}' for reading: {}", path.string(), errno_text(error));
+  }
+  FdGuard guard(fd);
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    const int error = errno;
+    fail("cannot read '{}': fstat failed: {}", path.string(), errno_text(error));
+  }
+  if (!S_ISREG(info.st_mode)) fail("cannot read '{}': it is not a regular file", path.string());
+  std::vector<std::byte> bytes(static_cast<std::size_t>(info.st_size));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ::ssize_t got = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      fail("cannot read '{}': {}", path.string(), errno_text(error));
+    }
+    if (got == 0) {
+      fail(
+          "cannot read '{}': the file shrank from {} to {} bytes while being read (is another "
+          "process writing it?)",
+          path.string(), bytes.size(), done);
+    }
+    done += static_cast<std::size_t>(got);
+  }
+  return bytes;
+}
+
+void write_file_atomically(const std::filesystem::path& path,
+                           std::span<const std::span<const std::byte>> chunks) {
+  if (path.filename().empty()) fail("cannot write '{}': the path names no file", path.string());
+  std::filesystem::path temp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+    temp = temp_path_for(path);
+    fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) {
+    const int error = errno;
+    fail(
+        "cannot write '{}': creating the temporary file '{}' failed: {}. The directory must "
+        "exist and be writable.",
+        path.string(), temp.string(), errno_text(error));
+  }
+  FdGuard guard(fd);
+  for (const std::span<const std::byte> chunk : chunks) {
+    write_all(fd, chunk.data(), chunk.size(), temp, path);
+  }
+  if (::fsync(fd) != 0) {
+    const int error = errno;
+    ::unlink(temp.c_str());
+    fail("cannot write '{}': fsync of the temporary file '{}' failed: {}", path.string(),
+         temp.string(), errno_text(error));
+  }
+  // close() can report a deferred write error (NFS, some full-disk cases): check it.
+  if (::close(guard.release()) != 0) {
+    const int error = errno;
+    ::unlink(temp.c_str());
+    fail("cannot write '{}': closing the temporary file '{}' failed: {}", path.string(),
+         temp.string(), errno_text(error));
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temp.c_str());
+    fail("cannot write '{}': renaming the temporary file '{}' over it failed: {}", path.string(),
+         temp.string(), errno_text(error));
+  }
+  // Make the rename durable. The data is already safe under the new name in the page cache, so
+  // a directory that cannot be opened or fsynced (some network file systems) is reported.
+  std::filesystem::path directory = path.parent_path();
+  if (directory.empty()) directory = ".";
+  const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) {
+    const int error = errno;
+    fail("wrote '{}' but cannot open its directory to fsync it: {}", path.string(),
+         errno_text(error));
+  }
+  FdGuard dir_guard(dir_fd);
+  if (::fsync(dir_fd) != 0 && errno != EINVAL) {
+    const int error = errno;
+    fail("wrote '{}' but fsync of its directory '{}' failed: {}", path.string(), directory.string(),
+         errno_text(error));
+  }
+}
+
+}  // namespace nanoddp::nn

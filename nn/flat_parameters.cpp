@@ -1,0 +1,45 @@
+#include "nanoddp/nn/flat_parameters.h"
+
+#include "nanoddp/kernels/error.h"
+
+namespace nanoddp::nn {
+
+FlatParameters::FlatParameters(const Module& module, Device device) {
+  std::vector<NamedTensor> params = module.named_parameters();
+  if (params.empty()) fail("the model has no parameters to train");
+  std::int64_t total = 0;
+  for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    if (it->tensor.dtype() != DType::kF32) {
+      fail("parameter '{}' is {}; flat parameter buffers hold float32", it->name,
+           dtype_name(it->tensor.dtype()));
+    }
+    slots_.push_back(
+        {.name = it->name, .param = it->tensor, .offset = total, .numel = it->tensor.numel()});
+    total += it->tensor.numel();
+  }
+  values_ = Tensor::empty({total}, device);
+  grads_ = Tensor::zeros({total}, device);
+  for (ParameterSlot& slot : slots_) {
+    Tensor value = values_.view(slot.offset, slot.param.shape());
+    value.copy_from(slot.param);
+    slot.param.set_data(value);
+    slot.param.set_grad(grads_.view(slot.offset, slot.param.shape()));
+    slot.param.set_name(slot.name);
+  }
+}
+
+void FlatParameters::zero_grad() {
+  for (ParameterSlot& slot : slots_) slot.param.zero_grad();
+}
+
+void FlatParameters::materialize_grads() {
+  for (ParameterSlot& slot : slots_) {
+    if (!slot.param.has_grad()) {
+      Tensor grad = grads_.view(slot.offset, slot.param.shape());
+      grad.zero();
+      slot.param.set_grad(grad);
+    }
+  }
+}
+
+}  // namespace nanoddp::nn

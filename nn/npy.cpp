@@ -1,0 +1,358 @@
+#include "nanoddp/nn/npy.h"
+
+#include <bit>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "nanoddp/kernels/error.h"
+#include "nanoddp/nn/file_io.h"
+
+static_assert(std::endian::native == std::endian::little,
+              "the .npy reader and writer assume a little-endian host");
+
+namespace nanoddp::nn {
+namespace {
+
+constexpr std::string_view kMagic = "\x93NUMPY";
+constexpr std::size_t kPreludeV1 = 10;  // magic (6) + version (2) + header length (2)
+constexpr std::size_t kPreludeV2 = 12;  // magic (6) + version (2) + header length (4)
+// numpy aligns the data to 64 bytes so that it can be memory-mapped with any alignment.
+constexpr std::size_t kHeaderAlignment = 64;
+
+std::string format_shape(std::span<const std::int64_t> shape) {
+  if (shape.size() == 1) return fmt::format("({},)", shape[0]);
+  return fmt::format("({})", fmt::join(shape, ", "));
+}
+
+// The header dict's values: strings, booleans and tuples of non-negative integers. This is the
+// subset np.save writes; a tiny recursive-descent parser is safer than searching for substrings.
+struct HeaderValue {
+  enum class Kind { kString, kBool, kTuple, kOther } kind = Kind::kOther;
+  std::string text;
+  bool flag = false;
+  std::vector<std::int64_t> tuple;
+};
+
+class HeaderParser {
+ public:
+  HeaderParser(std::string_view text, std::string_view name) : text_(text), name_(name) {}
+
+  // Returns the three keys np.save writes; unknown keys are an error (a newer format we would
+  // misread).
+  void parse(std::optional<HeaderValue>& descr, std::optional<HeaderValue>& fortran_order,
+             std::optional<HeaderValue>& shape) {
+    expect('{');
+    skip_space();
+    while (peek() != '}') {
+      const std::string key = parse_string();
+      expect(':');
+      HeaderValue value = parse_value();
+      if (key == "descr") {
+        descr = std::move(value);
+      } else if (key == "fortran_order") {
+        fortran_order = std::move(value);
+      } else if (key == "shape") {
+        shape = std::move(value);
+      } else {
+        bad(fmt::format("an unknown key '{}'", key));
+      }
+      skip_space();
+      if (peek() == ',') {
+        ++pos_;
+        skip_space();
+      } else if (peek() != '}') {
+        bad("a missing ',' or '}'");
+      }
+    }
+  }
+
+ private:
+  [[noreturn]] void bad(std::string_view what) const {
+    fail(
+        "'{}' is not a valid .npy file: its header has {} at character {} (header: {}). "
+        "Re-save the array with numpy.save.",
+        name_, what, pos_, text_);
+  }
+  void skip_space() {
+    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+  }
+  char peek() {
+    skip_space();
+    if (pos_ >= text_.size()) bad("an unexpected end");
+    return text_[pos_];
+  }
+  void expect(char c) {
+    if (peek() != c) bad(fmt::format("'{}' where '{}' was expected", text_[pos_], c));
+    ++pos_;
+  }
+  std::string parse_string() {
+    const char quote = peek();
+    if (quote != '\'' && quote != '"') bad("a key that is not a quoted string");
+    ++pos_;
+    const std::size_t end = text_.find(quote, pos_);
+    if (end == std::string_view::npos) bad("an unterminated string");
+    std::string value(text_.substr(pos_, end - pos_));
+    pos_ = end + 1;
+    return value;
+  }
+  std::int64_t parse_int() {
+    skip_space();
+    const std::size_t start = pos_;
+    std::int64_t value = 0;
+    while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) {
+      if (value > (INT64_MAX - 9) / 10) bad("a dimension too large");
+      value = value * 10 + (text_[pos_] - '0');
+      ++pos_;
+    }
+    // Python 2 era files may write long integers as "3L".
+    if (pos_ < text_.size() && text_[pos_] == 'L') ++pos_;
+    if (pos_ == start) bad("a shape entry that is not a non-negative integer");
+    return value;
+  }
+  HeaderValue parse_value() {
+    HeaderValue value;
+    const char c = peek();
+    if (c == '\'' || c == '"') {
+      value.kind = HeaderValue::Kind::kString;
+      value.text = parse_string();
+    } else if (text_.substr(pos_, 4) == "True") {
+      value.kind = HeaderValue::Kind::kBool;
+      value.flag = true;
+      pos_ += 4;
+    } else if (text_.substr(pos_, 5) == "False") {
+      value.kind = HeaderValue::Kind::kBool;
+      pos_ += 5;
+    } else if (c == '(') {
+      value.kind = HeaderValue::Kind::kTuple;
+      ++pos_;
+      while (peek() != ')') {
+        value.tuple.push_back(parse_int());
+        if (peek() == ',') {
+          ++pos_;
+        } else if (peek() != ')') {
+          bad("a malformed shape tuple");
+        }
+      }
+      ++pos_;
+    } else {
+      // A structured dtype's list of fields, or something else we do not read: record its text.
+      value.kind = HeaderValue::Kind::kOther;
+      int depth = 0;
+      const std::size_t start = pos_;
+      while (pos_ < text_.size()) {
+        const char d = text_[pos_];
+        if (d == '[' || d == '(' || d == '{') ++depth;
+        if (d == ']' || d == ')' || d == '}') {
+          if (depth == 0) break;
+          --depth;
+        }
+        if (d == ',' && depth == 0) break;
+        ++pos_;
+      }
+      value.text = std::string(text_.substr(start, pos_ - start));
+    }
+    return value;
+  }
+
+  std::string_view text_;
+  std::string_view name_;
+  std::size_t pos_ = 0;
+};
+
+std::uint32_t read_le(const std::byte* p, int bytes) {
+  std::uint32_t value = 0;
+  for (int i = bytes - 1; i >= 0; --i) value = (value << 8) | std::to_integer<std::uint32_t>(p[i]);
+  return value;
+}
+
+}  // namespace
+
+std::int64_t NpyArray::numel() const {
+  return shape_numel_checked(shape);
+}
+
+NpyArray read_npy(const std::filesystem::path& path) {
+  const std::vector<std::byte> bytes = read_file_bytes(path);
+  return parse_npy(bytes, path.string());
+}
+
+NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view name) {
+  if (bytes.size() < kMagic.size() ||
+      std::memcmp(bytes.data(), kMagic.data(), kMagic.size()) != 0) {
+    fail(
+        "'{}' is not a .npy file: it does not start with the magic bytes \\x93NUMPY ({} bytes "
+        "long). Write it with numpy.save (not numpy.savez, pickle or text).",
+        name, bytes.size());
+  }
+  if (bytes.size() < kPreludeV1) {
+    fail("'{}' is truncated: it ends inside the .npy prelude ({} of at least {} bytes)", name,
+         bytes.size(), kPreludeV1);
+  }
+  const int major = std::to_integer<int>(bytes[6]);
+  const int minor = std::to_integer<int>(bytes[7]);
+  if (minor != 0 || major < 1 || major > 3) {
+    fail("'{}' has .npy format version {}.{}; versions 1.0, 2.0 and 3.0 are supported", name, major,
+         minor);
+  }
+  const std::size_t prelude = major == 1 ? kPreludeV1 : kPreludeV2;
+  if (bytes.size() < prelude) {
+    fail("'{}' is truncated: it ends inside the .npy prelude ({} of {} bytes)", name, bytes.size(),
+         prelude);
+  }
+  const std::size_t header_length = read_le(bytes.data() + 8, major == 1 ? 2 : 4);
+  if (bytes.size() < prelude + header_length) {
+    fail(
+        "'{}' is truncated: its header says it is {} bytes long but only {} bytes follow the "
+        "prelude",
+        name, header_length, bytes.size() - prelude);
+  }
+  const std::string_view header(reinterpret_cast<const char*>(bytes.data()) + prelude,
+                                header_length);
+
+  std::optional<HeaderValue> descr, fortran_order, shape_value;
+  HeaderParser(header, name).parse(descr, fortran_order, shape_value);
+  if (!descr || !fortran_order || !shape_value) {
+    fail("'{}' is not a valid .npy file: its header lacks '{}' (header: {})", name,
+         !descr           ? "descr"
+         : !fortran_order ? "fortran_order"
+                          : "shape",
+         header);
+  }
+  if (descr->kind != HeaderValue::Kind::kString) {
+    fail(
+        "'{}' has the structured dtype {}; only float32 ('<f4') and float64 ('<f8') arrays, "
+        "little-endian and in C order, are supported",
+        name, descr->text);
+  }
+  if (descr->text != "<f4" && descr->text != "<f8") {
+    std::string hint;
+    if (descr->text.size() > 1 && descr->text[0] == '>') {
+      hint = " (big-endian; convert with arr.astype('<f4'))";
+    } else if (descr->text.size() > 1 && descr->text[1] != 'f') {
+      hint = " (not floating point; convert with arr.astype(numpy.float32))";
+    }
+    fail(
+        "'{}' has the unsupported dtype '{}'{}; only little-endian float32 ('<f4') and float64 "
+        "('<f8') arrays in C order are supported",
+        name, descr->text, hint);
+  }
+  if (fortran_order->kind != HeaderValue::Kind::kBool || fortran_order->flag) {
+    fail(
+        "'{}' is stored in Fortran (column-major) order; only C order is supported. Save it "
+        "with numpy.save(path, numpy.ascontiguousarray(arr)).",
+        name);
+  }
+  if (shape_value->kind != HeaderValue::Kind::kTuple) {
+    fail("'{}' is not a valid .npy file: its shape '{}' is not a tuple", name, shape_value->text);
+  }
+
+  NpyArray array;
+  array.shape = shape_value->tuple;
+  const std::size_t item_size = descr->text == "<f4" ? 4 : 8;
+  const std::size_t available = bytes.size() - prelude - header_length;
+  std::size_t count = 1;
+  bool overflow = false;
+  for (const std::int64_t d : array.shape) {
+    overflow = overflow || __builtin_mul_overflow(count, static_cast<std::size_t>(d), &count);
+  }
+  std::size_t needed = 0;
+  overflow = overflow || __builtin_mul_overflow(count, item_size, &needed);
+  if (overflow || needed != available) {
+    const bool truncated = overflow || needed > available;
+    fail(
+        "'{}' is {}: its shape {} of '{}' needs {} data bytes but the file has {} after the "
+        "header{}",
+        name, truncated ? "truncated" : "longer than its header says", format_shape(array.shape),
+        descr->text, overflow ? std::string("more than 2^64") : std::to_string(needed), available,
+        truncated ? " (an interrupted copy or download?)" : "");
+  }
+  array.data.resize(count);
+  const std::byte* data = bytes.data() + prelude + header_length;
+  if (count == 0) {
+    // Nothing to copy (and an empty vector's data() may be null, which memcpy must not get).
+  } else if (item_size == 4) {
+    std::memcpy(array.data.data(), data, count * 4);
+  } else {
+    for (std::size_t i = 0; i < count; ++i) {
+      double value;
+      std::memcpy(&value, data + i * 8, 8);
+      array.data[i] = static_cast<float>(value);
+    }
+  }
+  return array;
+}
+
+NpyArray read_npy_matrix(const std::filesystem::path& path) {
+  NpyArray array = read_npy(path);
+  if (array.shape.size() != 2) {
+    fail(
+        "'{}' holds a {}-D array of shape {}; a 2-D array (samples x features) is expected. "
+        "Reshape it with arr.reshape(len(arr), -1) before saving.",
+        path.string(), array.shape.size(), format_shape(array.shape));
+  }
+  return array;
+}
+
+void check_finite(const NpyArray& array, const std::filesystem::path& path) {
+  std::size_t first = array.data.size();
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < array.data.size(); ++i) {
+    if (!std::isfinite(array.data[i])) {
+      if (bad++ == 0) first = i;
+    }
+  }
+  if (bad == 0) return;
+  // Unravel the flat index into one index per dimension (C order).
+  std::vector<std::int64_t> index(array.shape.size());
+  std::size_t rest = first;
+  for (std::size_t d = array.shape.size(); d-- > 0;) {
+    const auto extent = static_cast<std::size_t>(array.shape[d]);
+    index[d] = static_cast<std::int64_t>(rest % extent);
+    rest /= extent;
+  }
+  const std::string where = index.size() == 2 ? fmt::format("row {}, column {}", index[0], index[1])
+                                              : fmt::format("index ({})", fmt::join(index, ", "));
+  fail(
+      "'{}' contains {} non-finite value(s): the first is {} at {} (counting from 0). Clean the "
+      "data (e.g. numpy.nan_to_num or drop those rows) before training.",
+      path.string(), bad, array.data[first], where);
+}
+
+void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,
+               const float* data) {
+  std::size_t count = 1;
+  for (const std::int64_t d : shape) {
+    if (d < 0)
+      fail("cannot write '{}': the shape {} has a negative dimension", path.string(),
+           format_shape(shape));
+    count *= static_cast<std::size_t>(d);
+  }
+  if (count > 0 && data == nullptr) {
+    fail("cannot write '{}': no data pointer for {} elements", path.string(), count);
+  }
+  std::string header =
+      fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': {}, }}", format_shape(shape));
+  // Pad with spaces so that prelude + header (ending in '\n') is a multiple of 64.
+  const std::size_t prelude = header.size() + 1 + kPreludeV1 > 65535 ? kPreludeV2 : kPreludeV1;
+  const std::size_t unpadded = prelude + header.size() + 1;
+  header.append((kHeaderAlignment - unpadded % kHeaderAlignment) % kHeaderAlignment, ' ');
+  header.push_back('\n');
+
+  std::string head(kMagic);
+  head.push_back(static_cast<char>(prelude == kPreludeV1 ? 1 : 2));
+  head.push_back(0);
+  const std::size_t length = header.size();
+  for (std::size_t i = 0; i < prelude - 8; ++i)
+    head.push_back(static_cast<char>(length >> (8 * i)));
+  head += header;
+
+  const std::span<const std::byte> chunks[] = {std::as_bytes(std::span<const char>(head)),
+                                               std::as_bytes(std::span<const float>(data, count))};
+  write_file_atomically(path, chunks);
+}
+
+}  // namespace nanoddp::nn

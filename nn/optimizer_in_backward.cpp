@@ -1,0 +1,84 @@
+#include "nanoddp/nn/optimizer_in_backward.h"
+
+#include <algorithm>
+
+#include "nanoddp/engine/backend.h"
+#include "nanoddp/kernels/error.h"
+#include "nanoddp/engine/trace.h"
+
+namespace nanoddp::nn {
+
+OptimizerInBackward::OptimizerInBackward(Optimizer& optimizer, FlatParameters& params,
+                                         const OptimizerInBackwardOptions& options)
+    : optimizer_(optimizer),
+      params_(params),
+      updated_(params.slots().size(), false),
+      nonfinite_(
+          Tensor::zeros({static_cast<std::int64_t>(params.slots().size())}, params.device())) {
+  alive_ = std::make_shared<OptimizerInBackward*>(this);
+  if (!options.hook_parameters) return;
+  for (std::size_t i = 0; i < params_.slots().size(); ++i) {
+    Tensor param = params_.slots()[i].param;
+    std::weak_ptr<OptimizerInBackward*> weak = alive_;
+    // Autograd runs this hook after the last backward node that uses the parameter has
+    // finished, so nothing in this backward pass reads the old value any more: updating it in
+    // place is safe (a Linear's input gradient, which reads the weight, is computed in the same
+    // node as its weight gradient).
+    param.register_post_accumulate_grad_hook([weak, i](Tensor&) {
+      if (auto self = weak.lock()) (*self)->update_slot(i);
+    });
+  }
+}
+
+void OptimizerInBackward::arm() {
+  NANODDP_CHECK(!armed_, "OptimizerInBackward::arm() twice without finish()");
+  std::fill(updated_.begin(), updated_.end(), false);
+  nonfinite_.zero();
+  optimizer_.begin_step();
+  armed_ = true;
+}
+
+void OptimizerInBackward::update_slot(std::size_t slot) {
+  const ParameterSlot& s = params_.slots()[slot];
+  update_range(s.offset, s.numel, std::span<const std::size_t>(&slot, 1));
+}
+
+void OptimizerInBackward::update_range(std::int64_t offset, std::int64_t numel,
+                                       std::span<const std::size_t> slots) {
+  if (!armed_) return;
+  for (const std::size_t slot : slots) {
+    NANODDP_CHECK(!updated_[slot], "parameter '{}' updated twice in one optimizer step",
+                  params_.slots()[slot].name);
+    updated_[slot] = true;
+  }
+  if (slots.empty()) return;
+  TraceSpan span("optimizer update", TraceTrack::kCompute, params_.device());
+  backend_for(params_.device())
+      .count_nonfinite(params_.grads().data() + offset, numel,
+                       nonfinite_.data() + static_cast<std::int64_t>(slots.front()));
+  optimizer_.update(offset, numel);
+}
+
+std::size_t OptimizerInBackward::finish() {
+  NANODDP_CHECK(armed_, "OptimizerInBackward::finish() without arm()");
+  // Zero-fills exactly the gradients no backward wrote (the ones not updated yet, unless a
+  // parameter was updated without a gradient, which update_range's callers never do).
+  params_.materialize_grads();
+  std::size_t late = 0;
+  for (std::size_t i = 0; i < updated_.size(); ++i) {
+    if (updated_[i]) continue;
+    update_slot(i);
+    ++late;
+  }
+  armed_ = false;
+  return late;
+}
+
+std::int64_t OptimizerInBackward::nonfinite_gradients() const {
+  // Each count is exact in a float; their sum is taken in double on the host.
+  double total = 0;
+  for (const float count : nonfinite_.to_vector()) total += count;
+  return static_cast<std::int64_t>(total);
+}
+
+}  // namespace nanoddp::nn

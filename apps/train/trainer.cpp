@@ -1,13 +1,12 @@
 #include "trainer.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
 #include <algorithm>
-
 #include <cerrno>
 #include <charconv>
 #include <chrono>

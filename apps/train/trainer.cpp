@@ -230,7 +230,11 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
   // so the other ranks need not see the file. A checkpoint found by --resume comes after it.
   if (!o_.init_path.empty() && is_main()) {
     check_init_model();
-    nn::load_parameters(o_.init_path, *model_);
+    try {
+      nn::load_parameters(o_.init_path, *model_);
+    } catch (const Error& e) {
+      fail("--init: {}", e.what());  // the loader names the file; say which flag gave it
+    }
     fmt::print("init: parameters from {}\n", o_.init_path);
   }
   if (o_.resume) resume();

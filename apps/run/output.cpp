@@ -4,7 +4,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <set>
 #include <string>
 
 namespace nanoddp::run {
@@ -54,21 +53,14 @@ void LineSink::emit(std::string_view line) {
   out.reserve(prefix_.size() + line.size() + 1);
   out.append(prefix_).append(line).push_back('\n');
   write_all(out_fd_, out);
-  if (log_fd_ < 0) return;
-  // A rank's stdout and stderr sinks share its log: the first failure stops both.
-  static std::set<std::string> failed_logs;
-  if (failed_logs.count(log_name_) > 0) {
-    log_fd_ = -1;
-    return;
-  }
+  if (log_fd_ < 0 || *log_failed_) return;
   if (const int error = write_all(log_fd_, std::string_view(out).substr(prefix_.size()))) {
     // Said once per file; the launcher goes on supervising (and printing) the workers.
-    failed_logs.insert(log_name_);
+    *log_failed_ = true;
     write_all(STDERR_FILENO, "nanoddp-run: warning: writing '" + log_name_ + "' failed (" +
                                  std::strerror(error) +
                                  "): its last line is missing or cut short and no more lines "
                                  "are written there\n");
-    log_fd_ = -1;
   }
 }
 

@@ -5,6 +5,7 @@
 // interleave mid-line, however the workers' writes were split by the pipes.
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25,12 +26,15 @@ class LineSink {
 
   // `log_fd` < 0: no log file. Otherwise lines are also written there, without the prefix. When
   // a write there fails (a full disk), one warning naming `log_name` goes to stderr and the
-  // log gets no more lines (a line cut short would look complete).
-  LineSink(int out_fd, std::string prefix, int log_fd = -1, std::string log_name = {})
+  // log gets no more lines (a line cut short would look complete). Sinks sharing one log (a
+  // rank's stdout and stderr) share `log_failed`, so that the warning comes once.
+  LineSink(int out_fd, std::string prefix, int log_fd = -1, std::string log_name = {},
+           std::shared_ptr<bool> log_failed = std::make_shared<bool>(false))
       : out_fd_(out_fd),
         prefix_(std::move(prefix)),
         log_fd_(log_fd),
-        log_name_(std::move(log_name)) {}
+        log_name_(std::move(log_name)),
+        log_failed_(std::move(log_failed)) {}
 
   void feed(std::string_view bytes);
   // Writes a final line that did not end with a newline (adding one). Call when the pipe closed.
@@ -43,6 +47,7 @@ class LineSink {
   std::string prefix_;
   int log_fd_;
   std::string log_name_;
+  std::shared_ptr<bool> log_failed_;
   std::string partial_;  // bytes after the last newline seen
 };
 

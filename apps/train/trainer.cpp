@@ -1,16 +1,20 @@
 #include "trainer.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "nanoddp/comm/consistency.h"
@@ -21,6 +25,7 @@
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/kernels/cpu/kernels.h"
 #include "nanoddp/nn/checkpoint.h"
+#include "nanoddp/nn/file_io.h"
 #include "nanoddp/nn/safetensors.h"
 
 namespace nanoddp::train {
@@ -38,21 +43,88 @@ std::string format_duration(double seconds) {
   return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
 }
 
-// Creates `dir` if needed and writes (then removes) a small file in it. `flag` names the option
-// in the message.
+// Creates `dir` if needed and creates (then removes) a small file in it: O_EXCL, so an existing
+// file of that name is never touched. `flag` names the option in the message.
 void check_dir_writable(const std::string& flag, const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) fail("{} '{}' cannot be created: {}", flag, dir, ec.message());
-  const std::filesystem::path probe =
-      std::filesystem::path(dir) / fmt::format(".nanoddp-write-test.{}", ::getpid());
-  {
-    std::ofstream out(probe, std::ios::trunc);
-    out << "x";
-    out.close();
-    if (!out) fail("{} '{}' is not writable (cannot create '{}')", flag, dir, probe.string());
+  if (!std::filesystem::is_directory(dir, ec)) {
+    fail("{} '{}' is not a folder (it is a file); name a folder", flag, dir);
   }
-  std::filesystem::remove(probe, ec);
+  for (int k = 0;; ++k) {
+    const std::filesystem::path probe =
+        std::filesystem::path(dir) / fmt::format(".nanoddp-write-test.{}.{}", ::getpid(), k);
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == EEXIST && k < 100) continue;
+    if (fd < 0) {
+      fail("{} '{}' is not writable (cannot create '{}': {})", flag, dir, probe.string(),
+           std::strerror(errno));
+    }
+    ::close(fd);
+    ::unlink(probe.c_str());
+    return;
+  }
+}
+
+// An output FILE given by `flag`, checked before step 1 instead of failing after the last one:
+// it must name a file (not a folder, no trailing '/'), its folder must be writable (a probe file
+// is created and removed there), and an existing file there must be writable.
+void check_output_file(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  if (path.ends_with('/') || std::filesystem::is_directory(path, ec)) {
+    fail("{} '{}' names a folder; give a file name (e.g. '{}')", flag, path,
+         (std::filesystem::path(path) / "out").lexically_normal().string());
+  }
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  check_dir_writable(fmt::format("the folder of {}", flag),
+                     folder.empty() ? std::string(".") : folder.string());
+  if (std::filesystem::exists(path, ec)) {
+    // Opened without O_TRUNC and closed at once: the existing contents are kept.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd < 0) fail("{} '{}' exists and is not writable: {}", flag, path, std::strerror(errno));
+    ::close(fd);
+  }
+}
+
+// The settings of nn::Mlp::describe(), "MLP(in=4, out=2, hidden=8, ...)", as key -> value.
+std::map<std::string, std::string> model_settings(const std::string& description) {
+  std::map<std::string, std::string> settings;
+  const auto open = description.find('('), close = description.rfind(')');
+  if (open == std::string::npos || close == std::string::npos || close < open) return settings;
+  std::string_view rest = std::string_view(description).substr(open + 1, close - open - 1);
+  while (!rest.empty()) {
+    const auto comma = rest.find(", ");
+    const std::string_view item = rest.substr(0, comma);
+    if (const auto eq = item.find('='); eq != std::string_view::npos) {
+      settings.emplace(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
+    }
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 2);
+  }
+  return settings;
+}
+
+// "" when `recorded` (the model a file was saved from) computes what `current` does; otherwise
+// every setting that differs, with the flag that sets it.
+std::string model_difference(const std::string& recorded, const std::string& current) {
+  if (recorded == current) return {};
+  static const std::map<std::string, std::string> kFlags = {{"in", "--in, or --data's columns"},
+                                                            {"out", "--out, or --targets' columns"},
+                                                            {"hidden", "--hidden"},
+                                                            {"layers", "--layers"},
+                                                            {"activation", "--activation"}};
+  const auto then = model_settings(recorded), now = model_settings(current);
+  std::vector<std::string> parts;
+  for (const auto& [key, value] : now) {
+    const auto it = then.find(key);
+    if (it == then.end() || it->second == value) continue;  // not recorded, or the same
+    const std::string& before = it->second;
+    const auto flag = kFlags.find(key);
+    parts.push_back(fmt::format("{} {} there, {} in this run ({})", key, before, value,
+                                flag == kFlags.end() ? key : flag->second));
+  }
+  if (parts.empty()) parts.push_back(fmt::format("{} there, {} in this run", recorded, current));
+  return fmt::format("{}", fmt::join(parts, "; "));
 }
 
 }  // namespace
@@ -81,16 +153,13 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
                                                              : GemmBackend::kHand);
   kernels::cpu::set_gemm_threads(o_.threads);
 
-  // Rank 0 writes the checkpoints: find out now, not after hours of training, that it cannot.
+  // Rank 0 writes every output: find out now, not after hours of training, that it cannot.
   // (Before the process group: a launcher then stops the other ranks at once.)
-  if (o_.checkpoint_every > 0 && world_.rank == 0) {
-    check_dir_writable("--checkpoint-dir", o_.checkpoint_dir);
-  }
-  // The same for --save's folder: the parameters are written only after the last step.
-  if (!o_.save_path.empty() && world_.rank == 0) {
-    const std::filesystem::path folder = std::filesystem::path(o_.save_path).parent_path();
-    check_dir_writable("the folder of --save", folder.empty() ? std::string(".") : folder.string());
-  }
+  if (world_.rank == 0) check_output_paths();
+  // Which run writes the checkpoints (a resumed run takes over the id it resumed): housekeeping
+  // removes only this run's.
+  run_id_ = fmt::format("{}-{}-{}", nn::this_host(), ::getpid(),
+                        std::chrono::system_clock::now().time_since_epoch().count());
 
   if (distributed_) {
     dist_.emplace(comm::init_distributed(
@@ -101,7 +170,7 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
   }
 
   if (!o_.data_path.empty()) {
-    dataset_ = std::make_unique<nn::NpyDataset>(o_.data_path, o_.targets_path);
+    load_npy_dataset();
   } else {
     dataset_ = std::make_unique<nn::SyntheticRegression>(
         nn::SyntheticRegressionOptions{.in_features = o_.in_features,
@@ -111,6 +180,7 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
                                        .noise_std = o_.noise_std,
                                        .teacher_hidden = o_.teacher_hidden});
   }
+  if (distributed_) check_same_inputs();
   model_ =
       std::make_unique<nn::Mlp>(nn::MlpOptions{.in_features = dataset_->in_features(),
                                                .out_features = dataset_->out_features(),
@@ -159,25 +229,15 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
   // A given starting point: rank 0 reads it; DDP's constructor broadcasts rank 0's parameters,
   // so the other ranks need not see the file. A checkpoint found by --resume comes after it.
   if (!o_.init_path.empty() && is_main()) {
-    nn::load_parameters(o_.init_path, *model_);
+    check_init_model();
+    try {
+      nn::load_parameters(o_.init_path, *model_);
+    } catch (const Error& e) {
+      fail("--init: {}", e.what());  // the loader names the file; say which flag gave it
+    }
     fmt::print("init: parameters from {}\n", o_.init_path);
   }
-  if (o_.resume) {
-    resume();
-  } else if (is_main() && !o_.checkpoint_dir.empty()) {
-    // A reused folder: this run's checkpoints go beside the earlier run's, which are left alone
-    // (pruning only removes this run's earlier steps), but a later --resume takes the highest
-    // step, whichever run wrote it.
-    const std::vector<std::string> earlier = nn::list_checkpoints(o_.checkpoint_dir);
-    if (!earlier.empty()) {
-      fmt::print(stderr,
-                 "nanoddp-train: warning: --checkpoint-dir {} already holds {} checkpoint(s) of "
-                 "an earlier run (newest: {}); without --resume this run starts from step 0 and "
-                 "writes its own beside them. A later --resume takes the newest step of either "
-                 "run: pass --resume to continue the earlier run, or use an empty folder.\n",
-                 o_.checkpoint_dir, earlier.size(), earlier.back());
-    }
-  }
+  if (o_.resume) resume();
 
   if (distributed_) {
     ddp_ = std::make_unique<comm::DistributedDataParallel>(
@@ -217,8 +277,10 @@ void Trainer::check_same_settings() {
       fmt::format("--batch {}", o_.batch),
       fmt::format("--grad-accum {}", o_.grad_accum),
       fmt::format("--steps {} --epochs {}", o_.steps.value_or(0), o_.epochs.value_or(0)),
-      fmt::format("--dataset-size {} --data {} --targets {}", o_.dataset_size, o_.data_path,
-                  o_.targets_path),
+      // Not --data's path: the same file may be mounted at other paths on other nodes, and the
+      // same path may name other files. check_same_inputs() compares the contents.
+      fmt::format("--dataset-size {} --data given {}", o_.dataset_size, !o_.data_path.empty()),
+      fmt::format("--init given {}", !o_.init_path.empty()),
       // They define the synthetic samples: other values on one rank mean other data, silently.
       fmt::format("--noise {} --teacher-hidden {}", o_.noise_std, o_.teacher_hidden),
       fmt::format("--optimizer {} --lr {} --momentum {} --weight-decay {}", o_.optimizer, o_.lr,
@@ -232,6 +294,123 @@ void Trainer::check_same_settings() {
   };
   comm::check_same_on_all_ranks(*dist_->store, rank_, world_size_, "train/settings",
                                 "command-line setting", settings);
+}
+
+// Every output path, checked by rank 0 (which writes them all) before the process group.
+void Trainer::check_output_paths() const {
+  std::error_code ec;
+  if (!o_.checkpoint_dir.empty() && std::filesystem::exists(o_.checkpoint_dir, ec) &&
+      !std::filesystem::is_directory(o_.checkpoint_dir, ec)) {
+    // With --resume this used to find "no checkpoint" and train from step 0, silently.
+    fail("--checkpoint-dir '{}' is a file, not a folder: name the folder of the checkpoints",
+         o_.checkpoint_dir);
+  }
+  if (o_.checkpoint_every > 0) {
+    check_dir_writable("--checkpoint-dir", o_.checkpoint_dir);
+    // Another run's checkpoints: this run would write beside them (a later --resume takes the
+    // newest of either run) and could meet one of the same step. Refused rather than guessed.
+    const std::vector<std::string> earlier = nn::list_checkpoints(o_.checkpoint_dir);
+    if (!o_.resume && !earlier.empty()) {
+      fail(
+          "--checkpoint-dir '{}' already holds {} checkpoint(s) of an earlier run (newest: {}). "
+          "Pass --resume to continue that run, or use an empty folder (or remove them) to start "
+          "a new one",
+          o_.checkpoint_dir, earlier.size(), earlier.back());
+    }
+  }
+  if (!o_.save_path.empty()) check_output_file("--save", o_.save_path);
+  if (!o_.trace_path.empty()) check_output_file("--trace", o_.trace_path);
+  if (!o_.metrics_path.empty()) check_output_file("--metrics", o_.metrics_path);
+}
+
+void Trainer::load_npy_dataset() {
+  try {
+    dataset_ = std::make_unique<nn::NpyDataset>(o_.data_path, o_.targets_path);
+  } catch (const Error& e) {
+    // The reader names the file; say which flag gave it.
+    const std::string what = e.what();
+    const bool data = what.find(o_.data_path) != std::string::npos;
+    const bool targets = what.find(o_.targets_path) != std::string::npos;
+    fail("{}: {}",
+         data && !targets   ? "--data"
+         : !data && targets ? "--targets"
+                            : "--data/--targets",
+         what);
+  }
+}
+
+namespace {
+
+// What a rank loaded from `path`, for comparing with the other ranks: its size and a checksum of
+// its bytes, or why it could not be read (so that the rank takes part in the comparison and
+// every rank fails together instead of one failing alone and the others waiting).
+std::string file_fingerprint(const std::string& path) {
+  try {
+    return fmt::format("{} bytes, checksum {}", std::filesystem::file_size(path),
+                       nn::checksum_hex(nn::file_checksum(path)));
+  } catch (const std::exception& e) {
+    return fmt::format("unreadable ({})", e.what());
+  }
+}
+
+}  // namespace
+
+// The ranks must load the same bytes, not merely the same path: two nodes' copies of a file can
+// differ, and one path can name other files on other nodes. Each rank checksums what it read.
+void Trainer::check_same_inputs() {
+  std::vector<std::string> items;
+  std::vector<std::string> paths;
+  const auto add = [&](const std::string& flag, const std::string& path) {
+    items.push_back(fmt::format("{}: {}", flag, file_fingerprint(path)));
+    paths.push_back(fmt::format("{} '{}'", flag, path));
+  };
+  if (!o_.data_path.empty()) {
+    items.push_back(fmt::format("--data/--targets shape: {} samples x {} -> {}", dataset_->size(),
+                                dataset_->in_features(), dataset_->out_features()));
+    paths.push_back("--data/--targets");
+    add("--data", o_.data_path);
+    add("--targets", o_.targets_path);
+  }
+  if (!o_.init_path.empty()) add("--init", o_.init_path);
+  check_same_files("train/inputs", items, paths);
+}
+
+void Trainer::check_same_files(const std::string& key, const std::vector<std::string>& items,
+                               const std::vector<std::string>& paths) {
+  try {
+    comm::check_same_on_all_ranks(*dist_->store, rank_, world_size_, key, "input file", items);
+  } catch (const Error& e) {
+    // Name this rank's file of the item that differs, as every rank may have another path.
+    const std::string what = e.what();
+    std::string here;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (what.find(fmt::format("#{} ", i)) != std::string::npos) here = paths[i];
+    }
+    fail("{}{}", what, here.empty() ? "" : fmt::format(" This rank read {}.", here));
+  }
+}
+
+// An --init file written by nanoddp-train --save records the model it came from: another
+// activation (the one setting the tensors' shapes do not show) computes another function.
+void Trainer::check_init_model() const {
+  const nn::SafetensorsMetadata metadata = nn::read_safetensors_metadata(o_.init_path);
+  std::string recorded;
+  if (const auto model = metadata.find("model"); model != metadata.end()) {
+    recorded = model->second;
+  } else if (const auto act = metadata.find("activation"); act != metadata.end()) {
+    // Written before "model" was recorded: the activation is all there is to compare.
+    recorded = fmt::format("MLP(activation={})", act->second);
+    const std::string current = fmt::format("MLP(activation={})", o_.activation);
+    if (recorded == current) return;
+    fail("--init '{}' was saved from another model: {}", o_.init_path,
+         model_difference(recorded, current));
+  } else {
+    return;  // not nanoddp's (PyTorch's state_dict): the shapes are all that can be checked
+  }
+  const std::string difference = model_difference(recorded, model_->describe());
+  if (!difference.empty()) {
+    fail("--init '{}' was saved from another model: {}", o_.init_path, difference);
+  }
 }
 
 void Trainer::resume() {
@@ -252,7 +431,21 @@ void Trainer::resume() {
       fmt::print("resume: no checkpoint in {}, starting from step 0\n", o_.checkpoint_dir);
     return;
   }
+  // Every rank reads the file at that path: on several nodes it may be another file (or none).
+  if (distributed_) {
+    check_same_files("train/resume-file", {fmt::format("--resume: {}", file_fingerprint(path))},
+                     {fmt::format("the checkpoint '{}'", path)});
+  }
   const nn::TrainingState state = nn::load_checkpoint(path, *model_, *optimizer_);
+  run_id_ = state.run_id;  // this run continues that one: its checkpoints are ours to prune
+  // The shapes are checked by the loader; the activation is not visible in them.
+  if (const auto model = state.info.find("model"); model != state.info.end()) {
+    const std::string difference = model_difference(model->second, model_->describe());
+    if (!difference.empty()) {
+      fail("checkpoint '{}' was saved from another model: {}. Resume with the same model", path,
+           difference);
+    }
+  }
   const std::int64_t global_batch = world_size_ * o_.batch * o_.grad_accum;
   if (state.epoch_samples % global_batch != 0) {
     fail(
@@ -586,9 +779,22 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) 
           w.comm_ms > 0 ? std::clamp(1.0 - w.exposed_comm_ms / w.comm_ms, 0.0, 1.0) : 0.0;
     }
     if (o_.skip_nonfinite) line["skipped_steps"] = skipped_steps_;
-    metrics_ << line.dump() << "\n";
-    metrics_.flush();
+    write_metrics_line(line.dump());
   }
+}
+
+void Trainer::write_metrics_line(const std::string& line) {
+  metrics_ << line << "\n";
+  metrics_.flush();
+  if (metrics_) return;
+  // A full disk (or a vanished file system) used to truncate the file silently. Training goes
+  // on, as its checkpoints and output do not depend on the metrics; said once, on stderr.
+  fmt::print(stderr,
+             "nanoddp-train: warning: writing --metrics file '{}' failed ({}); its last lines are "
+             "missing and no more are written\n",
+             o_.metrics_path, errno != 0 ? std::strerror(errno) : "unknown error");
+  std::fflush(stderr);
+  metrics_.close();
 }
 
 void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch) {
@@ -597,6 +803,7 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
                           .epoch = epoch,
                           .epoch_samples = step_in_epoch * world_size_ * o_.batch * o_.grad_accum,
                           .seed = o_.seed,
+                          .run_id = run_id_,
                           .info = {{"model", model_->describe()},
                                    {"data", data_description()},
                                    {"world_size", std::to_string(world_size_)},
@@ -617,12 +824,28 @@ void Trainer::write_trace() {
   if (!distributed_) {
     Tracer::write_file(o_.trace_path, {tracer_->events_json()});
   } else {
-    // Every rank hands its events to rank 0 through the store; rank 0 writes one file.
-    dist_->store->set(fmt::format("train/trace/{}", rank_), tracer_->events_json());
+    // Every rank hands its events to rank 0 through the store, in pieces far below the store's
+    // value limit (a long trace exceeded it: the job failed after training); rank 0 takes each
+    // piece and removes it, then writes one file.
+    constexpr std::size_t kPiece = 4u << 20;
+    const std::string events = tracer_->events_json();
+    const std::size_t pieces = (events.size() + kPiece - 1) / kPiece;
+    for (std::size_t k = 0; k < pieces; ++k) {
+      dist_->store->set(fmt::format("train/trace/{}/{}", rank_, k),
+                        events.substr(k * kPiece, kPiece));
+    }
+    dist_->store->set(fmt::format("train/trace/{}/pieces", rank_), std::to_string(pieces));
     if (is_main()) {
       std::vector<std::string> all;
       for (int r = 0; r < world_size_; ++r) {
-        all.push_back(dist_->store->get_string(fmt::format("train/trace/{}", r)));
+        const std::string count = dist_->store->get_string(fmt::format("train/trace/{}/pieces", r));
+        std::string text;
+        for (std::size_t k = 0; k < std::stoull(count); ++k) {
+          const std::string key = fmt::format("train/trace/{}/{}", r, k);
+          text += dist_->store->get_string(key);
+          dist_->store->remove(key);
+        }
+        all.push_back(std::move(text));
       }
       Tracer::write_file(o_.trace_path, all);
     }
@@ -688,7 +911,8 @@ int Trainer::run() {
                            {"step", std::to_string(steps_)},
                            {"seed", std::to_string(o_.seed)},
                            {"world_size", std::to_string(world_size_)},
-                           {"activation", o_.activation}});
+                           {"activation", o_.activation},
+                           {"model", model_->describe()}});
   }
   write_trace();
   if (is_main()) {

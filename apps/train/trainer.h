@@ -62,6 +62,16 @@ class Trainer {
   void resume();
   void write_trace();
   void check_same_settings();
+  // Input checks of issue #13, each before step 1: outputs writable (rank 0), the ranks' input
+  // files identical (by content), an --init file of the same model.
+  void check_output_paths() const;
+  void load_npy_dataset();
+  void check_same_inputs();
+  void check_same_files(const std::string& key, const std::vector<std::string>& items,
+                        const std::vector<std::string>& paths);
+  void check_init_model() const;
+  // A failed --metrics write: one warning naming the file, then no more metrics lines.
+  void write_metrics_line(const std::string& line);
 
   TrainOptions o_;
   comm::WorldInfo world_;
@@ -93,6 +103,7 @@ class Trainer {
   std::int64_t start_step_ = 0;  // steps already done (resume)
   std::int64_t sampler_epoch_ = -1;
   std::int64_t skipped_steps_ = 0;  // optimizer steps skipped for NaN/Inf (--skip-nonfinite)
+  std::string run_id_;              // recorded in checkpoints: see nn::TrainingState::run_id
 
   // The current micro-batch: host staging buffers (CUDA) and the device tensors.
   std::vector<float> x_host_, y_host_;

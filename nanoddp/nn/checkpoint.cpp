@@ -207,6 +207,7 @@ void load_parameters(const std::string& path, Module& model) {
         unexpected.empty() ? "" : fmt::format("not in the model {}", fmt::join(unexpected, ", ")),
         fmt::join(expected, ", "));
   }
+  const NoGrad no_grad;  // writing parameters in place is no step of the model's function
   for (const NamedTensor& p : params) {
     Tensor target = p.tensor;
     target.copy_from(Tensor::from_vector(file.to_f32(p.name), target.shape()));
@@ -292,6 +293,7 @@ TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer&
     fail("checkpoint '{}': metadata 'seed' = '{}' is not a number", path, seed);
   }
 
+  const NoGrad no_grad;  // parameters and optimizer state are written in place
   for (HostTensor& t : tensors) {
     t.values = file.to_f32(t.name);
     t.target.copy_from(Tensor::from_vector(t.values, t.target.shape()));

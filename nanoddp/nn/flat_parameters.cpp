@@ -19,6 +19,7 @@ FlatParameters::FlatParameters(const Module& module, Device device) {
   }
   values_ = Tensor::empty({total}, device);
   grads_ = Tensor::zeros({total}, device);
+  const NoGrad no_grad;  // moving the parameters' values is no step of the model's function
   for (ParameterSlot& slot : slots_) {
     Tensor value = values_.view(slot.offset, slot.param.shape());
     value.copy_from(slot.param);

@@ -25,6 +25,7 @@ FlatParameters::FlatParameters(const Module& module, Device device) {
     value.copy_from(slot.param);
     slot.param.set_data(value);
     slot.param.set_grad(grads_.view(slot.offset, slot.param.shape()));
+    slot.param.zero_grad();  // the buffer, but no gradient yet
     slot.param.set_name(slot.name);
   }
 }
@@ -33,12 +34,11 @@ void FlatParameters::zero_grad() {
   for (ParameterSlot& slot : slots_) slot.param.zero_grad();
 }
 
-void FlatParameters::materialize_grads() {
+void FlatParameters::zero_missing_grads() {
   for (ParameterSlot& slot : slots_) {
     if (!slot.param.has_grad()) {
       Tensor grad = grads_.view(slot.offset, slot.param.shape());
       grad.zero();
-      slot.param.set_grad(grad);
     }
   }
 }

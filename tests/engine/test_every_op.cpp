@@ -1,8 +1,8 @@
 // Every public op that returns a tensor computed from a tensor, from one table: the
 // differentiable ones go through one finite-difference gradient check, the others are listed
 // with the reason they carry no gradient, and the in-place writes must refuse a tensor that
-// requires one. The table is compared with what nanoddp/engine/ops.h and tensor.h declare, so
-// a new op is noticed here until it is given a gradient check (or a reason).
+// requires one. The table is compared with what the engine's headers (ops.h, tensor.h, ...)
+// declare, so a new op is noticed here until it is given a gradient check (or a reason).
 //
 // The check. The engine computes in float32 only (there is no float64 dtype; adding one would
 // mean double versions of every kernel), so each op is evaluated in float32 and everything else
@@ -164,6 +164,7 @@ const std::vector<std::pair<std::string, std::string>> kNoHistory{
     {"normal", "factory: reads no tensor"},
     {"from_vector", "factory: reads host floats"},
     {"empty_like", "factory: reads only the other tensor's shape, device and dtype"},
+    {"record", "autograd's recording itself: returns its output with the backward it is given"},
 };
 
 // In-place writes of values: not differentiable, so refused into (or, for copy_from, from) a
@@ -182,20 +183,23 @@ const std::set<std::string> kBookkeeping{
     "set_data",  // PyTorch's `p.data = ...`
     "set_grad_fn", "set_grad", "zero_grad", "register_post_accumulate_grad_hook", "backward"};
 
-// The source of an engine header: nanoddp/engine/NAME or, once moved, engine/NAME.
-std::string engine_header(const std::string& name) {
+// The engine's source folder: nanoddp/engine or, once moved, engine.
+fs::path engine_dir() {
   const char* source = std::getenv("NANODDP_SOURCE_DIR");
   REQUIRE_MESSAGE(source != nullptr, "NANODDP_SOURCE_DIR is not set (run the tests with ctest)");
   for (const char* dir : {"nanoddp/engine", "engine"}) {
-    const fs::path path = fs::path(source) / dir / name;
-    if (!fs::exists(path)) continue;
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
+    const fs::path path = fs::path(source) / dir;
+    if (fs::exists(path / "tensor.h")) return path;
   }
-  FAIL("cannot find the engine header " << name << " under " << source);
+  FAIL("cannot find the engine's headers under " << source);
   return {};
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 // The names of the functions declared by `regex` (first group) in `text`.
@@ -238,21 +242,26 @@ std::string error_of(const std::function<void()>& fn) {
 TEST_CASE("every public op: differentiable ones match finite differences, the rest say why not") {
   const std::vector<GradCase> cases = grad_cases();
 
-  // 1. The table covers every function of ops.h and every member of Tensor that returns a
-  //    tensor, and every void member of Tensor is either an in-place write or bookkeeping.
-  const std::string ops_h = engine_header("ops.h");
-  const std::string tensor_h = tensor_class(engine_header("tensor.h"));
-  std::set<std::string> returns_tensor =
-      declared(ops_h, R"(\n(?:inline )?Tensor (\w+|operator[^\s(]+)\()");
-  for (const std::string& name : declared(tensor_h, R"(\n\s+(?:static )?Tensor (\w+)\()")) {
-    returns_tensor.insert(name);
+  // 1. The table covers every function or member that an engine header declares returning a
+  //    tensor (ops.h, Tensor's members, ...), and every void member of Tensor is either an
+  //    in-place write or bookkeeping.
+  std::set<std::string> returns_tensor;
+  for (const auto& entry : fs::directory_iterator(engine_dir())) {
+    if (entry.path().extension() != ".h") continue;
+    for (const std::string& name :
+         declared(read_text(entry.path()),
+                  R"(\n\s*(?:inline |static )*Tensor (\w+|operator[^\s(]+)\()")) {
+      returns_tensor.insert(name);
+    }
   }
+  const std::string tensor_h = tensor_class(read_text(engine_dir() / "tensor.h"));
   REQUIRE(returns_tensor.count("matmul") == 1);  // the parse itself works
   REQUIRE(returns_tensor.count("reshape") == 1);
+  REQUIRE(returns_tensor.count("operator+") == 1);
   std::set<std::string> in_table;
   for (const GradCase& c : cases) in_table.insert(c.name);
   for (const auto& [name, why] : kNoHistory) in_table.insert(name);
-  CHECK_MESSAGE(returns_tensor == in_table, "ops.h/tensor.h declare ["
+  CHECK_MESSAGE(returns_tensor == in_table, "the engine's headers declare ["
                                                 << fmt::format("{}", fmt::join(returns_tensor, " "))
                                                 << "] but the table holds ["
                                                 << fmt::format("{}", fmt::join(in_table, " "))

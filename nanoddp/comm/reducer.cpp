@@ -323,6 +323,7 @@ void Reducer::finalize() {
   exposed_pending_ = params_.device().is_cuda();
   stats_.exposed_comm_ms = exposed_pending_ ? 0.0 : exposed_wait_ms();
   if (failure) {
+    wait_for_launched();  // the count of used parameters may still be in flight
     reset();
     std::rethrow_exception(failure);
   }

@@ -105,6 +105,7 @@ void Reducer::reset() {
   slot_ready_.assign(params_.slots().size(), false);
   next_to_launch_ = 0;
   works_.assign(buckets_.size(), nullptr);
+  used_work_ = nullptr;
 }
 
 void Reducer::on_gradient_ready(std::size_t slot) {
@@ -151,6 +152,12 @@ void Reducer::wait_for_launched() {
     if (!work) continue;
     try {
       work->wait();
+    } catch (...) {
+    }
+  }
+  if (used_work_) {
+    try {
+      used_work_->wait();
     } catch (...) {
     }
   }
@@ -221,13 +228,46 @@ void Reducer::handle_unused() {
   }
 }
 
+void Reducer::launch_used_map(const std::vector<float>& used) {
+  used_map_ = Tensor::from_vector(used, {static_cast<std::int64_t>(used.size())}, params_.device());
+  used_work_ = group_->allreduce(used_map_, ReduceOp::kSum);
+}
+
+void Reducer::resolve_unused() {
+  if (!used_work_) return;
+  used_work_->wait();
+  used_work_ = nullptr;
+  const std::vector<float> global = used_map_.to_vector();
+  for (std::size_t i = 0; i < global.size(); ++i) {
+    // Unused on every rank: its gradient goes back to none, so the optimizer skips it (as
+    // PyTorch's DDP leaves .grad None for a globally unused parameter).
+    if (global[i] == 0.0f) {
+      Tensor param = params_.slots()[i].param;
+      param.zero_grad();
+    }
+  }
+}
+
 void Reducer::finalize() {
   const Clock::time_point backward_end = Clock::now();
   stats_.backward_end_ms = ms_between(stats_.origin, backward_end);
+  // Which parameters this rank used (got a gradient since zero_grad(), in this pass or in
+  // no_sync ones), before handle_unused() gives the others a zero gradient to reduce.
+  std::vector<float> used;
+  if (options_.find_unused_parameters) {
+    for (std::size_t i = 0; i < slot_ready_.size(); ++i) {
+      used.push_back(slot_ready_[i] || params_.slots()[i].param.has_grad() ? 1.0f : 0.0f);
+    }
+  }
   handle_unused();
   launch_ready_buckets();
   NANODDP_CHECK(next_to_launch_ == buckets_.size(), "finalize: bucket {} was never launched",
                 next_to_launch_);
+  // After every bucket, so that every rank issues the collectives in the same order.
+  if (options_.find_unused_parameters) launch_used_map(used);
+  // The parameters unused on every rank are known before the first bucket hook (the optimizer
+  // in backward must skip them), or else before finalize returns; the wait counts as exposed.
+  const std::size_t resolve_after = bucket_reduced_hook_ ? 0 : buckets_.size() - 1;
 
   // The exposed communication is what the compute stream waits for here, so two events on it
   // bracket each bucket's wait. On the CPU the "stream" is this thread and the events are host
@@ -255,6 +295,7 @@ void Reducer::finalize() {
       wait_begin_[b].record(compute);
       try {
         works_[b]->wait();
+        if (b == resolve_after) resolve_unused();
       } catch (...) {
         if (!failure) failure = std::current_exception();
       }
@@ -282,6 +323,7 @@ void Reducer::finalize() {
   exposed_pending_ = params_.device().is_cuda();
   stats_.exposed_comm_ms = exposed_pending_ ? 0.0 : exposed_wait_ms();
   if (failure) {
+    wait_for_launched();  // the count of used parameters may still be in flight
     reset();
     std::rethrow_exception(failure);
   }

@@ -27,7 +27,9 @@
 //
 // A parameter that received no gradient leaves its bucket incomplete. By default that is an
 // error naming the parameter; with find_unused_parameters its gradient is zero-filled and its
-// bucket launched at finalize.
+// bucket launched at finalize, and one more all-reduce (after the buckets) counts the ranks that
+// used each parameter: one that no rank used is left without a gradient (has_grad() false, as
+// PyTorch leaves .grad None), so the optimizer skips it.
 
 #include <algorithm>
 #include <chrono>
@@ -132,6 +134,10 @@ class Reducer {
   void wait_for_launched();  // every launched bucket's collective, errors ignored
   void reset();
   void handle_unused();
+  // find_unused_parameters: all-reduces which parameters each rank used, then takes the
+  // gradient away from those no rank used.
+  void launch_used_map(const std::vector<float>& used);
+  void resolve_unused();
   void collect_timings();
   double exposed_wait_ms() const;  // the bucket waits' events, once they have happened
 
@@ -151,6 +157,8 @@ class Reducer {
   std::vector<bool> slot_ready_;     // per slot
   std::size_t next_to_launch_ = 0;
   std::vector<std::shared_ptr<Work>> works_;
+  Tensor used_map_;                  // per slot: ranks that used it (find_unused_parameters)
+  std::shared_ptr<Work> used_work_;  // its all-reduce, until resolve_unused()
   ReducerStats stats_;
   // The last step's collectives whose timings are not yet in stats_ (and where to trace them).
   std::vector<std::shared_ptr<Work>> timed_works_;

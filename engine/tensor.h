@@ -111,22 +111,30 @@ class Tensor {
   std::vector<float> to_vector() const;  // copies to the host
   float item() const;                    // one-element tensors only
 
+  // Every op below that returns a tensor computed from this one is differentiable (recorded by
+  // autograd like the ops in ops.h); the in-place writes are not, and refuse a tensor that
+  // requires a gradient while autograd records (PyTorch refuses in-place writes into leaves).
+  //
   // A tensor over `shape` elements of this tensor's storage, starting `offset` elements after
-  // this tensor's start. No copy: writes through either are seen by both.
+  // this tensor's start. No copy: writes through either are seen by both. Its gradient flows
+  // back into those elements; a view that reaches past this tensor's own elements (into the
+  // rest of a flat buffer) is an Error while autograd records.
   Tensor view(std::int64_t offset, const Shape& shape) const;
   Tensor reshape(const Shape& shape) const;  // same elements, new shape (a view)
-  Tensor to(Device device) const;
+  Tensor to(Device device) const;            // a copy on `device`; the gradient goes back
   Tensor clone() const;
+  // In-place writes: refused (Error) into a tensor that requires a gradient, and copy_from also
+  // from one, unless under NoGrad.
   void copy_from(const Tensor& source);  // same shape, any devices
   void fill(float value);
-  void zero() { fill(0.0f); }
+  void zero();
   // Rebinds this tensor (every handle to it) to `source`'s storage and offset, keeping
   // autograd state: how parameters are moved into a flat buffer (PyTorch's `p.data = ...`).
   void set_data(const Tensor& source);
 
   // ---- autograd ----
   bool requires_grad() const;
-  Tensor& set_requires_grad(bool requires_grad);
+  Tensor& set_requires_grad(bool requires_grad);  // float32 tensors only
   bool is_leaf() const;
   const std::shared_ptr<Node>& grad_fn() const;
   void set_grad_fn(std::shared_ptr<Node> node);

@@ -109,6 +109,27 @@ void remove_stale_temporaries(const fs::path& dir) {
   }
 }
 
+// "3,3,1": each count a number in [0, optimizer_steps].
+std::vector<std::int64_t> parse_param_steps(const std::string& path, const std::string& text,
+                                            std::int64_t optimizer_steps) {
+  std::vector<std::int64_t> steps;
+  const char* p = text.data();
+  const char* const end = text.data() + text.size();
+  while (p < end) {
+    std::int64_t v = -1;
+    const auto [next, ec] = std::from_chars(p, end, v);
+    if (ec != std::errc() || v < 0 || v > optimizer_steps || (next != end && *next != ',')) {
+      fail(
+          "checkpoint '{}': metadata 'optimizer_param_steps' is not a list of step counts "
+          "between 0 and {} (at character {})",
+          path, optimizer_steps, p - text.data());
+    }
+    steps.push_back(v);
+    p = next == end ? end : next + 1;
+  }
+  return steps;
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, const Module& model, const Optimizer& optimizer,
@@ -137,6 +158,9 @@ std::string save_checkpoint(const std::string& dir, const Module& model, const O
       {"optimizer", optimizer.describe()},
       {"optimizer_kind", optimizer_kind(optimizer)},
       {"optimizer_steps", std::to_string(optimizer.steps())},
+      // Per parameter, in the flat layout's order: a parameter skipped in a step (no gradient)
+      // has taken fewer steps than the optimizer, and AdamW's bias correction depends on it.
+      {"optimizer_param_steps", fmt::format("{}", fmt::join(optimizer.param_steps(), ","))},
       {"checksum", checksum_hex(tensors_checksum(bytes))},
       {"run_id", state.run_id},
   };
@@ -240,6 +264,7 @@ void load_parameters(const std::string& path, Module& model) {
           first - v.begin());
     }
   }
+  const NoGrad no_grad;  // writing parameters in place is no step of the model's function
   for (std::size_t i = 0; i < params.size(); ++i) {
     Tensor target = params[i].tensor;
     target.copy_from(Tensor::from_vector(values[i], target.shape()));
@@ -332,11 +357,22 @@ TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer&
     fail("checkpoint '{}': metadata 'seed' = '{}' is not a number", path, excerpt(seed));
   }
 
+  // Checkpoints written before per-parameter step counts had every parameter at every step.
+  std::vector<std::int64_t> param_steps;
+  if (const auto it = md.find("optimizer_param_steps"); it != md.end()) {
+    param_steps = parse_param_steps(path, it->second, optimizer_steps);
+    if (param_steps.size() != optimizer.param_steps().size()) {
+      fail("checkpoint '{}' has step counts for {} parameters, but the model has {}", path,
+           param_steps.size(), optimizer.param_steps().size());
+    }
+  }
+
+  const NoGrad no_grad;  // parameters and optimizer state are written in place
   for (HostTensor& t : tensors) {
     t.values = file.to_f32(t.name);
     t.target.copy_from(Tensor::from_vector(t.values, t.target.shape()));
   }
-  optimizer.set_steps(optimizer_steps);
+  optimizer.set_steps(optimizer_steps, param_steps);
   for (const auto& [k, v] : md) {
     if (k.starts_with("info.")) state.info[k.substr(5)] = v;
   }

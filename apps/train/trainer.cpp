@@ -627,7 +627,7 @@ float Trainer::train_step(std::int64_t step, Window& window) {
     loss_sum = m == 0 ? loss.detach() : add(loss_sum, loss.detach());
   }
   const auto optimizer_start = Clock::now();
-  // Parameters that got no gradient in the step are updated here, as step() would.
+  // Parameters whose gradient came from earlier micro-batches only are updated here.
   if (optimizer_in_backward_) optimizer_in_backward_->finish();
   // NaN/Inf policy. Decided from every rank's loss and the averaged gradients (identical on
   // every rank after the all-reduce), so all ranks stop, or skip, at the same step: a rank that
@@ -709,7 +709,8 @@ std::int64_t count_nonfinite(const Tensor& t) {
 }  // namespace
 
 Trainer::StepHealth Trainer::exchange_health(float local_loss) {
-  params_->materialize_grads();  // a parameter without a gradient this step counts as zero
+  // Parameters without a gradient this step read as zero (the optimizer skips them).
+  params_->zero_missing_grads();
   StepHealth health;
   // With the optimizer in backward the gradients were counted as they were applied.
   health.grads_finite = (optimizer_in_backward_ ? optimizer_in_backward_->nonfinite_gradients()
@@ -737,6 +738,7 @@ Trainer::StepHealth Trainer::exchange_health(float local_loss) {
 std::string Trainer::describe_nonfinite_grads() const {
   std::vector<std::string> parts;
   for (const nn::ParameterSlot& slot : params_->slots()) {
+    if (!slot.param.has_grad()) continue;
     const std::int64_t bad = count_nonfinite(slot.param.grad());
     if (bad > 0) parts.push_back(fmt::format("{} has {} of {}", slot.name, bad, slot.numel));
   }

@@ -41,10 +41,20 @@ TEST_CASE("ddp: an unused parameter is an error on every rank that names it") {
   }
 }
 
-TEST_CASE("ddp: with find_unused_parameters training proceeds and unused gradients are zero") {
+TEST_CASE("ddp: with find_unused_parameters a parameter unused on every rank is not updated") {
+  // No gradient (PyTorch: .grad None), so momentum and weight decay leave it alone.
   const auto results = run_scenario({"unused", "--find-unused"}, 2);
   INFO(describe(results));
   CHECK(all_exit(results, 0));
+}
+
+TEST_CASE("ddp: a parameter used on one rank only is updated on every rank, identically") {
+  for (const char* optimizer : {"--sgd", "--adamw"}) {
+    CAPTURE(optimizer);
+    const auto results = run_scenario({"unused-one-rank", optimizer}, 2);
+    INFO(describe(results));
+    CHECK(all_exit(results, 0));
+  }
 }
 
 TEST_CASE("ddp: find_unused_parameters keeps a gradient accumulated under no_sync") {

@@ -16,6 +16,7 @@
 #include "nanoddp/nn/layers.h"
 #include "nanoddp/nn/optimizer.h"
 #include "nanoddp/nn/safetensors.h"
+#include "nn/half_used.h"
 #include "support/saved_parameters.h"
 #include "support/subprocess.h"
 
@@ -64,6 +65,24 @@ void flip_byte(const std::string& path, std::uintmax_t from_end) {
   f.write(&c, 1);
 }
 
+// A model whose second layer never gets a gradient, under AdamW.
+struct Skipping {
+  Generator gen;
+  nn::testing::HalfUsed model;
+  nn::FlatParameters params;
+  nn::AdamW adam;
+  Skipping()
+      : gen(2), model(gen, 4, 2), params(model, Device::cpu()), adam(params, {.lr = 0.01f}) {}
+  void steps(int n) {
+    for (int i = 0; i < n; ++i) {
+      adam.zero_grad();
+      Tensor x = Tensor::normal({6, 4}, 0, 1, {.seed = 5, .stream = 0});
+      mse_loss(model(x), Tensor::zeros({6, 2})).backward();
+      adam.step();
+    }
+  }
+};
+
 }  // namespace
 
 TEST_CASE("checkpoint: save then load restores parameters, optimizer state and position exactly") {
@@ -91,6 +110,33 @@ TEST_CASE("checkpoint: save then load restores parameters, optimizer state and p
   a.steps(3);
   b.steps(3);
   CHECK(b.params.values().to_vector() == a.params.values().to_vector());
+}
+
+TEST_CASE("checkpoint: per-parameter step counts of skipped parameters survive a resume") {
+  // A parameter without a gradient in a step is skipped by the optimizer, so its own step count
+  // (AdamW's bias correction) falls behind; a resumed run must continue from the same counts.
+  testing::TempDir dir;
+  Skipping a;
+  a.steps(3);
+  REQUIRE(a.adam.param_steps() == std::vector<std::int64_t>{0, 0, 3, 3});
+  const std::string path = nn::save_checkpoint(dir.path(), a.model, a.adam, {.step = 3}, 1);
+  Skipping b;
+  nn::load_checkpoint(path, b.model, b.adam);
+  CHECK(b.adam.steps() == 3);
+  CHECK(b.adam.param_steps() == a.adam.param_steps());
+
+  // A count that is not one, or past the optimizer's steps, is refused before loading.
+  for (const char* bad : {"0,0,x,3", "0,0,4,3", "0,0,3", "-1,0,3,3"}) {
+    CAPTURE(bad);
+    const std::string edited = path + ".edited.safetensors";
+    rewrite_metadata(path, edited, "optimizer_param_steps", bad);
+    Skipping c;
+    const std::string message = expect_error([&] { nn::load_checkpoint(edited, c.model, c.adam); });
+    const bool named = message.find("optimizer_param_steps") != std::string::npos ||
+                       message.find("step counts for 3 parameters") != std::string::npos;
+    CHECK_MESSAGE(named, message);
+    CHECK(c.adam.steps() == 0);
+  }
 }
 
 TEST_CASE("checkpoint: only the newest K are kept, listed oldest first") {

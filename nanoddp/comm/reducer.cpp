@@ -73,6 +73,10 @@ Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group
     wait_begin_.emplace_back(device);
     wait_end_.emplace_back(device);
   }
+  if (device.is_cuda()) anchor_ = std::make_unique<ClockAnchor>(Stream::compute(device));
+  if (options.check_steps && group_->size() > 1) {
+    step_check_ = std::make_unique<StepCheck>(group_, device);
+  }
 
   // The hooks hold a weak handle: a hook that outlives its Reducer does nothing.
   if (debug_enabled(DebugLevel::kInfo)) {
@@ -228,6 +232,9 @@ void Reducer::finalize() {
   launch_ready_buckets();
   NANODDP_CHECK(next_to_launch_ == buckets_.size(), "finalize: bucket {} was never launched",
                 next_to_launch_);
+  // Right behind the last bucket, so it costs one small op's latency.
+  ++synchronized_passes_;
+  if (step_check_) step_check_->launch(synchronized_passes_, forward_calls_);
 
   // The exposed communication is what the compute stream waits for here, so two events on it
   // bracket each bucket's wait. On the CPU the "stream" is this thread and the events are host
@@ -278,9 +285,20 @@ void Reducer::finalize() {
       }
     }
   }
+  if (step_check_) {
+    if (failure) {
+      step_check_->wait_quietly();
+    } else {
+      try {
+        step_check_->verify();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+  }
   // A GPU's events are not done yet (reading them now would fail): collect_timings() reads them.
   exposed_pending_ = params_.device().is_cuda();
-  stats_.exposed_comm_ms = exposed_pending_ ? 0.0 : exposed_wait_ms();
+  stats_.wait_ms = exposed_pending_ ? 0.0 : exposed_wait_ms();
   if (failure) {
     reset();
     std::rethrow_exception(failure);
@@ -303,8 +321,15 @@ double Reducer::exposed_wait_ms() const {
 
 void Reducer::collect_timings() {
   if (exposed_pending_ && wait_end_.back().query()) {
-    stats_.exposed_comm_ms = exposed_wait_ms();
+    stats_.wait_ms = exposed_wait_ms();
+    // The GPU's backward ended when the compute stream reached the first wait.
+    stats_.backward_end_ms = ms_between(stats_.origin, anchor_->host_time_of(wait_begin_.front()));
     exposed_pending_ = false;
+    // Event times are float milliseconds since the anchor: renew it every minute (this waits
+    // for the compute stream once).
+    if (Clock::now() - anchor_->host_time() > std::chrono::minutes(1)) {
+      anchor_ = std::make_unique<ClockAnchor>(Stream::compute(params_.device()));
+    }
   }
   for (std::size_t b = 0; b < timed_works_.size(); ++b) {
     if (!timed_works_[b]) continue;
@@ -323,6 +348,25 @@ void Reducer::collect_timings() {
     }
     timed_works_[b] = nullptr;  // counted once
   }
+  compute_exposed();
+}
+
+void Reducer::compute_exposed() {
+  if (exposed_pending_) return;
+  for (const auto& work : timed_works_) {
+    if (work) return;  // a timing still to come
+  }
+  // Each bucket's all-reduce time after backward ended; a bucket that started after it (all
+  // of them without overlap) counts whole, computed exactly as comm_ms counts it.
+  double exposed = 0;
+  for (const BucketStats& s : stats_.buckets) {
+    if (s.start_ms >= stats_.backward_end_ms) {
+      exposed += s.allreduce_ms();
+    } else if (s.end_ms > stats_.backward_end_ms) {
+      exposed += s.end_ms - stats_.backward_end_ms;
+    }
+  }
+  stats_.exposed_comm_ms = std::min(exposed, stats_.comm_ms);
 }
 
 const ReducerStats& Reducer::last_stats() {

@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <fstream>
 #include <iterator>
@@ -36,17 +37,24 @@ constexpr int kJobFileLimit = 1024;  // the usual soft limit, set on the job wit
 constexpr int kFloodConnections = 1100;
 constexpr int kMaxConnectionsOpened = 40000;  // bounds the whole flood
 
-// A blocking connect to 127.0.0.1:port; -1 if refused.
+// A connection to 127.0.0.1:port, or -1 if refused or not established within 500 ms (a full
+// listen backlog makes a blocking connect wait for SYN retries, seconds each).
 int connect_loopback(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<std::uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return -1;
+    pollfd p{fd, POLLOUT, 0};
+    int error = 0;
+    socklen_t len = sizeof error;
+    if (errno != EINPROGRESS || ::poll(&p, 1, 500) != 1 ||
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0 || error != 0) {
+      ::close(fd);
+      return -1;
+    }
   }
   return fd;
 }

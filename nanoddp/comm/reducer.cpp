@@ -73,6 +73,7 @@ Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group
     wait_begin_.emplace_back(device);
     wait_end_.emplace_back(device);
   }
+  backward_end_event_ = Event(device);
   if (device.is_cuda()) anchor_ = std::make_unique<ClockAnchor>(Stream::compute(device));
   if (options.check_steps && group_->size() > 1) {
     step_check_ = std::make_unique<StepCheck>(group_, device);
@@ -102,6 +103,7 @@ Reducer::~Reducer() {
 
 void Reducer::reset() {
   in_backward_ = false;
+  finalizing_ = false;
   pending_.assign(buckets_.size(), 0);
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     pending_[b] = static_cast<int>(buckets_[b].slots.size());
@@ -177,6 +179,7 @@ void Reducer::launch_ready_buckets() {
 void Reducer::launch(std::size_t b) {
   Bucket& bucket = buckets_[b];
   stats_.buckets[b].launch_ms = ms_between(stats_.origin, Clock::now());
+  stats_.buckets[b].launched_after_backward = finalizing_;
   debug_log(DebugLevel::kDetail, "reducer: bucket {} ({} elements) launched at +{:.3f} ms", b,
             bucket.numel, stats_.buckets[b].launch_ms);
   if (options_.comm_hook == CommHook::kBf16) {
@@ -228,6 +231,8 @@ void Reducer::handle_unused() {
 void Reducer::finalize() {
   const Clock::time_point backward_end = Clock::now();
   stats_.backward_end_ms = ms_between(stats_.origin, backward_end);
+  finalizing_ = true;
+  backward_end_event_.record(Stream::compute(params_.device()));
   handle_unused();
   launch_ready_buckets();
   NANODDP_CHECK(next_to_launch_ == buckets_.size(), "finalize: bucket {} was never launched",
@@ -323,7 +328,7 @@ void Reducer::collect_timings() {
   if (exposed_pending_ && wait_end_.back().query()) {
     stats_.wait_ms = exposed_wait_ms();
     // The GPU's backward ended when the compute stream reached the first wait.
-    stats_.backward_end_ms = ms_between(stats_.origin, anchor_->host_time_of(wait_begin_.front()));
+    stats_.backward_end_ms = ms_between(stats_.origin, anchor_->host_time_of(backward_end_event_));
     exposed_pending_ = false;
     // Event times are float milliseconds since the anchor: renew it every minute (this waits
     // for the compute stream once).
@@ -356,11 +361,11 @@ void Reducer::compute_exposed() {
   for (const auto& work : timed_works_) {
     if (work) return;  // a timing still to come
   }
-  // Each bucket's all-reduce time after backward ended; a bucket that started after it (all
-  // of them without overlap) counts whole, computed exactly as comm_ms counts it.
+  // Each bucket's all-reduce time after backward ended; a bucket launched or started after it
+  // (all of them without overlap) counts whole, computed exactly as comm_ms counts it.
   double exposed = 0;
   for (const BucketStats& s : stats_.buckets) {
-    if (s.start_ms >= stats_.backward_end_ms) {
+    if (s.launched_after_backward || s.start_ms >= stats_.backward_end_ms) {
       exposed += s.allreduce_ms();
     } else if (s.end_ms > stats_.backward_end_ms) {
       exposed += s.end_ms - stats_.backward_end_ms;

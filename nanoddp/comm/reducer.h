@@ -81,8 +81,11 @@ struct Bucket {
 struct BucketStats {
   double ready_ms = 0;   // when the bucket became ready (from the first hook of the step)
   double launch_ms = 0;  // when its collective was launched
-  double start_ms = 0;   // when the collective started running (CPU backends)
-  double end_ms = 0;     // when it finished
+  // Launched at finalize, after backward ended (all buckets without overlap): none of its
+  // all-reduce can have overlapped backward, so all of it is exposed.
+  bool launched_after_backward = false;
+  double start_ms = 0;  // when the collective started running (CPU backends)
+  double end_ms = 0;    // when it finished
   double allreduce_ms() const { return end_ms - start_ms; }
 };
 
@@ -179,6 +182,9 @@ class Reducer {
   // bucket: the intervals add up to the exposed communication, on any device.
   std::vector<Event> wait_begin_;
   std::vector<Event> wait_end_;
+  // Recorded on the compute stream when finalize starts: on a GPU, where backward really ended.
+  Event backward_end_event_;
+  bool finalizing_ = false;       // launches now come after backward ended
   bool exposed_pending_ = false;  // a GPU step whose exposed time is not read yet
   // GPU: maps the compute stream's backward end (wait_begin_[0]) onto the host clock, where
   // the collectives' timings are. Renewed now and then (event times are float milliseconds).

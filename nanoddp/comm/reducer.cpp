@@ -241,8 +241,8 @@ void Reducer::finalize() {
   ++synchronized_passes_;
   if (step_check_) step_check_->launch(synchronized_passes_, forward_calls_);
 
-  // The exposed communication is what the compute stream waits for here, so two events on it
-  // bracket each bucket's wait. On the CPU the "stream" is this thread and the events are host
+  // wait_ms is what the compute stream waits for here, so two events on it bracket each
+  // bucket's wait. On the CPU the "stream" is this thread and the events are host
   // times: the host's wait. On a GPU Work::wait() only makes the compute stream wait (the host
   // goes on at once), and the intervals, read once the step has run, are the GPU stalling for
   // the all-reduce. Without a bucket hook the intervals follow each other without a gap; with
@@ -327,7 +327,7 @@ double Reducer::exposed_wait_ms() const {
 void Reducer::collect_timings() {
   if (exposed_pending_ && wait_end_.back().query()) {
     stats_.wait_ms = exposed_wait_ms();
-    // The GPU's backward ended when the compute stream reached the first wait.
+    // The GPU's backward ended when the compute stream reached finalize.
     stats_.backward_end_ms = ms_between(stats_.origin, anchor_->host_time_of(backward_end_event_));
     exposed_pending_ = false;
     // Event times are float milliseconds since the anchor: renew it every minute (this waits

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "nanoddp/comm/process_group.h"
 #include "nanoddp/engine/tensor.h"

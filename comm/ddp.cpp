@@ -28,7 +28,8 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, nn::FlatPar
       fmt::format("find_unused_parameters={}", options.find_unused_parameters),
       fmt::format("comm_hook={}", comm_hook_name(options.comm_hook)),
       fmt::format("overlap={}", options.overlap),
-      fmt::format("broadcast_parameters={}", options.broadcast_parameters)};
+      fmt::format("broadcast_parameters={}", options.broadcast_parameters),
+      fmt::format("check_steps={}", options.check_steps)};
   const std::string key = fmt::format("ddp/{}", instance);
   check_same_on_all_ranks(*store, group_->rank(), group_->size(), key + "/parameters",
                           "parameter", description);
@@ -48,7 +49,8 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, nn::FlatPar
                      .first_bucket_mb = options.first_bucket_mb,
                      .find_unused_parameters = options.find_unused_parameters,
                      .comm_hook = options.comm_hook,
-                     .overlap = options.overlap});
+                     .overlap = options.overlap,
+                     .check_steps = options.check_steps});
 }
 
 }  // namespace nanoddp::comm

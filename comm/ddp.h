@@ -10,7 +10,8 @@
 //
 // At construction every rank checks that all ranks hold the same model (names, dtypes, shapes)
 // and the same DDP settings — a mismatch fails on every rank, naming the first difference —
-// and rank 0's parameters are broadcast so that all ranks start equal.
+// and rank 0's parameters are broadcast so that all ranks start equal. At the end of every
+// synchronized backward pass the ranks check that they are at the same step (step_check.h).
 
 #include <memory>
 #include <string>
@@ -30,6 +31,10 @@ struct DdpOptions {
   bool broadcast_parameters = true;
   CommHook comm_hook = CommHook::kAllreduce;
   bool overlap = true;
+  // Every step, check that all ranks are at the same step and issued the same collectives; a
+  // rank that skipped a step fails every rank at once (step_check.h). Off saves one tiny
+  // all-reduce per step (and, on a GPU, the host's wait for it).
+  bool check_steps = true;
 };
 
 class DistributedDataParallel {
@@ -38,7 +43,10 @@ class DistributedDataParallel {
                           std::shared_ptr<ProcessGroup> group, std::shared_ptr<Store> store,
                           const DdpOptions& options = {});
 
-  Tensor forward(const Tensor& x) { return module_.forward(x); }
+  Tensor forward(const Tensor& x) {
+    reducer_->note_forward();  // compared across ranks every step (step_check.h)
+    return module_.forward(x);
+  }
   Tensor operator()(const Tensor& x) { return forward(x); }
 
   // While a NoSync is alive, backward passes only accumulate gradients locally; the next

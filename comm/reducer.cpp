@@ -73,6 +73,11 @@ Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group
     wait_begin_.emplace_back(device);
     wait_end_.emplace_back(device);
   }
+  backward_end_event_ = Event(device);
+  if (device.is_cuda()) anchor_ = std::make_unique<ClockAnchor>(Stream::compute(device));
+  if (options.check_steps && group_->size() > 1) {
+    step_check_ = std::make_unique<StepCheck>(group_, device);
+  }
 
   // The hooks hold a weak handle: a hook that outlives its Reducer does nothing.
   if (debug_enabled(DebugLevel::kInfo)) {
@@ -98,6 +103,7 @@ Reducer::~Reducer() {
 
 void Reducer::reset() {
   in_backward_ = false;
+  finalizing_ = false;
   pending_.assign(buckets_.size(), 0);
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     pending_[b] = static_cast<int>(buckets_[b].slots.size());
@@ -180,6 +186,7 @@ void Reducer::launch_ready_buckets() {
 void Reducer::launch(std::size_t b) {
   Bucket& bucket = buckets_[b];
   stats_.buckets[b].launch_ms = ms_between(stats_.origin, Clock::now());
+  stats_.buckets[b].launched_after_backward = finalizing_;
   debug_log(DebugLevel::kDetail, "reducer: bucket {} ({} elements) launched at +{:.3f} ms", b,
             bucket.numel, stats_.buckets[b].launch_ms);
   if (options_.comm_hook == CommHook::kBf16) {
@@ -251,6 +258,8 @@ void Reducer::resolve_unused() {
 void Reducer::finalize() {
   const Clock::time_point backward_end = Clock::now();
   stats_.backward_end_ms = ms_between(stats_.origin, backward_end);
+  finalizing_ = true;
+  backward_end_event_.record(Stream::compute(params_.device()));
   // Which parameters this rank used (got a gradient since zero_grad(), in this pass or in
   // no_sync ones), before handle_unused() gives the others a zero gradient to reduce.
   std::vector<float> used;
@@ -265,12 +274,16 @@ void Reducer::finalize() {
                 next_to_launch_);
   // After every bucket, so that every rank issues the collectives in the same order.
   if (options_.find_unused_parameters) launch_used_map(used);
+  // Right behind the last bucket (and the used-parameter count), so it costs one small op's
+  // latency.
+  ++synchronized_passes_;
+  if (step_check_) step_check_->launch(synchronized_passes_, forward_calls_);
   // The parameters unused on every rank are known before the first bucket hook (the optimizer
   // in backward must skip them), or else before finalize returns; the wait counts as exposed.
   const std::size_t resolve_after = bucket_reduced_hook_ ? 0 : buckets_.size() - 1;
 
-  // The exposed communication is what the compute stream waits for here, so two events on it
-  // bracket each bucket's wait. On the CPU the "stream" is this thread and the events are host
+  // wait_ms is what the compute stream waits for here, so two events on it bracket each
+  // bucket's wait. On the CPU the "stream" is this thread and the events are host
   // times: the host's wait. On a GPU Work::wait() only makes the compute stream wait (the host
   // goes on at once), and the intervals, read once the step has run, are the GPU stalling for
   // the all-reduce. Without a bucket hook the intervals follow each other without a gap; with
@@ -319,9 +332,20 @@ void Reducer::finalize() {
       }
     }
   }
+  if (step_check_) {
+    if (failure) {
+      step_check_->wait_quietly();
+    } else {
+      try {
+        step_check_->verify();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+  }
   // A GPU's events are not done yet (reading them now would fail): collect_timings() reads them.
   exposed_pending_ = params_.device().is_cuda();
-  stats_.exposed_comm_ms = exposed_pending_ ? 0.0 : exposed_wait_ms();
+  stats_.wait_ms = exposed_pending_ ? 0.0 : exposed_wait_ms();
   if (failure) {
     wait_for_launched();  // the count of used parameters may still be in flight
     reset();
@@ -345,8 +369,15 @@ double Reducer::exposed_wait_ms() const {
 
 void Reducer::collect_timings() {
   if (exposed_pending_ && wait_end_.back().query()) {
-    stats_.exposed_comm_ms = exposed_wait_ms();
+    stats_.wait_ms = exposed_wait_ms();
+    // The GPU's backward ended when the compute stream reached finalize.
+    stats_.backward_end_ms = ms_between(stats_.origin, anchor_->host_time_of(backward_end_event_));
     exposed_pending_ = false;
+    // Event times are float milliseconds since the anchor: renew it every minute (this waits
+    // for the compute stream once).
+    if (Clock::now() - anchor_->host_time() > std::chrono::minutes(1)) {
+      anchor_ = std::make_unique<ClockAnchor>(Stream::compute(params_.device()));
+    }
   }
   for (std::size_t b = 0; b < timed_works_.size(); ++b) {
     if (!timed_works_[b]) continue;
@@ -365,6 +396,25 @@ void Reducer::collect_timings() {
     }
     timed_works_[b] = nullptr;  // counted once
   }
+  compute_exposed();
+}
+
+void Reducer::compute_exposed() {
+  if (exposed_pending_) return;
+  for (const auto& work : timed_works_) {
+    if (work) return;  // a timing still to come
+  }
+  // Each bucket's all-reduce time after backward ended; a bucket launched or started after it
+  // (all of them without overlap) counts whole, computed exactly as comm_ms counts it.
+  double exposed = 0;
+  for (const BucketStats& s : stats_.buckets) {
+    if (s.launched_after_backward || s.start_ms >= stats_.backward_end_ms) {
+      exposed += s.allreduce_ms();
+    } else if (s.end_ms > stats_.backward_end_ms) {
+      exposed += s.end_ms - stats_.backward_end_ms;
+    }
+  }
+  stats_.exposed_comm_ms = std::min(exposed, stats_.comm_ms);
 }
 
 const ReducerStats& Reducer::last_stats() {

@@ -689,9 +689,9 @@ float Trainer::train_step(std::int64_t step, Window& window) {
     const comm::ReducerStats& stats = ddp_->reducer().last_stats();
     window.comm_ms += stats.comm_ms;
     window.exposed_comm_ms += stats.exposed_comm_ms;
-    // On the CPU backward() waited for the exposed part; on a GPU the compute stream stalled
-    // for it while the host went on, so the host's backward time does not contain it.
-    if (device_.is_cpu()) window.backward_ms -= stats.exposed_comm_ms;
+    // On the CPU backward() waited for the all-reduces; on a GPU the compute stream stalled
+    // for them while the host went on, so the host's backward time does not contain the wait.
+    if (device_.is_cpu()) window.backward_ms -= stats.wait_ms;
   }
   return loss;
 }

@@ -186,10 +186,9 @@ int run_worker(const Options& o) {
     if (ddp) {
       const comm::ReducerStats& stats = ddp->reducer().last_stats();
       comm_ms = stats.comm_ms;
-      // What the compute stream waited for at the end of backward (the host's wait on the CPU,
-      // the GPU's stall between two events on CUDA), capped at the collectives' own duration: a
-      // wait longer than the all-reduce itself is the hand-off from the communication thread,
-      // which is overhead of the step, not communication.
+      // The all-reduce time after backward ended (ReducerStats), never more than comm_ms: the
+      // rest of the compute stream's wait at the end of backward (wait_ms) is the hand-off from
+      // the communication thread, which is overhead of the step, not communication.
       exposed_ms = std::min(stats.exposed_comm_ms, stats.comm_ms);
     }
     mine.step_ms.push_back(step_ms);

@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <map>
 #include <string>
 
 #include "support/world.h"
@@ -11,12 +12,14 @@ using namespace nanoddp::testing;
 
 namespace {
 
-std::vector<ProcessResult> run_scenario(const std::vector<std::string>& args, int world) {
+std::vector<ProcessResult> run_scenario(const std::vector<std::string>& args, int world,
+                                        const std::map<std::string, std::string>& env = {}) {
   std::vector<std::string> argv{bin_path("nanoddp-test-ddp-worker")};
   argv.insert(argv.end(), args.begin(), args.end());
   ProcessOptions options;
   options.timeout = std::chrono::seconds(60);
   options.env["NANODDP_TIMEOUT_S"] = "20";
+  for (const auto& [key, value] : env) options.env[key] = value;
   return run_world(argv, world, options);
 }
 
@@ -99,4 +102,28 @@ TEST_CASE("ddp: the bf16 comm hook trains and stays close to float32") {
   const auto results = run_scenario({"bf16"}, 2);
   INFO(describe(results));
   CHECK(all_exit(results, 0));
+}
+
+TEST_CASE("ddp: a rank that skips a step fails every rank at once, naming the step and sides") {
+  // Issue #13 item 4: the all-reduces of rank 0's step 3 paired with rank 1's step 4 (same
+  // sizes), silently, until a timeout at the end named an op that was not the cause.
+  for (const char* shm : {"1", "0"}) {  // shared memory, and Gloo over TCP
+    CAPTURE(shm);
+    const auto results = run_scenario({"skip-step"}, 2, {{"NANODDP_SHM", shm}});
+    INFO(describe(results));
+    REQUIRE(all_exit(results, 3));
+    for (const auto& r : results) {
+      CHECK(r.output.find("out of step") != std::string::npos);
+      CHECK(
+          r.output.find("at step 3 rank 0 has called DDP's forward 3 time(s), rank 1 4 time(s)") !=
+          std::string::npos);
+      CHECK(r.output.find("rank 0: step 3") != std::string::npos);
+      CHECK(r.output.find("rank 1: step 3") != std::string::npos);
+      CHECK(r.output.find("allreduce #") != std::string::npos);  // the ops of each side
+      // At once: far below the 20 s collective timeout.
+      const std::size_t at = r.output.find("error after ");
+      REQUIRE(at != std::string::npos);
+      CHECK(std::stod(r.output.substr(at + 12)) < 5.0);
+    }
+  }
 }

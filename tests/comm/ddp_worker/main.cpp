@@ -9,12 +9,15 @@
 //   nanoddp-test-ddp-worker no-sync
 //   nanoddp-test-ddp-worker overlap
 //   nanoddp-test-ddp-worker bf16
+//   nanoddp-test-ddp-worker skip-step
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -329,6 +332,41 @@ int overlap(comm::Distributed& dist) {
   return 0;
 }
 
+// Rank 1 runs forward at step 2, "catches an error" and skips the rest of the step, as a
+// training loop with a try/catch around its step would. Its next backward pairs with rank 0's
+// step 2: the per-step check must fail both ranks there, at once, naming the step and sides.
+int skip_step(comm::Distributed& dist) {
+  const int rank = dist.group->rank();
+  nn::Mlp model({.in_features = 6, .out_features = 3, .hidden = 10, .layers = 2, .seed = 3});
+  nn::FlatParameters params(model, Device::cpu());
+  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
+                                    {.bucket_cap_mb = 0.0005, .first_bucket_mb = 0.0002});
+  nn::SGD sgd(params, {.lr = 0.05f});
+  const auto start = std::chrono::steady_clock::now();
+  for (int step = 0; step < 6; ++step) {
+    sgd.zero_grad();
+    Tensor loss = mse_loss(ddp(batch(5, 6, rank, step, 0)), batch(5, 3, rank, step, 1));
+    if (rank == 1 && step == 2) {
+      try {
+        throw std::runtime_error("a bad batch");
+      } catch (const std::exception&) {
+        continue;  // the step is skipped on this rank only
+      }
+    }
+    try {
+      loss.backward();
+    } catch (const std::exception& e) {
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      fmt::print("error after {:.3f} s: {}\n", seconds, e.what());
+      return 3;
+    }
+    sgd.step();
+  }
+  fmt::print("no error\n");
+  return 0;
+}
+
 // The bf16 hook trains, and stays close to float32 all-reduce.
 int bf16(comm::Distributed& dist) {
   const int rank = dist.group->rank();
@@ -372,8 +410,8 @@ int bf16(comm::Distributed& dist) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     fmt::print(stderr,
-               "usage: {} unused|unused-no-sync|unused-one-rank|mismatch|no-sync|overlap|bf16 "
-               "[--find-unused|--adamw]\n",
+               "usage: {} unused|unused-no-sync|unused-one-rank|mismatch|no-sync|overlap|bf16|"
+               "skip-step [--find-unused|--adamw]\n",
                argv[0]);
     return 2;
   }
@@ -390,6 +428,7 @@ int main(int argc, char** argv) {
     if (scenario == "no-sync") return no_sync(dist);
     if (scenario == "overlap") return overlap(dist);
     if (scenario == "bf16") return bf16(dist);
+    if (scenario == "skip-step") return skip_step(dist);
   } catch (const std::exception& e) {
     fmt::print(stderr, "unexpected error: {}\n", e.what());
     return 1;

@@ -89,16 +89,18 @@ Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group
   for (std::size_t i = 0; i < slots.size(); ++i) {
     Tensor param = slots[i].param;
     std::weak_ptr<Reducer*> weak = alive_;
-    param.register_post_accumulate_grad_hook([weak, i](Tensor&) {
+    hooks_.push_back(param.register_post_accumulate_grad_hook([weak, i](Tensor&) {
       if (auto self = weak.lock()) (*self)->on_gradient_ready(i);
-    });
+    }));
   }
   reset();
 }
 
 Reducer::~Reducer() {
-  // Never leave a collective running on buffers we are about to stop tracking.
+  // Never leave a collective running on buffers we are about to stop tracking, nor a hook on
+  // the parameters (a rebuilt Reducer registers its own).
   wait_for_launched();
+  for (HookHandle& hook : hooks_) hook.remove_quietly();
 }
 
 void Reducer::reset() {

@@ -143,6 +143,9 @@ class Reducer {
   // call it. The time the hook takes is not counted as exposed communication.
   using BucketHook = std::function<void(const Bucket& bucket)>;
   void set_bucket_reduced_hook(BucketHook hook) { bucket_reduced_hook_ = std::move(hook); }
+  const BucketHook& bucket_reduced_hook() const { return bucket_reduced_hook_; }
+  // True from the first gradient hook of a synchronized pass until its finalize has ended.
+  bool in_backward() const { return in_backward_; }
 
  private:
   void on_gradient_ready(std::size_t slot);
@@ -167,6 +170,7 @@ class Reducer {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_slot_;
   std::shared_ptr<Reducer*> alive_;  // the hooks hold weak handles to it
+  std::vector<HookHandle> hooks_;     // removed by the destructor: nothing is left behind
   BucketHook bucket_reduced_hook_;
   std::unique_ptr<StepCheck> step_check_;  // null with one rank or check_steps off
   std::uint64_t forward_calls_ = 0;

@@ -354,10 +354,36 @@ bool Tensor::has_grad() const {
   return impl_->autograd.grad_valid;
 }
 
-void Tensor::register_post_accumulate_grad_hook(Hook hook) {
+HookHandle Tensor::register_post_accumulate_grad_hook(Hook hook) {
   NANODDP_CHECK(is_leaf() && requires_grad(),
                 "post-accumulate-grad hooks are for leaf tensors that require a gradient");
-  impl_->autograd.post_accumulate_grad_hooks.push_back(std::move(hook));
+  AutogradMeta& meta = impl_->autograd;
+  NANODDP_CHECK(!meta.running_hooks,
+                "a post-accumulate-grad hook cannot register hooks on the tensor it runs for");
+  const std::uint64_t id = meta.next_hook_id++;
+  meta.post_accumulate_grad_hooks.push_back({id, std::move(hook)});
+  return HookHandle(impl_, id);
+}
+
+std::size_t Tensor::post_accumulate_grad_hook_count() const {
+  return impl_->autograd.post_accumulate_grad_hooks.size();
+}
+
+void HookHandle::remove() {
+  const std::shared_ptr<TensorImpl> tensor = tensor_.lock();
+  if (!tensor) return;
+  NANODDP_CHECK(!tensor->autograd.running_hooks,
+                "a post-accumulate-grad hook cannot remove hooks of the tensor it runs for");
+  std::erase_if(tensor->autograd.post_accumulate_grad_hooks,
+                [this](const AutogradMeta::IdentifiedHook& h) { return h.id == id_; });
+  tensor_.reset();
+}
+
+void HookHandle::remove_quietly() noexcept {
+  try {
+    remove();
+  } catch (...) {
+  }
 }
 
 Tensor& Tensor::set_name(std::string name) {

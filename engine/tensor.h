@@ -67,6 +67,7 @@ class Generator {
 
 class Node;
 struct TensorImpl;
+class HookHandle;
 
 class Tensor {
  public:
@@ -149,8 +150,10 @@ class Tensor {
   void zero_grad();
   bool has_grad() const;
   // Runs after this leaf's gradient for the current backward is complete (all contributions
-  // accumulated). The DDP Reducer's entry point.
-  void register_post_accumulate_grad_hook(Hook hook);
+  // accumulated). The DDP Reducer's entry point. The handle removes the hook (PyTorch's
+  // RemovableHandle); dropping the handle keeps it.
+  HookHandle register_post_accumulate_grad_hook(Hook hook);
+  std::size_t post_accumulate_grad_hook_count() const;
   // A name for timelines: a traced backward marks "grad <name>" when this leaf's gradient is
   // final (nn::FlatParameters names every parameter).
   Tensor& set_name(std::string name);
@@ -169,13 +172,37 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+// Removes the hook it was returned for (PyTorch's torch.utils.hooks.RemovableHandle). remove()
+// is idempotent and does nothing once the tensor is gone; the destructor does not remove. A hook
+// cannot remove hooks of the tensor it runs for (an error).
+class HookHandle {
+ public:
+  HookHandle() = default;
+  HookHandle(std::weak_ptr<TensorImpl> tensor, std::uint64_t id)
+      : tensor_(std::move(tensor)), id_(id) {}
+  void remove();
+  // For destructors: removes if it can and never throws (a hook that outlives its owner
+  // must then do nothing by itself, e.g. through a weak handle).
+  void remove_quietly() noexcept;
+
+ private:
+  std::weak_ptr<TensorImpl> tensor_;
+  std::uint64_t id_ = 0;
+};
+
 // Autograd state of a tensor; leaves keep their gradient and hooks here.
 struct AutogradMeta {
   bool requires_grad = false;
   std::shared_ptr<Node> grad_fn;  // null for leaves
   Tensor grad;                    // buffer of a leaf's gradient
   bool grad_valid = false;        // false: `grad`'s contents are stale (treated as zero)
-  std::vector<Tensor::Hook> post_accumulate_grad_hooks;
+  struct IdentifiedHook {
+    std::uint64_t id;
+    Tensor::Hook hook;
+  };
+  std::vector<IdentifiedHook> post_accumulate_grad_hooks;
+  std::uint64_t next_hook_id = 1;
+  bool running_hooks = false;
   std::string name;  // a leaf's name for traces ("layers.0.weight"); may be empty
 };
 

@@ -24,10 +24,15 @@ OptimizerInBackward::OptimizerInBackward(Optimizer& optimizer, FlatParameters& p
     // finished, so nothing in this backward pass reads the old value any more: updating it in
     // place is safe (a Linear's input gradient, which reads the weight, is computed in the same
     // node as its weight gradient).
-    param.register_post_accumulate_grad_hook([weak, i](Tensor&) {
+    hooks_.push_back(param.register_post_accumulate_grad_hook([weak, i](Tensor&) {
       if (auto self = weak.lock()) (*self)->update_slot(i);
-    });
+    }));
   }
+}
+
+OptimizerInBackward::~OptimizerInBackward() {
+  // Leave nothing on the parameters: a new optimizer (or none) can take over.
+  for (HookHandle& hook : hooks_) hook.remove_quietly();
 }
 
 void OptimizerInBackward::arm() {

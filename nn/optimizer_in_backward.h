@@ -54,6 +54,7 @@ class OptimizerInBackward {
  public:
   OptimizerInBackward(Optimizer& optimizer, FlatParameters& params,
                       const OptimizerInBackwardOptions& options);
+  ~OptimizerInBackward();
   OptimizerInBackward(const OptimizerInBackward&) = delete;
   OptimizerInBackward& operator=(const OptimizerInBackward&) = delete;
 
@@ -83,6 +84,7 @@ class OptimizerInBackward {
   std::vector<bool> updated_;                    // per slot, this step
   Tensor nonfinite_;                             // per slot: NaN/Inf count of the range it started
   std::shared_ptr<OptimizerInBackward*> alive_;  // the hooks hold weak handles to it
+  std::vector<HookHandle> hooks_;                 // removed by the destructor
 };
 
 }  // namespace nanoddp::nn

@@ -242,11 +242,12 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
   if (distributed_) {
     ddp_ = std::make_unique<comm::DistributedDataParallel>(
         *model_, *params_, dist_->group, dist_->store,
-        comm::DdpOptions{.bucket_cap_mb = o_.bucket_cap_mb,
-                         .first_bucket_mb = o_.first_bucket_mb,
-                         .find_unused_parameters = o_.find_unused_parameters,
-                         .comm_hook = comm::parse_comm_hook(o_.comm_hook),
-                         .overlap = o_.overlap});
+        comm::DdpOptions{
+            .reducer = {.bucket_cap_mb = o_.bucket_cap_mb,
+                        .first_bucket_mb = o_.first_bucket_mb,
+                        .find_unused_parameters = o_.find_unused_parameters,
+                        .comm_hook = comm::parse_comm_hook(o_.comm_hook),
+                        .overlap = o_.overlap}});
   }
   if (o_.optimizer_in_backward) {
     // Single process: each parameter's own hook updates it. Under DDP its gradient is final only

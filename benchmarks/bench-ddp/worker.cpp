@@ -130,10 +130,10 @@ int run_worker(const Options& o) {
     }
     p.batch_per_rank = p.global_batch / world_size;
   }
-  p.ddp = comm::DdpOptions{.bucket_cap_mb = o.bucket_cap_mb.front(),
-                           .first_bucket_mb = o.first_bucket_mb.front(),
-                           .comm_hook = comm::parse_comm_hook(o.comm_hook.front()),
-                           .overlap = o.overlap.front()};
+  p.ddp.reducer = comm::ReducerOptions{.bucket_cap_mb = o.bucket_cap_mb.front(),
+                                       .first_bucket_mb = o.first_bucket_mb.front(),
+                                       .comm_hook = comm::parse_comm_hook(o.comm_hook.front()),
+                                       .overlap = o.overlap.front()};
 
   nn::Mlp model(p.model);
   nn::FlatParameters params(model, device);
@@ -211,7 +211,7 @@ int run_worker(const Options& o) {
                 mlp_parameter_count(shape));
   // What each all-reduce moves: every gradient once, in the hook's dtype.
   const double grad_bytes =
-      static_cast<double>(numel) * (p.ddp.comm_hook == comm::CommHook::kBf16 ? 2.0 : 4.0);
+      static_cast<double>(numel) * (p.ddp.reducer.comm_hook == comm::CommHook::kBf16 ? 2.0 : 4.0);
   const double step_s = s.step_ms_median / 1000.0;
 
   nlohmann::ordered_json config = {
@@ -228,9 +228,9 @@ int run_worker(const Options& o) {
       {"scaling", scaling_name(o.scaling)},
       {"batch_per_rank", p.batch_per_rank},
       {"global_batch", p.global_batch},
-      {"bucket_cap_mb", p.ddp.bucket_cap_mb},
-      {"first_bucket_mb", p.ddp.first_bucket_mb},
-      {"overlap", p.ddp.overlap},
+      {"bucket_cap_mb", p.ddp.reducer.bucket_cap_mb},
+      {"first_bucket_mb", p.ddp.reducer.first_bucket_mb},
+      {"overlap", p.ddp.reducer.overlap},
       {"optimizer_in_backward", in_backward},
       {"comm_hook", o.comm_hook.front()},
       {"threads", o.threads.front()},

@@ -84,6 +84,16 @@ TEST_CASE("ddp: different models on different ranks fail on every rank, naming t
   }
 }
 
+TEST_CASE("ddp: reconfigure with different options on different ranks fails on every rank") {
+  const auto results = run_scenario({"reconfigure-mismatch"}, 2);
+  INFO(describe(results));
+  REQUIRE(all_exit(results, 3));
+  for (const auto& r : results) {
+    CHECK(r.output.find("bucket_cap_mb=2") != std::string::npos);
+    CHECK(r.output.find("bucket_cap_mb=1") != std::string::npos);
+  }
+}
+
 TEST_CASE("ddp: no_sync micro-batches then one synced backward reduce the summed gradients") {
   for (int world : {2, 3}) {
     const auto results = run_scenario({"no-sync"}, world);

@@ -42,7 +42,8 @@ struct NcclDdpAndPlainTwin {
   nn::FlatParameters params{model, gpu};
   nn::FlatParameters ref_params{reference, gpu};
   comm::DistributedDataParallel ddp{
-      model, params, dist.group, dist.store, {.bucket_cap_mb = 0.01, .first_bucket_mb = 0.005}};
+      model, params, dist.group, dist.store,
+      {.reducer = {.bucket_cap_mb = 0.01, .first_bucket_mb = 0.005}}};
 };
 
 }  // namespace
@@ -92,7 +93,7 @@ TEST_CASE(
   // Overlap off: every bucket is reduced after backward, so the compute stream must stall for
   // all of it, while the host returns from backward() without waiting.
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.bucket_cap_mb = 1, .overlap = false});
+                                    {.reducer = {.bucket_cap_mb = 1, .overlap = false}});
   nn::SGD sgd(params, {.lr = 0.01f});
   // A batch large enough that the GPU runs behind the host: the host has enqueued the step
   // (backward, the all-reduces, the waits) long before the GPU gets to the waits, so the stall

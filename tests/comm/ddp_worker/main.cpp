@@ -86,7 +86,7 @@ int unused(comm::Distributed& dist, bool find_unused) {
   TwoHeads model(g);
   nn::FlatParameters params(model, Device::cpu());
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.find_unused_parameters = find_unused});
+                                    {.reducer = {.find_unused_parameters = find_unused}});
   // Momentum and weight decay: an optimizer that touched the unused head would move it.
   nn::SGD sgd(params, {.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.1f});
   const std::vector<float> initial = params.values().to_vector();
@@ -155,7 +155,7 @@ int unused_no_sync(comm::Distributed& dist) {
   OptionalHead model(g);
   nn::FlatParameters params(model, Device::cpu());
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.find_unused_parameters = true});
+                                    {.reducer = {.find_unused_parameters = true}});
   params.zero_grad();
   model.use_b = true;
   {
@@ -201,7 +201,7 @@ int unused_one_rank(comm::Distributed& dist, bool adam) {
   model.use_b = rank == 0;
   nn::FlatParameters params(model, Device::cpu());
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.find_unused_parameters = true});
+                                    {.reducer = {.find_unused_parameters = true}});
   std::unique_ptr<nn::Optimizer> optimizer;
   if (adam) {
     optimizer = std::make_unique<nn::AdamW>(params, nn::AdamWOptions{.weight_decay = 0.1f});
@@ -252,6 +252,25 @@ int mismatch(comm::Distributed& dist) {
   return 0;
 }
 
+// reconfigure(): every rank must pass the same options. Rank 1 asks for another bucket cap after
+// a step: every rank refuses, naming the setting, instead of pairing different buckets.
+int reconfigure_mismatch(comm::Distributed& dist) {
+  nn::Mlp model({.in_features = 8, .out_features = 4, .hidden = 16, .layers = 2});
+  nn::FlatParameters params(model, Device::cpu());
+  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store);
+  const Tensor x = Tensor::normal({4, 8}, 0, 1, {.seed = 1});
+  params.zero_grad();
+  mse_loss(ddp(x), Tensor::zeros({4, 4})).backward();
+  try {
+    ddp.reconfigure({.bucket_cap_mb = dist.group->rank() == 1 ? 2.0 : 1.0});
+  } catch (const std::exception& e) {
+    fmt::print("error: {}\n", e.what());
+    return 3;
+  }
+  fmt::print("no error\n");
+  return 0;
+}
+
 // K micro-batches under no_sync then one synchronized backward leave every rank holding the
 // world average of the summed gradients; checked against a single-process computation of all
 // ranks' micro-batches on an identical model.
@@ -294,7 +313,7 @@ int overlap(comm::Distributed& dist) {
   nn::Mlp model({.in_features = 384, .out_features = 384, .hidden = 384, .layers = 5});
   nn::FlatParameters params(model, Device::cpu());
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.bucket_cap_mb = 0.5, .first_bucket_mb = 0.5});
+                                    {.reducer = {.bucket_cap_mb = 0.5, .first_bucket_mb = 0.5}});
   const auto& buckets = ddp.reducer().buckets();
   EXPECT(buckets.size() >= 3, "{} buckets", buckets.size());
   fmt::print("{}", ddp.reducer().describe_buckets());
@@ -340,7 +359,8 @@ int skip_step(comm::Distributed& dist) {
   nn::Mlp model({.in_features = 6, .out_features = 3, .hidden = 10, .layers = 2, .seed = 3});
   nn::FlatParameters params(model, Device::cpu());
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.bucket_cap_mb = 0.0005, .first_bucket_mb = 0.0002});
+                                    {.reducer = {.bucket_cap_mb = 0.0005,
+                                                 .first_bucket_mb = 0.0002}});
   nn::SGD sgd(params, {.lr = 0.05f});
   const auto start = std::chrono::steady_clock::now();
   for (int step = 0; step < 6; ++step) {
@@ -373,7 +393,8 @@ int bf16(comm::Distributed& dist) {
   auto train = [&](comm::CommHook hook) {
     nn::Mlp model({.in_features = 16, .out_features = 4, .hidden = 32, .layers = 2, .seed = 5});
     nn::FlatParameters params(model, Device::cpu());
-    comm::DistributedDataParallel ddp(model, params, dist.group, dist.store, {.comm_hook = hook});
+    comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
+                                      {.reducer = {.comm_hook = hook}});
     nn::SGD sgd(params, {.lr = 0.05f});
     const Tensor w = Tensor::normal({16, 4}, 0.0f, 0.5f, {.seed = 9});  // the target map
     float first = 0, last = 0;
@@ -410,8 +431,8 @@ int bf16(comm::Distributed& dist) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     fmt::print(stderr,
-               "usage: {} unused|unused-no-sync|unused-one-rank|mismatch|no-sync|overlap|bf16|"
-               "skip-step [--find-unused|--adamw]\n",
+               "usage: {} unused|unused-no-sync|unused-one-rank|mismatch|reconfigure-mismatch|"
+               "no-sync|overlap|bf16|skip-step [--find-unused|--adamw]\n",
                argv[0]);
     return 2;
   }
@@ -425,6 +446,7 @@ int main(int argc, char** argv) {
     if (scenario == "unused-one-rank")
       return unused_one_rank(dist, argc > 2 && std::strcmp(argv[2], "--adamw") == 0);
     if (scenario == "mismatch") return mismatch(dist);
+    if (scenario == "reconfigure-mismatch") return reconfigure_mismatch(dist);
     if (scenario == "no-sync") return no_sync(dist);
     if (scenario == "overlap") return overlap(dist);
     if (scenario == "bf16") return bf16(dist);

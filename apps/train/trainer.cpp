@@ -9,6 +9,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/engine/error.h"
+#include "nanoddp/engine/host_sync.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/kernels/cpu/kernels.h"
 #include "nanoddp/nn/checkpoint.h"
@@ -55,6 +57,23 @@ void check_dir_writable(const std::string& flag, const std::string& dir) {
   std::filesystem::remove(probe, ec);
 }
 
+// --device cuda: one GPU per local rank (LOCAL_RANK modulo the visible devices, see
+// choose_device); --device cuda:N as given. Made current before anything touches CUDA, so that
+// no stream, handle or context of this process lands on another rank's GPU.
+Device select_device(const std::string& requested, int local_rank, bool quiet) {
+  const DeviceChoice choice =
+      choose_device(requested, local_rank, requested == "cpu" ? 0 : cuda_device_count());
+  set_current_device(choice.device);
+  if (choice.device.is_cuda() && !quiet) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    fmt::print("nanoddp-train: local rank {} uses {} ({}{}{})\n", local_rank, choice.device.str(),
+               choice.why, visible != nullptr ? "; CUDA_VISIBLE_DEVICES=" : "",
+               visible != nullptr ? visible : "");
+    std::fflush(stdout);
+  }
+  return choice.device;
+}
+
 }  // namespace
 
 struct Trainer::Window {
@@ -66,16 +85,14 @@ struct Trainer::Window {
   // the one small all-reduce that exchanges the ranks' losses.
   double optimizer_ms = 0;
   std::int64_t steps = 0, samples = 0;
+  std::int64_t host_syncs = 0;  // times the host waited for the device (engine/host_sync.h)
 };
 
 Trainer::Trainer(const TrainOptions& options) : o_(options) {
   world_ = comm::world_from_env();
   distributed_ = world_.launcher != "none";
 
-  device_ = Device::parse(o_.device);
-  // One GPU per local rank unless the user named one.
-  if (device_.is_cuda() && o_.device == "cuda") device_ = Device::cuda(world_.local_rank);
-  require_device(device_);
+  device_ = select_device(o_.device, world_.local_rank, o_.quiet);
   backend_for(device_).set_gemm_backend(o_.gemm == "cublas"  ? GemmBackend::kCublas
                                         : o_.gemm == "eigen" ? GemmBackend::kEigen
                                                              : GemmBackend::kHand);
@@ -306,9 +323,22 @@ void Trainer::resize_batch(std::int64_t rows) {
     y_ = Tensor::empty({rows, out}, device_);
   }
   if (device_.is_cuda()) {
-    x_host_.resize(static_cast<std::size_t>(rows * in));
-    y_host_.resize(static_cast<std::size_t>(rows * out));
+    wait_for_staging();  // the caller writes the staging buffers next
+    const auto x_bytes = static_cast<std::size_t>(rows * in) * sizeof(float);
+    const auto y_bytes = static_cast<std::size_t>(rows * out) * sizeof(float);
+    if (x_host_.size() < x_bytes) x_host_ = PinnedBuffer(x_bytes);
+    if (y_host_.size() < y_bytes) y_host_ = PinnedBuffer(y_bytes);
   }
+}
+
+// The GPU copies the staging buffers after the host has moved on (upload_batch): they are
+// written again only once it has. Usually it has long done so (the copy was enqueued a
+// micro-batch ago) and this is an event query; the host waits (a counted synchronization) only
+// when it has run ahead of the GPU.
+void Trainer::wait_for_staging() {
+  if (!staging_busy_) return;
+  if (!staged_.query()) staged_.synchronize();
+  staging_busy_ = false;
 }
 
 std::span<const std::int64_t> Trainer::lookahead_indices(std::int64_t g) {
@@ -357,7 +387,7 @@ void Trainer::load_batch(std::int64_t step, std::int64_t m) {
   if (device_.is_cpu()) {
     prefetcher_->take(x_.data(), y_.data());
   } else {
-    prefetcher_->take(x_host_.data(), y_host_.data());
+    prefetcher_->take(static_cast<float*>(x_host_.data()), static_cast<float*>(y_host_.data()));
     upload_batch();
   }
   prefetched_ = -1;
@@ -380,17 +410,24 @@ void Trainer::fill_batch(std::int64_t micro_batch_in_epoch) {
     dataset_->fill_batch(indices, x_.data(), y_.data());
     return;
   }
-  dataset_->fill_batch(indices, x_host_.data(), y_host_.data());
+  dataset_->fill_batch(indices, static_cast<float*>(x_host_.data()),
+                       static_cast<float*>(y_host_.data()));
   upload_batch();
 }
 
 void Trainer::upload_batch() {
-  copy_bytes(x_.raw_data(), device_, x_host_.data(), Device::cpu(), x_.nbytes());
-  copy_bytes(y_.raw_data(), device_, y_host_.data(), Device::cpu(), y_.nbytes());
+  // From pinned memory, on the compute stream: the host does not wait, the forward pass after
+  // it does (stream order).
+  upload_async(x_.raw_data(), device_, x_host_.data(), x_.nbytes());
+  upload_async(y_.raw_data(), device_, y_host_.data(), y_.nbytes());
+  if (staged_.device() != device_) staged_ = Event(device_);
+  staged_.record(Stream::compute(device_));
+  staging_busy_ = true;
 }
 
 float Trainer::train_step(std::int64_t step, Window& window) {
   const auto step_start = Clock::now();
+  const std::int64_t host_syncs_before = host_sync_count();
   double data_ms = 0;
   optimizer_->zero_grad();
   double backward_ms = 0;
@@ -439,7 +476,7 @@ float Trainer::train_step(std::int64_t step, Window& window) {
   // NaN/Inf policy. Decided from every rank's loss and the averaged gradients (identical on
   // every rank after the all-reduce), so all ranks stop, or skip, at the same step: a rank that
   // stopped alone would leave the others waiting in the next step's collectives.
-  const StepHealth health = exchange_health(loss_sum.item());  // item() waits for the device
+  const StepHealth health = exchange_health(loss_sum);
   std::vector<int> bad_ranks;
   for (int r = 0; r < world_size_; ++r) {
     if (!std::isfinite(health.losses[static_cast<std::size_t>(r)])) bad_ranks.push_back(r);
@@ -492,6 +529,7 @@ float Trainer::train_step(std::int64_t step, Window& window) {
   window.wall_ms += wall_ms;
   window.steps += 1;
   window.samples += world_size_ * step_rows;
+  window.host_syncs += host_sync_count() - host_syncs_before;
   if (ddp_) {
     const comm::ReducerStats& stats = ddp_->reducer().last_stats();
     window.comm_ms += stats.comm_ms;
@@ -515,27 +553,31 @@ std::int64_t count_nonfinite(const Tensor& t) {
 
 }  // namespace
 
-Trainer::StepHealth Trainer::exchange_health(float local_loss) {
+Trainer::StepHealth Trainer::exchange_health(const Tensor& local_loss) {
   params_->materialize_grads();  // a parameter without a gradient this step counts as zero
-  StepHealth health;
-  // With the optimizer in backward the gradients were counted as they were applied.
-  health.grads_finite = (optimizer_in_backward_ ? optimizer_in_backward_->nonfinite_gradients()
-                                                : count_nonfinite(params_->grads())) == 0;
-  if (!distributed_) {
-    health.losses = {local_loss};
-    return health;
+  // [loss of rank 0, ..., loss of rank W-1, non-finite gradient values on rank 0, ...], built
+  // on the device: each rank writes its own entries (the loss copied, the count written by the
+  // kernel), the sum hands everyone all of them (x + 0 keeps NaN and Inf), and the host reads
+  // the vector once. (Read one by one, the loss and the count were two host synchronizations,
+  // and the upload and download around the all-reduce two more.)
+  const auto w = static_cast<std::size_t>(distributed_ ? world_size_ : 1);
+  const auto me = static_cast<std::size_t>(distributed_ ? rank_ : 0);
+  Tensor values = Tensor::zeros({static_cast<std::int64_t>(2 * w)}, device_);
+  Backend& backend = backend_for(device_);
+  backend.copy(values.data() + me, local_loss.data(), sizeof(float));
+  if (optimizer_in_backward_) {
+    // The gradients were counted as they were applied.
+    backend.fill(values.data() + w + me, 1,
+                 static_cast<float>(optimizer_in_backward_->nonfinite_gradients()));
+  } else {
+    const Tensor grads = params_->grads();
+    backend.count_nonfinite(grads.data(), grads.numel(), values.data() + w + me);
   }
-  // [loss of rank 0, ..., loss of rank W-1, gradients non-finite on rank 0, ...]: each rank
-  // fills its own entries and the sum hands everyone all of them (x + 0 keeps NaN and Inf).
-  const auto w = static_cast<std::size_t>(world_size_);
-  std::vector<float> values(2 * w, 0.0f);
-  values[static_cast<std::size_t>(rank_)] = local_loss;
-  values[w + static_cast<std::size_t>(rank_)] = health.grads_finite ? 0.0f : 1.0f;
-  Tensor t = Tensor::from_vector(values, {static_cast<std::int64_t>(2 * w)}, device_);
-  dist_->group->allreduce(t, comm::ReduceOp::kSum)->wait();
-  values = t.to_vector();
-  health.losses.assign(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(w));
-  for (std::size_t r = 0; r < w; ++r) health.grads_finite &= values[w + r] == 0.0f;
+  if (distributed_) dist_->group->allreduce(values, comm::ReduceOp::kSum)->wait();
+  const std::vector<float> host = values.to_vector();
+  StepHealth health;
+  health.losses.assign(host.begin(), host.begin() + static_cast<std::ptrdiff_t>(w));
+  for (std::size_t r = 0; r < w; ++r) health.grads_finite &= host[w + r] == 0.0f;
   return health;
 }
 
@@ -578,6 +620,7 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) 
     line["forward_ms"] = w.forward_ms / n;
     line["backward_ms"] = w.backward_ms / n;
     line["optimizer_ms"] = w.optimizer_ms / n;
+    line["host_syncs_per_step"] = static_cast<double>(w.host_syncs) / n;
     if (ddp_) {
       line["comm_ms"] = w.comm_ms / n;
       line["exposed_comm_ms"] = w.exposed_comm_ms / n;

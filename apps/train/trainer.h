@@ -8,6 +8,8 @@
 #include "nanoddp/comm/ddp.h"
 #include "nanoddp/comm/init.h"
 #include "nanoddp/comm/rendezvous.h"
+#include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/trace.h"
 #include "nanoddp/nn/dataset.h"
 #include "nanoddp/nn/flat_parameters.h"
@@ -46,16 +48,18 @@ class Trainer {
   // its own (the batch after the last of an epoch belongs to the next epoch).
   std::span<const std::int64_t> lookahead_indices(std::int64_t g);
   void resize_batch(std::int64_t rows);
-  void upload_batch();  // CUDA: the host staging buffers into x_ and y_
+  void upload_batch();      // CUDA: the host staging buffers into x_ and y_, asynchronously
+  void wait_for_staging();  // CUDA: before the staging buffers are written again
   // One optimizer step; returns the loss averaged over the ranks.
   float train_step(std::int64_t step, Window& window);
   // Every rank's loss of this step (index = rank), and whether the averaged gradients are
   // finite: one small all-reduce, so that every rank takes the same decision at the same step.
+  // Gathered on the device and read once: the step's one host synchronization.
   struct StepHealth {
     std::vector<float> losses;
     bool grads_finite = true;
   };
-  StepHealth exchange_health(float local_loss);
+  StepHealth exchange_health(const Tensor& local_loss);
   std::string describe_nonfinite_grads() const;
   void log(std::int64_t step, std::int64_t epoch, float loss, Window& window);
   void save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch);
@@ -94,8 +98,12 @@ class Trainer {
   std::int64_t sampler_epoch_ = -1;
   std::int64_t skipped_steps_ = 0;  // optimizer steps skipped for NaN/Inf (--skip-nonfinite)
 
-  // The current micro-batch: host staging buffers (CUDA) and the device tensors.
-  std::vector<float> x_host_, y_host_;
+  // The current micro-batch: pinned host staging buffers (CUDA), uploaded without the host
+  // waiting, and the device tensors. `staged_` follows the last upload on the compute stream:
+  // the staging buffers are refilled only once the GPU has copied them (wait_for_staging).
+  PinnedBuffer x_host_, y_host_;
+  Event staged_;
+  bool staging_busy_ = false;
   Tensor x_, y_;
 };
 

@@ -8,6 +8,7 @@
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/engine/error.h"
+#include "nanoddp/engine/host_sync.h"
 
 namespace nanoddp {
 
@@ -87,6 +88,7 @@ Tensor Tensor::from_vector(std::span<const float> values, const Shape& shape, De
          shape_str(shape), shape_numel(shape));
   }
   Tensor t = empty(shape, device);
+  const HostSyncPoint sync("Tensor::from_vector");  // a pageable upload: the host waits
   copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
   return t;
 }
@@ -136,6 +138,7 @@ float* Tensor::data() const {
 std::vector<float> Tensor::to_vector() const {
   NANODDP_CHECK(dtype() == DType::kF32, "to_vector(): expected a float32 tensor");
   std::vector<float> values(static_cast<std::size_t>(numel()));
+  const HostSyncPoint sync("Tensor::to_vector");
   if (device().is_cuda()) backend_for(device()).stream().synchronize();
   copy_bytes(values.data(), Device::cpu(), raw_data(), device(), nbytes());
   return values;
@@ -207,6 +210,7 @@ void Tensor::copy_from(const Tensor& source) {
     return;
   }
   // Across devices: finish pending work on the source's stream first.
+  const HostSyncPoint sync("Tensor::copy_from across devices");
   if (source.device().is_cuda()) backend_for(source.device()).stream().synchronize();
   copy_bytes(raw_data(), device(), source.raw_data(), source.device(), nbytes());
 }

@@ -52,14 +52,22 @@ class Trainer {
   void wait_for_staging();  // CUDA: before the staging buffers are written again
   // One optimizer step; returns the loss averaged over the ranks.
   float train_step(std::int64_t step, Window& window);
-  // Every rank's loss of this step (index = rank), and whether the averaged gradients are
-  // finite: one small all-reduce, so that every rank takes the same decision at the same step.
-  // Gathered on the device and read once: the step's one host synchronization.
+  // Every rank's loss of a step (index = rank), and whether the averaged gradients were finite:
+  // one small all-reduce per step (on the device), so that every rank takes the same decision
+  // at the same step. The host reads it only where it must (reads_health_at): a step that is
+  // not logged makes no host synchronization.
   struct StepHealth {
+    std::int64_t step = 0;
     std::vector<float> losses;
     bool grads_finite = true;
   };
-  StepHealth exchange_health(const Tensor& local_loss);
+  Tensor gather_health(const Tensor& local_loss);
+  bool is_log_step(std::int64_t step) const;
+  bool reads_health_at(std::int64_t step) const;
+  void keep_health(const Tensor& values, std::int64_t step);
+  // The first kept step whose health is bad, else this step's.
+  StepHealth read_health(const Tensor& values, std::int64_t step);
+  float apply_health(const StepHealth& health, std::int64_t step);
   std::string describe_nonfinite_grads() const;
   void log(std::int64_t step, std::int64_t epoch, float loss, Window& window);
   void save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch);
@@ -102,6 +110,10 @@ class Trainer {
   // waiting, and the device tensors. `staged_` follows the last upload on the compute stream:
   // the staging buffers are refilled only once the GPU has copied them (wait_for_staging).
   PinnedBuffer x_host_, y_host_;
+  // The health of the steps since the host last read it, one row each, on the device.
+  static constexpr std::int64_t kKeptHealthRows = 64;
+  Tensor health_rows_;
+  std::vector<std::int64_t> unread_steps_;
   Event staged_;
   bool staging_busy_ = false;
   Tensor x_, y_;

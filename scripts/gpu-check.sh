@@ -356,7 +356,16 @@ gpu_step bench-gemm 120 bench-gemm.log "$bin/nanoddp-bench-gemm" --json "$LOGS/b
 gpu_step train-hand 60 train-hand.log "$bin/nanoddp-train" --device cuda --gemm hand \
   --in 1024 --out 1024 --hidden 1024 --layers 3 --batch 256 --steps 200 --log-every 50
 gpu_step train-cublas 60 train-cublas.log "$bin/nanoddp-train" --device cuda --gemm cublas \
-  --in 1024 --out 1024 --hidden 1024 --layers 3 --batch 256 --steps 200 --log-every 50
+  --in 1024 --out 1024 --hidden 1024 --layers 3 --batch 256 --steps 200 --log-every 50 \
+  --metrics "$LOGS/train-cublas-metrics.jsonl"
+# How often the host waited for the GPU: one read per logged step is the design; more are a
+# host that ran ahead waiting for a staging buffer (reported, not failed: the GPU was busy).
+py_check host-syncs '
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+print("host syncs per logged window: " +
+      ", ".join(f"{l['"'"'host_syncs_per_step'"'"'] * l['"'"'steps_in_window'"'"']:g}" for l in lines))
+' "$LOGS/train-cublas-metrics.jsonl"
 # The same with the batches prepared on a CPU worker while the GPU computes (compare samples/s).
 gpu_step train-prefetch 60 train-prefetch.log "$bin/nanoddp-train" --device cuda --gemm cublas \
   --in 1024 --out 1024 --hidden 1024 --layers 3 --batch 256 --steps 200 --log-every 50 --prefetch

@@ -776,7 +776,8 @@ int fresh_thread_device_child() {
 }
 
 TEST_CASE("cuda device guard: a fresh thread working on cuda:N opens no context on cuda:0") {
-  CHECK(nanoddp::detail::cuda_primary_context_active(0));  // this process works on cuda:0
+  nanoddp::Stream::compute(Device::cuda(0)).synchronize();  // this process works on cuda:0
+  CHECK(nanoddp::detail::cuda_primary_context_active(0));
   if (nanoddp::cuda_device_count() < 2) {
     MESSAGE("one GPU: the fresh-thread case needs two (it runs in a child process)");
     return;

@@ -323,22 +323,24 @@ void Trainer::resize_batch(std::int64_t rows) {
     y_ = Tensor::empty({rows, out}, device_);
   }
   if (device_.is_cuda()) {
-    wait_for_staging();  // the caller writes the staging buffers next
+    next_staging_slot();  // the caller writes the staging buffers next
+    Staging& slot = staging_[slot_];
     const auto x_bytes = static_cast<std::size_t>(rows * in) * sizeof(float);
     const auto y_bytes = static_cast<std::size_t>(rows * out) * sizeof(float);
-    if (x_host_.size() < x_bytes) x_host_ = PinnedBuffer(x_bytes);
-    if (y_host_.size() < y_bytes) y_host_ = PinnedBuffer(y_bytes);
+    if (slot.x.size() < x_bytes) slot.x = PinnedBuffer(x_bytes);
+    if (slot.y.size() < y_bytes) slot.y = PinnedBuffer(y_bytes);
   }
 }
 
-// The GPU copies the staging buffers after the host has moved on (upload_batch): they are
-// written again only once it has. Usually it has long done so (the copy was enqueued a
-// micro-batch ago) and this is an event query; the host waits (a counted synchronization) only
-// when it has run ahead of the GPU.
-void Trainer::wait_for_staging() {
-  if (!staging_busy_) return;
-  if (!staged_.query()) staged_.synchronize();
-  staging_busy_ = false;
+// The GPU copies a staging slot after the host has moved on (upload_batch): the slot is written
+// again only once it has. The slot taken was uploaded kStagingSlots micro-batches ago, so this
+// is usually an event query; the host waits (a counted synchronization) only when it has run
+// that far ahead of the GPU, which is then busy, not idle.
+void Trainer::next_staging_slot() {
+  slot_ = (slot_ + 1) % kStagingSlots;
+  Staging& slot = staging_[slot_];
+  if (slot.busy && !slot.copied.query()) slot.copied.synchronize();
+  slot.busy = false;
 }
 
 std::span<const std::int64_t> Trainer::lookahead_indices(std::int64_t g) {
@@ -387,7 +389,7 @@ void Trainer::load_batch(std::int64_t step, std::int64_t m) {
   if (device_.is_cpu()) {
     prefetcher_->take(x_.data(), y_.data());
   } else {
-    prefetcher_->take(static_cast<float*>(x_host_.data()), static_cast<float*>(y_host_.data()));
+    prefetcher_->take(x_staging(), y_staging());
     upload_batch();
   }
   prefetched_ = -1;
@@ -410,19 +412,19 @@ void Trainer::fill_batch(std::int64_t micro_batch_in_epoch) {
     dataset_->fill_batch(indices, x_.data(), y_.data());
     return;
   }
-  dataset_->fill_batch(indices, static_cast<float*>(x_host_.data()),
-                       static_cast<float*>(y_host_.data()));
+  dataset_->fill_batch(indices, x_staging(), y_staging());
   upload_batch();
 }
 
 void Trainer::upload_batch() {
   // From pinned memory, on the compute stream: the host does not wait, the forward pass after
   // it does (stream order).
-  upload_async(x_.raw_data(), device_, x_host_.data(), x_.nbytes());
-  upload_async(y_.raw_data(), device_, y_host_.data(), y_.nbytes());
-  if (staged_.device() != device_) staged_ = Event(device_);
-  staged_.record(Stream::compute(device_));
-  staging_busy_ = true;
+  Staging& slot = staging_[slot_];
+  upload_async(x_.raw_data(), device_, slot.x.data(), x_.nbytes());
+  upload_async(y_.raw_data(), device_, slot.y.data(), y_.nbytes());
+  if (slot.copied.device() != device_) slot.copied = Event(device_);
+  slot.copied.record(Stream::compute(device_));
+  slot.busy = true;
 }
 
 float Trainer::train_step(std::int64_t step, Window& window) {

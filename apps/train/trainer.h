@@ -1,6 +1,7 @@
 #pragma once
 // The training loop of nanoddp-train, on one process or as one rank of a DDP job.
 
+#include <array>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -48,8 +49,8 @@ class Trainer {
   // its own (the batch after the last of an epoch belongs to the next epoch).
   std::span<const std::int64_t> lookahead_indices(std::int64_t g);
   void resize_batch(std::int64_t rows);
-  void upload_batch();      // CUDA: the host staging buffers into x_ and y_, asynchronously
-  void wait_for_staging();  // CUDA: before the staging buffers are written again
+  void upload_batch();       // CUDA: the host staging buffers into x_ and y_, asynchronously
+  void next_staging_slot();  // CUDA: a free staging slot for the next micro-batch
   // One optimizer step; returns the loss averaged over the ranks.
   float train_step(std::int64_t step, Window& window);
   // Every rank's loss of a step (index = rank), and whether the averaged gradients were finite:
@@ -106,16 +107,26 @@ class Trainer {
   std::int64_t sampler_epoch_ = -1;
   std::int64_t skipped_steps_ = 0;  // optimizer steps skipped for NaN/Inf (--skip-nonfinite)
 
-  // The current micro-batch: pinned host staging buffers (CUDA), uploaded without the host
-  // waiting, and the device tensors. `staged_` follows the last upload on the compute stream:
-  // the staging buffers are refilled only once the GPU has copied them (wait_for_staging).
-  PinnedBuffer x_host_, y_host_;
   // The health of the steps since the host last read it, one row each, on the device.
   static constexpr std::int64_t kKeptHealthRows = 64;
   Tensor health_rows_;
   std::vector<std::int64_t> unread_steps_;
-  Event staged_;
-  bool staging_busy_ = false;
+
+  // CUDA: pinned host staging buffers, uploaded without the host waiting. A ring of them, as
+  // PyTorch's caching host allocator hands out another pinned block while a copy is in flight:
+  // the host, which waits for the GPU only at logged steps, runs ahead, and refills a slot only
+  // once the GPU has copied it (`copied`, recorded after its upload on the compute stream).
+  struct Staging {
+    PinnedBuffer x, y;
+    Event copied;
+    bool busy = false;
+  };
+  static constexpr std::size_t kStagingSlots = 4;
+  std::array<Staging, kStagingSlots> staging_;
+  std::size_t slot_ = 0;  // the current micro-batch's
+  float* x_staging() const { return static_cast<float*>(staging_[slot_].x.data()); }
+  float* y_staging() const { return static_cast<float*>(staging_[slot_].y.data()); }
+  // The current micro-batch on its device.
   Tensor x_, y_;
 };
 

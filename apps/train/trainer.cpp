@@ -318,11 +318,13 @@ void Trainer::resume() {
 
 void Trainer::resize_batch(std::int64_t rows) {
   const std::int64_t in = dataset_->in_features(), out = dataset_->out_features();
-  if (!x_.defined() || x_.size(0) != rows) {
-    x_ = Tensor::empty({rows, in}, device_);
-    y_ = Tensor::empty({rows, out}, device_);
-  }
-  if (device_.is_cuda()) {
+  if (device_.is_cpu()) {
+    if (!x_.defined() || x_.size(0) != rows) {
+      x_ = Tensor::empty({rows, in}, device_);
+      y_ = Tensor::empty({rows, out}, device_);
+    }
+  } else {
+    next_device_batch(rows);
     next_staging_slot();  // the caller writes the staging buffers next
     Staging& slot = staging_[slot_];
     const auto x_bytes = static_cast<std::size_t>(rows * in) * sizeof(float);
@@ -330,6 +332,36 @@ void Trainer::resize_batch(std::int64_t rows) {
     if (slot.x.size() < x_bytes) slot.x = PinnedBuffer(x_bytes);
     if (slot.y.size() < y_bytes) slot.y = PinnedBuffer(y_bytes);
   }
+}
+
+// Called before a micro-batch's upload, when everything that reads the previous micro-batch
+// has been enqueued on the compute stream: that buffer is free once the compute stream gets
+// past this point (its `free` event), and this micro-batch takes the other buffer, last read by
+// the micro-batch before, which the upload stream waits for.
+void Trainer::next_device_batch(std::int64_t rows) {
+  const Stream compute = Stream::compute(device_);
+  if (upload_stream_.native() == nullptr) upload_stream_ = Stream::create(device_);
+  DeviceBatch& previous = device_batches_[device_slot_];
+  if (previous.used) {
+    if (previous.free.device() != device_) previous.free = Event(device_);
+    previous.free.record(compute);
+  }
+  device_slot_ = 1 - device_slot_;
+  DeviceBatch& batch = device_batches_[device_slot_];
+  if (!batch.x.defined() || batch.x.size(0) != rows) {
+    batch.x = Tensor::empty({rows, dataset_->in_features()}, device_);
+    batch.y = Tensor::empty({rows, dataset_->out_features()}, device_);
+    // New memory from the caching allocator may be a block that work already enqueued on the
+    // compute stream still uses (blocks are handed out in compute-stream order): the upload
+    // stream waits for all of it.
+    if (batch.free.device() != device_) batch.free = Event(device_);
+    batch.free.record(compute);
+    batch.used = true;
+  }
+  if (batch.used) batch.free.block(upload_stream_);
+  batch.used = true;
+  x_ = batch.x;
+  y_ = batch.y;
 }
 
 // The GPU copies a staging slot after the host has moved on (upload_batch): the slot is written
@@ -417,13 +449,14 @@ void Trainer::fill_batch(std::int64_t micro_batch_in_epoch) {
 }
 
 void Trainer::upload_batch() {
-  // From pinned memory, on the compute stream: the host does not wait, the forward pass after
-  // it does (stream order).
+  // From pinned memory, on the upload stream: the host does not wait, and the copy overlaps
+  // the compute stream's work on the micro-batch before; the forward pass waits for it there.
   Staging& slot = staging_[slot_];
-  upload_async(x_.raw_data(), device_, slot.x.data(), x_.nbytes());
-  upload_async(y_.raw_data(), device_, slot.y.data(), y_.nbytes());
+  upload_async_on(upload_stream_, x_.raw_data(), slot.x.data(), x_.nbytes());
+  upload_async_on(upload_stream_, y_.raw_data(), slot.y.data(), y_.nbytes());
   if (slot.copied.device() != device_) slot.copied = Event(device_);
-  slot.copied.record(Stream::compute(device_));
+  slot.copied.record(upload_stream_);
+  slot.copied.block(Stream::compute(device_));
   slot.busy = true;
 }
 

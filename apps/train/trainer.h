@@ -126,6 +126,18 @@ class Trainer {
   std::size_t slot_ = 0;  // the current micro-batch's
   float* x_staging() const { return static_cast<float*>(staging_[slot_].x.data()); }
   float* y_staging() const { return static_cast<float*>(staging_[slot_].y.data()); }
+  // CUDA: the batches go up on a stream of their own into two device buffers used in turn, so
+  // that a micro-batch's copy runs while the GPU still computes the one before (the host runs
+  // ahead between logged steps). `free` follows the last work that read a buffer.
+  struct DeviceBatch {
+    Tensor x, y;
+    Event free;
+    bool used = false;
+  };
+  Stream upload_stream_;
+  std::array<DeviceBatch, 2> device_batches_;
+  std::size_t device_slot_ = 0;  // the current micro-batch's
+  void next_device_batch(std::int64_t rows);
   // The current micro-batch on its device.
   Tensor x_, y_;
 };

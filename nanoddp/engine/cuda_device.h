@@ -5,6 +5,7 @@
 #include <string>
 
 #include "nanoddp/engine/device.h"
+#include "nanoddp/engine/stream.h"
 
 namespace nanoddp {
 
@@ -79,5 +80,8 @@ class PinnedBuffer {
 // data. `src` must stay unchanged until the stream has passed the copy (record an Event after
 // this call and wait for it before writing `src` again). On the CPU: a memcpy.
 void upload_async(void* dst, Device device, const void* src, std::size_t nbytes);
+// The same on `stream` (a stream of the device that owns `dst`, for example a copy stream whose
+// uploads overlap the compute stream's work; the caller orders the two with events).
+void upload_async_on(const Stream& stream, void* dst, const void* src, std::size_t nbytes);
 
 }  // namespace nanoddp

@@ -84,4 +84,8 @@ void upload_async(void* dst, Device device, const void* src, std::size_t nbytes)
   if (nbytes != 0) std::memcpy(dst, src, nbytes);
 }
 
+void upload_async_on(const Stream& stream, void* dst, const void* src, std::size_t nbytes) {
+  upload_async(dst, stream.device(), src, nbytes);
+}
+
 }  // namespace nanoddp

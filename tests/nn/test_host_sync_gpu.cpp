@@ -40,4 +40,22 @@ TEST_CASE("gpu host sync: an upload from pinned memory is enqueued, not waited f
   CHECK(t.to_vector() == values);  // stream order: the read comes after the copy
 }
 
+TEST_CASE("gpu host sync: an upload on a stream of its own is ordered by an event, not a wait") {
+  const Device gpu = Device::cuda(0);
+  const std::vector<float> values = {5, 6, 7};
+  PinnedBuffer staging(values.size() * sizeof(float));
+  std::memcpy(staging.data(), values.data(), staging.size());
+  Tensor t = Tensor::zeros({3}, gpu);
+  const Stream uploads = Stream::create(gpu);
+  Event ready(gpu), copied(gpu);
+  ready.record(Stream::compute(gpu));  // the zeros are written before the copy lands
+  ready.block(uploads);
+  const std::int64_t before = host_sync_count();
+  upload_async_on(uploads, t.raw_data(), staging.data(), staging.size());
+  copied.record(uploads);
+  copied.block(Stream::compute(gpu));
+  CHECK(host_sync_count() == before);
+  CHECK(t.to_vector() == values);  // read on the compute stream, after the wait
+}
+
 #endif  // NANODDP_WITH_CUDA

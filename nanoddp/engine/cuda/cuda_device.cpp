@@ -219,17 +219,25 @@ void PinnedBuffer::release() {
 }
 
 void upload_async(void* dst, Device device, const void* src, std::size_t nbytes) {
+  if (device.is_cpu()) {
+    if (nbytes != 0) std::memcpy(dst, src, nbytes);
+    return;
+  }
+  upload_async_on(Stream::compute(device), dst, src, nbytes);
+}
+
+void upload_async_on(const Stream& stream, void* dst, const void* src, std::size_t nbytes) {
   if (nbytes == 0) return;
+  const Device device = stream.device();
   if (device.is_cpu()) {
     std::memcpy(dst, src, nbytes);
     return;
   }
   require_device(device);
   note_device_op("upload_async");
-  const Stream stream_handle = Stream::compute(device);
   detail::CudaDeviceGuard guard(device.index);
   NANODDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice,
-                                     static_cast<cudaStream_t>(stream_handle.native())));
+                                     static_cast<cudaStream_t>(stream.native())));
 }
 
 }  // namespace nanoddp

@@ -8,6 +8,7 @@
 #include "nanoddp/engine/autograd.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/engine/host_sync.h"
 #include "nanoddp/kernels/error.h"
 
 namespace nanoddp {
@@ -88,6 +89,7 @@ Tensor Tensor::from_vector(std::span<const float> values, const Shape& shape, De
          shape_str(shape), shape_numel(shape));
   }
   Tensor t = empty(shape, device);
+  const HostSyncPoint sync("Tensor::from_vector");  // a pageable upload: the host waits
   copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
   return t;
 }
@@ -137,6 +139,7 @@ float* Tensor::data() const {
 std::vector<float> Tensor::to_vector() const {
   NANODDP_CHECK(dtype() == DType::kF32, "to_vector(): expected a float32 tensor");
   std::vector<float> values(static_cast<std::size_t>(numel()));
+  const HostSyncPoint sync("Tensor::to_vector");
   if (device().is_cuda()) backend_for(device()).stream().synchronize();
   copy_bytes(values.data(), Device::cpu(), raw_data(), device(), nbytes());
   return values;
@@ -201,6 +204,7 @@ void copy_values(const Tensor& dst, const Tensor& source) {
     return;
   }
   // Across devices: finish pending work on the source's stream first.
+  const HostSyncPoint sync("Tensor::copy_from across devices");
   if (source.device().is_cuda()) backend_for(source.device()).stream().synchronize();
   copy_bytes(dst.raw_data(), dst.device(), source.raw_data(), source.device(), dst.nbytes());
 }

@@ -11,6 +11,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include "nanoddp/config.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/engine/host_sync.h"
 #include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/kernels/cpu/kernels.h"
@@ -127,6 +129,23 @@ std::string model_difference(const std::string& recorded, const std::string& cur
   return fmt::format("{}", fmt::join(parts, "; "));
 }
 
+// --device cuda: one GPU per local rank (LOCAL_RANK modulo the visible devices, see
+// choose_device); --device cuda:N as given. Made current before anything touches CUDA, so that
+// no stream, handle or context of this process lands on another rank's GPU.
+Device select_device(const std::string& requested, int local_rank, bool quiet) {
+  const DeviceChoice choice =
+      choose_device(requested, local_rank, requested == "cpu" ? 0 : cuda_device_count());
+  set_current_device(choice.device);
+  if (choice.device.is_cuda() && !quiet) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    fmt::print("nanoddp-train: local rank {} uses {} ({}{}{})\n", local_rank, choice.device.str(),
+               choice.why, visible != nullptr ? "; CUDA_VISIBLE_DEVICES=" : "",
+               visible != nullptr ? visible : "");
+    std::fflush(stdout);
+  }
+  return choice.device;
+}
+
 }  // namespace
 
 struct Trainer::Window {
@@ -138,16 +157,14 @@ struct Trainer::Window {
   // the one small all-reduce that exchanges the ranks' losses.
   double optimizer_ms = 0;
   std::int64_t steps = 0, samples = 0;
+  std::int64_t host_syncs = 0;  // times the host waited for the device (engine/host_sync.h)
 };
 
 Trainer::Trainer(const TrainOptions& options) : o_(options) {
   world_ = comm::world_from_env();
   distributed_ = world_.launcher != "none";
 
-  device_ = Device::parse(o_.device);
-  // One GPU per local rank unless the user named one.
-  if (device_.is_cuda() && o_.device == "cuda") device_ = Device::cuda(world_.local_rank);
-  require_device(device_);
+  device_ = select_device(o_.device, world_.local_rank, o_.quiet);
   backend_for(device_).set_gemm_backend(o_.gemm == "cublas"  ? GemmBackend::kCublas
                                         : o_.gemm == "eigen" ? GemmBackend::kEigen
                                                              : GemmBackend::kHand);
@@ -495,14 +512,61 @@ void Trainer::resume() {
 
 void Trainer::resize_batch(std::int64_t rows) {
   const std::int64_t in = dataset_->in_features(), out = dataset_->out_features();
-  if (!x_.defined() || x_.size(0) != rows) {
-    x_ = Tensor::empty({rows, in}, device_);
-    y_ = Tensor::empty({rows, out}, device_);
+  if (device_.is_cpu()) {
+    if (!x_.defined() || x_.size(0) != rows) {
+      x_ = Tensor::empty({rows, in}, device_);
+      y_ = Tensor::empty({rows, out}, device_);
+    }
+  } else {
+    next_device_batch(rows);
+    next_staging_slot();  // the caller writes the staging buffers next
+    Staging& slot = staging_[slot_];
+    const auto x_bytes = static_cast<std::size_t>(rows * in) * sizeof(float);
+    const auto y_bytes = static_cast<std::size_t>(rows * out) * sizeof(float);
+    if (slot.x.size() < x_bytes) slot.x = PinnedBuffer(x_bytes);
+    if (slot.y.size() < y_bytes) slot.y = PinnedBuffer(y_bytes);
   }
-  if (device_.is_cuda()) {
-    x_host_.resize(static_cast<std::size_t>(rows * in));
-    y_host_.resize(static_cast<std::size_t>(rows * out));
+}
+
+// Called before a micro-batch's upload, when everything that reads the previous micro-batch
+// has been enqueued on the compute stream: that buffer is free once the compute stream gets
+// past this point (its `free` event), and this micro-batch takes the other buffer, last read by
+// the micro-batch before, which the upload stream waits for.
+void Trainer::next_device_batch(std::int64_t rows) {
+  const Stream compute = Stream::compute(device_);
+  if (upload_stream_.native() == nullptr) upload_stream_ = Stream::create(device_);
+  DeviceBatch& previous = device_batches_[device_slot_];
+  if (previous.used) {
+    if (previous.free.device() != device_) previous.free = Event(device_);
+    previous.free.record(compute);
   }
+  device_slot_ = 1 - device_slot_;
+  DeviceBatch& batch = device_batches_[device_slot_];
+  if (!batch.x.defined() || batch.x.size(0) != rows) {
+    batch.x = Tensor::empty({rows, dataset_->in_features()}, device_);
+    batch.y = Tensor::empty({rows, dataset_->out_features()}, device_);
+    // New memory from the caching allocator may be a block that work already enqueued on the
+    // compute stream still uses (blocks are handed out in compute-stream order): the upload
+    // stream waits for all of it.
+    if (batch.free.device() != device_) batch.free = Event(device_);
+    batch.free.record(compute);
+    batch.used = true;
+  }
+  if (batch.used) batch.free.block(upload_stream_);
+  batch.used = true;
+  x_ = batch.x;
+  y_ = batch.y;
+}
+
+// The GPU copies a staging slot after the host has moved on (upload_batch): the slot is written
+// again only once it has. The slot taken was uploaded kStagingSlots micro-batches ago, so this
+// is usually an event query; the host waits (a counted synchronization) only when it has run
+// that far ahead of the GPU, which is then busy, not idle.
+void Trainer::next_staging_slot() {
+  slot_ = (slot_ + 1) % kStagingSlots;
+  Staging& slot = staging_[slot_];
+  if (slot.busy && !slot.copied.query()) slot.copied.synchronize();
+  slot.busy = false;
 }
 
 std::span<const std::int64_t> Trainer::lookahead_indices(std::int64_t g) {
@@ -551,7 +615,7 @@ void Trainer::load_batch(std::int64_t step, std::int64_t m) {
   if (device_.is_cpu()) {
     prefetcher_->take(x_.data(), y_.data());
   } else {
-    prefetcher_->take(x_host_.data(), y_host_.data());
+    prefetcher_->take(x_staging(), y_staging());
     upload_batch();
   }
   prefetched_ = -1;
@@ -574,17 +638,25 @@ void Trainer::fill_batch(std::int64_t micro_batch_in_epoch) {
     dataset_->fill_batch(indices, x_.data(), y_.data());
     return;
   }
-  dataset_->fill_batch(indices, x_host_.data(), y_host_.data());
+  dataset_->fill_batch(indices, x_staging(), y_staging());
   upload_batch();
 }
 
 void Trainer::upload_batch() {
-  copy_bytes(x_.raw_data(), device_, x_host_.data(), Device::cpu(), x_.nbytes());
-  copy_bytes(y_.raw_data(), device_, y_host_.data(), Device::cpu(), y_.nbytes());
+  // From pinned memory, on the upload stream: the host does not wait, and the copy overlaps
+  // the compute stream's work on the micro-batch before; the forward pass waits for it there.
+  Staging& slot = staging_[slot_];
+  upload_async_on(upload_stream_, x_.raw_data(), slot.x.data(), x_.nbytes());
+  upload_async_on(upload_stream_, y_.raw_data(), slot.y.data(), y_.nbytes());
+  if (slot.copied.device() != device_) slot.copied = Event(device_);
+  slot.copied.record(upload_stream_);
+  slot.copied.block(Stream::compute(device_));
+  slot.busy = true;
 }
 
 float Trainer::train_step(std::int64_t step, Window& window) {
   const auto step_start = Clock::now();
+  const std::int64_t host_syncs_before = host_sync_count();
   double data_ms = 0;
   optimizer_->zero_grad();
   double backward_ms = 0;
@@ -633,7 +705,45 @@ float Trainer::train_step(std::int64_t step, Window& window) {
   // NaN/Inf policy. Decided from every rank's loss and the averaged gradients (identical on
   // every rank after the all-reduce), so all ranks stop, or skip, at the same step: a rank that
   // stopped alone would leave the others waiting in the next step's collectives.
-  const StepHealth health = exchange_health(loss_sum.item());  // item() waits for the device
+  const Tensor health = gather_health(loss_sum);
+  float loss = NAN;  // known to the host only where it reads the health
+  if (!reads_health_at(step)) {
+    // Nothing is read back in this step, so the host does not wait for the GPU: the step's
+    // health stays on the device until the next read, which checks every kept step in order.
+    // (A NaN found there stops the run then, naming its step; checkpoints and the last step are
+    // reads, so no poisoned parameters are ever saved.)
+    keep_health(health, step);
+    if (!optimizer_in_backward_) {
+      TraceSpan span("optimizer step", TraceTrack::kCompute, device_);
+      optimizer_->step();
+    }
+  } else {
+    loss = apply_health(read_health(health, step), step);
+  }
+  const double wall_ms = ms_since(step_start);
+  window.optimizer_ms += ms_since(optimizer_start);
+  window.backward_ms += backward_ms;
+  window.step_ms += wall_ms - data_ms;
+  window.data_ms += data_ms;
+  window.wall_ms += wall_ms;
+  window.steps += 1;
+  window.samples += world_size_ * step_rows;
+  window.host_syncs += host_sync_count() - host_syncs_before;
+  if (ddp_) {
+    const comm::ReducerStats& stats = ddp_->reducer().last_stats();
+    window.comm_ms += stats.comm_ms;
+    window.exposed_comm_ms += stats.exposed_comm_ms;
+    // On the CPU backward() waited for the all-reduces; on a GPU the compute stream stalled
+    // for them while the host went on, so the host's backward time does not contain the wait.
+    if (device_.is_cpu()) window.backward_ms -= stats.wait_ms;
+  }
+  return loss;
+}
+
+// The NaN/Inf policy for a read health (the first bad kept step's, else this step's): the
+// optimizer step, or a skipped step, or the end of the run. Returns the loss averaged over the
+// ranks.
+float Trainer::apply_health(const StepHealth& health, std::int64_t step) {
   std::vector<int> bad_ranks;
   for (int r = 0; r < world_size_; ++r) {
     if (!std::isfinite(health.losses[static_cast<std::size_t>(r)])) bad_ranks.push_back(r);
@@ -654,12 +764,13 @@ float Trainer::train_step(std::int64_t step, Window& window) {
     const std::string what =
         !bad_ranks.empty()
             ? fmt::format("the loss became {} at step {} on rank{} {}",
-                          text(health.losses[static_cast<std::size_t>(bad_ranks.front())]), step,
-                          bad_ranks.size() > 1 ? "s" : "", fmt::join(bad_ranks, ", "))
+                          text(health.losses[static_cast<std::size_t>(bad_ranks.front())]),
+                          health.step, bad_ranks.size() > 1 ? "s" : "", fmt::join(bad_ranks, ", "))
             : fmt::format(
                   "the gradients became non-finite at step {} (averaged over the ranks; "
-                  "the loss was finite on every rank): {}",
-                  step, describe_nonfinite_grads());
+                  "the loss was finite on every rank): {}{}",
+                  health.step, describe_nonfinite_grads(),
+                  health.step == step ? "" : fmt::format(" (counted at step {})", step));
     if (optimizer_in_backward_) {
       fail(
           "{} (with --optimizer-in-backward this step's update is already applied). Lower --lr "
@@ -678,22 +789,6 @@ float Trainer::train_step(std::int64_t step, Window& window) {
       std::fflush(stderr);
     }
   }
-  const double wall_ms = ms_since(step_start);
-  window.optimizer_ms += ms_since(optimizer_start);
-  window.backward_ms += backward_ms;
-  window.step_ms += wall_ms - data_ms;
-  window.data_ms += data_ms;
-  window.wall_ms += wall_ms;
-  window.steps += 1;
-  window.samples += world_size_ * step_rows;
-  if (ddp_) {
-    const comm::ReducerStats& stats = ddp_->reducer().last_stats();
-    window.comm_ms += stats.comm_ms;
-    window.exposed_comm_ms += stats.exposed_comm_ms;
-    // On the CPU backward() waited for the all-reduces; on a GPU the compute stream stalled
-    // for them while the host went on, so the host's backward time does not contain the wait.
-    if (device_.is_cpu()) window.backward_ms -= stats.wait_ms;
-  }
   return loss;
 }
 
@@ -709,28 +804,76 @@ std::int64_t count_nonfinite(const Tensor& t) {
 
 }  // namespace
 
-Trainer::StepHealth Trainer::exchange_health(float local_loss) {
-  // Parameters without a gradient this step read as zero (the optimizer skips them).
-  params_->zero_missing_grads();
-  StepHealth health;
-  // With the optimizer in backward the gradients were counted as they were applied.
-  health.grads_finite = (optimizer_in_backward_ ? optimizer_in_backward_->nonfinite_gradients()
-                                                : count_nonfinite(params_->grads())) == 0;
-  if (!distributed_) {
-    health.losses = {local_loss};
-    return health;
+Tensor Trainer::gather_health(const Tensor& local_loss) {
+  params_->zero_missing_grads();  // a parameter without a gradient this step counts as zero
+  // [loss of rank 0, ..., loss of rank W-1, non-finite gradient values on rank 0, ...], built
+  // on the device: each rank writes its own entries (the loss copied, the count written by the
+  // kernel), and the sum hands everyone all of them (x + 0 keeps NaN and Inf). No host read
+  // here: read_health reads it, with the kept rows of earlier steps, in one copy.
+  const auto w = static_cast<std::size_t>(distributed_ ? world_size_ : 1);
+  const auto me = static_cast<std::size_t>(distributed_ ? rank_ : 0);
+  Tensor values = Tensor::zeros({static_cast<std::int64_t>(2 * w)}, device_);
+  Backend& backend = backend_for(device_);
+  backend.copy(values.data() + me, local_loss.data(), sizeof(float));
+  if (optimizer_in_backward_) {
+    // The gradients were counted as they were applied (a host read of its own).
+    backend.fill(values.data() + w + me, 1,
+                 static_cast<float>(optimizer_in_backward_->nonfinite_gradients()));
+  } else {
+    const Tensor grads = params_->grads();
+    backend.count_nonfinite(grads.data(), grads.numel(), values.data() + w + me);
   }
-  // [loss of rank 0, ..., loss of rank W-1, gradients non-finite on rank 0, ...]: each rank
-  // fills its own entries and the sum hands everyone all of them (x + 0 keeps NaN and Inf).
-  const auto w = static_cast<std::size_t>(world_size_);
-  std::vector<float> values(2 * w, 0.0f);
-  values[static_cast<std::size_t>(rank_)] = local_loss;
-  values[w + static_cast<std::size_t>(rank_)] = health.grads_finite ? 0.0f : 1.0f;
-  Tensor t = Tensor::from_vector(values, {static_cast<std::int64_t>(2 * w)}, device_);
-  dist_->group->allreduce(t, comm::ReduceOp::kSum)->wait();
-  values = t.to_vector();
-  health.losses.assign(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(w));
-  for (std::size_t r = 0; r < w; ++r) health.grads_finite &= values[w + r] == 0.0f;
+  if (distributed_) dist_->group->allreduce(values, comm::ReduceOp::kSum)->wait();
+  return values;
+}
+
+bool Trainer::is_log_step(std::int64_t step) const {
+  return step % o_.log_every == 0 || step == steps_ || step == start_step_ + 1;
+}
+
+// The host reads the health where it needs it: a logged step (its loss is printed), a
+// checkpoint (nothing poisoned is saved), every step under --skip-nonfinite (the step is skipped
+// or taken on the spot) and --optimizer-in-backward (its NaN/Inf count is a host read anyway),
+// and when kKeptHealthRows steps are waiting.
+bool Trainer::reads_health_at(std::int64_t step) const {
+  return o_.skip_nonfinite || optimizer_in_backward_ != nullptr || is_log_step(step) ||
+         (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) ||
+         static_cast<std::int64_t>(unread_steps_.size()) + 1 >= kKeptHealthRows;
+}
+
+void Trainer::keep_health(const Tensor& values, std::int64_t step) {
+  const std::int64_t width = values.numel();
+  if (!health_rows_.defined()) health_rows_ = Tensor::empty({kKeptHealthRows * width}, device_);
+  health_rows_.view(static_cast<std::int64_t>(unread_steps_.size()) * width, {width})
+      .copy_from(values);
+  unread_steps_.push_back(step);
+}
+
+Trainer::StepHealth Trainer::read_health(const Tensor& values, std::int64_t step) {
+  const std::int64_t width = values.numel();
+  const auto kept = static_cast<std::int64_t>(unread_steps_.size());
+  std::vector<float> host;  // the kept rows, then this step's: the one host synchronization
+  if (kept == 0) {
+    host = values.to_vector();
+  } else {
+    health_rows_.view(kept * width, {width}).copy_from(values);
+    host = health_rows_.view(0, {(kept + 1) * width}).to_vector();
+  }
+  std::vector<std::int64_t> steps = std::move(unread_steps_);
+  unread_steps_.clear();
+  steps.push_back(step);
+  const auto w = static_cast<std::size_t>(width / 2);
+  StepHealth health;
+  for (std::size_t row = 0; row < steps.size(); ++row) {
+    const auto first = host.begin() + static_cast<std::ptrdiff_t>(row * 2 * w);
+    health.step = steps[row];
+    health.losses.assign(first, first + static_cast<std::ptrdiff_t>(w));
+    health.grads_finite = true;
+    for (std::size_t r = 0; r < w; ++r) health.grads_finite &= first[w + r] == 0.0f;
+    bool finite = health.grads_finite;
+    for (const float l : health.losses) finite &= std::isfinite(l);
+    if (!finite) break;  // the first bad step is the one to report
+  }
   return health;
 }
 
@@ -774,6 +917,7 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) 
     line["forward_ms"] = w.forward_ms / n;
     line["backward_ms"] = w.backward_ms / n;
     line["optimizer_ms"] = w.optimizer_ms / n;
+    line["host_syncs_per_step"] = static_cast<double>(w.host_syncs) / n;
     if (ddp_) {
       line["comm_ms"] = w.comm_ms / n;
       line["exposed_comm_ms"] = w.exposed_comm_ms / n;
@@ -890,7 +1034,7 @@ int Trainer::run() {
     if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
       save_checkpoint(step, epoch, step_in_epoch + 1);
     }
-    const bool log_now = step % o_.log_every == 0 || step == steps_ || step == start_step_ + 1;
+    const bool log_now = is_log_step(step);
     if (!log_now) continue;
     last_loss = world_loss;
     if (!first_loss) first_loss = last_loss;

@@ -101,9 +101,11 @@ int run_worker(const Options& o) {
   }
   const int world_size = distributed ? world.world_size : 1;
 
-  Device device = Device::cpu();
-  if (o.device == "cuda") device = Device::cuda(world.local_rank);
-  require_device(device);
+  // One GPU per local rank (modulo the visible devices), current before anything touches CUDA.
+  const Device device =
+      choose_device(o.device, world.local_rank, o.device == "cuda" ? cuda_device_count() : 0)
+          .device;
+  set_current_device(device);
   kernels::cpu::set_gemm_threads(o.threads.front());
 
   std::optional<comm::Distributed> dist;

@@ -433,11 +433,29 @@ class NcclProcessGroup final : public ProcessGroup {
   }
 
   [[noreturn]] void die(const std::string& message) {
-    std::fprintf(stderr,
-                 "[nanoddp] rank %d of %d: NCCL watchdog: %s. Hint: a rank may have crashed or "
-                 "be stuck; ops must be issued in the same order on every rank. Aborting the "
-                 "communicator and exiting with code %d.\n",
-                 rank(), size(), message.c_str(), kWatchdogExitCode);
+    // A kernel fault (an illegal address, a trap, a failed launch) is sticky: every later CUDA
+    // call of the process returns it, and the watchdog's event queries are usually the first
+    // to ask. It is then this process's GPU work that failed, not NCCL: say so, and name the
+    // last op the main thread enqueued.
+    if (const std::string fault = sticky_cuda_error(); !fault.empty()) {
+      const char* op = last_device_op();
+      std::fprintf(stderr,
+                   "[nanoddp] rank %d of %d: a CUDA error on cuda:%d: %s. It is a fault in GPU "
+                   "work this process enqueued (a kernel or a copy), not a communication error; "
+                   "the NCCL watchdog only saw it first (%s). The last op enqueued on the "
+                   "device: %s; the last collective issued: %s. Rerun with "
+                   "CUDA_LAUNCH_BLOCKING=1 (or under compute-sanitizer) to find the failing "
+                   "kernel. Aborting the communicator and exiting with code %d.\n",
+                   rank(), size(), device_.index, fault.c_str(), message.c_str(),
+                   op != nullptr ? op : "none", last_issued_description().c_str(),
+                   kWatchdogExitCode);
+    } else {
+      std::fprintf(stderr,
+                   "[nanoddp] rank %d of %d: NCCL watchdog: %s. Hint: a rank may have crashed "
+                   "or be stuck; ops must be issued in the same order on every rank. Aborting "
+                   "the communicator and exiting with code %d.\n",
+                   rank(), size(), message.c_str(), kWatchdogExitCode);
+    }
     std::fflush(stderr);
     // A second line of defence: if ncclCommAbort hangs, end the process anyway.
     std::thread([] {
@@ -448,10 +466,28 @@ class NcclProcessGroup final : public ProcessGroup {
     std::_Exit(kWatchdogExitCode);
   }
 
+  // The device's sticky error as "cudaErrorIllegalAddress (an illegal memory access ...)", or
+  // empty when the device is healthy. cudaStreamQuery never blocks (a spinning NCCL kernel
+  // cannot hang it) and returns a sticky error like every call does.
+  std::string sticky_cuda_error() const {
+    const cudaError_t err = cudaStreamQuery(static_cast<cudaStream_t>(comm_stream_.native()));
+    if (err == cudaSuccess || err == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return {};
+    }
+    return fmt::format("{} ({})", cudaGetErrorName(err), cudaGetErrorString(err));
+  }
+
+  // Called from die() on the watchdog thread, which holds watch_mutex_.
+  std::string last_issued_description() const {
+    return in_flight_.empty() ? std::string("none") : in_flight_.back().state->description;
+  }
+
   void watchdog_loop() {
     try {
       NANODDP_CUDA_CHECK(cudaSetDevice(device_.index));
     } catch (const std::exception& e) {
+      std::lock_guard lock(watch_mutex_);  // die() reads in_flight_
       die(e.what());
     }
     std::unique_lock lock(watch_mutex_);

@@ -9,6 +9,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 
@@ -102,20 +103,38 @@ TEST_CASE(
   // host's launch time would dominate both figures.
   const Tensor x = Tensor::normal({4096, 256}, 0.0f, 1.0f, {.seed = 1}, gpu);
   const Tensor y = Tensor::zeros({4096, 256}, gpu);
+  const Stream compute = Stream::compute(gpu);
   for (int step = 0; step < 5; ++step) {
+    Event step_begin(gpu), step_end(gpu);
+    step_begin.record(compute);
     sgd.zero_grad();
+    const auto host_start = std::chrono::steady_clock::now();
     mse_loss(ddp(x), y).backward();
+    const double host_backward_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start)
+            .count();
     sgd.step();
-    Stream::compute(gpu).synchronize();
+    step_end.record(compute);
+    compute.synchronize();
+    const double gpu_step_ms = step_begin.elapsed_ms(step_end);
     const comm::ReducerStats& stats = ddp.reducer().last_stats();
     CAPTURE(step);
+    CAPTURE(stats.comm_ms);
+    CAPTURE(stats.exposed_comm_ms);
+    CAPTURE(stats.wait_ms);
+    CAPTURE(gpu_step_ms);
+    CAPTURE(host_backward_ms);
     if (step == 0) continue;  // a fresh communicator's first collectives include its set-up
-    CHECK(stats.comm_ms > 0);
-    CHECK(stats.wait_ms > 0);
-    // The stall covers the collectives (launched after the event), plus launch gaps: at least
-    // a good part of their GPU time, and never wildly more than the step.
-    CHECK(stats.wait_ms >= 0.5 * stats.comm_ms);
-    CHECK(stats.wait_ms < 1000.0);
+    // What a world of one runs for an in-place all-reduce is NCCL's business (a kernel, a copy
+    // or nothing), so the collectives may take microseconds: no ratio of two tiny timings is
+    // asserted. What must hold on any GPU: both figures are GPU intervals inside the step, and
+    // the stall (wait_ms) covers the collectives (they follow the same event on both streams) up
+    // to a few launch gaps.
+    CHECK(stats.comm_ms >= 0);
+    CHECK(stats.wait_ms >= 0);
+    CHECK(stats.wait_ms <= gpu_step_ms);
+    CHECK(stats.wait_ms >= stats.comm_ms - 0.2);
+    CHECK(stats.wait_ms <= stats.comm_ms + 0.5 * gpu_step_ms);
     // Without overlap every bucket is launched after backward: all of it is exposed.
     CHECK(stats.exposed_comm_ms == stats.comm_ms);
     CHECK(stats.overlap_fraction() == 0.0);

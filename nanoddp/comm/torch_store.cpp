@@ -125,8 +125,10 @@ struct TorchStore::Impl {
     switch (r) {
       case IoResult::kClosed:
         throw StoreError(fmt::format(
-            "torchrun's store at {} closed the connection (did the agent exit?) during {}", address,
-            what));
+            "torchrun's store at {} closed the connection during {} (did the agent exit? or is "
+            "it torch 2 or later, whose store wants a handshake nanoddp does not send? nanoddp "
+            "speaks torch 1.13's protocol)",
+            address, what));
       case IoResult::kTimeout:
         if (!on_timeout.empty()) throw StoreError(on_timeout);
         throw StoreError(fmt::format("torchrun's store at {} did not answer {} within {}", address,

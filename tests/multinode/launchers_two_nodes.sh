@@ -11,7 +11,7 @@
 #      SLURM_LOCALID, SLURM_NTASKS_PER_NODE, SLURM_STEP_ID, with MASTER_ADDR/MASTER_PORT
 #      exported), set by hand: no Slurm here.
 # Every one must end with nanoddp-run's parameters, bit for bit.
-# Needs root (exit 77 otherwise) and, for 2 and 3, Debian's python3-torch (Skipped without it).
+# Needs root and Debian's python3-torch (Skipped, exit 77, without either).
 #
 #   launchers_two_nodes.sh BIN_DIR
 set -uo pipefail

@@ -215,10 +215,11 @@ WorldInfo world_from_env(const EnvLookup& env) {
     if (!addr) {
       fail("{}={} but MASTER_ADDR is not set: set it to the address of rank 0's machine{}",
            world_name, info.world_size,
-           launcher == &kOpenMpi ? fmt::format(" (the ranks are on several machines: "
-                                               "OMPI_COMM_WORLD_LOCAL_SIZE={})",
-                                               info.local_world_size)
-                                 : std::string());
+           launcher == &kOpenMpi && info.local_world_size < info.world_size
+               ? fmt::format(" (the ranks are on several machines: "
+                             "OMPI_COMM_WORLD_LOCAL_SIZE={})",
+                             info.local_world_size)
+               : std::string());
     }
     if (!port_text) {
       fail(

@@ -43,6 +43,8 @@ class TorchStore final : public Store {
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   using Store::wait;
   bool check(const std::vector<std::string>& keys) override;
+  // PyTorch's server answers a compare_set on an absent key with a non-empty `expected` by
+  // returning `expected` (storing nothing), not the (absent) stored value.
   Bytes compare_set(const std::string& key, std::span<const std::uint8_t> expected,
                     std::span<const std::uint8_t> desired) override;
   bool remove(const std::string& key) override;

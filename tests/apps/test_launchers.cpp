@@ -134,3 +134,21 @@ TEST_CASE("mpirun across machines without MASTER_ADDR: the clear error, at once"
   CHECK(contains(r.output, "OMPI_COMM_WORLD_SIZE=4 but MASTER_ADDR is not set"));
   CHECK(contains(r.output, "the ranks are on several machines"));
 }
+
+TEST_CASE("a restarted worker (TORCHELASTIC_RESTART_COUNT=1) without --resume is warned") {
+  TempDir dir;
+  ProcessOptions options{.env = {{"TORCHELASTIC_RESTART_COUNT", "1"}},
+                         .timeout = std::chrono::seconds(30)};
+  const ProcessResult plain = run_process(train({}), options);
+  INFO(plain.output);
+  CHECK(plain.exit_code == 0);
+  CHECK(contains(plain.output, "this is restart 1 of the job"));
+  CHECK(contains(plain.output, "--resume is not set: training starts again from step 0"));
+  const ProcessResult resumed = run_process(
+      train({"--checkpoint-dir", dir.path(), "--checkpoint-every", "10", "--resume"}), options);
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+  CHECK(!contains(resumed.output, "this is restart"));
+  const ProcessResult first = run_process(train({}), ProcessOptions{});
+  CHECK(!contains(first.output, "this is restart"));
+}

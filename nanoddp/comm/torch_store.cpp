@@ -126,8 +126,7 @@ struct TorchStore::Impl {
       case IoResult::kClosed:
         throw StoreError(fmt::format(
             "torchrun's store at {} closed the connection during {} (did the agent exit? or is "
-            "it torch 2 or later, whose store wants a handshake nanoddp does not send? nanoddp "
-            "speaks torch 1.13's protocol)",
+            "it a later torch than 1.13, whose store protocol nanoddp does not speak?)",
             address, what));
       case IoResult::kTimeout:
         if (!on_timeout.empty()) throw StoreError(on_timeout);

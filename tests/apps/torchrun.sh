@@ -90,7 +90,7 @@ fi
 wait "$job"; rc=$?
 if [ "$rc" -ne 0 ]; then
   echo "FAILED: torchrun --max_restarts 1 exited $rc"; cat "$work/restart.log"; status=1
-elif ! grep -qE "resume: loaded \S+step-0*([4-9][0-9]{2})\.safetensors" "$work/restart.log"; then
+elif ! grep -qE "resume: loaded \S+step-0*[1-9][0-9]*\.safetensors" "$work/restart.log"; then
   echo "FAILED: the restarted workers did not resume from a checkpoint"; cat "$work/restart.log"
   status=1
 elif ! cmp -s "$work/reference.safetensors" "$work/restart.safetensors"; then

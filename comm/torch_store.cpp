@@ -15,7 +15,7 @@
 #include "nanoddp/comm/torch_store_protocol.h"
 #include "nanoddp/comm/unique_fd.h"
 #include "nanoddp/engine/debug_log.h"
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 
 namespace nanoddp::comm {
 

@@ -181,7 +181,7 @@ const std::vector<InPlace> kInPlace{
 // The other void members: autograd's own bookkeeping, not writes of values.
 const std::set<std::string> kBookkeeping{
     "set_data",  // PyTorch's `p.data = ...`
-    "set_grad_fn", "set_grad", "zero_grad", "register_post_accumulate_grad_hook", "backward"};
+    "set_grad_fn", "set_grad", "zero_grad", "backward"};
 
 // The engine's source folder.
 fs::path engine_dir() {

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "nanoddp/comm/bucket_assignment.h"
 #include "nanoddp/engine/autograd.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/debug_log.h"
@@ -21,11 +22,6 @@ using Clock = std::chrono::steady_clock;
 
 double ms_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
-}
-
-std::int64_t cap_elements(double mb) {
-  // PyTorch's bucket_cap_mb counts MiB.
-  return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * 1024.0 * 1024.0 / 4.0));
 }
 
 }  // namespace
@@ -43,26 +39,20 @@ const char* comm_hook_name(CommHook hook) {
 Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group,
                  const ReducerOptions& options)
     : params_(params), group_(std::move(group)), options_(options) {
-  if (!(options.bucket_cap_mb > 0) || !(options.first_bucket_mb > 0)) {
-    fail("bucket caps must be positive (got bucket_cap_mb={}, first_bucket_mb={})",
-         options.bucket_cap_mb, options.first_bucket_mb);
-  }
-  // Cut the flat gradient buffer into buckets, in its (reverse registration) order: a bucket
-  // closes once it holds at least its cap, so a parameter larger than the cap gets a bucket of
-  // its own and no parameter is ever split.
+  // Cut the flat gradient buffer into buckets, in its (reverse registration) order
+  // (bucket_assignment.h: the rule nanoddp-sim uses too).
   const auto& slots = params_.slots();
+  std::vector<std::int64_t> numels;
+  for (const auto& slot : slots) numels.push_back(slot.numel);
   bucket_of_slot_.resize(slots.size());
-  Bucket current;
-  for (std::size_t i = 0; i < slots.size(); ++i) {
-    if (current.slots.empty()) current.offset = slots[i].offset;
-    current.slots.push_back(i);
-    current.numel += slots[i].numel;
-    bucket_of_slot_[i] = buckets_.size();
-    const double cap_mb = buckets_.empty() ? options.first_bucket_mb : options.bucket_cap_mb;
-    if (current.numel >= cap_elements(cap_mb) || i + 1 == slots.size()) {
-      buckets_.push_back(std::move(current));
-      current = Bucket{};
+  for (const BucketRange& range :
+       assign_buckets(numels, options.first_bucket_mb, options.bucket_cap_mb)) {
+    Bucket bucket{.offset = slots[range.first].offset, .numel = range.numel};
+    for (std::size_t i = range.first; i < range.first + range.count; ++i) {
+      bucket.slots.push_back(i);
+      bucket_of_slot_[i] = buckets_.size();
     }
+    buckets_.push_back(std::move(bucket));
   }
   const Device device = params_.device();
   for (Bucket& bucket : buckets_) {

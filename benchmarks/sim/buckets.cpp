@@ -4,15 +4,15 @@
 #include <cmath>
 
 #include "benchmarks/sim/error.h"
+#include "nanoddp/comm/bucket_assignment.h"
 
 namespace nanoddp::sim {
 
-std::int64_t cap_elements(double mb) {
-  return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * 1024.0 * 1024.0 / 4.0));
-}
+std::int64_t cap_elements(double mb) { return comm::bucket_cap_elements(mb); }
 
 std::vector<SimBucket> cut_buckets(const std::vector<std::int64_t>& numels, double first_bucket_mb,
                                    double bucket_cap_mb) {
+  // The flags named here; the rule itself is the Reducer's (comm/bucket_assignment.h).
   if (!(first_bucket_mb > 0) || !std::isfinite(first_bucket_mb)) {
     fail("--first-bucket-mb must be a positive number of MiB, got {}", first_bucket_mb);
   }
@@ -20,16 +20,8 @@ std::vector<SimBucket> cut_buckets(const std::vector<std::int64_t>& numels, doub
     fail("--bucket-cap-mb must be a positive number of MiB, got {}", bucket_cap_mb);
   }
   std::vector<SimBucket> buckets;
-  SimBucket current;
-  for (std::size_t i = 0; i < numels.size(); ++i) {
-    if (current.count == 0) current.first = i;
-    ++current.count;
-    current.numel += numels[i];
-    const double cap_mb = buckets.empty() ? first_bucket_mb : bucket_cap_mb;
-    if (current.numel >= cap_elements(cap_mb) || i + 1 == numels.size()) {
-      buckets.push_back(current);
-      current = SimBucket{};
-    }
+  for (const comm::BucketRange& r : comm::assign_buckets(numels, first_bucket_mb, bucket_cap_mb)) {
+    buckets.push_back({.first = r.first, .count = r.count, .numel = r.numel});
   }
   return buckets;
 }

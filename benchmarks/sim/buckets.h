@@ -1,11 +1,6 @@
 #pragma once
-// The Reducer's bucket rule (comm/reducer.cpp), reproduced without the Reducer: the
-// gradients sit in one flat buffer in the order backward produces them (reverse registration
-// order); walking it front to back, a parameter joins the open bucket, and the bucket closes as
-// soon as it holds at least its cap -- `first_bucket_mb` for bucket 0, `bucket_cap_mb` for the
-// others -- or when the parameters run out. So no parameter is ever split, and a parameter
-// larger than the cap gets a bucket of its own. Caps count MiB of float32 (PyTorch's
-// bucket_cap_mb), whatever the wire dtype.
+// The simulator's buckets: the Reducer's own rule (comm/bucket_assignment.h, one function for
+// both), with the simulator's flag names in its errors.
 
 #include <cstddef>
 #include <cstdint>

@@ -10,11 +10,13 @@
 
 #include "benchmarks/sim/allreduce_fit.h"
 #include "benchmarks/sim/buckets.h"
+#include "benchmarks/sim/checks.h"
 #include "benchmarks/sim/error.h"
 #include "benchmarks/sim/flop_model.h"
 #include "benchmarks/sim/report.h"
 #include "benchmarks/sim/step_model.h"
 #include "benchmarks/sim/trace_profile.h"
+#include "common/provenance.h"
 
 namespace nanoddp::sim {
 
@@ -132,7 +134,7 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))
       ->capture_default_str();
   app.add_option("--layers", o.layers, "MLP hidden layers (layers + 1 Linear modules)")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20))
+      ->check(CLI::Range(std::int64_t{0}, kMaxMlpLayers))
       ->capture_default_str();
   app.add_option("--batch", o.batch, "model: batch per GPU")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
@@ -238,8 +240,49 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
   for (const char* flag : {"--in", "--out", "--hidden", "--layers"}) {
     o.shape_given = o.shape_given || app.count(flag) > 0;
   }
+  o.provenance = common::provenance(argc, argv);
   exit_code = 0;
   return o;
+}
+
+nlohmann::ordered_json inputs_json(const CliOptions& o) {
+  nlohmann::ordered_json j;
+  const auto opt = [](const std::optional<double>& v) -> nlohmann::ordered_json {
+    return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+  };
+  if (!o.profile_path.empty()) {
+    j["profile"] = {{"path", o.profile_path},
+                    {"rank", o.rank},
+                    {"skip_steps", o.skip_steps},
+                    {"peers", o.peers}};
+  }
+  if (!o.model.empty()) {
+    j["model"] = {{"name", o.model},          {"gpu", o.gpu},
+                  {"precision", o.precision}, {"efficiency", o.efficiency},
+                  {"optimizer", o.optimizer}, {"batch_per_gpu", o.batch}};
+  }
+  if (o.shape_given || !o.model.empty()) {
+    j["shape"] = {{"in", o.in}, {"out", o.out}, {"hidden", o.hidden}, {"layers", o.layers}};
+  }
+  j["cluster"] = {{"nodes", o.nodes}, {"gpus_per_node", o.gpus_per_node}, {"cores", o.cores}};
+  j["network"] = {{"fabric", o.fit_path.empty() ? o.fabric : ""},
+                  {"fit_allreduce", o.fit_path},
+                  {"intra_bw_gbs", opt(o.intra_bw_gbs)},
+                  {"intra_lat_us", opt(o.intra_lat_us)},
+                  {"inter_bw_gbs", opt(o.inter_bw_gbs)},
+                  {"inter_lat_us", opt(o.inter_lat_us)},
+                  {"launch_us", opt(o.launch_us)},
+                  {"algo", o.algo}};
+  j["ddp"] = {{"bucket_cap_mb", o.bucket_cap_mb},
+              {"first_bucket_mb", o.first_bucket_mb},
+              {"overlap", o.overlap},
+              {"optimizer_in_backward", o.optimizer_in_backward},
+              {"comm_hook", o.comm_hook},
+              {"sync_allreduce", o.sync_allreduce},
+              {"overlap_slowdown", o.overlap_slowdown},
+              {"compute_scale", o.compute_scale}};
+  j["sweeps"] = {{"buckets", o.sweep_buckets}, {"nodes", o.sweep_nodes}};
+  return j;
 }
 
 namespace {
@@ -286,6 +329,7 @@ Fabric network_from_flags(const CliOptions& o, const Cluster& cluster,
     if (o.inter_bw_gbs) fabric.inter_bw_gbs = *o.inter_bw_gbs;
     if (o.inter_lat_us) fabric.inter_lat_us = *o.inter_lat_us;
     if (o.launch_us) fabric.launch_us = *o.launch_us;
+    check_limits(cluster, fabric);
     if (overridden) {
       fabric.description = fmt::format("{}, with values given on the command line", fabric.name);
       fabric.name = "custom";
@@ -299,6 +343,7 @@ Fabric network_from_flags(const CliOptions& o, const Cluster& cluster,
 
 void run_cli(const CliOptions& o) {
   const Cluster cluster{.nodes = o.nodes, .gpus_per_node = o.gpus_per_node};
+  check_limits(cluster, Fabric{});  // the world size, before anything multiplies it
   if (o.busbw) {
     const Fabric fabric = network_from_flags(o, cluster, {});
     const auto rows = busbw_table(cluster, fabric, parse_bytes(o.busbw_min, "--busbw-min"),
@@ -309,6 +354,9 @@ void run_cli(const CliOptions& o) {
 
   const MlpShape shape{.in = o.in, .out = o.out, .hidden = o.hidden, .layers = o.layers};
   ComputeProfile profile;
+  const GpuSpec* gpu = nullptr;
+  std::optional<MemoryEstimate> memory;
+  std::vector<std::string> warnings;
   if (!o.profile_path.empty()) {
     // Unset shape flags: the trace's "grad" markers describe the model (older traces:
     // nanoddp-train's defaults, as the flags' defaults).
@@ -318,11 +366,15 @@ void run_cli(const CliOptions& o) {
                          .skip_steps = o.skip_steps,
                          .peers = o.peers == "traced"});
   } else {
-    profile = profile_from_flops(find_gpu(o.gpu), {.shape = shape,
-                                                   .batch = o.batch,
-                                                   .precision = parse_precision(o.precision),
-                                                   .efficiency = o.efficiency,
-                                                   .optimizer = o.optimizer});
+    gpu = &find_gpu(o.gpu);
+    const FlopModelOptions flops{.shape = shape,
+                                 .batch = o.batch,
+                                 .precision = parse_precision(o.precision),
+                                 .efficiency = o.efficiency,
+                                 .optimizer = o.optimizer};
+    memory = estimate_memory(*gpu, flops);
+    if (std::string w = check_memory(*memory, *gpu); !w.empty()) warnings.push_back(w);
+    profile = profile_from_flops(*gpu, flops);
   }
   const double grad_bytes = o.comm_hook == "bf16" ? 2.0 : 4.0;
   std::vector<std::int64_t> numels;
@@ -334,6 +386,9 @@ void run_cli(const CliOptions& o) {
 
   SimReport report;
   report.profile = &profile;
+  report.memory = memory;
+  report.inputs = inputs_json(o);
+  report.provenance = o.provenance;
   report.options = StepOptions{.cluster = cluster,
                                .fabric = network_from_flags(o, cluster, bucket_bytes),
                                .algorithm = parse_algorithm(o.algo),
@@ -351,10 +406,31 @@ void run_cli(const CliOptions& o) {
                                .peers = o.peers == "traced",
                                .optimizer_in_backward = o.optimizer_in_backward == "on"};
   report.prediction = predict_step(profile, report.options);
+  StepOptions ring = report.options, tree = report.options;
+  ring.algorithm = Algorithm::kRing;
+  tree.algorithm = Algorithm::kTree;
+  const StepPrediction ring_step = predict_step(profile, ring);
+  const StepPrediction tree_step = predict_step(profile, tree);
+  report.band = {.ring_step_ms = ring_step.step_ms,
+                 .ring_efficiency = ring_step.scaling_efficiency,
+                 .tree_step_ms = tree_step.step_ms,
+                 .tree_efficiency = tree_step.scaling_efficiency};
   if (o.sweep_buckets) {
     report.sweep = sweep_bucket_caps(profile, report.options, default_sweep_caps(o.bucket_cap_mb));
   }
-  if (o.sweep_nodes) report.scaling = sweep_nodes(profile, report.options);
+  if (o.sweep_nodes) {
+    report.scaling = sweep_nodes(profile, report.options);
+    report.scaling_ring = sweep_nodes(profile, ring);
+    report.scaling_tree = sweep_nodes(profile, tree);
+  }
+  for (std::string& w : range_warnings(cluster, report.options.fabric, gpu)) {
+    warnings.push_back(std::move(w));
+  }
+  // The table carries them; a JSON-only run says them on stderr too.
+  if (o.json_path == "-") {
+    for (const std::string& w : warnings) std::cerr << "nanoddp-sim: warning: " << w << "\n";
+  }
+  report.warnings = warnings;
   emit(o, format_report(report), report_json(report));
 }
 

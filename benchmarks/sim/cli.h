@@ -2,6 +2,7 @@
 // nanoddp-sim's command line: every flag, its default, and the run it describes.
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -51,7 +52,12 @@ struct CliOptions {
   bool busbw = false;
   std::string busbw_min = "8M";
   std::string busbw_max = "8G";
+
+  nlohmann::ordered_json provenance;  // filled by parse_cli: common::provenance()
 };
+
+// The options as structured fields (the JSON's "inputs"): what a script needs to redo the run.
+nlohmann::ordered_json inputs_json(const CliOptions& options);
 
 // Parses argv. On --help prints usage and returns nullopt with exit_code 0; on a bad flag or
 // value prints a message naming the flag and returns nullopt with exit_code 2.

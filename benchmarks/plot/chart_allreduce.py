@@ -26,13 +26,17 @@ MODE_NAMES = {"nanoddp": "nanoddp ProcessGroup", "raw": "raw gloo::allreduce"}
 
 
 def series_key(record):
+    # Lines from before the column sets were in place.
     return (record["backend"], record["mode"], transport_of(record), record["ranks"],
-            record.get("dtype", "float"), record.get("op", "sum"))
+            record.get("dtype", "float"), record.get("op", "sum"),
+            record.get("placement", "in-place"))
 
 
 def label_of(key, varying):
-    backend, mode, transport, ranks, dtype, op = key
+    backend, mode, transport, ranks, dtype, op, placement = key
     parts = [f"{backend}: {MODE_NAMES.get(mode, mode)}"]
+    if varying["placement"]:
+        parts.append(placement)
     if transport:
         parts.append(transport)
     if varying["ranks"]:
@@ -51,10 +55,10 @@ def plot(records, out_dir, written):
         series.setdefault(series_key(record), {})[record["bytes"]] = (record, where)
     # nanoddp before raw Gloo, shared memory before TCP: the same order (and colours) every time.
     keys = sorted(series, key=lambda k: (k[0], k[1] != "nanoddp", k[1], k[2] != "shared memory",
-                                         k[2], k[3], k[4], k[5]))
+                                         k[2], k[3], k[4], k[5], k[6] != "in-place"))
     varying = {
         name: len({key[i] for key in keys}) > 1
-        for i, name in ((3, "ranks"), (4, "dtype"), (5, "op"))
+        for i, name in ((3, "ranks"), (4, "dtype"), (5, "op"), (6, "placement"))
     }
     fig, axes = figure.new_figure(ncols=2, width=10.5, height=4.4)
     bw_ax, time_ax = axes[0]
@@ -76,7 +80,7 @@ def plot(records, out_dir, written):
     bw_ax.set_ylabel("bus bandwidth (GB/s, log scale)")
     bw_ax.set_title("busbw = algbw · 2(n−1)/n", fontsize=10)
     time_ax.set_ylabel("time per all-reduce (µs, log scale)")
-    time_ax.set_title("rank 0's wall time per op", fontsize=10)
+    time_ax.set_title("wall time per op (mean over ranks; older lines: rank 0's)", fontsize=10)
     bw_ax.legend(fontsize=7, loc="upper left")
     ranks = sorted({key[3] for key in keys})
     fig.suptitle(f"nanoddp-bench-allreduce: {'/'.join(map(str, ranks))} ranks", fontsize=11)

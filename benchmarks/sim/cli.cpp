@@ -348,7 +348,9 @@ void run_cli(const CliOptions& o) {
     const Fabric fabric = network_from_flags(o, cluster, {});
     const auto rows = busbw_table(cluster, fabric, parse_bytes(o.busbw_min, "--busbw-min"),
                                   parse_bytes(o.busbw_max, "--busbw-max"));
-    emit(o, format_busbw(cluster, fabric, rows), busbw_json(cluster, fabric, rows));
+    nlohmann::json json = busbw_json(cluster, fabric, rows);
+    for (auto& row : json) row["provenance"] = nlohmann::json(o.provenance);
+    emit(o, format_busbw(cluster, fabric, rows), json);
     return;
   }
 

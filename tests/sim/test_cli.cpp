@@ -93,6 +93,8 @@ TEST_CASE("cli: --busbw prints the network model alone") {
   const nlohmann::json rows = nlohmann::json::parse(r.output);
   REQUIRE(rows.size() == 11);  // 8 MiB .. 8 GiB, doubling
   CHECK(rows.front()["bytes"] == 8.0 * 1024 * 1024);
+  for (const auto& row : rows)
+    CHECK(row["provenance"]["command"].get<std::string>().find("--busbw") != std::string::npos);
   // busbw grows with the size towards the fabric's 370 GB/s and never above.
   for (std::size_t i = 1; i < rows.size(); ++i) {
     CHECK(rows[i]["ring_busbw_gbs"].get<double>() > rows[i - 1]["ring_busbw_gbs"].get<double>());

@@ -52,6 +52,7 @@
 #include "common/machine_info.h"
 #include "common/provenance.h"
 #include "common/stats.h"
+#include "launches.h"
 #include "nanoddp/comm/gloo_context.h"
 #include "nanoddp/comm/gloo_process_group.h"
 #include "nanoddp/comm/init.h"
@@ -84,6 +85,8 @@ struct Options {
   bool raw = false;
   bool vs_raw = false;
   int rounds = 0;  // 0: 1, or 5 with --vs-raw
+  int nproc = 0;   // > 0: be the launcher (launches.h)
+  int repeats = 1;
 };
 
 std::int64_t parse_bytes(const std::string& text) {
@@ -349,9 +352,33 @@ int run(int argc, char** argv) {
                "rounds, with their ratio per size (set NANODDP_SHM=0 to compare the same TCP "
                "transport)")
       ->excludes(raw_flag);
+  app.add_option("--nproc-per-node", opt.nproc,
+                 "run the measurement itself as nanoddp-run jobs of W ranks (started without a "
+                 "launcher)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--repeats", opt.repeats,
+                 "with --nproc-per-node: N separate launches, each line tagged with its launch, "
+                 "then the median and min-max over them")
+      ->check(CLI::Range(1, 1000));
   if (const std::optional<int> code =
           nanoddp::cli::parse(app, argc, argv, "nanoddp-bench-allreduce")) {
     return *code;
+  }
+  if (opt.repeats > 1 && opt.nproc == 0) {
+    return nanoddp::cli::usage_error(
+        "nanoddp-bench-allreduce",
+        "--repeats N launches the job N times: give --nproc-per-node W too, and start "
+        "nanoddp-bench-allreduce without a launcher");
+  }
+  if (opt.nproc > 0) {
+    if (std::getenv("NANODDP_LAUNCHER_PID") != nullptr || std::getenv("RANK") != nullptr) {
+      return nanoddp::cli::usage_error(
+          "nanoddp-bench-allreduce",
+          "--nproc-per-node starts its own nanoddp-run jobs: run it without a launcher (or drop "
+          "--nproc-per-node and --repeats under one)");
+    }
+    return nanoddp::bench_allreduce::run_launches(argc, argv, opt.nproc, opt.repeats,
+                                                  opt.json_path);
   }
   if (opt.rounds == 0) opt.rounds = opt.vs_raw ? 5 : 1;
 

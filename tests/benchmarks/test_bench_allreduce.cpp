@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -235,5 +236,48 @@ TEST_CASE("bench-allreduce: bad flags exit 2 with a message naming them") {
     INFO(r.output);
     CHECK(r.exit_code == 2);
     CHECK(r.output.find(c.expected) != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "bench-allreduce: --nproc-per-node W --repeats N runs N separate launches and "
+    "summarises them") {
+  TempDir dir;
+  const ProcessResult r = run_process(
+      {bin_path("nanoddp-bench-allreduce"), "--nproc-per-node", "2", "--repeats", "2", "-b", "1K",
+       "-e", "4K", "-f", "4", "-n", "2", "-w", "1", "--json", dir.file("a.jsonl")},
+      quick());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("# launch 1 of 2") != std::string::npos);
+  CHECK(r.output.find("# launch 2 of 2") != std::string::npos);
+  CHECK(r.output.find("# over 2 launches") != std::string::npos);
+  const auto lines = read_lines(dir.file("a.jsonl"));
+  REQUIRE(lines.size() == 8);  // 2 launches x 2 sizes x 2 column sets
+  std::set<std::string> commands;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    check_line(lines[i], "nanoddp", 2);
+    CHECK(lines[i].at("launch") == (i < 4 ? 1 : 2));
+    CHECK(lines[i].at("launches") == 2);
+    CHECK(lines[i].at("wrong") == 0);
+    commands.insert(lines[i].at("provenance").at("command").get<std::string>());
+  }
+  // The jobs got the measurement's flags, not the launcher's.
+  REQUIRE(commands.size() == 2);  // each launch its own --json file
+  for (const std::string& c : commands) {
+    CHECK(c.find("--repeats") == std::string::npos);
+    CHECK(c.find("--nproc-per-node") == std::string::npos);
+  }
+
+  // --repeats alone, and the launcher mode under a launcher, are usage errors.
+  const ProcessResult alone =
+      run_process({bin_path("nanoddp-bench-allreduce"), "--repeats", "3"}, quick());
+  CHECK(alone.exit_code == 2);
+  CHECK(alone.output.find("give --nproc-per-node W too") != std::string::npos);
+  const auto nested = run_world(
+      {bin_path("nanoddp-bench-allreduce"), "--nproc-per-node", "2", "--repeats", "2"}, 2, quick());
+  for (const auto& n : nested) {
+    CHECK(n.exit_code == 2);
+    CHECK(n.output.find("run it without a launcher") != std::string::npos);
   }
 }

@@ -44,7 +44,8 @@ std::string check(const CliOptions& o, const CLI::App& app) {
            "--model mlp (the FLOP model)";
   }
   if (!o.profile_path.empty()) {
-    for (const char* flag : {"--batch", "--gpu", "--precision", "--efficiency", "--optimizer"}) {
+    for (const char* flag :
+         {"--batch", "--gpu", "--precision", "--efficiency", "--optimizer", "--scaling"}) {
       if (app.count(flag) > 0) {
         return fmt::format(
             "{} applies to --model mlp only (a trace already holds the compute "
@@ -136,7 +137,12 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
   app.add_option("--layers", o.layers, "MLP hidden layers (layers + 1 Linear modules)")
       ->check(CLI::Range(std::int64_t{0}, kMaxMlpLayers))
       ->capture_default_str();
-  app.add_option("--batch", o.batch, "model: batch per GPU")
+  app.add_option("--scaling", o.scaling,
+                 "model: weak (--batch per GPU, fixed) or strong (--batch is the global batch, "
+                 "split over the GPUs; the 1-GPU step runs all of it)")
+      ->check(CLI::IsMember({"weak", "strong"}))
+      ->capture_default_str();
+  app.add_option("--batch", o.batch, "model: batch per GPU (weak) or global (strong)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
       ->capture_default_str();
   app.add_option("--gpu", o.gpu, "model: h100, h200 or a100")->capture_default_str();
@@ -259,7 +265,8 @@ nlohmann::ordered_json inputs_json(const CliOptions& o) {
   if (!o.model.empty()) {
     j["model"] = {{"name", o.model},          {"gpu", o.gpu},
                   {"precision", o.precision}, {"efficiency", o.efficiency},
-                  {"optimizer", o.optimizer}, {"batch_per_gpu", o.batch}};
+                  {"optimizer", o.optimizer}, {"scaling", o.scaling}};
+    j["model"][o.scaling == "strong" ? "global_batch" : "batch_per_gpu"] = o.batch;
   }
   if (o.shape_given || !o.model.empty()) {
     j["shape"] = {{"in", o.in}, {"out", o.out}, {"hidden", o.hidden}, {"layers", o.layers}};
@@ -286,6 +293,47 @@ nlohmann::ordered_json inputs_json(const CliOptions& o) {
 }
 
 namespace {
+
+// Strong scaling: the 1-GPU step runs the whole global batch; efficiency = T1 / (n * Tn).
+void make_strong(StepPrediction& p, double single_ms) {
+  p.single_gpu_step_ms = single_ms;
+  p.scaling_efficiency = p.step_ms > 0 ? single_ms / (p.world_size * p.step_ms) : 0.0;
+}
+
+// One plain GPU's step of a profile: forward + backward + optimizer + other (no DDP).
+double plain_step_ms(const ComputeProfile& profile, double compute_scale) {
+  return (profile.forward_ms + profile.backward_ms() + profile.optimizer_ms + profile.other_ms) *
+         compute_scale;
+}
+
+// --sweep-nodes with a fixed global batch: each world size gets its own per-GPU batch (and so
+// its own FLOP-model profile); worlds that do not divide the batch are left out, and said so.
+std::vector<ScalingRow> sweep_nodes_strong(const GpuSpec& gpu, FlopModelOptions flops,
+                                           std::int64_t global_batch, double single_ms,
+                                           const StepOptions& options,
+                                           std::vector<std::string>* warnings) {
+  std::vector<ScalingRow> rows;
+  for (int nodes = 1;; nodes = std::min(nodes * 2, options.cluster.nodes)) {
+    StepOptions o = options;
+    o.cluster.nodes = nodes;
+    const int world = o.cluster.world_size();
+    if (global_batch % world != 0) {
+      if (warnings != nullptr) {
+        warnings->push_back(fmt::format(
+            "--sweep-nodes --scaling strong: {} GPUs do not divide --batch {}; row left out", world,
+            global_batch));
+      }
+    } else {
+      flops.batch = global_batch / world;
+      StepPrediction p = predict_step(profile_from_flops(gpu, flops), o);
+      make_strong(p, single_ms);
+      rows.push_back(
+          {nodes, p.world_size, p.step_ms, p.comm_ms, p.exposed_comm_ms, p.scaling_efficiency});
+    }
+    if (nodes >= options.cluster.nodes) break;
+  }
+  return rows;
+}
 
 void emit(const CliOptions& o, const std::string& table, const nlohmann::json& json) {
   if (o.json_path == "-") {
@@ -356,6 +404,9 @@ void run_cli(const CliOptions& o) {
 
   const MlpShape shape{.in = o.in, .out = o.out, .hidden = o.hidden, .layers = o.layers};
   ComputeProfile profile;
+  const bool strong = o.scaling == "strong";
+  FlopModelOptions flops;
+  double single_ms = 0;  // strong: the whole global batch on one GPU
   const GpuSpec* gpu = nullptr;
   std::optional<MemoryEstimate> memory;
   std::vector<std::string> warnings;
@@ -369,14 +420,25 @@ void run_cli(const CliOptions& o) {
                          .peers = o.peers == "traced"});
   } else {
     gpu = &find_gpu(o.gpu);
-    const FlopModelOptions flops{.shape = shape,
-                                 .batch = o.batch,
-                                 .precision = parse_precision(o.precision),
-                                 .efficiency = o.efficiency,
-                                 .optimizer = o.optimizer};
+    if (strong && o.batch % cluster.world_size() != 0) {
+      fail(
+          "--batch {} --scaling strong: the global batch does not divide over the {} GPUs; give "
+          "a multiple of {}",
+          o.batch, cluster.world_size(), cluster.world_size());
+    }
+    flops = FlopModelOptions{.shape = shape,
+                             .batch = strong ? o.batch / cluster.world_size() : o.batch,
+                             .precision = parse_precision(o.precision),
+                             .efficiency = o.efficiency,
+                             .optimizer = o.optimizer};
     memory = estimate_memory(*gpu, flops);
     if (std::string w = check_memory(*memory, *gpu); !w.empty()) warnings.push_back(w);
     profile = profile_from_flops(*gpu, flops);
+    if (strong) {
+      FlopModelOptions whole = flops;
+      whole.batch = o.batch;
+      single_ms = plain_step_ms(profile_from_flops(*gpu, whole), o.compute_scale);
+    }
   }
   const double grad_bytes = o.comm_hook == "bf16" ? 2.0 : 4.0;
   std::vector<std::int64_t> numels;
@@ -411,8 +473,14 @@ void run_cli(const CliOptions& o) {
   StepOptions ring = report.options, tree = report.options;
   ring.algorithm = Algorithm::kRing;
   tree.algorithm = Algorithm::kTree;
-  const StepPrediction ring_step = predict_step(profile, ring);
-  const StepPrediction tree_step = predict_step(profile, tree);
+  StepPrediction ring_step = predict_step(profile, ring);
+  StepPrediction tree_step = predict_step(profile, tree);
+  if (strong) {
+    make_strong(report.prediction, single_ms);
+    make_strong(ring_step, single_ms);
+    make_strong(tree_step, single_ms);
+    report.global_batch = o.batch;
+  }
   report.band = {.ring_step_ms = ring_step.step_ms,
                  .ring_efficiency = ring_step.scaling_efficiency,
                  .tree_step_ms = tree_step.step_ms,
@@ -420,7 +488,11 @@ void run_cli(const CliOptions& o) {
   if (o.sweep_buckets) {
     report.sweep = sweep_bucket_caps(profile, report.options, default_sweep_caps(o.bucket_cap_mb));
   }
-  if (o.sweep_nodes) {
+  if (o.sweep_nodes && strong) {
+    report.scaling = sweep_nodes_strong(*gpu, flops, o.batch, single_ms, report.options, &warnings);
+    report.scaling_ring = sweep_nodes_strong(*gpu, flops, o.batch, single_ms, ring, nullptr);
+    report.scaling_tree = sweep_nodes_strong(*gpu, flops, o.batch, single_ms, tree, nullptr);
+  } else if (o.sweep_nodes) {
     report.scaling = sweep_nodes(profile, report.options);
     report.scaling_ring = sweep_nodes(profile, ring);
     report.scaling_tree = sweep_nodes(profile, tree);

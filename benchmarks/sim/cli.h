@@ -15,8 +15,9 @@ struct CliOptions {
   int rank = 0;
   int skip_steps = 1;
   std::int64_t in = 32, out = 8, hidden = 128, layers = 2;  // nanoddp-train's defaults
-  bool shape_given = false;  // any of --in/--out/--hidden/--layers on the command line
-  std::int64_t batch = 64;
+  bool shape_given = false;      // any of --in/--out/--hidden/--layers on the command line
+  std::int64_t batch = 64;       // per GPU (weak) or global (strong)
+  std::string scaling = "weak";  // model: weak (fixed batch per GPU) or strong (fixed global)
   std::string gpu = "h100";
   std::string precision = "fp32";
   double efficiency = 0.7;

@@ -107,10 +107,13 @@ std::string format_report(const SimReport& r) {
       "hidden behind backward{}\n",
       p.exposed_comm_ms, p.overlap_fraction * 100.0,
       o.optimizer_in_backward ? " and the updates" : "");
-  out += fmt::format(
-      "1-GPU step           {:>10.3f} ms  scaling efficiency {:.1f} % (batch per "
-      "GPU fixed)\n",
-      p.single_gpu_step_ms, p.scaling_efficiency * 100.0);
+  out += fmt::format("1-GPU step           {:>10.3f} ms  scaling efficiency {:.1f} % ({})\n",
+                     p.single_gpu_step_ms, p.scaling_efficiency * 100.0,
+                     r.global_batch > 0
+                         ? fmt::format("strong: global batch {} fixed, the 1-GPU step runs all "
+                                       "of it; T1 / (n x Tn)",
+                                       r.global_batch)
+                         : std::string("batch per GPU fixed"));
   if (p.world_size > 1) {
     const AlgorithmBand& band = r.band;
     out += fmt::format(
@@ -148,8 +151,9 @@ std::string format_report(const SimReport& r) {
         pct(p.step_ms - best.step_ms, best.step_ms));
   }
   if (!r.scaling.empty()) {
-    out += fmt::format("\nscaling ({} GPU(s) per node, batch per GPU fixed)\n",
-                       o.cluster.gpus_per_node);
+    out += fmt::format("\nscaling ({} GPU(s) per node, {})\n", o.cluster.gpus_per_node,
+                       r.global_batch > 0 ? fmt::format("global batch {} fixed", r.global_batch)
+                                          : std::string("batch per GPU fixed"));
     out += fmt::format("{:>6} {:>6} {:>10} {:>10} {:>11} {:>11} {:>9} {:>9}\n", "nodes", "ranks",
                        "step ms", "comm ms", "exposed ms", "efficiency", "ring", "tree");
     for (std::size_t i = 0; i < r.scaling.size(); ++i) {
@@ -246,6 +250,7 @@ nlohmann::json report_json(const SimReport& r) {
                {"comm_ms", p.comm_ms},
                {"overlap_fraction", p.overlap_fraction},
                {"single_gpu_step_ms", p.single_gpu_step_ms},
+               {"scaling", r.global_batch > 0 ? "strong" : "weak"},
                {"scaling_efficiency", p.scaling_efficiency}};
   j["algorithm_band"] = {{"ring_step_ms", r.band.ring_step_ms},
                          {"ring_efficiency", r.band.ring_efficiency},

@@ -28,6 +28,7 @@ struct SimReport {
   // --sweep-nodes with each algorithm forced (the band per row).
   std::vector<ScalingRow> scaling_ring, scaling_tree;
   std::optional<MemoryEstimate> memory;  // the FLOP model's
+  std::int64_t global_batch = 0;         // > 0: strong scaling (the 1-GPU step runs all of it)
   std::vector<std::string> warnings;
   nlohmann::ordered_json inputs;      // the command line as structured fields
   nlohmann::ordered_json provenance;  // common::provenance()

@@ -195,3 +195,45 @@ TEST_CASE("cli: --cores and --peers on a two-rank trace") {
   CHECK(four.exit_code == 2);
   CHECK(four.output.find("the trace holds 2 ranks but the cluster has 4") != std::string::npos);
 }
+
+TEST_CASE("cli: --scaling strong splits the global batch and compares with all of it on one GPU") {
+  TempDir dir;
+  const auto run = [&](std::vector<std::string> args) {
+    const std::string path = dir.file("s.json");
+    args.insert(args.end(), {"--json", path});
+    const ProcessResult r = sim(args);
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    std::ifstream in(path);
+    return nlohmann::json::parse(in);
+  };
+  const nlohmann::json strong =
+      run({"--model", "mlp", "--hidden", "4096", "--layers", "4", "--scaling", "strong", "--batch",
+           "512", "--nodes", "4", "--sweep-nodes"});
+  // The per-GPU batch is the global batch over the 32 GPUs: the same step as weak with 16.
+  const nlohmann::json weak =
+      run({"--model", "mlp", "--hidden", "4096", "--layers", "4", "--batch", "16", "--nodes", "4"});
+  CHECK(strong["step"]["scaling"] == "strong");
+  CHECK(weak["step"]["scaling"] == "weak");
+  CHECK(strong["inputs"]["model"]["global_batch"] == 512);
+  CHECK(strong["step"]["step_ms"].get<double>() ==
+        doctest::Approx(weak["step"]["step_ms"].get<double>()));
+  // T1 runs the whole batch: longer than the weak baseline's 16 samples.
+  const double t1 = strong["step"]["single_gpu_step_ms"].get<double>();
+  CHECK(t1 > weak["step"]["single_gpu_step_ms"].get<double>());
+  CHECK(strong["step"]["scaling_efficiency"].get<double>() ==
+        doctest::Approx(t1 / (32 * strong["step"]["step_ms"].get<double>())));
+  // Every sweep row: the same T1 over its own world's step.
+  REQUIRE(strong["scaling"].size() == 3);
+  for (const auto& row : strong["scaling"]) {
+    CHECK(row["scaling_efficiency"].get<double>() ==
+          doctest::Approx(t1 / (row["world_size"].get<double>() * row["step_ms"].get<double>())));
+  }
+  // A global batch the GPUs cannot split evenly is refused, naming --batch.
+  const ProcessResult bad =
+      sim({"--model", "mlp", "--scaling", "strong", "--batch", "100", "--nodes", "4"});
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("--batch 100 --scaling strong") != std::string::npos);
+  const ProcessResult trace = sim({"--profile", "t.json", "--scaling", "strong"});
+  CHECK(trace.exit_code == 2);
+  CHECK(trace.output.find("--scaling applies to --model mlp only") != std::string::npos);
+}

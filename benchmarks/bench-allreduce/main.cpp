@@ -58,11 +58,11 @@
 #include "nanoddp/comm/init.h"
 #include "nanoddp/comm/rendezvous.h"
 #include "nanoddp/comm/store.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/tensor.h"
 #include "nanoddp/kernels/bf16.h"
-#include "nanoddp/kernels/error.h"
 
 namespace {
 

@@ -19,6 +19,14 @@ function(nanoddp_layer name)
   else()
     list(APPEND sources ${arg_NOCUDA_SOURCES})
   endif()
+  # Every source file of the folder must be in one of the lists: a file someone forgot to list
+  # fails here, by name, instead of as an undefined reference at link time.
+  file(GLOB_RECURSE present RELATIVE ${CMAKE_CURRENT_SOURCE_DIR} CONFIGURE_DEPENDS
+       ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp ${CMAKE_CURRENT_SOURCE_DIR}/*.cu)
+  list(REMOVE_ITEM present ${arg_SOURCES} ${arg_CUDA_SOURCES} ${arg_NOCUDA_SOURCES})
+  if(present)
+    message(FATAL_ERROR "${name}/CMakeLists.txt does not list: ${present}")
+  endif()
   set(target nanoddp_${name})
   add_library(${target} STATIC ${sources})
   add_library(nanoddp::${target} ALIAS ${target})

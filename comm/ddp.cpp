@@ -8,32 +8,42 @@
 
 namespace nanoddp::comm {
 
+namespace {
+
+std::vector<std::string> describe(const ReducerOptions& options, bool broadcast_parameters) {
+  return {fmt::format("bucket_cap_mb={}", options.bucket_cap_mb),
+          fmt::format("first_bucket_mb={}", options.first_bucket_mb),
+          fmt::format("find_unused_parameters={}", options.find_unused_parameters),
+          fmt::format("comm_hook={}", comm_hook_name(options.comm_hook)),
+          fmt::format("overlap={}", options.overlap),
+          fmt::format("check_steps={}", options.check_steps),
+          fmt::format("broadcast_parameters={}", broadcast_parameters)};
+}
+
+}  // namespace
+
 DistributedDataParallel::DistributedDataParallel(nn::Module& module, nn::FlatParameters& params,
                                                  std::shared_ptr<ProcessGroup> group,
                                                  std::shared_ptr<Store> store,
                                                  const DdpOptions& options)
-    : module_(module), group_(std::move(group)), options_(options) {
-  NANODDP_CHECK(group_ != nullptr && store != nullptr, "DDP needs a process group and a store");
+    : module_(module),
+      params_(params),
+      group_(std::move(group)),
+      store_(std::move(store)),
+      options_(options) {
+  NANODDP_CHECK(group_ != nullptr && store_ != nullptr, "DDP needs a process group and a store");
   // 1. Every rank must hold the same model and settings, or the collectives below would pair
   //    up different buffers. Each DDP instance gets its own key space in the store.
-  const std::int64_t instance = store->add("ddp/instances/" + std::to_string(group_->rank()), 1);
+  const std::int64_t instance = store_->add("ddp/instances/" + std::to_string(group_->rank()), 1);
+  key_ = fmt::format("ddp/{}", instance);
   std::vector<std::string> description;
   for (const nn::NamedTensor& p : module.named_parameters()) {
-    description.push_back(fmt::format("{} {} {}", p.name, dtype_name(p.tensor.dtype()),
-                                      shape_str(p.tensor.shape())));
+    description.push_back(
+        fmt::format("{} {} {}", p.name, dtype_name(p.tensor.dtype()), shape_str(p.tensor.shape())));
   }
-  std::vector<std::string> settings = {
-      fmt::format("bucket_cap_mb={}", options.bucket_cap_mb),
-      fmt::format("first_bucket_mb={}", options.first_bucket_mb),
-      fmt::format("find_unused_parameters={}", options.find_unused_parameters),
-      fmt::format("comm_hook={}", comm_hook_name(options.comm_hook)),
-      fmt::format("overlap={}", options.overlap),
-      fmt::format("broadcast_parameters={}", options.broadcast_parameters)};
-  const std::string key = fmt::format("ddp/{}", instance);
-  check_same_on_all_ranks(*store, group_->rank(), group_->size(), key + "/parameters",
+  check_same_on_all_ranks(*store_, group_->rank(), group_->size(), key_ + "/parameters",
                           "parameter", description);
-  check_same_on_all_ranks(*store, group_->rank(), group_->size(), key + "/settings",
-                          "DDP setting", settings);
+  check_settings(options.reducer);
 
   // 2. Start from rank 0's parameters.
   if (options.broadcast_parameters) {
@@ -42,13 +52,29 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, nn::FlatPar
   }
 
   // 3. Buckets and hooks.
-  reducer_ = std::make_unique<Reducer>(
-      params, group_,
-      ReducerOptions{.bucket_cap_mb = options.bucket_cap_mb,
-                     .first_bucket_mb = options.first_bucket_mb,
-                     .find_unused_parameters = options.find_unused_parameters,
-                     .comm_hook = options.comm_hook,
-                     .overlap = options.overlap});
+  reducer_ = std::make_unique<Reducer>(params, group_, options.reducer);
+}
+
+void DistributedDataParallel::check_settings(const ReducerOptions& options) {
+  check_same_on_all_ranks(*store_, group_->rank(), group_->size(),
+                          fmt::format("{}/settings/{}", key_, generation_++), "DDP setting",
+                          describe(options, options_.broadcast_parameters));
+}
+
+void DistributedDataParallel::reconfigure(const ReducerOptions& options) {
+  if (reducer_->in_backward()) {
+    fail(
+        "DistributedDataParallel::reconfigure: called during a backward pass; call it between "
+        "steps");
+  }
+  check_settings(options);
+  const bool sync = reducer_->sync();
+  Reducer::BucketHook hook = reducer_->bucket_reduced_hook();
+  reducer_.reset();  // waits for its collectives and removes its hooks first
+  reducer_ = std::make_unique<Reducer>(params_, group_, options);
+  reducer_->set_sync(sync);
+  if (hook) reducer_->set_bucket_reduced_hook(std::move(hook));
+  options_.reducer = options;
 }
 
 }  // namespace nanoddp::comm

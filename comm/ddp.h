@@ -4,13 +4,15 @@
 //
 //   nn::Mlp model(...);
 //   nn::FlatParameters params(model, device);
-//   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store, {.bucket_cap_mb = 25});
+//   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
+//                                     {.reducer = {.bucket_cap_mb = 25}});
 //   nn::SGD sgd(params, {.lr = 0.01f});
 //   for (...) { sgd.zero_grad(); mse_loss(ddp(x), y).backward(); sgd.step(); }
 //
 // At construction every rank checks that all ranks hold the same model (names, dtypes, shapes)
 // and the same DDP settings — a mismatch fails on every rank, naming the first difference —
-// and rank 0's parameters are broadcast so that all ranks start equal.
+// and rank 0's parameters are broadcast so that all ranks start equal. At the end of every
+// synchronized backward pass the ranks check that they are at the same step (step_check.h).
 
 #include <memory>
 #include <string>
@@ -24,12 +26,10 @@
 namespace nanoddp::comm {
 
 struct DdpOptions {
-  double bucket_cap_mb = 25.0;
-  double first_bucket_mb = 1.0;
-  bool find_unused_parameters = false;
+  // Buckets, overlap, unused parameters, the comm hook, the per-step check (reducer.h).
+  ReducerOptions reducer;
+  // Start from rank 0's parameters (PyTorch always does; off when every rank loaded the same).
   bool broadcast_parameters = true;
-  CommHook comm_hook = CommHook::kAllreduce;
-  bool overlap = true;
 };
 
 class DistributedDataParallel {
@@ -38,7 +38,10 @@ class DistributedDataParallel {
                           std::shared_ptr<ProcessGroup> group, std::shared_ptr<Store> store,
                           const DdpOptions& options = {});
 
-  Tensor forward(const Tensor& x) { return module_.forward(x); }
+  Tensor forward(const Tensor& x) {
+    reducer_->note_forward();  // compared across ranks every step (step_check.h)
+    return module_.forward(x);
+  }
   Tensor operator()(const Tensor& x) { return forward(x); }
 
   // While a NoSync is alive, backward passes only accumulate gradients locally; the next
@@ -59,15 +62,27 @@ class DistributedDataParallel {
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(*reducer_); }
 
+  // Between steps, cut the buckets anew with other options (bucket caps, overlap, the comm
+  // hook, ...), as a scaling study sweeping bucket sizes on one live model does. Every rank must
+  // call it, with the same options (checked, like the constructor's settings). no_sync state and
+  // the bucket-reduced hook carry over; the old Reducer's hooks are removed.
+  void reconfigure(const ReducerOptions& options);
+
   Reducer& reducer() { return *reducer_; }
   ProcessGroup& group() { return *group_; }
   nn::Module& module() { return module_; }
   const DdpOptions& options() const { return options_; }
 
  private:
+  void check_settings(const ReducerOptions& options);
+
   nn::Module& module_;
+  nn::FlatParameters& params_;
   std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<Store> store_;
   DdpOptions options_;
+  std::string key_;     // this instance's key space in the store
+  int generation_ = 0;  // settings checks so far (the constructor's is 0)
   std::unique_ptr<Reducer> reducer_;
 };
 

@@ -200,6 +200,7 @@ struct GlooProcessGroup::Impl {
     std::function<void(std::uint64_t sequence_number)> run;
   };
 
+  GlooProcessGroup* owner = nullptr;  // records every op's fingerprint
   int rank = 0;
   int size = 1;
   ProcessGroupOptions options;
@@ -251,10 +252,13 @@ struct GlooProcessGroup::Impl {
     return scratch.data();
   }
 
-  std::shared_ptr<Work> enqueue(const std::string& op, const std::string& detail,
+  std::shared_ptr<Work> enqueue(OpRecord record, const std::string& detail,
                                 std::function<void(std::uint64_t)> run) {
     std::unique_lock lock(mutex);
     const std::uint64_t seq = ++last_sequence_number;
+    record.sequence_number = seq;
+    owner->record_op(record);
+    const std::string op = op_kind_name(record.kind);
     auto work = std::make_shared<GlooWork>(seq, op);
     std::string description = fmt::format("{} #{}", op, seq);
     if (!detail.empty()) description += " (" + detail + ")";
@@ -406,6 +410,7 @@ struct GlooProcessGroup::Impl {
 GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                                    const ProcessGroupOptions& options)
     : ProcessGroup(rank, size), impl_(std::make_unique<Impl>()) {
+  impl_->owner = this;
   impl_->rank = rank;
   impl_->size = size;
   impl_->options = options;
@@ -466,7 +471,7 @@ std::shared_ptr<Work> GlooProcessGroup::allreduce(Tensor& tensor, ReduceOp op) {
   const DType dtype = tensor.dtype();
   Impl* impl = impl_.get();
   // The job holds a handle to the tensor, so its storage stays alive until the op has run.
-  return impl->enqueue("allreduce",
+  return impl->enqueue({.kind = OpKind::kAllreduce, .count = n, .dtype = dtype},
                        fmt::format("{}, {} x {}", reduce_op_name(op), n, dtype_name(dtype)),
                        [impl, tensor, n, dtype, op](std::uint64_t seq) {
                          impl->run_allreduce(tensor.raw_data(), n, dtype, op, seq);
@@ -486,7 +491,7 @@ std::shared_ptr<Work> GlooProcessGroup::allreduce_coalesced(std::vector<Tensor>&
     total += static_cast<std::size_t>(t.numel());
   }
   Impl* impl = impl_.get();
-  return impl->enqueue("allreduce_coalesced",
+  return impl->enqueue({.kind = OpKind::kAllreduceCoalesced, .count = total, .dtype = dtype},
                        fmt::format("{}, {} tensors, {} x {}", reduce_op_name(op), tensors.size(),
                                    total, dtype_name(dtype)),
                        [impl, tensors, total, dtype, op](std::uint64_t seq) {
@@ -522,7 +527,9 @@ std::shared_ptr<Work> GlooProcessGroup::broadcast(Tensor& tensor, int root) {
   const std::size_t nbytes = tensor.nbytes();
   Impl* impl = impl_.get();
   return impl->enqueue(
-      "broadcast",
+      {.kind = OpKind::kBroadcast,
+       .count = static_cast<std::uint64_t>(tensor.numel()),
+       .dtype = tensor.dtype()},
       fmt::format("root {}, {} x {}", root, tensor.numel(), dtype_name(tensor.dtype())),
       [impl, tensor, nbytes, root](std::uint64_t seq) {
         if (nbytes == 0) return;
@@ -549,7 +556,10 @@ std::shared_ptr<Work> GlooProcessGroup::allgather(const Tensor& input, Tensor& o
   const std::size_t in_bytes = input.nbytes();
   Impl* impl = impl_.get();
   return impl->enqueue(
-      "allgather", fmt::format("{} x {} per rank", input.numel(), dtype_name(input.dtype())),
+      {.kind = OpKind::kAllgather,
+       .count = static_cast<std::uint64_t>(input.numel()),
+       .dtype = input.dtype()},
+      fmt::format("{} x {} per rank", input.numel(), dtype_name(input.dtype())),
       [impl, input, output, in_bytes](std::uint64_t seq) {
         if (in_bytes == 0) return;
         auto opts = std::make_unique<gloo::AllgatherOptions>(impl->connection.context);
@@ -577,7 +587,7 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& input, Tens
   const DType dtype = output.dtype();
   Impl* impl = impl_.get();
   return impl->enqueue(
-      "reduce_scatter",
+      {.kind = OpKind::kReduceScatter, .count = block, .dtype = dtype},
       fmt::format("{}, {} x {} per rank", reduce_op_name(op), block, dtype_name(dtype)),
       [impl, input, output, block, dtype, op](std::uint64_t seq) {
         if (block == 0) return;
@@ -597,7 +607,7 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& input, Tens
 
 std::shared_ptr<Work> GlooProcessGroup::barrier() {
   Impl* impl = impl_.get();
-  return impl->enqueue("barrier", "", [impl](std::uint64_t seq) {
+  return impl->enqueue({.kind = OpKind::kBarrier}, "", [impl](std::uint64_t seq) {
     auto opts = std::make_unique<gloo::BarrierOptions>(impl->connection.context);
     opts->setTag(impl->tag(seq));
     opts->setTimeout(impl->options.timeout);

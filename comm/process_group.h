@@ -10,11 +10,16 @@
 // Every op gets a sequence number (1, 2, ...) in issue order. All ranks must issue the same
 // ops in the same order; when one does not, the mismatch shows up as a timeout, and the error
 // names the op, its sequence number, its element count and the peer that did not answer.
+// Each group also keeps a running fingerprint of the ops issued (sequence number, op, element
+// count, dtype) and the last few of them, which DDP compares across ranks once per step
+// (step_check.h): a rank that skipped a step, or issued other ops, fails every rank at once.
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -32,6 +37,33 @@ const char* reduce_op_name(ReduceOp op);
 class CommError : public Error {
  public:
   using Error::Error;
+};
+
+// What ranks compare about an op (the fingerprint): its kind, element count and dtype, and its
+// sequence number.
+enum class OpKind : std::uint8_t {
+  kAllreduce,
+  kAllreduceCoalesced,
+  kBroadcast,
+  kAllgather,
+  kReduceScatter,
+  kBarrier
+};
+const char* op_kind_name(OpKind kind);
+
+struct OpRecord {
+  std::uint64_t sequence_number = 0;
+  OpKind kind = OpKind::kAllreduce;
+  std::uint64_t count = 0;  // elements (per rank for allgather and reduce_scatter)
+  DType dtype = DType::kF32;
+};
+// "allreduce #7 (1237 x float32)"
+std::string describe_op(const OpRecord& op);
+
+// A running hash of every op a group issued, and how many.
+struct OpFingerprint {
+  std::uint64_t ops = 0;
+  std::uint64_t hash = 0;
 };
 
 // When an op ran, on the host's steady clock (for statistics and timelines).
@@ -92,12 +124,22 @@ class ProcessGroup {
                                                ReduceOp op = ReduceOp::kSum) = 0;
   virtual std::shared_ptr<Work> barrier() = 0;
 
+  // The fingerprint of the ops issued so far, and the last kRecentOps of them (oldest first).
+  static constexpr std::size_t kRecentOps = 6;
+  OpFingerprint fingerprint() const;
+  std::vector<OpRecord> recent_ops() const;
+
  protected:
   ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
+  // Every backend calls this for every op, in issue order, as it hands out its sequence number.
+  void record_op(const OpRecord& op);
 
  private:
   int rank_;
   int size_;
+  mutable std::mutex fingerprint_mutex_;
+  OpFingerprint fingerprint_{.ops = 0, .hash = 14695981039346656037ull};  // FNV-1a's start
+  std::array<OpRecord, kRecentOps> recent_{};  // a ring: op n at n % kRecentOps
 };
 
 // Gloo over TCP (CPU tensors). Connects all pairs through `store`; throws on timeout.

@@ -73,6 +73,11 @@ Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group
     wait_begin_.emplace_back(device);
     wait_end_.emplace_back(device);
   }
+  backward_end_event_ = Event(device);
+  if (device.is_cuda()) anchor_ = std::make_unique<ClockAnchor>(Stream::compute(device));
+  if (options.check_steps && group_->size() > 1) {
+    step_check_ = std::make_unique<StepCheck>(group_, device);
+  }
 
   // The hooks hold a weak handle: a hook that outlives its Reducer does nothing.
   if (debug_enabled(DebugLevel::kInfo)) {
@@ -84,20 +89,23 @@ Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group
   for (std::size_t i = 0; i < slots.size(); ++i) {
     Tensor param = slots[i].param;
     std::weak_ptr<Reducer*> weak = alive_;
-    param.register_post_accumulate_grad_hook([weak, i](Tensor&) {
+    hooks_.push_back(param.register_post_accumulate_grad_hook([weak, i](Tensor&) {
       if (auto self = weak.lock()) (*self)->on_gradient_ready(i);
-    });
+    }));
   }
   reset();
 }
 
 Reducer::~Reducer() {
-  // Never leave a collective running on buffers we are about to stop tracking.
+  // Never leave a collective running on buffers we are about to stop tracking, nor a hook on
+  // the parameters (a rebuilt Reducer registers its own).
   wait_for_launched();
+  for (HookHandle& hook : hooks_) hook.remove_quietly();
 }
 
 void Reducer::reset() {
   in_backward_ = false;
+  finalizing_ = false;
   pending_.assign(buckets_.size(), 0);
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     pending_[b] = static_cast<int>(buckets_[b].slots.size());
@@ -105,6 +113,7 @@ void Reducer::reset() {
   slot_ready_.assign(params_.slots().size(), false);
   next_to_launch_ = 0;
   works_.assign(buckets_.size(), nullptr);
+  used_work_ = nullptr;
 }
 
 void Reducer::on_gradient_ready(std::size_t slot) {
@@ -154,6 +163,12 @@ void Reducer::wait_for_launched() {
     } catch (...) {
     }
   }
+  if (used_work_) {
+    try {
+      used_work_->wait();
+    } catch (...) {
+    }
+  }
 }
 
 void Reducer::abort() {
@@ -173,6 +188,7 @@ void Reducer::launch_ready_buckets() {
 void Reducer::launch(std::size_t b) {
   Bucket& bucket = buckets_[b];
   stats_.buckets[b].launch_ms = ms_between(stats_.origin, Clock::now());
+  stats_.buckets[b].launched_after_backward = finalizing_;
   debug_log(DebugLevel::kDetail, "reducer: bucket {} ({} elements) launched at +{:.3f} ms", b,
             bucket.numel, stats_.buckets[b].launch_ms);
   if (options_.comm_hook == CommHook::kBf16) {
@@ -221,16 +237,55 @@ void Reducer::handle_unused() {
   }
 }
 
+void Reducer::launch_used_map(const std::vector<float>& used) {
+  used_map_ = Tensor::from_vector(used, {static_cast<std::int64_t>(used.size())}, params_.device());
+  used_work_ = group_->allreduce(used_map_, ReduceOp::kSum);
+}
+
+void Reducer::resolve_unused() {
+  if (!used_work_) return;
+  used_work_->wait();
+  used_work_ = nullptr;
+  const std::vector<float> global = used_map_.to_vector();
+  for (std::size_t i = 0; i < global.size(); ++i) {
+    // Unused on every rank: its gradient goes back to none, so the optimizer skips it (as
+    // PyTorch's DDP leaves .grad None for a globally unused parameter).
+    if (global[i] == 0.0f) {
+      Tensor param = params_.slots()[i].param;
+      param.zero_grad();
+    }
+  }
+}
+
 void Reducer::finalize() {
   const Clock::time_point backward_end = Clock::now();
   stats_.backward_end_ms = ms_between(stats_.origin, backward_end);
+  finalizing_ = true;
+  backward_end_event_.record(Stream::compute(params_.device()));
+  // Which parameters this rank used (got a gradient since zero_grad(), in this pass or in
+  // no_sync ones), before handle_unused() gives the others a zero gradient to reduce.
+  std::vector<float> used;
+  if (options_.find_unused_parameters) {
+    for (std::size_t i = 0; i < slot_ready_.size(); ++i) {
+      used.push_back(slot_ready_[i] || params_.slots()[i].param.has_grad() ? 1.0f : 0.0f);
+    }
+  }
   handle_unused();
   launch_ready_buckets();
   NANODDP_CHECK(next_to_launch_ == buckets_.size(), "finalize: bucket {} was never launched",
                 next_to_launch_);
+  // After every bucket, so that every rank issues the collectives in the same order.
+  if (options_.find_unused_parameters) launch_used_map(used);
+  // Right behind the last bucket (and the used-parameter count), so it costs one small op's
+  // latency.
+  ++synchronized_passes_;
+  if (step_check_) step_check_->launch(synchronized_passes_, forward_calls_);
+  // The parameters unused on every rank are known before the first bucket hook (the optimizer
+  // in backward must skip them), or else before finalize returns; the wait counts as exposed.
+  const std::size_t resolve_after = bucket_reduced_hook_ ? 0 : buckets_.size() - 1;
 
-  // The exposed communication is what the compute stream waits for here, so two events on it
-  // bracket each bucket's wait. On the CPU the "stream" is this thread and the events are host
+  // wait_ms is what the compute stream waits for here, so two events on it bracket each
+  // bucket's wait. On the CPU the "stream" is this thread and the events are host
   // times: the host's wait. On a GPU Work::wait() only makes the compute stream wait (the host
   // goes on at once), and the intervals, read once the step has run, are the GPU stalling for
   // the all-reduce. Without a bucket hook the intervals follow each other without a gap; with
@@ -255,6 +310,7 @@ void Reducer::finalize() {
       wait_begin_[b].record(compute);
       try {
         works_[b]->wait();
+        if (b == resolve_after) resolve_unused();
       } catch (...) {
         if (!failure) failure = std::current_exception();
       }
@@ -278,10 +334,22 @@ void Reducer::finalize() {
       }
     }
   }
+  if (step_check_) {
+    if (failure) {
+      step_check_->wait_quietly();
+    } else {
+      try {
+        step_check_->verify();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+  }
   // A GPU's events are not done yet (reading them now would fail): collect_timings() reads them.
   exposed_pending_ = params_.device().is_cuda();
-  stats_.exposed_comm_ms = exposed_pending_ ? 0.0 : exposed_wait_ms();
+  stats_.wait_ms = exposed_pending_ ? 0.0 : exposed_wait_ms();
   if (failure) {
+    wait_for_launched();  // the count of used parameters may still be in flight
     reset();
     std::rethrow_exception(failure);
   }
@@ -303,8 +371,15 @@ double Reducer::exposed_wait_ms() const {
 
 void Reducer::collect_timings() {
   if (exposed_pending_ && wait_end_.back().query()) {
-    stats_.exposed_comm_ms = exposed_wait_ms();
+    stats_.wait_ms = exposed_wait_ms();
+    // The GPU's backward ended when the compute stream reached finalize.
+    stats_.backward_end_ms = ms_between(stats_.origin, anchor_->host_time_of(backward_end_event_));
     exposed_pending_ = false;
+    // Event times are float milliseconds since the anchor: renew it every minute (this waits
+    // for the compute stream once).
+    if (Clock::now() - anchor_->host_time() > std::chrono::minutes(1)) {
+      anchor_ = std::make_unique<ClockAnchor>(Stream::compute(params_.device()));
+    }
   }
   for (std::size_t b = 0; b < timed_works_.size(); ++b) {
     if (!timed_works_[b]) continue;
@@ -323,6 +398,25 @@ void Reducer::collect_timings() {
     }
     timed_works_[b] = nullptr;  // counted once
   }
+  compute_exposed();
+}
+
+void Reducer::compute_exposed() {
+  if (exposed_pending_) return;
+  for (const auto& work : timed_works_) {
+    if (work) return;  // a timing still to come
+  }
+  // Each bucket's all-reduce time after backward ended; a bucket launched or started after it
+  // (all of them without overlap) counts whole, computed exactly as comm_ms counts it.
+  double exposed = 0;
+  for (const BucketStats& s : stats_.buckets) {
+    if (s.launched_after_backward || s.start_ms >= stats_.backward_end_ms) {
+      exposed += s.allreduce_ms();
+    } else if (s.end_ms > stats_.backward_end_ms) {
+      exposed += s.end_ms - stats_.backward_end_ms;
+    }
+  }
+  stats_.exposed_comm_ms = std::min(exposed, stats_.comm_ms);
 }
 
 const ReducerStats& Reducer::last_stats() {

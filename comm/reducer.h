@@ -17,8 +17,8 @@
 //     communication stream (NCCL) while autograd goes on with earlier layers.
 //  4. Finalize. When the backward pass ends (a callback autograd runs after the last node), the
 //     Reducer launches what is left, waits for every bucket, and only then lets backward()
-//     return. The time spent waiting here is the *exposed* communication: the part the overlap
-//     did not hide.
+//     return. The all-reduce time after backward's end is the *exposed* communication: the
+//     part the overlap did not hide (ReducerStats).
 //  5. Averaging happens exactly once, in the collective (ReduceOp::kAvg).
 //  6. Optionally, a bucket-reduced hook runs for each bucket, in order, as soon as its average
 //     is in place (finalize waits for bucket 0, runs the hook, then waits for bucket 1, ...):
@@ -27,7 +27,9 @@
 //
 // A parameter that received no gradient leaves its bucket incomplete. By default that is an
 // error naming the parameter; with find_unused_parameters its gradient is zero-filled and its
-// bucket launched at finalize.
+// bucket launched at finalize, and one more all-reduce (after the buckets) counts the ranks that
+// used each parameter: one that no rank used is left without a gradient (has_grad() false, as
+// PyTorch leaves .grad None), so the optimizer skips it.
 
 #include <algorithm>
 #include <chrono>
@@ -39,6 +41,7 @@
 #include <vector>
 
 #include "nanoddp/comm/process_group.h"
+#include "nanoddp/comm/step_check.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/tensor.h"
 #include "nanoddp/engine/trace.h"
@@ -62,6 +65,10 @@ struct ReducerOptions {
   // Off: nothing is launched during backward; all buckets are reduced at finalize (for
   // measuring what the overlap buys).
   bool overlap = true;
+  // At the end of every synchronized pass, check that all ranks are at the same step and
+  // issued the same collectives (step_check.h): one tiny all-reduce; on a GPU the host waits
+  // for it.
+  bool check_steps = true;
 };
 
 struct Bucket {
@@ -76,20 +83,31 @@ struct Bucket {
 struct BucketStats {
   double ready_ms = 0;   // when the bucket became ready (from the first hook of the step)
   double launch_ms = 0;  // when its collective was launched
-  double start_ms = 0;   // when the collective started running (CPU backends)
-  double end_ms = 0;     // when it finished
+  // Launched at finalize, after backward ended (all buckets without overlap): none of its
+  // all-reduce can have overlapped backward, so all of it is exposed.
+  bool launched_after_backward = false;
+  double start_ms = 0;  // when the collective started running (CPU backends)
+  double end_ms = 0;    // when it finished
   double allreduce_ms() const { return end_ms - start_ms; }
 };
 
 struct ReducerStats {
   std::vector<BucketStats> buckets;
-  double backward_end_ms = 0;  // when the backward pass's last node finished
-  // How long the compute stream waited for communication at the end of backward: on the CPU
-  // the host's wait in finalize; on a GPU the compute stream's stall between two events (the
-  // host does not wait there), known once the step has run (see last_stats()).
-  double exposed_comm_ms = 0;
+  // When the backward pass's last node finished: on the CPU the host's time; on a GPU the
+  // compute stream's (known once the step has run, see last_stats()).
+  double backward_end_ms = 0;
   double comm_ms = 0;  // sum of the buckets' all-reduce durations
-  // Share of the communication that ran while backward was still computing.
+  // The part of comm_ms that ran after backward ended, i.e. that the overlap did not hide:
+  // per bucket, its all-reduce time after backward_end_ms. 0 <= exposed_comm_ms <= comm_ms,
+  // and without overlap (every bucket launched after backward) exposed_comm_ms == comm_ms.
+  double exposed_comm_ms = 0;
+  // How long the compute stream waited for communication at the end of backward: on the CPU
+  // the host's wait in finalize; on a GPU the compute stream's stall between two events. It
+  // also holds what is not communication (queueing, waking the worker), so it is not
+  // exposed_comm_ms; it is what the host's backward() time contains on the CPU.
+  double wait_ms = 0;
+  // Share of the communication that ran while backward was still computing (0 without
+  // overlap, and when there was no communication).
   double overlap_fraction() const {
     return comm_ms > 0 ? std::clamp(1.0 - exposed_comm_ms / comm_ms, 0.0, 1.0) : 0.0;
   }
@@ -103,6 +121,9 @@ class Reducer {
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
+
+  // DDP's forward calls this: the step check compares the count across ranks.
+  void note_forward() { ++forward_calls_; }
 
   // While false, backward passes only accumulate gradients locally (no_sync).
   void set_sync(bool sync) { sync_ = sync; }
@@ -122,6 +143,9 @@ class Reducer {
   // call it. The time the hook takes is not counted as exposed communication.
   using BucketHook = std::function<void(const Bucket& bucket)>;
   void set_bucket_reduced_hook(BucketHook hook) { bucket_reduced_hook_ = std::move(hook); }
+  const BucketHook& bucket_reduced_hook() const { return bucket_reduced_hook_; }
+  // True from the first gradient hook of a synchronized pass until its finalize has ended.
+  bool in_backward() const { return in_backward_; }
 
  private:
   void on_gradient_ready(std::size_t slot);
@@ -132,8 +156,13 @@ class Reducer {
   void wait_for_launched();  // every launched bucket's collective, errors ignored
   void reset();
   void handle_unused();
+  // find_unused_parameters: all-reduces which parameters each rank used, then takes the
+  // gradient away from those no rank used.
+  void launch_used_map(const std::vector<float>& used);
+  void resolve_unused();
   void collect_timings();
   double exposed_wait_ms() const;  // the bucket waits' events, once they have happened
+  void compute_exposed();          // exposed_comm_ms, once every timing is in
 
   nn::FlatParameters& params_;
   std::shared_ptr<ProcessGroup> group_;
@@ -141,7 +170,11 @@ class Reducer {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_slot_;
   std::shared_ptr<Reducer*> alive_;  // the hooks hold weak handles to it
+  std::vector<HookHandle> hooks_;     // removed by the destructor: nothing is left behind
   BucketHook bucket_reduced_hook_;
+  std::unique_ptr<StepCheck> step_check_;  // null with one rank or check_steps off
+  std::uint64_t forward_calls_ = 0;
+  std::uint64_t synchronized_passes_ = 0;
 
   // Per-step state.
   bool sync_ = true;
@@ -151,6 +184,8 @@ class Reducer {
   std::vector<bool> slot_ready_;     // per slot
   std::size_t next_to_launch_ = 0;
   std::vector<std::shared_ptr<Work>> works_;
+  Tensor used_map_;                  // per slot: ranks that used it (find_unused_parameters)
+  std::shared_ptr<Work> used_work_;  // its all-reduce, until resolve_unused()
   ReducerStats stats_;
   // The last step's collectives whose timings are not yet in stats_ (and where to trace them).
   std::vector<std::shared_ptr<Work>> timed_works_;
@@ -159,7 +194,13 @@ class Reducer {
   // bucket: the intervals add up to the exposed communication, on any device.
   std::vector<Event> wait_begin_;
   std::vector<Event> wait_end_;
+  // Recorded on the compute stream when finalize starts: on a GPU, where backward really ended.
+  Event backward_end_event_;
+  bool finalizing_ = false;       // launches now come after backward ended
   bool exposed_pending_ = false;  // a GPU step whose exposed time is not read yet
+  // GPU: maps the compute stream's backward end (wait_begin_[0]) onto the host clock, where
+  // the collectives' timings are. Renewed now and then (event times are float milliseconds).
+  std::unique_ptr<ClockAnchor> anchor_;
 };
 
 }  // namespace nanoddp::comm

@@ -102,7 +102,9 @@
 // /proc/<pid>/stat: a process that is gone (or a zombie, or a new process that reused its pid,
 // told apart by its start time) is reported at once as "rank 1 ... has exited", without waiting
 // for the timeout. A peer that is alive but stuck is reported when the timeout passes, with the
-// op it is in — a rank in an earlier op "did not report reaching this op".
+// op it is in — a rank in an earlier op "did not report reaching this op". A /proc that cannot
+// be read (no file descriptor left: "too many open files") proves nothing: the peer counts as
+// alive, and a timeout message says its state could not be checked, and why.
 
 namespace nanoddp::comm {
 namespace {
@@ -267,21 +269,56 @@ std::string read_first_line(const char* path) {
   return line;
 }
 
-// A process's start time (field 22 of /proc/<pid>/stat, in clock ticks since boot), or nothing
-// if there is no such process or it has already exited (a zombie waiting to be reaped).
-std::optional<std::uint64_t> process_start_time(long pid) {
-  const std::string stat = read_first_line(fmt::format("/proc/{}/stat", pid).c_str());
+// What /proc/<pid>/stat says about a process: running (with its start time, field 22, in clock
+// ticks since boot), gone (no such process, or a zombie waiting to be reaped), or unknown: the
+// file could not be read for another reason (EMFILE, ENOMEM, ...), which says nothing about
+// the process.
+struct ProcessProbe {
+  enum class State { kRunning, kGone, kUnknown } state = State::kUnknown;
+  std::uint64_t start_time = 0;
+  std::string why_unknown;
+};
+
+ProcessProbe probe_process(long pid) {
+  const std::string path = fmt::format("/proc/{}/stat", pid);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ESRCH) return {.state = ProcessProbe::State::kGone};
+    return {.why_unknown = fmt::format("{}: {}", path, std::strerror(errno))};
+  }
+  char buffer[1024];
+  const ssize_t n = ::read(fd, buffer, sizeof buffer - 1);
+  const int read_errno = errno;
+  ::close(fd);
+  if (n < 0) {
+    if (read_errno == ESRCH) return {.state = ProcessProbe::State::kGone};  // exited meanwhile
+    return {.why_unknown = fmt::format("{}: {}", path, std::strerror(read_errno))};
+  }
+  const std::string stat(buffer, static_cast<std::size_t>(n));
   const std::size_t paren = stat.rfind(')');  // the command name may contain spaces
-  if (paren == std::string::npos) return std::nullopt;
+  if (paren == std::string::npos) return {.why_unknown = path + ": unexpected contents"};
   std::istringstream fields(stat.substr(paren + 1));
   std::string state;
   fields >> state;  // field 3
-  if (state.empty() || state == "Z" || state == "X") return std::nullopt;
+  if (state == "Z" || state == "X") return {.state = ProcessProbe::State::kGone};
   std::string skip;
   for (int field = 4; field < 22; ++field) fields >> skip;
   std::uint64_t start = 0;
-  if (!(fields >> start)) return std::nullopt;
-  return start;
+  if (state.empty() || !(fields >> start)) return {.why_unknown = path + ": unexpected contents"};
+  return {.state = ProcessProbe::State::kRunning, .start_time = start};
+}
+
+// A process's start time, or nothing if it is gone or cannot be checked.
+std::optional<std::uint64_t> process_start_time(long pid) {
+  const ProcessProbe probe = probe_process(pid);
+  if (probe.state != ProcessProbe::State::kRunning) return std::nullopt;
+  return probe.start_time;
+}
+
+// Whether the peer is known to have ended: gone, or its pid now belongs to another process.
+bool known_dead(const ProcessProbe& probe, std::uint64_t start_time) {
+  return probe.state == ProcessProbe::State::kGone ||
+         (probe.state == ProcessProbe::State::kRunning && probe.start_time != start_time);
 }
 
 std::string random_segment_name() {
@@ -548,7 +585,7 @@ void ShmAllreduce::wait_for_all(std::uint32_t target,
             phase, chunk, chunks);
       }
       const Peer& info = peers_[static_cast<std::size_t>(p)];
-      if (info.checkable && process_start_time(info.pid) != info.start_time) {
+      if (info.checkable && known_dead(probe_process(info.pid), info.start_time)) {
         // It may have arrived just before it died: its arrival still counts (the next barrier
         // finds it gone). Only a peer that died without arriving fails this barrier.
         if (reached(count.load(std::memory_order_acquire), target)) break;
@@ -582,11 +619,18 @@ void ShmAllreduce::fail_waiting(std::uint32_t target, const std::string& what_ha
     if (reached(atomic(line.arrivals).load(std::memory_order_acquire), target)) continue;
     const Peer& info = peers_[static_cast<std::size_t>(q)];
     const std::uint64_t its_seq = atomic(line.op_seq).load(std::memory_order_relaxed);
-    if (info.checkable && process_start_time(info.pid) != info.start_time) {
+    const ProcessProbe probe = info.checkable ? probe_process(info.pid) : ProcessProbe{};
+    if (info.checkable && known_dead(probe, info.start_time)) {
       dead.push_back(q);
       dead_why.push_back(fmt::format(
           "rank {} did not arrive: its process (pid {}) has exited (crashed or killed?)", q,
           info.pid));
+    } else if (info.checkable && probe.state == ProcessProbe::State::kUnknown) {
+      late.push_back(q);
+      late_why.push_back(fmt::format(
+          "rank {} did not arrive, and whether its process (pid {}) is alive could not be "
+          "checked ({})",
+          q, info.pid, probe.why_unknown));
     } else if (its_seq < op_seq_) {
       late.push_back(q);
       late_why.push_back(fmt::format(

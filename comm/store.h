@@ -63,15 +63,21 @@ struct TcpStoreOptions {
   // 0 on the server: pick a free port (read it back with TcpStoreServer::port()).
   std::uint16_t port = 29500;
   // Clients: how long they keep retrying to connect, and how long blocking calls wait.
-  // Server: how long a new connection may take to finish its handshake.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Server: how long a new connection may take to finish its handshake (at most `timeout`).
+  // Short: a client sends its hello as soon as it connects, and connections that never do
+  // (a flood of idle ones) must not hold the server's file descriptors for long.
+  std::chrono::milliseconds handshake_timeout = std::chrono::seconds(5);
   // Shared secret: when non-empty (default: $NANODDP_STORE_TOKEN), the server refuses clients
   // whose handshake does not carry it.
   std::string token;
   // Bounds that keep a bad or hostile client from exhausting the server. A request over them
   // costs its sender the connection (the client checks key and value sizes before sending, and
   // throws nanoddp::Error instead). max_keys bounds both the keys the server holds and the keys
-  // of one wait / check; connections over max_connections are closed as soon as accepted.
+  // of one wait / check. Connections: the server holds at most max_connections, and fewer
+  // when its process's open-file limit (getrlimit) is lower: three quarters of the descriptors
+  // still free at start, so the job's own files always find one. At the cap a new connection
+  // replaces the oldest one still in its handshake, or is closed at once if there is none.
   std::size_t max_key_bytes = 4096;
   std::size_t max_value_bytes = 64u << 20;
   std::size_t max_keys = 1u << 20;
@@ -80,11 +86,12 @@ struct TcpStoreOptions {
 
 // A snapshot of the server's state, for tests and diagnostics.
 struct TcpStoreServerStats {
-  std::size_t connections = 0;     // open client connections (handshake done or not)
-  std::size_t parked = 0;          // clients blocked in get / wait
-  std::size_t keys = 0;            // keys stored
-  std::size_t buffered_bytes = 0;  // capacity of all connections' input and output buffers
-  std::uint64_t dropped = 0;       // connections closed for bad bytes, refusals or overflow
+  std::size_t connections = 0;      // open client connections (handshake done or not)
+  std::size_t parked = 0;           // clients blocked in get / wait
+  std::size_t keys = 0;             // keys stored
+  std::size_t buffered_bytes = 0;   // capacity of all connections' input and output buffers
+  std::uint64_t dropped = 0;        // connections closed for bad bytes, refusals or overflow
+  std::size_t max_connections = 0;  // the cap in force (options and the open-file limit)
 };
 
 // The server: binds host:port (that address only), serves every client on one background

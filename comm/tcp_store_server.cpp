@@ -7,11 +7,13 @@
 // whose client does not read its answers (or is parked in a wait) is not read from beyond a
 // small cap until it catches up.
 
+#include <dirent.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -71,6 +73,33 @@ void release_if_big(proto::Bytes& b) {
   if (b.capacity() > kKeepCapacity) proto::Bytes().swap(b);
 }
 
+// File descriptors open in this process now (/proc/self/fd), or 0 if it cannot be read.
+std::size_t open_descriptors() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return 0;
+  std::size_t count = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] != '.') ++count;
+  }
+  ::closedir(dir);
+  return count > 0 ? count - 1 : 0;  // not the directory's own descriptor
+}
+
+// How many client connections this process can hold and still open its own files: three
+// quarters of the descriptors free under the soft RLIMIT_NOFILE, at least 8. A flood of
+// connections that took every descriptor would make the job's next open() (a checkpoint,
+// /proc/<pid>/stat for a liveness check) fail, and fail the job.
+std::size_t connection_cap(std::size_t configured) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+    return configured;
+  }
+  const auto soft = static_cast<std::size_t>(limit.rlim_cur);
+  const std::size_t used = open_descriptors();
+  const std::size_t free = soft > used ? soft - used : 0;
+  return std::min(configured, std::max<std::size_t>(8, free - free / 4));
+}
+
 }  // namespace
 
 struct TcpStoreServer::Impl {
@@ -92,6 +121,11 @@ struct TcpStoreServer::Impl {
   // missing keys at a time; entries of connections that left are skipped when the key is set.
   std::unordered_map<std::string, std::vector<std::uint64_t>> waiters;
   std::deque<std::uint64_t> runnable;  // connections with input to decode
+  std::size_t max_connections = 0;     // options.max_connections, lowered to the file limit
+  std::chrono::milliseconds handshake_timeout{};
+  // Connections in accept order that had not finished their handshake when accepted (some
+  // may have since, or be gone): at the cap the oldest one still in its handshake makes room.
+  std::deque<std::uint64_t> handshaking;
   Clock::time_point accept_paused_until{};
   std::uint64_t dropped = 0;
 
@@ -116,6 +150,8 @@ struct TcpStoreServer::Impl {
   // Answers a parked connection if all its keys exist now; else lists it under a missing key.
   bool try_unpark(std::uint64_t id, Connection& c);
   void expire(Clock::time_point now);
+  // At the cap: closes the oldest connection still in its handshake; false if there is none.
+  bool evict_oldest_handshaking();
   void kill(Connection& c) {
     if (!c.dead) ++dropped;
     c.dead = true;
@@ -127,7 +163,11 @@ TcpStoreServer::Impl::Impl(const TcpStoreOptions& opts)
     : options(opts),
       token(detail::store_token(opts)),
       limits(detail::store_limits(opts)),
-      address(detail::format_address(opts.host, opts.port)) {}
+      address(detail::format_address(opts.host, opts.port)),
+      max_connections(connection_cap(opts.max_connections)),
+      handshake_timeout(std::min(opts.handshake_timeout, opts.timeout)) {
+  stats.max_connections = max_connections;
+}
 
 void TcpStoreServer::Impl::bind_and_listen() {
   addrinfo hints{};
@@ -281,7 +321,9 @@ void TcpStoreServer::Impl::accept_all() {
       }
       return;
     }
-    if (conns.size() >= options.max_connections) {
+    // Room for it: past the cap, the oldest connection still in its handshake goes (a client
+    // of the job sends its hello at once, so this is one that idles), or else the new one.
+    if (conns.size() >= max_connections && !evict_oldest_handshaking()) {
       ++dropped;
       continue;  // closed by fd's destructor
     }
@@ -289,9 +331,23 @@ void TcpStoreServer::Impl::accept_all() {
     ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     Connection c;
     c.fd = std::move(fd);
-    c.deadline = Clock::now() + options.timeout;  // to finish the handshake
+    c.deadline = Clock::now() + handshake_timeout;
+    handshaking.push_back(next_id);
     conns.emplace(next_id++, std::move(c));
   }
+}
+
+bool TcpStoreServer::Impl::evict_oldest_handshaking() {
+  while (!handshaking.empty()) {
+    const std::uint64_t id = handshaking.front();
+    handshaking.pop_front();
+    auto it = conns.find(id);
+    if (it == conns.end() || it->second.greeted || it->second.dead) continue;
+    ++dropped;
+    conns.erase(it);  // closes it now: its descriptor is the room
+    return true;
+  }
+  return false;
 }
 
 void TcpStoreServer::Impl::read_from(std::uint64_t id, Connection& c) {
@@ -551,6 +607,13 @@ void TcpStoreServer::Impl::expire(Clock::time_point now) {
       runnable.push_back(id);
     }
   }
+  // Forget the oldest handshake entries whose connection finished it or is gone (entries behind
+  // one still in its handshake go within handshake_timeout, when it does).
+  while (!handshaking.empty()) {
+    auto conn = conns.find(handshaking.front());
+    if (conn != conns.end() && !conn->second.greeted && !conn->second.dead) break;
+    handshaking.pop_front();
+  }
   // Forget waiter lists that only name connections that are gone or no longer parked, so the
   // index does not grow with every timed-out wait on a key that never comes.
   for (auto it = waiters.begin(); it != waiters.end();) {
@@ -567,6 +630,7 @@ void TcpStoreServer::Impl::publish_stats() {
   s.connections = conns.size();
   s.keys = data.size();
   s.dropped = dropped;
+  s.max_connections = max_connections;
   for (const auto& [id, c] : conns) {
     s.parked += c.parked ? 1 : 0;
     s.buffered_bytes += c.in.capacity() + c.out.capacity();

@@ -183,7 +183,16 @@ void BackwardPass::finish_leaf(const std::shared_ptr<TensorImpl>& leaf) {
                        name.empty() ? std::string("grad") : "grad " + name, TraceTrack::kMarkers,
                        {{"numel", std::to_string(param.numel())}});
   }
-  for (auto& hook : leaf->autograd.post_accumulate_grad_hooks) hook(param);
+  // While they run, the hooks cannot be removed (HookHandle::remove refuses).
+  AutogradMeta& meta = leaf->autograd;
+  meta.running_hooks = true;
+  try {
+    for (auto& h : meta.post_accumulate_grad_hooks) h.hook(param);
+  } catch (...) {
+    meta.running_hooks = false;
+    throw;
+  }
+  meta.running_hooks = false;
 }
 
 const Node::Edge& BackwardPass::checked_edge(std::size_t i, const Tensor* grad) const {

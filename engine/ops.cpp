@@ -42,7 +42,7 @@ void check_matrix(const char* op, const Tensor& t, const char* what) {
 // The activation part of linear and of relu/gelu: y = act(x).
 Tensor activation(const char* name, const Tensor& x, Activation act) {
   check_f32(name, x, "the input");
-  Tensor y = x.clone();
+  Tensor y = x.detach().clone();  // the history is the activation, not a copy
   backend_of(x).bias_activation(y.data(), nullptr, 1, x.numel(), act, nullptr);
   return record(name, y, {x}, [x = x.detach(), act](const Tensor& g, GradSink& sink) {
     Tensor dx = Tensor::empty_like(g);

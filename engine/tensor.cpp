@@ -1,5 +1,6 @@
 #include "nanoddp/engine/tensor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -7,6 +8,7 @@
 #include "nanoddp/engine/autograd.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/engine/host_sync.h"
 #include "nanoddp/kernels/error.h"
 
 namespace nanoddp {
@@ -87,6 +89,7 @@ Tensor Tensor::from_vector(std::span<const float> values, const Shape& shape, De
          shape_str(shape), shape_numel(shape));
   }
   Tensor t = empty(shape, device);
+  const HostSyncPoint sync("Tensor::from_vector");  // a pageable upload: the host waits
   copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
   return t;
 }
@@ -136,6 +139,7 @@ float* Tensor::data() const {
 std::vector<float> Tensor::to_vector() const {
   NANODDP_CHECK(dtype() == DType::kF32, "to_vector(): expected a float32 tensor");
   std::vector<float> values(static_cast<std::size_t>(numel()));
+  const HostSyncPoint sync("Tensor::to_vector");
   if (device().is_cuda()) backend_for(device()).stream().synchronize();
   copy_bytes(values.data(), Device::cpu(), raw_data(), device(), nbytes());
   return values;
@@ -147,10 +151,20 @@ float Tensor::item() const {
   return to_vector()[0];
 }
 
-Tensor Tensor::view(std::int64_t offset, const Shape& shape) const {
+namespace {
+
+// Whether an op on `t` is recorded by autograd (the same test as `record`'s).
+bool records_grad(const Tensor& t) {
+  return NoGrad::grad_enabled() && t.requires_grad();
+}
+
+// `shape` elements of `t`'s storage from `offset` elements after its start, checked against the
+// storage; no autograd history (the views that ops and backward functions make of buffers).
+Tensor alias(const Tensor& t, std::int64_t offset, const Shape& shape) {
+  const TensorImpl& in = *t.impl();
   const std::int64_t storage_elements =
-      static_cast<std::int64_t>(impl_->storage->nbytes() / dtype_size(impl_->dtype));
-  const std::int64_t begin = impl_->offset + offset;
+      static_cast<std::int64_t>(in.storage->nbytes() / dtype_size(in.dtype));
+  const std::int64_t begin = in.offset + offset;
   for (std::int64_t d : shape) {
     if (d < 0) fail("cannot view a tensor as shape {}: negative size", shape_str(shape));
   }
@@ -159,11 +173,74 @@ Tensor Tensor::view(std::int64_t offset, const Shape& shape) const {
          begin, storage_elements);
   }
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = impl_->storage;
+  impl->storage = in.storage;
   impl->offset = begin;
   impl->shape = shape;
-  impl->dtype = impl_->dtype;
+  impl->dtype = in.dtype;
   return Tensor(std::move(impl));
+}
+
+// dst = src (same shape and dtype, any devices), with no autograd checks.
+void copy_values(const Tensor& dst, const Tensor& source) {
+  if (source.shape() != dst.shape() || source.dtype() != dst.dtype()) {
+    fail("copy_from: source {} {} does not match destination {} {}", shape_str(source.shape()),
+         dtype_name(source.dtype()), shape_str(dst.shape()), dtype_name(dst.dtype()));
+  }
+  if (dst.device() == source.device()) {
+    if (dst.storage() == source.storage() && dst.nbytes() != 0) {
+      // Two views of one buffer: a copy onto itself is nothing to do, and a partial overlap has
+      // no defined result (memcpy and cudaMemcpy both forbid it).
+      if (dst.storage_offset() == source.storage_offset()) return;
+      const std::int64_t lo = std::min(dst.storage_offset(), source.storage_offset());
+      const std::int64_t hi = std::max(dst.storage_offset(), source.storage_offset());
+      if (hi < lo + dst.numel()) {
+        fail(
+            "copy_from: source and destination overlap in one storage (elements {} and {}, {} "
+            "each); copy through a clone()",
+            source.storage_offset(), dst.storage_offset(), dst.numel());
+      }
+    }
+    backend_for(dst.device()).copy(dst.raw_data(), source.raw_data(), dst.nbytes());
+    return;
+  }
+  // Across devices: finish pending work on the source's stream first.
+  const HostSyncPoint sync("Tensor::copy_from across devices");
+  if (source.device().is_cuda()) backend_for(source.device()).stream().synchronize();
+  copy_bytes(dst.raw_data(), dst.device(), source.raw_data(), source.device(), dst.nbytes());
+}
+
+// An in-place write has no backward here (there are no version counters to notice that a
+// saved tensor changed), so, like PyTorch for a leaf, it is refused while autograd records.
+void check_not_recorded(const char* op, const Tensor& dst) {
+  if (!records_grad(dst)) return;
+  fail(
+      "{}: in-place write into a tensor that requires a gradient ({}); this write is not "
+      "differentiable. Do it under NoGrad (as loading parameters or an optimizer step does), "
+      "or compute a new tensor with the differentiable ops instead",
+      op, dst.is_leaf() ? "a leaf, e.g. a parameter" : "it was computed by differentiable ops");
+}
+
+}  // namespace
+
+Tensor Tensor::view(std::int64_t offset, const Shape& shape) const {
+  Tensor out = alias(*this, offset, shape);
+  if (!records_grad(*this)) return out;
+  const std::int64_t n = out.numel();
+  if (offset + n > numel()) {
+    fail(
+        "view: elements [{}, {}) of a tensor of {} elements reach outside it; such a view is "
+        "not differentiable (its gradient would belong to storage outside the tensor). Take it "
+        "from detach() or under NoGrad",
+        offset, offset + n, numel());
+  }
+  // The gradient is g on the viewed elements and zero elsewhere.
+  return record("view", out, {*this}, [offset, n](const Tensor& g, GradSink& sink) {
+    sink.accumulate(0, [&](Tensor& dx, float beta) {
+      Backend& be = backend_for(g.device());
+      if (beta == 0.0f) be.fill(dx.data(), dx.numel(), 0.0f);
+      be.axpy(n, 1.0f, g.data(), dx.data() + offset);
+    });
+  });
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
@@ -171,13 +248,26 @@ Tensor Tensor::reshape(const Shape& shape) const {
     fail("cannot reshape a tensor of shape {} ({} elements) to {} ({} elements)",
          shape_str(this->shape()), numel(), shape_str(shape), shape_numel(shape));
   }
-  return view(0, shape);
+  return record("reshape", alias(*this, 0, shape), {*this},
+                [in_shape = this->shape()](const Tensor& g, GradSink& sink) {
+                  sink.emit(0, alias(g, 0, in_shape));
+                });
 }
 
 Tensor Tensor::to(Device device) const {
   Tensor out = empty(shape(), device, dtype());
-  out.copy_from(*this);
-  return out;
+  copy_values(out, *this);
+  // The gradient goes back to the input's device.
+  return record(device == this->device() ? "clone" : "to", out, {*this},
+                [from = this->device()](const Tensor& g, GradSink& sink) {
+                  if (g.device() == from) {
+                    sink.emit(0, g);
+                    return;
+                  }
+                  Tensor dx = Tensor::empty(g.shape(), from, g.dtype());
+                  copy_values(dx, g);
+                  sink.emit(0, dx);
+                });
 }
 
 Tensor Tensor::clone() const {
@@ -185,40 +275,34 @@ Tensor Tensor::clone() const {
 }
 
 void Tensor::copy_from(const Tensor& source) {
-  if (source.shape() != shape() || source.dtype() != dtype()) {
-    fail("copy_from: source {} {} does not match destination {} {}", shape_str(source.shape()),
-         dtype_name(source.dtype()), shape_str(shape()), dtype_name(dtype()));
+  check_not_recorded("copy_from", *this);
+  if (records_grad(source)) {
+    fail(
+        "copy_from: the source requires a gradient, but a copy into an existing tensor is not "
+        "recorded by autograd; use source.clone() or source.to(device) (both differentiable), "
+        "or copy from source.detach()");
   }
-  if (device() == source.device()) {
-    if (impl_->storage == source.impl_->storage && nbytes() != 0) {
-      // Two views of one buffer: a copy onto itself is nothing to do, and a partial overlap has
-      // no defined result (memcpy and cudaMemcpy both forbid it).
-      if (impl_->offset == source.impl_->offset) return;
-      const std::int64_t lo = std::min(impl_->offset, source.impl_->offset);
-      const std::int64_t hi = std::max(impl_->offset, source.impl_->offset);
-      if (hi < lo + numel()) {
-        fail(
-            "copy_from: source and destination overlap in one storage (elements {} and {}, {} "
-            "each); copy through a clone()",
-            source.impl_->offset, impl_->offset, numel());
-      }
-    }
-    backend_for(device()).copy(raw_data(), source.raw_data(), nbytes());
-    return;
-  }
-  // Across devices: finish pending work on the source's stream first.
-  if (source.device().is_cuda()) backend_for(source.device()).stream().synchronize();
-  copy_bytes(raw_data(), device(), source.raw_data(), source.device(), nbytes());
+  copy_values(*this, source);
 }
 
 void Tensor::fill(float value) {
+  check_not_recorded("fill", *this);
   backend_for(device()).fill(data(), numel(), value);
+}
+
+void Tensor::zero() {
+  check_not_recorded("zero", *this);
+  backend_for(device()).fill(data(), numel(), 0.0f);
 }
 
 void Tensor::set_data(const Tensor& source) {
   if (source.shape() != shape()) {
     fail("set_data: new data has shape {} but the tensor has shape {}", shape_str(source.shape()),
          shape_str(shape()));
+  }
+  if (requires_grad() && source.dtype() != DType::kF32) {
+    fail("set_data: new data is {}, but a tensor that requires a gradient must be float32",
+         dtype_name(source.dtype()));
   }
   impl_->storage = source.impl_->storage;
   impl_->offset = source.impl_->offset;
@@ -233,6 +317,10 @@ bool Tensor::requires_grad() const {
 
 Tensor& Tensor::set_requires_grad(bool requires_grad) {
   NANODDP_CHECK(is_leaf() || requires_grad, "only leaf tensors can stop requiring a gradient");
+  if (requires_grad && dtype() != DType::kF32) {
+    fail("set_requires_grad: the tensor is {}, but gradients are computed in float32 only",
+         dtype_name(dtype()));
+  }
   impl_->autograd.requires_grad = requires_grad;
   return *this;
 }
@@ -270,10 +358,36 @@ bool Tensor::has_grad() const {
   return impl_->autograd.grad_valid;
 }
 
-void Tensor::register_post_accumulate_grad_hook(Hook hook) {
+HookHandle Tensor::register_post_accumulate_grad_hook(Hook hook) {
   NANODDP_CHECK(is_leaf() && requires_grad(),
                 "post-accumulate-grad hooks are for leaf tensors that require a gradient");
-  impl_->autograd.post_accumulate_grad_hooks.push_back(std::move(hook));
+  AutogradMeta& meta = impl_->autograd;
+  NANODDP_CHECK(!meta.running_hooks,
+                "a post-accumulate-grad hook cannot register hooks on the tensor it runs for");
+  const std::uint64_t id = meta.next_hook_id++;
+  meta.post_accumulate_grad_hooks.push_back({id, std::move(hook)});
+  return HookHandle(impl_, id);
+}
+
+std::size_t Tensor::post_accumulate_grad_hook_count() const {
+  return impl_->autograd.post_accumulate_grad_hooks.size();
+}
+
+void HookHandle::remove() {
+  const std::shared_ptr<TensorImpl> tensor = tensor_.lock();
+  if (!tensor) return;
+  NANODDP_CHECK(!tensor->autograd.running_hooks,
+                "a post-accumulate-grad hook cannot remove hooks of the tensor it runs for");
+  std::erase_if(tensor->autograd.post_accumulate_grad_hooks,
+                [this](const AutogradMeta::IdentifiedHook& h) { return h.id == id_; });
+  tensor_.reset();
+}
+
+void HookHandle::remove_quietly() noexcept {
+  try {
+    remove();
+  } catch (...) {
+  }
 }
 
 Tensor& Tensor::set_name(std::string name) {

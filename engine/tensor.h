@@ -67,6 +67,7 @@ class Generator {
 
 class Node;
 struct TensorImpl;
+class HookHandle;
 
 class Tensor {
  public:
@@ -111,22 +112,30 @@ class Tensor {
   std::vector<float> to_vector() const;  // copies to the host
   float item() const;                    // one-element tensors only
 
+  // Every op below that returns a tensor computed from this one is differentiable (recorded by
+  // autograd like the ops in ops.h); the in-place writes are not, and refuse a tensor that
+  // requires a gradient while autograd records (PyTorch refuses in-place writes into leaves).
+  //
   // A tensor over `shape` elements of this tensor's storage, starting `offset` elements after
-  // this tensor's start. No copy: writes through either are seen by both.
+  // this tensor's start. No copy: writes through either are seen by both. Its gradient flows
+  // back into those elements; a view that reaches past this tensor's own elements (into the
+  // rest of a flat buffer) is an Error while autograd records.
   Tensor view(std::int64_t offset, const Shape& shape) const;
   Tensor reshape(const Shape& shape) const;  // same elements, new shape (a view)
-  Tensor to(Device device) const;
+  Tensor to(Device device) const;            // a copy on `device`; the gradient goes back
   Tensor clone() const;
+  // In-place writes: refused (Error) into a tensor that requires a gradient, and copy_from also
+  // from one, unless under NoGrad.
   void copy_from(const Tensor& source);  // same shape, any devices
   void fill(float value);
-  void zero() { fill(0.0f); }
+  void zero();
   // Rebinds this tensor (every handle to it) to `source`'s storage and offset, keeping
   // autograd state: how parameters are moved into a flat buffer (PyTorch's `p.data = ...`).
   void set_data(const Tensor& source);
 
   // ---- autograd ----
   bool requires_grad() const;
-  Tensor& set_requires_grad(bool requires_grad);
+  Tensor& set_requires_grad(bool requires_grad);  // float32 tensors only
   bool is_leaf() const;
   const std::shared_ptr<Node>& grad_fn() const;
   void set_grad_fn(std::shared_ptr<Node> node);
@@ -141,8 +150,10 @@ class Tensor {
   void zero_grad();
   bool has_grad() const;
   // Runs after this leaf's gradient for the current backward is complete (all contributions
-  // accumulated). The DDP Reducer's entry point.
-  void register_post_accumulate_grad_hook(Hook hook);
+  // accumulated). The DDP Reducer's entry point. The handle removes the hook (PyTorch's
+  // RemovableHandle); dropping the handle keeps it.
+  HookHandle register_post_accumulate_grad_hook(Hook hook);
+  std::size_t post_accumulate_grad_hook_count() const;
   // A name for timelines: a traced backward marks "grad <name>" when this leaf's gradient is
   // final (nn::FlatParameters names every parameter).
   Tensor& set_name(std::string name);
@@ -161,13 +172,37 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+// Removes the hook it was returned for (PyTorch's torch.utils.hooks.RemovableHandle). remove()
+// is idempotent and does nothing once the tensor is gone; the destructor does not remove. A hook
+// cannot remove hooks of the tensor it runs for (an error).
+class HookHandle {
+ public:
+  HookHandle() = default;
+  HookHandle(std::weak_ptr<TensorImpl> tensor, std::uint64_t id)
+      : tensor_(std::move(tensor)), id_(id) {}
+  void remove();
+  // For destructors: removes if it can and never throws (a hook that outlives its owner
+  // must then do nothing by itself, e.g. through a weak handle).
+  void remove_quietly() noexcept;
+
+ private:
+  std::weak_ptr<TensorImpl> tensor_;
+  std::uint64_t id_ = 0;
+};
+
 // Autograd state of a tensor; leaves keep their gradient and hooks here.
 struct AutogradMeta {
   bool requires_grad = false;
   std::shared_ptr<Node> grad_fn;  // null for leaves
   Tensor grad;                    // buffer of a leaf's gradient
   bool grad_valid = false;        // false: `grad`'s contents are stale (treated as zero)
-  std::vector<Tensor::Hook> post_accumulate_grad_hooks;
+  struct IdentifiedHook {
+    std::uint64_t id;
+    Tensor::Hook hook;
+  };
+  std::vector<IdentifiedHook> post_accumulate_grad_hooks;
+  std::uint64_t next_hook_id = 1;
+  bool running_hooks = false;
   std::string name;  // a leaf's name for traces ("layers.0.weight"); may be empty
 };
 

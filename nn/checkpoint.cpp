@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -70,7 +71,7 @@ std::int64_t metadata_int(const SafetensorsFile& file, const std::string& key) {
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size()) {
     fail("checkpoint '{}': metadata '{}' = '{}' is not an integer", file.path().string(), key,
-         text);
+         excerpt(text));
   }
   return value;
 }
@@ -108,6 +109,27 @@ void remove_stale_temporaries(const fs::path& dir) {
   }
 }
 
+// "3,3,1": each count a number in [0, optimizer_steps].
+std::vector<std::int64_t> parse_param_steps(const std::string& path, const std::string& text,
+                                            std::int64_t optimizer_steps) {
+  std::vector<std::int64_t> steps;
+  const char* p = text.data();
+  const char* const end = text.data() + text.size();
+  while (p < end) {
+    std::int64_t v = -1;
+    const auto [next, ec] = std::from_chars(p, end, v);
+    if (ec != std::errc() || v < 0 || v > optimizer_steps || (next != end && *next != ',')) {
+      fail(
+          "checkpoint '{}': metadata 'optimizer_param_steps' is not a list of step counts "
+          "between 0 and {} (at character {})",
+          path, optimizer_steps, p - text.data());
+    }
+    steps.push_back(v);
+    p = next == end ? end : next + 1;
+  }
+  return steps;
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, const Module& model, const Optimizer& optimizer,
@@ -136,23 +158,43 @@ std::string save_checkpoint(const std::string& dir, const Module& model, const O
       {"optimizer", optimizer.describe()},
       {"optimizer_kind", optimizer_kind(optimizer)},
       {"optimizer_steps", std::to_string(optimizer.steps())},
+      // Per parameter, in the flat layout's order: a parameter skipped in a step (no gradient)
+      // has taken fewer steps than the optimizer, and AdamW's bias correction depends on it.
+      {"optimizer_param_steps", fmt::format("{}", fmt::join(optimizer.param_steps(), ","))},
       {"checksum", checksum_hex(tensors_checksum(bytes))},
+      {"run_id", state.run_id},
   };
   for (const auto& [k, v] : state.info) metadata.emplace("info." + k, v);
 
   const std::string path =
       (fs::path(dir) / fmt::format("step-{:09}.safetensors", state.step)).string();
+  // (Checked here, not atomically with the rename: this guards against another run's file that
+  // is already there, not against two writers racing for the same name.)
+  if (fs::exists(path, ec)) {
+    fail(
+        "cannot write checkpoint '{}': the file already exists (another run's checkpoint of the "
+        "same step?) and is not overwritten. Use an empty directory, or resume from it.",
+        path);
+  }
   write_safetensors(path, entries, metadata);
   debug_log(DebugLevel::kInfo, "checkpoint: wrote {} (step {}, {} tensors)", path, state.step,
             entries.size());
 
-  // Keep the newest `keep` up to this one: only earlier steps are pruned. Checkpoints of later
-  // steps (another run's, in a reused folder) are not this run's to delete, and must never
-  // push out the one just written.
+  // Keep the newest `keep` up to this one: only this run's earlier steps are pruned.
+  // Checkpoints of later steps, or of another run (another run_id, in a reused folder or
+  // written concurrently), are not this run's to delete, and must never push out the one just
+  // written. Reading a candidate's run_id costs its header only.
   if (keep > 0) {
     std::vector<std::string> earlier;
     for (const std::string& p : list_checkpoints(dir)) {
-      if (step_of(p).value_or(state.step) < state.step) earlier.push_back(p);
+      if (step_of(p).value_or(state.step) >= state.step) continue;
+      try {
+        const SafetensorsMetadata other = read_safetensors_metadata(p);
+        const auto id = other.find("run_id");
+        if ((id == other.end() ? std::string() : id->second) == state.run_id) earlier.push_back(p);
+      } catch (const Error&) {
+        // Unreadable: not provably this run's, so left alone.
+      }
     }
     const std::size_t keep_earlier = static_cast<std::size_t>(keep - 1);
     for (std::size_t i = 0; i + keep_earlier < earlier.size(); ++i) fs::remove(earlier[i], ec);
@@ -207,9 +249,25 @@ void load_parameters(const std::string& path, Module& model) {
         unexpected.empty() ? "" : fmt::format("not in the model {}", fmt::join(unexpected, ", ")),
         fmt::join(expected, ", "));
   }
+  std::vector<std::vector<float>> values;
   for (const NamedTensor& p : params) {
-    Tensor target = p.tensor;
-    target.copy_from(Tensor::from_vector(file.to_f32(p.name), target.shape()));
+    values.push_back(file.to_f32(p.name));
+    const std::vector<float>& v = values.back();
+    const auto first = std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
+    if (first != v.end()) {
+      const auto bad = std::count_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
+      fail(
+          "'{}': '{}' holds {} non-finite value(s) (the first, {}, at flat index {}): a model "
+          "that starts from NaN or Inf trains to NaN. Use parameters saved before they "
+          "diverged.",
+          path, p.name, bad, std::isnan(*first) ? "nan" : fmt::format("{}", *first),
+          first - v.begin());
+    }
+  }
+  const NoGrad no_grad;  // writing parameters in place is no step of the model's function
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    Tensor target = params[i].tensor;
+    target.copy_from(Tensor::from_vector(values[i], target.shape()));
   }
 }
 
@@ -285,18 +343,36 @@ TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer&
   state.step = metadata_count(file, "step");
   state.epoch = metadata_count(file, "epoch");
   state.epoch_samples = metadata_count(file, "epoch_samples");
+  if (const std::optional<std::int64_t> named = step_of(path); named && *named != state.step) {
+    fail(
+        "checkpoint '{}' is named for step {} but its metadata records step {}: it was renamed "
+        "or copied over another; use a checkpoint whose name and contents agree",
+        path, *named, state.step);
+  }
+  if (const auto id = md.find("run_id"); id != md.end()) state.run_id = id->second;
   const std::string& seed = file.metadata_at("seed");
   const auto [seed_end, seed_ec] =
       std::from_chars(seed.data(), seed.data() + seed.size(), state.seed);
   if (seed_ec != std::errc() || seed_end != seed.data() + seed.size()) {
-    fail("checkpoint '{}': metadata 'seed' = '{}' is not a number", path, seed);
+    fail("checkpoint '{}': metadata 'seed' = '{}' is not a number", path, excerpt(seed));
   }
 
+  // Checkpoints written before per-parameter step counts had every parameter at every step.
+  std::vector<std::int64_t> param_steps;
+  if (const auto it = md.find("optimizer_param_steps"); it != md.end()) {
+    param_steps = parse_param_steps(path, it->second, optimizer_steps);
+    if (param_steps.size() != optimizer.param_steps().size()) {
+      fail("checkpoint '{}' has step counts for {} parameters, but the model has {}", path,
+           param_steps.size(), optimizer.param_steps().size());
+    }
+  }
+
+  const NoGrad no_grad;  // parameters and optimizer state are written in place
   for (HostTensor& t : tensors) {
     t.values = file.to_f32(t.name);
     t.target.copy_from(Tensor::from_vector(t.values, t.target.shape()));
   }
-  optimizer.set_steps(optimizer_steps);
+  optimizer.set_steps(optimizer_steps, param_steps);
   for (const auto& [k, v] : md) {
     if (k.starts_with("info.")) state.info[k.substr(5)] = v;
   }

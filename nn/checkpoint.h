@@ -28,21 +28,28 @@ struct TrainingState {
   std::int64_t epoch = 0;          // epoch of the next step
   std::int64_t epoch_samples = 0;  // global samples of `epoch` already consumed
   std::uint64_t seed = 0;
+  // Which run wrote the checkpoint (any string; nanoddp-train uses host, pid and start time, and
+  // a resumed run takes over the id of the checkpoint it resumed). Housekeeping only ever
+  // removes checkpoints of the same id: another run's in the same folder are not its to delete.
+  std::string run_id;
   // Free-form settings recorded for the reader (model description, batch, world size).
   std::map<std::string, std::string> info;
 };
 
 // Writes `dir`/step-<step>.safetensors (creating `dir` if needed) and then removes the oldest
-// step-*.safetensors files beyond the newest `keep`. Returns the path written.
-std::string save_checkpoint(const std::string& dir, const Module& model,
-                            const Optimizer& optimizer, const TrainingState& state, int keep);
+// of the checkpoints with the same run_id at earlier steps, so that `keep` of them remain
+// (checkpoints of other runs, or unreadable ones, are never removed). An existing file of the
+// same name is never overwritten: that is an Error naming it. Returns the path written.
+std::string save_checkpoint(const std::string& dir, const Module& model, const Optimizer& optimizer,
+                            const TrainingState& state, int keep);
 
 // All step-*.safetensors files in `dir`, oldest first (by step number).
 std::vector<std::string> list_checkpoints(const std::string& dir);
 
 // Loads `path` into the model's parameters and the optimizer's state, after checking the
 // format version, the checksum, and that every tensor exists with the right shape. Any problem
-// is an Error naming the file and what is wrong; the model is untouched then.
+// is an Error naming the file and what is wrong; the model is untouched then. A file named
+// step-N.safetensors must record step N.
 TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer& optimizer);
 
 // Loads `path`, a safetensors file of parameters named as the model names them, into the model:
@@ -51,7 +58,8 @@ TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer&
 // parameter must be there with its shape, stored as F32, BF16, F16 or F64 (converted to float32),
 // and a tensor the model has no parameter for is an error too, as with PyTorch's
 // load_state_dict(strict=True): a silently ignored tensor would mean a silently different model.
-// Everything is checked before the model is touched; errors name the file and the tensors.
+// Everything is checked before the model is touched, NaN and Inf values included (a model that
+// starts from them trains to NaN); errors name the file and the tensors.
 void load_parameters(const std::string& path, Module& model);
 
 }  // namespace nanoddp::nn

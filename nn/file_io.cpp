@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
@@ -109,6 +110,111 @@ std::int64_t shape_numel_checked(std::span<const std::int64_t> shape) {
   return n;
 }
 
+namespace {
+
+// Opens a regular file for reading; throws naming the path.
+int open_regular_file(const std::filesystem::path& path, std::uint64_t* size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    fail("cannot open '{}' for reading: {}", path.string(), errno_text(error));
+  }
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    const int error = errno;
+    ::close(fd);
+    fail("cannot read '{}': fstat failed: {}", path.string(), errno_text(error));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
+    fail("cannot read '{}': it is not a regular file", path.string());
+  }
+  *size = static_cast<std::uint64_t>(info.st_size);
+  return fd;
+}
+
+// Reads up to `size` bytes at `offset`; returns how many (fewer only at the end of the file).
+std::size_t read_at(int fd, const std::filesystem::path& path, std::uint64_t offset, std::byte* out,
+                    std::size_t size) {
+  std::size_t done = 0;
+  while (done < size) {
+    const ::ssize_t got = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      fail("cannot read '{}': {}", path.string(), errno_text(error));
+    }
+    if (got == 0) break;
+    done += static_cast<std::size_t>(got);
+  }
+  return done;
+}
+
+}  // namespace
+
+std::string excerpt(std::string_view text, std::size_t max_chars) {
+  if (text.size() <= max_chars) return std::string(text);
+  return fmt::format("{}... ({} characters in all)", text.substr(0, max_chars), text.size());
+}
+
+FileHead read_file_head(const std::filesystem::path& path, std::size_t max_bytes) {
+  FileHead head;
+  FdGuard guard(open_regular_file(path, &head.file_size));
+  head.bytes.resize(static_cast<std::size_t>(std::min<std::uint64_t>(max_bytes, head.file_size)));
+  head.bytes.resize(read_at(guard.get(), path, 0, head.bytes.data(), head.bytes.size()));
+  return head;
+}
+
+void read_file_range(const std::filesystem::path& path, std::uint64_t offset, std::byte* out,
+                     std::size_t size) {
+  std::uint64_t file_size = 0;
+  FdGuard guard(open_regular_file(path, &file_size));
+  const std::size_t got = read_at(guard.get(), path, offset, out, size);
+  if (got != size) {
+    fail(
+        "cannot read '{}': it ended after {} of the {} bytes expected at offset {} (is another "
+        "process writing it?)",
+        path.string(), offset + got, offset + size, offset);
+  }
+}
+
+std::uint64_t file_checksum(const std::filesystem::path& path) {
+  std::uint64_t file_size = 0;
+  FdGuard guard(open_regular_file(path, &file_size));
+  // Four independent lanes of xxHash64's round (multiply, rotate, multiply) over 8-byte words,
+  // so the multiplies overlap; the tail and the size are folded in at the end.
+  constexpr std::uint64_t kP1 = 0x9E3779B185EBCA87ull, kP2 = 0xC2B2AE3D27D4EB4Full;
+  const auto round = [](std::uint64_t acc, std::uint64_t word) {
+    acc += word * kP2;
+    acc = (acc << 31) | (acc >> 33);
+    return acc * kP1;
+  };
+  std::uint64_t lanes[4] = {kP1 + kP2, kP2, 0, 0 - kP1};
+  std::vector<std::byte> block(1u << 20);
+  std::uint64_t offset = 0, tail = 0;
+  while (true) {
+    const std::size_t got = read_at(guard.get(), path, offset, block.data(), block.size());
+    std::size_t i = 0;
+    for (; i + 32 <= got; i += 32) {
+      for (int lane = 0; lane < 4; ++lane) {
+        std::uint64_t word;
+        std::memcpy(&word, block.data() + i + 8 * lane, 8);
+        lanes[lane] = round(lanes[lane], word);
+      }
+    }
+    for (; i < got; ++i)
+      tail = (tail ^ std::to_integer<std::uint64_t>(block[i])) * 0x100000001b3ull;
+    offset += got;
+    if (got < block.size()) break;
+  }
+  std::uint64_t h = offset * kP1;
+  for (const std::uint64_t lane : lanes) h = round(h ^ lane, lane);
+  h = round(h, tail);
+  h ^= h >> 33;
+  h *= kP2;
+  return h ^ (h >> 29);
+}
+
 std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -122,7 +228,13 @@ std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
     fail("cannot read '{}': fstat failed: {}", path.string(), errno_text(error));
   }
   if (!S_ISREG(info.st_mode)) fail("cannot read '{}': it is not a regular file", path.string());
-  std::vector<std::byte> bytes(static_cast<std::size_t>(info.st_size));
+  std::vector<std::byte> bytes;
+  try {
+    bytes.resize(static_cast<std::size_t>(info.st_size));
+  } catch (const std::bad_alloc&) {
+    fail("cannot read '{}': its {} bytes do not fit in memory", path.string(),
+         static_cast<long long>(info.st_size));
+  }
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ::ssize_t got = ::read(fd, bytes.data() + done, bytes.size() - done);

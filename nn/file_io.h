@@ -13,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace nanoddp::nn {
@@ -37,6 +38,29 @@ struct TemporaryWriter {
 };
 std::optional<TemporaryWriter> temporary_writer(const std::string& filename);
 std::string this_host();  // gethostname(), or "localhost"
+
+// At most the first `max_chars` characters of untrusted `text` (a file's header, a metadata
+// value), with "... (N characters in all)" when cut: an error message must stay readable and
+// small however big the input is.
+std::string excerpt(std::string_view text, std::size_t max_chars = 200);
+
+// The first `max_bytes` bytes of the file (fewer when it is shorter), and its whole size: what a
+// reader checks (magic bytes, header) before it trusts the size enough to read the rest.
+struct FileHead {
+  std::vector<std::byte> bytes;
+  std::uint64_t file_size = 0;
+};
+FileHead read_file_head(const std::filesystem::path& path, std::size_t max_bytes);
+
+// Reads exactly `size` bytes at `offset` into `out`. Throws nanoddp::Error naming the path
+// when the file is shorter or the read fails.
+void read_file_range(const std::filesystem::path& path, std::uint64_t offset, std::byte* out,
+                     std::size_t size);
+
+// A 64-bit hash of the whole file, streamed in 1 MiB blocks (memory stays bounded), at several
+// GB/s: for checking that ranks read the same bytes, not against tampering. The value is only
+// comparable between runs of the same nanoddp version. Throws nanoddp::Error naming the path.
+std::uint64_t file_checksum(const std::filesystem::path& path);
 
 // The element count of a shape read from a file (non-negative sizes, already validated).
 // Throws nanoddp::Error when it does not fit 64 bits, unless a size is 0: then it is 0.

@@ -19,11 +19,13 @@ FlatParameters::FlatParameters(const Module& module, Device device) {
   }
   values_ = Tensor::empty({total}, device);
   grads_ = Tensor::zeros({total}, device);
+  const NoGrad no_grad;  // moving the parameters' values is no step of the model's function
   for (ParameterSlot& slot : slots_) {
     Tensor value = values_.view(slot.offset, slot.param.shape());
     value.copy_from(slot.param);
     slot.param.set_data(value);
     slot.param.set_grad(grads_.view(slot.offset, slot.param.shape()));
+    slot.param.zero_grad();  // the buffer, but no gradient yet
     slot.param.set_name(slot.name);
   }
 }
@@ -32,12 +34,11 @@ void FlatParameters::zero_grad() {
   for (ParameterSlot& slot : slots_) slot.param.zero_grad();
 }
 
-void FlatParameters::materialize_grads() {
+void FlatParameters::zero_missing_grads() {
   for (ParameterSlot& slot : slots_) {
     if (!slot.param.has_grad()) {
       Tensor grad = grads_.view(slot.offset, slot.param.shape());
       grad.zero();
-      slot.param.set_grad(grad);
     }
   }
 }

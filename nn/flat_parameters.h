@@ -41,11 +41,14 @@ class FlatParameters {
   const std::vector<ParameterSlot>& slots() const { return slots_; }
 
   // Marks every gradient stale without touching memory: the next backward overwrites instead
-  // of accumulating (see Tensor::zero_grad).
+  // of accumulating (see Tensor::zero_grad). A parameter then has no gradient (has_grad() is
+  // false, PyTorch's .grad is None) until a backward gives it one, and the optimizers skip it.
+  // A new FlatParameters starts so.
   void zero_grad();
-  // Zero-fills the gradients no backward wrote since zero_grad() (parameters unused in this
-  // step), so that the flat gradient buffer is entirely valid. The optimizers call this.
-  void materialize_grads();
+  // Zero-fills the memory of the gradients no backward wrote since zero_grad() (parameters
+  // unused in this step), so that the flat gradient buffer can be read as a whole (a NaN
+  // check, a gradient norm). They still have no gradient: the optimizers skip them.
+  void zero_missing_grads();
 
  private:
   Tensor values_;

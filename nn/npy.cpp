@@ -22,6 +22,9 @@ constexpr std::size_t kPreludeV1 = 10;  // magic (6) + version (2) + header leng
 constexpr std::size_t kPreludeV2 = 12;  // magic (6) + version (2) + header length (4)
 // numpy aligns the data to 64 bytes so that it can be memory-mapped with any alignment.
 constexpr std::size_t kHeaderAlignment = 64;
+// numpy itself refuses headers above 10,000 bytes unless told otherwise; 1 MiB leaves room for
+// arrays of very high rank and bounds what a corrupted length field can make us read.
+constexpr std::size_t kMaxHeaderBytes = 1u << 20;
 
 std::string format_shape(std::span<const std::int64_t> shape) {
   if (shape.size() == 1) return fmt::format("({},)", shape[0]);
@@ -75,7 +78,7 @@ class HeaderParser {
     fail(
         "'{}' is not a valid .npy file: its header has {} at character {} (header: {}). "
         "Re-save the array with numpy.save.",
-        name_, what, pos_, text_);
+        name_, excerpt(what), pos_, excerpt(text_));
   }
   void skip_space() {
     while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
@@ -175,42 +178,56 @@ std::int64_t NpyArray::numel() const {
   return shape_numel_checked(shape);
 }
 
-NpyArray read_npy(const std::filesystem::path& path) {
-  const std::vector<std::byte> bytes = read_file_bytes(path);
-  return parse_npy(bytes, path.string());
-}
+namespace {
 
-NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view name) {
-  if (bytes.size() < kMagic.size() ||
-      std::memcmp(bytes.data(), kMagic.data(), kMagic.size()) != 0) {
+// Where the elements are, from the prelude and header alone.
+struct NpyLayout {
+  std::vector<std::int64_t> shape;
+  std::size_t item_size = 4;    // 4: '<f4', 8: '<f8'
+  std::size_t data_offset = 0;  // bytes before the first element
+  std::size_t count = 0;        // elements
+};
+
+// Parses the prelude and header at the start of `head` (the file's first bytes) and checks that
+// the file's `total_size` is exactly header + data: nothing past the header is needed, so a huge
+// file that is not a .npy (or whose header lies) is refused before its data is read.
+NpyLayout parse_npy_layout(std::span<const std::byte> head, std::uint64_t total_size,
+                           std::string_view name) {
+  if (head.size() < kMagic.size() || std::memcmp(head.data(), kMagic.data(), kMagic.size()) != 0) {
     fail(
         "'{}' is not a .npy file: it does not start with the magic bytes \\x93NUMPY ({} bytes "
         "long). Write it with numpy.save (not numpy.savez, pickle or text).",
-        name, bytes.size());
+        name, total_size);
   }
-  if (bytes.size() < kPreludeV1) {
+  if (head.size() < kPreludeV1) {
     fail("'{}' is truncated: it ends inside the .npy prelude ({} of at least {} bytes)", name,
-         bytes.size(), kPreludeV1);
+         total_size, kPreludeV1);
   }
-  const int major = std::to_integer<int>(bytes[6]);
-  const int minor = std::to_integer<int>(bytes[7]);
+  const int major = std::to_integer<int>(head[6]);
+  const int minor = std::to_integer<int>(head[7]);
   if (minor != 0 || major < 1 || major > 3) {
     fail("'{}' has .npy format version {}.{}; versions 1.0, 2.0 and 3.0 are supported", name, major,
          minor);
   }
   const std::size_t prelude = major == 1 ? kPreludeV1 : kPreludeV2;
-  if (bytes.size() < prelude) {
-    fail("'{}' is truncated: it ends inside the .npy prelude ({} of {} bytes)", name, bytes.size(),
+  if (head.size() < prelude) {
+    fail("'{}' is truncated: it ends inside the .npy prelude ({} of {} bytes)", name, total_size,
          prelude);
   }
-  const std::size_t header_length = read_le(bytes.data() + 8, major == 1 ? 2 : 4);
-  if (bytes.size() < prelude + header_length) {
+  const std::size_t header_length = read_le(head.data() + 8, major == 1 ? 2 : 4);
+  if (header_length > kMaxHeaderBytes) {
+    fail(
+        "'{}' is not a .npy file numpy writes: its header length field says {} bytes, more than "
+        "the {} allowed",
+        name, header_length, kMaxHeaderBytes);
+  }
+  if (head.size() < prelude + header_length) {
     fail(
         "'{}' is truncated: its header says it is {} bytes long but only {} bytes follow the "
         "prelude",
-        name, header_length, bytes.size() - prelude);
+        name, header_length, total_size - std::min<std::uint64_t>(total_size, prelude));
   }
-  const std::string_view header(reinterpret_cast<const char*>(bytes.data()) + prelude,
+  const std::string_view header(reinterpret_cast<const char*>(head.data()) + prelude,
                                 header_length);
 
   std::optional<HeaderValue> descr, fortran_order, shape_value;
@@ -220,13 +237,13 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view name) {
          !descr           ? "descr"
          : !fortran_order ? "fortran_order"
                           : "shape",
-         header);
+         excerpt(header));
   }
   if (descr->kind != HeaderValue::Kind::kString) {
     fail(
         "'{}' has the structured dtype {}; only float32 ('<f4') and float64 ('<f8') arrays, "
         "little-endian and in C order, are supported",
-        name, descr->text);
+        name, excerpt(descr->text));
   }
   if (descr->text != "<f4" && descr->text != "<f8") {
     std::string hint;
@@ -238,7 +255,7 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view name) {
     fail(
         "'{}' has the unsupported dtype '{}'{}; only little-endian float32 ('<f4') and float64 "
         "('<f8') arrays in C order are supported",
-        name, descr->text, hint);
+        name, excerpt(descr->text), hint);
   }
   if (fortran_order->kind != HeaderValue::Kind::kBool || fortran_order->flag) {
     fail(
@@ -247,42 +264,106 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view name) {
         name);
   }
   if (shape_value->kind != HeaderValue::Kind::kTuple) {
-    fail("'{}' is not a valid .npy file: its shape '{}' is not a tuple", name, shape_value->text);
+    fail("'{}' is not a valid .npy file: its shape '{}' is not a tuple", name,
+         excerpt(shape_value->text));
   }
 
-  NpyArray array;
-  array.shape = shape_value->tuple;
-  const std::size_t item_size = descr->text == "<f4" ? 4 : 8;
-  const std::size_t available = bytes.size() - prelude - header_length;
+  NpyLayout layout;
+  layout.shape = shape_value->tuple;
+  layout.item_size = descr->text == "<f4" ? 4 : 8;
+  layout.data_offset = prelude + header_length;
+  const std::uint64_t available = total_size - layout.data_offset;
   std::size_t count = 1;
   bool overflow = false;
-  for (const std::int64_t d : array.shape) {
+  for (const std::int64_t d : layout.shape) {
     overflow = overflow || __builtin_mul_overflow(count, static_cast<std::size_t>(d), &count);
   }
   std::size_t needed = 0;
-  overflow = overflow || __builtin_mul_overflow(count, item_size, &needed);
+  overflow = overflow || __builtin_mul_overflow(count, layout.item_size, &needed);
   if (overflow || needed != available) {
     const bool truncated = overflow || needed > available;
     fail(
         "'{}' is {}: its shape {} of '{}' needs {} data bytes but the file has {} after the "
         "header{}",
-        name, truncated ? "truncated" : "longer than its header says", format_shape(array.shape),
+        name, truncated ? "truncated" : "longer than its header says", format_shape(layout.shape),
         descr->text, overflow ? std::string("more than 2^64") : std::to_string(needed), available,
         truncated ? " (an interrupted copy or download?)" : "");
   }
-  array.data.resize(count);
-  const std::byte* data = bytes.data() + prelude + header_length;
-  if (count == 0) {
-    // Nothing to copy (and an empty vector's data() may be null, which memcpy must not get).
-  } else if (item_size == 4) {
-    std::memcpy(array.data.data(), data, count * 4);
-  } else {
-    for (std::size_t i = 0; i < count; ++i) {
-      double value;
-      std::memcpy(&value, data + i * 8, 8);
-      array.data[i] = static_cast<float>(value);
+  layout.count = count;
+  return layout;
+}
+
+// `count` elements of `item_size` bytes as float32.
+void convert_elements(const std::byte* data, std::size_t count, std::size_t item_size, float* out) {
+  if (count == 0) return;  // (an empty vector's data() may be null, which memcpy must not get)
+  if (item_size == 4) {
+    std::memcpy(out, data, count * 4);
+    return;
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    double value;
+    std::memcpy(&value, data + i * 8, 8);
+    out[i] = static_cast<float>(value);
+  }
+}
+
+std::vector<float> allocate_elements(std::size_t count, std::string_view name) {
+  std::vector<float> data;
+  try {
+    data.resize(count);
+  } catch (const std::bad_alloc&) {
+    // (count * 4 fits: the header's data size, count * 4 or * 8, was computed without overflow.)
+    fail("'{}' holds {} elements ({} bytes as float32), which do not fit in memory", name, count,
+         count * 4);
+  } catch (const std::length_error&) {
+    fail("'{}' holds {} elements, more than a vector can hold", name, count);
+  }
+  return data;
+}
+
+}  // namespace
+
+NpyArray read_npy(const std::filesystem::path& path) {
+  const std::string name = path.string();
+  // The prelude first, then exactly the header it announces, then exactly the data the header
+  // describes: nothing is read or allocated on the word of bytes not yet checked.
+  FileHead head = read_file_head(path, kPreludeV2);
+  if (head.bytes.size() >= kPreludeV2) {
+    const int major = std::to_integer<int>(head.bytes[6]);
+    const std::size_t prelude = major == 1 ? kPreludeV1 : kPreludeV2;
+    const std::size_t header_length = read_le(head.bytes.data() + 8, major == 1 ? 2 : 4);
+    if (std::memcmp(head.bytes.data(), kMagic.data(), kMagic.size()) == 0 &&
+        header_length <= kMaxHeaderBytes) {
+      head = read_file_head(path, prelude + header_length);
     }
   }
+  const NpyLayout layout = parse_npy_layout(head.bytes, head.file_size, name);
+  NpyArray array;
+  array.shape = layout.shape;
+  array.data = allocate_elements(layout.count, name);
+  if (layout.item_size == 4) {
+    read_file_range(path, layout.data_offset, reinterpret_cast<std::byte*>(array.data.data()),
+                    layout.count * 4);
+  } else {
+    // float64: converted block by block, so the file's bytes are never held whole.
+    constexpr std::size_t kBlock = 1u << 17;  // elements
+    std::vector<std::byte> block(std::min(layout.count, kBlock) * 8);
+    for (std::size_t done = 0; done < layout.count; done += kBlock) {
+      const std::size_t n = std::min(kBlock, layout.count - done);
+      read_file_range(path, layout.data_offset + done * 8, block.data(), n * 8);
+      convert_elements(block.data(), n, 8, array.data.data() + done);
+    }
+  }
+  return array;
+}
+
+NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view name) {
+  const NpyLayout layout = parse_npy_layout(bytes, bytes.size(), name);
+  NpyArray array;
+  array.shape = layout.shape;
+  array.data = allocate_elements(layout.count, name);
+  convert_elements(bytes.data() + layout.data_offset, layout.count, layout.item_size,
+                   array.data.data());
   return array;
 }
 

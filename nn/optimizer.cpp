@@ -1,5 +1,7 @@
 #include "nanoddp/nn/optimizer.h"
 
+#include <algorithm>
+
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/kernels/error.h"
 
@@ -13,18 +15,53 @@ void check_lr(float lr) {
 
 }  // namespace
 
-void Optimizer::step() {
-  params_.materialize_grads();
-  begin_step();
-  update(0, params_.numel());
+Optimizer::Optimizer(FlatParameters& params)
+    : params_(params), param_steps_(params.slots().size(), 0), all_slots_(params.slots().size()) {
+  for (std::size_t i = 0; i < all_slots_.size(); ++i) all_slots_[i] = i;
 }
 
-void Optimizer::update(std::int64_t offset, std::int64_t numel) {
-  NANODDP_CHECK(offset >= 0 && numel >= 0 && offset + numel <= params_.numel(),
-                "optimizer update of elements [{}, {}) outside the {} parameters", offset,
-                offset + numel, params_.numel());
+void Optimizer::step() {
+  begin_step();
+  update(all_slots_);
+}
+
+void Optimizer::update(std::span<const std::size_t> slots) {
   NANODDP_CHECK(steps_ > 0, "optimizer update() before the first begin_step()");
-  if (numel > 0) update_slice(offset, numel);
+  const std::vector<ParameterSlot>& all = params_.slots();
+  // Runs of parameters that are neighbours in the flat buffers, all with a gradient and at the
+  // same step, go to one kernel: with every parameter used, the whole model is one run.
+  std::int64_t run_offset = 0, run_numel = 0, run_step = 0;
+  auto flush = [&] {
+    if (run_numel > 0) update_slice(run_offset, run_numel, run_step);
+    run_numel = 0;
+  };
+  for (const std::size_t i : slots) {
+    NANODDP_CHECK(i < all.size(), "optimizer update of parameter {}, but there are {}", i,
+                  all.size());
+    const ParameterSlot& slot = all[i];
+    if (!slot.param.has_grad()) continue;  // PyTorch: .grad is None, the parameter is skipped
+    const std::int64_t step = ++param_steps_[i];
+    if (run_numel > 0 && (run_offset + run_numel != slot.offset || run_step != step)) flush();
+    if (run_numel == 0) {
+      run_offset = slot.offset;
+      run_step = step;
+    }
+    run_numel += slot.numel;
+  }
+  flush();
+}
+
+void Optimizer::set_steps(std::int64_t steps, const std::vector<std::int64_t>& param_steps) {
+  if (!param_steps.empty() && param_steps.size() != param_steps_.size()) {
+    fail("optimizer state has step counts for {} parameters, but the model has {}",
+         param_steps.size(), param_steps_.size());
+  }
+  steps_ = steps;
+  if (param_steps.empty()) {
+    std::fill(param_steps_.begin(), param_steps_.end(), steps);
+  } else {
+    param_steps_ = param_steps;
+  }
 }
 
 SGD::SGD(FlatParameters& params, const SgdOptions& options) : Optimizer(params), options_(options) {
@@ -39,9 +76,9 @@ SGD::SGD(FlatParameters& params, const SgdOptions& options) : Optimizer(params),
   if (options.momentum != 0.0f) momentum_buffer_ = Tensor::zeros({params.numel()}, params.device());
 }
 
-void SGD::update_slice(std::int64_t offset, std::int64_t numel) {
-  // PyTorch starts the momentum buffer from the first gradient.
-  const bool first_step = steps_ == 1;
+void SGD::update_slice(std::int64_t offset, std::int64_t numel, std::int64_t step) {
+  // PyTorch starts the momentum buffer from the parameter's first gradient.
+  const bool first_step = step == 1;
   backend_for(params_.device())
       .sgd_step(params_.values().data() + offset, params_.grads().data() + offset,
                 momentum_buffer_.defined() ? momentum_buffer_.data() + offset : nullptr, numel,
@@ -73,13 +110,13 @@ AdamW::AdamW(FlatParameters& params, const AdamWOptions& options)
   exp_avg_sq_ = Tensor::zeros({params.numel()}, params.device());
 }
 
-void AdamW::update_slice(std::int64_t offset, std::int64_t numel) {
+void AdamW::update_slice(std::int64_t offset, std::int64_t numel, std::int64_t step) {
   const kernels::AdamWHyper hyper{.lr = options_.lr,
                                   .beta1 = options_.beta1,
                                   .beta2 = options_.beta2,
                                   .eps = options_.eps,
                                   .weight_decay = options_.weight_decay,
-                                  .step = steps_};
+                                  .step = step};
   backend_for(params_.device())
       .adamw_step(params_.values().data() + offset, params_.grads().data() + offset,
                   exp_avg_.data() + offset, exp_avg_sq_.data() + offset, numel, hyper);

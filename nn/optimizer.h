@@ -1,7 +1,9 @@
 #pragma once
 // Optimizers over a FlatParameters: one fused kernel per step for the whole model.
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -12,34 +14,46 @@ namespace nanoddp::nn {
 
 class Optimizer {
  public:
-  explicit Optimizer(FlatParameters& params) : params_(params) {}
+  explicit Optimizer(FlatParameters& params);
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // One step over every parameter (a parameter that received no gradient counts as zero).
+  // One step over the parameters that received a gradient since zero_grad() (has_grad()). A
+  // parameter without one is not touched: no weight decay, no momentum or moment update, and its
+  // own step count stays, as PyTorch's optimizers skip a parameter whose .grad is None. When
+  // every parameter has a gradient (the common case) this is one fused kernel over the flat
+  // buffers.
   void step();
   // The same step in pieces, for running the optimizer inside backward
-  // (nn/optimizer_in_backward.h): begin_step() once, then update() once for each slice of the
-  // flat buffers whose gradients are final. Slices that cover every parameter once make exactly
-  // the step() above: the update is elementwise, so slicing changes when it runs, not what.
+  // (nn/optimizer_in_backward.h): begin_step() once, then update() once for each group of
+  // parameters whose gradients are final. Groups that cover every parameter once make exactly
+  // the step() above: the update is elementwise, so grouping changes when it runs, not what.
   void begin_step() { ++steps_; }
-  void update(std::int64_t offset, std::int64_t numel);
+  // Updates the parameters `slots` (indices into params.slots()) that have a gradient.
+  void update(std::span<const std::size_t> slots);
   void zero_grad() { params_.zero_grad(); }
+  // Optimizer steps taken (begin_step() calls).
   std::int64_t steps() const { return steps_; }
+  // Per parameter (slot order): the steps that updated it (PyTorch's state[p]["step"]); AdamW's
+  // bias correction and SGD's first momentum step use it.
+  const std::vector<std::int64_t>& param_steps() const { return param_steps_; }
   // The optimizer's state as named flat tensors (same layout as the parameters), for
-  // checkpoints; `set_steps` restores the step count that goes with it.
+  // checkpoints; `set_steps` restores the step counts that go with it (every parameter's is
+  // `steps` unless `param_steps` is given).
   virtual std::vector<NamedTensor> state() const = 0;
-  void set_steps(std::int64_t steps) { steps_ = steps; }
+  void set_steps(std::int64_t steps, const std::vector<std::int64_t>& param_steps = {});
   virtual std::string describe() const = 0;
 
  protected:
-  // Updates elements [offset, offset + numel) of the flat buffers; steps_ already counts the
-  // step being taken.
-  virtual void update_slice(std::int64_t offset, std::int64_t numel) = 0;
+  // Updates elements [offset, offset + numel) of the flat buffers, whose parameters take their
+  // `step`-th step (1 for the first).
+  virtual void update_slice(std::int64_t offset, std::int64_t numel, std::int64_t step) = 0;
 
   FlatParameters& params_;
   std::int64_t steps_ = 0;
+  std::vector<std::int64_t> param_steps_;
+  std::vector<std::size_t> all_slots_;  // 0, 1, ..., for step()
 };
 
 using SgdOptions = kernels::SgdHyper;
@@ -51,7 +65,7 @@ class SGD final : public Optimizer {
   std::string describe() const override;
 
  private:
-  void update_slice(std::int64_t offset, std::int64_t numel) override;
+  void update_slice(std::int64_t offset, std::int64_t numel, std::int64_t step) override;
 
   SgdOptions options_;
   Tensor momentum_buffer_;  // only with momentum
@@ -72,7 +86,7 @@ class AdamW final : public Optimizer {
   std::string describe() const override;
 
  private:
-  void update_slice(std::int64_t offset, std::int64_t numel) override;
+  void update_slice(std::int64_t offset, std::int64_t numel, std::int64_t step) override;
 
   AdamWOptions options_;
   Tensor exp_avg_;

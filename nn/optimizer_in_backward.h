@@ -26,7 +26,7 @@
 //     optimizer.zero_grad();
 //     fused.arm();               // the next backward ends the step (the last micro-batch)
 //     loss.backward();           // parameters are updated during this call
-//     fused.finish();            // parameters that got no gradient: updated as with zero
+//     fused.finish();            // parameters whose gradient came from earlier micro-batches
 //   }
 //
 // Under DDP a gradient is final only once its bucket is averaged across ranks, so the hooks on
@@ -54,6 +54,7 @@ class OptimizerInBackward {
  public:
   OptimizerInBackward(Optimizer& optimizer, FlatParameters& params,
                       const OptimizerInBackwardOptions& options);
+  ~OptimizerInBackward();
   OptimizerInBackward(const OptimizerInBackward&) = delete;
   OptimizerInBackward& operator=(const OptimizerInBackward&) = delete;
 
@@ -61,11 +62,13 @@ class OptimizerInBackward {
   // not armed (the earlier micro-batches of gradient accumulation) only accumulate gradients.
   void arm();
   bool armed() const { return armed_; }
-  // Updates the flat-buffer slice [offset, offset + numel), which holds the parameters `slots`
-  // (indices into params.slots()), if armed. Each slot is updated at most once per step.
+  // Updates the flat-buffer slice [offset, offset + numel), which holds exactly the parameters
+  // `slots` (indices into params.slots()), if armed; the ones without a gradient are skipped, as
+  // by Optimizer::step(). Each slot is updated at most once per step.
   void update_range(std::int64_t offset, std::int64_t numel, std::span<const std::size_t> slots);
-  // Ends the step: parameters that received no gradient are updated with a zero gradient (as
-  // optimizer.step() treats them), then disarms. Returns how many parameters that was.
+  // Ends the step: parameters with a gradient that backward did not finish while armed (it came
+  // from earlier micro-batches only) are updated now; parameters without one are skipped, as
+  // optimizer.step() skips them. Then disarms. Returns how many parameters were updated here.
   std::size_t finish();
   // How many of the step's gradients were NaN or Inf, counted slice by slice just before each
   // update, while the gradients were in cache (so no separate pass over them is needed). Valid
@@ -81,6 +84,7 @@ class OptimizerInBackward {
   std::vector<bool> updated_;                    // per slot, this step
   Tensor nonfinite_;                             // per slot: NaN/Inf count of the range it started
   std::shared_ptr<OptimizerInBackward*> alive_;  // the hooks hold weak handles to it
+  std::vector<HookHandle> hooks_;                 // removed by the destructor
 };
 
 }  // namespace nanoddp::nn

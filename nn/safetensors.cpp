@@ -19,6 +19,34 @@ namespace {
 // otherwise make us trust an absurd size.
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr std::string_view kMetadataKey = "__metadata__";
+// A valid header nests 3 levels ({name: {"shape": [..]}}). Deeper input is refused before it is
+// parsed: printing a value nested 100,000 levels deep (json::dump recurses) overflowed the stack.
+constexpr int kMaxHeaderDepth = 16;
+
+// The deepest nesting of arrays and objects in JSON text, skipping strings; stops counting
+// once past `limit`.
+int json_depth(std::string_view text, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) break;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return deepest;
+}
 
 struct DtypeInfo {
   std::string_view name;
@@ -55,6 +83,38 @@ bool checked_numel(std::span<const std::int64_t> shape, std::uint64_t* numel) {
   }
   *numel = n;
   return true;
+}
+
+// The header text as a JSON object, its nesting bounded before it is parsed.
+nlohmann::json parse_header(std::string_view text, const std::string& file) {
+  if (text.empty() || text.front() != '{') {
+    fail("'{}' is not a valid safetensors file: its header does not start with '{{'", file);
+  }
+  if (json_depth(text, kMaxHeaderDepth) > kMaxHeaderDepth) {
+    fail(
+        "'{}' is not a valid safetensors file: its header nests arrays or objects more than {} "
+        "levels deep (a valid header nests 3)",
+        file, kMaxHeaderDepth);
+  }
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    // Not only parse_error: a number too large for a double ("1E400") is out_of_range.
+    fail("'{}' is not a valid safetensors file: its header is not valid JSON: {}", file,
+         excerpt(e.what()));
+  }
+  if (!header.is_object()) {
+    fail("'{}' is not a valid safetensors file: its header is not a JSON object", file);
+  }
+  return header;
+}
+
+// The 8-byte little-endian header length at the start of `bytes` (at least 8 of them).
+std::uint64_t header_length_field(std::span<const std::byte> bytes) {
+  std::uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = (length << 8) | std::to_integer<std::uint64_t>(bytes[i]);
+  return length;
 }
 
 float half_to_float(std::uint16_t h) {
@@ -197,8 +257,8 @@ const SafetensorsTensor& SafetensorsFile::at(std::string_view name) const {
     std::vector<std::string> listed = names();
     const std::size_t total = listed.size();
     if (listed.size() > kListed) listed.resize(kListed);
-    fail("'{}' has no tensor named '{}'; it holds {} tensor(s): {}{}", path_.string(), name, total,
-         fmt::join(listed, ", "), total > kListed ? ", ..." : "");
+    fail("'{}' has no tensor named '{}'; it holds {} tensor(s): {}{}", path_.string(),
+         excerpt(name), total, fmt::join(listed, ", "), total > kListed ? ", ..." : "");
   }
   return *tensor;
 }
@@ -209,7 +269,7 @@ const std::string& SafetensorsFile::metadata_at(std::string_view key) const {
     fail(
         "'{}' has no metadata key '{}' (was it written by another program or an older "
         "version?)",
-        path_.string(), key);
+        path_.string(), excerpt(key));
   }
   return it->second;
 }
@@ -252,6 +312,23 @@ std::vector<float> SafetensorsFile::to_f32(std::string_view name) const {
 }
 
 SafetensorsFile read_safetensors(const std::filesystem::path& path) {
+  // The length field and the header's first byte before the whole file: a large file that is
+  // not a safetensors file is refused without being read.
+  const FileHead head = read_file_head(path, 9);
+  if (head.bytes.size() == 9) {
+    const std::uint64_t header_length = header_length_field(head.bytes);
+    if (header_length > kMaxHeaderBytes || header_length > head.file_size - 8) {
+      fail(
+          "'{}' is not a valid safetensors file: its header length field says {} bytes, but the "
+          "file has {} bytes after it (and at most {} are allowed). The file is truncated or not "
+          "a safetensors file.",
+          path.string(), header_length, head.file_size - 8, kMaxHeaderBytes);
+    }
+    if (head.bytes[8] != std::byte{'{'}) {
+      fail("'{}' is not a valid safetensors file: its header does not start with '{{'",
+           path.string());
+    }
+  }
   return parse_safetensors(read_file_bytes(path), path);
 }
 
@@ -281,19 +358,7 @@ SafetensorsFile parse_safetensors(std::vector<std::byte> bytes_in,
         file, header_length, bytes.size() - 8, kMaxHeaderBytes);
   }
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()) + 8, header_length);
-  if (text.empty() || text.front() != '{') {
-    fail("'{}' is not a valid safetensors file: its header does not start with '{{'", file);
-  }
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    // Not only parse_error: a number too large for a double ("1E400") is out_of_range.
-    fail("'{}' is not a valid safetensors file: its header is not valid JSON: {}", file, e.what());
-  }
-  if (!header.is_object()) {
-    fail("'{}' is not a valid safetensors file: its header is not a JSON object", file);
-  }
+  const nlohmann::json header = parse_header(text, file);
   const std::uint64_t buffer_size = bytes.size() - 8 - header_length;
   const std::byte* buffer = bytes.data() + 8 + header_length;
 
@@ -316,15 +381,15 @@ SafetensorsFile parse_safetensors(std::vector<std::byte> bytes_in,
           fail(
               "'{}': metadata key '{}' has a non-string value {}; safetensors metadata maps "
               "strings to strings",
-              file, key, value.dump());
+              file, excerpt(key), excerpt(value.dump()));
         }
         result.metadata_.emplace(key, value.get<std::string>());
       }
       continue;
     }
     const auto bad = [&](std::string_view what) {
-      fail("'{}' is not a valid safetensors file: tensor '{}' {} (entry: {})", file, name, what,
-           entry.dump());
+      fail("'{}' is not a valid safetensors file: tensor '{}' {} (entry: {})", file, excerpt(name),
+           what, excerpt(entry.dump()));
     };
     if (!entry.is_object()) bad("is not a JSON object");
     if (!entry.contains("dtype") || !entry["dtype"].is_string()) bad("has no string 'dtype'");
@@ -337,7 +402,8 @@ SafetensorsFile parse_safetensors(std::vector<std::byte> bytes_in,
     tensor.dtype = entry["dtype"].get<std::string>();
     const DtypeInfo* info = find_dtype(tensor.dtype);
     if (info == nullptr) {
-      bad(fmt::format("has the unknown dtype '{}' (known: {})", tensor.dtype, known_dtypes()));
+      bad(fmt::format("has the unknown dtype '{}' (known: {})", excerpt(tensor.dtype),
+                      known_dtypes()));
     }
     for (const auto& d : entry["shape"]) {
       if (!d.is_number_unsigned()) bad("has a shape entry that is not a non-negative integer");
@@ -378,7 +444,7 @@ SafetensorsFile parse_safetensors(std::vector<std::byte> bytes_in,
           "'{}' is not a valid safetensors file: tensor '{}' starts at byte {} of the data "
           "buffer but the previous tensor ends at {} ({}). Tensors must be contiguous and "
           "non-overlapping.",
-          file, range.name, range.begin, expected_begin,
+          file, excerpt(range.name), range.begin, expected_begin,
           range.begin < expected_begin ? "overlap" : "gap");
     }
     expected_begin = range.end;
@@ -390,6 +456,41 @@ SafetensorsFile parse_safetensors(std::vector<std::byte> bytes_in,
         file, expected_begin, buffer_size);
   }
   return result;
+}
+
+SafetensorsMetadata read_safetensors_metadata(const std::filesystem::path& path) {
+  const std::string file = path.string();
+  const FileHead head = read_file_head(path, 8);
+  if (head.bytes.size() < 8) {
+    fail("'{}' is not a safetensors file: it has {} bytes, fewer than the 8-byte header length",
+         file, head.file_size);
+  }
+  const std::uint64_t header_length = header_length_field(head.bytes);
+  if (header_length > kMaxHeaderBytes || header_length > head.file_size - 8) {
+    fail(
+        "'{}' is not a valid safetensors file: its header length field says {} bytes, but the "
+        "file has {} bytes after it (and at most {} are allowed)",
+        file, header_length, head.file_size - 8, kMaxHeaderBytes);
+  }
+  const FileHead whole = read_file_head(path, 8 + header_length);
+  const nlohmann::json header =
+      parse_header(std::string_view(reinterpret_cast<const char*>(whole.bytes.data()) + 8,
+                                    whole.bytes.size() - 8),
+                   file);
+  SafetensorsMetadata metadata;
+  const auto it = header.find(kMetadataKey);
+  if (it == header.end()) return metadata;
+  if (!it->is_object()) fail("'{}': its '__metadata__' is not a JSON object of strings", file);
+  for (const auto& [key, value] : it->items()) {
+    if (!value.is_string()) {
+      fail(
+          "'{}': metadata key '{}' has a non-string value; safetensors metadata maps strings to "
+          "strings",
+          file, excerpt(key));
+    }
+    metadata.emplace(key, value.get<std::string>());
+  }
+  return metadata;
 }
 
 std::uint64_t checksum(const void* data, std::size_t size, std::uint64_t state) {

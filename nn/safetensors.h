@@ -98,6 +98,10 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path);
 // (fuzz/safetensors_fuzzer.cpp) drives this entry point.
 SafetensorsFile parse_safetensors(std::vector<std::byte> bytes, const std::filesystem::path& name);
 
+// The "__metadata__" of a file, reading only its header (not the tensors): the header is checked
+// as read_safetensors checks it (length, nesting, JSON, string values); the tensors are not.
+SafetensorsMetadata read_safetensors_metadata(const std::filesystem::path& path);
+
 // ---- checksums ----------------------------------------------------------------------------
 // FNV-1a, 64-bit (offset basis 0xcbf29ce484222325, prime 0x100000001b3), over bytes in order.
 // Chosen because it is tiny, specified in a few lines, and reproducible anywhere (in Python:

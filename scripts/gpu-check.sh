@@ -10,57 +10,128 @@
 #   2. THERE (device tool):   run(command="bash scripts/gpu-check.sh", carry=[".gpu-debs"],
 #                                 timeout_s=600)
 #      .gpu-debs is git-ignored, so it travels ONLY when named in `carry`.
-# Logs and results go to ${OUT:-/tmp/gpu-check-out} (flat, few files, so they all come back):
-#   summary.txt configure.log build.log ctest.log ctest-failures.txt bench-gemm.log bench-gemm.json
-#   train-hand.log train-cublas.log bench-allreduce-nccl.{log,json} bench-ddp.{log,json}
-# Exit status: 0 all passed, 1 a step failed, 2 the GPU tests were skipped (no usable GPU).
+# What comes back: the device tool returns at most 8 files from $OUT (at most 2 folders deep),
+# so $OUT gets two: gpu-check.tar.gz (every log, the JSON results, the trace and summary.txt)
+# and summary.txt. The summary is also printed on stdout (the tool returns its tail), and each
+# step's row is printed the moment the step ends, so even a run cut short shows what ran.
+# Parameter files (.safetensors) stay in a scratch folder: they are only compared here.
+# Exit status: 0 all passed, 1 a step failed or did not fit the budget, 2 the GPU tests were
+# skipped (no usable GPU).
+#
+# Budget: the device tool stops a command at 600 s. Every step runs under `timeout` with the
+# smaller of its own cap and what is left of GPU_CHECK_BUDGET_S (default 570) minus a reserve
+# for the summary and the archive; a step whose minimum no longer fits is SKIPPED, never started
+# with less. So the summary is printed before the budget ends, whatever hangs.
 #
 # Knobs (environment): GPU_CHECK_PREFIX (where the .debs are unpacked, default
 # /tmp/nanoddp-deps), GPU_CHECK_BUILD_DIR (default build-gpu), GPU_CHECK_BUILD_ALL=1 (build every
 # target, not only the GPU test and the executables the steps run), GPU_CHECK_DEPS_ONLY=1 (unpack, patch
 # and configure only: how the dependency part is tested on a machine without a GPU),
-# CUDA_ARCHS (default 90), GPU_CHECK_CMAKE_ARGS (extra configure arguments).
+# CUDA_ARCHS (default 90), GPU_CHECK_CMAKE_ARGS (extra configure arguments), GPU_CHECK_BUDGET_S,
+# GPU_CHECK_WORK (logs and scratch, default a fresh folder under /tmp).
+# Testing the orchestration without a GPU (tests/scripts/gpu_check_budget.sh):
+# GPU_CHECK_FAKE_STEP="sleep 1" runs that command instead of every step's (no dependencies,
+# no build), and GPU_CHECK_FAKE_HANG=STEP makes STEP hang (sleep 1000) instead.
 set -uo pipefail
 
 readonly START=$SECONDS
-readonly BUDGET_S=570  # the device tool allows 600 s per command; keep a margin
+# The device tool allows 600 s per command; keep a margin.
+readonly BUDGET_S="${GPU_CHECK_BUDGET_S:-570}"
+# Kept free for what comes after the last step: the summary, the archive, and a killed step's
+# grace period (timeout -k).
+readonly RESERVE_S=8
+readonly KILL_GRACE_S=3
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root" || exit 1
 OUT="${OUT:-/tmp/gpu-check-out}"
 mkdir -p "$OUT"
+WORK="${GPU_CHECK_WORK:-$(mktemp -d /tmp/gpu-check.XXXXXX)}"
+LOGS="$WORK/logs"        # archived into $OUT/gpu-check.tar.gz
+SCRATCH="$WORK/scratch"  # parameter files: compared here, not returned
+rm -rf "$LOGS" "$SCRATCH"
+mkdir -p "$LOGS" "$SCRATCH"
 PREFIX="${GPU_CHECK_PREFIX:-/tmp/nanoddp-deps}"
 BUILD="${GPU_CHECK_BUILD_DIR:-build-gpu}"
 ARCHS="${CUDA_ARCHS:-90}"
 JOBS="$(nproc 2>/dev/null || echo 8)"
-SUMMARY="$OUT/summary.txt"
-: >"$SUMMARY"
+FAKE="${GPU_CHECK_FAKE_STEP:-}"
+FAKE_HANG="${GPU_CHECK_FAKE_HANG:-}"
+GPU_LINE="gpu: (not probed yet)"
+MULTIARCH=x86_64-linux-gnu
 
 declare -a ROWS=()
-row() {  # step status seconds note
-  ROWS+=("$(printf '%-12s %-8s %6ss  %s' "$1" "$2" "$3" "$4")")
+row() {  # step status seconds note: kept for the summary and printed at once
+  local line
+  line="$(printf '%-22s %-8s %6ss  %s' "$1" "$2" "$3" "$4")"
+  ROWS+=("$line")
+  printf '%s\n' "$line"
 }
 remaining() { echo $((BUDGET_S - (SECONDS - START))); }
-# A step's time limit: its own cap, or what is left of the budget (minus a reserve for the
-# steps after it), whichever is smaller.
-limit() {
-  local cap=$1 reserve=$2 left
-  left=$(($(remaining) - reserve))
-  ((left < 10)) && left=10
+# A step's time limit: its own cap, or what is left of the budget minus the reserve, whichever
+# is smaller; 0 when less than the step's minimum is left (the step is then skipped).
+limit() {  # cap minimum
+  local cap=$1 minimum=$2 left
+  left=$(($(remaining) - RESERVE_S - KILL_GRACE_S))
+  ((left < minimum)) && { echo 0; return; }
   ((cap < left)) && echo "$cap" || echo "$left"
 }
+# Runs one step under its limit; its output goes to $LOGS/LOG. Returns the command's status,
+# 124 for a timeout, or 125 when the step did not fit the budget (the caller's row says which).
+run_limited() {  # cap minimum log command...
+  local cap=$1 minimum=$2 log=$3 seconds
+  shift 3
+  seconds="$(limit "$cap" "$minimum")"
+  if ((seconds == 0)); then
+    echo "skipped: $(remaining) s of the budget left, the step needs $minimum s" >"$LOGS/$log"
+    return 125
+  fi
+  if [[ -n "$FAKE" ]]; then
+    if [[ "$log" == "$FAKE_HANG".log ]]; then
+      set -- sleep 1000
+    else
+      set -- bash -c "$FAKE"
+    fi
+  fi
+  timeout -k "$KILL_GRACE_S" "$seconds" "$@" >"$LOGS/$log" 2>&1
+}
+# The status word for run_limited's return code.
+verdict() {  # rc
+  case $1 in
+    0) echo ok ;;
+    124 | 137) echo TIMEOUT ;;
+    125) echo SKIPPED ;;
+    *) echo FAIL ;;
+  esac
+}
+# A failed or skipped step's note: why it was skipped, or where its log is.
+why() {  # rc log
+  if (($1 == 125)); then head -1 "$LOGS/$2"; else echo "rc $1; see $2"; fi
+}
+FINISHED=0
 finish() {
+  ((FINISHED)) && exit "$1"
+  FINISHED=1
+  trap - TERM INT
   {
-    echo "nanoddp gpu-check ($(date -u +%FT%TZ), $((SECONDS - START)) s)"
+    echo "nanoddp gpu-check ($(date -u +%FT%TZ), $((SECONDS - START)) s of a $BUDGET_S s budget)"
     echo "$GPU_LINE"
-    printf '%-12s %-8s %7s  %s\n' step status time note
+    printf '%-22s %-8s %7s  %s\n' step status time note
     printf '%s\n' "${ROWS[@]}"
-  } | tee "$SUMMARY"
+    echo "logs: $OUT/gpu-check.tar.gz (logs/*.log, *.json, summary.txt); exit status $1"
+  } >"$LOGS/summary.txt"
+  echo "---- summary"
+  cat "$LOGS/summary.txt"
+  cp "$LOGS/summary.txt" "$OUT/summary.txt"
+  tar -czf "$OUT/gpu-check.tar.gz" -C "$WORK" logs 2>/dev/null ||
+    echo "could not write $OUT/gpu-check.tar.gz"
   exit "$1"
 }
 die() {  # step message
   row "$1" FAIL "$((SECONDS - START))" "$2"
   finish 1
 }
+# Stopped from outside (the tool's own timeout, ^C): the summary still comes out.
+trap 'row interrupted FAIL "$((SECONDS - START))" "stopped by a signal"; finish 1' TERM INT
 
 # ---- 0. the machine ------------------------------------------------------------------------
 GPU_LINE="gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1 || true)"
@@ -72,6 +143,8 @@ CUDA_HOME="${CUDA_HOME:-$(cd "$(dirname "$NVCC")/.." && pwd)}"
 export PATH="$CUDA_HOME/bin:$PATH"
 GPU_LINE="$GPU_LINE | nvcc $("$NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') | cmake $(cmake --version | head -1 | awk '{print $3}')"
 
+# Sections 1 and 2 (skipped with GPU_CHECK_FAKE_STEP: nothing is built then).
+prepare_dependencies() {
 # ---- 1. unpack the .debs into a private prefix -----------------------------------------------
 t=$SECONDS
 shopt -s nullglob
@@ -102,7 +175,6 @@ find "$PREFIX" -name '*.cmake' -print0 |
 if grep -rlE '"/usr(/|")' --include='*.cmake' "$PREFIX" >/dev/null; then
   die deps "a CMake file under $PREFIX still points at /usr"
 fi
-MULTIARCH=x86_64-linux-gnu
 LIBDIRS="$PREFIX/usr/lib/$MULTIARCH:$PREFIX/usr/lib"
 export LD_LIBRARY_PATH="$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 row deps ok "$((SECONDS - t))" "${#debs[@]} packages -> $PREFIX"
@@ -141,6 +213,12 @@ else
   fi
 fi
 row nccl ok "$((SECONDS - t))" "$nccl_note"
+}
+if [[ -z "$FAKE" ]]; then
+  prepare_dependencies
+else
+  row deps FAKE 0 "GPU_CHECK_FAKE_STEP: no dependencies, no build"
+fi
 
 # ---- 3. configure ----------------------------------------------------------------------------
 t=$SECONDS
@@ -174,13 +252,14 @@ cmake_args=(
 # GPU_CHECK_CMAKE_ARGS: extra arguments, e.g. -DCMAKE_IGNORE_PREFIX_PATH=/usr when testing that
 # the prefix alone suffices on a machine that also has the packages installed.
 read -r -a extra_args <<<"${GPU_CHECK_CMAKE_ARGS:-}"
-timeout "$(limit 120 300)" cmake "${cmake_args[@]}" "${extra_args[@]}" >"$OUT/configure.log" 2>&1 ||
-  die configure "see configure.log: $(grep -m1 -A2 'CMake Error' "$OUT/configure.log" | tr '\n' ' ' | cut -c1-160)"
+run_limited 120 10 configure.log cmake "${cmake_args[@]}" "${extra_args[@]}"
+rc=$?
+((rc == 0)) || die configure "$(verdict $rc): $(why $rc configure.log): $(grep -m1 -A2 'CMake Error' "$LOGS/configure.log" | tr '\n' ' ' | cut -c1-160)"
 row configure ok "$((SECONDS - t))" "$BUILD (CUDA archs $ARCHS)"
 
 if [[ "${GPU_CHECK_DEPS_ONLY:-0}" == 1 ]]; then
   # Where each package came from, for whoever tests this part on a machine without a GPU.
-  grep -E '^(Eigen3|fmt|doctest|CLI11|nlohmann_json|Gloo)_DIR' "$BUILD/CMakeCache.txt" | tee -a "$OUT/configure.log"
+  grep -E '^(Eigen3|fmt|doctest|CLI11|nlohmann_json|Gloo)_DIR' "$BUILD/CMakeCache.txt" | tee -a "$LOGS/configure.log"
   finish 0
 fi
 
@@ -190,80 +269,103 @@ targets=(nanoddp-tests-gpu)
 available="$(cmake --build "$BUILD" --target help 2>/dev/null)"
 for target in nanoddp-bench-gemm nanoddp-train nanoddp-run nanoddp-bench-allreduce \
   nanoddp-bench-ddp; do
-  grep -q "$target" <<<"$available" && targets+=("$target")
+  if [[ -n "$FAKE" ]] || grep -q "$target" <<<"$available"; then targets+=("$target"); fi
 done
 if [[ "${GPU_CHECK_BUILD_ALL:-0}" == 1 ]]; then targets=(all); fi
 # -k 0: keep going, so that one broken benchmark does not hide the test binary.
-timeout "$(limit 330 150)" cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" -- -k 0 \
-  >"$OUT/build.log" 2>&1
+run_limited 330 30 build.log cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" -- -k 0
 build_rc=$?
-if [[ ! -x "$BUILD/bin/nanoddp-tests-gpu" ]]; then
-  die build "rc $build_rc, no nanoddp-tests-gpu; see build.log: $(grep -m1 -E 'error|FAILED' "$OUT/build.log" | cut -c1-160)"
+if [[ -z "$FAKE" && ! -x "$BUILD/bin/nanoddp-tests-gpu" ]]; then
+  die build "$(verdict $build_rc) (rc $build_rc), no nanoddp-tests-gpu; see build.log: $(grep -m1 -E 'error|FAILED' "$LOGS/build.log" | cut -c1-160)"
 fi
 if ((build_rc == 0)); then
   row build ok "$((SECONDS - t))" "${targets[*]}"
 else
-  row build PARTIAL "$((SECONDS - t))" "rc $build_rc: $(grep -c '^FAILED' "$OUT/build.log") target(s) failed, see build.log"
+  row build "$(verdict $build_rc)" "$((SECONDS - t))" "$(why $build_rc build.log): $(grep -c '^FAILED' "$LOGS/build.log") target(s) failed"
 fi
+# Whether an executable is there to run (with GPU_CHECK_FAKE_STEP every one is).
+have() { [[ -n "$FAKE" || -x "$1" ]]; }
 
 # ---- 5. the GPU tests --------------------------------------------------------------------------
 t=$SECONDS
-timeout "$(limit 240 60)" ctest --test-dir "$BUILD" -L gpu --output-on-failure -V \
-  >"$OUT/ctest.log" 2>&1
+run_limited 240 20 ctest.log ctest --test-dir "$BUILD" -L gpu --output-on-failure -V
 ctest_rc=$?
-cases="$(grep -E '\[doctest\] test cases:' "$OUT/ctest.log" | tail -1 | sed 's/.*test cases: *//')"
-asserts="$(grep -E '\[doctest\] assertions:' "$OUT/ctest.log" | tail -1 | sed 's/.*assertions: *//')"
+cases="$(grep -E '\[doctest\] test cases:' "$LOGS/ctest.log" | tail -1 | sed 's/.*test cases: *//')"
+asserts="$(grep -E '\[doctest\] assertions:' "$LOGS/ctest.log" | tail -1 | sed 's/.*assertions: *//')"
 skipped=0
-if grep -q 'SKIPPED: GPU tests' "$OUT/ctest.log"; then
+if grep -q 'SKIPPED: GPU tests' "$LOGS/ctest.log"; then
   # On the machine this script is for, a skip means nothing was verified: exit 2 below.
   skipped=1
   row ctest-gpu SKIPPED "$((SECONDS - t))" \
-    "$(grep -m1 'SKIPPED' "$OUT/ctest.log" | sed -E 's/^[0-9]+: //' | cut -c1-160)"
+    "$(grep -m1 'SKIPPED' "$LOGS/ctest.log" | sed -E 's/^[0-9]+: //' | cut -c1-160)"
 elif ((ctest_rc == 0)); then
   row ctest-gpu ok "$((SECONDS - t))" "cases: $cases; assertions: $asserts"
 else
-  row ctest-gpu FAIL "$((SECONDS - t))" "rc $ctest_rc; cases: ${cases:-?}; see ctest.log"
-  grep -E 'ERROR:|FATAL ERROR|TEST CASE:' "$OUT/ctest.log" | head -20 | sed 's/^/    /' >>"$OUT/ctest-failures.txt"
+  row ctest-gpu "$(verdict $ctest_rc)" "$((SECONDS - t))" "$(why $ctest_rc ctest.log); cases: ${cases:-?}"
+  grep -E 'ERROR:|FATAL ERROR|TEST CASE:' "$LOGS/ctest.log" | head -20 | sed 's/^/    /' >>"$LOGS/ctest-failures.txt"
+  [[ -f "$LOGS/ctest-failures.txt" ]] && cat "$LOGS/ctest-failures.txt"
 fi
 
-# ---- 6. the GEMM benchmark ------------------------------------------------------------------------
-t=$SECONDS
-bench="$BUILD/bin/nanoddp-bench-gemm"
-if [[ -x "$bench" ]]; then
-  if timeout "$(limit 120 5)" "$bench" --json "$OUT/bench-gemm.json" >"$OUT/bench-gemm.log" 2>&1; then
-    row bench-gemm ok "$((SECONDS - t))" "bench-gemm.json"
-  else
-    row bench-gemm FAIL "$((SECONDS - t))" "rc $?; see bench-gemm.log"
-  fi
-elif [[ " ${targets[*]} " == *" nanoddp-bench-gemm "* || "${targets[*]}" == all ]]; then
-  row bench-gemm FAIL 0 "nanoddp-bench-gemm did not build; see build.log"
-else
-  row bench-gemm absent 0 "no nanoddp-bench-gemm in this tree"
-fi
-
-# ---- 7. the DDP path on the GPU: training (hand GEMM and cuBLAS), the NCCL all-reduce through
-# the launcher, the DDP benchmark. One GPU: a world of one, which still runs every NCCL call,
-# the communication stream and its events, and the watchdog.
+# ---- 6. the GEMM benchmark, then the DDP path on the GPU: training (hand GEMM and cuBLAS), the
+# NCCL all-reduce through the launcher, the DDP benchmark. One GPU: a world of one, which still
+# runs every NCCL call, the communication stream and its events, and the watchdog.
 extra_fail=0
 gpu_step() {  # step cap_seconds log_file executable [args...]
-  local step=$1 cap=$2 log=$3 t0=$SECONDS
+  local step=$1 cap=$2 log=$3 t0=$SECONDS rc
   shift 3
-  if [[ ! -x "$1" ]]; then
+  if ! have "$1"; then
     row "$step" absent 0 "$(basename "$1") was not built"
+    extra_fail=1
     return
   fi
-  if timeout "$(limit "$cap" 5)" "$@" >"$OUT/$log" 2>&1; then
-    row "$step" ok "$((SECONDS - t0))" "$(tail -1 "$OUT/$log" | cut -c1-120)"
+  run_limited "$cap" 5 "$log" "$@"
+  rc=$?
+  if ((rc == 0)); then
+    row "$step" ok "$((SECONDS - t0))" "$(tail -1 "$LOGS/$log" | cut -c1-120)"
   else
-    row "$step" FAIL "$((SECONDS - t0))" "rc $?; see $log"
+    row "$step" "$(verdict $rc)" "$((SECONDS - t0))" "$(why $rc "$log")"
+    extra_fail=1
+  fi
+}
+# A check in Python over files the steps wrote (the verdict's last line is the note).
+py_check() {  # step script args...
+  local step=$1 script=$2 rc f
+  shift 2
+  if [[ -n "$FAKE" ]]; then
+    row "$step" FAKE 0 "not checked (GPU_CHECK_FAKE_STEP)"
+    return
+  fi
+  for f in "$@"; do
+    if [[ ! -s "$f" ]]; then
+      row "$step" SKIPPED 0 "no $(basename "$f") (its step failed or was skipped)"
+      extra_fail=1
+      return
+    fi
+  done
+  run_limited 30 2 "$step.log" python3 - "$@" <<<"$script"
+  rc=$?
+  if ((rc == 0)); then
+    row "$step" ok 0 "$(tail -1 "$LOGS/$step.log" | cut -c1-140)"
+  else
+    row "$step" "$(verdict "$rc")" 0 "$(tail -1 "$LOGS/$step.log" | cut -c1-140)"
     extra_fail=1
   fi
 }
 bin="$BUILD/bin"
+gpu_step bench-gemm 120 bench-gemm.log "$bin/nanoddp-bench-gemm" --json "$LOGS/bench-gemm.json"
 gpu_step train-hand 60 train-hand.log "$bin/nanoddp-train" --device cuda --gemm hand \
   --in 1024 --out 1024 --hidden 1024 --layers 3 --batch 256 --steps 200 --log-every 50
 gpu_step train-cublas 60 train-cublas.log "$bin/nanoddp-train" --device cuda --gemm cublas \
-  --in 1024 --out 1024 --hidden 1024 --layers 3 --batch 256 --steps 200 --log-every 50
+  --in 1024 --out 1024 --hidden 1024 --layers 3 --batch 256 --steps 200 --log-every 50 \
+  --metrics "$LOGS/train-cublas-metrics.jsonl"
+# How often the host waited for the GPU: one read per logged step is the design; more are a
+# host that ran ahead waiting for a staging buffer (reported, not failed: the GPU was busy).
+py_check host-syncs '
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+print("host syncs per logged window: " +
+      ", ".join(f"{l['"'"'host_syncs_per_step'"'"'] * l['"'"'steps_in_window'"'"']:g}" for l in lines))
+' "$LOGS/train-cublas-metrics.jsonl"
 # The same with the batches prepared on a CPU worker while the GPU computes (compare samples/s).
 gpu_step train-prefetch 60 train-prefetch.log "$bin/nanoddp-train" --device cuda --gemm cublas \
   --in 1024 --out 1024 --hidden 1024 --layers 3 --batch 256 --steps 200 --log-every 50 --prefetch
@@ -272,15 +374,15 @@ gpu_step train-prefetch 60 train-prefetch.log "$bin/nanoddp-train" --device cuda
 train_small=("$bin/nanoddp-train" --device cuda --in 256 --out 64 --hidden 512 --layers 3
   --batch 64 --steps 50 --quiet --bucket-cap-mb 0.5 --first-bucket-mb 0.25)
 gpu_step train-ddp-step 60 train-ddp-step.log "$bin/nanoddp-run" --nproc-per-node 1 \
-  "${train_small[@]}" --save "$OUT/ddp-step.safetensors"
+  "${train_small[@]}" --save "$SCRATCH/ddp-step.safetensors"
 gpu_step train-ddp-inbwd 60 train-ddp-inbwd.log "$bin/nanoddp-run" --nproc-per-node 1 \
-  "${train_small[@]}" --optimizer-in-backward --save "$OUT/ddp-inbwd.safetensors"
-if cmp -s "$OUT/ddp-step.safetensors" "$OUT/ddp-inbwd.safetensors"; then
-  row optimizer-in-backward ok 0 "the same bits as the step after backward"
-else
-  row optimizer-in-backward FAIL 0 "saved parameters differ from the plain step's"
-  extra_fail=1
-fi
+  "${train_small[@]}" --optimizer-in-backward --save "$SCRATCH/ddp-inbwd.safetensors"
+py_check optimizer-in-backward '
+import sys
+same = open(sys.argv[1], "rb").read() == open(sys.argv[2], "rb").read()
+print("the same bits as the step after backward" if same else "saved parameters differ from the plain step'"'"'s")
+sys.exit(0 if same else 1)
+' "$SCRATCH/ddp-step.safetensors" "$SCRATCH/ddp-inbwd.safetensors"
 # The GPU trains like the CPU: the same seed gives the same initial parameters and data (Philox,
 # bit-identical on both), so after 50 SGD steps the saved parameters may differ only by the
 # GEMMs' float rounding (another summation order): within 1e-4 of each tensor's largest value.
@@ -289,12 +391,8 @@ fi
 small=(--in 64 --out 16 --hidden 128 --layers 2 --batch 64 --steps 50 --quiet --optimizer sgd
   --lr 0.01 --momentum 0.9)
 gpu_step cpu-reference 60 train-cpu-ref.log "$bin/nanoddp-train" --device cpu "${small[@]}" \
-  --save "$OUT/params-cpu.safetensors"
-for gemm in hand cublas; do
-  gpu_step "gpu-$gemm-params" 60 "train-params-$gemm.log" "$bin/nanoddp-train" --device cuda \
-    --gemm "$gemm" "${small[@]}" --save "$OUT/params-$gemm.safetensors"
-  if [[ -s "$OUT/params-cpu.safetensors" && -s "$OUT/params-$gemm.safetensors" ]]; then
-    if verdict="$(python3 - "$OUT/params-cpu.safetensors" "$OUT/params-$gemm.safetensors" <<'PY' 2>&1
+  --save "$SCRATCH/params-cpu.safetensors"
+compare_params='
 import array, json, struct, sys
 def load(path):
     raw = open(path, "rb").read()
@@ -308,22 +406,19 @@ worst = max(max(abs(a - b) for a, b in zip(cpu[k], gpu[k])) / max(abs(a) for a i
             for k in cpu)
 print(f"max |gpu - cpu| / max |cpu| = {worst:.2e} over {len(cpu)} tensors")
 sys.exit(0 if worst <= 1e-4 else 1)
-PY
-)"; then
-      row "cpu-vs-$gemm" ok 0 "$verdict"
-    else
-      row "cpu-vs-$gemm" FAIL 0 "$verdict"
-      extra_fail=1
-    fi
-  fi
+'
+for gemm in hand cublas; do
+  gpu_step "gpu-$gemm-params" 60 "train-params-$gemm.log" "$bin/nanoddp-train" --device cuda \
+    --gemm "$gemm" "${small[@]}" --save "$SCRATCH/params-$gemm.safetensors"
+  py_check "cpu-vs-$gemm" "$compare_params" "$SCRATCH/params-cpu.safetensors" \
+    "$SCRATCH/params-$gemm.safetensors"
 done
 
 # A timeline of DDP on the GPU (device-timed spans: events on the compute stream); the JSON
-# comes back in $OUT for docs/ and benchmarks/plot/plot_trace.py.
+# comes back in the archive for docs/ and benchmarks/plot/plot_trace.py.
 gpu_step train-trace 60 train-trace.log "$bin/nanoddp-run" --nproc-per-node 1 \
-  "${train_small[@]}" --trace "$OUT/gpu-trace.json" --trace-steps 3
-if [[ -s "$OUT/gpu-trace.json" ]]; then
-  summary="$(python3 - "$OUT/gpu-trace.json" <<'PY' 2>&1
+  "${train_small[@]}" --trace "$LOGS/gpu-trace.json" --trace-steps 3
+py_check gpu-trace '
 import json, sys
 events = json.load(open(sys.argv[1]))["traceEvents"]
 spans = [e for e in events if e.get("ph") == "X"]
@@ -331,18 +426,14 @@ backward = sum(e["dur"] for e in spans if e["name"].startswith("backward ")) / 1
 comm = sum(e["dur"] for e in spans if e["name"].startswith("all-reduce")) / 1000.0
 print(f"{len(spans)} spans; backward {backward:.3f} ms and all-reduce {comm:.3f} ms of GPU time "
       f"over the traced steps")
-PY
-)"
-  row gpu-trace ok 0 "$summary"
-fi
+' "$LOGS/gpu-trace.json"
 gpu_step allreduce 60 bench-allreduce-nccl.log "$bin/nanoddp-run" --nproc-per-node 1 \
   "$bin/nanoddp-bench-allreduce" --backend nccl -b 8 -e 256M -f 8 \
-  --json "$OUT/bench-allreduce-nccl.json"
+  --json "$LOGS/bench-allreduce-nccl.json"
 gpu_step bench-ddp 90 bench-ddp.log "$bin/nanoddp-bench-ddp" --device cuda --backend nccl \
   --world 1 --hidden 4096 --layers 4 --batch 256 --bucket-cap-mb 1,25 --steps 20 --warmup 5 \
-  --json "$OUT/bench-ddp.json"
+  --json "$LOGS/bench-ddp.json"
 
-[[ -f "$OUT/ctest-failures.txt" ]] && cat "$OUT/ctest-failures.txt"
 if ((ctest_rc != 0 || extra_fail)); then finish 1; fi
 if ((skipped)); then finish 2; fi
 finish 0

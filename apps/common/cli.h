@@ -4,18 +4,87 @@
 // "<program>: error: <what>" and a hint on stderr and exits 2. (CLI11's own exit codes, 105 to
 // 109, mean nothing to a shell script or a launcher's summary; 2 is the usage-error convention.)
 //
+// Numbers are read strictly (see strict_numbers below): CLI11 itself reads "nan" into a float
+// flag (and NaN passes every CLI::Range), "-1" into an unsigned one (as 2^64-1) and clamps an
+// integer past 64 bits, so a typo would train with a value nobody asked for.
+//
 // Header-only: CLI11 is a dependency of the executables, not of the library.
 
 #include <CLI/CLI.hpp>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
+#include <string>
 
 namespace nanoddp::cli {
+
+namespace detail {
+
+// An integer written in decimal: an optional '-' (signed flags only), then digits without a
+// leading zero (CLI11 would read "010" as octal 8 and "0x10" as hex), fitting 64 bits. Returns
+// the problem, or "" when the text is fine. (A narrower flag's range is checked by CLI11 after.)
+inline std::string check_integer(const std::string& text, bool is_signed) {
+  const std::string digits = !text.empty() && text[0] == '-' ? text.substr(1) : text;
+  const bool decimal =
+      !digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos;
+  if (!decimal) {
+    return "'" + text + "' is not " + (is_signed ? "an" : "a non-negative") +
+           " integer written in decimal";
+  }
+  if (digits.size() > 1 && digits[0] == '0') {
+    return "'" + text + "' has a leading zero (it would be read as octal): write it without";
+  }
+  if (!is_signed && text[0] == '-') return "'" + text + "' is negative; it must be 0 or more";
+  std::int64_t i = 0;
+  std::uint64_t u = 0;
+  const char* end = text.data() + text.size();
+  const auto result =
+      is_signed ? std::from_chars(text.data(), end, i) : std::from_chars(text.data(), end, u);
+  if (result.ec != std::errc() || result.ptr != end) {
+    return "'" + text + "' is out of range (" +
+           (is_signed ? "from " + std::to_string(INT64_MIN) + " to " + std::to_string(INT64_MAX)
+                      : "at most " + std::to_string(UINT64_MAX)) +
+           ")";
+  }
+  return {};
+}
+
+// A finite number: "nan" and "inf" (which pass every CLI::Range check) are refused.
+inline std::string check_finite(const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size()) return "'" + text + "' is not a number";
+  if (!std::isfinite(value)) return "'" + text + "' is not a finite number";
+  return {};
+}
+
+}  // namespace detail
+
+// Puts a strict check in front of every numeric option of `app` (by the type CLI11 recorded:
+// INT, UINT or FLOAT), so that no program can forget one: see the top of this file.
+inline void strict_numbers(CLI::App& app) {
+  for (CLI::Option* option : app.get_options()) {
+    const std::string full = option->get_type_name();
+    const std::string type = full.substr(0, full.find(':'));
+    if (type == "INT" || type == "UINT") {
+      const bool is_signed = type == "INT";
+      option->transform(CLI::Validator(
+          [is_signed](std::string& text) { return detail::check_integer(text, is_signed); }, ""));
+    } else if (type == "FLOAT") {
+      option->transform(
+          CLI::Validator([](std::string& text) { return detail::check_finite(text); }, ""));
+    }
+  }
+}
 
 // Parses argv into `app`. Returns nullopt when the program should go on; otherwise the exit
 // code to return now (0 after --help, 2 after a bad flag or value).
 inline std::optional<int> parse(CLI::App& app, int argc, const char* const* argv,
                                 const char* program) {
+  strict_numbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

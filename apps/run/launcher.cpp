@@ -169,8 +169,12 @@ void Attempt::start_worker(int local_rank) {
     }
   }
   const std::string prefix = fmt::format("[rank {}] ", rank);
-  w.out = std::make_unique<LineSink>(STDOUT_FILENO, prefix, w.log_fd.get());
-  w.err = std::make_unique<LineSink>(STDERR_FILENO, prefix, w.log_fd.get());
+  const std::string log_name = options_.log_dir.empty()
+                                   ? std::string()
+                                   : fmt::format("{}/rank_{}.log", options_.log_dir, rank);
+  const auto log_failed = std::make_shared<bool>(false);  // one warning for both sinks
+  w.out = std::make_unique<LineSink>(STDOUT_FILENO, prefix, w.log_fd.get(), log_name, log_failed);
+  w.err = std::make_unique<LineSink>(STDERR_FILENO, prefix, w.log_fd.get(), log_name, log_failed);
 }
 
 // Signals every worker's process group, including groups whose leader already exited: the

@@ -3,16 +3,20 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+#include <string>
 
 namespace nanoddp::run {
 
-void write_all(int fd, std::string_view data) {
+int write_all(int fd, std::string_view data) {
   while (!data.empty()) {
     const ssize_t n = ::write(fd, data.data(), data.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
+    if (n < 0) return errno;
+    if (n == 0) return ENOSPC;
     data.remove_prefix(static_cast<std::size_t>(n));
   }
+  return 0;
 }
 
 void LineSink::feed(std::string_view bytes) {
@@ -49,7 +53,15 @@ void LineSink::emit(std::string_view line) {
   out.reserve(prefix_.size() + line.size() + 1);
   out.append(prefix_).append(line).push_back('\n');
   write_all(out_fd_, out);
-  if (log_fd_ >= 0) write_all(log_fd_, std::string_view(out).substr(prefix_.size()));
+  if (log_fd_ < 0 || *log_failed_) return;
+  if (const int error = write_all(log_fd_, std::string_view(out).substr(prefix_.size()))) {
+    // Said once per file; the launcher goes on supervising (and printing) the workers.
+    *log_failed_ = true;
+    write_all(STDERR_FILENO, "nanoddp-run: warning: writing '" + log_name_ + "' failed (" +
+                                 std::strerror(error) +
+                                 "): its last line is missing or cut short and no more lines "
+                                 "are written there\n");
+  }
 }
 
 }  // namespace nanoddp::run

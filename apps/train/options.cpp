@@ -56,7 +56,9 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
       "--data/--targets .npy files."};
   app.get_formatter()->column_width(34);
 
-  app.add_option("--device", o.device, "cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--device", o.device,
+                 "cpu, cuda (cuda:LOCAL_RANK modulo the visible devices) or cuda:N")
+      ->capture_default_str();
   app.add_option("--gemm", o.gemm,
                  "GEMM: hand (nanoddp's kernels), or the reference: eigen (CPU), cublas (CUDA)")
       ->check(CLI::IsMember({"hand", "eigen", "cublas"}))

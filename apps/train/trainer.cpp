@@ -1,26 +1,33 @@
 #include "trainer.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "nanoddp/comm/consistency.h"
 #include "nanoddp/config.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/engine/host_sync.h"
 #include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/kernels/cpu/kernels.h"
 #include "nanoddp/nn/checkpoint.h"
+#include "nanoddp/nn/file_io.h"
 #include "nanoddp/nn/safetensors.h"
 
 namespace nanoddp::train {
@@ -38,21 +45,105 @@ std::string format_duration(double seconds) {
   return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
 }
 
-// Creates `dir` if needed and writes (then removes) a small file in it. `flag` names the option
-// in the message.
+// Creates `dir` if needed and creates (then removes) a small file in it: O_EXCL, so an existing
+// file of that name is never touched. `flag` names the option in the message.
 void check_dir_writable(const std::string& flag, const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) fail("{} '{}' cannot be created: {}", flag, dir, ec.message());
-  const std::filesystem::path probe =
-      std::filesystem::path(dir) / fmt::format(".nanoddp-write-test.{}", ::getpid());
-  {
-    std::ofstream out(probe, std::ios::trunc);
-    out << "x";
-    out.close();
-    if (!out) fail("{} '{}' is not writable (cannot create '{}')", flag, dir, probe.string());
+  if (!std::filesystem::is_directory(dir, ec)) {
+    fail("{} '{}' is not a folder (it is a file); name a folder", flag, dir);
   }
-  std::filesystem::remove(probe, ec);
+  for (int k = 0;; ++k) {
+    const std::filesystem::path probe =
+        std::filesystem::path(dir) / fmt::format(".nanoddp-write-test.{}.{}", ::getpid(), k);
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == EEXIST && k < 100) continue;
+    if (fd < 0) {
+      fail("{} '{}' is not writable (cannot create '{}': {})", flag, dir, probe.string(),
+           std::strerror(errno));
+    }
+    ::close(fd);
+    ::unlink(probe.c_str());
+    return;
+  }
+}
+
+// An output FILE given by `flag`, checked before step 1 instead of failing after the last one:
+// it must name a file (not a folder, no trailing '/'), its folder must be writable (a probe file
+// is created and removed there), and an existing file there must be writable.
+void check_output_file(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  if (path.ends_with('/') || std::filesystem::is_directory(path, ec)) {
+    fail("{} '{}' names a folder; give a file name (e.g. '{}')", flag, path,
+         (std::filesystem::path(path) / "out").lexically_normal().string());
+  }
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  check_dir_writable(fmt::format("the folder of {}", flag),
+                     folder.empty() ? std::string(".") : folder.string());
+  if (std::filesystem::exists(path, ec)) {
+    // Opened without O_TRUNC and closed at once: the existing contents are kept.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd < 0) fail("{} '{}' exists and is not writable: {}", flag, path, std::strerror(errno));
+    ::close(fd);
+  }
+}
+
+// The settings of nn::Mlp::describe(), "MLP(in=4, out=2, hidden=8, ...)", as key -> value.
+std::map<std::string, std::string> model_settings(const std::string& description) {
+  std::map<std::string, std::string> settings;
+  const auto open = description.find('('), close = description.rfind(')');
+  if (open == std::string::npos || close == std::string::npos || close < open) return settings;
+  std::string_view rest = std::string_view(description).substr(open + 1, close - open - 1);
+  while (!rest.empty()) {
+    const auto comma = rest.find(", ");
+    const std::string_view item = rest.substr(0, comma);
+    if (const auto eq = item.find('='); eq != std::string_view::npos) {
+      settings.emplace(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
+    }
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 2);
+  }
+  return settings;
+}
+
+// "" when `recorded` (the model a file was saved from) computes what `current` does; otherwise
+// every setting that differs, with the flag that sets it.
+std::string model_difference(const std::string& recorded, const std::string& current) {
+  if (recorded == current) return {};
+  static const std::map<std::string, std::string> kFlags = {{"in", "--in, or --data's columns"},
+                                                            {"out", "--out, or --targets' columns"},
+                                                            {"hidden", "--hidden"},
+                                                            {"layers", "--layers"},
+                                                            {"activation", "--activation"}};
+  const auto then = model_settings(recorded), now = model_settings(current);
+  std::vector<std::string> parts;
+  for (const auto& [key, value] : now) {
+    const auto it = then.find(key);
+    if (it == then.end() || it->second == value) continue;  // not recorded, or the same
+    const std::string& before = it->second;
+    const auto flag = kFlags.find(key);
+    parts.push_back(fmt::format("{} {} there, {} in this run ({})", key, before, value,
+                                flag == kFlags.end() ? key : flag->second));
+  }
+  if (parts.empty()) parts.push_back(fmt::format("{} there, {} in this run", recorded, current));
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+// --device cuda: one GPU per local rank (LOCAL_RANK modulo the visible devices, see
+// choose_device); --device cuda:N as given. Made current before anything touches CUDA, so that
+// no stream, handle or context of this process lands on another rank's GPU.
+Device select_device(const std::string& requested, int local_rank, bool quiet) {
+  const DeviceChoice choice =
+      choose_device(requested, local_rank, requested == "cpu" ? 0 : cuda_device_count());
+  set_current_device(choice.device);
+  if (choice.device.is_cuda() && !quiet) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    fmt::print("nanoddp-train: local rank {} uses {} ({}{}{})\n", local_rank, choice.device.str(),
+               choice.why, visible != nullptr ? "; CUDA_VISIBLE_DEVICES=" : "",
+               visible != nullptr ? visible : "");
+    std::fflush(stdout);
+  }
+  return choice.device;
 }
 
 }  // namespace
@@ -66,31 +157,26 @@ struct Trainer::Window {
   // the one small all-reduce that exchanges the ranks' losses.
   double optimizer_ms = 0;
   std::int64_t steps = 0, samples = 0;
+  std::int64_t host_syncs = 0;  // times the host waited for the device (engine/host_sync.h)
 };
 
 Trainer::Trainer(const TrainOptions& options) : o_(options) {
   world_ = comm::world_from_env();
   distributed_ = world_.launcher != "none";
 
-  device_ = Device::parse(o_.device);
-  // One GPU per local rank unless the user named one.
-  if (device_.is_cuda() && o_.device == "cuda") device_ = Device::cuda(world_.local_rank);
-  require_device(device_);
+  device_ = select_device(o_.device, world_.local_rank, o_.quiet);
   backend_for(device_).set_gemm_backend(o_.gemm == "cublas"  ? GemmBackend::kCublas
                                         : o_.gemm == "eigen" ? GemmBackend::kEigen
                                                              : GemmBackend::kHand);
   kernels::cpu::set_gemm_threads(o_.threads);
 
-  // Rank 0 writes the checkpoints: find out now, not after hours of training, that it cannot.
+  // Rank 0 writes every output: find out now, not after hours of training, that it cannot.
   // (Before the process group: a launcher then stops the other ranks at once.)
-  if (o_.checkpoint_every > 0 && world_.rank == 0) {
-    check_dir_writable("--checkpoint-dir", o_.checkpoint_dir);
-  }
-  // The same for --save's folder: the parameters are written only after the last step.
-  if (!o_.save_path.empty() && world_.rank == 0) {
-    const std::filesystem::path folder = std::filesystem::path(o_.save_path).parent_path();
-    check_dir_writable("the folder of --save", folder.empty() ? std::string(".") : folder.string());
-  }
+  if (world_.rank == 0) check_output_paths();
+  // Which run writes the checkpoints (a resumed run takes over the id it resumed): housekeeping
+  // removes only this run's.
+  run_id_ = fmt::format("{}-{}-{}", nn::this_host(), ::getpid(),
+                        std::chrono::system_clock::now().time_since_epoch().count());
 
   if (distributed_) {
     dist_.emplace(comm::init_distributed(
@@ -101,7 +187,7 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
   }
 
   if (!o_.data_path.empty()) {
-    dataset_ = std::make_unique<nn::NpyDataset>(o_.data_path, o_.targets_path);
+    load_npy_dataset();
   } else {
     dataset_ = std::make_unique<nn::SyntheticRegression>(
         nn::SyntheticRegressionOptions{.in_features = o_.in_features,
@@ -111,6 +197,7 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
                                        .noise_std = o_.noise_std,
                                        .teacher_hidden = o_.teacher_hidden});
   }
+  if (distributed_) check_same_inputs();
   model_ =
       std::make_unique<nn::Mlp>(nn::MlpOptions{.in_features = dataset_->in_features(),
                                                .out_features = dataset_->out_features(),
@@ -159,34 +246,25 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
   // A given starting point: rank 0 reads it; DDP's constructor broadcasts rank 0's parameters,
   // so the other ranks need not see the file. A checkpoint found by --resume comes after it.
   if (!o_.init_path.empty() && is_main()) {
-    nn::load_parameters(o_.init_path, *model_);
+    check_init_model();
+    try {
+      nn::load_parameters(o_.init_path, *model_);
+    } catch (const Error& e) {
+      fail("--init: {}", e.what());  // the loader names the file; say which flag gave it
+    }
     fmt::print("init: parameters from {}\n", o_.init_path);
   }
-  if (o_.resume) {
-    resume();
-  } else if (is_main() && !o_.checkpoint_dir.empty()) {
-    // A reused folder: this run's checkpoints go beside the earlier run's, which are left alone
-    // (pruning only removes this run's earlier steps), but a later --resume takes the highest
-    // step, whichever run wrote it.
-    const std::vector<std::string> earlier = nn::list_checkpoints(o_.checkpoint_dir);
-    if (!earlier.empty()) {
-      fmt::print(stderr,
-                 "nanoddp-train: warning: --checkpoint-dir {} already holds {} checkpoint(s) of "
-                 "an earlier run (newest: {}); without --resume this run starts from step 0 and "
-                 "writes its own beside them. A later --resume takes the newest step of either "
-                 "run: pass --resume to continue the earlier run, or use an empty folder.\n",
-                 o_.checkpoint_dir, earlier.size(), earlier.back());
-    }
-  }
+  if (o_.resume) resume();
 
   if (distributed_) {
     ddp_ = std::make_unique<comm::DistributedDataParallel>(
         *model_, *params_, dist_->group, dist_->store,
-        comm::DdpOptions{.bucket_cap_mb = o_.bucket_cap_mb,
-                         .first_bucket_mb = o_.first_bucket_mb,
-                         .find_unused_parameters = o_.find_unused_parameters,
-                         .comm_hook = comm::parse_comm_hook(o_.comm_hook),
-                         .overlap = o_.overlap});
+        comm::DdpOptions{
+            .reducer = {.bucket_cap_mb = o_.bucket_cap_mb,
+                        .first_bucket_mb = o_.first_bucket_mb,
+                        .find_unused_parameters = o_.find_unused_parameters,
+                        .comm_hook = comm::parse_comm_hook(o_.comm_hook),
+                        .overlap = o_.overlap}});
   }
   if (o_.optimizer_in_backward) {
     // Single process: each parameter's own hook updates it. Under DDP its gradient is final only
@@ -217,8 +295,10 @@ void Trainer::check_same_settings() {
       fmt::format("--batch {}", o_.batch),
       fmt::format("--grad-accum {}", o_.grad_accum),
       fmt::format("--steps {} --epochs {}", o_.steps.value_or(0), o_.epochs.value_or(0)),
-      fmt::format("--dataset-size {} --data {} --targets {}", o_.dataset_size, o_.data_path,
-                  o_.targets_path),
+      // Not --data's path: the same file may be mounted at other paths on other nodes, and the
+      // same path may name other files. check_same_inputs() compares the contents.
+      fmt::format("--dataset-size {} --data given {}", o_.dataset_size, !o_.data_path.empty()),
+      fmt::format("--init given {}", !o_.init_path.empty()),
       // They define the synthetic samples: other values on one rank mean other data, silently.
       fmt::format("--noise {} --teacher-hidden {}", o_.noise_std, o_.teacher_hidden),
       fmt::format("--optimizer {} --lr {} --momentum {} --weight-decay {}", o_.optimizer, o_.lr,
@@ -232,6 +312,123 @@ void Trainer::check_same_settings() {
   };
   comm::check_same_on_all_ranks(*dist_->store, rank_, world_size_, "train/settings",
                                 "command-line setting", settings);
+}
+
+// Every output path, checked by rank 0 (which writes them all) before the process group.
+void Trainer::check_output_paths() const {
+  std::error_code ec;
+  if (!o_.checkpoint_dir.empty() && std::filesystem::exists(o_.checkpoint_dir, ec) &&
+      !std::filesystem::is_directory(o_.checkpoint_dir, ec)) {
+    // With --resume this used to find "no checkpoint" and train from step 0, silently.
+    fail("--checkpoint-dir '{}' is a file, not a folder: name the folder of the checkpoints",
+         o_.checkpoint_dir);
+  }
+  if (o_.checkpoint_every > 0) {
+    check_dir_writable("--checkpoint-dir", o_.checkpoint_dir);
+    // Another run's checkpoints: this run would write beside them (a later --resume takes the
+    // newest of either run) and could meet one of the same step. Refused rather than guessed.
+    const std::vector<std::string> earlier = nn::list_checkpoints(o_.checkpoint_dir);
+    if (!o_.resume && !earlier.empty()) {
+      fail(
+          "--checkpoint-dir '{}' already holds {} checkpoint(s) of an earlier run (newest: {}). "
+          "Pass --resume to continue that run, or use an empty folder (or remove them) to start "
+          "a new one",
+          o_.checkpoint_dir, earlier.size(), earlier.back());
+    }
+  }
+  if (!o_.save_path.empty()) check_output_file("--save", o_.save_path);
+  if (!o_.trace_path.empty()) check_output_file("--trace", o_.trace_path);
+  if (!o_.metrics_path.empty()) check_output_file("--metrics", o_.metrics_path);
+}
+
+void Trainer::load_npy_dataset() {
+  try {
+    dataset_ = std::make_unique<nn::NpyDataset>(o_.data_path, o_.targets_path);
+  } catch (const Error& e) {
+    // The reader names the file; say which flag gave it.
+    const std::string what = e.what();
+    const bool data = what.find(o_.data_path) != std::string::npos;
+    const bool targets = what.find(o_.targets_path) != std::string::npos;
+    fail("{}: {}",
+         data && !targets   ? "--data"
+         : !data && targets ? "--targets"
+                            : "--data/--targets",
+         what);
+  }
+}
+
+namespace {
+
+// What a rank loaded from `path`, for comparing with the other ranks: its size and a checksum of
+// its bytes, or why it could not be read (so that the rank takes part in the comparison and
+// every rank fails together instead of one failing alone and the others waiting).
+std::string file_fingerprint(const std::string& path) {
+  try {
+    return fmt::format("{} bytes, checksum {}", std::filesystem::file_size(path),
+                       nn::checksum_hex(nn::file_checksum(path)));
+  } catch (const std::exception& e) {
+    return fmt::format("unreadable ({})", e.what());
+  }
+}
+
+}  // namespace
+
+// The ranks must load the same bytes, not merely the same path: two nodes' copies of a file can
+// differ, and one path can name other files on other nodes. Each rank checksums what it read.
+void Trainer::check_same_inputs() {
+  std::vector<std::string> items;
+  std::vector<std::string> paths;
+  const auto add = [&](const std::string& flag, const std::string& path) {
+    items.push_back(fmt::format("{}: {}", flag, file_fingerprint(path)));
+    paths.push_back(fmt::format("{} '{}'", flag, path));
+  };
+  if (!o_.data_path.empty()) {
+    items.push_back(fmt::format("--data/--targets shape: {} samples x {} -> {}", dataset_->size(),
+                                dataset_->in_features(), dataset_->out_features()));
+    paths.push_back("--data/--targets");
+    add("--data", o_.data_path);
+    add("--targets", o_.targets_path);
+  }
+  if (!o_.init_path.empty()) add("--init", o_.init_path);
+  check_same_files("train/inputs", items, paths);
+}
+
+void Trainer::check_same_files(const std::string& key, const std::vector<std::string>& items,
+                               const std::vector<std::string>& paths) {
+  try {
+    comm::check_same_on_all_ranks(*dist_->store, rank_, world_size_, key, "input file", items);
+  } catch (const Error& e) {
+    // Name this rank's file of the item that differs, as every rank may have another path.
+    const std::string what = e.what();
+    std::string here;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (what.find(fmt::format("#{} ", i)) != std::string::npos) here = paths[i];
+    }
+    fail("{}{}", what, here.empty() ? "" : fmt::format(" This rank read {}.", here));
+  }
+}
+
+// An --init file written by nanoddp-train --save records the model it came from: another
+// activation (the one setting the tensors' shapes do not show) computes another function.
+void Trainer::check_init_model() const {
+  const nn::SafetensorsMetadata metadata = nn::read_safetensors_metadata(o_.init_path);
+  std::string recorded;
+  if (const auto model = metadata.find("model"); model != metadata.end()) {
+    recorded = model->second;
+  } else if (const auto act = metadata.find("activation"); act != metadata.end()) {
+    // Written before "model" was recorded: the activation is all there is to compare.
+    recorded = fmt::format("MLP(activation={})", act->second);
+    const std::string current = fmt::format("MLP(activation={})", o_.activation);
+    if (recorded == current) return;
+    fail("--init '{}' was saved from another model: {}", o_.init_path,
+         model_difference(recorded, current));
+  } else {
+    return;  // not nanoddp's (PyTorch's state_dict): the shapes are all that can be checked
+  }
+  const std::string difference = model_difference(recorded, model_->describe());
+  if (!difference.empty()) {
+    fail("--init '{}' was saved from another model: {}", o_.init_path, difference);
+  }
 }
 
 void Trainer::resume() {
@@ -252,7 +449,21 @@ void Trainer::resume() {
       fmt::print("resume: no checkpoint in {}, starting from step 0\n", o_.checkpoint_dir);
     return;
   }
+  // Every rank reads the file at that path: on several nodes it may be another file (or none).
+  if (distributed_) {
+    check_same_files("train/resume-file", {fmt::format("--resume: {}", file_fingerprint(path))},
+                     {fmt::format("the checkpoint '{}'", path)});
+  }
   const nn::TrainingState state = nn::load_checkpoint(path, *model_, *optimizer_);
+  run_id_ = state.run_id;  // this run continues that one: its checkpoints are ours to prune
+  // The shapes are checked by the loader; the activation is not visible in them.
+  if (const auto model = state.info.find("model"); model != state.info.end()) {
+    const std::string difference = model_difference(model->second, model_->describe());
+    if (!difference.empty()) {
+      fail("checkpoint '{}' was saved from another model: {}. Resume with the same model", path,
+           difference);
+    }
+  }
   const std::int64_t global_batch = world_size_ * o_.batch * o_.grad_accum;
   if (state.epoch_samples % global_batch != 0) {
     fail(
@@ -301,14 +512,61 @@ void Trainer::resume() {
 
 void Trainer::resize_batch(std::int64_t rows) {
   const std::int64_t in = dataset_->in_features(), out = dataset_->out_features();
-  if (!x_.defined() || x_.size(0) != rows) {
-    x_ = Tensor::empty({rows, in}, device_);
-    y_ = Tensor::empty({rows, out}, device_);
+  if (device_.is_cpu()) {
+    if (!x_.defined() || x_.size(0) != rows) {
+      x_ = Tensor::empty({rows, in}, device_);
+      y_ = Tensor::empty({rows, out}, device_);
+    }
+  } else {
+    next_device_batch(rows);
+    next_staging_slot();  // the caller writes the staging buffers next
+    Staging& slot = staging_[slot_];
+    const auto x_bytes = static_cast<std::size_t>(rows * in) * sizeof(float);
+    const auto y_bytes = static_cast<std::size_t>(rows * out) * sizeof(float);
+    if (slot.x.size() < x_bytes) slot.x = PinnedBuffer(x_bytes);
+    if (slot.y.size() < y_bytes) slot.y = PinnedBuffer(y_bytes);
   }
-  if (device_.is_cuda()) {
-    x_host_.resize(static_cast<std::size_t>(rows * in));
-    y_host_.resize(static_cast<std::size_t>(rows * out));
+}
+
+// Called before a micro-batch's upload, when everything that reads the previous micro-batch
+// has been enqueued on the compute stream: that buffer is free once the compute stream gets
+// past this point (its `free` event), and this micro-batch takes the other buffer, last read by
+// the micro-batch before, which the upload stream waits for.
+void Trainer::next_device_batch(std::int64_t rows) {
+  const Stream compute = Stream::compute(device_);
+  if (upload_stream_.native() == nullptr) upload_stream_ = Stream::create(device_);
+  DeviceBatch& previous = device_batches_[device_slot_];
+  if (previous.used) {
+    if (previous.free.device() != device_) previous.free = Event(device_);
+    previous.free.record(compute);
   }
+  device_slot_ = 1 - device_slot_;
+  DeviceBatch& batch = device_batches_[device_slot_];
+  if (!batch.x.defined() || batch.x.size(0) != rows) {
+    batch.x = Tensor::empty({rows, dataset_->in_features()}, device_);
+    batch.y = Tensor::empty({rows, dataset_->out_features()}, device_);
+    // New memory from the caching allocator may be a block that work already enqueued on the
+    // compute stream still uses (blocks are handed out in compute-stream order): the upload
+    // stream waits for all of it.
+    if (batch.free.device() != device_) batch.free = Event(device_);
+    batch.free.record(compute);
+    batch.used = true;
+  }
+  if (batch.used) batch.free.block(upload_stream_);
+  batch.used = true;
+  x_ = batch.x;
+  y_ = batch.y;
+}
+
+// The GPU copies a staging slot after the host has moved on (upload_batch): the slot is written
+// again only once it has. The slot taken was uploaded kStagingSlots micro-batches ago, so this
+// is usually an event query; the host waits (a counted synchronization) only when it has run
+// that far ahead of the GPU, which is then busy, not idle.
+void Trainer::next_staging_slot() {
+  slot_ = (slot_ + 1) % kStagingSlots;
+  Staging& slot = staging_[slot_];
+  if (slot.busy && !slot.copied.query()) slot.copied.synchronize();
+  slot.busy = false;
 }
 
 std::span<const std::int64_t> Trainer::lookahead_indices(std::int64_t g) {
@@ -357,7 +615,7 @@ void Trainer::load_batch(std::int64_t step, std::int64_t m) {
   if (device_.is_cpu()) {
     prefetcher_->take(x_.data(), y_.data());
   } else {
-    prefetcher_->take(x_host_.data(), y_host_.data());
+    prefetcher_->take(x_staging(), y_staging());
     upload_batch();
   }
   prefetched_ = -1;
@@ -380,17 +638,25 @@ void Trainer::fill_batch(std::int64_t micro_batch_in_epoch) {
     dataset_->fill_batch(indices, x_.data(), y_.data());
     return;
   }
-  dataset_->fill_batch(indices, x_host_.data(), y_host_.data());
+  dataset_->fill_batch(indices, x_staging(), y_staging());
   upload_batch();
 }
 
 void Trainer::upload_batch() {
-  copy_bytes(x_.raw_data(), device_, x_host_.data(), Device::cpu(), x_.nbytes());
-  copy_bytes(y_.raw_data(), device_, y_host_.data(), Device::cpu(), y_.nbytes());
+  // From pinned memory, on the upload stream: the host does not wait, and the copy overlaps
+  // the compute stream's work on the micro-batch before; the forward pass waits for it there.
+  Staging& slot = staging_[slot_];
+  upload_async_on(upload_stream_, x_.raw_data(), slot.x.data(), x_.nbytes());
+  upload_async_on(upload_stream_, y_.raw_data(), slot.y.data(), y_.nbytes());
+  if (slot.copied.device() != device_) slot.copied = Event(device_);
+  slot.copied.record(upload_stream_);
+  slot.copied.block(Stream::compute(device_));
+  slot.busy = true;
 }
 
 float Trainer::train_step(std::int64_t step, Window& window) {
   const auto step_start = Clock::now();
+  const std::int64_t host_syncs_before = host_sync_count();
   double data_ms = 0;
   optimizer_->zero_grad();
   double backward_ms = 0;
@@ -434,12 +700,50 @@ float Trainer::train_step(std::int64_t step, Window& window) {
     loss_sum = m == 0 ? loss.detach() : add(loss_sum, loss.detach());
   }
   const auto optimizer_start = Clock::now();
-  // Parameters that got no gradient in the step are updated here, as step() would.
+  // Parameters whose gradient came from earlier micro-batches only are updated here.
   if (optimizer_in_backward_) optimizer_in_backward_->finish();
   // NaN/Inf policy. Decided from every rank's loss and the averaged gradients (identical on
   // every rank after the all-reduce), so all ranks stop, or skip, at the same step: a rank that
   // stopped alone would leave the others waiting in the next step's collectives.
-  const StepHealth health = exchange_health(loss_sum.item());  // item() waits for the device
+  const Tensor health = gather_health(loss_sum);
+  float loss = NAN;  // known to the host only where it reads the health
+  if (!reads_health_at(step)) {
+    // Nothing is read back in this step, so the host does not wait for the GPU: the step's
+    // health stays on the device until the next read, which checks every kept step in order.
+    // (A NaN found there stops the run then, naming its step; checkpoints and the last step are
+    // reads, so no poisoned parameters are ever saved.)
+    keep_health(health, step);
+    if (!optimizer_in_backward_) {
+      TraceSpan span("optimizer step", TraceTrack::kCompute, device_);
+      optimizer_->step();
+    }
+  } else {
+    loss = apply_health(read_health(health, step), step);
+  }
+  const double wall_ms = ms_since(step_start);
+  window.optimizer_ms += ms_since(optimizer_start);
+  window.backward_ms += backward_ms;
+  window.step_ms += wall_ms - data_ms;
+  window.data_ms += data_ms;
+  window.wall_ms += wall_ms;
+  window.steps += 1;
+  window.samples += world_size_ * step_rows;
+  window.host_syncs += host_sync_count() - host_syncs_before;
+  if (ddp_) {
+    const comm::ReducerStats& stats = ddp_->reducer().last_stats();
+    window.comm_ms += stats.comm_ms;
+    window.exposed_comm_ms += stats.exposed_comm_ms;
+    // On the CPU backward() waited for the all-reduces; on a GPU the compute stream stalled
+    // for them while the host went on, so the host's backward time does not contain the wait.
+    if (device_.is_cpu()) window.backward_ms -= stats.wait_ms;
+  }
+  return loss;
+}
+
+// The NaN/Inf policy for a read health (the first bad kept step's, else this step's): the
+// optimizer step, or a skipped step, or the end of the run. Returns the loss averaged over the
+// ranks.
+float Trainer::apply_health(const StepHealth& health, std::int64_t step) {
   std::vector<int> bad_ranks;
   for (int r = 0; r < world_size_; ++r) {
     if (!std::isfinite(health.losses[static_cast<std::size_t>(r)])) bad_ranks.push_back(r);
@@ -460,12 +764,13 @@ float Trainer::train_step(std::int64_t step, Window& window) {
     const std::string what =
         !bad_ranks.empty()
             ? fmt::format("the loss became {} at step {} on rank{} {}",
-                          text(health.losses[static_cast<std::size_t>(bad_ranks.front())]), step,
-                          bad_ranks.size() > 1 ? "s" : "", fmt::join(bad_ranks, ", "))
+                          text(health.losses[static_cast<std::size_t>(bad_ranks.front())]),
+                          health.step, bad_ranks.size() > 1 ? "s" : "", fmt::join(bad_ranks, ", "))
             : fmt::format(
                   "the gradients became non-finite at step {} (averaged over the ranks; "
-                  "the loss was finite on every rank): {}",
-                  step, describe_nonfinite_grads());
+                  "the loss was finite on every rank): {}{}",
+                  health.step, describe_nonfinite_grads(),
+                  health.step == step ? "" : fmt::format(" (counted at step {})", step));
     if (optimizer_in_backward_) {
       fail(
           "{} (with --optimizer-in-backward this step's update is already applied). Lower --lr "
@@ -484,22 +789,6 @@ float Trainer::train_step(std::int64_t step, Window& window) {
       std::fflush(stderr);
     }
   }
-  const double wall_ms = ms_since(step_start);
-  window.optimizer_ms += ms_since(optimizer_start);
-  window.backward_ms += backward_ms;
-  window.step_ms += wall_ms - data_ms;
-  window.data_ms += data_ms;
-  window.wall_ms += wall_ms;
-  window.steps += 1;
-  window.samples += world_size_ * step_rows;
-  if (ddp_) {
-    const comm::ReducerStats& stats = ddp_->reducer().last_stats();
-    window.comm_ms += stats.comm_ms;
-    window.exposed_comm_ms += stats.exposed_comm_ms;
-    // On the CPU backward() waited for the exposed part; on a GPU the compute stream stalled
-    // for it while the host went on, so the host's backward time does not contain it.
-    if (device_.is_cpu()) window.backward_ms -= stats.exposed_comm_ms;
-  }
   return loss;
 }
 
@@ -515,27 +804,76 @@ std::int64_t count_nonfinite(const Tensor& t) {
 
 }  // namespace
 
-Trainer::StepHealth Trainer::exchange_health(float local_loss) {
-  params_->materialize_grads();  // a parameter without a gradient this step counts as zero
-  StepHealth health;
-  // With the optimizer in backward the gradients were counted as they were applied.
-  health.grads_finite = (optimizer_in_backward_ ? optimizer_in_backward_->nonfinite_gradients()
-                                                : count_nonfinite(params_->grads())) == 0;
-  if (!distributed_) {
-    health.losses = {local_loss};
-    return health;
+Tensor Trainer::gather_health(const Tensor& local_loss) {
+  params_->zero_missing_grads();  // a parameter without a gradient this step counts as zero
+  // [loss of rank 0, ..., loss of rank W-1, non-finite gradient values on rank 0, ...], built
+  // on the device: each rank writes its own entries (the loss copied, the count written by the
+  // kernel), and the sum hands everyone all of them (x + 0 keeps NaN and Inf). No host read
+  // here: read_health reads it, with the kept rows of earlier steps, in one copy.
+  const auto w = static_cast<std::size_t>(distributed_ ? world_size_ : 1);
+  const auto me = static_cast<std::size_t>(distributed_ ? rank_ : 0);
+  Tensor values = Tensor::zeros({static_cast<std::int64_t>(2 * w)}, device_);
+  Backend& backend = backend_for(device_);
+  backend.copy(values.data() + me, local_loss.data(), sizeof(float));
+  if (optimizer_in_backward_) {
+    // The gradients were counted as they were applied (a host read of its own).
+    backend.fill(values.data() + w + me, 1,
+                 static_cast<float>(optimizer_in_backward_->nonfinite_gradients()));
+  } else {
+    const Tensor grads = params_->grads();
+    backend.count_nonfinite(grads.data(), grads.numel(), values.data() + w + me);
   }
-  // [loss of rank 0, ..., loss of rank W-1, gradients non-finite on rank 0, ...]: each rank
-  // fills its own entries and the sum hands everyone all of them (x + 0 keeps NaN and Inf).
-  const auto w = static_cast<std::size_t>(world_size_);
-  std::vector<float> values(2 * w, 0.0f);
-  values[static_cast<std::size_t>(rank_)] = local_loss;
-  values[w + static_cast<std::size_t>(rank_)] = health.grads_finite ? 0.0f : 1.0f;
-  Tensor t = Tensor::from_vector(values, {static_cast<std::int64_t>(2 * w)}, device_);
-  dist_->group->allreduce(t, comm::ReduceOp::kSum)->wait();
-  values = t.to_vector();
-  health.losses.assign(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(w));
-  for (std::size_t r = 0; r < w; ++r) health.grads_finite &= values[w + r] == 0.0f;
+  if (distributed_) dist_->group->allreduce(values, comm::ReduceOp::kSum)->wait();
+  return values;
+}
+
+bool Trainer::is_log_step(std::int64_t step) const {
+  return step % o_.log_every == 0 || step == steps_ || step == start_step_ + 1;
+}
+
+// The host reads the health where it needs it: a logged step (its loss is printed), a
+// checkpoint (nothing poisoned is saved), every step under --skip-nonfinite (the step is skipped
+// or taken on the spot) and --optimizer-in-backward (its NaN/Inf count is a host read anyway),
+// and when kKeptHealthRows steps are waiting.
+bool Trainer::reads_health_at(std::int64_t step) const {
+  return o_.skip_nonfinite || optimizer_in_backward_ != nullptr || is_log_step(step) ||
+         (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) ||
+         static_cast<std::int64_t>(unread_steps_.size()) + 1 >= kKeptHealthRows;
+}
+
+void Trainer::keep_health(const Tensor& values, std::int64_t step) {
+  const std::int64_t width = values.numel();
+  if (!health_rows_.defined()) health_rows_ = Tensor::empty({kKeptHealthRows * width}, device_);
+  health_rows_.view(static_cast<std::int64_t>(unread_steps_.size()) * width, {width})
+      .copy_from(values);
+  unread_steps_.push_back(step);
+}
+
+Trainer::StepHealth Trainer::read_health(const Tensor& values, std::int64_t step) {
+  const std::int64_t width = values.numel();
+  const auto kept = static_cast<std::int64_t>(unread_steps_.size());
+  std::vector<float> host;  // the kept rows, then this step's: the one host synchronization
+  if (kept == 0) {
+    host = values.to_vector();
+  } else {
+    health_rows_.view(kept * width, {width}).copy_from(values);
+    host = health_rows_.view(0, {(kept + 1) * width}).to_vector();
+  }
+  std::vector<std::int64_t> steps = std::move(unread_steps_);
+  unread_steps_.clear();
+  steps.push_back(step);
+  const auto w = static_cast<std::size_t>(width / 2);
+  StepHealth health;
+  for (std::size_t row = 0; row < steps.size(); ++row) {
+    const auto first = host.begin() + static_cast<std::ptrdiff_t>(row * 2 * w);
+    health.step = steps[row];
+    health.losses.assign(first, first + static_cast<std::ptrdiff_t>(w));
+    health.grads_finite = true;
+    for (std::size_t r = 0; r < w; ++r) health.grads_finite &= first[w + r] == 0.0f;
+    bool finite = health.grads_finite;
+    for (const float l : health.losses) finite &= std::isfinite(l);
+    if (!finite) break;  // the first bad step is the one to report
+  }
   return health;
 }
 
@@ -544,6 +882,7 @@ Trainer::StepHealth Trainer::exchange_health(float local_loss) {
 std::string Trainer::describe_nonfinite_grads() const {
   std::vector<std::string> parts;
   for (const nn::ParameterSlot& slot : params_->slots()) {
+    if (!slot.param.has_grad()) continue;
     const std::int64_t bad = count_nonfinite(slot.param.grad());
     if (bad > 0) parts.push_back(fmt::format("{} has {} of {}", slot.name, bad, slot.numel));
   }
@@ -578,6 +917,7 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) 
     line["forward_ms"] = w.forward_ms / n;
     line["backward_ms"] = w.backward_ms / n;
     line["optimizer_ms"] = w.optimizer_ms / n;
+    line["host_syncs_per_step"] = static_cast<double>(w.host_syncs) / n;
     if (ddp_) {
       line["comm_ms"] = w.comm_ms / n;
       line["exposed_comm_ms"] = w.exposed_comm_ms / n;
@@ -586,9 +926,22 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) 
           w.comm_ms > 0 ? std::clamp(1.0 - w.exposed_comm_ms / w.comm_ms, 0.0, 1.0) : 0.0;
     }
     if (o_.skip_nonfinite) line["skipped_steps"] = skipped_steps_;
-    metrics_ << line.dump() << "\n";
-    metrics_.flush();
+    write_metrics_line(line.dump());
   }
+}
+
+void Trainer::write_metrics_line(const std::string& line) {
+  metrics_ << line << "\n";
+  metrics_.flush();
+  if (metrics_) return;
+  // A full disk (or a vanished file system) used to truncate the file silently. Training goes
+  // on, as its checkpoints and output do not depend on the metrics; said once, on stderr.
+  fmt::print(stderr,
+             "nanoddp-train: warning: writing --metrics file '{}' failed ({}); its last lines are "
+             "missing and no more are written\n",
+             o_.metrics_path, errno != 0 ? std::strerror(errno) : "unknown error");
+  std::fflush(stderr);
+  metrics_.close();
 }
 
 void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch) {
@@ -597,6 +950,7 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
                           .epoch = epoch,
                           .epoch_samples = step_in_epoch * world_size_ * o_.batch * o_.grad_accum,
                           .seed = o_.seed,
+                          .run_id = run_id_,
                           .info = {{"model", model_->describe()},
                                    {"data", data_description()},
                                    {"world_size", std::to_string(world_size_)},
@@ -617,12 +971,28 @@ void Trainer::write_trace() {
   if (!distributed_) {
     Tracer::write_file(o_.trace_path, {tracer_->events_json()});
   } else {
-    // Every rank hands its events to rank 0 through the store; rank 0 writes one file.
-    dist_->store->set(fmt::format("train/trace/{}", rank_), tracer_->events_json());
+    // Every rank hands its events to rank 0 through the store, in pieces far below the store's
+    // value limit (a long trace exceeded it: the job failed after training); rank 0 takes each
+    // piece and removes it, then writes one file.
+    constexpr std::size_t kPiece = 4u << 20;
+    const std::string events = tracer_->events_json();
+    const std::size_t pieces = (events.size() + kPiece - 1) / kPiece;
+    for (std::size_t k = 0; k < pieces; ++k) {
+      dist_->store->set(fmt::format("train/trace/{}/{}", rank_, k),
+                        events.substr(k * kPiece, kPiece));
+    }
+    dist_->store->set(fmt::format("train/trace/{}/pieces", rank_), std::to_string(pieces));
     if (is_main()) {
       std::vector<std::string> all;
       for (int r = 0; r < world_size_; ++r) {
-        all.push_back(dist_->store->get_string(fmt::format("train/trace/{}", r)));
+        const std::string count = dist_->store->get_string(fmt::format("train/trace/{}/pieces", r));
+        std::string text;
+        for (std::size_t k = 0; k < std::stoull(count); ++k) {
+          const std::string key = fmt::format("train/trace/{}/{}", r, k);
+          text += dist_->store->get_string(key);
+          dist_->store->remove(key);
+        }
+        all.push_back(std::move(text));
       }
       Tracer::write_file(o_.trace_path, all);
     }
@@ -664,7 +1034,7 @@ int Trainer::run() {
     if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
       save_checkpoint(step, epoch, step_in_epoch + 1);
     }
-    const bool log_now = step % o_.log_every == 0 || step == steps_ || step == start_step_ + 1;
+    const bool log_now = is_log_step(step);
     if (!log_now) continue;
     last_loss = world_loss;
     if (!first_loss) first_loss = last_loss;
@@ -688,7 +1058,8 @@ int Trainer::run() {
                            {"step", std::to_string(steps_)},
                            {"seed", std::to_string(o_.seed)},
                            {"world_size", std::to_string(world_size_)},
-                           {"activation", o_.activation}});
+                           {"activation", o_.activation},
+                           {"model", model_->describe()}});
   }
   write_trace();
   if (is_main()) {

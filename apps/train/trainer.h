@@ -1,6 +1,7 @@
 #pragma once
 // The training loop of nanoddp-train, on one process or as one rank of a DDP job.
 
+#include <array>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -8,6 +9,8 @@
 #include "nanoddp/comm/ddp.h"
 #include "nanoddp/comm/init.h"
 #include "nanoddp/comm/rendezvous.h"
+#include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/trace.h"
 #include "nanoddp/nn/dataset.h"
 #include "nanoddp/nn/flat_parameters.h"
@@ -46,22 +49,42 @@ class Trainer {
   // its own (the batch after the last of an epoch belongs to the next epoch).
   std::span<const std::int64_t> lookahead_indices(std::int64_t g);
   void resize_batch(std::int64_t rows);
-  void upload_batch();  // CUDA: the host staging buffers into x_ and y_
+  void upload_batch();       // CUDA: the host staging buffers into x_ and y_, asynchronously
+  void next_staging_slot();  // CUDA: a free staging slot for the next micro-batch
   // One optimizer step; returns the loss averaged over the ranks.
   float train_step(std::int64_t step, Window& window);
-  // Every rank's loss of this step (index = rank), and whether the averaged gradients are
-  // finite: one small all-reduce, so that every rank takes the same decision at the same step.
+  // Every rank's loss of a step (index = rank), and whether the averaged gradients were finite:
+  // one small all-reduce per step (on the device), so that every rank takes the same decision
+  // at the same step. The host reads it only where it must (reads_health_at): a step that is
+  // not logged makes no host synchronization.
   struct StepHealth {
+    std::int64_t step = 0;
     std::vector<float> losses;
     bool grads_finite = true;
   };
-  StepHealth exchange_health(float local_loss);
+  Tensor gather_health(const Tensor& local_loss);
+  bool is_log_step(std::int64_t step) const;
+  bool reads_health_at(std::int64_t step) const;
+  void keep_health(const Tensor& values, std::int64_t step);
+  // The first kept step whose health is bad, else this step's.
+  StepHealth read_health(const Tensor& values, std::int64_t step);
+  float apply_health(const StepHealth& health, std::int64_t step);
   std::string describe_nonfinite_grads() const;
   void log(std::int64_t step, std::int64_t epoch, float loss, Window& window);
   void save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch);
   void resume();
   void write_trace();
   void check_same_settings();
+  // Input checks of issue #13, each before step 1: outputs writable (rank 0), the ranks' input
+  // files identical (by content), an --init file of the same model.
+  void check_output_paths() const;
+  void load_npy_dataset();
+  void check_same_inputs();
+  void check_same_files(const std::string& key, const std::vector<std::string>& items,
+                        const std::vector<std::string>& paths);
+  void check_init_model() const;
+  // A failed --metrics write: one warning naming the file, then no more metrics lines.
+  void write_metrics_line(const std::string& line);
 
   TrainOptions o_;
   comm::WorldInfo world_;
@@ -93,9 +116,40 @@ class Trainer {
   std::int64_t start_step_ = 0;  // steps already done (resume)
   std::int64_t sampler_epoch_ = -1;
   std::int64_t skipped_steps_ = 0;  // optimizer steps skipped for NaN/Inf (--skip-nonfinite)
+  std::string run_id_;              // recorded in checkpoints: see nn::TrainingState::run_id
 
-  // The current micro-batch: host staging buffers (CUDA) and the device tensors.
-  std::vector<float> x_host_, y_host_;
+  // The health of the steps since the host last read it, one row each, on the device.
+  static constexpr std::int64_t kKeptHealthRows = 64;
+  Tensor health_rows_;
+  std::vector<std::int64_t> unread_steps_;
+
+  // CUDA: pinned host staging buffers, uploaded without the host waiting. A ring of them, as
+  // PyTorch's caching host allocator hands out another pinned block while a copy is in flight:
+  // the host, which waits for the GPU only at logged steps, runs ahead, and refills a slot only
+  // once the GPU has copied it (`copied`, recorded after its upload on the compute stream).
+  struct Staging {
+    PinnedBuffer x, y;
+    Event copied;
+    bool busy = false;
+  };
+  static constexpr std::size_t kStagingSlots = 4;
+  std::array<Staging, kStagingSlots> staging_;
+  std::size_t slot_ = 0;  // the current micro-batch's
+  float* x_staging() const { return static_cast<float*>(staging_[slot_].x.data()); }
+  float* y_staging() const { return static_cast<float*>(staging_[slot_].y.data()); }
+  // CUDA: the batches go up on a stream of their own into two device buffers used in turn, so
+  // that a micro-batch's copy runs while the GPU still computes the one before (the host runs
+  // ahead between logged steps). `free` follows the last work that read a buffer.
+  struct DeviceBatch {
+    Tensor x, y;
+    Event free;
+    bool used = false;
+  };
+  Stream upload_stream_;
+  std::array<DeviceBatch, 2> device_batches_;
+  std::size_t device_slot_ = 0;  // the current micro-batch's
+  void next_device_batch(std::int64_t rows);
+  // The current micro-batch on its device.
   Tensor x_, y_;
 };
 

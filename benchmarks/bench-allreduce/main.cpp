@@ -58,6 +58,7 @@
 #include "nanoddp/comm/init.h"
 #include "nanoddp/comm/rendezvous.h"
 #include "nanoddp/comm/store.h"
+#include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/engine/stream.h"
@@ -440,7 +441,11 @@ int run(int argc, char** argv) {
   runner.world = world_env;
   const auto timeout = nanoddp::comm::default_timeout();
   if (opt.backend == "nccl") {
-    runner.device = nanoddp::Device::cuda(runner.world.local_rank);
+    // One GPU per local rank (modulo the visible devices), current before anything touches CUDA.
+    runner.device =
+        nanoddp::choose_device("cuda", runner.world.local_rank, nanoddp::cuda_device_count())
+            .device;
+    nanoddp::set_current_device(runner.device);
   }
   if (opt.raw) {
     // The steps of init_distributed, then connect_gloo — the very function the process group

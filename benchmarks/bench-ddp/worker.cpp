@@ -102,9 +102,11 @@ int run_worker(const Options& o) {
   }
   const int world_size = distributed ? world.world_size : 1;
 
-  Device device = Device::cpu();
-  if (o.device == "cuda") device = Device::cuda(world.local_rank);
-  require_device(device);
+  // One GPU per local rank (modulo the visible devices), current before anything touches CUDA.
+  const Device device =
+      choose_device(o.device, world.local_rank, o.device == "cuda" ? cuda_device_count() : 0)
+          .device;
+  set_current_device(device);
   kernels::cpu::set_gemm_threads(o.threads.front());
 
   std::optional<comm::Distributed> dist;
@@ -131,10 +133,10 @@ int run_worker(const Options& o) {
     }
     p.batch_per_rank = p.global_batch / world_size;
   }
-  p.ddp = comm::DdpOptions{.bucket_cap_mb = o.bucket_cap_mb.front(),
-                           .first_bucket_mb = o.first_bucket_mb.front(),
-                           .comm_hook = comm::parse_comm_hook(o.comm_hook.front()),
-                           .overlap = o.overlap.front()};
+  p.ddp.reducer = comm::ReducerOptions{.bucket_cap_mb = o.bucket_cap_mb.front(),
+                                       .first_bucket_mb = o.first_bucket_mb.front(),
+                                       .comm_hook = comm::parse_comm_hook(o.comm_hook.front()),
+                                       .overlap = o.overlap.front()};
 
   nn::Mlp model(p.model);
   nn::FlatParameters params(model, device);
@@ -187,10 +189,9 @@ int run_worker(const Options& o) {
     if (ddp) {
       const comm::ReducerStats& stats = ddp->reducer().last_stats();
       comm_ms = stats.comm_ms;
-      // What the compute stream waited for at the end of backward (the host's wait on the CPU,
-      // the GPU's stall between two events on CUDA), capped at the collectives' own duration: a
-      // wait longer than the all-reduce itself is the hand-off from the communication thread,
-      // which is overhead of the step, not communication.
+      // The all-reduce time after backward ended (ReducerStats), never more than comm_ms: the
+      // rest of the compute stream's wait at the end of backward (wait_ms) is the hand-off from
+      // the communication thread, which is overhead of the step, not communication.
       exposed_ms = std::min(stats.exposed_comm_ms, stats.comm_ms);
       // Overlap off: the buckets are launched when backward has ended, so nothing of them is
       // hidden; a shorter measured wait is the communication thread's head start on the hand-off,
@@ -217,7 +218,7 @@ int run_worker(const Options& o) {
                 mlp_parameter_count(shape));
   // What each all-reduce moves: every gradient once, in the hook's dtype.
   const double grad_bytes =
-      static_cast<double>(numel) * (p.ddp.comm_hook == comm::CommHook::kBf16 ? 2.0 : 4.0);
+      static_cast<double>(numel) * (p.ddp.reducer.comm_hook == comm::CommHook::kBf16 ? 2.0 : 4.0);
   const double step_s = s.step_ms_median / 1000.0;
 
   nlohmann::ordered_json config = {
@@ -234,9 +235,9 @@ int run_worker(const Options& o) {
       {"scaling", scaling_name(o.scaling)},
       {"batch_per_rank", p.batch_per_rank},
       {"global_batch", p.global_batch},
-      {"bucket_cap_mb", p.ddp.bucket_cap_mb},
-      {"first_bucket_mb", p.ddp.first_bucket_mb},
-      {"overlap", p.ddp.overlap},
+      {"bucket_cap_mb", p.ddp.reducer.bucket_cap_mb},
+      {"first_bucket_mb", p.ddp.reducer.first_bucket_mb},
+      {"overlap", p.ddp.reducer.overlap},
       {"optimizer_in_backward", in_backward},
       {"comm_hook", o.comm_hook.front()},
       {"threads", o.threads.front()},

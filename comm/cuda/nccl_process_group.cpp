@@ -232,7 +232,7 @@ class NcclProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> allreduce(Tensor& tensor, ReduceOp op) override {
     require_cuda(tensor, "allreduce", "input");
     const auto n = static_cast<std::size_t>(tensor.numel());
-    return issue("allreduce",
+    return issue("allreduce", {.kind = OpKind::kAllreduce, .count = n, .dtype = tensor.dtype()},
                  fmt::format("{}, {} x {}", reduce_op_name(op), n, dtype_name(tensor.dtype())),
                  {tensor}, [&](cudaStream_t stream) {
                    if (n == 0) return;
@@ -250,6 +250,9 @@ class NcclProcessGroup final : public ProcessGroup {
     }
     return issue(
         "allreduce_coalesced",
+        {.kind = OpKind::kAllreduceCoalesced,
+         .count = total,
+         .dtype = tensors.empty() ? DType::kF32 : tensors.front().dtype()},
         fmt::format("{}, {} tensors, {} elements", reduce_op_name(op), tensors.size(), total),
         tensors, [&](cudaStream_t stream) {
           // One group: NCCL fuses the calls into one launch, one synchronization.
@@ -276,7 +279,8 @@ class NcclProcessGroup final : public ProcessGroup {
     }
     const auto n = static_cast<std::size_t>(tensor.numel());
     return issue(
-        "broadcast", fmt::format("root {}, {} x {}", root, n, dtype_name(tensor.dtype())), {tensor},
+        "broadcast", {.kind = OpKind::kBroadcast, .count = n, .dtype = tensor.dtype()},
+        fmt::format("root {}, {} x {}", root, n, dtype_name(tensor.dtype())), {tensor},
         [&](cudaStream_t stream) {
           if (n == 0) return;
           NANODDP_NCCL_CHECK_ASYNC(ncclBroadcast(tensor.raw_data(), tensor.raw_data(), n,
@@ -296,7 +300,8 @@ class NcclProcessGroup final : public ProcessGroup {
     }
     const auto n = static_cast<std::size_t>(input.numel());
     return issue(
-        "allgather", fmt::format("{} x {} per rank", n, dtype_name(input.dtype())), {input, output},
+        "allgather", {.kind = OpKind::kAllgather, .count = n, .dtype = input.dtype()},
+        fmt::format("{} x {} per rank", n, dtype_name(input.dtype())), {input, output},
         [&](cudaStream_t stream) {
           if (n == 0) return;
           NANODDP_NCCL_CHECK_ASYNC(ncclAllGather(input.raw_data(), output.raw_data(), n,
@@ -316,7 +321,7 @@ class NcclProcessGroup final : public ProcessGroup {
     }
     const auto n = static_cast<std::size_t>(output.numel());
     return issue(
-        "reduce_scatter",
+        "reduce_scatter", {.kind = OpKind::kReduceScatter, .count = n, .dtype = output.dtype()},
         fmt::format("{}, {} x {} per rank", reduce_op_name(op), n, dtype_name(output.dtype())),
         {input, output}, [&](cudaStream_t stream) {
           if (n == 0) return;
@@ -329,7 +334,7 @@ class NcclProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> barrier() override {
     // NCCL has no barrier: a one-element allreduce is one, and its Work blocks the host.
     return issue(
-        "barrier", "", {barrier_buffer_},
+        "barrier", {.kind = OpKind::kBarrier}, "", {barrier_buffer_},
         [&](cudaStream_t stream) {
           NANODDP_NCCL_CHECK_ASYNC(ncclAllReduce(barrier_buffer_.raw_data(),
                                                  barrier_buffer_.raw_data(), 1, ncclFloat, ncclSum,
@@ -372,7 +377,7 @@ class NcclProcessGroup final : public ProcessGroup {
     }
   }
 
-  std::shared_ptr<Work> issue(const char* op, const std::string& arguments,
+  std::shared_ptr<Work> issue(const char* op, OpRecord record, const std::string& arguments,
                               std::vector<Tensor> keep_alive,
                               const std::function<void(cudaStream_t)>& launch,
                               bool host_blocking = false) {
@@ -383,6 +388,8 @@ class NcclProcessGroup final : public ProcessGroup {
     renew_anchor_if_due();
     auto state = std::make_shared<OpState>(device_);
     state->sequence_number = ++last_sequence_number_;
+    record.sequence_number = state->sequence_number;
+    record_op(record);
     state->op_name = op;
     state->description = fmt::format("{} #{}", op, state->sequence_number);
     if (!arguments.empty()) state->description += " (" + arguments + ")";
@@ -426,11 +433,29 @@ class NcclProcessGroup final : public ProcessGroup {
   }
 
   [[noreturn]] void die(const std::string& message) {
-    std::fprintf(stderr,
-                 "[nanoddp] rank %d of %d: NCCL watchdog: %s. Hint: a rank may have crashed or "
-                 "be stuck; ops must be issued in the same order on every rank. Aborting the "
-                 "communicator and exiting with code %d.\n",
-                 rank(), size(), message.c_str(), kWatchdogExitCode);
+    // A kernel fault (an illegal address, a trap, a failed launch) is sticky: every later CUDA
+    // call of the process returns it, and the watchdog's event queries are usually the first
+    // to ask. It is then this process's GPU work that failed, not NCCL: say so, and name the
+    // last op the main thread enqueued.
+    if (const std::string fault = sticky_cuda_error(); !fault.empty()) {
+      const char* op = last_device_op();
+      std::fprintf(stderr,
+                   "[nanoddp] rank %d of %d: a CUDA error on cuda:%d: %s. It is a fault in GPU "
+                   "work this process enqueued (a kernel or a copy), not a communication error; "
+                   "the NCCL watchdog only saw it first (%s). The last op enqueued on the "
+                   "device: %s; the last collective issued: %s. Rerun with "
+                   "CUDA_LAUNCH_BLOCKING=1 (or under compute-sanitizer) to find the failing "
+                   "kernel. Aborting the communicator and exiting with code %d.\n",
+                   rank(), size(), device_.index, fault.c_str(), message.c_str(),
+                   op != nullptr ? op : "none", last_issued_description().c_str(),
+                   kWatchdogExitCode);
+    } else {
+      std::fprintf(stderr,
+                   "[nanoddp] rank %d of %d: NCCL watchdog: %s. Hint: a rank may have crashed "
+                   "or be stuck; ops must be issued in the same order on every rank. Aborting "
+                   "the communicator and exiting with code %d.\n",
+                   rank(), size(), message.c_str(), kWatchdogExitCode);
+    }
     std::fflush(stderr);
     // A second line of defence: if ncclCommAbort hangs, end the process anyway.
     std::thread([] {
@@ -441,10 +466,28 @@ class NcclProcessGroup final : public ProcessGroup {
     std::_Exit(kWatchdogExitCode);
   }
 
+  // The device's sticky error as "cudaErrorIllegalAddress (an illegal memory access ...)", or
+  // empty when the device is healthy. cudaStreamQuery never blocks (a spinning NCCL kernel
+  // cannot hang it) and returns a sticky error like every call does.
+  std::string sticky_cuda_error() const {
+    const cudaError_t err = cudaStreamQuery(static_cast<cudaStream_t>(comm_stream_.native()));
+    if (err == cudaSuccess || err == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return {};
+    }
+    return fmt::format("{} ({})", cudaGetErrorName(err), cudaGetErrorString(err));
+  }
+
+  // Called from die() on the watchdog thread, which holds watch_mutex_.
+  std::string last_issued_description() const {
+    return in_flight_.empty() ? std::string("none") : in_flight_.back().state->description;
+  }
+
   void watchdog_loop() {
     try {
       NANODDP_CUDA_CHECK(cudaSetDevice(device_.index));
     } catch (const std::exception& e) {
+      std::lock_guard lock(watch_mutex_);  // die() reads in_flight_
       die(e.what());
     }
     std::unique_lock lock(watch_mutex_);

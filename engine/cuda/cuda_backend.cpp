@@ -43,6 +43,11 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   Device device() const override { return device_; }
+  // Every op: its device current, and its name noted for fault messages (note_device_op).
+  Guard enter(const char* op) const {
+    note_device_op(op);
+    return Guard(device_.index);
+  }
   Stream stream() const override { return stream_; }
 
   void set_gemm_backend(GemmBackend backend) override {
@@ -56,7 +61,7 @@ class CudaBackend final : public Backend {
 
   void gemm(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
             const float* a, const float* b, float beta, float* c) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("gemm");
     if (gemm_backend_ == GemmBackend::kCublas) {
       kc::gemm_cublas(cublas_, ta, tb, m, n, k, alpha, a, b, beta, c);
     } else {
@@ -65,92 +70,92 @@ class CudaBackend final : public Backend {
   }
   void bias_activation(float* y, const float* bias, std::int64_t rows, std::int64_t cols,
                        Activation act, float* pre_activation) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("bias_activation");
     kc::bias_activation(y, bias, rows, cols, act, pre_activation, native_);
   }
   void activation_backward(Activation act, const float* pre_activation, const float* grad_out,
                            float* grad_in, std::int64_t n) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("activation_backward");
     kc::activation_backward(act, pre_activation, grad_out, grad_in, n, native_);
   }
   void column_sum(const float* x, std::int64_t rows, std::int64_t cols, float beta,
                   float* out) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("column_sum");
     kc::column_sum(x, rows, cols, beta, out, native_);
   }
   void sum(const float* x, std::int64_t n, float* out) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("sum");
     kc::sum(x, n, out, native_);
   }
   void count_nonfinite(const float* x, std::int64_t n, float* out) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("count_nonfinite");
     kc::count_nonfinite(x, n, out, native_);
   }
   void mse_forward(const float* pred, const float* target, std::int64_t n, float* out) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("mse_forward");
     kc::mse_forward(pred, target, n, out, native_);
   }
   void mse_backward(const float* pred, const float* target, std::int64_t n, const float* grad_out,
                     float beta, float* grad_pred) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("mse_backward");
     kc::mse_backward(pred, target, n, grad_out, beta, grad_pred, native_);
   }
   void fill(float* x, std::int64_t n, float value) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("fill");
     kc::fill(x, n, value, native_);
   }
   void scale(float* x, std::int64_t n, float alpha) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("scale");
     kc::scale(x, n, alpha, native_);
   }
   void axpy(std::int64_t n, float alpha, const float* x, float* y) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("axpy");
     kc::axpy(n, alpha, x, y, native_);
   }
   void add(const float* a, const float* b, float alpha, float* out, std::int64_t n) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("add");
     kc::add(a, b, alpha, out, n, native_);
   }
   void scale_copy(const float* x, float alpha, float* out, std::int64_t n) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("scale_copy");
     kc::scale_copy(x, alpha, out, n, native_);
   }
   void broadcast_scalar(const float* scalar, float alpha, float beta, float* out,
                         std::int64_t n) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("broadcast_scalar");
     kc::broadcast_scalar(scalar, alpha, beta, out, n, native_);
   }
   void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int64_t n,
                 const kernels::SgdHyper& h, bool first_step) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("sgd_step");
     kc::sgd_step(param, grad, momentum_buffer, n, h, first_step, native_);
   }
   void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                   std::int64_t n, const kernels::AdamWHyper& h) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("adamw_step");
     kc::adamw_step(param, grad, exp_avg, exp_avg_sq, n, h, native_);
   }
   void fill_uniform(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t stream,
                     std::uint64_t offset, float lo, float hi) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("fill_uniform");
     kc::fill_uniform(out, n, seed, stream, offset, lo, hi, native_);
   }
   void fill_normal(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t stream,
                    std::uint64_t offset, float mean, float stddev) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("fill_normal");
     kc::fill_normal(out, n, seed, stream, offset, mean, stddev, native_);
   }
   void f32_to_bf16(const float* in, std::uint16_t* out, std::int64_t n) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("f32_to_bf16");
     kc::f32_to_bf16(in, out, n, native_);
   }
   void bf16_to_f32(const std::uint16_t* in, float* out, std::int64_t n) override {
-    Guard guard(device_.index);
+    const Guard guard = enter("bf16_to_f32");
     kc::bf16_to_f32(in, out, n, native_);
   }
   void copy(void* dst, const void* src, std::size_t nbytes) override {
     if (nbytes == 0 || dst == src) return;
-    Guard guard(device_.index);
+    const Guard guard = enter("copy");
     NANODDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, native_));
   }
 

@@ -3,14 +3,17 @@
 // (cudaErrorNoDevice, or cudaErrorInsufficientDriver without a driver), which becomes "0
 // devices" plus an explanation that the caller can show.
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
 
 #include "nanoddp/engine/cuda/device_guard.h"
 #include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/engine/host_sync.h"
 #include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/stream_cpu.h"
@@ -50,6 +53,32 @@ std::string probe_failure() {
 }
 
 }  // namespace
+
+namespace detail {
+
+bool cuda_primary_context_active(int index) {
+  using GetState = CUresult (*)(CUdevice, unsigned int*, int*);
+  // Looked up once; the runtime hands out the driver's entry point without linking libcuda.
+  static const GetState get_state = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<GetState>(fn);
+  }();
+  if (get_state == nullptr) return true;
+  unsigned int flags = 0;
+  int active = 0;
+  // A runtime device index is the driver's device ordinal (both count the visible devices).
+  if (get_state(static_cast<CUdevice>(index), &flags, &active) != CUDA_SUCCESS) return true;
+  return active != 0;
+}
+
+}  // namespace detail
 
 bool built_with_cuda() {
   return true;
@@ -94,6 +123,12 @@ void require_device(Device device) {
   }
 }
 
+void set_current_device(Device device) {
+  require_device(device);
+  if (device.is_cpu()) return;
+  NANODDP_CUDA_CHECK(cudaSetDevice(device.index));
+}
+
 // Copies are ordered after the work already enqueued on the devices' compute streams (which are
 // non-blocking streams: a plain cudaMemcpy on the legacy default stream would NOT wait for
 // them), and the host waits for the copy to finish.
@@ -106,6 +141,8 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   }
   require_device(dst_device);
   require_device(src_device);
+  const HostSyncPoint sync("copy_bytes");
+  note_device_op("copy_bytes");
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device.index != src_device.index) {
     // Across GPUs: first let the destination device finish what it is doing with dst, then copy
     // on the source device's stream (NVLink/PCIe peer copy, staged by the driver when peer
@@ -128,6 +165,79 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   auto* stream = static_cast<cudaStream_t>(stream_handle.native());
   NANODDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, kind, stream));
   NANODDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace nanoddp
+
+namespace nanoddp {
+
+PinnedBuffer::PinnedBuffer(std::size_t nbytes) : size_(nbytes) {
+  if (nbytes == 0) return;
+  // Portable: usable by every device's context, whichever is current when it is made.
+  if (cuda_device_count() > 0 &&
+      cudaHostAlloc(&data_, nbytes, cudaHostAllocPortable) == cudaSuccess) {
+    pinned_ = true;
+    return;
+  }
+  (void)cudaGetLastError();
+  data_ = std::malloc(nbytes);
+  if (data_ == nullptr) fail("cannot allocate {} bytes of host memory", nbytes);
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  release();
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
+    : data_(other.data_), size_(other.size_), pinned_(other.pinned_) {
+  other.data_ = nullptr;
+  other.size_ = 0;
+  other.pinned_ = false;
+}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = other.data_;
+    size_ = other.size_;
+    pinned_ = other.pinned_;
+    other.data_ = nullptr;
+    other.size_ = 0;
+    other.pinned_ = false;
+  }
+  return *this;
+}
+
+void PinnedBuffer::release() {
+  if (data_ == nullptr) return;
+  if (pinned_) {
+    if (cudaFreeHost(data_) != cudaSuccess) (void)cudaGetLastError();
+  } else {
+    std::free(data_);
+  }
+  data_ = nullptr;
+}
+
+void upload_async(void* dst, Device device, const void* src, std::size_t nbytes) {
+  if (device.is_cpu()) {
+    if (nbytes != 0) std::memcpy(dst, src, nbytes);
+    return;
+  }
+  upload_async_on(Stream::compute(device), dst, src, nbytes);
+}
+
+void upload_async_on(const Stream& stream, void* dst, const void* src, std::size_t nbytes) {
+  if (nbytes == 0) return;
+  const Device device = stream.device();
+  if (device.is_cpu()) {
+    std::memcpy(dst, src, nbytes);
+    return;
+  }
+  require_device(device);
+  note_device_op("upload_async");
+  detail::CudaDeviceGuard guard(device.index);
+  NANODDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice,
+                                     static_cast<cudaStream_t>(stream.native())));
 }
 
 }  // namespace nanoddp

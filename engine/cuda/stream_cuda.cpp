@@ -8,6 +8,7 @@
 
 #include "nanoddp/engine/cuda/device_guard.h"
 #include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/engine/host_sync.h"
 #include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/stream_cpu.h"
@@ -77,6 +78,7 @@ Stream Stream::create(Device device, StreamPriority priority) {
 
 void Stream::synchronize() const {
   if (device_.is_cpu()) return;  // CPU work is already done when the call returns
+  const HostSyncPoint sync("Stream::synchronize");
   detail::CudaDeviceGuard guard(device_.index);
   NANODDP_CUDA_CHECK(cudaStreamSynchronize(native_stream(*this)));
 }
@@ -146,6 +148,7 @@ void Event::block(const Stream& stream) const {
 
 void Event::synchronize() const {
   if (device_.is_cpu()) return;
+  const HostSyncPoint sync("Event::synchronize");
   NANODDP_CUDA_CHECK(cudaEventSynchronize(native_event(handle_)));
 }
 

@@ -47,9 +47,38 @@ static_assert(kBM * kBK == kBN * kBK, "the A and B slices are loaded with the sa
 static_assert(kLoadsPerThread * kGemmThreads == kBM * kBK, "slices must split evenly");
 
 // Shared slices are stored k-major ([kk][row] and [kk][col]) so that the inner loop reads a row
-// of each. The +1 padding skews consecutive kk rows across banks, which keeps the stores of the
-// k-contiguous layouts (A not transposed, B transposed) free of bank conflicts.
-constexpr int kPad = 1;
+// of each. The k-contiguous layouts (A not transposed, B transposed) store a warp's 32 values as
+// 16 consecutive kk for each of two rows/columns: word kk * stride + i. With a row stride of 65
+// (+1) kk steps one bank and i steps one bank, so the two halves overlap in 15 banks (a 2-way
+// conflict). A stride of 66 (+2) puts the 16 kk on the even banks and the second half on the odd
+// ones: all 32 distinct. The other layouts store 32 consecutive words of one row, conflict-free
+// for any stride; the inner loop's reads are broadcasts either way. The static_asserts below
+// check this arithmetic; the speed-up itself is unmeasured until a GPU run (docs/benchmarks.md).
+constexpr int kPad = 2;
+
+// The shared-memory word that the slice load stores element `idx` of a slice to (the index
+// arithmetic of load_a_tile / load_b_tile below: `k_fastest` is the k-contiguous layout).
+constexpr int tile_word(int idx, bool k_fastest) {
+  const int kk = k_fastest ? idx % kBK : idx / kBM;
+  const int i = k_fastest ? idx / kBK : idx % kBM;
+  return kk * (kBM + kPad) + i;
+}
+// The most stores of one warp that land in one of the 32 banks (1 = conflict-free), over every
+// warp of every load round.
+constexpr int worst_store_conflict(bool k_fastest) {
+  int worst = 1;
+  for (int warp_start = 0; warp_start < kBM * kBK; warp_start += 32) {
+    int per_bank[32] = {};
+    for (int lane = 0; lane < 32; ++lane) {
+      const int bank = tile_word(warp_start + lane, k_fastest) % 32;
+      per_bank[bank] += 1;
+      worst = per_bank[bank] > worst ? per_bank[bank] : worst;
+    }
+  }
+  return worst;
+}
+static_assert(worst_store_conflict(true) == 1, "k-contiguous tile stores conflict on a bank");
+static_assert(worst_store_conflict(false) == 1, "row-contiguous tile stores conflict on a bank");
 
 // Copies the kBK x kBM slice of op(A) starting at (row0, k0) into a_tile[kk][i].
 // op(A)[i][kk] is a[i * k + kk] (kNo, A stored m x k) or a[kk * m + i] (kYes, A stored k x m).

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <mutex>
+#include <vector>
 
 #include "nanoddp/kernels/cuda/common.cuh"
 #include "nanoddp/kernels/cuda/kernels.h"
@@ -75,6 +77,26 @@ __global__ void __launch_bounds__(kReduceThreads)
   if (threadIdx.x == 0) out[0] = static_cast<float>(acc * scale);
 }
 
+// The partials' scratch comes from the device's default memory pool (cudaMallocAsync), whose
+// release threshold is 0 by default: at every synchronization the pool hands its free memory
+// back to the driver, so the next step's reductions would map it again. Raised once per device
+// (the first multi-block reduction on it) to "keep everything": the pool then holds the few KiB
+// of partials for good and cudaMallocAsync is a pool hit. Nothing else here allocates from the
+// default pool, so this keeps only our own scratch.
+void keep_default_pool_memory() {
+  static std::mutex mutex;
+  static std::vector<int> done;  // device indices already raised
+  int device = 0;
+  NANODDP_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard lock(mutex);
+  if (std::find(done.begin(), done.end(), device) != done.end()) return;
+  cudaMemPool_t pool = nullptr;
+  NANODDP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  std::uint64_t threshold = std::numeric_limits<std::uint64_t>::max();
+  NANODDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  done.push_back(device);
+}
+
 template <typename Term>
 void reduce_to_scalar(Term term, std::int64_t n, double scale, float* out, cudaStream_t stream) {
   if (n <= kSingleBlockLimit) {
@@ -87,7 +109,9 @@ void reduce_to_scalar(Term term, std::int64_t n, double scale, float* out, cudaS
       std::min<std::int64_t>(kMaxPartials, (n + kReduceThreads - 1) / kReduceThreads));
   // Scratch for the partial sums from the stream-ordered allocator: it is ordered with the
   // kernels on `stream` (so concurrent reductions on other streams get their own), and the
-  // driver's memory pool makes it cheap after the first call.
+  // driver's memory pool, which keeps it (keep_default_pool_memory), makes it cheap after the
+  // first call.
+  keep_default_pool_memory();
   void* scratch = nullptr;
   NANODDP_CUDA_CHECK(cudaMallocAsync(&scratch, blocks * sizeof(double), stream));
   auto* partials = static_cast<double*>(scratch);

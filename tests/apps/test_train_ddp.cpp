@@ -359,3 +359,45 @@ TEST_CASE("nanoddp-train: an unknown NANODDP_DEBUG value is reported, and taken 
   CHECK(r.output.find("NANODDP_DEBUG=loud is not understood (expected OFF, INFO or DETAIL)") !=
         std::string::npos);
 }
+
+TEST_CASE("ddp metrics: 0 <= exposed_comm_ms <= comm_ms, and --no-overlap reads overlap 0") {
+  // Issue #13 item 5: without overlap overlap_fraction read 0.04-0.69, and on one process
+  // exposed_comm_ms exceeded comm_ms (it was the host's wait, not communication).
+  TempDir dir;
+  for (int world : {1, 2}) {
+    for (const bool overlap : {true, false}) {
+      CAPTURE(world);
+      CAPTURE(overlap);
+      const std::string metrics =
+          dir.file(fmt::format("w{}-{}.jsonl", world, overlap ? "overlap" : "no-overlap"));
+      std::vector<std::string> args = {bin_path("nanoddp-run"), "--nproc-per-node",
+                                       std::to_string(world)};
+      const auto train =
+          train_args({"--batch", "8", "--steps", "30", "--log-every", "1", "--metrics", metrics});
+      args.insert(args.end(), train.begin(), train.end());
+      if (!overlap) args.push_back("--no-overlap");
+      const ProcessResult r = run_process(args, quick());
+      REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+      std::ifstream in(metrics);
+      int lines = 0;
+      for (std::string text; std::getline(in, text); ++lines) {
+        CAPTURE(text);
+        const auto line = nlohmann::json::parse(text);
+        const double comm = line["comm_ms"].get<double>();
+        const double exposed = line["exposed_comm_ms"].get<double>();
+        const double fraction = line["overlap_fraction"].get<double>();
+        CHECK(comm > 0.0);
+        CHECK(exposed >= 0.0);
+        CHECK(exposed <= comm);
+        CHECK(fraction >= 0.0);
+        CHECK(fraction <= 1.0);
+        if (!overlap) {
+          // Every bucket is launched after backward: all of its communication is exposed.
+          CHECK(exposed == comm);
+          CHECK(fraction == 0.0);
+        }
+      }
+      CHECK(lines == 30);
+    }
+  }
+}

@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <map>
 #include <string>
 
 #include "support/world.h"
@@ -11,12 +12,14 @@ using namespace nanoddp::testing;
 
 namespace {
 
-std::vector<ProcessResult> run_scenario(const std::vector<std::string>& args, int world) {
+std::vector<ProcessResult> run_scenario(const std::vector<std::string>& args, int world,
+                                        const std::map<std::string, std::string>& env = {}) {
   std::vector<std::string> argv{bin_path("nanoddp-test-ddp-worker")};
   argv.insert(argv.end(), args.begin(), args.end());
   ProcessOptions options;
   options.timeout = std::chrono::seconds(60);
   options.env["NANODDP_TIMEOUT_S"] = "20";
+  for (const auto& [key, value] : env) options.env[key] = value;
   return run_world(argv, world, options);
 }
 
@@ -41,10 +44,20 @@ TEST_CASE("ddp: an unused parameter is an error on every rank that names it") {
   }
 }
 
-TEST_CASE("ddp: with find_unused_parameters training proceeds and unused gradients are zero") {
+TEST_CASE("ddp: with find_unused_parameters a parameter unused on every rank is not updated") {
+  // No gradient (PyTorch: .grad None), so momentum and weight decay leave it alone.
   const auto results = run_scenario({"unused", "--find-unused"}, 2);
   INFO(describe(results));
   CHECK(all_exit(results, 0));
+}
+
+TEST_CASE("ddp: a parameter used on one rank only is updated on every rank, identically") {
+  for (const char* optimizer : {"--sgd", "--adamw"}) {
+    CAPTURE(optimizer);
+    const auto results = run_scenario({"unused-one-rank", optimizer}, 2);
+    INFO(describe(results));
+    CHECK(all_exit(results, 0));
+  }
 }
 
 TEST_CASE("ddp: find_unused_parameters keeps a gradient accumulated under no_sync") {
@@ -71,6 +84,16 @@ TEST_CASE("ddp: different models on different ranks fail on every rank, naming t
   }
 }
 
+TEST_CASE("ddp: reconfigure with different options on different ranks fails on every rank") {
+  const auto results = run_scenario({"reconfigure-mismatch"}, 2);
+  INFO(describe(results));
+  REQUIRE(all_exit(results, 3));
+  for (const auto& r : results) {
+    CHECK(r.output.find("bucket_cap_mb=2") != std::string::npos);
+    CHECK(r.output.find("bucket_cap_mb=1") != std::string::npos);
+  }
+}
+
 TEST_CASE("ddp: no_sync micro-batches then one synced backward reduce the summed gradients") {
   for (int world : {2, 3}) {
     const auto results = run_scenario({"no-sync"}, world);
@@ -89,4 +112,28 @@ TEST_CASE("ddp: the bf16 comm hook trains and stays close to float32") {
   const auto results = run_scenario({"bf16"}, 2);
   INFO(describe(results));
   CHECK(all_exit(results, 0));
+}
+
+TEST_CASE("ddp: a rank that skips a step fails every rank at once, naming the step and sides") {
+  // Issue #13 item 4: the all-reduces of rank 0's step 3 paired with rank 1's step 4 (same
+  // sizes), silently, until a timeout at the end named an op that was not the cause.
+  for (const char* shm : {"1", "0"}) {  // shared memory, and Gloo over TCP
+    CAPTURE(shm);
+    const auto results = run_scenario({"skip-step"}, 2, {{"NANODDP_SHM", shm}});
+    INFO(describe(results));
+    REQUIRE(all_exit(results, 3));
+    for (const auto& r : results) {
+      CHECK(r.output.find("out of step") != std::string::npos);
+      CHECK(
+          r.output.find("at step 3 rank 0 has called DDP's forward 3 time(s), rank 1 4 time(s)") !=
+          std::string::npos);
+      CHECK(r.output.find("rank 0: step 3") != std::string::npos);
+      CHECK(r.output.find("rank 1: step 3") != std::string::npos);
+      CHECK(r.output.find("allreduce #") != std::string::npos);  // the ops of each side
+      // At once: far below the 20 s collective timeout.
+      const std::size_t at = r.output.find("error after ");
+      REQUIRE(at != std::string::npos);
+      CHECK(std::stod(r.output.substr(at + 12)) < 5.0);
+    }
+  }
 }

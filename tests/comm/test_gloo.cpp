@@ -258,6 +258,37 @@ void check_kill_mid(const std::map<std::string, std::string>& transport, int wor
 }
 }  // namespace
 
+TEST_CASE("gloo: a peer whose liveness cannot be checked (no file descriptor left) is not dead") {
+  // Issue #13 item 17: with every descriptor taken, reading /proc/<pid>/stat failed and the
+  // shared-memory wait reported "its process has exited" about a live, merely late, rank.
+  SUBCASE("late: the op succeeds") {
+    const auto results =
+        launch({.world = 2,
+                .args = {"--fault", "starved-late", "--fault-rank", "1", "--fault-after", "2"},
+                .env = with({{"NANODDP_TIMEOUT_S", "10"}}, kShm)});
+    for (const auto& result : results) {
+      INFO(result.output);
+      CHECK(result.exit_code == 0);
+      CHECK(result.output.find("has exited") == std::string::npos);
+    }
+  }
+  SUBCASE("stalled: the timeout says the state could not be checked, and why") {
+    const auto results =
+        launch({.world = 2,
+                .args = {"--fault", "starved-stall", "--fault-rank", "1", "--fault-after", "2"},
+                .env = with({{"NANODDP_TIMEOUT_S", "1.5"}}, kShm)});
+    REQUIRE(results.size() == 2);
+    const std::string& out = results[0].output;
+    INFO(out);
+    CHECK(results[0].exit_code == 2);
+    CHECK(out.find("timed out after 1.5 s") != std::string::npos);
+    CHECK(out.find("rank 1 did not arrive, and whether its process") != std::string::npos);
+    CHECK(out.find("could not be checked") != std::string::npos);
+    CHECK(out.find("Too many open files") != std::string::npos);
+    CHECK(out.find("has exited") == std::string::npos);
+  }
+}
+
 TEST_CASE("gloo: a stalled rank makes the others time out, and the report names it (shm)") {
   check_stall(kShm);
 }

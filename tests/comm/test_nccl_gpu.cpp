@@ -9,18 +9,24 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <bit>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nanoddp/comm/process_group.h"
 #include "nanoddp/comm/store.h"
+#include "nanoddp/engine/backend.h"
 #include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/tensor.h"
+#include "support/subprocess.h"
 
 namespace {
 
@@ -125,6 +131,44 @@ TEST_CASE("gloo: CUDA tensors are refused with a pointer to NCCL") {
   } catch (const nanoddp::Error& e) {
     CHECK(std::string(e.what()).find("use the NCCL backend for cuda") != std::string::npos);
   }
+}
+
+// The child of the kernel-fault test below (gpu_main.cpp runs it when NANODDP_GPU_TEST_CHILD is
+// "kernel-fault"): a GEMM that stores through a bad pointer, then an all-reduce that waits for
+// it on the communication stream. The GEMM computes for milliseconds before its stores fault,
+// so the all-reduce is in flight when the device's context dies; the main thread then makes no
+// CUDA call, leaving the watchdog to notice.
+int nccl_kernel_fault_child() {
+  NcclWorldOfOne world;
+  const std::int64_t n = 4096;
+  Tensor a = Tensor::zeros({n, n}, Device::cuda(0)), b = Tensor::zeros({n, n}, Device::cuda(0));
+  Tensor grads = Tensor::zeros({1024}, Device::cuda(0));
+  nanoddp::Stream::compute(Device::cuda(0)).synchronize();
+  auto* bad_c = reinterpret_cast<float*>(std::uintptr_t{16});  // no device memory there
+  nanoddp::backend_for(Device::cuda(0))
+      .gemm(nanoddp::Transpose::kNo, nanoddp::Transpose::kNo, n, n, n, 1.0f, a.data(), b.data(),
+            0.0f, bad_c);
+  world.pg->allreduce(grads, ReduceOp::kSum);
+  std::this_thread::sleep_for(std::chrono::seconds(60));  // the watchdog ends the process first
+  std::printf("the watchdog did not end the process\n");
+  return 1;
+}
+
+TEST_CASE("nccl: a kernel fault is reported as a CUDA error with the last op, not as NCCL's") {
+  char self[4096] = {};
+  const ssize_t len = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  REQUIRE(len > 0);
+  const auto result = nanoddp::testing::run_process(
+      {std::string(self, static_cast<std::size_t>(len))},
+      {.env = {{"NANODDP_GPU_TEST_CHILD", "kernel-fault"}}, .timeout = std::chrono::seconds(90)});
+  INFO(result.output);
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.exit_code == 70);  // the watchdog's exit code
+  CHECK(result.output.find("a CUDA error on cuda:0") != std::string::npos);
+  CHECK(result.output.find("not a communication error") != std::string::npos);
+  CHECK(result.output.find("The last op enqueued on the device: gemm") != std::string::npos);
+  CHECK(result.output.find("allreduce #1") != std::string::npos);
+  CHECK(result.output.find("NCCL watchdog: ") == std::string::npos);
 }
 
 #endif  // NANODDP_WITH_CUDA

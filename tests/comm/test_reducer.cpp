@@ -35,7 +35,8 @@ struct DdpAndPlainTwin {
   nn::FlatParameters params{model, Device::cpu()};
   nn::FlatParameters ref_params{reference, Device::cpu()};
   comm::DistributedDataParallel ddp{
-      model, params, dist.group, dist.store, {.bucket_cap_mb = 0.0005, .first_bucket_mb = 0.0001}};
+      model, params, dist.group, dist.store,
+      {.reducer = {.bucket_cap_mb = 0.0005, .first_bucket_mb = 0.0001}}};
   const Tensor x = Tensor::normal({5, 8}, 0, 1, {.seed = 1});
   const Tensor y = Tensor::normal({5, 3}, 0, 1, {.seed = 2});
 };
@@ -48,7 +49,8 @@ TEST_CASE("reducer: buckets follow reverse registration order, first one small, 
   nn::Mlp model({.in_features = 64, .out_features = 64, .hidden = 64, .layers = 3});
   nn::FlatParameters params(model, Device::cpu());
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.bucket_cap_mb = 32.0 / 1024, .first_bucket_mb = 8.0 / 1024});
+                                    {.reducer = {.bucket_cap_mb = 32.0 / 1024,
+                                                 .first_bucket_mb = 8.0 / 1024}});
   const auto& buckets = ddp.reducer().buckets();
   const auto& slots = params.slots();
   // First bucket: capped at 8 KiB -> closes after the last layer's bias + weight (16.25 KiB).
@@ -95,7 +97,7 @@ TEST_CASE("reducer: after a backward pass that threw half-way, the next one work
   nn::Mlp model({.in_features = 4, .out_features = 2, .hidden = 8, .layers = 2});
   nn::FlatParameters params(model, Device::cpu());
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.bucket_cap_mb = 0.0001, .first_bucket_mb = 0.0001});
+                                    {.reducer = {.bucket_cap_mb = 0.0001, .first_bucket_mb = 0.0001}});
   const Tensor x = Tensor::normal({3, 4}, 0, 1, {.seed = 1});
   const Tensor y = Tensor::zeros({3, 2});
 
@@ -160,4 +162,42 @@ TEST_CASE_FIXTURE(
   params.zero_grad();
   CHECK_NOTHROW(mse_loss(ddp(x), y).backward());
   CHECK(seen == want);
+}
+
+TEST_CASE("reducer: a discarded DDP leaves no hook on the parameters") {
+  comm::Distributed dist = world_of_one();
+  nn::Mlp model({.in_features = 4, .out_features = 2, .hidden = 8, .layers = 1});
+  nn::FlatParameters params(model, Device::cpu());
+  for (int round = 0; round < 3; ++round) {
+    comm::DistributedDataParallel ddp(model, params, dist.group, dist.store);
+    for (const auto& slot : params.slots()) CHECK(slot.param.post_accumulate_grad_hook_count() == 1);
+  }
+  for (const auto& slot : params.slots()) CHECK(slot.param.post_accumulate_grad_hook_count() == 0);
+}
+
+TEST_CASE("ddp: reconfigure between steps rebuilds the buckets and keeps the gradients right") {
+  DdpAndPlainTwin t;
+  const auto step_matches_twin = [&] {
+    t.params.zero_grad();
+    t.ref_params.zero_grad();
+    mse_loss(t.ddp(t.x), t.y).backward();
+    mse_loss(t.reference(t.x), t.y).backward();
+    CHECK(t.params.grads().to_vector() == t.ref_params.grads().to_vector());
+  };
+  step_matches_twin();
+  REQUIRE(t.ddp.reducer().buckets().size() > 1);
+  int reduced = 0;
+  t.ddp.reducer().set_bucket_reduced_hook([&](const comm::Bucket&) { ++reduced; });
+
+  t.ddp.reconfigure({.bucket_cap_mb = 100, .first_bucket_mb = 100, .overlap = false});
+  CHECK(t.ddp.reducer().buckets().size() == 1);  // every parameter in one bucket now
+  CHECK(t.ddp.options().reducer.bucket_cap_mb == 100);
+  CHECK_FALSE(t.ddp.reducer().options().overlap);
+  for (const auto& slot : t.params.slots()) {
+    CHECK(slot.param.post_accumulate_grad_hook_count() == 1);  // the old Reducer's are gone
+  }
+  step_matches_twin();
+  CHECK(reduced == 1);  // the bucket-reduced hook carried over: one bucket, one call
+  t.ddp.reconfigure({.bucket_cap_mb = 0.0005, .first_bucket_mb = 0.0001});
+  step_matches_twin();
 }

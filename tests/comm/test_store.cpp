@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -510,7 +511,7 @@ TEST_CASE("store: hostile and broken clients cost only their own connection") {
   CHECK(eventually([&] { return server.stats().buffered_bytes < (256u << 10); }));
 }
 
-TEST_CASE("store: connections over max_connections are closed at once, the rest keep working") {
+TEST_CASE("store: at max_connections a new connection replaces the oldest idle one") {
   TcpStoreOptions options = server_options();
   options.max_connections = 3;
   TcpStoreServer server(options);
@@ -518,10 +519,60 @@ TEST_CASE("store: connections over max_connections are closed at once, the rest 
   RawSocket idle1(server.port());
   RawSocket idle2(server.port());
   REQUIRE(eventually([&] { return server.stats().connections == 3; }));
+  // The oldest connection still in its handshake makes room for the new one: a flood of idle
+  // connections cannot lock the job's own clients out.
   RawSocket extra(server.port());
-  CHECK(extra.closed_by_server());
-  a.set("k", std::string("v"));
+  CHECK(idle1.closed_by_server());
+  TcpStore b(client_options(server));  // replaces idle2
+  CHECK(idle2.closed_by_server());
+  b.set("k", std::string("v"));
   CHECK(a.get_string("k") == "v");
+  RawSocket extra2(server.port());  // replaces extra
+  CHECK(extra.closed_by_server());
+  // Only clients that finished their handshake left: a new connection is closed at once.
+  extra2.hello();
+  RawSocket over(server.port());
+  CHECK(over.closed_by_server());
+  CHECK_FALSE(extra2.closed_by_server(100ms));
+  a.set("k", std::string("w"));
+  CHECK(b.get_string("k") == "w");
+}
+
+TEST_CASE("store: a connection that does not finish its handshake is closed after seconds") {
+  // Not after the op timeout (minutes): idle connections must not hold descriptors for long.
+  TcpStoreOptions options = server_options();
+  options.timeout = 60s;
+  options.handshake_timeout = 300ms;
+  TcpStoreServer server(options);
+  RawSocket idle(server.port());
+  const auto start = Clock::now();
+  CHECK(idle.closed_by_server(5s));
+  CHECK(seconds_since(start) < 2.0);
+  // The default is seconds too.
+  CHECK(TcpStoreOptions{}.handshake_timeout <= 10s);
+  // A client that says hello in time stays.
+  TcpStore client(client_options(server));
+  std::this_thread::sleep_for(500ms);
+  client.set("k", std::string("v"));
+  CHECK(client.get_string("k") == "v");
+}
+
+TEST_CASE("store: the connection cap leaves room under the process's open-file limit") {
+  rlimit saved{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  rlimit low = saved;
+  low.rlim_cur = 256;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  std::size_t cap = 0;
+  {
+    TcpStoreServer server(server_options());  // max_connections 4096 asked for
+    cap = server.stats().max_connections;
+  }
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &saved) == 0);
+  CHECK(cap >= 8);
+  CHECK(cap <= 192);  // three quarters of what was free under 256, at most
+  TcpStoreServer roomy(server_options());
+  if (saved.rlim_cur > 8192) CHECK(roomy.stats().max_connections == 4096);
 }
 
 TEST_CASE("store: PrefixStore keeps namespaces apart") {

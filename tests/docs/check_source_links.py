@@ -33,6 +33,20 @@ def keys_of(label):
     return [code]
 
 
+def declares(line, key):
+    """True when `line` declares `key` as a variable, parameter or member (`float divide_by,`,
+    `int pending_;`, `std::vector<T> works_ = ...`) rather than calling or defining a function."""
+    name = key.split("::")[-1].split("(")[0].split("->")[-1].split(".")[-1]
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        return False
+    m = re.search(r"([A-Za-z_][A-Za-z0-9_:]*(?:<[^()]*>)?)\s*[&*]*\s+[&*]?" + re.escape(name)
+                  + r"\s*(?:[,);=]|\[|\{(?!\s*$))", line)
+    if not m:
+        return False
+    return m.group(1) not in {"return", "else", "throw", "co_return", "new", "delete", "case",
+                              "goto", "sizeof", "typename", "using", "namespace"}
+
+
 def contains(line, key):
     # As a whole token: `launch` must not match "launched", nor `run` "run_allreduce".
     before = r"(?<![A-Za-z0-9_])" if re.match(r"[A-Za-z0-9_]", key) else ""
@@ -61,7 +75,17 @@ def main():
                     problems.append(f"{where}: the file has {len(lines)} lines")
                     continue
                 keys = keys_of(label)
-                if keys is not None and not any(contains(lines[line - 1], k) for k in keys):
+                if keys is None:
+                    problems.append(f"{where}: a link with a line number must name the code on "
+                                    f"that line in backticks (prose cannot be checked)")
+                    continue
+                qualified = "::" in label
+                if (not qualified and any(contains(lines[line - 1], k) for k in keys)
+                        and declares(lines[line - 1], keys[0])):
+                    problems.append(f"{where}: line {line} declares '{keys[0]}' instead of "
+                                    f"using it: {lines[line - 1].strip()!r}")
+                    continue
+                if not any(contains(lines[line - 1], k) for k in keys):
                     near = []
                     for key in keys:  # the best key found anywhere nearby wins
                         near = [n for n in range(max(1, line - 40), min(len(lines), line + 40) + 1)

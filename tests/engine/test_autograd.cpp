@@ -578,6 +578,28 @@ TEST_CASE("among independent ready nodes, the most recently created runs first")
   CHECK(order == std::vector<std::string>{"w2", "w1"});
 }
 
+TEST_CASE("a hook handle removes that hook only, once, and a running hook cannot remove hooks") {
+  Tensor w = leaf(test_values(4, 160), {2, 2});
+  std::vector<std::string> fired;
+  HookHandle a = w.register_post_accumulate_grad_hook([&](Tensor&) { fired.push_back("a"); });
+  HookHandle b = w.register_post_accumulate_grad_hook([&](Tensor&) { fired.push_back("b"); });
+  CHECK(w.post_accumulate_grad_hook_count() == 2);
+  a.remove();
+  a.remove();  // idempotent
+  CHECK(w.post_accumulate_grad_hook_count() == 1);
+  sum(w).backward();
+  CHECK(fired == std::vector<std::string>{"b"});
+
+  HookHandle self;
+  self = w.register_post_accumulate_grad_hook([&](Tensor&) { self.remove(); });
+  w.zero_grad();
+  CHECK_THROWS_WITH_AS(sum(w).backward(), doctest::Contains("cannot remove hooks"), Error);
+  b.remove();
+  self.remove();  // outside the pass it can
+  CHECK(w.post_accumulate_grad_hook_count() == 0);
+  HookHandle{}.remove();  // a default handle removes nothing
+}
+
 TEST_CASE("NoGrad records nothing and restores the previous mode") {
   Tensor w = leaf(test_values(4, 110), {2, 2});
   CHECK(NoGrad::grad_enabled());

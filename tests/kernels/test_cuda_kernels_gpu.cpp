@@ -16,25 +16,32 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/cuda/cuda_backend.h"
 #include "nanoddp/engine/cuda/cuda_memory.h"
+#include "nanoddp/engine/cuda/device_guard.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/stream.h"
+#include "nanoddp/engine/tensor.h"
 #include "nanoddp/kernels/cpu/kernels.h"
 #include "nanoddp/kernels/cuda/check.h"
 #include "nanoddp/kernels/cuda/kernels.h"
+#include "support/subprocess.h"
 
 namespace {
 
@@ -421,6 +428,24 @@ TEST_CASE("cuda count_nonfinite matches the CPU on both reduction paths") {
   }
 }
 
+TEST_CASE("cuda reductions keep their scratch in the default pool across synchronizations") {
+  // A multi-block reduction takes its partials from the default memory pool. With the pool's
+  // default release threshold (0) every synchronization hands that memory back to the driver;
+  // the reduction raises the threshold once so the pool keeps it.
+  const std::int64_t n = (1 << 20) + 5;
+  DeviceFloats x(std::vector<float>(static_cast<std::size_t>(n), 1.0f)), out(1);
+  gpu::sum(x.get(), n, out.get(), test_stream());
+  NANODDP_CUDA_CHECK(cudaStreamSynchronize(test_stream()));
+  CHECK(out.download() == std::vector<float>{static_cast<float>(n)});
+  cudaMemPool_t pool = nullptr;
+  NANODDP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  std::uint64_t threshold = 0, reserved = 0;
+  NANODDP_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  NANODDP_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  CHECK(threshold == std::numeric_limits<std::uint64_t>::max());
+  CHECK(reserved > 0);  // still held after the synchronization
+}
+
 TEST_CASE("cuda mse_backward matches the CPU") {
   std::uint32_t seed = 600;
   for (std::int64_t n : kElementwiseSizes) {
@@ -730,6 +755,42 @@ TEST_CASE("cuda device queries and require_device") {
   CHECK_THROWS_AS(nanoddp::cuda_backend(count), nanoddp::Error);
   // Nothing above may leave a sticky error for later launches to trip over.
   CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+// The child of the guard test below (gpu_main.cpp runs it when NANODDP_GPU_TEST_CHILD is
+// "fresh-thread-device"): a fresh thread works on the last device through the engine, as a rank
+// with LOCAL_RANK >= 1 does; device 0 must then still have no context. Exit 0 when it has none.
+int fresh_thread_device_child() {
+  const int last = nanoddp::cuda_device_count() - 1;
+  if (last < 1) return 3;
+  std::thread worker([&] {
+    nanoddp::Tensor t = nanoddp::Tensor::zeros({16}, Device::cuda(last));
+    t.fill(1.0f);
+    nanoddp::Stream::compute(Device::cuda(last)).synchronize();
+  });
+  worker.join();
+  const bool on_last = nanoddp::detail::cuda_primary_context_active(last);
+  const bool on_0 = nanoddp::detail::cuda_primary_context_active(0);
+  std::printf("context on cuda:%d %d, on cuda:0 %d\n", last, on_last ? 1 : 0, on_0 ? 1 : 0);
+  return on_last && !on_0 ? 0 : 1;
+}
+
+TEST_CASE("cuda device guard: a fresh thread working on cuda:N opens no context on cuda:0") {
+  nanoddp::Stream::compute(Device::cuda(0)).synchronize();  // this process works on cuda:0
+  CHECK(nanoddp::detail::cuda_primary_context_active(0));
+  if (nanoddp::cuda_device_count() < 2) {
+    MESSAGE("one GPU: the fresh-thread case needs two (it runs in a child process)");
+    return;
+  }
+  char self[4096] = {};
+  const ssize_t len = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  REQUIRE(len > 0);
+  const auto result =
+      nanoddp::testing::run_process({std::string(self, static_cast<std::size_t>(len))},
+                                    {.env = {{"NANODDP_GPU_TEST_CHILD", "fresh-thread-device"}},
+                                     .timeout = std::chrono::seconds(60)});
+  INFO(result.output);
+  CHECK(result.exit_code == 0);
 }
 
 TEST_CASE("cuda copy_bytes between host and device, both directions and device to device") {

@@ -3,8 +3,10 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/ops.h"
@@ -14,6 +16,7 @@
 #include "nanoddp/nn/layers.h"
 #include "nanoddp/nn/optimizer.h"
 #include "nanoddp/nn/safetensors.h"
+#include "nn/half_used.h"
 #include "support/saved_parameters.h"
 #include "support/subprocess.h"
 
@@ -62,6 +65,24 @@ void flip_byte(const std::string& path, std::uintmax_t from_end) {
   f.write(&c, 1);
 }
 
+// A model whose second layer never gets a gradient, under AdamW.
+struct Skipping {
+  Generator gen;
+  nn::testing::HalfUsed model;
+  nn::FlatParameters params;
+  nn::AdamW adam;
+  Skipping()
+      : gen(2), model(gen, 4, 2), params(model, Device::cpu()), adam(params, {.lr = 0.01f}) {}
+  void steps(int n) {
+    for (int i = 0; i < n; ++i) {
+      adam.zero_grad();
+      Tensor x = Tensor::normal({6, 4}, 0, 1, {.seed = 5, .stream = 0});
+      mse_loss(model(x), Tensor::zeros({6, 2})).backward();
+      adam.step();
+    }
+  }
+};
+
 }  // namespace
 
 TEST_CASE("checkpoint: save then load restores parameters, optimizer state and position exactly") {
@@ -89,6 +110,33 @@ TEST_CASE("checkpoint: save then load restores parameters, optimizer state and p
   a.steps(3);
   b.steps(3);
   CHECK(b.params.values().to_vector() == a.params.values().to_vector());
+}
+
+TEST_CASE("checkpoint: per-parameter step counts of skipped parameters survive a resume") {
+  // A parameter without a gradient in a step is skipped by the optimizer, so its own step count
+  // (AdamW's bias correction) falls behind; a resumed run must continue from the same counts.
+  testing::TempDir dir;
+  Skipping a;
+  a.steps(3);
+  REQUIRE(a.adam.param_steps() == std::vector<std::int64_t>{0, 0, 3, 3});
+  const std::string path = nn::save_checkpoint(dir.path(), a.model, a.adam, {.step = 3}, 1);
+  Skipping b;
+  nn::load_checkpoint(path, b.model, b.adam);
+  CHECK(b.adam.steps() == 3);
+  CHECK(b.adam.param_steps() == a.adam.param_steps());
+
+  // A count that is not one, or past the optimizer's steps, is refused before loading.
+  for (const char* bad : {"0,0,x,3", "0,0,4,3", "0,0,3", "-1,0,3,3"}) {
+    CAPTURE(bad);
+    const std::string edited = path + ".edited.safetensors";
+    rewrite_metadata(path, edited, "optimizer_param_steps", bad);
+    Skipping c;
+    const std::string message = expect_error([&] { nn::load_checkpoint(edited, c.model, c.adam); });
+    const bool named = message.find("optimizer_param_steps") != std::string::npos ||
+                       message.find("step counts for 3 parameters") != std::string::npos;
+    CHECK_MESSAGE(named, message);
+    CHECK(c.adam.steps() == 0);
+  }
 }
 
 TEST_CASE("checkpoint: only the newest K are kept, listed oldest first") {
@@ -299,4 +347,77 @@ TEST_CASE("load_parameters: a parameter file round-trips, also from F64; mismatc
   message = expect_error([&] { nn::load_parameters(i64, untouched.model); });
   CHECK(message.find("is I64; parameters load from F32, BF16, F16 or F64") != std::string::npos);
   CHECK(untouched.model.named_parameters()[0].tensor.to_vector() == before);
+}
+
+TEST_CASE("load_parameters: NaN or Inf in the file is an error naming it; the model untouched") {
+  // The .npy reader refused non-finite values; the safetensors parameter loader did not.
+  testing::TempDir dir;
+  Run source(8, 1), target(8, 2);
+  const std::vector<float> before = target.model.named_parameters()[1].tensor.to_vector();
+  for (const float bad : {NAN, INFINITY}) {
+    std::vector<std::vector<float>> values;
+    std::vector<nn::SafetensorsEntry> entries;
+    for (const nn::NamedTensor& p : source.model.named_parameters()) {
+      values.push_back(p.tensor.to_vector());
+    }
+    values[1][3] = bad;
+    std::size_t i = 0;
+    for (const nn::NamedTensor& p : source.model.named_parameters()) {
+      entries.push_back({p.name, "F32", p.tensor.shape(), values[i++].data()});
+    }
+    const std::string path = dir.file("bad.safetensors");
+    nn::write_safetensors(path, entries);
+    const std::string message = expect_error([&] { nn::load_parameters(path, target.model); });
+    CAPTURE(message);
+    CHECK(message.find(path) != std::string::npos);
+    CHECK(message.find("'" + source.model.named_parameters()[1].name + "' holds 1 non-finite") !=
+          std::string::npos);
+    CHECK(message.find("flat index 3") != std::string::npos);
+    CHECK(target.model.named_parameters()[1].tensor.to_vector() == before);
+  }
+}
+
+TEST_CASE("checkpoint: a file whose name and recorded step disagree is refused") {
+  testing::TempDir dir;
+  Run a;
+  const std::string written = nn::save_checkpoint(dir.path(), a.model, a.adam, {.step = 4}, 3);
+  const std::string renamed = dir.file("step-000000008.safetensors");
+  fs::rename(written, renamed);
+  Run b(8, 2);
+  const std::string message = expect_error([&] { nn::load_checkpoint(renamed, b.model, b.adam); });
+  CHECK(message.find("named for step 8 but its metadata records step 4") != std::string::npos);
+  // Under its own name it loads.
+  fs::rename(renamed, written);
+  CHECK(nn::load_checkpoint(written, b.model, b.adam).step == 4);
+}
+
+TEST_CASE("checkpoint: housekeeping removes only its own run's, and never overwrites a file") {
+  // Run A wrote steps 3, 6, 9 here; run B (another run_id) saves steps 3.. with keep = 2.
+  testing::TempDir dir;
+  Run a;
+  for (int step : {3, 6, 9}) {
+    nn::save_checkpoint(dir.path(), a.model, a.adam, {.step = step, .run_id = "A"}, 3);
+  }
+  std::map<std::string, std::uint64_t> before;
+  for (const std::string& p : nn::list_checkpoints(dir.path())) before[p] = nn::file_checksum(p);
+  Run b(8, 2);
+  const std::string message = expect_error(
+      [&] { nn::save_checkpoint(dir.path(), b.model, b.adam, {.step = 3, .run_id = "B"}, 2); });
+  CHECK(message.find("step-000000003.safetensors") != std::string::npos);
+  CHECK(message.find("already exists") != std::string::npos);
+  for (int step : {4, 5, 7}) {
+    nn::save_checkpoint(dir.path(), b.model, b.adam, {.step = step, .run_id = "B"}, 2);
+  }
+  // A's three are there, unchanged; of B's, the newest two.
+  for (const auto& [path, sum] : before) {
+    CAPTURE(path);
+    REQUIRE(fs::exists(path));
+    CHECK(nn::file_checksum(path) == sum);
+  }
+  CHECK_FALSE(fs::exists(dir.file("step-000000004.safetensors")));
+  CHECK(fs::exists(dir.file("step-000000005.safetensors")));
+  CHECK(fs::exists(dir.file("step-000000007.safetensors")));
+  // A resumed run takes over the id it resumed, so its own earlier checkpoints are pruned.
+  Run c(8, 3);
+  CHECK(nn::load_checkpoint(dir.file("step-000000009.safetensors"), c.model, c.adam).run_id == "A");
 }

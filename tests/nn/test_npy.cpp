@@ -199,3 +199,30 @@ TEST_CASE("npy: writes are atomic and report I/O errors with the path") {
   error_message([&] { write_npy(dir / "no-such-dir" / "x.npy", sa, a.data()); },
                 {"no-such-dir/x.npy", "No such file or directory"});
 }
+
+TEST_CASE("npy: the header is checked before the data is read, and messages stay short") {
+  ScratchDir dir;
+  const auto path = dir / "big.npy";
+  // 64 GiB, sparse, not a .npy: refused from its first bytes (it used to be read whole first).
+  write_bytes(path, "PK\x03\x04 a zip file, say");
+  std::filesystem::resize_file(path, std::uintmax_t{64} << 30);
+  error_message([&] { nanoddp::nn::read_npy(path); }, {path.string(), "magic bytes"});
+  // A valid header for 4 floats followed by 64 GiB: refused from the header and the file size.
+  write_bytes(path, npy_file(1, dict("<f4", "(2, 2)"), raw(std::vector<float>{1, 2, 3, 4})));
+  std::filesystem::resize_file(path, std::uintmax_t{64} << 30);
+  error_message([&] { nanoddp::nn::read_npy(path); }, {"longer than its header says"});
+  // A header whose unknown key is a megabyte long: an excerpt, not the whole header.
+  const std::string key(1 << 19, 'k');
+  write_bytes(path, npy_file(2, "{'" + key + "': 1, }", ""));
+  const std::string message =
+      error_message([&] { nanoddp::nn::read_npy(path); }, {"unknown key", "characters in all"});
+  CHECK(message.size() < 2000);
+  // float64 is converted block by block: the values survive.
+  std::vector<double> values(300000);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(i) * 0.5;
+  write_bytes(path, npy_file(1, dict("<f8", "(1000, 300)"), raw(values)));
+  const nanoddp::nn::NpyArray array = nanoddp::nn::read_npy(path);
+  REQUIRE(array.data.size() == values.size());
+  CHECK(array.data[0] == 0.0f);
+  CHECK(array.data[299999] == 149999.5f);
+}

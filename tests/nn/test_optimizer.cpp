@@ -16,6 +16,8 @@
 #include "nanoddp/nn/flat_parameters.h"
 #include "nanoddp/nn/layers.h"
 #include "nanoddp/nn/optimizer.h"
+#include "nanoddp/nn/optimizer_in_backward.h"
+#include "nn/half_used.h"
 
 namespace nanoddp::nn {
 namespace {
@@ -49,11 +51,12 @@ struct Fixture {
     return Vec(v.begin(), v.end());
   }
   // Writes the step's gradient into the flat gradient buffer (as a backward would), or, with
-  // `none`, marks the gradients stale as if no backward had run (they count as zeros).
+  // `none`, marks the gradients stale as if no backward had run: no parameter has a gradient,
+  // and the optimizer must not touch any (PyTorch skips a parameter whose .grad is None).
   Vec set_grads(int step, bool none = false) {
     if (none) {
       flat.zero_grad();
-      Tensor(flat.grads()).fill(99.0f);  // garbage that materialize_grads must replace
+      Tensor(flat.grads()).fill(99.0f);  // garbage the optimizer must not read
       return Vec(n, 0.0);
     }
     const std::vector<float> g = test_values(n, 100 + static_cast<std::uint64_t>(step));
@@ -156,9 +159,10 @@ TEST_CASE("SGD matches torch.optim.SGD over several steps") {
     SgdReference ref{.o = c.options};
     for (int step = 0; step < 6; ++step) {
       CAPTURE(step);
-      const Vec g = fx.set_grads(step, /*none=*/step == 3);
+      const bool none = step == 3;
+      const Vec g = fx.set_grads(step, none);
       sgd.step();
-      ref.step(p, g);
+      if (!none) ref.step(p, g);  // skipped: no weight decay, no momentum, no step counted
       check_close(fx.flat.values().to_vector(), p, "params");
       // The parameters seen through the module moved too.
       CHECK(fx.model.named_parameters()[0].tensor.to_vector()[0] ==
@@ -192,9 +196,10 @@ TEST_CASE("AdamW matches torch.optim.AdamW over several steps") {
     AdamWReference ref{.o = c.options};
     for (int step = 0; step < 6; ++step) {
       CAPTURE(step);
-      const Vec g = fx.set_grads(step, /*none=*/step == 4);
+      const bool none = step == 4;
+      const Vec g = fx.set_grads(step, none);
       adamw.step();
-      ref.step(p, g);
+      if (!none) ref.step(p, g);  // skipped: the bias correction's step count stays
       check_close(fx.flat.values().to_vector(), p, "params");
     }
     CHECK(adamw.steps() == 6);
@@ -205,6 +210,62 @@ TEST_CASE("AdamW matches torch.optim.AdamW over several steps") {
     REQUIRE(v != nullptr);
     check_close(m->to_vector(), ref.m, "exp_avg");
     check_close(v->to_vector(), ref.v, "exp_avg_sq");
+  }
+}
+
+TEST_CASE("a parameter that got no gradient is not touched: no weight decay, momentum or moments") {
+  // HalfUsed's second layer is not in the graph. PyTorch's optimizers skip a parameter whose
+  // .grad is None; nanoddp's skip one without a gradient since zero_grad(), in step() and in
+  // backward alike.
+  for (const bool adam : {false, true}) {
+    for (const bool in_backward : {false, true}) {
+      CAPTURE(adam);
+      CAPTURE(in_backward);
+      Generator gen(3);
+      testing::HalfUsed model(gen, 3, 2);
+      FlatParameters flat(model, Device::cpu());
+      std::unique_ptr<Optimizer> optimizer;
+      if (adam) {
+        optimizer = std::make_unique<AdamW>(flat, AdamWOptions{.lr = 0.05f, .weight_decay = 0.1f});
+      } else {
+        optimizer = std::make_unique<SGD>(
+            flat, SgdOptions{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.1f});
+      }
+      OptimizerInBackward fused(*optimizer, flat, {});
+      const std::vector<float> before = flat.values().to_vector();
+      for (int step = 0; step < 3; ++step) {
+        optimizer->zero_grad();
+        if (in_backward) fused.arm();
+        const Tensor x = Tensor::normal({5, 3}, 0.0f, 1.0f, {.seed = 4, .stream = 0});
+        const Tensor t = Tensor::normal({5, 2}, 0.0f, 1.0f, {.seed = 4, .stream = 1});
+        mse_loss(model(x), t).backward();
+        if (in_backward) {
+          CHECK(fused.finish() == 0);
+        } else {
+          optimizer->step();
+        }
+      }
+      const std::vector<float> after = flat.values().to_vector();
+      for (std::size_t i = 0; i < flat.slots().size(); ++i) {
+        const ParameterSlot& slot = flat.slots()[i];
+        CAPTURE(slot.name);
+        const auto begin = static_cast<std::ptrdiff_t>(slot.offset);
+        const auto end = begin + static_cast<std::ptrdiff_t>(slot.numel);
+        const bool same =
+            std::equal(before.begin() + begin, before.begin() + end, after.begin() + begin);
+        const bool used = slot.name.starts_with("first.");
+        CHECK(same == !used);
+        CHECK(optimizer->param_steps()[i] == (used ? 3 : 0));
+        for (const NamedTensor& state : optimizer->state()) {
+          CAPTURE(state.name);
+          const std::vector<float> s = state.tensor.to_vector();
+          const bool zero =
+              std::all_of(s.begin() + begin, s.begin() + end, [](float v) { return v == 0.0f; });
+          CHECK(zero == !used);
+        }
+      }
+      CHECK(optimizer->steps() == 3);
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -121,7 +122,7 @@ TEST_CASE("optimizer in backward: an MLP ends bit-for-bit where optimizer.step()
   }
 }
 
-TEST_CASE("optimizer in backward: a parameter without a gradient is updated at finish()") {
+TEST_CASE("optimizer in backward: a parameter without a gradient is skipped, as by step()") {
   for (const auto& [name, make] : optimizers()) {
     CAPTURE(name);
     Generator gen_a(3), gen_b(3);
@@ -130,15 +131,64 @@ TEST_CASE("optimizer in backward: a parameter without a gradient is updated at f
     const Run fused = train(fused_model, 6, 5, make, true, 4, 1);
     check_same(plain, fused);
   }
-  // finish() reports the two parameters of `second` (weight and bias) as updated late.
+  // finish() updates no parameter of `second` (weight and bias): they got no gradient, so weight
+  // decay leaves them alone too.
   Generator gen(3);
   testing::HalfUsed model(gen, 6, 5);
   FlatParameters flat(model, Device::cpu());
   SGD sgd(flat, {.lr = 0.1f, .weight_decay = 0.5f});
   OptimizerInBackward fused(sgd, flat, {});
+  const std::vector<float> before = flat.values().to_vector();
   fused.arm();
   mse_loss(model(batch(4, 6, 1, 0)), batch(4, 5, 1, 1)).backward();
-  CHECK(fused.finish() == 2);
+  CHECK(fused.finish() == 0);
+  const std::vector<float> after = flat.values().to_vector();
+  for (const ParameterSlot& slot : flat.slots()) {
+    CAPTURE(slot.name);
+    const auto begin = static_cast<std::ptrdiff_t>(slot.offset);
+    const auto end = begin + static_cast<std::ptrdiff_t>(slot.numel);
+    CHECK(std::equal(before.begin() + begin, before.begin() + end, after.begin() + begin) ==
+          slot.name.starts_with("second."));
+  }
+}
+
+namespace {
+// Two heads; `use_b` says whether the next forward adds head b.
+class OptionalHead : public Module {
+ public:
+  explicit OptionalHead(Generator& g)
+      : a_(register_module("a", std::make_shared<Linear>(4, 2, g))),
+        b_(register_module("b", std::make_shared<Linear>(4, 2, g))) {}
+  bool use_b = true;
+  Tensor forward(const Tensor& x) override {
+    Tensor y = a_->forward(x);
+    return use_b ? add(y, b_->forward(x)) : y;
+  }
+  std::string describe() const override { return "OptionalHead"; }
+
+ private:
+  std::shared_ptr<Linear> a_, b_;
+};
+}  // namespace
+
+TEST_CASE(
+    "optimizer in backward: a gradient from an earlier micro-batch only is applied at finish()") {
+  Generator gen(5);
+  OptionalHead model(gen);
+  FlatParameters flat(model, Device::cpu());
+  SGD sgd(flat, {.lr = 0.1f, .momentum = 0.9f});
+  OptimizerInBackward fused(sgd, flat, {});
+  const std::vector<float> before = flat.values().to_vector();
+  sgd.zero_grad();
+  model.use_b = true;  // micro-batch 0 (not armed): both heads
+  mse_loss(model(batch(4, 4, 1, 0)), batch(4, 2, 1, 1)).backward();
+  model.use_b = false;  // micro-batch 1 (armed): head a only
+  fused.arm();
+  mse_loss(model(batch(4, 4, 2, 0)), batch(4, 2, 2, 1)).backward();
+  CHECK(fused.finish() == 2);  // b.weight and b.bias
+  const std::vector<float> after = flat.values().to_vector();
+  for (std::size_t i = 0; i < after.size(); ++i) CHECK(after[i] != before[i]);
+  CHECK(sgd.param_steps() == std::vector<std::int64_t>(flat.slots().size(), 1));
 }
 
 TEST_CASE("optimizer in backward: updates happen during backward, and only when armed") {
@@ -208,9 +258,9 @@ TEST_CASE("optimizer in backward: misuse is an Error, not a silent wrong step") 
   // The same parameter twice in one step (a caller feeding overlapping ranges).
   const std::vector<std::size_t> twice = {0, 0};
   CHECK_THROWS_AS(fused.update_range(0, 1, twice), Error);
-  // Ranges outside the flat buffer.
-  CHECK_THROWS_AS(sgd.update(0, flat.numel() + 1), Error);
-  CHECK_THROWS_AS(sgd.update(-1, 1), Error);
+  // A parameter index outside the model.
+  const std::vector<std::size_t> outside = {flat.slots().size()};
+  CHECK_THROWS_AS(sgd.update(outside), Error);
 }
 
 }  // namespace nanoddp::nn

@@ -335,3 +335,55 @@ TEST_CASE("checksum: FNV-1a 64 test vectors and streaming") {
   v[500] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(v[500]) ^ 1u);
   CHECK(checksum(v.data(), v.size() * 4) != before);
 }
+
+TEST_CASE("safetensors: deep nesting and huge entries give a short error, not a crash") {
+  // 100,000 nested arrays inside a tensor's shape: valid JSON, parsed without recursion, but
+  // printing it into the error recursed once per level and overflowed the stack (issue #13).
+  ScratchDir dir;
+  const auto path = dir / "deep.safetensors";
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  write_bytes(path,
+              safetensors_file(
+                  R"({"t":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,0]}})", ""));
+  std::string message =
+      error_message([&] { read_safetensors(path); }, {path.string(), "levels deep"});
+  CHECK(message.size() < 1000);
+  message = error_message([&] { nanoddp::nn::read_safetensors_metadata(path); }, {"levels deep"});
+  CHECK(message.size() < 1000);
+
+  // A megabyte-long dtype and metadata value: the message quotes an excerpt, not all of it.
+  const std::string huge(1 << 20, 'x');
+  write_bytes(path, safetensors_file(
+                        R"({"t":{"dtype":")" + huge + R"(","shape":[1],"data_offsets":[0,4]}})",
+                        floats({1})));
+  message = error_message([&] { read_safetensors(path); }, {"unknown dtype", "characters in all"});
+  CHECK(message.size() < 2000);
+  write_bytes(path, safetensors_file(R"({"__metadata__":{"k":[")" + huge + R"("]}})", ""));
+  message = error_message([&] { read_safetensors(path); }, {"non-string value"});
+  CHECK(message.size() < 2000);
+}
+
+TEST_CASE("safetensors: a large file that is not safetensors is refused before it is read") {
+  // 64 GiB, sparse: reading it whole took minutes and all the memory; the first 9 bytes suffice.
+  ScratchDir dir;
+  const auto path = dir / "big.bin";
+  write_bytes(path, "not a safetensors file");
+  std::filesystem::resize_file(path, std::uintmax_t{64} << 30);
+  error_message([&] { read_safetensors(path); }, {path.string(), "header length"});
+  error_message([&] { nanoddp::nn::read_safetensors_metadata(path); }, {"header length"});
+}
+
+TEST_CASE("safetensors: read_safetensors_metadata reads the header only") {
+  ScratchDir dir;
+  Sample s;
+  const auto path = dir / "m.safetensors";
+  write_safetensors(path, s.entries(), {{"run_id", "abc"}, {"step", "7"}});
+  const SafetensorsMetadata md = nanoddp::nn::read_safetensors_metadata(path);
+  CHECK(md == SafetensorsMetadata{{"run_id", "abc"}, {"step", "7"}});
+  // The data are not read: a truncated data buffer does not matter here (read_safetensors
+  // refuses the file).
+  const std::string bytes = read_bytes(path);
+  write_bytes(path, bytes.substr(0, bytes.size() - 4));
+  CHECK(nanoddp::nn::read_safetensors_metadata(path) == md);
+  error_message([&] { read_safetensors(path); }, {"outside"});
+}

@@ -4,15 +4,20 @@
 //
 //   nanoddp-test-ddp-worker unused [--find-unused]
 //   nanoddp-test-ddp-worker unused-no-sync
+//   nanoddp-test-ddp-worker unused-one-rank [--adamw]
 //   nanoddp-test-ddp-worker mismatch
 //   nanoddp-test-ddp-worker no-sync
 //   nanoddp-test-ddp-worker overlap
 //   nanoddp-test-ddp-worker bf16
+//   nanoddp-test-ddp-worker skip-step
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -58,13 +63,33 @@ Tensor batch(std::int64_t rows, std::int64_t cols, int rank, int micro, std::uin
                          .offset = static_cast<std::uint64_t>(micro * rows * cols)});
 }
 
+// Heads a (always), b (when use_b) and c (never) on one input, summed.
+class ThreeHeads : public nn::Module {
+ public:
+  explicit ThreeHeads(Generator& g)
+      : a_(register_module("a", std::make_shared<nn::Linear>(4, 2, g))),
+        b_(register_module("b", std::make_shared<nn::Linear>(4, 2, g))),
+        c_(register_module("c", std::make_shared<nn::Linear>(4, 2, g))) {}
+  bool use_b = true;
+  Tensor forward(const Tensor& x) override {
+    Tensor y = a_->forward(x);
+    return use_b ? add(y, b_->forward(x)) : y;
+  }
+  std::string describe() const override { return "ThreeHeads"; }
+
+ private:
+  std::shared_ptr<nn::Linear> a_, b_, c_;
+};
+
 int unused(comm::Distributed& dist, bool find_unused) {
   Generator g(7);
   TwoHeads model(g);
   nn::FlatParameters params(model, Device::cpu());
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.find_unused_parameters = find_unused});
-  nn::SGD sgd(params, {.lr = 0.1f});
+                                    {.reducer = {.find_unused_parameters = find_unused}});
+  // Momentum and weight decay: an optimizer that touched the unused head would move it.
+  nn::SGD sgd(params, {.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.1f});
+  const std::vector<float> initial = params.values().to_vector();
   for (int step = 0; step < 3; ++step) {
     sgd.zero_grad();
     Tensor loss = mse_loss(ddp(batch(8, 4, dist.group->rank(), step, 0)),
@@ -77,10 +102,20 @@ int unused(comm::Distributed& dist, bool find_unused) {
     }
     sgd.step();
   }
-  // find_unused_parameters: the unused head's gradient is zero, its weights unchanged.
-  for (const auto& p : model.named_parameters()) {
-    if (p.name.starts_with("unused")) {
-      for (float v : p.tensor.grad().to_vector()) EXPECT(v == 0.0f, "{} grad {}", p.name, v);
+  // find_unused_parameters: unused on every rank, the head has no gradient (PyTorch: .grad is
+  // None) and the optimizer left it alone; the used head moved.
+  const std::vector<float> final_values = params.values().to_vector();
+  for (std::size_t i = 0; i < params.slots().size(); ++i) {
+    const nn::ParameterSlot& slot = params.slots()[i];
+    const bool unused_head = slot.name.starts_with("unused");
+    EXPECT(slot.param.has_grad() != unused_head, "{} has_grad {}", slot.name,
+           slot.param.has_grad());
+    EXPECT(sgd.param_steps()[i] == (unused_head ? 0 : 3), "{} took {} steps", slot.name,
+           sgd.param_steps()[i]);
+    for (std::int64_t e = slot.offset; e < slot.offset + slot.numel; ++e) {
+      const auto k = static_cast<std::size_t>(e);
+      EXPECT((final_values[k] == initial[k]) == unused_head, "{} element {}: {} -> {}", slot.name,
+             e, initial[k], final_values[k]);
     }
   }
   fmt::print("trained 3 steps with an unused head\n");
@@ -120,7 +155,7 @@ int unused_no_sync(comm::Distributed& dist) {
   OptionalHead model(g);
   nn::FlatParameters params(model, Device::cpu());
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.find_unused_parameters = true});
+                                    {.reducer = {.find_unused_parameters = true}});
   params.zero_grad();
   model.use_b = true;
   {
@@ -129,14 +164,14 @@ int unused_no_sync(comm::Distributed& dist) {
   }
   model.use_b = false;
   mse_loss(ddp(batch(5, 4, rank, 1, 0)), batch(5, 2, rank, 1, 1)).backward();
-  params.materialize_grads();
+  params.zero_missing_grads();
 
   Generator ref_g(7);
   OptionalHead reference(ref_g);
   nn::FlatParameters ref_params(reference, Device::cpu());
   ref_params.zero_grad();
   for (int r = 0; r < world; ++r) accumulate(reference, r);
-  ref_params.materialize_grads();
+  ref_params.zero_missing_grads();
 
   for (std::size_t s = 0; s < params.slots().size(); ++s) {
     const std::string& name = params.slots()[s].name;
@@ -155,6 +190,53 @@ int unused_no_sync(comm::Distributed& dist) {
   return 0;
 }
 
+// find_unused_parameters with head b used on rank 0 only and head c on no rank. b is used (on
+// some rank), so, as in PyTorch, every rank gets its averaged gradient and updates it, the same
+// on every rank; c gets no gradient and is not touched by momentum, weight decay or AdamW's
+// moments. `adam` picks the optimizer.
+int unused_one_rank(comm::Distributed& dist, bool adam) {
+  const int rank = dist.group->rank();
+  Generator g(11);
+  ThreeHeads model(g);
+  model.use_b = rank == 0;
+  nn::FlatParameters params(model, Device::cpu());
+  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
+                                    {.reducer = {.find_unused_parameters = true}});
+  std::unique_ptr<nn::Optimizer> optimizer;
+  if (adam) {
+    optimizer = std::make_unique<nn::AdamW>(params, nn::AdamWOptions{.weight_decay = 0.1f});
+  } else {
+    optimizer = std::make_unique<nn::SGD>(
+        params, nn::SgdOptions{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.1f});
+  }
+  const std::vector<float> initial = params.values().to_vector();
+  for (int step = 0; step < 3; ++step) {
+    optimizer->zero_grad();
+    mse_loss(ddp(batch(6, 4, rank, step, 0)), batch(6, 2, rank, step, 1)).backward();
+    for (const nn::ParameterSlot& slot : params.slots()) {
+      EXPECT(slot.param.has_grad() != slot.name.starts_with("c."), "step {}: {} has_grad {}", step,
+             slot.name, slot.param.has_grad());
+    }
+    optimizer->step();
+  }
+  const std::vector<float> final_values = params.values().to_vector();
+  for (const nn::ParameterSlot& slot : params.slots()) {
+    const bool c = slot.name.starts_with("c.");
+    for (std::int64_t e = slot.offset; e < slot.offset + slot.numel; ++e) {
+      const auto k = static_cast<std::size_t>(e);
+      EXPECT((final_values[k] == initial[k]) == c, "{} element {}: {} -> {}", slot.name, e,
+             initial[k], final_values[k]);
+    }
+  }
+  // Every rank holds the same parameters: rank 0's, bit for bit.
+  Tensor from_root = params.values().clone();
+  dist.group->broadcast(from_root, 0)->wait();
+  EXPECT(from_root.to_vector() == final_values, "rank {}'s parameters differ from rank 0's", rank);
+  fmt::print("unused-one-rank ({}): b trained on every rank, c untouched\n",
+             adam ? "adamw" : "sgd");
+  return 0;
+}
+
 int mismatch(comm::Distributed& dist) {
   // Rank 1 builds a wider hidden layer: every rank must refuse, naming the parameter.
   const std::int64_t hidden = dist.group->rank() == 1 ? 24 : 16;
@@ -162,6 +244,25 @@ int mismatch(comm::Distributed& dist) {
   nn::FlatParameters params(model, Device::cpu());
   try {
     comm::DistributedDataParallel ddp(model, params, dist.group, dist.store);
+  } catch (const std::exception& e) {
+    fmt::print("error: {}\n", e.what());
+    return 3;
+  }
+  fmt::print("no error\n");
+  return 0;
+}
+
+// reconfigure(): every rank must pass the same options. Rank 1 asks for another bucket cap after
+// a step: every rank refuses, naming the setting, instead of pairing different buckets.
+int reconfigure_mismatch(comm::Distributed& dist) {
+  nn::Mlp model({.in_features = 8, .out_features = 4, .hidden = 16, .layers = 2});
+  nn::FlatParameters params(model, Device::cpu());
+  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store);
+  const Tensor x = Tensor::normal({4, 8}, 0, 1, {.seed = 1});
+  params.zero_grad();
+  mse_loss(ddp(x), Tensor::zeros({4, 4})).backward();
+  try {
+    ddp.reconfigure({.bucket_cap_mb = dist.group->rank() == 1 ? 2.0 : 1.0});
   } catch (const std::exception& e) {
     fmt::print("error: {}\n", e.what());
     return 3;
@@ -212,7 +313,7 @@ int overlap(comm::Distributed& dist) {
   nn::Mlp model({.in_features = 384, .out_features = 384, .hidden = 384, .layers = 5});
   nn::FlatParameters params(model, Device::cpu());
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.bucket_cap_mb = 0.5, .first_bucket_mb = 0.5});
+                                    {.reducer = {.bucket_cap_mb = 0.5, .first_bucket_mb = 0.5}});
   const auto& buckets = ddp.reducer().buckets();
   EXPECT(buckets.size() >= 3, "{} buckets", buckets.size());
   fmt::print("{}", ddp.reducer().describe_buckets());
@@ -250,13 +351,50 @@ int overlap(comm::Distributed& dist) {
   return 0;
 }
 
+// Rank 1 runs forward at step 2, "catches an error" and skips the rest of the step, as a
+// training loop with a try/catch around its step would. Its next backward pairs with rank 0's
+// step 2: the per-step check must fail both ranks there, at once, naming the step and sides.
+int skip_step(comm::Distributed& dist) {
+  const int rank = dist.group->rank();
+  nn::Mlp model({.in_features = 6, .out_features = 3, .hidden = 10, .layers = 2, .seed = 3});
+  nn::FlatParameters params(model, Device::cpu());
+  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
+                                    {.reducer = {.bucket_cap_mb = 0.0005,
+                                                 .first_bucket_mb = 0.0002}});
+  nn::SGD sgd(params, {.lr = 0.05f});
+  const auto start = std::chrono::steady_clock::now();
+  for (int step = 0; step < 6; ++step) {
+    sgd.zero_grad();
+    Tensor loss = mse_loss(ddp(batch(5, 6, rank, step, 0)), batch(5, 3, rank, step, 1));
+    if (rank == 1 && step == 2) {
+      try {
+        throw std::runtime_error("a bad batch");
+      } catch (const std::exception&) {
+        continue;  // the step is skipped on this rank only
+      }
+    }
+    try {
+      loss.backward();
+    } catch (const std::exception& e) {
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      fmt::print("error after {:.3f} s: {}\n", seconds, e.what());
+      return 3;
+    }
+    sgd.step();
+  }
+  fmt::print("no error\n");
+  return 0;
+}
+
 // The bf16 hook trains, and stays close to float32 all-reduce.
 int bf16(comm::Distributed& dist) {
   const int rank = dist.group->rank();
   auto train = [&](comm::CommHook hook) {
     nn::Mlp model({.in_features = 16, .out_features = 4, .hidden = 32, .layers = 2, .seed = 5});
     nn::FlatParameters params(model, Device::cpu());
-    comm::DistributedDataParallel ddp(model, params, dist.group, dist.store, {.comm_hook = hook});
+    comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
+                                      {.reducer = {.comm_hook = hook}});
     nn::SGD sgd(params, {.lr = 0.05f});
     const Tensor w = Tensor::normal({16, 4}, 0.0f, 0.5f, {.seed = 9});  // the target map
     float first = 0, last = 0;
@@ -293,7 +431,8 @@ int bf16(comm::Distributed& dist) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     fmt::print(stderr,
-               "usage: {} unused|unused-no-sync|mismatch|no-sync|overlap|bf16 [--find-unused]\n",
+               "usage: {} unused|unused-no-sync|unused-one-rank|mismatch|reconfigure-mismatch|"
+               "no-sync|overlap|bf16|skip-step [--find-unused|--adamw]\n",
                argv[0]);
     return 2;
   }
@@ -304,10 +443,14 @@ int main(int argc, char** argv) {
     if (scenario == "unused")
       return unused(dist, argc > 2 && std::strcmp(argv[2], "--find-unused") == 0);
     if (scenario == "unused-no-sync") return unused_no_sync(dist);
+    if (scenario == "unused-one-rank")
+      return unused_one_rank(dist, argc > 2 && std::strcmp(argv[2], "--adamw") == 0);
     if (scenario == "mismatch") return mismatch(dist);
+    if (scenario == "reconfigure-mismatch") return reconfigure_mismatch(dist);
     if (scenario == "no-sync") return no_sync(dist);
     if (scenario == "overlap") return overlap(dist);
     if (scenario == "bf16") return bf16(dist);
+    if (scenario == "skip-step") return skip_step(dist);
   } catch (const std::exception& e) {
     fmt::print(stderr, "unexpected error: {}\n", e.what());
     return 1;

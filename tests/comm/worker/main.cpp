@@ -21,11 +21,16 @@
 //          others' next op must time out (and every process must still end).
 //   kill-mid: after K good allreduces every rank starts a 64 MiB allreduce, and rank R kills
 //          itself (SIGKILL) while it is in flight; the others' op must fail, naming rank R.
+//   starved-late / starved-stall: after K good allreduces every other rank can open no file
+//          (RLIMIT_NOFILE 0: "too many open files"), and rank R comes to the next op 1 s late /
+//          3 timeouts late. A liveness check that cannot read /proc must not call R dead: the
+//          late op succeeds; the stalled one times out saying R's state could not be checked.
 
 #include <fmt/format.h>
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <bit>
@@ -330,6 +335,30 @@ int run(int argc, char** argv) {
       }
       fmt::print("rank {}: the allreduce with a killed peer succeeded?!\n", g_rank);
       return 1;
+    }
+    if (fault == "starved-late" || fault == "starved-stall") {
+      rlimit saved{};
+      ::getrlimit(RLIMIT_NOFILE, &saved);
+      if (g_rank == fault_rank) {
+        fmt::print("rank {}: {} after {} ops\n", g_rank, fault, fault_after);
+        std::fflush(stdout);
+        std::this_thread::sleep_for(fault == "starved-late" ? std::chrono::milliseconds(1000)
+                                                            : 3 * options.timeout);
+      } else {
+        rlimit none = saved;
+        none.rlim_cur = 0;  // every open() now fails with EMFILE
+        ::setrlimit(RLIMIT_NOFILE, &none);
+      }
+      std::exception_ptr error;
+      try {
+        check_allreduce(pg, 1237, ReduceOp::kSum);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      ::setrlimit(RLIMIT_NOFILE, &saved);
+      if (error) std::rethrow_exception(error);
+      fmt::print("rank {}: the op with a late peer succeeded\n", g_rank);
+      return 0;
     }
     if (g_rank == fault_rank) {
       fmt::print("rank {}: {} after {} ops\n", g_rank, fault, fault_after);

@@ -1,0 +1,488 @@
+// What nanoddp-train (and nanoddp-run) accept, tried from outside with the real executables:
+// numbers in flags, output paths, input files that are huge, nested, non-finite or of another
+// model, checkpoint folders of another run, and ranks whose same path names other files
+// (issue #13). docs/reliability.md's bad-input table points at these cases.
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "faults/faults_util.h"
+#include "nanoddp/nn/checkpoint.h"
+#include "nanoddp/nn/file_io.h"
+#include "nanoddp/nn/npy.h"
+#include "nanoddp/nn/safetensors.h"
+
+using namespace nanoddp::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+ProcessResult train(const std::vector<std::string>& extra, ProcessOptions options = {}) {
+  options.env.emplace("NANODDP_TIMEOUT_S", "20");
+  return run_process(train_argv(extra), options);
+}
+
+std::size_t count_of(const std::string& text, const std::string& part) {
+  std::size_t n = 0;
+  for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+// The names in a folder, to check that a probe file was not left behind.
+std::set<std::string> listing(const std::string& dir) {
+  std::set<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.insert(entry.path().filename());
+  return names;
+}
+
+// The numeric flags of a program, from its --help: {flag, CLI11 type (INT, UINT or FLOAT)}.
+std::vector<std::pair<std::string, std::string>> numeric_flags(const std::string& program) {
+  const ProcessResult help = run_process({bin_path(program), "--help"});
+  REQUIRE(help.exit_code == 0);
+  std::vector<std::pair<std::string, std::string>> flags;
+  const std::regex option(R"(^\s+(--[a-z0-9-]+) (INT|UINT|FLOAT)\b)");
+  std::istringstream lines(help.output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, option)) flags.emplace_back(m[1], m[2]);
+  }
+  return flags;
+}
+
+// A tmpfs of `size` mounted on a fresh folder for the test's lifetime (root only).
+struct SmallDisk {
+  std::string path;
+  bool mounted = false;
+  SmallDisk(const std::string& dir, const char* size) : path(dir) {
+    fs::create_directories(path);
+    mounted =
+        ::mount("tmpfs", path.c_str(), "tmpfs", 0, (std::string("size=") + size).c_str()) == 0;
+    if (!mounted)
+      MESSAGE("SKIPPED: cannot mount a tmpfs here (needs root): ", std::strerror(errno));
+  }
+  ~SmallDisk() {
+    if (mounted) ::umount2(path.c_str(), MNT_DETACH);
+  }
+};
+
+void write_matrix(const std::string& path, std::int64_t rows, std::int64_t cols, float scale) {
+  std::vector<float> v(static_cast<std::size_t>(rows * cols));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = scale * static_cast<float>(i % 7) - 1.0f;
+  const std::vector<std::int64_t> shape{rows, cols};
+  nanoddp::nn::write_npy(path, shape, v.data());
+}
+
+// nanoddp-train on .npy files (train_argv's synthetic-data flags would be refused beside --data).
+std::vector<std::string> data_argv(const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {bin_path("nanoddp-train")};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+// Two ranks started by hand, each in its own working directory: the same relative path then
+// names another file on each, as the same absolute path may on two machines.
+std::vector<ProcessResult> two_ranks_in(const std::string& dir0, const std::string& dir1,
+                                        const std::vector<std::string>& argv) {
+  const std::string port = std::to_string(free_port());
+  auto start = [&](int rank, const std::string& dir) {
+    ProcessOptions o;
+    o.working_directory = dir;
+    o.timeout = std::chrono::seconds(60);
+    o.env = {{"RANK", std::to_string(rank)},
+             {"WORLD_SIZE", "2"},
+             {"MASTER_ADDR", "127.0.0.1"},
+             {"MASTER_PORT", port},
+             {"NANODDP_TIMEOUT_S", "20"}};
+    return std::async(std::launch::async, [argv, o] { return run_process(argv, o); });
+  };
+  auto a = start(0, dir0);
+  auto b = start(1, dir1);
+  return {a.get(), b.get()};
+}
+
+}  // namespace
+
+TEST_CASE("inputs: every numeric flag refuses NaN, Inf and out-of-range values (exit 2, named)") {
+  // CLI11 read "nan" into a float (NaN passes every range check), "-1" into an unsigned flag as
+  // 2^64-1, clamped integers past 64 bits, and "010" as octal 8. Every numeric flag of both
+  // programs, found from --help, so a new flag is covered too.
+  const std::map<std::string, std::vector<std::string>> bad = {
+      {"FLOAT", {"nan", "NaN", "inf", "-inf", "1e999", "3x"}},
+      {"INT", {"9223372036854775808", "-9223372036854775809", "1.5", "010", "0x10", "2e3"}},
+      {"UINT", {"-1", "18446744073709551616", "1.5", "010"}},
+  };
+  for (const std::string program : {"nanoddp-train", "nanoddp-run"}) {
+    const auto flags = numeric_flags(program);
+    CAPTURE(program);
+    CHECK(flags.size() >= (program == "nanoddp-train" ? 20u : 5u));
+    for (const auto& [flag, type] : flags) {
+      for (const std::string& value : bad.at(type)) {
+        std::vector<std::string> argv = {bin_path(program), flag, value};
+        if (program == "nanoddp-run") argv.push_back("true");
+        const ProcessResult r = run_process(argv);
+        INFO(flag, " ", value, " (", type, "): ", r.output);
+        CHECK(r.exit_code == 2);
+        CHECK(contains(r.output, flag));
+      }
+    }
+  }
+  // The cases of the issue, by name, and that the limits themselves still pass.
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"--seed", "-1"},
+                                             {"--seed", "18446744073709551616"},
+                                             {"--weight-decay", "nan"},
+                                             {"--optimizer", "sgd", "--momentum", "nan"}}) {
+    const ProcessResult r = train(args);
+    INFO(fmt::format("{}", fmt::join(args, " ")), ": ", r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, args[args.size() - 2]));
+  }
+  const ProcessResult grace =
+      run_process({bin_path("nanoddp-run"), "--grace-period", "nan", "true"});
+  CHECK(grace.exit_code == 2);
+  CHECK(contains(grace.output, "--grace-period"));
+  const ProcessResult top = train({"--seed", "18446744073709551615", "--steps", "1", "--quiet"});
+  CHECK_MESSAGE(top.exit_code == 0, top.output);
+}
+
+TEST_CASE("inputs: an --init file with NaN/Inf, or nested 100,000 levels deep, exits 2 naming it") {
+  TempDir dir;
+  const std::string saved = dir.file("p.safetensors");
+  REQUIRE(train({"--steps", "2", "--quiet", "--save", saved}).exit_code == 0);
+  const nanoddp::nn::SafetensorsFile file = nanoddp::nn::read_safetensors(saved);
+  std::vector<std::vector<float>> values;
+  std::vector<nanoddp::nn::SafetensorsEntry> entries;
+  for (const std::string& name : file.names()) values.push_back(file.to_f32(name));
+  values[0][1] = NAN;
+  std::size_t i = 0;
+  for (const std::string& name : file.names()) {
+    entries.push_back({name, "F32", file.at(name).shape, values[i++].data()});
+  }
+  const std::string with_nan = dir.file("nan.safetensors");
+  nanoddp::nn::write_safetensors(with_nan, entries);
+  const ProcessResult nan = train({"--steps", "2", "--init", with_nan});
+  INFO(nan.output);
+  CHECK(nan.exit_code == 2);
+  CHECK(contains(nan.output, with_nan));
+  CHECK(contains(nan.output, "non-finite"));
+
+  // Valid JSON whose shape nests 100,000 arrays: the error used to overflow the stack.
+  const std::string deep = dir.file("deep.safetensors");
+  std::string header = R"({"t":{"dtype":"F32","shape":)" + std::string(100000, '[') +
+                       std::string(100000, ']') + R"(,"data_offsets":[0,0]}})";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string bytes;
+  for (int k = 0; k < 8; ++k) bytes.push_back(static_cast<char>(header.size() >> (8 * k)));
+  std::ofstream(deep, std::ios::binary) << bytes << header;
+  const ProcessResult nested = train({"--steps", "2", "--init", deep});
+  INFO(nested.output);
+  CHECK_FALSE(nested.signaled);
+  CHECK(nested.exit_code == 2);
+  CHECK(contains(nested.output, deep));
+  CHECK(contains(nested.output, "levels deep"));
+  CHECK(nested.output.size() < 4000);
+}
+
+TEST_CASE("inputs: output paths that cannot be written are refused before step 1 (exit 2)") {
+  TempDir dir;
+  const std::string file = dir.file("a-file");
+  std::ofstream(file) << "x";
+  fs::create_directories(dir.file("folder"));
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{"--save", dir.file("folder")}, "--save '" + dir.file("folder") + "' names a folder"},
+      {{"--save", dir.file("new") + "/"}, "names a folder"},
+      {{"--trace", file + "/t.json"}, "the folder of --trace '" + file + "'"},
+      {{"--trace", dir.file("folder")}, "--trace '" + dir.file("folder") + "' names a folder"},
+      {{"--metrics", dir.file("folder")}, "--metrics '" + dir.file("folder") + "' names a folder"},
+      {{"--metrics", file + "/m.jsonl"}, "the folder of --metrics '" + file + "'"},
+  };
+  for (const Case& c : cases) {
+    const std::set<std::string> before = listing(dir.path());
+    std::vector<std::string> args = c.args;
+    args.insert(args.end(), {"--steps", "50", "--log-every", "1"});
+    const ProcessResult r = train(args);
+    INFO(fmt::format("{}", fmt::join(c.args, " ")), ": ", r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, c.expected));
+    CHECK_FALSE(contains(r.output, "step  1/"));  // no step ran
+    CHECK(listing(dir.path()) == before);         // no probe file (or output) left behind
+    CHECK(listing(dir.file("folder")).empty());
+  }
+  // Good paths work, and what else is in the folder stays as it was.
+  const std::string keep = dir.file("folder/mine.txt");
+  std::ofstream(keep) << "mine";
+  const ProcessResult ok =
+      train({"--steps", "2", "--quiet", "--save", dir.file("folder/p.st"), "--trace",
+             dir.file("folder/t.json"), "--metrics", dir.file("folder/m.jsonl")});
+  CHECK_MESSAGE(ok.exit_code == 0, ok.output);
+  CHECK(listing(dir.file("folder")) ==
+        std::set<std::string>{"mine.txt", "p.st", "t.json", "m.jsonl"});
+  std::ifstream kept(keep);
+  std::string text;
+  kept >> text;
+  CHECK(text == "mine");
+}
+
+TEST_CASE("inputs: a full disk under --metrics is one warning naming the file, training goes on") {
+  TempDir dir;
+  SmallDisk disk(dir.file("small"), "64k");
+  if (!disk.mounted) return;
+  const std::string metrics = disk.path + "/m.jsonl";
+  // ~400 bytes a line, 1000 lines: the 64 KiB disk is full after about 160.
+  const ProcessResult r = train({"--steps", "1000", "--log-every", "1", "--quiet", "--metrics",
+                                 metrics, "--in", "4", "--out", "2", "--hidden", "4"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(count_of(r.output, "warning: writing --metrics file '" + metrics + "' failed") == 1);
+  CHECK(contains(r.output, "No space left on device"));
+  CHECK(contains(r.output, "done: 1000 steps"));
+}
+
+TEST_CASE("inputs: a full disk under nanoddp-run --log-dir is one warning naming the file") {
+  TempDir dir;
+  SmallDisk disk(dir.file("small"), "64k");
+  if (!disk.mounted) return;
+  // 5000 lines of ~40 bytes: 200 KB into a 64 KiB disk.
+  const ProcessResult r = run_process({bin_path("nanoddp-run"), "--log-dir", disk.path, "seq", "-f",
+                                       "line %g of the worker's output, padded", "1", "5000"});
+  CHECK(r.exit_code == 0);
+  const std::string log = disk.path + "/rank_0.log";
+  CHECK(count_of(r.output, "warning: writing '" + log + "' failed") == 1);
+  CHECK(contains(r.output, "No space left on device"));
+  CHECK(contains(r.output, "[rank 0] line 5000 of"));  // the console still gets every line
+}
+
+TEST_CASE("inputs: a huge --data file is refused from its header; allocation failures named") {
+  TempDir dir;
+  write_matrix(dir.file("y.npy"), 16, 2, 0.1f);
+  // 64 GiB (sparse) that is not .npy: it was read whole (std::bad_alloc, or minutes) first.
+  const std::string big = dir.file("big.bin");
+  std::ofstream(big) << "not numpy";
+  fs::resize_file(big, std::uintmax_t{64} << 30);
+  const ProcessResult r =
+      run_process(data_argv({"--data", big, "--targets", dir.file("y.npy"), "--steps", "1"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "--data: '" + big + "' is not a .npy file"));
+
+  // A valid header for 2^31 x 8 float32 (64 GiB, the file's size): more than the memory given
+  // (prlimit's 8 GiB address space): an error naming the flag, the file and the size.
+  const std::string huge = dir.file("huge.npy");
+  {
+    std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2147483648, 8), }";
+    header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
+    header.push_back('\n');
+    std::string out = "\x93NUMPY";
+    out.push_back(1);
+    out.push_back(0);
+    out.push_back(static_cast<char>(header.size() & 0xff));
+    out.push_back(static_cast<char>(header.size() >> 8));
+    std::ofstream(huge, std::ios::binary) << out << header;
+    fs::resize_file(huge, 10 + header.size() + (std::uintmax_t{1} << 31) * 8 * 4);
+  }
+  std::vector<std::string> argv = {"/usr/bin/prlimit", "--as=8589934592"};
+  const std::vector<std::string> rest =
+      data_argv({"--data", huge, "--targets", dir.file("y.npy"), "--steps", "1"});
+  argv.insert(argv.end(), rest.begin(), rest.end());
+  const ProcessResult oom = run_process(argv);
+  INFO(oom.output);
+  CHECK(oom.exit_code == 2);
+  CHECK(contains(oom.output, "--data: '" + huge + "' holds 17179869184 elements"));
+  CHECK(contains(oom.output, "do not fit in memory"));
+}
+
+TEST_CASE("inputs: a --checkpoint-dir holding another run's checkpoints is refused untouched") {
+  // A run without --resume in a folder with another run's step-3/6/9 deleted step-3 (and would
+  // have overwritten a checkpoint of the same step).
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const std::vector<std::string> common = {
+      "--checkpoint-dir", ckpt, "--checkpoint-every", "3", "--keep", "3", "--quiet"};
+  auto with = [&](std::vector<std::string> args) {
+    args.insert(args.end(), common.begin(), common.end());
+    return args;
+  };
+  REQUIRE(train(with({"--steps", "9"})).exit_code == 0);
+  std::map<std::string, std::uint64_t> before;
+  for (const std::string& p : nanoddp::nn::list_checkpoints(ckpt)) {
+    before[p] = nanoddp::nn::file_checksum(p);
+  }
+  REQUIRE(before.size() == 3);
+  const ProcessResult again = train(with({"--steps", "12", "--seed", "7"}));
+  INFO(again.output);
+  CHECK(again.exit_code == 2);
+  CHECK(contains(again.output, "--checkpoint-dir '" + ckpt + "' already holds 3 checkpoint(s)"));
+  CHECK(contains(again.output, "--resume"));
+  std::map<std::string, std::uint64_t> after;
+  for (const std::string& p : nanoddp::nn::list_checkpoints(ckpt)) {
+    after[p] = nanoddp::nn::file_checksum(p);
+  }
+  CHECK(after == before);
+  // --resume continues that run; its own older checkpoints are pruned as before.
+  const ProcessResult resumed = train(with({"--steps", "12", "--resume"}));
+  CHECK_MESSAGE(resumed.exit_code == 0, resumed.output);
+  CHECK(nanoddp::nn::list_checkpoints(ckpt).size() == 3);
+  CHECK_FALSE(fs::exists(ckpt + "/step-000000003.safetensors"));
+}
+
+TEST_CASE(
+    "inputs: --resume refuses a file as --checkpoint-dir, a renamed checkpoint, another "
+    "activation; --init another activation") {
+  TempDir dir;
+  const std::string file = dir.file("a-file");
+  std::ofstream(file) << "x";
+  const ProcessResult not_dir = train({"--steps", "4", "--checkpoint-dir", file, "--resume"});
+  INFO(not_dir.output);
+  CHECK(not_dir.exit_code == 2);
+  CHECK(contains(not_dir.output, "--checkpoint-dir '" + file + "' is a file, not a folder"));
+
+  const std::string ckpt = dir.file("ckpt");
+  REQUIRE(train({"--steps", "4", "--checkpoint-dir", ckpt, "--checkpoint-every", "4", "--quiet"})
+              .exit_code == 0);
+  // Another activation: same shapes, another function.
+  const ProcessResult gelu =
+      train({"--steps", "8", "--checkpoint-dir", ckpt, "--resume", "--activation", "gelu"});
+  INFO(gelu.output);
+  CHECK(gelu.exit_code == 2);
+  CHECK(contains(gelu.output, "activation relu there, gelu in this run (--activation)"));
+
+  // A checkpoint renamed to a later step.
+  fs::rename(ckpt + "/step-000000004.safetensors", ckpt + "/step-000000006.safetensors");
+  const ProcessResult renamed = train({"--steps", "8", "--checkpoint-dir", ckpt, "--resume"});
+  INFO(renamed.output);
+  CHECK(renamed.exit_code == 2);
+  CHECK(contains(renamed.output, "is named for step 6 but its metadata records step 4"));
+  fs::rename(ckpt + "/step-000000006.safetensors", ckpt + "/step-000000004.safetensors");
+  const ProcessResult ok = train({"--steps", "8", "--checkpoint-dir", ckpt, "--resume", "--quiet"});
+  CHECK_MESSAGE(ok.exit_code == 0, ok.output);
+
+  const std::string saved = dir.file("p.safetensors");
+  REQUIRE(train({"--steps", "2", "--quiet", "--save", saved}).exit_code == 0);
+  const ProcessResult init = train({"--steps", "2", "--init", saved, "--activation", "gelu"});
+  INFO(init.output);
+  CHECK(init.exit_code == 2);
+  CHECK(contains(init.output, "--init '" + saved + "' was saved from another model"));
+  CHECK(contains(init.output, "activation relu there, gelu in this run (--activation)"));
+}
+
+TEST_CASE("inputs: ranks whose --data, --resume or --init name different files stop at start") {
+  // The same relative paths under two working directories: other contents on each rank, as the
+  // same path may have on two machines. Start-up compared the path strings only.
+  TempDir dir;
+  const std::string d0 = dir.file("node0"), d1 = dir.file("node1");
+  fs::create_directories(d0);
+  fs::create_directories(d1);
+  write_matrix(d0 + "/x.npy", 64, 8, 0.1f);
+  write_matrix(d1 + "/x.npy", 64, 8, 0.2f);  // same shape, other values
+  write_matrix(d0 + "/y.npy", 64, 4, 0.1f);
+  write_matrix(d1 + "/y.npy", 64, 4, 0.1f);
+  const auto results =
+      two_ranks_in(d0, d1,
+                   data_argv({"--data", "x.npy", "--targets", "y.npy", "--steps", "3", "--quiet",
+                              "--hidden", "16", "--layers", "2", "--batch", "8"}));
+  for (const ProcessResult& r : results) {
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "the ranks disagree on input file"));
+    CHECK(contains(r.output, "rank 0 has '--data: "));
+    CHECK(contains(r.output, "rank 1 has '--data: "));
+    CHECK(contains(r.output, "This rank read --data 'x.npy'"));
+  }
+
+  // --init: the same name, other parameters on each rank.
+  for (const std::string& d : {d0, d1}) {
+    const ProcessResult saved =
+        train({"--steps", "2", "--quiet", "--seed", d == d0 ? "1" : "2", "--save", d + "/p.st"});
+    REQUIRE(saved.exit_code == 0);
+  }
+  for (const ProcessResult& r :
+       two_ranks_in(d0, d1, train_argv({"--steps", "2", "--quiet", "--init", "p.st"}))) {
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "rank 1 has '--init: "));
+    CHECK(contains(r.output, "This rank read --init 'p.st'"));
+  }
+
+  // --resume: each node's folder holds another run's step 4.
+  for (const std::string& d : {d0, d1}) {
+    const ProcessResult saved =
+        train({"--steps", "4", "--quiet", "--seed", "3", "--lr", d == d0 ? "0.001" : "0.002",
+               "--checkpoint-dir", d + "/ckpt", "--checkpoint-every", "4"});
+    REQUIRE(saved.exit_code == 0);
+  }
+  for (const ProcessResult& r :
+       two_ranks_in(d0, d1,
+                    train_argv({"--steps", "6", "--quiet", "--seed", "3", "--checkpoint-dir",
+                                "ckpt", "--resume"}))) {
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "rank 1 has '--resume: "));
+    CHECK(contains(r.output, "This rank read the checkpoint 'ckpt/step-000000004.safetensors'"));
+  }
+}
+
+TEST_CASE("inputs: a --trace larger than a store value (64 MiB a rank) is written whole") {
+  // Each rank's events went through the store as one value: past 64 MiB the job failed after
+  // training with a message about store limits. 100 one-parameter buckets a step, ~100 KB of
+  // events a rank a step: 700 steps are ~70 MiB a rank.
+  TempDir dir;
+  const std::string trace = dir.file("t.json");
+  ProcessOptions o;
+  o.timeout = std::chrono::seconds(240);
+  const ProcessResult r = run_process({bin_path("nanoddp-run"),
+                                       "--nproc-per-node",
+                                       "2",
+                                       bin_path("nanoddp-train"),
+                                       "--in",
+                                       "2",
+                                       "--out",
+                                       "2",
+                                       "--hidden",
+                                       "2",
+                                       "--layers",
+                                       "100",
+                                       "--batch",
+                                       "2",
+                                       "--steps",
+                                       "700",
+                                       "--trace-steps",
+                                       "700",
+                                       "--trace",
+                                       trace,
+                                       "--quiet",
+                                       "--first-bucket-mb",
+                                       "0.000001",
+                                       "--bucket-cap-mb",
+                                       "0.000001"},
+                                      o);
+  INFO(r.output.substr(0, 4000));
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(fs::exists(trace));
+  CHECK(fs::file_size(trace) > (std::uintmax_t{130} << 20));
+  std::ifstream in(trace);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.starts_with(R"({"displayTimeUnit":"ms","traceEvents":[)"));
+  CHECK(text.ends_with("]}\n"));
+  CHECK(contains(text, R"("pid":0,)"));
+  CHECK(contains(text, R"("pid":1,)"));
+}

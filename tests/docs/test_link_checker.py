@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""The link checker itself: on a small made-up tree it must refuse a link whose text is prose,
+a link that lands on a declaration of its name, and a link to a line without its code; and it
+must accept a link to a call and a qualified link to a definition."""
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+checker = pathlib.Path(__file__).with_name("check_source_links.py")
+source = """\
+void Reducer::launch(std::size_t bucket, float divide_by) {
+  group_->allreduce(bucket, divide_by);
+}
+int pending_ = 0;
+"""
+cases = {
+    "[`Reducer::launch`](../src/r.cpp#L1)": True,   # qualified: the definition
+    "[`allreduce`](../src/r.cpp#L2)": True,         # a call
+    "[`divide_by`](../src/r.cpp#L2)": True,         # used as an argument
+    "[`divide_by`](../src/r.cpp#L1)": False,        # only its parameter declaration
+    "[`pending_`](../src/r.cpp#L4)": False,         # a member declaration
+    "[launches the bucket](../src/r.cpp#L2)": False,  # prose with a line number
+    "[`launch`](../src/r.cpp#L3)": False,           # the line does not contain it
+}
+failures = 0
+for link, ok in cases.items():
+    with tempfile.TemporaryDirectory() as d:
+        root = pathlib.Path(d)
+        (root / "src").mkdir()
+        (root / "docs").mkdir()
+        (root / "src" / "r.cpp").write_text(source)
+        (root / "docs" / "x.md").write_text(f"See {link}.\n")
+        (root / "README.md").write_text("nothing\n")
+        run = subprocess.run([sys.executable, str(checker), str(root)], capture_output=True,
+                             text=True)
+        accepted = run.returncode == 0
+        if accepted != ok:
+            failures += 1
+            print(f"FAIL: {link}: expected {'accepted' if ok else 'refused'}, got "
+                  f"{'accepted' if accepted else 'refused'}: {run.stdout.strip()}")
+        else:
+            print(f"ok: {link} {'accepted' if ok else 'refused'}")
+sys.exit(1 if failures else 0)

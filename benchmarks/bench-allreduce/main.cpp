@@ -426,13 +426,6 @@ int run(int argc, char** argv) {
           fmt::format("--backend nccl needs a CUDA GPU per rank, but {}; use --backend gloo",
                       nanoddp::cuda_status()));
     }
-    if (world_env.local_rank >= gpus) {
-      return nanoddp::cli::usage_error(
-          "nanoddp-bench-allreduce",
-          fmt::format("--backend nccl: local rank {} has no GPU of its own ({} visible); start "
-                      "at most {} ranks per node",
-                      world_env.local_rank, gpus, gpus));
-    }
   }
   const nlohmann::ordered_json provenance = nanoddp::common::provenance(argc, argv);
   const nlohmann::ordered_json machine = nanoddp::common::machine_info();

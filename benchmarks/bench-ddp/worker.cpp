@@ -193,10 +193,6 @@ int run_worker(const Options& o) {
       // rest of the compute stream's wait at the end of backward (wait_ms) is the hand-off from
       // the communication thread, which is overhead of the step, not communication.
       exposed_ms = std::min(stats.exposed_comm_ms, stats.comm_ms);
-      // Overlap off: the buckets are launched when backward has ended, so nothing of them is
-      // hidden; a shorter measured wait is the communication thread's head start on the hand-off,
-      // not overlap with backward.
-      if (!p.ddp.overlap) exposed_ms = stats.comm_ms;
     }
     mine.step_ms.push_back(step_ms);
     mine.compute_ms.push_back(step_ms - exposed_ms);

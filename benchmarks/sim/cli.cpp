@@ -104,8 +104,54 @@ double parse_bytes(const std::string& text, const std::string& flag) {
   return value * scale;
 }
 
+namespace {
+
+// "hidden=1024,4096": the flag and its values, checked as the flag itself would be.
+std::pair<std::string, std::vector<double>> parse_sweep(const std::string& text) {
+  const auto eq = text.find('=');
+  const std::string name = text.substr(0, eq);
+  const std::vector<std::string> known = {"hidden", "layers", "batch", "inter-bw-gbs",
+                                          "intra-bw-gbs"};
+  if (eq == std::string::npos || std::find(known.begin(), known.end(), name) == known.end()) {
+    fail(
+        "--sweep {}: expected NAME=v1,v2,... with NAME one of hidden, layers, batch, "
+        "inter-bw-gbs, intra-bw-gbs",
+        text);
+  }
+  const bool integer = name == "hidden" || name == "layers" || name == "batch";
+  std::vector<double> values;
+  std::size_t start = eq + 1;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    std::size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    const double lo = name == "layers" ? 0 : 1;
+    const double hi = name == "layers" ? static_cast<double>(kMaxMlpLayers)
+                      : integer        ? 1e12
+                                       : kMaxBandwidthGbs;
+    if (item.empty() || used != item.size() || !(v >= lo && v <= hi) ||
+        (integer && v != std::floor(v))) {
+      fail("--sweep {}: '{}' is not {} in [{:g}, {:g}]", text, item,
+           integer ? "an integer" : "a number", lo, hi);
+    }
+    values.push_back(v);
+    if (values.size() > 64) fail("--sweep {}: at most 64 values", text);
+    start = comma + 1;
+  }
+  return {"--" + name, values};
+}
+
+}  // namespace
+
 std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
   CliOptions o;
+  std::string sweep_text;
   CLI::App app{
       "nanoddp-sim: predicts a DDP training step (compute, bucketed all-reduce overlapped with "
       "backward, exposed communication, scaling efficiency) on clusters you do not have."};
@@ -220,6 +266,10 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
       ->capture_default_str();
 
   app.add_flag("--sweep-buckets", o.sweep_buckets, "also try bucket caps 0.25..1000 MiB");
+  app.add_option("--sweep", sweep_text,
+                 "also predict the step for each value of one flag, the rest unchanged: "
+                 "hidden=1024,4096 | layers=... | batch=... | inter-bw-gbs=... | "
+                 "intra-bw-gbs=...");
   app.add_flag("--sweep-nodes", o.sweep_nodes, "also predict 1, 2, 4, ... --nodes nodes");
   app.add_option("--json", o.json_path,
                  "also write the figures as JSON to FILE ('-': stdout only)");
@@ -237,6 +287,35 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
               << "Run 'nanoddp-sim --help' for the list of flags.\n";
     exit_code = 2;
     return std::nullopt;
+  }
+  if (!sweep_text.empty()) {
+    try {
+      o.sweep = parse_sweep(sweep_text);
+    } catch (const SimError& e) {
+      std::cerr << "nanoddp-sim: error: " << e.what() << "\n";
+      exit_code = 2;
+      return std::nullopt;
+    }
+    const std::string& flag = o.sweep->first;
+    std::string problem;
+    if (o.busbw) {
+      problem = "--sweep predicts steps: drop --busbw";
+    } else if (!o.profile_path.empty() && flag != "--inter-bw-gbs" && flag != "--intra-bw-gbs") {
+      problem = fmt::format(
+          "--sweep {}: a --profile trace fixes the model and batch; sweep "
+          "them with --model mlp",
+          sweep_text);
+    } else if (!o.fit_path.empty() && (flag == "--inter-bw-gbs" || flag == "--intra-bw-gbs")) {
+      problem = fmt::format(
+          "--sweep {}: --fit-allreduce fixes the network; sweep bandwidths "
+          "with a named --fabric",
+          sweep_text);
+    }
+    if (!problem.empty()) {
+      std::cerr << "nanoddp-sim: error: " << problem << "\n";
+      exit_code = 2;
+      return std::nullopt;
+    }
   }
   if (std::string problem = check(o, app); !problem.empty()) {
     std::cerr << "nanoddp-sim: error: " << problem << "\n";
@@ -389,6 +468,10 @@ Fabric network_from_flags(const CliOptions& o, const Cluster& cluster,
 
 }  // namespace
 
+namespace {
+void set_swept(CliOptions& o, const std::string& flag, double value);
+}  // namespace
+
 void run_cli(const CliOptions& o) {
   const Cluster cluster{.nodes = o.nodes, .gpus_per_node = o.gpus_per_node};
   check_limits(cluster, Fabric{});  // the world size, before anything multiplies it
@@ -401,9 +484,74 @@ void run_cli(const CliOptions& o) {
     emit(o, format_busbw(cluster, fabric, rows), json);
     return;
   }
-
-  const MlpShape shape{.in = o.in, .out = o.out, .hidden = o.hidden, .layers = o.layers};
   ComputeProfile profile;
+  SimReport report = simulate(o, profile);
+  if (o.sweep) {
+    // One full prediction per value, the rest of the command line unchanged.
+    report.parameter_sweep_flag = o.sweep->first;
+    for (const double value : o.sweep->second) {
+      CliOptions v = o;
+      v.sweep.reset();
+      v.sweep_buckets = v.sweep_nodes = false;
+      set_swept(v, o.sweep->first, value);
+      ComputeProfile vp;
+      SimReport r;
+      try {
+        r = simulate(v, vp);
+      } catch (const SimError& e) {
+        fail("--sweep at {} {:g}: {}", o.sweep->first, value, e.what());
+      }
+      report.parameter_sweep.push_back({.value = value,
+                                        .parameters = vp.numel(),
+                                        .step_ms = r.prediction.step_ms,
+                                        .comm_ms = r.prediction.comm_ms,
+                                        .exposed_comm_ms = r.prediction.exposed_comm_ms,
+                                        .scaling_efficiency = r.prediction.scaling_efficiency,
+                                        .ring_efficiency = r.band.ring_efficiency,
+                                        .tree_efficiency = r.band.tree_efficiency,
+                                        .memory_bytes = r.memory ? r.memory->total() : 0.0});
+      for (const std::string& w : r.warnings) {
+        const std::string tagged = fmt::format("{} {:g}: {}", o.sweep->first, value, w);
+        if (std::find(report.warnings.begin(), report.warnings.end(), tagged) ==
+            report.warnings.end()) {
+          report.warnings.push_back(tagged);
+        }
+      }
+    }
+  }
+  // The table carries them; a JSON-only run says them on stderr too.
+  if (o.json_path == "-") {
+    for (const std::string& w : report.warnings) {
+      std::cerr << "nanoddp-sim: warning: " << w << "\n";
+    }
+  }
+  emit(o, format_report(report), report_json(report));
+}
+
+namespace {
+
+void set_swept(CliOptions& o, const std::string& flag, double value) {
+  const auto count = static_cast<std::int64_t>(value);
+  if (flag == "--hidden") {
+    o.hidden = count;
+    o.shape_given = true;
+  } else if (flag == "--layers") {
+    o.layers = count;
+    o.shape_given = true;
+  } else if (flag == "--batch") {
+    o.batch = count;
+  } else if (flag == "--inter-bw-gbs") {
+    o.inter_bw_gbs = value;
+  } else if (flag == "--intra-bw-gbs") {
+    o.intra_bw_gbs = value;
+  }
+}
+
+}  // namespace
+
+SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
+  const Cluster cluster{.nodes = o.nodes, .gpus_per_node = o.gpus_per_node};
+  const MlpShape shape{.in = o.in, .out = o.out, .hidden = o.hidden, .layers = o.layers};
   const bool strong = o.scaling == "strong";
   FlopModelOptions flops;
   double single_ms = 0;  // strong: the whole global batch on one GPU
@@ -500,12 +648,8 @@ void run_cli(const CliOptions& o) {
   for (std::string& w : range_warnings(cluster, report.options.fabric, gpu)) {
     warnings.push_back(std::move(w));
   }
-  // The table carries them; a JSON-only run says them on stderr too.
-  if (o.json_path == "-") {
-    for (const std::string& w : warnings) std::cerr << "nanoddp-sim: warning: " << w << "\n";
-  }
   report.warnings = warnings;
-  emit(o, format_report(report), report_json(report));
+  return report;
 }
 
 }  // namespace nanoddp::sim

@@ -3,8 +3,12 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
+#include "benchmarks/sim/report.h"
 
 namespace nanoddp::sim {
 
@@ -49,6 +53,8 @@ struct CliOptions {
   // Output.
   bool sweep_buckets = false;
   bool sweep_nodes = false;
+  // --sweep NAME=v1,v2: the flag ("--hidden") and its values.
+  std::optional<std::pair<std::string, std::vector<double>>> sweep;
   std::string json_path;  // "-" = stdout, instead of the table
   bool busbw = false;
   std::string busbw_min = "8M";
@@ -66,6 +72,10 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code);
 
 // Runs the simulation and prints it. Throws SimError for bad input (exit code 2).
 void run_cli(const CliOptions& options);
+
+// One prediction (the report run_cli prints, without --sweep's rows); `profile` holds the
+// compute profile the report points to. Throws SimError for bad input.
+SimReport simulate(const CliOptions& options, ComputeProfile& profile);
 
 // nccl-tests style sizes: 8, 1K, 16M, 1G (powers of 1024). Throws SimError naming `flag`.
 double parse_bytes(const std::string& text, const std::string& flag);

@@ -166,6 +166,20 @@ std::string format_report(const SimReport& r) {
     }
     out += "(ring, tree: the efficiency with that algorithm forced)\n";
   }
+  if (!r.parameter_sweep.empty()) {
+    out += fmt::format("\n{} sweep (the rest of the command line unchanged)\n",
+                       r.parameter_sweep_flag);
+    out += fmt::format("{:>12} {:>14} {:>10} {:>10} {:>11} {:>11} {:>9} {:>9} {:>10}\n",
+                       r.parameter_sweep_flag, "parameters", "step ms", "comm ms", "exposed ms",
+                       "efficiency", "ring", "tree", "memory GB");
+    for (const ParameterSweepRow& s : r.parameter_sweep) {
+      out += fmt::format(
+          "{:>12g} {:>14} {:>10.3f} {:>10.3f} {:>11.3f} {:>10.1f}% {:>8.1f}% {:>8.1f}% {:>10.3g}\n",
+          s.value, s.parameters, s.step_ms, s.comm_ms, s.exposed_comm_ms,
+          s.scaling_efficiency * 100.0, s.ring_efficiency * 100.0, s.tree_efficiency * 100.0,
+          s.memory_bytes / 1e9);
+    }
+  }
   return out;
 }
 
@@ -264,6 +278,21 @@ nlohmann::json report_json(const SimReport& r) {
                    {"activations_bytes", m.activations},
                    {"total_bytes", m.total()},
                    {"gpu_bytes", m.gpu}};
+  }
+  if (!r.parameter_sweep.empty()) {
+    json rows = json::array();
+    for (const ParameterSweepRow& s : r.parameter_sweep) {
+      rows.push_back({{"value", s.value},
+                      {"parameters", s.parameters},
+                      {"step_ms", s.step_ms},
+                      {"comm_ms", s.comm_ms},
+                      {"exposed_comm_ms", s.exposed_comm_ms},
+                      {"scaling_efficiency", s.scaling_efficiency},
+                      {"ring_efficiency", s.ring_efficiency},
+                      {"tree_efficiency", s.tree_efficiency},
+                      {"memory_bytes", s.memory_bytes}});
+    }
+    j["parameter_sweep"] = {{"flag", r.parameter_sweep_flag}, {"rows", rows}};
   }
   j["caveats"] = json::array({kNvlsCaveat});
   j["warnings"] = r.warnings;

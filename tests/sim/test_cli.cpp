@@ -237,3 +237,67 @@ TEST_CASE("cli: --scaling strong splits the global batch and compares with all o
   CHECK(trace.exit_code == 2);
   CHECK(trace.output.find("--scaling applies to --model mlp only") != std::string::npos);
 }
+
+TEST_CASE("cli: --sweep predicts the step for each value of one flag, each as its own run would") {
+  TempDir dir;
+  const auto run = [&](std::vector<std::string> args) {
+    const std::string path = dir.file("s.json");
+    args.insert(args.end(), {"--json", path});
+    const ProcessResult r = sim(args);
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    std::ifstream in(path);
+    return nlohmann::json::parse(in);
+  };
+  const std::vector<std::string> base = {"--model", "mlp", "--layers", "4", "--nodes", "16"};
+  auto args = base;
+  args.insert(args.end(), {"--hidden", "4096", "--sweep", "hidden=1024,16384"});
+  const nlohmann::json j = run(args);
+  REQUIRE(j["parameter_sweep"]["flag"] == "--hidden");
+  const auto& rows = j["parameter_sweep"]["rows"];
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0]["value"] == 1024.0);
+  CHECK(rows[1]["parameters"].get<double>() > rows[0]["parameters"].get<double>());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    auto single = base;
+    single.insert(single.end(), {"--hidden", i == 0 ? "1024" : "16384"});
+    const nlohmann::json one = run(single);
+    CHECK(rows[i]["step_ms"].get<double>() ==
+          doctest::Approx(one["step"]["step_ms"].get<double>()));
+    CHECK(rows[i]["scaling_efficiency"].get<double>() ==
+          doctest::Approx(one["step"]["scaling_efficiency"].get<double>()));
+    CHECK(rows[i]["memory_bytes"].get<double>() ==
+          doctest::Approx(one["memory"]["total_bytes"].get<double>()));
+  }
+  // More network bandwidth never makes the step slower.
+  const nlohmann::json bw = run({"--model", "mlp", "--hidden", "4096", "--layers", "4", "--nodes",
+                                 "2", "--sweep", "inter-bw-gbs=6,12,25,50"});
+  const auto& bw_rows = bw["parameter_sweep"]["rows"];
+  REQUIRE(bw_rows.size() == 4);
+  for (std::size_t i = 1; i < bw_rows.size(); ++i) {
+    CHECK(bw_rows[i]["step_ms"].get<double>() <= bw_rows[i - 1]["step_ms"].get<double>());
+  }
+  CHECK(bw_rows[0]["step_ms"].get<double>() > bw_rows[3]["step_ms"].get<double>());
+
+  struct Case {
+    std::vector<std::string> args;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {{"--model", "mlp", "--sweep", "width=3"}, "--sweep width=3: expected NAME=v1,v2"},
+      {{"--model", "mlp", "--sweep", "hidden=12,x"}, "'x' is not an integer"},
+      {{"--model", "mlp", "--sweep", "batch=1.5"}, "'1.5' is not an integer"},
+      {{"--model", "mlp", "--sweep", "inter-bw-gbs=0"}, "'0' is not a number"},
+      {{"--profile", "t.json", "--sweep", "hidden=64"}, "a --profile trace fixes the model"},
+      {{"--model", "mlp", "--fit-allreduce", "x.jsonl", "--sweep", "intra-bw-gbs=100"},
+       "--fit-allreduce fixes the network"},
+      {{"--model", "mlp", "--layers", "8", "--sweep", "hidden=1024,60000"},
+       "--sweep at --hidden 60000: --gpu h100: the model does not fit"},
+      {{"--busbw", "--sweep", "hidden=64"}, "drop --busbw"},
+  };
+  for (const Case& c : cases) {
+    const ProcessResult r = sim(c.args);
+    CAPTURE(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(c.message) != std::string::npos);
+  }
+}

@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "nanoddp/comm/torch_store.h"
 #include "nanoddp/engine/debug_log.h"
 #include "nanoddp/kernels/error.h"
 
@@ -102,20 +103,35 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
   debug_log(DebugLevel::kInfo,
             "rendezvous: rank {} of {} (local rank {} of {}), store at {}:{}{}, restart {}",
             world.rank, world.world_size, world.local_rank, world.local_world_size,
-            world.master_addr, world.master_port, world.rank == 0 ? " (served here)" : "",
+            world.master_addr, world.master_port,
+            world.agent_store ? " (torchrun's)"
+            : world.rank == 0 ? " (served here)"
+                              : "",
             world.restart_count);
 
   // 1. The store. Rank 0 serves it on MASTER_ADDR:MASTER_PORT. A world of one needs nobody to
   // find it, so it takes any free port: two single-process jobs on one machine never collide.
-  TcpStoreOptions store_options;
-  store_options.host = world.master_addr;
-  store_options.port = static_cast<std::uint16_t>(world.world_size == 1 ? 0 : world.master_port);
-  store_options.timeout = options.timeout;
-  if (world.rank == 0) {
-    dist.server = std::make_unique<TcpStoreServer>(store_options);
-    store_options.port = dist.server->port();
+  // Under torchrun's static rendezvous its agent serves the store there already: every rank is
+  // a client, and our keys go under "nanoddp/" beside torchrun's own.
+  std::shared_ptr<Store> client;
+  if (world.agent_store) {
+    client = std::make_shared<PrefixStore>(
+        "nanoddp", std::make_shared<TorchStore>(
+                       TorchStoreOptions{.host = world.master_addr,
+                                         .port = static_cast<std::uint16_t>(world.master_port),
+                                         .timeout = options.timeout}));
+  } else {
+    TcpStoreOptions store_options;
+    store_options.host = world.master_addr;
+    store_options.port = static_cast<std::uint16_t>(world.world_size == 1 ? 0 : world.master_port);
+    store_options.timeout = options.timeout;
+    store_options.token = world.store_token;
+    if (world.rank == 0) {
+      dist.server = std::make_unique<TcpStoreServer>(store_options);
+      store_options.port = dist.server->port();
+    }
+    client = std::make_shared<TcpStore>(store_options);
   }
-  auto client = std::make_shared<TcpStore>(store_options);
   // 2. One key namespace per restart: a restarted group never reads the keys (Gloo addresses,
   // the NCCL unique id) of the attempt that failed.
   dist.store = std::make_shared<PrefixStore>(fmt::format("restart{}", world.restart_count),

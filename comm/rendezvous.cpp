@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <vector>
@@ -83,6 +84,43 @@ std::string rank_range(long long n) {
   return n == 1 ? "0" : fmt::format("0..{}", n - 1);
 }
 
+// Steps an sbatch script (or salloc's shell) runs in, as Slurm numbers them: the batch step
+// (0xfffffffe), the extern step (0xffffffff) and the interactive step (0xfffffffa).
+bool is_slurm_script_step(const std::string& step) {
+  return step == "4294967294" || step == "4294967295" || step == "4294967290" || step == "batch" ||
+         step == "extern" || step == "interactive";
+}
+
+// An sbatch script's own SLURM_PROCID/SLURM_NTASKS: refused when they promise other ranks.
+void refuse_slurm_batch_script(const EnvLookup& env, long long world) {
+  auto step = env("SLURM_STEP_ID");
+  if (!step) step = env("SLURM_STEPID");
+  if (step && !is_slurm_script_step(*step)) return;  // a task srun started
+  if (world <= 1) return;                            // a script that is its own one-rank job
+  fail(
+      "SLURM_PROCID is set but {}: this is the batch script of Slurm job {}, not a task that "
+      "srun started, and its SLURM_NTASKS={} ranks will never come. Start the ranks with srun "
+      "(srun PROGRAM ..., or srun one nanoddp-run per node)",
+      step ? fmt::format("SLURM_STEP_ID={} is the batch script's step, not an srun step", *step)
+           : std::string("SLURM_STEP_ID is not"),
+      env("SLURM_JOB_ID").value_or("?"), world);
+}
+
+bool parse_bool(const std::string& name, const std::string& text) {
+  if (text == "True" || text == "true" || text == "1") return true;
+  if (text == "False" || text == "false" || text == "0") return false;
+  fail("{}={} is neither True nor False", name, text);
+}
+
+// The id of an mpirun job: Open MPI 4's OMPI_MCA_ess_base_jobid, else PMIx's namespace (Open
+// MPI 5), else the head node's URI.
+std::optional<std::string> openmpi_job_id(const EnvLookup& env) {
+  for (const char* name : {"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri"}) {
+    if (auto v = env(name); v && !v->empty()) return v;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 EnvLookup process_env() {
@@ -159,15 +197,29 @@ WorldInfo world_from_env(const EnvLookup& env) {
     info.world_size = static_cast<int>(world);
     info.local_rank = static_cast<int>(*local_rank);
     info.local_world_size = static_cast<int>(*local_world);
+    if (launcher == &kSlurm) refuse_slurm_batch_script(env, world);
   }
 
-  const auto addr = env("MASTER_ADDR");
-  const auto port_text = env("MASTER_PORT");
+  auto addr = env("MASTER_ADDR");
+  auto port_text = env("MASTER_PORT");
+  if (launcher == &kOpenMpi && !addr && info.local_world_size == info.world_size) {
+    // Every rank on this machine: no one needs to be told where rank 0 is.
+    if (const auto job = openmpi_job_id(env)) {
+      addr = "127.0.0.1";
+      if (!port_text) port_text = std::to_string(port_for_job(*job));
+      if (!env("NANODDP_STORE_TOKEN")) info.store_token = "openmpi-job-" + *job;
+    }
+  }
   if (info.world_size > 1) {
     const char* world_name = launcher->world;
     if (!addr) {
-      fail("{}={} but MASTER_ADDR is not set: set it to the address of rank 0's machine",
-           world_name, info.world_size);
+      fail("{}={} but MASTER_ADDR is not set: set it to the address of rank 0's machine{}",
+           world_name, info.world_size,
+           launcher == &kOpenMpi && info.local_world_size < info.world_size
+               ? fmt::format(" (the ranks are on several machines: "
+                             "OMPI_COMM_WORLD_LOCAL_SIZE={})",
+                             info.local_world_size)
+               : std::string());
     }
     if (!port_text) {
       fail(
@@ -194,6 +246,11 @@ WorldInfo world_from_env(const EnvLookup& env) {
       break;
     }
   }
+  if (launcher == &kTorchrun) {
+    if (const auto text = env("TORCHELASTIC_USE_AGENT_STORE")) {
+      info.agent_store = parse_bool("TORCHELASTIC_USE_AGENT_STORE", *text);
+    }
+  }
   if (const auto pid = int_var(env, "NANODDP_LAUNCHER_PID")) {
     if (*pid < 1 || *pid > std::numeric_limits<int>::max()) {
       fail("NANODDP_LAUNCHER_PID={} is not a process id", *pid);
@@ -201,6 +258,15 @@ WorldInfo world_from_env(const EnvLookup& env) {
     info.launcher_pid = static_cast<int>(*pid);
   }
   return info;
+}
+
+int port_for_job(const std::string& job_id) {
+  std::uint32_t h = 2166136261u;  // FNV-1a
+  for (const char c : job_id) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 16777619u;
+  }
+  return 20000 + static_cast<int>(h % 12768u);
 }
 
 std::chrono::milliseconds default_timeout(const EnvLookup& env) {

@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -23,5 +25,18 @@ std::string format_address(const std::string& host, std::uint16_t port);
 std::string format_seconds(std::chrono::milliseconds ms);
 // strerror, thread-safely, lower-cased the way our messages use it ("connection refused").
 std::string errno_text(int err);
+
+// Non-blocking socket I/O bounded by a deadline (poll), for the store clients.
+using Clock = std::chrono::steady_clock;
+enum class IoResult { kOk, kTimeout, kClosed, kError };
+// Waits for `events` on fd until the deadline; kOk when ready.
+IoResult wait_for(int fd, short events, Clock::time_point deadline, int& err);
+IoResult send_all(int fd, std::span<const std::uint8_t> data, Clock::time_point deadline, int& err);
+// Receives whatever is there (at least one byte) into the back of `buf`.
+IoResult recv_some(int fd, protocol::Bytes& buf, Clock::time_point deadline, int& err);
+// One attempt at a non-blocking TCP connection to host:port (TCP_NODELAY set), trying each
+// address the name resolves to; nullopt with `why` set when none answered.
+std::optional<UniqueFd> connect_tcp(const std::string& host, std::uint16_t port,
+                                    Clock::time_point deadline, std::string& why);
 
 }  // namespace nanoddp::comm::detail

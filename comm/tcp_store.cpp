@@ -40,71 +40,10 @@ constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
 // before it concludes the server itself stopped answering.
 constexpr auto kAnswerGrace = std::chrono::milliseconds(2000);
 
-enum class IoResult { kOk, kTimeout, kClosed, kError };
-
-int poll_ms(Clock::time_point deadline) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::clamp<std::int64_t>(left, 0, 60'000));
-}
-
-// Waits for `events` on fd until the deadline; kOk when ready.
-IoResult wait_for(int fd, short events, Clock::time_point deadline, int& err) {
-  while (true) {
-    pollfd p{fd, events, 0};
-    const int timeout = poll_ms(deadline);
-    const int n = ::poll(&p, 1, timeout);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      err = errno;
-      return IoResult::kError;
-    }
-    if (n > 0) return IoResult::kOk;  // errors and hang-ups show up in the send / recv
-    if (Clock::now() >= deadline) return IoResult::kTimeout;
-  }
-}
-
-IoResult send_all(int fd, std::span<const std::uint8_t> data, Clock::time_point deadline,
-                  int& err) {
-  std::size_t sent = 0;
-  while (sent < data.size()) {
-    const ssize_t n =
-        ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n >= 0) {
-      sent += static_cast<std::size_t>(n);
-      continue;
-    }
-    if (errno == EINTR) continue;
-    if (errno == EPIPE || errno == ECONNRESET) return IoResult::kClosed;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      err = errno;
-      return IoResult::kError;
-    }
-    const IoResult r = wait_for(fd, POLLOUT, deadline, err);
-    if (r != IoResult::kOk) return r;
-  }
-  return IoResult::kOk;
-}
-
-// Receives whatever is there (at least one byte) into the back of `buf`.
-IoResult recv_some(int fd, proto::Bytes& buf, Clock::time_point deadline, int& err) {
-  constexpr std::size_t kChunk = 64u << 10;
-  while (true) {
-    const std::size_t old = buf.size();
-    buf.resize(old + kChunk);
-    const ssize_t n = ::recv(fd, buf.data() + old, kChunk, MSG_DONTWAIT);
-    buf.resize(old + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
-    if (n > 0) return IoResult::kOk;
-    if (n == 0) return IoResult::kClosed;
-    if (errno == EINTR) continue;
-    if (errno == ECONNRESET) return IoResult::kClosed;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      err = errno;
-      return IoResult::kError;
-    }
-    const IoResult r = wait_for(fd, POLLIN, deadline, err);
-    if (r != IoResult::kOk) return r;
-  }
-}
+using detail::IoResult;
+using detail::recv_some;
+using detail::send_all;
+using detail::wait_for;
 
 std::string describe_keys(const std::vector<std::string>& keys) {
   if (keys.size() == 1) return fmt::format("key '{}'", keys.front());
@@ -147,81 +86,43 @@ struct TcpStore::Impl {
 };
 
 std::optional<UniqueFd> TcpStore::Impl::try_connect(Clock::time_point deadline, std::string& why) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string port_text = std::to_string(options.port);
-  const int rc = ::getaddrinfo(options.host.c_str(), port_text.c_str(), &hints, &found);
-  if (rc != 0) {
-    // Retried too: a cluster's DNS may learn the master's name a moment after we start.
-    why = fmt::format("cannot resolve '{}': {}", options.host, ::gai_strerror(rc));
+  std::optional<UniqueFd> connected =
+      detail::connect_tcp(options.host, options.port, deadline, why);
+  if (!connected) return std::nullopt;
+  UniqueFd s = std::move(*connected);
+  int err = 0;
+  proto::Bytes hello;
+  proto::encode_hello({.version = proto::kVersion, .token = token}, hello);
+  proto::Bytes reply_bytes;
+  IoResult r = send_all(s.get(), hello, deadline, err);
+  std::optional<proto::Decoded<proto::HelloReply>> reply;
+  while (r == IoResult::kOk) {
+    auto decoded = proto::decode_hello_reply(reply_bytes, limits);
+    if (decoded.status != proto::DecodeStatus::kIncomplete) {
+      reply = std::move(decoded);
+      break;
+    }
+    r = recv_some(s.get(), reply_bytes, deadline, err);
+  }
+  if (!reply) {
+    why = r == IoResult::kTimeout  ? "no answer to the handshake"
+          : r == IoResult::kClosed ? "the server closed the connection during the handshake "
+                                     "(is it at its connection limit?)"
+                                   : detail::errno_text(err);
     return std::nullopt;
   }
-  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(found, &::freeaddrinfo);
-  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
-    UniqueFd s(
-        ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
-    if (!s) {
-      why = detail::errno_text(errno);
-      continue;
-    }
-    int err = 0;
-    if (::connect(s.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
-      if (errno != EINPROGRESS) {
-        why = detail::errno_text(errno);
-        continue;
-      }
-      const IoResult r = wait_for(s.get(), POLLOUT, deadline, err);
-      if (r != IoResult::kOk) {
-        why = r == IoResult::kTimeout ? "connecting timed out" : detail::errno_text(err);
-        continue;
-      }
-      socklen_t len = sizeof err;
-      ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-      if (err != 0) {
-        why = detail::errno_text(err);
-        continue;
-      }
-    }
-    const int one = 1;
-    ::setsockopt(s.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-
-    proto::Bytes hello;
-    proto::encode_hello({.version = proto::kVersion, .token = token}, hello);
-    proto::Bytes reply_bytes;
-    IoResult r = send_all(s.get(), hello, deadline, err);
-    std::optional<proto::Decoded<proto::HelloReply>> reply;
-    while (r == IoResult::kOk) {
-      auto decoded = proto::decode_hello_reply(reply_bytes, limits);
-      if (decoded.status != proto::DecodeStatus::kIncomplete) {
-        reply = std::move(decoded);
-        break;
-      }
-      r = recv_some(s.get(), reply_bytes, deadline, err);
-    }
-    if (!reply) {
-      why = r == IoResult::kTimeout  ? "no answer to the handshake"
-            : r == IoResult::kClosed ? "the server closed the connection during the handshake "
-                                       "(is it at its connection limit?)"
-                                     : detail::errno_text(err);
-      continue;
-    }
-    if (reply->status == proto::DecodeStatus::kInvalid) {
-      throw StoreError(fmt::format(
-          "the server at {} does not speak the nanoddp store protocol ({}); is MASTER_PORT the "
-          "port of this job's store?",
-          address, reply->error));
-    }
-    if (!reply->message.accepted) {
-      throw StoreError(
-          fmt::format("cannot use the store at {}: {}", address, reply->message.message));
-    }
-    // Anything past the reply would be an answer to a request we have not sent.
-    return s;
+  if (reply->status == proto::DecodeStatus::kInvalid) {
+    throw StoreError(fmt::format(
+        "the server at {} does not speak the nanoddp store protocol ({}); is MASTER_PORT the "
+        "port of this job's store?",
+        address, reply->error));
   }
-  return std::nullopt;
+  if (!reply->message.accepted) {
+    throw StoreError(
+        fmt::format("cannot use the store at {}: {}", address, reply->message.message));
+  }
+  // Anything past the reply would be an answer to a request we have not sent.
+  return s;
 }
 
 void TcpStore::Impl::connect() {

@@ -12,7 +12,7 @@ import struct
 import numpy as np
 
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'corpus'))
-for d in ('store_protocol', 'safetensors', 'npy'):
+for d in ('store_protocol', 'torch_store_protocol', 'safetensors', 'npy'):
     os.makedirs(d, exist_ok=True)
 
 
@@ -47,6 +47,25 @@ sp = {
 }
 for name, data in sp.items():
     open(f'store_protocol/{name}', 'wb').write(data)
+
+# torch_store_protocol: the first byte picks the query whose answer follows (see
+# torch_store_protocol_fuzzer.cpp): 0 compare_set, 1 get, 2 add, 3 check, 4 wait, 5 delete.
+tsp = {
+    'compare_set_value': b'\x00' + u64(2) + b'v1',
+    'get_value': b'\x01' + u64(5) + b'hello',
+    'get_empty': b'\x01' + u64(0),
+    'get_huge_length': b'\x01' + u64(1 << 40),
+    'get_truncated': b'\x01' + u64(9) + b'abc',
+    'add_number': b'\x02' + i64(-12),
+    'check_ready': b'\x03\x00',
+    'check_not_ready': b'\x03\x01',
+    'check_bad_status': b'\x03\x07',
+    'wait_stop_waiting': b'\x04\x00',
+    'delete_one': b'\x05' + i64(1),
+    'delete_bad_count': b'\x05' + i64(3),
+}
+for name, data in tsp.items():
+    open(f'torch_store_protocol/{name}', 'wb').write(data)
 
 
 def safetensors(tensors, meta=None, extra=b''):

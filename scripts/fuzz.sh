@@ -3,7 +3,7 @@
 # into build-fuzz/ (CUDA off), replays fuzz/regressions/<target>/ (inputs that once crashed),
 # then fuzzes each target for a bounded time starting from fuzz/corpus/<target>/.
 #
-# Usage: scripts/fuzz.sh [TARGET...]     (default: store_protocol safetensors npy)
+# Usage: scripts/fuzz.sh [TARGET...]     (default: store_protocol torch_store_protocol safetensors npy)
 # Environment: NANODDP_FUZZ_SECONDS   seconds per target (default 60)
 #              NANODDP_FUZZ_SEED      libFuzzer's -seed (default 1, so CI retraces the same path
 #                                     from the same corpus; 0 = a random seed, for exploring)
@@ -18,7 +18,7 @@ root=$PWD
 scripts/install-deps.sh clang libclang-rt-dev
 
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(store_protocol safetensors npy)
+[ ${#targets[@]} -eq 0 ] && targets=(store_protocol torch_store_protocol safetensors npy)
 seconds=${NANODDP_FUZZ_SECONDS:-60}
 seed=${NANODDP_FUZZ_SEED:-1}
 dir=build-fuzz

@@ -3,6 +3,12 @@
 # As root it runs apt-get; otherwise it prints the exact command to run.
 # Arguments are extra packages for optional tools (scripts/fuzz.sh passes clang and
 # libclang-rt-dev, libFuzzer's runtime).
+#
+# Opt-in, for the tests that run the real launchers and PyTorch (Skipped without them):
+#   NANODDP_WITH_TORCH=1  python3-torch (torch 1.13 and torchrun; about 165 packages, ~1 GB):
+#                         the torchrun, TCPStore and PyTorch-parity tests
+#   NANODDP_WITH_MPI=1    openmpi-bin (mpirun; 17 packages): the mpirun test
+# .ci/run sets both, so CI runs those tests.
 set -euo pipefail
 
 packages=(
@@ -11,6 +17,8 @@ packages=(
   python3 python3-numpy python3-matplotlib
   "$@"
 )
+if [ "${NANODDP_WITH_TORCH:-0}" = 1 ]; then packages+=(python3-torch); fi
+if [ "${NANODDP_WITH_MPI:-0}" = 1 ]; then packages+=(openmpi-bin); fi
 
 missing=()
 for p in "${packages[@]}"; do

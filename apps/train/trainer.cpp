@@ -255,6 +255,16 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
     fmt::print("init: parameters from {}\n", o_.init_path);
   }
   if (o_.resume) resume();
+  if (world_.restart_count > 0 && !o_.resume && is_main()) {
+    // A restarted attempt (nanoddp-run --max-restarts, torchrun --max_restarts) without --resume
+    // redoes the failed attempt's work from step 0: say so, it is rarely what was meant.
+    fmt::print(stderr,
+               "nanoddp-train: warning: this is restart {} of the job (NANODDP_RESTART_COUNT or "
+               "TORCHELASTIC_RESTART_COUNT) but --resume is not set: training starts again from "
+               "step 0. Pass --checkpoint-dir D --checkpoint-every N --resume to continue from the "
+               "newest checkpoint.\n",
+               world_.restart_count);
+  }
 
   if (distributed_) {
     ddp_ = std::make_unique<comm::DistributedDataParallel>(

@@ -99,6 +99,7 @@ TEST_CASE("world_from_env: launchers' environments give the expected world") {
       {"Slurm with --ntasks-per-node",
        with_master({{"SLURM_PROCID", "5"},
                     {"SLURM_NTASKS", "8"},
+                    {"SLURM_STEP_ID", "0"},
                     {"SLURM_LOCALID", "1"},
                     {"SLURM_NTASKS_PER_NODE", "4"}}),
        {.rank = 5,
@@ -111,6 +112,7 @@ TEST_CASE("world_from_env: launchers' environments give the expected world") {
       {"Slurm's SLURM_TASKS_PER_NODE by node id",
        with_master({{"SLURM_PROCID", "6"},
                     {"SLURM_NTASKS", "7"},
+                    {"SLURM_STEPID", "3"},
                     {"SLURM_LOCALID", "0"},
                     {"SLURM_TASKS_PER_NODE", "2(x3),1"},
                     {"SLURM_NODEID", "3"}}),
@@ -153,6 +155,59 @@ TEST_CASE("world_from_env: launchers' environments give the expected world") {
       {"a world of one takes MASTER_PORT when given",
        {{"MASTER_ADDR", "node7"}, {"MASTER_PORT", "1234"}},
        {.master_addr = "node7", .master_port = 1234, .launcher = "none"}},
+      {"torchrun's static rendezvous: the agent serves the store",
+       with_master({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}}),
+       {.world_size = 2,
+        .local_world_size = 2,
+        .master_addr = "10.0.0.1",
+        .master_port = 29400,
+        .launcher = "torchrun",
+        .agent_store = true}},
+      {"torchrun's c10d rendezvous: rank 0 serves the store",
+       with_master({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"}}),
+       {.world_size = 2,
+        .local_world_size = 2,
+        .master_addr = "10.0.0.1",
+        .master_port = 29400,
+        .launcher = "torchrun"}},
+      {"mpirun on one machine without MASTER_ADDR: loopback, the job's port and secret",
+       {{"OMPI_COMM_WORLD_RANK", "1"},
+        {"OMPI_COMM_WORLD_SIZE", "2"},
+        {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+        {"OMPI_MCA_ess_base_jobid", "910622721"}},
+       {.rank = 1,
+        .world_size = 2,
+        .local_rank = 1,
+        .local_world_size = 2,
+        .master_addr = "127.0.0.1",
+        .master_port = nanoddp::comm::port_for_job("910622721"),
+        .launcher = "openmpi",
+        .store_token = "openmpi-job-910622721"}},
+      {"mpirun (Open MPI 5, PMIx) on one machine with MASTER_PORT",
+       {{"OMPI_COMM_WORLD_RANK", "0"},
+        {"OMPI_COMM_WORLD_SIZE", "2"},
+        {"PMIX_NAMESPACE", "prterun-vm-123@1"},
+        {"MASTER_PORT", "23456"}},
+       {.world_size = 2,
+        .local_world_size = 2,
+        .master_addr = "127.0.0.1",
+        .master_port = 23456,
+        .launcher = "openmpi",
+        .store_token = "openmpi-job-prterun-vm-123@1"}},
+      {"mpirun on one machine: NANODDP_STORE_TOKEN is the secret then",
+       {{"OMPI_COMM_WORLD_RANK", "0"},
+        {"OMPI_COMM_WORLD_SIZE", "2"},
+        {"OMPI_MCA_ess_base_jobid", "7"},
+        {"NANODDP_STORE_TOKEN", "s3cret"}},
+       {.world_size = 2,
+        .local_world_size = 2,
+        .master_addr = "127.0.0.1",
+        .master_port = nanoddp::comm::port_for_job("7"),
+        .launcher = "openmpi"}},
+      {"an sbatch script of one task is a world of one",
+       {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_JOB_ID", "42"}},
+       {.launcher = "slurm"}},
   };
   for (const auto& row : rows) {
     CAPTURE(row.name);
@@ -166,7 +221,20 @@ TEST_CASE("world_from_env: launchers' environments give the expected world") {
     CHECK(w.restart_count == row.expected.restart_count);
     CHECK(w.launcher == row.expected.launcher);
     CHECK(w.launcher_pid == row.expected.launcher_pid);
+    CHECK(w.agent_store == row.expected.agent_store);
+    CHECK(w.store_token == row.expected.store_token);
   }
+}
+
+TEST_CASE("port_for_job: a port below the ephemeral range, different for different jobs") {
+  const int a = nanoddp::comm::port_for_job("910622721");
+  const int b = nanoddp::comm::port_for_job("910622722");
+  CHECK(a != b);
+  for (const int p : {a, b, nanoddp::comm::port_for_job("")}) {
+    CHECK(p >= 20000);
+    CHECK(p < 32768);
+  }
+  CHECK(a == nanoddp::comm::port_for_job("910622721"));  // every rank computes the same
 }
 
 TEST_CASE("world_from_env: bad environments fail with messages that name the variable") {
@@ -193,7 +261,7 @@ TEST_CASE("world_from_env: bad environments fail with messages that name the var
        {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}},
        "OMPI_COMM_WORLD_SIZE=2 but MASTER_ADDR is not set"},
       {"Slurm without MASTER_ADDR",
-       {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}},
+       {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_STEP_ID", "0"}},
        "SLURM_NTASKS=4 but MASTER_ADDR is not set"},
       {"Slurm's task id without the task count",
        {{"SLURM_PROCID", "0"}},
@@ -219,6 +287,7 @@ TEST_CASE("world_from_env: bad environments fail with messages that name the var
       {"Slurm's unreadable SLURM_TASKS_PER_NODE",
        with_master({{"SLURM_PROCID", "0"},
                     {"SLURM_NTASKS", "2"},
+                    {"SLURM_STEP_ID", "0"},
                     {"SLURM_LOCALID", "0"},
                     {"SLURM_TASKS_PER_NODE", "two"}}),
        "SLURM_TASKS_PER_NODE=two is not understood"},
@@ -238,6 +307,32 @@ TEST_CASE("world_from_env: bad environments fail with messages that name the var
       {"rank out of int range",
        with_master({{"RANK", "99999999999999999999"}, {"WORLD_SIZE", "2"}}),
        "RANK=99999999999999999999 is out of range"},
+      {"TORCHELASTIC_USE_AGENT_STORE neither True nor False",
+       with_master({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "yes"}}),
+       "TORCHELASTIC_USE_AGENT_STORE=yes is neither True nor False"},
+      {"mpirun across machines without MASTER_ADDR",
+       {{"OMPI_COMM_WORLD_RANK", "0"},
+        {"OMPI_COMM_WORLD_SIZE", "4"},
+        {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+        {"OMPI_MCA_ess_base_jobid", "910622721"}},
+       "OMPI_COMM_WORLD_SIZE=4 but MASTER_ADDR is not set: set it to the address of rank 0's "
+       "machine (the ranks are on several machines: OMPI_COMM_WORLD_LOCAL_SIZE=2)"},
+      {"an sbatch script's own variables (no step id)",
+       with_master({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_JOB_ID", "42"}}),
+       "SLURM_PROCID is set but SLURM_STEP_ID is not: this is the batch script of Slurm job 42, "
+       "not a task that srun started, and its SLURM_NTASKS=4 ranks will never come. Start the "
+       "ranks with srun"},
+      {"an sbatch script's own variables (the batch step's id)",
+       with_master({{"SLURM_PROCID", "0"},
+                    {"SLURM_NTASKS", "2"},
+                    {"SLURM_STEP_ID", "4294967294"},
+                    {"SLURM_JOB_ID", "42"}}),
+       "SLURM_STEP_ID=4294967294 is the batch script's step, not an srun step: this is the batch "
+       "script of Slurm job 42"},
+      {"an sbatch script's own variables (old SLURM_STEPID, extern step)",
+       {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEPID", "4294967295"}},
+       "not a task that srun started"},
   };
   for (const auto& row : rows) {
     CAPTURE(row.name);

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "nanoddp/engine/cuda_device.h"
-#include "nanoddp/engine/error.h"
+#include "nanoddp/kernels/error.h"
 
 using namespace nanoddp;
 

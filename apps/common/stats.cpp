@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 namespace nanoddp::common {
 
@@ -17,6 +18,22 @@ double quantile(std::vector<double> values, double q) {
 
 double median(std::vector<double> values) {
   return quantile(std::move(values), 0.5);
+}
+
+Interval bootstrap_median_ci(const std::vector<double>& values, double level, int resamples,
+                             unsigned seed) {
+  if (values.empty()) return {};
+  if (values.size() == 1) return {values[0], values[0]};
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<std::size_t> pick(0, values.size() - 1);
+  std::vector<double> medians, sample(values.size());
+  medians.reserve(static_cast<std::size_t>(std::max(resamples, 1)));
+  for (int r = 0; r < std::max(resamples, 1); ++r) {
+    for (double& x : sample) x = values[pick(rng)];
+    medians.push_back(median(sample));
+  }
+  const double tail = (1.0 - std::clamp(level, 0.0, 1.0)) / 2.0;
+  return {quantile(medians, tail), quantile(medians, 1.0 - tail)};
 }
 
 }  // namespace nanoddp::common

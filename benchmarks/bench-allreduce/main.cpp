@@ -14,9 +14,14 @@
 //   RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 nanoddp-bench-allreduce
 // Rank 0 prints.
 //
-// What is measured (per size): `-w` warm-up ops, then `-r` rounds of: a barrier, `-n` ops issued
-// back to back on one buffer (in place, as nccl-tests does) and waited for; a round's time is
-// elapsed / n on rank 0, and the row reports the median round (one round by default).
+// What is measured (per size), as nccl-tests' all_reduce_perf: out of place (a send and a receive
+// buffer), then in place (one buffer), each `-w` warm-up ops, then `-r` rounds of: a barrier,
+// `-n` ops issued back to back and waited for. A round's time is each rank's elapsed / n,
+// averaged over the ranks (nccl-tests' default -a 1); a row reports the median round, and the
+// JSON also the fastest and slowest round and every round's time. The process group's
+// allreduce works in place, so out of place is a copy into the receive buffer, then the op, and
+// the next op waits for it (what a caller of an in-place API pays); --raw calls Gloo with its own
+// input and output pointers. Sizes are whole elements, never more than -e.
 //   algbw = bytes / time                    (what the caller sees)
 //   busbw = algbw * 2 (n - 1) / n           (what each link carries in a ring all-reduce:
 //                                            comparable across world sizes, and with nccl-tests)
@@ -44,7 +49,10 @@
 #include <vector>
 
 #include "common/cli.h"
+#include "common/machine_info.h"
+#include "common/provenance.h"
 #include "common/stats.h"
+#include "launches.h"
 #include "nanoddp/comm/gloo_context.h"
 #include "nanoddp/comm/gloo_process_group.h"
 #include "nanoddp/comm/init.h"
@@ -52,6 +60,7 @@
 #include "nanoddp/comm/store.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/kernels/error.h"
+#include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/tensor.h"
 #include "nanoddp/kernels/bf16.h"
@@ -77,6 +86,8 @@ struct Options {
   bool raw = false;
   bool vs_raw = false;
   int rounds = 0;  // 0: 1, or 5 with --vs-raw
+  int nproc = 0;   // > 0: be the launcher (launches.h)
+  int repeats = 1;
 };
 
 std::int64_t parse_bytes(const std::string& text) {
@@ -143,13 +154,20 @@ struct RawGloo {
   std::chrono::milliseconds timeout;
   std::uint32_t tag = 0;
 
-  void allreduce(Tensor& t, ReduceOp op) {
+  // In place, or from `input` (same size and type) into `t`.
+  void allreduce(Tensor& t, ReduceOp op, const Tensor* input = nullptr) {
     const auto n = static_cast<std::size_t>(t.numel());
     if (n == 0) return;
     gloo::AllreduceOptions opts(connection.context);
     if (t.dtype() == DType::kF32) {
+      if (input != nullptr) {
+        opts.setInput(static_cast<float*>(const_cast<void*>(input->raw_data())), n);
+      }
       opts.setOutput(static_cast<float*>(t.raw_data()), n);
     } else {
+      if (input != nullptr) {
+        opts.setInput(static_cast<std::uint16_t*>(const_cast<void*>(input->raw_data())), n);
+      }
       opts.setOutput(static_cast<std::uint16_t*>(t.raw_data()), n);
     }
     opts.setReduceFunction(raw_reduce(op, t.dtype()));
@@ -194,10 +212,20 @@ struct Runner {
   // The mode of plain runs: --raw, or the process group.
   Mode default_mode() const { return dist ? Mode::kEngine : Mode::kRaw; }
 
-  // Issues `count` ops and waits for all (nanoddp: back to back, then wait in order).
-  void run_ops(Mode mode, Tensor& t, ReduceOp op, int count) {
+  // Issues `count` ops and waits for all (nanoddp: back to back, then wait in order). With
+  // `input`: out of place, from `input` into `t`.
+  void run_ops(Mode mode, Tensor& t, ReduceOp op, int count, const Tensor* input = nullptr) {
     if (mode == Mode::kRaw) {
-      for (int i = 0; i < count; ++i) raw->allreduce(t, op);
+      for (int i = 0; i < count; ++i) raw->allreduce(t, op, input);
+      return;
+    }
+    if (input != nullptr) {
+      // The process group reduces in place: copy, reduce, and let the next copy wait for it.
+      for (int i = 0; i < count; ++i) {
+        t.copy_from(*input);
+        dist->group->allreduce(t, op)->wait();
+      }
+      if (device.is_cuda()) nanoddp::Stream::compute(device).synchronize();
       return;
     }
     // Ops complete in issue order, so waiting for the last one waits for all of them (and
@@ -228,6 +256,23 @@ struct Runner {
       dist->group->allreduce(t, ReduceOp::kSum)->wait();
     }
     return static_cast<std::int64_t>(t.item());
+  }
+  // Every rank's values, averaged element by element over the ranks.
+  std::vector<double> mean_across(const std::vector<double>& values) {
+    Tensor t = Tensor::empty({static_cast<std::int64_t>(values.size())});
+    for (std::size_t i = 0; i < values.size(); ++i) t.data()[i] = static_cast<float>(values[i]);
+    if (!dist) {
+      raw->allreduce(t, ReduceOp::kSum);
+    } else if (device.is_cuda()) {
+      Tensor g = t.to(device);
+      dist->group->allreduce(g, ReduceOp::kSum)->wait();
+      t = g.to(nanoddp::Device::cpu());
+    } else {
+      dist->group->allreduce(t, ReduceOp::kSum)->wait();
+    }
+    std::vector<double> mean(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) mean[i] = t.data()[i] / size();
+    return mean;
   }
 };
 
@@ -308,9 +353,33 @@ int run(int argc, char** argv) {
                "rounds, with their ratio per size (set NANODDP_SHM=0 to compare the same TCP "
                "transport)")
       ->excludes(raw_flag);
+  app.add_option("--nproc-per-node", opt.nproc,
+                 "run the measurement itself as nanoddp-run jobs of W ranks (started without a "
+                 "launcher)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--repeats", opt.repeats,
+                 "with --nproc-per-node: N separate launches, each line tagged with its launch, "
+                 "then the median and min-max over them")
+      ->check(CLI::Range(1, 1000));
   if (const std::optional<int> code =
           nanoddp::cli::parse(app, argc, argv, "nanoddp-bench-allreduce")) {
     return *code;
+  }
+  if (opt.repeats > 1 && opt.nproc == 0) {
+    return nanoddp::cli::usage_error(
+        "nanoddp-bench-allreduce",
+        "--repeats N launches the job N times: give --nproc-per-node W too, and start "
+        "nanoddp-bench-allreduce without a launcher");
+  }
+  if (opt.nproc > 0) {
+    if (std::getenv("NANODDP_LAUNCHER_PID") != nullptr || std::getenv("RANK") != nullptr) {
+      return nanoddp::cli::usage_error(
+          "nanoddp-bench-allreduce",
+          "--nproc-per-node starts its own nanoddp-run jobs: run it without a launcher (or drop "
+          "--nproc-per-node and --repeats under one)");
+    }
+    return nanoddp::bench_allreduce::run_launches(argc, argv, opt.nproc, opt.repeats,
+                                                  opt.json_path);
   }
   if (opt.rounds == 0) opt.rounds = opt.vs_raw ? 5 : 1;
 
@@ -333,9 +402,36 @@ int run(int argc, char** argv) {
     return nanoddp::cli::usage_error("nanoddp-bench-allreduce", e.what());
   }
   const DType dtype = opt.dtype == "float" ? DType::kF32 : DType::kBF16;
+  const std::size_t elem = nanoddp::dtype_size(dtype);
+  // Whole elements, never above -e: a row is as large as asked or smaller, never larger.
+  std::vector<std::int64_t> counts;
+  for (double bytes_d = static_cast<double>(min_bytes); bytes_d <= static_cast<double>(max_bytes);
+       bytes_d *= opt.factor) {
+    const auto count = static_cast<std::int64_t>(bytes_d) / static_cast<std::int64_t>(elem);
+    if (count >= 1 && (counts.empty() || counts.back() != count)) counts.push_back(count);
+  }
+  if (counts.empty()) {
+    return nanoddp::cli::usage_error(
+        "nanoddp-bench-allreduce",
+        fmt::format("-b {} -e {}: no size holds one {} element ({} bytes); give -e {} or more",
+                    opt.min_bytes, opt.max_bytes, opt.dtype, elem, elem));
+  }
+  const auto world_env = nanoddp::comm::world_from_env();
+  if (opt.backend == "nccl") {
+    // Said here, in this program's flags (the library's message would name nanoddp-train's).
+    const int gpus = nanoddp::cuda_device_count();
+    if (gpus == 0) {
+      return nanoddp::cli::usage_error(
+          "nanoddp-bench-allreduce",
+          fmt::format("--backend nccl needs a CUDA GPU per rank, but {}; use --backend gloo",
+                      nanoddp::cuda_status()));
+    }
+  }
+  const nlohmann::ordered_json provenance = nanoddp::common::provenance(argc, argv);
+  const nlohmann::ordered_json machine = nanoddp::common::machine_info();
 
   Runner runner;
-  runner.world = nanoddp::comm::world_from_env();
+  runner.world = world_env;
   const auto timeout = nanoddp::comm::default_timeout();
   if (opt.backend == "nccl") {
     // One GPU per local rank (modulo the visible devices), current before anything touches CUDA.
@@ -388,13 +484,16 @@ int run(int argc, char** argv) {
     }
   }
 
-  const std::size_t elem = nanoddp::dtype_size(dtype);
-  const std::int64_t max_count =
-      std::max<std::int64_t>(1, max_bytes / static_cast<std::int64_t>(elem));
-  // One buffer at the largest size, viewed for smaller ones (fresh memory is slow to touch).
+  const std::int64_t max_count = counts.back();
+  // One buffer at the largest size, viewed for smaller ones (fresh memory is slow to touch), and
+  // a send buffer for out of place.
   Tensor host = Tensor::empty({max_count}, nanoddp::Device::cpu(), dtype);
   Tensor buffer = runner.device.is_cuda() ? Tensor::empty({max_count}, runner.device, dtype) : host;
+  Tensor send_host = Tensor::empty({max_count}, nanoddp::Device::cpu(), dtype);
+  Tensor send =
+      runner.device.is_cuda() ? Tensor::empty({max_count}, runner.device, dtype) : send_host;
   fill_for_check(host, buffer, runner.rank(), max_count);
+  fill_for_check(send_host, send, runner.rank(), max_count);
 
   std::optional<std::ofstream> json;
   if (runner.rank() == 0 && !opt.json_path.empty()) {
@@ -423,6 +522,7 @@ int run(int argc, char** argv) {
   // --vs-raw: the raw side's own description (its JSON lines carry it).
   const std::string raw_algorithm = fmt::format(
       "ring allreduce as used by gloo::allreduce; transport: TCP ring ({})", runner.raw_transport);
+  const bool spread = opt.rounds > 1;  // min and max columns
   if (runner.rank() == 0) {
     fmt::print(
         "# nanoddp-bench-allreduce: backend {} via {}, {} ranks, {} iters x {} round{}, {} "
@@ -430,95 +530,173 @@ int run(int argc, char** argv) {
         runner.dist ? runner.dist->group->backend_name() : opt.backend, mode_text, runner.size(),
         opt.iters, opt.rounds, opt.rounds > 1 ? "s" : "", opt.warmup);
     fmt::print("# algorithm: {}\n", algorithm);
-    if (opt.vs_raw) fmt::print("# raw: {}\n", raw_algorithm);
-    fmt::print("# time = rank 0's wall time per op{}; busbw = algbw * 2(n-1)/n\n",
-               opt.rounds > 1 ? ", median round" : "");
-    fmt::print("#\n# {:>12} {:>12} {:>8} {:>6} {:>11} {:>11} {:>11} {:>7}", "size", "count", "type",
-               "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    if (opt.vs_raw) fmt::print("# raw: {} (in place)\n", raw_algorithm);
+    fmt::print("# {}; {}\n", nanoddp::common::provenance_line(provenance),
+               nanoddp::common::hostname());
+    fmt::print("# time = wall time per op, averaged over the ranks{}; busbw = algbw * 2(n-1)/n\n",
+               spread ? ", median round (min, max: the fastest and slowest round)" : "");
+    if (!runner.dist) {
+      fmt::print("# out of place: gloo::allreduce from a send buffer into a receive buffer\n");
+    } else {
+      fmt::print(
+          "# out of place: copy into the receive buffer, then the in-place op, one at a time\n");
+    }
+    const auto placement_header = [&](const char* title) {
+      const int width = spread ? 58 : 42;
+      return fmt::format(" {:^{}}", title, width);
+    };
+    fmt::print("# {:>12} {:>12} {:>8} {:>6}{}{}\n", "", "", "", "",
+               placement_header("out-of-place"), placement_header("in-place"));
+    fmt::print("# {:>12} {:>12} {:>8} {:>6}", "size", "count", "type", "redop");
+    for (int k = 0; k < 2; ++k) {
+      fmt::print(" {:>10}", "time(us)");
+      if (spread) fmt::print(" {:>7} {:>7}", "min", "max");
+      fmt::print(" {:>11} {:>11} {:>7}", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    }
     if (opt.vs_raw) {
       fmt::print(" {:>11} {:>11} {:>9} {:>10}", "raw(us)", "raw busbw", "busbw/raw", "raw #wrong");
     }
     fmt::print("\n");
   }
 
-  for (double bytes_d = static_cast<double>(min_bytes); bytes_d <= static_cast<double>(max_bytes);
-       bytes_d *= opt.factor) {
-    const std::int64_t count = std::max<std::int64_t>(
-        1, static_cast<std::int64_t>(bytes_d) / static_cast<std::int64_t>(elem));
+  // What one row measures: out of place and in place in the run's mode; --vs-raw adds raw Gloo
+  // in place.
+  struct Series {
+    Mode mode;
+    bool in_place;
+  };
+  std::vector<Series> series{{runner.default_mode(), false}, {runner.default_mode(), true}};
+  if (opt.vs_raw) series.push_back({Mode::kRaw, true});
+  const double n = runner.size();
+  double busbw_sum = 0;
+  int busbw_count = 0;
+  std::int64_t wrong_total = 0;
+
+  for (const std::int64_t count : counts) {
     const std::int64_t bytes = count * static_cast<std::int64_t>(elem);
     Tensor view = buffer.view(0, {count});
+    Tensor send_view = send.view(0, {count});
+    const auto input_of = [&](const Series& x) { return x.in_place ? nullptr : &send_view; };
 
-    // The modes this run compares, and each one's per-op time in every round.
-    std::vector<Mode> modes{runner.default_mode()};
-    if (opt.vs_raw) modes.push_back(Mode::kRaw);
-    std::vector<std::vector<double>> round_seconds(modes.size());
-    for (const Mode mode : modes) runner.run_ops(mode, view, op, opt.warmup);
+    // This rank's per-op time in every round, per series.
+    std::vector<std::vector<double>> round_seconds(series.size());
+    for (const Series& x : series) runner.run_ops(x.mode, view, op, opt.warmup, input_of(x));
     for (int round = 0; round < opt.rounds; ++round) {
-      // Alternate which mode goes first, so neither always runs right after the other.
-      for (std::size_t k = 0; k < modes.size(); ++k) {
-        const std::size_t m = (k + static_cast<std::size_t>(round)) % modes.size();
+      // Rotate which series goes first, so none always runs right after another.
+      for (std::size_t k = 0; k < series.size(); ++k) {
+        const std::size_t m = (k + static_cast<std::size_t>(round)) % series.size();
         runner.barrier();
         const auto start = Clock::now();
-        runner.run_ops(modes[m], view, op, opt.iters);
+        runner.run_ops(series[m].mode, view, op, opt.iters, input_of(series[m]));
         round_seconds[m].push_back(std::chrono::duration<double>(Clock::now() - start).count() /
                                    opt.iters);
       }
     }
-    const double seconds = nanoddp::common::median(round_seconds[0]);
+    // Averaged over the ranks, round by round (in microseconds: float precision suffices).
+    std::vector<double> flat;
+    for (const auto& rounds : round_seconds) {
+      for (double t : rounds) flat.push_back(t * 1e6);
+    }
+    const std::vector<double> mean_us = runner.mean_across(flat);
+    std::vector<std::vector<double>> rounds_us(series.size());
+    for (std::size_t m = 0, i = 0; m < series.size(); ++m) {
+      for (int r = 0; r < opt.rounds; ++r) rounds_us[m].push_back(mean_us[i++]);
+    }
 
-    // -c 1: each mode measured also gets one op on fresh data, checked element by element.
-    std::vector<std::int64_t> wrong(modes.size(), -1);
+    // -c 1: each series also gets one op on fresh data, checked element by element.
+    std::vector<std::int64_t> wrong(series.size(), -1);
     if (opt.check != 0) {
-      for (std::size_t m = 0; m < modes.size(); ++m) {
+      for (std::size_t m = 0; m < series.size(); ++m) {
         Tensor host_view = host.view(0, {count});
-        fill_for_check(host_view, view, runner.rank(), count);
-        runner.run_ops(modes[m], view, op, 1);
+        if (series[m].in_place) {
+          fill_for_check(host_view, view, runner.rank(), count);
+        } else {
+          // The receive buffer starts with other values: the result must overwrite them all.
+          for (std::int64_t i = 0; i < count; ++i) {
+            if (host_view.dtype() == DType::kF32) {
+              host_view.data()[i] = -1.0f;
+            } else {
+              static_cast<std::uint16_t*>(host_view.raw_data())[i] = float_to_bf16(-1.0f);
+            }
+          }
+          if (!view.is_same(host_view)) view.copy_from(host_view);
+        }
+        runner.run_ops(series[m].mode, view, op, 1, input_of(series[m]));
         if (!view.is_same(host_view)) host_view.copy_from(view);
         wrong[m] = runner.sum_across(count_wrong(host_view, op, runner.size(), count));
+        wrong_total += std::max<std::int64_t>(wrong[m], 0);
       }
     }
-    const double n = runner.size();
-    const double algbw = static_cast<double>(bytes) / seconds / 1e9;
-    const double busbw = algbw * 2.0 * (n - 1) / n;
     if (runner.rank() == 0) {
-      fmt::print("  {:>12} {:>12} {:>8} {:>6} {:>11.1f} {:>11.3f} {:>11.3f} {:>7}", bytes, count,
-                 opt.dtype, opt.op, seconds * 1e6, algbw, busbw,
-                 wrong[0] < 0 ? std::string("N/A") : std::to_string(wrong[0]));
-      double raw_seconds = 0;
+      const auto bw = [&](double us) {
+        const double algbw = static_cast<double>(bytes) / us / 1e3;
+        return std::pair{algbw, algbw * 2.0 * (n - 1) / n};
+      };
+      const auto wrong_text = [&](std::size_t m) {
+        return wrong[m] < 0 ? std::string("N/A") : std::to_string(wrong[m]);
+      };
+      fmt::print("  {:>12} {:>12} {:>8} {:>6}", bytes, count, opt.dtype, opt.op);
+      for (std::size_t m = 0; m < 2; ++m) {
+        const double us = nanoddp::common::median(rounds_us[m]);
+        const auto [algbw, busbw] = bw(us);
+        fmt::print(" {:>10.1f}", us);
+        if (spread) {
+          fmt::print(" {:>7.1f} {:>7.1f}",
+                     *std::min_element(rounds_us[m].begin(), rounds_us[m].end()),
+                     *std::max_element(rounds_us[m].begin(), rounds_us[m].end()));
+        }
+        fmt::print(" {:>11.3f} {:>11.3f} {:>7}", algbw, busbw, wrong_text(m));
+        busbw_sum += busbw;
+        ++busbw_count;
+      }
       if (opt.vs_raw) {
-        // Same bytes, same ranks: the busbw ratio is the inverse time ratio.
-        raw_seconds = nanoddp::common::median(round_seconds[1]);
-        const double raw_busbw = static_cast<double>(bytes) / raw_seconds / 1e9 * 2.0 * (n - 1) / n;
-        fmt::print(" {:>11.1f} {:>11.3f} {:>8.0f}% {:>10}", raw_seconds * 1e6, raw_busbw,
-                   100.0 * raw_seconds / seconds,
-                   wrong[1] < 0 ? std::string("N/A") : std::to_string(wrong[1]));
+        // Same bytes, same ranks: the busbw ratio is the inverse time ratio (in place, both).
+        const double us = nanoddp::common::median(rounds_us[2]);
+        const double engine_us = nanoddp::common::median(rounds_us[1]);
+        fmt::print(" {:>11.1f} {:>11.3f} {:>8.0f}% {:>10}", us, bw(us).second,
+                   100.0 * us / engine_us, wrong_text(2));
       }
       fmt::print("\n");
       if (json) {
-        // One line per mode measured (--vs-raw: the engine's line, then raw's).
-        for (std::size_t m = 0; m < modes.size(); ++m) {
-          const double t = m == 0 ? seconds : raw_seconds;
-          const double a = static_cast<double>(bytes) / t / 1e9;
-          const nlohmann::json line = {
+        // One line per series (out of place, in place; --vs-raw: then raw's in place).
+        for (std::size_t m = 0; m < series.size(); ++m) {
+          const double us = nanoddp::common::median(rounds_us[m]);
+          const auto [algbw, busbw] = bw(us);
+          nlohmann::ordered_json line = {
               {"benchmark", "allreduce"},
               {"backend", opt.backend},
-              {"mode", modes[m] == Mode::kRaw ? "raw" : "nanoddp"},
+              {"mode", series[m].mode == Mode::kRaw ? "raw" : "nanoddp"},
+              {"placement", series[m].in_place ? "in-place" : "out-of-place"},
               {"ranks", runner.size()},
               {"bytes", bytes},
               {"count", count},
               {"dtype", opt.dtype},
               {"op", opt.op},
-              {"time_us", t * 1e6},
-              {"algbw_gbps", a},
-              {"busbw_gbps", a * 2.0 * (n - 1) / n},
+              {"time_us", us},
+              {"time_us_min", *std::min_element(rounds_us[m].begin(), rounds_us[m].end())},
+              {"time_us_max", *std::max_element(rounds_us[m].begin(), rounds_us[m].end())},
+              {"round_time_us", rounds_us[m]},
+              {"time", "wall time per op, mean over ranks, median over rounds"},
+              {"algbw_gbps", algbw},
+              {"busbw_gbps", busbw},
               {"rounds", opt.rounds},
+              {"iters", opt.iters},
+              {"warmup", opt.warmup},
               {"wrong", wrong[m]},
-              {"algorithm", modes[m] == Mode::kRaw && opt.vs_raw ? raw_algorithm : algorithm}};
+              {"algorithm", series[m].mode == Mode::kRaw && opt.vs_raw ? raw_algorithm : algorithm},
+              {"machine", machine},
+              {"provenance", provenance}};
           *json << line.dump() << '\n';
         }
       }
     }
     std::fflush(stdout);
+  }
+  if (runner.rank() == 0) {
+    fmt::print("# Out of bounds values : {} {}\n", wrong_total, wrong_total == 0 ? "OK" : "FAILED");
+    fmt::print("# Avg bus bandwidth    : {:.6g}\n",
+               busbw_count > 0 ? busbw_sum / busbw_count : 0.0);
+    fmt::print("#\n");
   }
   return 0;
 }

@@ -5,14 +5,16 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "launch.h"
 #include "common/machine_info.h"
+#include "common/stats.h"
+#include "launch.h"
 #include "nanoddp/kernels/error.h"
 #include "table.h"
 
@@ -105,6 +107,65 @@ std::vector<std::string> config_flags(const Options& o, const Point& p) {
   return f;
 }
 
+// The baseline's flags: what a plain 1-process run depends on (no DDP: no buckets, overlap, hook
+// or optimizer-in-backward), so every configuration sharing the model and batch shares it.
+std::vector<std::string> baseline_flags(const Options& o, const Point& p) {
+  return {"--hidden",     std::to_string(p.hidden),
+          "--layers",     std::to_string(p.layers),
+          "--in",         std::to_string(p.in),
+          "--out",        std::to_string(p.out),
+          "--activation", p.activation,
+          "--batch",      std::to_string(p.batch),
+          "--scaling",    scaling_name(o.scaling),
+          "--threads",    std::to_string(p.threads),
+          "--backend",    o.backend,
+          "--device",     o.device,
+          "--steps",      std::to_string(o.steps),
+          "--warmup",     std::to_string(o.warmup)};
+}
+
+// A list of numbers as JSON.
+nlohmann::ordered_json numbers(const std::vector<double>& v) {
+  return nlohmann::ordered_json(v);
+}
+
+// One record from the records of `repeats` separate launches of a point: the launch with the
+// median step time (the lower middle one) gives the breakdown (its median step's parts, which
+// add up), every launch's steps pooled give the median, p10 and p90, and the bootstrap interval
+// of the median is over the launches' medians (launch-to-launch spread is the larger one on a
+// shared machine) or, with one launch, over its steps.
+nlohmann::ordered_json combine_repeats(const std::vector<nlohmann::ordered_json>& runs) {
+  std::vector<double> medians, pooled, samples_per_s;
+  for (const auto& r : runs) {
+    medians.push_back(r["step_ms_median"].get<double>());
+    samples_per_s.push_back(r["samples_per_s"].get<double>());
+    for (const auto& v : r["samples"]["step_ms"]) pooled.push_back(v.get<double>());
+  }
+  std::vector<std::size_t> order(runs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return medians[a] < medians[b]; });
+  nlohmann::ordered_json out = runs[order[(runs.size() - 1) / 2]];
+  const double median = common::median(pooled);
+  const double scale = median > 0 ? out["step_ms_median"].get<double>() / median : 1.0;
+  out["repeats"] = runs.size();
+  out["step_ms_median"] = median;
+  out["step_ms_p10"] = common::quantile(pooled, 0.1);
+  out["step_ms_p90"] = common::quantile(pooled, 0.9);
+  const common::Interval ci = common::bootstrap_median_ci(runs.size() > 1 ? medians : pooled);
+  out["step_ms_ci95"] = {ci.lo, ci.hi};
+  out["ci95_over"] = runs.size() > 1 ? "the launches' medians" : "the steps";
+  // samples/s and GFLOP/s follow the pooled median (they were the median launch's).
+  out["samples_per_s"] = out["samples_per_s"].get<double>() * scale;
+  out["gflops"] = out["gflops"].get<double>() * scale;
+  out["repeat_step_ms_median"] = numbers(medians);
+  out["repeat_samples_per_s"] = numbers(samples_per_s);
+  nlohmann::ordered_json per_launch = nlohmann::ordered_json::array();
+  for (const auto& r : runs) per_launch.push_back(r["samples"]);
+  out["samples"] = per_launch;
+  return out;
+}
+
 struct Paths {
   std::string self;         // this executable
   std::string launcher;     // nanoddp-run next to it
@@ -134,7 +195,8 @@ Paths find_paths() {
 
 class Sweep {
  public:
-  Sweep(const Options& o, Paths paths) : o_(o), paths_(std::move(paths)) {}
+  Sweep(const Options& o, Paths paths, nlohmann::ordered_json provenance)
+      : o_(o), paths_(std::move(paths)), provenance_(std::move(provenance)) {}
   ~Sweep() {
     std::error_code ec;
     fs::remove_all(paths_.scratch_dir, ec);
@@ -145,17 +207,27 @@ class Sweep {
   int run() {
     const auto machine = common::machine_info();
     const auto build = common::build_info();
-    if (!o_.quiet) print_header(o_, machine, build);
+    cores_ = machine["cores"].get<int>();
+    for (const std::string& note : o_.notes)
+      fmt::print(stderr, "nanoddp-bench-ddp: note: {}\n", note);
+    if (!o_.quiet) print_header(o_, machine, build, provenance_);
     bool all_ok = true;
     for (const Point& p : expand(o_)) all_ok &= run_point(p);
     return all_ok ? 0 : 1;
   }
 
-  // False when --json names a file that cannot be written (checked before any job runs).
-  bool open_json() {
-    if (o_.json_path.empty()) return true;
-    json_.open(o_.json_path, std::ios::trunc);
-    return json_.is_open();
+  // The flag naming a file that cannot be written, or "" (checked before any job runs).
+  std::string open_outputs() {
+    if (!o_.json_path.empty()) {
+      json_.open(o_.json_path, std::ios::trunc);
+      if (!json_.is_open()) return "--json " + o_.json_path;
+    }
+    if (!o_.csv_path.empty()) {
+      csv_.open(o_.csv_path, std::ios::trunc);
+      if (!csv_.is_open()) return "--csv " + o_.csv_path;
+      csv_ << csv_header() << "\n";
+    }
+    return {};
   }
 
  private:
@@ -163,28 +235,36 @@ class Sweep {
   // record when this node has rank 0, an empty object on other nodes, nullopt on failure
   // (after printing why).
   std::optional<nlohmann::ordered_json> run_job_for(const Point& p, int world, bool multinode,
-                                                    const std::string& what) {
+                                                    const std::string& what, bool plain = false) {
     const std::string id = std::to_string(++jobs_);
     const std::string result = paths_.scratch_dir + "/result-" + id + ".json";
     const std::string log = paths_.scratch_dir + "/log-" + id + ".txt";
     std::vector<std::string> argv = {paths_.launcher, "--nproc-per-node", std::to_string(world)};
     const int nnodes = multinode ? o_.nnodes : 1;
-    if (multinode && o_.nnodes > 1) {
+    if (plain) {
+      // The baseline: this executable alone, no launcher, no process group.
+      argv = {paths_.self, "--worker", "--plain", "--world", "1", "--nnodes", "1"};
+      const std::vector<std::string> flags = baseline_flags(o_, p);
+      argv.insert(argv.end(), flags.begin(), flags.end());
+      argv.insert(argv.end(), {"--result", result});
+    } else if (multinode && o_.nnodes > 1) {
       argv.insert(argv.end(), {"--nnodes", std::to_string(o_.nnodes), "--node-rank",
                                std::to_string(o_.node_rank), "--master-addr", o_.master_addr,
                                "--master-port", std::to_string(o_.master_port)});
     } else if (multinode && o_.master_port != 0) {
       argv.insert(argv.end(), {"--master-port", std::to_string(o_.master_port)});
     }
-    argv.insert(argv.end(), {paths_.self, "--worker", "--world", std::to_string(world), "--nnodes",
-                             std::to_string(nnodes)});
-    const std::vector<std::string> flags = config_flags(o_, p);
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    argv.insert(argv.end(), {"--result", result});
+    const std::vector<std::string> flags = plain ? baseline_flags(o_, p) : config_flags(o_, p);
+    if (!plain) {
+      argv.insert(argv.end(), {paths_.self, "--worker", "--world", std::to_string(world),
+                               "--nnodes", std::to_string(nnodes)});
+      argv.insert(argv.end(), flags.begin(), flags.end());
+      argv.insert(argv.end(), {"--result", result});
+    }
 
     const JobOutcome outcome = run_job(argv, log, std::chrono::duration<double>(o_.timeout_s));
-    const std::string point =
-        fmt::format("--world {} (x {} node(s)) {}", world, nnodes, fmt::join(flags, " "));
+    const std::string point = fmt::format("--world {} (x {} node(s)) {}{}", world, nnodes,
+                                          plain ? "--plain " : "", fmt::join(flags, " "));
     if (!outcome.ok) {
       fmt::print(stderr,
                  "nanoddp-bench-ddp: error: {} failed: {}\n  point: {}\n  last lines of its "
@@ -208,77 +288,128 @@ class Sweep {
     return record;
   }
 
-  // samples/s of the point's 1-rank run (run once per distinct configuration).
-  std::optional<double> baseline(const Point& p) {
-    const std::string key = fmt::format("{}", fmt::join(config_flags(o_, p), " "));
-    if (auto it = baselines_.find(key); it != baselines_.end()) return it->second;
-    const auto record = run_job_for(p, 1, false, "the 1-rank baseline run");
-    std::optional<double> value;
-    if (record) value = (*record)["samples_per_s"].get<double>();
-    baselines_[key] = value;
-    if (record) baseline_records_[key] = *record;  // also the world-1 point, if the sweep has one
-    return value;
+  // Runs a point (or its baseline) --repeats times, as separate launches; nullopt when one
+  // failed. On the nodes other than 0 (several nodes), an empty object.
+  std::optional<nlohmann::ordered_json> run_repeats(const Point& p, int world, bool multinode,
+                                                    const std::string& what, bool plain) {
+    std::vector<nlohmann::ordered_json> runs;
+    for (int i = 0; i < o_.repeats; ++i) {
+      const std::string label =
+          o_.repeats > 1 ? fmt::format("{} (launch {} of {})", what, i + 1, o_.repeats) : what;
+      auto record = run_job_for(p, world, multinode, label, plain);
+      if (!record) return std::nullopt;
+      if (record->empty()) return record;  // another node's: the figures are on node 0
+      runs.push_back(std::move(*record));
+    }
+    return combine_repeats(runs);
+  }
+
+  // The plain 1-process run (no DDP) of the point's model and batch: run once per distinct
+  // model and batch, shared by every configuration of the sweep, and printed and written once.
+  const nlohmann::ordered_json* baseline(const Point& p) {
+    const std::string key = fmt::format("{}", fmt::join(baseline_flags(o_, p), " "));
+    if (auto it = baselines_.find(key); it != baselines_.end()) {
+      return it->second ? &*it->second : nullptr;
+    }
+    auto record = run_repeats(p, 1, false, "the plain 1-process baseline run", true);
+    if (record) {
+      (*record)["scaling_efficiency"] = 1.0;
+      (*record)["scaling_efficiency_repeats"] =
+          std::vector<double>(static_cast<std::size_t>(o_.repeats), 1.0);
+      emit(*record);
+    }
+    auto& slot = baselines_[key];
+    slot = std::move(record);
+    return slot ? &*slot : nullptr;
   }
 
   bool run_point(const Point& p) {
-    const bool is_baseline = p.world == 1 && o_.nnodes == 1;
-    nlohmann::ordered_json record;
-    if (is_baseline) {
-      // The world-1 point is its own baseline: one run serves both.
-      const auto samples = baseline(p);
-      if (!samples) return false;
-      record = baseline_records_.at(fmt::format("{}", fmt::join(config_flags(o_, p), " ")));
-      record["scaling_efficiency"] = 1.0;
-    } else {
-      // Node 0 computes the efficiency; the other nodes only take part in the jobs.
-      std::optional<double> base;
-      if (o_.node_rank == 0) base = baseline(p);
-      const bool no_baseline = o_.node_rank == 0 && !base;
-      if (no_baseline) {
-        fmt::print(
-            stderr,
-            "nanoddp-bench-ddp: error: no scaling efficiency for --world {} {}: its 1-rank "
-            "baseline failed (above){}\n",
-            p.world, fmt::join(config_flags(o_, p), " "),
-            o_.nnodes > 1 ? "; running the job anyway, the other nodes wait for it" : "; skipped");
-        // Alone, skip the point; with other nodes, take part so they are not left waiting.
-        if (o_.nnodes == 1) return false;
-      }
-      const auto result = run_job_for(p, p.world, true, "the job");
-      if (!result || no_baseline) return false;
-      if (o_.node_rank != 0) {
-        if (!o_.quiet) {
-          fmt::print("# --world {} done on node {} (figures on node 0)\n", p.world, o_.node_rank);
-        }
-        return true;
-      }
-      record = *result;
-      const double ranks = record["config"]["world_size"].get<double>();
-      record["scaling_efficiency"] = record["samples_per_s"].get<double>() / (ranks * *base);
+    if (p.world == 1 && o_.nnodes == 1) {
+      // One rank is the baseline itself: no DDP, shared by the configurations of the sweep.
+      return baseline(p) != nullptr;
     }
+    // Node 0 computes the efficiency; the other nodes only take part in the jobs.
+    const nlohmann::ordered_json* base = nullptr;
+    if (o_.node_rank == 0) base = baseline(p);
+    const bool no_baseline = o_.node_rank == 0 && base == nullptr;
+    if (no_baseline) {
+      fmt::print(
+          stderr,
+          "nanoddp-bench-ddp: error: no scaling efficiency for --world {} {}: its plain "
+          "1-process baseline failed (above){}\n",
+          p.world, fmt::join(config_flags(o_, p), " "),
+          o_.nnodes > 1 ? "; running the job anyway, the other nodes wait for it" : "; skipped");
+      // Alone, skip the point; with other nodes, take part so they are not left waiting.
+      if (o_.nnodes == 1) return false;
+    }
+    const auto result = run_repeats(p, p.world, true, "the job", false);
+    if (!result || no_baseline) return false;
+    if (o_.node_rank != 0) {
+      if (!o_.quiet) {
+        fmt::print("# --world {} done on node {} (figures on node 0)\n", p.world, o_.node_rank);
+      }
+      return true;
+    }
+    nlohmann::ordered_json record = *result;
+    const double ranks = record["config"]["world_size"].get<double>();
+    const double base_samples = (*base)["samples_per_s"].get<double>();
+    std::vector<double> efficiencies;
+    for (const auto& v : record["repeat_samples_per_s"]) {
+      efficiencies.push_back(v.get<double>() / (ranks * base_samples));
+    }
+    record["scaling_efficiency"] = record["samples_per_s"].get<double>() / (ranks * base_samples);
+    record["scaling_efficiency_repeats"] = efficiencies;
+    emit(record);
+    return true;
+  }
+
+  // Flags what a reader must not miss, then prints the row and writes the JSON and CSV lines.
+  void emit(nlohmann::ordered_json& record) {
+    std::vector<std::string> warnings;
+    const double efficiency = record["scaling_efficiency"].get<double>();
+    if (efficiency > 1.0) {
+      warnings.push_back(fmt::format(
+          "efficiency {:.3f} above 1: faster per rank than the plain 1-process run (noise, "
+          "caches, or a baseline that ran slower; rerun with --repeats)",
+          efficiency));
+    }
+    const int ranks_here = record["config"]["nproc_per_node"].get<int>();
+    const int threads = record["config"]["threads"].get<int>();
+    if (ranks_here * threads > cores_) {
+      warnings.push_back(fmt::format(
+          "{} rank(s) x {} GEMM thread(s) on {} core(s): more threads than cores, the ranks "
+          "time-share (plus one communication thread each)",
+          ranks_here, threads, cores_));
+    }
+    record["warnings"] = warnings;
+    record["provenance"] = provenance_;
     if (!o_.quiet) print_row(record);
     if (json_.is_open()) {
       json_ << record.dump() << "\n";
       json_.flush();
     }
-    return true;
+    if (csv_.is_open()) {
+      csv_ << csv_row(record) << "\n";
+      csv_.flush();
+    }
   }
 
   const Options& o_;
   Paths paths_;
+  nlohmann::ordered_json provenance_;
   std::ofstream json_;
-  std::map<std::string, std::optional<double>> baselines_;
-  std::map<std::string, nlohmann::ordered_json> baseline_records_;
+  std::ofstream csv_;
+  std::map<std::string, std::optional<nlohmann::ordered_json>> baselines_;
   int jobs_ = 0;
+  int cores_ = 1;
 };
 
 }  // namespace
 
-int run_driver(const Options& options) {
-  Sweep sweep(options, find_paths());
-  if (!sweep.open_json()) {
-    fmt::print(stderr, "nanoddp-bench-ddp: error: --json {}: cannot open the file for writing\n",
-               options.json_path);
+int run_driver(const Options& options, const nlohmann::ordered_json& provenance) {
+  Sweep sweep(options, find_paths(), provenance);
+  if (const std::string flag = sweep.open_outputs(); !flag.empty()) {
+    fmt::print(stderr, "nanoddp-bench-ddp: error: {}: cannot open the file for writing\n", flag);
     return 2;
   }
   return sweep.run();

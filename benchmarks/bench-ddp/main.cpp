@@ -16,6 +16,7 @@
 
 #include <cstdlib>
 
+#include "common/provenance.h"
 #include "driver.h"
 #include "options.h"
 #include "worker.h"
@@ -29,7 +30,8 @@ int main(int argc, char** argv) {
   const std::optional<Options> options = parse_options(argc, argv, exit_code);
   if (!options) return exit_code;
   try {
-    return options->worker ? run_worker(*options) : run_driver(*options);
+    return options->worker ? run_worker(*options)
+                           : run_driver(*options, nanoddp::common::provenance(argc, argv));
   } catch (const std::exception& e) {
     const char* rank = std::getenv("RANK");
     if (options->worker) {

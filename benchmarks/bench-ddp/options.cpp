@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <iostream>
@@ -87,6 +88,27 @@ std::vector<T> parse_list(const std::string& flag, const std::string& text, Pars
   return values;
 }
 
+// Keeps each value's first occurrence; a value given twice is measured once, and said so.
+template <typename T>
+void deduplicate(const std::string& flag, const std::string& text, std::vector<T>& values,
+                 std::vector<std::string>& notes) {
+  std::vector<T> kept;
+  // Indexes, not find(): std::vector<bool> has no references to compare through.
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    bool seen = false;
+    for (std::size_t j = 0; j < kept.size(); ++j) seen = seen || kept[j] == values[i];
+    if (!seen) {
+      kept.push_back(values[i]);
+    } else {
+      notes.push_back(fmt::format(
+          "{} {}: a value is given more than once; each point runs once (use --repeats N to "
+          "measure a point again)",
+          flag, text));
+    }
+  }
+  values = std::move(kept);
+}
+
 struct ListFlags {
   std::string world, hidden, layers, in, out, activation, batch, bucket_cap_mb, first_bucket_mb,
       overlap, optimizer_in_backward, comm_hook, threads;
@@ -142,6 +164,19 @@ void convert_lists(const ListFlags& f, Options& o) {
         "--first-bucket-mb", f.first_bucket_mb,
         [](const std::string& s) { return parse_positive("--first-bucket-mb", s); });
   }
+  deduplicate("--world", f.world, o.world, o.notes);
+  deduplicate("--hidden", f.hidden, o.hidden, o.notes);
+  deduplicate("--layers", f.layers, o.layers, o.notes);
+  deduplicate("--in", f.in, o.in, o.notes);
+  deduplicate("--out", f.out, o.out, o.notes);
+  deduplicate("--batch", f.batch, o.batch, o.notes);
+  deduplicate("--threads", f.threads, o.threads, o.notes);
+  deduplicate("--activation", f.activation, o.activation, o.notes);
+  deduplicate("--comm-hook", f.comm_hook, o.comm_hook, o.notes);
+  deduplicate("--bucket-cap-mb", f.bucket_cap_mb, o.bucket_cap_mb, o.notes);
+  deduplicate("--first-bucket-mb", f.first_bucket_mb, o.first_bucket_mb, o.notes);
+  deduplicate("--overlap", f.overlap, o.overlap, o.notes);
+  deduplicate("--optimizer-in-backward", f.optimizer_in_backward, o.optimizer_in_backward, o.notes);
 }
 
 // Checks between flags (what one flag's validator cannot see).
@@ -270,10 +305,17 @@ std::optional<Options> parse_options(int argc, const char* const* argv, int& exi
   app.add_option("--timeout", o.timeout_s, "seconds one point's job may take before it is stopped")
       ->check(CLI::Range(1.0, 1e7))
       ->capture_default_str();
+  app.add_option("--repeats", o.repeats,
+                 "launch every point (and every baseline) N times: the spread between launches "
+                 "is reported beside the steps' (p10/p90, a bootstrap CI of the median)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   app.add_option("--json", o.json_path, "write one JSON line per point to FILE (truncated)");
+  app.add_option("--csv", o.csv_path, "write one CSV row per point to FILE (truncated)");
   app.add_flag("--quiet", o.quiet, "print nothing but errors");
   // The worker role: started by the driver through nanoddp-run, one point per job.
   app.add_flag("--worker", o.worker)->group("");
+  app.add_flag("--plain", o.plain)->group("");
   app.add_option("--result", o.result_path)->group("");
 
   if (const std::optional<int> code = cli::parse(app, argc, argv, "nanoddp-bench-ddp")) {

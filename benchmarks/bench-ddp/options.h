@@ -44,11 +44,18 @@ struct Options {
   std::string master_addr;
   int master_port = 0;  // 0: nanoddp-run picks a free one (single node only)
   double timeout_s = 600;
+  int repeats = 1;  // separate launches of every point (and of every baseline)
   std::string json_path;
+  std::string csv_path;
   bool quiet = false;
+  // Said once on stderr by the driver: values given twice in a list, measured once.
+  std::vector<std::string> notes;
 
   // Worker role (hidden from --help).
   bool worker = false;
+  // The scaling baseline: one process, no launcher, no process group, no DDP, the optimizer
+  // step after backward; the same for every configuration that shares its model and batch.
+  bool plain = false;
   std::string result_path;
 };
 

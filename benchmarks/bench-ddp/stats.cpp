@@ -19,27 +19,39 @@ Summary summarize(const std::vector<RankSteps>& ranks) {
                       r.comm_ms.size() == steps && r.exposed_ms.size() == steps,
                   "summarize: ranks with different step counts");
   }
-  std::vector<double> step, compute, comm, exposed;
+  Summary out;
+  RankSteps& slowest_steps = out.per_step;
   for (std::size_t s = 0; s < steps; ++s) {
     std::size_t slowest = 0;
     for (std::size_t r = 1; r < ranks.size(); ++r) {
       if (ranks[r].step_ms[s] > ranks[slowest].step_ms[s]) slowest = r;
     }
     const RankSteps& r = ranks[slowest];
-    step.push_back(r.step_ms[s]);
-    compute.push_back(r.compute_ms[s]);
-    comm.push_back(r.comm_ms[s]);
-    exposed.push_back(r.exposed_ms[s]);
+    slowest_steps.step_ms.push_back(r.step_ms[s]);
+    slowest_steps.compute_ms.push_back(r.compute_ms[s]);
+    slowest_steps.comm_ms.push_back(r.comm_ms[s]);
+    slowest_steps.exposed_ms.push_back(r.exposed_ms[s]);
   }
-  Summary out;
+  const std::vector<double>& step = slowest_steps.step_ms;
   out.steps = static_cast<int>(steps);
   out.step_ms_median = median(step);
+  out.step_ms_p10 = quantile(step, 0.1);
   out.step_ms_p90 = quantile(step, 0.9);
-  out.compute_ms = median(compute);
-  out.allreduce_ms = median(comm);
-  // exposed <= comm in every step, so the median is too: hidden is never negative, and
-  // hidden + exposed = allreduce exactly.
-  out.exposed_comm_ms = std::min(median(exposed), out.allreduce_ms);
+  const common::Interval ci = common::bootstrap_median_ci(step);
+  out.step_ms_ci_lo = ci.lo;
+  out.step_ms_ci_hi = ci.hi;
+  if (steps == 0) return out;
+  std::vector<std::size_t> order(steps);
+  for (std::size_t i = 0; i < steps; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return step[a] < step[b]; });
+  const std::size_t m = order[(steps - 1) / 2];
+  out.median_step = static_cast<int>(m);
+  out.median_step_ms = step[m];
+  out.allreduce_ms = slowest_steps.comm_ms[m];
+  // exposed <= comm in every step (the worker caps it): hidden is never negative.
+  out.exposed_comm_ms = std::min(slowest_steps.exposed_ms[m], out.allreduce_ms);
+  out.compute_ms = out.median_step_ms - out.exposed_comm_ms;
   out.hidden_comm_ms = out.allreduce_ms - out.exposed_comm_ms;
   out.overlap_fraction = out.allreduce_ms > 0 ? out.hidden_comm_ms / out.allreduce_ms : 0.0;
   return out;

@@ -17,18 +17,28 @@ struct RankSteps {
 
 struct Summary {
   int steps = 0;
-  double step_ms_median = 0;
+  double step_ms_median = 0;  // common::median: the mean of the middle two for an even count
+  double step_ms_p10 = 0;
   double step_ms_p90 = 0;
+  double step_ms_ci_lo = 0, step_ms_ci_hi = 0;  // bootstrap 95 % interval of the median
+  // The breakdown is the median step's own (the lower middle one of the steps sorted by time),
+  // so its parts add up: median_step_ms = compute_ms + exposed_comm_ms, and allreduce_ms =
+  // hidden_comm_ms + exposed_comm_ms. (Medians taken column by column come from different
+  // steps and do not add up.)
+  int median_step = 0;  // its index among the measured steps
+  double median_step_ms = 0;
   double compute_ms = 0;
   double allreduce_ms = 0;
   double exposed_comm_ms = 0;
   double hidden_comm_ms = 0;    // allreduce_ms - exposed_comm_ms
   double overlap_fraction = 0;  // hidden_comm_ms / allreduce_ms (0 without communication)
+  // The slowest rank's figures per step: the samples behind every figure above.
+  RankSteps per_step;
 };
 
 // A step is as slow as its slowest rank (the others wait for it in the all-reduce), so for each
-// step the figures are the slowest rank's; then the median (and p90 for the step time) over
-// the steps. Every rank must have the same number of steps.
+// step the figures are the slowest rank's; then the median, p10 and p90 over the steps, and the
+// median step's parts. Every rank must have the same number of steps.
 Summary summarize(const std::vector<RankSteps>& ranks);
 
 struct MlpShape {

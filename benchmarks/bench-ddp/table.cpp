@@ -2,8 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <vector>
+
+#include "common/provenance.h"
 
 namespace nanoddp::bench_ddp {
 
@@ -11,13 +15,13 @@ namespace {
 
 constexpr const char* kRowFormat =
     "{:>5} {:>5} {:>6} {:>6} {:>6} {:>6} {:>4} {:>9} {:>7} {:>8} {:>7} {:>7} {:>5} {:>3} {:>9} "
-    "{:>9} "
-    "{:>9} {:>10} {:>9} {:>9} {:>9} {:>5} {:>6} {:>8} {:>7}\n";
+    "{:>3} {:>9} {:>9} {:>9} "
+    "{:>9} {:>10} {:>9} {:>9} {:>9} {:>5} {:>6} {:>8} {:>7} {}\n";
 
 }  // namespace
 
 void print_header(const Options& o, const nlohmann::ordered_json& machine,
-                  const nlohmann::ordered_json& build) {
+                  const nlohmann::ordered_json& build, const nlohmann::ordered_json& provenance) {
   fmt::print("# nanoddp-bench-ddp {} ({} build{}, {}) on {}: {}, {} cores, {}\n",
              build["version"].get<std::string>(), build["build_type"].get<std::string>(),
              build["native"].get<bool>() ? ", -march=native" : "",
@@ -29,47 +33,168 @@ void print_header(const Options& o, const nlohmann::ordered_json& machine,
       "MSE loss on a fixed synthetic batch\n",
       o.device, o.backend, o.nnodes, scaling_name(o.scaling),
       o.scaling == Scaling::kWeak ? "per rank" : "global");
+  fmt::print("# {}\n", common::provenance_line(provenance));
   fmt::print(
-      "# times in ms: median of {} steps (after {} warm-up), slowest rank per step; p90 "
-      "over the same steps\n",
-      o.steps, o.warmup);
+      "# times in ms: median of {} steps (after {} warm-up), slowest rank per step, {} "
+      "launch(es) pooled (rep); p10 and p90 over the same steps\n",
+      o.steps, o.warmup, o.repeats);
   fmt::print(
-      "# step = forward + backward + optimizer; compute = step - exposed; allreduce = "
-      "the buckets' all-reduce time; exposed = the part of it backward waited for\n");
+      "# step = forward + backward + optimizer; the breakdown is the median step's own (of the "
+      "median launch): mstep = compute + exposed, allreduce = hidden + exposed; exposed = the "
+      "part of the all-reduce the step waited for (all of it with overlap off)\n");
+  fmt::print(
+      "# ranks 1 = the baseline: one plain process, no DDP (no buckets), shared by every "
+      "configuration with its model and batch\n");
   fmt::print(
       "# optim: after = one optimizer step after backward, inbwd = --optimizer-in-backward "
       "(each bucket updated as soon as it is averaged)\n");
   fmt::print(
-      "# ovl = hidden / allreduce; eff = samples/s / (ranks x samples/s of the 1-rank "
-      "run); GFLOP/s per rank (GEMMs); busbw = gradient bytes x 2(n-1)/n / allreduce\n");
+      "# ovl = hidden / allreduce; eff = samples/s / (ranks x samples/s of the "
+      "baseline); GFLOP/s per rank (GEMMs); busbw = gradient bytes x 2(n-1)/n / allreduce\n");
   fmt::print("#\n");
   fmt::print(kRowFormat, "ranks", "nodes", "in", "hidden", "layers", "out", "act", "params",
-             "batch/r", "bucketMB", "buckets", "overlap", "optim", "thr", "hook", "step", "p90",
-             "samples/s", "compute", "allreduce", "exposed", "ovl", "eff", "GFLOP/s", "busbw");
+             "batch/r", "bucketMB", "buckets", "overlap", "optim", "thr", "hook", "rep", "step",
+             "p10", "p90", "samples/s", "mstep", "compute", "allreduce", "exposed", "ovl", "eff",
+             "GFLOP/s", "busbw", "flags");
   std::fflush(stdout);
 }
 
 void print_row(const nlohmann::ordered_json& r) {
   const auto& c = r["config"];
-  fmt::print(
-      kRowFormat, c["world_size"].get<int>(), c["nnodes"].get<int>(), c["in"].get<std::int64_t>(),
-      c["hidden"].get<std::int64_t>(), c["layers"].get<std::int64_t>(),
-      c["out"].get<std::int64_t>(), c["activation"].get<std::string>(),
-      c["params"].get<std::int64_t>(), c["batch_per_rank"].get<std::int64_t>(),
-      fmt::format("{}", c["bucket_cap_mb"].get<double>()), c["buckets"].get<int>(),
-      c["overlap"].get<bool>() ? "on" : "off",
-      c["optimizer_in_backward"].get<bool>() ? "inbwd" : "after", c["threads"].get<int>(),
-      c["comm_hook"].get<std::string>(), fmt::format("{:.3f}", r["step_ms_median"].get<double>()),
-      fmt::format("{:.3f}", r["step_ms_p90"].get<double>()),
-      fmt::format("{:.0f}", r["samples_per_s"].get<double>()),
-      fmt::format("{:.3f}", r["compute_ms"].get<double>()),
-      fmt::format("{:.3f}", r["allreduce_ms"].get<double>()),
-      fmt::format("{:.3f}", r["exposed_comm_ms"].get<double>()),
-      fmt::format("{:.2f}", r["overlap_fraction"].get<double>()),
-      fmt::format("{:.3f}", r["scaling_efficiency"].get<double>()),
-      fmt::format("{:.2f}", r["gflops"].get<double>()),
-      fmt::format("{:.3f}", r["busbw_gbs"].get<double>()));
+  const bool ddp = c.value("ddp", true);
+  std::string flags;
+  for (const auto& w : r.value("warnings", nlohmann::ordered_json::array())) {
+    const std::string text = w.get<std::string>();
+    flags += text.rfind("efficiency", 0) == 0 ? "eff>1 " : "ranks>cores ";
+  }
+  fmt::print(kRowFormat, c["world_size"].get<int>(), c["nnodes"].get<int>(),
+             c["in"].get<std::int64_t>(), c["hidden"].get<std::int64_t>(),
+             c["layers"].get<std::int64_t>(), c["out"].get<std::int64_t>(),
+             c["activation"].get<std::string>(), c["params"].get<std::int64_t>(),
+             c["batch_per_rank"].get<std::int64_t>(),
+             ddp ? fmt::format("{}", c["bucket_cap_mb"].get<double>()) : "-",
+             ddp ? fmt::format("{}", c["buckets"].get<int>()) : "-",
+             ddp ? (c["overlap"].get<bool>() ? "on" : "off") : "-",
+             !ddp                                     ? "plain"
+             : c["optimizer_in_backward"].get<bool>() ? "inbwd"
+                                                      : "after",
+             c["threads"].get<int>(), ddp ? c["comm_hook"].get<std::string>() : "-",
+             r.value("repeats", 1), fmt::format("{:.3f}", r["step_ms_median"].get<double>()),
+             fmt::format("{:.3f}", r.value("step_ms_p10", 0.0)),
+             fmt::format("{:.3f}", r["step_ms_p90"].get<double>()),
+             fmt::format("{:.0f}", r["samples_per_s"].get<double>()),
+             fmt::format("{:.3f}", r["median_step"]["step_ms"].get<double>()),
+             fmt::format("{:.3f}", r["compute_ms"].get<double>()),
+             fmt::format("{:.3f}", r["allreduce_ms"].get<double>()),
+             fmt::format("{:.3f}", r["exposed_comm_ms"].get<double>()),
+             fmt::format("{:.2f}", r["overlap_fraction"].get<double>()),
+             fmt::format("{:.3f}", r["scaling_efficiency"].get<double>()),
+             fmt::format("{:.2f}", r["gflops"].get<double>()),
+             fmt::format("{:.3f}", r["busbw_gbs"].get<double>()), flags);
   std::fflush(stdout);
+}
+
+namespace {
+
+// RFC 4180: quoted when it holds a comma, a quote or a line break.
+std::string csv_field(const std::string& text) {
+  if (text.find_first_of(",\"\n") == std::string::npos) return text;
+  std::string out = "\"";
+  for (char ch : text) {
+    if (ch == '"') out.push_back('"');
+    out.push_back(ch);
+  }
+  out.push_back('"');
+  return out;
+}
+
+std::string csv_value(const nlohmann::ordered_json& v) {
+  if (v.is_string()) return csv_field(v.get<std::string>());
+  if (v.is_null()) return "";
+  return csv_field(v.dump());
+}
+
+constexpr const char* kConfigColumns[] = {"world_size",
+                                          "nnodes",
+                                          "nproc_per_node",
+                                          "device",
+                                          "backend",
+                                          "in",
+                                          "out",
+                                          "hidden",
+                                          "layers",
+                                          "activation",
+                                          "scaling",
+                                          "batch_per_rank",
+                                          "global_batch",
+                                          "ddp",
+                                          "bucket_cap_mb",
+                                          "first_bucket_mb",
+                                          "overlap",
+                                          "optimizer_in_backward",
+                                          "comm_hook",
+                                          "threads",
+                                          "params",
+                                          "buckets"};
+constexpr const char* kRecordColumns[] = {"baseline",
+                                          "repeats",
+                                          "steps",
+                                          "warmup",
+                                          "step_ms_median",
+                                          "step_ms_p10",
+                                          "step_ms_p90",
+                                          "samples_per_s",
+                                          "compute_ms",
+                                          "allreduce_ms",
+                                          "exposed_comm_ms",
+                                          "hidden_comm_ms",
+                                          "overlap_fraction",
+                                          "scaling_efficiency",
+                                          "gflops",
+                                          "busbw_gbs"};
+
+}  // namespace
+
+std::string csv_header() {
+  std::string out;
+  for (const char* c : kConfigColumns) out += std::string(out.empty() ? "" : ",") + c;
+  for (const char* c : kRecordColumns) out += std::string(",") + c;
+  out +=
+      ",median_step_ms,step_ms_ci95_lo,step_ms_ci95_hi,scaling_efficiency_min,"
+      "scaling_efficiency_max,warnings,commit,dirty,utc,load_average_1m,command";
+  return out;
+}
+
+std::string csv_row(const nlohmann::ordered_json& r) {
+  std::string out;
+  const auto add = [&](const std::string& field) {
+    if (!out.empty()) out.push_back(',');
+    out += field;
+  };
+  const auto& c = r["config"];
+  for (const char* k : kConfigColumns) add(c.contains(k) ? csv_value(c[k]) : "");
+  for (const char* k : kRecordColumns) add(r.contains(k) ? csv_value(r[k]) : "");
+  add(csv_value(r["median_step"]["step_ms"]));
+  add(csv_value(r["step_ms_ci95"][0]));
+  add(csv_value(r["step_ms_ci95"][1]));
+  std::vector<double> eff;
+  for (const auto& e : r.value("scaling_efficiency_repeats", nlohmann::ordered_json::array())) {
+    eff.push_back(e.get<double>());
+  }
+  add(eff.empty() ? "" : fmt::format("{}", *std::min_element(eff.begin(), eff.end())));
+  add(eff.empty() ? "" : fmt::format("{}", *std::max_element(eff.begin(), eff.end())));
+  std::string warnings;
+  for (const auto& w : r.value("warnings", nlohmann::ordered_json::array())) {
+    warnings += (warnings.empty() ? "" : "; ") + w.get<std::string>();
+  }
+  add(csv_field(warnings));
+  const auto& p = r["provenance"];
+  add(csv_value(p["commit"]));
+  add(csv_value(p["dirty"]));
+  add(csv_value(p["utc"]));
+  add(p["load_average"].is_array() ? csv_value(p["load_average"][0]) : "");
+  add(csv_value(p["command"]));
+  return out;
 }
 
 }  // namespace nanoddp::bench_ddp

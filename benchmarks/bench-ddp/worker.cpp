@@ -87,7 +87,8 @@ void write_result(const std::string& path, const nlohmann::ordered_json& record)
 
 int run_worker(const Options& o) {
   const comm::WorldInfo world = comm::world_from_env();
-  const bool distributed = world.launcher != "none";
+  // --plain (the baseline): one process on its own, whatever the environment says.
+  const bool distributed = world.launcher != "none" && !o.plain;
   const int per_node = o.world.front();
   if (distributed && world.world_size != per_node * o.nnodes) {
     fail("launched with WORLD_SIZE {} but the point is --world {} x --nnodes {} = {} ranks",
@@ -236,6 +237,7 @@ int run_worker(const Options& o) {
       {"optimizer_in_backward", in_backward},
       {"comm_hook", o.comm_hook.front()},
       {"threads", o.threads.front()},
+      {"ddp", ddp != nullptr},
       {"params", numel},
       {"buckets", ddp ? ddp->reducer().buckets().size() : std::size_t{0}}};
   nlohmann::ordered_json record = {
@@ -243,10 +245,14 @@ int run_worker(const Options& o) {
       {"machine", common::machine_info()},
       {"build", common::build_info()},
       {"config", config},
+      {"baseline", o.plain},
       {"steps", s.steps},
       {"warmup", o.warmup},
       {"step_ms_median", s.step_ms_median},
+      {"step_ms_p10", s.step_ms_p10},
       {"step_ms_p90", s.step_ms_p90},
+      {"step_ms_ci95", {s.step_ms_ci_lo, s.step_ms_ci_hi}},
+      {"median_step", {{"index", s.median_step}, {"step_ms", s.median_step_ms}}},
       {"samples_per_s", static_cast<double>(p.global_batch) / step_s},
       {"compute_ms", s.compute_ms},
       {"allreduce_ms", s.allreduce_ms},
@@ -256,7 +262,13 @@ int run_worker(const Options& o) {
       // The driver fills this in from the 1-rank run of the same configuration.
       {"scaling_efficiency", world_size == 1 ? nlohmann::ordered_json(1.0) : nullptr},
       {"gflops", mlp_training_flops(shape, p.batch_per_rank) / step_s / 1e9},
-      {"busbw_gbs", allreduce_busbw_gbs(grad_bytes, world_size, s.allreduce_ms)}};
+      {"busbw_gbs", allreduce_busbw_gbs(grad_bytes, world_size, s.allreduce_ms)},
+      // The slowest rank's figures per measured step, for re-analysis.
+      {"samples",
+       {{"step_ms", s.per_step.step_ms},
+        {"compute_ms", s.per_step.compute_ms},
+        {"allreduce_ms", s.per_step.comm_ms},
+        {"exposed_comm_ms", s.per_step.exposed_ms}}}};
   write_result(o.result_path, record);
   return 0;
 }

@@ -40,6 +40,7 @@
 
 #include "common/cli.h"
 #include "common/machine_info.h"
+#include "common/provenance.h"
 #include "common/stats.h"
 #include "nanoddp/config.h"
 #include "nanoddp/engine/allocator.h"
@@ -321,7 +322,8 @@ int main(int argc, char** argv) {
   shapes.push_back({"mlp-weight-grad", Transpose::kYes, Transpose::kNo, h, h, b});
 
   const bool cuda = nanoddp::cuda_device_count() > 0;
-  fmt::print("nanoddp {} on {}, {}, CPU GEMM threads {}\n", NANODDP_VERSION, nanoddp::common::hostname(), nanoddp::common::compiler(),
+  fmt::print("nanoddp {} on {}, {}, CPU GEMM threads {}\n", NANODDP_VERSION,
+             nanoddp::common::hostname(), nanoddp::common::compiler(),
              nanoddp::kernels::cpu::gemm_threads());
 #if !defined(__AVX2__)
   fmt::print(
@@ -349,6 +351,9 @@ int main(int argc, char** argv) {
 
   fmt::print("\n{:<13} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10} {:>9} {:>9}\n", "backend", "shape",
              "layout", "m", "n", "k", "median ms", "GFLOP/s", "vs eigen");
+  const nlohmann::ordered_json provenance = nanoddp::common::provenance(argc, argv);
+  const nlohmann::ordered_json machine = nanoddp::common::machine_info();
+  fmt::print("# {}\n", nanoddp::common::provenance_line(provenance));
   std::optional<std::ofstream> json;
   if (!opt.json_path.empty()) {
     json.emplace(opt.json_path);
@@ -390,6 +395,8 @@ int main(int argc, char** argv) {
                                    {"with_cuda", bool(NANODDP_WITH_CUDA)},
                                    {"gemms", r.shape.gemms}};
       nlohmann::json out = line;
+      out["provenance"] = provenance;
+      out["machine"] = machine;
       if (r.kinds) {
         out["forward_ms"] = r.kinds->forward_ms;
         out["input_grad_ms"] = r.kinds->input_grad_ms;

@@ -3,7 +3,11 @@
 ddp_scaling: scaling efficiency (and samples/s) against world size, one line per model / bucket
   configuration. Efficiency is the line's own "scaling_efficiency"; where that is null it is
   derived from the world-size-1 line of the same configuration as
-  samples_per_s(W) / (W * samples_per_s(1)).
+  samples_per_s(W) / (W * samples_per_s(1)). A baseline line ("baseline": true, the plain
+  1-process run without DDP) is the world-1 point of every configuration with its model and
+  batch. Strong scaling groups by the global batch, weak by the batch per rank. Several records
+  of one point (--repeats, or reruns in other files) are drawn as their median with min-max
+  error bars, and said so on stderr: no record is dropped silently.
 
 ddp_breakdown: where a step's time goes, against the bucket cap, overlap on and off side by side,
   one panel per model / world size (W > 1). A bar stacks
@@ -23,7 +27,7 @@ from matplotlib.patches import Patch
 # Config fields that tell two scaling series apart, in label order. Not the ones that follow from
 # the world size (backend: none on one process; nnodes, global batch, buckets).
 SERIES_FIELDS = ["hidden", "layers", "in", "out", "activation", "device", "scaling",
-                 "batch_per_rank", "threads", "comm_hook", "first_bucket_mb", "bucket_cap_mb",
+                 "batch_per_rank", "global_batch", "threads", "comm_hook", "first_bucket_mb", "bucket_cap_mb",
                  "optimizer_in_backward", "overlap"]
 # What is on the breakdown chart's x axis or side by side, not a panel of its own.
 BAR_FIELDS = {"bucket_cap_mb", "overlap"}
@@ -47,6 +51,7 @@ def _field_text(name, value):
         "backend": str,
         "scaling": lambda v: f"{v} scaling",
         "batch_per_rank": lambda v: f"batch {v}/rank",
+        "global_batch": lambda v: f"global batch {v}",
         "threads": lambda v: f"{v} thread{'s' if v != 1 else ''}",
         "comm_hook": lambda v: f"hook {v}",
         "first_bucket_mb": lambda v: f"first bucket {_mb(v)}",
@@ -55,6 +60,22 @@ def _field_text(name, value):
         "optimizer_in_backward": lambda v: "optimizer in backward" if v else "optimizer after",
         "nnodes": lambda v: f"{v} node{'s' if v != 1 else ''}",
     }[name](value)
+
+
+def _series_config(config):
+    """Strong scaling keeps the global batch fixed (the per-rank batch shrinks with W), weak the
+    per-rank batch: the batch that is constant along a line is the one in its key."""
+    c = dict(config)
+    c["batch_per_rank" if c.get("scaling") == "strong" else "global_batch"] = None
+    return c
+
+
+# Fields a plain 1-process baseline does not have (no DDP): it serves every value of them.
+DDP_FIELDS = {"comm_hook", "first_bucket_mb", "bucket_cap_mb", "optimizer_in_backward", "overlap"}
+
+
+def _is_baseline(record):
+    return bool(record.get("baseline")) or record["config"].get("ddp") is False
 
 
 def _key(config, fields):
@@ -92,6 +113,22 @@ def _machine_text(records):
     return "; ".join(machines)
 
 
+def _median(values):
+    values = sorted(values)
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+def _efficiency_values(record, baseline):
+    """The record's efficiency and, with --repeats, every launch's."""
+    value = _efficiency(record, baseline)
+    if value is None:
+        return []
+    launches = [v for v in record.get("scaling_efficiency_repeats") or []
+                if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return [value] + launches
+
+
 def _efficiency(record, baseline):
     value = record.get("scaling_efficiency")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -104,38 +141,73 @@ def _efficiency(record, baseline):
 
 def plot_scaling(records, out_dir, written):
     series = {}
+    baselines = []
     for record, where in records:
-        key = _key(record["config"], SERIES_FIELDS)
-        series.setdefault(key, {})[record["config"]["world_size"]] = (record, where)
+        if _is_baseline(record):
+            baselines.append((record, where))
+            continue
+        key = _key(_series_config(record["config"]), SERIES_FIELDS)
+        series.setdefault(key, {}).setdefault(record["config"]["world_size"], []).append(
+            (record, where))
+    # The baselines: the world-1 point of every series with their model and batch; alone (a
+    # sweep of one rank) they are series of their own.
+    for record, where in baselines:
+        key = _key(_series_config(record["config"]), SERIES_FIELDS)
+        model = [(f, v) for f, v in key if f not in DDP_FIELDS]
+        matches = [k for k in series
+                   if [(f, v) for f, v in k if f not in DDP_FIELDS] == model]
+        for k in matches or [key]:
+            series.setdefault(k, {}).setdefault(1, []).append((record, where))
     keys = sorted(series, key=_sort_key)
     varying = _varying(keys, SERIES_FIELDS)
     # A colour per configuration but overlap; overlap off is the dashed twin of overlap on.
     colour_keys = sorted({tuple((f, v) for f, v in k if f != "overlap") for k in keys},
                          key=_sort_key)
-    fig, axes = figure.new_figure(ncols=2, width=10.5, height=4.6)
+    fig, axes = figure.new_figure(ncols=2, width=10.5, height=5.4)
     eff_ax, sps_ax = axes[0]
     worlds = sorted({w for s in series.values() for w in s})
     for i, key in enumerate(keys):
         points = sorted(series[key].items())
-        baseline = series[key].get(1, (None, None))[0]
+        base_entries = series[key].get(1, [])
+        baseline = base_entries[0][0] if base_entries else None
         colour_key = tuple((f, v) for f, v in key if f != "overlap")
         color = figure.COLORS[colour_keys.index(colour_key) % len(figure.COLORS)]
         style = "-" if dict(key).get("overlap", True) else "--"
         label = _label(key, varying, always=("bucket_cap_mb", "overlap"))
-        eff = [(w, _efficiency(r, baseline)) for w, (r, _) in points]
-        eff = [(w, e) for w, e in eff if e is not None]
-        if eff:
-            eff_ax.plot([w for w, _ in eff], [e for _, e in eff], marker="o", markersize=4,
-                        linestyle=style, color=color, label=label)
-        sps_ax.plot([w for w, _ in points], [r["samples_per_s"] for _, (r, _) in points],
-                    marker="o", markersize=4, linestyle=style, color=color, label=label)
+        eff_x, eff_y, eff_lo, eff_hi = [], [], [], []
+        sps_x, sps_y, sps_lo, sps_hi = [], [], [], []
+        for world, entries in points:
+            if len(entries) > 1 and not all(_is_baseline(r) for r, _ in entries):
+                figure.note(f"{len(entries)} records for '{label}' at {world} rank(s) "
+                            f"({', '.join(w for _, w in entries)}): drawn as their median with "
+                            "min-max error bars")
+            effs = [e for r, _ in entries for e in _efficiency_values(r, baseline)]
+            if effs:
+                mid = _median([_efficiency(r, baseline) for r, _ in entries
+                               if _efficiency(r, baseline) is not None])
+                eff_x.append(world)
+                eff_y.append(mid)
+                eff_lo.append(mid - min(effs))
+                eff_hi.append(max(effs) - mid)
+            sps = [r["samples_per_s"] for r, _ in entries]
+            sps += [v for r, _ in entries for v in r.get("repeat_samples_per_s") or []]
+            mid = _median([r["samples_per_s"] for r, _ in entries])
+            sps_x.append(world)
+            sps_y.append(mid)
+            sps_lo.append(mid - min(sps))
+            sps_hi.append(max(sps) - mid)
+        if eff_x:
+            eff_ax.errorbar(eff_x, eff_y, yerr=[eff_lo, eff_hi], marker="o", markersize=4,
+                            linestyle=style, color=color, label=label, capsize=3)
+        sps_ax.errorbar(sps_x, sps_y, yerr=[sps_lo, sps_hi], marker="o", markersize=4,
+                        linestyle=style, color=color, label=label, capsize=3)
     eff_ax.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
     eff_ax.set_ylabel("scaling efficiency (1 = linear)")
     eff_ax.set_ylim(0, max(1.1, eff_ax.get_ylim()[1]))
-    eff_ax.set_title("samples/s(W) / (W · samples/s(1))", fontsize=10)
+    eff_ax.set_title("samples/s(W) / (W · samples/s of the baseline)", fontsize=10)
     sps_ax.set_ylabel("samples/s (all ranks)")
     sps_ax.set_ylim(bottom=0)
-    sps_ax.set_title("throughput", fontsize=10)
+    sps_ax.set_title("throughput (bars: min-max over launches)", fontsize=10)
     for ax in (eff_ax, sps_ax):
         if len(worlds) > 1 and worlds[-1] / worlds[0] >= 4:
             ax.set_xscale("log", base=2)  # 1, 2, 4, 8, ... evenly spaced
@@ -144,14 +216,23 @@ def plot_scaling(records, out_dir, written):
         ax.set_xticklabels([str(w) for w in worlds])
         ax.set_xlabel("world size (ranks)")
         ax.grid(True, alpha=0.3)
-    eff_ax.legend(fontsize=7, loc="lower left", handlelength=3.5)
+    # The legend below the panels, where it covers no data.
+    handles, labels = eff_ax.get_legend_handles_labels()
+    if not handles:
+        handles, labels = sps_ax.get_legend_handles_labels()
+    ncol = 2 if len(labels) > 3 else 1
+    legend_rows = (len(labels) + ncol - 1) // ncol
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=ncol, handlelength=3.5,
+               bbox_to_anchor=(0.5, 0.07), frameon=False)
     common = [(f, v) for f, v in keys[0] if f not in varying and f not in BAR_FIELDS]
     fig.suptitle(_wrap("nanoddp-bench-ddp: " + _label(common, {f for f, _ in common})),
                  fontsize=10)
-    note = figure.sources_text(w for s in series.values() for _, w in s.values())
+    shown = [e for s in series.values() for entries in s.values() for e in entries]
+    note = figure.sources_text(w for _, w in shown)
     machine = _machine_text(records)
-    figure.footnote(fig, note + (f"; {machine}" if machine else ""))
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    figure.footnote(fig, note + (f"; {machine}" if machine else ""), [r for r, _ in records])
+    bottom = 0.1 + 0.035 * legend_rows
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     figure.save(fig, out_dir, "ddp_scaling", f"scaling efficiency vs world size ({len(keys)} "
                 "configurations)", written)
 
@@ -172,10 +253,22 @@ def plot_breakdown(records, out_dir, written):
     shown = multi or records  # a single-process sweep still shows its compute
     panel_fields = PANEL_FIELDS
     panels = {}
+    grouped = {}
     for record, where in shown:
-        key = _key(record["config"], panel_fields)
-        bars = panels.setdefault(key, {})
-        bars[(record["config"]["bucket_cap_mb"], record["config"]["overlap"])] = (record, where)
+        key = _key(_series_config(record["config"]), panel_fields)
+        bar = (record["config"]["bucket_cap_mb"], record["config"]["overlap"])
+        grouped.setdefault(key, {}).setdefault(bar, []).append((record, where))
+    for key, bars in grouped.items():
+        panel = panels.setdefault(key, {})
+        for bar, entries in bars.items():
+            # One bar per configuration: several records (reruns) show the median one, said so.
+            entries = sorted(entries, key=lambda e: e[0]["step_ms_median"])
+            if len(entries) > 1:
+                figure.note(f"{len(entries)} records for one breakdown bar (bucket cap "
+                            f"{_mb(bar[0])}, overlap {'on' if bar[1] else 'off'}; "
+                            f"{', '.join(w for _, w in entries)}): showing the median one, "
+                            f"{entries[(len(entries) - 1) // 2][1]}")
+            panel[bar] = entries[(len(entries) - 1) // 2]
     keys = sorted(panels, key=_sort_key)
     varying = _varying(keys, panel_fields)
     ncols = min(len(keys), 2)
@@ -202,7 +295,9 @@ def plot_breakdown(records, out_dir, written):
                     ax.bar(x, value, width=width * 0.9, bottom=bottom, color=color,
                            hatch=None if overlap else "//", edgecolor="white", linewidth=0.5)
                     bottom += value
-                ax.plot([x - width * 0.45, x + width * 0.45], [record["step_ms_median"]] * 2,
+                # The step the segments break down (the median step; older lines: the median).
+                step = (record.get("median_step") or {}).get("step_ms", record["step_ms_median"])
+                ax.plot([x - width * 0.45, x + width * 0.45], [step] * 2,
                         color="black", linewidth=2)
                 ticks.append(x)
                 tick_labels.append("on" if overlap else "off")
@@ -219,7 +314,7 @@ def plot_breakdown(records, out_dir, written):
         ax.set_title(title + (f", {detail}" if detail else ""), fontsize=10)
     for index in range(len(keys), nrows * ncols):
         axes[index // ncols][index % ncols].set_visible(False)
-    handles = [Line2D([], [], color="black", linewidth=2, label="measured step\n(median)")]
+    handles = [Line2D([], [], color="black", linewidth=2, label="measured step\n(the median one)")]
     handles += [Patch(facecolor=color, label=name) for name, color in reversed(SEGMENTS)]
     handles.append(Patch(facecolor="#999999", edgecolor="white", hatch="//",
                          label="overlap off\n(--no-overlap)"))
@@ -231,9 +326,9 @@ def plot_breakdown(records, out_dir, written):
                        + _label(common, {f for f, _ in common}), int(fig_width * 11)), fontsize=10)
     note = figure.sources_text(w for b in panels.values() for _, w in b.values())
     machine = _machine_text(shown)
-    figure.footnote(fig, note + (f"; {machine}" if machine else ""))
+    figure.footnote(fig, note + (f"; {machine}" if machine else ""), [r for r, _ in shown])
     fig.subplots_adjust(left=0.75 / fig_width, right=right, top=1 - 0.85 / height,
-                        bottom=0.75 / height, hspace=0.6, wspace=0.25)
+                        bottom=0.95 / height, hspace=0.6, wspace=0.25)
     figure.save(fig, out_dir, "ddp_breakdown", "step-time breakdown vs bucket cap, overlap on/off "
                 f"({len(keys)} panel{'s' if len(keys) != 1 else ''})", written)
 

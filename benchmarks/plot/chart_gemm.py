@@ -62,7 +62,11 @@ def plot_squares(records, out_dir, written):
         return
     series = {}
     for record, where in squares:
-        series.setdefault(series_key(record), {})[record["n"]] = (record, where)
+        points = series.setdefault(series_key(record), {})
+        if record["n"] in points:
+            figure.note(f"{where} measures n = {record['n']} again for {record['backend']} "
+                        f"(first: {points[record['n']][1]}): the later line is drawn")
+        points[record["n"]] = (record, where)
     keys = sorted(series, key=lambda k: (k[1], _backend_rank(k[0])))
     threads_vary = len({k[1] for k in keys}) > 1
     fig, axes = figure.new_figure(width=7.0, height=4.4)
@@ -87,8 +91,8 @@ def plot_squares(records, out_dir, written):
                  f"thread{'s' if threads != [1] else ''}", fontsize=11)
     note = figure.sources_text(w for s in series.values() for _, w in s.values())
     host = _host_text(squares)
-    figure.footnote(fig, note + (f"; {host}" if host else ""))
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    figure.footnote(fig, note + (f"; {host}" if host else ""), [r for r, _ in squares])
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     figure.save(fig, out_dir, "gemm_gflops", f"GEMM GFLOP/s vs matrix size ({len(keys)} series)",
                 written)
 
@@ -98,7 +102,10 @@ def plot_mlp(records, out_dir, written):
     if not mlp:
         return
     values = {}
-    for record, _ in mlp:
+    for record, where in mlp:
+        if (series_key(record), record["shape"]) in values:
+            figure.note(f"{where} measures {record['shape']} again for {record['backend']}: the "
+                        "later line is drawn")
         values[(series_key(record), record["shape"])] = record
     keys = sorted({k for k, _ in values}, key=lambda k: (k[1], _backend_rank(k[0])))
     shapes = [s for s in MLP_SHAPES if any((k, s) in values for k in keys)]
@@ -133,8 +140,9 @@ def plot_mlp(records, out_dir, written):
     ax.legend(fontsize=7, ncol=2, loc="upper left")
     ax.set_title("nanoddp-bench-gemm: the GEMMs of one MLP layer (m×n×k)", fontsize=11)
     host = _host_text(mlp)
-    figure.footnote(fig, figure.sources_text(w for _, w in mlp) + (f"; {host}" if host else ""))
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    figure.footnote(fig, figure.sources_text(w for _, w in mlp) + (f"; {host}" if host else ""),
+                    [r for r, _ in mlp])
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     figure.save(fig, out_dir, "gemm_mlp", f"GFLOP/s of the MLP's GEMM shapes ({len(shapes)} "
                 "shapes)", written)
 

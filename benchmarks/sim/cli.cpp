@@ -10,11 +10,13 @@
 
 #include "benchmarks/sim/allreduce_fit.h"
 #include "benchmarks/sim/buckets.h"
+#include "benchmarks/sim/checks.h"
 #include "benchmarks/sim/error.h"
 #include "benchmarks/sim/flop_model.h"
 #include "benchmarks/sim/report.h"
 #include "benchmarks/sim/step_model.h"
 #include "benchmarks/sim/trace_profile.h"
+#include "common/provenance.h"
 
 namespace nanoddp::sim {
 
@@ -42,7 +44,8 @@ std::string check(const CliOptions& o, const CLI::App& app) {
            "--model mlp (the FLOP model)";
   }
   if (!o.profile_path.empty()) {
-    for (const char* flag : {"--batch", "--gpu", "--precision", "--efficiency", "--optimizer"}) {
+    for (const char* flag :
+         {"--batch", "--gpu", "--precision", "--efficiency", "--optimizer", "--scaling"}) {
       if (app.count(flag) > 0) {
         return fmt::format(
             "{} applies to --model mlp only (a trace already holds the compute "
@@ -101,8 +104,54 @@ double parse_bytes(const std::string& text, const std::string& flag) {
   return value * scale;
 }
 
+namespace {
+
+// "hidden=1024,4096": the flag and its values, checked as the flag itself would be.
+std::pair<std::string, std::vector<double>> parse_sweep(const std::string& text) {
+  const auto eq = text.find('=');
+  const std::string name = text.substr(0, eq);
+  const std::vector<std::string> known = {"hidden", "layers", "batch", "inter-bw-gbs",
+                                          "intra-bw-gbs"};
+  if (eq == std::string::npos || std::find(known.begin(), known.end(), name) == known.end()) {
+    fail(
+        "--sweep {}: expected NAME=v1,v2,... with NAME one of hidden, layers, batch, "
+        "inter-bw-gbs, intra-bw-gbs",
+        text);
+  }
+  const bool integer = name == "hidden" || name == "layers" || name == "batch";
+  std::vector<double> values;
+  std::size_t start = eq + 1;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    std::size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    const double lo = name == "layers" ? 0 : 1;
+    const double hi = name == "layers" ? static_cast<double>(kMaxMlpLayers)
+                      : integer        ? 1e12
+                                       : kMaxBandwidthGbs;
+    if (item.empty() || used != item.size() || !(v >= lo && v <= hi) ||
+        (integer && v != std::floor(v))) {
+      fail("--sweep {}: '{}' is not {} in [{:g}, {:g}]", text, item,
+           integer ? "an integer" : "a number", lo, hi);
+    }
+    values.push_back(v);
+    if (values.size() > 64) fail("--sweep {}: at most 64 values", text);
+    start = comma + 1;
+  }
+  return {"--" + name, values};
+}
+
+}  // namespace
+
 std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
   CliOptions o;
+  std::string sweep_text;
   CLI::App app{
       "nanoddp-sim: predicts a DDP training step (compute, bucketed all-reduce overlapped with "
       "backward, exposed communication, scaling efficiency) on clusters you do not have."};
@@ -132,9 +181,14 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))
       ->capture_default_str();
   app.add_option("--layers", o.layers, "MLP hidden layers (layers + 1 Linear modules)")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20))
+      ->check(CLI::Range(std::int64_t{0}, kMaxMlpLayers))
       ->capture_default_str();
-  app.add_option("--batch", o.batch, "model: batch per GPU")
+  app.add_option("--scaling", o.scaling,
+                 "model: weak (--batch per GPU, fixed) or strong (--batch is the global batch, "
+                 "split over the GPUs; the 1-GPU step runs all of it)")
+      ->check(CLI::IsMember({"weak", "strong"}))
+      ->capture_default_str();
+  app.add_option("--batch", o.batch, "model: batch per GPU (weak) or global (strong)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
       ->capture_default_str();
   app.add_option("--gpu", o.gpu, "model: h100, h200 or a100")->capture_default_str();
@@ -212,6 +266,10 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
       ->capture_default_str();
 
   app.add_flag("--sweep-buckets", o.sweep_buckets, "also try bucket caps 0.25..1000 MiB");
+  app.add_option("--sweep", sweep_text,
+                 "also predict the step for each value of one flag, the rest unchanged: "
+                 "hidden=1024,4096 | layers=... | batch=... | inter-bw-gbs=... | "
+                 "intra-bw-gbs=...");
   app.add_flag("--sweep-nodes", o.sweep_nodes, "also predict 1, 2, 4, ... --nodes nodes");
   app.add_option("--json", o.json_path,
                  "also write the figures as JSON to FILE ('-': stdout only)");
@@ -230,6 +288,35 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
     exit_code = 2;
     return std::nullopt;
   }
+  if (!sweep_text.empty()) {
+    try {
+      o.sweep = parse_sweep(sweep_text);
+    } catch (const SimError& e) {
+      std::cerr << "nanoddp-sim: error: " << e.what() << "\n";
+      exit_code = 2;
+      return std::nullopt;
+    }
+    const std::string& flag = o.sweep->first;
+    std::string problem;
+    if (o.busbw) {
+      problem = "--sweep predicts steps: drop --busbw";
+    } else if (!o.profile_path.empty() && flag != "--inter-bw-gbs" && flag != "--intra-bw-gbs") {
+      problem = fmt::format(
+          "--sweep {}: a --profile trace fixes the model and batch; sweep "
+          "them with --model mlp",
+          sweep_text);
+    } else if (!o.fit_path.empty() && (flag == "--inter-bw-gbs" || flag == "--intra-bw-gbs")) {
+      problem = fmt::format(
+          "--sweep {}: --fit-allreduce fixes the network; sweep bandwidths "
+          "with a named --fabric",
+          sweep_text);
+    }
+    if (!problem.empty()) {
+      std::cerr << "nanoddp-sim: error: " << problem << "\n";
+      exit_code = 2;
+      return std::nullopt;
+    }
+  }
   if (std::string problem = check(o, app); !problem.empty()) {
     std::cerr << "nanoddp-sim: error: " << problem << "\n";
     exit_code = 2;
@@ -238,11 +325,94 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
   for (const char* flag : {"--in", "--out", "--hidden", "--layers"}) {
     o.shape_given = o.shape_given || app.count(flag) > 0;
   }
+  o.provenance = common::provenance(argc, argv);
   exit_code = 0;
   return o;
 }
 
+nlohmann::ordered_json inputs_json(const CliOptions& o) {
+  nlohmann::ordered_json j;
+  const auto opt = [](const std::optional<double>& v) -> nlohmann::ordered_json {
+    return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+  };
+  if (!o.profile_path.empty()) {
+    j["profile"] = {{"path", o.profile_path},
+                    {"rank", o.rank},
+                    {"skip_steps", o.skip_steps},
+                    {"peers", o.peers}};
+  }
+  if (!o.model.empty()) {
+    j["model"] = {{"name", o.model},          {"gpu", o.gpu},
+                  {"precision", o.precision}, {"efficiency", o.efficiency},
+                  {"optimizer", o.optimizer}, {"scaling", o.scaling}};
+    j["model"][o.scaling == "strong" ? "global_batch" : "batch_per_gpu"] = o.batch;
+  }
+  if (o.shape_given || !o.model.empty()) {
+    j["shape"] = {{"in", o.in}, {"out", o.out}, {"hidden", o.hidden}, {"layers", o.layers}};
+  }
+  j["cluster"] = {{"nodes", o.nodes}, {"gpus_per_node", o.gpus_per_node}, {"cores", o.cores}};
+  j["network"] = {{"fabric", o.fit_path.empty() ? o.fabric : ""},
+                  {"fit_allreduce", o.fit_path},
+                  {"intra_bw_gbs", opt(o.intra_bw_gbs)},
+                  {"intra_lat_us", opt(o.intra_lat_us)},
+                  {"inter_bw_gbs", opt(o.inter_bw_gbs)},
+                  {"inter_lat_us", opt(o.inter_lat_us)},
+                  {"launch_us", opt(o.launch_us)},
+                  {"algo", o.algo}};
+  j["ddp"] = {{"bucket_cap_mb", o.bucket_cap_mb},
+              {"first_bucket_mb", o.first_bucket_mb},
+              {"overlap", o.overlap},
+              {"optimizer_in_backward", o.optimizer_in_backward},
+              {"comm_hook", o.comm_hook},
+              {"sync_allreduce", o.sync_allreduce},
+              {"overlap_slowdown", o.overlap_slowdown},
+              {"compute_scale", o.compute_scale}};
+  j["sweeps"] = {{"buckets", o.sweep_buckets}, {"nodes", o.sweep_nodes}};
+  return j;
+}
+
 namespace {
+
+// Strong scaling: the 1-GPU step runs the whole global batch; efficiency = T1 / (n * Tn).
+void make_strong(StepPrediction& p, double single_ms) {
+  p.single_gpu_step_ms = single_ms;
+  p.scaling_efficiency = p.step_ms > 0 ? single_ms / (p.world_size * p.step_ms) : 0.0;
+}
+
+// One plain GPU's step of a profile: forward + backward + optimizer + other (no DDP).
+double plain_step_ms(const ComputeProfile& profile, double compute_scale) {
+  return (profile.forward_ms + profile.backward_ms() + profile.optimizer_ms + profile.other_ms) *
+         compute_scale;
+}
+
+// --sweep-nodes with a fixed global batch: each world size gets its own per-GPU batch (and so
+// its own FLOP-model profile); worlds that do not divide the batch are left out, and said so.
+std::vector<ScalingRow> sweep_nodes_strong(const GpuSpec& gpu, FlopModelOptions flops,
+                                           std::int64_t global_batch, double single_ms,
+                                           const StepOptions& options,
+                                           std::vector<std::string>* warnings) {
+  std::vector<ScalingRow> rows;
+  for (int nodes = 1;; nodes = std::min(nodes * 2, options.cluster.nodes)) {
+    StepOptions o = options;
+    o.cluster.nodes = nodes;
+    const int world = o.cluster.world_size();
+    if (global_batch % world != 0) {
+      if (warnings != nullptr) {
+        warnings->push_back(fmt::format(
+            "--sweep-nodes --scaling strong: {} GPUs do not divide --batch {}; row left out", world,
+            global_batch));
+      }
+    } else {
+      flops.batch = global_batch / world;
+      StepPrediction p = predict_step(profile_from_flops(gpu, flops), o);
+      make_strong(p, single_ms);
+      rows.push_back(
+          {nodes, p.world_size, p.step_ms, p.comm_ms, p.exposed_comm_ms, p.scaling_efficiency});
+    }
+    if (nodes >= options.cluster.nodes) break;
+  }
+  return rows;
+}
 
 void emit(const CliOptions& o, const std::string& table, const nlohmann::json& json) {
   if (o.json_path == "-") {
@@ -286,6 +456,7 @@ Fabric network_from_flags(const CliOptions& o, const Cluster& cluster,
     if (o.inter_bw_gbs) fabric.inter_bw_gbs = *o.inter_bw_gbs;
     if (o.inter_lat_us) fabric.inter_lat_us = *o.inter_lat_us;
     if (o.launch_us) fabric.launch_us = *o.launch_us;
+    check_limits(cluster, fabric);
     if (overridden) {
       fabric.description = fmt::format("{}, with values given on the command line", fabric.name);
       fabric.name = "custom";
@@ -297,18 +468,96 @@ Fabric network_from_flags(const CliOptions& o, const Cluster& cluster,
 
 }  // namespace
 
+namespace {
+void set_swept(CliOptions& o, const std::string& flag, double value);
+}  // namespace
+
 void run_cli(const CliOptions& o) {
   const Cluster cluster{.nodes = o.nodes, .gpus_per_node = o.gpus_per_node};
+  check_limits(cluster, Fabric{});  // the world size, before anything multiplies it
   if (o.busbw) {
     const Fabric fabric = network_from_flags(o, cluster, {});
     const auto rows = busbw_table(cluster, fabric, parse_bytes(o.busbw_min, "--busbw-min"),
                                   parse_bytes(o.busbw_max, "--busbw-max"));
-    emit(o, format_busbw(cluster, fabric, rows), busbw_json(cluster, fabric, rows));
+    nlohmann::json json = busbw_json(cluster, fabric, rows);
+    for (auto& row : json) row["provenance"] = nlohmann::json(o.provenance);
+    emit(o, format_busbw(cluster, fabric, rows), json);
     return;
   }
-
-  const MlpShape shape{.in = o.in, .out = o.out, .hidden = o.hidden, .layers = o.layers};
   ComputeProfile profile;
+  SimReport report = simulate(o, profile);
+  if (o.sweep) {
+    // One full prediction per value, the rest of the command line unchanged.
+    report.parameter_sweep_flag = o.sweep->first;
+    for (const double value : o.sweep->second) {
+      CliOptions v = o;
+      v.sweep.reset();
+      v.sweep_buckets = v.sweep_nodes = false;
+      set_swept(v, o.sweep->first, value);
+      ComputeProfile vp;
+      SimReport r;
+      try {
+        r = simulate(v, vp);
+      } catch (const SimError& e) {
+        fail("--sweep at {} {:g}: {}", o.sweep->first, value, e.what());
+      }
+      report.parameter_sweep.push_back({.value = value,
+                                        .parameters = vp.numel(),
+                                        .step_ms = r.prediction.step_ms,
+                                        .comm_ms = r.prediction.comm_ms,
+                                        .exposed_comm_ms = r.prediction.exposed_comm_ms,
+                                        .scaling_efficiency = r.prediction.scaling_efficiency,
+                                        .ring_efficiency = r.band.ring_efficiency,
+                                        .tree_efficiency = r.band.tree_efficiency,
+                                        .memory_bytes = r.memory ? r.memory->total() : 0.0});
+      for (const std::string& w : r.warnings) {
+        const std::string tagged = fmt::format("{} {:g}: {}", o.sweep->first, value, w);
+        if (std::find(report.warnings.begin(), report.warnings.end(), tagged) ==
+            report.warnings.end()) {
+          report.warnings.push_back(tagged);
+        }
+      }
+    }
+  }
+  // The table carries them; a JSON-only run says them on stderr too.
+  if (o.json_path == "-") {
+    for (const std::string& w : report.warnings) {
+      std::cerr << "nanoddp-sim: warning: " << w << "\n";
+    }
+  }
+  emit(o, format_report(report), report_json(report));
+}
+
+namespace {
+
+void set_swept(CliOptions& o, const std::string& flag, double value) {
+  const auto count = static_cast<std::int64_t>(value);
+  if (flag == "--hidden") {
+    o.hidden = count;
+    o.shape_given = true;
+  } else if (flag == "--layers") {
+    o.layers = count;
+    o.shape_given = true;
+  } else if (flag == "--batch") {
+    o.batch = count;
+  } else if (flag == "--inter-bw-gbs") {
+    o.inter_bw_gbs = value;
+  } else if (flag == "--intra-bw-gbs") {
+    o.intra_bw_gbs = value;
+  }
+}
+
+}  // namespace
+
+SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
+  const Cluster cluster{.nodes = o.nodes, .gpus_per_node = o.gpus_per_node};
+  const MlpShape shape{.in = o.in, .out = o.out, .hidden = o.hidden, .layers = o.layers};
+  const bool strong = o.scaling == "strong";
+  FlopModelOptions flops;
+  double single_ms = 0;  // strong: the whole global batch on one GPU
+  const GpuSpec* gpu = nullptr;
+  std::optional<MemoryEstimate> memory;
+  std::vector<std::string> warnings;
   if (!o.profile_path.empty()) {
     // Unset shape flags: the trace's "grad" markers describe the model (older traces:
     // nanoddp-train's defaults, as the flags' defaults).
@@ -318,11 +567,26 @@ void run_cli(const CliOptions& o) {
                          .skip_steps = o.skip_steps,
                          .peers = o.peers == "traced"});
   } else {
-    profile = profile_from_flops(find_gpu(o.gpu), {.shape = shape,
-                                                   .batch = o.batch,
-                                                   .precision = parse_precision(o.precision),
-                                                   .efficiency = o.efficiency,
-                                                   .optimizer = o.optimizer});
+    gpu = &find_gpu(o.gpu);
+    if (strong && o.batch % cluster.world_size() != 0) {
+      fail(
+          "--batch {} --scaling strong: the global batch does not divide over the {} GPUs; give "
+          "a multiple of {}",
+          o.batch, cluster.world_size(), cluster.world_size());
+    }
+    flops = FlopModelOptions{.shape = shape,
+                             .batch = strong ? o.batch / cluster.world_size() : o.batch,
+                             .precision = parse_precision(o.precision),
+                             .efficiency = o.efficiency,
+                             .optimizer = o.optimizer};
+    memory = estimate_memory(*gpu, flops);
+    if (std::string w = check_memory(*memory, *gpu); !w.empty()) warnings.push_back(w);
+    profile = profile_from_flops(*gpu, flops);
+    if (strong) {
+      FlopModelOptions whole = flops;
+      whole.batch = o.batch;
+      single_ms = plain_step_ms(profile_from_flops(*gpu, whole), o.compute_scale);
+    }
   }
   const double grad_bytes = o.comm_hook == "bf16" ? 2.0 : 4.0;
   std::vector<std::int64_t> numels;
@@ -334,6 +598,9 @@ void run_cli(const CliOptions& o) {
 
   SimReport report;
   report.profile = &profile;
+  report.memory = memory;
+  report.inputs = inputs_json(o);
+  report.provenance = o.provenance;
   report.options = StepOptions{.cluster = cluster,
                                .fabric = network_from_flags(o, cluster, bucket_bytes),
                                .algorithm = parse_algorithm(o.algo),
@@ -351,11 +618,38 @@ void run_cli(const CliOptions& o) {
                                .peers = o.peers == "traced",
                                .optimizer_in_backward = o.optimizer_in_backward == "on"};
   report.prediction = predict_step(profile, report.options);
+  StepOptions ring = report.options, tree = report.options;
+  ring.algorithm = Algorithm::kRing;
+  tree.algorithm = Algorithm::kTree;
+  StepPrediction ring_step = predict_step(profile, ring);
+  StepPrediction tree_step = predict_step(profile, tree);
+  if (strong) {
+    make_strong(report.prediction, single_ms);
+    make_strong(ring_step, single_ms);
+    make_strong(tree_step, single_ms);
+    report.global_batch = o.batch;
+  }
+  report.band = {.ring_step_ms = ring_step.step_ms,
+                 .ring_efficiency = ring_step.scaling_efficiency,
+                 .tree_step_ms = tree_step.step_ms,
+                 .tree_efficiency = tree_step.scaling_efficiency};
   if (o.sweep_buckets) {
     report.sweep = sweep_bucket_caps(profile, report.options, default_sweep_caps(o.bucket_cap_mb));
   }
-  if (o.sweep_nodes) report.scaling = sweep_nodes(profile, report.options);
-  emit(o, format_report(report), report_json(report));
+  if (o.sweep_nodes && strong) {
+    report.scaling = sweep_nodes_strong(*gpu, flops, o.batch, single_ms, report.options, &warnings);
+    report.scaling_ring = sweep_nodes_strong(*gpu, flops, o.batch, single_ms, ring, nullptr);
+    report.scaling_tree = sweep_nodes_strong(*gpu, flops, o.batch, single_ms, tree, nullptr);
+  } else if (o.sweep_nodes) {
+    report.scaling = sweep_nodes(profile, report.options);
+    report.scaling_ring = sweep_nodes(profile, ring);
+    report.scaling_tree = sweep_nodes(profile, tree);
+  }
+  for (std::string& w : range_warnings(cluster, report.options.fabric, gpu)) {
+    warnings.push_back(std::move(w));
+  }
+  report.warnings = warnings;
+  return report;
 }
 
 }  // namespace nanoddp::sim

@@ -2,8 +2,13 @@
 // nanoddp-sim's command line: every flag, its default, and the run it describes.
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
+
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
+#include "benchmarks/sim/report.h"
 
 namespace nanoddp::sim {
 
@@ -14,8 +19,9 @@ struct CliOptions {
   int rank = 0;
   int skip_steps = 1;
   std::int64_t in = 32, out = 8, hidden = 128, layers = 2;  // nanoddp-train's defaults
-  bool shape_given = false;  // any of --in/--out/--hidden/--layers on the command line
-  std::int64_t batch = 64;
+  bool shape_given = false;      // any of --in/--out/--hidden/--layers on the command line
+  std::int64_t batch = 64;       // per GPU (weak) or global (strong)
+  std::string scaling = "weak";  // model: weak (fixed batch per GPU) or strong (fixed global)
   std::string gpu = "h100";
   std::string precision = "fp32";
   double efficiency = 0.7;
@@ -47,11 +53,18 @@ struct CliOptions {
   // Output.
   bool sweep_buckets = false;
   bool sweep_nodes = false;
+  // --sweep NAME=v1,v2: the flag ("--hidden") and its values.
+  std::optional<std::pair<std::string, std::vector<double>>> sweep;
   std::string json_path;  // "-" = stdout, instead of the table
   bool busbw = false;
   std::string busbw_min = "8M";
   std::string busbw_max = "8G";
+
+  nlohmann::ordered_json provenance;  // filled by parse_cli: common::provenance()
 };
+
+// The options as structured fields (the JSON's "inputs"): what a script needs to redo the run.
+nlohmann::ordered_json inputs_json(const CliOptions& options);
 
 // Parses argv. On --help prints usage and returns nullopt with exit_code 0; on a bad flag or
 // value prints a message naming the flag and returns nullopt with exit_code 2.
@@ -59,6 +72,10 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code);
 
 // Runs the simulation and prints it. Throws SimError for bad input (exit code 2).
 void run_cli(const CliOptions& options);
+
+// One prediction (the report run_cli prints, without --sweep's rows); `profile` holds the
+// compute profile the report points to. Throws SimError for bad input.
+SimReport simulate(const CliOptions& options, ComputeProfile& profile);
 
 // nccl-tests style sizes: 8, 1K, 16M, 1G (powers of 1024). Throws SimError naming `flag`.
 double parse_bytes(const std::string& text, const std::string& flag);

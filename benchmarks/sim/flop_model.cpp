@@ -20,7 +20,9 @@ const std::vector<GpuSpec>& named_gpus() {
        .tf32_tflops = 494.7,
        .bf16_tflops = 989.4,
        .hbm_gbs = 3350.0,
-       .launch_us = 4.0},
+       .launch_us = 4.0,
+       .memory_gb = 80.0,
+       .fabrics = {"nvlink4-ib400"}},
       {.name = "h200",
        .description = "H200 SXM 141 GB (FP32 66.9, TF32 494.7, BF16 989.4 dense TFLOP/s; "
                       "HBM3e 4.8 TB/s)",
@@ -28,7 +30,9 @@ const std::vector<GpuSpec>& named_gpus() {
        .tf32_tflops = 494.7,
        .bf16_tflops = 989.4,
        .hbm_gbs = 4800.0,
-       .launch_us = 4.0},
+       .launch_us = 4.0,
+       .memory_gb = 141.0,
+       .fabrics = {"nvlink4-ib400"}},
       {.name = "a100",
        .description = "A100 SXM4 80 GB (FP32 19.5, TF32 156, BF16 312 dense TFLOP/s; "
                       "HBM2e 2.04 TB/s)",
@@ -36,7 +40,9 @@ const std::vector<GpuSpec>& named_gpus() {
        .tf32_tflops = 156.0,
        .bf16_tflops = 312.0,
        .hbm_gbs = 2039.0,
-       .launch_us = 4.0},
+       .launch_us = 4.0,
+       .memory_gb = 80.0,
+       .fabrics = {"nvlink3-ib200"}},
   };
   return gpus;
 }

@@ -27,6 +27,9 @@ struct GpuSpec {
   double bf16_tflops = 0;  // tensor cores, dense
   double hbm_gbs = 0;
   double launch_us = 0;  // per kernel
+  double memory_gb = 0;  // HBM, 1e9 bytes
+  // The fabrics of the systems it shipped in (DGX/HGX): another one gets a warning.
+  std::vector<std::string> fabrics;
 };
 
 const std::vector<GpuSpec>& named_gpus();

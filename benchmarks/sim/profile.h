@@ -28,8 +28,11 @@ struct ParameterInfo {
 
 // The parameters in layout order: the reverse of registration order (last layer first, bias
 // before weight), which is how nn::FlatParameters lays out the gradients and the order in
-// which backward produces them. Throws SimError for a bad shape.
+// which backward produces them. Throws SimError for a bad shape:
+// at most kMaxMlpLayers layers and 2^63 parameters in all (counts past it would wrap negative).
 std::vector<ParameterInfo> mlp_parameters(const MlpShape& shape);
+// A bound on --layers that keeps one prediction (and a sweep of a few dozen) under a second.
+inline constexpr std::int64_t kMaxMlpLayers = 4096;
 std::string describe(const MlpShape& shape);
 
 struct GradientWork {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "benchmarks/sim/error.h"
 
 namespace nanoddp::sim {
@@ -26,6 +28,11 @@ double pct(double part, double whole) {
 }
 
 }  // namespace
+
+const char* const kNvlsCaveat =
+    "NVLink SHARP (NVLS) and CollNet are not modelled: on NVLink4 NVSwitch nodes (H100, H200) "
+    "NCCL's default all-reduce reaches ~480 GB/s busbw where this model's ring reaches ~370, so "
+    "communication inside a node is up to ~23 % pessimistic (docs/simulator.md)";
 
 std::string format_report(const SimReport& r) {
   const ComputeProfile& prof = *r.profile;
@@ -59,6 +66,14 @@ std::string format_report(const SimReport& r) {
         q.compute_alone, q.compute_shared, q.comm_alone, q.comm_shared);
   }
   if (o.peers) out += "peers     each collective waits for the slowest traced rank\n";
+  if (r.memory) {
+    const MemoryEstimate& m = *r.memory;
+    out += fmt::format(
+        "memory    {:.3g} GB of {:.3g} GB per GPU ({:.1f} %): parameters {:.3g}, gradients "
+        "{:.3g}, optimizer state {:.3g}, activations {:.3g} GB (a lower bound)\n",
+        m.total() / 1e9, m.gpu / 1e9, pct(m.total(), m.gpu), m.parameters / 1e9, m.gradients / 1e9,
+        m.optimizer_state / 1e9, m.activations / 1e9);
+  }
   out += "\n";
   out += fmt::format("{:>6} {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>5}\n", "bucket",
                      "params", "MiB", "ready", "all ready", "launch", "start", "end", "all-reduce",
@@ -92,10 +107,24 @@ std::string format_report(const SimReport& r) {
       "hidden behind backward{}\n",
       p.exposed_comm_ms, p.overlap_fraction * 100.0,
       o.optimizer_in_backward ? " and the updates" : "");
-  out += fmt::format(
-      "1-GPU step           {:>10.3f} ms  scaling efficiency {:.1f} % (batch per "
-      "GPU fixed)\n",
-      p.single_gpu_step_ms, p.scaling_efficiency * 100.0);
+  out += fmt::format("1-GPU step           {:>10.3f} ms  scaling efficiency {:.1f} % ({})\n",
+                     p.single_gpu_step_ms, p.scaling_efficiency * 100.0,
+                     r.global_batch > 0
+                         ? fmt::format("strong: global batch {} fixed, the 1-GPU step runs all "
+                                       "of it; T1 / (n x Tn)",
+                                       r.global_batch)
+                         : std::string("batch per GPU fixed"));
+  if (p.world_size > 1) {
+    const AlgorithmBand& band = r.band;
+    out += fmt::format(
+        "algorithm band       ring {:.3f} ms ({:.1f} %) .. tree {:.3f} ms ({:.1f} %): the "
+        "all-reduce algorithm alone moves the efficiency by {:.1f} points\n",
+        band.ring_step_ms, band.ring_efficiency * 100.0, band.tree_step_ms,
+        band.tree_efficiency * 100.0,
+        std::abs(band.ring_efficiency - band.tree_efficiency) * 100.0);
+  }
+  out += fmt::format("caveat: {}\n", kNvlsCaveat);
+  for (const std::string& w : r.warnings) out += fmt::format("warning: {}\n", w);
   if (prof.measured) {
     const MeasuredStep& m = *prof.measured;
     out += fmt::format("traced run           {:>10.3f} ms  measured with {} rank(s)", m.step_ms,
@@ -122,14 +151,33 @@ std::string format_report(const SimReport& r) {
         pct(p.step_ms - best.step_ms, best.step_ms));
   }
   if (!r.scaling.empty()) {
-    out += fmt::format("\nscaling ({} GPU(s) per node, batch per GPU fixed)\n",
-                       o.cluster.gpus_per_node);
-    out += fmt::format("{:>6} {:>6} {:>10} {:>10} {:>11} {:>11}\n", "nodes", "ranks", "step ms",
-                       "comm ms", "exposed ms", "efficiency");
-    for (const ScalingRow& s : r.scaling) {
-      out += fmt::format("{:>6} {:>6} {:>10.3f} {:>10.3f} {:>11.3f} {:>10.1f}%\n", s.nodes,
-                         s.world_size, s.step_ms, s.comm_ms, s.exposed_comm_ms,
-                         s.scaling_efficiency * 100.0);
+    out += fmt::format("\nscaling ({} GPU(s) per node, {})\n", o.cluster.gpus_per_node,
+                       r.global_batch > 0 ? fmt::format("global batch {} fixed", r.global_batch)
+                                          : std::string("batch per GPU fixed"));
+    out += fmt::format("{:>6} {:>6} {:>10} {:>10} {:>11} {:>11} {:>9} {:>9}\n", "nodes", "ranks",
+                       "step ms", "comm ms", "exposed ms", "efficiency", "ring", "tree");
+    for (std::size_t i = 0; i < r.scaling.size(); ++i) {
+      const ScalingRow& s = r.scaling[i];
+      out +=
+          fmt::format("{:>6} {:>6} {:>10.3f} {:>10.3f} {:>11.3f} {:>10.1f}% {:>8.1f}% {:>8.1f}%\n",
+                      s.nodes, s.world_size, s.step_ms, s.comm_ms, s.exposed_comm_ms,
+                      s.scaling_efficiency * 100.0, r.scaling_ring.at(i).scaling_efficiency * 100.0,
+                      r.scaling_tree.at(i).scaling_efficiency * 100.0);
+    }
+    out += "(ring, tree: the efficiency with that algorithm forced)\n";
+  }
+  if (!r.parameter_sweep.empty()) {
+    out += fmt::format("\n{} sweep (the rest of the command line unchanged)\n",
+                       r.parameter_sweep_flag);
+    out += fmt::format("{:>12} {:>14} {:>10} {:>10} {:>11} {:>11} {:>9} {:>9} {:>10}\n",
+                       r.parameter_sweep_flag, "parameters", "step ms", "comm ms", "exposed ms",
+                       "efficiency", "ring", "tree", "memory GB");
+    for (const ParameterSweepRow& s : r.parameter_sweep) {
+      out += fmt::format(
+          "{:>12g} {:>14} {:>10.3f} {:>10.3f} {:>11.3f} {:>10.1f}% {:>8.1f}% {:>8.1f}% {:>10.3g}\n",
+          s.value, s.parameters, s.step_ms, s.comm_ms, s.exposed_comm_ms,
+          s.scaling_efficiency * 100.0, s.ring_efficiency * 100.0, s.tree_efficiency * 100.0,
+          s.memory_bytes / 1e9);
     }
   }
   return out;
@@ -141,6 +189,8 @@ nlohmann::json report_json(const SimReport& r) {
   const StepOptions& o = r.options;
   const StepPrediction& p = r.prediction;
   json j;
+  if (!r.provenance.is_null()) j["provenance"] = r.provenance;
+  if (!r.inputs.is_null()) j["inputs"] = r.inputs;
   j["profile"] = {{"source", prof.source},
                   {"parameters", prof.numel()},
                   {"forward_ms", prof.forward_ms},
@@ -214,7 +264,38 @@ nlohmann::json report_json(const SimReport& r) {
                {"comm_ms", p.comm_ms},
                {"overlap_fraction", p.overlap_fraction},
                {"single_gpu_step_ms", p.single_gpu_step_ms},
+               {"scaling", r.global_batch > 0 ? "strong" : "weak"},
                {"scaling_efficiency", p.scaling_efficiency}};
+  j["algorithm_band"] = {{"ring_step_ms", r.band.ring_step_ms},
+                         {"ring_efficiency", r.band.ring_efficiency},
+                         {"tree_step_ms", r.band.tree_step_ms},
+                         {"tree_efficiency", r.band.tree_efficiency}};
+  if (r.memory) {
+    const MemoryEstimate& m = *r.memory;
+    j["memory"] = {{"parameters_bytes", m.parameters},
+                   {"gradients_bytes", m.gradients},
+                   {"optimizer_state_bytes", m.optimizer_state},
+                   {"activations_bytes", m.activations},
+                   {"total_bytes", m.total()},
+                   {"gpu_bytes", m.gpu}};
+  }
+  if (!r.parameter_sweep.empty()) {
+    json rows = json::array();
+    for (const ParameterSweepRow& s : r.parameter_sweep) {
+      rows.push_back({{"value", s.value},
+                      {"parameters", s.parameters},
+                      {"step_ms", s.step_ms},
+                      {"comm_ms", s.comm_ms},
+                      {"exposed_comm_ms", s.exposed_comm_ms},
+                      {"scaling_efficiency", s.scaling_efficiency},
+                      {"ring_efficiency", s.ring_efficiency},
+                      {"tree_efficiency", s.tree_efficiency},
+                      {"memory_bytes", s.memory_bytes}});
+    }
+    j["parameter_sweep"] = {{"flag", r.parameter_sweep_flag}, {"rows", rows}};
+  }
+  j["caveats"] = json::array({kNvlsCaveat});
+  j["warnings"] = r.warnings;
   if (!r.sweep.empty()) {
     json rows = json::array();
     for (const SweepRow& s : r.sweep) {
@@ -235,7 +316,9 @@ nlohmann::json report_json(const SimReport& r) {
                       {"step_ms", s.step_ms},
                       {"comm_ms", s.comm_ms},
                       {"exposed_comm_ms", s.exposed_comm_ms},
-                      {"scaling_efficiency", s.scaling_efficiency}});
+                      {"scaling_efficiency", s.scaling_efficiency},
+                      {"ring_efficiency", r.scaling_ring.at(rows.size()).scaling_efficiency},
+                      {"tree_efficiency", r.scaling_tree.at(rows.size()).scaling_efficiency}});
     }
     j["scaling"] = rows;
   }
@@ -268,6 +351,7 @@ std::string format_busbw(const Cluster& cluster, const Fabric& fabric,
       "nanoddp-sim: all-reduce model, {} node(s) x {} GPU(s), fabric {}\n"
       "busbw = bytes / time * 2(n-1)/n (nccl-tests' definition)\n",
       cluster.nodes, cluster.gpus_per_node, fabric_line(fabric, cluster));
+  out += fmt::format("caveat: {}\n", kNvlsCaveat);
   out += fmt::format("{:>14} {:>12} {:>12} {:>12} {:>12}\n", "size (B)", "ring us", "ring busbw",
                      "tree us", "tree busbw");
   for (const BusbwRow& r : rows) {

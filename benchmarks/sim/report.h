@@ -6,18 +6,47 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/sim/checks.h"
 #include "benchmarks/sim/profile.h"
 #include "benchmarks/sim/step_model.h"
 
 namespace nanoddp::sim {
 
+// The same step with NCCL's two algorithms forced: how much the choice alone moves the answer.
+struct AlgorithmBand {
+  double ring_step_ms = 0, ring_efficiency = 0;
+  double tree_step_ms = 0, tree_efficiency = 0;
+};
+
+// --sweep: the step for each value of one flag.
+struct ParameterSweepRow {
+  double value = 0;
+  std::int64_t parameters = 0;
+  double step_ms = 0, comm_ms = 0, exposed_comm_ms = 0;
+  double scaling_efficiency = 0, ring_efficiency = 0, tree_efficiency = 0;
+  double memory_bytes = 0;  // the FLOP model's estimate (0 for a trace)
+};
+
 struct SimReport {
   const ComputeProfile* profile = nullptr;
   StepOptions options;
   StepPrediction prediction;
+  AlgorithmBand band;
   std::vector<SweepRow> sweep;      // empty unless --sweep-buckets
   std::vector<ScalingRow> scaling;  // empty unless --sweep-nodes
+  // --sweep-nodes with each algorithm forced (the band per row).
+  std::vector<ScalingRow> scaling_ring, scaling_tree;
+  std::optional<MemoryEstimate> memory;  // the FLOP model's
+  std::string parameter_sweep_flag;      // "--hidden"; empty without --sweep
+  std::vector<ParameterSweepRow> parameter_sweep;
+  std::int64_t global_batch = 0;  // > 0: strong scaling (the 1-GPU step runs all of it)
+  std::vector<std::string> warnings;
+  nlohmann::ordered_json inputs;      // the command line as structured fields
+  nlohmann::ordered_json provenance;  // common::provenance()
 };
+
+// Printed by every run: NVLink SHARP is not in the model.
+extern const char* const kNvlsCaveat;
 
 std::string format_report(const SimReport& report);
 nlohmann::json report_json(const SimReport& report);

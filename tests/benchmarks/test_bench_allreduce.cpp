@@ -5,7 +5,9 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -61,13 +63,15 @@ TEST_CASE("bench-allreduce: 3 ranks through the process group, every result corr
   INFO(describe(results));
   for (const auto& r : results) REQUIRE(r.exit_code == 0);
   const auto lines = read_lines(dir.file("a.jsonl"));
-  REQUIRE(lines.size() == 3);
+  REQUIRE(lines.size() == 6);  // per size: out of place, then in place
   std::vector<std::int64_t> bytes;
-  for (const auto& l : lines) {
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const auto& l = lines[i];
     check_line(l, "nanoddp", 3);
+    CHECK(l.at("placement") == (i % 2 == 0 ? "out-of-place" : "in-place"));
     CHECK(l.at("op") == "avg");
     CHECK(l.at("wrong") == 0);  // every element of every rank matched the closed form
-    bytes.push_back(l.at("bytes").get<std::int64_t>());
+    if (i % 2 == 0) bytes.push_back(l.at("bytes").get<std::int64_t>());
   }
   CHECK(bytes == std::vector<std::int64_t>{8, 4096, 2097152});
   CHECK(results[0].output.find("busbw(GB/s)") != std::string::npos);
@@ -83,13 +87,16 @@ TEST_CASE("bench-allreduce: --vs-raw measures the engine and raw Gloo in one run
   INFO(describe(results));
   for (const auto& r : results) REQUIRE(r.exit_code == 0);
   const auto lines = read_lines(dir.file("a.jsonl"));
-  REQUIRE(lines.size() == 6);  // per size: the engine's line, then raw's
-  for (std::size_t i = 0; i < lines.size(); i += 2) {
+  REQUIRE(lines.size() == 9);  // per size: the engine out of place and in place, then raw's
+  for (std::size_t i = 0; i < lines.size(); i += 3) {
     check_line(lines[i], "nanoddp", 2);
-    check_line(lines[i + 1], "raw", 2);
-    CHECK(lines[i].at("bytes") == lines[i + 1].at("bytes"));
+    check_line(lines[i + 1], "nanoddp", 2);
+    check_line(lines[i + 2], "raw", 2);
+    CHECK(lines[i + 2].at("placement") == "in-place");
+    CHECK(lines[i].at("bytes") == lines[i + 2].at("bytes"));
     CHECK(lines[i].at("wrong") == 0);
-    CHECK(lines[i + 1].at("wrong") == 0);  // raw Gloo's result is checked too
+    CHECK(lines[i + 1].at("wrong") == 0);
+    CHECK(lines[i + 2].at("wrong") == 0);  // raw Gloo's result is checked too
     CHECK(lines[i].at("rounds") == 2);
   }
   CHECK(lines[0]
@@ -97,7 +104,7 @@ TEST_CASE("bench-allreduce: --vs-raw measures the engine and raw Gloo in one run
             .get<std::string>()
             .find("process group allreduce; transport: "
                   "TCP ring") != std::string::npos);
-  CHECK(lines[1]
+  CHECK(lines[2]
             .at("algorithm")
             .get<std::string>()
             .find("as used by gloo::allreduce; "
@@ -114,11 +121,102 @@ TEST_CASE("bench-allreduce: --raw runs straight on Gloo and its results are corr
   INFO(describe(results));
   for (const auto& r : results) REQUIRE(r.exit_code == 0);
   const auto lines = read_lines(dir.file("a.jsonl"));
-  REQUIRE(lines.size() == 3);
+  REQUIRE(lines.size() == 6);
   for (const auto& l : lines) {
     check_line(l, "raw", 2);
-    CHECK(l.at("wrong") == 0);
+    CHECK(l.at("wrong") == 0);  // out of place: Gloo wrote every element of the receive buffer
   }
+  CHECK(results[0].output.find("gloo::allreduce from a send buffer into a receive buffer") !=
+        std::string::npos);
+}
+
+TEST_CASE(
+    "bench-allreduce: nccl-tests' column sets, rank-averaged rounds, min/max and the "
+    "average bus bandwidth footer") {
+  TempDir dir;
+  const std::vector<std::string> argv = {bin_path("nanoddp-bench-allreduce"),
+                                         "-b",
+                                         "1K",
+                                         "-e",
+                                         "64K",
+                                         "-f",
+                                         "8",
+                                         "-n",
+                                         "2",
+                                         "-w",
+                                         "1",
+                                         "-r",
+                                         "3",
+                                         "--json",
+                                         dir.file("a.jsonl")};
+  const auto results = run_world(argv, 2, quick());
+  INFO(describe(results));
+  for (const auto& r : results) REQUIRE(r.exit_code == 0);
+  const std::string& out = results[0].output;
+  CHECK(out.find("out-of-place") != std::string::npos);
+  CHECK(out.find("in-place") != std::string::npos);
+  CHECK(out.find("averaged over the ranks, median round") != std::string::npos);
+  CHECK(out.find("# Out of bounds values : 0 OK") != std::string::npos);
+  const auto lines = read_lines(dir.file("a.jsonl"));
+  REQUIRE(lines.size() == 6);  // 1K, 8K, 64K x two placements
+  double busbw_sum = 0;
+  for (const auto& l : lines) {
+    const auto rounds = l.at("round_time_us").get<std::vector<double>>();
+    REQUIRE(rounds.size() == 3);
+    CHECK(l.at("time_us_min").get<double>() == *std::min_element(rounds.begin(), rounds.end()));
+    CHECK(l.at("time_us_max").get<double>() == *std::max_element(rounds.begin(), rounds.end()));
+    std::vector<double> sorted = rounds;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(l.at("time_us").get<double>() == sorted[1]);  // the median round
+    CHECK(l.at("time").get<std::string>().find("mean over ranks") != std::string::npos);
+    CHECK(l.at("iters") == 2);
+    CHECK(l.at("warmup") == 1);
+    busbw_sum += l.at("busbw_gbps").get<double>();
+    // Provenance on every line.
+    const auto& p = l.at("provenance");
+    CHECK(p.at("command").get<std::string>().find("nanoddp-bench-allreduce -b 1K") !=
+          std::string::npos);
+    CHECK(p.at("utc").get<std::string>().size() == 20);
+    CHECK(p.at("environment").contains("NANODDP_TIMEOUT_S"));
+    CHECK(l.at("machine").contains("cores"));
+  }
+  // "# Avg bus bandwidth    : X": the mean busbw over both column sets of every row.
+  const auto at = out.find("# Avg bus bandwidth    : ");
+  REQUIRE(at != std::string::npos);
+  const double avg = std::stod(out.substr(at + 25));
+  CHECK(avg == doctest::Approx(busbw_sum / 6).epsilon(1e-4));
+}
+
+TEST_CASE("bench-allreduce: no row is larger than -e; a range without one element is refused") {
+  TempDir dir;
+  const auto results = run_world({bin_path("nanoddp-bench-allreduce"), "-b", "2", "-e", "6", "-f",
+                                  "2", "-n", "1", "-w", "0", "--json", dir.file("a.jsonl")},
+                                 2, quick());
+  INFO(describe(results));
+  for (const auto& r : results) REQUIRE(r.exit_code == 0);
+  const auto lines = read_lines(dir.file("a.jsonl"));
+  REQUIRE(lines.size() == 2);  // 2 B holds no float; 4 B holds one; 8 B is past -e
+  for (const auto& l : lines) CHECK(l.at("bytes") == 4);
+
+  const ProcessResult none =
+      run_process({bin_path("nanoddp-bench-allreduce"), "-b", "2", "-e", "2"}, quick());
+  CHECK(none.exit_code == 2);
+  CHECK(none.output.find("-b 2 -e 2: no size holds one float element (4 bytes)") !=
+        std::string::npos);
+}
+
+TEST_CASE("bench-allreduce: --backend nccl without a GPU is a usage error in its own flags") {
+  const ProcessResult r =
+      run_process({bin_path("nanoddp-bench-allreduce"), "--backend", "nccl"}, quick());
+  INFO(r.output);
+  if (r.output.find("needs a CUDA GPU") == std::string::npos && r.exit_code == 0) {
+    MESSAGE("a GPU is present: nothing to check here");
+    return;
+  }
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("--backend nccl needs a CUDA GPU per rank") != std::string::npos);
+  CHECK(r.output.find("use --backend gloo") != std::string::npos);
+  CHECK(r.output.find("--device") == std::string::npos);  // a flag this program does not have
 }
 
 TEST_CASE("bench-allreduce: bad flags exit 2 with a message naming them") {
@@ -138,5 +236,48 @@ TEST_CASE("bench-allreduce: bad flags exit 2 with a message naming them") {
     INFO(r.output);
     CHECK(r.exit_code == 2);
     CHECK(r.output.find(c.expected) != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "bench-allreduce: --nproc-per-node W --repeats N runs N separate launches and "
+    "summarises them") {
+  TempDir dir;
+  const ProcessResult r = run_process(
+      {bin_path("nanoddp-bench-allreduce"), "--nproc-per-node", "2", "--repeats", "2", "-b", "1K",
+       "-e", "4K", "-f", "4", "-n", "2", "-w", "1", "--json", dir.file("a.jsonl")},
+      quick());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("# launch 1 of 2") != std::string::npos);
+  CHECK(r.output.find("# launch 2 of 2") != std::string::npos);
+  CHECK(r.output.find("# over 2 launches") != std::string::npos);
+  const auto lines = read_lines(dir.file("a.jsonl"));
+  REQUIRE(lines.size() == 8);  // 2 launches x 2 sizes x 2 column sets
+  std::set<std::string> commands;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    check_line(lines[i], "nanoddp", 2);
+    CHECK(lines[i].at("launch") == (i < 4 ? 1 : 2));
+    CHECK(lines[i].at("launches") == 2);
+    CHECK(lines[i].at("wrong") == 0);
+    commands.insert(lines[i].at("provenance").at("command").get<std::string>());
+  }
+  // The jobs got the measurement's flags, not the launcher's.
+  REQUIRE(commands.size() == 2);  // each launch its own --json file
+  for (const std::string& c : commands) {
+    CHECK(c.find("--repeats") == std::string::npos);
+    CHECK(c.find("--nproc-per-node") == std::string::npos);
+  }
+
+  // --repeats alone, and the launcher mode under a launcher, are usage errors.
+  const ProcessResult alone =
+      run_process({bin_path("nanoddp-bench-allreduce"), "--repeats", "3"}, quick());
+  CHECK(alone.exit_code == 2);
+  CHECK(alone.output.find("give --nproc-per-node W too") != std::string::npos);
+  const auto nested = run_world(
+      {bin_path("nanoddp-bench-allreduce"), "--nproc-per-node", "2", "--repeats", "2"}, 2, quick());
+  for (const auto& n : nested) {
+    CHECK(n.exit_code == 2);
+    CHECK(n.output.find("run it without a launcher") != std::string::npos);
   }
 }

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nanoddp/config.h"
@@ -73,11 +74,55 @@ void check_record(const json& r, int world, std::int64_t in, std::int64_t hidden
                   std::int64_t layers, std::int64_t out, std::int64_t batch_per_rank,
                   const std::string& scaling) {
   CAPTURE(r.dump());
-  CHECK(keys_of(r) == std::set<std::string>{"bench", "machine", "build", "config", "steps",
-                                            "warmup", "step_ms_median", "step_ms_p90",
-                                            "samples_per_s", "compute_ms", "allreduce_ms",
-                                            "exposed_comm_ms", "hidden_comm_ms", "overlap_fraction",
-                                            "scaling_efficiency", "gflops", "busbw_gbs"});
+  CHECK(keys_of(r) == std::set<std::string>{"bench",
+                                            "machine",
+                                            "build",
+                                            "config",
+                                            "baseline",
+                                            "steps",
+                                            "warmup",
+                                            "step_ms_median",
+                                            "step_ms_p10",
+                                            "step_ms_p90",
+                                            "step_ms_ci95",
+                                            "ci95_over",
+                                            "median_step",
+                                            "samples_per_s",
+                                            "compute_ms",
+                                            "allreduce_ms",
+                                            "exposed_comm_ms",
+                                            "hidden_comm_ms",
+                                            "overlap_fraction",
+                                            "scaling_efficiency",
+                                            "scaling_efficiency_repeats",
+                                            "gflops",
+                                            "busbw_gbs",
+                                            "samples",
+                                            "repeats",
+                                            "repeat_step_ms_median",
+                                            "repeat_samples_per_s",
+                                            "warnings",
+                                            "provenance"});
+  // One baseline per model and batch: a plain process, no DDP.
+  CHECK(r["baseline"] == (world == 1));
+  CHECK(r["config"]["ddp"] == (world > 1));
+  // The breakdown is the median step's own: its parts add up, and it is one of the samples.
+  const double median_step = r["median_step"]["step_ms"].get<double>();
+  CHECK(r["compute_ms"].get<double>() + r["exposed_comm_ms"].get<double>() ==
+        doctest::Approx(median_step).epsilon(1e-12));
+  const int repeats = r["repeats"].get<int>();
+  REQUIRE(r["samples"].size() == static_cast<std::size_t>(repeats));
+  bool found = false;
+  for (const auto& launch : r["samples"]) {
+    CHECK(launch["step_ms"].size() == r["steps"].get<std::size_t>());
+    found = found || launch["step_ms"][r["median_step"]["index"].get<std::size_t>()] == median_step;
+  }
+  CHECK(found);
+  CHECK(r["step_ms_p10"].get<double>() <= r["step_ms_median"].get<double>());
+  CHECK(r["step_ms_ci95"][0].get<double>() <= r["step_ms_ci95"][1].get<double>());
+  CHECK(r["scaling_efficiency_repeats"].size() == static_cast<std::size_t>(repeats));
+  CHECK(r["provenance"]["command"].get<std::string>().find("nanoddp-bench-ddp") !=
+        std::string::npos);
   CHECK(r["bench"] == "ddp");
 
   const json& m = r["machine"];
@@ -103,12 +148,13 @@ void check_record(const json& r, int world, std::int64_t in, std::int64_t hidden
                               "activation",   "scaling",       "batch_per_rank",
                               "global_batch", "bucket_cap_mb", "first_bucket_mb",
                               "overlap",      "comm_hook",     "threads",
-                              "params",       "buckets",       "optimizer_in_backward"});
+                              "params",       "buckets",       "optimizer_in_backward",
+                              "ddp"});
   CHECK(c["world_size"] == world);
   CHECK(c["nnodes"] == 1);
   CHECK(c["nproc_per_node"] == world);
   CHECK(c["device"] == "cpu");
-  CHECK(c["backend"].get<std::string>().rfind("gloo", 0) == 0);
+  CHECK(c["backend"].get<std::string>().rfind(world == 1 ? "none" : "gloo", 0) == 0);
   CHECK(c["in"] == in);
   CHECK(c["out"] == out);
   CHECK(c["hidden"] == hidden);
@@ -124,7 +170,7 @@ void check_record(const json& r, int world, std::int64_t in, std::int64_t hidden
   CHECK(c["comm_hook"] == "allreduce");
   CHECK(c["threads"] == 1);
   CHECK(c["params"] == mlp_params(in, hidden, layers, out));
-  CHECK(c["buckets"].get<int>() >= 1);
+  CHECK(c["buckets"].get<int>() >= (world == 1 ? 0 : 1));
 
   const double step = r["step_ms_median"].get<double>();
   const double allreduce = r["allreduce_ms"].get<double>();
@@ -189,21 +235,29 @@ TEST_CASE("bench-ddp: a weak-scaling sweep writes one complete JSON line per poi
   REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
   CHECK(r.output.find("median of 5 steps") != std::string::npos);
   CHECK(r.output.find("slowest rank per step") != std::string::npos);
-  CHECK(count_rows(r.output) == 4);  // one table row per point
+  CHECK(count_rows(r.output) == 3);  // the shared baseline, then the two DDP points
 
   const std::vector<json> lines = read_lines(path);
-  REQUIRE(lines.size() == 4);
-  // The world size varies fastest: (0.002 MiB: 1, 2), (25 MiB: 1, 2).
-  const std::vector<std::pair<int, double>> expected = {{1, 0.002}, {2, 0.002}, {1, 25}, {2, 25}};
+  REQUIRE(lines.size() == 3);
+  // The world size varies fastest: (0.002 MiB: 1, 2), (25 MiB: [1 = the same baseline], 2).
+  const std::vector<std::pair<int, double>> expected = {{1, 0.002}, {2, 0.002}, {2, 25}};
   for (std::size_t i = 0; i < lines.size(); ++i) {
     CAPTURE(i);
     check_record(lines[i], expected[i].first, 24, 32, 2, 8, 16, "weak");
-    CHECK(lines[i]["config"]["bucket_cap_mb"].get<double>() == expected[i].second);
+    if (expected[i].first > 1) {
+      CHECK(lines[i]["config"]["bucket_cap_mb"].get<double>() == expected[i].second);
+    }
     CHECK(lines[i]["steps"] == 5);
     CHECK(lines[i]["warmup"] == 2);
   }
+  // Both DDP points are compared with the one baseline.
+  const double base = lines[0]["samples_per_s"].get<double>();
+  for (std::size_t i : {1, 2}) {
+    CHECK(lines[i]["scaling_efficiency"].get<double>() ==
+          doctest::Approx(lines[i]["samples_per_s"].get<double>() / (2 * base)).epsilon(1e-12));
+  }
   // A 2 KiB bucket cap cuts the 12 KiB of gradients into more buckets than a 25 MiB one.
-  CHECK(lines[1]["config"]["buckets"].get<int>() > lines[3]["config"]["buckets"].get<int>());
+  CHECK(lines[1]["config"]["buckets"].get<int>() > lines[2]["config"]["buckets"].get<int>());
 }
 
 TEST_CASE("bench-ddp: strong scaling splits the global batch, with a baseline not in --world") {
@@ -216,10 +270,18 @@ TEST_CASE("bench-ddp: strong scaling splits the global batch, with a baseline no
   REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
   CHECK(r.output.empty());  // --quiet
   const std::vector<json> lines = read_lines(path);
-  REQUIRE(lines.size() == 1);  // the 1-rank baseline ran, but is not a point of this sweep
-  check_record(lines[0], 2, 16, 16, 1, 16, 4, "strong");
-  CHECK(lines[0]["config"]["global_batch"] == 8);
-  CHECK(lines[0]["config"]["overlap"] == false);
+  REQUIRE(lines.size() == 2);  // the baseline (not in --world, written too), then the point
+  CHECK(lines[0]["baseline"] == true);
+  CHECK(lines[0]["config"]["global_batch"] == 8);  // one process: the whole global batch
+  check_record(lines[1], 2, 16, 16, 1, 16, 4, "strong");
+  CHECK(lines[1]["config"]["global_batch"] == 8);
+  CHECK(lines[1]["config"]["overlap"] == false);
+  // Overlap off: nothing is hidden behind backward.
+  CHECK(lines[1]["overlap_fraction"] == 0.0);
+  CHECK(lines[1]["hidden_comm_ms"] == 0.0);
+  CHECK(lines[1]["exposed_comm_ms"] == lines[1]["allreduce_ms"]);
+  for (const auto& launch : lines[1]["samples"])
+    CHECK(launch["exposed_comm_ms"] == launch["allreduce_ms"]);
 }
 
 TEST_CASE("bench-ddp: --optimizer-in-backward on,off sweeps both ways of stepping") {
@@ -250,19 +312,17 @@ TEST_CASE("bench-ddp: --optimizer-in-backward on,off sweeps both ways of steppin
   CHECK(r.output.find("inbwd") != std::string::npos);
   CHECK(r.output.find("after") != std::string::npos);
   const std::vector<json> lines = read_lines(path);
-  REQUIRE(lines.size() == 4);
-  // The world size varies fastest: (on: 1, 2), (off: 1, 2).
-  const std::vector<std::pair<int, bool>> expected = {{1, true}, {2, true}, {1, false}, {2, false}};
+  REQUIRE(lines.size() == 3);
+  // The plain baseline (no DDP, the optimizer after backward) is shared by on and off.
+  const std::vector<std::pair<int, bool>> expected = {{1, false}, {2, true}, {2, false}};
   for (std::size_t i = 0; i < lines.size(); ++i) {
     CAPTURE(i);
     CHECK(lines[i]["config"]["world_size"] == expected[i].first);
     CHECK(lines[i]["config"]["optimizer_in_backward"] == expected[i].second);
     CHECK(lines[i]["step_ms_median"].get<double>() > 0);
-    // Each setting is compared with its own 1-rank baseline: efficiency is 1 at one rank.
-    if (expected[i].first == 1) {
-      CHECK(lines[i]["scaling_efficiency"].get<double>() == doctest::Approx(1.0));
-    }
   }
+  CHECK(lines[0]["baseline"] == true);
+  CHECK(lines[0]["scaling_efficiency"].get<double>() == 1.0);
 }
 
 TEST_CASE("bench-ddp: a job that overruns --timeout is stopped and named") {
@@ -272,7 +332,7 @@ TEST_CASE("bench-ddp: a job that overruns --timeout is stopped and named") {
   REQUIRE(!r.timed_out);
   CHECK(r.exit_code == 1);
   CHECK(r.output.find("timed out after 1 s") != std::string::npos);
-  CHECK(r.output.find("point: --world 1") != std::string::npos);
+  CHECK(r.output.find("point: --world 1 (x 1 node(s)) --plain") != std::string::npos);
   CHECK(r.output.find("--steps 100000000") != std::string::npos);
 }
 
@@ -291,6 +351,8 @@ TEST_CASE("bench-ddp: bad flags exit 2 with a message naming the flag") {
       {{"--bucket-cap-mb", "-1"}, "--bucket-cap-mb"},
       {{"--nnodes", "2"}, "--master-addr"},
       {{"--json", "/nonexistent-dir/x.jsonl"}, "--json"},
+      {{"--csv", "/nonexistent-dir/x.csv"}, "--csv /nonexistent-dir/x.csv"},
+      {{"--repeats", "0"}, "--repeats"},
   };
   for (const Case& c : cases) {
     const ProcessResult r = bench(c.flags);
@@ -304,4 +366,50 @@ TEST_CASE("bench-ddp: bad flags exit 2 with a message naming the flag") {
   CHECK(help.exit_code == 0);
   CHECK(help.output.find("--bucket-cap-mb") != std::string::npos);
   CHECK(help.output.find("--worker") == std::string::npos);
+}
+
+TEST_CASE("bench-ddp: --repeats launches each point again; spread, CSV, provenance and flags") {
+  TempDir dir;
+  const std::string path = dir.file("rep.jsonl");
+  const std::string csv = dir.file("rep.csv");
+  // More GEMM threads than this machine has cores: flagged on the baseline's row.
+  const int threads = static_cast<int>(std::thread::hardware_concurrency()) + 1;
+  const ProcessResult r = bench({"--world",   "1,2,2", "--hidden",  "16",
+                                 "--layers",  "1",     "--batch",   "8",
+                                 "--steps",   "3",     "--warmup",  "1",
+                                 "--repeats", "2",     "--threads", std::to_string(threads) + ",1",
+                                 "--json",    path,    "--csv",     csv});
+  INFO(r.output);
+  REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
+  // --world 3,2,2: the duplicate is measured once, and said so.
+  CHECK(r.output.find("--world 1,2,2: a value is given more than once") != std::string::npos);
+  CHECK(r.output.find("ranks>cores") != std::string::npos);
+  CHECK(r.output.find("commit ") != std::string::npos);
+  const std::vector<json> lines = read_lines(path);
+  // threads N: baseline, world 2; threads 1: baseline, world 2.
+  REQUIRE(lines.size() == 4);
+  for (const json& l : lines) {
+    CAPTURE(l.dump());
+    CHECK(l["repeats"] == 2);
+    CHECK(l["samples"].size() == 2);
+    CHECK(l["repeat_step_ms_median"].size() == 2);
+    CHECK(l["ci95_over"] == "the launches' medians");
+    CHECK(l["provenance"]["utc"].get<std::string>().size() == 20);
+    CHECK(l["provenance"]["load_average"].size() == 3);
+  }
+  CHECK(lines[0]["config"]["threads"] == threads);
+  REQUIRE(lines[0]["warnings"].size() == 1);
+  CHECK(lines[0]["warnings"][0].get<std::string>().find("more threads than cores") !=
+        std::string::npos);
+  CHECK(lines[2]["warnings"].empty());  // 1 thread, 1 rank
+  check_record(lines[3], 2, 16, 16, 1, 16, 8, "weak");
+
+  // The CSV: a header and one row per JSON line, with the provenance columns.
+  std::ifstream in(csv);
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(in, line);) rows.push_back(line);
+  REQUIRE(rows.size() == 5);
+  CHECK(rows[0].rfind("world_size,nnodes,", 0) == 0);
+  CHECK(rows[0].find(",commit,dirty,utc,load_average_1m,command") != std::string::npos);
+  CHECK(rows[1].find(lines[0]["provenance"]["commit"].get<std::string>()) != std::string::npos);
 }

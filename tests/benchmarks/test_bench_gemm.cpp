@@ -36,6 +36,10 @@ TEST_CASE("bench-gemm: every shape has an Eigen row and both nanoddp rows, GFLOP
     CHECK(l.at("gflops").get<double>() ==
           doctest::Approx(2 * m * n * k * gemms / (ms * 1e-3) * 1e-9).epsilon(1e-9));
     CHECK(l.at("repeats") == 3);
+    CHECK(l.at("provenance").at("command").get<std::string>().find("nanoddp-bench-gemm --sizes") !=
+          std::string::npos);
+    CHECK(l.at("provenance").contains("dirty"));
+    CHECK(l.at("machine").contains("cores"));
     const std::string shape =
         l.at("shape").get<std::string>() + " " + std::to_string(static_cast<int>(m)) + "x" +
         std::to_string(static_cast<int>(n)) + "x" + std::to_string(static_cast<int>(k));

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -133,10 +134,27 @@ TEST_CASE("plot.py: charts from real nanoddp-bench-allreduce and nanoddp-bench-g
   check_chart(r, out + "/allreduce_busbw.png");
   check_chart(r, out + "/gemm_gflops.png");
   check_chart(r, out + "/gemm_mlp.png");
-  // Both all-reduce modes became series of the one chart.
-  CHECK(contains(r.output, "(2 series)"));
-  // Nothing else was written.
-  CHECK(std::distance(fs::directory_iterator(out), fs::directory_iterator()) == 3);
+  // Both all-reduce modes, out of place and in place, became series of the one chart.
+  CHECK(contains(r.output, "(4 series)"));
+  // Nothing else was written but each chart's SVG twin.
+  CHECK(std::distance(fs::directory_iterator(out), fs::directory_iterator()) == 6);
+  for (const char* name : {"allreduce_busbw", "gemm_gflops", "gemm_mlp"}) {
+    CHECK(contains(r.output, "wrote " + out + "/" + name + ".svg: the same chart as SVG"));
+  }
+  // The chart says what its numbers rest on: ops, warm-up, commit, date (SVG text is text).
+  std::ifstream svg(out + "/allreduce_busbw.svg");
+  const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  CHECK(contains(text, "3 ops/round"));
+  CHECK(contains(text, "1 warm-up"));
+  CHECK(contains(text, "commit "));
+  CHECK(contains(text, " UTC"));
+  CHECK(contains(text, " cores, "));  // the machine line: cpu, N cores, host
+
+  // The same runs again (a second launch): kept as error bars, and said so, never dropped.
+  const ProcessResult twice = run_ok({py, script("plot.py"), "--out", out,
+                                      dir.file("allreduce.jsonl"), dir.file("allreduce.jsonl")});
+  CHECK(contains(twice.output, "measured more than once in one series"));
+  CHECK(contains(twice.output, "min-max error bars"));
 }
 
 TEST_CASE("plot.py: bench-ddp charts from the hand-written fixture") {
@@ -157,15 +175,47 @@ TEST_CASE("plot.py: bench-ddp charts from a real nanoddp-bench-ddp sweep") {
   const std::string py = python();
   TempDir dir;
   // The real driver: world 1 and 2, two bucket caps, overlap on and off, a tiny model.
-  run_ok({bin_path("nanoddp-bench-ddp"), "--world", "1,2", "--hidden", "32", "--layers", "2",
-          "--batch", "8", "--bucket-cap-mb", "0.002,25", "--overlap", "on,off", "--steps", "3",
-          "--warmup", "1", "--quiet", "--json", dir.file("ddp.jsonl")});
+  run_ok({bin_path("nanoddp-bench-ddp"),
+          "--world",
+          "1,2",
+          "--hidden",
+          "32",
+          "--layers",
+          "2",
+          "--batch",
+          "8",
+          "--bucket-cap-mb",
+          "0.002,25",
+          "--overlap",
+          "on,off",
+          "--steps",
+          "3",
+          "--warmup",
+          "1",
+          "--quiet",
+          "--json",
+          dir.file("ddp.jsonl")});
   const std::string out = dir.file("charts");
   const ProcessResult r = run_ok({py, script("plot.py"), "--out", out, dir.file("ddp.jsonl")});
   check_chart(r, out + "/ddp_scaling.png");
   check_chart(r, out + "/ddp_breakdown.png");
-  // 2 bucket caps x overlap on/off, each a line across world sizes 1 and 2.
+  // 2 bucket caps x overlap on/off, each a line across world sizes 1 and 2 (the one plain
+  // baseline is every line's world-1 point).
   CHECK(contains(r.output, "(4 configurations)"));
+  std::ifstream svg(out + "/ddp_scaling.svg");
+  const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  CHECK(contains(text, "3 steps; 1 warm-up"));
+  CHECK(contains(text, "commit "));
+
+  // A sweep run twice, each with --repeats 2: both kept, as error bars, with a note.
+  run_ok({bin_path("nanoddp-bench-ddp"), "--world", "1,2", "--hidden", "16", "--layers", "1",
+          "--batch", "8", "--steps", "3", "--warmup", "1", "--repeats", "2", "--quiet", "--json",
+          dir.file("rep.jsonl")});
+  const ProcessResult rep =
+      run_ok({py, script("plot.py"), "--out", out, dir.file("rep.jsonl"), dir.file("rep.jsonl")});
+  CHECK(contains(rep.output, "2 records for"));
+  CHECK(contains(rep.output, "drawn as their median with min-max error bars"));
+  CHECK(contains(rep.output, "(1 configurations)"));
 }
 
 TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overlap on and off") {

@@ -93,6 +93,8 @@ TEST_CASE("cli: --busbw prints the network model alone") {
   const nlohmann::json rows = nlohmann::json::parse(r.output);
   REQUIRE(rows.size() == 11);  // 8 MiB .. 8 GiB, doubling
   CHECK(rows.front()["bytes"] == 8.0 * 1024 * 1024);
+  for (const auto& row : rows)
+    CHECK(row["provenance"]["command"].get<std::string>().find("--busbw") != std::string::npos);
   // busbw grows with the size towards the fabric's 370 GB/s and never above.
   for (std::size_t i = 1; i < rows.size(); ++i) {
     CHECK(rows[i]["ring_busbw_gbs"].get<double>() > rows[i - 1]["ring_busbw_gbs"].get<double>());
@@ -192,4 +194,110 @@ TEST_CASE("cli: --cores and --peers on a two-rank trace") {
                                   "1", "--gpus-per-node", "4", "--peers", "traced"});
   CHECK(four.exit_code == 2);
   CHECK(four.output.find("the trace holds 2 ranks but the cluster has 4") != std::string::npos);
+}
+
+TEST_CASE("cli: --scaling strong splits the global batch and compares with all of it on one GPU") {
+  TempDir dir;
+  const auto run = [&](std::vector<std::string> args) {
+    const std::string path = dir.file("s.json");
+    args.insert(args.end(), {"--json", path});
+    const ProcessResult r = sim(args);
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    std::ifstream in(path);
+    return nlohmann::json::parse(in);
+  };
+  const nlohmann::json strong =
+      run({"--model", "mlp", "--hidden", "4096", "--layers", "4", "--scaling", "strong", "--batch",
+           "512", "--nodes", "4", "--sweep-nodes"});
+  // The per-GPU batch is the global batch over the 32 GPUs: the same step as weak with 16.
+  const nlohmann::json weak =
+      run({"--model", "mlp", "--hidden", "4096", "--layers", "4", "--batch", "16", "--nodes", "4"});
+  CHECK(strong["step"]["scaling"] == "strong");
+  CHECK(weak["step"]["scaling"] == "weak");
+  CHECK(strong["inputs"]["model"]["global_batch"] == 512);
+  CHECK(strong["step"]["step_ms"].get<double>() ==
+        doctest::Approx(weak["step"]["step_ms"].get<double>()));
+  // T1 runs the whole batch: longer than the weak baseline's 16 samples.
+  const double t1 = strong["step"]["single_gpu_step_ms"].get<double>();
+  CHECK(t1 > weak["step"]["single_gpu_step_ms"].get<double>());
+  CHECK(strong["step"]["scaling_efficiency"].get<double>() ==
+        doctest::Approx(t1 / (32 * strong["step"]["step_ms"].get<double>())));
+  // Every sweep row: the same T1 over its own world's step.
+  REQUIRE(strong["scaling"].size() == 3);
+  for (const auto& row : strong["scaling"]) {
+    CHECK(row["scaling_efficiency"].get<double>() ==
+          doctest::Approx(t1 / (row["world_size"].get<double>() * row["step_ms"].get<double>())));
+  }
+  // A global batch the GPUs cannot split evenly is refused, naming --batch.
+  const ProcessResult bad =
+      sim({"--model", "mlp", "--scaling", "strong", "--batch", "100", "--nodes", "4"});
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("--batch 100 --scaling strong") != std::string::npos);
+  const ProcessResult trace = sim({"--profile", "t.json", "--scaling", "strong"});
+  CHECK(trace.exit_code == 2);
+  CHECK(trace.output.find("--scaling applies to --model mlp only") != std::string::npos);
+}
+
+TEST_CASE("cli: --sweep predicts the step for each value of one flag, each as its own run would") {
+  TempDir dir;
+  const auto run = [&](std::vector<std::string> args) {
+    const std::string path = dir.file("s.json");
+    args.insert(args.end(), {"--json", path});
+    const ProcessResult r = sim(args);
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    std::ifstream in(path);
+    return nlohmann::json::parse(in);
+  };
+  const std::vector<std::string> base = {"--model", "mlp", "--layers", "4", "--nodes", "16"};
+  auto args = base;
+  args.insert(args.end(), {"--hidden", "4096", "--sweep", "hidden=1024,16384"});
+  const nlohmann::json j = run(args);
+  REQUIRE(j["parameter_sweep"]["flag"] == "--hidden");
+  const auto& rows = j["parameter_sweep"]["rows"];
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0]["value"] == 1024.0);
+  CHECK(rows[1]["parameters"].get<double>() > rows[0]["parameters"].get<double>());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    auto single = base;
+    single.insert(single.end(), {"--hidden", i == 0 ? "1024" : "16384"});
+    const nlohmann::json one = run(single);
+    CHECK(rows[i]["step_ms"].get<double>() ==
+          doctest::Approx(one["step"]["step_ms"].get<double>()));
+    CHECK(rows[i]["scaling_efficiency"].get<double>() ==
+          doctest::Approx(one["step"]["scaling_efficiency"].get<double>()));
+    CHECK(rows[i]["memory_bytes"].get<double>() ==
+          doctest::Approx(one["memory"]["total_bytes"].get<double>()));
+  }
+  // More network bandwidth never makes the step slower.
+  const nlohmann::json bw = run({"--model", "mlp", "--hidden", "4096", "--layers", "4", "--nodes",
+                                 "2", "--sweep", "inter-bw-gbs=6,12,25,50"});
+  const auto& bw_rows = bw["parameter_sweep"]["rows"];
+  REQUIRE(bw_rows.size() == 4);
+  for (std::size_t i = 1; i < bw_rows.size(); ++i) {
+    CHECK(bw_rows[i]["step_ms"].get<double>() <= bw_rows[i - 1]["step_ms"].get<double>());
+  }
+  CHECK(bw_rows[0]["step_ms"].get<double>() > bw_rows[3]["step_ms"].get<double>());
+
+  struct Case {
+    std::vector<std::string> args;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {{"--model", "mlp", "--sweep", "width=3"}, "--sweep width=3: expected NAME=v1,v2"},
+      {{"--model", "mlp", "--sweep", "hidden=12,x"}, "'x' is not an integer"},
+      {{"--model", "mlp", "--sweep", "batch=1.5"}, "'1.5' is not an integer"},
+      {{"--model", "mlp", "--sweep", "inter-bw-gbs=0"}, "'0' is not a number"},
+      {{"--profile", "t.json", "--sweep", "hidden=64"}, "a --profile trace fixes the model"},
+      {{"--model", "mlp", "--fit-allreduce", "x.jsonl", "--sweep", "intra-bw-gbs=100"},
+       "--fit-allreduce fixes the network"},
+      {{"--model", "mlp", "--layers", "8", "--sweep", "hidden=1024,60000"},
+       "--sweep at --hidden 60000: --gpu h100: the model does not fit"},
+      {{"--busbw", "--sweep", "hidden=64"}, "drop --busbw"},
+  };
+  for (const Case& c : cases) {
+    const ProcessResult r = sim(c.args);
+    CAPTURE(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(c.message) != std::string::npos);
+  }
 }

@@ -168,6 +168,20 @@ TEST_CASE("network fit: reads nanoddp-bench-allreduce rows and rejects other fil
   CHECK(samples[1].ms == doctest::Approx(0.53));
   CHECK_THROWS_WITH_AS(read_bench_allreduce(good, 4), doctest::Contains("measured with 2 ranks"),
                        SimError);
+  // The benchmark's out-of-place lines (a copy more than DDP's in-place buckets) are skipped.
+  const std::string both = dir.file("both.jsonl");
+  {
+    std::ofstream out(both);
+    out << R"({"benchmark":"allreduce","placement":"out-of-place","ranks":2,"bytes":1024,)"
+        << R"("time_us":999.0})"
+        << "\n"
+        << R"({"benchmark":"allreduce","placement":"in-place","ranks":2,"bytes":1024,)"
+        << R"("time_us":30.0})"
+        << "\n";
+  }
+  const auto in_place = read_bench_allreduce(both, 2);
+  REQUIRE(in_place.size() == 1);
+  CHECK(in_place[0].ms == doctest::Approx(0.03));
   const std::string bad = dir.file("bad.jsonl");
   {
     std::ofstream out(bad);

@@ -1,0 +1,138 @@
+#include "launches.h"
+
+#include <fmt/format.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/stats.h"
+
+namespace nanoddp::bench_allreduce {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The job's flags: this command line without the launcher's flags and --json (each launch
+// writes its own file).
+std::vector<std::string> job_flags(int argc, char** argv) {
+  const std::vector<std::string> dropped = {"--nproc-per-node", "--repeats", "--json"};
+  std::vector<std::string> flags;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    bool drop = false;
+    for (const std::string& d : dropped) {
+      if (arg == d) {
+        drop = true;
+        ++i;  // and its value
+      } else if (arg.rfind(d + "=", 0) == 0) {
+        drop = true;
+      }
+    }
+    if (!drop) flags.push_back(arg);
+  }
+  return flags;
+}
+
+// Runs argv (argv[0] a path) with this process's stdout and stderr; its exit code, or 128 +
+// the signal.
+int run_child(const std::vector<std::string>& argv) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = ::fork();
+  if (pid < 0) return 127;
+  if (pid == 0) {
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    std::perror(argv[0].c_str());
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+int run_launches(int argc, char** argv, int nproc, int repeats, const std::string& json_path) {
+  const fs::path self = fs::read_symlink("/proc/self/exe");
+  const std::string launcher = (self.parent_path() / "nanoddp-run").string();
+  if (::access(launcher.c_str(), X_OK) != 0) {
+    fmt::print(stderr,
+               "nanoddp-bench-allreduce: error: --nproc-per-node starts its jobs with nanoddp-run, "
+               "which is not next to this executable (looked for {})\n",
+               launcher);
+    return 2;
+  }
+  std::optional<std::ofstream> json;
+  if (!json_path.empty()) {
+    json.emplace(json_path, std::ios::trunc);
+    if (!*json) {
+      fmt::print(stderr, "nanoddp-bench-allreduce: error: --json {}: cannot open the file\n",
+                 json_path);
+      return 2;
+    }
+  }
+  std::string scratch = (fs::temp_directory_path() / "nanoddp-bench-allreduce.XXXXXX").string();
+  if (::mkdtemp(scratch.data()) == nullptr) {
+    fmt::print(stderr, "nanoddp-bench-allreduce: error: cannot create a scratch directory\n");
+    return 1;
+  }
+  const std::vector<std::string> flags = job_flags(argc, argv);
+  // (placement, mode, bytes) -> every launch's time per op, in microseconds.
+  std::map<std::tuple<std::string, std::string, std::int64_t>, std::vector<double>> times;
+  int code = 0;
+  for (int launch = 1; launch <= repeats && code == 0; ++launch) {
+    fmt::print("# launch {} of {}: nanoddp-run --nproc-per-node {}\n", launch, repeats, nproc);
+    const std::string file = fmt::format("{}/launch-{}.jsonl", scratch, launch);
+    std::vector<std::string> job = {launcher, "--nproc-per-node", std::to_string(nproc),
+                                    self.string()};
+    job.insert(job.end(), flags.begin(), flags.end());
+    job.insert(job.end(), {"--json", file});
+    if (const int rc = run_child(job); rc != 0) {
+      fmt::print(stderr, "nanoddp-bench-allreduce: error: launch {} of {} exited with code {}\n",
+                 launch, repeats, rc);
+      code = 1;
+      break;
+    }
+    std::ifstream in(file);
+    for (std::string text; std::getline(in, text);) {
+      nlohmann::ordered_json line = nlohmann::ordered_json::parse(text);
+      line["launch"] = launch;
+      line["launches"] = repeats;
+      times[{line["placement"], line["mode"], line["bytes"].get<std::int64_t>()}].push_back(
+          line["time_us"].get<double>());
+      if (json) *json << line.dump() << '\n';
+    }
+  }
+  std::error_code ec;
+  fs::remove_all(scratch, ec);
+  if (code != 0) return code;
+  fmt::print("# over {} launches: time per op (us), median [min, max] of the launches' medians\n",
+             repeats);
+  fmt::print("# {:>12} {:>14} {:>8} {:>10} {:>10} {:>10}\n", "size", "placement", "mode", "median",
+             "min", "max");
+  for (const auto& [key, values] : times) {
+    const auto& [placement, mode, bytes] = key;
+    fmt::print("  {:>12} {:>14} {:>8} {:>10.1f} {:>10.1f} {:>10.1f}\n", bytes, placement, mode,
+               common::median(values), *std::min_element(values.begin(), values.end()),
+               *std::max_element(values.begin(), values.end()));
+  }
+  return 0;
+}
+
+}  // namespace nanoddp::bench_allreduce

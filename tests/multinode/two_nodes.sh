@@ -45,7 +45,8 @@ wait "$pid_b"; rc_b=$?
 echo "---- bench-ddp node 0 (exit $rc_a)"; cat "$work/bench_a.log"
 echo "---- bench-ddp node 1 (exit $rc_b)"; cat "$work/bench_b.log"
 [ "$rc_a" -eq 0 ] && [ "$rc_b" -eq 0 ] || { echo "FAILED: a bench-ddp node exited non-zero"; exit 1; }
-line=$(head -1 "$work/ddp.jsonl")
+# The DDP point's line (the sweep's shared 1-process baseline comes first, "baseline":true).
+line=$(grep -F '"ddp":true' "$work/ddp.jsonl" | head -1)
 for want in '"world_size":4' '"nnodes":2' '"nproc_per_node":2' '"bench":"ddp"'; do
   grep -qF "$want" <<<"$line" || { echo "FAILED: bench-ddp's line lacks $want: $line"; exit 1; }
 done

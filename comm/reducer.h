@@ -182,6 +182,7 @@ class Reducer {
   std::uint64_t backward_pass_ = 0;  // autograd's id of the pass in progress
   std::vector<int> pending_;         // per bucket: gradients still to come
   std::vector<bool> slot_ready_;     // per slot
+  std::chrono::steady_clock::time_point last_gradient_;  // the pass's last gradient hook
   std::size_t next_to_launch_ = 0;
   std::vector<std::shared_ptr<Work>> works_;
   Tensor used_map_;                  // per slot: ranks that used it (find_unused_parameters)

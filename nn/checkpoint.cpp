@@ -202,6 +202,10 @@ std::string save_checkpoint(const std::string& dir, const Module& model, const O
   return path;
 }
 
+std::optional<std::int64_t> checkpoint_step_from_name(const std::string& filename) {
+  return step_of(fs::path(filename));
+}
+
 std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<std::int64_t, std::string>> found;
   std::error_code ec;

@@ -45,6 +45,9 @@ std::string save_checkpoint(const std::string& dir, const Module& model, const O
 
 // All step-*.safetensors files in `dir`, oldest first (by step number).
 std::vector<std::string> list_checkpoints(const std::string& dir);
+// The step a checkpoint file name says ("step-000000020.safetensors" -> 20); none for another
+// name.
+std::optional<std::int64_t> checkpoint_step_from_name(const std::string& filename);
 
 // Loads `path` into the model's parameters and the optimizer's state, after checking the
 // format version, the checksum, and that every tensor exists with the right shape. Any problem

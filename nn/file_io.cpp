@@ -114,7 +114,9 @@ namespace {
 
 // Opens a regular file for reading; throws naming the path.
 int open_regular_file(const std::filesystem::path& path, std::uint64_t* size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO without a writer would block here, before the check below can
+  // refuse it (for a regular file the flag changes nothing).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int error = errno;
     fail("cannot open '{}' for reading: {}", path.string(), errno_text(error));
@@ -216,7 +218,7 @@ std::uint64_t file_checksum(const std::filesystem::path& path) {
 }
 
 std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO: no block
   if (fd < 0) {
     const int error = errno;
     fail("cannot open '{}' for reading: {}", path.string(), errno_text(error));
@@ -254,9 +256,25 @@ std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
   return bytes;
 }
 
-void write_file_atomically(const std::filesystem::path& path,
+void write_file_atomically(const std::filesystem::path& requested,
                            std::span<const std::span<const std::byte>> chunks) {
-  if (path.filename().empty()) fail("cannot write '{}': the path names no file", path.string());
+  if (requested.filename().empty()) {
+    fail("cannot write '{}': the path names no file", requested.string());
+  }
+  // The new file is renamed over the name. Through a symlink, the file it points to is the one
+  // replaced (the link stays). A device (/dev/null, as root), a FIFO or a folder would itself be
+  // replaced instead of written to: refused.
+  std::error_code ec;
+  const std::filesystem::path path = std::filesystem::is_symlink(requested, ec)
+                                         ? std::filesystem::weakly_canonical(requested, ec)
+                                         : requested;
+  struct stat existing {};
+  if (::stat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode)) {
+    fail(
+        "cannot write '{}': it exists and is not a regular file (a device, FIFO or folder), which "
+        "writing by rename would replace; name a regular file",
+        requested.string());
+  }
   std::filesystem::path temp;
   int fd = -1;
   for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {

@@ -144,7 +144,8 @@ void Attempt::start_worker(int local_rank) {
                                 .master_addr = plan_.master_addr,
                                 .master_port = master_port_,
                                 .restart_count = restart_count_,
-                                .launcher_pid = static_cast<int>(::getpid())};
+                                .launcher_pid = static_cast<int>(::getpid()),
+                                .store_token = plan_.store_token};
   SpawnedProcess process =
       spawn_process(plan_.program_path, options_.command, worker_environment(identity, environ));
   if (process.pid < 0) {

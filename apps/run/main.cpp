@@ -13,9 +13,11 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <random>
 
 #include "launcher.h"
 #include "options.h"
@@ -45,6 +47,11 @@ int main(int argc, char** argv) {
   plan.program_path = program.path;
   plan.master_addr = options->master_addr.empty() ? "127.0.0.1" : options->master_addr;
   plan.master_port = options->master_port;
+  if (options->nnodes == 1 && std::getenv("NANODDP_STORE_TOKEN") == nullptr) {
+    std::random_device random;
+    plan.store_token = fmt::format("{:08x}{:08x}{:08x}{:08x}", random(), random(), random(),
+                                   random());
+  }
   plan.options = std::move(*options);
   try {
     return run_launcher(plan);

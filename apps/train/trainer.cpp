@@ -83,7 +83,8 @@ void check_output_file(const std::string& flag, const std::string& path) {
                      folder.empty() ? std::string(".") : folder.string());
   if (std::filesystem::exists(path, ec)) {
     // Opened without O_TRUNC and closed at once: the existing contents are kept.
-    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO without a reader would block the open (it fails with ENXIO instead).
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) fail("{} '{}' exists and is not writable: {}", flag, path, std::strerror(errno));
     ::close(fd);
   }
@@ -243,16 +244,24 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
         *dataset_, nn::BatchPrefetcherOptions{.timeout = comm::default_timeout()});
   }
 
-  // A given starting point: rank 0 reads it; DDP's constructor broadcasts rank 0's parameters,
-  // so the other ranks need not see the file. A checkpoint found by --resume comes after it.
-  if (!o_.init_path.empty() && is_main()) {
-    check_init_model();
+  // A given starting point: every rank reads and checks it (the ranks agreed on its bytes
+  // above), so a bad file stops every rank at once instead of rank 0 alone while the others
+  // wait for it; DDP's constructor then broadcasts rank 0's parameters. A checkpoint found by
+  // --resume comes after it.
+  if (!o_.init_path.empty()) {
+    try {
+      check_init_model();
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.starts_with("--init")) throw;
+      fail("--init: {}", what);  // the reader names the file; say which flag gave it
+    }
     try {
       nn::load_parameters(o_.init_path, *model_);
     } catch (const Error& e) {
       fail("--init: {}", e.what());  // the loader names the file; say which flag gave it
     }
-    fmt::print("init: parameters from {}\n", o_.init_path);
+    if (is_main()) fmt::print("init: parameters from {}\n", o_.init_path);
   }
   if (o_.resume) resume();
   if (world_.restart_count > 0 && !o_.resume && is_main()) {
@@ -346,14 +355,67 @@ void Trainer::check_output_paths() const {
           o_.checkpoint_dir, earlier.size(), earlier.back());
     }
   }
-  if (!o_.save_path.empty()) check_output_file("--save", o_.save_path);
+  if (!o_.save_path.empty()) {
+    // Written by rename: a device or FIFO of that name would be replaced, not written to.
+    if (std::filesystem::exists(o_.save_path, ec) &&
+        !std::filesystem::is_regular_file(o_.save_path, ec) &&
+        !std::filesystem::is_directory(o_.save_path, ec)) {
+      fail("--save '{}' exists and is not a regular file (a device or FIFO); name a file",
+           o_.save_path);
+    }
+    check_output_file("--save", o_.save_path);
+  }
   if (!o_.trace_path.empty()) check_output_file("--trace", o_.trace_path);
   if (!o_.metrics_path.empty()) check_output_file("--metrics", o_.metrics_path);
+  check_paths_distinct();
+}
+
+// Two outputs on one file lose one of them silently (--save f --trace f kept the trace), and an
+// output on an input destroys it (--metrics X.npy overwrote the data): refused before step 1.
+// The final --save must not take a checkpoint's name either (a later --resume would find the
+// parameters file where it expects the checkpoint).
+void Trainer::check_paths_distinct() const {
+  struct Named {
+    const char* flag;
+    const std::string* path;
+    bool output;
+  };
+  const Named all[] = {{"--save", &o_.save_path, true},     {"--trace", &o_.trace_path, true},
+                       {"--metrics", &o_.metrics_path, true}, {"--data", &o_.data_path, false},
+                       {"--targets", &o_.targets_path, false}, {"--init", &o_.init_path, false}};
+  const auto canonical = [](const std::string& path) {
+    std::error_code ec;
+    const std::filesystem::path c = std::filesystem::weakly_canonical(path, ec);
+    return ec ? std::filesystem::absolute(path).lexically_normal() : c;
+  };
+  for (std::size_t i = 0; i < std::size(all); ++i) {
+    if (all[i].path->empty()) continue;
+    for (std::size_t j = i + 1; j < std::size(all); ++j) {
+      if (all[j].path->empty() || !(all[i].output || all[j].output)) continue;
+      if (canonical(*all[i].path) == canonical(*all[j].path)) {
+        fail("{} '{}' and {} '{}' name the same file: {}", all[i].flag, *all[i].path, all[j].flag,
+             *all[j].path,
+             all[j].output ? "one output would overwrite the other; give each its own file"
+                           : "the output would overwrite the input; write it elsewhere");
+      }
+    }
+  }
+  if (!o_.save_path.empty() && !o_.checkpoint_dir.empty() &&
+      canonical(o_.save_path).parent_path() == canonical(o_.checkpoint_dir) &&
+      nn::checkpoint_step_from_name(std::filesystem::path(o_.save_path).filename().string())) {
+    fail("--save '{}' takes the name of a checkpoint in --checkpoint-dir '{}': save elsewhere",
+         o_.save_path, o_.checkpoint_dir);
+  }
 }
 
 void Trainer::load_npy_dataset() {
   try {
     dataset_ = std::make_unique<nn::NpyDataset>(o_.data_path, o_.targets_path);
+    // Recorded in checkpoints (data_description): a --resume on other data of the same shape
+    // is refused, not trained on silently.
+    npy_checksums_ = fmt::format("checksums {} / {}",
+                                 nn::checksum_hex(nn::file_checksum(o_.data_path)),
+                                 nn::checksum_hex(nn::file_checksum(o_.targets_path)));
   } catch (const Error& e) {
     // The reader names the file; say which flag gave it.
     const std::string what = e.what();
@@ -592,8 +654,8 @@ std::span<const std::int64_t> Trainer::lookahead_indices(std::int64_t g) {
 std::string Trainer::data_description() const {
   const std::string order = o_.shuffle ? "shuffled" : "in order (--no-shuffle)";
   if (!o_.data_path.empty()) {
-    return fmt::format(".npy data, {} samples x {} -> {}, {}", dataset_->size(),
-                       dataset_->in_features(), dataset_->out_features(), order);
+    return fmt::format(".npy data, {} samples x {} -> {}, {}, {}", dataset_->size(),
+                       dataset_->in_features(), dataset_->out_features(), npy_checksums_, order);
   }
   return fmt::format("synthetic data, {} samples x {} -> {}, --noise {} --teacher-hidden {}, {}",
                      dataset_->size(), dataset_->in_features(), dataset_->out_features(),

@@ -78,6 +78,8 @@ class Trainer {
   // Input checks of issue #13, each before step 1: outputs writable (rank 0), the ranks' input
   // files identical (by content), an --init file of the same model.
   void check_output_paths() const;
+  void check_paths_distinct() const;
+  std::string npy_checksums_;  // of --data and --targets, for data_description()
   void load_npy_dataset();
   void check_same_inputs();
   void check_same_files(const std::string& key, const std::vector<std::string>& items,

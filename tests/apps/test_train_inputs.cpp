@@ -7,8 +7,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -20,6 +22,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "faults/faults_util.h"
@@ -485,4 +488,123 @@ TEST_CASE("inputs: a --trace larger than a store value (64 MiB a rank) is writte
   CHECK(text.ends_with("]}\n"));
   CHECK(contains(text, R"("pid":0,)"));
   CHECK(contains(text, R"("pid":1,)"));
+}
+
+// Found by an outside tester: outputs that replace a device, outputs on each other or on the
+// inputs, a FIFO as input, a bad --init under DDP, a resume on other data of the same shape.
+TEST_CASE("inputs: --save onto a device, FIFO or another output or input is refused before step 1") {
+  TempDir dir;
+  const std::string fifo = dir.file("fifo");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  write_matrix(dir.file("X.npy"), 64, 8, 0.5f);
+  write_matrix(dir.file("Y.npy"), 64, 4, 0.25f);
+  const auto x_size = fs::file_size(dir.file("X.npy"));
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{"--save", fifo}, "not a regular file"},
+      {{"--save", dir.file("f"), "--trace", dir.file("f")}, "name the same file"},
+      {{"--save", dir.file("f"), "--metrics", dir.file("./f")}, "name the same file"},
+      {{"--data", dir.file("X.npy"), "--targets", dir.file("Y.npy"), "--metrics",
+        dir.file("X.npy")},
+       "would overwrite the input"},
+      {{"--checkpoint-dir", dir.file("ck"), "--checkpoint-every", "5", "--save",
+        dir.file("ck/step-000000010.safetensors")},
+       "takes the name of a checkpoint"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = c.args;
+    args.insert(args.end(), {"--steps", "10", "--log-every", "1"});
+    const bool npy = std::find(args.begin(), args.end(), "--data") != args.end();
+    const ProcessResult r = npy ? run_process(data_argv(args)) : train(args);
+    INFO(fmt::format("{}", fmt::join(c.args, " ")), ": ", r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, c.expected));
+    CHECK_FALSE(contains(r.output, "step  1/"));
+  }
+  CHECK(fs::is_fifo(fifo));                               // still a FIFO, not replaced
+  CHECK(fs::file_size(dir.file("X.npy")) == x_size);      // the input intact
+  CHECK_FALSE(fs::exists(dir.file("f")));                 // nothing written
+}
+
+TEST_CASE("inputs: a FIFO as --data is refused at once instead of blocking") {
+  TempDir dir;
+  const std::string fifo = dir.file("X.npy");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  write_matrix(dir.file("Y.npy"), 64, 4, 0.25f);
+  ProcessOptions o;
+  o.timeout = std::chrono::seconds(20);
+  const ProcessResult r = run_process(
+      data_argv({"--data", fifo, "--targets", dir.file("Y.npy"), "--steps", "2"}), o);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "not a regular file"));
+}
+
+TEST_CASE("inputs: a bad --init under DDP stops every rank at once, each naming the file") {
+  TempDir dir;
+  std::ofstream(dir.file("bad.safetensors")) << "not a safetensors file at all";
+  const auto start = std::chrono::steady_clock::now();
+  const auto results = two_ranks_in(
+      dir.path(), dir.path(),
+      train_argv({"--init", dir.file("bad.safetensors"), "--steps", "5", "--quiet"}));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const ProcessResult& r : results) {
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "--init"));
+    CHECK(contains(r.output, "bad.safetensors"));
+  }
+  CHECK(seconds < 15);  // not the other rank's timeout (20 s here, 300 s by default)
+}
+
+TEST_CASE("inputs: --resume refuses .npy data of the same shape but other values") {
+  TempDir dir;
+  write_matrix(dir.file("X.npy"), 64, 8, 0.5f);
+  write_matrix(dir.file("X2.npy"), 64, 8, 0.75f);  // same shape, other values
+  write_matrix(dir.file("Y.npy"), 64, 4, 0.25f);
+  const std::vector<std::string> common = {"--targets", dir.file("Y.npy"), "--hidden", "8",
+                                           "--batch", "8", "--checkpoint-dir", dir.file("ck"),
+                                           "--checkpoint-every", "4", "--quiet"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return run_process(data_argv(extra));
+  };
+  const ProcessResult first = with({"--data", dir.file("X.npy"), "--steps", "8"});
+  REQUIRE_MESSAGE(first.exit_code == 0, first.output);
+  const ProcessResult other = with({"--data", dir.file("X2.npy"), "--steps", "12", "--resume"});
+  INFO(other.output);
+  CHECK(other.exit_code == 2);
+  CHECK(contains(other.output, "checksums"));
+  const ProcessResult same = with({"--data", dir.file("X.npy"), "--steps", "12", "--resume"});
+  CHECK_MESSAGE(same.exit_code == 0, same.output);
+}
+
+TEST_CASE("inputs: a second job on the same --master-port fails alone; the first trains on") {
+  // Before, the second job's rank 1 joined the first job's store (nothing told the jobs apart)
+  // and killed it mid-training. nanoddp-run now gives each one-node job its own store token.
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  const auto job = [&](const std::string& save, int steps) {
+    std::vector<std::string> argv = {bin_path("nanoddp-run"), "--nproc-per-node", "2",
+                                     "--master-port", port};
+    const auto train_part = train_argv({"--steps", std::to_string(steps), "--quiet", "--save",
+                                        save});
+    argv.insert(argv.end(), train_part.begin(), train_part.end());
+    ProcessOptions o;
+    o.timeout = std::chrono::seconds(120);
+    o.env.emplace("NANODDP_TIMEOUT_S", "20");
+    return run_process(argv, o);
+  };
+  auto first = std::async(std::launch::async, [&] { return job(dir.file("a.st"), 3000); });
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // the first job's store is up
+  const ProcessResult second = job(dir.file("b.st"), 50);
+  const ProcessResult a = first.get();
+  INFO("first: ", a.output, "\nsecond: ", second.output);
+  CHECK(a.exit_code == 0);
+  CHECK(fs::exists(dir.file("a.st")));
+  CHECK(second.exit_code != 0);
 }

@@ -186,6 +186,22 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
           flag, flag);
     }
   }
+  // A flag that only qualifies another one, given without it, would be ignored: the user
+  // expected checkpoints (or a trace) that never come.
+  const struct {
+    const char* flag;
+    bool needed;
+    const char* what;
+  } qualifiers[] = {
+      {"--keep", o.checkpoint_every == 0,
+       "--keep counts checkpoints: it needs --checkpoint-every N"},
+      {"--trace-steps", o.trace_path.empty(), "--trace-steps needs --trace FILE"},
+      {"--checkpoint-dir", o.checkpoint_every == 0 && !o.resume,
+       "--checkpoint-dir alone writes no checkpoint: add --checkpoint-every N (or --resume to "
+       "continue from one)"}};
+  for (const auto& q : qualifiers) {
+    if (problem.empty() && q.needed && app.count(q.flag) > 0) problem = q.what;
+  }
   if (!problem.empty()) {
     std::cerr << "nanoddp-train: error: " << problem << "\n";
     exit_code = 2;

@@ -608,3 +608,20 @@ TEST_CASE("inputs: a second job on the same --master-port fails alone; the first
   CHECK(fs::exists(dir.file("a.st")));
   CHECK(second.exit_code != 0);
 }
+
+TEST_CASE("inputs: a qualifying flag without the flag it qualifies is refused, not ignored") {
+  TempDir dir;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--checkpoint-dir", dir.file("ck")}, "--checkpoint-dir alone writes no checkpoint"},
+      {{"--keep", "2"}, "--keep counts checkpoints"},
+      {{"--trace-steps", "3"}, "--trace-steps needs --trace"},
+  };
+  for (const auto& [args, expected] : cases) {
+    std::vector<std::string> a = args;
+    a.insert(a.end(), {"--steps", "2"});
+    const ProcessResult r = train(a);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, expected));
+  }
+}

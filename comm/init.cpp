@@ -86,7 +86,7 @@ std::string resolve_backend(const std::string& backend, Device device) {
   if (backend == "gloo") return backend;
   if (backend == "nccl") {
     if (!device.is_cuda()) {
-      fail("the NCCL backend needs a cuda device (got {}); use --backend gloo for the cpu",
+      fail("the NCCL backend needs a cuda device (got {}); use the gloo backend on the CPU",
            device.str());
     }
     return backend;

@@ -206,7 +206,7 @@ void Reducer::handle_unused() {
     fail(
         "{} parameter(s) received no gradient in this backward pass, so their buckets could "
         "never be reduced: {}. Make every parameter take part in the loss, or construct "
-        "DistributedDataParallel with find_unused_parameters = true (--find-unused-parameters).",
+        "DistributedDataParallel with find_unused_parameters = true.",
         unused.size(), fmt::join(unused, ", "));
   }
   // find_unused_parameters: mark an unused parameter ready so its bucket is reduced with the

@@ -180,7 +180,7 @@ void TcpStoreServer::Impl::bind_and_listen() {
   if (rc != 0) {
     throw StoreError(
         fmt::format("cannot start the store on {}: cannot resolve '{}': {} (set "
-                    "MASTER_ADDR / --master-addr to an address of this machine)",
+                    "MASTER_ADDR to an address of this machine)",
                     address, options.host, ::gai_strerror(rc)));
   }
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(found, &::freeaddrinfo);
@@ -211,13 +211,13 @@ void TcpStoreServer::Impl::bind_and_listen() {
   if (last_errno == EADDRINUSE) {
     throw StoreError(
         fmt::format("cannot start the store on {}: address already in use (another "
-                    "job? pick another --master-port)",
+                    "job? pick another port: MASTER_PORT)",
                     address));
   }
   if (last_errno == EADDRNOTAVAIL) {
     throw StoreError(
         fmt::format("cannot start the store on {}: {} is not an address of this "
-                    "machine (check MASTER_ADDR / --master-addr)",
+                    "machine (check MASTER_ADDR)",
                     address, options.host));
   }
   throw StoreError(

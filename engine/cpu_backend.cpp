@@ -23,8 +23,8 @@ class CpuBackend final : public Backend {
   void set_gemm_backend(GemmBackend backend) override {
     if (backend == GemmBackend::kCublas) {
       fail(
-          "GEMM backend cublas is only available on CUDA devices; run with --device cuda, or "
-          "use --gemm hand or --gemm eigen on the CPU");
+          "GEMM backend cublas is only available on CUDA devices; on the CPU use "
+          "GemmBackend::kHand or kEigen");
     }
     gemm_backend_.store(backend, std::memory_order_relaxed);
   }

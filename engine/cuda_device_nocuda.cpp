@@ -26,8 +26,8 @@ std::string cuda_status() {
 void require_device(Device device) {
   if (device.is_cpu()) return;
   fail(
-      "--device {} needs a CUDA device, but {}. Rebuild with -DNANODDP_CUDA=ON on a machine with "
-      "the CUDA toolkit, or use --device cpu.",
+      "device {} needs a CUDA device, but {}. Rebuild with -DNANODDP_CUDA=ON on a machine with "
+      "the CUDA toolkit, or use the CPU (Device::cpu()).",
       detail::device_name(device), cuda_status());
 }
 

@@ -291,8 +291,8 @@ TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer&
   }
   if (file.metadata_at("optimizer_kind") != optimizer_kind(optimizer)) {
     fail(
-        "checkpoint '{}' holds {} state, but this run uses {}; resume with --optimizer matching "
-        "the checkpoint",
+        "checkpoint '{}' holds {} state, but this run uses {}; resume with the optimizer the "
+        "checkpoint was written with",
         path, file.metadata_at("optimizer_kind"), optimizer_kind(optimizer));
   }
 
@@ -337,7 +337,7 @@ TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer&
     fail(
         "checkpoint '{}' holds {} tensors, but the model and optimizer have {}; not expected: {}. "
         "It was saved from a different model, or with different optimizer settings (momentum "
-        "buffers exist only with --momentum > 0)",
+        "buffers exist only with momentum > 0)",
         path, file.names().size(), tensors.size(), fmt::join(unexpected, ", "));
   }
 

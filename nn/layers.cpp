@@ -60,9 +60,9 @@ std::shared_ptr<Module> make_activation(Activation act) {
 }  // namespace
 
 Mlp::Mlp(const MlpOptions& options) : options_(options) {
-  if (options.layers < 0) fail("MLP: --layers must be >= 0, got {}", options.layers);
+  if (options.layers < 0) fail("MLP: layers must be >= 0, got {}", options.layers);
   if (options.layers > 0 && options.hidden <= 0) {
-    fail("MLP: --hidden must be positive, got {}", options.hidden);
+    fail("MLP: hidden must be positive, got {}", options.hidden);
   }
   Generator generator(options.seed);
   layers_ = register_module("layers", std::make_shared<Sequential>());

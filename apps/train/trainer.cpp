@@ -134,9 +134,13 @@ std::string model_difference(const std::string& recorded, const std::string& cur
 // choose_device); --device cuda:N as given. Made current before anything touches CUDA, so that
 // no stream, handle or context of this process lands on another rank's GPU.
 Device select_device(const std::string& requested, int local_rank, bool quiet) {
-  const DeviceChoice choice =
-      choose_device(requested, local_rank, requested == "cpu" ? 0 : cuda_device_count());
-  set_current_device(choice.device);
+  DeviceChoice choice;
+  try {
+    choice = choose_device(requested, local_rank, requested == "cpu" ? 0 : cuda_device_count());
+    set_current_device(choice.device);
+  } catch (const Error& e) {
+    fail("--device {}: {} (--device cpu trains on the CPU)", requested, e.what());
+  }
   if (choice.device.is_cuda() && !quiet) {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     fmt::print("nanoddp-train: local rank {} uses {} ({}{}{})\n", local_rank, choice.device.str(),

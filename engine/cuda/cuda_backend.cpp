@@ -52,7 +52,7 @@ class CudaBackend final : public Backend {
 
   void set_gemm_backend(GemmBackend backend) override {
     if (backend == GemmBackend::kEigen) {
-      fail("GEMM backend eigen runs on the CPU only; on {} use --gemm hand or --gemm cublas",
+      fail("GEMM backend eigen runs on the CPU only; on {} use GemmBackend::kHand or kCublas",
            device_.str());
     }
     gemm_backend_ = backend;

@@ -112,12 +112,13 @@ void require_device(Device device) {
   const std::string name = detail::device_name(device);
   const int count = cuda_device_count();
   if (count == 0) {
-    fail("--device {} needs a CUDA device, but {}. Use --device cpu.", name, probe_failure());
+    fail("device {} needs a CUDA device, but {}. Use the CPU (Device::cpu()).", name,
+         probe_failure());
   }
   if (device.index < 0 || device.index >= count) {
     fail(
-        "--device {} does not exist: this machine has {} CUDA device{} (cuda:0{}). Pick one of "
-        "those or use --device cpu.",
+        "device {} does not exist: this machine has {} CUDA device{} (cuda:0{}). Pick one of "
+        "those or the CPU.",
         name, count, count == 1 ? "" : "s",
         count == 1 ? std::string() : fmt::format(" .. cuda:{}", count - 1));
   }

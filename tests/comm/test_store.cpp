@@ -604,7 +604,7 @@ TEST_CASE("store: a port in use is a clear error") {
   const std::string error =
       store_error([&] { TcpStoreServer second({.host = "127.0.0.1", .port = first.port()}); });
   CHECK(contains(error, fmt::format("cannot start the store on 127.0.0.1:{}: address already in "
-                                    "use (another job? pick another --master-port)",
+                                    "use (another job? pick another port: MASTER_PORT)",
                                     first.port())));
 }
 

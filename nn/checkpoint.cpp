@@ -221,8 +221,31 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 
 void load_parameters(const std::string& path, Module& model) {
   debug_log(DebugLevel::kInfo, "parameters: loading {}", path);
-  const SafetensorsFile file = read_safetensors(path);
   const std::vector<NamedTensor> params = model.named_parameters();
+  // A training checkpoint also holds the optimizer's state: for evaluation its parameters are
+  // what is wanted, and the optimizer's tensors are skipped.
+  const SafetensorsMetadata metadata = read_safetensors_metadata(path);
+  const bool checkpoint = metadata.contains("optimizer_kind");
+  const auto ours = [&](const std::string& name) {
+    return !(checkpoint && name.starts_with(kOptimizerPrefix));
+  };
+  // First from the header alone: a file holding other (perhaps huge) tensors is refused before
+  // its body is read.
+  std::vector<std::string> model_names, extra;
+  for (const NamedTensor& p : params) model_names.push_back(p.name);
+  for (const auto& [name, shape] : read_safetensors_shapes(path)) {
+    if (ours(name) &&
+        std::find(model_names.begin(), model_names.end(), name) == model_names.end()) {
+      extra.push_back(name);
+    }
+  }
+  if (!extra.empty()) {
+    fail(
+        "'{}' does not hold this model's parameters: not in the model {} (the model has: {}; "
+        "names follow PyTorch's state_dict of the same nn.Sequential)",
+        path, fmt::join(extra, ", "), fmt::join(model_names, ", "));
+  }
+  const SafetensorsFile file = read_safetensors(path);
   std::vector<std::string> missing, unexpected;
   for (const NamedTensor& p : params) {
     const SafetensorsTensor* stored = file.find(p.name);
@@ -240,7 +263,7 @@ void load_parameters(const std::string& path, Module& model) {
   for (const std::string& name : file.names()) {
     const bool known = std::any_of(params.begin(), params.end(),
                                    [&](const NamedTensor& p) { return p.name == name; });
-    if (!known) unexpected.push_back(name);
+    if (!known && ours(name)) unexpected.push_back(name);
   }
   if (!missing.empty() || !unexpected.empty()) {
     std::vector<std::string> expected;

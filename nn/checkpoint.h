@@ -62,7 +62,10 @@ TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer&
 // and a tensor the model has no parameter for is an error too, as with PyTorch's
 // load_state_dict(strict=True): a silently ignored tensor would mean a silently different model.
 // Everything is checked before the model is touched, NaN and Inf values included (a model that
-// starts from them trains to NaN); errors name the file and the tensors.
+// starts from them trains to NaN), and the tensor names from the header before the body is read
+// (a file with other, perhaps huge, tensors is refused at once); errors name the file and the
+// tensors. A training checkpoint (save_checkpoint) loads too: its parameters, for evaluation,
+// with the optimizer's state skipped.
 void load_parameters(const std::string& path, Module& model);
 
 }  // namespace nanoddp::nn

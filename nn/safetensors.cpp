@@ -458,7 +458,11 @@ SafetensorsFile parse_safetensors(std::vector<std::byte> bytes_in,
   return result;
 }
 
-SafetensorsMetadata read_safetensors_metadata(const std::filesystem::path& path) {
+namespace {
+
+// The header of a safetensors file as JSON, reading only the header (checked as read_safetensors
+// checks it: length, nesting, a JSON object).
+nlohmann::json read_header_only(const std::filesystem::path& path) {
   const std::string file = path.string();
   const FileHead head = read_file_head(path, 8);
   if (head.bytes.size() < 8) {
@@ -473,10 +477,38 @@ SafetensorsMetadata read_safetensors_metadata(const std::filesystem::path& path)
         file, header_length, head.file_size - 8, kMaxHeaderBytes);
   }
   const FileHead whole = read_file_head(path, 8 + header_length);
-  const nlohmann::json header =
-      parse_header(std::string_view(reinterpret_cast<const char*>(whole.bytes.data()) + 8,
-                                    whole.bytes.size() - 8),
-                   file);
+  return parse_header(std::string_view(reinterpret_cast<const char*>(whole.bytes.data()) + 8,
+                                       whole.bytes.size() - 8),
+                      file);
+}
+
+}  // namespace
+
+std::map<std::string, std::vector<std::int64_t>> read_safetensors_shapes(
+    const std::filesystem::path& path) {
+  const nlohmann::json header = read_header_only(path);
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == kMetadataKey) continue;
+    const auto shape = entry.is_object() ? entry.find("shape") : entry.end();
+    if (shape == entry.end() || !shape->is_array()) {
+      fail("'{}': tensor '{}' has no shape list", path.string(), excerpt(name));
+    }
+    std::vector<std::int64_t>& dims = shapes[name];
+    for (const auto& d : *shape) {
+      if (!d.is_number_integer()) {
+        fail("'{}': tensor '{}' has a shape that is not a list of integers", path.string(),
+             excerpt(name));
+      }
+      dims.push_back(d.get<std::int64_t>());
+    }
+  }
+  return shapes;
+}
+
+SafetensorsMetadata read_safetensors_metadata(const std::filesystem::path& path) {
+  const std::string file = path.string();
+  const nlohmann::json header = read_header_only(path);
   SafetensorsMetadata metadata;
   const auto it = header.find(kMetadataKey);
   if (it == header.end()) return metadata;

@@ -102,6 +102,11 @@ SafetensorsFile parse_safetensors(std::vector<std::byte> bytes, const std::files
 // as read_safetensors checks it (length, nesting, JSON, string values); the tensors are not.
 SafetensorsMetadata read_safetensors_metadata(const std::filesystem::path& path);
 
+// Each tensor's shape, reading only the header: what a file holds can be checked before its
+// body (which may be gigabytes) is read. The entries are not otherwise validated.
+std::map<std::string, std::vector<std::int64_t>> read_safetensors_shapes(
+    const std::filesystem::path& path);
+
 // ---- checksums ----------------------------------------------------------------------------
 // FNV-1a, 64-bit (offset basis 0xcbf29ce484222325, prime 0x100000001b3), over bytes in order.
 // Chosen because it is tiny, specified in a few lines, and reproducible anywhere (in Python:

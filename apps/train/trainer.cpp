@@ -220,11 +220,28 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
         *params_, nn::AdamWOptions{.lr = o_.lr, .weight_decay = o_.weight_decay});
   }
 
-  sampler_ = std::make_unique<nn::Sampler>(nn::SamplerOptions{.size = dataset_->size(),
-                                                              .shuffle = o_.shuffle,
-                                                              .seed = o_.seed,
-                                                              .rank = rank_,
-                                                              .world_size = world_size_});
+  // The sampler holds the epoch's order: 8 bytes per sample, twice with --prefetch. A data set
+  // whose order alone would take half the machine's memory is refused up front, naming the
+  // flag, instead of ending in std::bad_alloc (or swapping for minutes).
+  const double order_bytes = 8.0 * static_cast<double>(dataset_->size()) * (o_.prefetch ? 2 : 1);
+  const double memory_bytes =
+      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (memory_bytes > 0 && order_bytes > 0.5 * memory_bytes) {
+    fail("{} {} samples: the sampling order alone needs {:.1f} GB, more than half of this "
+         "machine's {:.1f} GB of memory",
+         o_.data_path.empty() ? "--dataset-size" : "--data", dataset_->size(), order_bytes / 1e9,
+         memory_bytes / 1e9);
+  }
+  try {
+    sampler_ = std::make_unique<nn::Sampler>(nn::SamplerOptions{.size = dataset_->size(),
+                                                                .shuffle = o_.shuffle,
+                                                                .seed = o_.seed,
+                                                                .rank = rank_,
+                                                                .world_size = world_size_});
+  } catch (const std::bad_alloc&) {
+    fail("{} {} samples: out of memory for the sampling order ({:.1f} GB)",
+         o_.data_path.empty() ? "--dataset-size" : "--data", dataset_->size(), order_bytes / 1e9);
+  }
   // An epoch's last step may have fewer micro-batches (and its last micro-batch fewer rows),
   // exactly as --batch K*B's last batch is partial: no sample of the epoch is left out.
   micro_batches_per_epoch_ = sampler_->num_batches(o_.batch);

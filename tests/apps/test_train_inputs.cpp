@@ -625,3 +625,15 @@ TEST_CASE("inputs: a qualifying flag without the flag it qualifies is refused, n
     CHECK(contains(r.output, expected));
   }
 }
+
+TEST_CASE("inputs: a --dataset-size whose sampling order cannot fit in memory is refused by name") {
+  for (const char* size : {"10000000000", "1099511627776"}) {
+    ProcessOptions o;
+    o.timeout = std::chrono::seconds(30);
+    const ProcessResult r = train({"--dataset-size", size, "--steps", "2"});
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, std::string("--dataset-size ") + size));
+    CHECK_FALSE(contains(r.output, "bad_alloc"));
+  }
+}

@@ -1,15 +1,20 @@
 // Checkpoints: round trips, retention, and every way a file can be wrong.
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <unistd.h>
+#include <chrono>
+#include <cstring>
+#include <iterator>
+#include <regex>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
 
-#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/ops.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/nn/checkpoint.h"
 #include "nanoddp/nn/file_io.h"
 #include "nanoddp/nn/flat_parameters.h"
@@ -420,4 +425,68 @@ TEST_CASE("checkpoint: housekeeping removes only its own run's, and never overwr
   // A resumed run takes over the id it resumed, so its own earlier checkpoints are pruned.
   Run c(8, 3);
   CHECK(nn::load_checkpoint(dir.file("step-000000009.safetensors"), c.model, c.adam).run_id == "A");
+}
+
+TEST_CASE("load_parameters: a training checkpoint's parameters load for evaluation") {
+  testing::TempDir dir;
+  Run trained(8, 1), fresh(8, 2);
+  trained.steps(3);
+  const std::string path =
+      nn::save_checkpoint(dir.path(), trained.model, trained.adam, {.step = 3}, 1);
+  nn::load_parameters(path, fresh.model);  // the optimizer's state is skipped, not refused
+  const auto a = trained.model.named_parameters(), b = fresh.model.named_parameters();
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    CHECK(a[i].tensor.to_vector() == b[i].tensor.to_vector());
+}
+
+TEST_CASE("load_parameters: a file with a tensor the model lacks is refused from its header") {
+  // A huge extra tensor: refused before the body is read (it used to be read whole, 20 GiB).
+  testing::TempDir dir;
+  Run source(8, 1), target(8, 2);
+  std::vector<std::vector<float>> values;
+  std::vector<nn::SafetensorsEntry> entries;
+  for (const nn::NamedTensor& p : source.model.named_parameters()) {
+    values.push_back(p.tensor.to_vector());
+  }
+  std::size_t i = 0;
+  for (const nn::NamedTensor& p : source.model.named_parameters()) {
+    entries.push_back({p.name, "F32", p.tensor.shape(), values[i++].data()});
+  }
+  const std::vector<float> small(4, 0.0f);
+  entries.push_back({"zjunk", "F32", {2, 2}, small.data()});
+  const std::string file = dir.file("extra.safetensors");
+  nn::write_safetensors(file, entries);
+  // Make the extra tensor claim 16 GiB: rewrite its entry in the header and grow the file
+  // sparsely. Reading the body would need 16 GiB of memory; the header alone tells.
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::uint64_t header_length = 0;
+  std::memcpy(&header_length, bytes.data(), 8);
+  std::string header = bytes.substr(8, header_length);
+  const std::string body = bytes.substr(8 + header_length);
+  const std::regex entry(
+      R"re("zjunk":\{"dtype":"F32","shape":\[2,2\],"data_offsets":\[(\d+),(\d+)\]\})re");
+  std::smatch m;
+  REQUIRE(std::regex_search(header, m, entry));
+  const std::uint64_t begin = std::stoull(m[1]);
+  const std::uint64_t huge = std::uint64_t{65536} * 65536 * 4;
+  header = m.prefix().str() +
+           fmt::format(R"("zjunk":{{"dtype":"F32","shape":[65536,65536],"data_offsets":[{},{}]}})",
+                       begin, begin + huge) +
+           m.suffix().str();
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    const std::uint64_t length = header.size();
+    out.write(reinterpret_cast<const char*>(&length), 8);
+    out << header << body.substr(0, begin);
+  }
+  std::filesystem::resize_file(file, 8 + header.size() + begin + huge);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string message = expect_error([&] { nn::load_parameters(file, target.model); });
+  CHECK(message.find("not in the model zjunk") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
 }

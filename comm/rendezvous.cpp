@@ -84,11 +84,16 @@ std::string rank_range(long long n) {
   return n == 1 ? "0" : fmt::format("0..{}", n - 1);
 }
 
-// Steps an sbatch script (or salloc's shell) runs in, as Slurm numbers them: the batch step
-// (0xfffffffe), the extern step (0xffffffff) and the interactive step (0xfffffffa).
+// Steps an sbatch script (or salloc's shell) runs in, as Slurm numbers them (slurm.h): since
+// Slurm 20.11 the batch step is 0xfffffffb, the extern step 0xfffffffc, a pending step
+// 0xfffffffd and the interactive step 0xfffffffa; before, batch was 0xfffffffe (NO_VAL) and
+// extern 0xffffffff (INFINITE). Slurm also prints them as words.
 bool is_slurm_script_step(const std::string& step) {
-  return step == "4294967294" || step == "4294967295" || step == "4294967290" || step == "batch" ||
-         step == "extern" || step == "interactive";
+  for (const char* id : {"4294967290", "4294967291", "4294967292", "4294967293", "4294967294",
+                         "4294967295", "batch", "extern", "interactive", "pending"}) {
+    if (step == id) return true;
+  }
+  return false;
 }
 
 // An sbatch script's own SLURM_PROCID/SLURM_NTASKS: refused when they promise other ranks.
@@ -207,7 +212,10 @@ WorldInfo world_from_env(const EnvLookup& env) {
     if (const auto job = openmpi_job_id(env)) {
       addr = "127.0.0.1";
       if (!port_text) port_text = std::to_string(port_for_job(*job));
-      if (!env("NANODDP_STORE_TOKEN")) info.store_token = "openmpi-job-" + *job;
+      // The job's id in the store's token, beside any the user set: two jobs on one port stay
+      // apart even when both inherited the same NANODDP_STORE_TOKEN.
+      const auto user_token = env("NANODDP_STORE_TOKEN");
+      info.store_token = (user_token ? *user_token + "/" : std::string()) + "openmpi-job-" + *job;
     }
   }
   if (info.world_size > 1) {

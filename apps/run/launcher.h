@@ -15,10 +15,10 @@ struct LaunchPlan {
   std::string program_path;  // PROGRAM, resolved in PATH
   std::string master_addr;
   int master_port = 0;  // 0: pick a free port on master_addr for every attempt
-  // The store's shared secret for this job's workers (NANODDP_STORE_TOKEN), unless the user set
-  // one: on one node a random one, so a second job started on the same --master-port cannot
-  // join this job's store (its workers are refused at the handshake) and kill it. Empty on
-  // several nodes: every node's launcher would draw another; set NANODDP_STORE_TOKEN there.
+  // The store's shared secret for this job's workers (NANODDP_STORE_TOKEN): on one node a random
+  // one (after the user's token, if set), so a second job started on the same --master-port
+  // cannot join this job's store (its workers are refused at the handshake) and kill it. Empty
+  // on several nodes: every node's launcher would draw another; set NANODDP_STORE_TOKEN there.
   std::string store_token;
 };
 

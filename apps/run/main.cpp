@@ -47,10 +47,14 @@ int main(int argc, char** argv) {
   plan.program_path = program.path;
   plan.master_addr = options->master_addr.empty() ? "127.0.0.1" : options->master_addr;
   plan.master_port = options->master_port;
-  if (options->nnodes == 1 && std::getenv("NANODDP_STORE_TOKEN") == nullptr) {
+  if (options->nnodes == 1) {
+    // Beside a token the user set, not instead of it: two jobs that inherited the same
+    // NANODDP_STORE_TOKEN stay apart too.
+    const char* user_token = std::getenv("NANODDP_STORE_TOKEN");
     std::random_device random;
-    plan.store_token = fmt::format("{:08x}{:08x}{:08x}{:08x}", random(), random(), random(),
-                                   random());
+    plan.store_token =
+        fmt::format("{}{:08x}{:08x}{:08x}{:08x}", user_token ? std::string(user_token) + "/" : "",
+                    random(), random(), random(), random());
   }
   plan.options = std::move(*options);
   try {

@@ -22,7 +22,7 @@ std::vector<std::string> worker_environment(const WorkerIdentity& w, char** base
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(w.restart_count);
   env["NANODDP_LAUNCHER_PID"] = std::to_string(w.launcher_pid);
   env.emplace("OMP_NUM_THREADS", "1");  // only when unset
-  if (!w.store_token.empty()) env.emplace("NANODDP_STORE_TOKEN", w.store_token);
+  if (!w.store_token.empty()) env["NANODDP_STORE_TOKEN"] = w.store_token;
 
   std::vector<std::string> out;
   out.reserve(env.size());

@@ -17,7 +17,7 @@ struct WorkerIdentity {
   int master_port = 0;
   int restart_count = 0;  // 0 on the first attempt
   int launcher_pid = 0;   // this nanoddp-run's pid
-  std::string store_token;  // NANODDP_STORE_TOKEN when non-empty (a value inherited wins)
+  std::string store_token;  // NANODDP_STORE_TOKEN when non-empty (replaces an inherited one)
 };
 
 // `base` is a null-terminated "NAME=value" array (environ). RANK, WORLD_SIZE, LOCAL_RANK,

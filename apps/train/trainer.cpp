@@ -34,6 +34,14 @@ namespace nanoddp::train {
 
 namespace {
 
+// How many elements of `t` are NaN or Inf: one pass over the buffer on its device, at memory
+// speed (a scalar std::isfinite loop over a 16 MiB gradient cost more than the optimizer step).
+std::int64_t count_nonfinite(const Tensor& t) {
+  Tensor count = Tensor::empty({}, t.device());
+  backend_for(t.device()).count_nonfinite(t.data(), t.numel(), count.data());
+  return static_cast<std::int64_t>(count.item());
+}
+
 using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point start) {
@@ -547,7 +555,18 @@ void Trainer::resume() {
     check_same_files("train/resume-file", {fmt::format("--resume: {}", file_fingerprint(path))},
                      {fmt::format("the checkpoint '{}'", path)});
   }
-  const nn::TrainingState state = nn::load_checkpoint(path, *model_, *optimizer_);
+  nn::TrainingState state;
+  try {
+    state = nn::load_checkpoint(path, *model_, *optimizer_);
+  } catch (const Error& e) {
+    // The loader names the file and what differs in the library's terms; the flags that set
+    // the optimizer's kind and state are this program's.
+    fail("--resume: {} (the optimizer's settings come from --optimizer and --momentum)",
+         e.what());
+  }
+  if (count_nonfinite(params_->values()) > 0) {
+    fail("--resume: checkpoint '{}' holds NaN/Inf parameters; resume from an earlier one", path);
+  }
   run_id_ = state.run_id;  // this run continues that one: its checkpoints are ours to prune
   // The shapes are checked by the loader; the activation is not visible in them.
   if (const auto model = state.info.find("model"); model != state.info.end()) {
@@ -885,17 +904,6 @@ float Trainer::apply_health(const StepHealth& health, std::int64_t step) {
   return loss;
 }
 
-namespace {
-
-// How many elements of `t` are NaN or Inf: one pass over the buffer on its device, at memory
-// speed (a scalar std::isfinite loop over a 16 MiB gradient cost more than the optimizer step).
-std::int64_t count_nonfinite(const Tensor& t) {
-  Tensor count = Tensor::empty({}, t.device());
-  backend_for(t.device()).count_nonfinite(t.data(), t.numel(), count.data());
-  return static_cast<std::int64_t>(count.item());
-}
-
-}  // namespace
 
 Tensor Trainer::gather_health(const Tensor& local_loss) {
   params_->zero_missing_grads();  // a parameter without a gradient this step counts as zero
@@ -1038,6 +1046,7 @@ void Trainer::write_metrics_line(const std::string& line) {
 }
 
 void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch) {
+  require_finite_parameters(step, "checkpoint");  // on every rank: they hold the same values
   if (!is_main()) return;
   nn::TrainingState state{.step = step,
                           .epoch = epoch,
@@ -1057,6 +1066,19 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
     state.epoch_samples = 0;
   }
   nn::save_checkpoint(o_.checkpoint_dir, *model_, *optimizer_, state, o_.keep);
+}
+
+// The loss and the gradients can be finite while the update itself overflows (a huge --lr):
+// parameters are checked before they are written, so no checkpoint or --save holds NaN or Inf.
+// Every rank checks (DDP keeps them equal), so all stop together.
+void Trainer::require_finite_parameters(std::int64_t step, const char* what) {
+  const std::int64_t bad = count_nonfinite(params_->values());
+  if (bad > 0) {
+    fail("after step {} the parameters hold {} NaN/Inf value(s) although the loss and gradients "
+         "were finite: the update overflowed (lower --lr?). Not written ({}); the last good "
+         "checkpoint, if any, is kept",
+         step, bad, what);
+  }
 }
 
 void Trainer::write_trace() {
@@ -1135,6 +1157,7 @@ int Trainer::run() {
     window = Window{};
   }
 
+  if (!o_.save_path.empty()) require_finite_parameters(steps_, "--save");
   if (!o_.save_path.empty() && is_main()) {
     std::vector<nn::NamedTensor> named = model_->named_parameters();
     std::vector<std::vector<float>> host;

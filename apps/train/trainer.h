@@ -79,6 +79,7 @@ class Trainer {
   // files identical (by content), an --init file of the same model.
   void check_output_paths() const;
   void check_paths_distinct() const;
+  void require_finite_parameters(std::int64_t step, const char* what);
   std::string npy_checksums_;  // of --data and --targets, for data_description()
   void load_npy_dataset();
   void check_same_inputs();

@@ -637,3 +637,21 @@ TEST_CASE("inputs: a --dataset-size whose sampling order cannot fit in memory is
     CHECK_FALSE(contains(r.output, "bad_alloc"));
   }
 }
+
+TEST_CASE("inputs: an update that overflows the parameters is never checkpointed or saved") {
+  // Found by an outside tester: finite loss and gradients, but SGD at --lr 1e38 overflowed the
+  // weights; step 1's checkpoint and --save held Inf, and the run exited 0.
+  TempDir dir;
+  write_matrix(dir.file("X.npy"), 64, 8, 1000.0f);
+  write_matrix(dir.file("Y.npy"), 64, 4, 0.25f);
+  const ProcessResult r = run_process(data_argv(
+      {"--data", dir.file("X.npy"), "--targets", dir.file("Y.npy"), "--hidden", "16", "--batch",
+       "8", "--optimizer", "sgd", "--lr", "1e38", "--steps", "1", "--log-every", "100",
+       "--checkpoint-dir", dir.file("ck"), "--checkpoint-every", "1", "--save",
+       dir.file("final.st")}));
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(contains(r.output, "NaN/Inf"));
+  CHECK_FALSE(fs::exists(dir.file("final.st")));
+  CHECK(nanoddp::nn::list_checkpoints(dir.file("ck")).empty());
+}

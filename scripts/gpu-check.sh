@@ -21,7 +21,9 @@
 # Budget: the device tool stops a command at 600 s. Every step runs under `timeout` with the
 # smaller of its own cap and what is left of GPU_CHECK_BUDGET_S (default 570) minus a reserve
 # for the summary and the archive; a step whose minimum no longer fits is SKIPPED, never started
-# with less. So the summary is printed before the budget ends, whatever hangs.
+# with less. So the summary is printed before the budget ends, whatever hangs. A TERM or INT
+# stops the running step and prints the summary at once. $OUT must be writable before anything
+# runs (exit 1 otherwise), and a build that failed fails the check even when later steps pass.
 #
 # Knobs (environment): GPU_CHECK_PREFIX (where the .debs are unpacked, default
 # /tmp/nanoddp-deps), GPU_CHECK_BUILD_DIR (default build-gpu), GPU_CHECK_BUILD_ALL=1 (build every
@@ -44,7 +46,12 @@ readonly KILL_GRACE_S=3
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root" || exit 1
 OUT="${OUT:-/tmp/gpu-check-out}"
-mkdir -p "$OUT"
+# Checked before anything runs: a check whose results cannot be kept is not worth starting.
+if ! mkdir -p "$OUT" 2>/dev/null || ! touch "$OUT/.gpu-check-probe" 2>/dev/null; then
+  echo "gpu-check: OUT=$OUT is not a writable folder; nothing was run" >&2
+  exit 1
+fi
+rm -f "$OUT/.gpu-check-probe"
 WORK="${GPU_CHECK_WORK:-$(mktemp -d /tmp/gpu-check.XXXXXX)}"
 LOGS="$WORK/logs"        # archived into $OUT/gpu-check.tar.gz
 SCRATCH="$WORK/scratch"  # parameter files: compared here, not returned
@@ -89,10 +96,22 @@ run_limited() {  # cap minimum log command...
     if [[ "$log" == "$FAKE_HANG".log ]]; then
       set -- sleep 1000
     else
-      set -- bash -c "$FAKE"
+      set -- env GPU_CHECK_STEP_LOG="$log" bash -c "$FAKE"  # the fake knows its step's log
     fi
   fi
-  timeout -k "$KILL_GRACE_S" "$seconds" "$@" >"$LOGS/$log" 2>&1
+  # In the background and waited for, so that a TERM or INT to this script runs its trap at
+  # once (bash defers traps while a foreground child runs), which then stops the step.
+  timeout -k "$KILL_GRACE_S" "$seconds" "$@" >"$LOGS/$log" 2>&1 &
+  STEP_PID=$!
+  wait "$STEP_PID"
+  local rc=$?
+  STEP_PID=
+  return $rc
+}
+STEP_PID=
+stop_step() {
+  [[ -n "$STEP_PID" ]] && kill -TERM "$STEP_PID" 2>/dev/null
+  STEP_PID=
 }
 # The status word for run_limited's return code.
 verdict() {  # rc
@@ -122,7 +141,7 @@ finish() {
   echo "---- summary"
   cat "$LOGS/summary.txt"
   cp "$LOGS/summary.txt" "$OUT/summary.txt"
-  tar -czf "$OUT/gpu-check.tar.gz" -C "$WORK" logs 2>/dev/null ||
+  timeout -k 2 30 tar -czf "$OUT/gpu-check.tar.gz" -C "$WORK" logs 2>/dev/null ||
     echo "could not write $OUT/gpu-check.tar.gz"
   exit "$1"
 }
@@ -131,10 +150,10 @@ die() {  # step message
   finish 1
 }
 # Stopped from outside (the tool's own timeout, ^C): the summary still comes out.
-trap 'row interrupted FAIL "$((SECONDS - START))" "stopped by a signal"; finish 1' TERM INT
+trap 'stop_step; row interrupted FAIL "$((SECONDS - START))" "stopped by a signal"; finish 1' TERM INT
 
 # ---- 0. the machine ------------------------------------------------------------------------
-GPU_LINE="gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1 || true)"
+GPU_LINE="gpu: $(timeout -k 2 10 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1 || true)"
 [[ "$GPU_LINE" == "gpu: " ]] && GPU_LINE="gpu: (nvidia-smi unavailable)"
 NVCC="$(command -v nvcc || true)"
 [[ -z "$NVCC" && -x /usr/local/cuda/bin/nvcc ]] && NVCC=/usr/local/cuda/bin/nvcc
@@ -266,7 +285,7 @@ fi
 # ---- 4. build --------------------------------------------------------------------------------
 t=$SECONDS
 targets=(nanoddp-tests-gpu)
-available="$(cmake --build "$BUILD" --target help 2>/dev/null)"
+available="$(timeout -k 2 30 cmake --build "$BUILD" --target help 2>/dev/null)"
 for target in nanoddp-bench-gemm nanoddp-train nanoddp-run nanoddp-bench-allreduce \
   nanoddp-bench-ddp; do
   if [[ -n "$FAKE" ]] || grep -q "$target" <<<"$available"; then targets+=("$target"); fi
@@ -434,6 +453,8 @@ gpu_step bench-ddp 90 bench-ddp.log "$bin/nanoddp-bench-ddp" --device cuda --bac
   --world 1 --hidden 4096 --layers 4 --batch 256 --bucket-cap-mb 1,25 --steps 20 --warmup 5 \
   --json "$LOGS/bench-ddp.json"
 
-if ((ctest_rc != 0 || extra_fail)); then finish 1; fi
+# A build that failed or did not fit may have left an earlier call's binaries behind (a warm
+# machine keeps build-gpu/): whatever ran after it, the check did not pass.
+if ((ctest_rc != 0 || extra_fail || build_rc != 0)); then finish 1; fi
 if ((skipped)); then finish 2; fi
 finish 0

@@ -42,3 +42,41 @@ for name in logs/summary.txt logs/configure.log logs/ctest.log logs/bench-gemm.l
   grep -qx "$name" "$tmp/listing" || fail "$name is not in the archive"
 done
 echo "ok: ended after ${elapsed} s of a ${budget} s budget; \$OUT: ${files[*]}"
+
+# Found by an outside tester. (1) A TERM mid-step: the summary and the archive come out at once,
+# not when the running step's own limit ends.
+rm -rf "$tmp/out" "$tmp/work"
+OUT="$tmp/out" GPU_CHECK_WORK="$tmp/work" GPU_CHECK_BUDGET_S=200 \
+  GPU_CHECK_FAKE_STEP="sleep 1" GPU_CHECK_FAKE_HANG=ctest \
+  timeout 90 bash "$root/scripts/gpu-check.sh" >"$tmp/stdout" 2>&1 &
+pid=$!
+sleep 8
+start=$SECONDS
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+((SECONDS - start <= 10)) || fail "a TERM took $((SECONDS - start)) s to give the summary"
+((rc == 1)) || fail "exit status $rc after a TERM, expected 1"
+grep -Eq '^interrupted +FAIL' "$tmp/stdout" || fail "no 'interrupted' row after a TERM"
+[[ -f "$tmp/out/gpu-check.tar.gz" && -f "$tmp/out/summary.txt" ]] || fail "no archive after a TERM"
+sleep 4  # the stopped step's grace period: nothing of it may be left running
+pgrep -f "sleep 1000" >/dev/null && pgrep -af "sleep 1000" | grep -q "$tmp" && fail "the stopped step is still running"
+
+# (2) An $OUT that cannot be written: refused before anything runs.
+touch "$tmp/a-file"
+OUT="$tmp/a-file/out" GPU_CHECK_WORK="$tmp/work" GPU_CHECK_FAKE_STEP=true \
+  timeout 30 bash "$root/scripts/gpu-check.sh" >"$tmp/stdout" 2>&1
+rc=$?
+((rc == 1)) || fail "exit status $rc with an unwritable OUT, expected 1"
+grep -q 'is not a writable folder; nothing was run' "$tmp/stdout" || fail "no message for an unwritable OUT"
+
+# (3) A failed build fails the check, even when every later step passes (a warm machine keeps
+# an earlier call's binaries, which the later steps would run).
+rm -rf "$tmp/out" "$tmp/work"
+OUT="$tmp/out" GPU_CHECK_WORK="$tmp/work" GPU_CHECK_BUDGET_S=200 \
+  GPU_CHECK_FAKE_STEP='[ "$GPU_CHECK_STEP_LOG" != build.log ] || exit 3' \
+  timeout 60 bash "$root/scripts/gpu-check.sh" >"$tmp/stdout" 2>&1
+rc=$?
+grep -Eq '^build +FAIL' "$tmp/stdout" || fail "the failed build has no FAIL row"
+((rc == 1)) || fail "exit status $rc after a failed build, expected 1"
+echo "ok: a TERM gives the summary at once; an unwritable OUT is refused; a failed build fails"

@@ -39,6 +39,12 @@ set -uo pipefail
 readonly START=$SECONDS
 # The device tool allows 600 s per command; keep a margin.
 readonly BUDGET_S="${GPU_CHECK_BUDGET_S:-570}"
+if ! [[ "$BUDGET_S" =~ ^[0-9]{1,6}$ ]]; then
+  echo "gpu-check: GPU_CHECK_BUDGET_S='$BUDGET_S' is not a whole number of seconds" >&2
+  exit 1
+fi
+((BUDGET_S > 590)) &&
+  echo "gpu-check: warning: GPU_CHECK_BUDGET_S=$BUDGET_S: the device tool stops a command at 600 s" >&2
 # Kept free for what comes after the last step: the summary, the archive, and a killed step's
 # grace period (timeout -k).
 readonly RESERVE_S=8
@@ -141,6 +147,17 @@ finish() {
   echo "---- summary"
   cat "$LOGS/summary.txt"
   cp "$LOGS/summary.txt" "$OUT/summary.txt"
+  # The device tool returns a file of at most 16 MiB: a step that flooded its log must not cost
+  # every log. Over 12 MiB in all, each log over 1 MiB keeps its last 1 MiB (where errors are).
+  if (($(du -sb "$LOGS" | cut -f1) > 12 * 1024 * 1024)); then
+    local f
+    for f in "$LOGS"/*.log; do
+      if (($(stat -c %s "$f") > 1024 * 1024)); then
+        { echo "(cut by gpu-check.sh: the last 1 MiB of $(stat -c %s "$f") bytes)"; tail -c 1048576 "$f"; } >"$f.cut"
+        mv "$f.cut" "$f"
+      fi
+    done
+  fi
   timeout -k 2 30 tar -czf "$OUT/gpu-check.tar.gz" -C "$WORK" logs 2>/dev/null ||
     echo "could not write $OUT/gpu-check.tar.gz"
   exit "$1"

@@ -79,4 +79,19 @@ OUT="$tmp/out" GPU_CHECK_WORK="$tmp/work" GPU_CHECK_BUDGET_S=200 \
 rc=$?
 grep -Eq '^build +FAIL' "$tmp/stdout" || fail "the failed build has no FAIL row"
 ((rc == 1)) || fail "exit status $rc after a failed build, expected 1"
-echo "ok: a TERM gives the summary at once; an unwritable OUT is refused; a failed build fails"
+# (4) A step that floods its log: the archive stays under the device tool's 16 MiB.
+rm -rf "$tmp/out" "$tmp/work"
+OUT="$tmp/out" GPU_CHECK_WORK="$tmp/work" GPU_CHECK_BUDGET_S=200 \
+  GPU_CHECK_FAKE_STEP='[ "$GPU_CHECK_STEP_LOG" != build.log ] || head -c 40000000 /dev/urandom | base64' \
+  timeout 60 bash "$root/scripts/gpu-check.sh" >"$tmp/stdout" 2>&1
+size=$(stat -c %s "$tmp/out/gpu-check.tar.gz")
+((size < 16 * 1024 * 1024)) || fail "the archive is $size bytes, over the tool's 16 MiB"
+tar -xzf "$tmp/out/gpu-check.tar.gz" -C "$tmp" logs/build.log || fail "no build.log in the archive"
+grep -q "cut by gpu-check.sh" "$tmp/logs/build.log" || fail "the flooded log was not cut"
+
+# (5) A budget that is not a number is refused with a message.
+GPU_CHECK_BUDGET_S=abc OUT="$tmp/out" timeout 10 bash "$root/scripts/gpu-check.sh" >"$tmp/stdout" 2>&1
+(($? == 1)) || fail "GPU_CHECK_BUDGET_S=abc: exit status, expected 1"
+grep -q "not a whole number of seconds" "$tmp/stdout" || fail "GPU_CHECK_BUDGET_S=abc: no message"
+echo "ok: a TERM gives the summary at once; an unwritable OUT is refused; a failed build fails;" \
+  "a flooded log is cut under 16 MiB; a bad budget is refused"

@@ -27,7 +27,7 @@ void require_device(Device device) {
   if (device.is_cpu()) return;
   fail(
       "device {} needs a CUDA device, but {}. Rebuild with -DNANODDP_CUDA=ON on a machine with "
-      "the CUDA toolkit, or use the CPU (Device::cpu()).",
+      "the CUDA toolkit, or use the CPU device.",
       detail::device_name(device), cuda_status());
 }
 

@@ -14,10 +14,10 @@
 #include "nanoddp/engine/cuda/device_guard.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/engine/host_sync.h"
-#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/stream_cpu.h"
 #include "nanoddp/kernels/cuda/check.h"
+#include "nanoddp/kernels/error.h"
 
 namespace nanoddp {
 namespace {
@@ -112,7 +112,7 @@ void require_device(Device device) {
   const std::string name = detail::device_name(device);
   const int count = cuda_device_count();
   if (count == 0) {
-    fail("device {} needs a CUDA device, but {}. Use the CPU (Device::cpu()).", name,
+    fail("device {} needs a CUDA device, but {}. Use the CPU device instead.", name,
          probe_failure());
   }
   if (device.index < 0 || device.index >= count) {

@@ -37,11 +37,15 @@ overall=0
 summary=()
 for config in "${configs[@]}"; do
   case $config in
-    asan) sanitize=address,undefined openmp=ON ;;
+    # The test that takes every file descriptor on purpose does not run under UBSan: UBSan's vptr
+    # check confirms an object is readable through a pipe, which then fails, and it reports valid
+    # objects (a ShmError, fmt's buffer) as "invalid vptr". It runs in the normal suite and
+    # under TSan.
+    asan) sanitize=address,undefined openmp=ON exclude_names="no file descriptor left" ;;
     # No OpenMP under TSan: libgomp is not instrumented, so TSan cannot see its barriers and
     # reports races between Eigen's GEMM threads that are not there. nanoddp's GEMM runs one
     # thread unless --threads asks for more, and without OpenMP Eigen stays single-threaded.
-    tsan) sanitize=thread openmp=OFF ;;
+    tsan) sanitize=thread openmp=OFF exclude_names="" ;;
     *) echo "test-sanitizers: unknown configuration '$config' (asan or tsan)" >&2; exit 2 ;;
   esac
   dir=build-$config
@@ -67,7 +71,7 @@ for config in "${configs[@]}"; do
   echo "== $config: ctest -L cpu -LE $exclude_labels"
   start=$SECONDS
   rc=0
-  ctest --test-dir "$dir" -L cpu -LE "$exclude_labels" \
+  ctest --test-dir "$dir" -L cpu -LE "$exclude_labels" ${exclude_names:+-E "$exclude_names"} \
     --output-on-failure -j "$jobs" --timeout 600 || rc=$?
   test_s=$((SECONDS - start))
   unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS

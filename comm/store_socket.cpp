@@ -37,6 +37,16 @@ std::string format_address(const std::string& host, std::uint16_t port) {
   return fmt::format("{}:{}", host, port);
 }
 
+std::string describe_keys(const std::vector<std::string>& keys) {
+  if (keys.size() == 1) return fmt::format("key '{}'", keys.front());
+  std::string s = "keys ";
+  for (std::size_t i = 0; i < keys.size() && i < 5; ++i) {
+    s += fmt::format("{}'{}'", i ? ", " : "", keys[i]);
+  }
+  if (keys.size() > 5) s += fmt::format(" and {} more", keys.size() - 5);
+  return s;
+}
+
 std::string format_seconds(std::chrono::milliseconds ms) {
   return fmt::format("{:g} s", static_cast<double>(ms.count()) / 1000.0);
 }

@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "nanoddp/comm/store.h"
 #include "nanoddp/comm/store_protocol.h"
@@ -23,6 +24,11 @@ protocol::Limits store_limits(const TcpStoreOptions& options);
 std::string format_address(const std::string& host, std::uint16_t port);
 // "0.3 s", "300 s": how messages state a timeout.
 std::string format_seconds(std::chrono::milliseconds ms);
+// "key 'a'", or "keys 'a', 'b' and 3 more": how messages name the keys of a request.
+std::string describe_keys(const std::vector<std::string>& keys);
+// A client's reconnection backoff: doubling from the first to the most.
+constexpr auto kFirstBackoff = std::chrono::milliseconds(10);
+constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
 // strerror, thread-safely, lower-cased the way our messages use it ("connection refused").
 std::string errno_text(int err);
 

@@ -34,8 +34,9 @@ namespace {
 namespace proto = protocol;
 using Clock = std::chrono::steady_clock;
 
-constexpr auto kFirstBackoff = std::chrono::milliseconds(10);
-constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
+using detail::describe_keys;
+using detail::kFirstBackoff;
+using detail::kMaxBackoff;
 // The server answers a get / wait when its timeout passes; the client waits this much longer
 // before it concludes the server itself stopped answering.
 constexpr auto kAnswerGrace = std::chrono::milliseconds(2000);
@@ -44,16 +45,6 @@ using detail::IoResult;
 using detail::recv_some;
 using detail::send_all;
 using detail::wait_for;
-
-std::string describe_keys(const std::vector<std::string>& keys) {
-  if (keys.size() == 1) return fmt::format("key '{}'", keys.front());
-  std::string s = "keys ";
-  for (std::size_t i = 0; i < keys.size() && i < 5; ++i) {
-    s += fmt::format("{}'{}'", i ? ", " : "", keys[i]);
-  }
-  if (keys.size() > 5) s += fmt::format(" and {} more", keys.size() - 5);
-  return s;
-}
 
 }  // namespace
 

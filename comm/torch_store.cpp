@@ -25,18 +25,9 @@ namespace tp = torch_protocol;
 using detail::Clock;
 using detail::IoResult;
 
-constexpr auto kFirstBackoff = std::chrono::milliseconds(10);
-constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
-
-std::string describe_keys(const std::vector<std::string>& keys) {
-  if (keys.size() == 1) return fmt::format("key '{}'", keys.front());
-  std::string s = "keys ";
-  for (std::size_t i = 0; i < keys.size() && i < 5; ++i) {
-    s += fmt::format("{}'{}'", i ? ", " : "", keys[i]);
-  }
-  if (keys.size() > 5) s += fmt::format(" and {} more", keys.size() - 5);
-  return s;
-}
+using detail::describe_keys;
+using detail::kFirstBackoff;
+using detail::kMaxBackoff;
 
 }  // namespace
 

@@ -52,12 +52,36 @@ inline std::string check_integer(const std::string& text, bool is_signed) {
   return {};
 }
 
-// A finite number: "nan" and "inf" (which pass every CLI::Range check) are refused.
+// A number written in decimal ("0.5", "-3", "1e-4") whose magnitude is 0 or fits a 32-bit
+// float. strtod alone would also take "nan", "inf" (which pass every CLI::Range check) and hex
+// ("0x10"); and a flag stored as a float turns 3.5e38 into inf and 1e-300 into 0 after every
+// check here has passed. No flag of these programs needs a number outside float's range, so one
+// rule serves the float and the double flags alike.
 inline std::string check_finite(const std::string& text) {
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size()) return "'" + text + "' is not a number";
-  if (!std::isfinite(value)) return "'" + text + "' is not a finite number";
+  std::size_t i = text.size() > 0 && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+  const auto digits = [&] {
+    const std::size_t start = i;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
+    return i - start;
+  };
+  std::size_t mantissa = digits();
+  if (i < text.size() && text[i] == '.') {
+    ++i;
+    mantissa += digits();
+  }
+  bool decimal = mantissa > 0;
+  if (decimal && i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '-' || text[i] == '+')) ++i;
+    decimal = digits() > 0;
+  }
+  if (!decimal || i != text.size()) {
+    return "'" + text + "' is not a number written in decimal (like 0.5, -3 or 1e-4)";
+  }
+  const double magnitude = std::fabs(std::strtod(text.c_str(), nullptr));
+  if (!std::isfinite(magnitude) || magnitude > 3.4e38 || (magnitude != 0 && magnitude < 1.2e-38)) {
+    return "'" + text + "' is out of range (0, or a magnitude from 1.2e-38 to 3.4e38)";
+  }
   return {};
 }
 

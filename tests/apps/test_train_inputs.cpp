@@ -126,7 +126,9 @@ TEST_CASE("inputs: every numeric flag refuses NaN, Inf and out-of-range values (
   // 2^64-1, clamped integers past 64 bits, and "010" as octal 8. Every numeric flag of both
   // programs, found from --help, so a new flag is covered too.
   const std::map<std::string, std::vector<std::string>> bad = {
-      {"FLOAT", {"nan", "NaN", "inf", "-inf", "1e999", "3x"}},
+      {"FLOAT",
+       {"nan", "NaN", "inf", "-inf", "1e999", "3x", "0x10", "3.5e38", "1e-300", ".", "1e",
+        "infinity"}},
       {"INT", {"9223372036854775808", "-9223372036854775809", "1.5", "010", "0x10", "2e3"}},
       {"UINT", {"-1", "18446744073709551616", "1.5", "010"}},
   };
@@ -162,6 +164,10 @@ TEST_CASE("inputs: every numeric flag refuses NaN, Inf and out-of-range values (
   CHECK(contains(grace.output, "--grace-period"));
   const ProcessResult top = train({"--seed", "18446744073709551615", "--steps", "1", "--quiet"});
   CHECK_MESSAGE(top.exit_code == 0, top.output);
+  // Decimal forms that must still pass: a leading '+', no integer part, an upper-case exponent.
+  const ProcessResult forms =
+      train({"--lr", "+.05", "--weight-decay", "1E-4", "--steps", "1", "--quiet"});
+  CHECK_MESSAGE(forms.exit_code == 0, forms.output);
 }
 
 TEST_CASE("inputs: an --init file with NaN/Inf, or nested 100,000 levels deep, exits 2 naming it") {
@@ -492,7 +498,8 @@ TEST_CASE("inputs: a --trace larger than a store value (64 MiB a rank) is writte
 
 // Found by an outside tester: outputs that replace a device, outputs on each other or on the
 // inputs, a FIFO as input, a bad --init under DDP, a resume on other data of the same shape.
-TEST_CASE("inputs: --save onto a device, FIFO or another output or input is refused before step 1") {
+TEST_CASE(
+    "inputs: --save onto a device, FIFO or another output or input is refused before step 1") {
   TempDir dir;
   const std::string fifo = dir.file("fifo");
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
@@ -524,9 +531,9 @@ TEST_CASE("inputs: --save onto a device, FIFO or another output or input is refu
     CHECK(contains(r.output, c.expected));
     CHECK_FALSE(contains(r.output, "step  1/"));
   }
-  CHECK(fs::is_fifo(fifo));                               // still a FIFO, not replaced
-  CHECK(fs::file_size(dir.file("X.npy")) == x_size);      // the input intact
-  CHECK_FALSE(fs::exists(dir.file("f")));                 // nothing written
+  CHECK(fs::is_fifo(fifo));                           // still a FIFO, not replaced
+  CHECK(fs::file_size(dir.file("X.npy")) == x_size);  // the input intact
+  CHECK_FALSE(fs::exists(dir.file("f")));             // nothing written
 }
 
 TEST_CASE("inputs: a FIFO as --data is refused at once instead of blocking") {
@@ -536,8 +543,8 @@ TEST_CASE("inputs: a FIFO as --data is refused at once instead of blocking") {
   write_matrix(dir.file("Y.npy"), 64, 4, 0.25f);
   ProcessOptions o;
   o.timeout = std::chrono::seconds(20);
-  const ProcessResult r = run_process(
-      data_argv({"--data", fifo, "--targets", dir.file("Y.npy"), "--steps", "2"}), o);
+  const ProcessResult r =
+      run_process(data_argv({"--data", fifo, "--targets", dir.file("Y.npy"), "--steps", "2"}), o);
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "not a regular file"));
@@ -547,9 +554,9 @@ TEST_CASE("inputs: a bad --init under DDP stops every rank at once, each naming 
   TempDir dir;
   std::ofstream(dir.file("bad.safetensors")) << "not a safetensors file at all";
   const auto start = std::chrono::steady_clock::now();
-  const auto results = two_ranks_in(
-      dir.path(), dir.path(),
-      train_argv({"--init", dir.file("bad.safetensors"), "--steps", "5", "--quiet"}));
+  const auto results =
+      two_ranks_in(dir.path(), dir.path(),
+                   train_argv({"--init", dir.file("bad.safetensors"), "--steps", "5", "--quiet"}));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (const ProcessResult& r : results) {
@@ -566,9 +573,9 @@ TEST_CASE("inputs: --resume refuses .npy data of the same shape but other values
   write_matrix(dir.file("X.npy"), 64, 8, 0.5f);
   write_matrix(dir.file("X2.npy"), 64, 8, 0.75f);  // same shape, other values
   write_matrix(dir.file("Y.npy"), 64, 4, 0.25f);
-  const std::vector<std::string> common = {"--targets", dir.file("Y.npy"), "--hidden", "8",
-                                           "--batch", "8", "--checkpoint-dir", dir.file("ck"),
-                                           "--checkpoint-every", "4", "--quiet"};
+  const std::vector<std::string> common = {
+      "--targets",        dir.file("Y.npy"), "--hidden",           "8", "--batch", "8",
+      "--checkpoint-dir", dir.file("ck"),    "--checkpoint-every", "4", "--quiet"};
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), common.begin(), common.end());
     return run_process(data_argv(extra));
@@ -591,8 +598,8 @@ TEST_CASE("inputs: a second job on the same --master-port fails alone; the first
   const auto job = [&](const std::string& save, int steps) {
     std::vector<std::string> argv = {bin_path("nanoddp-run"), "--nproc-per-node", "2",
                                      "--master-port", port};
-    const auto train_part = train_argv({"--steps", std::to_string(steps), "--quiet", "--save",
-                                        save});
+    const auto train_part =
+        train_argv({"--steps", std::to_string(steps), "--quiet", "--save", save});
     argv.insert(argv.end(), train_part.begin(), train_part.end());
     ProcessOptions o;
     o.timeout = std::chrono::seconds(120);
@@ -644,11 +651,28 @@ TEST_CASE("inputs: an update that overflows the parameters is never checkpointed
   TempDir dir;
   write_matrix(dir.file("X.npy"), 64, 8, 1000.0f);
   write_matrix(dir.file("Y.npy"), 64, 4, 0.25f);
-  const ProcessResult r = run_process(data_argv(
-      {"--data", dir.file("X.npy"), "--targets", dir.file("Y.npy"), "--hidden", "16", "--batch",
-       "8", "--optimizer", "sgd", "--lr", "1e38", "--steps", "1", "--log-every", "100",
-       "--checkpoint-dir", dir.file("ck"), "--checkpoint-every", "1", "--save",
-       dir.file("final.st")}));
+  const ProcessResult r = run_process(data_argv({"--data",
+                                                 dir.file("X.npy"),
+                                                 "--targets",
+                                                 dir.file("Y.npy"),
+                                                 "--hidden",
+                                                 "16",
+                                                 "--batch",
+                                                 "8",
+                                                 "--optimizer",
+                                                 "sgd",
+                                                 "--lr",
+                                                 "1e38",
+                                                 "--steps",
+                                                 "1",
+                                                 "--log-every",
+                                                 "100",
+                                                 "--checkpoint-dir",
+                                                 dir.file("ck"),
+                                                 "--checkpoint-every",
+                                                 "1",
+                                                 "--save",
+                                                 dir.file("final.st")}));
   INFO(r.output);
   CHECK(r.exit_code != 0);
   CHECK(contains(r.output, "NaN/Inf"));

@@ -257,7 +257,11 @@ NpyLayout parse_npy_layout(std::span<const std::byte> head, std::uint64_t total_
         "('<f8') arrays in C order are supported",
         name, excerpt(descr->text), hint);
   }
-  if (fortran_order->kind != HeaderValue::Kind::kBool || fortran_order->flag) {
+  if (fortran_order->kind != HeaderValue::Kind::kBool) {
+    fail("'{}' is not a valid .npy file: its fortran_order '{}' is not True or False", name,
+         excerpt(fortran_order->text));
+  }
+  if (fortran_order->flag) {
     fail(
         "'{}' is stored in Fortran (column-major) order; only C order is supported. Save it "
         "with numpy.save(path, numpy.ascontiguousarray(arr)).",
@@ -280,14 +284,17 @@ NpyLayout parse_npy_layout(std::span<const std::byte> head, std::uint64_t total_
   }
   std::size_t needed = 0;
   overflow = overflow || __builtin_mul_overflow(count, layout.item_size, &needed);
-  if (overflow || needed != available) {
-    const bool truncated = overflow || needed > available;
+  if (overflow) {
+    fail("'{}' is not a valid .npy file: its shape {} of '{}' needs more than 2^64 data bytes",
+         name, format_shape(layout.shape), descr->text);
+  }
+  if (needed != available) {
+    const bool truncated = needed > available;
     fail(
         "'{}' is {}: its shape {} of '{}' needs {} data bytes but the file has {} after the "
         "header{}",
         name, truncated ? "truncated" : "longer than its header says", format_shape(layout.shape),
-        descr->text, overflow ? std::string("more than 2^64") : std::to_string(needed), available,
-        truncated ? " (an interrupted copy or download?)" : "");
+        descr->text, needed, available, truncated ? " (an interrupted copy or download?)" : "");
   }
   layout.count = count;
   return layout;

@@ -423,8 +423,11 @@ SafetensorsFile parse_safetensors(std::vector<std::byte> bytes_in,
     }
     std::uint64_t numel = 0, expected = 0;
     if (!checked_numel(tensor.shape, &numel) ||
-        __builtin_mul_overflow(numel, static_cast<std::uint64_t>(info->size), &expected) ||
-        expected != end - begin) {
+        __builtin_mul_overflow(numel, static_cast<std::uint64_t>(info->size), &expected)) {
+      bad(fmt::format("has the shape [{}], whose size in bytes does not fit 64 bits",
+                      fmt::join(tensor.shape, ", ")));
+    }
+    if (expected != end - begin) {
       bad(fmt::format("spans {} bytes but its shape and dtype need {}", end - begin, expected));
     }
     tensor.bytes = std::span<const std::byte>(buffer + begin, end - begin);

@@ -151,9 +151,14 @@ TEST_CASE("npy: malformed files are refused with a message that names the file a
   write_bytes(path, npy_file(1, dict("<f4", "(-1, 6)"), raw(six)));
   error_message([&] { read_npy(path); }, {file, "shape"});
 
-  // Shape whose element count overflows: reported as truncated, not a crash or a huge alloc.
+  // Shape whose element count overflows: said so, not "truncated", a crash or a huge alloc.
   write_bytes(path, npy_file(1, dict("<f4", "(4294967296, 4294967296, 16)"), raw(six)));
-  error_message([&] { read_npy(path); }, {file, "truncated"});
+  error_message([&] { read_npy(path); }, {file, "(4294967296, 4294967296, 16)", "2^64"});
+
+  // fortran_order as the string 'False' (found by an outside tester): not "Fortran order".
+  write_bytes(
+      path, npy_file(1, "{'descr': '<f4', 'fortran_order': 'False', 'shape': (3, 2), }", raw(six)));
+  error_message([&] { read_npy(path); }, {file, "fortran_order", "not True or False"});
 
   error_message([&] { read_npy(dir / "missing.npy"); }, {"missing.npy", "No such file"});
 }

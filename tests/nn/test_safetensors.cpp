@@ -244,6 +244,13 @@ TEST_CASE("safetensors: corrupted files are refused with clear messages") {
                                      floats({1, 2})));
   error_message([&] { read_safetensors(path); }, {file, "shape"});
 
+  // A shape whose byte size overflows 64 bits is named as such (it said "spans 8 bytes but its
+  // shape and dtype need 0").
+  write_bytes(path, safetensors_file(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,16],)"
+                                     R"("data_offsets":[0,8]}})",
+                                     floats({1, 2})));
+  error_message([&] { read_safetensors(path); }, {file, "'a'", "4294967296", "64 bits"});
+
   write_bytes(path, safetensors_file(R"({"a":{"dtype":"F32","shape":[2]}})", floats({1, 2})));
   error_message([&] { read_safetensors(path); }, {file, "data_offsets"});
 

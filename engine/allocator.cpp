@@ -11,6 +11,7 @@
 #include "nanoddp/config.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/engine/debug_log.h"
+#include "nanoddp/engine/env.h"
 #include "nanoddp/kernels/error.h"
 #if NANODDP_WITH_CUDA
 #include "nanoddp/engine/cuda/cuda_memory.h"
@@ -104,10 +105,7 @@ void host_free(void* ptr) {
 }  // namespace
 
 std::size_t host_huge_page_bytes(std::size_t nbytes) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("NANODDP_HUGEPAGES");
-    return env == nullptr || std::string_view(env) != "0";
-  }();
+  static const bool enabled = env_switch("NANODDP_HUGEPAGES", /*default_on=*/true);
   return enabled && nbytes >= kHugePageBytes ? kHugePageBytes : 0;
 }
 

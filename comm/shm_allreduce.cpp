@@ -33,22 +33,22 @@
 //   | RankLine 1                                               |  a rank writes only its own
 //   | ...                                                      |  line, so ranks never fight
 //   +----------------------------------------------------------+  over a cache line
-//   | slot set 0: rank 0's slot | rank 1's slot | ...          |  chunk_bytes each
-//   | slot set 1: rank 0's slot | rank 1's slot | ...          |  (4 KiB-aligned)
+//   | lane set 0: rank 0's lane | rank 1's lane | ...          |  chunk_bytes each
+//   | lane set 1: rank 0's lane | rank 1's lane | ...          |  (4 KiB-aligned)
 //   +----------------------------------------------------------+
 //
-// A buffer larger than one slot is reduced chunk by chunk. Within a chunk of m elements, the
+// A buffer larger than one lane is reduced chunk by chunk. Within a chunk of m elements, the
 // elements are cut into `size` partitions (cache-line aligned): partition p is rank p's job.
 // One chunk on rank r:
 //
-//   1. copy in    for every p != r: my partition-p elements  -> my slot  (partition p)
+//   1. copy in    for every p != r: my partition-p elements  -> my lane  (partition p)
 //   2. barrier A  "everyone's data is in shared memory"
 //   3. reduce     partition r: combine rank 0's, 1's, ... n-1's elements IN THAT ORDER (mine
-//                 from my own buffer, the others' from their slots), divide once for avg, and
-//                 write the result to my buffer and to my slot (partition r, which step 1 left
+//                 from my own buffer, the others' from their lanes), divide once for avg, and
+//                 write the result to my buffer and to my lane (partition r, which step 1 left
 //                 free)
 //   4. barrier B  "every partition is reduced"
-//   5. copy out   for every p != r: rank p's slot (partition p) -> my buffer (partition p)
+//   5. copy out   for every p != r: rank p's lane (partition p) -> my buffer (partition p)
 //
 // That is a reduce-scatter (steps 1-3) followed by an all-gather (step 5), the same split a ring
 // all-reduce makes, but each byte crosses memory once per step instead of passing through two
@@ -60,11 +60,11 @@
 // bit-identical values, and the values do not depend on which rank happened to arrive first.
 // (Bit-identical gradients keep the replicas of a DDP model bit-identical, step after step.)
 //
-// Why two slot sets and no third barrier. Before rank r may overwrite its slot with the next
+// Why two lane sets and no third barrier. Before rank r may overwrite its lane with the next
 // chunk, every peer must have finished copying the previous chunk's results out of it. Chunk
-// k uses slot set k % 2. A rank writes set k % 2 again only in chunk k + 2, after passing barrier
+// k uses lane set k % 2. A rank writes set k % 2 again only in chunk k + 2, after passing barrier
 // A of chunk k + 1 — and every rank arrives at that barrier only after finishing chunk k's copy
-// out. So the barrier that exists anyway doubles as the "slots are free" barrier. The chunk
+// out. So the barrier that exists anyway doubles as the "lanes are free" barrier. The chunk
 // counter runs across ops, so back-to-back all-reduces alternate sets the same way.
 //
 // ================================================================================================
@@ -361,13 +361,13 @@ void ShmAllreduce::run(void* data, const void* input, std::size_t count, DType d
     const std::size_t first = c * chunk_elems;
     const Partition part(std::min(chunk_elems, count - first), size_, elem);
     const std::uint64_t set = chunks_done_ & 1;
-    std::uint8_t* my_slot = segment_->slot(set, rank_);
+    std::uint8_t* my_lane = segment_->lane(set, rank_);
     const auto bytes_of = [&](int p) { return (part.end(p) - part.begin(p)) * elem; };
 
     // 1. Copy in: the partitions the other ranks reduce.
     for (int p = 0; p < size_; ++p) {
       if (p == rank_ || bytes_of(p) == 0) continue;
-      std::memcpy(my_slot + part.begin(p) * elem, src + (first + part.begin(p)) * elem,
+      std::memcpy(my_lane + part.begin(p) * elem, src + (first + part.begin(p)) * elem,
                   bytes_of(p));
     }
     arrive();
@@ -398,10 +398,10 @@ void ShmAllreduce::run(void* data, const void* input, std::size_t count, DType d
       const std::size_t begin = part.begin(rank_);
       for (int q = 0; q < size_; ++q) {
         sources[static_cast<std::size_t>(q)] =
-            q == rank_ ? src + (first + begin) * elem : segment_->slot(set, q) + begin * elem;
+            q == rank_ ? src + (first + begin) * elem : segment_->lane(set, q) + begin * elem;
       }
       reduce(sources.data(), size_, part.end(rank_) - begin, dtype, op,
-             out + (first + begin) * elem, my_slot + begin * elem);
+             out + (first + begin) * elem, my_lane + begin * elem);
     }
     arrive();
     wait_for_all(generation_, deadline, "reduce", c, chunks);
@@ -410,7 +410,7 @@ void ShmAllreduce::run(void* data, const void* input, std::size_t count, DType d
     for (int p = 0; p < size_; ++p) {
       if (p == rank_ || bytes_of(p) == 0) continue;
       std::memcpy(out + (first + part.begin(p)) * elem,
-                  segment_->slot(set, p) + part.begin(p) * elem, bytes_of(p));
+                  segment_->lane(set, p) + part.begin(p) * elem, bytes_of(p));
     }
     ++chunks_done_;
   }

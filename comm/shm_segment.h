@@ -57,12 +57,12 @@ inline std::size_t round_up(std::size_t value, std::size_t to) {
 // Byte offsets of the parts of a segment for `size` ranks.
 struct Layout {
   std::size_t lines = 0;  // first RankLine
-  std::size_t slots = 0;  // slot set 0, rank 0
+  std::size_t lanes = 0;  // lane set 0, rank 0
   std::size_t total = 0;
   Layout(int size, std::size_t chunk_bytes) {
     lines = kLine;
-    slots = round_up(lines + static_cast<std::size_t>(size) * sizeof(RankLine), 4096);
-    total = slots + 2 * static_cast<std::size_t>(size) * chunk_bytes;
+    lanes = round_up(lines + static_cast<std::size_t>(size) * sizeof(RankLine), 4096);
+    total = lanes + 2 * static_cast<std::size_t>(size) * chunk_bytes;
   }
 };
 
@@ -101,8 +101,8 @@ struct ShmAllreduce::Segment {
   shm::RankLine& line(int r) const {
     return reinterpret_cast<shm::RankLine*>(base + layout.lines)[static_cast<std::size_t>(r)];
   }
-  std::uint8_t* slot(std::uint64_t set, int r) const {
-    return base + layout.slots +
+  std::uint8_t* lane(std::uint64_t set, int r) const {
+    return base + layout.lanes +
            (static_cast<std::size_t>(set) * static_cast<std::size_t>(size) +
             static_cast<std::size_t>(r)) *
                chunk_bytes;

@@ -22,11 +22,12 @@
 #include <gloo/broadcast.h>
 
 #include "nanoddp/comm/gloo_context.h"
+#include "nanoddp/comm/gloo_group_impl.h"
 #include "nanoddp/comm/reduce_ops.h"
 #include "nanoddp/comm/shm_allreduce.h"
 #include "nanoddp/engine/debug_log.h"
-#include "nanoddp/kernels/error.h"
 #include "nanoddp/kernels/bf16.h"
+#include "nanoddp/kernels/error.h"
 
 namespace nanoddp::comm {
 namespace {
@@ -111,301 +112,91 @@ void ignore_sigpipe_unless_handled() {
     signal(SIGPIPE, SIG_IGN);
   }
 }
-
-std::string strip_gloo_location(std::string message) {
-  // GLOO_ERROR_MSG prefixes "[/build/gloo/transport/tcp/pair.cc:598] ".
-  if (!message.empty() && message[0] == '[') {
-    const std::size_t end = message.find("] ");
-    if (end != std::string::npos && message.find(':') < end) message.erase(0, end + 2);
-  }
-  return message;
-}
-
-// ---- Work ---------------------------------------------------------------------------------
-
-// The error travels as text, and every thread that asks for it gets an exception object of its
-// own. Handing the worker's exception object itself to the waiting thread (rethrow of a shared
-// exception_ptr) would leave two threads sharing one object whose lifetime is counted inside
-// the C++ runtime, out of ThreadSanitizer's sight: it reported the worker freeing the message
-// a waiter had printed.
-class GlooWork final : public Work {
- public:
-  GlooWork(std::uint64_t sequence_number, std::string op_name)
-      : sequence_number_(sequence_number), op_name_(std::move(op_name)) {}
-
-  void wait() override {
-    std::unique_lock lock(mutex_);
-    done_cv_.wait(lock, [&] { return done_; });
-    if (error_message_) throw CommError(*error_message_);
-  }
-  bool is_completed() override {
-    std::lock_guard lock(mutex_);
-    return done_;
-  }
-  std::exception_ptr error() override {
-    std::lock_guard lock(mutex_);
-    if (!error_message_) return nullptr;
-    return std::make_exception_ptr(CommError(*error_message_));
-  }
-  std::uint64_t sequence_number() const override { return sequence_number_; }
-  const std::string& op_name() const override { return op_name_; }
-  std::optional<WorkTiming> timing() const override {
-    std::lock_guard lock(mutex_);
-    if (!done_) return std::nullopt;
-    return timing_;
-  }
-
-  // `error`: what went wrong, or nullopt on success.
-  void finish(std::optional<std::string> error, WorkTiming timing) {
-    {
-      std::lock_guard lock(mutex_);
-      error_message_ = std::move(error);
-      timing_ = timing;
-      done_ = true;
-    }
-    done_cv_.notify_all();
-  }
-
- private:
-  const std::uint64_t sequence_number_;
-  const std::string op_name_;
-  mutable std::mutex mutex_;
-  std::condition_variable done_cv_;
-  bool done_ = false;
-  std::optional<std::string> error_message_;
-  WorkTiming timing_;
-};
-
 }  // namespace
 
 // ---- the group ----------------------------------------------------------------------------
 
-namespace {
-
-// The options of failed Gloo ops, never destroyed (see Impl::run_gloo). Reachable from a static
-// pointer, so LeakSanitizer does not count them as leaks: they are kept on purpose.
-void keep_failed_gloo_op(std::shared_ptr<void> op) {
-  static std::mutex mutex;
-  static auto* kept = new std::vector<std::shared_ptr<void>>();
-  std::lock_guard lock(mutex);
-  kept->push_back(std::move(op));
+std::shared_ptr<Work> GlooProcessGroup::Impl::enqueue(OpRecord record, const std::string& detail,
+                                                      std::function<void(std::uint64_t)> run) {
+  std::unique_lock lock(mutex);
+  const std::uint64_t seq = ++last_sequence_number;
+  record.sequence_number = seq;
+  owner->record_op(record);
+  const std::string op = op_kind_name(record.kind);
+  auto work = std::make_shared<GlooWork>(seq, op);
+  std::string description = fmt::format("{} #{}", op, seq);
+  if (!detail.empty()) description += " (" + detail + ")";
+  debug_log(DebugLevel::kDetail, "gloo {} issued", description);
+  queue.push_back(Job{work, std::move(description), std::move(run)});
+  lock.unlock();
+  queue_cv.notify_one();
+  return work;
 }
 
-}  // namespace
-
-struct GlooProcessGroup::Impl {
-  struct Job {
-    std::shared_ptr<GlooWork> work;
-    std::string description;  // "allreduce #7 (sum, 1237 x float32)"
-    std::function<void(std::uint64_t sequence_number)> run;
-  };
-
-  GlooProcessGroup* owner = nullptr;  // records every op's fingerprint
-  int rank = 0;
-  int size = 1;
-  ProcessGroupOptions options;
-  GlooConnection connection;
-  // Same host: allreduce (and reduce-scatter, which is one) goes through shared memory instead
-  // of Gloo's TCP ring. Runs on the worker thread like every op, so order, sequence numbers,
-  // Work and timings are unchanged. Null or disabled: everything goes over TCP.
-  std::unique_ptr<ShmAllreduce> shm;
-  std::shared_ptr<Store> diagnostics;  // "<name>/gloo/diag/...": timeout reports only
-
-  std::mutex mutex;  // guards everything below
-  std::condition_variable queue_cv;
-  std::deque<Job> queue;
-  bool stopping = false;
-  std::uint64_t last_sequence_number = 0;
-
-  // Touched by the worker thread only.
-  std::string first_failure;          // set by the first failed op: later ops fail fast
-  std::vector<std::uint8_t> scratch;  // reduce-scatter result, coalesced packing; kept, reused
-
-  std::thread worker;
-
-  std::uint32_t tag(std::uint64_t sequence_number) const {
-    // A distinct tag per op (Gloo slots are built from it), so messages of op N can never be
-    // mistaken for messages of op N+1, even if ranks drift out of step.
-    return static_cast<std::uint32_t>(sequence_number);
-  }
-
-  // Runs one Gloo collective on `opts` (worker thread). When it fails (a peer died or timed
-  // out), Gloo's transport thread may still complete a send on the op's buffers later, under a
-  // lock the failed op never took again: destroying the options then is a use after free
-  // (ThreadSanitizer caught UnboundBuffer's destructor destroying the condition variable that
-  // handleSendCompletion was signalling). The buffers also hold the transport context, so no
-  // destruction order inside the group helps. A failed group is done anyway (later ops fail
-  // fast) and the job is ending, so a failed op's options are kept for the life of the process.
-  template <typename Options, typename Collective>
-  void run_gloo(std::unique_ptr<Options> opts, Collective collective) {
-    try {
-      collective(*opts);
-    } catch (...) {
-      keep_failed_gloo_op(std::shared_ptr<Options>(std::move(opts)));
-      throw;
+void GlooProcessGroup::Impl::worker_loop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock lock(mutex);
+      queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
+      // On shutdown the queue is drained first: those ops were issued on every rank, and
+      // the peers are waiting for them.
+      if (queue.empty()) return;
+      job = std::move(queue.front());
+      queue.pop_front();
     }
-  }
-
-  std::uint8_t* scratch_bytes(std::size_t nbytes) {
-    // Grows to the largest size seen and stays: first touch of fresh memory is slow here.
-    if (scratch.size() < nbytes) scratch.resize(nbytes);
-    return scratch.data();
-  }
-
-  std::shared_ptr<Work> enqueue(OpRecord record, const std::string& detail,
-                                std::function<void(std::uint64_t)> run) {
-    std::unique_lock lock(mutex);
-    const std::uint64_t seq = ++last_sequence_number;
-    record.sequence_number = seq;
-    owner->record_op(record);
-    const std::string op = op_kind_name(record.kind);
-    auto work = std::make_shared<GlooWork>(seq, op);
-    std::string description = fmt::format("{} #{}", op, seq);
-    if (!detail.empty()) description += " (" + detail + ")";
-    debug_log(DebugLevel::kDetail, "gloo {} issued", description);
-    queue.push_back(Job{work, std::move(description), std::move(run)});
-    lock.unlock();
-    queue_cv.notify_one();
-    return work;
-  }
-
-  void worker_loop() {
-    for (;;) {
-      Job job;
-      {
-        std::unique_lock lock(mutex);
-        queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
-        // On shutdown the queue is drained first: those ops were issued on every rank, and
-        // the peers are waiting for them.
-        if (queue.empty()) return;
-        job = std::move(queue.front());
-        queue.pop_front();
-      }
-      std::optional<std::string> error;
-      WorkTiming timing{.start = std::chrono::steady_clock::now()};
-      if (!first_failure.empty()) {
-        error = fmt::format("Gloo {} on rank {} was not run: the group failed earlier ({})",
-                            job.description, rank, first_failure);
-      } else {
-        try {
-          job.run(job.work->sequence_number());
-        } catch (const ShmError& e) {
-          first_failure = job.description + " failed";
-          error = explain_shm(job.description, e);
-        } catch (const std::exception& e) {
-          error = explain(job.description, job.work->sequence_number(), e.what());
-          first_failure = job.description + " failed";
-        }
-      }
-      timing.end = std::chrono::steady_clock::now();
-      if (debug_enabled(DebugLevel::kDetail)) {
-        const double ms =
-            std::chrono::duration<double, std::milli>(timing.end - timing.start).count();
-        debug_log(DebugLevel::kDetail, "gloo {} {} in {:.3f} ms", job.description,
-                  error ? "failed" : "finished", ms);
-      }
-      job.work->finish(std::move(error), timing);
-    }
-  }
-
-  // Which ranks are behind? Gloo's timeout only says "a recv did not complete". On a timeout
-  // (the failure path only, never per op), every rank that timed out in op `seq` checks in
-  // under "timeout/<seq>/<rank>" and looks, for a short grace period, for the others. A rank
-  // stuck before the op (in a long computation, a deadlock, a different op) never checks in:
-  // that is the rank to look at.
-  std::vector<int> ranks_without_report(std::uint64_t seq) const {
-    std::vector<int> missing;
-    if (diagnostics == nullptr) return missing;
-    try {
-      const auto key = [&](int r) { return fmt::format("timeout/{}/{}", seq, r); };
-      diagnostics->set(key(rank), std::string("1"));
-      const auto grace =
-          std::min<std::chrono::milliseconds>(options.timeout / 2, std::chrono::seconds(3));
-      const auto deadline = std::chrono::steady_clock::now() + grace;
-      for (;;) {
-        missing.clear();
-        for (int r = 0; r < size; ++r) {
-          if (r != rank && !diagnostics->check({key(r)})) missing.push_back(r);
-        }
-        if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    } catch (const std::exception&) {
-      missing.clear();  // the store is gone too: say nothing rather than something wrong
-    }
-    return missing;
-  }
-
-  std::string explain(const std::string& description, std::uint64_t seq,
-                      const std::string& what) const {
-    const std::string gloo_message = strip_gloo_location(what);
-    std::string address;
-    const int peer = gloo_peer_from_message(gloo_message, connection.addresses, &address);
-    const bool timed_out = gloo_message.find("Timed out") != std::string::npos ||
-                           gloo_message.find("timeout") != std::string::npos;
-    std::string who = peer >= 0 ? fmt::format("rank {}", peer) : std::string("another rank");
-    std::string cause;
-    if (timed_out) {
-      cause = fmt::format("timed out after {:.1f} s",
-                          static_cast<double>(options.timeout.count()) / 1000.0);
-      const std::vector<int> missing = ranks_without_report(seq);
-      if (!missing.empty()) {
-        who = fmt::format("rank{} {}", missing.size() > 1 ? "s" : "", fmt::join(missing, ", "));
-        cause += fmt::format(
-            "; {} did not report reaching this op (every rank that times out "
-            "in it reports so through the store)",
-            who);
-      }
+    std::optional<std::string> error;
+    WorkTiming timing{.start = std::chrono::steady_clock::now()};
+    if (!first_failure.empty()) {
+      error = fmt::format("Gloo {} on rank {} was not run: the group failed earlier ({})",
+                          job.description, rank, first_failure);
     } else {
-      cause = peer >= 0 ? fmt::format("lost the connection to rank {} ({})", peer, address)
-                        : std::string("lost the connection to a peer");
-    }
-    return fmt::format(
-        "Gloo {} failed on rank {} of {}: {} (Gloo: \"{}\"). Hint: {} may have crashed or be "
-        "stuck; ops must be issued in the same order on every rank",
-        description, rank, size, cause, gloo_message, who);
-  }
-
-  // The shared-memory path knows exactly who is missing (their arrival counters are behind,
-  // or their process is gone), so no store round is needed to find out.
-  std::string explain_shm(const std::string& description, const ShmError& e) const {
-    std::string who = "another rank";
-    if (!e.suspects().empty()) {
-      who = fmt::format("rank{} {}", e.suspects().size() > 1 ? "s" : "",
-                        fmt::join(e.suspects(), ", "));
-    }
-    return fmt::format(
-        "Gloo {} failed on rank {} of {} (shared memory): {}. Hint: {} may have crashed or be "
-        "stuck; ops must be issued in the same order on every rank",
-        description, rank, size, e.what(), who);
-  }
-
-  // ---- the Gloo calls (worker thread) ----
-
-  void run_allreduce(void* data, std::size_t n, DType dtype, ReduceOp op, std::uint64_t seq,
-                     const void* input = nullptr) {
-    if (n == 0) return;
-    if (shm != nullptr && shm->enabled()) {
-      shm->run(data, input, n, dtype, op, seq);  // divides once itself for avg
-      return;
-    }
-    auto opts = std::make_unique<gloo::AllreduceOptions>(connection.context);
-    if (dtype == DType::kF32) {
-      if (input != nullptr) opts->setInput(static_cast<float*>(const_cast<void*>(input)), n);
-      opts->setOutput(static_cast<float*>(data), n);
-    } else {
-      if (input != nullptr) {
-        opts->setInput(static_cast<std::uint16_t*>(const_cast<void*>(input)), n);
+      try {
+        job.run(job.work->sequence_number());
+      } catch (const ShmError& e) {
+        first_failure = job.description + " failed";
+        error = explain_shm(job.description, e);
+      } catch (const std::exception& e) {
+        error = explain(job.description, job.work->sequence_number(), e.what());
+        first_failure = job.description + " failed";
       }
-      opts->setOutput(static_cast<std::uint16_t*>(data), n);
     }
-    opts->setReduceFunction(reduce_function(op, dtype));
-    opts->setTag(tag(seq));
-    opts->setTimeout(options.timeout);
-    run_gloo(std::move(opts), [](gloo::AllreduceOptions& o) { gloo::allreduce(o); });
-    if (op == ReduceOp::kAvg) divide_by(data, dtype, n, size);
+    timing.end = std::chrono::steady_clock::now();
+    if (debug_enabled(DebugLevel::kDetail)) {
+      const double ms =
+          std::chrono::duration<double, std::milli>(timing.end - timing.start).count();
+      debug_log(DebugLevel::kDetail, "gloo {} {} in {:.3f} ms", job.description,
+                error ? "failed" : "finished", ms);
+    }
+    job.work->finish(std::move(error), timing);
   }
-};
+}
+
+// ---- the Gloo calls (worker thread) ----
+
+void GlooProcessGroup::Impl::run_allreduce(void* data, std::size_t n, DType dtype, ReduceOp op,
+                                           std::uint64_t seq, const void* input) {
+  if (n == 0) return;
+  if (shm != nullptr && shm->enabled()) {
+    shm->run(data, input, n, dtype, op, seq);  // divides once itself for avg
+    return;
+  }
+  auto opts = std::make_unique<gloo::AllreduceOptions>(connection.context);
+  if (dtype == DType::kF32) {
+    if (input != nullptr) opts->setInput(static_cast<float*>(const_cast<void*>(input)), n);
+    opts->setOutput(static_cast<float*>(data), n);
+  } else {
+    if (input != nullptr) {
+      opts->setInput(static_cast<std::uint16_t*>(const_cast<void*>(input)), n);
+    }
+    opts->setOutput(static_cast<std::uint16_t*>(data), n);
+  }
+  opts->setReduceFunction(reduce_function(op, dtype));
+  opts->setTag(tag(seq));
+  opts->setTimeout(options.timeout);
+  run_gloo(std::move(opts), [](gloo::AllreduceOptions& o) { gloo::allreduce(o); });
+  if (op == ReduceOp::kAvg) divide_by(data, dtype, n, size);
+}
 
 GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                                    const ProcessGroupOptions& options)

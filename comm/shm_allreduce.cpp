@@ -1,9 +1,6 @@
 #include "nanoddp/comm/shm_allreduce.h"
 
-#include <fcntl.h>
 #include <linux/futex.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -12,24 +9,18 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
-#include <cerrno>
 #include <climits>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <optional>
-#include <random>
-#include <sstream>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
 
 #include "nanoddp/comm/reduce_ops.h"
-#include "nanoddp/kernels/error.h"
+#include "nanoddp/comm/shm_segment.h"
 #include "nanoddp/kernels/bf16.h"
+#include "nanoddp/kernels/error.h"
 
 // ================================================================================================
 // The shared segment
@@ -42,22 +33,22 @@
 //   | RankLine 1                                               |  a rank writes only its own
 //   | ...                                                      |  line, so ranks never fight
 //   +----------------------------------------------------------+  over a cache line
-//   | slot set 0: rank 0's slot | rank 1's slot | ...          |  chunk_bytes each
-//   | slot set 1: rank 0's slot | rank 1's slot | ...          |  (4 KiB-aligned)
+//   | lane set 0: rank 0's lane | rank 1's lane | ...          |  chunk_bytes each
+//   | lane set 1: rank 0's lane | rank 1's lane | ...          |  (4 KiB-aligned)
 //   +----------------------------------------------------------+
 //
-// A buffer larger than one slot is reduced chunk by chunk. Within a chunk of m elements, the
+// A buffer larger than one lane is reduced chunk by chunk. Within a chunk of m elements, the
 // elements are cut into `size` partitions (cache-line aligned): partition p is rank p's job.
 // One chunk on rank r:
 //
-//   1. copy in    for every p != r: my partition-p elements  -> my slot  (partition p)
+//   1. copy in    for every p != r: my partition-p elements  -> my lane  (partition p)
 //   2. barrier A  "everyone's data is in shared memory"
 //   3. reduce     partition r: combine rank 0's, 1's, ... n-1's elements IN THAT ORDER (mine
-//                 from my own buffer, the others' from their slots), divide once for avg, and
-//                 write the result to my buffer and to my slot (partition r, which step 1 left
+//                 from my own buffer, the others' from their lanes), divide once for avg, and
+//                 write the result to my buffer and to my lane (partition r, which step 1 left
 //                 free)
 //   4. barrier B  "every partition is reduced"
-//   5. copy out   for every p != r: rank p's slot (partition p) -> my buffer (partition p)
+//   5. copy out   for every p != r: rank p's lane (partition p) -> my buffer (partition p)
 //
 // That is a reduce-scatter (steps 1-3) followed by an all-gather (step 5), the same split a ring
 // all-reduce makes, but each byte crosses memory once per step instead of passing through two
@@ -69,11 +60,11 @@
 // bit-identical values, and the values do not depend on which rank happened to arrive first.
 // (Bit-identical gradients keep the replicas of a DDP model bit-identical, step after step.)
 //
-// Why two slot sets and no third barrier. Before rank r may overwrite its slot with the next
+// Why two lane sets and no third barrier. Before rank r may overwrite its lane with the next
 // chunk, every peer must have finished copying the previous chunk's results out of it. Chunk
-// k uses slot set k % 2. A rank writes set k % 2 again only in chunk k + 2, after passing barrier
+// k uses lane set k % 2. A rank writes set k % 2 again only in chunk k + 2, after passing barrier
 // A of chunk k + 1 — and every rank arrives at that barrier only after finishing chunk k's copy
-// out. So the barrier that exists anyway doubles as the "slots are free" barrier. The chunk
+// out. So the barrier that exists anyway doubles as the "lanes are free" barrier. The chunk
 // counter runs across ops, so back-to-back all-reduces alternate sets the same way.
 //
 // ================================================================================================
@@ -107,13 +98,11 @@
 // alive, and a timeout message says its state could not be checked, and why.
 
 namespace nanoddp::comm {
+
+using namespace shm;
+
 namespace {
 
-constexpr std::uint64_t kMagic = 0x6e616e6f64647073ull;  // "nanoddps"
-constexpr std::uint32_t kVersion = 1;
-// Two 64-byte cache lines: x86 cores prefetch lines in adjacent pairs, so 64 bytes apart is
-// still close enough for two ranks' counters to disturb each other.
-constexpr std::size_t kLine = 128;
 // Spin this long before sleeping: a barrier between ranks doing the same work is usually
 // passed within microseconds, and a futex sleep + wake-up costs tens of them. Kept short
 // because on a machine with few cores the spinning thread takes a core from the computation.
@@ -122,35 +111,6 @@ constexpr std::chrono::microseconds kSpin{20};
 constexpr std::chrono::milliseconds kPollSlice{50};
 // Elements per reduction block: the block's accumulator lives on the stack, in L1.
 constexpr std::size_t kBlock = 2048;
-
-struct alignas(kLine) Header {
-  std::uint64_t magic;
-  std::uint32_t version;
-  std::uint32_t size;
-  std::uint64_t chunk_bytes;
-  std::uint64_t total_bytes;
-};
-
-struct alignas(kLine) RankLine {
-  std::uint32_t arrivals;  // barriers reached (the futex word)
-  std::uint32_t sleepers;  // peers sleeping on `arrivals`
-  std::uint64_t op_seq;    // the op this rank is in (its sequence number; 0 = none yet)
-  std::uint64_t op_count;  // its element count
-  std::uint32_t op_kind;   // dtype | reduce op << 8
-};
-
-// The segment's words are plain integers accessed through std::atomic_ref: no C++ object has
-// to be "constructed" in memory that another process created.
-static_assert(std::atomic_ref<std::uint32_t>::is_always_lock_free);
-static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free);
-static_assert(alignof(RankLine) >= std::atomic_ref<std::uint64_t>::required_alignment);
-
-std::atomic_ref<std::uint32_t> atomic(std::uint32_t& word) {
-  return std::atomic_ref<std::uint32_t>(word);
-}
-std::atomic_ref<std::uint64_t> atomic(std::uint64_t& word) {
-  return std::atomic_ref<std::uint64_t>(word);
-}
 
 // Wrap-around-safe "count >= target" (the counters are 32-bit; 2^31 barriers is far away, but
 // the comparison costs nothing).
@@ -260,289 +220,7 @@ struct Partition {
   std::size_t end(int p) const { return std::min(m, static_cast<std::size_t>(p + 1) * per); }
 };
 
-// ---- host identity and processes ------------------------------------------------------------
-
-std::string read_first_line(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-// What /proc/<pid>/stat says about a process: running (with its start time, field 22, in clock
-// ticks since boot), gone (no such process, or a zombie waiting to be reaped), or unknown: the
-// file could not be read for another reason (EMFILE, ENOMEM, ...), which says nothing about
-// the process.
-struct ProcessProbe {
-  enum class State { kRunning, kGone, kUnknown } state = State::kUnknown;
-  std::uint64_t start_time = 0;
-  std::string why_unknown;
-};
-
-ProcessProbe probe_process(long pid) {
-  const std::string path = fmt::format("/proc/{}/stat", pid);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT || errno == ESRCH) return {.state = ProcessProbe::State::kGone};
-    return {.why_unknown = fmt::format("{}: {}", path, std::strerror(errno))};
-  }
-  char buffer[1024];
-  const ssize_t n = ::read(fd, buffer, sizeof buffer - 1);
-  const int read_errno = errno;
-  ::close(fd);
-  if (n < 0) {
-    if (read_errno == ESRCH) return {.state = ProcessProbe::State::kGone};  // exited meanwhile
-    return {.why_unknown = fmt::format("{}: {}", path, std::strerror(read_errno))};
-  }
-  const std::string stat(buffer, static_cast<std::size_t>(n));
-  const std::size_t paren = stat.rfind(')');  // the command name may contain spaces
-  if (paren == std::string::npos) return {.why_unknown = path + ": unexpected contents"};
-  std::istringstream fields(stat.substr(paren + 1));
-  std::string state;
-  fields >> state;  // field 3
-  if (state == "Z" || state == "X") return {.state = ProcessProbe::State::kGone};
-  std::string skip;
-  for (int field = 4; field < 22; ++field) fields >> skip;
-  std::uint64_t start = 0;
-  if (state.empty() || !(fields >> start)) return {.why_unknown = path + ": unexpected contents"};
-  return {.state = ProcessProbe::State::kRunning, .start_time = start};
-}
-
-// A process's start time, or nothing if it is gone or cannot be checked.
-std::optional<std::uint64_t> process_start_time(long pid) {
-  const ProcessProbe probe = probe_process(pid);
-  if (probe.state != ProcessProbe::State::kRunning) return std::nullopt;
-  return probe.start_time;
-}
-
-// Whether the peer is known to have ended: gone, or its pid now belongs to another process.
-bool known_dead(const ProcessProbe& probe, std::uint64_t start_time) {
-  return probe.state == ProcessProbe::State::kGone ||
-         (probe.state == ProcessProbe::State::kRunning && probe.start_time != start_time);
-}
-
-std::string random_segment_name() {
-  std::random_device device;
-  const std::uint64_t bits = (static_cast<std::uint64_t>(device()) << 32) ^ device();
-  return fmt::format("/nanoddp-{}-{:016x}", getpid(), bits);
-}
-
-std::string errno_text(const char* call) {
-  return fmt::format("{}: {}", call, std::strerror(errno));
-}
-
-std::size_t round_up(std::size_t value, std::size_t to) {
-  return (value + to - 1) / to * to;
-}
-
-// Byte offsets of the parts of a segment for `size` ranks.
-struct Layout {
-  std::size_t lines = 0;  // first RankLine
-  std::size_t slots = 0;  // slot set 0, rank 0
-  std::size_t total = 0;
-  Layout(int size, std::size_t chunk_bytes) {
-    lines = kLine;
-    slots = round_up(lines + static_cast<std::size_t>(size) * sizeof(RankLine), 4096);
-    total = slots + 2 * static_cast<std::size_t>(size) * chunk_bytes;
-  }
-};
-
 }  // namespace
-
-// Why these three: boot_id is random per boot (two machines never share it, a container shares
-// its host's), and processes in different network namespaces are how containers and
-// tests/multinode simulate separate machines, so they are treated as such.
-std::string shm_host_identity() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  char netns[128] = {};
-  const ssize_t len = readlink("/proc/self/ns/net", netns, sizeof(netns) - 1);
-  if (len < 0) netns[0] = '\0';
-  return fmt::format("{} boot {} {}", host, read_first_line("/proc/sys/kernel/random/boot_id"),
-                     netns);
-}
-
-// The mapping: unmapped when the object goes (the name was unlinked long before).
-struct ShmAllreduce::Segment {
-  std::uint8_t* base = nullptr;
-  std::size_t bytes = 0;
-  int size = 0;
-  std::size_t chunk_bytes = 0;
-  Layout layout{1, 0};
-
-  ~Segment() {
-    if (base != nullptr) munmap(base, bytes);
-  }
-  Header& header() const { return *reinterpret_cast<Header*>(base); }
-  RankLine& line(int r) const {
-    return reinterpret_cast<RankLine*>(base + layout.lines)[static_cast<std::size_t>(r)];
-  }
-  std::uint8_t* slot(std::uint64_t set, int r) const {
-    return base + layout.slots +
-           (static_cast<std::size_t>(set) * static_cast<std::size_t>(size) +
-            static_cast<std::size_t>(r)) *
-               chunk_bytes;
-  }
-};
-
-ShmAllreduce::ShmAllreduce(Store& store, int rank, int size, std::chrono::milliseconds timeout,
-                           const std::string& name)
-    : rank_(rank), size_(size), timeout_(timeout) {
-  if (size <= 1) {
-    fallback_reason_ = "a world of one has nothing to reduce";
-    return;
-  }
-  set_up(store, name + "/shm/");
-  if (!enabled() && rank_ == 0) {
-    fmt::print(stderr, "nanoddp: allreduce goes over TCP, not shared memory: {}\n",
-               fallback_reason_);
-    std::fflush(stderr);
-  }
-}
-
-ShmAllreduce::~ShmAllreduce() = default;
-
-void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
-  // 1. Everyone publishes: wants shared memory?, host identity, pid and its start time.
-  const char* env = std::getenv("NANODDP_SHM");
-  const bool wanted = env == nullptr || std::string(env) != "0";
-  const long pid = static_cast<long>(getpid());
-  store.set(prefix + "hello/" + std::to_string(rank_),
-            fmt::format("{}\n{}\n{}\n{}", wanted ? 1 : 0, pid, process_start_time(pid).value_or(0),
-                        shm_host_identity()));
-  std::vector<std::string> identities(static_cast<std::size_t>(size_));
-  peers_.assign(static_cast<std::size_t>(size_), Peer{});
-  std::string no_reason;  // the first reason not to, the same on every rank
-  for (int r = 0; r < size_; ++r) {
-    const Bytes bytes = store.get(prefix + "hello/" + std::to_string(r));
-    std::istringstream in(std::string(bytes.begin(), bytes.end()));
-    int peer_wants = 0;
-    Peer& peer = peers_[static_cast<std::size_t>(r)];
-    in >> peer_wants >> peer.pid >> peer.start_time;
-    in.ignore(1);
-    std::getline(in, identities[static_cast<std::size_t>(r)]);
-    if (no_reason.empty() && peer_wants == 0) {
-      no_reason = fmt::format("NANODDP_SHM=0 on rank {}", r);
-    }
-    if (no_reason.empty() && identities[static_cast<std::size_t>(r)] != identities[0]) {
-      no_reason = fmt::format("ranks 0 and {} are on different hosts ({} / {})", r, identities[0],
-                              identities[static_cast<std::size_t>(r)]);
-    }
-    // Can we tell whether this peer is alive? Only if /proc/<pid> shows the very process (same
-    // pid namespace): then a dead peer is reported at once instead of after the timeout.
-    peer.checkable = r != rank_ && peer.start_time != 0 &&
-                     process_start_time(peer.pid) == std::optional<std::uint64_t>(peer.start_time);
-  }
-  if (!no_reason.empty()) {
-    fallback_reason_ = no_reason;
-    return;
-  }
-
-  // 2. Rank 0 creates the segment and publishes its name ("!reason" if it could not).
-  auto segment = std::make_unique<Segment>();
-  std::string name;
-  std::string local_failure;
-  // Rank 0 removes the name once everyone has reported — or on any way out of here, an
-  // exception included — so the name never outlives the set-up.
-  bool created = false;
-  struct Unlink {
-    const std::string& name;
-    const bool& created;
-    ~Unlink() {
-      if (created) shm_unlink(name.c_str());
-    }
-  } unlink_guard{name, created};
-  if (rank_ == 0) {
-    std::size_t chunk = kShmDefaultChunkBytes;
-    if (const char* kb = std::getenv("NANODDP_SHM_CHUNK_KB")) {
-      chunk = std::clamp<std::size_t>(std::strtoull(kb, nullptr, 10), 4, 64 << 10) * 1024;
-    }
-    const Layout layout(size_, chunk);
-    name = random_segment_name();
-    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
-      local_failure = errno_text("shm_open");
-    } else {
-      created = true;
-      if (ftruncate(fd, static_cast<off_t>(layout.total)) != 0) {
-        local_failure = errno_text("ftruncate");
-      } else {
-        void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (base == MAP_FAILED) {
-          local_failure = errno_text("mmap");
-        } else {
-          segment->base = static_cast<std::uint8_t*>(base);
-          segment->bytes = layout.total;
-          // Touch every page now: the first touch of fresh memory is slow (page faults, the
-          // kernel zeroing pages), and it belongs in set-up, not in the first training step.
-          std::memset(base, 0, layout.total);
-          Header& h = segment->header();
-          h.version = kVersion;
-          h.size = static_cast<std::uint32_t>(size_);
-          h.chunk_bytes = chunk;
-          h.total_bytes = layout.total;
-          atomic(h.magic).store(kMagic, std::memory_order_release);
-        }
-      }
-      close(fd);  // the mapping stays valid without the descriptor
-    }
-    store.set(prefix + "segment", local_failure.empty() ? name : "!" + local_failure);
-  } else {
-    const Bytes bytes = store.get(prefix + "segment");
-    name.assign(bytes.begin(), bytes.end());
-    if (!name.empty() && name[0] == '!') {
-      local_failure = "rank 0 could not create it";  // rank 0's report says why
-    } else {
-      const int fd = shm_open(name.c_str(), O_RDWR, 0);
-      struct stat st {};
-      if (fd < 0) {
-        local_failure = errno_text("shm_open");
-      } else if (fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(kLine)) {
-        local_failure = "the segment has no header";
-      } else {
-        const auto bytes_total = static_cast<std::size_t>(st.st_size);
-        // MAP_POPULATE maps every page now (rank 0 already made them exist).
-        void* base =
-            mmap(nullptr, bytes_total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-        if (base == MAP_FAILED) {
-          local_failure = errno_text("mmap");
-        } else {
-          segment->base = static_cast<std::uint8_t*>(base);
-          segment->bytes = bytes_total;
-          const Header& h = segment->header();
-          if (atomic(const_cast<Header&>(h).magic).load(std::memory_order_acquire) != kMagic ||
-              h.version != kVersion || h.size != static_cast<std::uint32_t>(size_) ||
-              h.total_bytes != bytes_total || Layout(size_, h.chunk_bytes).total != bytes_total) {
-            local_failure = "the segment's header does not match this build or world size";
-          }
-        }
-      }
-      if (fd >= 0) close(fd);
-    }
-  }
-
-  // 3. Everyone reports, everyone reads all reports; rank 0 then unlinks the name. From here
-  // on the segment has no name: it goes away with the last process that maps it.
-  store.set(prefix + "attached/" + std::to_string(rank_),
-            local_failure.empty() ? std::string("ok") : local_failure);
-  std::string failure;
-  for (int r = 0; r < size_; ++r) {
-    const Bytes bytes = store.get(prefix + "attached/" + std::to_string(r));
-    const std::string report(bytes.begin(), bytes.end());
-    if (failure.empty() && report != "ok") {
-      failure = fmt::format("rank {} could not map the shared segment {} ({})", r, name, report);
-    }
-  }
-  if (!failure.empty()) {
-    fallback_reason_ = failure;
-    return;  // the segment (if mapped) is unmapped here, and rank 0 unlinks
-  }
-  segment->size = size_;
-  segment->chunk_bytes = segment->header().chunk_bytes;
-  segment->layout = Layout(size_, segment->chunk_bytes);
-  chunk_bytes_ = segment->chunk_bytes;
-  segment_ = std::move(segment);
-}
 
 // ---- barriers --------------------------------------------------------------------------------
 
@@ -683,13 +361,13 @@ void ShmAllreduce::run(void* data, const void* input, std::size_t count, DType d
     const std::size_t first = c * chunk_elems;
     const Partition part(std::min(chunk_elems, count - first), size_, elem);
     const std::uint64_t set = chunks_done_ & 1;
-    std::uint8_t* my_slot = segment_->slot(set, rank_);
+    std::uint8_t* my_lane = segment_->lane(set, rank_);
     const auto bytes_of = [&](int p) { return (part.end(p) - part.begin(p)) * elem; };
 
     // 1. Copy in: the partitions the other ranks reduce.
     for (int p = 0; p < size_; ++p) {
       if (p == rank_ || bytes_of(p) == 0) continue;
-      std::memcpy(my_slot + part.begin(p) * elem, src + (first + part.begin(p)) * elem,
+      std::memcpy(my_lane + part.begin(p) * elem, src + (first + part.begin(p)) * elem,
                   bytes_of(p));
     }
     arrive();
@@ -720,10 +398,10 @@ void ShmAllreduce::run(void* data, const void* input, std::size_t count, DType d
       const std::size_t begin = part.begin(rank_);
       for (int q = 0; q < size_; ++q) {
         sources[static_cast<std::size_t>(q)] =
-            q == rank_ ? src + (first + begin) * elem : segment_->slot(set, q) + begin * elem;
+            q == rank_ ? src + (first + begin) * elem : segment_->lane(set, q) + begin * elem;
       }
       reduce(sources.data(), size_, part.end(rank_) - begin, dtype, op,
-             out + (first + begin) * elem, my_slot + begin * elem);
+             out + (first + begin) * elem, my_lane + begin * elem);
     }
     arrive();
     wait_for_all(generation_, deadline, "reduce", c, chunks);
@@ -732,7 +410,7 @@ void ShmAllreduce::run(void* data, const void* input, std::size_t count, DType d
     for (int p = 0; p < size_; ++p) {
       if (p == rank_ || bytes_of(p) == 0) continue;
       std::memcpy(out + (first + part.begin(p)) * elem,
-                  segment_->slot(set, p) + part.begin(p) * elem, bytes_of(p));
+                  segment_->lane(set, p) + part.begin(p) * elem, bytes_of(p));
     }
     ++chunks_done_;
   }

@@ -51,8 +51,8 @@ class ShmError : public CommError {
   std::vector<int> suspects_;
 };
 
-// One rank's slot, i.e. the chunk size. Large enough that the two barriers per chunk cost
-// little; small enough that both slot sets of 2 ranks (4 slots, 2 MiB) stay in a core's L2 and
+// One rank's lane, i.e. the chunk size. Large enough that the two barriers per chunk cost
+// little; small enough that both lane sets of 2 ranks (4 lanes, 2 MiB) stay in a core's L2 and
 // the last-level cache while peers read them. Measured on the 2-core dev VM (16 MiB float32,
 // 2 ranks): 256 KiB ~1.1 ms, 512 KiB ~0.96 ms, 1 MiB ~1.03 ms, 2 MiB ~1.4 ms, 4 MiB ~2.0 ms.
 // $NANODDP_SHM_CHUNK_KB overrides it (rank 0's value wins: it is written into the segment).
@@ -74,7 +74,7 @@ class ShmAllreduce {
   // another host", ...). All ranks of the group agree.
   bool enabled() const { return segment_ != nullptr; }
   const std::string& fallback_reason() const { return fallback_reason_; }
-  // Bytes of one rank's slot (a chunk): buffers larger than this are reduced chunk by chunk.
+  // Bytes of one rank's lane (a chunk): buffers larger than this are reduced chunk by chunk.
   std::size_t chunk_bytes() const { return chunk_bytes_; }
 
   // In place over `data` (or from `input`, when given, into `data`): `count` elements of
@@ -107,7 +107,7 @@ class ShmAllreduce {
   std::unique_ptr<Segment> segment_;
   std::vector<Peer> peers_;
   std::uint32_t generation_ = 0;   // this rank's barrier count (mirrors its arrival counter)
-  std::uint64_t chunks_done_ = 0;  // chunks over the segment's life: picks the slot set
+  std::uint64_t chunks_done_ = 0;  // chunks over the segment's life: picks the lane set
   std::uint64_t op_seq_ = 0;       // the op being run, for messages
 };
 

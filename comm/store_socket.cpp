@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <type_traits>
 
 namespace nanoddp::comm::detail {
@@ -178,6 +179,30 @@ std::optional<UniqueFd> connect_tcp(const std::string& host, std::uint16_t port,
     return s;
   }
   return std::nullopt;
+}
+
+UniqueFd connect_with_retry(const std::string& server, const std::string& hint,
+                            std::chrono::milliseconds budget, const ConnectAttempt& attempt) {
+  const auto deadline = Clock::now() + budget;
+  auto backoff = std::chrono::milliseconds(kFirstBackoff);
+  int attempts = 0;
+  std::string why = "no attempt finished";
+  while (true) {
+    ++attempts;
+    if (auto s = attempt(deadline, why)) return std::move(*s);
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
+    backoff = std::min(backoff * 2, kMaxBackoff);
+  }
+  throw StoreError(fmt::format("cannot reach {} after {} ({}); {} attempts, the last one: {}",
+                               server, format_seconds(budget), hint, attempts, why));
+}
+
+std::string no_answer_message(const std::string& server, const std::string& what,
+                              std::chrono::milliseconds timeout, const std::string& hint) {
+  return fmt::format("{} did not answer {} within {}{}", server, what, format_seconds(timeout),
+                     hint.empty() ? "" : " (" + hint + ")");
 }
 
 }  // namespace nanoddp::comm::detail

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -26,9 +27,6 @@ std::string format_address(const std::string& host, std::uint16_t port);
 std::string format_seconds(std::chrono::milliseconds ms);
 // "key 'a'", or "keys 'a', 'b' and 3 more": how messages name the keys of a request.
 std::string describe_keys(const std::vector<std::string>& keys);
-// A client's reconnection backoff: doubling from the first to the most.
-constexpr auto kFirstBackoff = std::chrono::milliseconds(10);
-constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
 // strerror, thread-safely, lower-cased the way our messages use it ("connection refused").
 std::string errno_text(int err);
 
@@ -44,5 +42,22 @@ IoResult recv_some(int fd, protocol::Bytes& buf, Clock::time_point deadline, int
 // address the name resolves to; nullopt with `why` set when none answered.
 std::optional<UniqueFd> connect_tcp(const std::string& host, std::uint16_t port,
                                     Clock::time_point deadline, std::string& why);
+
+// The connect, retry and timeout wording both store clients (TcpStore, TorchStore) share.
+// One connection attempt before `deadline`: the socket, or nullopt with `why` set.
+using ConnectAttempt =
+    std::function<std::optional<UniqueFd>(Clock::time_point deadline, std::string& why)>;
+// A client's reconnection backoff: doubling from the first to the most.
+inline constexpr auto kFirstBackoff = std::chrono::milliseconds(10);
+inline constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
+// Repeats `attempt` until one succeeds or `budget` has passed, sleeping the backoff between
+// attempts. Then throws StoreError: "cannot reach <server> after <budget> (<hint>); N attempts,
+// the last one: <why>", where `server` is e.g. "the store at 127.0.0.1:29500" and `hint` what to
+// check.
+UniqueFd connect_with_retry(const std::string& server, const std::string& hint,
+                            std::chrono::milliseconds budget, const ConnectAttempt& attempt);
+// "<server> did not answer <what> within <timeout>", then " (<hint>)" when a hint is given.
+std::string no_answer_message(const std::string& server, const std::string& what,
+                              std::chrono::milliseconds timeout, const std::string& hint = "");
 
 }  // namespace nanoddp::comm::detail

@@ -17,7 +17,6 @@
 #include <cstdlib>
 #include <mutex>
 #include <optional>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -35,8 +34,6 @@ namespace proto = protocol;
 using Clock = std::chrono::steady_clock;
 
 using detail::describe_keys;
-using detail::kFirstBackoff;
-using detail::kMaxBackoff;
 // The server answers a get / wait when its timeout passes; the client waits this much longer
 // before it concludes the server itself stopped answering.
 constexpr auto kAnswerGrace = std::chrono::milliseconds(2000);
@@ -117,28 +114,10 @@ std::optional<UniqueFd> TcpStore::Impl::try_connect(Clock::time_point deadline, 
 }
 
 void TcpStore::Impl::connect() {
-  const auto start = Clock::now();
-  const auto budget = timeout();
-  const auto deadline = start + budget;
-  auto backoff = std::chrono::milliseconds(kFirstBackoff);
-  int attempts = 0;
-  std::string why = "no attempt finished";
-  while (true) {
-    ++attempts;
-    if (auto s = try_connect(deadline, why)) {
-      fd = std::move(*s);
-      in.clear();
-      return;
-    }
-    const auto now = Clock::now();
-    if (now >= deadline) break;
-    std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
-    backoff = std::min(backoff * 2, kMaxBackoff);
-  }
-  throw StoreError(fmt::format(
-      "cannot reach the store at {} after {} (is rank 0 running? is MASTER_ADDR right?); {} "
-      "attempts, the last one: {}",
-      address, detail::format_seconds(budget), attempts, why));
+  fd = detail::connect_with_retry(
+      "the store at " + address, "is rank 0 running? is MASTER_ADDR right?", timeout(),
+      [&](Clock::time_point deadline, std::string& why) { return try_connect(deadline, why); });
+  in.clear();
 }
 
 void TcpStore::Impl::check_key(const std::string& key) const {
@@ -197,9 +176,8 @@ proto::Response TcpStore::Impl::call(const proto::Request& req,
       throw StoreError(fmt::format(
           "the store at {} closed the connection (did rank 0 exit?) during {}", address, what));
     case IoResult::kTimeout:
-      throw StoreError(fmt::format(
-          "the store at {} did not answer {} within {} (is rank 0 stuck or overloaded?)", address,
-          what, detail::format_seconds(answer_within)));
+      throw StoreError(detail::no_answer_message("the store at " + address, what, answer_within,
+                                                 "is rank 0 stuck or overloaded?"));
     default:
       throw StoreError(fmt::format("the connection to the store at {} failed during {}: {}",
                                    address, what, detail::errno_text(err)));

@@ -6,6 +6,8 @@
 // arrives, so a partial request is never bigger than the largest legal one; and a connection
 // whose client does not read its answers (or is parked in a wait) is not read from beyond a
 // small cap until it catches up.
+//
+// The requests themselves are answered in tcp_store_commands.cpp.
 
 #include <dirent.h>
 #include <netdb.h>
@@ -20,7 +22,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <charconv>
 #include <cstdlib>
 #include <deque>
 #include <map>
@@ -33,45 +34,13 @@
 #include "nanoddp/comm/store.h"
 #include "nanoddp/comm/store_protocol.h"
 #include "nanoddp/comm/store_socket.h"
+#include "nanoddp/comm/tcp_store_server_impl.h"
 
 namespace nanoddp::comm {
 
+using namespace store_server;
+
 namespace {
-
-namespace proto = protocol;
-using Clock = std::chrono::steady_clock;
-
-constexpr std::size_t kReadChunk = 64u << 10;
-// Stop decoding a connection's requests while this much of its output is unsent, and stop
-// reading it while it is parked or stalled and this much input is buffered.
-constexpr std::size_t kOutputHighWater = 1u << 20;
-constexpr std::size_t kStalledReadCap = 64u << 10;
-// Buffers that grew for a big value are given back once empty.
-constexpr std::size_t kKeepCapacity = 1u << 20;
-// Timeouts beyond this are clamped, so deadlines never overflow.
-constexpr std::int64_t kMaxTimeoutMs = 30LL * 24 * 3600 * 1000;
-
-struct Connection {
-  UniqueFd fd;
-  bool greeted = false;
-  bool closing = false;  // close once the output is flushed (after a refusal)
-  bool dead = false;     // close at the end of this loop iteration
-  proto::Bytes in;
-  proto::Bytes out;
-  std::size_t out_pos = 0;
-  // A parked get / wait.
-  bool parked = false;
-  proto::Opcode parked_op = proto::Opcode::kGet;
-  std::vector<std::string> parked_keys;
-  // The parked request's deadline, or (before the handshake) the handshake's.
-  Clock::time_point deadline;
-
-  std::size_t pending_out() const { return out.size() - out_pos; }
-};
-
-void release_if_big(proto::Bytes& b) {
-  if (b.capacity() > kKeepCapacity) proto::Bytes().swap(b);
-}
 
 // File descriptors open in this process now (/proc/self/fd), or 0 if it cannot be read.
 std::size_t open_descriptors() {
@@ -101,63 +70,6 @@ std::size_t connection_cap(std::size_t configured) {
 }
 
 }  // namespace
-
-struct TcpStoreServer::Impl {
-  TcpStoreOptions options;
-  std::string token;
-  proto::Limits limits;
-  std::string address;
-  UniqueFd listen_fd;
-  UniqueFd wake_fd;
-  std::uint16_t port = 0;
-  std::atomic<bool> stop{false};
-  std::thread thread;
-
-  // Owned by the server thread.
-  std::map<std::uint64_t, Connection> conns;
-  std::uint64_t next_id = 1;
-  std::unordered_map<std::string, proto::Bytes> data;
-  // key -> parked connections that wait for it. A parked connection is listed under one of its
-  // missing keys at a time; entries of connections that left are skipped when the key is set.
-  std::unordered_map<std::string, std::vector<std::uint64_t>> waiters;
-  std::deque<std::uint64_t> runnable;  // connections with input to decode
-  std::size_t max_connections = 0;     // options.max_connections, lowered to the file limit
-  std::chrono::milliseconds handshake_timeout{};
-  // Connections in accept order that had not finished their handshake when accepted (some
-  // may have since, or be gone): at the cap the oldest one still in its handshake makes room.
-  std::deque<std::uint64_t> handshaking;
-  Clock::time_point accept_paused_until{};
-  std::uint64_t dropped = 0;
-
-  mutable std::mutex stats_mutex;
-  TcpStoreServerStats stats;
-
-  explicit Impl(const TcpStoreOptions& opts);
-  void bind_and_listen();
-  void run();
-  void loop_once(std::vector<pollfd>& fds, std::vector<std::uint64_t>& ids);
-  void accept_all();
-  void read_from(std::uint64_t id, Connection& c);
-  void flush(Connection& c);
-  void process(std::uint64_t id, Connection& c);
-  void handshake(Connection& c, const proto::Hello& hello);
-  void handle(std::uint64_t id, Connection& c, proto::Request& req);
-  void respond(Connection& c, proto::Opcode op, const proto::Response& resp);
-  std::string store_value(const std::string& key, proto::Bytes value);
-  void notify(const std::string& key);
-  void park(std::uint64_t id, Connection& c, proto::Opcode op, std::vector<std::string> keys,
-            std::int64_t timeout_ms);
-  // Answers a parked connection if all its keys exist now; else lists it under a missing key.
-  bool try_unpark(std::uint64_t id, Connection& c);
-  void expire(Clock::time_point now);
-  // At the cap: closes the oldest connection still in its handshake; false if there is none.
-  bool evict_oldest_handshaking();
-  void kill(Connection& c) {
-    if (!c.dead) ++dropped;
-    c.dead = true;
-  }
-  void publish_stats();
-};
 
 TcpStoreServer::Impl::Impl(const TcpStoreOptions& opts)
     : options(opts),
@@ -383,246 +295,6 @@ void TcpStoreServer::Impl::flush(Connection& c) {
   c.out_pos = 0;
   release_if_big(c.out);
   if (c.closing) c.dead = true;
-}
-
-void TcpStoreServer::Impl::process(std::uint64_t id, Connection& c) {
-  std::size_t pos = 0;
-  while (!c.dead && !c.closing && !c.parked && c.pending_out() < kOutputHighWater &&
-         pos < c.in.size()) {
-    const std::span<const std::uint8_t> bytes(c.in.data() + pos, c.in.size() - pos);
-    if (!c.greeted) {
-      auto hello = proto::decode_hello(bytes, limits);
-      if (hello.status == proto::DecodeStatus::kIncomplete) break;
-      if (hello.status == proto::DecodeStatus::kInvalid) {
-        kill(c);  // not one of ours (bad magic) or a token over the limit: say nothing
-        break;
-      }
-      pos += hello.consumed;
-      handshake(c, hello.message);
-      continue;
-    }
-    auto req = proto::decode_request(bytes, limits);
-    if (req.status == proto::DecodeStatus::kIncomplete) break;
-    if (req.status == proto::DecodeStatus::kInvalid) {
-      kill(c);
-      break;
-    }
-    pos += req.consumed;
-    handle(id, c, req.message);
-  }
-  if (pos == c.in.size()) {
-    c.in.clear();
-    release_if_big(c.in);
-  } else if (pos > 0) {
-    c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(pos));
-  }
-}
-
-void TcpStoreServer::Impl::handshake(Connection& c, const proto::Hello& hello) {
-  proto::HelloReply reply;
-  if (hello.version != proto::kVersion) {
-    reply.message = fmt::format(
-        "refused: protocol version {} but this store speaks version {} (do all ranks run the "
-        "same nanoddp build?)",
-        hello.version, proto::kVersion);
-  } else if (!token.empty() && hello.token.empty()) {
-    reply.message = "refused: missing token (set NANODDP_STORE_TOKEN to the job's token)";
-  } else if (!token.empty() && hello.token != token) {
-    reply.message = "refused: wrong token (set NANODDP_STORE_TOKEN to the job's token)";
-  } else {
-    reply.accepted = true;
-  }
-  proto::encode_hello_reply(reply, c.out);
-  if (reply.accepted) {
-    c.greeted = true;
-  } else {
-    ++dropped;
-    c.closing = true;
-  }
-  flush(c);
-}
-
-void TcpStoreServer::Impl::respond(Connection& c, proto::Opcode op, const proto::Response& resp) {
-  proto::encode_response(op, resp, c.out);
-  flush(c);
-}
-
-std::string TcpStoreServer::Impl::store_value(const std::string& key, proto::Bytes value) {
-  auto it = data.find(key);
-  if (it != data.end()) {
-    it->second = std::move(value);
-  } else {
-    if (data.size() >= options.max_keys) {
-      return fmt::format(
-          "the store already holds {} keys (TcpStoreOptions::max_keys); cannot add key '{}'",
-          data.size(), key);
-    }
-    data.emplace(key, std::move(value));
-  }
-  notify(key);
-  return {};
-}
-
-void TcpStoreServer::Impl::handle(std::uint64_t id, Connection& c, proto::Request& req) {
-  proto::Response resp;
-  const std::string& key = req.keys.front();
-  switch (req.op) {
-    case proto::Opcode::kSet: {
-      std::string error = store_value(key, std::move(req.value));
-      if (!error.empty()) {
-        resp.status = proto::Status::kError;
-        resp.message = std::move(error);
-      }
-      break;
-    }
-    case proto::Opcode::kGet:
-    case proto::Opcode::kWait: {
-      const bool all = std::all_of(req.keys.begin(), req.keys.end(),
-                                   [&](const std::string& k) { return data.contains(k); });
-      if (!all && req.timeout_ms > 0) {
-        park(id, c, req.op, std::move(req.keys), req.timeout_ms);
-        return;
-      }
-      if (!all) {
-        resp.status = proto::Status::kTimeout;
-        for (const auto& k : req.keys) {
-          if (!data.contains(k)) resp.keys.push_back(k);
-        }
-      } else if (req.op == proto::Opcode::kGet) {
-        resp.value = data.at(key);
-      }
-      break;
-    }
-    case proto::Opcode::kAdd: {
-      std::int64_t current = 0;
-      auto it = data.find(key);
-      if (it != data.end()) {
-        const char* begin = reinterpret_cast<const char*>(it->second.data());
-        const char* end = begin + it->second.size();
-        const auto [ptr, ec] = std::from_chars(begin, end, current);
-        if (ec != std::errc() || ptr != end || begin == end) {
-          resp.status = proto::Status::kError;
-          resp.message = fmt::format(
-              "the value of key '{}' is not an integer, so add() cannot update it (was it "
-              "written with set()?)",
-              key);
-          break;
-        }
-      }
-      std::int64_t updated = 0;
-      if (__builtin_add_overflow(current, req.delta, &updated)) {
-        resp.status = proto::Status::kError;
-        resp.message = fmt::format("add({}) to key '{}' (now {}) overflows a 64-bit integer",
-                                   req.delta, key, current);
-        break;
-      }
-      const std::string text = std::to_string(updated);
-      std::string error = store_value(key, proto::Bytes(text.begin(), text.end()));
-      if (!error.empty()) {
-        resp.status = proto::Status::kError;
-        resp.message = std::move(error);
-      }
-      resp.number = updated;
-      break;
-    }
-    case proto::Opcode::kCheck:
-      resp.flag = std::all_of(req.keys.begin(), req.keys.end(),
-                              [&](const std::string& k) { return data.contains(k); });
-      break;
-    case proto::Opcode::kCompareSet: {
-      auto it = data.find(key);
-      const bool matches = it == data.end() ? req.value.empty() : it->second == req.value;
-      if (matches) {
-        resp.value = req.desired;
-        std::string error = store_value(key, std::move(req.desired));
-        if (!error.empty()) {
-          resp.status = proto::Status::kError;
-          resp.message = std::move(error);
-        }
-      } else if (it != data.end()) {
-        resp.value = it->second;
-      }
-      break;
-    }
-    case proto::Opcode::kDelete:
-      resp.flag = data.erase(key) > 0;
-      break;
-  }
-  respond(c, req.op, resp);
-}
-
-void TcpStoreServer::Impl::park(std::uint64_t id, Connection& c, proto::Opcode op,
-                                std::vector<std::string> keys, std::int64_t timeout_ms) {
-  c.parked = true;
-  c.parked_op = op;
-  c.parked_keys = std::move(keys);
-  c.deadline = Clock::now() + std::chrono::milliseconds(std::min(timeout_ms, kMaxTimeoutMs));
-  try_unpark(id, c);
-}
-
-bool TcpStoreServer::Impl::try_unpark(std::uint64_t id, Connection& c) {
-  for (const auto& k : c.parked_keys) {
-    if (!data.contains(k)) {
-      waiters[k].push_back(id);
-      return false;
-    }
-  }
-  proto::Response resp;
-  if (c.parked_op == proto::Opcode::kGet) resp.value = data.at(c.parked_keys.front());
-  c.parked = false;
-  c.parked_keys.clear();
-  respond(c, c.parked_op, resp);
-  runnable.push_back(id);  // it may have sent more requests meanwhile
-  return true;
-}
-
-void TcpStoreServer::Impl::notify(const std::string& key) {
-  auto it = waiters.find(key);
-  if (it == waiters.end()) return;
-  std::vector<std::uint64_t> ids = std::move(it->second);
-  waiters.erase(it);
-  for (const std::uint64_t id : ids) {
-    auto conn = conns.find(id);
-    if (conn == conns.end() || conn->second.dead || !conn->second.parked) continue;
-    const auto& keys = conn->second.parked_keys;
-    if (std::find(keys.begin(), keys.end(), key) == keys.end()) continue;  // a stale entry
-    try_unpark(id, conn->second);
-  }
-}
-
-void TcpStoreServer::Impl::expire(Clock::time_point now) {
-  for (auto& [id, c] : conns) {
-    if (c.dead || c.deadline > now) continue;
-    if (!c.greeted) {
-      kill(c);  // connected but never finished the handshake
-    } else if (c.parked) {
-      proto::Response resp;
-      resp.status = proto::Status::kTimeout;
-      for (const auto& k : c.parked_keys) {
-        if (!data.contains(k)) resp.keys.push_back(k);
-      }
-      c.parked = false;
-      c.parked_keys.clear();
-      respond(c, c.parked_op, resp);
-      runnable.push_back(id);
-    }
-  }
-  // Forget the oldest handshake entries whose connection finished it or is gone (entries behind
-  // one still in its handshake go within handshake_timeout, when it does).
-  while (!handshaking.empty()) {
-    auto conn = conns.find(handshaking.front());
-    if (conn != conns.end() && !conn->second.greeted && !conn->second.dead) break;
-    handshaking.pop_front();
-  }
-  // Forget waiter lists that only name connections that are gone or no longer parked, so the
-  // index does not grow with every timed-out wait on a key that never comes.
-  for (auto it = waiters.begin(); it != waiters.end();) {
-    std::erase_if(it->second, [&](std::uint64_t id) {
-      auto conn = conns.find(id);
-      return conn == conns.end() || conn->second.dead || !conn->second.parked;
-    });
-    it = it->second.empty() ? waiters.erase(it) : std::next(it);
-  }
 }
 
 void TcpStoreServer::Impl::publish_stats() {

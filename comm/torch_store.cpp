@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
-#include <thread>
 
 #include "nanoddp/comm/store_socket.h"
 #include "nanoddp/comm/torch_store_protocol.h"
@@ -26,8 +25,6 @@ using detail::Clock;
 using detail::IoResult;
 
 using detail::describe_keys;
-using detail::kFirstBackoff;
-using detail::kMaxBackoff;
 
 }  // namespace
 
@@ -47,27 +44,13 @@ struct TorchStore::Impl {
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms.load()); }
 
   void connect() {
-    const auto budget = timeout();
-    const auto deadline = Clock::now() + budget;
-    auto backoff = kFirstBackoff;
-    int attempts = 0;
-    std::string why = "no attempt finished";
-    while (true) {
-      ++attempts;
-      if (auto s = detail::connect_tcp(options.host, options.port, deadline, why)) {
-        fd = std::move(*s);
-        in.clear();
-        return;
-      }
-      const auto now = Clock::now();
-      if (now >= deadline) break;
-      std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
-      backoff = std::min(backoff * 2, kMaxBackoff);
-    }
-    throw StoreError(fmt::format(
-        "cannot reach torchrun's store at {} after {} (is torchrun's agent running? are "
-        "MASTER_ADDR and MASTER_PORT its store's?); {} attempts, the last one: {}",
-        address, detail::format_seconds(budget), attempts, why));
+    fd = detail::connect_with_retry(
+        "torchrun's store at " + address,
+        "is torchrun's agent running? are MASTER_ADDR and MASTER_PORT its store's?", timeout(),
+        [&](Clock::time_point deadline, std::string& why) {
+          return detail::connect_tcp(options.host, options.port, deadline, why);
+        });
+    in.clear();
   }
 
   void check_value(const std::string& key, std::span<const std::uint8_t> value) const {
@@ -121,8 +104,8 @@ struct TorchStore::Impl {
             address, what));
       case IoResult::kTimeout:
         if (!on_timeout.empty()) throw StoreError(on_timeout);
-        throw StoreError(fmt::format("torchrun's store at {} did not answer {} within {}", address,
-                                     what, detail::format_seconds(answer_within)));
+        throw StoreError(
+            detail::no_answer_message("torchrun's store at " + address, what, answer_within));
       default:
         throw StoreError(
             fmt::format("the connection to torchrun's store at {} failed during {}: {}", address,

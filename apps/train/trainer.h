@@ -32,7 +32,18 @@ class Trainer {
   int run();
 
  private:
-  struct Window;  // statistics between two log lines
+  // Statistics between two log lines.
+  struct Window {
+    double step_ms = 0, data_ms = 0, wall_ms = 0, comm_ms = 0, exposed_comm_ms = 0;
+    double backward_ms = 0;  // backward compute: the backward() calls minus the exposed wait
+    double forward_ms = 0;   // the forward pass and the loss
+    // The optimizer step after backward, and the gradient NaN/Inf check before it (with
+    // --optimizer-in-backward only the check: the updates are inside backward_ms), with, under
+    // DDP, the one small all-reduce that exchanges the ranks' losses.
+    double optimizer_ms = 0;
+    std::int64_t steps = 0, samples = 0;
+    std::int64_t host_syncs = 0;  // times the host waited for the device (engine/host_sync.h)
+  };
 
   bool is_main() const { return rank_ == 0; }
   // Puts micro-batch m of (1-based) `step` into x_ and y_: filled here, or, with --prefetch,
@@ -72,6 +83,10 @@ class Trainer {
   std::string describe_nonfinite_grads() const;
   void log(std::int64_t step, std::int64_t epoch, float loss, Window& window);
   void save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch);
+  void save_parameters();  // --save: the trained parameters as safetensors (rank 0)
+  void print_banner() const;
+  // The last line: steps, time, first and last logged loss, skips, where the parameters went.
+  void print_summary(double run_seconds, std::optional<float> first_loss, float last_loss) const;
   void resume();
   void write_trace();
   void check_same_settings();

@@ -38,9 +38,9 @@
 #include "nanoddp/engine/cuda/device_guard.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/engine/debug_log.h"
-#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/kernels/cuda/check.h"
+#include "nanoddp/kernels/error.h"
 
 namespace nanoddp::comm {
 
@@ -385,35 +385,51 @@ class NcclProcessGroup final : public ProcessGroup {
     // not interleave, and sequence numbers must follow the launch order.
     std::lock_guard issue_lock(issue_mutex_);
     detail::CudaDeviceGuard guard(device_.index);
-    renew_anchor_if_due();
     auto state = std::make_shared<OpState>(device_);
     state->sequence_number = ++last_sequence_number_;
+    state->host_blocking = host_blocking;
     record.sequence_number = state->sequence_number;
     record_op(record);
-    state->op_name = op;
-    state->description = fmt::format("{} #{}", op, state->sequence_number);
-    if (!arguments.empty()) state->description += " (" + arguments + ")";
-    state->host_blocking = host_blocking;
-    debug_log(DebugLevel::kDetail, "nccl {} issued on cuda:{}", state->description, device_.index);
+    trace_issue(*state, op, arguments);
 
     state->ready.record(Stream::compute(device_));  // 1. inputs are produced up to here
     state->ready.block(comm_stream_);               // 2. comm stream waits (GPU-side)
-    state->started.record(comm_stream_);
-    state->anchor = anchor_;
-    state->issued = std::chrono::steady_clock::now();
+    trace_start(*state);
     launch(static_cast<cudaStream_t>(comm_stream_.native()));  // 3. the collective
     wait_ready(op, state->issued + options_.timeout);
     state->done.record(comm_stream_);  //    and its completion marker
-
-    {
-      std::lock_guard lock(watch_mutex_);
-      // Drop finished ops (and their tensor handles) here, on the issuing thread.
-      while (!in_flight_.empty() && in_flight_.front().state->done.query()) {
-        in_flight_.pop_front();
-      }
-      in_flight_.push_back(InFlight{state, std::move(keep_alive)});
-    }
+    watch(state, std::move(keep_alive));
     return std::make_shared<NcclWork>(state, device_);
+  }
+
+  // ---- issue()'s instrumentation: names and clock marks, apart from the algorithm ----
+
+  // Before the op touches the comm stream: its name (for the debug log and the watchdog's
+  // messages) and, when due, a fresh clock anchor for its timing.
+  void trace_issue(OpState& state, const char* op, const std::string& arguments) {
+    renew_anchor_if_due();
+    state.op_name = op;
+    state.description = fmt::format("{} #{}", op, state.sequence_number);
+    if (!arguments.empty()) state.description += " (" + arguments + ")";
+    debug_log(DebugLevel::kDetail, "nccl {} issued on cuda:{}", state.description, device_.index);
+  }
+
+  // Once the comm stream waits for the inputs: when the op really starts on the GPU (its
+  // Work::timing()) and on the host (the watchdog's timeout and wait_ready's deadline).
+  void trace_start(OpState& state) {
+    state.started.record(comm_stream_);
+    state.anchor = anchor_;
+    state.issued = std::chrono::steady_clock::now();
+  }
+
+  // Hands the op to the watchdog, keeping its tensors alive until it has run.
+  void watch(std::shared_ptr<OpState> state, std::vector<Tensor> keep_alive) {
+    std::lock_guard lock(watch_mutex_);
+    // Drop finished ops (and their tensor handles) here, on the issuing thread.
+    while (!in_flight_.empty() && in_flight_.front().state->done.query()) {
+      in_flight_.pop_front();
+    }
+    in_flight_.push_back(InFlight{std::move(state), std::move(keep_alive)});
   }
 
   // Op timings read GPU event times as float milliseconds since the anchor, which an hour later

@@ -126,7 +126,7 @@ TEST_CASE("gloo: 4 processes, every collective (TCP)") {
 
 TEST_CASE("gloo: shared memory with 64 KiB chunks: sizes around many chunk boundaries") {
   // The worker's chunk-boundary sizes follow NANODDP_SHM_CHUNK_KB: with small chunks a buffer
-  // spans dozens of chunks, so both slot sets are reused many times within one op.
+  // spans dozens of chunks, so both lane sets are reused many times within one op.
   require_all_ok(launch({.world = 3, .env = {{"NANODDP_SHM_CHUNK_KB", "64"}}}), "gloo+shm");
 }
 

@@ -20,12 +20,14 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "nanoddp/comm/store.h"
 #include "nanoddp/comm/store_protocol.h"
+#include "nanoddp/comm/store_socket.h"
 #include "nanoddp/kernels/error.h"
 
 using namespace std::chrono_literals;
@@ -372,6 +374,53 @@ TEST_CASE("store: an unreachable store fails within the timeout with the documen
   CHECK(contains(error, "connection refused"));
   CHECK(elapsed >= 0.29);
   CHECK(elapsed < 1.5);
+}
+
+// The connect/retry both store clients share (store_socket.h): retried until an attempt
+// succeeds, all attempts under one deadline; when none does, one message with the server, the
+// budget, the hint, the number of attempts and the last attempt's reason.
+TEST_CASE("store: connect_with_retry retries until an attempt connects, under one deadline") {
+  using nanoddp::comm::UniqueFd;
+  int attempts = 0;
+  std::vector<Clock::time_point> deadlines;
+  UniqueFd fd = nanoddp::comm::detail::connect_with_retry(
+      "the store at nowhere", "check it", 5000ms,
+      [&](Clock::time_point deadline, std::string& why) -> std::optional<UniqueFd> {
+        deadlines.push_back(deadline);
+        if (++attempts < 3) {
+          why = "not yet";
+          return std::nullopt;
+        }
+        return UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      });
+  CHECK(fd);
+  CHECK(attempts == 3);
+  REQUIRE(deadlines.size() == 3);
+  CHECK(deadlines[0] == deadlines[2]);
+}
+
+TEST_CASE("store: connect_with_retry gives up at its budget, naming attempts and the last reason") {
+  int attempts = 0;
+  const auto start = Clock::now();
+  const std::string error = store_error([&] {
+    nanoddp::comm::detail::connect_with_retry(
+        "the store at nowhere", "check it", 200ms,
+        [&](Clock::time_point, std::string& why) -> std::optional<nanoddp::comm::UniqueFd> {
+          why = fmt::format("refused {}", ++attempts);
+          return std::nullopt;
+        });
+  });
+  CHECK(seconds_since(start) >= 0.19);
+  CHECK(attempts >= 2);
+  CHECK(error == fmt::format("cannot reach the store at nowhere after 0.2 s (check it); {} "
+                             "attempts, the last one: refused {}",
+                             attempts, attempts));
+  CHECK(nanoddp::comm::detail::no_answer_message("the store at x", "get of key 'k'", 1500ms,
+                                                 "is it stuck?") ==
+        "the store at x did not answer get of key 'k' within 1.5 s (is it stuck?)");
+  CHECK(
+      nanoddp::comm::detail::no_answer_message("torchrun's store at x", "get of key 'k'", 300ms) ==
+      "torchrun's store at x did not answer get of key 'k' within 0.3 s");
 }
 
 TEST_CASE("store: a client that starts before the server connects once it is up") {

@@ -12,6 +12,7 @@ trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
 cmake --install "$build_dir" --prefix "$prefix" >/dev/null
 for internal in comm/unique_fd.h comm/store_socket.h comm/store_protocol.h comm/gloo_context.h \
+                comm/shm_segment.h comm/tcp_store_server_impl.h comm/gloo_group_impl.h \
                 comm/cuda engine/cuda kernels/cuda engine/debug_log.h engine/env.h; do
   if [ -e "$prefix/include/nanoddp/$internal" ]; then
     echo "FAIL: internal header installed: include/nanoddp/$internal" >&2

@@ -1,0 +1,158 @@
+// The batch source: which samples each micro-batch holds, filled here or by the prefetcher, and
+// on CUDA uploaded through pinned staging buffers on a stream of its own.
+#include "trainer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "nanoddp/engine/cuda_device.h"
+#include "trainer_internal.h"
+
+namespace nanoddp::train {
+
+void Trainer::resize_batch(std::int64_t rows) {
+  const std::int64_t in = dataset_->in_features(), out = dataset_->out_features();
+  if (device_.is_cpu()) {
+    if (!x_.defined() || x_.size(0) != rows) {
+      x_ = Tensor::empty({rows, in}, device_);
+      y_ = Tensor::empty({rows, out}, device_);
+    }
+  } else {
+    next_device_batch(rows);
+    next_staging_slot();  // the caller writes the staging buffers next
+    Staging& slot = staging_[slot_];
+    const auto x_bytes = static_cast<std::size_t>(rows * in) * sizeof(float);
+    const auto y_bytes = static_cast<std::size_t>(rows * out) * sizeof(float);
+    if (slot.x.size() < x_bytes) slot.x = PinnedBuffer(x_bytes);
+    if (slot.y.size() < y_bytes) slot.y = PinnedBuffer(y_bytes);
+  }
+}
+
+// Called before a micro-batch's upload, when everything that reads the previous micro-batch
+// has been enqueued on the compute stream: that buffer is free once the compute stream gets
+// past this point (its `free` event), and this micro-batch takes the other buffer, last read by
+// the micro-batch before, which the upload stream waits for.
+void Trainer::next_device_batch(std::int64_t rows) {
+  const Stream compute = Stream::compute(device_);
+  if (upload_stream_.native() == nullptr) upload_stream_ = Stream::create(device_);
+  DeviceBatch& previous = device_batches_[device_slot_];
+  if (previous.used) {
+    if (previous.free.device() != device_) previous.free = Event(device_);
+    previous.free.record(compute);
+  }
+  device_slot_ = 1 - device_slot_;
+  DeviceBatch& batch = device_batches_[device_slot_];
+  if (!batch.x.defined() || batch.x.size(0) != rows) {
+    batch.x = Tensor::empty({rows, dataset_->in_features()}, device_);
+    batch.y = Tensor::empty({rows, dataset_->out_features()}, device_);
+    // New memory from the caching allocator may be a block that work already enqueued on the
+    // compute stream still uses (blocks are handed out in compute-stream order): the upload
+    // stream waits for all of it.
+    if (batch.free.device() != device_) batch.free = Event(device_);
+    batch.free.record(compute);
+    batch.used = true;
+  }
+  if (batch.used) batch.free.block(upload_stream_);
+  batch.used = true;
+  x_ = batch.x;
+  y_ = batch.y;
+}
+
+// The GPU copies a staging slot after the host has moved on (upload_batch): the slot is written
+// again only once it has. The slot taken was uploaded kStagingSlots micro-batches ago, so this
+// is usually an event query; the host waits (a counted synchronization) only when it has run
+// that far ahead of the GPU, which is then busy, not idle.
+void Trainer::next_staging_slot() {
+  slot_ = (slot_ + 1) % kStagingSlots;
+  Staging& slot = staging_[slot_];
+  if (slot.busy && !slot.copied.query()) slot.copied.synchronize();
+  slot.busy = false;
+}
+
+std::span<const std::int64_t> Trainer::lookahead_indices(std::int64_t g) {
+  const std::int64_t step0 = g / o_.grad_accum;  // 0-based optimizer step
+  const std::int64_t epoch = step0 / steps_per_epoch_;
+  if (epoch != lookahead_epoch_) {
+    lookahead_sampler_->set_epoch(epoch);
+    lookahead_epoch_ = epoch;
+  }
+  return lookahead_sampler_->batch(first_micro_batch(step0 + 1) + g % o_.grad_accum, o_.batch);
+}
+
+std::string Trainer::data_description() const {
+  const std::string order = o_.shuffle ? "shuffled" : "in order (--no-shuffle)";
+  if (!o_.data_path.empty()) {
+    return fmt::format(".npy data, {} samples x {} -> {}, {}, {}", dataset_->size(),
+                       dataset_->in_features(), dataset_->out_features(), npy_checksums_, order);
+  }
+  return fmt::format("synthetic data, {} samples x {} -> {}, --noise {} --teacher-hidden {}, {}",
+                     dataset_->size(), dataset_->in_features(), dataset_->out_features(),
+                     o_.noise_std, o_.teacher_hidden, order);
+}
+
+std::int64_t Trainer::first_micro_batch(std::int64_t step) const {
+  return ((step - 1) % steps_per_epoch_) * o_.grad_accum;
+}
+
+std::int64_t Trainer::micro_batches_in_step(std::int64_t step) const {
+  return std::min<std::int64_t>(o_.grad_accum, micro_batches_per_epoch_ - first_micro_batch(step));
+}
+
+void Trainer::load_batch(std::int64_t step, std::int64_t m) {
+  if (!prefetcher_) {
+    fill_batch(first_micro_batch(step) + m);
+    return;
+  }
+  const std::int64_t g = (step - 1) * o_.grad_accum + m;
+  std::int64_t rows = 0;
+  if (prefetched_ != g) {  // the first batch of the run: nothing was prefetched yet
+    rows = static_cast<std::int64_t>(lookahead_indices(g).size());
+    prefetcher_->start(lookahead_indices(g));
+  } else {
+    rows = prefetched_rows_;
+  }
+  resize_batch(rows);
+  if (device_.is_cpu()) {
+    prefetcher_->take(x_.data(), y_.data());
+  } else {
+    prefetcher_->take(x_staging(), y_staging());
+    upload_batch();
+  }
+  prefetched_ = -1;
+  // The next micro-batch is filled while this one trains: the next of this step, or the first
+  // of the next step (an epoch's last step may have fewer than --grad-accum).
+  const std::int64_t next_g = m + 1 < micro_batches_in_step(step) ? g + 1 : step * o_.grad_accum;
+  if (next_g < steps_ * o_.grad_accum) {
+    const std::span<const std::int64_t> next = lookahead_indices(next_g);
+    prefetched_rows_ = static_cast<std::int64_t>(next.size());
+    prefetcher_->start(next);
+    prefetched_ = next_g;
+  }
+}
+
+void Trainer::fill_batch(std::int64_t micro_batch_in_epoch) {
+  const std::span<const std::int64_t> indices = sampler_->batch(micro_batch_in_epoch, o_.batch);
+  const auto rows = static_cast<std::int64_t>(indices.size());
+  resize_batch(rows);
+  if (device_.is_cpu()) {
+    dataset_->fill_batch(indices, x_.data(), y_.data());
+    return;
+  }
+  dataset_->fill_batch(indices, x_staging(), y_staging());
+  upload_batch();
+}
+
+void Trainer::upload_batch() {
+  // From pinned memory, on the upload stream: the host does not wait, and the copy overlaps
+  // the compute stream's work on the micro-batch before; the forward pass waits for it there.
+  Staging& slot = staging_[slot_];
+  upload_async_on(upload_stream_, x_.raw_data(), slot.x.data(), x_.nbytes());
+  upload_async_on(upload_stream_, y_.raw_data(), slot.y.data(), y_.nbytes());
+  if (slot.copied.device() != device_) slot.copied = Event(device_);
+  slot.copied.record(upload_stream_);
+  slot.copied.block(Stream::compute(device_));
+  slot.busy = true;
+}
+
+}  // namespace nanoddp::train

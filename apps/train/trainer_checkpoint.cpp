@@ -1,0 +1,163 @@
+// Checkpoints: saving the training state every --checkpoint-every steps, --resume, and --save.
+#include "trainer.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+
+#include "nanoddp/config.h"
+#include "nanoddp/kernels/error.h"
+#include "nanoddp/nn/checkpoint.h"
+#include "nanoddp/nn/safetensors.h"
+#include "trainer_internal.h"
+
+namespace nanoddp::train {
+
+void Trainer::resume() {
+  // Rank 0 picks the checkpoint and tells the others, so all load the same file even if a new
+  // one appears meanwhile.
+  std::string path;
+  if (is_main()) {
+    const std::vector<std::string> all = nn::list_checkpoints(o_.checkpoint_dir);
+    path = all.empty() ? "" : all.back();
+  }
+  if (distributed_) {
+    if (is_main()) dist_->store->set("train/resume", path.empty() ? std::string("-") : path);
+    path = dist_->store->get_string("train/resume");
+    if (path == "-") path.clear();
+  }
+  if (path.empty()) {
+    if (is_main())
+      fmt::print("resume: no checkpoint in {}, starting from step 0\n", o_.checkpoint_dir);
+    return;
+  }
+  // Every rank reads the file at that path: on several nodes it may be another file (or none).
+  if (distributed_) {
+    check_same_files("train/resume-file", {fmt::format("--resume: {}", file_fingerprint(path))},
+                     {fmt::format("the checkpoint '{}'", path)});
+  }
+  nn::TrainingState state;
+  try {
+    state = nn::load_checkpoint(path, *model_, *optimizer_);
+  } catch (const Error& e) {
+    // The loader names the file and what differs in the library's terms; the flags that set
+    // the optimizer's kind and state are this program's.
+    fail("--resume: {} (the optimizer's settings come from --optimizer and --momentum)", e.what());
+  }
+  if (count_nonfinite(params_->values()) > 0) {
+    fail("--resume: checkpoint '{}' holds NaN/Inf parameters; resume from an earlier one", path);
+  }
+  run_id_ = state.run_id;  // this run continues that one: its checkpoints are ours to prune
+  // The shapes are checked by the loader; the activation is not visible in them.
+  if (const auto model = state.info.find("model"); model != state.info.end()) {
+    const std::string difference = model_difference(model->second, model_->describe());
+    if (!difference.empty()) {
+      fail("checkpoint '{}' was saved from another model: {}. Resume with the same model", path,
+           difference);
+    }
+  }
+  const std::int64_t global_batch = world_size_ * o_.batch * o_.grad_accum;
+  if (state.epoch_samples % global_batch != 0) {
+    fail(
+        "checkpoint '{}' stopped after {} samples of epoch {}, which is not a whole number of "
+        "this run's global batches ({} ranks x --batch {} x --grad-accum {} = {}). Resume with "
+        "the same global batch.",
+        path, state.epoch_samples, state.epoch, world_size_, o_.batch, o_.grad_accum, global_batch);
+  }
+  if (state.seed != o_.seed) {
+    fail("checkpoint '{}' was trained with --seed {}, this run has --seed {}", path, state.seed,
+         o_.seed);
+  }
+  // Other data would pass the position check below (it only counts samples): compare what the
+  // data was. (Checkpoints written before this key existed have none to compare.)
+  const auto data = state.info.find("data");
+  if (data != state.info.end() && data->second != data_description()) {
+    fail("checkpoint '{}' was trained on other data: {}; this run: {}. Resume with the same data",
+         path, data->second, data_description());
+  }
+  start_step_ = state.epoch * steps_per_epoch_ + state.epoch_samples / global_batch;
+  if (state.step != start_step_) {
+    fail(
+        "checkpoint '{}' is at step {} but its data position (epoch {}, {} samples) is step {} "
+        "with this run's global batch and data set; resume with the same data and global batch",
+        path, state.step, state.epoch, state.epoch_samples, start_step_);
+  }
+  // --skip-nonfinite's count goes on across the restart.
+  if (const auto skipped = state.info.find("skipped_steps"); skipped != state.info.end()) {
+    const std::string& text = skipped->second;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), skipped_steps_);
+    if (ec != std::errc() || end != text.data() + text.size() || skipped_steps_ < 0) {
+      fail("checkpoint '{}': info 'skipped_steps' = '{}' is not a count", path, text);
+    }
+  }
+  if (start_step_ > steps_) {
+    fail(
+        "checkpoint '{}' is at step {}, past this run's last step {}: raise --steps (or "
+        "--epochs), or resume from an earlier checkpoint",
+        path, start_step_, steps_);
+  }
+  if (is_main()) {
+    fmt::print("resume: loaded {} (step {}){}\n", path, start_step_,
+               start_step_ == steps_ ? "; it is the last step: nothing left to train" : "");
+  }
+}
+
+void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch) {
+  require_finite_parameters(step, "checkpoint");  // on every rank: they hold the same values
+  if (!is_main()) return;
+  nn::TrainingState state{.step = step,
+                          .epoch = epoch,
+                          .epoch_samples = step_in_epoch * world_size_ * o_.batch * o_.grad_accum,
+                          .seed = o_.seed,
+                          .run_id = run_id_,
+                          .info = {{"model", model_->describe()},
+                                   {"data", data_description()},
+                                   {"world_size", std::to_string(world_size_)},
+                                   {"batch", std::to_string(o_.batch)},
+                                   {"grad_accum", std::to_string(o_.grad_accum)},
+                                   {"skipped_steps", std::to_string(skipped_steps_)}}};
+  // The position of the NEXT step: a checkpoint after the last step of an epoch points at the
+  // start of the following one.
+  if (step_in_epoch == steps_per_epoch_) {
+    state.epoch += 1;
+    state.epoch_samples = 0;
+  }
+  nn::save_checkpoint(o_.checkpoint_dir, *model_, *optimizer_, state, o_.keep);
+}
+
+// The loss and the gradients can be finite while the update itself overflows (a huge --lr):
+// parameters are checked before they are written, so no checkpoint or --save holds NaN or Inf.
+// Every rank checks (DDP keeps them equal), so all stop together.
+void Trainer::require_finite_parameters(std::int64_t step, const char* what) {
+  const std::int64_t bad = count_nonfinite(params_->values());
+  if (bad > 0) {
+    fail(
+        "after step {} the parameters hold {} NaN/Inf value(s) although the loss and gradients "
+        "were finite: the update overflowed (lower --lr?). Not written ({}); the last good "
+        "checkpoint, if any, is kept",
+        step, bad, what);
+  }
+}
+
+void Trainer::save_parameters() {
+  if (o_.save_path.empty() || !is_main()) return;
+  std::vector<nn::NamedTensor> named = model_->named_parameters();
+  std::vector<std::vector<float>> host;
+  std::vector<nn::SafetensorsEntry> entries;
+  host.reserve(named.size());
+  for (const nn::NamedTensor& p : named) {
+    host.push_back(p.tensor.to_vector());
+    entries.push_back(
+        {.name = p.name, .dtype = "F32", .shape = p.tensor.shape(), .data = host.back().data()});
+  }
+  nn::write_safetensors(o_.save_path, entries,
+                        {{"format", "nanoddp-parameters"},
+                         {"nanoddp_version", NANODDP_VERSION},
+                         {"step", std::to_string(steps_)},
+                         {"seed", std::to_string(o_.seed)},
+                         {"world_size", std::to_string(world_size_)},
+                         {"activation", o_.activation},
+                         {"model", model_->describe()}});
+}
+
+}  // namespace nanoddp::train

@@ -1,0 +1,226 @@
+// Input checks before step 1 (issue #13): outputs writable, the ranks' input files identical,
+// an --init file of the same model; and loading the .npy dataset.
+#include "trainer.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "nanoddp/comm/consistency.h"
+#include "nanoddp/engine/ops.h"
+#include "nanoddp/kernels/error.h"
+#include "nanoddp/nn/checkpoint.h"
+#include "nanoddp/nn/file_io.h"
+#include "nanoddp/nn/safetensors.h"
+#include "trainer_internal.h"
+
+namespace nanoddp::train {
+
+namespace {
+
+// Creates `dir` if needed and creates (then removes) a small file in it: O_EXCL, so an existing
+// file of that name is never touched. `flag` names the option in the message.
+void check_dir_writable(const std::string& flag, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail("{} '{}' cannot be created: {}", flag, dir, ec.message());
+  if (!std::filesystem::is_directory(dir, ec)) {
+    fail("{} '{}' is not a folder (it is a file); name a folder", flag, dir);
+  }
+  for (int k = 0;; ++k) {
+    const std::filesystem::path probe =
+        std::filesystem::path(dir) / fmt::format(".nanoddp-write-test.{}.{}", ::getpid(), k);
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == EEXIST && k < 100) continue;
+    if (fd < 0) {
+      fail("{} '{}' is not writable (cannot create '{}': {})", flag, dir, probe.string(),
+           std::strerror(errno));
+    }
+    ::close(fd);
+    ::unlink(probe.c_str());
+    return;
+  }
+}
+
+// An output FILE given by `flag`, checked before step 1 instead of failing after the last one:
+// it must name a file (not a folder, no trailing '/'), its folder must be writable (a probe file
+// is created and removed there), and an existing file there must be writable.
+void check_output_file(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  if (path.ends_with('/') || std::filesystem::is_directory(path, ec)) {
+    fail("{} '{}' names a folder; give a file name (e.g. '{}')", flag, path,
+         (std::filesystem::path(path) / "out").lexically_normal().string());
+  }
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  check_dir_writable(fmt::format("the folder of {}", flag),
+                     folder.empty() ? std::string(".") : folder.string());
+  if (std::filesystem::exists(path, ec)) {
+    // Opened without O_TRUNC and closed at once: the existing contents are kept.
+    // O_NONBLOCK: a FIFO without a reader would block the open (it fails with ENXIO instead).
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) fail("{} '{}' exists and is not writable: {}", flag, path, std::strerror(errno));
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+// Every output path, checked by rank 0 (which writes them all) before the process group.
+void Trainer::check_output_paths() const {
+  std::error_code ec;
+  if (!o_.checkpoint_dir.empty() && std::filesystem::exists(o_.checkpoint_dir, ec) &&
+      !std::filesystem::is_directory(o_.checkpoint_dir, ec)) {
+    // With --resume this used to find "no checkpoint" and train from step 0, silently.
+    fail("--checkpoint-dir '{}' is a file, not a folder: name the folder of the checkpoints",
+         o_.checkpoint_dir);
+  }
+  if (o_.checkpoint_every > 0) {
+    check_dir_writable("--checkpoint-dir", o_.checkpoint_dir);
+    // Another run's checkpoints: this run would write beside them (a later --resume takes the
+    // newest of either run) and could meet one of the same step. Refused rather than guessed.
+    const std::vector<std::string> earlier = nn::list_checkpoints(o_.checkpoint_dir);
+    if (!o_.resume && !earlier.empty()) {
+      fail(
+          "--checkpoint-dir '{}' already holds {} checkpoint(s) of an earlier run (newest: {}). "
+          "Pass --resume to continue that run, or use an empty folder (or remove them) to start "
+          "a new one",
+          o_.checkpoint_dir, earlier.size(), earlier.back());
+    }
+  }
+  if (!o_.save_path.empty()) {
+    // Written by rename: a device or FIFO of that name would be replaced, not written to.
+    if (std::filesystem::exists(o_.save_path, ec) &&
+        !std::filesystem::is_regular_file(o_.save_path, ec) &&
+        !std::filesystem::is_directory(o_.save_path, ec)) {
+      fail("--save '{}' exists and is not a regular file (a device or FIFO); name a file",
+           o_.save_path);
+    }
+    check_output_file("--save", o_.save_path);
+  }
+  if (!o_.trace_path.empty()) check_output_file("--trace", o_.trace_path);
+  if (!o_.metrics_path.empty()) check_output_file("--metrics", o_.metrics_path);
+  check_paths_distinct();
+}
+
+// Two outputs on one file lose one of them silently (--save f --trace f kept the trace), and an
+// output on an input destroys it (--metrics X.npy overwrote the data): refused before step 1.
+// The final --save must not take a checkpoint's name either (a later --resume would find the
+// parameters file where it expects the checkpoint).
+void Trainer::check_paths_distinct() const {
+  struct Named {
+    const char* flag;
+    const std::string* path;
+    bool output;
+  };
+  const Named all[] = {{"--save", &o_.save_path, true},        {"--trace", &o_.trace_path, true},
+                       {"--metrics", &o_.metrics_path, true},  {"--data", &o_.data_path, false},
+                       {"--targets", &o_.targets_path, false}, {"--init", &o_.init_path, false}};
+  const auto canonical = [](const std::string& path) {
+    std::error_code ec;
+    const std::filesystem::path c = std::filesystem::weakly_canonical(path, ec);
+    return ec ? std::filesystem::absolute(path).lexically_normal() : c;
+  };
+  for (std::size_t i = 0; i < std::size(all); ++i) {
+    if (all[i].path->empty()) continue;
+    for (std::size_t j = i + 1; j < std::size(all); ++j) {
+      if (all[j].path->empty() || !(all[i].output || all[j].output)) continue;
+      if (canonical(*all[i].path) == canonical(*all[j].path)) {
+        fail("{} '{}' and {} '{}' name the same file: {}", all[i].flag, *all[i].path, all[j].flag,
+             *all[j].path,
+             all[j].output ? "one output would overwrite the other; give each its own file"
+                           : "the output would overwrite the input; write it elsewhere");
+      }
+    }
+  }
+  if (!o_.save_path.empty() && !o_.checkpoint_dir.empty() &&
+      canonical(o_.save_path).parent_path() == canonical(o_.checkpoint_dir) &&
+      nn::checkpoint_step_from_name(std::filesystem::path(o_.save_path).filename().string())) {
+    fail("--save '{}' takes the name of a checkpoint in --checkpoint-dir '{}': save elsewhere",
+         o_.save_path, o_.checkpoint_dir);
+  }
+}
+
+void Trainer::load_npy_dataset() {
+  try {
+    dataset_ = std::make_unique<nn::NpyDataset>(o_.data_path, o_.targets_path);
+    // Recorded in checkpoints (data_description): a --resume on other data of the same shape
+    // is refused, not trained on silently.
+    npy_checksums_ =
+        fmt::format("checksums {} / {}", nn::checksum_hex(nn::file_checksum(o_.data_path)),
+                    nn::checksum_hex(nn::file_checksum(o_.targets_path)));
+  } catch (const Error& e) {
+    // The reader names the file; say which flag gave it.
+    const std::string what = e.what();
+    const bool data = what.find(o_.data_path) != std::string::npos;
+    const bool targets = what.find(o_.targets_path) != std::string::npos;
+    fail("{}: {}",
+         data && !targets   ? "--data"
+         : !data && targets ? "--targets"
+                            : "--data/--targets",
+         what);
+  }
+}
+
+// The ranks must load the same bytes, not merely the same path: two nodes' copies of a file can
+// differ, and one path can name other files on other nodes. Each rank checksums what it read.
+void Trainer::check_same_inputs() {
+  std::vector<std::string> items;
+  std::vector<std::string> paths;
+  const auto add = [&](const std::string& flag, const std::string& path) {
+    items.push_back(fmt::format("{}: {}", flag, file_fingerprint(path)));
+    paths.push_back(fmt::format("{} '{}'", flag, path));
+  };
+  if (!o_.data_path.empty()) {
+    items.push_back(fmt::format("--data/--targets shape: {} samples x {} -> {}", dataset_->size(),
+                                dataset_->in_features(), dataset_->out_features()));
+    paths.push_back("--data/--targets");
+    add("--data", o_.data_path);
+    add("--targets", o_.targets_path);
+  }
+  if (!o_.init_path.empty()) add("--init", o_.init_path);
+  check_same_files("train/inputs", items, paths);
+}
+
+void Trainer::check_same_files(const std::string& key, const std::vector<std::string>& items,
+                               const std::vector<std::string>& paths) {
+  try {
+    comm::check_same_on_all_ranks(*dist_->store, rank_, world_size_, key, "input file", items);
+  } catch (const Error& e) {
+    // Name this rank's file of the item that differs, as every rank may have another path.
+    const std::string what = e.what();
+    std::string here;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (what.find(fmt::format("#{} ", i)) != std::string::npos) here = paths[i];
+    }
+    fail("{}{}", what, here.empty() ? "" : fmt::format(" This rank read {}.", here));
+  }
+}
+
+// An --init file written by nanoddp-train --save records the model it came from: another
+// activation (the one setting the tensors' shapes do not show) computes another function.
+void Trainer::check_init_model() const {
+  const nn::SafetensorsMetadata metadata = nn::read_safetensors_metadata(o_.init_path);
+  std::string recorded;
+  if (const auto model = metadata.find("model"); model != metadata.end()) {
+    recorded = model->second;
+  } else if (const auto act = metadata.find("activation"); act != metadata.end()) {
+    // Written before "model" was recorded: the activation is all there is to compare.
+    recorded = fmt::format("MLP(activation={})", act->second);
+    const std::string current = fmt::format("MLP(activation={})", o_.activation);
+    if (recorded == current) return;
+    fail("--init '{}' was saved from another model: {}", o_.init_path,
+         model_difference(recorded, current));
+  } else {
+    return;  // not nanoddp's (PyTorch's state_dict): the shapes are all that can be checked
+  }
+  const std::string difference = model_difference(recorded, model_->describe());
+  if (!difference.empty()) {
+    fail("--init '{}' was saved from another model: {}", o_.init_path, difference);
+  }
+}
+
+}  // namespace nanoddp::train

@@ -1,0 +1,31 @@
+#pragma once
+// Small helpers that several of the trainer's files share (trainer*.cpp).
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "nanoddp/engine/tensor.h"
+
+namespace nanoddp::train {
+
+using Clock = std::chrono::steady_clock;
+
+inline double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// How many elements of `t` are NaN or Inf: one pass over the buffer on its device, at memory
+// speed (a scalar std::isfinite loop over a 16 MiB gradient cost more than the optimizer step).
+std::int64_t count_nonfinite(const Tensor& t);
+
+// "" when `recorded` (the model a file was saved from) computes what `current` does; otherwise
+// every setting that differs, with the flag that sets it.
+std::string model_difference(const std::string& recorded, const std::string& current);
+
+// What a rank loaded from `path`, for comparing with the other ranks: its size and a checksum of
+// its bytes, or why it could not be read (so that the rank takes part in the comparison and
+// every rank fails together instead of one failing alone and the others waiting).
+std::string file_fingerprint(const std::string& path);
+
+}  // namespace nanoddp::train

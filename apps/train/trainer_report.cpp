@@ -1,0 +1,150 @@
+// What a run reports: the log lines, the --metrics JSON lines and the --trace file.
+#include "trainer.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "nanoddp/config.h"
+#include "nanoddp/engine/host_sync.h"
+#include "nanoddp/nn/checkpoint.h"
+#include "trainer_internal.h"
+
+namespace nanoddp::train {
+
+namespace {
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<long long>(std::max(0.0, seconds) + 0.5);
+  return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
+}
+
+}  // namespace
+
+void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) {
+  if (!is_main()) return;
+  const double samples_per_s = 1000.0 * w.samples / std::max(w.wall_ms, 1e-9);
+  const double n = static_cast<double>(w.steps);
+  const double eta_s = static_cast<double>(steps_ - step) * (w.wall_ms / n) / 1000.0;
+  if (!o_.quiet) {
+    std::string comm;
+    if (ddp_)
+      comm = fmt::format("  comm {:.3f} ms (exposed {:.3f})", w.comm_ms / n, w.exposed_comm_ms / n);
+    fmt::print(
+        "step {:>{}}/{}  epoch {}  loss {:.6e}  {:.0f} samples/s  step {:.3f} ms  data "
+        "{:.3f} ms{}  eta {}\n",
+        step, std::to_string(steps_).size(), steps_, epoch, loss, samples_per_s, w.step_ms / n,
+        w.data_ms / n, comm, format_duration(eta_s));
+    std::fflush(stdout);
+  }
+  if (metrics_.is_open()) {
+    nlohmann::json line = {{"step", step},
+                           {"epoch", epoch},
+                           {"loss", loss},
+                           {"step_ms", w.step_ms / n},
+                           {"data_ms", w.data_ms / n},
+                           {"samples_per_s", samples_per_s},
+                           {"world_size", world_size_},
+                           {"steps_in_window", w.steps}};
+    line["forward_ms"] = w.forward_ms / n;
+    line["backward_ms"] = w.backward_ms / n;
+    line["optimizer_ms"] = w.optimizer_ms / n;
+    line["host_syncs_per_step"] = static_cast<double>(w.host_syncs) / n;
+    if (ddp_) {
+      line["comm_ms"] = w.comm_ms / n;
+      line["exposed_comm_ms"] = w.exposed_comm_ms / n;
+      // Share of the all-reduce time hidden behind the backward pass.
+      line["overlap_fraction"] =
+          w.comm_ms > 0 ? std::clamp(1.0 - w.exposed_comm_ms / w.comm_ms, 0.0, 1.0) : 0.0;
+    }
+    if (o_.skip_nonfinite) line["skipped_steps"] = skipped_steps_;
+    write_metrics_line(line.dump());
+  }
+}
+
+void Trainer::write_metrics_line(const std::string& line) {
+  metrics_ << line << "\n";
+  metrics_.flush();
+  if (metrics_) return;
+  // A full disk (or a vanished file system) used to truncate the file silently. Training goes
+  // on, as its checkpoints and output do not depend on the metrics; said once, on stderr.
+  fmt::print(stderr,
+             "nanoddp-train: warning: writing --metrics file '{}' failed ({}); its last lines are "
+             "missing and no more are written\n",
+             o_.metrics_path, errno != 0 ? std::strerror(errno) : "unknown error");
+  std::fflush(stderr);
+  metrics_.close();
+}
+
+void Trainer::write_trace() {
+  if (!tracer_) return;
+  if (!distributed_) {
+    Tracer::write_file(o_.trace_path, {tracer_->events_json()});
+  } else {
+    // Every rank hands its events to rank 0 through the store, in pieces far below the store's
+    // value limit (a long trace exceeded it: the job failed after training); rank 0 takes each
+    // piece and removes it, then writes one file.
+    constexpr std::size_t kPiece = 4u << 20;
+    const std::string events = tracer_->events_json();
+    const std::size_t pieces = (events.size() + kPiece - 1) / kPiece;
+    for (std::size_t k = 0; k < pieces; ++k) {
+      dist_->store->set(fmt::format("train/trace/{}/{}", rank_, k),
+                        events.substr(k * kPiece, kPiece));
+    }
+    dist_->store->set(fmt::format("train/trace/{}/pieces", rank_), std::to_string(pieces));
+    if (is_main()) {
+      std::vector<std::string> all;
+      for (int r = 0; r < world_size_; ++r) {
+        const std::string count = dist_->store->get_string(fmt::format("train/trace/{}/pieces", r));
+        std::string text;
+        for (std::size_t k = 0; k < std::stoull(count); ++k) {
+          const std::string key = fmt::format("train/trace/{}/{}", r, k);
+          text += dist_->store->get_string(key);
+          dist_->store->remove(key);
+        }
+        all.push_back(std::move(text));
+      }
+      Tracer::write_file(o_.trace_path, all);
+    }
+  }
+  if (is_main() && !o_.quiet) fmt::print("trace written to {}\n", o_.trace_path);
+}
+
+void Trainer::print_banner() const {
+  if (is_main() && !o_.quiet) {
+    fmt::print("nanoddp-train {} | device {} | {} | {} parameters | {}\n", NANODDP_VERSION,
+               device_.str(), model_->describe(), params_->numel(), optimizer_->describe());
+    fmt::print("data: {} samples x {} -> {} | {} rank(s) x batch {}{} | {} steps ({} per epoch)\n",
+               dataset_->size(), dataset_->in_features(), dataset_->out_features(), world_size_,
+               o_.batch, o_.grad_accum > 1 ? fmt::format(" x {} micro-batches", o_.grad_accum) : "",
+               steps_, steps_per_epoch_);
+    if (ddp_) {
+      fmt::print(
+          "ddp: backend {} | {} buckets (first {} MiB, then {} MiB) | overlap {} | hook {}\n",
+          dist_->group->backend_name(), ddp_->reducer().buckets().size(), o_.first_bucket_mb,
+          o_.bucket_cap_mb, o_.overlap ? "on" : "off", o_.comm_hook);
+    }
+  }
+}
+
+void Trainer::print_summary(double run_seconds, std::optional<float> first_loss,
+                            float last_loss) const {
+  if (!is_main()) return;
+  // "nan", not "-nan": the sign of a NaN means nothing.
+  const auto text = [](std::optional<float> v) {
+    if (!v) return std::string("-");
+    return std::isnan(*v) ? std::string("nan") : fmt::format("{:.6e}", *v);
+  };
+  fmt::print(
+      "done: {} steps in {:.2f} s, loss {} -> {}{}{}\n", steps_ - start_step_, run_seconds,
+      text(first_loss), text(first_loss ? std::optional(last_loss) : std::nullopt),
+      o_.skip_nonfinite ? fmt::format(", {} step(s) skipped for NaN/Inf", skipped_steps_) : "",
+      o_.save_path.empty() ? "" : fmt::format(", parameters saved to {}", o_.save_path));
+}
+
+}  // namespace nanoddp::train

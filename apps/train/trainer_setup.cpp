@@ -1,0 +1,237 @@
+// Building a Trainer from its options: device, process group, data, model, optimizer, DDP.
+#include "trainer.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "nanoddp/comm/consistency.h"
+#include "nanoddp/config.h"
+#include "nanoddp/engine/backend.h"
+#include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/kernels/cpu/kernels.h"
+#include "nanoddp/kernels/error.h"
+#include "nanoddp/nn/checkpoint.h"
+#include "nanoddp/nn/file_io.h"
+#include "trainer_internal.h"
+
+namespace nanoddp::train {
+
+namespace {
+
+// --device cuda: one GPU per local rank (LOCAL_RANK modulo the visible devices, see
+// choose_device); --device cuda:N as given. Made current before anything touches CUDA, so that
+// no stream, handle or context of this process lands on another rank's GPU.
+Device select_device(const std::string& requested, int local_rank, bool quiet) {
+  DeviceChoice choice;
+  try {
+    choice = choose_device(requested, local_rank, requested == "cpu" ? 0 : cuda_device_count());
+    set_current_device(choice.device);
+  } catch (const Error& e) {
+    fail("--device {}: {} (--device cpu trains on the CPU)", requested, e.what());
+  }
+  if (choice.device.is_cuda() && !quiet) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    fmt::print("nanoddp-train: local rank {} uses {} ({}{}{})\n", local_rank, choice.device.str(),
+               choice.why, visible != nullptr ? "; CUDA_VISIBLE_DEVICES=" : "",
+               visible != nullptr ? visible : "");
+    std::fflush(stdout);
+  }
+  return choice.device;
+}
+
+}  // namespace
+
+Trainer::Trainer(const TrainOptions& options) : o_(options) {
+  world_ = comm::world_from_env();
+  distributed_ = world_.launcher != "none";
+
+  device_ = select_device(o_.device, world_.local_rank, o_.quiet);
+  backend_for(device_).set_gemm_backend(o_.gemm == "cublas"  ? GemmBackend::kCublas
+                                        : o_.gemm == "eigen" ? GemmBackend::kEigen
+                                                             : GemmBackend::kHand);
+  kernels::cpu::set_gemm_threads(o_.threads);
+
+  // Rank 0 writes every output: find out now, not after hours of training, that it cannot.
+  // (Before the process group: a launcher then stops the other ranks at once.)
+  if (world_.rank == 0) check_output_paths();
+  // Which run writes the checkpoints (a resumed run takes over the id it resumed): housekeeping
+  // removes only this run's.
+  run_id_ = fmt::format("{}-{}-{}", nn::this_host(), ::getpid(),
+                        std::chrono::system_clock::now().time_since_epoch().count());
+
+  if (distributed_) {
+    dist_.emplace(comm::init_distributed(
+        world_, comm::DistributedOptions{.backend = o_.backend, .device = device_}));
+    rank_ = dist_->group->rank();
+    world_size_ = dist_->group->size();
+    check_same_settings();
+  }
+
+  if (!o_.data_path.empty()) {
+    load_npy_dataset();
+  } else {
+    dataset_ = std::make_unique<nn::SyntheticRegression>(
+        nn::SyntheticRegressionOptions{.in_features = o_.in_features,
+                                       .out_features = o_.out_features,
+                                       .size = o_.dataset_size,
+                                       .seed = o_.seed,
+                                       .noise_std = o_.noise_std,
+                                       .teacher_hidden = o_.teacher_hidden});
+  }
+  if (distributed_) check_same_inputs();
+  model_ =
+      std::make_unique<nn::Mlp>(nn::MlpOptions{.in_features = dataset_->in_features(),
+                                               .out_features = dataset_->out_features(),
+                                               .hidden = o_.hidden,
+                                               .layers = o_.layers,
+                                               .activation = nn::parse_activation(o_.activation),
+                                               .seed = o_.seed});
+  params_ = std::make_unique<nn::FlatParameters>(*model_, device_);
+  if (o_.optimizer == "sgd") {
+    optimizer_ = std::make_unique<nn::SGD>(
+        *params_,
+        nn::SgdOptions{.lr = o_.lr, .momentum = o_.momentum, .weight_decay = o_.weight_decay});
+  } else {
+    optimizer_ = std::make_unique<nn::AdamW>(
+        *params_, nn::AdamWOptions{.lr = o_.lr, .weight_decay = o_.weight_decay});
+  }
+
+  // The sampler holds the epoch's order: 8 bytes per sample, twice with --prefetch. A data set
+  // whose order alone would take half the machine's memory is refused up front, naming the
+  // flag, instead of ending in std::bad_alloc (or swapping for minutes).
+  const double order_bytes = 8.0 * static_cast<double>(dataset_->size()) * (o_.prefetch ? 2 : 1);
+  const double memory_bytes =
+      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (memory_bytes > 0 && order_bytes > 0.5 * memory_bytes) {
+    fail(
+        "{} {} samples: the sampling order alone needs {:.1f} GB, more than half of this "
+        "machine's {:.1f} GB of memory",
+        o_.data_path.empty() ? "--dataset-size" : "--data", dataset_->size(), order_bytes / 1e9,
+        memory_bytes / 1e9);
+  }
+  try {
+    sampler_ = std::make_unique<nn::Sampler>(nn::SamplerOptions{.size = dataset_->size(),
+                                                                .shuffle = o_.shuffle,
+                                                                .seed = o_.seed,
+                                                                .rank = rank_,
+                                                                .world_size = world_size_});
+  } catch (const std::bad_alloc&) {
+    fail("{} {} samples: out of memory for the sampling order ({:.1f} GB)",
+         o_.data_path.empty() ? "--dataset-size" : "--data", dataset_->size(), order_bytes / 1e9);
+  }
+  // An epoch's last step may have fewer micro-batches (and its last micro-batch fewer rows),
+  // exactly as --batch K*B's last batch is partial: no sample of the epoch is left out.
+  micro_batches_per_epoch_ = sampler_->num_batches(o_.batch);
+  steps_per_epoch_ = (micro_batches_per_epoch_ + o_.grad_accum - 1) / o_.grad_accum;
+  if (steps_per_epoch_ == 0) fail("the data set has no samples");
+  steps_ = o_.epochs ? *o_.epochs * steps_per_epoch_ : o_.steps.value_or(1000);
+  if (o_.prefetch) {
+    // Each rank's worker wants a core of its own; without one it slows the steps down (2 ranks
+    // on 2 cores: -12 % samples/s measured). Say so rather than let it look like a bug.
+    const unsigned cores = std::thread::hardware_concurrency();
+    const int ranks_here = distributed_ ? world_.local_world_size : 1;
+    const int threads_per_rank = o_.device == "cpu" ? o_.threads + 1 : 2;
+    if (is_main() && cores > 0 && static_cast<unsigned>(ranks_here * threads_per_rank) > cores) {
+      fmt::print(stderr,
+                 "nanoddp-train: note: --prefetch adds a data thread to each of the {} rank(s) on "
+                 "this host, which has {} cores: the threads will compete with the steps\n",
+                 ranks_here, cores);
+    }
+    lookahead_sampler_ = std::make_unique<nn::Sampler>(sampler_->options());
+    prefetcher_ = std::make_unique<nn::BatchPrefetcher>(
+        *dataset_, nn::BatchPrefetcherOptions{.timeout = comm::default_timeout()});
+  }
+
+  // A given starting point: every rank reads and checks it (the ranks agreed on its bytes
+  // above), so a bad file stops every rank at once instead of rank 0 alone while the others
+  // wait for it; DDP's constructor then broadcasts rank 0's parameters. A checkpoint found by
+  // --resume comes after it.
+  if (!o_.init_path.empty()) {
+    try {
+      check_init_model();
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.starts_with("--init")) throw;
+      fail("--init: {}", what);  // the reader names the file; say which flag gave it
+    }
+    try {
+      nn::load_parameters(o_.init_path, *model_);
+    } catch (const Error& e) {
+      fail("--init: {}", e.what());  // the loader names the file; say which flag gave it
+    }
+    if (is_main()) fmt::print("init: parameters from {}\n", o_.init_path);
+  }
+  if (o_.resume) resume();
+  if (world_.restart_count > 0 && !o_.resume && is_main()) {
+    // A restarted attempt (nanoddp-run --max-restarts, torchrun --max_restarts) without --resume
+    // redoes the failed attempt's work from step 0: say so, it is rarely what was meant.
+    fmt::print(stderr,
+               "nanoddp-train: warning: this is restart {} of the job (NANODDP_RESTART_COUNT or "
+               "TORCHELASTIC_RESTART_COUNT) but --resume is not set: training starts again from "
+               "step 0. Pass --checkpoint-dir D --checkpoint-every N --resume to continue from the "
+               "newest checkpoint.\n",
+               world_.restart_count);
+  }
+
+  if (distributed_) {
+    ddp_ = std::make_unique<comm::DistributedDataParallel>(
+        *model_, *params_, dist_->group, dist_->store,
+        comm::DdpOptions{.reducer = {.bucket_cap_mb = o_.bucket_cap_mb,
+                                     .first_bucket_mb = o_.first_bucket_mb,
+                                     .find_unused_parameters = o_.find_unused_parameters,
+                                     .comm_hook = comm::parse_comm_hook(o_.comm_hook),
+                                     .overlap = o_.overlap}});
+  }
+  if (o_.optimizer_in_backward) {
+    // Single process: each parameter's own hook updates it. Under DDP its gradient is final only
+    // once its bucket is averaged, so the Reducer hands over bucket after bucket instead.
+    optimizer_in_backward_ = std::make_unique<nn::OptimizerInBackward>(
+        *optimizer_, *params_, nn::OptimizerInBackwardOptions{.hook_parameters = !ddp_});
+    if (ddp_) {
+      ddp_->reducer().set_bucket_reduced_hook([this](const comm::Bucket& bucket) {
+        optimizer_in_backward_->update_range(bucket.offset, bucket.numel, bucket.slots);
+      });
+    }
+  }
+  if (!o_.trace_path.empty()) tracer_ = std::make_unique<Tracer>(rank_);
+  if (!o_.metrics_path.empty() && is_main()) {
+    // A resumed run continues the earlier run's metrics instead of erasing them.
+    metrics_.open(o_.metrics_path, start_step_ > 0 ? std::ios::app : std::ios::trunc);
+    if (!metrics_) fail("cannot open --metrics file '{}' for writing", o_.metrics_path);
+  }
+}
+
+// Every rank must train with the same settings: a rank with another batch size or bucket cap
+// would issue different collectives (a hang, not an error, without this check), and one with
+// other data settings would train on other samples (no error at all).
+void Trainer::check_same_settings() {
+  const std::vector<std::string> settings = {
+      fmt::format("--in {} --out {}", o_.in_features, o_.out_features),
+      fmt::format("--hidden {} --layers {} --activation {}", o_.hidden, o_.layers, o_.activation),
+      fmt::format("--batch {}", o_.batch),
+      fmt::format("--grad-accum {}", o_.grad_accum),
+      fmt::format("--steps {} --epochs {}", o_.steps.value_or(0), o_.epochs.value_or(0)),
+      // Not --data's path: the same file may be mounted at other paths on other nodes, and the
+      // same path may name other files. check_same_inputs() compares the contents.
+      fmt::format("--dataset-size {} --data given {}", o_.dataset_size, !o_.data_path.empty()),
+      fmt::format("--init given {}", !o_.init_path.empty()),
+      // They define the synthetic samples: other values on one rank mean other data, silently.
+      fmt::format("--noise {} --teacher-hidden {}", o_.noise_std, o_.teacher_hidden),
+      fmt::format("--optimizer {} --lr {} --momentum {} --weight-decay {}", o_.optimizer, o_.lr,
+                  o_.momentum, o_.weight_decay),
+      fmt::format("--seed {} --shuffle {}", o_.seed, o_.shuffle),
+      fmt::format("--log-every {}", o_.log_every),
+      fmt::format("--skip-nonfinite {}", o_.skip_nonfinite),
+      fmt::format("--optimizer-in-backward {}", o_.optimizer_in_backward),
+      fmt::format("--checkpoint-every {} --resume {}", o_.checkpoint_every, o_.resume),
+      fmt::format("--trace-steps {} (trace {})", o_.trace_steps, !o_.trace_path.empty()),
+  };
+  comm::check_same_on_all_ranks(*dist_->store, rank_, world_size_, "train/settings",
+                                "command-line setting", settings);
+}
+
+}  // namespace nanoddp::train

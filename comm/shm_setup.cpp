@@ -20,6 +20,7 @@
 
 #include "nanoddp/comm/shm_allreduce.h"
 #include "nanoddp/comm/shm_segment.h"
+#include "nanoddp/engine/env.h"
 #include "nanoddp/kernels/error.h"
 
 namespace nanoddp::comm {
@@ -119,8 +120,11 @@ ShmAllreduce::~ShmAllreduce() = default;
 
 void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
   // 1. Everyone publishes: wants shared memory?, host identity, pid and its start time.
-  const char* env = std::getenv("NANODDP_SHM");
-  const bool wanted = env == nullptr || std::string(env) != "0";
+  // (The switches are read on every rank before anything is published, so a value that is not
+  // understood stops each rank here instead of leaving its peers waiting.)
+  const bool wanted = env_switch("NANODDP_SHM", /*default_on=*/true);
+  const std::size_t chunk =
+      env_count("NANODDP_SHM_CHUNK_KB", kShmDefaultChunkBytes / 1024, 4, 64 << 10) * 1024;
   const long pid = static_cast<long>(getpid());
   store.set(prefix + "hello/" + std::to_string(rank_),
             fmt::format("{}\n{}\n{}\n{}", wanted ? 1 : 0, pid, process_start_time(pid).value_or(0),
@@ -168,10 +172,6 @@ void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
     }
   } unlink_guard{name, created};
   if (rank_ == 0) {
-    std::size_t chunk = kShmDefaultChunkBytes;
-    if (const char* kb = std::getenv("NANODDP_SHM_CHUNK_KB")) {
-      chunk = std::clamp<std::size_t>(std::strtoull(kb, nullptr, 10), 4, 64 << 10) * 1024;
-    }
     const Layout layout(size_, chunk);
     name = random_segment_name();
     const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);

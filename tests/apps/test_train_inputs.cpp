@@ -679,3 +679,29 @@ TEST_CASE("inputs: an update that overflows the parameters is never checkpointed
   CHECK_FALSE(fs::exists(dir.file("final.st")));
   CHECK(nanoddp::nn::list_checkpoints(dir.file("ck")).empty());
 }
+
+// Found by an outside tester: NANODDP_SHM=false meant "on" and NANODDP_SHM_CHUNK_KB=abc a 4 KiB
+// chunk, silently. Every rank reads the switches before it publishes anything, so each one stops
+// at once naming the variable (no rank is left waiting for a peer's set-up).
+TEST_CASE("inputs: a NANODDP_* switch that is not understood stops every rank, naming it") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"NANODDP_SHM", "false"},
+      {"NANODDP_SHM_CHUNK_KB", "abc"},
+      {"NANODDP_SHM_CHUNK_KB", "1"},
+      {"NANODDP_HUGEPAGES", "off"},
+  };
+  for (const auto& [name, value] : cases) {
+    ProcessOptions o;
+    o.env = {{name, value}, {"NANODDP_TIMEOUT_S", "30"}};
+    const auto start = std::chrono::steady_clock::now();
+    const auto results = run_world(train_argv({"--steps", "2", "--quiet"}), 2, o);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    INFO(name, "=", value, ": ", describe(results));
+    for (const ProcessResult& r : results) {
+      CHECK(r.exit_code != 0);
+      CHECK(contains(r.output, name + "='" + value + "' is not understood"));
+    }
+    CHECK(seconds < 20);  // not the peers' 30 s timeout
+  }
+}

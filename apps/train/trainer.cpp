@@ -95,9 +95,13 @@ float Trainer::train_step(std::int64_t step, Window& window) {
     const comm::ReducerStats& stats = ddp_->reducer().last_stats();
     window.comm_ms += stats.comm_ms;
     window.exposed_comm_ms += stats.exposed_comm_ms;
-    // On the CPU backward() waited for the all-reduces; on a GPU the compute stream stalled
-    // for them while the host went on, so the host's backward time does not contain the wait.
-    if (device_.is_cpu()) window.backward_ms -= stats.wait_ms;
+    // On the CPU backward() returned only when the all-reduces were done, so its time holds the
+    // exposed communication (from the last gradient to the end of the last all-reduce): taken out
+    // here, so that forward + backward + exposed + optimizer + other adds up to the step. (The
+    // Reducer's wait_ms is shorter: it starts when finalize starts waiting, not at the last
+    // gradient.) On a GPU the compute stream stalled for them while the host went on, so the
+    // host's backward time does not contain them.
+    if (device_.is_cpu()) window.backward_ms -= stats.exposed_comm_ms;
   }
   return loss;
 }

@@ -35,7 +35,7 @@ class Trainer {
   // Statistics between two log lines.
   struct Window {
     double step_ms = 0, data_ms = 0, wall_ms = 0, comm_ms = 0, exposed_comm_ms = 0;
-    double backward_ms = 0;  // backward compute: the backward() calls minus the exposed wait
+    double backward_ms = 0;  // backward compute: the backward() calls minus exposed comm
     double forward_ms = 0;   // the forward pass and the loss
     // The optimizer step after backward, and the gradient NaN/Inf check before it (with
     // --optimizer-in-backward only the check: the updates are inside backward_ms), with, under

@@ -35,6 +35,13 @@ struct TorchStore::Impl {
   std::mutex mutex;  // one request at a time; guards fd and in
   UniqueFd fd;
   tp::Bytes in;
+  // A store that accepts connections but does not answer the first request on one (a wrong
+  // port, a process that is not torchrun's store) is given up on after one timeout: every later
+  // request fails at once with the same reason, instead of each waiting out its own timeout (the
+  // job took 4 timeouts to end, and said a key was "still missing" from a store that had never
+  // answered at all).
+  bool answered = false;  // on the current connection
+  std::string lost;
 
   explicit Impl(const TorchStoreOptions& opts)
       : options(opts),
@@ -44,6 +51,7 @@ struct TorchStore::Impl {
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms.load()); }
 
   void connect() {
+    answered = false;
     fd = detail::connect_with_retry(
         "torchrun's store at " + address,
         "is torchrun's agent running? are MASTER_ADDR and MASTER_PORT its store's?", timeout(),
@@ -70,7 +78,22 @@ struct TorchStore::Impl {
       if (k.empty()) fail("a store key must not be empty");
     }
     std::lock_guard lock(mutex);
-    if (!fd) connect();
+    if (!lost.empty()) throw StoreError(lost);
+    if (!fd) open();
+    return exchange(req, answer_within, on_timeout);
+  }
+
+  // Connects, and asks a check: it answers at once whatever the keys, so a store that does not
+  // answer it is not torchrun's (or is hung): said as such, not later as a wait's "key still
+  // missing".
+  void open() {
+    connect();
+    exchange({.query = tp::Query::kCheck, .keys = {"nanoddp/ping"}}, timeout(), "");
+    answered = true;
+  }
+
+  tp::Response exchange(const tp::Request& req, std::chrono::milliseconds answer_within,
+                        const std::string& on_timeout) {
     const std::string what =
         fmt::format("{} of {}", tp::query_name(req.query), describe_keys(req.keys));
     debug_log(DebugLevel::kDetail, "torchrun store {} at {}", what, address);
@@ -103,6 +126,14 @@ struct TorchStore::Impl {
             "it a later torch than 1.13, whose store protocol nanoddp does not speak?)",
             address, what));
       case IoResult::kTimeout:
+        if (!answered) {  // the connection's first request
+          lost = fmt::format(
+              "torchrun's store at {} accepted the connection but answered nothing within {} "
+              "(the request: {}): is MASTER_PORT the port of torchrun's store (torch 1.13's "
+              "protocol), and is its agent alive?",
+              address, detail::format_seconds(answer_within), what);
+          throw StoreError(lost);
+        }
         if (!on_timeout.empty()) throw StoreError(on_timeout);
         throw StoreError(
             detail::no_answer_message("torchrun's store at " + address, what, answer_within));
@@ -116,7 +147,7 @@ struct TorchStore::Impl {
 
 TorchStore::TorchStore(const TorchStoreOptions& options) : impl_(std::make_unique<Impl>(options)) {
   std::lock_guard lock(impl_->mutex);
-  impl_->connect();
+  impl_->open();
 }
 
 TorchStore::~TorchStore() = default;

@@ -28,6 +28,7 @@
 #include "nanoddp/comm/store.h"
 #include "nanoddp/comm/store_protocol.h"
 #include "nanoddp/comm/store_socket.h"
+#include "nanoddp/comm/torch_store.h"
 #include "nanoddp/kernels/error.h"
 
 using namespace std::chrono_literals;
@@ -734,5 +735,42 @@ TEST_CASE("store: a server that stops answering is a timeout that names the op a
   CHECK(contains(error, fmt::format("the store at 127.0.0.1:{} did not answer set of key 'stuck' "
                                     "within 0.3 s",
                                     port)));
+  CHECK(elapsed < 1.5);
+}
+
+TEST_CASE("store: a 'torchrun store' that accepts but never answers ends in one timeout, said so") {
+  // Found by an outside tester: each request waited out its own timeout (the job took four to
+  // end) and the last said a key was "still missing" from a store that had never answered.
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(listener, 4) == 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  const std::uint16_t port = ntohs(addr.sin_port);
+  std::atomic<bool> done{false};
+  std::thread mute([&] {
+    std::vector<int> fds;
+    while (!done.load()) {
+      pollfd p{listener, POLLIN, 0};
+      if (::poll(&p, 1, 20) > 0) fds.push_back(::accept(listener, nullptr, nullptr));
+    }
+    for (const int fd : fds) ::close(fd);
+  });
+  const auto start = Clock::now();
+  const std::string error = store_error([&] {
+    nanoddp::comm::TorchStore store({.host = "127.0.0.1", .port = port, .timeout = 300ms});
+    store.wait({"k"}, 300ms);
+  });
+  const double elapsed = seconds_since(start);
+  done = true;
+  mute.join();
+  ::close(listener);
+  CHECK(contains(error, fmt::format("torchrun's store at 127.0.0.1:{} accepted the connection but "
+                                    "answered nothing within 0.3 s",
+                                    port)));
+  CHECK_FALSE(contains(error, "still missing"));
   CHECK(elapsed < 1.5);
 }

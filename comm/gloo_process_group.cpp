@@ -22,11 +22,12 @@
 #include <gloo/broadcast.h>
 
 #include "nanoddp/comm/gloo_context.h"
+#include "nanoddp/comm/hierarchical_allreduce.h"
 #include "nanoddp/comm/reduce_ops.h"
 #include "nanoddp/comm/shm_allreduce.h"
 #include "nanoddp/engine/debug_log.h"
-#include "nanoddp/kernels/error.h"
 #include "nanoddp/kernels/bf16.h"
+#include "nanoddp/kernels/error.h"
 
 namespace nanoddp::comm {
 namespace {
@@ -209,6 +210,9 @@ struct GlooProcessGroup::Impl {
   // of Gloo's TCP ring. Runs on the worker thread like every op, so order, sequence numbers,
   // Work and timings are unchanged. Null or disabled: everything goes over TCP.
   std::unique_ptr<ShmAllreduce> shm;
+  // Several hosts, some with several ranks: shared memory within each, TCP across them
+  // (hierarchical_allreduce.h). When enabled, `shm` is not made (it would span hosts).
+  std::unique_ptr<HierarchicalAllreduce> hier;
   std::shared_ptr<Store> diagnostics;  // "<name>/gloo/diag/...": timeout reports only
 
   std::mutex mutex;  // guards everything below
@@ -292,6 +296,10 @@ struct GlooProcessGroup::Impl {
         } catch (const ShmError& e) {
           first_failure = job.description + " failed";
           error = explain_shm(job.description, e);
+        } catch (const HierarchicalError& e) {
+          first_failure = job.description + " failed";
+          error = fmt::format("Gloo {} failed on rank {} of {} (hierarchical): {}", job.description,
+                              rank, size, e.what());
         } catch (const std::exception& e) {
           error = explain(job.description, job.work->sequence_number(), e.what());
           first_failure = job.description + " failed";
@@ -385,6 +393,10 @@ struct GlooProcessGroup::Impl {
   void run_allreduce(void* data, std::size_t n, DType dtype, ReduceOp op, std::uint64_t seq,
                      const void* input = nullptr) {
     if (n == 0) return;
+    if (hier != nullptr && hier->enabled()) {
+      hier->run(data, input, n, dtype, op, seq);  // divides once itself for avg
+      return;
+    }
     if (shm != nullptr && shm->enabled()) {
       shm->run(data, input, n, dtype, op, seq);  // divides once itself for avg
       return;
@@ -418,8 +430,12 @@ GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int s
   ignore_sigpipe_unless_handled();
   impl_->connection = connect_gloo(store, rank, size, options);
   // After the TCP connection (which still carries broadcast, allgather and barrier, and is
-  // the fallback): all ranks agree here whether they can share memory.
-  impl_->shm = std::make_unique<ShmAllreduce>(*store, rank, size, options.timeout, options.name);
+  // the fallback): all ranks agree here whether allreduce goes hierarchical (several hosts),
+  // else whether they can share memory (one host).
+  impl_->hier = std::make_unique<HierarchicalAllreduce>(store, rank, size, options);
+  if (!impl_->hier->enabled()) {
+    impl_->shm = std::make_unique<ShmAllreduce>(*store, rank, size, options.timeout, options.name);
+  }
   impl_->worker = std::thread([impl = impl_.get()] { impl->worker_loop(); });
   debug_log(DebugLevel::kInfo, "gloo group '{}': rank {} of {}, allreduce over {}", options.name,
             rank, size, allreduce_transport());
@@ -439,6 +455,7 @@ GlooProcessGroup::~GlooProcessGroup() {
 }
 
 std::string GlooProcessGroup::backend_name() const {
+  if (impl_->hier != nullptr && impl_->hier->enabled()) return "gloo+shm+hier";
   return uses_shared_memory() ? "gloo+shm" : "gloo";
 }
 
@@ -447,6 +464,9 @@ bool GlooProcessGroup::uses_shared_memory() const {
 }
 
 std::string GlooProcessGroup::allreduce_transport() const {
+  if (impl_->hier != nullptr && impl_->hier->enabled()) {
+    return "hierarchical (" + impl_->hier->describe() + ")";
+  }
   if (uses_shared_memory()) {
     return fmt::format("shared memory (same host; {} KiB chunks)",
                        impl_->shm->chunk_bytes() / 1024);

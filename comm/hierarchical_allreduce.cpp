@@ -1,0 +1,497 @@
+#include "nanoddp/comm/hierarchical_allreduce.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include <gloo/allreduce.h>
+
+#include "nanoddp/comm/gloo_context.h"
+#include "nanoddp/comm/reduce_ops.h"
+#include "nanoddp/comm/shm_allreduce.h"
+#include "nanoddp/kernels/bf16.h"
+#include "nanoddp/kernels/error.h"
+
+// ================================================================================================
+// One hierarchical all-reduce on rank r (host h, local rank l of L; the leader is l = 0):
+//
+//   1. local    ShmAllreduce over the host's L ranks (sum for sum and avg; max; min):
+//               every rank of the host now holds the host's partial result
+//   2. across   the leader only: Gloo's ring all-reduce among the H leaders, tag = the op's
+//               sequence number; avg divides once here, by the world size
+//   3. status   a 1-element shared-memory all-reduce (max): 0 = the leader succeeded, 1 = it
+//               failed and left its message in the store; nothing else would tell the
+//               host-mates, who otherwise wait in step 4 for a leader that never comes
+//   4. back     the leader's buffer to its host-mates, as a shared-memory *sum* in which they
+//               contribute -0.0: x + (-0.0) == x for every float x (+0 and -0 included; NaN
+//               stays NaN), so the sum is an exact copy, bit for bit, of the leader's result
+//
+// Step 4 reuses the all-reduce rather than adding a broadcast to the shared-memory path: the
+// host-mates read their -0.0 from one small buffer (kBackPieceBytes, reused piece by piece, so it
+// stays in cache), and the cost is close to a broadcast's (each rank copies (L-1)/L of the buffer
+// in and out either way).
+//
+// Why the timeouts differ. A host-mate waits in step 3 while its leader is in step 2, which may
+// take up to the group's timeout before it fails; the shared-memory steps therefore wait up to
+// twice the timeout, so the host-mate hears the leader's reason instead of timing out first.
+// ================================================================================================
+
+namespace nanoddp::comm {
+namespace {
+
+// Host-mates' -0.0 buffer for step 4, in pieces of this many bytes.
+constexpr std::size_t kBackPieceBytes = std::size_t{1} << 20;
+
+// ---- Gloo's reduction functions for the leaders' ring ----------------------------------------
+// The same functors (reduce_ops.h) and bf16 rounding as the group's flat ring.
+
+using ReduceFunc = gloo::AllreduceOptions::Func;
+using kernels::bf16_to_float;
+using kernels::float_to_bf16;
+
+template <typename Op>
+void reduce_f32(void* c, const void* a, const void* b, std::size_t n) {
+  auto* out = static_cast<float*>(c);
+  const auto* x = static_cast<const float*>(a);
+  const auto* y = static_cast<const float*>(b);
+  for (std::size_t i = 0; i < n; ++i) out[i] = Op{}(x[i], y[i]);
+}
+
+template <typename Op>
+void reduce_bf16(void* c, const void* a, const void* b, std::size_t n) {
+  auto* out = static_cast<std::uint16_t*>(c);
+  const auto* x = static_cast<const std::uint16_t*>(a);
+  const auto* y = static_cast<const std::uint16_t*>(b);
+  for (std::size_t i = 0; i < n; ++i) {
+    out[i] = float_to_bf16(Op{}(bf16_to_float(x[i]), bf16_to_float(y[i])));
+  }
+}
+
+ReduceFunc reduce_function(ReduceOp op, DType dtype) {
+  const bool f32 = dtype == DType::kF32;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return f32 ? ReduceFunc(&reduce_f32<detail::Sum>) : ReduceFunc(&reduce_bf16<detail::Sum>);
+    case ReduceOp::kMax:
+      return f32 ? ReduceFunc(&reduce_f32<detail::Max>) : ReduceFunc(&reduce_bf16<detail::Max>);
+    case ReduceOp::kMin:
+      return f32 ? ReduceFunc(&reduce_f32<detail::Min>) : ReduceFunc(&reduce_bf16<detail::Min>);
+  }
+  return {};
+}
+
+void divide_by(void* data, DType dtype, std::size_t n, int size) {
+  const float divisor = static_cast<float>(size);
+  if (dtype == DType::kF32) {
+    auto* p = static_cast<float*>(data);
+    for (std::size_t i = 0; i < n; ++i) p[i] /= divisor;
+  } else {
+    auto* p = static_cast<std::uint16_t*>(data);
+    for (std::size_t i = 0; i < n; ++i) p[i] = float_to_bf16(bf16_to_float(p[i]) / divisor);
+  }
+}
+
+// A failed Gloo op's options are kept for the life of the process: Gloo's transport thread may
+// still complete a send on their buffers (see GlooProcessGroup's run_gloo for the whole story).
+void keep_failed_gloo_op(std::shared_ptr<void> op) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::shared_ptr<void>>();
+  std::lock_guard lock(mutex);
+  kept->push_back(std::move(op));
+}
+
+std::string strip_gloo_location(std::string message) {
+  if (!message.empty() && message[0] == '[') {
+    const std::size_t end = message.find("] ");
+    if (end != std::string::npos && message.find(':') < end) message.erase(0, end + 2);
+  }
+  return message;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  return fmt::format("{}", fmt::join(ranks, ", "));
+}
+
+double seconds(std::chrono::milliseconds ms) {
+  return static_cast<double>(ms.count()) / 1000.0;
+}
+
+}  // namespace
+
+// ---- the layout ---------------------------------------------------------------------------------
+
+HostLayout group_by_host(const std::vector<std::string>& identities) {
+  HostLayout layout;
+  std::map<std::string, std::size_t> index;
+  for (std::size_t r = 0; r < identities.size(); ++r) {
+    auto [it, fresh] = index.try_emplace(identities[r], layout.hosts.size());
+    if (fresh) layout.hosts.emplace_back();
+    layout.hosts[it->second].push_back(static_cast<int>(r));
+  }
+  return layout;
+}
+
+int HostLayout::host_of(int rank) const {
+  for (std::size_t h = 0; h < hosts.size(); ++h) {
+    if (std::find(hosts[h].begin(), hosts[h].end(), rank) != hosts[h].end()) {
+      return static_cast<int>(h);
+    }
+  }
+  return -1;
+}
+
+std::string HostLayout::describe() const {
+  std::vector<std::string> parts;
+  for (const auto& ranks : hosts) {
+    const bool contiguous = ranks.back() - ranks.front() + 1 == static_cast<int>(ranks.size());
+    parts.push_back(ranks.size() == 1 ? std::to_string(ranks[0])
+                    : contiguous      ? fmt::format("{}-{}", ranks.front(), ranks.back())
+                                      : fmt::format("{}", fmt::join(ranks, ",")));
+  }
+  return fmt::format("{} host{}: ranks {}", hosts.size(), hosts.size() == 1 ? "" : "s",
+                     fmt::join(parts, " | "));
+}
+
+bool hierarchical_wanted_from_env(const char* value) {
+  if (value == nullptr || std::strcmp(value, "1") == 0) return true;
+  if (std::strcmp(value, "0") == 0) return false;
+  fail(
+      "NANODDP_HIER='{}' is not understood: set 0 to force the flat ring across hosts, or 1 (the "
+      "default) to let the group choose the hierarchical all-reduce",
+      value);
+}
+
+// ---- the state ----------------------------------------------------------------------------------
+
+struct HierarchicalAllreduce::Impl {
+  int rank = 0;
+  int size = 1;
+  ProcessGroupOptions options;
+  std::shared_ptr<Store> store;  // "<name>/hier/": failure messages of the leaders
+  HostLayout layout;
+  int host = 0;
+  int local_rank = 0;
+  std::vector<int> host_ranks;          // this host's ranks
+  std::vector<int> leaders;             // every host's leader, by host
+  std::unique_ptr<ShmAllreduce> local;  // null when this host has one rank
+  GlooConnection across;                // leaders only
+  std::string fallback_reason;
+  bool enabled = false;
+
+  std::vector<std::uint8_t> negative_zeros;  // step 4's host-mate input, one piece of each dtype
+  DType negative_zeros_dtype = DType::kF32;
+
+  bool leader() const { return local_rank == 0; }
+  int host_size() const { return static_cast<int>(host_ranks.size()); }
+
+  std::string host_text() const {
+    return fmt::format("host {} (ranks {}; rank {} is local rank 0)", host, rank_list(host_ranks),
+                       host_ranks[0]);
+  }
+
+  void set_up(const std::shared_ptr<Store>& base);
+  void run_local(void* data, const void* input, std::size_t count, DType dtype, ReduceOp op,
+                 std::uint64_t seq, const char* step);
+  void run_across(void* data, std::size_t count, DType dtype, ReduceOp op, std::uint64_t seq);
+  std::string explain_across(const std::string& what) const;
+  const void* negative_zero_piece(DType dtype);
+};
+
+void HierarchicalAllreduce::Impl::set_up(const std::shared_ptr<Store>& base) {
+  // 1. Everyone publishes its settings and host; everyone reads everyone's.
+  const char* hier_env = std::getenv("NANODDP_HIER");
+  const char* shm_env = std::getenv("NANODDP_SHM");
+  store->set(
+      fmt::format("hello/{}", rank),
+      fmt::format("{}\n{}\n{}", hier_env != nullptr ? hier_env : "",
+                  shm_env != nullptr && std::string(shm_env) == "0" ? 0 : 1, shm_host_identity()));
+  std::vector<std::string> identities(static_cast<std::size_t>(size));
+  std::string hier_off;
+  std::string shm_off;
+  for (int r = 0; r < size; ++r) {
+    const std::string hello = store->get_string(fmt::format("hello/{}", r));
+    const std::size_t a = hello.find('\n');
+    const std::size_t b = hello.find('\n', a + 1);
+    const std::string hier_value = hello.substr(0, a);
+    bool wanted = true;
+    try {
+      wanted = hierarchical_wanted_from_env(hier_value.empty() ? nullptr : hier_value.c_str());
+    } catch (const Error& e) {
+      // Every rank reads the same value and fails alike, naming the rank that set it.
+      fail("{} (set on rank {})", e.what(), r);
+    }
+    if (!wanted && hier_off.empty()) hier_off = fmt::format("NANODDP_HIER=0 on rank {}", r);
+    if (hello.substr(a + 1, b - a - 1) == "0" && shm_off.empty()) {
+      shm_off = fmt::format("NANODDP_SHM=0 on rank {}", r);
+    }
+    identities[static_cast<std::size_t>(r)] = hello.substr(b + 1);
+  }
+  layout = group_by_host(identities);
+  const int hosts = static_cast<int>(layout.hosts.size());
+  // One host: the group's own shared-memory path covers it. One rank per host: nothing to
+  // reduce locally, the flat ring is the leaders' ring.
+  if (hosts == 1 || hosts == size) return;
+  if (!hier_off.empty() || !shm_off.empty()) {
+    fallback_reason = !hier_off.empty() ? hier_off : shm_off;
+    return;
+  }
+  host = layout.host_of(rank);
+  host_ranks = layout.hosts[static_cast<std::size_t>(host)];
+  local_rank =
+      static_cast<int>(std::find(host_ranks.begin(), host_ranks.end(), rank) - host_ranks.begin());
+  for (const auto& ranks : layout.hosts) leaders.push_back(ranks[0]);
+
+  // 2. Each host's shared segment (a collective among the host's ranks only), then everyone
+  // learns whether every host got one.
+  std::string local_failure;
+  if (host_size() > 1) {
+    local = std::make_unique<ShmAllreduce>(*base, local_rank, host_size(), 2 * options.timeout,
+                                           fmt::format("{}/hier/host{}", options.name, host));
+    if (!local->enabled()) local_failure = local->fallback_reason();
+  }
+  store->set(fmt::format("local/{}", rank), local_failure.empty() ? "ok" : local_failure);
+  for (int r = 0; r < size && fallback_reason.empty(); ++r) {
+    const std::string report = store->get_string(fmt::format("local/{}", r));
+    if (report != "ok") {
+      fallback_reason =
+          fmt::format("rank {} cannot share memory with the ranks of its host ({})", r, report);
+    }
+  }
+  if (!fallback_reason.empty()) {
+    local.reset();
+    return;
+  }
+
+  // 3. The leaders connect among themselves; everyone waits for every leader's report, so a
+  // leader that cannot connect ends its host-mates too, with its reason.
+  if (leader()) {
+    std::string report = "ok";
+    ProcessGroupOptions across_options = options;
+    across_options.name = options.name + "/hier/leaders";
+    try {
+      across = connect_gloo(base, host, hosts, across_options);
+    } catch (const std::exception& e) {
+      report = e.what();
+    }
+    store->set(fmt::format("across/{}", host), report);
+  }
+  for (int h = 0; h < hosts; ++h) {
+    const std::string report = store->get_string(fmt::format("across/{}", h));
+    if (report != "ok") {
+      throw CommError(fmt::format(
+          "hierarchical all-reduce: rank {}, the leader of host {}, could not connect to the "
+          "other hosts' leaders: {}",
+          leaders[static_cast<std::size_t>(h)], h, report));
+    }
+  }
+  enabled = true;
+}
+
+const void* HierarchicalAllreduce::Impl::negative_zero_piece(DType dtype) {
+  if (negative_zeros.empty() || negative_zeros_dtype != dtype) {
+    negative_zeros.resize(kBackPieceBytes);
+    if (dtype == DType::kF32) {
+      const float value = -0.0f;
+      for (std::size_t i = 0; i < kBackPieceBytes; i += sizeof value) {
+        std::memcpy(negative_zeros.data() + i, &value, sizeof value);
+      }
+    } else {
+      const std::uint16_t value = 0x8000;  // bfloat16 -0.0
+      for (std::size_t i = 0; i < kBackPieceBytes; i += sizeof value) {
+        std::memcpy(negative_zeros.data() + i, &value, sizeof value);
+      }
+    }
+    negative_zeros_dtype = dtype;
+  }
+  return negative_zeros.data();
+}
+
+void HierarchicalAllreduce::Impl::run_local(void* data, const void* input, std::size_t count,
+                                            DType dtype, ReduceOp op, std::uint64_t seq,
+                                            const char* step) {
+  try {
+    local->run(data, input, count, dtype, op, seq);
+  } catch (const ShmError& e) {
+    // The shared-memory path numbers the ranks of this host 0..L-1: say which ranks they are.
+    std::vector<int> suspects;
+    for (int s : e.suspects()) suspects.push_back(host_ranks[static_cast<std::size_t>(s)]);
+    std::vector<int> local_numbers(host_ranks.size());
+    for (std::size_t i = 0; i < local_numbers.size(); ++i) local_numbers[i] = static_cast<int>(i);
+    throw HierarchicalError(fmt::format(
+        "the {} step through shared memory on host {} failed (it numbers the host's ranks {} as "
+        "{}): {}; {}: {}",
+        step, host, rank_list(host_ranks), rank_list(local_numbers), e.what(),
+        suspects.size() == 1 ? "the rank to look at" : "the ranks to look at",
+        suspects.empty() ? std::string("unknown") : rank_list(suspects)));
+  }
+}
+
+std::string HierarchicalAllreduce::Impl::explain_across(const std::string& what) const {
+  const std::string message = strip_gloo_location(what);
+  std::string address;
+  int peer = gloo_peer_from_message(message, across.addresses, &address);
+  const bool timed_out = message.find("Timed out") != std::string::npos ||
+                         message.find("timeout") != std::string::npos;
+  // With two hosts the peer is known even when Gloo's message names no address (a timeout).
+  if (peer < 0 && layout.hosts.size() == 2) peer = 1 - host;
+  const std::string what_happened =
+      timed_out ? fmt::format("timed out after {:.1f} s waiting for", seconds(options.timeout))
+                : std::string("lost the connection to");
+  std::string cause;
+  if (peer >= 0) {
+    const auto& ranks = layout.hosts[static_cast<std::size_t>(peer)];
+    cause = fmt::format(
+        "{} rank {}, the leader of host {}{} (it or a rank of its host, {}, may have crashed or "
+        "be stuck)",
+        what_happened, ranks[0], peer, address.empty() ? "" : " at " + address, rank_list(ranks));
+  } else {
+    std::vector<int> others;
+    for (int r : leaders) {
+      if (r != rank) others.push_back(r);
+    }
+    cause = fmt::format(
+        "{} another host's leader (ranks {}; one of them or a rank of their hosts may have crashed "
+        "or be stuck)",
+        what_happened, rank_list(others));
+  }
+  return fmt::format(
+      "the step across hosts (Gloo's ring among the leaders) failed on rank {}: {} (Gloo: \"{}\")",
+      rank, cause, message);
+}
+
+void HierarchicalAllreduce::Impl::run_across(void* data, std::size_t count, DType dtype,
+                                             ReduceOp op, std::uint64_t seq) {
+  auto opts = std::make_unique<gloo::AllreduceOptions>(across.context);
+  if (dtype == DType::kF32) {
+    opts->setOutput(static_cast<float*>(data), count);
+  } else {
+    opts->setOutput(static_cast<std::uint16_t*>(data), count);
+  }
+  opts->setReduceFunction(reduce_function(op, dtype));
+  opts->setTag(static_cast<std::uint32_t>(seq));
+  opts->setTimeout(options.timeout);
+  try {
+    gloo::allreduce(*opts);
+  } catch (...) {
+    keep_failed_gloo_op(std::shared_ptr<gloo::AllreduceOptions>(std::move(opts)));
+    throw;
+  }
+}
+
+// ---- the class
+// ------------------------------------------------------------------------------------
+
+HierarchicalAllreduce::HierarchicalAllreduce(std::shared_ptr<Store> store, int rank, int size,
+                                             const ProcessGroupOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->rank = rank;
+  impl_->size = size;
+  impl_->options = options;
+  if (size <= 1) return;
+  impl_->store = std::make_shared<PrefixStore>(options.name + "/hier", store);
+  impl_->set_up(store);
+  if (!impl_->fallback_reason.empty() && rank == 0) {
+    fmt::print(stderr,
+               "nanoddp: allreduce uses the flat TCP ring across hosts ({}), not the "
+               "hierarchical one: {}\n",
+               impl_->layout.describe(), impl_->fallback_reason);
+    std::fflush(stderr);
+  }
+}
+
+HierarchicalAllreduce::~HierarchicalAllreduce() = default;
+
+bool HierarchicalAllreduce::enabled() const {
+  return impl_->enabled;
+}
+
+const std::string& HierarchicalAllreduce::fallback_reason() const {
+  return impl_->fallback_reason;
+}
+
+std::string HierarchicalAllreduce::describe() const {
+  if (!enabled()) return "off";
+  std::size_t chunk = 0;
+  if (impl_->local != nullptr) chunk = impl_->local->chunk_bytes();
+  return fmt::format("{}; shared memory within a host{}, TCP ring across the leaders (ranks {}{})",
+                     impl_->layout.describe(),
+                     chunk > 0 ? fmt::format(" ({} KiB chunks)", chunk / 1024) : "",
+                     rank_list(impl_->leaders),
+                     impl_->leader() ? "; " + impl_->across.device_description : std::string());
+}
+
+void HierarchicalAllreduce::run(void* data, const void* input, std::size_t count, DType dtype,
+                                ReduceOp op, std::uint64_t seq) {
+  if (!enabled()) fail("HierarchicalAllreduce::run: not enabled");
+  if (count == 0) return;
+  Impl& s = *impl_;
+  const ReduceOp wire_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  const std::size_t elem = dtype_size(dtype);
+
+  // 1. Within the host.
+  if (s.local != nullptr) {
+    s.run_local(data, input, count, dtype, wire_op, seq, "within-host reduce");
+  } else if (input != nullptr) {
+    std::memcpy(data, input, count * elem);
+  }
+
+  // 2. Across hosts (leaders).
+  std::optional<std::string> failure;
+  if (s.leader()) {
+    try {
+      s.run_across(data, count, dtype, wire_op, seq);
+      if (op == ReduceOp::kAvg) divide_by(data, dtype, count, s.size);
+    } catch (const std::exception& e) {
+      failure = s.explain_across(e.what());
+    }
+  }
+  if (s.local == nullptr) {
+    if (failure) throw HierarchicalError(*failure);
+    return;
+  }
+
+  // 3. Did the leader succeed? Its host-mates learn it here, and why not from the store.
+  const std::string failure_key = fmt::format("failed/{}/{}", seq, s.host);
+  if (failure) {
+    try {
+      s.store->set(failure_key, *failure);
+    } catch (const std::exception&) {
+      // The store is gone too; the host-mates then say where to look instead.
+    }
+  }
+  float status = failure ? 1.0f : 0.0f;
+  s.run_local(&status, nullptr, 1, DType::kF32, ReduceOp::kMax, seq, "status");
+  if (failure) throw HierarchicalError(*failure);
+  if (status != 0.0f) {
+    std::string why = fmt::format(
+        "its message could not be read from the store (see rank {}'s output)", s.host_ranks[0]);
+    try {
+      if (s.store->check({failure_key})) why = s.store->get_string(failure_key);
+    } catch (const std::exception&) {
+      why += "; the store is unreachable too (rank 0 serves it)";
+    }
+    throw HierarchicalError(fmt::format(
+        "rank {}, the leader of {}, failed in the step across hosts, so the result never came "
+        "back: {}",
+        s.host_ranks[0], s.host_text(), why));
+  }
+
+  // 4. Back to the host-mates: an exact copy of the leader's result (see the top of the file).
+  const std::size_t piece = kBackPieceBytes / elem;
+  auto* out = static_cast<std::uint8_t*>(data);
+  for (std::size_t first = 0; first < count; first += piece) {
+    const std::size_t n = std::min(piece, count - first);
+    s.run_local(out + first * elem, s.leader() ? nullptr : s.negative_zero_piece(dtype), n, dtype,
+                ReduceOp::kSum, seq, "broadcast");
+  }
+}
+
+}  // namespace nanoddp::comm

@@ -161,7 +161,7 @@ std::string HostLayout::describe() const {
 }
 
 bool hierarchical_wanted_from_env(const char* value) {
-  if (value == nullptr || std::strcmp(value, "1") == 0) return true;
+  if (value == nullptr || *value == '\0' || std::strcmp(value, "1") == 0) return true;
   if (std::strcmp(value, "0") == 0) return false;
   fail(
       "NANODDP_HIER='{}' is not understood: set 0 to force the flat ring across hosts, or 1 (the "
@@ -223,7 +223,7 @@ void HierarchicalAllreduce::Impl::set_up(const std::shared_ptr<Store>& base) {
     const std::string hier_value = hello.substr(0, a);
     bool wanted = true;
     try {
-      wanted = hierarchical_wanted_from_env(hier_value.empty() ? nullptr : hier_value.c_str());
+      wanted = hierarchical_wanted_from_env(hier_value.c_str());
     } catch (const Error& e) {
       // Every rank reads the same value and fails alike, naming the rank that set it.
       fail("{} (set on rank {})", e.what(), r);

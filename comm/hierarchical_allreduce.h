@@ -66,7 +66,8 @@ struct HostLayout {
 // identities[r] is rank r's shm_host_identity(); equal strings are one host.
 HostLayout group_by_host(const std::vector<std::string>& identities);
 
-// What $NANODDP_HIER says: "0" forces the flat ring, "1" (or unset) lets the group choose.
+// What $NANODDP_HIER says: "0" forces the flat ring, "1" (or unset, or empty) lets the group
+// choose.
 // Anything else is an Error naming the variable.
 bool hierarchical_wanted_from_env(const char* value);
 

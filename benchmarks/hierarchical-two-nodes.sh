@@ -63,7 +63,7 @@ allreduce() {  # HIER JSON
   wait $b || rc=$?
   [ $rc -eq 0 ] || { echo "error: all-reduce (NANODDP_HIER=$hier) exited $rc" >&2;
                      tail -20 "$work/ar0.log" "$work/ar1.log" >&2; exit 1; }
-  grep -E "transport|^ +[0-9]" "$work/ar0.log" | sed 's/^\[rank 0\] //'
+  sed "s/^\[rank 0\] //" "$work/ar0.log" | grep -E "transport|#  +size|^ +[0-9]"
 }
 
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"

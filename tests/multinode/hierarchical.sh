@@ -8,6 +8,7 @@
 #   3. NANODDP_HIER=0 forces the flat ring: backend gloo, and rank 0 says why;
 #   4. a rank killed mid-all-reduce, in either sub-group (a host-mate; a host's leader): every
 #      other rank fails at once (not after the timeout) with a message naming it;
+#      an uneven layout (2 + 1 ranks: a host whose leader is alone) passes the suite too;
 #   5. nanoddp-train end to end: the hierarchical path's final parameters equal the flat ring's
 #      within float rounding (float32, then with the bf16 hook), and the `ddp:` line names the
 #      backend.
@@ -113,6 +114,21 @@ killed 1 "shared memory on host 0 .*the rank to look at: 1" "" \
 killed 2 "step across hosts .* failed on rank 0: .* rank 2, the leader of host 1" \
   "rank 0, the leader of host 0 .* failed in the step across hosts" "" \
   "shared memory on host 1 .*the rank to look at: 2"
+
+# 4b. An uneven layout, 2 + 1 ranks: the lone rank of node 1 is its host's leader with no
+# shared-memory steps. The suite, started by hand (nanoddp-run gives every node the same count).
+pids=()
+for r in 0 1 2; do
+  ns=$ns_a; [ $r -ge 2 ] && ns=$ns_b
+  RANK=$r WORLD_SIZE=3 MASTER_ADDR=$addr_a MASTER_PORT=29655 timeout 60 ip netns exec "$ns" \
+    "$bin/nanoddp-test-comm-worker" >"$work/uneven-$r.log" 2>&1 &
+  pids+=($!)
+done
+for r in 0 1 2; do
+  wait "${pids[$r]}" && grep -q "ok, .* backend gloo+shm+hier$" "$work/uneven-$r.log" ||
+    { fail "2 + 1 ranks: rank $r"; cat "$work/uneven-$r.log"; }
+done
+[ $status -eq 0 ] && echo "ok: 2 + 1 ranks, the collective suite on gloo+shm+hier"
 
 # 5. Training end to end: hierarchical vs flat (float32), and with the bf16 hook.
 # Small buckets, so that several all-reduces overlap backward; SGD, whose updates follow the

@@ -16,6 +16,7 @@
 #include "nanoddp/comm/gloo_context.h"
 #include "nanoddp/comm/reduce_ops.h"
 #include "nanoddp/comm/shm_allreduce.h"
+#include "nanoddp/engine/debug_log.h"
 #include "nanoddp/kernels/bf16.h"
 #include "nanoddp/kernels/error.h"
 
@@ -435,6 +436,15 @@ void HierarchicalAllreduce::run(void* data, const void* input, std::size_t count
   Impl& s = *impl_;
   const ReduceOp wire_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   const std::size_t elem = dtype_size(dtype);
+  // $NANODDP_DEBUG=DETAIL: how long each step took (where a slow all-reduce spends its time).
+  using Clock = std::chrono::steady_clock;
+  const auto started = Clock::now();
+  auto step_ms = [last = started]() mutable {
+    const auto now = Clock::now();
+    const double ms = std::chrono::duration<double, std::milli>(now - last).count();
+    last = now;
+    return ms;
+  };
 
   // 1. Within the host.
   if (s.local != nullptr) {
@@ -442,6 +452,8 @@ void HierarchicalAllreduce::run(void* data, const void* input, std::size_t count
   } else if (input != nullptr) {
     std::memcpy(data, input, count * elem);
   }
+
+  const double within_ms = step_ms();
 
   // 2. Across hosts (leaders).
   std::optional<std::string> failure;
@@ -453,8 +465,11 @@ void HierarchicalAllreduce::run(void* data, const void* input, std::size_t count
       failure = s.explain_across(e.what());
     }
   }
+  const double across_ms = step_ms();
   if (s.local == nullptr) {
     if (failure) throw HierarchicalError(*failure);
+    debug_log(DebugLevel::kDetail, "hierarchical allreduce #{}: within {:.3f} ms, across {:.3f} ms",
+              seq, within_ms, across_ms);
     return;
   }
 
@@ -469,6 +484,7 @@ void HierarchicalAllreduce::run(void* data, const void* input, std::size_t count
   }
   float status = failure ? 1.0f : 0.0f;
   s.run_local(&status, nullptr, 1, DType::kF32, ReduceOp::kMax, seq, "status");
+  const double status_ms = step_ms();  // a host-mate: waiting for its leader's step 2
   if (failure) throw HierarchicalError(*failure);
   if (status != 0.0f) {
     std::string why = fmt::format(
@@ -491,6 +507,13 @@ void HierarchicalAllreduce::run(void* data, const void* input, std::size_t count
     const std::size_t n = std::min(piece, count - first);
     s.run_local(out + first * elem, s.leader() ? nullptr : s.negative_zero_piece(dtype), n, dtype,
                 ReduceOp::kSum, seq, "broadcast");
+  }
+  if (debug_enabled(DebugLevel::kDetail)) {
+    const double back_ms = step_ms();
+    debug_log(DebugLevel::kDetail,
+              "hierarchical allreduce #{}: within {:.3f} ms, across {:.3f} ms, status {:.3f} ms, "
+              "back {:.3f} ms",
+              seq, within_ms, across_ms, status_ms, back_ms);
   }
 }
 

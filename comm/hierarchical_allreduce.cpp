@@ -4,12 +4,15 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include <gloo/allreduce.h>
 
@@ -49,6 +52,10 @@ namespace {
 
 // Host-mates' -0.0 buffer for step 4, in pieces of this many bytes.
 constexpr std::size_t kBackPieceBytes = std::size_t{1} << 20;
+// Buffers are pipelined in pieces of this many bytes: the leaders' ring carries one piece while
+// the host reduces the next (or sends the previous back). Large enough that the ring's per-op
+// latency stays small beside a piece's transfer.
+constexpr std::size_t kPipelinePieceBytes = std::size_t{4} << 20;
 
 // ---- Gloo's reduction functions for the leaders' ring ----------------------------------------
 // The same functors (reduce_ops.h) and bf16 rounding as the group's flat ring.
@@ -429,6 +436,81 @@ std::string HierarchicalAllreduce::describe() const {
                      impl_->leader() ? "; " + impl_->across.device_description : std::string());
 }
 
+namespace {
+
+// The leader's step 2 on its own thread, one piece behind step 1: while the host's ranks reduce
+// piece k + 1 in shared memory, the leaders' ring carries piece k, and step 4 of piece k runs
+// while the ring carries piece k + 1. The worker thread (step 1, then 3 and 4) and this one hand
+// pieces over through two counters.
+class AcrossThread {
+ public:
+  AcrossThread(std::size_t pieces, std::function<void(std::size_t)> across)
+      : pieces_(pieces), run_across_(std::move(across)), thread_([this] { loop(); }) {}
+  // On every way out, an exception included: the thread stops after the piece it is in (one
+  // ring all-reduce, bounded by the timeout) and is joined.
+  ~AcrossThread() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  AcrossThread(const AcrossThread&) = delete;
+  AcrossThread& operator=(const AcrossThread&) = delete;
+
+  void within_done(std::size_t piece) {
+    {
+      std::lock_guard lock(mutex_);
+      within_ = piece + 1;
+    }
+    cv_.notify_all();
+  }
+  // Waits until piece `piece` has been across; returns the failure, if the ring failed (in this
+  // piece or an earlier one).
+  std::optional<std::string> wait_across(std::size_t piece) {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return across_ > piece || failure_.has_value(); });
+    return failure_;
+  }
+
+ private:
+  void loop() {
+    for (std::size_t k = 0; k < pieces_; ++k) {
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return within_ > k || stop_; });
+        if (stop_) return;
+      }
+      std::optional<std::string> failure;
+      try {
+        run_across_(k);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      {
+        std::lock_guard lock(mutex_);
+        if (failure) failure_ = std::move(failure);
+        across_ = k + 1;
+      }
+      cv_.notify_all();
+      if (failure) return;
+    }
+  }
+
+  const std::size_t pieces_;
+  std::function<void(std::size_t)> run_across_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::size_t within_ = 0;  // pieces reduced within the host
+  std::size_t across_ = 0;  // pieces reduced across hosts
+  bool stop_ = false;
+  std::optional<std::string> failure_;
+  std::thread thread_;  // last: started once everything above exists
+};
+
+}  // namespace
+
 void HierarchicalAllreduce::run(void* data, const void* input, std::size_t count, DType dtype,
                                 ReduceOp op, std::uint64_t seq) {
   if (!enabled()) fail("HierarchicalAllreduce::run: not enabled");
@@ -436,85 +518,100 @@ void HierarchicalAllreduce::run(void* data, const void* input, std::size_t count
   Impl& s = *impl_;
   const ReduceOp wire_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   const std::size_t elem = dtype_size(dtype);
-  // $NANODDP_DEBUG=DETAIL: how long each step took (where a slow all-reduce spends its time).
+  auto* out = static_cast<std::uint8_t*>(data);
+  const auto* in = static_cast<const std::uint8_t*>(input);
+  // $NANODDP_DEBUG=DETAIL: how long the steps took (where a slow all-reduce spends its time).
   using Clock = std::chrono::steady_clock;
   const auto started = Clock::now();
-  auto step_ms = [last = started]() mutable {
-    const auto now = Clock::now();
-    const double ms = std::chrono::duration<double, std::milli>(now - last).count();
-    last = now;
-    return ms;
+  auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  // Step 2 for one piece (the leader): the leaders' ring; avg divides here, once.
+  auto across = [&](std::size_t first, std::size_t n) {
+    s.run_across(out + first * elem, n, dtype, wire_op, seq);
+    if (op == ReduceOp::kAvg) divide_by(out + first * elem, dtype, n, s.size);
   };
 
-  // 1. Within the host.
-  if (s.local != nullptr) {
-    s.run_local(data, input, count, dtype, wire_op, seq, "within-host reduce");
-  } else if (input != nullptr) {
-    std::memcpy(data, input, count * elem);
-  }
-
-  const double within_ms = step_ms();
-
-  // 2. Across hosts (leaders).
-  std::optional<std::string> failure;
-  if (s.leader()) {
-    try {
-      s.run_across(data, count, dtype, wire_op, seq);
-      if (op == ReduceOp::kAvg) divide_by(data, dtype, count, s.size);
-    } catch (const std::exception& e) {
-      failure = s.explain_across(e.what());
-    }
-  }
-  const double across_ms = step_ms();
+  // A leader alone on its host: only the ring.
   if (s.local == nullptr) {
-    if (failure) throw HierarchicalError(*failure);
-    debug_log(DebugLevel::kDetail, "hierarchical allreduce #{}: within {:.3f} ms, across {:.3f} ms",
-              seq, within_ms, across_ms);
+    if (in != nullptr) std::memcpy(out, in, count * elem);
+    try {
+      across(0, count);
+    } catch (const std::exception& e) {
+      throw HierarchicalError(s.explain_across(e.what()));
+    }
     return;
   }
 
-  // 3. Did the leader succeed? Its host-mates learn it here, and why not from the store.
-  const std::string failure_key = fmt::format("failed/{}/{}", seq, s.host);
-  if (failure) {
-    try {
-      s.store->set(failure_key, *failure);
-    } catch (const std::exception&) {
-      // The store is gone too; the host-mates then say where to look instead.
-    }
-  }
-  float status = failure ? 1.0f : 0.0f;
-  s.run_local(&status, nullptr, 1, DType::kF32, ReduceOp::kMax, seq, "status");
-  const double status_ms = step_ms();  // a host-mate: waiting for its leader's step 2
-  if (failure) throw HierarchicalError(*failure);
-  if (status != 0.0f) {
-    std::string why = fmt::format(
-        "its message could not be read from the store (see rank {}'s output)", s.host_ranks[0]);
-    try {
-      if (s.store->check({failure_key})) why = s.store->get_string(failure_key);
-    } catch (const std::exception&) {
-      why += "; the store is unreachable too (rank 0 serves it)";
-    }
-    throw HierarchicalError(fmt::format(
-        "rank {}, the leader of {}, failed in the step across hosts, so the result never came "
-        "back: {}",
-        s.host_ranks[0], s.host_text(), why));
-  }
+  const std::size_t piece = kPipelinePieceBytes / elem;
+  const std::size_t pieces = (count + piece - 1) / piece;
+  const auto first_of = [&](std::size_t k) { return k * piece; };
+  const auto size_of = [&](std::size_t k) { return std::min(piece, count - k * piece); };
 
-  // 4. Back to the host-mates: an exact copy of the leader's result (see the top of the file).
-  const std::size_t piece = kBackPieceBytes / elem;
-  auto* out = static_cast<std::uint8_t*>(data);
-  for (std::size_t first = 0; first < count; first += piece) {
-    const std::size_t n = std::min(piece, count - first);
-    s.run_local(out + first * elem, s.leader() ? nullptr : s.negative_zero_piece(dtype), n, dtype,
-                ReduceOp::kSum, seq, "broadcast");
+  // 1. Within the host, piece by piece; the leader's ring (2) follows one piece behind.
+  // (One piece has nothing to overlap: the leader runs it inline, without a thread.)
+  std::optional<AcrossThread> ring;
+  if (s.leader() && pieces > 1) {
+    ring.emplace(pieces, [&](std::size_t k) { across(first_of(k), size_of(k)); });
   }
-  if (debug_enabled(DebugLevel::kDetail)) {
-    const double back_ms = step_ms();
-    debug_log(DebugLevel::kDetail,
-              "hierarchical allreduce #{}: within {:.3f} ms, across {:.3f} ms, status {:.3f} ms, "
-              "back {:.3f} ms",
-              seq, within_ms, across_ms, status_ms, back_ms);
+  for (std::size_t k = 0; k < pieces; ++k) {
+    s.run_local(out + first_of(k) * elem, in != nullptr ? in + first_of(k) * elem : nullptr,
+                size_of(k), dtype, wire_op, seq, "within-host reduce");
+    if (ring) ring->within_done(k);
   }
+  const double within_ms = since(started);
+
+  const std::string failure_key = fmt::format("failed/{}/{}", seq, s.host);
+  for (std::size_t k = 0; k < pieces; ++k) {
+    // 3. Did the leader's ring succeed for this piece? Its host-mates learn it here, and why
+    // not from the store (a host-mate waits here while its leader's ring runs).
+    std::optional<std::string> failure;
+    if (ring) {
+      failure = ring->wait_across(k);
+    } else if (s.leader()) {
+      try {
+        across(first_of(k), size_of(k));
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    if (failure) {
+      failure = s.explain_across(*failure);
+      try {
+        s.store->set(failure_key, *failure);
+      } catch (const std::exception&) {
+        // The store is gone too; the host-mates then say where to look instead.
+      }
+    }
+    float status = failure ? 1.0f : 0.0f;
+    s.run_local(&status, nullptr, 1, DType::kF32, ReduceOp::kMax, seq, "status");
+    if (failure) throw HierarchicalError(*failure);
+    if (status != 0.0f) {
+      std::string why = fmt::format(
+          "its message could not be read from the store (see rank {}'s output)", s.host_ranks[0]);
+      try {
+        if (s.store->check({failure_key})) why = s.store->get_string(failure_key);
+      } catch (const std::exception&) {
+        why += "; the store is unreachable too (rank 0 serves it)";
+      }
+      throw HierarchicalError(fmt::format(
+          "rank {}, the leader of {}, failed in the step across hosts, so the result never came "
+          "back: {}",
+          s.host_ranks[0], s.host_text(), why));
+    }
+    // 4. Back to the host-mates: an exact copy of the leader's result (see the top of the
+    // file), in sub-pieces that keep the host-mates' -0.0 buffer small.
+    const std::size_t sub = kBackPieceBytes / elem;
+    for (std::size_t first = first_of(k); first < first_of(k) + size_of(k); first += sub) {
+      const std::size_t n = std::min(sub, first_of(k) + size_of(k) - first);
+      s.run_local(out + first * elem, s.leader() ? nullptr : s.negative_zero_piece(dtype), n, dtype,
+                  ReduceOp::kSum, seq, "broadcast");
+    }
+  }
+  debug_log(DebugLevel::kDetail,
+            "hierarchical allreduce #{}: {} piece(s); within-host reduce done after {:.3f} ms, "
+            "all done after {:.3f} ms",
+            seq, pieces, within_ms, since(started));
 }
 
 }  // namespace nanoddp::comm

@@ -188,6 +188,9 @@ int run_vs_flat(nanoddp::comm::Distributed& dist) {
     failures += compare(group, *flat, n, DType::kBF16, ReduceOp::kSum);
   }
   failures += compare(group, *flat, 300007, DType::kF32, ReduceOp::kMax);
+  // Several pipelined pieces (4 MiB each) and a short last one.
+  failures += compare(group, *flat, 3000017, DType::kF32, ReduceOp::kAvg);
+  failures += compare(group, *flat, 3000017, DType::kBF16, ReduceOp::kSum);
   group.barrier()->wait();
   fmt::print("rank {} of {}: vs-flat {}\n", group.rank(), group.size(),
              failures == 0 ? "ok" : fmt::format("FAILED ({} checks)", failures));

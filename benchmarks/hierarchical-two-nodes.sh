@@ -106,7 +106,7 @@ for size in sorted(rows):
           f"ratio {' / '.join(f'{h / f:.2f}' for h, f in zip(hier, flat))}")
 print("\nDDP step (median ms), 4 x Linear(1024), batch 64 per rank, world 4")
 for name, r in lines("hier_ddp_*.jsonl"):
-    if r.get("ddp"):
+    if r.get("config", {}).get("ddp"):
         backend = r.get("backend") or r.get("config", {}).get("backend")
         print(f"  {name}: backend {backend}, step {r['step_ms_median']:.1f} ms, "
               f"all-reduce {r.get('allreduce_ms', float('nan')):.1f} ms, "

@@ -37,6 +37,12 @@
 //               contribute -0.0: x + (-0.0) == x for every float x (+0 and -0 included; NaN
 //               stays NaN), so the sum is an exact copy, bit for bit, of the leader's result
 //
+// Pipelining. A buffer of several pieces (kPipelinePieceBytes) runs step 1 piece by piece on the
+// group's worker thread while the leader's step 2 follows one piece behind on a thread of its
+// own (AcrossThread); steps 3 and 4 then go piece by piece as the ring finishes each. Every rank
+// runs the same shared-memory ops in the same order (step 1 for all pieces, then status and
+// back for each), so the pipelining changes no result, only what overlaps.
+//
 // Step 4 reuses the all-reduce rather than adding a broadcast to the shared-memory path: the
 // host-mates read their -0.0 from one small buffer (kBackPieceBytes, reused piece by piece, so it
 // stays in cache), and the cost is close to a broadcast's (each rank copies (L-1)/L of the buffer

@@ -13,6 +13,8 @@
 //      send nothing;
 //   3. broadcast within each host: the leader's result goes back to its host-mates through
 //      the same shared segment.
+// Large buffers are pipelined in 4 MiB pieces: the leader's ring runs on a thread of its own,
+// one piece behind the host's shared-memory steps, so the network and memory work overlap.
 //
 // Who is on which host. Every rank publishes shm_host_identity() (host name, kernel boot id,
 // network namespace): ranks whose identities are equal share a host. The host name alone is

@@ -9,29 +9,9 @@
 #include <thread>
 
 #include "nanoddp/comm/gloo_group_impl.h"
+#include "nanoddp/comm/gloo_helpers.h"
 
 namespace nanoddp::comm {
-namespace {
-
-std::string strip_gloo_location(std::string message) {
-  // GLOO_ERROR_MSG prefixes "[/build/gloo/transport/tcp/pair.cc:598] ".
-  if (!message.empty() && message[0] == '[') {
-    const std::size_t end = message.find("] ");
-    if (end != std::string::npos && message.find(':') < end) message.erase(0, end + 2);
-  }
-  return message;
-}
-
-}  // namespace
-
-// The options of failed Gloo ops, never destroyed (see Impl::run_gloo). Reachable from a static
-// pointer, so LeakSanitizer does not count them as leaks: they are kept on purpose.
-void keep_failed_gloo_op(std::shared_ptr<void> op) {
-  static std::mutex mutex;
-  static auto* kept = new std::vector<std::shared_ptr<void>>();
-  std::lock_guard lock(mutex);
-  kept->push_back(std::move(op));
-}
 
 std::vector<int> GlooProcessGroup::Impl::ranks_without_report(std::uint64_t seq) const {
   std::vector<int> missing;

@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "nanoddp/comm/gloo_context.h"
+#include "nanoddp/comm/gloo_helpers.h"
 #include "nanoddp/comm/gloo_process_group.h"
+#include "nanoddp/comm/hierarchical_allreduce.h"
 #include "nanoddp/comm/shm_allreduce.h"
 
 namespace nanoddp::comm {
@@ -77,9 +79,6 @@ class GlooWork final : public Work {
   WorkTiming timing_;
 };
 
-// The options of failed Gloo ops, never destroyed (see Impl::run_gloo).
-void keep_failed_gloo_op(std::shared_ptr<void> op);
-
 struct GlooProcessGroup::Impl {
   struct Job {
     std::shared_ptr<GlooWork> work;
@@ -96,6 +95,9 @@ struct GlooProcessGroup::Impl {
   // of Gloo's TCP ring. Runs on the worker thread like every op, so order, sequence numbers,
   // Work and timings are unchanged. Null or disabled: everything goes over TCP.
   std::unique_ptr<ShmAllreduce> shm;
+  // Several hosts, some with several ranks: shared memory within each, TCP across them
+  // (hierarchical_allreduce.h). When enabled, `shm` is not made (it would span hosts).
+  std::unique_ptr<HierarchicalAllreduce> hier;
   std::shared_ptr<Store> diagnostics;  // "<name>/gloo/diag/...": timeout reports only
 
   std::mutex mutex;  // guards everything below

@@ -23,6 +23,7 @@
 
 #include "nanoddp/comm/gloo_context.h"
 #include "nanoddp/comm/gloo_group_impl.h"
+#include "nanoddp/comm/gloo_helpers.h"
 #include "nanoddp/comm/reduce_ops.h"
 #include "nanoddp/comm/shm_allreduce.h"
 #include "nanoddp/engine/debug_log.h"
@@ -31,65 +32,6 @@
 
 namespace nanoddp::comm {
 namespace {
-
-// ---- element-wise reductions handed to gloo::allreduce ------------------------------------
-// Gloo calls these on segments of the buffer as they arrive from the ring neighbour:
-// c[i] = a[i] (op) b[i] for n elements. c may alias a.
-
-using ReduceFunc = gloo::AllreduceOptions::Func;
-
-using detail::Max;
-using detail::Min;
-using detail::Sum;
-
-template <typename Op>
-void reduce_f32(void* c, const void* a, const void* b, std::size_t n) {
-  float* out = static_cast<float*>(c);
-  const float* x = static_cast<const float*>(a);
-  const float* y = static_cast<const float*>(b);
-  for (std::size_t i = 0; i < n; ++i) out[i] = Op{}(x[i], y[i]);
-}
-
-// bf16 values are widened to float32, reduced, and rounded back (kernels/bf16.h).
-using kernels::bf16_to_float;
-using kernels::float_to_bf16;
-
-template <typename Op>
-void reduce_bf16(void* c, const void* a, const void* b, std::size_t n) {
-  std::uint16_t* out = static_cast<std::uint16_t*>(c);
-  const std::uint16_t* x = static_cast<const std::uint16_t*>(a);
-  const std::uint16_t* y = static_cast<const std::uint16_t*>(b);
-  for (std::size_t i = 0; i < n; ++i) {
-    out[i] = float_to_bf16(Op{}(bf16_to_float(x[i]), bf16_to_float(y[i])));
-  }
-}
-
-ReduceFunc reduce_function(ReduceOp op, DType dtype) {
-  const bool f32 = dtype == DType::kF32;
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:  // summed on the wire, divided once afterwards (divide_by)
-      return f32 ? ReduceFunc(&reduce_f32<Sum>) : ReduceFunc(&reduce_bf16<Sum>);
-    case ReduceOp::kMax:
-      return f32 ? ReduceFunc(&reduce_f32<Max>) : ReduceFunc(&reduce_bf16<Max>);
-    case ReduceOp::kMin:
-      return f32 ? ReduceFunc(&reduce_f32<Min>) : ReduceFunc(&reduce_bf16<Min>);
-  }
-  return {};
-}
-
-// Average = sum, then one division by the world size here on the worker thread: exactly one
-// rounding for float32, and never divided twice (the Reducer relies on this).
-void divide_by(void* data, DType dtype, std::size_t n, int size) {
-  const float divisor = static_cast<float>(size);
-  if (dtype == DType::kF32) {
-    float* p = static_cast<float*>(data);
-    for (std::size_t i = 0; i < n; ++i) p[i] /= divisor;
-  } else {
-    std::uint16_t* p = static_cast<std::uint16_t*>(data);
-    for (std::size_t i = 0; i < n; ++i) p[i] = float_to_bf16(bf16_to_float(p[i]) / divisor);
-  }
-}
 
 void require_cpu(const Tensor& t, const char* op, const char* role) {
   if (!t.defined()) fail("Gloo {}: the {} tensor is undefined", op, role);
@@ -156,6 +98,10 @@ void GlooProcessGroup::Impl::worker_loop() {
       } catch (const ShmError& e) {
         first_failure = job.description + " failed";
         error = explain_shm(job.description, e);
+      } catch (const HierarchicalError& e) {
+        first_failure = job.description + " failed";
+        error = fmt::format("Gloo {} failed on rank {} of {} (hierarchical): {}", job.description,
+                            rank, size, e.what());
       } catch (const std::exception& e) {
         error = explain(job.description, job.work->sequence_number(), e.what());
         first_failure = job.description + " failed";
@@ -177,6 +123,10 @@ void GlooProcessGroup::Impl::worker_loop() {
 void GlooProcessGroup::Impl::run_allreduce(void* data, std::size_t n, DType dtype, ReduceOp op,
                                            std::uint64_t seq, const void* input) {
   if (n == 0) return;
+  if (hier != nullptr && hier->enabled()) {
+    hier->run(data, input, n, dtype, op, seq);  // divides once itself for avg
+    return;
+  }
   if (shm != nullptr && shm->enabled()) {
     shm->run(data, input, n, dtype, op, seq);  // divides once itself for avg
     return;
@@ -191,7 +141,7 @@ void GlooProcessGroup::Impl::run_allreduce(void* data, std::size_t n, DType dtyp
     }
     opts->setOutput(static_cast<std::uint16_t*>(data), n);
   }
-  opts->setReduceFunction(reduce_function(op, dtype));
+  opts->setReduceFunction(gloo_reduce_function(op, dtype));
   opts->setTag(tag(seq));
   opts->setTimeout(options.timeout);
   run_gloo(std::move(opts), [](gloo::AllreduceOptions& o) { gloo::allreduce(o); });
@@ -209,8 +159,12 @@ GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int s
   ignore_sigpipe_unless_handled();
   impl_->connection = connect_gloo(store, rank, size, options);
   // After the TCP connection (which still carries broadcast, allgather and barrier, and is
-  // the fallback): all ranks agree here whether they can share memory.
-  impl_->shm = std::make_unique<ShmAllreduce>(*store, rank, size, options.timeout, options.name);
+  // the fallback): all ranks agree here whether allreduce goes hierarchical (several hosts),
+  // else whether they can share memory (one host).
+  impl_->hier = std::make_unique<HierarchicalAllreduce>(store, rank, size, options);
+  if (!impl_->hier->enabled()) {
+    impl_->shm = std::make_unique<ShmAllreduce>(*store, rank, size, options.timeout, options.name);
+  }
   impl_->worker = std::thread([impl = impl_.get()] { impl->worker_loop(); });
   debug_log(DebugLevel::kInfo, "gloo group '{}': rank {} of {}, allreduce over {}", options.name,
             rank, size, allreduce_transport());
@@ -230,6 +184,7 @@ GlooProcessGroup::~GlooProcessGroup() {
 }
 
 std::string GlooProcessGroup::backend_name() const {
+  if (impl_->hier != nullptr && impl_->hier->enabled()) return "gloo+shm+hier";
   return uses_shared_memory() ? "gloo+shm" : "gloo";
 }
 
@@ -238,6 +193,9 @@ bool GlooProcessGroup::uses_shared_memory() const {
 }
 
 std::string GlooProcessGroup::allreduce_transport() const {
+  if (impl_->hier != nullptr && impl_->hier->enabled()) {
+    return "hierarchical (" + impl_->hier->describe() + ")";
+  }
   if (uses_shared_memory()) {
     return fmt::format("shared memory (same host; {} KiB chunks)",
                        impl_->shm->chunk_bytes() / 1024);

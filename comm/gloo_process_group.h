@@ -12,7 +12,9 @@
 // Same host, no sockets. When every rank runs on this host, allreduce (and reduce_scatter,
 // built on it) bypasses TCP and goes through a shared-memory segment (shm_allreduce.h) — still
 // on the worker thread, so everything above holds. $NANODDP_SHM=0 turns it off;
-// backend_name() says "gloo+shm" when it is on.
+// backend_name() says "gloo+shm" when it is on. Ranks on several hosts, some sharing one:
+// allreduce goes hierarchical (hierarchical_allreduce.h: shared memory within each host, TCP
+// across one leader per host; "gloo+shm+hier"); $NANODDP_HIER=0 keeps the flat ring.
 //
 // Why one Gloo API. Debian's Gloo has two generations of collectives: the legacy algorithm
 // classes (gloo::AllreduceRing, ...) and the options-style functions (gloo::allreduce with
@@ -47,7 +49,8 @@ class GlooProcessGroup final : public ProcessGroup {
   GlooProcessGroup(const GlooProcessGroup&) = delete;
   GlooProcessGroup& operator=(const GlooProcessGroup&) = delete;
 
-  // "gloo+shm" when allreduce goes through shared memory, else "gloo".
+  // "gloo+shm+hier" when allreduce is hierarchical, "gloo+shm" when it goes through shared
+  // memory, else "gloo".
   std::string backend_name() const override;
 
   std::shared_ptr<Work> allreduce(Tensor& tensor, ReduceOp op = ReduceOp::kSum) override;

@@ -15,6 +15,8 @@
 // "gloo") so the tests can tell which transport they covered.
 //
 // Usage: nanoddp-test-comm-worker [--big]
+//        nanoddp-test-comm-worker --vs-flat   (the group's all-reduce against the flat ring:
+//                                              vs_flat.cpp)
 //        nanoddp-test-comm-worker --fault crash|stall --fault-rank R --fault-after K
 //   crash: after K good allreduces rank R exits at once; the others' next op must fail.
 //   stall: after K good allreduces rank R sleeps for 3 timeouts before its next op; the
@@ -48,6 +50,7 @@
 #include "nanoddp/comm/rendezvous.h"
 #include "nanoddp/comm/shm_allreduce.h"
 #include "nanoddp/engine/tensor.h"
+#include "vs_flat.h"
 
 using nanoddp::DType;
 using nanoddp::Tensor;
@@ -279,6 +282,7 @@ void check_pipelined(nanoddp::comm::ProcessGroup& pg) {
 
 int run(int argc, char** argv) {
   bool big = false;
+  bool vs_flat = false;
   std::string fault;
   int fault_rank = -1;
   int fault_after = 0;
@@ -286,6 +290,8 @@ int run(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--big") {
       big = true;
+    } else if (arg == "--vs-flat") {
+      vs_flat = true;
     } else if (arg == "--fault" && i + 1 < argc) {
       fault = argv[++i];
     } else if (arg == "--fault-rank" && i + 1 < argc) {
@@ -304,6 +310,7 @@ int run(int argc, char** argv) {
   options.backend = "gloo";
   auto dist = nanoddp::comm::init_distributed(world, options);
   auto& pg = *dist.group;
+  if (vs_flat) return run_vs_flat(dist);
 
   if (!fault.empty()) {
     for (int k = 0; k < fault_after; ++k) check_allreduce(pg, 1237, ReduceOp::kSum);

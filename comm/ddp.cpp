@@ -69,11 +69,11 @@ void DistributedDataParallel::reconfigure(const ReducerOptions& options) {
   }
   check_settings(options);
   const bool sync = reducer_->sync();
-  Reducer::BucketHook hook = reducer_->bucket_reduced_hook();
+  Reducer::BucketReducedHook bucket_hook = reducer_->bucket_reduced_hook();
   reducer_.reset();  // waits for its collectives and removes its hooks first
   reducer_ = std::make_unique<Reducer>(params_, group_, options);
   reducer_->set_sync(sync);
-  if (hook) reducer_->set_bucket_reduced_hook(std::move(hook));
+  if (bucket_hook) reducer_->set_bucket_reduced_hook(std::move(bucket_hook));
   options_.reducer = options;
 }
 

@@ -3,8 +3,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <map>
-#include <optional>
 #include <string>
 
 #include "nanoddp/comm/bucket_assignment.h"
@@ -12,19 +10,8 @@
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/debug_log.h"
 #include "nanoddp/kernels/error.h"
-#include "nanoddp/engine/trace.h"
 
 namespace nanoddp::comm {
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_between(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double, std::milli>(to - from).count();
-}
-
-}  // namespace
 
 CommHook parse_comm_hook(const std::string& name) {
   if (name == "allreduce") return CommHook::kAllreduce;
@@ -38,7 +25,7 @@ const char* comm_hook_name(CommHook hook) {
 
 Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group,
                  const ReducerOptions& options)
-    : params_(params), group_(std::move(group)), options_(options) {
+    : params_(params), group_(std::move(group)), options_(options), timeline_(params.device()) {
   // Cut the flat gradient buffer into buckets, in its (reverse registration) order
   // (bucket_assignment.h: the rule nanoddp-sim uses too).
   const auto& slots = params_.slots();
@@ -54,33 +41,29 @@ Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group
     }
     buckets_.push_back(std::move(bucket));
   }
-  const Device device = params_.device();
   for (Bucket& bucket : buckets_) {
     bucket.grads = params_.grads().view(bucket.offset, {bucket.numel});
     if (options.comm_hook == CommHook::kBf16) {
-      bucket.compressed = Tensor::empty({bucket.numel}, device, DType::kBF16);
+      bucket.compressed = Tensor::empty({bucket.numel}, params_.device(), DType::kBF16);
     }
-    wait_begin_.emplace_back(device);
-    wait_end_.emplace_back(device);
   }
-  backward_end_event_ = Event(device);
-  if (device.is_cuda()) anchor_ = std::make_unique<ClockAnchor>(Stream::compute(device));
+  timeline_.set_bucket_count(buckets_.size());
   if (options.check_steps && group_->size() > 1) {
-    step_check_ = std::make_unique<StepCheck>(group_, device);
+    step_check_ = std::make_unique<StepCheck>(group_, params_.device());
   }
-
-  // The hooks hold a weak handle: a hook that outlives its Reducer does nothing.
   if (debug_enabled(DebugLevel::kInfo)) {
     debug_log(DebugLevel::kInfo, "reducer: {} buckets (first {} MiB, then {} MiB, overlap {})\n{}",
               buckets_.size(), options.first_bucket_mb, options.bucket_cap_mb,
               options.overlap ? "on" : "off", describe_buckets());
   }
+
+  // The autograd hooks hold a weak handle: one that outlives its Reducer does nothing.
   alive_ = std::make_shared<Reducer*>(this);
   for (std::size_t i = 0; i < slots.size(); ++i) {
     Tensor param = slots[i].param;
     std::weak_ptr<Reducer*> weak = alive_;
-    hooks_.push_back(param.register_post_accumulate_grad_hook([weak, i](Tensor&) {
-      if (auto self = weak.lock()) (*self)->on_gradient_ready(i);
+    autograd_hooks_.push_back(param.register_post_accumulate_grad_hook([weak, i](Tensor&) {
+      if (auto self = weak.lock()) (*self)->autograd_hook(i);
     }));
   }
   reset();
@@ -90,7 +73,7 @@ Reducer::~Reducer() {
   // Never leave a collective running on buffers we are about to stop tracking, nor a hook on
   // the parameters (a rebuilt Reducer registers its own).
   wait_for_launched();
-  for (HookHandle& hook : hooks_) hook.remove_quietly();
+  for (HookHandle& hook : autograd_hooks_) hook.remove_quietly();
 }
 
 void Reducer::reset() {
@@ -106,9 +89,8 @@ void Reducer::reset() {
   used_work_ = nullptr;
 }
 
-void Reducer::on_gradient_ready(std::size_t slot) {
+void Reducer::autograd_hook(std::size_t slot) {
   if (!sync_) return;  // no_sync: the gradient just accumulates locally
-  const Clock::time_point now = Clock::now();
   if (in_backward_ && current_backward_pass() != backward_pass_) {
     // The previous pass died before its end and nobody told us (abort() below normally runs):
     // drop its state and start over with this pass.
@@ -117,14 +99,14 @@ void Reducer::on_gradient_ready(std::size_t slot) {
   if (!in_backward_) {
     backward_pass_ = current_backward_pass();
     in_backward_ = true;
-    stats_ = ReducerStats{};
-    stats_.origin = now;
-    exposed_pending_ = false;
-    timed_works_.clear();  // timings of the previous step not asked for by now are dropped
-    stats_.buckets.assign(buckets_.size(), BucketStats{});
+    timeline_.start_pass(ReducerTimeline::Clock::now());
     // Runs once autograd has finished the whole pass (or, if it throws, abort()).
-    queue_backward_callback([this] { finalize(); }, [this] { abort(); });
+    queue_backward_callback([this] { finalize_backward(); }, [this] { abort(); });
   }
+  mark_variable_ready(slot);
+}
+
+void Reducer::mark_variable_ready(std::size_t slot) {
   if (slot_ready_[slot]) {
     fail(
         "parameter '{}' received its gradient twice in one backward pass; this Reducer "
@@ -132,15 +114,32 @@ void Reducer::on_gradient_ready(std::size_t slot) {
         params_.slots()[slot].name);
   }
   slot_ready_[slot] = true;
-  last_gradient_ = now;
+  const auto now = ReducerTimeline::Clock::now();
+  timeline_.gradient_ready(now);
   const std::size_t b = bucket_of_slot_[slot];
   if (--pending_[b] == 0) {
-    stats_.buckets[b].ready_ms = ms_between(stats_.origin, now);
-    if (Tracer* tracer = active_tracer()) {
-      tracer->instant_on(params_.device(), now, fmt::format("bucket {} ready", b),
-                         TraceTrack::kMarkers);
-    }
+    timeline_.bucket_ready(b, now);
     if (options_.overlap) launch_ready_buckets();
+  }
+}
+
+void Reducer::launch_ready_buckets() {
+  // Strictly in index order: bucket b+1 waits for bucket b even when it is ready first.
+  while (next_to_launch_ < buckets_.size() && pending_[next_to_launch_] == 0) {
+    all_reduce_bucket(next_to_launch_++);
+  }
+}
+
+void Reducer::all_reduce_bucket(std::size_t b) {
+  Bucket& bucket = buckets_[b];
+  timeline_.bucket_launched(b, bucket.numel, finalizing_);
+  if (options_.comm_hook == CommHook::kBf16) {
+    backend_for(bucket.grads.device())
+        .f32_to_bf16(bucket.grads.data(), static_cast<std::uint16_t*>(bucket.compressed.raw_data()),
+                     bucket.numel);
+    works_[b] = group_->allreduce(bucket.compressed, ReduceOp::kAvg);
+  } else {
+    works_[b] = group_->allreduce(bucket.grads, ReduceOp::kAvg);
   }
 }
 
@@ -166,30 +165,8 @@ void Reducer::abort() {
   // Collectives already launched keep writing into the gradient buckets: wait for them (their
   // errors are moot, the pass failed anyway) before anyone computes into those buffers again.
   wait_for_launched();
+  timeline_.end_failed_pass();
   reset();
-}
-
-void Reducer::launch_ready_buckets() {
-  // Strictly in index order: bucket b+1 waits for bucket b even when it is ready first.
-  while (next_to_launch_ < buckets_.size() && pending_[next_to_launch_] == 0) {
-    launch(next_to_launch_++);
-  }
-}
-
-void Reducer::launch(std::size_t b) {
-  Bucket& bucket = buckets_[b];
-  stats_.buckets[b].launch_ms = ms_between(stats_.origin, Clock::now());
-  stats_.buckets[b].launched_after_backward = finalizing_;
-  debug_log(DebugLevel::kDetail, "reducer: bucket {} ({} elements) launched at +{:.3f} ms", b,
-            bucket.numel, stats_.buckets[b].launch_ms);
-  if (options_.comm_hook == CommHook::kBf16) {
-    backend_for(bucket.grads.device())
-        .f32_to_bf16(bucket.grads.data(), static_cast<std::uint16_t*>(bucket.compressed.raw_data()),
-                     bucket.numel);
-    works_[b] = group_->allreduce(bucket.compressed, ReduceOp::kAvg);
-  } else {
-    works_[b] = group_->allreduce(bucket.grads, ReduceOp::kAvg);
-  }
 }
 
 void Reducer::handle_unused() {
@@ -202,6 +179,7 @@ void Reducer::handle_unused() {
     // Let the buckets already in flight finish (the other ranks launched them too) before
     // reporting, so no collective is left half done.
     wait_for_launched();
+    timeline_.end_failed_pass();
     reset();
     fail(
         "{} parameter(s) received no gradient in this backward pass, so their buckets could "
@@ -224,7 +202,7 @@ void Reducer::handle_unused() {
     }
     slot_ready_[i] = true;
     const std::size_t b = bucket_of_slot_[i];
-    if (--pending_[b] == 0) stats_.buckets[b].ready_ms = ms_between(stats_.origin, Clock::now());
+    if (--pending_[b] == 0) timeline_.bucket_ready(b, ReducerTimeline::Clock::now());
   }
 }
 
@@ -248,14 +226,9 @@ void Reducer::resolve_unused() {
   }
 }
 
-void Reducer::finalize() {
-  // Backward's useful work ends with the last gradient: what runs between it and this callback
-  // is autograd's bookkeeping, and an all-reduce running then hides behind nothing (counting
-  // from here read overlap 1.0 for a last bucket reduced in that gap). On a GPU the event below
-  // marks the end on the compute stream instead (collect_timings).
-  stats_.backward_end_ms = ms_between(stats_.origin, last_gradient_);
+void Reducer::finalize_backward() {
+  timeline_.backward_ended();
   finalizing_ = true;
-  backward_end_event_.record(Stream::compute(params_.device()));
   // Which parameters this rank used (got a gradient since zero_grad(), in this pass or in
   // no_sync ones), before handle_unused() gives the others a zero gradient to reduce.
   std::vector<float> used;
@@ -265,54 +238,32 @@ void Reducer::finalize() {
     }
   }
   handle_unused();
-  launch_ready_buckets();
+  launch_ready_buckets();  // what is left
   NANODDP_CHECK(next_to_launch_ == buckets_.size(), "finalize: bucket {} was never launched",
                 next_to_launch_);
   // After every bucket, so that every rank issues the collectives in the same order.
   if (options_.find_unused_parameters) launch_used_map(used);
-  // Right behind the last bucket (and the used-parameter count), so it costs one small op's
-  // latency.
+  // Right behind the last bucket (and the used-parameter count): one small op's latency.
   ++synchronized_passes_;
   if (step_check_) step_check_->launch(synchronized_passes_, forward_calls_);
-  // The parameters unused on every rank are known before the first bucket hook (the optimizer
-  // in backward must skip them), or else before finalize returns; the wait counts as exposed.
+  // The parameters unused on every rank are known before the first bucket-reduced hook (the
+  // optimizer in backward must skip them), or else before finalize returns.
   const std::size_t resolve_after = bucket_reduced_hook_ ? 0 : buckets_.size() - 1;
 
-  // wait_ms is what the compute stream waits for here, so two events on it bracket each
-  // bucket's wait. On the CPU the "stream" is this thread and the events are host
-  // times: the host's wait. On a GPU Work::wait() only makes the compute stream wait (the host
-  // goes on at once), and the intervals, read once the step has run, are the GPU stalling for
-  // the all-reduce. Without a bucket hook the intervals follow each other without a gap; with
-  // one, the hook's work (the optimizer) lies between them and is not counted.
-  const Stream compute = Stream::compute(params_.device());
-  Tracer* tracer = active_tracer();
-  // In a trace, the waits are "wait for all-reduce" spans on the compute track: one span for
-  // all of them, or with a bucket hook one per bucket (the hook's work lies between them). On
-  // a GPU they are the compute stream's stalls, not the host's (instant) enqueue of the waits.
-  std::optional<TraceSpan> all_waits;
-  if (tracer && !bucket_reduced_hook_) {
-    all_waits.emplace(tracer, "wait for all-reduce", TraceTrack::kCompute, params_.device());
-  }
+  // Wait for each bucket in order, and hand it on as soon as its average is in place. After a
+  // failure the gradients are garbage: wait for the rest (never leave a collective running on
+  // buffers we stop tracking), but run nothing on them.
   std::exception_ptr failure;
+  timeline_.begin_waits(/*per_bucket=*/static_cast<bool>(bucket_reduced_hook_));
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    {
-      std::optional<TraceSpan> bucket_wait;
-      if (tracer && bucket_reduced_hook_) {
-        bucket_wait.emplace(tracer, "wait for all-reduce", TraceTrack::kCompute, params_.device(),
-                            std::map<std::string, std::string>{{"bucket", std::to_string(b)}});
-      }
-      wait_begin_[b].record(compute);
-      try {
-        works_[b]->wait();
-        if (b == resolve_after) resolve_unused();
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-      wait_end_[b].record(compute);
+    timeline_.before_wait(b);
+    try {
+      works_[b]->wait();
+      if (b == resolve_after) resolve_unused();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
     }
-    if (b + 1 == buckets_.size()) all_waits.reset();
-    // After a failure the gradients are garbage: wait for the rest (never leave a collective
-    // running on buffers we stop tracking), but run nothing on them.
+    timeline_.after_wait(b);
     if (failure) continue;
     Bucket& bucket = buckets_[b];
     if (options_.comm_hook == CommHook::kBf16) {
@@ -339,83 +290,16 @@ void Reducer::finalize() {
       }
     }
   }
-  // A GPU's events are not done yet (reading them now would fail): collect_timings() reads them.
-  exposed_pending_ = params_.device().is_cuda();
-  stats_.wait_ms = exposed_pending_ ? 0.0 : exposed_wait_ms();
   if (failure) {
     wait_for_launched();  // the count of used parameters may still be in flight
+    timeline_.end_failed_pass();
     reset();
     std::rethrow_exception(failure);
   }
-  // Timings: a CPU collective has finished by now; a CUDA one may still be running on its
-  // stream (the host did not wait), so its timing is picked up later by last_stats().
-  timed_works_ = works_;
-  timed_tracer_ = tracer;
-  collect_timings();
+  std::vector<std::int64_t> numels;
+  for (const Bucket& bucket : buckets_) numels.push_back(bucket.numel);
+  timeline_.end_pass(works_, std::move(numels), comm_hook_name(options_.comm_hook));
   reset();
-}
-
-double Reducer::exposed_wait_ms() const {
-  double total = 0;
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    total += wait_begin_[b].elapsed_ms(wait_end_[b]);
-  }
-  return total;
-}
-
-void Reducer::collect_timings() {
-  if (exposed_pending_ && wait_end_.back().query()) {
-    stats_.wait_ms = exposed_wait_ms();
-    // The GPU's backward ended when the compute stream reached finalize.
-    stats_.backward_end_ms = ms_between(stats_.origin, anchor_->host_time_of(backward_end_event_));
-    exposed_pending_ = false;
-    // Event times are float milliseconds since the anchor: renew it every minute (this waits
-    // for the compute stream once).
-    if (Clock::now() - anchor_->host_time() > std::chrono::minutes(1)) {
-      anchor_ = std::make_unique<ClockAnchor>(Stream::compute(params_.device()));
-    }
-  }
-  for (std::size_t b = 0; b < timed_works_.size(); ++b) {
-    if (!timed_works_[b]) continue;
-    const auto timing = timed_works_[b]->timing();
-    if (!timing) continue;
-    BucketStats& s = stats_.buckets[b];
-    s.start_ms = ms_between(stats_.origin, timing->start);
-    s.end_ms = ms_between(stats_.origin, timing->end);
-    stats_.comm_ms += s.allreduce_ms();
-    if (timed_tracer_) {
-      timed_tracer_->span(fmt::format("all-reduce bucket {}", b), TraceTrack::kCommunication,
-                          timing->start, timing->end,
-                          {{"elements", std::to_string(buckets_[b].numel)},
-                           {"sequence", std::to_string(timed_works_[b]->sequence_number())},
-                           {"hook", comm_hook_name(options_.comm_hook)}});
-    }
-    timed_works_[b] = nullptr;  // counted once
-  }
-  compute_exposed();
-}
-
-void Reducer::compute_exposed() {
-  if (exposed_pending_) return;
-  for (const auto& work : timed_works_) {
-    if (work) return;  // a timing still to come
-  }
-  // Each bucket's all-reduce time after backward ended; a bucket launched or started after it
-  // (all of them without overlap) counts whole, computed exactly as comm_ms counts it.
-  double exposed = 0;
-  for (const BucketStats& s : stats_.buckets) {
-    if (s.launched_after_backward || s.start_ms >= stats_.backward_end_ms) {
-      exposed += s.allreduce_ms();
-    } else if (s.end_ms > stats_.backward_end_ms) {
-      exposed += s.end_ms - stats_.backward_end_ms;
-    }
-  }
-  stats_.exposed_comm_ms = std::min(exposed, stats_.comm_ms);
-}
-
-const ReducerStats& Reducer::last_stats() {
-  collect_timings();
-  return stats_;
 }
 
 std::string Reducer::describe_buckets() const {

@@ -31,8 +31,6 @@
 // used each parameter: one that no rank used is left without a gradient (has_grad() false, as
 // PyTorch leaves .grad None), so the optimizer skips it.
 
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -41,10 +39,10 @@
 #include <vector>
 
 #include "nanoddp/comm/process_group.h"
+#include "nanoddp/comm/reducer_timeline.h"
 #include "nanoddp/comm/step_check.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/tensor.h"
-#include "nanoddp/engine/trace.h"
 #include "nanoddp/nn/flat_parameters.h"
 
 namespace nanoddp::comm {
@@ -79,41 +77,6 @@ struct Bucket {
   Tensor compressed;               // bf16 buffer (comm hook kBf16 only), kept across steps
 };
 
-// Timing of one step's communication, on the host's steady clock.
-struct BucketStats {
-  double ready_ms = 0;   // when the bucket became ready (from the first hook of the step)
-  double launch_ms = 0;  // when its collective was launched
-  // Launched at finalize, after backward ended (all buckets without overlap): none of its
-  // all-reduce can have overlapped backward, so all of it is exposed.
-  bool launched_after_backward = false;
-  double start_ms = 0;  // when the collective started running (CPU backends)
-  double end_ms = 0;    // when it finished
-  double allreduce_ms() const { return end_ms - start_ms; }
-};
-
-struct ReducerStats {
-  std::vector<BucketStats> buckets;
-  // When the backward pass's last node finished: on the CPU the host's time; on a GPU the
-  // compute stream's (known once the step has run, see last_stats()).
-  double backward_end_ms = 0;
-  double comm_ms = 0;  // sum of the buckets' all-reduce durations
-  // The part of comm_ms that ran after backward ended, i.e. that the overlap did not hide:
-  // per bucket, its all-reduce time after backward_end_ms. 0 <= exposed_comm_ms <= comm_ms,
-  // and without overlap (every bucket launched after backward) exposed_comm_ms == comm_ms.
-  double exposed_comm_ms = 0;
-  // How long the compute stream waited for communication at the end of backward: on the CPU
-  // the host's wait in finalize; on a GPU the compute stream's stall between two events. It
-  // also holds what is not communication (queueing, waking the worker), so it is not
-  // exposed_comm_ms; it is what the host's backward() time contains on the CPU.
-  double wait_ms = 0;
-  // Share of the communication that ran while backward was still computing (0 without
-  // overlap, and when there was no communication).
-  double overlap_fraction() const {
-    return comm_ms > 0 ? std::clamp(1.0 - exposed_comm_ms / comm_ms, 0.0, 1.0) : 0.0;
-  }
-  std::chrono::steady_clock::time_point origin;  // the first hook of the step
-};
-
 class Reducer {
  public:
   Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group,
@@ -133,7 +96,7 @@ class Reducer {
   const ReducerOptions& options() const { return options_; }
   // Statistics of the last synchronized backward pass. On CUDA the all-reduce timings arrive
   // once the collectives have finished on their stream (call it after the step synchronized).
-  const ReducerStats& last_stats();
+  const ReducerStats& last_stats() { return timeline_.stats(); }
   // A one-line-per-bucket description: index, size, parameter names.
   std::string describe_buckets() const;
 
@@ -141,17 +104,19 @@ class Reducer {
   // gradients are in the flat gradient buffer (on a GPU: in stream order on the compute stream,
   // after the stream waited for the bucket). Only synchronized passes reduce, so only they
   // call it. The time the hook takes is not counted as exposed communication.
-  using BucketHook = std::function<void(const Bucket& bucket)>;
-  void set_bucket_reduced_hook(BucketHook hook) { bucket_reduced_hook_ = std::move(hook); }
-  const BucketHook& bucket_reduced_hook() const { return bucket_reduced_hook_; }
+  using BucketReducedHook = std::function<void(const Bucket& bucket)>;
+  void set_bucket_reduced_hook(BucketReducedHook hook) { bucket_reduced_hook_ = std::move(hook); }
+  const BucketReducedHook& bucket_reduced_hook() const { return bucket_reduced_hook_; }
   // True from the first gradient hook of a synchronized pass until its finalize has ended.
   bool in_backward() const { return in_backward_; }
 
  private:
-  void on_gradient_ready(std::size_t slot);
-  void launch_ready_buckets();
-  void launch(std::size_t bucket);
-  void finalize();
+  // The algorithm, in PyTorch's reducer's words (docs/ddp-internals.md, "Names").
+  void autograd_hook(std::size_t slot);        // a parameter's post-accumulate-grad hook
+  void mark_variable_ready(std::size_t slot);  // counts its bucket down
+  void launch_ready_buckets();                 // in index order (PyTorch: mark_bucket_ready)
+  void all_reduce_bucket(std::size_t bucket);  // applies the comm hook's collective
+  void finalize_backward();                    // the end-of-backward callback
   void abort();
   void wait_for_launched();  // every launched bucket's collective, errors ignored
   void reset();
@@ -160,48 +125,31 @@ class Reducer {
   // gradient away from those no rank used.
   void launch_used_map(const std::vector<float>& used);
   void resolve_unused();
-  void collect_timings();
-  double exposed_wait_ms() const;  // the bucket waits' events, once they have happened
-  void compute_exposed();          // exposed_comm_ms, once every timing is in
 
   nn::FlatParameters& params_;
   std::shared_ptr<ProcessGroup> group_;
   ReducerOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_slot_;
-  std::shared_ptr<Reducer*> alive_;  // the hooks hold weak handles to it
-  std::vector<HookHandle> hooks_;     // removed by the destructor: nothing is left behind
-  BucketHook bucket_reduced_hook_;
+  std::shared_ptr<Reducer*> alive_;         // the autograd hooks hold weak handles to it
+  std::vector<HookHandle> autograd_hooks_;  // removed by the destructor: nothing is left behind
+  BucketReducedHook bucket_reduced_hook_;
   std::unique_ptr<StepCheck> step_check_;  // null with one rank or check_steps off
   std::uint64_t forward_calls_ = 0;
   std::uint64_t synchronized_passes_ = 0;
+  ReducerTimeline timeline_;  // timing and tracing; the algorithm only reports to it
 
   // Per-step state.
   bool sync_ = true;
   bool in_backward_ = false;
+  bool finalizing_ = false;          // launches now come after backward ended
   std::uint64_t backward_pass_ = 0;  // autograd's id of the pass in progress
   std::vector<int> pending_;         // per bucket: gradients still to come
   std::vector<bool> slot_ready_;     // per slot
-  std::chrono::steady_clock::time_point last_gradient_;  // the pass's last gradient hook
   std::size_t next_to_launch_ = 0;
   std::vector<std::shared_ptr<Work>> works_;
   Tensor used_map_;                  // per slot: ranks that used it (find_unused_parameters)
   std::shared_ptr<Work> used_work_;  // its all-reduce, until resolve_unused()
-  ReducerStats stats_;
-  // The last step's collectives whose timings are not yet in stats_ (and where to trace them).
-  std::vector<std::shared_ptr<Work>> timed_works_;
-  Tracer* timed_tracer_ = nullptr;
-  // Recorded on the compute stream just before and just after finalize makes it wait for each
-  // bucket: the intervals add up to the exposed communication, on any device.
-  std::vector<Event> wait_begin_;
-  std::vector<Event> wait_end_;
-  // Recorded on the compute stream when finalize starts: on a GPU, where backward really ended.
-  Event backward_end_event_;
-  bool finalizing_ = false;       // launches now come after backward ended
-  bool exposed_pending_ = false;  // a GPU step whose exposed time is not read yet
-  // GPU: maps the compute stream's backward end (wait_begin_[0]) onto the host clock, where
-  // the collectives' timings are. Renewed now and then (event times are float milliseconds).
-  std::unique_ptr<ClockAnchor> anchor_;
 };
 
 }  // namespace nanoddp::comm

@@ -16,9 +16,10 @@
 //     The all-reduce (average) runs on the process group's worker thread (Gloo) or
 //     communication stream (NCCL) while autograd goes on with earlier layers.
 //  4. Finalize. When the backward pass ends (a callback autograd runs after the last node), the
-//     Reducer launches what is left, waits for every bucket, and only then lets backward()
-//     return. The all-reduce time after backward's end is the *exposed* communication: the
-//     part the overlap did not hide (ReducerStats).
+//     Reducer launches what is left and waits for every bucket before backward() returns: on
+//     the CPU the host waits; on a GPU only the compute stream does (the host goes on, and
+//     kernels enqueued later see the averages). The all-reduce time after backward's end is
+//     the *exposed* communication: the part the overlap did not hide (ReducerStats).
 //  5. Averaging happens exactly once, in the collective (ReduceOp::kAvg).
 //  6. Optionally, a bucket-reduced hook runs for each bucket, in order, as soon as its average
 //     is in place (finalize waits for bucket 0, runs the hook, then waits for bucket 1, ...):
@@ -26,10 +27,12 @@
 //     while bucket 1's all-reduce is still on the wire.
 //
 // A parameter that received no gradient leaves its bucket incomplete. By default that is an
-// error naming the parameter; with find_unused_parameters its gradient is zero-filled and its
-// bucket launched at finalize, and one more all-reduce (after the buckets) counts the ranks that
-// used each parameter: one that no rank used is left without a gradient (has_grad() false, as
-// PyTorch leaves .grad None), so the optimizer skips it.
+// error naming the parameter. With find_unused_parameters its bucket is launched at finalize with
+// what the parameter's gradient holds: the sum of earlier no_sync micro-batches that used it
+// (kept, as PyTorch keeps it), or zero when nothing wrote it since zero_grad(). One more
+// all-reduce (after the buckets) counts the ranks that used each parameter: one that no rank
+// used is left without a gradient (has_grad() false, as PyTorch leaves .grad None), so the
+// optimizer skips it.
 
 #include <cstdint>
 #include <functional>

@@ -17,6 +17,7 @@ std::vector<std::string> describe(const ReducerOptions& options, bool broadcast_
           fmt::format("comm_hook={}", comm_hook_name(options.comm_hook)),
           fmt::format("overlap={}", options.overlap),
           fmt::format("check_steps={}", options.check_steps),
+          fmt::format("rebuild_buckets={}", options.rebuild_buckets),
           fmt::format("broadcast_parameters={}", broadcast_parameters)};
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <string>
 
 #include "nanoddp/comm/bucket_assignment.h"
@@ -31,23 +32,15 @@ Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group
   const auto& slots = params_.slots();
   std::vector<std::int64_t> numels;
   for (const auto& slot : slots) numels.push_back(slot.numel);
-  bucket_of_slot_.resize(slots.size());
+  std::vector<std::vector<std::size_t>> members;
   for (const BucketRange& range :
        assign_buckets(numels, options.first_bucket_mb, options.bucket_cap_mb)) {
-    Bucket bucket{.offset = slots[range.first].offset, .numel = range.numel};
-    for (std::size_t i = range.first; i < range.first + range.count; ++i) {
-      bucket.slots.push_back(i);
-      bucket_of_slot_[i] = buckets_.size();
-    }
-    buckets_.push_back(std::move(bucket));
+    members.emplace_back();
+    for (std::size_t i = range.first; i < range.first + range.count; ++i)
+      members.back().push_back(i);
   }
-  for (Bucket& bucket : buckets_) {
-    bucket.grads = params_.grads().view(bucket.offset, {bucket.numel});
-    if (options.comm_hook == CommHook::kBf16) {
-      bucket.compressed = Tensor::empty({bucket.numel}, params_.device(), DType::kBF16);
-    }
-  }
-  timeline_.set_bucket_count(buckets_.size());
+  set_buckets(members);
+  observing_ = options.rebuild_buckets && !options.find_unused_parameters;
   if (options.check_steps && group_->size() > 1) {
     step_check_ = std::make_unique<StepCheck>(group_, params_.device());
   }
@@ -76,6 +69,128 @@ Reducer::~Reducer() {
   for (HookHandle& hook : autograd_hooks_) hook.remove_quietly();
 }
 
+void Reducer::set_buckets(const std::vector<std::vector<std::size_t>>& members) {
+  const auto& slots = params_.slots();
+  buckets_.clear();
+  pieces_.clear();
+  bucket_of_slot_.assign(slots.size(), 0);
+  for (std::vector<std::size_t> bucket_slots : members) {
+    std::sort(bucket_slots.begin(), bucket_slots.end());
+    Bucket bucket;
+    for (std::size_t i : bucket_slots) {
+      bucket.numel += slots[i].numel;
+      bucket_of_slot_[i] = buckets_.size();
+    }
+    // Contiguous runs of the flat gradient buffer: one (a view, nothing copied) unless the
+    // bucket was cut in an observed order that differs from the layout.
+    std::vector<Bucket> runs;
+    for (std::size_t i : bucket_slots) {
+      if (runs.empty() || runs.back().slots.back() + 1 != i) {
+        runs.push_back(Bucket{.offset = slots[i].offset});
+      }
+      runs.back().slots.push_back(i);
+      runs.back().numel += slots[i].numel;
+    }
+    for (Bucket& run : runs) run.grads = params_.grads().view(run.offset, {run.numel});
+    bucket.slots = std::move(bucket_slots);
+    if (runs.size() == 1) {
+      bucket.offset = runs[0].offset;
+      bucket.grads = runs[0].grads;
+      runs.clear();
+    } else {
+      bucket.offset = -1;
+      bucket.packed = true;
+      bucket.grads = Tensor::empty({bucket.numel}, params_.device());
+    }
+    if (options_.comm_hook == CommHook::kBf16) {
+      bucket.compressed = Tensor::empty({bucket.numel}, params_.device(), DType::kBF16);
+    }
+    buckets_.push_back(std::move(bucket));
+    pieces_.push_back(std::move(runs));
+  }
+  timeline_.set_bucket_count(buckets_.size());
+}
+
+void Reducer::pack(std::size_t b) {
+  Bucket& bucket = buckets_[b];
+  std::int64_t at = 0;
+  for (const Bucket& run : pieces_[b]) {
+    bucket.grads.view(at, {run.numel}).copy_from(run.grads);
+    at += run.numel;
+  }
+}
+
+void Reducer::unpack(std::size_t b) {
+  Bucket& bucket = buckets_[b];
+  std::int64_t at = 0;
+  for (Bucket& run : pieces_[b]) {
+    run.grads.copy_from(bucket.grads.view(at, {run.numel}));
+    at += run.numel;
+  }
+}
+
+void Reducer::hand_on(std::size_t b) {
+  if (!buckets_[b].packed) return bucket_reduced_hook_(buckets_[b]);
+  for (const Bucket& run : pieces_[b]) bucket_reduced_hook_(run);
+}
+
+void Reducer::launch_order_broadcast() {
+  // The observed order: by the number of autograd nodes run when the gradient became final;
+  // gradients finished by the same node keep their layout order, so a model whose backward
+  // order is its reverse registration order (an MLP) observes exactly its layout.
+  std::vector<std::size_t> order(ready_node_.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return ready_node_[a] < ready_node_[b]; });
+  // Every rank takes rank 0's order (PyTorch broadcasts rank 0's bucket assignment the same
+  // way): a rank whose autograd happened to finish two gradients the other way round must not
+  // cut other buckets, or its collectives would pair with the others' different ones.
+  std::vector<float> values(order.begin(), order.end());  // exact below 2^24 parameters
+  order_ =
+      Tensor::from_vector(values, {static_cast<std::int64_t>(values.size())}, params_.device());
+  order_work_ = group_->broadcast(order_, 0);
+  observing_ = false;
+}
+
+void Reducer::adopt_agreed_order() {
+  order_work_->wait();
+  order_work_ = nullptr;
+  const std::vector<float> values = order_.to_vector();
+  std::vector<std::size_t> order;
+  std::vector<bool> seen(values.size(), false);
+  for (const float v : values) {
+    const auto i = static_cast<std::size_t>(v);
+    NANODDP_CHECK(v >= 0 && i < seen.size() && !seen[i],
+                  "rebuild_buckets: rank 0's gradient order is not a permutation");
+    seen[i] = true;
+    order.push_back(i);
+  }
+  agreed_order_ = std::move(order);
+}
+
+void Reducer::rebuild_buckets() {
+  std::vector<std::int64_t> numels;
+  for (std::size_t i : agreed_order_) numels.push_back(params_.slots()[i].numel);
+  std::vector<std::vector<std::size_t>> members;
+  for (const BucketRange& range :
+       assign_buckets(numels, options_.first_bucket_mb, options_.bucket_cap_mb)) {
+    members.emplace_back(
+        agreed_order_.begin() + static_cast<std::ptrdiff_t>(range.first),
+        agreed_order_.begin() + static_cast<std::ptrdiff_t>(range.first + range.count));
+  }
+  agreed_order_.clear();
+  rebuilt_ = true;
+  bool same = members.size() == buckets_.size();
+  for (std::size_t b = 0; same && b < members.size(); ++b) {
+    std::sort(members[b].begin(), members[b].end());
+    same = members[b] == buckets_[b].slots;
+  }
+  if (same) return;  // the layout already was the observed order
+  set_buckets(members);
+  debug_log(DebugLevel::kInfo, "reducer: buckets rebuilt in the observed gradient order\n{}",
+            describe_buckets());
+}
+
 void Reducer::reset() {
   in_backward_ = false;
   finalizing_ = false;
@@ -97,6 +212,11 @@ void Reducer::autograd_hook(std::size_t slot) {
     abort();
   }
   if (!in_backward_) {
+    if (!agreed_order_.empty()) {
+      rebuild_buckets();
+      reset();
+    }
+    if (observing_) ready_node_.assign(params_.slots().size(), 0);
     backward_pass_ = current_backward_pass();
     in_backward_ = true;
     timeline_.start_pass(ReducerTimeline::Clock::now());
@@ -114,6 +234,7 @@ void Reducer::mark_variable_ready(std::size_t slot) {
         params_.slots()[slot].name);
   }
   slot_ready_[slot] = true;
+  if (observing_) ready_node_[slot] = backward_nodes_run();
   const auto now = ReducerTimeline::Clock::now();
   timeline_.gradient_ready(now);
   const std::size_t b = bucket_of_slot_[slot];
@@ -133,6 +254,7 @@ void Reducer::launch_ready_buckets() {
 void Reducer::all_reduce_bucket(std::size_t b) {
   Bucket& bucket = buckets_[b];
   timeline_.bucket_launched(b, bucket.numel, finalizing_);
+  if (bucket.packed) pack(b);
   if (options_.comm_hook == CommHook::kBf16) {
     backend_for(bucket.grads.device())
         .f32_to_bf16(bucket.grads.data(), static_cast<std::uint16_t*>(bucket.compressed.raw_data()),
@@ -153,11 +275,13 @@ void Reducer::wait_for_launched() {
     } catch (...) {
     }
   }
-  if (used_work_) {
+  for (auto* work : {&used_work_, &order_work_}) {
+    if (!*work) continue;
     try {
-      used_work_->wait();
+      (*work)->wait();
     } catch (...) {
     }
+    *work = nullptr;
   }
 }
 
@@ -246,6 +370,8 @@ void Reducer::finalize_backward() {
   // Right behind the last bucket (and the used-parameter count): one small op's latency.
   ++synchronized_passes_;
   if (step_check_) step_check_->launch(synchronized_passes_, forward_calls_);
+  // The first synchronized pass's gradient order, agreed now and applied at the next pass.
+  if (observing_) launch_order_broadcast();
   // The parameters unused on every rank are known before the first bucket-reduced hook (the
   // optimizer in backward must skip them), or else before finalize returns.
   const std::size_t resolve_after = bucket_reduced_hook_ ? 0 : buckets_.size() - 1;
@@ -271,9 +397,10 @@ void Reducer::finalize_backward() {
           .bf16_to_f32(static_cast<const std::uint16_t*>(bucket.compressed.raw_data()),
                        bucket.grads.data(), bucket.numel);
     }
+    if (bucket.packed) unpack(b);
     if (bucket_reduced_hook_) {
       try {
-        bucket_reduced_hook_(bucket);
+        hand_on(b);
       } catch (...) {
         failure = std::current_exception();
       }
@@ -288,6 +415,13 @@ void Reducer::finalize_backward() {
       } catch (...) {
         failure = std::current_exception();
       }
+    }
+  }
+  if (order_work_) {
+    try {
+      adopt_agreed_order();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
     }
   }
   if (failure) {

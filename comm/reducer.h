@@ -70,14 +70,24 @@ struct ReducerOptions {
   // issued the same collectives (step_check.h): one tiny all-reduce; on a GPU the host waits
   // for it.
   bool check_steps = true;
+  // Learn the order backward really produces gradients in during the first synchronized pass,
+  // and cut the buckets again in that order, once (PyTorch's rebuild_buckets). All ranks take
+  // rank 0's order. Not with find_unused_parameters, whose order may change from step to step
+  // (PyTorch's rule too). Off: the buckets stay in reverse registration order.
+  bool rebuild_buckets = true;
 };
 
 struct Bucket {
-  std::int64_t offset = 0;  // first element in the flat gradient buffer
+  std::int64_t offset = 0;  // first element in the flat gradient buffer (-1 when packed)
   std::int64_t numel = 0;
-  std::vector<std::size_t> slots;  // indices into FlatParameters::slots()
-  Tensor grads;                    // view of the flat gradient buffer
-  Tensor compressed;               // bf16 buffer (comm hook kBf16 only), kept across steps
+  std::vector<std::size_t> slots;  // indices into FlatParameters::slots(), in layout order
+  // The bucket's gradients: a view of the flat gradient buffer when its slots are one
+  // contiguous run of it (always, until buckets are rebuilt in an observed order that differs
+  // from the layout). Otherwise the bucket is *packed*: `grads` is a buffer of its own, the
+  // gradients are copied in before the all-reduce and back after it.
+  Tensor grads;
+  bool packed = false;
+  Tensor compressed;  // bf16 buffer (comm hook kBf16 only), kept across steps
 };
 
 class Reducer {
@@ -105,13 +115,17 @@ class Reducer {
 
   // Runs in finalize, once per bucket and in bucket order, right after that bucket's averaged
   // gradients are in the flat gradient buffer (on a GPU: in stream order on the compute stream,
-  // after the stream waited for the bucket). Only synchronized passes reduce, so only they
-  // call it. The time the hook takes is not counted as exposed communication.
+  // after the stream waited for the bucket). A packed bucket is handed on as its contiguous
+  // pieces, one call each (offset, numel and slots of one run of the flat buffer). Only
+  // synchronized passes reduce, so only they call it. The time the hook takes is not counted as
+  // exposed communication.
   using BucketReducedHook = std::function<void(const Bucket& bucket)>;
   void set_bucket_reduced_hook(BucketReducedHook hook) { bucket_reduced_hook_ = std::move(hook); }
   const BucketReducedHook& bucket_reduced_hook() const { return bucket_reduced_hook_; }
   // True from the first gradient hook of a synchronized pass until its finalize has ended.
   bool in_backward() const { return in_backward_; }
+  // Whether the buckets were cut again in the observed gradient order (rebuild_buckets).
+  bool buckets_rebuilt() const { return rebuilt_; }
 
  private:
   // The algorithm, in PyTorch's reducer's words (docs/ddp-internals.md, "Names").
@@ -120,6 +134,15 @@ class Reducer {
   void launch_ready_buckets();                 // in index order (PyTorch: mark_bucket_ready)
   void all_reduce_bucket(std::size_t bucket);  // applies the comm hook's collective
   void finalize_backward();                    // the end-of-backward callback
+  // Bucket order from observation (rebuild_buckets): what the first synchronized pass saw,
+  // agreed across ranks in its finalize, applied when the next synchronized pass starts.
+  void launch_order_broadcast();
+  void adopt_agreed_order();
+  void rebuild_buckets();
+  void set_buckets(const std::vector<std::vector<std::size_t>>& members);
+  void pack(std::size_t bucket);     // a packed bucket's gradients into its buffer
+  void unpack(std::size_t bucket);   // and the averages back
+  void hand_on(std::size_t bucket);  // the bucket-reduced hook
   void abort();
   void wait_for_launched();  // every launched bucket's collective, errors ignored
   void reset();
@@ -134,12 +157,21 @@ class Reducer {
   ReducerOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_slot_;
-  std::shared_ptr<Reducer*> alive_;         // the autograd hooks hold weak handles to it
-  std::vector<HookHandle> autograd_hooks_;  // removed by the destructor: nothing is left behind
+  std::vector<std::vector<Bucket>> pieces_;  // per packed bucket: its contiguous runs
+  std::shared_ptr<Reducer*> alive_;          // the autograd hooks hold weak handles to it
+  std::vector<HookHandle> autograd_hooks_;   // removed by the destructor: nothing is left behind
   BucketReducedHook bucket_reduced_hook_;
   std::unique_ptr<StepCheck> step_check_;  // null with one rank or check_steps off
   std::uint64_t forward_calls_ = 0;
   std::uint64_t synchronized_passes_ = 0;
+  // rebuild_buckets: the pass that observes, per slot the number of autograd nodes run when its
+  // gradient became final, the order being agreed, and the agreed order until it is applied.
+  bool observing_ = false;
+  bool rebuilt_ = false;
+  std::vector<std::uint64_t> ready_node_;
+  Tensor order_;
+  std::shared_ptr<Work> order_work_;
+  std::vector<std::size_t> agreed_order_;
   ReducerTimeline timeline_;  // timing and tracing; the algorithm only reports to it
 
   // Per-step state.

@@ -6,14 +6,16 @@
 #include <unordered_map>
 
 #include "nanoddp/engine/backend.h"
-#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/trace.h"
+#include "nanoddp/kernels/error.h"
 
 namespace nanoddp {
 
 namespace {
 // Creation order of nodes: among ready nodes the newest runs first (reverse of the forward).
 std::atomic<std::uint64_t> next_sequence_nr{0};
+// Nodes whose backward function has run in this thread's pass (see backward_nodes_run()).
+thread_local std::uint64_t tls_backward_nodes_run = 0;
 }  // namespace
 
 Node::Node(std::string name, const std::vector<Tensor>& inputs, BackwardFn backward)
@@ -156,6 +158,7 @@ void BackwardPass::run(const Tensor& root) {
         }
         node->backward_(state.grad, *this);
       }
+      ++tls_backward_nodes_run;
       current_ = nullptr;
       // Free what the backward function captured (activations) as soon as it has run.
       node->backward_ = nullptr;
@@ -276,6 +279,7 @@ class CallbackScope {
   CallbackScope() {
     tls_backward_callbacks = &callbacks_;
     tls_backward_pass = ++tls_backward_passes_started;
+    tls_backward_nodes_run = 0;
   }
   ~CallbackScope() {
     tls_backward_callbacks = nullptr;
@@ -330,6 +334,10 @@ void run_backward(const Tensor& root) {
 
 std::uint64_t current_backward_pass() {
   return tls_backward_pass;
+}
+
+std::uint64_t backward_nodes_run() {
+  return tls_backward_nodes_run;
 }
 
 void queue_backward_callback(std::function<void()> callback, std::function<void()> on_abort) {

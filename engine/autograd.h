@@ -93,4 +93,9 @@ void queue_backward_callback(std::function<void()> callback, std::function<void(
 // hook tell a new pass from the rest of the current one, even after a pass died mid-way.
 std::uint64_t current_backward_pass();
 
+// How many nodes of the pass running on this thread have run their backward function so far.
+// Gradients that become final with the same count were finished by the same node: the DDP
+// Reducer records it per parameter to learn the order backward really produces gradients in.
+std::uint64_t backward_nodes_run();
+
 }  // namespace nanoddp

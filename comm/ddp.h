@@ -40,7 +40,9 @@ class DistributedDataParallel {
 
   Tensor forward(const Tensor& x) {
     reducer_->note_forward();  // compared across ranks every step (step_check.h)
-    return module_.forward(x);
+    Tensor output = module_.forward(x);
+    reducer_->prepare_for_backward(output);  // find_unused_parameters: walks its graph
+    return output;
   }
   Tensor operator()(const Tensor& x) { return forward(x); }
 
@@ -75,6 +77,7 @@ class DistributedDataParallel {
 
  private:
   void check_settings(const ReducerOptions& options);
+  void agree_order_through_store();
 
   nn::Module& module_;
   nn::FlatParameters& params_;

@@ -41,6 +41,15 @@ Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group
   }
   set_buckets(members);
   observing_ = options.rebuild_buckets && !options.find_unused_parameters;
+  agree_order_ = [this](const std::vector<std::size_t>& observed) {
+    std::vector<float> values(observed.begin(), observed.end());  // exact below 2^24
+    Tensor order =
+        Tensor::from_vector(values, {static_cast<std::int64_t>(values.size())}, params_.device());
+    group_->broadcast(order, 0)->wait();
+    std::vector<std::size_t> agreed;
+    for (const float v : order.to_vector()) agreed.push_back(static_cast<std::size_t>(v));
+    return agreed;
+  };
   if (options.check_steps && group_->size() > 1) {
     step_check_ = std::make_unique<StepCheck>(group_, params_.device());
   }
@@ -134,36 +143,31 @@ void Reducer::hand_on(std::size_t b) {
   for (const Bucket& run : pieces_[b]) bucket_reduced_hook_(run);
 }
 
-void Reducer::launch_order_broadcast() {
-  // The observed order: by the number of autograd nodes run when the gradient became final;
-  // gradients finished by the same node keep their layout order, so a model whose backward
-  // order is its reverse registration order (an MLP) observes exactly its layout.
+std::vector<std::size_t> Reducer::observed_order() const {
+  // By the number of autograd nodes run when the gradient became final; gradients finished by
+  // the same node keep their layout order, so a model whose backward order is its reverse
+  // registration order (an MLP) observes exactly its layout.
   std::vector<std::size_t> order(ready_node_.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return ready_node_[a] < ready_node_[b]; });
+  return order;
+}
+
+void Reducer::agree_on_order() {
   // Every rank takes rank 0's order (PyTorch broadcasts rank 0's bucket assignment the same
   // way): a rank whose autograd happened to finish two gradients the other way round must not
   // cut other buckets, or its collectives would pair with the others' different ones.
-  std::vector<float> values(order.begin(), order.end());  // exact below 2^24 parameters
-  order_ =
-      Tensor::from_vector(values, {static_cast<std::int64_t>(values.size())}, params_.device());
-  order_work_ = group_->broadcast(order_, 0);
-  observing_ = false;
-}
-
-void Reducer::adopt_agreed_order() {
-  order_work_->wait();
-  order_work_ = nullptr;
-  const std::vector<float> values = order_.to_vector();
-  std::vector<std::size_t> order;
-  std::vector<bool> seen(values.size(), false);
-  for (const float v : values) {
-    const auto i = static_cast<std::size_t>(v);
-    NANODDP_CHECK(v >= 0 && i < seen.size() && !seen[i],
-                  "rebuild_buckets: rank 0's gradient order is not a permutation");
-    seen[i] = true;
-    order.push_back(i);
+  std::vector<std::size_t> order = agree_order_(observed_order());
+  std::vector<bool> seen(params_.slots().size(), false);
+  bool valid = order.size() == seen.size();
+  for (const std::size_t i : order) {
+    valid = valid && i < seen.size() && !seen[i];
+    if (valid) seen[i] = true;
+  }
+  if (!valid) {
+    fail("rebuild_buckets: rank 0's gradient order is not a permutation of the {} parameters",
+         seen.size());
   }
   agreed_order_ = std::move(order);
 }
@@ -199,6 +203,8 @@ void Reducer::reset() {
     pending_[b] = static_cast<int>(buckets_[b].slots.size());
   }
   slot_ready_.assign(params_.slots().size(), false);
+  used_.assign(params_.slots().size(), false);
+  marked_unused_.assign(params_.slots().size(), false);
   next_to_launch_ = 0;
   works_.assign(buckets_.size(), nullptr);
   used_work_ = nullptr;
@@ -223,10 +229,30 @@ void Reducer::autograd_hook(std::size_t slot) {
     // Runs once autograd has finished the whole pass (or, if it throws, abort()).
     queue_backward_callback([this] { finalize_backward(); }, [this] { abort(); });
   }
+  // find_unused_parameters: what the forward's output does not reach gets no gradient; its
+  // bucket must not wait for it.
+  for (const std::size_t i : unused_after_forward_) mark_unused_ready(i);
+  unused_after_forward_.clear();
   mark_variable_ready(slot);
 }
 
+void Reducer::prepare_for_backward(const Tensor& output) {
+  unused_after_forward_.clear();
+  if (!options_.find_unused_parameters) return;
+  const auto reached = reachable_leaves(output);
+  for (std::size_t i = 0; i < params_.slots().size(); ++i) {
+    if (!reached.contains(params_.slots()[i].param.impl())) unused_after_forward_.push_back(i);
+  }
+}
+
 void Reducer::mark_variable_ready(std::size_t slot) {
+  if (marked_unused_[slot]) {
+    fail(
+        "parameter '{}' received a gradient although DDP's forward output does not depend on "
+        "it (find_unused_parameters marked it unused): compute the loss from the output of "
+        "DistributedDataParallel::forward only",
+        params_.slots()[slot].name);
+  }
   if (slot_ready_[slot]) {
     fail(
         "parameter '{}' received its gradient twice in one backward pass; this Reducer "
@@ -234,6 +260,7 @@ void Reducer::mark_variable_ready(std::size_t slot) {
         params_.slots()[slot].name);
   }
   slot_ready_[slot] = true;
+  used_[slot] = true;
   if (observing_) ready_node_[slot] = backward_nodes_run();
   const auto now = ReducerTimeline::Clock::now();
   timeline_.gradient_ready(now);
@@ -275,13 +302,11 @@ void Reducer::wait_for_launched() {
     } catch (...) {
     }
   }
-  for (auto* work : {&used_work_, &order_work_}) {
-    if (!*work) continue;
+  if (used_work_) {
     try {
-      (*work)->wait();
+      used_work_->wait();
     } catch (...) {
     }
-    *work = nullptr;
   }
 }
 
@@ -311,22 +336,30 @@ void Reducer::handle_unused() {
         "DistributedDataParallel with find_unused_parameters = true.",
         unused.size(), fmt::join(unused, ", "));
   }
-  // find_unused_parameters: mark an unused parameter ready so its bucket is reduced with the
-  // others (another rank may have used it). Its gradient on this rank is what it holds: the sum
-  // of earlier no_sync micro-batches that did use it (kept, as PyTorch does), or, when nothing
-  // wrote it since zero_grad(), zero (the buffer's stale contents must not be reduced).
   for (std::size_t i = 0; i < slot_ready_.size(); ++i) {
-    if (slot_ready_[i]) continue;
-    const nn::ParameterSlot& slot = params_.slots()[i];
-    if (!slot.param.has_grad()) {
-      Tensor grad = params_.grads().view(slot.offset, slot.param.shape());
-      grad.zero();
-      Tensor param = slot.param;
-      param.set_grad(grad);
-    }
-    slot_ready_[i] = true;
-    const std::size_t b = bucket_of_slot_[i];
-    if (--pending_[b] == 0) timeline_.bucket_ready(b, ReducerTimeline::Clock::now());
+    if (!slot_ready_[i]) mark_unused_ready(i);
+  }
+}
+
+void Reducer::mark_unused_ready(std::size_t i) {
+  // Ready so its bucket is reduced with the others (another rank may have used it). Its gradient
+  // on this rank is what it holds: the sum of earlier no_sync micro-batches that did use it
+  // (kept, as PyTorch does), or, when nothing wrote it since zero_grad(), zero (the buffer's
+  // stale contents must not be reduced).
+  const nn::ParameterSlot& slot = params_.slots()[i];
+  used_[i] = slot.param.has_grad();
+  if (!slot.param.has_grad()) {
+    Tensor grad = params_.grads().view(slot.offset, slot.param.shape());
+    grad.zero();
+    Tensor param = slot.param;
+    param.set_grad(grad);
+  }
+  slot_ready_[i] = true;
+  marked_unused_[i] = true;
+  const std::size_t b = bucket_of_slot_[i];
+  if (--pending_[b] == 0) {
+    timeline_.bucket_ready(b, ReducerTimeline::Clock::now());
+    if (options_.overlap && !finalizing_) launch_ready_buckets();
   }
 }
 
@@ -353,15 +386,13 @@ void Reducer::resolve_unused() {
 void Reducer::finalize_backward() {
   timeline_.backward_ended();
   finalizing_ = true;
-  // Which parameters this rank used (got a gradient since zero_grad(), in this pass or in
-  // no_sync ones), before handle_unused() gives the others a zero gradient to reduce.
+  handle_unused();
+  // Which parameters this rank used: got a gradient since zero_grad(), in this pass or in
+  // no_sync ones (not the zero an unused one was given to reduce).
   std::vector<float> used;
   if (options_.find_unused_parameters) {
-    for (std::size_t i = 0; i < slot_ready_.size(); ++i) {
-      used.push_back(slot_ready_[i] || params_.slots()[i].param.has_grad() ? 1.0f : 0.0f);
-    }
+    for (std::size_t i = 0; i < used_.size(); ++i) used.push_back(used_[i] ? 1.0f : 0.0f);
   }
-  handle_unused();
   launch_ready_buckets();  // what is left
   NANODDP_CHECK(next_to_launch_ == buckets_.size(), "finalize: bucket {} was never launched",
                 next_to_launch_);
@@ -370,8 +401,6 @@ void Reducer::finalize_backward() {
   // Right behind the last bucket (and the used-parameter count): one small op's latency.
   ++synchronized_passes_;
   if (step_check_) step_check_->launch(synchronized_passes_, forward_calls_);
-  // The first synchronized pass's gradient order, agreed now and applied at the next pass.
-  if (observing_) launch_order_broadcast();
   // The parameters unused on every rank are known before the first bucket-reduced hook (the
   // optimizer in backward must skip them), or else before finalize returns.
   const std::size_t resolve_after = bucket_reduced_hook_ ? 0 : buckets_.size() - 1;
@@ -417,9 +446,12 @@ void Reducer::finalize_backward() {
       }
     }
   }
-  if (order_work_) {
+  // The first synchronized pass's gradient order, agreed now (even after a failure: every rank
+  // takes part) and applied when the next synchronized pass starts.
+  if (observing_) {
+    observing_ = false;
     try {
-      adopt_agreed_order();
+      agree_on_order();
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }

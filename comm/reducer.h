@@ -27,12 +27,13 @@
 //     while bucket 1's all-reduce is still on the wire.
 //
 // A parameter that received no gradient leaves its bucket incomplete. By default that is an
-// error naming the parameter. With find_unused_parameters its bucket is launched at finalize with
-// what the parameter's gradient holds: the sum of earlier no_sync micro-batches that used it
-// (kept, as PyTorch keeps it), or zero when nothing wrote it since zero_grad(). One more
-// all-reduce (after the buckets) counts the ranks that used each parameter: one that no rank
-// used is left without a gradient (has_grad() false, as PyTorch leaves .grad None), so the
-// optimizer skips it.
+// error naming the parameter. With find_unused_parameters the parameters DDP's forward output does
+// not reach are marked ready as backward starts (prepare_for_backward), any other missing one at
+// finalize, and their buckets are reduced with what the parameter's gradient holds: the sum of
+// earlier no_sync micro-batches that used it (kept, as PyTorch keeps it), or zero when nothing
+// wrote it since zero_grad(). One more all-reduce (after the buckets) counts the ranks that used
+// each parameter: one that no rank used is left without a gradient (has_grad() false, as PyTorch
+// leaves .grad None), so the optimizer skips it.
 
 #include <cstdint>
 #include <functional>
@@ -100,6 +101,11 @@ class Reducer {
 
   // DDP's forward calls this: the step check compares the count across ranks.
   void note_forward() { ++forward_calls_; }
+  // find_unused_parameters: DDP's forward hands its output here. The parameters the output's
+  // graph does not reach will get no gradient in the backward that follows, so that backward
+  // marks them ready as it starts, and their buckets launch with the others instead of at
+  // finalize (PyTorch's prepare_for_backward). Without it they are found at finalize.
+  void prepare_for_backward(const Tensor& output);
 
   // While false, backward passes only accumulate gradients locally (no_sync).
   void set_sync(bool sync) { sync_ = sync; }
@@ -126,6 +132,12 @@ class Reducer {
   bool in_backward() const { return in_backward_; }
   // Whether the buckets were cut again in the observed gradient order (rebuild_buckets).
   bool buckets_rebuilt() const { return rebuilt_; }
+  // rebuild_buckets: how the ranks agree on one gradient order. Gets this rank's observed order
+  // (slot indices) and returns rank 0's, on every rank. By default a broadcast through the
+  // process group (two host synchronizations, once); DDP sets one through its store instead.
+  using OrderAgreement =
+      std::function<std::vector<std::size_t>(const std::vector<std::size_t>& observed)>;
+  void set_order_agreement(OrderAgreement agreement) { agree_order_ = std::move(agreement); }
 
  private:
   // The algorithm, in PyTorch's reducer's words (docs/ddp-internals.md, "Names").
@@ -136,8 +148,8 @@ class Reducer {
   void finalize_backward();                    // the end-of-backward callback
   // Bucket order from observation (rebuild_buckets): what the first synchronized pass saw,
   // agreed across ranks in its finalize, applied when the next synchronized pass starts.
-  void launch_order_broadcast();
-  void adopt_agreed_order();
+  std::vector<std::size_t> observed_order() const;
+  void agree_on_order();
   void rebuild_buckets();
   void set_buckets(const std::vector<std::vector<std::size_t>>& members);
   void pack(std::size_t bucket);     // a packed bucket's gradients into its buffer
@@ -147,6 +159,7 @@ class Reducer {
   void wait_for_launched();  // every launched bucket's collective, errors ignored
   void reset();
   void handle_unused();
+  void mark_unused_ready(std::size_t slot);  // find_unused_parameters: no gradient will come
   // find_unused_parameters: all-reduces which parameters each rank used, then takes the
   // gradient away from those no rank used.
   void launch_used_map(const std::vector<float>& used);
@@ -169,8 +182,7 @@ class Reducer {
   bool observing_ = false;
   bool rebuilt_ = false;
   std::vector<std::uint64_t> ready_node_;
-  Tensor order_;
-  std::shared_ptr<Work> order_work_;
+  OrderAgreement agree_order_;
   std::vector<std::size_t> agreed_order_;
   ReducerTimeline timeline_;  // timing and tracing; the algorithm only reports to it
 
@@ -181,6 +193,11 @@ class Reducer {
   std::uint64_t backward_pass_ = 0;  // autograd's id of the pass in progress
   std::vector<int> pending_;         // per bucket: gradients still to come
   std::vector<bool> slot_ready_;     // per slot
+  std::vector<bool> used_;           // per slot: a gradient since zero_grad() (this rank)
+  std::vector<bool> marked_unused_;  // per slot: marked ready without a gradient
+  // find_unused_parameters: the slots the last forward's output does not reach, for the next
+  // synchronized pass to mark ready as it starts.
+  std::vector<std::size_t> unused_after_forward_;
   std::size_t next_to_launch_ = 0;
   std::vector<std::shared_ptr<Work>> works_;
   Tensor used_map_;                  // per slot: ranks that used it (find_unused_parameters)

@@ -50,6 +50,26 @@ Tensor record(std::string name, Tensor output, const std::vector<Tensor>& inputs
   return output;
 }
 
+std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root) {
+  std::unordered_set<const TensorImpl*> leaves;
+  if (!root.defined() || !root.requires_grad()) return leaves;
+  if (root.is_leaf()) {
+    leaves.insert(root.impl());
+    return leaves;
+  }
+  std::unordered_set<const Node*> seen{root.grad_fn().get()};
+  std::vector<const Node*> stack{root.grad_fn().get()};
+  while (!stack.empty()) {
+    const Node* node = stack.back();
+    stack.pop_back();
+    for (const Node::Edge& edge : node->edges_) {
+      if (edge.leaf) leaves.insert(edge.leaf.get());
+      if (edge.node && seen.insert(edge.node.get()).second) stack.push_back(edge.node.get());
+    }
+  }
+  return leaves;
+}
+
 // One execution of backward(): the bookkeeping lives only as long as the pass.
 class BackwardPass final : public GradSink {
  public:

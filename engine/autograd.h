@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "nanoddp/engine/tensor.h"
@@ -45,6 +46,12 @@ class GradSink {
   virtual void accumulate(std::size_t i, const Accumulator& write) = 0;
 };
 
+class Node;
+// The leaves (parameters) `root`'s graph reaches: those a backward from `root` can give a
+// gradient. The DDP Reducer walks its forward's output with it to find, before backward
+// starts, the parameters that will get none (find_unused_parameters).
+std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root);
+
 class Node {
  public:
   using BackwardFn = std::function<void(const Tensor& grad_output, GradSink& sink)>;
@@ -56,6 +63,7 @@ class Node {
 
  private:
   friend class BackwardPass;
+  friend std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root);
   // Input i's origin: the node that produced it, or the leaf itself, or nothing (no grad).
   struct Edge {
     std::shared_ptr<Node> node;

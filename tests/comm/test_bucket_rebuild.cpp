@@ -164,3 +164,17 @@ TEST_CASE("reducer: packed buckets (not contiguous in the flat buffer) reduce ex
   // Layout fc1, fc3, fc0, fc2: bucket 0's two runs are fc3 then fc2, bucket 1's fc1 then fc0.
   CHECK(handed_on.size() == 4);
 }
+
+TEST_CASE("reducer: without DDP the ranks agree on the order through a broadcast") {
+  // DDP agrees through its store; a Reducer on its own broadcasts rank 0's order.
+  comm::Distributed dist = world_of_one();
+  ShuffledMlp model({1, 2, 3, 0});
+  nn::FlatParameters params(model, Device::cpu());
+  comm::Reducer reducer(params, dist.group, {.bucket_cap_mb = 0.0001, .first_bucket_mb = 0.0001});
+  for (int step = 0; step < 2; ++step) {
+    params.zero_grad();
+    mse_loss(model.forward(kX), kY).backward();
+  }
+  CHECK(reducer.buckets_rebuilt());
+  CHECK(params.slots()[reducer.buckets().front().slots.front()].name == "fc3.bias");
+}

@@ -386,6 +386,22 @@ void Reducer::resolve_unused() {
 void Reducer::finalize_backward() {
   timeline_.backward_ended();
   finalizing_ = true;
+  launch_rest();
+  std::exception_ptr failure = wait_for_buckets();
+  failure = end_of_pass_checks(failure);
+  if (failure) {
+    wait_for_launched();  // the count of used parameters may still be in flight
+    timeline_.end_failed_pass();
+    reset();
+    std::rethrow_exception(failure);
+  }
+  std::vector<std::int64_t> numels;
+  for (const Bucket& bucket : buckets_) numels.push_back(bucket.numel);
+  timeline_.end_pass(works_, std::move(numels), comm_hook_name(options_.comm_hook));
+  reset();
+}
+
+void Reducer::launch_rest() {
   handle_unused();
   // Which parameters this rank used: got a gradient since zero_grad(), in this pass or in
   // no_sync ones (not the zero an unused one was given to reduce).
@@ -393,7 +409,7 @@ void Reducer::finalize_backward() {
   if (options_.find_unused_parameters) {
     for (std::size_t i = 0; i < used_.size(); ++i) used.push_back(used_[i] ? 1.0f : 0.0f);
   }
-  launch_ready_buckets();  // what is left
+  launch_ready_buckets();  // every bucket not launched during backward
   NANODDP_CHECK(next_to_launch_ == buckets_.size(), "finalize: bucket {} was never launched",
                 next_to_launch_);
   // After every bucket, so that every rank issues the collectives in the same order.
@@ -401,13 +417,15 @@ void Reducer::finalize_backward() {
   // Right behind the last bucket (and the used-parameter count): one small op's latency.
   ++synchronized_passes_;
   if (step_check_) step_check_->launch(synchronized_passes_, forward_calls_);
+}
+
+std::exception_ptr Reducer::wait_for_buckets() {
   // The parameters unused on every rank are known before the first bucket-reduced hook (the
   // optimizer in backward must skip them), or else before finalize returns.
   const std::size_t resolve_after = bucket_reduced_hook_ ? 0 : buckets_.size() - 1;
-
-  // Wait for each bucket in order, and hand it on as soon as its average is in place. After a
-  // failure the gradients are garbage: wait for the rest (never leave a collective running on
-  // buffers we stop tracking), but run nothing on them.
+  // In order, each handed on as soon as its average is in place. After a failure the gradients
+  // are garbage: wait for the rest (never leave a collective running on buffers we stop
+  // tracking), but run nothing on them.
   std::exception_ptr failure;
   timeline_.begin_waits(/*per_bucket=*/static_cast<bool>(bucket_reduced_hook_));
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
@@ -420,13 +438,7 @@ void Reducer::finalize_backward() {
     }
     timeline_.after_wait(b);
     if (failure) continue;
-    Bucket& bucket = buckets_[b];
-    if (options_.comm_hook == CommHook::kBf16) {
-      backend_for(bucket.grads.device())
-          .bf16_to_f32(static_cast<const std::uint16_t*>(bucket.compressed.raw_data()),
-                       bucket.grads.data(), bucket.numel);
-    }
-    if (bucket.packed) unpack(b);
+    bucket_reduced(b);
     if (bucket_reduced_hook_) {
       try {
         hand_on(b);
@@ -435,6 +447,21 @@ void Reducer::finalize_backward() {
       }
     }
   }
+  return failure;
+}
+
+void Reducer::bucket_reduced(std::size_t b) {
+  // all_reduce_bucket's preparation undone: back to float32, back into the flat buffer.
+  Bucket& bucket = buckets_[b];
+  if (options_.comm_hook == CommHook::kBf16) {
+    backend_for(bucket.grads.device())
+        .bf16_to_f32(static_cast<const std::uint16_t*>(bucket.compressed.raw_data()),
+                     bucket.grads.data(), bucket.numel);
+  }
+  if (bucket.packed) unpack(b);
+}
+
+std::exception_ptr Reducer::end_of_pass_checks(std::exception_ptr failure) {
   if (step_check_) {
     if (failure) {
       step_check_->wait_quietly();
@@ -456,16 +483,7 @@ void Reducer::finalize_backward() {
       if (!failure) failure = std::current_exception();
     }
   }
-  if (failure) {
-    wait_for_launched();  // the count of used parameters may still be in flight
-    timeline_.end_failed_pass();
-    reset();
-    std::rethrow_exception(failure);
-  }
-  std::vector<std::int64_t> numels;
-  for (const Bucket& bucket : buckets_) numels.push_back(bucket.numel);
-  timeline_.end_pass(works_, std::move(numels), comm_hook_name(options_.comm_hook));
-  reset();
+  return failure;
 }
 
 std::string Reducer::describe_buckets() const {

@@ -36,6 +36,7 @@
 // leaves .grad None), so the optimizer skips it.
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -146,6 +147,10 @@ class Reducer {
   void launch_ready_buckets();                 // in index order (PyTorch: mark_bucket_ready)
   void all_reduce_bucket(std::size_t bucket);  // applies the comm hook's collective
   void finalize_backward();                    // the end-of-backward callback
+  void launch_rest();                          // finalize: what backward did not launch
+  std::exception_ptr wait_for_buckets();       // finalize: in order, each handed on
+  void bucket_reduced(std::size_t bucket);     // the comm hook and packing undone
+  std::exception_ptr end_of_pass_checks(std::exception_ptr failure);
   // Bucket order from observation (rebuild_buckets): what the first synchronized pass saw,
   // agreed across ranks in its finalize, applied when the next synchronized pass starts.
   std::vector<std::size_t> observed_order() const;

@@ -17,6 +17,7 @@ std::vector<std::string> describe(const ReducerOptions& options, bool broadcast_
           fmt::format("comm_hook={}", comm_hook_name(options.comm_hook)),
           fmt::format("overlap={}", options.overlap),
           fmt::format("check_steps={}", options.check_steps),
+          fmt::format("rebuild_buckets={}", options.rebuild_buckets),
           fmt::format("broadcast_parameters={}", broadcast_parameters)};
 }
 
@@ -53,6 +54,27 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, nn::FlatPar
 
   // 3. Buckets and hooks.
   reducer_ = std::make_unique<Reducer>(params, group_, options.reducer);
+  agree_order_through_store();
+}
+
+void DistributedDataParallel::agree_order_through_store() {
+  // rebuild_buckets: rank 0's gradient order goes through the store, host to host, instead of a
+  // collective (which on a GPU would cost an upload and a read-back).
+  reducer_->set_order_agreement([this, key = fmt::format("{}/order/{}", key_, generation_)](
+                                    const std::vector<std::size_t>& observed) {
+    if (group_->rank() == 0) store_->set(key, fmt::format("{}", fmt::join(observed, ",")));
+    const std::string text = group_->rank() == 0 ? std::string() : store_->get_string(key);
+    if (group_->rank() == 0) return observed;
+    std::vector<std::size_t> order;
+    std::size_t at = 0;
+    while (at < text.size()) {
+      std::size_t end = text.find(',', at);
+      if (end == std::string::npos) end = text.size();
+      order.push_back(std::stoul(text.substr(at, end - at)));
+      at = end + 1;
+    }
+    return order;
+  });
 }
 
 void DistributedDataParallel::check_settings(const ReducerOptions& options) {
@@ -69,11 +91,12 @@ void DistributedDataParallel::reconfigure(const ReducerOptions& options) {
   }
   check_settings(options);
   const bool sync = reducer_->sync();
-  Reducer::BucketHook hook = reducer_->bucket_reduced_hook();
+  Reducer::BucketReducedHook bucket_hook = reducer_->bucket_reduced_hook();
   reducer_.reset();  // waits for its collectives and removes its hooks first
   reducer_ = std::make_unique<Reducer>(params_, group_, options);
   reducer_->set_sync(sync);
-  if (hook) reducer_->set_bucket_reduced_hook(std::move(hook));
+  if (bucket_hook) reducer_->set_bucket_reduced_hook(std::move(bucket_hook));
+  agree_order_through_store();
   options_.reducer = options;
 }
 

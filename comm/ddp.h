@@ -13,6 +13,10 @@
 // and the same DDP settings — a mismatch fails on every rank, naming the first difference —
 // and rank 0's parameters are broadcast so that all ranks start equal. At the end of every
 // synchronized backward pass the ranks check that they are at the same step (step_check.h).
+// After the first one the buckets are cut again in the gradient order rank 0 observed
+// (ReducerOptions::rebuild_buckets; the order travels through the store). With
+// find_unused_parameters, forward walks its output's graph so that the backward that follows
+// need not wait for the parameters it cannot reach (Reducer::prepare_for_backward).
 
 #include <memory>
 #include <string>
@@ -26,7 +30,8 @@
 namespace nanoddp::comm {
 
 struct DdpOptions {
-  // Buckets, overlap, unused parameters, the comm hook, the per-step check (reducer.h).
+  // Buckets and their rebuild, overlap, unused parameters, the comm hook, the per-step check
+  // (reducer.h).
   ReducerOptions reducer;
   // Start from rank 0's parameters (PyTorch always does; off when every rank loaded the same).
   bool broadcast_parameters = true;
@@ -40,7 +45,9 @@ class DistributedDataParallel {
 
   Tensor forward(const Tensor& x) {
     reducer_->note_forward();  // compared across ranks every step (step_check.h)
-    return module_.forward(x);
+    Tensor output = module_.forward(x);
+    reducer_->prepare_for_backward(output);  // find_unused_parameters: walks its graph
+    return output;
   }
   Tensor operator()(const Tensor& x) { return forward(x); }
 
@@ -75,6 +82,7 @@ class DistributedDataParallel {
 
  private:
   void check_settings(const ReducerOptions& options);
+  void agree_order_through_store();
 
   nn::Module& module_;
   nn::FlatParameters& params_;

@@ -3,8 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <map>
-#include <optional>
+#include <algorithm>
 #include <string>
 
 #include "nanoddp/comm/bucket_assignment.h"
@@ -12,19 +11,8 @@
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/debug_log.h"
 #include "nanoddp/kernels/error.h"
-#include "nanoddp/engine/trace.h"
 
 namespace nanoddp::comm {
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_between(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double, std::milli>(to - from).count();
-}
-
-}  // namespace
 
 CommHook parse_comm_hook(const std::string& name) {
   if (name == "allreduce") return CommHook::kAllreduce;
@@ -38,49 +26,46 @@ const char* comm_hook_name(CommHook hook) {
 
 Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group,
                  const ReducerOptions& options)
-    : params_(params), group_(std::move(group)), options_(options) {
+    : params_(params), group_(std::move(group)), options_(options), timeline_(params.device()) {
   // Cut the flat gradient buffer into buckets, in its (reverse registration) order
   // (bucket_assignment.h: the rule nanoddp-sim uses too).
   const auto& slots = params_.slots();
   std::vector<std::int64_t> numels;
   for (const auto& slot : slots) numels.push_back(slot.numel);
-  bucket_of_slot_.resize(slots.size());
+  std::vector<std::vector<std::size_t>> members;
   for (const BucketRange& range :
        assign_buckets(numels, options.first_bucket_mb, options.bucket_cap_mb)) {
-    Bucket bucket{.offset = slots[range.first].offset, .numel = range.numel};
-    for (std::size_t i = range.first; i < range.first + range.count; ++i) {
-      bucket.slots.push_back(i);
-      bucket_of_slot_[i] = buckets_.size();
-    }
-    buckets_.push_back(std::move(bucket));
+    members.emplace_back();
+    for (std::size_t i = range.first; i < range.first + range.count; ++i)
+      members.back().push_back(i);
   }
-  const Device device = params_.device();
-  for (Bucket& bucket : buckets_) {
-    bucket.grads = params_.grads().view(bucket.offset, {bucket.numel});
-    if (options.comm_hook == CommHook::kBf16) {
-      bucket.compressed = Tensor::empty({bucket.numel}, device, DType::kBF16);
-    }
-    wait_begin_.emplace_back(device);
-    wait_end_.emplace_back(device);
-  }
-  backward_end_event_ = Event(device);
-  if (device.is_cuda()) anchor_ = std::make_unique<ClockAnchor>(Stream::compute(device));
+  set_buckets(members);
+  observing_ = options.rebuild_buckets && !options.find_unused_parameters;
+  agree_order_ = [this](const std::vector<std::size_t>& observed) {
+    std::vector<float> values(observed.begin(), observed.end());  // exact below 2^24
+    Tensor order =
+        Tensor::from_vector(values, {static_cast<std::int64_t>(values.size())}, params_.device());
+    group_->broadcast(order, 0)->wait();
+    std::vector<std::size_t> agreed;
+    for (const float v : order.to_vector()) agreed.push_back(static_cast<std::size_t>(v));
+    return agreed;
+  };
   if (options.check_steps && group_->size() > 1) {
-    step_check_ = std::make_unique<StepCheck>(group_, device);
+    step_check_ = std::make_unique<StepCheck>(group_, params_.device());
   }
-
-  // The hooks hold a weak handle: a hook that outlives its Reducer does nothing.
   if (debug_enabled(DebugLevel::kInfo)) {
     debug_log(DebugLevel::kInfo, "reducer: {} buckets (first {} MiB, then {} MiB, overlap {})\n{}",
               buckets_.size(), options.first_bucket_mb, options.bucket_cap_mb,
               options.overlap ? "on" : "off", describe_buckets());
   }
+
+  // The autograd hooks hold a weak handle: one that outlives its Reducer does nothing.
   alive_ = std::make_shared<Reducer*>(this);
   for (std::size_t i = 0; i < slots.size(); ++i) {
     Tensor param = slots[i].param;
     std::weak_ptr<Reducer*> weak = alive_;
-    hooks_.push_back(param.register_post_accumulate_grad_hook([weak, i](Tensor&) {
-      if (auto self = weak.lock()) (*self)->on_gradient_ready(i);
+    autograd_hooks_.push_back(param.register_post_accumulate_grad_hook([weak, i](Tensor&) {
+      if (auto self = weak.lock()) (*self)->autograd_hook(i);
     }));
   }
   reset();
@@ -90,7 +75,124 @@ Reducer::~Reducer() {
   // Never leave a collective running on buffers we are about to stop tracking, nor a hook on
   // the parameters (a rebuilt Reducer registers its own).
   wait_for_launched();
-  for (HookHandle& hook : hooks_) hook.remove_quietly();
+  for (HookHandle& hook : autograd_hooks_) hook.remove_quietly();
+}
+
+void Reducer::set_buckets(const std::vector<std::vector<std::size_t>>& members) {
+  const auto& slots = params_.slots();
+  buckets_.clear();
+  pieces_.clear();
+  bucket_of_slot_.assign(slots.size(), 0);
+  for (std::vector<std::size_t> bucket_slots : members) {
+    std::sort(bucket_slots.begin(), bucket_slots.end());
+    Bucket bucket;
+    for (std::size_t i : bucket_slots) {
+      bucket.numel += slots[i].numel;
+      bucket_of_slot_[i] = buckets_.size();
+    }
+    // Contiguous runs of the flat gradient buffer: one (a view, nothing copied) unless the
+    // bucket was cut in an observed order that differs from the layout.
+    std::vector<Bucket> runs;
+    for (std::size_t i : bucket_slots) {
+      if (runs.empty() || runs.back().slots.back() + 1 != i) {
+        runs.push_back(Bucket{.offset = slots[i].offset});
+      }
+      runs.back().slots.push_back(i);
+      runs.back().numel += slots[i].numel;
+    }
+    for (Bucket& run : runs) run.grads = params_.grads().view(run.offset, {run.numel});
+    bucket.slots = std::move(bucket_slots);
+    if (runs.size() == 1) {
+      bucket.offset = runs[0].offset;
+      bucket.grads = runs[0].grads;
+      runs.clear();
+    } else {
+      bucket.offset = -1;
+      bucket.packed = true;
+      bucket.grads = Tensor::empty({bucket.numel}, params_.device());
+    }
+    if (options_.comm_hook == CommHook::kBf16) {
+      bucket.compressed = Tensor::empty({bucket.numel}, params_.device(), DType::kBF16);
+    }
+    buckets_.push_back(std::move(bucket));
+    pieces_.push_back(std::move(runs));
+  }
+  timeline_.set_bucket_count(buckets_.size());
+}
+
+void Reducer::pack(std::size_t b) {
+  Bucket& bucket = buckets_[b];
+  std::int64_t at = 0;
+  for (const Bucket& run : pieces_[b]) {
+    bucket.grads.view(at, {run.numel}).copy_from(run.grads);
+    at += run.numel;
+  }
+}
+
+void Reducer::unpack(std::size_t b) {
+  Bucket& bucket = buckets_[b];
+  std::int64_t at = 0;
+  for (Bucket& run : pieces_[b]) {
+    run.grads.copy_from(bucket.grads.view(at, {run.numel}));
+    at += run.numel;
+  }
+}
+
+void Reducer::hand_on(std::size_t b) {
+  if (!buckets_[b].packed) return bucket_reduced_hook_(buckets_[b]);
+  for (const Bucket& run : pieces_[b]) bucket_reduced_hook_(run);
+}
+
+std::vector<std::size_t> Reducer::observed_order() const {
+  // By the number of autograd nodes run when the gradient became final; gradients finished by
+  // the same node keep their layout order, so a model whose backward order is its reverse
+  // registration order (an MLP) observes exactly its layout.
+  std::vector<std::size_t> order(ready_node_.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return ready_node_[a] < ready_node_[b]; });
+  return order;
+}
+
+void Reducer::agree_on_order() {
+  // Every rank takes rank 0's order (PyTorch broadcasts rank 0's bucket assignment the same
+  // way): a rank whose autograd happened to finish two gradients the other way round must not
+  // cut other buckets, or its collectives would pair with the others' different ones.
+  std::vector<std::size_t> order = agree_order_(observed_order());
+  std::vector<bool> seen(params_.slots().size(), false);
+  bool valid = order.size() == seen.size();
+  for (const std::size_t i : order) {
+    valid = valid && i < seen.size() && !seen[i];
+    if (valid) seen[i] = true;
+  }
+  if (!valid) {
+    fail("rebuild_buckets: rank 0's gradient order is not a permutation of the {} parameters",
+         seen.size());
+  }
+  agreed_order_ = std::move(order);
+}
+
+void Reducer::rebuild_buckets() {
+  std::vector<std::int64_t> numels;
+  for (std::size_t i : agreed_order_) numels.push_back(params_.slots()[i].numel);
+  std::vector<std::vector<std::size_t>> members;
+  for (const BucketRange& range :
+       assign_buckets(numels, options_.first_bucket_mb, options_.bucket_cap_mb)) {
+    members.emplace_back(
+        agreed_order_.begin() + static_cast<std::ptrdiff_t>(range.first),
+        agreed_order_.begin() + static_cast<std::ptrdiff_t>(range.first + range.count));
+  }
+  agreed_order_.clear();
+  rebuilt_ = true;
+  bool same = members.size() == buckets_.size();
+  for (std::size_t b = 0; same && b < members.size(); ++b) {
+    std::sort(members[b].begin(), members[b].end());
+    same = members[b] == buckets_[b].slots;
+  }
+  if (same) return;  // the layout already was the observed order
+  set_buckets(members);
+  debug_log(DebugLevel::kInfo, "reducer: buckets rebuilt in the observed gradient order\n{}",
+            describe_buckets());
 }
 
 void Reducer::reset() {
@@ -101,29 +203,55 @@ void Reducer::reset() {
     pending_[b] = static_cast<int>(buckets_[b].slots.size());
   }
   slot_ready_.assign(params_.slots().size(), false);
+  used_.assign(params_.slots().size(), false);
+  marked_unused_.assign(params_.slots().size(), false);
   next_to_launch_ = 0;
   works_.assign(buckets_.size(), nullptr);
   used_work_ = nullptr;
 }
 
-void Reducer::on_gradient_ready(std::size_t slot) {
+void Reducer::autograd_hook(std::size_t slot) {
   if (!sync_) return;  // no_sync: the gradient just accumulates locally
-  const Clock::time_point now = Clock::now();
   if (in_backward_ && current_backward_pass() != backward_pass_) {
     // The previous pass died before its end and nobody told us (abort() below normally runs):
     // drop its state and start over with this pass.
     abort();
   }
   if (!in_backward_) {
+    if (!agreed_order_.empty()) {
+      rebuild_buckets();
+      reset();
+    }
+    if (observing_) ready_node_.assign(params_.slots().size(), 0);
     backward_pass_ = current_backward_pass();
     in_backward_ = true;
-    stats_ = ReducerStats{};
-    stats_.origin = now;
-    exposed_pending_ = false;
-    timed_works_.clear();  // timings of the previous step not asked for by now are dropped
-    stats_.buckets.assign(buckets_.size(), BucketStats{});
+    timeline_.start_pass(ReducerTimeline::Clock::now());
     // Runs once autograd has finished the whole pass (or, if it throws, abort()).
-    queue_backward_callback([this] { finalize(); }, [this] { abort(); });
+    queue_backward_callback([this] { finalize_backward(); }, [this] { abort(); });
+  }
+  // find_unused_parameters: what the forward's output does not reach gets no gradient; its
+  // bucket must not wait for it.
+  for (const std::size_t i : unused_after_forward_) mark_unused_ready(i);
+  unused_after_forward_.clear();
+  mark_variable_ready(slot);
+}
+
+void Reducer::prepare_for_backward(const Tensor& output) {
+  unused_after_forward_.clear();
+  if (!options_.find_unused_parameters) return;
+  const auto reached = reachable_leaves(output);
+  for (std::size_t i = 0; i < params_.slots().size(); ++i) {
+    if (!reached.contains(params_.slots()[i].param.impl())) unused_after_forward_.push_back(i);
+  }
+}
+
+void Reducer::mark_variable_ready(std::size_t slot) {
+  if (marked_unused_[slot]) {
+    fail(
+        "parameter '{}' received a gradient although DDP's forward output does not depend on "
+        "it (find_unused_parameters marked it unused): compute the loss from the output of "
+        "DistributedDataParallel::forward only",
+        params_.slots()[slot].name);
   }
   if (slot_ready_[slot]) {
     fail(
@@ -132,15 +260,35 @@ void Reducer::on_gradient_ready(std::size_t slot) {
         params_.slots()[slot].name);
   }
   slot_ready_[slot] = true;
-  last_gradient_ = now;
+  used_[slot] = true;
+  if (observing_) ready_node_[slot] = backward_nodes_run();
+  const auto now = ReducerTimeline::Clock::now();
+  timeline_.gradient_ready(now);
   const std::size_t b = bucket_of_slot_[slot];
   if (--pending_[b] == 0) {
-    stats_.buckets[b].ready_ms = ms_between(stats_.origin, now);
-    if (Tracer* tracer = active_tracer()) {
-      tracer->instant_on(params_.device(), now, fmt::format("bucket {} ready", b),
-                         TraceTrack::kMarkers);
-    }
+    timeline_.bucket_ready(b, now);
     if (options_.overlap) launch_ready_buckets();
+  }
+}
+
+void Reducer::launch_ready_buckets() {
+  // Strictly in index order: bucket b+1 waits for bucket b even when it is ready first.
+  while (next_to_launch_ < buckets_.size() && pending_[next_to_launch_] == 0) {
+    all_reduce_bucket(next_to_launch_++);
+  }
+}
+
+void Reducer::all_reduce_bucket(std::size_t b) {
+  Bucket& bucket = buckets_[b];
+  timeline_.bucket_launched(b, bucket.numel, finalizing_);
+  if (bucket.packed) pack(b);
+  if (options_.comm_hook == CommHook::kBf16) {
+    backend_for(bucket.grads.device())
+        .f32_to_bf16(bucket.grads.data(), static_cast<std::uint16_t*>(bucket.compressed.raw_data()),
+                     bucket.numel);
+    works_[b] = group_->allreduce(bucket.compressed, ReduceOp::kAvg);
+  } else {
+    works_[b] = group_->allreduce(bucket.grads, ReduceOp::kAvg);
   }
 }
 
@@ -166,30 +314,8 @@ void Reducer::abort() {
   // Collectives already launched keep writing into the gradient buckets: wait for them (their
   // errors are moot, the pass failed anyway) before anyone computes into those buffers again.
   wait_for_launched();
+  timeline_.end_failed_pass();
   reset();
-}
-
-void Reducer::launch_ready_buckets() {
-  // Strictly in index order: bucket b+1 waits for bucket b even when it is ready first.
-  while (next_to_launch_ < buckets_.size() && pending_[next_to_launch_] == 0) {
-    launch(next_to_launch_++);
-  }
-}
-
-void Reducer::launch(std::size_t b) {
-  Bucket& bucket = buckets_[b];
-  stats_.buckets[b].launch_ms = ms_between(stats_.origin, Clock::now());
-  stats_.buckets[b].launched_after_backward = finalizing_;
-  debug_log(DebugLevel::kDetail, "reducer: bucket {} ({} elements) launched at +{:.3f} ms", b,
-            bucket.numel, stats_.buckets[b].launch_ms);
-  if (options_.comm_hook == CommHook::kBf16) {
-    backend_for(bucket.grads.device())
-        .f32_to_bf16(bucket.grads.data(), static_cast<std::uint16_t*>(bucket.compressed.raw_data()),
-                     bucket.numel);
-    works_[b] = group_->allreduce(bucket.compressed, ReduceOp::kAvg);
-  } else {
-    works_[b] = group_->allreduce(bucket.grads, ReduceOp::kAvg);
-  }
 }
 
 void Reducer::handle_unused() {
@@ -202,6 +328,7 @@ void Reducer::handle_unused() {
     // Let the buckets already in flight finish (the other ranks launched them too) before
     // reporting, so no collective is left half done.
     wait_for_launched();
+    timeline_.end_failed_pass();
     reset();
     fail(
         "{} parameter(s) received no gradient in this backward pass, so their buckets could "
@@ -209,22 +336,30 @@ void Reducer::handle_unused() {
         "DistributedDataParallel with find_unused_parameters = true.",
         unused.size(), fmt::join(unused, ", "));
   }
-  // find_unused_parameters: mark an unused parameter ready so its bucket is reduced with the
-  // others (another rank may have used it). Its gradient on this rank is what it holds: the sum
-  // of earlier no_sync micro-batches that did use it (kept, as PyTorch does), or, when nothing
-  // wrote it since zero_grad(), zero (the buffer's stale contents must not be reduced).
   for (std::size_t i = 0; i < slot_ready_.size(); ++i) {
-    if (slot_ready_[i]) continue;
-    const nn::ParameterSlot& slot = params_.slots()[i];
-    if (!slot.param.has_grad()) {
-      Tensor grad = params_.grads().view(slot.offset, slot.param.shape());
-      grad.zero();
-      Tensor param = slot.param;
-      param.set_grad(grad);
-    }
-    slot_ready_[i] = true;
-    const std::size_t b = bucket_of_slot_[i];
-    if (--pending_[b] == 0) stats_.buckets[b].ready_ms = ms_between(stats_.origin, Clock::now());
+    if (!slot_ready_[i]) mark_unused_ready(i);
+  }
+}
+
+void Reducer::mark_unused_ready(std::size_t i) {
+  // Ready so its bucket is reduced with the others (another rank may have used it). Its gradient
+  // on this rank is what it holds: the sum of earlier no_sync micro-batches that did use it
+  // (kept, as PyTorch does), or, when nothing wrote it since zero_grad(), zero (the buffer's
+  // stale contents must not be reduced).
+  const nn::ParameterSlot& slot = params_.slots()[i];
+  used_[i] = slot.param.has_grad();
+  if (!slot.param.has_grad()) {
+    Tensor grad = params_.grads().view(slot.offset, slot.param.shape());
+    grad.zero();
+    Tensor param = slot.param;
+    param.set_grad(grad);
+  }
+  slot_ready_[i] = true;
+  marked_unused_[i] = true;
+  const std::size_t b = bucket_of_slot_[i];
+  if (--pending_[b] == 0) {
+    timeline_.bucket_ready(b, ReducerTimeline::Clock::now());
+    if (options_.overlap && !finalizing_) launch_ready_buckets();
   }
 }
 
@@ -248,86 +383,85 @@ void Reducer::resolve_unused() {
   }
 }
 
-void Reducer::finalize() {
-  // Backward's useful work ends with the last gradient: what runs between it and this callback
-  // is autograd's bookkeeping, and an all-reduce running then hides behind nothing (counting
-  // from here read overlap 1.0 for a last bucket reduced in that gap). On a GPU the event below
-  // marks the end on the compute stream instead (collect_timings).
-  stats_.backward_end_ms = ms_between(stats_.origin, last_gradient_);
+void Reducer::finalize_backward() {
+  timeline_.backward_ended();
   finalizing_ = true;
-  backward_end_event_.record(Stream::compute(params_.device()));
-  // Which parameters this rank used (got a gradient since zero_grad(), in this pass or in
-  // no_sync ones), before handle_unused() gives the others a zero gradient to reduce.
+  launch_rest();
+  std::exception_ptr failure = wait_for_buckets();
+  failure = end_of_pass_checks(failure);
+  if (failure) {
+    wait_for_launched();  // the count of used parameters may still be in flight
+    timeline_.end_failed_pass();
+    reset();
+    std::rethrow_exception(failure);
+  }
+  std::vector<std::int64_t> numels;
+  for (const Bucket& bucket : buckets_) numels.push_back(bucket.numel);
+  timeline_.end_pass(works_, std::move(numels), comm_hook_name(options_.comm_hook));
+  reset();
+}
+
+void Reducer::launch_rest() {
+  handle_unused();
+  // Which parameters this rank used: got a gradient since zero_grad(), in this pass or in
+  // no_sync ones (not the zero an unused one was given to reduce).
   std::vector<float> used;
   if (options_.find_unused_parameters) {
-    for (std::size_t i = 0; i < slot_ready_.size(); ++i) {
-      used.push_back(slot_ready_[i] || params_.slots()[i].param.has_grad() ? 1.0f : 0.0f);
-    }
+    for (std::size_t i = 0; i < used_.size(); ++i) used.push_back(used_[i] ? 1.0f : 0.0f);
   }
-  handle_unused();
-  launch_ready_buckets();
+  launch_ready_buckets();  // every bucket not launched during backward
   NANODDP_CHECK(next_to_launch_ == buckets_.size(), "finalize: bucket {} was never launched",
                 next_to_launch_);
   // After every bucket, so that every rank issues the collectives in the same order.
   if (options_.find_unused_parameters) launch_used_map(used);
-  // Right behind the last bucket (and the used-parameter count), so it costs one small op's
-  // latency.
+  // Right behind the last bucket (and the used-parameter count): one small op's latency.
   ++synchronized_passes_;
   if (step_check_) step_check_->launch(synchronized_passes_, forward_calls_);
-  // The parameters unused on every rank are known before the first bucket hook (the optimizer
-  // in backward must skip them), or else before finalize returns; the wait counts as exposed.
-  const std::size_t resolve_after = bucket_reduced_hook_ ? 0 : buckets_.size() - 1;
+}
 
-  // wait_ms is what the compute stream waits for here, so two events on it bracket each
-  // bucket's wait. On the CPU the "stream" is this thread and the events are host
-  // times: the host's wait. On a GPU Work::wait() only makes the compute stream wait (the host
-  // goes on at once), and the intervals, read once the step has run, are the GPU stalling for
-  // the all-reduce. Without a bucket hook the intervals follow each other without a gap; with
-  // one, the hook's work (the optimizer) lies between them and is not counted.
-  const Stream compute = Stream::compute(params_.device());
-  Tracer* tracer = active_tracer();
-  // In a trace, the waits are "wait for all-reduce" spans on the compute track: one span for
-  // all of them, or with a bucket hook one per bucket (the hook's work lies between them). On
-  // a GPU they are the compute stream's stalls, not the host's (instant) enqueue of the waits.
-  std::optional<TraceSpan> all_waits;
-  if (tracer && !bucket_reduced_hook_) {
-    all_waits.emplace(tracer, "wait for all-reduce", TraceTrack::kCompute, params_.device());
-  }
+std::exception_ptr Reducer::wait_for_buckets() {
+  // The parameters unused on every rank are known before the first bucket-reduced hook (the
+  // optimizer in backward must skip them), or else before finalize returns.
+  const std::size_t resolve_after = bucket_reduced_hook_ ? 0 : buckets_.size() - 1;
+  // In order, each handed on as soon as its average is in place. After a failure the gradients
+  // are garbage: wait for the rest (never leave a collective running on buffers we stop
+  // tracking), but run nothing on them.
   std::exception_ptr failure;
+  timeline_.begin_waits(/*per_bucket=*/static_cast<bool>(bucket_reduced_hook_));
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    {
-      std::optional<TraceSpan> bucket_wait;
-      if (tracer && bucket_reduced_hook_) {
-        bucket_wait.emplace(tracer, "wait for all-reduce", TraceTrack::kCompute, params_.device(),
-                            std::map<std::string, std::string>{{"bucket", std::to_string(b)}});
-      }
-      wait_begin_[b].record(compute);
-      try {
-        works_[b]->wait();
-        if (b == resolve_after) resolve_unused();
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-      wait_end_[b].record(compute);
+    timeline_.before_wait(b);
+    try {
+      works_[b]->wait();
+      if (b == resolve_after) resolve_unused();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
     }
-    if (b + 1 == buckets_.size()) all_waits.reset();
-    // After a failure the gradients are garbage: wait for the rest (never leave a collective
-    // running on buffers we stop tracking), but run nothing on them.
+    timeline_.after_wait(b);
     if (failure) continue;
-    Bucket& bucket = buckets_[b];
-    if (options_.comm_hook == CommHook::kBf16) {
-      backend_for(bucket.grads.device())
-          .bf16_to_f32(static_cast<const std::uint16_t*>(bucket.compressed.raw_data()),
-                       bucket.grads.data(), bucket.numel);
-    }
+    bucket_reduced(b);
     if (bucket_reduced_hook_) {
       try {
-        bucket_reduced_hook_(bucket);
+        hand_on(b);
       } catch (...) {
         failure = std::current_exception();
       }
     }
   }
+  return failure;
+}
+
+void Reducer::bucket_reduced(std::size_t b) {
+  // all_reduce_bucket's preparation undone: back to float32, back into the flat buffer.
+  Bucket& bucket = buckets_[b];
+  if (options_.comm_hook == CommHook::kBf16) {
+    backend_for(bucket.grads.device())
+        .bf16_to_f32(static_cast<const std::uint16_t*>(bucket.compressed.raw_data()),
+                     bucket.grads.data(), bucket.numel);
+  }
+  if (bucket.packed) unpack(b);
+}
+
+std::exception_ptr Reducer::end_of_pass_checks(std::exception_ptr failure) {
   if (step_check_) {
     if (failure) {
       step_check_->wait_quietly();
@@ -339,83 +473,17 @@ void Reducer::finalize() {
       }
     }
   }
-  // A GPU's events are not done yet (reading them now would fail): collect_timings() reads them.
-  exposed_pending_ = params_.device().is_cuda();
-  stats_.wait_ms = exposed_pending_ ? 0.0 : exposed_wait_ms();
-  if (failure) {
-    wait_for_launched();  // the count of used parameters may still be in flight
-    reset();
-    std::rethrow_exception(failure);
-  }
-  // Timings: a CPU collective has finished by now; a CUDA one may still be running on its
-  // stream (the host did not wait), so its timing is picked up later by last_stats().
-  timed_works_ = works_;
-  timed_tracer_ = tracer;
-  collect_timings();
-  reset();
-}
-
-double Reducer::exposed_wait_ms() const {
-  double total = 0;
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    total += wait_begin_[b].elapsed_ms(wait_end_[b]);
-  }
-  return total;
-}
-
-void Reducer::collect_timings() {
-  if (exposed_pending_ && wait_end_.back().query()) {
-    stats_.wait_ms = exposed_wait_ms();
-    // The GPU's backward ended when the compute stream reached finalize.
-    stats_.backward_end_ms = ms_between(stats_.origin, anchor_->host_time_of(backward_end_event_));
-    exposed_pending_ = false;
-    // Event times are float milliseconds since the anchor: renew it every minute (this waits
-    // for the compute stream once).
-    if (Clock::now() - anchor_->host_time() > std::chrono::minutes(1)) {
-      anchor_ = std::make_unique<ClockAnchor>(Stream::compute(params_.device()));
+  // The first synchronized pass's gradient order, agreed now (even after a failure: every rank
+  // takes part) and applied when the next synchronized pass starts.
+  if (observing_) {
+    observing_ = false;
+    try {
+      agree_on_order();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
     }
   }
-  for (std::size_t b = 0; b < timed_works_.size(); ++b) {
-    if (!timed_works_[b]) continue;
-    const auto timing = timed_works_[b]->timing();
-    if (!timing) continue;
-    BucketStats& s = stats_.buckets[b];
-    s.start_ms = ms_between(stats_.origin, timing->start);
-    s.end_ms = ms_between(stats_.origin, timing->end);
-    stats_.comm_ms += s.allreduce_ms();
-    if (timed_tracer_) {
-      timed_tracer_->span(fmt::format("all-reduce bucket {}", b), TraceTrack::kCommunication,
-                          timing->start, timing->end,
-                          {{"elements", std::to_string(buckets_[b].numel)},
-                           {"sequence", std::to_string(timed_works_[b]->sequence_number())},
-                           {"hook", comm_hook_name(options_.comm_hook)}});
-    }
-    timed_works_[b] = nullptr;  // counted once
-  }
-  compute_exposed();
-}
-
-void Reducer::compute_exposed() {
-  if (exposed_pending_) return;
-  for (const auto& work : timed_works_) {
-    if (work) return;  // a timing still to come
-  }
-  // Each bucket's all-reduce time after backward ended; a bucket launched or started after it
-  // (all of them without overlap) counts whole, computed exactly as comm_ms counts it.
-  double exposed = 0;
-  for (const BucketStats& s : stats_.buckets) {
-    if (s.launched_after_backward || s.start_ms >= stats_.backward_end_ms) {
-      exposed += s.allreduce_ms();
-    } else if (s.end_ms > stats_.backward_end_ms) {
-      exposed += s.end_ms - stats_.backward_end_ms;
-    }
-  }
-  stats_.exposed_comm_ms = std::min(exposed, stats_.comm_ms);
-}
-
-const ReducerStats& Reducer::last_stats() {
-  collect_timings();
-  return stats_;
+  return failure;
 }
 
 std::string Reducer::describe_buckets() const {

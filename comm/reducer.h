@@ -16,9 +16,10 @@
 //     The all-reduce (average) runs on the process group's worker thread (Gloo) or
 //     communication stream (NCCL) while autograd goes on with earlier layers.
 //  4. Finalize. When the backward pass ends (a callback autograd runs after the last node), the
-//     Reducer launches what is left, waits for every bucket, and only then lets backward()
-//     return. The all-reduce time after backward's end is the *exposed* communication: the
-//     part the overlap did not hide (ReducerStats).
+//     Reducer launches what is left and waits for every bucket before backward() returns: on
+//     the CPU the host waits; on a GPU only the compute stream does (the host goes on, and
+//     kernels enqueued later see the averages). The all-reduce time after backward's end is
+//     the *exposed* communication: the part the overlap did not hide (ReducerStats).
 //  5. Averaging happens exactly once, in the collective (ReduceOp::kAvg).
 //  6. Optionally, a bucket-reduced hook runs for each bucket, in order, as soon as its average
 //     is in place (finalize waits for bucket 0, runs the hook, then waits for bucket 1, ...):
@@ -26,14 +27,16 @@
 //     while bucket 1's all-reduce is still on the wire.
 //
 // A parameter that received no gradient leaves its bucket incomplete. By default that is an
-// error naming the parameter; with find_unused_parameters its gradient is zero-filled and its
-// bucket launched at finalize, and one more all-reduce (after the buckets) counts the ranks that
-// used each parameter: one that no rank used is left without a gradient (has_grad() false, as
-// PyTorch leaves .grad None), so the optimizer skips it.
+// error naming the parameter. With find_unused_parameters the parameters DDP's forward output does
+// not reach are marked ready as backward starts (prepare_for_backward), any other missing one at
+// finalize, and their buckets are reduced with what the parameter's gradient holds: the sum of
+// earlier no_sync micro-batches that used it (kept, as PyTorch keeps it), or zero when nothing
+// wrote it since zero_grad(). One more all-reduce (after the buckets) counts the ranks that used
+// each parameter: one that no rank used is left without a gradient (has_grad() false, as PyTorch
+// leaves .grad None), so the optimizer skips it.
 
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -41,10 +44,10 @@
 #include <vector>
 
 #include "nanoddp/comm/process_group.h"
+#include "nanoddp/comm/reducer_timeline.h"
 #include "nanoddp/comm/step_check.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/tensor.h"
-#include "nanoddp/engine/trace.h"
 #include "nanoddp/nn/flat_parameters.h"
 
 namespace nanoddp::comm {
@@ -69,49 +72,24 @@ struct ReducerOptions {
   // issued the same collectives (step_check.h): one tiny all-reduce; on a GPU the host waits
   // for it.
   bool check_steps = true;
+  // Learn the order backward really produces gradients in during the first synchronized pass,
+  // and cut the buckets again in that order, once (PyTorch's rebuild_buckets). All ranks take
+  // rank 0's order. Not with find_unused_parameters, whose order may change from step to step
+  // (PyTorch's rule too). Off: the buckets stay in reverse registration order.
+  bool rebuild_buckets = true;
 };
 
 struct Bucket {
-  std::int64_t offset = 0;  // first element in the flat gradient buffer
+  std::int64_t offset = 0;  // first element in the flat gradient buffer (-1 when packed)
   std::int64_t numel = 0;
-  std::vector<std::size_t> slots;  // indices into FlatParameters::slots()
-  Tensor grads;                    // view of the flat gradient buffer
-  Tensor compressed;               // bf16 buffer (comm hook kBf16 only), kept across steps
-};
-
-// Timing of one step's communication, on the host's steady clock.
-struct BucketStats {
-  double ready_ms = 0;   // when the bucket became ready (from the first hook of the step)
-  double launch_ms = 0;  // when its collective was launched
-  // Launched at finalize, after backward ended (all buckets without overlap): none of its
-  // all-reduce can have overlapped backward, so all of it is exposed.
-  bool launched_after_backward = false;
-  double start_ms = 0;  // when the collective started running (CPU backends)
-  double end_ms = 0;    // when it finished
-  double allreduce_ms() const { return end_ms - start_ms; }
-};
-
-struct ReducerStats {
-  std::vector<BucketStats> buckets;
-  // When the backward pass's last node finished: on the CPU the host's time; on a GPU the
-  // compute stream's (known once the step has run, see last_stats()).
-  double backward_end_ms = 0;
-  double comm_ms = 0;  // sum of the buckets' all-reduce durations
-  // The part of comm_ms that ran after backward ended, i.e. that the overlap did not hide:
-  // per bucket, its all-reduce time after backward_end_ms. 0 <= exposed_comm_ms <= comm_ms,
-  // and without overlap (every bucket launched after backward) exposed_comm_ms == comm_ms.
-  double exposed_comm_ms = 0;
-  // How long the compute stream waited for communication at the end of backward: on the CPU
-  // the host's wait in finalize; on a GPU the compute stream's stall between two events. It
-  // also holds what is not communication (queueing, waking the worker), so it is not
-  // exposed_comm_ms; it is what the host's backward() time contains on the CPU.
-  double wait_ms = 0;
-  // Share of the communication that ran while backward was still computing (0 without
-  // overlap, and when there was no communication).
-  double overlap_fraction() const {
-    return comm_ms > 0 ? std::clamp(1.0 - exposed_comm_ms / comm_ms, 0.0, 1.0) : 0.0;
-  }
-  std::chrono::steady_clock::time_point origin;  // the first hook of the step
+  std::vector<std::size_t> slots;  // indices into FlatParameters::slots(), in layout order
+  // The bucket's gradients: a view of the flat gradient buffer when its slots are one
+  // contiguous run of it (always, until buckets are rebuilt in an observed order that differs
+  // from the layout). Otherwise the bucket is *packed*: `grads` is a buffer of its own, the
+  // gradients are copied in before the all-reduce and back after it.
+  Tensor grads;
+  bool packed = false;
+  Tensor compressed;  // bf16 buffer (comm hook kBf16 only), kept across steps
 };
 
 class Reducer {
@@ -124,6 +102,11 @@ class Reducer {
 
   // DDP's forward calls this: the step check compares the count across ranks.
   void note_forward() { ++forward_calls_; }
+  // find_unused_parameters: DDP's forward hands its output here. The parameters the output's
+  // graph does not reach will get no gradient in the backward that follows, so that backward
+  // marks them ready as it starts, and their buckets launch with the others instead of at
+  // finalize (PyTorch's prepare_for_backward). Without it they are found at finalize.
+  void prepare_for_backward(const Tensor& output);
 
   // While false, backward passes only accumulate gradients locally (no_sync).
   void set_sync(bool sync) { sync_ = sync; }
@@ -133,75 +116,97 @@ class Reducer {
   const ReducerOptions& options() const { return options_; }
   // Statistics of the last synchronized backward pass. On CUDA the all-reduce timings arrive
   // once the collectives have finished on their stream (call it after the step synchronized).
-  const ReducerStats& last_stats();
+  const ReducerStats& last_stats() { return timeline_.stats(); }
   // A one-line-per-bucket description: index, size, parameter names.
   std::string describe_buckets() const;
 
   // Runs in finalize, once per bucket and in bucket order, right after that bucket's averaged
   // gradients are in the flat gradient buffer (on a GPU: in stream order on the compute stream,
-  // after the stream waited for the bucket). Only synchronized passes reduce, so only they
-  // call it. The time the hook takes is not counted as exposed communication.
-  using BucketHook = std::function<void(const Bucket& bucket)>;
-  void set_bucket_reduced_hook(BucketHook hook) { bucket_reduced_hook_ = std::move(hook); }
-  const BucketHook& bucket_reduced_hook() const { return bucket_reduced_hook_; }
+  // after the stream waited for the bucket). A packed bucket is handed on as its contiguous
+  // pieces, one call each (offset, numel and slots of one run of the flat buffer). Only
+  // synchronized passes reduce, so only they call it. The time the hook takes is not counted as
+  // exposed communication.
+  using BucketReducedHook = std::function<void(const Bucket& bucket)>;
+  void set_bucket_reduced_hook(BucketReducedHook hook) { bucket_reduced_hook_ = std::move(hook); }
+  const BucketReducedHook& bucket_reduced_hook() const { return bucket_reduced_hook_; }
   // True from the first gradient hook of a synchronized pass until its finalize has ended.
   bool in_backward() const { return in_backward_; }
+  // Whether the buckets were cut again in the observed gradient order (rebuild_buckets).
+  bool buckets_rebuilt() const { return rebuilt_; }
+  // rebuild_buckets: how the ranks agree on one gradient order. Gets this rank's observed order
+  // (slot indices) and returns rank 0's, on every rank. By default a broadcast through the
+  // process group (two host synchronizations, once); DDP sets one through its store instead.
+  using OrderAgreement =
+      std::function<std::vector<std::size_t>(const std::vector<std::size_t>& observed)>;
+  void set_order_agreement(OrderAgreement agreement) { agree_order_ = std::move(agreement); }
 
  private:
-  void on_gradient_ready(std::size_t slot);
-  void launch_ready_buckets();
-  void launch(std::size_t bucket);
-  void finalize();
+  // The algorithm, in PyTorch's reducer's words (docs/ddp-internals.md, "Names").
+  void autograd_hook(std::size_t slot);        // a parameter's post-accumulate-grad hook
+  void mark_variable_ready(std::size_t slot);  // counts its bucket down
+  void launch_ready_buckets();                 // in index order (PyTorch: mark_bucket_ready)
+  void all_reduce_bucket(std::size_t bucket);  // applies the comm hook's collective
+  void finalize_backward();                    // the end-of-backward callback
+  void launch_rest();                          // finalize: what backward did not launch
+  std::exception_ptr wait_for_buckets();       // finalize: in order, each handed on
+  void bucket_reduced(std::size_t bucket);     // the comm hook and packing undone
+  std::exception_ptr end_of_pass_checks(std::exception_ptr failure);
+  // Bucket order from observation (rebuild_buckets): what the first synchronized pass saw,
+  // agreed across ranks in its finalize, applied when the next synchronized pass starts.
+  std::vector<std::size_t> observed_order() const;
+  void agree_on_order();
+  void rebuild_buckets();
+  void set_buckets(const std::vector<std::vector<std::size_t>>& members);
+  void pack(std::size_t bucket);     // a packed bucket's gradients into its buffer
+  void unpack(std::size_t bucket);   // and the averages back
+  void hand_on(std::size_t bucket);  // the bucket-reduced hook
   void abort();
   void wait_for_launched();  // every launched bucket's collective, errors ignored
   void reset();
   void handle_unused();
+  void mark_unused_ready(std::size_t slot);  // find_unused_parameters: no gradient will come
   // find_unused_parameters: all-reduces which parameters each rank used, then takes the
   // gradient away from those no rank used.
   void launch_used_map(const std::vector<float>& used);
   void resolve_unused();
-  void collect_timings();
-  double exposed_wait_ms() const;  // the bucket waits' events, once they have happened
-  void compute_exposed();          // exposed_comm_ms, once every timing is in
 
   nn::FlatParameters& params_;
   std::shared_ptr<ProcessGroup> group_;
   ReducerOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_slot_;
-  std::shared_ptr<Reducer*> alive_;  // the hooks hold weak handles to it
-  std::vector<HookHandle> hooks_;     // removed by the destructor: nothing is left behind
-  BucketHook bucket_reduced_hook_;
+  std::vector<std::vector<Bucket>> pieces_;  // per packed bucket: its contiguous runs
+  std::shared_ptr<Reducer*> alive_;          // the autograd hooks hold weak handles to it
+  std::vector<HookHandle> autograd_hooks_;   // removed by the destructor: nothing is left behind
+  BucketReducedHook bucket_reduced_hook_;
   std::unique_ptr<StepCheck> step_check_;  // null with one rank or check_steps off
   std::uint64_t forward_calls_ = 0;
   std::uint64_t synchronized_passes_ = 0;
+  // rebuild_buckets: the pass that observes, per slot the number of autograd nodes run when its
+  // gradient became final, the order being agreed, and the agreed order until it is applied.
+  bool observing_ = false;
+  bool rebuilt_ = false;
+  std::vector<std::uint64_t> ready_node_;
+  OrderAgreement agree_order_;
+  std::vector<std::size_t> agreed_order_;
+  ReducerTimeline timeline_;  // timing and tracing; the algorithm only reports to it
 
   // Per-step state.
   bool sync_ = true;
   bool in_backward_ = false;
+  bool finalizing_ = false;          // launches now come after backward ended
   std::uint64_t backward_pass_ = 0;  // autograd's id of the pass in progress
   std::vector<int> pending_;         // per bucket: gradients still to come
   std::vector<bool> slot_ready_;     // per slot
-  std::chrono::steady_clock::time_point last_gradient_;  // the pass's last gradient hook
+  std::vector<bool> used_;           // per slot: a gradient since zero_grad() (this rank)
+  std::vector<bool> marked_unused_;  // per slot: marked ready without a gradient
+  // find_unused_parameters: the slots the last forward's output does not reach, for the next
+  // synchronized pass to mark ready as it starts.
+  std::vector<std::size_t> unused_after_forward_;
   std::size_t next_to_launch_ = 0;
   std::vector<std::shared_ptr<Work>> works_;
   Tensor used_map_;                  // per slot: ranks that used it (find_unused_parameters)
   std::shared_ptr<Work> used_work_;  // its all-reduce, until resolve_unused()
-  ReducerStats stats_;
-  // The last step's collectives whose timings are not yet in stats_ (and where to trace them).
-  std::vector<std::shared_ptr<Work>> timed_works_;
-  Tracer* timed_tracer_ = nullptr;
-  // Recorded on the compute stream just before and just after finalize makes it wait for each
-  // bucket: the intervals add up to the exposed communication, on any device.
-  std::vector<Event> wait_begin_;
-  std::vector<Event> wait_end_;
-  // Recorded on the compute stream when finalize starts: on a GPU, where backward really ended.
-  Event backward_end_event_;
-  bool finalizing_ = false;       // launches now come after backward ended
-  bool exposed_pending_ = false;  // a GPU step whose exposed time is not read yet
-  // GPU: maps the compute stream's backward end (wait_begin_[0]) onto the host clock, where
-  // the collectives' timings are. Renewed now and then (event times are float milliseconds).
-  std::unique_ptr<ClockAnchor> anchor_;
 };
 
 }  // namespace nanoddp::comm

@@ -6,14 +6,16 @@
 #include <unordered_map>
 
 #include "nanoddp/engine/backend.h"
-#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/trace.h"
+#include "nanoddp/kernels/error.h"
 
 namespace nanoddp {
 
 namespace {
 // Creation order of nodes: among ready nodes the newest runs first (reverse of the forward).
 std::atomic<std::uint64_t> next_sequence_nr{0};
+// Nodes whose backward function has run in this thread's pass (see backward_nodes_run()).
+thread_local std::uint64_t tls_backward_nodes_run = 0;
 }  // namespace
 
 Node::Node(std::string name, const std::vector<Tensor>& inputs, BackwardFn backward)
@@ -46,6 +48,26 @@ Tensor record(std::string name, Tensor output, const std::vector<Tensor>& inputs
   if (!any_requires_grad) return output;
   output.set_grad_fn(std::make_shared<Node>(std::move(name), inputs, std::move(backward)));
   return output;
+}
+
+std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root) {
+  std::unordered_set<const TensorImpl*> leaves;
+  if (!root.defined() || !root.requires_grad()) return leaves;
+  if (root.is_leaf()) {
+    leaves.insert(root.impl());
+    return leaves;
+  }
+  std::unordered_set<const Node*> seen{root.grad_fn().get()};
+  std::vector<const Node*> stack{root.grad_fn().get()};
+  while (!stack.empty()) {
+    const Node* node = stack.back();
+    stack.pop_back();
+    for (const Node::Edge& edge : node->edges_) {
+      if (edge.leaf) leaves.insert(edge.leaf.get());
+      if (edge.node && seen.insert(edge.node.get()).second) stack.push_back(edge.node.get());
+    }
+  }
+  return leaves;
 }
 
 // One execution of backward(): the bookkeeping lives only as long as the pass.
@@ -156,6 +178,7 @@ void BackwardPass::run(const Tensor& root) {
         }
         node->backward_(state.grad, *this);
       }
+      ++tls_backward_nodes_run;
       current_ = nullptr;
       // Free what the backward function captured (activations) as soon as it has run.
       node->backward_ = nullptr;
@@ -276,6 +299,7 @@ class CallbackScope {
   CallbackScope() {
     tls_backward_callbacks = &callbacks_;
     tls_backward_pass = ++tls_backward_passes_started;
+    tls_backward_nodes_run = 0;
   }
   ~CallbackScope() {
     tls_backward_callbacks = nullptr;
@@ -330,6 +354,10 @@ void run_backward(const Tensor& root) {
 
 std::uint64_t current_backward_pass() {
   return tls_backward_pass;
+}
+
+std::uint64_t backward_nodes_run() {
+  return tls_backward_nodes_run;
 }
 
 void queue_backward_callback(std::function<void()> callback, std::function<void()> on_abort) {

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "nanoddp/engine/tensor.h"
@@ -45,6 +46,12 @@ class GradSink {
   virtual void accumulate(std::size_t i, const Accumulator& write) = 0;
 };
 
+class Node;
+// The leaves (parameters) `root`'s graph reaches: those a backward from `root` can give a
+// gradient. The DDP Reducer walks its forward's output with it to find, before backward
+// starts, the parameters that will get none (find_unused_parameters).
+std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root);
+
 class Node {
  public:
   using BackwardFn = std::function<void(const Tensor& grad_output, GradSink& sink)>;
@@ -56,6 +63,7 @@ class Node {
 
  private:
   friend class BackwardPass;
+  friend std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root);
   // Input i's origin: the node that produced it, or the leaf itself, or nothing (no grad).
   struct Edge {
     std::shared_ptr<Node> node;
@@ -92,5 +100,10 @@ void queue_backward_callback(std::function<void()> callback, std::function<void(
 // A number that identifies the backward pass running on this thread (0 outside a pass): lets a
 // hook tell a new pass from the rest of the current one, even after a pass died mid-way.
 std::uint64_t current_backward_pass();
+
+// How many nodes of the pass running on this thread have run their backward function so far.
+// Gradients that become final with the same count were finished by the same node: the DDP
+// Reducer records it per parameter to learn the order backward really produces gradients in.
+std::uint64_t backward_nodes_run();
 
 }  // namespace nanoddp

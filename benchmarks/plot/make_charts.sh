@@ -81,8 +81,9 @@ step "charts"
   "${ddp_json[@]}"
 "$python" "$plot/plot_trace.py" "$traces/overlap.json" --out "$out/trace_overlap.png" \
   --title "nanoddp-train, 2 ranks, overlap on (default): bucket all-reduces start during backward"
-"$python" "$plot/plot_trace.py" "$traces/no_overlap.json" --out "$out/trace_no_overlap.png" \
-  --title "nanoddp-train --no-overlap, 2 ranks: all buckets reduced after backward"
+"$python" "$plot/plot_trace.py" "$traces/overlap.json" --compare "$traces/no_overlap.json" \
+  --out "$out/trace_overlap_on_off.png" \
+  --title "nanoddp-train, 2 ranks: overlap on (default) and --no-overlap, one time axis"
 
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"

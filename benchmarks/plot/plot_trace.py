@@ -2,6 +2,7 @@
 """A timeline PNG of one training step from a nanoddp Chrome trace (nanoddp-train --trace FILE).
 
   benchmarks/plot/plot_trace.py TRACE.json [--out PNG] [--step K | --from-ms A --to-ms B]
+                                [--compare TRACE2.json [--labels A,B]] [--cores N]
 
 The trace (engine/trace.cpp) has one process per rank and four tracks: compute (forward,
 each backward node, "wait for all-reduce", optimizer step), communication (each bucket's
@@ -9,6 +10,15 @@ all-reduce), markers ("grad <parameter>" when a gradient is final, drawn as smal
 ready") and data. The chart has one row per rank x track, spans as bars, so the all-reduce of
 bucket 0 can be seen running while the rest of backward still computes (overlap on), or starting
 only after it (nanoddp-train --no-overlap).
+
+On the chart: each backward span is named after the module whose gradients it finished (the
+gradient ticks that follow it: "backward layers.4"), each module's ticks are labelled once
+("∇layers.4"), an arrow links each "bucket N ready" marker to the start of that bucket's
+all-reduce, a dotted line marks each rank's last gradient, and the all-reduce time after it (the
+exposed communication, as the Reducer counts it) is hatched. The header states how many threads
+(per rank: compute and the communication worker) shared how many cores (--cores, default this
+machine's). --compare draws a second trace's step (e.g. --no-overlap) below the first on the same
+time axis, both from 0, with each step's end and the difference marked.
 
 A step runs from the first span after the previous "optimizer step" to the end of its own
 "optimizer step" (on each rank; the window covers all ranks, and the neighbouring steps' spans in
@@ -58,6 +68,15 @@ def parse_args(argv):
     parser.add_argument("--to-ms", type=float, metavar="B",
                         help="window end, ms after the trace's first event")
     parser.add_argument("--title", help="chart title (default: the trace's file name and step)")
+    parser.add_argument("--compare", metavar="TRACE2.json",
+                        help="a second trace (e.g. the same run with --no-overlap): its step is "
+                             "drawn below the first on the same time axis, both starting at 0, "
+                             "with the step-time difference marked")
+    parser.add_argument("--labels", metavar="A,B", default="overlap on,overlap off",
+                        help="names of the two traces with --compare (default: %(default)s)")
+    parser.add_argument("--cores", type=int, metavar="N",
+                        help="cores of the machine that ran the trace, stated on the chart with "
+                             "the threads that shared them (default: this machine's count)")
     args = parser.parse_args(argv)
     if args.step is not None and (args.from_ms is not None or args.to_ms is not None):
         parser.error("--step and --from-ms/--to-ms choose the window two ways; pass one")
@@ -67,6 +86,12 @@ def parse_args(argv):
         parser.error(f"--from-ms {args.from_ms} must be less than --to-ms {args.to_ms}")
     if args.step is not None and args.step < 1:
         parser.error(f"--step {args.step}: steps count from 1")
+    if args.compare is not None and args.from_ms is not None:
+        parser.error("--compare aligns the two traces' steps; pass --step, not --from-ms/--to-ms")
+    if len(args.labels.split(",")) != 2:
+        parser.error(f"--labels {args.labels!r}: two names separated by a comma")
+    if args.cores is not None and args.cores < 1:
+        parser.error(f"--cores {args.cores}: at least 1")
     return args
 
 
@@ -159,6 +184,8 @@ def style_of(event):
     if name.startswith("backward"):
         seq = event["args"].get("node", "0")
         shade = COLOR["backward"][int(seq) % 2 if str(seq).isdigit() else 0]
+        if "module" in event:
+            return shade, f"backward {event['module']}"
         return shade, name[len("backward "):].replace("Backward", "")
     if name == "wait for all-reduce":
         return COLOR["wait"], "wait"
@@ -206,10 +233,48 @@ def overlap_summary(ranks, spans, lo, hi, own):
     return out
 
 
+def module_of(grad_name):
+    """'grad layers.4.weight' -> 'layers.4'."""
+    name = grad_name[len("grad "):] if grad_name.startswith("grad ") else grad_name
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+def label_backward_spans(spans, instants):
+    """Names each backward span after the module whose gradients it finished: autograd marks a
+    parameter's gradient final ("grad layers.4.weight") right after the node that wrote it, so
+    the gradient ticks between a node's end and the next node's start belong to it."""
+    for pid in {e["pid"] for e in spans}:
+        nodes = sorted((e for e in spans if e["pid"] == pid and e["name"].startswith("backward")),
+                       key=lambda e: e["ts"])
+        grads = sorted((e for e in instants if e["pid"] == pid and e["name"].startswith("grad ")),
+                       key=lambda e: e["ts"])
+        for i, node in enumerate(nodes):
+            end = node["ts"] + node["dur"]
+            until = nodes[i + 1]["ts"] if i + 1 < len(nodes) else end + 1.0
+            modules = []
+            for g in grads:
+                if end - 1e-3 <= g["ts"] <= until and module_of(g["name"]) not in modules:
+                    modules.append(module_of(g["name"]))
+            if modules:
+                node["module"] = ", ".join(modules)
+
+
+def exposed_from(pid, spans, instants, start, end):
+    """When backward's work ended on a rank in [start, end): its last gradient (as the Reducer
+    counts exposed communication), else its last backward node's end."""
+    grads = [e["ts"] for e in instants
+             if e["pid"] == pid and e["name"].startswith("grad ") and start <= e["ts"] < end]
+    if grads:
+        return max(grads)
+    ends = [e["ts"] + e["dur"] for e in spans
+            if e["pid"] == pid and e["name"].startswith("backward") and start <= e["ts"] < end]
+    return max(ends) if ends else None
+
+
 ROW_HEIGHT = {"compute": 1.0, "communication": 1.0, "markers": 0.7, "data": 0.5}
 
 
-def draw(args, ranks, spans, instants, lo, hi, own, title):
+def draw(args, ranks, spans, instants, lo, hi, own, title, marks=()):
     """own: {pid: (start, end)} of the chosen step on each rank; other spans are drawn faded."""
     import matplotlib
 
@@ -250,6 +315,52 @@ def draw(args, ranks, spans, instants, lo, hi, own, title):
         if (end - start) > 0.035 * width_ms:
             ax.text((start + end) / 2 - t0, centre, short, ha="center", va="center", fontsize=7,
                     clip_on=True, alpha=alpha)
+    # The exposed part: each rank's all-reduce time after its backward's last gradient.
+    for pid, _ in ranks:
+        start, end = own.get(pid, (lo, hi))
+        backward_end = exposed_from(pid, spans, instants, start, end)
+        row = row_of.get((pid, "communication"))
+        if backward_end is None or row is None:
+            continue
+        centre, h = row
+        for e in spans:
+            if e["pid"] != pid or e["track"] != "communication" or not start <= e["ts"] < end:
+                continue
+            a, b = max(e["ts"], backward_end), e["ts"] + e["dur"]
+            if b > a:
+                ax.broken_barh([(a - t0, b - a)], (centre - 0.35 * h, 0.7 * h),
+                               facecolors="none", edgecolor=COLOR["wait"], hatch="////",
+                               linewidth=0.0)
+        ax.plot([backward_end - t0] * 2, [centre - 0.5 * h, centre + 0.5 * h], color="black",
+                linewidth=0.6, linestyle=":")
+    # Each bucket's ready marker linked to the start of its all-reduce.
+    for e in instants:
+        if not (e["name"].startswith("bucket ") and e["name"].endswith(" ready")):
+            continue
+        bucket = e["name"].split()[1]
+        ready_row = row_of.get((e["pid"], e["track"]))
+        comm_row = row_of.get((e["pid"], "communication"))
+        runs = [r for r in spans if r["pid"] == e["pid"]
+                and r["name"] == f"all-reduce bucket {bucket}" and r["ts"] >= e["ts"] - 1e-3]
+        if ready_row is None or comm_row is None or not runs or not lo <= e["ts"] <= hi:
+            continue
+        run = min(runs, key=lambda r: r["ts"])
+        ax.annotate("", xy=(run["ts"] - t0, comm_row[0] + 0.35 * comm_row[1]),
+                    xytext=(e["ts"] - t0, ready_row[0] - 0.2 * ready_row[1]),
+                    arrowprops=dict(arrowstyle="->", color="black", linewidth=0.6,
+                                    alpha=0.3 if faded(e) else 0.8))
+    # Gradient ticks: one label per module, at its first tick.
+    labelled = set()
+    for e in sorted(instants, key=lambda e: e["ts"]):
+        row = row_of.get((e["pid"], e["track"]))
+        if row is None or not e["name"].startswith("grad ") or not lo <= e["ts"] <= hi:
+            continue
+        key = (e["pid"], module_of(e["name"]), own.get(e["pid"], (lo, hi)))
+        if key in labelled or faded(e):
+            continue
+        labelled.add(key)
+        ax.text(e["ts"] - t0, row[0] + 0.45 * row[1], "∇" + module_of(e["name"]), ha="center",
+                va="top", fontsize=5.5, color="dimgrey")
     last_label = {}
     for e in sorted(instants, key=lambda e: e["ts"]):
         row = row_of.get((e["pid"], e["track"]))
@@ -291,64 +402,108 @@ def draw(args, ranks, spans, instants, lo, hi, own, title):
               Patch(color=COLOR["bucket"][1], label="all-reduce bucket b1, …"),
               Patch(color=COLOR["data"], label="data"),
               Line2D([], [], marker="|", color="grey", linestyle="none", label="gradient final"),
-              Line2D([], [], marker="v", color="black", linestyle="none", label="bucket ready")]
-    ax.legend(handles=legend, fontsize=7, ncol=9, loc="lower left", bbox_to_anchor=(0, 1.0),
+              Line2D([], [], marker="v", color="black", linestyle="none", label="bucket ready"),
+              Patch(facecolor="none", edgecolor=COLOR["wait"], hatch="////",
+                    label="exposed (after the last gradient)")]
+    for x, _ in marks:  # each step's end (named in the header)
+        ax.axvline(x - t0, color="black", linewidth=0.8, linestyle="--")
+    ax.legend(handles=legend, fontsize=7, ncol=5, loc="lower left", bbox_to_anchor=(0, 1.0),
               columnspacing=1.0, handlelength=1.4,
               frameon=False)
-    ax.set_title(title, fontsize=9, pad=22, loc="left")
+    ax.set_title(title, fontsize=9, pad=30, loc="left")
     fig.tight_layout()
     fig.savefig(args.out, dpi=100)
     plt.close(fig)
+
+
+def pick_step(args, path, spans, ranks):
+    """(own, lo, hi, what) of the chosen step of one trace; raises InputError."""
+    windows = step_windows(ranks, spans)
+    if not windows:
+        raise InputError(f"{path}: no \"optimizer step\" spans, so no steps to choose from; "
+                         "pass --from-ms and --to-ms")
+    step = args.step if args.step is not None else typical_step(windows)
+    if step > len(windows):
+        raise InputError(f"--step {step}: {path} records {len(windows)} step(s); pass "
+                         f"1..{len(windows)} (nanoddp-train --trace-steps sets how many)")
+    own = windows[step - 1]
+    lo, hi = min(a for a, _ in own.values()), max(b for _, b in own.values())
+    return own, lo, hi, f"step {step} of {len(windows)} recorded"
+
+
+def summary_lines(ranks, spans, lo, hi, own):
+    lines = []
+    for name, total, count, early, hidden in overlap_summary(ranks, spans, lo, hi, own):
+        if count:
+            share = 100 * hidden / total if total > 0 else 0
+            lines.append(f"{name}: {count} all-reduce(s), {early} started before backward ended; "
+                         f"{total:.2f} ms, of which {hidden:.2f} ms ({share:.0f}%) while a "
+                         "backward node ran")
+    return lines
 
 
 def main(argv):
     args = parse_args(argv)
     try:
         ranks, spans, instants = load(args.trace)
+        args.trace_start = min(e["ts"] for e in spans)
+        marks = []
+        if args.from_ms is not None:
+            lo, hi = args.trace_start + args.from_ms, args.trace_start + args.to_ms
+            own = {}
+            what = f"{args.from_ms:g}–{args.to_ms:g} ms"
+        else:
+            own, lo, hi, what = pick_step(args, args.trace, spans, ranks)
+        label_backward_spans(spans, instants)
+        lines = summary_lines(ranks, spans, lo, hi, own)
+        if args.compare is not None:
+            names = args.labels.split(",")
+            ranks2, spans2, instants2 = load(args.compare)
+            own2, lo2, hi2, what2 = pick_step(args, args.compare, spans2, ranks2)
+            label_backward_spans(spans2, instants2)
+            lines = [f"{names[0]}: {line}" for line in lines] + \
+                [f"{names[1]}: {line}" for line in summary_lines(ranks2, spans2, lo2, hi2, own2)]
+            # The second trace's step shifted to start where the first's does, its ranks renamed.
+            shift = lo - lo2
+            offset = 1 + max(pid for pid, _ in ranks)
+            for e in spans2 + instants2:
+                e["ts"] += shift
+                e["pid"] += offset
+            own.update({pid + offset: (a + shift, b + shift) for pid, (a, b) in own2.items()})
+            ranks = [(pid, f"{names[0]} · {name}") for pid, name in ranks] + \
+                [(pid + offset, f"{names[1]} · {name}") for pid, name in ranks2]
+            spans, instants = spans + spans2, instants + instants2
+            first_end, second_end = hi, hi2 + shift
+            marks = [(first_end, f"{names[0]}: {first_end - lo:.2f} ms "),
+                     (second_end, f"{names[1]}: {second_end - lo:.2f} ms "
+                                  f"(difference {second_end - first_end:+.2f} ms) ")]
+            what = f"{what} and {what2} of {os.path.basename(args.compare)}"
+            hi = max(hi, second_end)
+        if args.from_ms is None:
+            # A little room on both sides, so the first and last bars are not cut by the frame.
+            pad = 0.01 * (hi - lo)
+            lo, hi = lo - pad, hi + pad
     except InputError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    args.trace_start = min(e["ts"] for e in spans)
-    windows = step_windows(ranks, spans)
-    if args.from_ms is not None:
-        lo, hi = args.trace_start + args.from_ms, args.trace_start + args.to_ms
-        own = {}
-        what = f"{args.from_ms:g}–{args.to_ms:g} ms"
-    else:
-        if not windows:
-            print(f"{PROG}: error: {args.trace}: no \"optimizer step\" spans, so no steps to "
-                  "choose from; pass --from-ms and --to-ms", file=sys.stderr)
-            return 2
-        step = args.step if args.step is not None else typical_step(windows)
-        if step > len(windows):
-            print(f"{PROG}: error: --step {step}: {args.trace} records {len(windows)} step(s); "
-                  f"pass 1..{len(windows)} (nanoddp-train --trace-steps sets how many)",
-                  file=sys.stderr)
-            return 2
-        own = windows[step - 1]
-        lo, hi = min(a for a, _ in own.values()), max(b for _, b in own.values())
-        what = f"step {step} of {len(windows)} recorded"
-        # A little room on both sides, so the first and last bars are not cut by the frame.
-        pad = 0.01 * (hi - lo)
-        lo, hi = lo - pad, hi + pad
     if args.out is None:
         args.out = os.path.splitext(args.trace)[0] + ".png"
-    summary = overlap_summary(ranks, spans, lo, hi, own)
-    lines = []
-    for name, total, count, early, hidden in summary:
-        if count:
-            share = 100 * hidden / total if total > 0 else 0
-            lines.append(f"{name}: {count} all-reduce(s), {early} started before backward ended; "
-                         f"{total:.2f} ms, of which {hidden:.2f} ms ({share:.0f}%) while a "
-                         "backward node ran")
+    # Threads: per rank, each track with spans is a thread (compute, the communication worker).
+    threads = len({(e["pid"], e["track"]) for e in spans
+                   if e["track"] in ("compute", "communication")})
+    cores = args.cores or os.cpu_count()
+    machine = (f"{threads} threads ({len(ranks)} rank(s) x compute + communication) on {cores} "
+               f"core(s){'' if args.cores else ' (this machine count)'}")
     title = (f"{args.title}\n" if args.title else f"{os.path.basename(args.trace)}: ") + \
-        f"{what}, {hi - lo:.1f} ms"
+        f"{what}, {hi - lo:.1f} ms\n{machine}"
     if lines:
         title += "\n" + "\n".join(lines)
+    if marks:
+        title += "\nstep (dashed lines): " + ", ".join(text.strip() for _, text in marks)
     try:
         out_dir = os.path.dirname(os.path.abspath(args.out))
         os.makedirs(out_dir, exist_ok=True)
-        draw(args, ranks, spans, instants, lo, hi, own, title)
+        draw(args, ranks, spans, instants, lo, hi, own, title, marks)
     except ImportError as e:
         print(f"{PROG}: error: {e}. Install Debian's python3-matplotlib "
               "(scripts/install-deps.sh) and run this with /usr/bin/python3.", file=sys.stderr)
@@ -359,6 +514,8 @@ def main(argv):
     print(f"wrote {args.out}: timeline of {what} ({hi - lo:.1f} ms, {len(ranks)} rank(s))")
     for line in lines:
         print("  " + line)
+    for _, text in marks:
+        print("  step " + text.strip())
     return 0
 
 

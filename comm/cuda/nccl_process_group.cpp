@@ -1,6 +1,6 @@
 // The NCCL process group: collectives on CUDA tensors, on a communication stream of their own.
 //
-// The stream/event dance of one op (what DESIGN.md calls "the heart of the overlap"):
+// The stream/event dance of one op (the heart of the overlap; docs/ddp-internals.md, step 4):
 //
 //   compute stream:  ... backward kernels writing the gradient ... [ready] ........ [wait done]
 //   comm stream:                                  (waits for ready) ncclAllReduce [done]

@@ -273,6 +273,18 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
     CHECK(contains(beyond.output, "--step 9: " + trace + " records 4 step(s)"));
     CHECK(!fs::exists(dir.file("beyond.png")));
   }
+  // Overlap on and off on one time axis: both steps' summaries and their difference.
+  const ProcessResult both =
+      run_ok({py, script("plot_trace.py"), dir.file("overlap.json"), "--compare",
+              dir.file("no_overlap.json"), "--step", "2", "--cores", "2", "--out",
+              dir.file("both.png")});
+  INFO(both.output);
+  check_chart(both, dir.file("both.png"));
+  CHECK(contains(both.output, "4 rank(s)"));
+  CHECK(contains(both.output, "overlap on: rank 0: 3 all-reduce(s)"));
+  CHECK(contains(both.output, "overlap off: rank 1: 3 all-reduce(s)"));
+  CHECK(contains(both.output, "step overlap off:"));
+  CHECK(contains(both.output, "(difference "));
 }
 
 TEST_CASE("plot scripts: bad input exits 2 naming the file and the line") {

@@ -137,3 +137,10 @@ TEST_CASE("ddp: a rank that skips a step fails every rank at once, naming the st
     }
   }
 }
+
+TEST_CASE("ddp: buckets rebuilt in the observed order give the layout's gradients bit for bit") {
+  // And a model registered out of backward order launches bucket 0 before backward ends.
+  const auto results = run_scenario({"rebuild"}, 2);
+  INFO(describe(results));
+  CHECK(all_exit(results, 0));
+}

@@ -39,7 +39,8 @@ def declares(line, key):
     name = key.split("::")[-1].split("(")[0].split("->")[-1].split(".")[-1]
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         return False
-    m = re.search(r"([A-Za-z_][A-Za-z0-9_:]*(?:<[^()]*>)?)\s*[&*]*\s+[&*]?" + re.escape(name)
+    # The type may be a template whose arguments hold parentheses (std::function<void(int)>&).
+    m = re.search(r"([A-Za-z_][A-Za-z0-9_:]*(?:<[^;{}]*>)?)\s*[&*]*\s+[&*]?" + re.escape(name)
                   + r"\s*(?:[,);=]|\[|\{(?!\s*$))", line)
     if not m:
         return False
@@ -80,16 +81,19 @@ def main():
                                     f"that line in backticks (prose cannot be checked)")
                     continue
                 qualified = "::" in label
-                if (not qualified and any(contains(lines[line - 1], k) for k in keys)
-                        and declares(lines[line - 1], keys[0])):
-                    problems.append(f"{where}: line {line} declares '{keys[0]}' instead of "
-                                    f"using it: {lines[line - 1].strip()!r}")
-                    continue
-                if not any(contains(lines[line - 1], k) for k in keys):
+
+                def holds(n):  # line n uses the text (a declaration does not count)
+                    return (any(contains(lines[n - 1], k) for k in keys)
+                            and (qualified or not declares(lines[n - 1], keys[0])))
+
+                declared = (any(contains(lines[line - 1], k) for k in keys)
+                            and not holds(line))
+                if not holds(line):
                     near = []
                     for key in keys:  # the best key found anywhere nearby wins
                         near = [n for n in range(max(1, line - 40), min(len(lines), line + 40) + 1)
-                                if contains(lines[n - 1], key)]
+                                if contains(lines[n - 1], key) and holds(n)
+                                and not lines[n - 1].lstrip().startswith(("//", "*", "#"))]
                         if near:
                             break
                     near.sort(key=lambda n: abs(n - line))
@@ -98,6 +102,10 @@ def main():
                         new_link = old_link.replace(f"#L{line})", f"#L{near[0]})")
                         doc_lines[number - 1] = doc_lines[number - 1].replace(old_link, new_link, 1)
                         fixed += 1
+                        continue
+                    if declared:
+                        problems.append(f"{where}: line {line} declares '{keys[0]}' instead of "
+                                        f"using it: {lines[line - 1].strip()!r}")
                         continue
                     hint = f" (nearest match: line {near[0]})" if near else ""
                     problems.append(f"{where}: line {line} does not contain '{keys[0]}'{hint}: "

@@ -13,6 +13,8 @@ void Reducer::launch(std::size_t bucket, float divide_by) {
   group_->allreduce(bucket, divide_by);
 }
 int pending_ = 0;
+void issue(const std::function<void(int)>& launch,
+           bool blocking) { launch(3); }
 """
 cases = {
     "[`Reducer::launch`](../src/r.cpp#L1)": True,   # qualified: the definition
@@ -22,6 +24,8 @@ cases = {
     "[`pending_`](../src/r.cpp#L4)": False,         # a member declaration
     "[launches the bucket](../src/r.cpp#L2)": False,  # prose with a line number
     "[`launch`](../src/r.cpp#L3)": False,           # the line does not contain it
+    "[`launch(...)`](../src/r.cpp#L5)": False,      # a parameter of a template type with ()
+    "[`launch(...)`](../src/r.cpp#L6)": True,       # its call
 }
 failures = 0
 for link, ok in cases.items():

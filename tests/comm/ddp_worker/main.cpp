@@ -10,9 +10,11 @@
 //   nanoddp-test-ddp-worker overlap
 //   nanoddp-test-ddp-worker bf16
 //   nanoddp-test-ddp-worker skip-step
+//   nanoddp-test-ddp-worker rebuild
 
 #include <fmt/format.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -358,9 +360,9 @@ int skip_step(comm::Distributed& dist) {
   const int rank = dist.group->rank();
   nn::Mlp model({.in_features = 6, .out_features = 3, .hidden = 10, .layers = 2, .seed = 3});
   nn::FlatParameters params(model, Device::cpu());
-  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.reducer = {.bucket_cap_mb = 0.0005,
-                                                 .first_bucket_mb = 0.0002}});
+  comm::DistributedDataParallel ddp(
+      model, params, dist.group, dist.store,
+      {.reducer = {.bucket_cap_mb = 0.0005, .first_bucket_mb = 0.0002}});
   nn::SGD sgd(params, {.lr = 0.05f});
   const auto start = std::chrono::steady_clock::now();
   for (int step = 0; step < 6; ++step) {
@@ -428,6 +430,78 @@ int bf16(comm::Distributed& dist) {
 
 }  // namespace
 
+// Four Linear(16, 16) layers fc0 -> fc3 registered in the order `registration` names them
+// (backward finishes fc3 first); initial values drawn in forward order, whatever the registration.
+class ShuffledMlp : public nn::Module {
+ public:
+  explicit ShuffledMlp(std::array<int, 4> registration) : generator_(7) {
+    for (int i = 0; i < 4; ++i) layers_[i] = std::make_shared<nn::Linear>(16, 16, generator_);
+    for (const int i : registration) register_module("fc" + std::to_string(i), layers_[i]);
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x;
+    for (int i = 0; i < 4; ++i) h = (*layers_[i])(i < 3 ? relu(h) : h);
+    return h;
+  }
+  std::string describe() const override { return "ShuffledMlp"; }
+
+ private:
+  Generator generator_;
+  std::array<std::shared_ptr<nn::Linear>, 4> layers_;
+};
+
+// Buckets rebuilt in the observed gradient order, on 2 ranks: the averaged gradients are bit for
+// bit those of the same model with its layout buckets (packed buckets included), and a model
+// registered out of order launches bucket 0 before backward ends once rebuilt.
+int rebuild(comm::Distributed& dist) {
+  const int rank = dist.group->rank();
+  struct Pair {
+    ShuffledMlp model_a, model_b;
+    nn::FlatParameters params_a, params_b;
+    comm::DistributedDataParallel rebuilt, layout;
+    Pair(comm::Distributed& d, std::array<int, 4> registration, comm::ReducerOptions options)
+        : model_a(registration),
+          model_b(registration),
+          params_a(model_a, Device::cpu()),
+          params_b(model_b, Device::cpu()),
+          rebuilt(model_a, params_a, d.group, d.store, {.reducer = options}),
+          layout(model_b, params_b, d.group, d.store, {.reducer = [&] {
+                   options.rebuild_buckets = false;
+                   return options;
+                 }()}) {}
+  };
+  // One layer per bucket, the last-ready layer first in the layout; two layers per bucket,
+  // neither bucket contiguous in the layout (packed).
+  Pair overlap(dist, {1, 2, 3, 0}, {.bucket_cap_mb = 0.0001, .first_bucket_mb = 0.0001});
+  Pair packed(dist, {2, 0, 3, 1}, {.bucket_cap_mb = 0.002, .first_bucket_mb = 0.002});
+  for (int step = 1; step <= 4; ++step) {
+    const Tensor x = batch(8, 16, rank, step, 0);
+    const Tensor y = batch(8, 16, rank, step, 1);
+    for (Pair* pair : {&overlap, &packed}) {
+      pair->params_a.zero_grad();
+      pair->params_b.zero_grad();
+      mse_loss(pair->rebuilt(x), y).backward();
+      mse_loss(pair->layout(x), y).backward();
+      EXPECT(pair->params_a.grads().to_vector() == pair->params_b.grads().to_vector(),
+             "step {}: rebuilt buckets' gradients differ from the layout buckets'", step);
+    }
+    const comm::ReducerStats& s = overlap.rebuilt.reducer().last_stats();
+    if (step > 1) {
+      EXPECT(s.buckets[0].launch_ms < s.backward_end_ms && !s.buckets[0].launched_after_backward,
+             "step {}: rebuilt bucket 0 launched at {} ms, backward ended at {} ms", step,
+             s.buckets[0].launch_ms, s.backward_end_ms);
+    }
+    const comm::ReducerStats& l = overlap.layout.reducer().last_stats();
+    EXPECT(l.buckets[0].launch_ms >= l.backward_end_ms,
+           "step {}: layout bucket 0 (the last gradient) launched before backward ended", step);
+  }
+  EXPECT(packed.rebuilt.reducer().buckets_rebuilt() && packed.rebuilt.reducer().buckets()[0].packed,
+         "the packed pair's buckets were not rebuilt packed:\n{}",
+         packed.rebuilt.reducer().describe_buckets());
+  fmt::print("{}", packed.rebuilt.reducer().describe_buckets());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fmt::print(stderr,
@@ -451,6 +525,7 @@ int main(int argc, char** argv) {
     if (scenario == "overlap") return overlap(dist);
     if (scenario == "bf16") return bf16(dist);
     if (scenario == "skip-step") return skip_step(dist);
+    if (scenario == "rebuild") return rebuild(dist);
   } catch (const std::exception& e) {
     fmt::print(stderr, "unexpected error: {}\n", e.what());
     return 1;

@@ -260,7 +260,7 @@ TEST_CASE(
     CHECK(lines[i].at("launch") == (i < 4 ? 1 : 2));
     CHECK(lines[i].at("launches") == 2);
     CHECK(lines[i].at("wrong") == 0);
-    commands.insert(lines[i].at("provenance").at("command").get<std::string>());
+    commands.insert(lines[i].at("provenance").at("worker_command").get<std::string>());
   }
   // The jobs got the measurement's flags, not the launcher's.
   REQUIRE(commands.size() == 2);  // each launch its own --json file

@@ -370,7 +370,7 @@ TEST_CASE("bench-ddp: bad flags exit 2 with a message naming the flag") {
   CHECK(help.output.find("--worker") == std::string::npos);
 }
 
-TEST_CASE("bench-ddp: --repeats launches each point again; spread, CSV, provenance and flags") {
+TEST_CASE("bench-ddp: --repeats launches each point again: spread, CSV, provenance and flags") {
   TempDir dir;
   const std::string path = dir.file("rep.jsonl");
   const std::string csv = dir.file("rep.csv");

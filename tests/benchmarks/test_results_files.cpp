@@ -8,6 +8,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -97,7 +98,7 @@ TEST_CASE("results files: the store token (and any *TOKEN*/*SECRET*/*KEY*) is ne
   const ProcessResult sim =
       run_process({bin_path("nanoddp-sim"), "--model", "mlp", "--json", dir.file("s.json")}, env);
   REQUIRE_MESSAGE(sim.exit_code == 0, sim.output);
-  for (const std::string& file : {"a.jsonl", "r.jsonl", "d.jsonl", "d.csv", "s.json"}) {
+  for (const char* file : {"a.jsonl", "r.jsonl", "d.jsonl", "d.csv", "s.json"}) {
     const std::string text = slurp(dir.file(file));
     CAPTURE(file);
     REQUIRE(!text.empty());
@@ -163,7 +164,7 @@ TEST_CASE("results files: the user's command, the working directory and the real
 }
 
 TEST_CASE(
-    "results files: an output that is another output is refused; a failed write is an error") {
+    "results files: an output that is another output is refused, a failed write is an error") {
   TempDir dir;
   const std::string same = dir.file("same");
   const std::string link = dir.file("link");
@@ -288,7 +289,7 @@ TEST_CASE("results files: --vs-raw over shared memory says it compares two trans
   }
 }
 
-TEST_CASE("results files: bench-ddp: an empty list is refused; failed points are rows too") {
+TEST_CASE("results files: bench-ddp: an empty list is refused, failed points are rows too") {
   const ProcessResult empty =
       run_process(with({bin_path("nanoddp-bench-ddp"), "--world", ""}, kTinyDdp), quick());
   CHECK(empty.exit_code == 2);

@@ -150,9 +150,13 @@ TEST_CASE("plot.py: charts from real nanoddp-bench-allreduce and nanoddp-bench-g
   CHECK(contains(text, " UTC"));
   CHECK(contains(text, " cores, "));  // the machine line: cpu, N cores, host
 
-  // The same runs again (a second launch): kept as error bars, and said so, never dropped.
-  const ProcessResult twice = run_ok({py, script("plot.py"), "--out", out,
-                                      dir.file("allreduce.jsonl"), dir.file("allreduce.jsonl")});
+  // The same run again (a second launch, into another file): kept as error bars, and said so,
+  // never dropped.
+  auto again = allreduce;
+  again.insert(again.end(), {"--json", dir.file("again.jsonl")});
+  run_ok(again);
+  const ProcessResult twice = run_ok(
+      {py, script("plot.py"), "--out", out, dir.file("allreduce.jsonl"), dir.file("again.jsonl")});
   CHECK(contains(twice.output, "measured more than once in one series"));
   CHECK(contains(twice.output, "min-max error bars"));
 }

@@ -239,10 +239,12 @@ TEST_CASE("results files: bench-allreduce's table is nccl-tests' layout, without
                   quick());
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   CHECK(r.output.find("[rank 0]") == std::string::npos);
-  int rows = 0;
+  int rows = 0, headers = 0;
   for (const std::string& line : lines_of(r.output)) {
     const auto f = fields_of(line);
-    if (line.rfind("# ", 0) == 0 && f.size() > 5 && f[1] == "size") {
+    // (The table's header: not the "over N launches" summary's.)
+    if (line.rfind("# ", 0) == 0 && f.size() >= 14 && f[1] == "size") {
+      ++headers;
       // size count type redop root, then time algbw busbw #wrong twice, as all_reduce_perf.
       CHECK(f[2] == "count");
       CHECK(f[3] == "type");
@@ -262,6 +264,7 @@ TEST_CASE("results files: bench-allreduce's table is nccl-tests' layout, without
     CHECK(f[12] == "0");    // in place
     CHECK(f.size() == 17);  // + min, max per column set (-r 2)
   }
+  CHECK(headers == 1);
   CHECK(rows == 2);
 }
 

@@ -323,10 +323,17 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
     run_ok(train);
 
     const std::string png = dir.file(overlap ? "overlap.png" : "no_overlap.png");
-    const ProcessResult r =
-        run_ok({py, script("plot_trace.py"), trace, "--step", "2", "--out", png});
+    const ProcessResult r = run_ok({py, script("plot_trace.py"), trace, "--step", "2", "--out",
+                                    png, "--footnote", "commit abc1234, 2026-12-01 18:00 UTC"});
     INFO(r.output);
     check_chart(r, png);
+    // The SVG twin, with the footnote (a trace holds no provenance of its own) as text.
+    const std::string svg = png.substr(0, png.size() - 4) + ".svg";
+    CHECK(contains(r.output, "wrote " + svg + ": the same chart as SVG"));
+    std::ifstream svg_in(svg);
+    const std::string svg_text((std::istreambuf_iterator<char>(svg_in)),
+                               std::istreambuf_iterator<char>());
+    CHECK(contains(svg_text, "commit abc1234, 2026-12-01 18:00 UTC"));
     CHECK(contains(r.output, "step 2 of 4 recorded"));
     CHECK(contains(r.output, "2 rank(s)"));
     CHECK(contains(r.output, "rank 0: 3 all-reduce(s)"));  // 3 buckets at this cap

@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/provenance.h"
 #include "common/stats.h"
 
 namespace nanoddp::bench_allreduce {
@@ -45,14 +48,20 @@ std::vector<std::string> job_flags(int argc, char** argv) {
   return flags;
 }
 
-// Runs argv (argv[0] a path) with this process's stdout and stderr; its exit code, or 128 +
-// the signal.
+// Runs argv (argv[0] a path) with this process's stderr; its exit code, or 128 + the signal.
+// Its stdout passes through line by line without nanoddp-run's "[rank 0] " label: the table is
+// rank 0's alone, and scripts written for nccl-tests split its rows on white space.
 int run_child(const std::vector<std::string>& argv) {
   std::fflush(stdout);
   std::fflush(stderr);
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) return 127;
   const pid_t pid = ::fork();
   if (pid < 0) return 127;
   if (pid == 0) {
+    ::dup2(pipe_fds[1], STDOUT_FILENO);
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
     std::vector<char*> args;
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -60,6 +69,27 @@ int run_child(const std::vector<std::string>& argv) {
     std::perror(argv[0].c_str());
     ::_exit(127);
   }
+  ::close(pipe_fds[1]);
+  const std::string label = "[rank 0] ";
+  std::string pending;
+  const auto put = [&](std::string line) {
+    if (line.rfind(label, 0) == 0) line.erase(0, label.size());
+    std::fwrite(line.data(), 1, line.size(), stdout);
+    std::fflush(stdout);
+  };
+  char chunk[4096];
+  for (;;) {
+    const ssize_t got = ::read(pipe_fds[0], chunk, sizeof chunk);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    pending.append(chunk, static_cast<std::size_t>(got));
+    for (std::size_t nl; (nl = pending.find('\n')) != std::string::npos;) {
+      put(pending.substr(0, nl + 1));
+      pending.erase(0, nl + 1);
+    }
+  }
+  if (!pending.empty()) put(pending);
+  ::close(pipe_fds[0]);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
   }
@@ -93,6 +123,14 @@ int run_launches(int argc, char** argv, int nproc, int repeats, const std::strin
     return 1;
   }
   const std::vector<std::string> flags = job_flags(argc, argv);
+  // What the user ran and where the results really are (each launch's own command line names a
+  // scratch file deleted at the end).
+  const std::string command = common::redact(common::command_line(argc, argv));
+  std::string json_absolute;
+  if (!json_path.empty()) {
+    std::error_code ec;
+    json_absolute = fs::absolute(json_path, ec).string();
+  }
   // (placement, mode, bytes) -> every launch's time per op, in microseconds.
   std::map<std::tuple<std::string, std::string, std::int64_t>, std::vector<double>> times;
   int code = 0;
@@ -114,9 +152,33 @@ int run_launches(int argc, char** argv, int nproc, int repeats, const std::strin
       nlohmann::ordered_json line = nlohmann::ordered_json::parse(text);
       line["launch"] = launch;
       line["launches"] = repeats;
+      auto& provenance = line["provenance"];
+      if (!provenance.contains("worker_command")) {
+        provenance["worker_command"] = provenance.value("command", "");
+      }
+      provenance["command"] = command;
+      if (json_absolute.empty()) {
+        provenance.erase("json");
+      } else {
+        provenance["json"] = json_absolute;
+      }
+      common::redact_strings(line);
       times[{line["placement"], line["mode"], line["bytes"].get<std::int64_t>()}].push_back(
           line["time_us"].get<double>());
       if (json) *json << line.dump() << '\n';
+    }
+    if (json && !json->flush()) {
+      fmt::print(stderr, "nanoddp-bench-allreduce: error: --json {}: writing the results failed\n",
+                 json_path);
+      code = 1;
+    }
+  }
+  if (json && code == 0) {
+    json->close();
+    if (json->fail()) {
+      fmt::print(stderr, "nanoddp-bench-allreduce: error: --json {}: writing the results failed\n",
+                 json_path);
+      code = 1;
     }
   }
   std::error_code ec;

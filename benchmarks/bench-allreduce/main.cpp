@@ -40,6 +40,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -59,11 +60,10 @@
 #include "nanoddp/comm/rendezvous.h"
 #include "nanoddp/comm/store.h"
 #include "nanoddp/engine/cuda_device.h"
-#include "nanoddp/kernels/error.h"
-#include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/tensor.h"
 #include "nanoddp/kernels/bf16.h"
+#include "nanoddp/kernels/error.h"
 
 namespace {
 
@@ -91,15 +91,17 @@ struct Options {
 };
 
 std::int64_t parse_bytes(const std::string& text) {
-  // nccl-tests style: 8, 1K, 16M, 1G (powers of 1024).
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
+  // nccl-tests style: 8, 1K, 16M, 1G (powers of 1024). The number is read as every number flag
+  // is (common/cli.h): decimal only, so "-8", "0x10" and " 16" are refused.
+  const std::size_t number_end = text.find_first_of("KkMmGg");
+  const std::string number = text.substr(0, number_end);
+  if (number.empty() || number.find_first_not_of("0123456789.eE+") != std::string::npos ||
+      !nanoddp::cli::detail::check_finite(number).empty() ||
+      (number_end != std::string::npos && number_end + 1 != text.size())) {
     nanoddp::fail("'{}' is not a size (e.g. 8, 1K, 16M, 1G)", text);
   }
-  const std::string suffix = text.substr(used);
+  const double value = std::strtod(number.c_str(), nullptr);
+  const std::string suffix = number_end == std::string::npos ? "" : text.substr(number_end);
   double scale = 1;
   if (suffix == "K" || suffix == "k")
     scale = 1024.0;
@@ -109,6 +111,10 @@ std::int64_t parse_bytes(const std::string& text) {
     scale = 1024.0 * 1024 * 1024;
   else if (!suffix.empty())
     nanoddp::fail("'{}' is not a size (e.g. 8, 1K, 16M, 1G)", text);
+  // 1 TiB: past any buffer this benchmark can allocate, and within int64 whatever was typed.
+  if (value * scale > 1099511627776.0) {
+    nanoddp::fail("'{}' is more than 1T (1099511627776 bytes)", text);
+  }
   return static_cast<std::int64_t>(value * scale);
 }
 
@@ -427,7 +433,22 @@ int run(int argc, char** argv) {
                       nanoddp::cuda_status()));
     }
   }
-  const nlohmann::ordered_json provenance = nanoddp::common::provenance(argc, argv);
+  // The results file is opened (on rank 0) before the process group forms: a path that cannot
+  // be written is a usage error now, not a failure after the connections are up.
+  std::optional<std::ofstream> json;
+  if (world_env.rank == 0 && !opt.json_path.empty()) {
+    json.emplace(opt.json_path, std::ios::trunc);
+    if (!*json) {
+      return nanoddp::cli::usage_error(
+          "nanoddp-bench-allreduce",
+          fmt::format("--json {}: cannot open the file for writing", opt.json_path));
+    }
+  }
+  nlohmann::ordered_json provenance = nanoddp::common::provenance(argc, argv);
+  if (!opt.json_path.empty()) {
+    std::error_code ec;
+    provenance["json"] = std::filesystem::absolute(opt.json_path, ec).string();
+  }
   const nlohmann::ordered_json machine = nanoddp::common::machine_info();
 
   Runner runner;
@@ -495,11 +516,6 @@ int run(int argc, char** argv) {
   fill_for_check(host, buffer, runner.rank(), max_count);
   fill_for_check(send_host, send, runner.rank(), max_count);
 
-  std::optional<std::ofstream> json;
-  if (runner.rank() == 0 && !opt.json_path.empty()) {
-    json.emplace(opt.json_path);
-    if (!*json) nanoddp::fail("cannot open --json file {}", opt.json_path);
-  }
   const std::string mode_text = opt.raw      ? "raw gloo::allreduce"
                                 : opt.vs_raw ? "nanoddp ProcessGroup vs raw gloo::allreduce"
                                              : "nanoddp ProcessGroup";
@@ -523,6 +539,16 @@ int run(int argc, char** argv) {
   const std::string raw_algorithm = fmt::format(
       "ring allreduce as used by gloo::allreduce; transport: TCP ring ({})", runner.raw_transport);
   const bool spread = opt.rounds > 1;  // min and max columns
+  // Whatever a run records or prints passes redact(): a transport description or a command line
+  // must not carry the store's token.
+  algorithm = nanoddp::common::redact(algorithm);
+  std::vector<std::string> warnings;
+  if (opt.vs_raw && runner.transport.rfind("shared memory", 0) == 0) {
+    warnings.push_back(
+        "--vs-raw: the process group reduces through shared memory while raw Gloo runs its TCP "
+        "ring, so busbw/raw compares two transports, not the engine's overhead; set "
+        "NANODDP_SHM=0 to compare the same TCP ring");
+  }
   if (runner.rank() == 0) {
     fmt::print(
         "# nanoddp-bench-allreduce: backend {} via {}, {} ranks, {} iters x {} round{}, {} "
@@ -534,24 +560,29 @@ int run(int argc, char** argv) {
     fmt::print("# {}; {}\n", nanoddp::common::provenance_line(provenance),
                nanoddp::common::hostname());
     fmt::print("# time = wall time per op, averaged over the ranks{}; busbw = algbw * 2(n-1)/n\n",
-               spread ? ", median round (min, max: the fastest and slowest round)" : "");
+               spread ? ", median round" : "");
+    fmt::print("# columns as nccl-tests' all_reduce_perf (root -1: all-reduce has none){}\n",
+               spread || opt.vs_raw ? "; after them: the fastest and slowest round per column set"
+                                      " (min, max), then --vs-raw's raw Gloo columns"
+                                    : "");
+    for (const std::string& w : warnings) fmt::print("# warning: {}\n", w);
     if (!runner.dist) {
       fmt::print("# out of place: gloo::allreduce from a send buffer into a receive buffer\n");
     } else {
       fmt::print(
           "# out of place: copy into the receive buffer, then the in-place op, one at a time\n");
     }
-    const auto placement_header = [&](const char* title) {
-      const int width = spread ? 58 : 42;
-      return fmt::format(" {:^{}}", title, width);
-    };
-    fmt::print("# {:>12} {:>12} {:>8} {:>6}{}{}\n", "", "", "", "",
-               placement_header("out-of-place"), placement_header("in-place"));
-    fmt::print("# {:>12} {:>12} {:>8} {:>6}", "size", "count", "type", "redop");
+    // nccl-tests' layout, field for field (scripts written for all_reduce_perf split a row on
+    // white space): size count type redop root, then time algbw busbw #wrong out of place and
+    // in place; this benchmark's extra columns come after.
+    fmt::print("# {:>10} {:>12} {:>8} {:>6} {:>7} {:^38} {:^38}\n", "", "", "", "", "",
+               "out-of-place", "in-place");
+    fmt::print("# {:>10} {:>12} {:>8} {:>6} {:>7}", "size", "count", "type", "redop", "root");
     for (int k = 0; k < 2; ++k) {
-      fmt::print(" {:>10}", "time(us)");
-      if (spread) fmt::print(" {:>7} {:>7}", "min", "max");
-      fmt::print(" {:>11} {:>11} {:>7}", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+      fmt::print(" {:>10} {:>11} {:>11} {:>7}", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    }
+    if (spread) {
+      fmt::print(" {:>8} {:>8} {:>8} {:>8}", "oop_min", "oop_max", "ip_min", "ip_max");
     }
     if (opt.vs_raw) {
       fmt::print(" {:>11} {:>11} {:>9} {:>10}", "raw(us)", "raw busbw", "busbw/raw", "raw #wrong");
@@ -635,19 +666,20 @@ int run(int argc, char** argv) {
       const auto wrong_text = [&](std::size_t m) {
         return wrong[m] < 0 ? std::string("N/A") : std::to_string(wrong[m]);
       };
-      fmt::print("  {:>12} {:>12} {:>8} {:>6}", bytes, count, opt.dtype, opt.op);
+      fmt::print("  {:>10} {:>12} {:>8} {:>6} {:>7}", bytes, count, opt.dtype, opt.op, -1);
       for (std::size_t m = 0; m < 2; ++m) {
         const double us = nanoddp::common::median(rounds_us[m]);
         const auto [algbw, busbw] = bw(us);
-        fmt::print(" {:>10.1f}", us);
-        if (spread) {
-          fmt::print(" {:>7.1f} {:>7.1f}",
+        fmt::print(" {:>10.1f} {:>11.3f} {:>11.3f} {:>7}", us, algbw, busbw, wrong_text(m));
+        busbw_sum += busbw;
+        ++busbw_count;
+      }
+      if (spread) {
+        for (std::size_t m = 0; m < 2; ++m) {
+          fmt::print(" {:>8.1f} {:>8.1f}",
                      *std::min_element(rounds_us[m].begin(), rounds_us[m].end()),
                      *std::max_element(rounds_us[m].begin(), rounds_us[m].end()));
         }
-        fmt::print(" {:>11.3f} {:>11.3f} {:>7}", algbw, busbw, wrong_text(m));
-        busbw_sum += busbw;
-        ++busbw_count;
       }
       if (opt.vs_raw) {
         // Same bytes, same ranks: the busbw ratio is the inverse time ratio (in place, both).
@@ -684,10 +716,14 @@ int run(int argc, char** argv) {
               {"warmup", opt.warmup},
               {"wrong", wrong[m]},
               {"algorithm", series[m].mode == Mode::kRaw && opt.vs_raw ? raw_algorithm : algorithm},
+              {"warnings", warnings},
               {"machine", machine},
               {"provenance", provenance}};
+          nanoddp::common::redact_strings(line);
           *json << line.dump() << '\n';
         }
+        json->flush();
+        if (!*json) nanoddp::fail("--json {}: writing the results failed", opt.json_path);
       }
     }
     std::fflush(stdout);
@@ -697,6 +733,10 @@ int run(int argc, char** argv) {
     fmt::print("# Avg bus bandwidth    : {:.6g}\n",
                busbw_count > 0 ? busbw_sum / busbw_count : 0.0);
     fmt::print("#\n");
+  }
+  if (json) {
+    json->close();
+    if (json->fail()) nanoddp::fail("--json {}: writing the results failed", opt.json_path);
   }
   return 0;
 }

@@ -11,8 +11,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
+#include <tuple>
 
 #include "common/machine_info.h"
+#include "common/output_files.h"
+#include "common/provenance.h"
 #include "common/stats.h"
 #include "launch.h"
 #include "nanoddp/kernels/error.h"
@@ -129,11 +133,17 @@ nlohmann::ordered_json numbers(const std::vector<double>& v) {
   return nlohmann::ordered_json(v);
 }
 
+// Fewer launches than this and no confidence interval over launches is reported: a percentile
+// bootstrap of the median of 2, 3 or 4 values can only return values among them (with 2 or 3,
+// exactly [min, max]), which reads as a 95% interval but is not one.
+constexpr std::size_t kMinLaunchesForCi = 5;
+
 // One record from the records of `repeats` separate launches of a point: the launch with the
 // median step time (the lower middle one) gives the breakdown (its median step's parts, which
-// add up), every launch's steps pooled give the median, p10 and p90, and the bootstrap interval
-// of the median is over the launches' medians (launch-to-launch spread is the larger one on a
-// shared machine) or, with one launch, over its steps.
+// add up), every launch's steps pooled give the median, p10 and p90. Two intervals, each with
+// one meaning whatever --repeats is: step_ms_ci95_steps bootstraps the median over the pooled
+// steps (it sees step-to-step noise only), step_ms_ci95_launches over the launches' medians
+// (launch-to-launch spread, the larger one on a shared machine), null below kMinLaunchesForCi.
 nlohmann::ordered_json combine_repeats(const std::vector<nlohmann::ordered_json>& runs) {
   std::vector<double> medians, pooled, samples_per_s;
   for (const auto& r : runs) {
@@ -152,9 +162,20 @@ nlohmann::ordered_json combine_repeats(const std::vector<nlohmann::ordered_json>
   out["step_ms_median"] = median;
   out["step_ms_p10"] = common::quantile(pooled, 0.1);
   out["step_ms_p90"] = common::quantile(pooled, 0.9);
-  const common::Interval ci = common::bootstrap_median_ci(runs.size() > 1 ? medians : pooled);
-  out["step_ms_ci95"] = {ci.lo, ci.hi};
-  out["ci95_over"] = runs.size() > 1 ? "the launches' medians" : "the steps";
+  out.erase("step_ms_ci95");
+  const common::Interval steps_ci = common::bootstrap_median_ci(pooled);
+  out["step_ms_ci95_steps"] = {steps_ci.lo, steps_ci.hi};
+  if (runs.size() >= kMinLaunchesForCi) {
+    const common::Interval ci = common::bootstrap_median_ci(medians);
+    out["step_ms_ci95_launches"] = {ci.lo, ci.hi};
+    out["ci95_launches_note"] = "";
+  } else {
+    out["step_ms_ci95_launches"] = nullptr;
+    out["ci95_launches_note"] = fmt::format(
+        "{} launch(es): a bootstrap interval over launches needs --repeats {} or more (with "
+        "fewer it is only their min and max); see repeat_step_ms_median",
+        runs.size(), kMinLaunchesForCi);
+  }
   // samples/s and GFLOP/s follow the pooled median (they were the median launch's).
   out["samples_per_s"] = out["samples_per_s"].get<double>() * scale;
   out["gflops"] = out["gflops"].get<double>() * scale;
@@ -164,6 +185,12 @@ nlohmann::ordered_json combine_repeats(const std::vector<nlohmann::ordered_json>
   for (const auto& r : runs) per_launch.push_back(r["samples"]);
   out["samples"] = per_launch;
   return out;
+}
+
+// The 1-minute load average, or -1 when the system does not say.
+double load_1m() {
+  double load[1] = {-1};
+  return ::getloadavg(load, 1) == 1 ? load[0] : -1;
 }
 
 struct Paths {
@@ -212,12 +239,19 @@ class Sweep {
       fmt::print(stderr, "nanoddp-bench-ddp: note: {}\n", note);
     if (!o_.quiet) print_header(o_, machine, build, provenance_);
     bool all_ok = true;
-    for (const Point& p : expand(o_)) all_ok &= run_point(p);
+    for (const Point& p : expand(o_)) {
+      all_ok &= run_point(p);
+      if (write_failed_) break;
+    }
+    if (!close_outputs()) return 1;
     return all_ok ? 0 : 1;
   }
 
   // The flag naming a file that cannot be written, or "" (checked before any job runs).
   std::string open_outputs() {
+    std::error_code ec;
+    if (!o_.json_path.empty()) provenance_["json"] = fs::absolute(o_.json_path, ec).string();
+    if (!o_.csv_path.empty()) provenance_["csv"] = fs::absolute(o_.csv_path, ec).string();
     if (!o_.json_path.empty()) {
       json_.open(o_.json_path, std::ios::trunc);
       if (!json_.is_open()) return "--json " + o_.json_path;
@@ -228,6 +262,31 @@ class Sweep {
       csv_ << csv_header() << "\n";
     }
     return {};
+  }
+
+  // The results are only as good as their files: a write that failed (a full disk, /dev/full)
+  // is an error naming the file, found after every flush and at the close.
+  bool check_outputs() {
+    if (json_.is_open() && !json_.flush()) report_write_failure("--json", o_.json_path);
+    if (csv_.is_open() && !csv_.flush()) report_write_failure("--csv", o_.csv_path);
+    return !write_failed_;
+  }
+  bool close_outputs() {
+    check_outputs();
+    for (auto [file, flag, path] :
+         {std::tuple{&json_, "--json", &o_.json_path}, std::tuple{&csv_, "--csv", &o_.csv_path}}) {
+      if (!file->is_open()) continue;
+      file->close();
+      if (file->fail()) report_write_failure(flag, *path);
+    }
+    return !write_failed_;
+  }
+  void report_write_failure(const char* flag, const std::string& path) {
+    if (reported_.insert(flag).second) {
+      fmt::print(stderr, "nanoddp-bench-ddp: error: {} {}: writing the results failed\n", flag,
+                 path);
+    }
+    write_failed_ = true;
   }
 
  private:
@@ -266,6 +325,7 @@ class Sweep {
     const std::string point = fmt::format("--world {} (x {} node(s)) {}{}", world, nnodes,
                                           plain ? "--plain " : "", fmt::join(flags, " "));
     if (!outcome.ok) {
+      last_problem_ = fmt::format("{} failed: {}", what, outcome.problem);
       fmt::print(stderr,
                  "nanoddp-bench-ddp: error: {} failed: {}\n  point: {}\n  last lines of its "
                  "output:\n{}",
@@ -279,6 +339,8 @@ class Sweep {
     try {
       record = nlohmann::ordered_json::parse(in);
     } catch (const std::exception& e) {
+      last_problem_ =
+          fmt::format("{} succeeded but its result file is unreadable ({})", what, e.what());
       fmt::print(stderr,
                  "nanoddp-bench-ddp: error: {} succeeded but its result file {} is unreadable "
                  "({})\n  point: {}\n",
@@ -311,8 +373,11 @@ class Sweep {
     if (auto it = baselines_.find(key); it != baselines_.end()) {
       return it->second ? &*it->second : nullptr;
     }
+    const double load_start = load_1m();
     auto record = run_repeats(p, 1, false, "the plain 1-process baseline run", true);
+    if (!record) emit_failure(p, 1, true, last_problem_);
     if (record) {
+      note_load(*record, load_start, 1);
       (*record)["scaling_efficiency"] = 1.0;
       (*record)["scaling_efficiency_repeats"] =
           std::vector<double>(static_cast<std::size_t>(o_.repeats), 1.0);
@@ -339,11 +404,18 @@ class Sweep {
           "1-process baseline failed (above){}\n",
           p.world, fmt::join(config_flags(o_, p), " "),
           o_.nnodes > 1 ? "; running the job anyway, the other nodes wait for it" : "; skipped");
+      emit_failure(p, p.world, false,
+                   "not run: its plain 1-process baseline failed (no scaling efficiency)");
       // Alone, skip the point; with other nodes, take part so they are not left waiting.
       if (o_.nnodes == 1) return false;
     }
+    const double load_start = load_1m();
     const auto result = run_repeats(p, p.world, true, "the job", false);
-    if (!result || no_baseline) return false;
+    if (!result) {
+      if (o_.node_rank == 0) emit_failure(p, p.world, false, last_problem_);
+      return false;
+    }
+    if (no_baseline) return false;
     if (o_.node_rank != 0) {
       if (!o_.quiet) {
         fmt::print("# --world {} done on node {} (figures on node 0)\n", p.world, o_.node_rank);
@@ -351,6 +423,7 @@ class Sweep {
       return true;
     }
     nlohmann::ordered_json record = *result;
+    note_load(record, load_start, p.world * p.threads);
     const double ranks = record["config"]["world_size"].get<double>();
     const double base_samples = (*base)["samples_per_s"].get<double>();
     std::vector<double> efficiencies;
@@ -381,16 +454,66 @@ class Sweep {
           "time-share (plus one communication thread each)",
           ranks_here, threads, cores_));
     }
-    record["warnings"] = warnings;
-    record["provenance"] = provenance_;
-    if (!o_.quiet) print_row(record);
-    if (json_.is_open()) {
-      json_ << record.dump() << "\n";
-      json_.flush();
+    if (record.contains("load_warning")) {
+      warnings.push_back(record["load_warning"].get<std::string>());
+      record.erase("load_warning");
     }
-    if (csv_.is_open()) {
-      csv_ << csv_row(record) << "\n";
-      csv_.flush();
+    record["warnings"] = warnings;
+    write(record);
+  }
+
+  void write(nlohmann::ordered_json& record) {
+    record["provenance"] = provenance_;
+    common::redact_strings(record);
+    if (!o_.quiet) print_row(record);
+    if (json_.is_open()) json_ << record.dump() << "\n";
+    if (csv_.is_open()) csv_ << csv_row(record) << "\n";
+    check_outputs();
+  }
+
+  // A point that did not run (or whose baseline did not) is still a row of the results, with
+  // its configuration and an "error": a sweep's files say what is missing and why.
+  void emit_failure(const Point& p, int world, bool plain, const std::string& problem) {
+    nlohmann::ordered_json config = {{"world_size", world * (plain ? 1 : o_.nnodes)},
+                                     {"nnodes", plain ? 1 : o_.nnodes},
+                                     {"nproc_per_node", world},
+                                     {"device", o_.device},
+                                     {"backend", o_.backend},
+                                     {"in", p.in},
+                                     {"out", p.out},
+                                     {"hidden", p.hidden},
+                                     {"layers", p.layers},
+                                     {"activation", p.activation},
+                                     {"scaling", scaling_name(o_.scaling)},
+                                     {"ddp", !plain}};
+    if (!plain) {
+      config["bucket_cap_mb"] = p.bucket_cap_mb;
+      config["first_bucket_mb"] = p.first_bucket_mb;
+      config["overlap"] = p.overlap;
+      config["optimizer_in_backward"] = p.optimizer_in_backward;
+      config["comm_hook"] = p.comm_hook;
+    }
+    config["threads"] = p.threads;
+    nlohmann::ordered_json record = {
+        {"bench", "ddp"},      {"config", config},
+        {"baseline", plain},   {"steps", o_.steps},
+        {"warmup", o_.warmup}, {"repeats", o_.repeats},
+        {"error", problem},    {"warnings", nlohmann::ordered_json::array()}};
+    write(record);
+  }
+
+  // Other processes competing for the cores slow every figure of a point without a trace in
+  // them: a 1-minute load average above the cores at the start or the end of the point is said.
+  void note_load(nlohmann::ordered_json& record, double load_start, int threads_here) {
+    const double load_end = load_1m();
+    record["load_average_1m"] = {load_start, load_end};
+    // The point's own threads count in the load at its end; beyond them, someone else ran.
+    // (A 1-minute average lags: a heuristic that catches sustained outside load, not a blip.)
+    if (load_start > cores_ || load_end > cores_ + threads_here) {
+      record["load_warning"] = fmt::format(
+          "load average {:.2f} at the start, {:.2f} at the end of this point on {} core(s): "
+          "other processes competed for the cores, every time here may be inflated",
+          load_start, load_end, cores_);
     }
   }
 
@@ -402,11 +525,21 @@ class Sweep {
   std::map<std::string, std::optional<nlohmann::ordered_json>> baselines_;
   int jobs_ = 0;
   int cores_ = 1;
+  std::string last_problem_;
+  bool write_failed_ = false;
+  std::set<std::string> reported_;
 };
 
 }  // namespace
 
 int run_driver(const Options& options, const nlohmann::ordered_json& provenance) {
+  if (common::same_file(options.json_path, options.csv_path)) {
+    fmt::print(stderr,
+               "nanoddp-bench-ddp: error: --json {} and --csv {} are the same file: each would "
+               "overwrite the other; give two paths\n",
+               options.json_path, options.csv_path);
+    return 2;
+  }
   Sweep sweep(options, find_paths(), provenance);
   if (const std::string flag = sweep.open_outputs(); !flag.empty()) {
     fmt::print(stderr, "nanoddp-bench-ddp: error: {}: cannot open the file for writing\n", flag);

@@ -49,24 +49,22 @@ std::vector<std::string> split(const std::string& flag, const std::string& text)
 
 std::int64_t parse_int(const std::string& flag, const std::string& item, std::int64_t lo,
                        std::int64_t hi) {
-  std::int64_t value = 0;
-  const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
-  if (ec != std::errc() || end != item.data() + item.size()) {
-    usage_error("{}: '{}' is not an integer", flag, item);
+  // Each element as a single-valued flag is read (common/cli.h): decimal, no leading zero, so
+  // "--hidden 010" is refused here as in nanoddp-sim, never 10 in one tool and 8 in another.
+  if (const std::string problem = cli::detail::check_integer(item, true); !problem.empty()) {
+    usage_error("{}: {}", flag, problem);
   }
+  std::int64_t value = 0;
+  std::from_chars(item.data(), item.data() + item.size(), value);
   if (value < lo || value > hi) usage_error("{}: {} is out of range [{}, {}]", flag, value, lo, hi);
   return value;
 }
 
 double parse_positive(const std::string& flag, const std::string& item) {
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(item, &used);
-  } catch (const std::exception&) {
-    used = 0;
+  if (const std::string problem = cli::detail::check_finite(item); !problem.empty()) {
+    usage_error("{}: {}", flag, problem);
   }
-  if (used != item.size() || used == 0) usage_error("{}: '{}' is not a number", flag, item);
+  const double value = std::strtod(item.c_str(), nullptr);
   if (!(value > 0) || !std::isfinite(value) || value > 1e6) {
     usage_error("{}: {} must be > 0 (MiB, at most 1e6)", flag, item);
   }
@@ -323,6 +321,28 @@ std::optional<Options> parse_options(int argc, const char* const* argv, int& exi
     return std::nullopt;
   }
   try {
+    // A list flag given with nothing ("--world ''") is a mistake, not a request for the default.
+    for (const auto& [flag, text] : std::vector<std::pair<const char*, const std::string*>>{
+             {"--world", &lists.world},
+             {"--hidden", &lists.hidden},
+             {"--layers", &lists.layers},
+             {"--in", &lists.in},
+             {"--out", &lists.out},
+             {"--activation", &lists.activation},
+             {"--batch", &lists.batch},
+             {"--bucket-cap-mb", &lists.bucket_cap_mb},
+             {"--first-bucket-mb", &lists.first_bucket_mb},
+             {"--overlap", &lists.overlap},
+             {"--optimizer-in-backward", &lists.optimizer_in_backward},
+             {"--comm-hook", &lists.comm_hook},
+             {"--threads", &lists.threads}}) {
+      if (app.count(flag) > 0 && text->empty()) {
+        usage_error(
+            "{} '': an empty list (expected e.g. {} 1,2,4; leave the flag out for its "
+            "default)",
+            flag, flag);
+      }
+    }
     o.scaling = scaling == "strong" ? Scaling::kStrong : Scaling::kWeak;
     convert_lists(lists, o);
     check_relations(o);

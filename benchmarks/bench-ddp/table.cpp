@@ -62,10 +62,21 @@ void print_header(const Options& o, const nlohmann::ordered_json& machine,
 void print_row(const nlohmann::ordered_json& r) {
   const auto& c = r["config"];
   const bool ddp = c.value("ddp", true);
+  if (r.contains("error")) {
+    fmt::print("# FAILED: --world {}{} {}: {}\n", c["nproc_per_node"].get<int>(),
+               ddp ? "" : " (the plain baseline)",
+               fmt::format("--hidden {} --layers {}", c["hidden"].get<std::int64_t>(),
+                           c["layers"].get<std::int64_t>()),
+               r["error"].get<std::string>());
+    std::fflush(stdout);
+    return;
+  }
   std::string flags;
   for (const auto& w : r.value("warnings", nlohmann::ordered_json::array())) {
     const std::string text = w.get<std::string>();
-    flags += text.rfind("efficiency", 0) == 0 ? "eff>1 " : "ranks>cores ";
+    flags += text.rfind("efficiency", 0) == 0     ? "eff>1 "
+             : text.rfind("load average", 0) == 0 ? "load>cores "
+                                                  : "ranks>cores ";
   }
   fmt::print(kRowFormat, c["world_size"].get<int>(), c["nnodes"].get<int>(),
              c["in"].get<std::int64_t>(), c["hidden"].get<std::int64_t>(),
@@ -160,8 +171,10 @@ std::string csv_header() {
   for (const char* c : kConfigColumns) out += std::string(out.empty() ? "" : ",") + c;
   for (const char* c : kRecordColumns) out += std::string(",") + c;
   out +=
-      ",median_step_ms,step_ms_ci95_lo,step_ms_ci95_hi,scaling_efficiency_min,"
-      "scaling_efficiency_max,warnings,commit,dirty,utc,load_average_1m,command";
+      ",median_step_ms,step_ms_ci95_steps_lo,step_ms_ci95_steps_hi,step_ms_ci95_launches_lo,"
+      "step_ms_ci95_launches_hi,ci95_launches_note,scaling_efficiency_min,scaling_efficiency_max,"
+      "load_average_1m_start,load_average_1m_end,warnings,error,commit,dirty,utc,"
+      "load_average_1m,command,cwd,environment";
   return out;
 }
 
@@ -171,12 +184,28 @@ std::string csv_row(const nlohmann::ordered_json& r) {
     if (!out.empty()) out.push_back(',');
     out += field;
   };
+  // A failed point's record lacks the figures: their fields stay empty.
+  const auto at = [&](std::initializer_list<const char*> path) -> std::string {
+    const nlohmann::ordered_json* v = &r;
+    for (const char* k : path) {
+      if (!v->is_object() || !v->contains(k)) return "";
+      v = &(*v)[k];
+    }
+    return csv_value(*v);
+  };
+  const auto element = [&](const char* key, std::size_t i) -> std::string {
+    if (!r.contains(key) || !r[key].is_array() || r[key].size() <= i) return "";
+    return csv_value(r[key][i]);
+  };
   const auto& c = r["config"];
   for (const char* k : kConfigColumns) add(c.contains(k) ? csv_value(c[k]) : "");
   for (const char* k : kRecordColumns) add(r.contains(k) ? csv_value(r[k]) : "");
-  add(csv_value(r["median_step"]["step_ms"]));
-  add(csv_value(r["step_ms_ci95"][0]));
-  add(csv_value(r["step_ms_ci95"][1]));
+  add(at({"median_step", "step_ms"}));
+  add(element("step_ms_ci95_steps", 0));
+  add(element("step_ms_ci95_steps", 1));
+  add(element("step_ms_ci95_launches", 0));
+  add(element("step_ms_ci95_launches", 1));
+  add(at({"ci95_launches_note"}));
   std::vector<double> eff;
   for (const auto& e : r.value("scaling_efficiency_repeats", nlohmann::ordered_json::array())) {
     eff.push_back(e.get<double>());
@@ -187,13 +216,20 @@ std::string csv_row(const nlohmann::ordered_json& r) {
   for (const auto& w : r.value("warnings", nlohmann::ordered_json::array())) {
     warnings += (warnings.empty() ? "" : "; ") + w.get<std::string>();
   }
+  add(element("load_average_1m", 0));
+  add(element("load_average_1m", 1));
   add(csv_field(warnings));
-  const auto& p = r["provenance"];
-  add(csv_value(p["commit"]));
-  add(csv_value(p["dirty"]));
-  add(csv_value(p["utc"]));
-  add(p["load_average"].is_array() ? csv_value(p["load_average"][0]) : "");
-  add(csv_value(p["command"]));
+  add(at({"error"}));
+  add(at({"provenance", "commit"}));
+  add(at({"provenance", "dirty"}));
+  add(at({"provenance", "utc"}));
+  const bool load = r.contains("provenance") && r["provenance"].contains("load_average") &&
+                    r["provenance"]["load_average"].is_array();
+  add(load ? csv_value(r["provenance"]["load_average"][0]) : "");
+  add(at({"provenance", "command"}));
+  add(at({"provenance", "cwd"}));
+  // The environment as one JSON object (the per-step samples stay in the JSON only).
+  add(at({"provenance", "environment"}));
   return out;
 }
 

@@ -29,11 +29,13 @@ def series_key(record):
     # Lines from before the column sets were in place.
     return (record["backend"], record["mode"], transport_of(record), record["ranks"],
             record.get("dtype", "float"), record.get("op", "sum"),
-            record.get("placement", "in-place"))
+            record.get("placement", "in-place"),
+            # --allow-mixed-builds: each build (commit, host) a series of its own.
+            record.get("_build"))
 
 
 def label_of(key, varying):
-    backend, mode, transport, ranks, dtype, op, placement = key
+    backend, mode, transport, ranks, dtype, op, placement, build = key
     parts = [f"{backend}: {MODE_NAMES.get(mode, mode)}"]
     if varying["placement"]:
         parts.append(placement)
@@ -45,6 +47,8 @@ def label_of(key, varying):
         parts.append(dtype)
     if varying["op"]:
         parts.append(op)
+    if build:
+        parts.append(build)
     return ", ".join(parts)
 
 

@@ -18,6 +18,7 @@ ddp_breakdown: where a step's time goes, against the bucket cap, overlap on and 
   measured median step time, which also holds what neither covers (data, the loss exchange).
 """
 
+import re
 import textwrap
 
 import figure
@@ -28,7 +29,7 @@ from matplotlib.patches import Patch
 # the world size (backend: none on one process; nnodes, global batch, buckets).
 SERIES_FIELDS = ["hidden", "layers", "in", "out", "activation", "device", "scaling",
                  "batch_per_rank", "global_batch", "threads", "comm_hook", "first_bucket_mb", "bucket_cap_mb",
-                 "optimizer_in_backward", "overlap"]
+                 "optimizer_in_backward", "overlap", "run", "_build"]
 # What is on the breakdown chart's x axis or side by side, not a panel of its own.
 BAR_FIELDS = {"bucket_cap_mb", "overlap"}
 # The breakdown's panels: one per model / world size / backend / nodes.
@@ -59,14 +60,38 @@ def _field_text(name, value):
         "overlap": lambda v: "overlap on" if v else "overlap off",
         "optimizer_in_backward": lambda v: "optimizer in backward" if v else "optimizer after",
         "nnodes": lambda v: f"{v} node{'s' if v != 1 else ''}",
+        "run": lambda v: f"run {v}",
+        "_build": str,
     }[name](value)
 
 
-def _series_config(config):
+# Runs: records written by different commands (or the same command with other steps or
+# warm-up) are separate series, numbered in the order they are read; reruns of one command
+# (its --repeats, or the same command again, into another file) are one series with error bars.
+_RUNS = []
+_OUTPUT_FLAGS = re.compile(r"\s--(json|csv)(=|\s+)\S+")
+
+
+def _command_of(record):
+    p = record.get("provenance") if isinstance(record.get("provenance"), dict) else {}
+    command = p.get("command")
+    return _OUTPUT_FLAGS.sub("", command) if isinstance(command, str) else None
+
+
+def _run_of(record):
+    run = (_command_of(record), record.get("steps"), record.get("warmup"))
+    if run not in _RUNS:
+        _RUNS.append(run)
+    return _RUNS.index(run) + 1
+
+
+def _series_config(record):
     """Strong scaling keeps the global batch fixed (the per-rank batch shrinks with W), weak the
     per-rank batch: the batch that is constant along a line is the one in its key."""
-    c = dict(config)
+    c = dict(record["config"])
     c["batch_per_rank" if c.get("scaling") == "strong" else "global_batch"] = None
+    c["run"] = _run_of(record)
+    c["_build"] = record.get("_build")
     return c
 
 
@@ -146,13 +171,13 @@ def plot_scaling(records, out_dir, written):
         if _is_baseline(record):
             baselines.append((record, where))
             continue
-        key = _key(_series_config(record["config"]), SERIES_FIELDS)
+        key = _key(_series_config(record), SERIES_FIELDS)
         series.setdefault(key, {}).setdefault(record["config"]["world_size"], []).append(
             (record, where))
     # The baselines: the world-1 point of every series with their model and batch; alone (a
     # sweep of one rank) they are series of their own.
     for record, where in baselines:
-        key = _key(_series_config(record["config"]), SERIES_FIELDS)
+        key = _key(_series_config(record), SERIES_FIELDS)
         model = [(f, v) for f, v in key if f not in DDP_FIELDS]
         matches = [k for k in series
                    if [(f, v) for f, v in k if f not in DDP_FIELDS] == model]
@@ -177,8 +202,10 @@ def plot_scaling(records, out_dir, written):
         eff_x, eff_y, eff_lo, eff_hi = [], [], [], []
         sps_x, sps_y, sps_lo, sps_hi = [], [], [], []
         for world, entries in points:
-            if len(entries) > 1 and not all(_is_baseline(r) for r, _ in entries):
-                figure.note(f"{len(entries)} records for '{label}' at {world} rank(s) "
+            if len(entries) > 1:
+                what = ("baseline records" if all(_is_baseline(r) for r, _ in entries)
+                        else "records")
+                figure.note(f"{len(entries)} {what} for '{label}' at {world} rank(s) "
                             f"({', '.join(w for _, w in entries)}): drawn as their median with "
                             "min-max error bars")
             effs = [e for r, _ in entries for e in _efficiency_values(r, baseline)]
@@ -255,7 +282,7 @@ def plot_breakdown(records, out_dir, written):
     panels = {}
     grouped = {}
     for record, where in shown:
-        key = _key(_series_config(record["config"]), panel_fields)
+        key = _key(_series_config(record), panel_fields)
         bar = (record["config"]["bucket_cap_mb"], record["config"]["overlap"])
         grouped.setdefault(key, {}).setdefault(bar, []).append((record, where))
     for key, bars in grouped.items():
@@ -334,5 +361,10 @@ def plot_breakdown(records, out_dir, written):
 
 
 def plot(records, out_dir, written):
+    _RUNS.clear()
+    runs = {_run_of(r): _command_of(r) for r, _ in records}
+    if len(runs) > 1:
+        for run, command in sorted(runs.items()):
+            figure.note(f"run {run}: {command or 'no command recorded'}")
     plot_scaling(records, out_dir, written)
     plot_breakdown(records, out_dir, written)

@@ -48,9 +48,10 @@ def save(fig, out_dir, name, what, written):
     """Writes OUT_DIR/NAME.png and, for papers, the same chart as OUT_DIR/NAME.svg; prints both
     and appends their paths to `written`."""
     path = os.path.join(out_dir, name + ".png")
-    fig.savefig(path, dpi=DPI)
+    # "tight": the figure grows to hold a legend or footnote that would otherwise be clipped.
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.1)
     svg = os.path.join(out_dir, name + ".svg")
-    fig.savefig(svg)
+    fig.savefig(svg, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
     print(f"wrote {path}: {what}")
     print(f"wrote {svg}: the same chart as SVG")

@@ -3,9 +3,9 @@
 # charts that docs/benchmarks.md shows:
 #   benchmarks/plot/make_charts.sh [OUT_DIR]        (default: docs/img)
 # Executables come from $NANODDP_BIN_DIR, else build/bin, else build-cpu/bin. The benchmarks'
-# JSON lines go to OUT_DIR/data/ (small; kept so the charts can be redrawn and checked), the
-# traces to a temporary directory. nanoddp-bench-ddp is run when it has been built, and skipped
-# with a message otherwise.
+# JSON lines and the two traces go to OUT_DIR/data/ (kept so the charts can be redrawn and
+# checked). nanoddp-bench-ddp is run when it has been built, and skipped with a message
+# otherwise.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -36,8 +36,7 @@ fi
 load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 data="$out/data"
 mkdir -p "$out" "$data"
-traces="$(mktemp -d)"
-trap 'rm -rf "$traces"' EXIT
+traces="$data"
 run2=("$bin/nanoddp-run" --nproc-per-node 2)
 
 # Every JSON file is rewritten, so a failed run cannot leave an old file behind to be plotted.
@@ -79,17 +78,28 @@ train=("$bin/nanoddp-train" --hidden 1024 --layers 3 --batch 64 --steps 30 --buc
 step "charts"
 "$python" "$plot/plot.py" --out "$out" "$data"/allreduce_*.jsonl "$data"/gemm_*.jsonl \
   "${ddp_json[@]}"
+# The commit the executables were built from, as their JSON lines record it (git may not see the
+# checkout the binaries came from).
+commit="$("$python" -c 'import json, sys
+p = json.loads(open(sys.argv[1]).readline()).get("provenance", {})
+print(str(p.get("commit", "unknown"))[:10] + (" (dirty)" if p.get("dirty") == "yes" else ""))' \
+  "$data/allreduce_shm.jsonl" 2>/dev/null || echo unknown)"
+footnote="nanoddp-train ${train[*]:1} --trace, 2 ranks (nanoddp-run); commit $commit;"
+footnote+=" $(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) cpus, load at start $load_before"
 "$python" "$plot/plot_trace.py" "$traces/overlap.json" --out "$out/trace_overlap.png" \
-  --title "nanoddp-train, 2 ranks, overlap on (default): bucket all-reduces start during backward"
+  --title "nanoddp-train, 2 ranks, overlap on (default): bucket all-reduces start during backward" \
+  --footnote "$footnote"
 "$python" "$plot/plot_trace.py" "$traces/overlap.json" --compare "$traces/no_overlap.json" \
   --out "$out/trace_overlap_on_off.png" \
-  --title "nanoddp-train, 2 ranks: overlap on (default) and --no-overlap, one time axis"
+  --title "nanoddp-train, 2 ranks: overlap on (default) and --no-overlap, one time axis" \
+  --footnote "${footnote/--trace/--trace (and --no-overlap --trace)}"
 
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1)"
   echo "cpus: $(nproc)"
   echo "load average (1, 5, 15 min) at the start: $load_before"
-  echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "load average (1, 5, 15 min) at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "commit: $commit"
 } >"$data/machine.txt"
 cat "$data/machine.txt"

@@ -36,6 +36,9 @@ def parse_args(argv):
         "(nanoddp-bench-ddp, nanoddp-bench-allreduce, nanoddp-bench-gemm --json FILE).")
     parser.add_argument("--out", default=".", metavar="DIR",
                         help="directory for the PNG files (created if missing; default: .)")
+    parser.add_argument("--allow-mixed-builds", action="store_true",
+                        help="draw records of different commits, dirty trees or hosts as "
+                        "separate, labelled series (refused without it)")
     parser.add_argument("files", nargs="+", metavar="FILE.jsonl",
                         help="JSON-lines files written by the benchmarks' --json")
     return parser.parse_args(argv)
@@ -44,7 +47,7 @@ def parse_args(argv):
 def main(argv):
     args = parse_args(argv)
     try:
-        by_kind = read_files(args.files)
+        by_kind = read_files(args.files, args.allow_mixed_builds)
     except InputError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

@@ -77,6 +77,9 @@ def parse_args(argv):
     parser.add_argument("--cores", type=int, metavar="N",
                         help="cores of the machine that ran the trace, stated on the chart with "
                              "the threads that shared them (default: this machine's count)")
+    parser.add_argument("--footnote", metavar="TEXT",
+                        help="provenance printed small at the bottom (commit, date, command): a "
+                        "trace does not hold it")
     args = parser.parse_args(argv)
     if args.step is not None and (args.from_ms is not None or args.to_ms is not None):
         parser.error("--step and --from-ms/--to-ms choose the window two ways; pass one")
@@ -411,8 +414,17 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=()):
               columnspacing=1.0, handlelength=1.4,
               frameon=False)
     ax.set_title(title, fontsize=9, pad=30, loc="left")
-    fig.tight_layout()
+    if args.footnote:
+        fig.text(0.01, 0.005, args.footnote, fontsize=7, color="#666666", ha="left",
+                 va="bottom")
+        fig.tight_layout(rect=(0, 0.05, 1, 1))
+    else:
+        fig.tight_layout()
     fig.savefig(args.out, dpi=100)
+    # For papers, the same chart as SVG beside the PNG (text kept as text).
+    svg = os.path.splitext(args.out)[0] + ".svg"
+    plt.rcParams["svg.fonttype"] = "none"
+    fig.savefig(svg)
     plt.close(fig)
 
 
@@ -512,6 +524,7 @@ def main(argv):
         print(f"{PROG}: error: --out {args.out}: {e.strerror}", file=sys.stderr)
         return 2
     print(f"wrote {args.out}: timeline of {what} ({hi - lo:.1f} ms, {len(ranks)} rank(s))")
+    print(f"wrote {os.path.splitext(args.out)[0] + '.svg'}: the same chart as SVG")
     for line in lines:
         print("  " + line)
     for _, text in marks:

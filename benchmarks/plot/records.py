@@ -8,7 +8,9 @@ Kinds (the field that tells them apart):
 """
 
 import json
+import math
 import os
+import sys
 
 
 class InputError(Exception):
@@ -43,6 +45,14 @@ REQUIRED = {
     },
 }
 
+# Fields drawn on a log axis or divided by: a value <= 0 (a failed measurement written as -1) or
+# not finite (NaN, inf) is refused with its file and line, never dropped from the chart.
+POSITIVE = {
+    "ddp": {"step_ms_median", "samples_per_s"},
+    "allreduce": {"bytes", "time_us", "busbw_gbps"},
+    "gemm": {"m", "n", "k", "gflops"},
+}
+
 DDP_CONFIG_REQUIRED = {
     "world_size": int,
     "hidden": int,
@@ -72,7 +82,7 @@ def _type_name(types):
     return {int: "an integer", str: "a string", dict: "an object", bool: "true/false"}[types]
 
 
-def _check_fields(obj, required, where, what):
+def _check_fields(obj, required, where, what, positive=()):
     for field, types in required.items():
         if field not in obj:
             raise InputError(f"{where}: this {what} line has no '{field}' field")
@@ -82,6 +92,15 @@ def _check_fields(obj, required, where, what):
             raise InputError(f"{where}: '{field}' is {value!r}, expected {_type_name(types)}")
         if not isinstance(value, types):
             raise InputError(f"{where}: '{field}' is {value!r}, expected {_type_name(types)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(f"{where}: '{field}' is {value!r}, expected a finite number")
+        if field in positive and value <= 0:
+            raise InputError(f"{where}: '{field}' is {value!r}, expected a number > 0 (a "
+                             "failed or unmeasured value cannot be charted)")
+
+
+def _note(text):
+    print(f"plot.py: note: {text}", file=sys.stderr)
 
 
 def read_file(path):
@@ -102,7 +121,9 @@ def read_file(path):
         where = f"{path}:{number}"
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, RecursionError) as e:
+            if isinstance(e, RecursionError):
+                raise InputError(f"{where}: not a JSON line (nested too deeply)") from e
             raise InputError(f"{where}: not a JSON line ({e.msg} at column {e.colno})") from e
         if not isinstance(obj, dict):
             raise InputError(f"{where}: expected a JSON object, found {type(obj).__name__}")
@@ -113,21 +134,74 @@ def read_file(path):
                 f"{where}: not a line of nanoddp-bench-ddp, nanoddp-bench-allreduce or "
                 f"nanoddp-bench-gemm (no \"bench\": \"ddp\" or \"benchmark\": \"allreduce\"/"
                 f"\"gemm\"; its fields: {fields or 'none'})")
-        _check_fields(obj, REQUIRED[kind], where, DESCRIPTION[kind])
+        if kind == "ddp" and obj.get("error"):
+            # A point that failed (nanoddp-bench-ddp records it): nothing to draw, said so.
+            _note(f"{where}: a failed point, not drawn: {obj['error']}")
+            continue
+        _check_fields(obj, REQUIRED[kind], where, DESCRIPTION[kind], POSITIVE[kind])
         if kind == "ddp":
             _check_fields(obj["config"], DDP_CONFIG_REQUIRED, where + " (config)",
                           DESCRIPTION[kind])
         out.append((kind, obj, where))
-    if not out:
+    if not out and not any(line.strip() for line in lines):
         raise InputError(f"{path}: the file is empty (no JSON lines); was the benchmark run "
                          f"with --json {path}?")
     return out
 
 
-def read_files(paths):
-    """Returns {kind: [(record, where)]} over all files, in file and line order."""
+def build_of(record):
+    """(commit, dirty, host): what one series' records must share to be compared."""
+    p = record.get("provenance") if isinstance(record.get("provenance"), dict) else {}
+    m = record.get("machine") if isinstance(record.get("machine"), dict) else {}
+    return (str(p.get("commit", "?"))[:10], str(p.get("dirty", "?")), str(m.get("hostname", "?")))
+
+
+def build_text(build):
+    commit, dirty, host = build
+    return f"commit {commit}{' (dirty)' if dirty == 'yes' else ''} on {host}"
+
+
+def read_files(paths, allow_mixed_builds=False):
+    """Returns {kind: [(record, where)]} over all files, in file and line order.
+
+    The same file named twice is refused (its records would count double); a line identical to
+    one already read (a file copied under another name) is kept once, said so. Records of one
+    benchmark from different builds or hosts (commit, dirty, host name) are refused: their
+    repeats would merge into one error bar. With `allow_mixed_builds` they are kept, and the
+    charts label each series with its build."""
     by_kind = {}
+    seen_files = []
+    seen_lines = {}
     for path in paths:
+        for earlier in seen_files:
+            try:
+                same = os.path.samefile(earlier, path)
+            except OSError:
+                same = os.path.abspath(earlier) == os.path.abspath(path)
+            if same:
+                raise InputError(f"{path}: given twice (also as {earlier}); its records would "
+                                 "count double")
+        seen_files.append(path)
         for kind, obj, where in read_file(path):
+            text = json.dumps(obj, sort_keys=True)
+            if text in seen_lines:
+                _note(f"{where}: the same record as {seen_lines[text]}; kept once")
+                continue
+            seen_lines[text] = where
             by_kind.setdefault(kind, []).append((obj, where))
+    for kind, records in by_kind.items():
+        builds = {}
+        for obj, where in records:
+            builds.setdefault(build_of(obj), where)
+        if len(builds) > 1:
+            listing = "; ".join(f"{build_text(b)} ({w})" for b, w in builds.items())
+            if not allow_mixed_builds:
+                raise InputError(
+                    f"the {DESCRIPTION[kind]} records come from {len(builds)} builds or hosts: "
+                    f"{listing}. Chart one build on one host at a time, or give "
+                    "--allow-mixed-builds to draw them as separate, labelled series")
+            _note(f"{DESCRIPTION[kind]}: {len(builds)} builds or hosts, drawn as separate "
+                  f"series: {listing}")
+            for obj, _ in records:
+                obj["_build"] = build_text(build_of(obj))
     return by_kind

@@ -18,6 +18,15 @@ inline constexpr int kDescribedWorldSize = 4096;    // warned above
 inline constexpr double kMaxLatencyUs = 1e6;        // one second per step or collective
 inline constexpr double kMaxBandwidthGbs = 1e5;     // 100 TB/s per GPU
 inline constexpr double kMemoryWarnFraction = 0.9;  // warned above this share of the GPU
+// Scale factors: a compute time 1000 times longer or shorter than the profile's, or a collective
+// slowing backward (and itself) down by more than 100 times, describes another machine, not this
+// profile on a new cluster; past them a prediction is only arithmetic.
+inline constexpr double kMinComputeScale = 1e-3;
+inline constexpr double kMaxComputeScale = 1e3;
+inline constexpr double kMaxOverlapSlowdown = 100;
+// --busbw sizes: 1 TiB, far past any bucket or message a DDP step sends (and exact in a double,
+// so no row is rounded past --busbw-max).
+inline constexpr double kMaxBusbwBytes = 1099511627776.0;
 
 // Throws SimError naming the flag for a world, latency or bandwidth past the limits above.
 void check_limits(const Cluster& cluster, const Fabric& fabric);

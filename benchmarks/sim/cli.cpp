@@ -16,6 +16,8 @@
 #include "benchmarks/sim/report.h"
 #include "benchmarks/sim/step_model.h"
 #include "benchmarks/sim/trace_profile.h"
+#include "common/cli.h"
+#include "common/output_files.h"
 #include "common/provenance.h"
 
 namespace nanoddp::sim {
@@ -33,6 +35,18 @@ flags override a named fabric's values. Model, formulas and sources: docs/simula
 
 // Checks that CLI11's validators cannot express (relations between flags).
 std::string check(const CliOptions& o, const CLI::App& app) {
+  // --json truncates its file before anything is read: an output that is an input (by any
+  // name: a symlink or a hard link too) would destroy the input.
+  for (const auto& [flag, path] :
+       {std::pair{"--profile", &o.profile_path}, std::pair{"--baseline-profile", &o.baseline_path},
+        std::pair{"--fit-allreduce", &o.fit_path}}) {
+    if (o.json_path != "-" && common::same_file(o.json_path, *path)) {
+      return fmt::format(
+          "--json {} is the {} input {}: it would be overwritten; give another "
+          "output path",
+          o.json_path, flag, *path);
+    }
+  }
   if (o.busbw) {
     if (!o.profile_path.empty() || !o.model.empty()) {
       return "--busbw prints the network model alone: drop --profile/--model";
@@ -54,7 +68,7 @@ std::string check(const CliOptions& o, const CLI::App& app) {
       }
     }
   } else {
-    for (const char* flag : {"--rank", "--skip-steps", "--peers"}) {
+    for (const char* flag : {"--rank", "--skip-steps", "--peers", "--baseline-profile"}) {
       if (app.count(flag) > 0) return fmt::format("{} applies to --profile only", flag);
     }
     if (o.cores > 0) {
@@ -80,14 +94,18 @@ std::string check(const CliOptions& o, const CLI::App& app) {
 }  // namespace
 
 double parse_bytes(const std::string& text, const std::string& flag) {
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
+  // The number is read as every other number flag is (common/cli.h): decimal only, so "0x10"
+  // and " 16" are refused, not read as 16.
+  const std::size_t number_end = text.find_first_of("KkMmGgTt");
+  const std::string number = text.substr(0, number_end);
+  if (number_end != std::string::npos && number_end + 1 != text.size()) {
     fail("{} {}: not a size (e.g. 8, 1K, 16M, 1G)", flag, text);
   }
-  const std::string suffix = text.substr(used);
+  if (const std::string problem = cli::detail::check_finite(number); !problem.empty()) {
+    fail("{} {}: not a size (e.g. 8, 1K, 16M, 1G): {}", flag, text, problem);
+  }
+  const double value = std::strtod(number.c_str(), nullptr);
+  const std::string suffix = number_end == std::string::npos ? "" : text.substr(number_end);
   double scale = 1;
   if (suffix == "K" || suffix == "k") {
     scale = 1024.0;
@@ -124,19 +142,16 @@ std::pair<std::string, std::vector<double>> parse_sweep(const std::string& text)
   while (start <= text.size()) {
     const std::size_t comma = std::min(text.find(',', start), text.size());
     const std::string item = text.substr(start, comma - start);
-    std::size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
+    // Each element as the flag itself reads it (common/cli.h): decimal, no leading zero.
+    const std::string problem =
+        integer ? cli::detail::check_integer(item, false) : cli::detail::check_finite(item);
+    const bool number = !item.empty() && problem.empty();
+    const double v = number ? std::strtod(item.c_str(), nullptr) : 0;
     const double lo = name == "layers" ? 0 : 1;
     const double hi = name == "layers" ? static_cast<double>(kMaxMlpLayers)
                       : integer        ? 1e12
                                        : kMaxBandwidthGbs;
-    if (item.empty() || used != item.size() || !(v >= lo && v <= hi) ||
-        (integer && v != std::floor(v))) {
+    if (!number || !(v >= lo && v <= hi) || (integer && v != std::floor(v))) {
       fail("--sweep {}: '{}' is not {} in [{:g}, {:g}]", text, item,
            integer ? "an integer" : "a number", lo, hi);
     }
@@ -161,6 +176,9 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
   app.add_option("--profile", o.profile_path,
                  "compute profile from a trace written by nanoddp-train --trace (its \"grad\" "
                  "markers give the parameters; older traces need the MLP shape flags)");
+  app.add_option("--baseline-profile", o.baseline_path,
+                 "a 1-rank trace of the same model and batch: its plain step is the scaling "
+                 "baseline (needed for an efficiency when --profile was traced on several ranks)");
   app.add_option("--model", o.model, "compute profile from the FLOP model: mlp")
       ->check(CLI::IsMember({"mlp"}));
   app.add_option("--rank", o.rank, "trace: whose steps to read")
@@ -248,11 +266,13 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   app.add_option("--overlap-slowdown", o.overlap_slowdown,
-                 "backward and a collective running together are each (1 + S) times slower")
-      ->check(CLI::NonNegativeNumber)
+                 "backward and a collective running together are each (1 + S) times slower "
+                 "(S at most 100)")
+      ->check(CLI::Range(0.0, kMaxOverlapSlowdown))
       ->capture_default_str();
-  app.add_option("--compute-scale", o.compute_scale, "multiply every compute time")
-      ->check(CLI::PositiveNumber)
+  app.add_option("--compute-scale", o.compute_scale,
+                 "multiply every compute time (from 0.001 to 1000)")
+      ->check(CLI::Range(kMinComputeScale, kMaxComputeScale))
       ->capture_default_str();
   app.add_option("--cores", o.cores,
                  "CPU ranks: the cores per node their compute and communication threads "
@@ -277,15 +297,10 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
   app.add_option("--busbw-min", o.busbw_min, "--busbw: smallest size")->capture_default_str();
   app.add_option("--busbw-max", o.busbw_max, "--busbw: largest size")->capture_default_str();
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    exit_code = app.exit(e);
-    return std::nullopt;
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "nanoddp-sim: error: " << e.what() << "\n"
-              << "Run 'nanoddp-sim --help' for the list of flags.\n";
-    exit_code = 2;
+  // The same strict number parsing as every other program (common/cli.h): --hidden 010 is
+  // refused here as in nanoddp-bench-ddp, not read as octal 8.
+  if (const std::optional<int> code = cli::parse(app, argc, argv, "nanoddp-sim")) {
+    exit_code = *code;
     return std::nullopt;
   }
   if (!sweep_text.empty()) {
@@ -337,6 +352,7 @@ nlohmann::ordered_json inputs_json(const CliOptions& o) {
   };
   if (!o.profile_path.empty()) {
     j["profile"] = {{"path", o.profile_path},
+                    {"baseline_profile", o.baseline_path},
                     {"rank", o.rank},
                     {"skip_steps", o.skip_steps},
                     {"peers", o.peers}};
@@ -424,7 +440,8 @@ void emit(const CliOptions& o, const std::string& table, const nlohmann::json& j
     std::ofstream out(o.json_path, std::ios::trunc);
     if (!out) fail("--json {}: cannot open the file for writing", o.json_path);
     out << json.dump(2) << "\n";
-    if (!out) fail("--json {}: writing failed", o.json_path);
+    out.close();  // a full disk shows at the last flush
+    if (out.fail()) fail("--json {}: writing failed", o.json_path);
   }
 }
 
@@ -449,6 +466,16 @@ Fabric network_from_flags(const CliOptions& o, const Cluster& cluster,
     fabric = fit_allreduce(samples, cluster, lo, hi, o.fit_path).fabric;
   } else {
     fabric = find_fabric(o.fabric);
+    if (fabric.node_gpus > 0 && cluster.gpus_per_node > fabric.node_gpus && !o.intra_bw_gbs) {
+      // Refused, not warned: past its NVSwitch domain the fabric's intra-node bandwidth and
+      // latency describe no machine (a larger NVLink domain, such as an NVL72 rack, has its own
+      // figures); the user who has one gives them.
+      fail(
+          "--gpus-per-node {} on --fabric {}: its systems have {} GPUs per node (one NVSwitch "
+          "domain); for a larger node give its --intra-bw-gbs and --intra-lat-us, or use "
+          "--nodes for more GPUs",
+          cluster.gpus_per_node, fabric.name, fabric.node_gpus);
+    }
     const bool overridden =
         o.intra_bw_gbs || o.intra_lat_us || o.inter_bw_gbs || o.inter_lat_us || o.launch_us;
     if (o.intra_bw_gbs) fabric.intra_bw_gbs = *o.intra_bw_gbs;
@@ -629,6 +656,54 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
     make_strong(tree_step, single_ms);
     report.global_batch = o.batch;
   }
+  // A profile traced on W > 1 ranks holds that rank's compute beside W-1 others and its waits
+  // for them: its own "plain step" is not a 1-process run, and an efficiency against it reads
+  // near 100 % for a run that scaled badly. The baseline is the 1-rank trace's plain step, as
+  // nanoddp-bench-ddp's (one process, no DDP); without one the efficiency is left out (null).
+  const int traced_world = profile.measured ? profile.measured->world_size : 1;
+  if (!o.baseline_path.empty()) {
+    const ComputeProfile base = profile_from_trace(
+        o.baseline_path, {.shape = o.shape_given ? std::optional<MlpShape>(shape) : std::nullopt,
+                          .rank = 0,
+                          .skip_steps = o.skip_steps,
+                          .peers = false});
+    if (base.measured && base.measured->world_size > 1) {
+      fail(
+          "--baseline-profile {}: a trace of {} ranks; the baseline is one plain process (a "
+          "1-rank nanoddp-train --trace)",
+          o.baseline_path, base.measured->world_size);
+    }
+    if (base.numel() != profile.numel()) {
+      fail("--baseline-profile {}: {} parameters, but --profile {} has {}: not the same model",
+           o.baseline_path, base.numel(), o.profile_path, profile.numel());
+    }
+    const double base_ms = plain_step_ms(base, o.compute_scale);
+    for (StepPrediction* p : {&report.prediction, &ring_step, &tree_step}) {
+      p->single_gpu_step_ms = base_ms;
+      p->scaling_efficiency = p->step_ms > 0 ? base_ms / p->step_ms : 0.0;
+    }
+    report.baseline = fmt::format(
+        "the plain step of the 1-rank trace {} (one process, no DDP: forward + backward + "
+        "optimizer + other)",
+        o.baseline_path);
+  } else if (traced_world > 1) {
+    if (o.sweep_nodes || o.sweep) {
+      fail(
+          "--profile {} was traced on {} ranks: its step is not the plain 1-process baseline, so "
+          "a sweep's efficiencies need --baseline-profile TRACE (a 1-rank trace)",
+          o.profile_path, traced_world);
+    }
+    report.no_efficiency = true;
+    report.baseline = fmt::format(
+        "none: --profile {} was traced on {} ranks, its compute includes running beside and "
+        "waiting for the others; give --baseline-profile with a 1-rank trace for an efficiency",
+        o.profile_path, traced_world);
+    warnings.push_back(fmt::format(
+        "no scaling efficiency: --profile {} is rank {} of a {}-rank run, whose step is not the "
+        "plain 1-process baseline; give --baseline-profile TRACE (a 1-rank trace of the same "
+        "model and batch)",
+        o.profile_path, o.rank, traced_world));
+  }
   report.band = {.ring_step_ms = ring_step.step_ms,
                  .ring_efficiency = ring_step.scaling_efficiency,
                  .tree_step_ms = tree_step.step_ms,
@@ -644,6 +719,15 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
     report.scaling = sweep_nodes(profile, report.options);
     report.scaling_ring = sweep_nodes(profile, ring);
     report.scaling_tree = sweep_nodes(profile, tree);
+    if (!o.baseline_path.empty()) {
+      // Against the 1-rank trace's step, as the main prediction.
+      const double base_ms = report.prediction.single_gpu_step_ms;
+      for (auto* rows : {&report.scaling, &report.scaling_ring, &report.scaling_tree}) {
+        for (ScalingRow& row : *rows) {
+          row.scaling_efficiency = row.step_ms > 0 ? base_ms / row.step_ms : 0.0;
+        }
+      }
+    }
   }
   for (std::string& w : range_warnings(cluster, report.options.fabric, gpu)) {
     warnings.push_back(std::move(w));

@@ -15,6 +15,9 @@ namespace nanoddp::sim {
 struct CliOptions {
   // Compute profile: a trace, or the FLOP model.
   std::string profile_path;
+  // The scaling baseline for a --profile traced on several ranks: a 1-rank trace of the same
+  // model and batch (the plain 1-process step, as nanoddp-bench-ddp's baseline).
+  std::string baseline_path;
   std::string model;  // "mlp"
   int rank = 0;
   int skip_steps = 1;

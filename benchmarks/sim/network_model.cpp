@@ -59,7 +59,8 @@ const std::vector<Fabric>& named_fabrics() {
        .intra_lat_us = 3.4,
        .inter_bw_gbs = 47.0,
        .inter_lat_us = 14.0,
-       .launch_us = 8.4},
+       .launch_us = 8.4,
+       .node_gpus = 8},
       {.name = "nvlink3-ib200",
        .description = "DGX A100: NVLink3 + NVSwitch (300 GB/s line, ~232 GB/s NCCL), one "
                       "200 Gb/s HDR InfiniBand NIC per GPU (~24 GB/s)",
@@ -67,7 +68,8 @@ const std::vector<Fabric>& named_fabrics() {
        .intra_lat_us = 3.4,
        .inter_bw_gbs = 24.0,
        .inter_lat_us = 14.0,
-       .launch_us = 8.4},
+       .launch_us = 8.4,
+       .node_gpus = 8},
   };
   return fabrics;
 }

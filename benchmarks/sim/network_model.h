@@ -49,6 +49,9 @@ struct Fabric {
   double inter_bw_gbs = 0;  // per GPU: its NIC (the node has G of them)
   double inter_lat_us = 0;  // per step that crosses nodes
   double launch_us = 0;     // fixed cost of one collective (NCCL's baseLat)
+  // GPUs per node in the systems the fabric shipped in (its NVSwitch domain); 0: not known
+  // (custom values). More GPUs per node on a named fabric are refused (checks.h).
+  int node_gpus = 0;
 };
 
 // The named fabrics (nvlink4-ib400, ...), with the sources of their numbers in docs/simulator.md.

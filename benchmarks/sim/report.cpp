@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "benchmarks/sim/checks.h"
 #include "benchmarks/sim/error.h"
 
 namespace nanoddp::sim {
@@ -103,18 +104,30 @@ std::string format_report(const SimReport& r) {
   out += fmt::format("communication        {:>10.3f} ms  (sum of the buckets' all-reduces)\n",
                      p.comm_ms);
   out += fmt::format(
-      "exposed comm         {:>10.3f} ms  overlap {:.1f} % of the communication "
-      "hidden behind backward{}\n",
+      "exposed comm         {:>10.3f} ms  overlap {:.1f} % of the communication ran during "
+      "backward{}\n",
       p.exposed_comm_ms, p.overlap_fraction * 100.0,
-      o.optimizer_in_backward ? " and the updates" : "");
-  out += fmt::format("1-GPU step           {:>10.3f} ms  scaling efficiency {:.1f} % ({})\n",
-                     p.single_gpu_step_ms, p.scaling_efficiency * 100.0,
-                     r.global_batch > 0
-                         ? fmt::format("strong: global batch {} fixed, the 1-GPU step runs all "
-                                       "of it; T1 / (n x Tn)",
-                                       r.global_batch)
-                         : std::string("batch per GPU fixed"));
-  if (p.world_size > 1) {
+      o.overlap ? "" : " (overlap off: every bucket starts after it)");
+  if (o.optimizer_in_backward && p.timeline.exposed_comm_ms > p.exposed_comm_ms) {
+    out += fmt::format(
+        "                                 --optimizer-in-backward: {:.3f} ms of the all-reduce "
+        "after backward ran beside the bucket updates (not counted as overlap, as in "
+        "nanoddp-bench-ddp)\n",
+        p.timeline.exposed_comm_ms - p.exposed_comm_ms);
+  }
+  if (r.no_efficiency) {
+    out += fmt::format("1-GPU step           {:>10} ms  scaling efficiency n/a\n", "n/a");
+  } else {
+    out += fmt::format("1-GPU step           {:>10.3f} ms  scaling efficiency {:.1f} % ({})\n",
+                       p.single_gpu_step_ms, p.scaling_efficiency * 100.0,
+                       r.global_batch > 0
+                           ? fmt::format("strong: global batch {} fixed, the 1-GPU step runs all "
+                                         "of it; T1 / (n x Tn)",
+                                         r.global_batch)
+                           : std::string("batch per GPU fixed"));
+  }
+  out += fmt::format("                                 1-GPU step = {}\n", r.baseline);
+  if (p.world_size > 1 && !r.no_efficiency) {
     const AlgorithmBand& band = r.band;
     out += fmt::format(
         "algorithm band       ring {:.3f} ms ({:.1f} %) .. tree {:.3f} ms ({:.1f} %): the "
@@ -188,6 +201,7 @@ nlohmann::json report_json(const SimReport& r) {
   const ComputeProfile& prof = *r.profile;
   const StepOptions& o = r.options;
   const StepPrediction& p = r.prediction;
+  const auto efficiency = [&](double e) { return r.no_efficiency ? json(nullptr) : json(e); };
   json j;
   if (!r.provenance.is_null()) j["provenance"] = r.provenance;
   if (!r.inputs.is_null()) j["inputs"] = r.inputs;
@@ -263,13 +277,15 @@ nlohmann::json report_json(const SimReport& r) {
                {"compute_ms", p.compute_ms()},
                {"comm_ms", p.comm_ms},
                {"overlap_fraction", p.overlap_fraction},
-               {"single_gpu_step_ms", p.single_gpu_step_ms},
+               {"single_gpu_step_ms",
+                r.no_efficiency ? nlohmann::json(nullptr) : nlohmann::json(p.single_gpu_step_ms)},
+               {"baseline", r.baseline},
                {"scaling", r.global_batch > 0 ? "strong" : "weak"},
-               {"scaling_efficiency", p.scaling_efficiency}};
+               {"scaling_efficiency", efficiency(p.scaling_efficiency)}};
   j["algorithm_band"] = {{"ring_step_ms", r.band.ring_step_ms},
-                         {"ring_efficiency", r.band.ring_efficiency},
+                         {"ring_efficiency", efficiency(r.band.ring_efficiency)},
                          {"tree_step_ms", r.band.tree_step_ms},
-                         {"tree_efficiency", r.band.tree_efficiency}};
+                         {"tree_efficiency", efficiency(r.band.tree_efficiency)}};
   if (r.memory) {
     const MemoryEstimate& m = *r.memory;
     j["memory"] = {{"parameters_bytes", m.parameters},
@@ -331,9 +347,16 @@ std::vector<BusbwRow> busbw_table(const Cluster& cluster, const Fabric& fabric, 
   if (!(min_bytes >= 1) || !(max_bytes >= min_bytes)) {
     fail("--busbw sizes: need 1 <= min <= max bytes (got {} and {})", min_bytes, max_bytes);
   }
+  if (max_bytes > kMaxBusbwBytes) {
+    fail(
+        "--busbw-max {:.0f} bytes: at most 1T ({:.0f} bytes), far past any message a DDP step "
+        "sends",
+        max_bytes, kMaxBusbwBytes);
+  }
   std::vector<BusbwRow> rows;
   const int n = cluster.world_size();
-  for (double bytes = min_bytes; bytes <= max_bytes * (1 + 1e-12); bytes *= 2) {
+  // Below 2^40 the doubled sizes are exact: no row is rounded past max_bytes.
+  for (double bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
     BusbwRow row;
     row.bytes = bytes;
     row.ring_ms = ring_allreduce_ms(cluster, fabric, bytes);

@@ -41,6 +41,12 @@ struct SimReport {
   std::vector<ParameterSweepRow> parameter_sweep;
   std::int64_t global_batch = 0;  // > 0: strong scaling (the 1-GPU step runs all of it)
   std::vector<std::string> warnings;
+  // What the efficiency divides by (the "1-GPU step"): said in the table and the JSON.
+  std::string baseline =
+      "the profile's plain step on one GPU: forward + backward + optimizer + other";
+  // No baseline (a --profile of several ranks without --baseline-profile): every efficiency is
+  // left out (printed "n/a", null in the JSON) rather than computed against the wrong step.
+  bool no_efficiency = false;
   nlohmann::ordered_json inputs;      // the command line as structured fields
   nlohmann::ordered_json provenance;  // common::provenance()
 };

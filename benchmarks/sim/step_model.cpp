@@ -156,9 +156,10 @@ StepPrediction predict_step(const ComputeProfile& profile, const StepOptions& o)
   p.exposed_comm_ms = p.timeline.exposed_comm_ms;
   p.overlap_fraction = p.timeline.overlap_fraction();
   if (o.optimizer_in_backward && !p.buckets.empty()) {
+    // What the step waits for shrinks (updates run beside the all-reduces still going), but the
+    // overlap keeps nanoddp-bench-ddp's one definition (ReducerStats): the share of the
+    // all-reduce time that ran during backward, 0 with overlap off.
     p.exposed_comm_ms = finalize_in_backward(p);
-    p.overlap_fraction =
-        p.comm_ms > 0 ? std::clamp(1.0 - p.exposed_comm_ms / p.comm_ms, 0.0, 1.0) : 0.0;
   }
   if (o.sync_allreduce && p.world_size > 1 && !profile.other_includes_sync) {
     p.sync_ms = allreduce_time(o.cluster, o.fabric, o.algorithm, 2.0 * p.world_size * 4.0).ms /

@@ -14,7 +14,9 @@
 #        Ac  A with --cores $(nproc): the ranks' compute and communication threads share the
 #            cores (docs/simulator.md, "CPU time-sharing");
 #        B0  profile from rank 0 of the W-rank trace (compute as it ran beside W-1 other ranks
-#            and their communication), identical ranks, no core limit;
+#            and their communication), identical ranks, no core limit; its scaling baseline is
+#            the 1-rank trace's plain step (--baseline-profile), the same 1-process baseline as
+#            nanoddp-bench-ddp's (a W-rank profile alone gets no efficiency);
 #        B   B0 with --cores $(nproc) and --peers traced: each collective waits for the slowest
 #            rank of the trace.
 #      Measured: the median step_ms of the metrics (data preparation excluded, step 1 left out).
@@ -74,13 +76,16 @@ echo "# done; load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 for w in $WORLDS; do
   net=()
   peers=()
-  [[ $w != 1 ]] && net=(--fit-allreduce "$OUT/allreduce-$w.jsonl") && peers=(--peers traced)
+  base=()
+  [[ $w != 1 ]] && net=(--fit-allreduce "$OUT/allreduce-$w.jsonl") && peers=(--peers traced) &&
+    base=(--baseline-profile "$OUT/trace-1.json")
   sim=("$BIN/nanoddp-sim" "${shape[@]}" "${ddp[@]}" --nodes 1 --gpus-per-node "$w" "${net[@]}")
   "${sim[@]}" --profile "$OUT/trace-1.json" --json "$OUT/sim-A-$w.json" > "$OUT/sim-A-$w.txt"
   "${sim[@]}" --profile "$OUT/trace-1.json" --cores "$cores" --json "$OUT/sim-Ac-$w.json" \
     > "$OUT/sim-Ac-$w.txt"
-  "${sim[@]}" --profile "$OUT/trace-$w.json" --json "$OUT/sim-B0-$w.json" > "$OUT/sim-B0-$w.txt"
-  "${sim[@]}" --profile "$OUT/trace-$w.json" --cores "$cores" "${peers[@]}" \
+  "${sim[@]}" --profile "$OUT/trace-$w.json" "${base[@]}" --json "$OUT/sim-B0-$w.json" \
+    > "$OUT/sim-B0-$w.txt"
+  "${sim[@]}" --profile "$OUT/trace-$w.json" "${base[@]}" --cores "$cores" "${peers[@]}" \
     --json "$OUT/sim-B-$w.json" > "$OUT/sim-B-$w.txt"
 done
 
@@ -94,7 +99,9 @@ def measured(w):
     return med("step_ms"), med("comm_ms"), med("exposed_comm_ms")
 variants = ("A", "Ac", "B0", "B")
 print(f"{'ranks':>5} {'measured':>8}" + "".join(f" {v:>6} {'err':>6}" for v in variants)
-      + f" {'comm meas':>9} {'comm B':>6} {'exp meas':>8} {'exp B':>6}")
+      + f" {'comm meas':>9} {'comm B':>6} {'exp meas':>8} {'exp B':>6} {'eff meas':>8} {'eff B':>6}")
+step1 = measured(worlds[0])[0] if worlds[0] == "1" else None
+pct = lambda e: "n/a" if e is None else f"{100.0 * e:.1f}%"
 for w in worlds:
     step, comm, exposed = measured(w)
     pred = {v: json.load(open(f"{out}/sim-{v}-{w}.json"))["step"] for v in variants}
@@ -102,8 +109,10 @@ for w in worlds:
     b = pred["B"]
     print(f"{w:>5} {step:>8.2f}" + "".join(f" {pred[v]['step_ms']:>6.2f} {err(pred[v]):>+5.1f}%"
                                             for v in variants)
-          + f" {comm:>9.2f} {b['comm_ms']:>6.2f} {exposed:>8.2f} {b['exposed_comm_ms']:>6.2f}")
+          + f" {comm:>9.2f} {b['comm_ms']:>6.2f} {exposed:>8.2f} {b['exposed_comm_ms']:>6.2f}"
+          + f" {pct(step1 / step if step1 else None):>8} {pct(b['scaling_efficiency']):>6}")
 print("(ms; measured = median step_ms of nanoddp-train's metrics, steps 2..N. A = profile of the "
       "1-rank trace; Ac = A with --cores; B0 = profile of the W-rank trace; B = B0 with --cores "
-      "and --peers traced)")
+      "and --peers traced; eff = the 1-process step / the W-rank step, measured and B's, both "
+      "against the same plain 1-rank baseline)")
 EOF

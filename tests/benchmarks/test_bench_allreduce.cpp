@@ -187,7 +187,7 @@ TEST_CASE(
   CHECK(avg == doctest::Approx(busbw_sum / 6).epsilon(1e-4));
 }
 
-TEST_CASE("bench-allreduce: no row is larger than -e; a range without one element is refused") {
+TEST_CASE("bench-allreduce: no row is larger than -e, a range without one element is refused") {
   TempDir dir;
   const auto results = run_world({bin_path("nanoddp-bench-allreduce"), "-b", "2", "-e", "6", "-f",
                                   "2", "-n", "1", "-w", "0", "--json", dir.file("a.jsonl")},
@@ -260,7 +260,7 @@ TEST_CASE(
     CHECK(lines[i].at("launch") == (i < 4 ? 1 : 2));
     CHECK(lines[i].at("launches") == 2);
     CHECK(lines[i].at("wrong") == 0);
-    commands.insert(lines[i].at("provenance").at("command").get<std::string>());
+    commands.insert(lines[i].at("provenance").at("worker_command").get<std::string>());
   }
   // The jobs got the measurement's flags, not the launcher's.
   REQUIRE(commands.size() == 2);  // each launch its own --json file

@@ -150,9 +150,13 @@ TEST_CASE("plot.py: charts from real nanoddp-bench-allreduce and nanoddp-bench-g
   CHECK(contains(text, " UTC"));
   CHECK(contains(text, " cores, "));  // the machine line: cpu, N cores, host
 
-  // The same runs again (a second launch): kept as error bars, and said so, never dropped.
-  const ProcessResult twice = run_ok({py, script("plot.py"), "--out", out,
-                                      dir.file("allreduce.jsonl"), dir.file("allreduce.jsonl")});
+  // The same run again (a second launch, into another file): kept as error bars, and said so,
+  // never dropped.
+  auto again = allreduce;
+  again.insert(again.end(), {"--json", dir.file("again.jsonl")});
+  run_ok(again);
+  const ProcessResult twice = run_ok(
+      {py, script("plot.py"), "--out", out, dir.file("allreduce.jsonl"), dir.file("again.jsonl")});
   CHECK(contains(twice.output, "measured more than once in one series"));
   CHECK(contains(twice.output, "min-max error bars"));
 }
@@ -207,15 +211,98 @@ TEST_CASE("plot.py: bench-ddp charts from a real nanoddp-bench-ddp sweep") {
   CHECK(contains(text, "3 steps; 1 warm-up"));
   CHECK(contains(text, "commit "));
 
-  // A sweep run twice, each with --repeats 2: both kept, as error bars, with a note.
-  run_ok({bin_path("nanoddp-bench-ddp"), "--world", "1,2", "--hidden", "16", "--layers", "1",
-          "--batch", "8", "--steps", "3", "--warmup", "1", "--repeats", "2", "--quiet", "--json",
-          dir.file("rep.jsonl")});
+  // A sweep run twice (the same command into two files), each with --repeats 2: both kept, as
+  // error bars, with a note; the duplicated baseline is said too.
+  for (const char* name : {"rep.jsonl", "rep2.jsonl"}) {
+    run_ok({bin_path("nanoddp-bench-ddp"), "--world", "1,2", "--hidden", "16", "--layers", "1",
+            "--batch", "8", "--steps", "3", "--warmup", "1", "--repeats", "2", "--quiet", "--json",
+            dir.file(name)});
+  }
   const ProcessResult rep =
-      run_ok({py, script("plot.py"), "--out", out, dir.file("rep.jsonl"), dir.file("rep.jsonl")});
+      run_ok({py, script("plot.py"), "--out", out, dir.file("rep.jsonl"), dir.file("rep2.jsonl")});
   CHECK(contains(rep.output, "2 records for"));
+  CHECK(contains(rep.output, "2 baseline records for"));
   CHECK(contains(rep.output, "drawn as their median with min-max error bars"));
   CHECK(contains(rep.output, "(1 configurations)"));
+
+  // The same file twice would count double: refused. A copy of it: each record kept once.
+  const ProcessResult twice = run_process(
+      {py, script("plot.py"), "--out", out, dir.file("rep.jsonl"), dir.file("rep.jsonl")}, quick());
+  CHECK(twice.exit_code == 2);
+  CHECK(contains(twice.output, "given twice"));
+  fs::copy_file(dir.file("rep.jsonl"), dir.file("copy.jsonl"));
+  const ProcessResult copy =
+      run_ok({py, script("plot.py"), "--out", out, dir.file("rep.jsonl"), dir.file("copy.jsonl")});
+  CHECK(contains(copy.output, "the same record as " + dir.file("rep.jsonl") + ":1; kept once"));
+
+  // A different command (another model) is another run: its own series, not a zig-zag.
+  run_ok({bin_path("nanoddp-bench-ddp"), "--world", "2", "--hidden", "16", "--layers", "1",
+          "--batch", "8", "--steps", "4", "--warmup", "1", "--quiet", "--json",
+          dir.file("other.jsonl")});
+  const ProcessResult runs =
+      run_ok({py, script("plot.py"), "--out", out, dir.file("rep.jsonl"), dir.file("other.jsonl")});
+  CHECK(contains(runs.output, "run 1: "));
+  CHECK(contains(runs.output, "run 2: "));
+  CHECK(contains(runs.output, "(2 configurations)"));
+}
+
+TEST_CASE("plot.py: values a chart cannot show, failed points and mixed builds are never silent") {
+  const std::string py = python();
+  TempDir dir;
+  const auto line = [](const std::string& time_us, const std::string& busbw,
+                       const std::string& commit) {
+    return R"({"benchmark":"allreduce","backend":"gloo","mode":"nanoddp","ranks":2,"bytes":1024,)"
+           R"("time_us":)" +
+           time_us + R"(,"busbw_gbps":)" + busbw +
+           R"(,"machine":{"hostname":"h"},"provenance":{"commit":")" + commit +
+           R"(","dirty":"no"}})" + "\n";
+  };
+  struct Case {
+    std::string text;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {line("-1", "1.5", "a"), "'time_us' is -1, expected a number > 0"},
+      {line("NaN", "1.5", "a"), "'time_us' is nan, expected a finite number"},
+      {line("2.0", "Infinity", "a"), "'busbw_gbps' is inf, expected a finite number"},
+      {line("2.0", "0", "a"), "'busbw_gbps' is 0, expected a number > 0"},
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = dir.file("bad" + std::to_string(i) + ".jsonl");
+    write_file(path, line("2.0", "1.5", "a") + cases[i].text);
+    const ProcessResult r =
+        run_process({py, script("plot.py"), "--out", dir.file("out"), path}, quick());
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "plot.py: error: " + path + ":2: " + cases[i].expected));
+    CHECK(!contains(r.output, "Traceback"));
+  }
+
+  // Two builds in one chart: refused, or (--allow-mixed-builds) separate labelled series.
+  write_file(dir.file("a.jsonl"), line("2.0", "1.5", "aaaaaaa"));
+  write_file(dir.file("b.jsonl"), line("3.0", "1.0", "bbbbbbb"));
+  const ProcessResult mixed = run_process(
+      {py, script("plot.py"), "--out", dir.file("out"), dir.file("a.jsonl"), dir.file("b.jsonl")},
+      quick());
+  CHECK(mixed.exit_code == 2);
+  CHECK(contains(mixed.output, "come from 2 builds or hosts"));
+  CHECK(contains(mixed.output, "--allow-mixed-builds"));
+  const ProcessResult allowed = run_ok({py, script("plot.py"), "--allow-mixed-builds", "--out",
+                                        dir.file("out"), dir.file("a.jsonl"), dir.file("b.jsonl")});
+  CHECK(contains(allowed.output, "drawn as separate series"));
+  CHECK(contains(allowed.output, "(2 series)"));
+
+  // A failed bench-ddp point (an "error" row): said, not drawn, not an error.
+  const std::string fixture = source_dir() + "/tests/benchmarks/data/bench_ddp_sample.jsonl";
+  std::ifstream in(fixture);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  text += R"({"bench":"ddp","config":{"world_size":4,"hidden":1024,"layers":3},"baseline":false,)"
+          R"("error":"the job failed: timed out","machine":{"hostname":"hand-written-fixture"}})"
+          "\n";
+  write_file(dir.file("failed.jsonl"), text);
+  const ProcessResult failed =
+      run_ok({py, script("plot.py"), "--out", dir.file("out"), dir.file("failed.jsonl")});
+  CHECK(contains(failed.output, "failed.jsonl:13: a failed point, not drawn: the job failed"));
 }
 
 TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overlap on and off") {
@@ -236,10 +323,17 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
     run_ok(train);
 
     const std::string png = dir.file(overlap ? "overlap.png" : "no_overlap.png");
-    const ProcessResult r =
-        run_ok({py, script("plot_trace.py"), trace, "--step", "2", "--out", png});
+    const ProcessResult r = run_ok({py, script("plot_trace.py"), trace, "--step", "2", "--out",
+                                    png, "--footnote", "commit abc1234, 2026-12-01 18:00 UTC"});
     INFO(r.output);
     check_chart(r, png);
+    // The SVG twin, with the footnote (a trace holds no provenance of its own) as text.
+    const std::string svg = png.substr(0, png.size() - 4) + ".svg";
+    CHECK(contains(r.output, "wrote " + svg + ": the same chart as SVG"));
+    std::ifstream svg_in(svg);
+    const std::string svg_text((std::istreambuf_iterator<char>(svg_in)),
+                               std::istreambuf_iterator<char>());
+    CHECK(contains(svg_text, "commit abc1234, 2026-12-01 18:00 UTC"));
     CHECK(contains(r.output, "step 2 of 4 recorded"));
     CHECK(contains(r.output, "2 rank(s)"));
     CHECK(contains(r.output, "rank 0: 3 all-reduce(s)"));  // 3 buckets at this cap

@@ -164,7 +164,10 @@ TEST_CASE("cli: --cores and --peers on a two-rank trace") {
       sim({"--profile", trace, "--hidden", "64", "--layers", "2", "--nodes", "1", "--gpus-per-node",
            "2", "--cores", "1", "--peers", "traced", "--json", "-"});
   REQUIRE_MESSAGE(j.exit_code == 0, j.output);
-  const nlohmann::json out = nlohmann::json::parse(j.output);
+  // A 2-rank profile is no scaling baseline: said on stderr (before the JSON on stdout).
+  CHECK(j.output.find("nanoddp-sim: warning: no scaling efficiency") != std::string::npos);
+  const nlohmann::json out = nlohmann::json::parse(j.output.substr(j.output.find('{')));
+  CHECK(out["step"]["scaling_efficiency"].is_null());
   CHECK(out["options"]["cores"] == 1);
   CHECK(out["options"]["peers"] == "traced");
   // Traced on these 2 ranks: compute as traced; a named fabric's collectives get share(2) = 1/2

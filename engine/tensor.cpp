@@ -94,6 +94,17 @@ Tensor Tensor::from_vector(std::span<const float> values, const Shape& shape, De
   return t;
 }
 
+Tensor Tensor::from_int64(std::span<const std::int64_t> values, const Shape& shape, Device device) {
+  if (static_cast<std::int64_t>(values.size()) != shape_numel(shape)) {
+    fail("from_int64: {} values do not fill shape {} ({} elements)", values.size(),
+         shape_str(shape), shape_numel(shape));
+  }
+  Tensor t = empty(shape, device, DType::kI64);
+  const HostSyncPoint sync("Tensor::from_int64");
+  copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
+  return t;
+}
+
 // ---- metadata -----------------------------------------------------------------------------
 
 const Shape& Tensor::shape() const {
@@ -140,6 +151,20 @@ std::vector<float> Tensor::to_vector() const {
   NANODDP_CHECK(dtype() == DType::kF32, "to_vector(): expected a float32 tensor");
   std::vector<float> values(static_cast<std::size_t>(numel()));
   const HostSyncPoint sync("Tensor::to_vector");
+  if (device().is_cuda()) backend_for(device()).stream().synchronize();
+  copy_bytes(values.data(), Device::cpu(), raw_data(), device(), nbytes());
+  return values;
+}
+
+std::int64_t* Tensor::data_i64() const {
+  NANODDP_CHECK(defined() && dtype() == DType::kI64, "data_i64(): expected an int64 tensor");
+  return static_cast<std::int64_t*>(raw_data());
+}
+
+std::vector<std::int64_t> Tensor::to_int64_vector() const {
+  NANODDP_CHECK(dtype() == DType::kI64, "to_int64_vector(): expected an int64 tensor");
+  std::vector<std::int64_t> values(static_cast<std::size_t>(numel()));
+  const HostSyncPoint sync("Tensor::to_int64_vector");
   if (device().is_cuda()) backend_for(device()).stream().synchronize();
   copy_bytes(values.data(), Device::cpu(), raw_data(), device(), nbytes());
   return values;

@@ -88,6 +88,9 @@ class Tensor {
                        Device device = Device::cpu());
   static Tensor from_vector(std::span<const float> values, const Shape& shape,
                             Device device = Device::cpu());
+  // int64 values (class indices): a tensor that never carries a gradient.
+  static Tensor from_int64(std::span<const std::int64_t> values, const Shape& shape,
+                           Device device = Device::cpu());
   static Tensor empty_like(const Tensor& other) {
     return empty(other.shape(), other.device(), other.dtype());
   }
@@ -110,7 +113,9 @@ class Tensor {
   void* raw_data() const;
   float* data() const;                   // float32 tensors only
   std::vector<float> to_vector() const;  // copies to the host
-  float item() const;                    // one-element tensors only
+  std::int64_t* data_i64() const;        // int64 tensors only
+  std::vector<std::int64_t> to_int64_vector() const;
+  float item() const;  // one-element tensors only
 
   // Every op below that returns a tensor computed from this one is differentiable (recorded by
   // autograd like the ops in ops.h); the in-place writes are not, and refuse a tensor that

@@ -6,8 +6,8 @@
 #include <unordered_map>
 
 #include "nanoddp/engine/backend.h"
-#include "nanoddp/engine/trace.h"
 #include "nanoddp/kernels/error.h"
+#include "nanoddp/engine/trace.h"
 
 namespace nanoddp {
 

@@ -39,7 +39,8 @@ class Backend {
                           float* out) = 0;
   virtual void sum(const float* x, std::int64_t n, float* out) = 0;
   virtual void count_nonfinite(const float* x, std::int64_t n, float* out) = 0;
-  virtual void mse_forward(const float* pred, const float* target, std::int64_t n, float* out) = 0;
+  virtual void mse_forward(const float* pred, const float* target, std::int64_t n,
+                           float* out) = 0;
   virtual void mse_backward(const float* pred, const float* target, std::int64_t n,
                             const float* grad_out, float beta, float* grad_pred) = 0;
   virtual void fill(float* x, std::int64_t n, float value) = 0;

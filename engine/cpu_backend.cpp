@@ -6,8 +6,8 @@
 #include <atomic>
 #include <cstring>
 
-#include "nanoddp/kernels/cpu/kernels.h"
 #include "nanoddp/kernels/error.h"
+#include "nanoddp/kernels/cpu/kernels.h"
 
 namespace nanoddp {
 namespace {

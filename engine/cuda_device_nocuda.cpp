@@ -6,8 +6,8 @@
 #include <string>
 
 #include "nanoddp/engine/cuda_device.h"
-#include "nanoddp/engine/stream_cpu.h"
 #include "nanoddp/kernels/error.h"
+#include "nanoddp/engine/stream_cpu.h"
 
 namespace nanoddp {
 

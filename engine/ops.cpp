@@ -8,9 +8,7 @@ namespace nanoddp {
 
 namespace {
 
-Backend& backend_of(const Tensor& t) {
-  return backend_for(t.device());
-}
+Backend& backend_of(const Tensor& t) { return backend_for(t.device()); }
 
 void check_f32(const char* op, const Tensor& t, const char* what) {
   if (!t.defined()) fail("{}: {} is an undefined tensor", op, what);
@@ -107,31 +105,32 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
   be.bias_activation(y.data(), bias.defined() ? bias.data() : nullptr, batch, out, act,
                      z.defined() ? z.data() : nullptr);
 
-  return record("linear", y, {x, weight, bias},
-                [x = x.detach(), w = weight.detach(), z, act, batch, in, out](const Tensor& g,
-                                                                              GradSink& sink) {
-                  Backend& bb = backend_of(g);
-                  // Through the activation first: dz = g * act'(z).
-                  Tensor dz = g;
-                  if (act != Activation::kNone) {
-                    dz = Tensor::empty_like(g);
-                    bb.activation_backward(act, z.data(), g.data(), dz.data(), g.numel());
-                  }
-                  // dX[batch,in] = dZ[batch,out] W[out,in]
-                  sink.accumulate(0, [&](Tensor& dx, float beta) {
-                    bb.gemm(Transpose::kNo, Transpose::kNo, batch, in, out, 1.0f, dz.data(),
-                            w.data(), beta, dx.data());
-                  });
-                  // dW[out,in] = dZ^T X, written straight into the weight's gradient buffer.
-                  sink.accumulate(1, [&](Tensor& dw, float beta) {
-                    bb.gemm(Transpose::kYes, Transpose::kNo, out, in, batch, 1.0f, dz.data(),
-                            x.data(), beta, dw.data());
-                  });
-                  // db[out] = column sums of dZ.
-                  sink.accumulate(2, [&](Tensor& db, float beta) {
-                    bb.column_sum(dz.data(), batch, out, beta, db.data());
-                  });
-                });
+  return record(
+      "linear", y, {x, weight, bias},
+      [x = x.detach(), w = weight.detach(), z, act, batch, in, out](const Tensor& g,
+                                                                    GradSink& sink) {
+        Backend& bb = backend_of(g);
+        // Through the activation first: dz = g * act'(z).
+        Tensor dz = g;
+        if (act != Activation::kNone) {
+          dz = Tensor::empty_like(g);
+          bb.activation_backward(act, z.data(), g.data(), dz.data(), g.numel());
+        }
+        // dX[batch,in] = dZ[batch,out] W[out,in]
+        sink.accumulate(0, [&](Tensor& dx, float beta) {
+          bb.gemm(Transpose::kNo, Transpose::kNo, batch, in, out, 1.0f, dz.data(), w.data(),
+                  beta, dx.data());
+        });
+        // dW[out,in] = dZ^T X, written straight into the weight's gradient buffer.
+        sink.accumulate(1, [&](Tensor& dw, float beta) {
+          bb.gemm(Transpose::kYes, Transpose::kNo, out, in, batch, 1.0f, dz.data(), x.data(),
+                  beta, dw.data());
+        });
+        // db[out] = column sums of dZ.
+        sink.accumulate(2, [&](Tensor& db, float beta) {
+          bb.column_sum(dz.data(), batch, out, beta, db.data());
+        });
+      });
 }
 
 // add and sub broadcast: they live with the other binary ops in functional.cpp.
@@ -147,12 +146,8 @@ Tensor mul(const Tensor& a, float scalar) {
   });
 }
 
-Tensor relu(const Tensor& x) {
-  return activation("relu", x, Activation::kRelu);
-}
-Tensor gelu(const Tensor& x) {
-  return activation("gelu", x, Activation::kGelu);
-}
+Tensor relu(const Tensor& x) { return activation("relu", x, Activation::kRelu); }
+Tensor gelu(const Tensor& x) { return activation("gelu", x, Activation::kGelu); }
 
 namespace {
 
@@ -172,9 +167,7 @@ Tensor scaled_sum(const char* name, const Tensor& x, float scale) {
 
 }  // namespace
 
-Tensor sum(const Tensor& x) {
-  return scaled_sum("sum", x, 1.0f);
-}
+Tensor sum(const Tensor& x) { return scaled_sum("sum", x, 1.0f); }
 
 Tensor mean(const Tensor& x) {
   if (x.defined() && x.numel() == 0) fail("mean: the input is empty");
@@ -186,20 +179,21 @@ Tensor mse_loss(const Tensor& pred, const Tensor& target) {
   if (pred.numel() == 0) fail("mse_loss: the prediction is empty");
   Tensor out = Tensor::empty({}, pred.device());
   backend_of(pred).mse_forward(pred.data(), target.data(), pred.numel(), out.data());
-  return record(
-      "mse_loss", out, {pred, target},
-      [p = pred.detach(), t = target.detach()](const Tensor& g, GradSink& sink) {
-        sink.accumulate(0, [&](Tensor& dp, float beta) {
-          backend_of(g).mse_backward(p.data(), t.data(), p.numel(), g.data(), beta, dp.data());
-        });
-        if (sink.needs_grad(1)) {
-          // d/dt = -d/dp: computed as -(dp) into a fresh tensor.
-          Tensor dt = Tensor::empty_like(t);
-          backend_of(g).mse_backward(p.data(), t.data(), p.numel(), g.data(), 0.0f, dt.data());
-          backend_of(g).scale(dt.data(), dt.numel(), -1.0f);
-          sink.emit(1, dt);
-        }
-      });
+  return record("mse_loss", out, {pred, target},
+                [p = pred.detach(), t = target.detach()](const Tensor& g, GradSink& sink) {
+                  sink.accumulate(0, [&](Tensor& dp, float beta) {
+                    backend_of(g).mse_backward(p.data(), t.data(), p.numel(), g.data(), beta,
+                                               dp.data());
+                  });
+                  if (sink.needs_grad(1)) {
+                    // d/dt = -d/dp: computed as -(dp) into a fresh tensor.
+                    Tensor dt = Tensor::empty_like(t);
+                    backend_of(g).mse_backward(p.data(), t.data(), p.numel(), g.data(), 0.0f,
+                                               dt.data());
+                    backend_of(g).scale(dt.data(), dt.numel(), -1.0f);
+                    sink.emit(1, dt);
+                  }
+                });
 }
 
 }  // namespace nanoddp

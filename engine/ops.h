@@ -27,17 +27,9 @@ Tensor mean(const Tensor& x);  // -> shape []
 // mean((pred - target)^2), PyTorch's MSELoss(reduction='mean').
 Tensor mse_loss(const Tensor& pred, const Tensor& target);
 
-inline Tensor operator+(const Tensor& a, const Tensor& b) {
-  return add(a, b);
-}
-inline Tensor operator-(const Tensor& a, const Tensor& b) {
-  return sub(a, b);
-}
-inline Tensor operator*(const Tensor& a, float s) {
-  return mul(a, s);
-}
-inline Tensor operator*(float s, const Tensor& a) {
-  return mul(a, s);
-}
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, float s) { return mul(a, s); }
+inline Tensor operator*(float s, const Tensor& a) { return mul(a, s); }
 
 }  // namespace nanoddp

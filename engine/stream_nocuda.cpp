@@ -2,9 +2,9 @@
 // stream is the calling thread and an event is a timestamp (engine/stream_cpu.h).
 
 #include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/stream_cpu.h"
-#include "nanoddp/kernels/error.h"
 
 namespace nanoddp {
 

@@ -12,9 +12,9 @@
 
 #include "nanoddp/engine/cuda/device_guard.h"
 #include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/kernels/cuda/check.h"
 #include "nanoddp/kernels/cuda/kernels.h"
-#include "nanoddp/kernels/error.h"
 
 namespace nanoddp {
 namespace {

@@ -7,8 +7,8 @@
 
 #include <string>
 
-#include "nanoddp/kernels/cuda/check.h"
 #include "nanoddp/kernels/error.h"
+#include "nanoddp/kernels/cuda/check.h"
 
 namespace nanoddp {
 

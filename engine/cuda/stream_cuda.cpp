@@ -9,10 +9,10 @@
 #include "nanoddp/engine/cuda/device_guard.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/engine/host_sync.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/stream_cpu.h"
 #include "nanoddp/kernels/cuda/check.h"
-#include "nanoddp/kernels/error.h"
 
 namespace nanoddp {
 namespace {

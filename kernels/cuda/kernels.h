@@ -49,8 +49,8 @@ void broadcast_scalar(const float* scalar, float alpha, float beta, float* out, 
 
 void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int64_t n,
               const SgdHyper& h, bool first_step, cudaStream_t stream);
-void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n,
-                const AdamWHyper& h, cudaStream_t stream);
+void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                std::int64_t n, const AdamWHyper& h, cudaStream_t stream);
 
 void fill_uniform(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t stream_id,
                   std::uint64_t offset, float lo, float hi, cudaStream_t stream);

@@ -36,10 +36,10 @@
 #include <vector>
 
 #include "nanoddp/engine/cuda_device.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/functional.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/engine/tensor.h"
-#include "nanoddp/kernels/error.h"
 
 namespace nanoddp {
 namespace {
@@ -265,8 +265,9 @@ const std::vector<InPlace> kInPlace{
     {"zero", [](Tensor& t) { t.zero(); }},
 };
 // The other void members: autograd's own bookkeeping, not writes of values.
-const std::set<std::string> kBookkeeping{"set_data",  // PyTorch's `p.data = ...`
-                                         "set_grad_fn", "set_grad", "zero_grad", "backward"};
+const std::set<std::string> kBookkeeping{
+    "set_data",  // PyTorch's `p.data = ...`
+    "set_grad_fn", "set_grad", "zero_grad", "backward"};
 
 // The engine's source folder.
 fs::path engine_dir() {

@@ -15,7 +15,10 @@
 // synchronized backward pass the ranks check that they are at the same step (step_check.h).
 
 #include <memory>
+#include <span>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "nanoddp/comm/process_group.h"
 #include "nanoddp/comm/reducer.h"
@@ -43,6 +46,19 @@ class DistributedDataParallel {
     return module_.forward(x);
   }
   Tensor operator()(const Tensor& x) { return forward(x); }
+  // Several inputs and outputs (nn::Module::forward_many). Every parameter that took part in
+  // any output gets its gradient through the same hooks; one that took part in none is an
+  // unused parameter as with one input.
+  std::vector<Tensor> forward_many(std::span<const Tensor> inputs) {
+    reducer_->note_forward();
+    return module_.forward_many(inputs);
+  }
+  template <typename... Ts>
+    requires(sizeof...(Ts) >= 2 && (std::is_convertible_v<const Ts&, const Tensor&> && ...))
+  std::vector<Tensor> operator()(const Ts&... inputs) {
+    const Tensor all[] = {inputs...};
+    return forward_many(all);
+  }
 
   // While a NoSync is alive, backward passes only accumulate gradients locally; the next
   // synchronized backward reduces the accumulated sum (gradient accumulation without paying

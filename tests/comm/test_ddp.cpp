@@ -137,3 +137,10 @@ TEST_CASE("ddp: a rank that skips a step fails every rank at once, naming the st
     }
   }
 }
+
+TEST_CASE("ddp: two inputs, a shared encoder and an auxiliary loss on 2 ranks equal 1 process") {
+  const auto results = run_scenario({"two-tower"}, 2);
+  INFO(describe(results));
+  CHECK(all_exit(results, 0));
+  CHECK(results.at(0).output.find("two-tower: 2 ranks equal one process") != std::string::npos);
+}

@@ -268,10 +268,22 @@ Tensor Tensor::view(std::int64_t offset, const Shape& shape) const {
   });
 }
 
-Tensor Tensor::reshape(const Shape& shape) const {
-  if (shape_numel(shape) != numel()) {
-    fail("cannot reshape a tensor of shape {} ({} elements) to {} ({} elements)",
-         shape_str(this->shape()), numel(), shape_str(shape), shape_numel(shape));
+Tensor Tensor::reshape(const Shape& requested) const {
+  // One -1 stands for whatever the other dimensions leave (PyTorch's reshape(-1, n)).
+  Shape shape = requested;
+  const auto unknown = std::find(shape.begin(), shape.end(), std::int64_t{-1});
+  if (unknown != shape.end() &&
+      std::find(unknown + 1, shape.end(), std::int64_t{-1}) == shape.end()) {
+    *unknown = 1;
+    const std::int64_t known = shape_numel(shape);
+    *unknown = known != 0 && numel() % known == 0 ? numel() / known : -1;
+  }
+  const bool negative =
+      std::any_of(shape.begin(), shape.end(), [](std::int64_t d) { return d < 0; });
+  if (negative || shape_numel(shape) != numel()) {
+    fail("cannot reshape a tensor of shape {} ({} elements) to {}{}", shape_str(this->shape()),
+         numel(), shape_str(requested),
+         negative ? "" : fmt::format(" ({} elements)", shape_numel(shape)));
   }
   return record("reshape", alias(*this, 0, shape), {*this},
                 [in_shape = this->shape()](const Tensor& g, GradSink& sink) {

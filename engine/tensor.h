@@ -126,7 +126,9 @@ class Tensor {
   // back into those elements; a view that reaches past this tensor's own elements (into the
   // rest of a flat buffer) is an Error while autograd records.
   Tensor view(std::int64_t offset, const Shape& shape) const;
-  Tensor reshape(const Shape& shape) const;  // same elements, new shape (a view)
+  // Same elements, new shape (a view); one dimension may be -1, inferred from the others.
+  Tensor reshape(const Shape& shape) const;
+  Tensor view(const Shape& shape) const { return reshape(shape); }  // PyTorch's view(shape)
   Tensor to(Device device) const;            // a copy on `device`; the gradient goes back
   Tensor clone() const;
   // In-place writes: refused (Error) into a tensor that requires a gradient, and copy_from also

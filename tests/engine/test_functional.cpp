@@ -218,6 +218,11 @@ TEST_CASE("functional: shape ops and their errors") {
                        Error);
   CHECK_THROWS_WITH_AS(sum(x, 2), doctest::Contains("out of range"), Error);
   CHECK_THROWS_WITH_AS(transpose(Tensor::ones({2, 2, 2})), doctest::Contains("2-D"), Error);
+  // reshape and view infer one -1 (PyTorch's x.view(-1, n)).
+  CHECK(x.reshape({-1}).shape() == Shape{6});
+  CHECK(x.view({3, -1}).shape() == Shape{3, 2});
+  CHECK_THROWS_WITH_AS(x.reshape({4, -1}), doctest::Contains("to [4, -1]"), Error);
+  CHECK_THROWS_WITH_AS(x.reshape({-1, -1}), doctest::Contains("to [-1, -1]"), Error);
 }
 
 // The cases tests/engine/torch_ops.sh hands to PyTorch: each op on fixed float32 inputs, its

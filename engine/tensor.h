@@ -129,7 +129,7 @@ class Tensor {
   // Same elements, new shape (a view); one dimension may be -1, inferred from the others.
   Tensor reshape(const Shape& shape) const;
   Tensor view(const Shape& shape) const { return reshape(shape); }  // PyTorch's view(shape)
-  Tensor to(Device device) const;            // a copy on `device`; the gradient goes back
+  Tensor to(Device device) const;  // a copy on `device`; the gradient goes back
   Tensor clone() const;
   // In-place writes: refused (Error) into a tensor that requires a gradient, and copy_from also
   // from one, unless under NoGrad.

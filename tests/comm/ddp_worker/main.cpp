@@ -438,9 +438,9 @@ class TwoTower : public nn::Module {
  public:
   explicit TwoTower(Generator& g)
       : embed_(register_module("embed", std::make_shared<nn::Linear>(4, 8, g))),
-        block_(register_module("block", std::make_shared<nn::ResidualBlock>(
-                                            nn::ResidualBlockOptions{.features = 8, .hidden = 16},
-                                            g))),
+        block_(register_module("block",
+                               std::make_shared<nn::ResidualBlock>(
+                                   nn::ResidualBlockOptions{.features = 8, .hidden = 16}, g))),
         aux_(register_module("aux", std::make_shared<nn::Linear>(8, 3, g))) {}
   std::vector<Tensor> forward_many(std::span<const Tensor> in) override {
     const Tensor a = block_->forward(embed_->forward(in[0]));

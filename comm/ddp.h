@@ -19,7 +19,10 @@
 // need not wait for the parameters it cannot reach (Reducer::prepare_for_backward).
 
 #include <memory>
+#include <span>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "nanoddp/comm/process_group.h"
 #include "nanoddp/comm/reducer.h"
@@ -50,6 +53,21 @@ class DistributedDataParallel {
     return output;
   }
   Tensor operator()(const Tensor& x) { return forward(x); }
+  // Several inputs and outputs (nn::Module::forward_many). Every parameter that took part in
+  // any output gets its gradient through the same hooks; one that took part in none is an
+  // unused parameter as with one input.
+  std::vector<Tensor> forward_many(std::span<const Tensor> inputs) {
+    reducer_->note_forward();
+    std::vector<Tensor> outputs = module_.forward_many(inputs);
+    reducer_->prepare_for_backward(outputs);  // find_unused_parameters: walks every output
+    return outputs;
+  }
+  template <typename... Ts>
+    requires(sizeof...(Ts) >= 2 && (std::is_convertible_v<const Ts&, const Tensor&> && ...))
+  std::vector<Tensor> operator()(const Ts&... inputs) {
+    const Tensor all[] = {inputs...};
+    return forward_many(all);
+  }
 
   // While a NoSync is alive, backward passes only accumulate gradients locally; the next
   // synchronized backward reduces the accumulated sum (gradient accumulation without paying

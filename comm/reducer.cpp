@@ -236,10 +236,10 @@ void Reducer::autograd_hook(std::size_t slot) {
   mark_variable_ready(slot);
 }
 
-void Reducer::prepare_for_backward(const Tensor& output) {
+void Reducer::prepare_for_backward(std::span<const Tensor> outputs) {
   unused_after_forward_.clear();
   if (!options_.find_unused_parameters) return;
-  const auto reached = reachable_leaves(output);
+  const auto reached = reachable_leaves(outputs);
   for (std::size_t i = 0; i < params_.slots().size(); ++i) {
     if (!reached.contains(params_.slots()[i].param.impl())) unused_after_forward_.push_back(i);
   }

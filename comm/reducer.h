@@ -40,6 +40,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -106,7 +107,10 @@ class Reducer {
   // graph does not reach will get no gradient in the backward that follows, so that backward
   // marks them ready as it starts, and their buckets launch with the others instead of at
   // finalize (PyTorch's prepare_for_backward). Without it they are found at finalize.
-  void prepare_for_backward(const Tensor& output);
+  void prepare_for_backward(std::span<const Tensor> outputs);
+  void prepare_for_backward(const Tensor& output) {
+    prepare_for_backward(std::span<const Tensor>(&output, 1));
+  }
 
   // While false, backward passes only accumulate gradients locally (no_sync).
   void set_sync(bool sync) { sync_ = sync; }

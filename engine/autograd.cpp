@@ -50,15 +50,18 @@ Tensor record(std::string name, Tensor output, const std::vector<Tensor>& inputs
   return output;
 }
 
-std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root) {
+std::unordered_set<const TensorImpl*> reachable_leaves(std::span<const Tensor> roots) {
   std::unordered_set<const TensorImpl*> leaves;
-  if (!root.defined() || !root.requires_grad()) return leaves;
-  if (root.is_leaf()) {
-    leaves.insert(root.impl());
-    return leaves;
+  std::unordered_set<const Node*> seen;
+  std::vector<const Node*> stack;
+  for (const Tensor& root : roots) {
+    if (!root.defined() || !root.requires_grad()) continue;
+    if (root.is_leaf()) {
+      leaves.insert(root.impl());
+    } else if (seen.insert(root.grad_fn().get()).second) {
+      stack.push_back(root.grad_fn().get());
+    }
   }
-  std::unordered_set<const Node*> seen{root.grad_fn().get()};
-  std::vector<const Node*> stack{root.grad_fn().get()};
   while (!stack.empty()) {
     const Node* node = stack.back();
     stack.pop_back();
@@ -68,6 +71,10 @@ std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root) {
     }
   }
   return leaves;
+}
+
+std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root) {
+  return reachable_leaves(std::span<const Tensor>(&root, 1));
 }
 
 // One execution of backward(): the bookkeeping lives only as long as the pass.

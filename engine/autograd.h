@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <span>
 #include <unordered_set>
 #include <vector>
 
@@ -49,7 +50,9 @@ class GradSink {
 class Node;
 // The leaves (parameters) `root`'s graph reaches: those a backward from `root` can give a
 // gradient. The DDP Reducer walks its forward's output with it to find, before backward
-// starts, the parameters that will get none (find_unused_parameters).
+// starts, the parameters that will get none (find_unused_parameters). Several roots: the leaves
+// any of them reaches (a model with several outputs).
+std::unordered_set<const TensorImpl*> reachable_leaves(std::span<const Tensor> roots);
 std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root);
 
 class Node {
@@ -63,7 +66,7 @@ class Node {
 
  private:
   friend class BackwardPass;
-  friend std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root);
+  friend std::unordered_set<const TensorImpl*> reachable_leaves(std::span<const Tensor> roots);
   // Input i's origin: the node that produced it, or the leaf itself, or nothing (no grad).
   struct Edge {
     std::shared_ptr<Node> node;

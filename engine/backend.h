@@ -60,6 +60,50 @@ class Backend {
                            std::uint64_t offset, float mean, float stddev) = 0;
   virtual void f32_to_bf16(const float* in, std::uint16_t* out, std::int64_t n) = 0;
   virtual void bf16_to_f32(const std::uint16_t* in, float* out, std::int64_t n) = 0;
+  // The research ops (engine/functional.h); see kernels/cpu/kernels.h for each contract.
+  virtual void unary(kernels::UnaryOp op, const float* x, float a, float b, float* out,
+                     std::int64_t n) = 0;
+  virtual void unary_backward(kernels::UnaryOp op, const float* x, const float* y, float a, float b,
+                              const float* grad_out, float* grad_in, std::int64_t n) = 0;
+  virtual void binary(kernels::BinaryOp op, const float* a, kernels::Broadcast ba, const float* b,
+                      kernels::Broadcast bb, float* out, std::int64_t n) = 0;
+  virtual void sum_to(const float* x, std::int64_t outer, std::int64_t mid, std::int64_t inner,
+                      float beta, float* out) = 0;
+  virtual void sum_dim(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner,
+                       float alpha, float* out) = 0;
+  virtual void expand_dim(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner,
+                          float alpha, float beta, float* out) = 0;
+  virtual void max_dim(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner,
+                       float* values, std::int64_t* indices) = 0;
+  virtual void index_backward(const float* g, const std::int64_t* indices, std::int64_t outer,
+                              std::int64_t d, std::int64_t inner, float beta, float* out) = 0;
+  virtual void copy_block(const float* src, std::int64_t src_d, std::int64_t src_start, float* dst,
+                          std::int64_t dst_d, std::int64_t dst_start, std::int64_t outer,
+                          std::int64_t len, std::int64_t inner, float beta) = 0;
+  virtual void transpose(const float* x, std::int64_t rows, std::int64_t cols, float beta,
+                         float* out) = 0;
+  virtual void softmax(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner,
+                       bool log, float* out) = 0;
+  virtual void softmax_backward(const float* y, const float* g, std::int64_t outer, std::int64_t d,
+                                std::int64_t inner, bool log, float beta, float* dx) = 0;
+  virtual void cross_entropy_rows(const float* logits, const std::int64_t* targets,
+                                  std::int64_t rows, std::int64_t classes,
+                                  std::int64_t ignore_index, float eps, float* row_loss,
+                                  float* row_weight, float* lse) = 0;
+  virtual void cross_entropy_backward(const float* logits, const std::int64_t* targets,
+                                      const float* lse, std::int64_t rows, std::int64_t classes,
+                                      std::int64_t ignore_index, float eps, const float* grad_out,
+                                      const float* count, float beta, float* dlogits) = 0;
+  virtual void dropout(const float* x, std::int64_t n, float p, std::uint64_t seed,
+                       std::uint64_t stream_id, std::uint64_t offset, float* out) = 0;
+  virtual void layer_norm(const float* x, const float* weight, const float* bias, std::int64_t rows,
+                          std::int64_t cols, float eps, float* y, float* mean, float* rstd) = 0;
+  virtual void layer_norm_backward(const float* x, const float* weight, const float* mean,
+                                   const float* rstd, const float* g, std::int64_t rows,
+                                   std::int64_t cols, float beta, float* dx) = 0;
+  virtual void layer_norm_param_backward(const float* x, const float* mean, const float* rstd,
+                                         const float* g, std::int64_t rows, std::int64_t cols,
+                                         float beta, float* dweight, float* dbias) = 0;
   // Same-device copy of raw bytes, in stream order.
   virtual void copy(void* dst, const void* src, std::size_t nbytes) = 0;
 };

@@ -100,6 +100,86 @@ class CpuBackend final : public Backend {
   void bf16_to_f32(const std::uint16_t* in, float* out, std::int64_t n) override {
     kc::bf16_to_f32(in, out, n);
   }
+  void unary(kernels::UnaryOp op, const float* x, float a, float b, float* out,
+             std::int64_t n) override {
+    kc::unary(op, x, a, b, out, n);
+  }
+  void unary_backward(kernels::UnaryOp op, const float* x, const float* y, float a, float b,
+                      const float* grad_out, float* grad_in, std::int64_t n) override {
+    kc::unary_backward(op, x, y, a, b, grad_out, grad_in, n);
+  }
+  void binary(kernels::BinaryOp op, const float* a, kernels::Broadcast ba, const float* b,
+              kernels::Broadcast bb, float* out, std::int64_t n) override {
+    kc::binary(op, a, ba, b, bb, out, n);
+  }
+  void sum_to(const float* x, std::int64_t outer, std::int64_t mid, std::int64_t inner, float beta,
+              float* out) override {
+    kc::sum_to(x, outer, mid, inner, beta, out);
+  }
+  void sum_dim(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner, float alpha,
+               float* out) override {
+    kc::sum_dim(x, outer, d, inner, alpha, out);
+  }
+  void expand_dim(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner,
+                  float alpha, float beta, float* out) override {
+    kc::expand_dim(x, outer, d, inner, alpha, beta, out);
+  }
+  void max_dim(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner,
+               float* values, std::int64_t* indices) override {
+    kc::max_dim(x, outer, d, inner, values, indices);
+  }
+  void index_backward(const float* g, const std::int64_t* indices, std::int64_t outer,
+                      std::int64_t d, std::int64_t inner, float beta, float* out) override {
+    kc::index_backward(g, indices, outer, d, inner, beta, out);
+  }
+  void copy_block(const float* src, std::int64_t src_d, std::int64_t src_start, float* dst,
+                  std::int64_t dst_d, std::int64_t dst_start, std::int64_t outer, std::int64_t len,
+                  std::int64_t inner, float beta) override {
+    kc::copy_block(src, src_d, src_start, dst, dst_d, dst_start, outer, len, inner, beta);
+  }
+  void transpose(const float* x, std::int64_t rows, std::int64_t cols, float beta,
+                 float* out) override {
+    kc::transpose(x, rows, cols, beta, out);
+  }
+  void softmax(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner, bool log,
+               float* out) override {
+    kc::softmax(x, outer, d, inner, log, out);
+  }
+  void softmax_backward(const float* y, const float* g, std::int64_t outer, std::int64_t d,
+                        std::int64_t inner, bool log, float beta, float* dx) override {
+    kc::softmax_backward(y, g, outer, d, inner, log, beta, dx);
+  }
+  void cross_entropy_rows(const float* logits, const std::int64_t* targets, std::int64_t rows,
+                          std::int64_t classes, std::int64_t ignore_index, float eps,
+                          float* row_loss, float* row_weight, float* lse) override {
+    kc::cross_entropy_rows(logits, targets, rows, classes, ignore_index, eps, row_loss, row_weight,
+                           lse);
+  }
+  void cross_entropy_backward(const float* logits, const std::int64_t* targets, const float* lse,
+                              std::int64_t rows, std::int64_t classes, std::int64_t ignore_index,
+                              float eps, const float* grad_out, const float* count, float beta,
+                              float* dlogits) override {
+    kc::cross_entropy_backward(logits, targets, lse, rows, classes, ignore_index, eps, grad_out,
+                               count, beta, dlogits);
+  }
+  void dropout(const float* x, std::int64_t n, float p, std::uint64_t seed, std::uint64_t stream_id,
+               std::uint64_t offset, float* out) override {
+    kc::dropout(x, n, p, seed, stream_id, offset, out);
+  }
+  void layer_norm(const float* x, const float* weight, const float* bias, std::int64_t rows,
+                  std::int64_t cols, float eps, float* y, float* mean, float* rstd) override {
+    kc::layer_norm(x, weight, bias, rows, cols, eps, y, mean, rstd);
+  }
+  void layer_norm_backward(const float* x, const float* weight, const float* mean,
+                           const float* rstd, const float* g, std::int64_t rows, std::int64_t cols,
+                           float beta, float* dx) override {
+    kc::layer_norm_backward(x, weight, mean, rstd, g, rows, cols, beta, dx);
+  }
+  void layer_norm_param_backward(const float* x, const float* mean, const float* rstd,
+                                 const float* g, std::int64_t rows, std::int64_t cols, float beta,
+                                 float* dweight, float* dbias) override {
+    kc::layer_norm_param_backward(x, mean, rstd, g, rows, cols, beta, dweight, dbias);
+  }
   void copy(void* dst, const void* src, std::size_t nbytes) override {
     // memcpy with nbytes == 0 is fine, but null pointers are undefined behaviour even then.
     if (nbytes != 0) std::memcpy(dst, src, nbytes);

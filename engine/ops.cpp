@@ -133,25 +133,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
       });
 }
 
-Tensor add(const Tensor& a, const Tensor& b) {
-  check_same_shape("add", a, b);
-  Tensor out = Tensor::empty_like(a);
-  backend_of(a).add(a.data(), b.data(), 1.0f, out.data(), out.numel());
-  return record("add", out, {a, b}, [](const Tensor& g, GradSink& sink) {
-    sink.emit(0, g);
-    sink.emit(1, g);
-  });
-}
-
-Tensor sub(const Tensor& a, const Tensor& b) {
-  check_same_shape("sub", a, b);
-  Tensor out = Tensor::empty_like(a);
-  backend_of(a).add(a.data(), b.data(), -1.0f, out.data(), out.numel());
-  return record("sub", out, {a, b}, [](const Tensor& g, GradSink& sink) {
-    sink.emit(0, g);
-    if (sink.needs_grad(1)) sink.emit(1, mul(g.detach(), -1.0f));
-  });
-}
+// add and sub broadcast: they live with the other binary ops in functional.cpp.
 
 Tensor mul(const Tensor& a, float scalar) {
   check_f32("mul", a, "the operand");

@@ -1,7 +1,8 @@
 #pragma once
 // Differentiable ops. Each is a forward on the device's Backend plus a small backward lambda
-// recorded with autograd's `record` (see ops.cpp). Shapes must match exactly (no broadcasting,
-// except the bias of `linear`); a mismatch is an Error that names the op and both shapes.
+// recorded with autograd's `record` (see ops.cpp). Shapes must match exactly, except for add and
+// sub, which broadcast like the binary ops of functional.h (where more ops live); a mismatch is
+// an Error that names the op and both shapes.
 
 #include "nanoddp/engine/tensor.h"
 #include "nanoddp/kernels/types.h"

@@ -94,6 +94,17 @@ Tensor Tensor::from_vector(std::span<const float> values, const Shape& shape, De
   return t;
 }
 
+Tensor Tensor::from_int64(std::span<const std::int64_t> values, const Shape& shape, Device device) {
+  if (static_cast<std::int64_t>(values.size()) != shape_numel(shape)) {
+    fail("from_int64: {} values do not fill shape {} ({} elements)", values.size(),
+         shape_str(shape), shape_numel(shape));
+  }
+  Tensor t = empty(shape, device, DType::kI64);
+  const HostSyncPoint sync("Tensor::from_int64");
+  copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
+  return t;
+}
+
 // ---- metadata -----------------------------------------------------------------------------
 
 const Shape& Tensor::shape() const {
@@ -140,6 +151,20 @@ std::vector<float> Tensor::to_vector() const {
   NANODDP_CHECK(dtype() == DType::kF32, "to_vector(): expected a float32 tensor");
   std::vector<float> values(static_cast<std::size_t>(numel()));
   const HostSyncPoint sync("Tensor::to_vector");
+  if (device().is_cuda()) backend_for(device()).stream().synchronize();
+  copy_bytes(values.data(), Device::cpu(), raw_data(), device(), nbytes());
+  return values;
+}
+
+std::int64_t* Tensor::data_i64() const {
+  NANODDP_CHECK(defined() && dtype() == DType::kI64, "data_i64(): expected an int64 tensor");
+  return static_cast<std::int64_t*>(raw_data());
+}
+
+std::vector<std::int64_t> Tensor::to_int64_vector() const {
+  NANODDP_CHECK(dtype() == DType::kI64, "to_int64_vector(): expected an int64 tensor");
+  std::vector<std::int64_t> values(static_cast<std::size_t>(numel()));
+  const HostSyncPoint sync("Tensor::to_int64_vector");
   if (device().is_cuda()) backend_for(device()).stream().synchronize();
   copy_bytes(values.data(), Device::cpu(), raw_data(), device(), nbytes());
   return values;
@@ -243,10 +268,22 @@ Tensor Tensor::view(std::int64_t offset, const Shape& shape) const {
   });
 }
 
-Tensor Tensor::reshape(const Shape& shape) const {
-  if (shape_numel(shape) != numel()) {
-    fail("cannot reshape a tensor of shape {} ({} elements) to {} ({} elements)",
-         shape_str(this->shape()), numel(), shape_str(shape), shape_numel(shape));
+Tensor Tensor::reshape(const Shape& requested) const {
+  // One -1 stands for whatever the other dimensions leave (PyTorch's reshape(-1, n)).
+  Shape shape = requested;
+  const auto unknown = std::find(shape.begin(), shape.end(), std::int64_t{-1});
+  if (unknown != shape.end() &&
+      std::find(unknown + 1, shape.end(), std::int64_t{-1}) == shape.end()) {
+    *unknown = 1;
+    const std::int64_t known = shape_numel(shape);
+    *unknown = known != 0 && numel() % known == 0 ? numel() / known : -1;
+  }
+  const bool negative =
+      std::any_of(shape.begin(), shape.end(), [](std::int64_t d) { return d < 0; });
+  if (negative || shape_numel(shape) != numel()) {
+    fail("cannot reshape a tensor of shape {} ({} elements) to {}{}", shape_str(this->shape()),
+         numel(), shape_str(requested),
+         negative ? "" : fmt::format(" ({} elements)", shape_numel(shape)));
   }
   return record("reshape", alias(*this, 0, shape), {*this},
                 [in_shape = this->shape()](const Tensor& g, GradSink& sink) {

@@ -88,6 +88,9 @@ class Tensor {
                        Device device = Device::cpu());
   static Tensor from_vector(std::span<const float> values, const Shape& shape,
                             Device device = Device::cpu());
+  // int64 values (class indices): a tensor that never carries a gradient.
+  static Tensor from_int64(std::span<const std::int64_t> values, const Shape& shape,
+                           Device device = Device::cpu());
   static Tensor empty_like(const Tensor& other) {
     return empty(other.shape(), other.device(), other.dtype());
   }
@@ -110,7 +113,9 @@ class Tensor {
   void* raw_data() const;
   float* data() const;                   // float32 tensors only
   std::vector<float> to_vector() const;  // copies to the host
-  float item() const;                    // one-element tensors only
+  std::int64_t* data_i64() const;        // int64 tensors only
+  std::vector<std::int64_t> to_int64_vector() const;
+  float item() const;  // one-element tensors only
 
   // Every op below that returns a tensor computed from this one is differentiable (recorded by
   // autograd like the ops in ops.h); the in-place writes are not, and refuse a tensor that
@@ -121,8 +126,10 @@ class Tensor {
   // back into those elements; a view that reaches past this tensor's own elements (into the
   // rest of a flat buffer) is an Error while autograd records.
   Tensor view(std::int64_t offset, const Shape& shape) const;
-  Tensor reshape(const Shape& shape) const;  // same elements, new shape (a view)
-  Tensor to(Device device) const;            // a copy on `device`; the gradient goes back
+  // Same elements, new shape (a view); one dimension may be -1, inferred from the others.
+  Tensor reshape(const Shape& shape) const;
+  Tensor view(const Shape& shape) const { return reshape(shape); }  // PyTorch's view(shape)
+  Tensor to(Device device) const;  // a copy on `device`; the gradient goes back
   Tensor clone() const;
   // In-place writes: refused (Error) into a tensor that requires a gradient, and copy_from also
   // from one, unless under NoGrad.

@@ -8,6 +8,33 @@ namespace nanoddp::kernels {
 
 enum class Activation : std::uint8_t { kNone, kRelu, kGelu };
 
+// Elementwise functions of one tensor with up to two scalar parameters (a, b):
+//   kAffine  y = a * x + b       (neg, scalar add/sub/mul)   kDivScalar  y = x / a
+//   kExp, kLog, kSqrt, kTanh, kSigmoid                        kPow        y = x^a
+//   kClamp   y = min(max(x, a), b)  (a = -inf or b = +inf for a one-sided clamp)
+enum class UnaryOp : std::uint8_t {
+  kAffine,
+  kDivScalar,
+  kExp,
+  kLog,
+  kSqrt,
+  kTanh,
+  kSigmoid,
+  kPow,
+  kClamp
+};
+
+// Elementwise functions of two tensors: out = a op b.
+enum class BinaryOp : std::uint8_t { kAdd, kSub, kMul, kDiv };
+
+// Where an operand of a broadcast binary op is read: element i of the output reads the
+// operand's element (i / div) % mod. Same shape: {1, n}; a row vector [cols] over [rows, cols]:
+// {1, cols}; a column [rows, 1]: {cols, rows}; a scalar: {1, 1}.
+struct Broadcast {
+  std::int64_t div = 1;
+  std::int64_t mod = 1;
+};
+
 // Whether a GEMM operand is read transposed. All matrices are dense and row-major.
 enum class Transpose : std::uint8_t { kNo, kYes };
 

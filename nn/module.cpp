@@ -2,7 +2,52 @@
 
 #include <algorithm>
 
+#include "nanoddp/kernels/error.h"
+
 namespace nanoddp::nn {
+
+// The defaults call each other; `bridging_` turns a module that overrides neither into an
+// Error instead of an endless recursion.
+Tensor Module::forward(const Tensor& x) {
+  if (bridging_) fail("{} implements neither forward(x) nor forward_many(inputs)", describe());
+  bridging_ = true;
+  std::vector<Tensor> out;
+  try {
+    out = forward_many(std::span<const Tensor>(&x, 1));
+  } catch (...) {
+    bridging_ = false;
+    throw;
+  }
+  bridging_ = false;
+  if (out.size() != 1) {
+    fail("{} returns {} outputs; call it with forward_many (or module(a, b)) to get them all",
+         describe(), out.size());
+  }
+  return out.front();
+}
+
+std::vector<Tensor> Module::forward_many(std::span<const Tensor> inputs) {
+  if (bridging_) fail("{} implements neither forward(x) nor forward_many(inputs)", describe());
+  if (inputs.size() != 1) {
+    fail("{} takes one input (it implements forward(x)), but was given {}", describe(),
+         inputs.size());
+  }
+  bridging_ = true;
+  std::vector<Tensor> out;
+  try {
+    out.push_back(forward(inputs.front()));
+  } catch (...) {
+    bridging_ = false;
+    throw;
+  }
+  bridging_ = false;
+  return out;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (const auto& [name, child] : children_) child->train(on);
+}
 
 Tensor& Module::register_parameter(std::string name, Tensor tensor) {
   tensor.set_requires_grad(true);

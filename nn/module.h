@@ -6,7 +6,9 @@
 // under its first name, as in PyTorch.
 
 #include <memory>
+#include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -26,8 +28,26 @@ class Module {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  virtual Tensor forward(const Tensor& x) = 0;
+  // One input, one output: what most modules implement.
+  virtual Tensor forward(const Tensor& x);
+  // Several inputs and/or several outputs (two towers over a shared encoder, an auxiliary
+  // head). The two forms bridge each other: forward_many({x}) calls forward(x), and forward(x)
+  // calls forward_many({x}) and expects one output; a module overrides at least one of them.
+  virtual std::vector<Tensor> forward_many(std::span<const Tensor> inputs);
   Tensor operator()(const Tensor& x) { return forward(x); }
+  std::vector<Tensor> operator()(std::span<const Tensor> inputs) { return forward_many(inputs); }
+  template <typename... Ts>
+    requires(sizeof...(Ts) >= 2 && (std::is_convertible_v<const Ts&, const Tensor&> && ...))
+  std::vector<Tensor> operator()(const Ts&... inputs) {
+    const Tensor all[] = {inputs...};
+    return forward_many(all);
+  }
+
+  // Training or evaluation mode, for this module and its children (PyTorch's train() / eval()):
+  // what Dropout looks at. Modules start in training mode.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
 
   // Every parameter of this module and its children, depth first in registration order.
   std::vector<NamedTensor> named_parameters() const;
@@ -50,6 +70,8 @@ class Module {
  private:
   void collect(const std::string& prefix, std::vector<NamedTensor>& out) const;
   std::vector<NamedTensor> parameters_;
+  bool training_ = true;
+  bool bridging_ = false;  // inside a default forward / forward_many (see module.cpp)
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };
 

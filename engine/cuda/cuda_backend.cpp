@@ -153,6 +153,104 @@ class CudaBackend final : public Backend {
     const Guard guard = enter("bf16_to_f32");
     kc::bf16_to_f32(in, out, n, native_);
   }
+  void unary(kernels::UnaryOp op, const float* x, float a, float b, float* out,
+             std::int64_t n) override {
+    const Guard guard = enter("unary");
+    kc::unary(op, x, a, b, out, n, native_);
+  }
+  void unary_backward(kernels::UnaryOp op, const float* x, const float* y, float a, float b,
+                      const float* grad_out, float* grad_in, std::int64_t n) override {
+    const Guard guard = enter("unary_backward");
+    kc::unary_backward(op, x, y, a, b, grad_out, grad_in, n, native_);
+  }
+  void binary(kernels::BinaryOp op, const float* a, kernels::Broadcast ba, const float* b,
+              kernels::Broadcast bb, float* out, std::int64_t n) override {
+    const Guard guard = enter("binary");
+    kc::binary(op, a, ba, b, bb, out, n, native_);
+  }
+  void sum_to(const float* x, std::int64_t outer, std::int64_t mid, std::int64_t inner, float beta,
+              float* out) override {
+    const Guard guard = enter("sum_to");
+    kc::sum_to(x, outer, mid, inner, beta, out, native_);
+  }
+  void sum_dim(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner, float alpha,
+               float* out) override {
+    const Guard guard = enter("sum_dim");
+    kc::sum_dim(x, outer, d, inner, alpha, out, native_);
+  }
+  void expand_dim(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner,
+                  float alpha, float beta, float* out) override {
+    const Guard guard = enter("expand_dim");
+    kc::expand_dim(x, outer, d, inner, alpha, beta, out, native_);
+  }
+  void max_dim(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner,
+               float* values, std::int64_t* indices) override {
+    const Guard guard = enter("max_dim");
+    kc::max_dim(x, outer, d, inner, values, indices, native_);
+  }
+  void index_backward(const float* g, const std::int64_t* indices, std::int64_t outer,
+                      std::int64_t d, std::int64_t inner, float beta, float* out) override {
+    const Guard guard = enter("index_backward");
+    kc::index_backward(g, indices, outer, d, inner, beta, out, native_);
+  }
+  void copy_block(const float* src, std::int64_t src_d, std::int64_t src_start, float* dst,
+                  std::int64_t dst_d, std::int64_t dst_start, std::int64_t outer, std::int64_t len,
+                  std::int64_t inner, float beta) override {
+    const Guard guard = enter("copy_block");
+    kc::copy_block(src, src_d, src_start, dst, dst_d, dst_start, outer, len, inner, beta, native_);
+  }
+  void transpose(const float* x, std::int64_t rows, std::int64_t cols, float beta,
+                 float* out) override {
+    const Guard guard = enter("transpose");
+    kc::transpose(x, rows, cols, beta, out, native_);
+  }
+  void softmax(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner, bool log,
+               float* out) override {
+    const Guard guard = enter("softmax");
+    kc::softmax(x, outer, d, inner, log, out, native_);
+  }
+  void softmax_backward(const float* y, const float* g, std::int64_t outer, std::int64_t d,
+                        std::int64_t inner, bool log, float beta, float* dx) override {
+    const Guard guard = enter("softmax_backward");
+    kc::softmax_backward(y, g, outer, d, inner, log, beta, dx, native_);
+  }
+  void cross_entropy_rows(const float* logits, const std::int64_t* targets, std::int64_t rows,
+                          std::int64_t classes, std::int64_t ignore_index, float eps,
+                          float* row_loss, float* row_weight, float* lse) override {
+    const Guard guard = enter("cross_entropy_rows");
+    kc::cross_entropy_rows(logits, targets, rows, classes, ignore_index, eps, row_loss, row_weight,
+                           lse, native_);
+  }
+  void cross_entropy_backward(const float* logits, const std::int64_t* targets, const float* lse,
+                              std::int64_t rows, std::int64_t classes, std::int64_t ignore_index,
+                              float eps, const float* grad_out, const float* count, float beta,
+                              float* dlogits) override {
+    const Guard guard = enter("cross_entropy_backward");
+    kc::cross_entropy_backward(logits, targets, lse, rows, classes, ignore_index, eps, grad_out,
+                               count, beta, dlogits, native_);
+  }
+  void dropout(const float* x, std::int64_t n, float p, std::uint64_t seed, std::uint64_t stream_id,
+               std::uint64_t offset, float* out) override {
+    const Guard guard = enter("dropout");
+    kc::dropout(x, n, p, seed, stream_id, offset, out, native_);
+  }
+  void layer_norm(const float* x, const float* weight, const float* bias, std::int64_t rows,
+                  std::int64_t cols, float eps, float* y, float* mean, float* rstd) override {
+    const Guard guard = enter("layer_norm");
+    kc::layer_norm(x, weight, bias, rows, cols, eps, y, mean, rstd, native_);
+  }
+  void layer_norm_backward(const float* x, const float* weight, const float* mean,
+                           const float* rstd, const float* g, std::int64_t rows, std::int64_t cols,
+                           float beta, float* dx) override {
+    const Guard guard = enter("layer_norm_backward");
+    kc::layer_norm_backward(x, weight, mean, rstd, g, rows, cols, beta, dx, native_);
+  }
+  void layer_norm_param_backward(const float* x, const float* mean, const float* rstd,
+                                 const float* g, std::int64_t rows, std::int64_t cols, float beta,
+                                 float* dweight, float* dbias) override {
+    const Guard guard = enter("layer_norm_param_backward");
+    kc::layer_norm_param_backward(x, mean, rstd, g, rows, cols, beta, dweight, dbias, native_);
+  }
   void copy(void* dst, const void* src, std::size_t nbytes) override {
     if (nbytes == 0 || dst == src) return;
     const Guard guard = enter("copy");

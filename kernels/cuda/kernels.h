@@ -60,4 +60,83 @@ void fill_normal(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t s
 void f32_to_bf16(const float* in, std::uint16_t* out, std::int64_t n, cudaStream_t stream);
 void bf16_to_f32(const std::uint16_t* in, float* out, std::int64_t n, cudaStream_t stream);
 
+// ---- the research ops (pointwise.cu, shape.cu, rowwise.cu) ---------------------------
+// Tensors of any rank are seen as [outer, d, inner] around the dimension an op works along:
+// element (o, j, i) is at (o * d + j) * inner + i.
+
+// out = op(x; a, b), see UnaryOp. out may alias x.
+void unary(UnaryOp op, const float* x, float a, float b, float* out, std::int64_t n,
+           cudaStream_t stream);
+// grad_in = grad_out * op'(x), from x or from the forward's output y (both given; either may be
+// unused). grad_in may alias grad_out. Clamp passes the gradient where a <= x <= b (PyTorch).
+void unary_backward(UnaryOp op, const float* x, const float* y, float a, float b,
+                    const float* grad_out, float* grad_in, std::int64_t n, cudaStream_t stream);
+// out[i] = a[(i / ba.div) % ba.mod] op b[(i / bb.div) % bb.mod], i < n. out may alias an
+// operand that is not broadcast.
+void binary(BinaryOp op, const float* a, Broadcast ba, const float* b, Broadcast bb, float* out,
+            std::int64_t n, cudaStream_t stream);
+// out[j] = beta * out[j] + sum over o, i of x[o, j, i]: the gradient of a broadcast operand.
+void sum_to(const float* x, std::int64_t outer, std::int64_t mid, std::int64_t inner, float beta,
+            float* out, cudaStream_t stream);
+// out[o, i] = alpha * sum over j of x[o, j, i]: sum (alpha 1) and mean (1 / d) over a dim.
+void sum_dim(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner, float alpha,
+             float* out, cudaStream_t stream);
+// out[o, j, i] = beta * out[o, j, i] + alpha * x[o, i]: the backward of sum_dim.
+void expand_dim(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner, float alpha,
+                float beta, float* out, cudaStream_t stream);
+// values[o, i] = max over j of x[o, j, i], indices[o, i] = its j (the first on ties; a NaN wins,
+// as in PyTorch).
+void max_dim(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner, float* values,
+             std::int64_t* indices, cudaStream_t stream);
+// out[o, j, i] = beta * out[o, j, i] + (j == indices[o, i] ? g[o, i] : 0): max's backward.
+void index_backward(const float* g, const std::int64_t* indices, std::int64_t outer, std::int64_t d,
+                    std::int64_t inner, float beta, float* out, cudaStream_t stream);
+// For every o: dst[o, dst_start .. + len, :] = beta * dst + src[o, src_start .. + len, :], with
+// src seen as [outer, src_d, inner] and dst as [outer, dst_d, inner]. narrow, cat and split,
+// forward and backward.
+void copy_block(const float* src, std::int64_t src_d, std::int64_t src_start, float* dst,
+                std::int64_t dst_d, std::int64_t dst_start, std::int64_t outer, std::int64_t len,
+                std::int64_t inner, float beta, cudaStream_t stream);
+// out[c, r] = beta * out[c, r] + x[r, c] for a rows x cols matrix x.
+void transpose(const float* x, std::int64_t rows, std::int64_t cols, float beta, float* out,
+               cudaStream_t stream);
+// Softmax (or log-softmax) along d, with the maximum subtracted first (no overflow).
+void softmax(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner, bool log,
+             float* out, cudaStream_t stream);
+// From the forward's output y: softmax dx = y (g - sum_j g y); log-softmax dx = g - exp(y) sum_j g.
+// dx = beta * dx + that.
+void softmax_backward(const float* y, const float* g, std::int64_t outer, std::int64_t d,
+                      std::int64_t inner, bool log, float beta, float* dx, cudaStream_t stream);
+// Cross-entropy of rows x classes logits against class indices, per row: row_loss[r] =
+// (1 - eps) (lse - x[t]) + eps (lse - mean_c x[c]) and row_weight[r] = 1, or both 0 where
+// t == ignore_index; lse[r] = log sum_c exp(x[r, c]) is kept for the backward. A target outside
+// [0, classes) gives a NaN row loss.
+void cross_entropy_rows(const float* logits, const std::int64_t* targets, std::int64_t rows,
+                        std::int64_t classes, std::int64_t ignore_index, float eps, float* row_loss,
+                        float* row_weight, float* lse, cudaStream_t stream);
+// dlogits[r, c] = beta * dlogits + g[0] / count[0] * (softmax[r, c] - (1 - eps) [c == t] -
+// eps / classes), zero on ignored rows: the backward of the mean over the counted rows.
+void cross_entropy_backward(const float* logits, const std::int64_t* targets, const float* lse,
+                            std::int64_t rows, std::int64_t classes, std::int64_t ignore_index,
+                            float eps, const float* grad_out, const float* count, float beta,
+                            float* dlogits, cudaStream_t stream);
+// Inverted dropout: out[i] = keep ? x[i] / (1 - p) : 0, keep when the uniform of Philox at
+// counter (offset + i, stream_id) under seed is >= p. The same call on the upstream gradient is
+// the backward (the mask is regenerated, never stored). out may alias x.
+void dropout(const float* x, std::int64_t n, float p, std::uint64_t seed, std::uint64_t stream_id,
+             std::uint64_t offset, float* out, cudaStream_t stream);
+// Layer norm over the last dimension of a rows x cols matrix (biased variance, as PyTorch):
+// y = (x - mean) * rstd * weight + bias, weight and bias of cols elements or null.
+void layer_norm(const float* x, const float* weight, const float* bias, std::int64_t rows,
+                std::int64_t cols, float eps, float* y, float* mean, float* rstd,
+                cudaStream_t stream);
+// dx = beta * dx + rstd (gw - mean_c(gw) - xhat mean_c(gw xhat)), gw = g * weight.
+void layer_norm_backward(const float* x, const float* weight, const float* mean, const float* rstd,
+                         const float* g, std::int64_t rows, std::int64_t cols, float beta,
+                         float* dx, cudaStream_t stream);
+// dweight[c] = beta * dweight + sum_r g xhat, dbias[c] = beta * dbias + sum_r g (either null).
+void layer_norm_param_backward(const float* x, const float* mean, const float* rstd, const float* g,
+                               std::int64_t rows, std::int64_t cols, float beta, float* dweight,
+                               float* dbias, cudaStream_t stream);
+
 }  // namespace nanoddp::kernels::cuda

@@ -81,3 +81,12 @@ TEST_CASE("example custom_module: a user-defined residual model trains under DDP
   CHECK(run.epochs == 5);
   CHECK(run.last_loss < run.first_loss / 3);
 }
+
+TEST_CASE("example two_tower: two inputs, a shared encoder and an auxiliary loss under DDP") {
+  const ExampleRun run = run_example("two-tower", 2);
+  INFO(run.output);
+  CHECK(run.rank_lines == 2);
+  CHECK(run.checksums.size() == 1);  // the same parameters on both ranks, dropout and all
+  CHECK(run.epochs == 5);
+  CHECK(run.last_loss < run.first_loss / 2);
+}

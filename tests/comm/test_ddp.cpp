@@ -144,3 +144,10 @@ TEST_CASE("ddp: buckets rebuilt in the observed order give the layout's gradient
   INFO(describe(results));
   CHECK(all_exit(results, 0));
 }
+
+TEST_CASE("ddp: two inputs, a shared encoder and an auxiliary loss on 2 ranks equal 1 process") {
+  const auto results = run_scenario({"two-tower"}, 2);
+  INFO(describe(results));
+  CHECK(all_exit(results, 0));
+  CHECK(results.at(0).output.find("two-tower: 2 ranks equal one process") != std::string::npos);
+}

@@ -83,6 +83,24 @@ TEST_CASE("autograd: reachable_leaves finds the parameters an output depends on"
   }
 }
 
+TEST_CASE("autograd: reachable_leaves over several outputs is the union of what each reaches") {
+  // DDP's forward_many hands every output to prepare_for_backward: a parameter used by any
+  // output (here the head, through a second output) is not unused.
+  WithUnusedHead model(true);
+  const Tensor out = model.forward(kX);
+  Tensor head_out;
+  for (const nn::NamedTensor& p : model.named_parameters()) {
+    if (p.name == "head.weight") head_out = mul(p.tensor, 2.0f);
+  }
+  REQUIRE(head_out.defined());
+  const std::vector<Tensor> outputs = {out, head_out};
+  const auto reached = reachable_leaves(std::span<const Tensor>(outputs));
+  for (const nn::NamedTensor& p : model.named_parameters()) {
+    CAPTURE(p.name);
+    CHECK(reached.contains(p.tensor.impl()) == (p.name != "head.bias"));
+  }
+}
+
 TEST_CASE(
     "reducer: an unused parameter near the output keeps the overlap of the model without it") {
   comm::Distributed dist = world_of_one();

@@ -37,6 +37,7 @@
 
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/kernels/error.h"
+#include "nanoddp/engine/functional.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/engine/tensor.h"
 
@@ -134,6 +135,90 @@ std::vector<GradCase> grad_cases() {
       {"clone", "", {m23}, [](auto& t) { return t[0].clone(); }},
       {"to", "same device", {m23}, [](auto& t) { return t[0].to(Device::cpu()); }},
   };
+  // functional.h. Inputs of log, sqrt and pow are kept in [0.5, 2], clamp's more than 2h from
+  // its bounds, max's arguments more than 2h apart.
+  const Input row3 = input({3}, 20), col2 = input({2, 1}, 21), one = input({1}, 22);
+  const Input positive{{2, 3}, values(6, 23, 0.5, 2.0)};
+  const Input m43 = input({4, 3}, 24), m32 = input({3, 2}, 25);
+  const std::vector<GradCase> functional{
+      {"mul", "same shape", {m23, m23b}, [](auto& t) { return mul(t[0], t[1]); }},
+      {"mul", "row vector", {m23, row3}, [](auto& t) { return mul(t[0], t[1]); }},
+      {"mul", "column", {m23, col2}, [](auto& t) { return mul(t[0], t[1]); }},
+      {"mul", "scalar first", {one, m23}, [](auto& t) { return mul(t[0], t[1]); }},
+      {"div", "", {m23, {{3}, values(3, 26, 0.5, 2.0)}}, [](auto& t) { return div(t[0], t[1]); }},
+      {"div", "scalar", {m23}, [](auto& t) { return div(t[0], 0.75f); }},
+      {"add", "row vector (bias)", {m23, row3}, [](auto& t) { return add(t[0], t[1]); }},
+      {"add", "scalar", {m23}, [](auto& t) { return add(t[0], 0.5f); }},
+      {"sub", "column", {m23, col2}, [](auto& t) { return sub(t[0], t[1]); }},
+      {"sub", "scalar", {m23}, [](auto& t) { return sub(t[0], 0.5f); }},
+      {"neg", "", {m23}, [](auto& t) { return neg(t[0]); }},
+      {"exp", "", {m23}, [](auto& t) { return exp(t[0]); }},
+      {"log", "", {positive}, [](auto& t) { return log(t[0]); }},
+      {"sqrt", "", {positive}, [](auto& t) { return sqrt(t[0]); }},
+      {"tanh", "", {m23}, [](auto& t) { return tanh(t[0]); }},
+      {"sigmoid", "", {m23}, [](auto& t) { return sigmoid(t[0]); }},
+      {"pow", "2.5", {positive}, [](auto& t) { return pow(t[0], 2.5f); }},
+      {"pow", "-1", {positive}, [](auto& t) { return pow(t[0], -1.0f); }},
+      {"clamp",
+       "",
+       {{{2, 3}, {-0.9f, -0.3f, 0.2f, 0.7f, 0.1f, -0.75f}}},
+       [](auto& t) { return clamp(t[0], -0.5f, 0.5f); }},
+      {"operator*", "tensor * tensor", {m23, row3}, [](auto& t) { return t[0] * t[1]; }},
+      {"operator/", "tensor / tensor", {m23, positive}, [](auto& t) { return t[0] / t[1]; }},
+      {"operator/", "tensor / s", {m23}, [](auto& t) { return t[0] / 4.0f; }},
+      {"operator+", "tensor + s", {m23}, [](auto& t) { return t[0] + 1.0f; }},
+      {"operator-", "tensor - s and -tensor", {m23}, [](auto& t) { return -(t[0] - 1.0f); }},
+      {"transpose", "", {m23}, [](auto& t) { return transpose(t[0]); }},
+      {"narrow", "columns", {m43}, [](auto& t) { return narrow(t[0], 1, 1, 2); }},
+      {"narrow", "rows", {m43}, [](auto& t) { return narrow(t[0], 0, 1, 2); }},
+      {"cat",
+       "dim 1",
+       {m23, col2},
+       [](auto& t) {
+         return cat({t[0], t[1]}, 1);
+       }},
+      {"cat",
+       "dim 0",
+       {m23, m23b},
+       [](auto& t) {
+         return cat({t[0], t[1]}, 0);
+       }},
+      {"sum", "dim 1", {m43}, [](auto& t) { return sum(t[0], 1); }},
+      {"sum", "dim 0, keepdim", {m43}, [](auto& t) { return sum(t[0], 0, true); }},
+      {"mean", "dim -1", {m43}, [](auto& t) { return mean(t[0], -1); }},
+      {"softmax", "dim 1", {m43}, [](auto& t) { return softmax(t[0], 1); }},
+      {"softmax", "dim 0", {m43}, [](auto& t) { return softmax(t[0], 0); }},
+      {"log_softmax", "", {m43}, [](auto& t) { return log_softmax(t[0], -1); }},
+      {"cross_entropy",
+       "",
+       {m43},
+       [](auto& t) {
+         const std::vector<std::int64_t> targets{2, 0, 1, 2};
+         return cross_entropy(t[0], Tensor::from_int64(targets, {4}));
+       }},
+      {"cross_entropy",
+       "ignore_index, label smoothing",
+       {m43},
+       [](auto& t) {
+         const std::vector<std::int64_t> targets{2, -1, 1, 0};
+         return cross_entropy(t[0], Tensor::from_int64(targets, {4}),
+                              {.ignore_index = -1, .label_smoothing = 0.2f});
+       }},
+      {"dropout",
+       "",
+       {m43},
+       [](auto& t) { return dropout(t[0], 0.4f, true, RandomStream{.seed = 5, .stream = 1}); }},
+      {"layer_norm",
+       "weight, bias",
+       {m43, row3, input({3}, 27)},
+       [](auto& t) { return layer_norm(t[0], t[1], t[2]); }},
+      {"layer_norm", "plain", {m43}, [](auto& t) { return layer_norm(t[0], Tensor(), Tensor()); }},
+      {"matmul",
+       "of a transpose",
+       {m32, m34},
+       [](auto& t) { return matmul(transpose(t[0]), narrow(t[1], 1, 0, 3)); }},
+  };
+  cases.insert(cases.end(), functional.begin(), functional.end());
   // linear with ReLU: inputs whose pre-activations are all at least 2h from the kink.
   for (std::uint64_t seed = 10;; ++seed) {
     const std::vector<Input> in{input({3, 4}, seed), input({2, 4}, seed + 1), input({2}, seed + 2)};
@@ -163,6 +248,7 @@ const std::vector<std::pair<std::string, std::string>> kNoHistory{
     {"uniform", "factory: reads no tensor"},
     {"normal", "factory: reads no tensor"},
     {"from_vector", "factory: reads host floats"},
+    {"from_int64", "factory: reads host integers (indices carry no gradient)"},
     {"empty_like", "factory: reads only the other tensor's shape, device and dtype"},
     {"record", "autograd's recording itself: returns its output with the backward it is given"},
 };

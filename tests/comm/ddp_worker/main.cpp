@@ -11,6 +11,7 @@
 //   nanoddp-test-ddp-worker bf16
 //   nanoddp-test-ddp-worker skip-step
 //   nanoddp-test-ddp-worker rebuild
+//   nanoddp-test-ddp-worker two-tower
 
 #include <fmt/format.h>
 
@@ -26,7 +27,9 @@
 #include "nanoddp/comm/ddp.h"
 #include "nanoddp/comm/init.h"
 #include "nanoddp/comm/rendezvous.h"
+#include "nanoddp/engine/functional.h"
 #include "nanoddp/engine/ops.h"
+#include "nanoddp/nn/blocks.h"
 #include "nanoddp/nn/flat_parameters.h"
 #include "nanoddp/nn/layers.h"
 #include "nanoddp/nn/optimizer.h"
@@ -428,6 +431,99 @@ int bf16(comm::Distributed& dist) {
   return 0;
 }
 
+// Two towers over one shared encoder (Linear, then a residual block with LayerNorm), a
+// similarity output and an auxiliary classification head on tower b: two inputs, two outputs,
+// two losses. DDP on W ranks with 6 rows each must end where one process ends with the ranks'
+// rows concatenated (6 W rows), to float32 rounding: every parameter that took part in either
+// output was found and averaged.
+class TwoTower : public nn::Module {
+ public:
+  explicit TwoTower(Generator& g)
+      : embed_(register_module("embed", std::make_shared<nn::Linear>(4, 8, g))),
+        block_(register_module("block",
+                               std::make_shared<nn::ResidualBlock>(
+                                   nn::ResidualBlockOptions{.features = 8, .hidden = 16}, g))),
+        aux_(register_module("aux", std::make_shared<nn::Linear>(8, 3, g))) {}
+  std::vector<Tensor> forward_many(std::span<const Tensor> in) override {
+    const Tensor a = block_->forward(embed_->forward(in[0]));
+    const Tensor b = block_->forward(embed_->forward(in[1]));
+    return {sum(mul(a, b), 1), aux_->forward(b)};
+  }
+  std::string describe() const override { return "TwoTower"; }
+
+ private:
+  std::shared_ptr<nn::Linear> embed_;
+  std::shared_ptr<nn::ResidualBlock> block_;
+  std::shared_ptr<nn::Linear> aux_;
+};
+
+struct TowerBatch {
+  Tensor a, b, similarity, classes;
+};
+
+// Rank r's rows of step `step`; the class of a row is the arg-max of three random scores.
+TowerBatch tower_batch(int rank, int step) {
+  return {batch(6, 4, rank, step, 0), batch(6, 4, rank, step, 1),
+          batch(6, 1, rank, step, 2).reshape({6}), max(batch(6, 3, rank, step, 3), 1).indices};
+}
+
+Tensor tower_loss(const std::vector<Tensor>& out, const TowerBatch& data) {
+  return add(mse_loss(out[0], data.similarity), mul(cross_entropy(out[1], data.classes), 0.5f));
+}
+
+int two_tower(comm::Distributed& dist) {
+  const int rank = dist.group->rank(), world = dist.group->size();
+  constexpr int kSteps = 5;
+  Generator g(21);
+  TwoTower model(g);
+  nn::FlatParameters params(model, Device::cpu());
+  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store);
+  nn::SGD sgd(params, nn::SgdOptions{.lr = 0.1f, .momentum = 0.9f});
+  for (int step = 0; step < kSteps; ++step) {
+    sgd.zero_grad();
+    const TowerBatch data = tower_batch(rank, step);
+    tower_loss(ddp(data.a, data.b), data).backward();
+    sgd.step();
+  }
+  // One process, the ranks' rows concatenated in rank order.
+  Generator g1(21);
+  TwoTower single(g1);
+  nn::FlatParameters single_params(single, Device::cpu());
+  nn::SGD single_sgd(single_params, nn::SgdOptions{.lr = 0.1f, .momentum = 0.9f});
+  for (int step = 0; step < kSteps; ++step) {
+    single_sgd.zero_grad();
+    std::vector<Tensor> a, b, similarity, classes;
+    for (int r = 0; r < world; ++r) {
+      const TowerBatch part = tower_batch(r, step);
+      a.push_back(part.a);
+      b.push_back(part.b);
+      similarity.push_back(part.similarity);
+      classes.push_back(part.classes);
+    }
+    std::vector<std::int64_t> all_classes;
+    for (const Tensor& c : classes) {
+      const std::vector<std::int64_t> v = c.to_int64_vector();
+      all_classes.insert(all_classes.end(), v.begin(), v.end());
+    }
+    const TowerBatch data{cat(a), cat(b), cat(similarity),
+                          Tensor::from_int64(all_classes, {6 * world})};
+    tower_loss(single(data.a, data.b), data).backward();
+    single_sgd.step();
+  }
+  const std::vector<float> got = params.values().to_vector();
+  const std::vector<float> want = single_params.values().to_vector();
+  EXPECT(got.size() == want.size(), "{} vs {} parameters", got.size(), want.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]) /
+                                (1e-3 + std::fabs(static_cast<double>(want[i]))));
+  }
+  EXPECT(worst <= 1e-5, "DDP and one process differ by {:.3g} (relative)", worst);
+  fmt::print("two-tower: {} ranks equal one process with {} rows to {:.2e} relative\n", world,
+             6 * world, worst);
+  return 0;
+}
+
 }  // namespace
 
 // Four Linear(16, 16) layers fc0 -> fc3 registered in the order `registration` names them
@@ -506,7 +602,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     fmt::print(stderr,
                "usage: {} unused|unused-no-sync|unused-one-rank|mismatch|reconfigure-mismatch|"
-               "no-sync|overlap|bf16|skip-step [--find-unused|--adamw]\n",
+               "no-sync|overlap|bf16|skip-step|two-tower [--find-unused|--adamw]\n",
                argv[0]);
     return 2;
   }
@@ -526,6 +622,7 @@ int main(int argc, char** argv) {
     if (scenario == "bf16") return bf16(dist);
     if (scenario == "skip-step") return skip_step(dist);
     if (scenario == "rebuild") return rebuild(dist);
+    if (scenario == "two-tower") return two_tower(dist);
   } catch (const std::exception& e) {
     fmt::print(stderr, "unexpected error: {}\n", e.what());
     return 1;

@@ -41,6 +41,11 @@ void require_cpu(const Tensor& t, const char* op, const char* role) {
         "{})",
         op, role, t.device().str());
   }
+  // (int64 tensors exist for class indices; every reduction here reads float32 or bfloat16.)
+  if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16) {
+    fail("Gloo {}: the {} tensor is {}; collectives carry float32 and bfloat16 tensors", op, role,
+         dtype_name(t.dtype()));
+  }
 }
 
 // Gloo's TCP pairs write to their sockets without MSG_NOSIGNAL, so a write to a peer that has

@@ -351,6 +351,10 @@ class NcclProcessGroup final : public ProcessGroup {
            t.device().str(), device_.str(),
            t.device().is_cpu() ? " (use the Gloo backend for CPU tensors)" : "");
     }
+    if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16) {
+      fail("NCCL {}: the {} tensor is {}; collectives carry float32 and bfloat16 tensors", op,
+           role, dtype_name(t.dtype()));
+    }
   }
 
   // Polls a non-blocking communicator until its last call has finished.

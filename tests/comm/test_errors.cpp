@@ -6,7 +6,9 @@
 #include <chrono>
 #include <string>
 #include <type_traits>
+#include <vector>
 
+#include "nanoddp/comm/init.h"
 #include "nanoddp/comm/process_group.h"
 #include "nanoddp/comm/shm_allreduce.h"
 #include "nanoddp/comm/store.h"
@@ -40,4 +42,22 @@ TEST_CASE("errors: a store timeout is a StoreError that catch (nanoddp::Error&) 
 
 TEST_CASE("errors: bad input to the engine is a nanoddp::Error") {
   CHECK_THROWS_AS(nanoddp::Tensor::empty({-1, 3}), nanoddp::Error);
+}
+
+TEST_CASE("errors: an int64 tensor handed to a collective is refused, not read as bfloat16") {
+  // int64 tensors came with class targets (cross_entropy); the groups' reductions read float32
+  // or bfloat16 only, and took any other dtype for bfloat16.
+  nanoddp::comm::Distributed dist =
+      nanoddp::comm::init_distributed(nanoddp::comm::WorldInfo{},
+                                      {.backend = "gloo", .device = nanoddp::Device::cpu()});
+  const std::vector<std::int64_t> values = {1, 2, 3};
+  nanoddp::Tensor classes = nanoddp::Tensor::from_int64(values, {3});
+  std::string message;
+  try {
+    dist.group->allreduce(classes, nanoddp::comm::ReduceOp::kSum)->wait();
+  } catch (const nanoddp::Error& e) {
+    message = e.what();
+  }
+  CHECK(message.find("int64") != std::string::npos);
+  CHECK(message.find("float32 and bfloat16") != std::string::npos);
 }

@@ -430,19 +430,22 @@ int run_elastic(const LaunchPlan& plan) {
           .restart_count = round.number,
           .label = fmt::format("round {}", round.number),
           .stop = &stop,
-          .on_failure = [&monitor](const std::string& what) { monitor.local_failure(what); }};
+          .on_failure = [&](const std::string& what) {
+            monitor.local_failure(fmt::format("node {} ({}): {}", round.node_rank, address, what));
+          }};
       const AttemptOutcome outcome = run_round(plan, spec, signals);
       if (outcome.outcome == Outcome::kInterrupted) {
         monitor.publish('F',
                         fmt::format("node {}'s launcher was stopped by a signal", round.node_rank));
         monitor.wait_end();
-        return outcome.exit_code;
+        exit_code = outcome.exit_code;
+        break;
       }
       if (outcome.outcome == Outcome::kSucceeded) monitor.local_done();
       const End end = monitor.wait_end();
       if (end.kind == 'S') {
         say("round {}: every node's workers exited 0", round.number);
-        return 0;
+        break;
       }
       if (end.kind == 'X') throw JobEnds(1, end.reason);
       if (end.kind == 'F' && round.restarts_used >= o.max_restarts) {

@@ -236,8 +236,7 @@ void Attempt::reap() {
       say("rank {} (pid {}) failed: {}; stopping the other workers (SIGTERM, SIGKILL after {} s)",
           w.result.rank, w.result.pid, describe(w.result), options_.grace_period_s);
       if (round_.on_failure) {
-        round_.on_failure(fmt::format("rank {} on node {} failed: {}", w.result.rank,
-                                      round_.node_rank, describe(w.result)));
+        round_.on_failure(fmt::format("rank {} failed: {}", w.result.rank, describe(w.result)));
       }
       begin_stop(SIGTERM);
     }

@@ -54,7 +54,8 @@ struct RoundSpec {
   int restart_count = 0;
   std::string label;  // "attempt 1 of 2", "round 3": in messages and log headers
   const StopRequest* stop = nullptr;
-  // Called once, at the first local worker that fails, with what happened to it.
+  // Called once, at the first local worker that fails, with what happened to it ("rank 3
+  // failed: exit code 1").
   std::function<void(const std::string&)> on_failure;
 };
 

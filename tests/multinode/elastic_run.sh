@@ -117,4 +117,30 @@ else
   echo "ok: --nnodes 2:2 ended $took s after node 1 was lost (exit $rc):" \
     "$(grep -m1 "no restarts left" "$work/fixed-0.log")"
 fi
+# 4. --nnodes 1:2, the link cut (nothing is killed): node 0 (the store's side) declares node 1
+# lost by its heartbeat and goes on alone; node 1 loses the store and ends non-zero.
+for node in 0 1; do
+  run_on $node cut --nnodes 1:2 --max-restarts 3 $(job cut)
+  pids[$node]=$started
+done
+wait_for_checkpoint "$work/ckpt-cut" && ip -n "$ns_a" link set "$veth_a" down
+t0=$(date +%s.%N)
+detect=$(time_until "$t0" "$work/cut-0.log" "round 0 ended")
+resumed=$(time_until "$t0" "$work/cut-0.log" "resume: loaded .*step-0+[1-9]")
+wait "${pids[0]}"; rc=$?
+wait "${pids[1]}"; rc_b=$?
+if [ "$rc" -ne 0 ]; then
+  echo "FAILED: node 0 exited $rc after the link was cut"; tail -n 30 "$work/cut-0.log"; status=1
+elif [ "$rc_b" -eq 0 ] || ! grep -q "lost the rendezvous store" "$work/cut-1.log"; then
+  echo "FAILED: node 1 did not end on losing the store (exit $rc_b)"; tail -n 15 "$work/cut-1.log"
+  status=1
+elif ! grep -q "node 1 ($addr_b) lost: no heartbeat" "$work/cut-0.log"; then
+  echo "FAILED: node 0 did not end the round on node 1's heartbeat"; tail -n 30 "$work/cut-0.log"
+  status=1
+elif ! expect_same_parameters cut; then
+  status=1
+else
+  echo "ok: --nnodes 1:2, link cut: node 0 ended round 0 on the heartbeat $detect s after the" \
+    "cut (bound T + 2 I = 4.2 s), its workers resumed alone after $resumed s"
+fi
 exit $status

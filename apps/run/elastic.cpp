@@ -400,6 +400,7 @@ int run_elastic(const LaunchPlan& plan) {
   SignalPipe signals;
   int exit_code = 0;
   int last_round = -1, last_node = 0, last_size = 0;
+  std::vector<int> lost_nodes;  // of the last round: not waited for when leaving
   try {
     for (int number = 0;;) {
       const Round round = join(store, number, address, o);
@@ -452,6 +453,7 @@ int run_elastic(const LaunchPlan& plan) {
         std::string lost;
         for (const int k : monitor.lost_nodes()) {
           lost += fmt::format("; node {} ({}) is lost", k, round.members[k].address);
+          lost_nodes.push_back(k);
         }
         exit_code = outcome.outcome == Outcome::kFailed ? outcome.exit_code : 1;
         throw JobEnds(exit_code, fmt::format("round {} ended: {}{}; no restarts left "
@@ -475,13 +477,15 @@ int run_elastic(const LaunchPlan& plan) {
     exit_code = 1;
   }
   // Leaving: not lost. The launcher serving the store stays until the others have left too
-  // (at most one heartbeat timeout), so none of them loses the store while it finishes.
+  // (at most one heartbeat timeout; lost nodes are not waited for), so none of them loses the
+  // store while it finishes.
   try {
     if (last_round >= 0) store.set(key(last_round, fmt::format("left/{}", last_node)), "1");
     if (server) {
       const auto until = Clock::now() + millis(o.heartbeat_timeout_s);
       for (int k = 0; k < last_size && Clock::now() < until;) {
-        if (store.check({key(last_round, fmt::format("left/{}", k))})) {
+        if (std::find(lost_nodes.begin(), lost_nodes.end(), k) != lost_nodes.end() ||
+            store.check({key(last_round, fmt::format("left/{}", k))})) {
           ++k;
         } else {
           std::this_thread::sleep_for(50ms);

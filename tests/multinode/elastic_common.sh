@@ -60,3 +60,13 @@ resumed_from() {  # LOG
 elapsed() {  # START END (date +%s.%N)
   awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'
 }
+
+# Seconds from START until LOG has a line matching REGEX (polled every 10 ms; "-" after 60 s).
+time_until() {  # START LOG REGEX
+  local i
+  for i in $(seq 6000); do
+    grep -qE "$3" "$2" 2>/dev/null && { elapsed "$1" "$(date +%s.%N)"; return; }
+    sleep 0.01
+  done
+  echo "-"
+}

@@ -57,6 +57,7 @@ for node in 0 1; do
 done
 wait_for_checkpoint "$work/ckpt" && kill_node "$ns_b"
 t_killed=$(date +%s.%N)
+resumed=$(time_until "$t_killed" "$work/lost-0.log" "resume: loaded .*step-0+[1-9]")
 wait "${pids[0]}"; rc=$?
 t_done=$(date +%s.%N)
 wait "${pids[1]}"
@@ -69,7 +70,8 @@ elif ! expect_same_parameters lost; then
   status=1
 else
   echo "ok: torchrun --nnodes 1:2 lost node 1 and finished alone, $(resumed_from "$work/lost-0.log")," \
-    "$(elapsed "$t_killed" "$t_done") s from the kill to the end"
+    "its workers resumed $resumed s after the kill, the job ended after" \
+    "$(elapsed "$t_killed" "$t_done") s"
 fi
 
 # 2. --nnodes 2:2 --max_restarts 1: a worker of node 1 crashes; both nodes restart once.

@@ -140,14 +140,24 @@ class JobEnds : public std::runtime_error {  // the job ends with this exit code
   int code;
 };
 
+// Arrives at round `number`: returns the arrival index (the node rank, if the round takes it).
+int arrive(comm::Store& store, int number, const std::string& address, int nproc) {
+  const int index = static_cast<int>(store.add(key(number, "arrivals"), 1)) - 1;
+  store.set(key(number, fmt::format("node/{}", index)), fmt::format("{} {}", address, nproc));
+  return index;
+}
+
 // Joins round `number` (or, arriving after it closed, the next ones) and returns it once node 0
-// has published its record.
-Round join(comm::Store& store, int number, const std::string& address, const RunOptions& o) {
+// has published its record. `arrived`: the index this node already has in round `number`.
+Round join(comm::Store& store, int number, const std::string& address, const RunOptions& o,
+           std::optional<int> arrived) {
   const auto started = Clock::now();
+  // At least two intervals: the survivors of the last round arrive within one of each other.
+  const auto last_call =
+      std::max<std::chrono::milliseconds>(millis(o.last_call_s), 2 * heartbeat_interval(o));
   for (;; ++number) {
-    const int index = static_cast<int>(store.add(key(number, "arrivals"), 1)) - 1;
-    store.set(key(number, fmt::format("node/{}", index)),
-              fmt::format("{} {}", address, o.nproc_per_node));
+    const int index = arrived ? *arrived : arrive(store, number, address, o.nproc_per_node);
+    arrived.reset();
     int seen = 0;
     auto last_arrival = Clock::now();
     while (!store.check({key(number, "closed")})) {
@@ -156,22 +166,21 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
         if (previous.kind == 'S') throw JobEnds(0, "the job has finished: " + previous.reason);
       }
       const bool previous_over = number == 0 || store.check({key(number - 1, "end")});
-      const int arrived = static_cast<int>(store.add(key(number, "arrivals"), 0));
-      if (arrived != seen) {
-        seen = arrived;
+      const int count = static_cast<int>(store.add(key(number, "arrivals"), 0));
+      if (count != seen) {
+        seen = count;
         last_arrival = Clock::now();
       }
-      const int size = std::min(arrived, o.nnodes);
-      if (previous_over &&
-          (arrived >= o.nnodes ||
-           (arrived >= o.min_nodes && Clock::now() - last_arrival >= millis(o.last_call_s)))) {
+      const int size = std::min(count, o.nnodes);
+      if (previous_over && (count >= o.nnodes ||
+                            (count >= o.min_nodes && Clock::now() - last_arrival >= last_call))) {
         set_once(store, key(number, "closed"), std::to_string(size));
         break;
       }
       if (Clock::now() - started > millis(o.join_timeout_s)) {
         throw JobEnds(1, fmt::format("round {}: {} of at least {} node(s) joined within "
                                      "--rdzv-join-timeout {} s",
-                                     number, arrived, o.min_nodes, o.join_timeout_s));
+                                     number, count, o.min_nodes, o.join_timeout_s));
       }
       std::this_thread::sleep_for(100ms);
     }
@@ -216,8 +225,9 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
 class Monitor {
  public:
   Monitor(const comm::TcpStoreOptions& store_options, const std::string& prefix, const Round& round,
-          const RunOptions& o, StopRequest& stop)
-      : round_(round),
+          const RunOptions& o, const std::string& address, StopRequest& stop)
+      : address_(address),
+        round_(round),
         o_(o),
         stop_(stop),
         store_(prefix, std::make_shared<comm::TcpStore>(store_options)),
@@ -235,6 +245,18 @@ class Monitor {
   void local_done() {
     const std::lock_guard lock(mutex_);
     done_ = true;
+  }
+  // This launcher will not take part in another round (it was stopped by a signal).
+  void leave() {
+    const std::lock_guard lock(mutex_);
+    leaving_ = true;
+  }
+  // The arrival index at the next round, taken as soon as this round's end was seen, so that
+  // every survivor arrives within an interval of the others, however long its workers take to
+  // stop (otherwise a slow one may arrive after the next round closed without it).
+  std::optional<int> next_index() {
+    const std::lock_guard lock(mutex_);
+    return next_index_;
   }
   void publish(char kind, const std::string& reason) {
     const std::lock_guard lock(mutex_);
@@ -269,6 +291,7 @@ class Monitor {
  private:
   void loop();
 
+  const std::string address_;
   const Round& round_;
   const RunOptions& o_;
   StopRequest& stop_;
@@ -277,6 +300,8 @@ class Monitor {
   std::condition_variable changed_;
   bool quit_ = false;
   bool done_ = false;
+  bool leaving_ = false;
+  std::optional<int> next_index_;
   std::optional<std::string> pending_;
   std::optional<End> end_;
   std::vector<bool> lost_, settled_;
@@ -356,9 +381,20 @@ void Monitor::loop() {
       }
       if (!end && store_.check({key(r, "end")})) {
         end = parse_end(store_.get_string(key(r, "end")));
-        if (end->kind != 'S') stop_.request(fmt::format("round {} ended: {}", r, end->reason));
+        if (end->kind != 'S') stop_.request(end->reason);
+        // The main thread makes the same decision: another round unless the job is over.
+        const bool next =
+            end->kind == 'M' || (end->kind == 'F' && round_.restarts_used < o_.max_restarts);
+        bool leaving = false;
+        {
+          const std::lock_guard lock(mutex_);
+          leaving = leaving_;
+        }
+        std::optional<int> index;
+        if (next && !leaving) index = arrive(store_, r + 1, address_, o_.nproc_per_node);
         const std::lock_guard lock(mutex_);
         end_ = end;
+        next_index_ = index;
       }
     } catch (const std::exception& e) {
       const std::string reason = fmt::format("lost the rendezvous store: {}", e.what());
@@ -400,10 +436,11 @@ int run_elastic(const LaunchPlan& plan) {
   SignalPipe signals;
   int exit_code = 0;
   int last_round = -1, last_node = 0, last_size = 0;
-  std::vector<int> lost_nodes;  // of the last round: not waited for when leaving
+  std::vector<int> lost_nodes;    // of the last round: not waited for when leaving
+  std::optional<int> next_index;  // this node's arrival at round `number`, if made already
   try {
     for (int number = 0;;) {
-      const Round round = join(store, number, address, o);
+      const Round round = join(store, number, address, o, next_index);
       last_round = round.number;
       last_node = round.node_rank;
       last_size = static_cast<int>(round.members.size());
@@ -420,7 +457,7 @@ int run_elastic(const LaunchPlan& plan) {
           round.node_rank, round.members.size(), offset, offset + o.nproc_per_node - 1, world,
           round.restarts_used, o.max_restarts);
       StopRequest stop;
-      Monitor monitor(client_options, prefix, round, o, stop);
+      Monitor monitor(client_options, prefix, round, o, address, stop);
       const RoundSpec spec{
           .node_rank = round.node_rank,
           .rank_offset = offset,
@@ -436,6 +473,7 @@ int run_elastic(const LaunchPlan& plan) {
           }};
       const AttemptOutcome outcome = run_round(plan, spec, signals);
       if (outcome.outcome == Outcome::kInterrupted) {
+        monitor.leave();
         monitor.publish('F',
                         fmt::format("node {}'s launcher was stopped by a signal", round.node_rank));
         monitor.wait_end();
@@ -464,6 +502,7 @@ int run_elastic(const LaunchPlan& plan) {
           end.kind == 'F' ? fmt::format("restart {} of {}", round.restarts_used + 1, o.max_restarts)
                           : std::string("the next round takes it in"));
       number = round.number + 1;
+      next_index = monitor.next_index();
     }
   } catch (const JobEnds& e) {
     if (e.code == 0) {

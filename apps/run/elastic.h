@@ -11,8 +11,11 @@
 //   arrivals      the count of launchers that joined; a launcher's arrival index is its node rank
 //   node/K        node K's address (towards HOST) and its --nproc-per-node
 //   closed        the round's size: written once (compare-and-set) by the first launcher that sees
-//                 MAX arrivals, or MIN arrivals and --rdzv-last-call seconds since the last one;
-//                 never before round R-1 has ended. A launcher that arrived after it waits for R+1
+//                 MAX arrivals, or MIN arrivals and --rdzv-last-call seconds (at least two
+//                 intervals) since the last one; never before round R-1 has ended. A launcher
+//                 that arrived after it waits for R+1. A member of round R-1 arrives as soon as
+//                 it sees R-1's end, before its workers have stopped, so the survivors arrive
+//                 together (a slow one would otherwise miss the round, and the next, ...)
 //   record        by node 0: the workers' store port and secret, and the restarts used so far
 //   hb/K          node K's heartbeat, a counter raised every interval (heartbeat_interval())
 //   done/K left/K node K's workers all exited 0 / node K's launcher is leaving (not lost)

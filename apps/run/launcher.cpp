@@ -269,8 +269,8 @@ void Attempt::poll_once() {
   if (first_pipe == 2 && fds[1].revents != 0 && launcher_signal_ == 0) {
     ended_ = round_.stop->reason();
     if (first_failed_ < 0) {
-      say("{}; stopping this node's workers (SIGTERM, SIGKILL after {} s)", *ended_,
-          options_.grace_period_s);
+      say("{} ended: {}; stopping this node's workers (SIGTERM, SIGKILL after {} s)", round_.label,
+          *ended_, options_.grace_period_s);
     }
     begin_stop(SIGTERM);
   }

@@ -366,6 +366,42 @@ TEST_CASE("nanoddp-run --rdzv-endpoint: two launchers form one world and restart
   }
 }
 
+TEST_CASE("nanoddp-run --nnodes 1:2: a node that arrives later is taken in at the next round") {
+  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+  // Alone (world 1) the worker waits to be stopped; with both nodes (world 2) it succeeds.
+  const std::vector<std::string> argv = {bin_path("nanoddp-run"),
+                                         "--nnodes",
+                                         "1:2",
+                                         "--rdzv-endpoint",
+                                         endpoint,
+                                         "--rdzv-last-call",
+                                         "0.5",
+                                         "--heartbeat-timeout",
+                                         "2",
+                                         "--grace-period",
+                                         "1",
+                                         "/bin/sh",
+                                         "-c",
+                                         "echo world $WORLD_SIZE; [ $WORLD_SIZE = 2 ] || sleep 30"};
+  BackgroundProcess a(argv);
+  REQUIRE(a.wait_for_output(
+      [](const std::string& out) { return contains(out, "[rank 0] world 1"); }, 20s));
+  BackgroundProcess b(argv);
+  const std::optional<int> status_a = a.wait(30s), status_b = b.wait(30s);
+  INFO(a.output(), "\n----\n", b.output());
+  REQUIRE(status_a.has_value());
+  REQUIRE(status_b.has_value());
+  CHECK(*status_a == 0);
+  CHECK(*status_b == 0);
+  CHECK(contains(a.output(), "a node is waiting to join"));
+  // A membership change uses no restart (--max-restarts is 0 here).
+  // (Node ranks follow the order of arrival at round 1: either launcher may be node 0.)
+  const std::regex round_1(
+      R"(round 1: node [01] of 2 \(ranks ([01])\.\.\1 of 2\), restarts used 0 of 0)");
+  CHECK(std::regex_search(a.output(), round_1));
+  CHECK(std::regex_search(b.output(), round_1));
+}
+
 TEST_CASE("nanoddp-run forwards SIGINT and SIGTERM, leaves no worker behind, exits 128+signal") {
   for (const int signo : {SIGINT, SIGTERM}) {
     CAPTURE(signo);

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include "nanoddp/comm/store.h"
 #include "nanoddp/comm/unique_fd.h"
 #include "output.h"
+#include "report.h"
 #include "signals.h"
 
 namespace nanoddp::run {
@@ -150,7 +152,7 @@ int arrive(comm::Store& store, int number, const std::string& address, int nproc
 // Joins round `number` (or, arriving after it closed, the next ones) and returns it once node 0
 // has published its record. `arrived`: the index this node already has in round `number`.
 Round join(comm::Store& store, int number, const std::string& address, const RunOptions& o,
-           std::optional<int> arrived) {
+           std::optional<int> arrived, SignalPipe& signals) {
   const auto started = Clock::now();
   // At least two intervals: the survivors of the last round arrive within one of each other.
   const auto last_call =
@@ -161,6 +163,12 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
     int seen = 0;
     auto last_arrival = Clock::now();
     while (!store.check({key(number, "closed")})) {
+      for (const int signo : signals.drain()) {  // no workers run now: a signal ends the wait
+        if (signo != SIGCHLD) {
+          throw JobEnds(128 + signo, fmt::format("got {} while waiting for round {} to form",
+                                                 signal_name(signo), number));
+        }
+      }
       if (number > 0 && store.check({key(number - 1, "end")})) {
         const End previous = parse_end(store.get_string(key(number - 1, "end")));
         if (previous.kind == 'S') throw JobEnds(0, "the job has finished: " + previous.reason);
@@ -414,6 +422,7 @@ void Monitor::loop() {
 
 int run_elastic(const LaunchPlan& plan) {
   const RunOptions& o = plan.options;
+  SignalPipe signals;  // first: a signal while the store starts must not kill the launcher
   const Endpoint endpoint = parse_endpoint(o.rdzv_endpoint);
   const std::string address = local_address_towards(endpoint.host);
   std::unique_ptr<comm::TcpStoreServer> server;
@@ -433,14 +442,13 @@ int run_elastic(const LaunchPlan& plan) {
   const std::string prefix = "nanoddp-run/" + o.rdzv_id;
   comm::PrefixStore store(prefix, std::make_shared<comm::TcpStore>(client_options));
 
-  SignalPipe signals;
   int exit_code = 0;
   int last_round = -1, last_node = 0, last_size = 0;
   std::vector<int> lost_nodes;    // of the last round: not waited for when leaving
   std::optional<int> next_index;  // this node's arrival at round `number`, if made already
   try {
     for (int number = 0;;) {
-      const Round round = join(store, number, address, o, next_index);
+      const Round round = join(store, number, address, o, next_index, signals);
       last_round = round.number;
       last_node = round.node_rank;
       last_size = static_cast<int>(round.members.size());

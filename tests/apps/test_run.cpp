@@ -339,7 +339,7 @@ TEST_CASE("nanoddp-run --rdzv-endpoint: two launchers form one world and restart
                                          "--max-restarts",
                                          "1",
                                          "--heartbeat-timeout",
-                                         "2",
+                                         "5",
                                          "--grace-period",
                                          "1",
                                          "/bin/sh",
@@ -377,7 +377,7 @@ TEST_CASE("nanoddp-run --nnodes 1:2: a node that arrives later is taken in at th
                                          "--rdzv-last-call",
                                          "0.5",
                                          "--heartbeat-timeout",
-                                         "2",
+                                         "5",
                                          "--grace-period",
                                          "1",
                                          "/bin/sh",
@@ -400,6 +400,21 @@ TEST_CASE("nanoddp-run --nnodes 1:2: a node that arrives later is taken in at th
       R"(round 1: node [01] of 2 \(ranks ([01])\.\.\1 of 2\), restarts used 0 of 0)");
   CHECK(std::regex_search(a.output(), round_1));
   CHECK(std::regex_search(b.output(), round_1));
+}
+
+TEST_CASE("nanoddp-run --rdzv-endpoint: SIGTERM while waiting for the other nodes ends it") {
+  BackgroundProcess launcher({bin_path("nanoddp-run"), "--nnodes", "2", "--rdzv-endpoint",
+                              fmt::format("127.0.0.1:{}", nanoddp::testing::free_port()),
+                              "/bin/true"});
+  REQUIRE(launcher.wait_for_output(
+      [](const std::string& out) { return contains(out, "serving the rendezvous store"); }, 20s));
+  launcher.send(SIGTERM);
+  const std::optional<int> status = launcher.wait(10s);
+  INFO(launcher.output());
+  REQUIRE(status.has_value());
+  CHECK(WIFEXITED(*status));
+  CHECK(WEXITSTATUS(*status) == 128 + SIGTERM);
+  CHECK(contains(launcher.output(), "got SIGTERM while waiting for round 0 to form"));
 }
 
 TEST_CASE("nanoddp-run forwards SIGINT and SIGTERM, leaves no worker behind, exits 128+signal") {

@@ -7,7 +7,10 @@
 #      checkpoint, and the job ends with the parameters of an uninterrupted run of the same
 #      schedule within float rounding;
 #   2. --nnodes 2:2 --max_restarts 1: one worker of node 1 is killed; both agents restart their
-#      workers once (round 2 on both nodes), which resume and end as the uninterrupted run.
+#      workers once (attempt_1 on both nodes), which resume and end as the uninterrupted run.
+# Not tested: --nnodes 2:2 with no restarts left and node 1 killed. torch 1.13's agent on node 0
+# logged its worker's failure (whose error names node 1's address) and then did not exit, even
+# on SIGTERM (docs/reliability.md, "When a node dies").
 # Needs root and Debian's python3-torch (Skipped, exit 77, without either).
 #
 #   elastic_torchrun.sh BIN_DIR

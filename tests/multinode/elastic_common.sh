@@ -3,8 +3,8 @@
 # made to fail.
 
 # --global-batch 32: 16 per rank at world 2, 8 at world 4, the same samples per step.
-elastic_train=(--in 16 --out 4 --hidden 32 --layers 2 --global-batch 32 --steps 400
-  --log-every 200 --optimizer sgd --lr 0.05)
+elastic_train=(--in 16 --out 4 --hidden 32 --layers 2 --global-batch 32 --steps 250
+  --log-every 125 --optimizer sgd --lr 0.05)
 elastic_every=25
 export NANODDP_TIMEOUT_S=30
 

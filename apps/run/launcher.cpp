@@ -19,6 +19,7 @@
 #include <ctime>
 #include <memory>
 #include <set>
+#include <stdexcept>
 
 #include "free_port.h"
 #include "output.h"
@@ -57,13 +58,6 @@ struct Worker {
   std::unique_ptr<LineSink> err;
 };
 
-enum class Outcome { kSucceeded, kFailed, kInterrupted };
-
-struct AttemptOutcome {
-  Outcome outcome = Outcome::kSucceeded;
-  int exit_code = 0;
-};
-
 // Reads what a worker pipe holds now into its sink; at end of file flushes the last partial line
 // and closes the pipe. The launcher's ends are non-blocking, so this never waits.
 void pump(UniqueFd& fd, LineSink& sink) {
@@ -92,18 +86,17 @@ std::string utc_now() {
 
 class Attempt {
  public:
-  Attempt(const LaunchPlan& plan, int restart_count, int master_port, SignalPipe& signals)
+  Attempt(const LaunchPlan& plan, const RoundSpec& round, SignalPipe& signals)
       : plan_(plan),
         options_(plan.options),
-        restart_count_(restart_count),
-        master_port_(master_port),
+        round_(round),
+        restart_count_(round.restart_count),
         signals_(signals),
         workers_(static_cast<std::size_t>(plan.options.nproc_per_node)) {}
 
   AttemptOutcome run();
 
  private:
-  int attempts() const { return options_.max_restarts + 1; }
   void start_worker(int local_rank);
   void begin_stop(int signo);
   void signal_groups(int signo);
@@ -117,35 +110,36 @@ class Attempt {
 
   const LaunchPlan& plan_;
   const RunOptions& options_;
+  const RoundSpec& round_;
   const int restart_count_;
-  const int master_port_;
   SignalPipe& signals_;
   std::vector<Worker> workers_;
 
   bool stopping_ = false;
-  bool killed_ = false;         // SIGKILL sent to every group
-  Clock::time_point deadline_;  // of the grace period, while stopping
-  int launcher_signal_ = 0;     // the first SIGINT/SIGTERM/SIGHUP the launcher got
-  int first_failed_ = -1;       // index into workers_
-  std::set<pid_t> orphans_;     // workers' children that ended after their parent (reap())
+  bool killed_ = false;               // SIGKILL sent to every group
+  Clock::time_point deadline_;        // of the grace period, while stopping
+  int launcher_signal_ = 0;           // the first SIGINT/SIGTERM/SIGHUP the launcher got
+  int first_failed_ = -1;             // index into workers_
+  std::optional<std::string> ended_;  // round_.stop's reason, once it ended the round
+  std::set<pid_t> orphans_;           // workers' children that ended after their parent (reap())
 };
 
 void Attempt::start_worker(int local_rank) {
   Worker& w = workers_[static_cast<std::size_t>(local_rank)];
-  const int rank = options_.node_rank * options_.nproc_per_node + local_rank;
+  const int rank = round_.rank_offset + local_rank;
   w.result.rank = rank;
   w.result.local_rank = local_rank;
 
   const WorkerIdentity identity{.rank = rank,
-                                .world_size = options_.nnodes * options_.nproc_per_node,
+                                .world_size = round_.world_size,
                                 .local_rank = local_rank,
                                 .local_world_size = options_.nproc_per_node,
-                                .group_rank = options_.node_rank,
-                                .master_addr = plan_.master_addr,
-                                .master_port = master_port_,
+                                .group_rank = round_.node_rank,
+                                .master_addr = round_.master_addr,
+                                .master_port = round_.master_port,
                                 .restart_count = restart_count_,
                                 .launcher_pid = static_cast<int>(::getpid()),
-                                .store_token = plan_.store_token};
+                                .store_token = round_.store_token};
   SpawnedProcess process =
       spawn_process(plan_.program_path, options_.command, worker_environment(identity, environ));
   if (process.pid < 0) {
@@ -162,9 +156,8 @@ void Attempt::start_worker(int local_rank) {
     const std::string path = fmt::format("{}/rank_{}.log", options_.log_dir, rank);
     w.log_fd.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
     if (w.log_fd) {
-      write_all(w.log_fd.get(),
-                fmt::format("===== nanoddp-run: attempt {} of {}, rank {}, pid {}, {} =====\n",
-                            restart_count_ + 1, attempts(), rank, process.pid, utc_now()));
+      write_all(w.log_fd.get(), fmt::format("===== nanoddp-run: {}, rank {}, pid {}, {} =====\n",
+                                            round_.label, rank, process.pid, utc_now()));
     } else {
       say("warning: cannot write {}: {}", path, std::strerror(errno));
     }
@@ -242,6 +235,9 @@ void Attempt::reap() {
       first_failed_ = static_cast<int>(it - workers_.begin());
       say("rank {} (pid {}) failed: {}; stopping the other workers (SIGTERM, SIGKILL after {} s)",
           w.result.rank, w.result.pid, describe(w.result), options_.grace_period_s);
+      if (round_.on_failure) {
+        round_.on_failure(fmt::format("rank {} failed: {}", w.result.rank, describe(w.result)));
+      }
       begin_stop(SIGTERM);
     }
   }
@@ -249,6 +245,8 @@ void Attempt::reap() {
 
 void Attempt::poll_once() {
   std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
+  if (round_.stop != nullptr && !ended_) fds.push_back({round_.stop->fd(), POLLIN, 0});
+  const std::size_t first_pipe = fds.size();
   std::vector<std::pair<UniqueFd*, LineSink*>> pipes;
   for (Worker& w : workers_) {
     for (auto [fd, sink] : {std::pair{&w.out_fd, w.out.get()}, std::pair{&w.err_fd, w.err.get()}}) {
@@ -268,8 +266,16 @@ void Attempt::poll_once() {
   }
   if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;  // timeout or EINTR
   if (fds[0].revents != 0) handle_signals();
-  for (std::size_t i = 1; i < fds.size(); ++i) {
-    if (fds[i].revents != 0) pump(*pipes[i - 1].first, *pipes[i - 1].second);
+  if (first_pipe == 2 && fds[1].revents != 0 && launcher_signal_ == 0) {
+    ended_ = round_.stop->reason();
+    if (first_failed_ < 0) {
+      say("{} ended: {}; stopping this node's workers (SIGTERM, SIGKILL after {} s)", round_.label,
+          *ended_, options_.grace_period_s);
+    }
+    begin_stop(SIGTERM);
+  }
+  for (std::size_t i = first_pipe; i < fds.size(); ++i) {
+    if (fds[i].revents != 0) pump(*pipes[i - first_pipe].first, *pipes[i - first_pipe].second);
   }
 }
 
@@ -347,22 +353,52 @@ AttemptOutcome Attempt::finish(Clock::time_point started) {
     write_all(STDERR_FILENO, result_table(results));
     say("stopped by {} after {:.1f} s: exiting with code {}", signal_name(launcher_signal_),
         seconds, 128 + launcher_signal_);
-    return {Outcome::kInterrupted, 128 + launcher_signal_};
+    return {Outcome::kInterrupted, 128 + launcher_signal_, {}};
   }
   if (first_failed_ >= 0) {
     WorkerResult& first = results[static_cast<std::size_t>(first_failed_)];
     first.failed_first = true;
-    say("attempt {} of {} failed after {:.1f} s", restart_count_ + 1, attempts(), seconds);
+    say("{} failed after {:.1f} s", round_.label, seconds);
     write_all(STDERR_FILENO, result_table(results));
     say("rank {} (pid {}) failed first: {}", first.rank, first.pid, describe(first));
-    return {Outcome::kFailed, exit_code_of(first)};
+    return {Outcome::kFailed, exit_code_of(first), {}};
   }
-  say("all {} workers exited 0 (attempt {} of {}, {:.1f} s)", results.size(), restart_count_ + 1,
-      attempts(), seconds);
-  return {Outcome::kSucceeded, 0};
+  if (ended_) {
+    say("{} ended after {:.1f} s: {}", round_.label, seconds, *ended_);
+    write_all(STDERR_FILENO, result_table(results));
+    return {Outcome::kEnded, 1, *ended_};
+  }
+  say("all {} workers exited 0 ({}, {:.1f} s)", results.size(), round_.label, seconds);
+  return {Outcome::kSucceeded, 0, {}};
 }
 
 }  // namespace
+
+StopRequest::StopRequest() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw std::runtime_error(fmt::format("pipe2: {}", std::strerror(errno)));
+  }
+  read_end_.reset(fds[0]);
+  write_end_.reset(fds[1]);
+}
+
+void StopRequest::request(const std::string& reason) {
+  const std::lock_guard lock(mutex_);
+  if (reason_) return;
+  reason_ = reason;
+  const char byte = 1;
+  [[maybe_unused]] const ssize_t n = ::write(write_end_.get(), &byte, 1);  // stays readable
+}
+
+std::optional<std::string> StopRequest::reason() const {
+  const std::lock_guard lock(mutex_);
+  return reason_;
+}
+
+AttemptOutcome run_round(const LaunchPlan& plan, const RoundSpec& round, SignalPipe& signals) {
+  return Attempt(plan, round, signals).run();
+}
 
 int run_launcher(const LaunchPlan& plan) {
   SignalPipe signals;
@@ -374,7 +410,15 @@ int run_launcher(const LaunchPlan& plan) {
   for (int restart = 0;; ++restart) {
     // A fresh free port per attempt: the previous rank 0's port may still be in TIME_WAIT.
     const int port = plan.master_port != 0 ? plan.master_port : find_free_port(plan.master_addr);
-    const AttemptOutcome outcome = Attempt(plan, restart, port, signals).run();
+    const RoundSpec round{.node_rank = plan.options.node_rank,
+                          .rank_offset = plan.options.node_rank * plan.options.nproc_per_node,
+                          .world_size = plan.options.nnodes * plan.options.nproc_per_node,
+                          .master_addr = plan.master_addr,
+                          .master_port = port,
+                          .store_token = plan.store_token,
+                          .restart_count = restart,
+                          .label = fmt::format("attempt {} of {}", restart + 1, attempts)};
+    const AttemptOutcome outcome = Attempt(plan, round, signals).run();
     if (outcome.outcome != Outcome::kFailed) return outcome.exit_code;
     if (restart + 1 < attempts) {
       say("restarting the group (attempt {} of {})", restart + 2, attempts);

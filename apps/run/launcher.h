@@ -4,9 +4,14 @@
 // segments that workers killed mid-set-up left (shm_cleanup.h), and restart the group while
 // restarts remain.
 
+#include <functional>
+#include <mutex>
+#include <optional>
 #include <string>
 
+#include "nanoddp/comm/unique_fd.h"
 #include "options.h"
+#include "signals.h"
 
 namespace nanoddp::run {
 
@@ -21,6 +26,49 @@ struct LaunchPlan {
   // on several nodes: every node's launcher would draw another; set NANODDP_STORE_TOKEN there.
   std::string store_token;
 };
+
+// Ends a round from outside its poll loop (the elastic agent's monitor thread, elastic.h):
+// request() keeps the first reason and wakes the loop through a pipe.
+class StopRequest {
+ public:
+  StopRequest();
+  void request(const std::string& reason);
+  std::optional<std::string> reason() const;
+  int fd() const { return read_end_.get(); }
+
+ private:
+  mutable std::mutex mutex_;
+  std::optional<std::string> reason_;
+  comm::UniqueFd read_end_;
+  comm::UniqueFd write_end_;
+};
+
+// One round of this node's workers: where its ranks sit in the job, and how it is watched.
+struct RoundSpec {
+  int node_rank = 0;
+  int rank_offset = 0;  // the global rank of this node's local rank 0
+  int world_size = 1;
+  std::string master_addr;
+  int master_port = 0;
+  std::string store_token;
+  int restart_count = 0;
+  std::string label;  // "attempt 1 of 2", "round 3": in messages and log headers
+  const StopRequest* stop = nullptr;
+  // Called once, at the first local worker that fails, with what happened to it ("rank 3
+  // failed: exit code 1").
+  std::function<void(const std::string&)> on_failure;
+};
+
+enum class Outcome { kSucceeded, kFailed, kInterrupted, kEnded };
+
+struct AttemptOutcome {
+  Outcome outcome = Outcome::kSucceeded;
+  int exit_code = 0;
+  std::string reason;  // kEnded: the StopRequest's reason
+};
+
+// Runs one round of this node's workers to its end. kEnded: `stop` ended it.
+AttemptOutcome run_round(const LaunchPlan& plan, const RoundSpec& round, SignalPipe& signals);
 
 // Returns the launcher's exit code:
 //   0        every worker of an attempt exited 0;

@@ -19,6 +19,7 @@
 #include <iostream>
 #include <random>
 
+#include "elastic.h"
 #include "launcher.h"
 #include "options.h"
 #include "program_path.h"
@@ -58,7 +59,7 @@ int main(int argc, char** argv) {
   }
   plan.options = std::move(*options);
   try {
-    return run_launcher(plan);
+    return plan.options.rdzv_endpoint.empty() ? run_launcher(plan) : run_elastic(plan);
   } catch (const std::exception& e) {
     std::cerr << "nanoddp-run: error: " << e.what() << "\n";
     return 2;

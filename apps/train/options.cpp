@@ -82,6 +82,12 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
   app.add_option("--batch", o.batch, "samples per step")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24))
       ->capture_default_str();
+  app.add_option("--global-batch", o.global_batch,
+                 "samples per step over all ranks, instead of --batch: each rank takes "
+                 "global-batch / (ranks x --grad-accum), so a resume at another world size keeps "
+                 "the schedule")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
+      ->excludes("--batch");
   app.add_option("--steps", o.steps, "optimizer steps to run (default 1000)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
   app.add_option("--epochs", o.epochs, "passes over the data set (instead of --steps)")

@@ -17,6 +17,9 @@ struct TrainOptions {
   std::int64_t layers = 2;
   std::string activation = "relu";
   std::int64_t batch = 64;
+  // Samples per optimizer step over all ranks: --batch becomes global_batch / (world size x
+  // --grad-accum), so a run resumed at another world size (an elastic round) keeps the schedule.
+  std::optional<std::int64_t> global_batch;
   std::optional<std::int64_t> steps;
   std::optional<std::int64_t> epochs;
   std::int64_t dataset_size = 65536;

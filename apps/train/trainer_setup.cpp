@@ -48,6 +48,16 @@ Device select_device(const std::string& requested, int local_rank, bool quiet) {
 Trainer::Trainer(const TrainOptions& options) : o_(options) {
   world_ = comm::world_from_env();
   distributed_ = world_.launcher != "none";
+  if (o_.global_batch) {
+    // Elastic rounds: the same global batch at every world size that divides it.
+    const std::int64_t ways = std::int64_t{world_.world_size} * o_.grad_accum;
+    if (*o_.global_batch % ways != 0) {
+      fail("--global-batch {} is not divisible by {} ranks x --grad-accum {}: pick a global batch "
+           "that every world size of the job divides",
+           *o_.global_batch, world_.world_size, o_.grad_accum);
+    }
+    o_.batch = *o_.global_batch / ways;
+  }
 
   device_ = select_device(o_.device, world_.local_rank, o_.quiet);
   backend_for(device_).set_gemm_backend(o_.gemm == "cublas"  ? GemmBackend::kCublas

@@ -21,6 +21,7 @@
 
 #include "apps/background_process.h"
 #include "support/subprocess.h"
+#include "support/world.h"
 
 using nanoddp::testing::BackgroundProcess;
 using nanoddp::testing::bin_path;
@@ -315,6 +316,107 @@ TEST_CASE("nanoddp-run restarts the group while --max-restarts allows") {
   }
 }
 
+// Elastic rounds on one machine (the two-node versions, with real training, are
+// tests/multinode/elastic_run.sh): two launchers meet at --rdzv-endpoint on 127.0.0.1.
+TEST_CASE("nanoddp-run --rdzv-endpoint: two launchers form one world and restart together") {
+  TempDir dir;
+  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+  // Every rank records its round; rank 3 fails round 0 once all four have recorded it.
+  const std::string worker = fmt::format(
+      "echo $RANK $WORLD_SIZE $NANODDP_RESTART_COUNT >> {0}/seen_$GROUP_RANK; "
+      "touch {0}/r${{NANODDP_RESTART_COUNT}}_$RANK; "
+      "if [ $RANK = 3 ] && [ $NANODDP_RESTART_COUNT = 0 ]; then "
+      "  while [ $(ls {0} | grep -c '^r0_') -lt 4 ]; do sleep 0.01; done; exit 3; fi; "
+      "[ $NANODDP_RESTART_COUNT = 1 ] || sleep 30",
+      dir.path());
+  const std::vector<std::string> argv = {bin_path("nanoddp-run"),
+                                         "--nnodes",
+                                         "2",
+                                         "--nproc-per-node",
+                                         "2",
+                                         "--rdzv-endpoint",
+                                         endpoint,
+                                         "--max-restarts",
+                                         "1",
+                                         "--heartbeat-timeout",
+                                         "5",
+                                         "--grace-period",
+                                         "1",
+                                         "/bin/sh",
+                                         "-c",
+                                         worker};
+  BackgroundProcess a(argv), b(argv);
+  const std::optional<int> status_a = a.wait(60s), status_b = b.wait(60s);
+  INFO(a.output(), "\n----\n", b.output());
+  REQUIRE(status_a.has_value());
+  REQUIRE(status_b.has_value());
+  CHECK(*status_a == 0);
+  CHECK(*status_b == 0);
+  for (const std::string* out : {&a.output(), &b.output()}) {
+    CHECK(contains(*out, "round 0: node"));
+    CHECK(contains(*out, "restarts used 1 of 1"));  // round 1, on both launchers
+    CHECK(contains(*out, "rank 3 failed: exit code 3"));
+    CHECK_FALSE(contains(*out, "round 2"));
+  }
+  // Each node ran two rounds of two ranks in a world of 4.
+  for (const int node : {0, 1}) {
+    const std::string seen = read_file(fmt::format("{}/seen_{}", dir.path(), node));
+    CHECK(count(seen, " 4 0") == 2);
+    CHECK(count(seen, " 4 1") == 2);
+  }
+}
+
+TEST_CASE("nanoddp-run --nnodes 1:2: a node that arrives later is taken in at the next round") {
+  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+  // Alone (world 1) the worker waits to be stopped; with both nodes (world 2) it succeeds.
+  const std::vector<std::string> argv = {bin_path("nanoddp-run"),
+                                         "--nnodes",
+                                         "1:2",
+                                         "--rdzv-endpoint",
+                                         endpoint,
+                                         "--rdzv-last-call",
+                                         "0.5",
+                                         "--heartbeat-timeout",
+                                         "5",
+                                         "--grace-period",
+                                         "1",
+                                         "/bin/sh",
+                                         "-c",
+                                         "echo world $WORLD_SIZE; [ $WORLD_SIZE = 2 ] || sleep 30"};
+  BackgroundProcess a(argv);
+  REQUIRE(a.wait_for_output(
+      [](const std::string& out) { return contains(out, "[rank 0] world 1"); }, 20s));
+  BackgroundProcess b(argv);
+  const std::optional<int> status_a = a.wait(30s), status_b = b.wait(30s);
+  INFO(a.output(), "\n----\n", b.output());
+  REQUIRE(status_a.has_value());
+  REQUIRE(status_b.has_value());
+  CHECK(*status_a == 0);
+  CHECK(*status_b == 0);
+  CHECK(contains(a.output(), "a node is waiting to join"));
+  // A membership change uses no restart (--max-restarts is 0 here).
+  // (Node ranks follow the order of arrival at round 1: either launcher may be node 0.)
+  const std::regex round_1(
+      R"(round 1: node [01] of 2 \(ranks ([01])\.\.\1 of 2\), restarts used 0 of 0)");
+  CHECK(std::regex_search(a.output(), round_1));
+  CHECK(std::regex_search(b.output(), round_1));
+}
+
+TEST_CASE("nanoddp-run --rdzv-endpoint: SIGTERM while waiting for the other nodes ends it") {
+  BackgroundProcess launcher({bin_path("nanoddp-run"), "--nnodes", "2", "--rdzv-endpoint",
+                              fmt::format("127.0.0.1:{}", nanoddp::testing::free_port()),
+                              "/bin/true"});
+  REQUIRE(launcher.wait_for_output(
+      [](const std::string& out) { return contains(out, "serving the rendezvous store"); }, 20s));
+  launcher.send(SIGTERM);
+  const std::optional<int> status = launcher.wait(10s);
+  INFO(launcher.output());
+  REQUIRE(status.has_value());
+  CHECK(WIFEXITED(*status));
+  CHECK(WEXITSTATUS(*status) == 128 + SIGTERM);
+  CHECK(contains(launcher.output(), "got SIGTERM while waiting for round 0 to form"));
+}
+
 TEST_CASE("nanoddp-run forwards SIGINT and SIGTERM, leaves no worker behind, exits 128+signal") {
   for (const int signo : {SIGINT, SIGTERM}) {
     CAPTURE(signo);
@@ -386,6 +488,19 @@ TEST_CASE("nanoddp-run refuses bad flags with exit code 2 and names the flag") {
       {{"--nnodes", "2", "--master-addr", "127.0.0.1", "/bin/true"}, "--master-port is required"},
       {{}, "missing PROGRAM"},
       {{"--nproc-per-node", "2"}, "missing PROGRAM"},
+      // Elastic rounds: --nnodes MIN:MAX, --rdzv-endpoint.
+      {{"--nnodes", "2:1", "--rdzv-endpoint", "127.0.0.1:29400", "/bin/true"}, "--nnodes '2:1'"},
+      {{"--nnodes", "1:2:3", "--rdzv-endpoint", "127.0.0.1:29400", "/bin/true"}, "--nnodes"},
+      {{"--nnodes", "0:2", "--rdzv-endpoint", "127.0.0.1:29400", "/bin/true"}, "--nnodes"},
+      {{"--nnodes", "1:2", "/bin/true"}, "--nnodes 1:2 needs --rdzv-endpoint"},
+      {{"--nnodes", "1:2", "--rdzv-endpoint", "127.0.0.1", "/bin/true"}, "not HOST:PORT"},
+      {{"--nnodes", "1:2", "--rdzv-endpoint", "127.0.0.1:0", "/bin/true"}, "not HOST:PORT"},
+      {{"--nnodes", "1:2", "--rdzv-endpoint", "h:29400", "--node-rank", "1", "/bin/true"},
+       "--node-rank is not used with --rdzv-endpoint"},
+      {{"--rdzv-endpoint", "h:29400", "--master-port", "29500", "/bin/true"},
+       "--master-addr/--master-port are not used"},
+      {{"--rdzv-endpoint", "h:29400", "--heartbeat-timeout", "0", "/bin/true"},
+       "--heartbeat-timeout"},
   };
   for (const Case& c : cases) {
     const ProcessResult r = launch(c.args);

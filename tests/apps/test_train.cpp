@@ -73,6 +73,9 @@ TEST_CASE("nanoddp-train refuses bad flags and values with exit code 2 and names
       {{"--device", "gpu"}, "unknown device 'gpu'"},
       {{"--threads", "0"}, "--threads"},
       {{"--optimizer-in-backward", "--skip-nonfinite"}, "cannot be combined with --skip-nonfinite"},
+      {{"--global-batch", "8", "--batch", "4"}, "--batch excludes --global-batch"},
+      {{"--global-batch", "7", "--grad-accum", "2"},
+       "--global-batch 7 is not divisible by 1 ranks x --grad-accum 2"},
   };
   for (const Case& c : cases) {
     const ProcessResult r = train(c.args);

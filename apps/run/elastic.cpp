@@ -1,0 +1,548 @@
+#include "elastic.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "free_port.h"
+#include "nanoddp/comm/store.h"
+#include "nanoddp/comm/unique_fd.h"
+#include "output.h"
+#include "report.h"
+#include "signals.h"
+
+namespace nanoddp::run {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+template <typename... Args>
+void say(fmt::format_string<Args...> format, Args&&... args) {
+  write_all(STDERR_FILENO,
+            "nanoddp-run: " + fmt::format(format, std::forward<Args>(args)...) + "\n");
+}
+
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
+}
+
+// How often a launcher beats and looks at the others: often enough that the bound is set by
+// the timeout, rarely enough that a thousand nodes do not flood the store.
+std::chrono::milliseconds heartbeat_interval(const RunOptions& o) {
+  return std::clamp(millis(o.heartbeat_timeout_s / 5), std::chrono::milliseconds(100),
+                    std::chrono::milliseconds(1000));
+}
+
+struct Endpoint {
+  std::string host;
+  int port = 0;
+};
+
+Endpoint parse_endpoint(const std::string& text) {  // checked by parse_options
+  const auto colon = text.rfind(':');
+  return {text.substr(0, colon), std::stoi(text.substr(colon + 1))};
+}
+
+addrinfo* resolve(const std::string& host, int type) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = type;
+  addrinfo* result = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), "1", &hints, &result); rc != 0) {
+    throw std::runtime_error(
+        fmt::format("--rdzv-endpoint: cannot resolve '{}': {}", host, ::gai_strerror(rc)));
+  }
+  return result;
+}
+
+// The address the other nodes reach this one at: the source address the kernel picks towards
+// the endpoint (connecting a UDP socket sends nothing).
+std::string local_address_towards(const std::string& host) {
+  addrinfo* info = resolve(host, SOCK_DGRAM);
+  comm::UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_in local{};
+  socklen_t size = sizeof(local);
+  const bool ok = fd && ::connect(fd.get(), info->ai_addr, info->ai_addrlen) == 0 &&
+                  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &size) == 0;
+  ::freeaddrinfo(info);
+  if (!ok) throw std::runtime_error(fmt::format("--rdzv-endpoint: no route to '{}'", host));
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text));
+  return text;
+}
+
+// Whether `host` is one of this machine's addresses (it can be bound to).
+bool is_local_address(const std::string& host) {
+  addrinfo* info = resolve(host, SOCK_STREAM);
+  comm::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  auto* address = reinterpret_cast<sockaddr_in*>(info->ai_addr);
+  address->sin_port = 0;
+  const bool local = fd && ::bind(fd.get(), info->ai_addr, info->ai_addrlen) == 0;
+  ::freeaddrinfo(info);
+  return local;
+}
+
+// Writes `value` at `key` unless a value is there already (the first writer wins).
+void set_once(comm::Store& store, const std::string& key, const std::string& value) {
+  const std::vector<std::uint8_t> bytes(value.begin(), value.end());
+  store.compare_set(key, {}, bytes);
+}
+
+std::string key(int round, const std::string& name) {
+  return fmt::format("r{}/{}", round, name);
+}
+
+struct Member {
+  std::string address;
+  int nproc = 0;
+};
+
+struct Round {
+  int number = 0;
+  int node_rank = 0;
+  std::vector<Member> members;
+  int master_port = 0;
+  int restarts_used = 0;
+  std::string token;
+};
+
+// The end of a round, as written in its "end" key.
+struct End {
+  char kind = 0;  // 'F' failure, 'M' membership change, 'S' success
+  std::string reason;
+};
+
+End parse_end(const std::string& text) {
+  return text.size() >= 2 ? End{text[0], text.substr(2)} : End{'F', text};
+}
+
+class JobEnds : public std::runtime_error {  // the job ends with this exit code and message
+ public:
+  JobEnds(int exit_code, const std::string& message)
+      : std::runtime_error(message), code(exit_code) {}
+  int code;
+};
+
+// Arrives at round `number`: returns the arrival index (the node rank, if the round takes it).
+int arrive(comm::Store& store, int number, const std::string& address, int nproc) {
+  const int index = static_cast<int>(store.add(key(number, "arrivals"), 1)) - 1;
+  store.set(key(number, fmt::format("node/{}", index)), fmt::format("{} {}", address, nproc));
+  return index;
+}
+
+// Joins round `number` (or, arriving after it closed, the next ones) and returns it once node 0
+// has published its record. `arrived`: the index this node already has in round `number`.
+Round join(comm::Store& store, int number, const std::string& address, const RunOptions& o,
+           std::optional<int> arrived, SignalPipe& signals) {
+  const auto started = Clock::now();
+  // At least two intervals: the survivors of the last round arrive within one of each other.
+  const auto last_call =
+      std::max<std::chrono::milliseconds>(millis(o.last_call_s), 2 * heartbeat_interval(o));
+  for (;; ++number) {
+    const int index = arrived ? *arrived : arrive(store, number, address, o.nproc_per_node);
+    arrived.reset();
+    int seen = 0;
+    auto last_arrival = Clock::now();
+    while (!store.check({key(number, "closed")})) {
+      for (const int signo : signals.drain()) {  // no workers run now: a signal ends the wait
+        if (signo != SIGCHLD) {
+          throw JobEnds(128 + signo, fmt::format("got {} while waiting for round {} to form",
+                                                 signal_name(signo), number));
+        }
+      }
+      if (number > 0 && store.check({key(number - 1, "end")})) {
+        const End previous = parse_end(store.get_string(key(number - 1, "end")));
+        if (previous.kind == 'S') throw JobEnds(0, "the job has finished: " + previous.reason);
+      }
+      const bool previous_over = number == 0 || store.check({key(number - 1, "end")});
+      const int count = static_cast<int>(store.add(key(number, "arrivals"), 0));
+      if (count != seen) {
+        seen = count;
+        last_arrival = Clock::now();
+      }
+      const int size = std::min(count, o.nnodes);
+      if (previous_over && (count >= o.nnodes ||
+                            (count >= o.min_nodes && Clock::now() - last_arrival >= last_call))) {
+        set_once(store, key(number, "closed"), std::to_string(size));
+        break;
+      }
+      if (Clock::now() - started > millis(o.join_timeout_s)) {
+        throw JobEnds(1, fmt::format("round {}: {} of at least {} node(s) joined within "
+                                     "--rdzv-join-timeout {} s",
+                                     number, count, o.min_nodes, o.join_timeout_s));
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+    const int size = std::stoi(store.get_string(key(number, "closed")));
+    if (index >= size) {
+      say("round {} closed with {} node(s) before this one joined: joining round {}", number, size,
+          number + 1);
+      continue;
+    }
+    Round round{.number = number, .node_rank = index};
+    if (index == 0) {
+      int restarts = 0;
+      if (number > 0) {
+        const std::string previous = store.get_string(key(number - 1, "record"));
+        restarts = std::stoi(previous.substr(previous.find(' ') + 1)) +
+                   (parse_end(store.get_string(key(number - 1, "end"))).kind == 'F' ? 1 : 0);
+      }
+      // The workers' store secret: a fresh one per round (after the user's, if set).
+      const char* user_token = std::getenv("NANODDP_STORE_TOKEN");
+      std::random_device random;
+      const std::string token =
+          fmt::format("{}{:08x}{:08x}{:08x}", user_token ? std::string(user_token) + "/" : "",
+                      random(), random(), random());
+      store.set(key(number, "record"),
+                fmt::format("{} {} {}", find_free_port(address), restarts, token));
+    }
+    const std::string record = store.get_string(key(number, "record"));
+    char token[512] = {};
+    std::sscanf(record.c_str(), "%d %d %511s", &round.master_port, &round.restarts_used, token);
+    round.token = token;
+    for (int k = 0; k < size; ++k) {
+      const std::string text = store.get_string(key(number, fmt::format("node/{}", k)));
+      const auto space = text.rfind(' ');
+      round.members.push_back({text.substr(0, space), std::stoi(text.substr(space + 1))});
+    }
+    return round;
+  }
+}
+
+// Beats for this node and watches the others during one round, on a thread of its own with its
+// own store client (a blocking call on the main thread's client must not delay a beat).
+class Monitor {
+ public:
+  Monitor(const comm::TcpStoreOptions& store_options, const std::string& prefix, const Round& round,
+          const RunOptions& o, const std::string& address, StopRequest& stop)
+      : address_(address),
+        round_(round),
+        o_(o),
+        stop_(stop),
+        store_(prefix, std::make_shared<comm::TcpStore>(store_options)),
+        thread_([this] { loop(); }) {}
+  ~Monitor() {
+    {
+      const std::lock_guard lock(mutex_);
+      quit_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+
+  void local_failure(const std::string& what) { publish('F', what); }
+  void local_done() {
+    const std::lock_guard lock(mutex_);
+    done_ = true;
+  }
+  // This launcher will not take part in another round (it was stopped by a signal).
+  void leave() {
+    const std::lock_guard lock(mutex_);
+    leaving_ = true;
+  }
+  // The arrival index at the next round, taken as soon as this round's end was seen, so that
+  // every survivor arrives within an interval of the others, however long its workers take to
+  // stop (otherwise a slow one may arrive after the next round closed without it).
+  std::optional<int> next_index() {
+    const std::lock_guard lock(mutex_);
+    return next_index_;
+  }
+  void publish(char kind, const std::string& reason) {
+    const std::lock_guard lock(mutex_);
+    if (!pending_) pending_ = fmt::format("{}|{}", kind, reason);
+  }
+
+  // Blocks until the round has ended (read from the store) or the store failed.
+  End wait_end() {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [this] { return end_.has_value(); });
+    return *end_;
+  }
+
+  // After a failed round: the nodes lost, once each other node has either beaten since the end
+  // (alive), left, or been silent for the timeout (lost); waits at most T + 2 intervals.
+  std::vector<int> lost_nodes() {
+    std::unique_lock lock(mutex_);
+    const auto until = Clock::now() + millis(o_.heartbeat_timeout_s) + 2 * heartbeat_interval(o_);
+    changed_.wait_until(lock, until, [this] {
+      for (std::size_t k = 0; k < round_.members.size(); ++k) {
+        if (static_cast<int>(k) != round_.node_rank && !settled_[k]) return false;
+      }
+      return true;
+    });
+    std::vector<int> lost;
+    for (std::size_t k = 0; k < lost_.size(); ++k) {
+      if (lost_[k]) lost.push_back(static_cast<int>(k));
+    }
+    return lost;
+  }
+
+ private:
+  void loop();
+
+  const std::string address_;
+  const Round& round_;
+  const RunOptions& o_;
+  StopRequest& stop_;
+  comm::PrefixStore store_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool quit_ = false;
+  bool done_ = false;
+  bool leaving_ = false;
+  std::optional<int> next_index_;
+  std::optional<std::string> pending_;
+  std::optional<End> end_;
+  std::vector<bool> lost_, settled_;
+  std::thread thread_;
+};
+
+void Monitor::loop() {
+  const int n = static_cast<int>(round_.members.size());
+  const int me = round_.node_rank;
+  const int r = round_.number;
+  std::vector<std::string> last(n);
+  std::vector<Clock::time_point> changed_at(n, Clock::now());
+  std::vector<bool> done(n, false), gone(n, false), beat_after_end(n, false);
+  {
+    const std::lock_guard lock(mutex_);
+    lost_.assign(n, false);
+    settled_.assign(n, false);
+  }
+  bool published = false, done_published = false;
+  std::optional<End> end;
+  for (std::int64_t beat = 1;; ++beat) {
+    try {
+      store_.set(key(r, fmt::format("hb/{}", me)), std::to_string(beat));
+      std::optional<std::string> pending;
+      bool local_done = false;
+      {
+        const std::lock_guard lock(mutex_);
+        pending = pending_;
+        local_done = done_;
+      }
+      if (pending && !published) {
+        set_once(store_, key(r, "end"), *pending);
+        published = true;
+      }
+      if (local_done && !done_published) {
+        store_.set(key(r, fmt::format("done/{}", me)), "1");
+        done_published = true;
+      }
+      int finished = local_done ? 1 : 0;
+      for (int k = 0; k < n; ++k) {
+        if (k == me) continue;
+        if (!done[k] && store_.check({key(r, fmt::format("done/{}", k))})) done[k] = true;
+        if (!gone[k] && store_.check({key(r, fmt::format("left/{}", k))})) gone[k] = true;
+        finished += done[k] ? 1 : 0;
+        const std::string hb = key(r, fmt::format("hb/{}", k));
+        const std::string value = store_.check({hb}) ? store_.get_string(hb) : std::string();
+        if (value != last[k]) {
+          last[k] = value;
+          changed_at[k] = Clock::now();
+          if (end) beat_after_end[k] = true;
+        }
+        const double silent = std::chrono::duration<double>(Clock::now() - changed_at[k]).count();
+        const bool lost = !done[k] && !gone[k] && silent > o_.heartbeat_timeout_s;
+        {
+          const std::lock_guard lock(mutex_);
+          if (lost && !lost_[k]) {
+            lost_[k] = true;
+            say("node {} ({}) is lost: no heartbeat for {:.1f} s", k, round_.members[k].address,
+                silent);
+          }
+          settled_[k] = lost_[k] || gone[k] || done[k] || beat_after_end[k];
+        }
+        if (lost && !end) {
+          set_once(store_, key(r, "end"),
+                   fmt::format("F|node {} ({}) lost: no heartbeat for {:.1f} s", k,
+                               round_.members[k].address, silent));
+        }
+      }
+      if (finished == n && !end) {
+        set_once(store_, key(r, "end"), "S|every node's workers exited 0");
+      }
+      // A node waiting for the next round, while this one could be larger: end it.
+      if (!end && n < o_.nnodes && store_.check({key(r + 1, "arrivals")})) {
+        set_once(store_, key(r, "end"),
+                 fmt::format("M|a node is waiting to join ({} of at most {} in round {})", n,
+                             o_.nnodes, r));
+      }
+      if (!end && store_.check({key(r, "end")})) {
+        end = parse_end(store_.get_string(key(r, "end")));
+        if (end->kind != 'S') stop_.request(end->reason);
+        // The main thread makes the same decision: another round unless the job is over.
+        const bool next =
+            end->kind == 'M' || (end->kind == 'F' && round_.restarts_used < o_.max_restarts);
+        bool leaving = false;
+        {
+          const std::lock_guard lock(mutex_);
+          leaving = leaving_;
+        }
+        std::optional<int> index;
+        if (next && !leaving) index = arrive(store_, r + 1, address_, o_.nproc_per_node);
+        const std::lock_guard lock(mutex_);
+        end_ = end;
+        next_index_ = index;
+      }
+    } catch (const std::exception& e) {
+      const std::string reason = fmt::format("lost the rendezvous store: {}", e.what());
+      stop_.request(reason);
+      const std::lock_guard lock(mutex_);
+      if (!end_) end_ = End{'X', reason};
+      changed_.notify_all();
+      return;
+    }
+    std::unique_lock lock(mutex_);
+    changed_.notify_all();
+    if (changed_.wait_for(lock, heartbeat_interval(o_), [this] { return quit_; })) return;
+  }
+}
+
+}  // namespace
+
+int run_elastic(const LaunchPlan& plan) {
+  const RunOptions& o = plan.options;
+  SignalPipe signals;  // first: a signal while the store starts must not kill the launcher
+  const Endpoint endpoint = parse_endpoint(o.rdzv_endpoint);
+  const std::string address = local_address_towards(endpoint.host);
+  std::unique_ptr<comm::TcpStoreServer> server;
+  if (is_local_address(endpoint.host)) {
+    try {
+      server = std::make_unique<comm::TcpStoreServer>(comm::TcpStoreOptions{
+          .host = endpoint.host, .port = static_cast<std::uint16_t>(endpoint.port)});
+      say("serving the rendezvous store on {}", o.rdzv_endpoint);
+    } catch (const comm::StoreError&) {
+      // Another launcher on this machine serves it.
+    }
+  }
+  const comm::TcpStoreOptions client_options{
+      .host = endpoint.host,
+      .port = static_cast<std::uint16_t>(endpoint.port),
+      .timeout = std::max(millis(o.heartbeat_timeout_s), std::chrono::milliseconds(1000))};
+  const std::string prefix = "nanoddp-run/" + o.rdzv_id;
+  comm::PrefixStore store(prefix, std::make_shared<comm::TcpStore>(client_options));
+
+  int exit_code = 0;
+  int last_round = -1, last_node = 0, last_size = 0;
+  std::vector<int> lost_nodes;    // of the last round: not waited for when leaving
+  std::optional<int> next_index;  // this node's arrival at round `number`, if made already
+  try {
+    for (int number = 0;;) {
+      const Round round = join(store, number, address, o, next_index, signals);
+      last_round = round.number;
+      last_node = round.node_rank;
+      last_size = static_cast<int>(round.members.size());
+      if (round.restarts_used > o.max_restarts) {
+        throw JobEnds(
+            1, fmt::format("the job has no restarts left (--max-restarts {})", o.max_restarts));
+      }
+      int offset = 0, world = 0;
+      for (std::size_t k = 0; k < round.members.size(); ++k) {
+        if (static_cast<int>(k) < round.node_rank) offset += round.members[k].nproc;
+        world += round.members[k].nproc;
+      }
+      say("round {}: node {} of {} (ranks {}..{} of {}), restarts used {} of {}", round.number,
+          round.node_rank, round.members.size(), offset, offset + o.nproc_per_node - 1, world,
+          round.restarts_used, o.max_restarts);
+      StopRequest stop;
+      Monitor monitor(client_options, prefix, round, o, address, stop);
+      const RoundSpec spec{
+          .node_rank = round.node_rank,
+          .rank_offset = offset,
+          .world_size = world,
+          .master_addr = round.members[0].address,
+          .master_port = round.master_port,
+          .store_token = round.token,
+          .restart_count = round.number,
+          .label = fmt::format("round {}", round.number),
+          .stop = &stop,
+          .on_failure = [&](const std::string& what) {
+            monitor.local_failure(fmt::format("node {} ({}): {}", round.node_rank, address, what));
+          }};
+      const AttemptOutcome outcome = run_round(plan, spec, signals);
+      if (outcome.outcome == Outcome::kInterrupted) {
+        monitor.leave();
+        monitor.publish('F',
+                        fmt::format("node {}'s launcher was stopped by a signal", round.node_rank));
+        monitor.wait_end();
+        exit_code = outcome.exit_code;
+        break;
+      }
+      if (outcome.outcome == Outcome::kSucceeded) monitor.local_done();
+      const End end = monitor.wait_end();
+      if (end.kind == 'S') {
+        say("round {}: every node's workers exited 0", round.number);
+        break;
+      }
+      if (end.kind == 'X') throw JobEnds(1, end.reason);
+      if (end.kind == 'F' && round.restarts_used >= o.max_restarts) {
+        std::string lost;
+        for (const int k : monitor.lost_nodes()) {
+          lost += fmt::format("; node {} ({}) is lost", k, round.members[k].address);
+          lost_nodes.push_back(k);
+        }
+        exit_code = outcome.outcome == Outcome::kFailed ? outcome.exit_code : 1;
+        throw JobEnds(exit_code, fmt::format("round {} ended: {}{}; no restarts left "
+                                             "(--max-restarts {})",
+                                             round.number, end.reason, lost, o.max_restarts));
+      }
+      say("round {} ended: {}; {}", round.number, end.reason,
+          end.kind == 'F' ? fmt::format("restart {} of {}", round.restarts_used + 1, o.max_restarts)
+                          : std::string("the next round takes it in"));
+      number = round.number + 1;
+      next_index = monitor.next_index();
+    }
+  } catch (const JobEnds& e) {
+    if (e.code == 0) {
+      say("{}", e.what());
+    } else {
+      say("error: {}", e.what());
+    }
+    exit_code = e.code;
+  } catch (const std::exception& e) {
+    say("error: {}", e.what());
+    exit_code = 1;
+  }
+  // Leaving: not lost. The launcher serving the store stays until the others have left too
+  // (at most one heartbeat timeout; lost nodes are not waited for), so none of them loses the
+  // store while it finishes.
+  try {
+    if (last_round >= 0) store.set(key(last_round, fmt::format("left/{}", last_node)), "1");
+    if (server) {
+      const auto until = Clock::now() + millis(o.heartbeat_timeout_s);
+      for (int k = 0; k < last_size && Clock::now() < until;) {
+        if (std::find(lost_nodes.begin(), lost_nodes.end(), k) != lost_nodes.end() ||
+            store.check({key(last_round, fmt::format("left/{}", k))})) {
+          ++k;
+        } else {
+          std::this_thread::sleep_for(50ms);
+        }
+      }
+    }
+  } catch (const std::exception&) {
+    // The store is gone: there is nobody left to tell.
+  }
+  return exit_code;
+}
+
+}  // namespace nanoddp::run

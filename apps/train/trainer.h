@@ -60,8 +60,8 @@ class Trainer {
   // its own (the batch after the last of an epoch belongs to the next epoch).
   std::span<const std::int64_t> lookahead_indices(std::int64_t g);
   void resize_batch(std::int64_t rows);
-  void upload_batch();       // CUDA: the host staging buffers into x_ and y_, asynchronously
-  void next_staging_slot();  // CUDA: a free staging slot for the next micro-batch
+  void upload_batch();         // CUDA: the host staging buffers into x_ and y_, asynchronously
+  void next_staging_buffer();  // CUDA: a free staging buffer for the next micro-batch
   // One optimizer step; returns the loss averaged over the ranks.
   float train_step(std::int64_t step, Window& window);
   // Every rank's loss of a step (index = rank), and whether the averaged gradients were finite:
@@ -143,18 +143,19 @@ class Trainer {
 
   // CUDA: pinned host staging buffers, uploaded without the host waiting. A ring of them, as
   // PyTorch's caching host allocator hands out another pinned block while a copy is in flight:
-  // the host, which waits for the GPU only at logged steps, runs ahead, and refills a slot only
-  // once the GPU has copied it (`copied`, recorded after its upload on the compute stream).
+  // the host, which waits for the GPU only at logged steps, runs ahead, and refills a staging
+  // buffer only once the GPU has copied it (`copied`, recorded after its upload on the compute
+  // stream).
   struct Staging {
     PinnedBuffer x, y;
     Event copied;
     bool busy = false;
   };
-  static constexpr std::size_t kStagingSlots = 4;
-  std::array<Staging, kStagingSlots> staging_;
-  std::size_t slot_ = 0;  // the current micro-batch's
-  float* x_staging() const { return static_cast<float*>(staging_[slot_].x.data()); }
-  float* y_staging() const { return static_cast<float*>(staging_[slot_].y.data()); }
+  static constexpr std::size_t kStagingBuffers = 4;
+  std::array<Staging, kStagingBuffers> staging_;
+  std::size_t staging_index_ = 0;  // the current micro-batch's
+  float* x_staging() const { return static_cast<float*>(staging_[staging_index_].x.data()); }
+  float* y_staging() const { return static_cast<float*>(staging_[staging_index_].y.data()); }
   // CUDA: the batches go up on a stream of their own into two device buffers used in turn, so
   // that a micro-batch's copy runs while the GPU still computes the one before (the host runs
   // ahead between logged steps). `free` follows the last work that read a buffer.
@@ -165,7 +166,7 @@ class Trainer {
   };
   Stream upload_stream_;
   std::array<DeviceBatch, 2> device_batches_;
-  std::size_t device_slot_ = 0;  // the current micro-batch's
+  std::size_t device_batch_index_ = 0;  // the current micro-batch's
   void next_device_batch(std::int64_t rows);
   // The current micro-batch on its device.
   Tensor x_, y_;

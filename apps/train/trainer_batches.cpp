@@ -20,12 +20,12 @@ void Trainer::resize_batch(std::int64_t rows) {
     }
   } else {
     next_device_batch(rows);
-    next_staging_slot();  // the caller writes the staging buffers next
-    Staging& slot = staging_[slot_];
+    next_staging_buffer();  // the caller writes the staging buffers next
+    Staging& staging = staging_[staging_index_];
     const auto x_bytes = static_cast<std::size_t>(rows * in) * sizeof(float);
     const auto y_bytes = static_cast<std::size_t>(rows * out) * sizeof(float);
-    if (slot.x.size() < x_bytes) slot.x = PinnedBuffer(x_bytes);
-    if (slot.y.size() < y_bytes) slot.y = PinnedBuffer(y_bytes);
+    if (staging.x.size() < x_bytes) staging.x = PinnedBuffer(x_bytes);
+    if (staging.y.size() < y_bytes) staging.y = PinnedBuffer(y_bytes);
   }
 }
 
@@ -36,13 +36,13 @@ void Trainer::resize_batch(std::int64_t rows) {
 void Trainer::next_device_batch(std::int64_t rows) {
   const Stream compute = Stream::compute(device_);
   if (upload_stream_.native() == nullptr) upload_stream_ = Stream::create(device_);
-  DeviceBatch& previous = device_batches_[device_slot_];
+  DeviceBatch& previous = device_batches_[device_batch_index_];
   if (previous.used) {
     if (previous.free.device() != device_) previous.free = Event(device_);
     previous.free.record(compute);
   }
-  device_slot_ = 1 - device_slot_;
-  DeviceBatch& batch = device_batches_[device_slot_];
+  device_batch_index_ = 1 - device_batch_index_;
+  DeviceBatch& batch = device_batches_[device_batch_index_];
   if (!batch.x.defined() || batch.x.size(0) != rows) {
     batch.x = Tensor::empty({rows, dataset_->in_features()}, device_);
     batch.y = Tensor::empty({rows, dataset_->out_features()}, device_);
@@ -59,15 +59,15 @@ void Trainer::next_device_batch(std::int64_t rows) {
   y_ = batch.y;
 }
 
-// The GPU copies a staging slot after the host has moved on (upload_batch): the slot is written
-// again only once it has. The slot taken was uploaded kStagingSlots micro-batches ago, so this
+// The GPU copies a staging buffer after the host has moved on (upload_batch): the buffer is written
+// again only once it has. The buffer taken was uploaded kStagingBuffers micro-batches ago, so this
 // is usually an event query; the host waits (a counted synchronization) only when it has run
 // that far ahead of the GPU, which is then busy, not idle.
-void Trainer::next_staging_slot() {
-  slot_ = (slot_ + 1) % kStagingSlots;
-  Staging& slot = staging_[slot_];
-  if (slot.busy && !slot.copied.query()) slot.copied.synchronize();
-  slot.busy = false;
+void Trainer::next_staging_buffer() {
+  staging_index_ = (staging_index_ + 1) % kStagingBuffers;
+  Staging& staging = staging_[staging_index_];
+  if (staging.busy && !staging.copied.query()) staging.copied.synchronize();
+  staging.busy = false;
 }
 
 std::span<const std::int64_t> Trainer::lookahead_indices(std::int64_t g) {
@@ -146,13 +146,13 @@ void Trainer::fill_batch(std::int64_t micro_batch_in_epoch) {
 void Trainer::upload_batch() {
   // From pinned memory, on the upload stream: the host does not wait, and the copy overlaps
   // the compute stream's work on the micro-batch before; the forward pass waits for it there.
-  Staging& slot = staging_[slot_];
-  upload_async_on(upload_stream_, x_.raw_data(), slot.x.data(), x_.nbytes());
-  upload_async_on(upload_stream_, y_.raw_data(), slot.y.data(), y_.nbytes());
-  if (slot.copied.device() != device_) slot.copied = Event(device_);
-  slot.copied.record(upload_stream_);
-  slot.copied.block(Stream::compute(device_));
-  slot.busy = true;
+  Staging& staging = staging_[staging_index_];
+  upload_async_on(upload_stream_, x_.raw_data(), staging.x.data(), x_.nbytes());
+  upload_async_on(upload_stream_, y_.raw_data(), staging.y.data(), y_.nbytes());
+  if (staging.copied.device() != device_) staging.copied = Event(device_);
+  staging.copied.record(upload_stream_);
+  staging.copied.block(Stream::compute(device_));
+  staging.busy = true;
 }
 
 }  // namespace nanoddp::train

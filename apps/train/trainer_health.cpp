@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "nanoddp/engine/backend.h"
+#include "nanoddp/engine/trace.h"
 #include "nanoddp/kernels/error.h"
 #include "nanoddp/nn/checkpoint.h"
 #include "trainer_internal.h"
@@ -85,7 +86,11 @@ Tensor Trainer::gather_health(const Tensor& local_loss) {
     const Tensor grads = params_->grads();
     backend.count_nonfinite(grads.data(), grads.numel(), values.data() + w + me);
   }
-  if (distributed_) dist_->group->allreduce(values, comm::ReduceOp::kSum)->wait();
+  if (distributed_) {
+    // Traced, so that the timeline names this per-step collective instead of showing a gap.
+    TraceSpan span("health all-reduce", TraceTrack::kCommunication, device_);
+    dist_->group->allreduce(values, comm::ReduceOp::kSum)->wait();
+  }
   return values;
 }
 

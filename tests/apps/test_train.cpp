@@ -362,7 +362,7 @@ TEST_CASE("nanoddp-train trains on .npy files and names a malformed one") {
   CHECK(broken.output.find("broken.npy") != std::string::npos);
 }
 
-TEST_CASE("nanoddp-train --init starts from saved parameters; another model's file is refused") {
+TEST_CASE("nanoddp-train --init starts from saved parameters, another model's file is refused") {
   nanoddp::testing::TempDir dir;
   const std::string saved = dir.file("narrow.safetensors");
   const std::vector<std::string> narrow = {"--hidden", "8", "--layers", "1", "--quiet"};

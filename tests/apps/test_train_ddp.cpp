@@ -276,7 +276,7 @@ TEST_CASE("ddp training: --trace writes one Chrome trace with every rank's track
   const auto json = nlohmann::json::parse(in);
   const auto& events = json.at("traceEvents");
   std::set<int> ranks;
-  int forward = 0, backward = 0, allreduce = 0, ready = 0, optimizer = 0;
+  int forward = 0, backward = 0, allreduce = 0, ready = 0, optimizer = 0, health = 0;
   std::map<std::string, int> grads;  // "grad <name>" markers: one per parameter per step
   for (const auto& e : events) {
     ranks.insert(e.at("pid").get<int>());
@@ -286,6 +286,7 @@ TEST_CASE("ddp training: --trace writes one Chrome trace with every rank's track
     allreduce += name.starts_with("all-reduce bucket ");
     ready += name.ends_with(" ready");
     optimizer += name == "optimizer step";
+    health += name == "health all-reduce";
     if (name.starts_with("grad ")) {
       ++grads[name.substr(5)];
       CHECK(std::stoll(e.at("args").at("numel").get<std::string>()) > 0);
@@ -294,6 +295,7 @@ TEST_CASE("ddp training: --trace writes one Chrome trace with every rank's track
   CHECK(ranks == std::set<int>{0, 1});
   CHECK(forward == 2 * 6);
   CHECK(optimizer == 2 * 6);
+  CHECK(health == 2 * 6);  // the per-step health all-reduce is named, not a gap
   CHECK(backward > 0);
   CHECK(allreduce > 0);
   CHECK(ready == allreduce);
@@ -394,9 +396,9 @@ TEST_CASE("ddp metrics: 0 <= exposed_comm_ms <= comm_ms, and --no-overlap reads 
         // The breakdown adds up (an outside tester found steps 1.4 ms short of their parts:
         // backward left out the finalize wait, shorter than the exposed communication): every
         // part is a disjoint span of the step, so what they leave, other_ms, is not negative.
-        const double parts = line["forward_ms"].get<double>() +
-                             line["backward_ms"].get<double>() + exposed +
-                             line["optimizer_ms"].get<double>() + line["other_ms"].get<double>();
+        const double parts = line["forward_ms"].get<double>() + line["backward_ms"].get<double>() +
+                             exposed + line["optimizer_ms"].get<double>() +
+                             line["other_ms"].get<double>();
         CHECK(parts == doctest::Approx(line["step_ms"].get<double>()).epsilon(1e-9));
         CHECK(line["backward_ms"].get<double>() > 0.0);
         CHECK(line["other_ms"].get<double>() >= -1e-6);

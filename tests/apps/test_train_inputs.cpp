@@ -281,7 +281,7 @@ TEST_CASE("inputs: a full disk under nanoddp-run --log-dir is one warning naming
   CHECK(contains(r.output, "[rank 0] line 5000 of"));  // the console still gets every line
 }
 
-TEST_CASE("inputs: a huge --data file is refused from its header; allocation failures named") {
+TEST_CASE("inputs: a huge --data file is refused from its header, allocation failures named") {
   TempDir dir;
   write_matrix(dir.file("y.npy"), 16, 2, 0.1f);
   // 64 GiB (sparse) that is not .npy: it was read whole (std::bad_alloc, or minutes) first.
@@ -356,7 +356,7 @@ TEST_CASE("inputs: a --checkpoint-dir holding another run's checkpoints is refus
 
 TEST_CASE(
     "inputs: --resume refuses a file as --checkpoint-dir, a renamed checkpoint, another "
-    "activation; --init another activation") {
+    "activation, --init another activation") {
   TempDir dir;
   const std::string file = dir.file("a-file");
   std::ofstream(file) << "x";
@@ -590,7 +590,7 @@ TEST_CASE("inputs: --resume refuses .npy data of the same shape but other values
   CHECK_MESSAGE(same.exit_code == 0, same.output);
 }
 
-TEST_CASE("inputs: a second job on the same --master-port fails alone; the first trains on") {
+TEST_CASE("inputs: a second job on the same --master-port fails alone, the first trains on") {
   // Before, the second job's rank 1 joined the first job's store (nothing told the jobs apart)
   // and killed it mid-training. nanoddp-run now gives each one-node job its own store token.
   TempDir dir;

@@ -12,7 +12,7 @@
 using nanoddp::comm::assign_buckets;
 using nanoddp::comm::bucket_cap_elements;
 
-TEST_CASE("bucket assignment: first cap, then the cap; never split; a big one alone") {
+TEST_CASE("bucket assignment: first cap, then the cap, never split, a big one alone") {
   // Caps of 256 and 512 floats (1 KiB and 2 KiB).
   const std::vector<std::int64_t> numels{100, 200, 100, 300, 600, 5};
   const auto b = assign_buckets(numels, 1.0 / 1024, 2.0 / 1024);
@@ -28,7 +28,7 @@ TEST_CASE("bucket assignment: first cap, then the cap; never split; a big one al
   CHECK(assign_buckets(std::vector<std::int64_t>{}, 1, 25).empty());
 }
 
-TEST_CASE("bucket assignment: caps count MiB of float32, at least one element; bad caps refused") {
+TEST_CASE("bucket assignment: caps count MiB of float32, at least one element, bad caps refused") {
   CHECK(bucket_cap_elements(25.0) == 25 * 1024 * 1024 / 4);
   CHECK(bucket_cap_elements(1e-12) == 1);
   const std::vector<std::int64_t> one{1};

@@ -82,7 +82,7 @@ TEST_CASE_FIXTURE(NcclDdpAndPlainTwin<11>,
 
 #if NANODDP_WITH_CUDA
 TEST_CASE(
-    "ddp on cuda:0: the wait is the compute stream's stall, not the host's; no overlap, all "
+    "ddp on cuda:0: the wait is the compute stream's stall, not the host's, no overlap, all "
     "exposed") {
   const Device gpu = Device::cuda(0);
   comm::Distributed dist =

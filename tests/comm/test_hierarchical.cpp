@@ -34,7 +34,7 @@ TEST_CASE("hierarchical: this process's host identity names the network namespac
   CHECK(identity.find("net:[") != std::string::npos);
 }
 
-TEST_CASE("hierarchical: NANODDP_HIER is 0, 1 or unset; anything else is refused, named") {
+TEST_CASE("hierarchical: NANODDP_HIER is 0, 1 or unset, anything else is refused, named") {
   CHECK(hierarchical_wanted_from_env(nullptr));
   CHECK(hierarchical_wanted_from_env(""));
   CHECK(hierarchical_wanted_from_env("1"));

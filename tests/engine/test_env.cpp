@@ -36,7 +36,7 @@ std::string error_of(auto&& call) {
 
 }  // namespace
 
-TEST_CASE("env: a switch takes 0 or 1; unset or empty is the default; anything else is an error") {
+TEST_CASE("env: a switch takes 0 or 1, unset or empty is the default, anything else is an error") {
   {
     ScopedEnv env(nullptr);
     CHECK(nanoddp::env_switch(kName, true));

@@ -177,7 +177,7 @@ TEST_CASE("reshape keeps the element count: a view into a flat buffer cannot rea
   CHECK(b.to_vector() == std::vector<float>{3, 4, 5, 6});
 }
 
-TEST_CASE("copy_from between overlapping views of one storage is an Error; onto itself a no-op") {
+TEST_CASE("copy_from between overlapping views of one storage is an Error, onto itself a no-op") {
   Tensor flat = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {6});
   Tensor a = flat.view(0, {4}), b = flat.view(2, {4}), c = flat.view(4, {2});
   CHECK_THROWS_AS(b.copy_from(a), Error);

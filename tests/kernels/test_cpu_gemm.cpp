@@ -131,7 +131,7 @@ TEST_CASE("cpu gemm: accumulating into an output of 1 MiB or more (pre-read into
   for (const auto& s : {Shape{520, 513, 3}, Shape{1024, 257, 1}}) run_all(s, 1.0f, 1.0f);
 }
 
-TEST_CASE("cpu gemm: alpha = 0 does not read A and B; beta = 0 zero-fills") {
+TEST_CASE("cpu gemm: alpha = 0 does not read A and B, beta = 0 zero-fills") {
   const Shape s{4, 6, 3};
   std::vector<float> a(s.m * s.k, kNaN), b(s.k * s.n, INFINITY);
   for (const Impl& impl : kImpls) {

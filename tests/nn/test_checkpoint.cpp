@@ -291,7 +291,7 @@ TEST_CASE("checkpoint: an unwritable directory is an error naming it") {
 
 // load_parameters (nanoddp-train --init): the model's own tensors, converted from any float
 // dtype, strictly by name and shape.
-TEST_CASE("load_parameters: a parameter file round-trips, also from F64; mismatches are errors") {
+TEST_CASE("load_parameters: a parameter file round-trips, also from F64, mismatches are errors") {
   testing::TempDir dir;
   Run source(8, 1), target(8, 2);
   source.steps(2);
@@ -354,7 +354,7 @@ TEST_CASE("load_parameters: a parameter file round-trips, also from F64; mismatc
   CHECK(untouched.model.named_parameters()[0].tensor.to_vector() == before);
 }
 
-TEST_CASE("load_parameters: NaN or Inf in the file is an error naming it; the model untouched") {
+TEST_CASE("load_parameters: NaN or Inf in the file is an error naming it, the model untouched") {
   // The .npy reader refused non-finite values; the safetensors parameter loader did not.
   testing::TempDir dir;
   Run source(8, 1), target(8, 2);

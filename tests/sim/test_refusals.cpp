@@ -105,7 +105,7 @@ TEST_CASE("refusals: more GPUs than the described range is a warning in the tabl
 }
 
 TEST_CASE(
-    "refusals: a model that does not fit the GPU is refused; one that nearly fills it is "
+    "refusals: a model that does not fit the GPU is refused, one that nearly fills it is "
     "warned about") {
   // 7 hidden-to-hidden Linears of 47000^2: 15.5 billion parameters, 16 bytes each with AdamW
   // (parameter, gradient, two moments) = 247 GB, on an 80 GB H100.

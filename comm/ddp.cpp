@@ -93,7 +93,18 @@ void DistributedDataParallel::reconfigure(const ReducerOptions& options) {
   const bool sync = reducer_->sync();
   Reducer::BucketReducedHook bucket_hook = reducer_->bucket_reduced_hook();
   reducer_.reset();  // waits for its collectives and removes its hooks first
-  reducer_ = std::make_unique<Reducer>(params_, group_, options);
+  try {
+    reducer_ = std::make_unique<Reducer>(params_, group_, options);
+  } catch (...) {
+    // The options were checked equal on every rank, so every rank refuses them here: each goes
+    // back to a Reducer with the options it had, and the DDP stays usable after the error (it
+    // used to be left without a Reducer, and the next call crashed).
+    reducer_ = std::make_unique<Reducer>(params_, group_, options_.reducer);
+    reducer_->set_sync(sync);
+    if (bucket_hook) reducer_->set_bucket_reduced_hook(std::move(bucket_hook));
+    agree_order_through_store();
+    throw;
+  }
   reducer_->set_sync(sync);
   if (bucket_hook) reducer_->set_bucket_reduced_hook(std::move(bucket_hook));
   agree_order_through_store();

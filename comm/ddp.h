@@ -63,8 +63,9 @@ class DistributedDataParallel {
     return outputs;
   }
   template <typename... Ts>
-    requires(sizeof...(Ts) >= 2 && (std::is_convertible_v<const Ts&, const Tensor&> && ...))
-  std::vector<Tensor> operator()(const Ts&... inputs) {
+  requires(sizeof...(Ts) >= 2 &&
+           (std::is_convertible_v<const Ts&, const Tensor&> && ...)) std::vector<Tensor>
+  operator()(const Ts&... inputs) {
     const Tensor all[] = {inputs...};
     return forward_many(all);
   }
@@ -72,20 +73,23 @@ class DistributedDataParallel {
   // While a NoSync is alive, backward passes only accumulate gradients locally; the next
   // synchronized backward reduces the accumulated sum (gradient accumulation without paying
   // for an all-reduce per micro-batch).
+  // It names the DDP, not its Reducer: reconfigure() replaces the Reducer, and a NoSync that
+  // held the old one wrote into freed memory when it ended, leaving the new one unsynchronized
+  // (the ranks then stopped averaging, silently).
   class NoSync {
    public:
-    explicit NoSync(Reducer& reducer) : reducer_(reducer), previous_(reducer.sync()) {
-      reducer_.set_sync(false);
+    explicit NoSync(DistributedDataParallel& ddp) : ddp_(ddp), previous_(ddp.reducer_->sync()) {
+      ddp_.reducer_->set_sync(false);
     }
-    ~NoSync() { reducer_.set_sync(previous_); }
+    ~NoSync() { ddp_.reducer_->set_sync(previous_); }
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
 
    private:
-    Reducer& reducer_;
+    DistributedDataParallel& ddp_;
     bool previous_;
   };
-  [[nodiscard]] NoSync no_sync() { return NoSync(*reducer_); }
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
   // Between steps, cut the buckets anew with other options (bucket caps, overlap, the comm
   // hook, ...), as a scaling study sweeping bucket sizes on one live model does. Every rank must

@@ -42,12 +42,14 @@ float Trainer::train_step(std::int64_t step, Window& window) {
     // All micro-batches but the last only accumulate locally; the last one's backward reduces
     // the accumulated gradients.
     std::optional<comm::DistributedDataParallel::NoSync> no_sync;
-    if (ddp_ && m + 1 < micro_batches) no_sync.emplace(ddp_->reducer());
+    if (ddp_ && m + 1 < micro_batches) no_sync.emplace(*ddp_);
     Tensor loss;
     const auto forward_start = Clock::now();
     {
       TraceSpan span("forward", TraceTrack::kCompute, device_);
-      loss = mse_loss(model_->forward(x_), y_);
+      // Through DDP's forward when there is one, as in PyTorch: it counts the call for the step
+      // check, and with find_unused_parameters finds the parameters the output cannot reach.
+      loss = mse_loss(ddp_ ? ddp_->forward(x_) : model_->forward(x_), y_);
       if (micro_batches > 1) {
         const double share = static_cast<double>(x_.size(0)) / static_cast<double>(step_rows);
         loss = mul(loss, static_cast<float>(share));

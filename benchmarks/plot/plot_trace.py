@@ -218,7 +218,7 @@ def _overlap(a, b, merged):
 
 
 def overlap_summary(ranks, spans, lo, hi, own):
-    """Per rank, over the all-reduce spans that start in the rank's own step (own[pid]; without
+    """Per rank, over the bucket all-reduce spans that start in the rank's own step (own[pid]; without
     one, in [lo, hi]): (rank name, their total ms, how many, how many started before the step's
     last backward node ended, ms of them during which a backward node was running)."""
     out = []
@@ -228,7 +228,9 @@ def overlap_summary(ranks, spans, lo, hi, own):
         backward = _union((e["ts"], e["ts"] + e["dur"]) for e in inside
                           if e["name"].startswith("backward"))
         backward_end = backward[-1][1] if backward else float("-inf")
-        comm = [e for e in inside if e["track"] == "communication"]
+        # The buckets' all-reduces: not the per-step health all-reduce on the same track.
+        comm = [e for e in inside
+                if e["track"] == "communication" and e["name"].startswith("all-reduce bucket")]
         total = sum(e["dur"] for e in comm)
         early = sum(1 for e in comm if e["ts"] < backward_end)
         hidden = sum(_overlap(e["ts"], e["ts"] + e["dur"], backward) for e in comm)

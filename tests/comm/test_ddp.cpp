@@ -84,6 +84,24 @@ TEST_CASE("ddp: different models on different ranks fail on every rank, naming t
   }
 }
 
+TEST_CASE("ddp: after a refused reconfigure, or one inside no_sync, the ranks still average") {
+  const auto results = run_scenario({"reconfigure-recovers"}, 2);
+  INFO(describe(results));
+  REQUIRE(all_exit(results, 0));
+  for (const std::string line :
+       {"after a refused reconfigure: grad sum ", "after reconfigure in no_sync: grad sum "}) {
+    CAPTURE(line);
+    const auto value = [&](const std::string& output) {
+      const auto at = output.find(line);
+      return at == std::string::npos
+                 ? std::string("missing")
+                 : output.substr(at + line.size(), output.find('\n', at) - at - line.size());
+    };
+    CHECK(value(results.at(0).output) != "missing");
+    CHECK(value(results.at(0).output) == value(results.at(1).output));
+  }
+}
+
 TEST_CASE("ddp: reconfigure with different options on different ranks fails on every rank") {
   const auto results = run_scenario({"reconfigure-mismatch"}, 2);
   INFO(describe(results));

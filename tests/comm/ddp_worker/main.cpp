@@ -164,7 +164,7 @@ int unused_no_sync(comm::Distributed& dist) {
   params.zero_grad();
   model.use_b = true;
   {
-    comm::DistributedDataParallel::NoSync guard(ddp.reducer());
+    comm::DistributedDataParallel::NoSync guard(ddp);
     mse_loss(ddp(batch(5, 4, rank, 0, 0)), batch(5, 2, rank, 0, 1)).backward();
   }
   model.use_b = false;
@@ -276,6 +276,46 @@ int reconfigure_mismatch(comm::Distributed& dist) {
   return 0;
 }
 
+// Found by an outside tester: reconfigure() with options the Reducer refuses (caught on every
+// rank) left the DDP without a Reducer, and the next call crashed; reconfigure() inside a no_sync
+// block freed the Reducer the NoSync held, which then wrote into freed memory and left the new
+// Reducer unsynchronized (the ranks stopped averaging, silently). After both, a synchronized
+// step must still average: every rank prints the same gradient sum.
+int reconfigure_recovers(comm::Distributed& dist) {
+  const int rank = dist.group->rank();
+  nn::Mlp model({.in_features = 6, .out_features = 3, .hidden = 10, .layers = 2, .seed = 3});
+  nn::FlatParameters params(model, Device::cpu());
+  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store);
+  const auto grad_sum = [&] {
+    double total = 0;
+    for (const float g : params.grads().to_vector()) total += g;
+    return total;
+  };
+  const auto step = [&](int m) {
+    params.zero_grad();
+    mse_loss(ddp(batch(5, 6, rank, m, 0)), batch(5, 3, rank, m, 1)).backward();
+  };
+  step(0);
+  std::string refused;
+  try {
+    ddp.reconfigure({.bucket_cap_mb = 0});
+  } catch (const Error& e) {
+    refused = e.what();
+  }
+  EXPECT(refused.find("bucket_cap_mb=0") != std::string::npos, "not refused: '{}'", refused);
+  step(1);
+  fmt::print("after a refused reconfigure: grad sum {:.9f}\n", grad_sum());
+  params.zero_grad();
+  {
+    auto guard = ddp.no_sync();
+    mse_loss(ddp(batch(5, 6, rank, 2, 0)), batch(5, 3, rank, 2, 1)).backward();
+    ddp.reconfigure({.bucket_cap_mb = 0.0001, .first_bucket_mb = 0.0001});
+  }
+  mse_loss(ddp(batch(5, 6, rank, 3, 0)), batch(5, 3, rank, 3, 1)).backward();
+  fmt::print("after reconfigure in no_sync: grad sum {:.9f}\n", grad_sum());
+  return 0;
+}
+
 // K micro-batches under no_sync then one synchronized backward leave every rank holding the
 // world average of the summed gradients; checked against a single-process computation of all
 // ranks' micro-batches on an identical model.
@@ -288,7 +328,7 @@ int no_sync(comm::Distributed& dist) {
   params.zero_grad();
   for (int m = 0; m < kMicro; ++m) {
     std::optional<comm::DistributedDataParallel::NoSync> guard;
-    if (m + 1 < kMicro) guard.emplace(ddp.reducer());
+    if (m + 1 < kMicro) guard.emplace(ddp);
     mse_loss(ddp(batch(5, 6, rank, m, 0)), batch(5, 3, rank, m, 1)).backward();
   }
   const std::vector<float> got = params.grads().to_vector();
@@ -601,7 +641,7 @@ int rebuild(comm::Distributed& dist) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     fmt::print(stderr,
-               "usage: {} unused|unused-no-sync|unused-one-rank|mismatch|reconfigure-mismatch|"
+               "usage: {} unused|unused-no-sync|unused-one-rank|mismatch|reconfigure-mismatch|reconfigure-recovers|"
                "no-sync|overlap|bf16|skip-step|two-tower [--find-unused|--adamw]\n",
                argv[0]);
     return 2;
@@ -617,6 +657,7 @@ int main(int argc, char** argv) {
       return unused_one_rank(dist, argc > 2 && std::strcmp(argv[2], "--adamw") == 0);
     if (scenario == "mismatch") return mismatch(dist);
     if (scenario == "reconfigure-mismatch") return reconfigure_mismatch(dist);
+    if (scenario == "reconfigure-recovers") return reconfigure_recovers(dist);
     if (scenario == "no-sync") return no_sync(dist);
     if (scenario == "overlap") return overlap(dist);
     if (scenario == "bf16") return bf16(dist);

@@ -70,6 +70,8 @@ if cmake -S "$source_dir/tests/consumer" -B "$work/build-cuda" "${hidden[@]}" \
   fail "find_package(nanoddp REQUIRED COMPONENTS CUDA) succeeded on a CPU-only nanoddp"
 fi
 grep -q 'CUDA' "$work/cuda.log" || { cat "$work/cuda.log" >&2; fail "the COMPONENTS CUDA failure does not name CUDA"; }
+grep -q 'lacks the component(s) CUDA (it has: CUDA and NCCL when built' "$work/cuda.log" ||
+  { cat "$work/cuda.log" >&2; fail "the COMPONENTS CUDA failure is not one sentence"; }
 
 # 4. Nothing of CUDA linked.
 for exe in "$work/build/consumer" "$work/build/ddp_example"; do

@@ -1,8 +1,8 @@
 #pragma once
 // --task classify's data: a sample is an input row and one class index in [0, classes). The
-// index travels through nn::Dataset's float target row (one column, exact below 2^24) and
-// becomes the int64 target that cross_entropy takes when the batch is staged
-// (trainer_batches.cpp).
+// index travels through nn::Dataset's float target row (one column, exact below 2^24, which
+// bounds --classes) and becomes the int64 target that cross_entropy takes when the batch is
+// staged (trainer_batches.cpp).
 
 #include <cstdint>
 #include <filesystem>
@@ -12,9 +12,6 @@
 #include "nanoddp/nn/dataset.h"
 
 namespace nanoddp::train {
-
-// Float class indices fit float32 exactly only up to 2^24.
-constexpr std::int64_t kMaxClasses = std::int64_t{1} << 24;
 
 // The synthetic teacher of nn::SyntheticRegression with `classes` outputs; a sample's class is
 // the arg-max of its (noisy) teacher outputs, the first on ties as torch.argmax.

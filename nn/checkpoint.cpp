@@ -231,19 +231,27 @@ void load_parameters(const std::string& path, Module& model) {
   };
   // First from the header alone: a file holding other (perhaps huge) tensors is refused before
   // its body is read.
-  std::vector<std::string> model_names, extra;
+  std::vector<std::string> model_names, extra, absent;
   for (const NamedTensor& p : params) model_names.push_back(p.name);
+  std::vector<std::string> file_names;
   for (const auto& [name, shape] : read_safetensors_shapes(path)) {
+    file_names.push_back(name);
     if (ours(name) &&
         std::find(model_names.begin(), model_names.end(), name) == model_names.end()) {
       extra.push_back(name);
     }
   }
+  for (const std::string& name : model_names) {
+    if (std::find(file_names.begin(), file_names.end(), name) == file_names.end()) {
+      absent.push_back(name);
+    }
+  }
   if (!extra.empty()) {
     fail(
-        "'{}' does not hold this model's parameters: not in the model {} (the model has: {}; "
+        "'{}' does not hold this model's parameters: {}not in the model {} (the model has: {}; "
         "names follow PyTorch's state_dict of the same nn.Sequential)",
-        path, fmt::join(extra, ", "), fmt::join(model_names, ", "));
+        path, absent.empty() ? "" : fmt::format("missing {}; ", fmt::join(absent, ", ")),
+        fmt::join(extra, ", "), fmt::join(model_names, ", "));
   }
   const SafetensorsFile file = read_safetensors(path);
   std::vector<std::string> missing, unexpected;

@@ -183,7 +183,8 @@ namespace {
 // Where the elements are, from the prelude and header alone.
 struct NpyLayout {
   std::vector<std::int64_t> shape;
-  std::size_t item_size = 4;    // 4: '<f4', 8: '<f8'
+  std::size_t item_size = 4;    // 4: '<f4' or '<i4', 8: '<f8' or '<i8'
+  bool integer = false;         // '<i4' / '<i8' (class labels, read_npy_labels only)
   std::size_t data_offset = 0;  // bytes before the first element
   std::size_t count = 0;        // elements
 };
@@ -192,7 +193,7 @@ struct NpyLayout {
 // the file's `total_size` is exactly header + data: nothing past the header is needed, so a huge
 // file that is not a .npy (or whose header lies) is refused before its data is read.
 NpyLayout parse_npy_layout(std::span<const std::byte> head, std::uint64_t total_size,
-                           std::string_view name) {
+                           std::string_view name, bool integers = false) {
   if (head.size() < kMagic.size() || std::memcmp(head.data(), kMagic.data(), kMagic.size()) != 0) {
     fail(
         "'{}' is not a .npy file: it does not start with the magic bytes \\x93NUMPY ({} bytes "
@@ -245,7 +246,13 @@ NpyLayout parse_npy_layout(std::span<const std::byte> head, std::uint64_t total_
         "little-endian and in C order, are supported",
         name, excerpt(descr->text));
   }
-  if (descr->text != "<f4" && descr->text != "<f8") {
+  if (integers && descr->text != "<i8" && descr->text != "<i4") {
+    fail(
+        "'{}' has the dtype '{}'; class labels must be little-endian int64 ('<i8') or int32 "
+        "('<i4'): convert with arr.astype(numpy.int64)",
+        name, excerpt(descr->text));
+  }
+  if (!integers && descr->text != "<f4" && descr->text != "<f8") {
     std::string hint;
     if (descr->text.size() > 1 && descr->text[0] == '>') {
       hint = " (big-endian; convert with arr.astype('<f4'))";
@@ -274,7 +281,8 @@ NpyLayout parse_npy_layout(std::span<const std::byte> head, std::uint64_t total_
 
   NpyLayout layout;
   layout.shape = shape_value->tuple;
-  layout.item_size = descr->text == "<f4" ? 4 : 8;
+  layout.item_size = descr->text == "<f4" || descr->text == "<i4" ? 4 : 8;
+  layout.integer = integers;
   layout.data_offset = prelude + header_length;
   const std::uint64_t available = total_size - layout.data_offset;
   std::size_t count = 1;
@@ -330,10 +338,11 @@ std::vector<float> allocate_elements(std::size_t count, std::string_view name) {
 
 }  // namespace
 
-NpyArray read_npy(const std::filesystem::path& path) {
-  const std::string name = path.string();
-  // The prelude first, then exactly the header it announces, then exactly the data the header
-  // describes: nothing is read or allocated on the word of bytes not yet checked.
+namespace {
+
+// The prelude and exactly the header it announces (a short or bad prelude is left to
+// parse_npy_layout's messages).
+FileHead read_npy_head(const std::filesystem::path& path) {
   FileHead head = read_file_head(path, kPreludeV2);
   if (head.bytes.size() >= kPreludeV2) {
     const int major = std::to_integer<int>(head.bytes[6]);
@@ -344,6 +353,39 @@ NpyArray read_npy(const std::filesystem::path& path) {
       head = read_file_head(path, prelude + header_length);
     }
   }
+  return head;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> read_npy_labels(const std::filesystem::path& path) {
+  const std::string name = path.string();
+  const FileHead head = read_npy_head(path);
+  const NpyLayout layout = parse_npy_layout(head.bytes, head.file_size, name, true);
+  if (layout.shape.size() != 1) {
+    fail("'{}' has shape {}; class labels must be a 1-D array (one class index per sample)", name,
+         format_shape(layout.shape));
+  }
+  std::vector<std::byte> bytes(layout.count * layout.item_size);
+  if (!bytes.empty()) read_file_range(path, layout.data_offset, bytes.data(), bytes.size());
+  std::vector<std::int64_t> labels(layout.count);
+  for (std::size_t i = 0; i < layout.count; ++i) {
+    if (layout.item_size == 8) {
+      std::memcpy(&labels[i], bytes.data() + i * 8, 8);
+    } else {
+      std::int32_t v;
+      std::memcpy(&v, bytes.data() + i * 4, 4);
+      labels[i] = v;
+    }
+  }
+  return labels;
+}
+
+NpyArray read_npy(const std::filesystem::path& path) {
+  const std::string name = path.string();
+  // The prelude first, then exactly the header it announces, then exactly the data the header
+  // describes: nothing is read or allocated on the word of bytes not yet checked.
+  const FileHead head = read_npy_head(path);
   const NpyLayout layout = parse_npy_layout(head.bytes, head.file_size, name);
   NpyArray array;
   array.shape = layout.shape;

@@ -36,6 +36,11 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view name);
 // As read_npy, but the array must be 2-D (samples x features).
 NpyArray read_npy_matrix(const std::filesystem::path& path);
 
+// A 1-D array of class labels: little-endian int64 ('<i8') or int32 ('<i4'), widened to int64.
+// Throws nanoddp::Error naming the file for any other dtype or rank. (The values are the
+// caller's to check: only it knows the number of classes.)
+std::vector<std::int64_t> read_npy_labels(const std::filesystem::path& path);
+
 // Throws nanoddp::Error naming `path` and the first NaN or infinite element (its row and column
 // for a 2-D array, its index tuple otherwise) and how many such elements there are.
 void check_finite(const NpyArray& array, const std::filesystem::path& path);

@@ -18,6 +18,10 @@ std::string check(const TrainOptions& o) {
   if (o.data_path.empty() != o.targets_path.empty()) {
     return "--data and --targets go together: give both .npy files or neither";
   }
+  if (o.task == "classify" && o.classes < 2) {
+    return "--task classify needs --classes K (K >= 2 classes)";
+  }
+  if (o.task != "classify" && o.classes != 0) return "--classes needs --task classify";
   if (o.layers > 0 && o.hidden <= 0) return "--hidden must be positive when --layers > 0";
   if (!std::isfinite(o.lr) || o.lr <= 0.0f) return fmt::format("--lr must be > 0, got {}", o.lr);
   if (o.optimizer == "adamw" && o.momentum != 0.0f) {
@@ -51,11 +55,20 @@ std::string check(const TrainOptions& o) {
 std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code) {
   TrainOptions o;
   CLI::App app{
-      "nanoddp-train: train an MLP regression (MSE loss) with nanoddp.\n"
+      "nanoddp-train: train an MLP regression (MSE loss) or classifier (--task classify,\n"
+      "cross-entropy) with nanoddp.\n"
       "Data: a synthetic teacher-student task addressed by global sample index, or\n"
       "--data/--targets .npy files."};
   app.get_formatter()->column_width(34);
 
+  app.add_option("--task", o.task,
+                 "regression (MSE on float targets) or classify (cross-entropy on class indices, "
+                 "needs --classes)")
+      ->check(CLI::IsMember({"regression", "classify"}))
+      ->capture_default_str();
+  app.add_option("--classes", o.classes,
+                 "--task classify: classes K; the model has K outputs (--out defaults to K)")
+      ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 24));
   app.add_option("--device", o.device,
                  "cpu, cuda (cuda:LOCAL_RANK modulo the visible devices) or cuda:N")
       ->capture_default_str();
@@ -118,7 +131,9 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
                "visit samples in order instead of reshuffling per epoch");
   app.add_option("--data", o.data_path, "inputs: a 2-D float32/float64 .npy file (N x in)")
       ->check(CLI::ExistingFile);
-  app.add_option("--targets", o.targets_path, "targets: a 2-D .npy file (N x out)")
+  app.add_option("--targets", o.targets_path,
+                 "targets: a 2-D .npy file (N x out); --task classify: a 1-D int64/int32 .npy of "
+                 "class indices in [0, K)")
       ->check(CLI::ExistingFile);
   app.add_option("--log-every", o.log_every, "print progress every N steps")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
@@ -183,6 +198,16 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
     return std::nullopt;
   }
   std::string problem = check(o);
+  // The synthetic classifier's teacher has K outputs, one per class: --out is K.
+  if (problem.empty() && o.task == "classify") {
+    if (app.count("--out") > 0 && o.out_features != o.classes) {
+      problem = fmt::format(
+          "--out {} differs from --classes {}: a classifier has one output per class (drop "
+          "--out, it defaults to --classes)",
+          o.out_features, o.classes);
+    }
+    o.out_features = o.classes;
+  }
   // The synthetic data's flags mean nothing with --data: the .npy files set the sizes. Given
   // both, the user expects one of them to matter; say which does instead of ignoring it.
   for (const char* flag : {"--in", "--out", "--dataset-size", "--noise", "--teacher-hidden"}) {

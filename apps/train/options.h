@@ -10,6 +10,10 @@ namespace nanoddp::train {
 
 struct TrainOptions {
   std::string device = "cpu";
+  // regression (MSE on float targets) or classify (cross-entropy on class indices in
+  // [0, classes); the model has `classes` outputs).
+  std::string task = "regression";
+  std::int64_t classes = 0;
   std::string gemm = "hand";
   std::int64_t in_features = 32;
   std::int64_t out_features = 8;

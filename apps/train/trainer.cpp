@@ -9,6 +9,8 @@
 
 #include <cmath>
 
+#include "nanoddp/engine/backend.h"
+#include "nanoddp/engine/functional.h"
 #include "nanoddp/engine/host_sync.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/nn/checkpoint.h"
@@ -23,6 +25,7 @@ float Trainer::train_step(std::int64_t step, Window& window) {
   optimizer_->zero_grad();
   double backward_ms = 0;
   Tensor loss_sum;
+  Tensor correct_sum;  // --task classify
   // Each micro-batch's mean loss weighs by its share of the step's rows, so --grad-accum K with
   // --batch B equals --batch K*B, a partial last micro-batch included. (Every rank has the same
   // rows per micro-batch, so the all-reduce's average over ranks stays right.)
@@ -49,7 +52,12 @@ float Trainer::train_step(std::int64_t step, Window& window) {
       TraceSpan span("forward", TraceTrack::kCompute, device_);
       // Through DDP's forward when there is one, as in PyTorch: it counts the call for the step
       // check, and with find_unused_parameters finds the parameters the output cannot reach.
-      loss = mse_loss(ddp_ ? ddp_->forward(x_) : model_->forward(x_), y_);
+      const Tensor output = ddp_ ? ddp_->forward(x_) : model_->forward(x_);
+      loss = loss_of(output);
+      if (classify()) {
+        const Tensor correct = count_correct(output);
+        correct_sum = m == 0 ? correct : add(correct_sum, correct);
+      }
       if (micro_batches > 1) {
         const double share = static_cast<double>(x_.size(0)) / static_cast<double>(step_rows);
         loss = mul(loss, static_cast<float>(share));
@@ -69,7 +77,7 @@ float Trainer::train_step(std::int64_t step, Window& window) {
   // NaN/Inf policy. Decided from every rank's loss and the averaged gradients (identical on
   // every rank after the all-reduce), so all ranks stop, or skip, at the same step: a rank that
   // stopped alone would leave the others waiting in the next step's collectives.
-  const Tensor health = gather_health(loss_sum);
+  const Tensor health = gather_health(loss_sum, correct_sum);
   float loss = NAN;  // known to the host only where it reads the health
   if (!reads_health_at(step)) {
     // Nothing is read back in this step, so the host does not wait for the GPU: the step's
@@ -108,12 +116,37 @@ float Trainer::train_step(std::int64_t step, Window& window) {
   return loss;
 }
 
+Tensor Trainer::loss_of(const Tensor& output) const {
+  return classify() ? cross_entropy(output, y_) : mse_loss(output, y_);
+}
+
+// The arg-max of each row (torch.argmax's, the first on ties) against the target, on the device:
+// both index vectors become one-hot rows (the scatter of max's backward), whose elementwise
+// product sums to the number of matches.
+Tensor Trainer::count_correct(const Tensor& logits) const {
+  const std::int64_t rows = logits.size(0), classes = logits.size(1);
+  const Tensor predicted = max(logits.detach(), 1).indices;
+  const Tensor ones = Tensor::ones({rows}, device_);
+  Tensor hits = Tensor::empty({rows, classes}, device_);
+  Tensor wanted = Tensor::empty({rows, classes}, device_);
+  Backend& backend = backend_for(device_);
+  backend.index_backward(ones.data(), predicted.data_i64(), rows, classes, 1, 0.0f, hits.data());
+  backend.index_backward(ones.data(), y_.data_i64(), rows, classes, 1, 0.0f, wanted.data());
+  const auto n = rows * classes;
+  backend.binary(kernels::BinaryOp::kMul, hits.data(), {.div = 1, .mod = n}, wanted.data(),
+                 {.div = 1, .mod = n}, hits.data(), n);
+  Tensor count = Tensor::empty({1}, device_);
+  backend.sum(hits.data(), n, count.data());
+  return count;
+}
+
 int Trainer::run() {
   print_banner();
   const auto run_start = Clock::now();
   Window window;
   std::optional<float> first_loss;  // not NaN as "unset": a logged loss can be NaN
   float last_loss = NAN;
+  std::optional<double> last_accuracy;  // --task classify
   for (std::int64_t step = start_step_ + 1; step <= steps_; ++step) {
     const std::int64_t epoch = (step - 1) / steps_per_epoch_;
     const std::int64_t step_in_epoch = (step - 1) % steps_per_epoch_;
@@ -133,14 +166,20 @@ int Trainer::run() {
     if (!log_now) continue;
     last_loss = world_loss;
     if (!first_loss) first_loss = last_loss;
-    log(step, epoch, last_loss, window);
+    if (classify()) {
+      // Every step of the window has had its health read by now (a logged step reads it): the
+      // correct predictions over the samples all ranks saw.
+      last_accuracy = unlogged_correct_ / static_cast<double>(window.samples);
+      unlogged_correct_ = 0;
+    }
+    log(step, epoch, last_loss, last_accuracy, window);
     window = Window{};
   }
 
   if (!o_.save_path.empty()) require_finite_parameters(steps_, "--save");
   save_parameters();
   write_trace();
-  print_summary(ms_since(run_start) / 1000.0, first_loss, last_loss);
+  print_summary(ms_since(run_start) / 1000.0, first_loss, last_loss, last_accuracy);
   return 0;
 }
 

@@ -46,6 +46,18 @@ class Trainer {
   };
 
   bool is_main() const { return rank_ == 0; }
+  bool classify() const { return o_.task == "classify"; }
+  // The step's loss on this micro-batch: MSE, or --task classify's cross-entropy (the mean over
+  // the micro-batch, as mse_loss's).
+  Tensor loss_of(const Tensor& output) const;
+  // --task classify: how many rows of `logits` have their arg-max at the target (a one-element
+  // float tensor on the device: no host read).
+  Tensor count_correct(const Tensor& logits) const;
+  // Where the dataset writes the targets of a `rows`-row batch, and, after it has, their
+  // conversion (--task classify: the float class indices become int64, in the staging buffer or
+  // y_ itself).
+  float* target_rows(std::int64_t rows);
+  void finish_targets(std::int64_t rows);
   // Puts micro-batch m of (1-based) `step` into x_ and y_: filled here, or, with --prefetch,
   // taken from the background worker (which then starts on the micro-batch after it).
   void load_batch(std::int64_t step, std::int64_t m);
@@ -73,7 +85,9 @@ class Trainer {
     std::vector<float> losses;
     bool grads_finite = true;
   };
-  Tensor gather_health(const Tensor& local_loss);
+  // local_correct: --task classify's correct predictions of this rank's step (else undefined),
+  // a third block of W entries in the same all-reduce.
+  Tensor gather_health(const Tensor& local_loss, const Tensor& local_correct);
   bool is_log_step(std::int64_t step) const;
   bool reads_health_at(std::int64_t step) const;
   void keep_health(const Tensor& values, std::int64_t step);
@@ -81,12 +95,19 @@ class Trainer {
   StepHealth read_health(const Tensor& values, std::int64_t step);
   float apply_health(const StepHealth& health, std::int64_t step);
   std::string describe_nonfinite_grads() const;
-  void log(std::int64_t step, std::int64_t epoch, float loss, Window& window);
+  void log(std::int64_t step, std::int64_t epoch, float loss, std::optional<double> accuracy,
+           Window& window);
+  // --task classify: the correct predictions summed over the ranks, of the steps whose health
+  // the host has read since the last log line; over the window's samples, the train accuracy.
+  double unlogged_correct_ = 0;
   void save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch);
   void save_parameters();  // --save: the trained parameters as safetensors (rank 0)
   void print_banner() const;
   // The last line: steps, time, first and last logged loss, skips, where the parameters went.
-  void print_summary(double run_seconds, std::optional<float> first_loss, float last_loss) const;
+  void print_summary(double run_seconds, std::optional<float> first_loss, float last_loss,
+                     std::optional<double> last_accuracy) const;
+  // The task as checkpoints and --save record it ("regression" or "classify K").
+  std::string task_description() const;
   void resume();
   void write_trace();
   void check_same_settings();
@@ -116,6 +137,7 @@ class Trainer {
   std::unique_ptr<Tracer> tracer_;
   std::unique_ptr<nn::Dataset> dataset_;
   std::unique_ptr<nn::Mlp> model_;
+  std::vector<float> class_scratch_;  // --task classify: a batch's class indices as floats
   std::unique_ptr<nn::FlatParameters> params_;
   std::unique_ptr<nn::Optimizer> optimizer_;
   std::unique_ptr<nn::OptimizerInBackward> optimizer_in_backward_;  // --optimizer-in-backward

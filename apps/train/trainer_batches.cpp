@@ -16,14 +16,18 @@ void Trainer::resize_batch(std::int64_t rows) {
   if (device_.is_cpu()) {
     if (!x_.defined() || x_.size(0) != rows) {
       x_ = Tensor::empty({rows, in}, device_);
-      y_ = Tensor::empty({rows, out}, device_);
+      y_ = classify() ? Tensor::empty({rows}, device_, DType::kI64)
+                      : Tensor::empty({rows, out}, device_);
     }
   } else {
     next_device_batch(rows);
     next_staging_buffer();  // the caller writes the staging buffers next
     Staging& staging = staging_[staging_index_];
     const auto x_bytes = static_cast<std::size_t>(rows * in) * sizeof(float);
-    const auto y_bytes = static_cast<std::size_t>(rows * out) * sizeof(float);
+    // --task classify stages the int64 class indices themselves: they go up with the inputs,
+    // on the upload stream, and the host never waits for them.
+    const auto y_bytes = classify() ? static_cast<std::size_t>(rows) * sizeof(std::int64_t)
+                                    : static_cast<std::size_t>(rows * out) * sizeof(float);
     if (staging.x.size() < x_bytes) staging.x = PinnedBuffer(x_bytes);
     if (staging.y.size() < y_bytes) staging.y = PinnedBuffer(y_bytes);
   }
@@ -45,7 +49,8 @@ void Trainer::next_device_batch(std::int64_t rows) {
   DeviceBatch& batch = device_batches_[device_batch_index_];
   if (!batch.x.defined() || batch.x.size(0) != rows) {
     batch.x = Tensor::empty({rows, dataset_->in_features()}, device_);
-    batch.y = Tensor::empty({rows, dataset_->out_features()}, device_);
+    batch.y = classify() ? Tensor::empty({rows}, device_, DType::kI64)
+                         : Tensor::empty({rows, dataset_->out_features()}, device_);
     // New memory from the caching allocator may be a block that work already enqueued on the
     // compute stream still uses (blocks are handed out in compute-stream order): the upload
     // stream waits for all of it.
@@ -82,13 +87,16 @@ std::span<const std::int64_t> Trainer::lookahead_indices(std::int64_t g) {
 
 std::string Trainer::data_description() const {
   const std::string order = o_.shuffle ? "shuffled" : "in order (--no-shuffle)";
+  // The task is part of what the data is: the same files read as classes or as values differ.
+  const std::string out =
+      classify() ? fmt::format("{} classes", o_.classes) : std::to_string(dataset_->out_features());
   if (!o_.data_path.empty()) {
     return fmt::format(".npy data, {} samples x {} -> {}, {}, {}", dataset_->size(),
-                       dataset_->in_features(), dataset_->out_features(), npy_checksums_, order);
+                       dataset_->in_features(), out, npy_checksums_, order);
   }
-  return fmt::format("synthetic data, {} samples x {} -> {}, --noise {} --teacher-hidden {}, {}",
-                     dataset_->size(), dataset_->in_features(), dataset_->out_features(),
-                     o_.noise_std, o_.teacher_hidden, order);
+  return fmt::format("synthetic {}, {} samples x {} -> {}, --noise {} --teacher-hidden {}, {}",
+                     classify() ? "classification" : "data", dataset_->size(),
+                     dataset_->in_features(), out, o_.noise_std, o_.teacher_hidden, order);
 }
 
 std::int64_t Trainer::first_micro_batch(std::int64_t step) const {
@@ -113,12 +121,9 @@ void Trainer::load_batch(std::int64_t step, std::int64_t m) {
     rows = prefetched_rows_;
   }
   resize_batch(rows);
-  if (device_.is_cpu()) {
-    prefetcher_->take(x_.data(), y_.data());
-  } else {
-    prefetcher_->take(x_staging(), y_staging());
-    upload_batch();
-  }
+  prefetcher_->take(device_.is_cpu() ? x_.data() : x_staging(), target_rows(rows));
+  finish_targets(rows);
+  if (!device_.is_cpu()) upload_batch();
   prefetched_ = -1;
   // The next micro-batch is filled while this one trains: the next of this step, or the first
   // of the next step (an epoch's last step may have fewer than --grad-accum).
@@ -135,12 +140,26 @@ void Trainer::fill_batch(std::int64_t micro_batch_in_epoch) {
   const std::span<const std::int64_t> indices = sampler_->batch(micro_batch_in_epoch, o_.batch);
   const auto rows = static_cast<std::int64_t>(indices.size());
   resize_batch(rows);
-  if (device_.is_cpu()) {
-    dataset_->fill_batch(indices, x_.data(), y_.data());
-    return;
+  dataset_->fill_batch(indices, device_.is_cpu() ? x_.data() : x_staging(), target_rows(rows));
+  finish_targets(rows);
+  if (!device_.is_cpu()) upload_batch();
+}
+
+float* Trainer::target_rows(std::int64_t rows) {
+  if (classify()) {
+    class_scratch_.resize(static_cast<std::size_t>(rows));
+    return class_scratch_.data();
   }
-  dataset_->fill_batch(indices, x_staging(), y_staging());
-  upload_batch();
+  return device_.is_cpu() ? y_.data() : y_staging();
+}
+
+void Trainer::finish_targets(std::int64_t rows) {
+  if (!classify()) return;
+  auto* out =
+      device_.is_cpu() ? y_.data_i64() : static_cast<std::int64_t*>(staging_[staging_index_].y.data());
+  for (std::int64_t k = 0; k < rows; ++k) {
+    out[k] = static_cast<std::int64_t>(class_scratch_[static_cast<std::size_t>(k)]);
+  }
 }
 
 void Trainer::upload_batch() {

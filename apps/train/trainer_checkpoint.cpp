@@ -68,6 +68,15 @@ void Trainer::resume() {
     fail("checkpoint '{}' was trained with --seed {}, this run has --seed {}", path, state.seed,
          o_.seed);
   }
+  // A classifier and a regression of the same shapes are different models: compare the task.
+  // (Checkpoints written before this key existed have none to compare.)
+  if (const auto task = state.info.find("task");
+      task != state.info.end() && task->second != task_description()) {
+    fail(
+        "checkpoint '{}' was trained with --task {}; this run has --task {}. Resume with the same "
+        "--task and --classes",
+        path, task->second, task_description());
+  }
   // Other data would pass the position check below (it only counts samples): compare what the
   // data was. (Checkpoints written before this key existed have none to compare.)
   const auto data = state.info.find("data");
@@ -102,6 +111,10 @@ void Trainer::resume() {
   }
 }
 
+std::string Trainer::task_description() const {
+  return classify() ? fmt::format("classify --classes {}", o_.classes) : std::string("regression");
+}
+
 void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch) {
   require_finite_parameters(step, "checkpoint");  // on every rank: they hold the same values
   if (!is_main()) return;
@@ -111,6 +124,7 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
                           .seed = o_.seed,
                           .run_id = run_id_,
                           .info = {{"model", model_->describe()},
+                                   {"task", task_description()},
                                    {"data", data_description()},
                                    {"world_size", std::to_string(world_size_)},
                                    {"batch", std::to_string(o_.batch)},
@@ -157,6 +171,7 @@ void Trainer::save_parameters() {
                          {"seed", std::to_string(o_.seed)},
                          {"world_size", std::to_string(world_size_)},
                          {"activation", o_.activation},
+                         {"task", task_description()},
                          {"model", model_->describe()}});
 }
 

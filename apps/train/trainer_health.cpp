@@ -67,17 +67,21 @@ float Trainer::apply_health(const StepHealth& health, std::int64_t step) {
   return loss;
 }
 
-Tensor Trainer::gather_health(const Tensor& local_loss) {
+Tensor Trainer::gather_health(const Tensor& local_loss, const Tensor& local_correct) {
   params_->zero_missing_grads();  // a parameter without a gradient this step counts as zero
   // [loss of rank 0, ..., loss of rank W-1, non-finite gradient values on rank 0, ...], built
   // on the device: each rank writes its own entries (the loss copied, the count written by the
   // kernel), and the sum hands everyone all of them (x + 0 keeps NaN and Inf). No host read
-  // here: read_health reads it, with the kept rows of earlier steps, in one copy.
+  // here: read_health reads it, with the kept rows of earlier steps, in one copy. --task
+  // classify adds a third block, each rank's correct predictions, for the accuracy: the same
+  // all-reduce, so every rank reads the same figure without a collective of its own.
   const auto w = static_cast<std::size_t>(distributed_ ? world_size_ : 1);
   const auto me = static_cast<std::size_t>(distributed_ ? rank_ : 0);
-  Tensor values = Tensor::zeros({static_cast<std::int64_t>(2 * w)}, device_);
+  const std::size_t blocks = classify() ? 3 : 2;
+  Tensor values = Tensor::zeros({static_cast<std::int64_t>(blocks * w)}, device_);
   Backend& backend = backend_for(device_);
   backend.copy(values.data() + me, local_loss.data(), sizeof(float));
+  if (classify()) backend.copy(values.data() + 2 * w + me, local_correct.data(), sizeof(float));
   if (optimizer_in_backward_) {
     // The gradients were counted as they were applied (a host read of its own).
     backend.fill(values.data() + w + me, 1,
@@ -129,10 +133,20 @@ Trainer::StepHealth Trainer::read_health(const Tensor& values, std::int64_t step
   std::vector<std::int64_t> steps = std::move(unread_steps_);
   unread_steps_.clear();
   steps.push_back(step);
-  const auto w = static_cast<std::size_t>(width / 2);
+  const std::size_t blocks = classify() ? 3 : 2;
+  const auto w = static_cast<std::size_t>(width) / blocks;
+  if (classify()) {
+    // Every read row's correct predictions count, including rows after a bad one (a skipped
+    // step's forward pass still predicted its batch).
+    for (std::size_t row = 0; row < steps.size(); ++row) {
+      const auto first = host.begin() + static_cast<std::ptrdiff_t>(row * blocks * w + 2 * w);
+      for (std::size_t r = 0; r < w; ++r)
+        unlogged_correct_ += first[static_cast<std::ptrdiff_t>(r)];
+    }
+  }
   StepHealth health;
   for (std::size_t row = 0; row < steps.size(); ++row) {
-    const auto first = host.begin() + static_cast<std::ptrdiff_t>(row * 2 * w);
+    const auto first = host.begin() + static_cast<std::ptrdiff_t>(row * blocks * w);
     health.step = steps[row];
     health.losses.assign(first, first + static_cast<std::ptrdiff_t>(w));
     health.grads_finite = true;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "classification.h"
 #include "nanoddp/comm/consistency.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/kernels/error.h"
@@ -146,7 +147,11 @@ void Trainer::check_paths_distinct() const {
 
 void Trainer::load_npy_dataset() {
   try {
-    dataset_ = std::make_unique<nn::NpyDataset>(o_.data_path, o_.targets_path);
+    if (classify()) {
+      dataset_ = std::make_unique<NpyClassification>(o_.data_path, o_.targets_path, o_.classes);
+    } else {
+      dataset_ = std::make_unique<nn::NpyDataset>(o_.data_path, o_.targets_path);
+    }
     // Recorded in checkpoints (data_description): a --resume on other data of the same shape
     // is refused, not trained on silently.
     npy_checksums_ =
@@ -204,6 +209,12 @@ void Trainer::check_same_files(const std::string& key, const std::vector<std::st
 // activation (the one setting the tensors' shapes do not show) computes another function.
 void Trainer::check_init_model() const {
   const nn::SafetensorsMetadata metadata = nn::read_safetensors_metadata(o_.init_path);
+  // The task (files from before it was recorded, and PyTorch's, have none: their shapes decide).
+  if (const auto task = metadata.find("task");
+      task != metadata.end() && task->second != task_description()) {
+    fail("--init '{}' was saved by a --task {} run; this run has --task {}", o_.init_path,
+         task->second, task_description());
+  }
   std::string recorded;
   if (const auto model = metadata.find("model"); model != metadata.end()) {
     recorded = model->second;

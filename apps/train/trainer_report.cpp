@@ -26,7 +26,8 @@ std::string format_duration(double seconds) {
 
 }  // namespace
 
-void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) {
+void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, std::optional<double> accuracy,
+                  Window& w) {
   if (!is_main()) return;
   const double samples_per_s = 1000.0 * w.samples / std::max(w.wall_ms, 1e-9);
   const double n = static_cast<double>(w.steps);
@@ -36,9 +37,10 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) 
     if (ddp_)
       comm = fmt::format("  comm {:.3f} ms (exposed {:.3f})", w.comm_ms / n, w.exposed_comm_ms / n);
     fmt::print(
-        "step {:>{}}/{}  epoch {}  loss {:.6e}  {:.0f} samples/s  step {:.3f} ms  data "
+        "step {:>{}}/{}  epoch {}  loss {:.6e}{}  {:.0f} samples/s  step {:.3f} ms  data "
         "{:.3f} ms{}  eta {}\n",
-        step, std::to_string(steps_).size(), steps_, epoch, loss, samples_per_s, w.step_ms / n,
+        step, std::to_string(steps_).size(), steps_, epoch, loss,
+        accuracy ? fmt::format("  accuracy {:.4f}", *accuracy) : "", samples_per_s, w.step_ms / n,
         w.data_ms / n, comm, format_duration(eta_s));
     std::fflush(stdout);
   }
@@ -51,6 +53,9 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, Window& w) 
                            {"samples_per_s", samples_per_s},
                            {"world_size", world_size_},
                            {"steps_in_window", w.steps}};
+    // Train accuracy over the window's steps (all ranks' samples), with the model as it was at
+    // each step's forward pass.
+    if (accuracy) line["accuracy"] = *accuracy;
     line["forward_ms"] = w.forward_ms / n;
     line["backward_ms"] = w.backward_ms / n;
     line["optimizer_ms"] = w.optimizer_ms / n;
@@ -125,9 +130,12 @@ void Trainer::print_banner() const {
     fmt::print("nanoddp-train {} | device {} | {} | {} parameters | {}\n", NANODDP_VERSION,
                device_.str(), model_->describe(), params_->numel(), optimizer_->describe());
     fmt::print("data: {} samples x {} -> {} | {} rank(s) x batch {}{} | {} steps ({} per epoch)\n",
-               dataset_->size(), dataset_->in_features(), dataset_->out_features(), world_size_,
-               o_.batch, o_.grad_accum > 1 ? fmt::format(" x {} micro-batches", o_.grad_accum) : "",
-               steps_, steps_per_epoch_);
+               dataset_->size(), dataset_->in_features(),
+               classify() ? fmt::format("{} classes", o_.classes)
+                          : std::to_string(dataset_->out_features()),
+               world_size_, o_.batch,
+               o_.grad_accum > 1 ? fmt::format(" x {} micro-batches", o_.grad_accum) : "", steps_,
+               steps_per_epoch_);
     if (ddp_) {
       fmt::print(
           "ddp: backend {} | {} buckets (first {} MiB, then {} MiB) | overlap {} | hook {}\n",
@@ -137,8 +145,8 @@ void Trainer::print_banner() const {
   }
 }
 
-void Trainer::print_summary(double run_seconds, std::optional<float> first_loss,
-                            float last_loss) const {
+void Trainer::print_summary(double run_seconds, std::optional<float> first_loss, float last_loss,
+                            std::optional<double> last_accuracy) const {
   if (!is_main()) return;
   // "nan", not "-nan": the sign of a NaN means nothing.
   const auto text = [](std::optional<float> v) {
@@ -146,8 +154,9 @@ void Trainer::print_summary(double run_seconds, std::optional<float> first_loss,
     return std::isnan(*v) ? std::string("nan") : fmt::format("{:.6e}", *v);
   };
   fmt::print(
-      "done: {} steps in {:.2f} s, loss {} -> {}{}{}\n", steps_ - start_step_, run_seconds,
+      "done: {} steps in {:.2f} s, loss {} -> {}{}{}{}\n", steps_ - start_step_, run_seconds,
       text(first_loss), text(first_loss ? std::optional(last_loss) : std::nullopt),
+      last_accuracy ? fmt::format(", train accuracy {:.4f}", *last_accuracy) : "",
       o_.skip_nonfinite ? fmt::format(", {} step(s) skipped for NaN/Inf", skipped_steps_) : "",
       o_.save_path.empty() ? "" : fmt::format(", parameters saved to {}", o_.save_path));
 }

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "classification.h"
 #include "nanoddp/comm/consistency.h"
 #include "nanoddp/config.h"
 #include "nanoddp/engine/backend.h"
@@ -52,9 +53,10 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
     // Elastic rounds: the same global batch at every world size that divides it.
     const std::int64_t ways = std::int64_t{world_.world_size} * o_.grad_accum;
     if (*o_.global_batch % ways != 0) {
-      fail("--global-batch {} is not divisible by {} ranks x --grad-accum {}: pick a global batch "
-           "that every world size of the job divides",
-           *o_.global_batch, world_.world_size, o_.grad_accum);
+      fail(
+          "--global-batch {} is not divisible by {} ranks x --grad-accum {}: pick a global batch "
+          "that every world size of the job divides",
+          *o_.global_batch, world_.world_size, o_.grad_accum);
     }
     o_.batch = *o_.global_batch / ways;
   }
@@ -84,22 +86,26 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
   if (!o_.data_path.empty()) {
     load_npy_dataset();
   } else {
-    dataset_ = std::make_unique<nn::SyntheticRegression>(
-        nn::SyntheticRegressionOptions{.in_features = o_.in_features,
-                                       .out_features = o_.out_features,
-                                       .size = o_.dataset_size,
-                                       .seed = o_.seed,
-                                       .noise_std = o_.noise_std,
-                                       .teacher_hidden = o_.teacher_hidden});
+    const nn::SyntheticRegressionOptions teacher{.in_features = o_.in_features,
+                                                 .out_features = o_.out_features,
+                                                 .size = o_.dataset_size,
+                                                 .seed = o_.seed,
+                                                 .noise_std = o_.noise_std,
+                                                 .teacher_hidden = o_.teacher_hidden};
+    if (classify()) {
+      dataset_ = std::make_unique<SyntheticClassification>(teacher);
+    } else {
+      dataset_ = std::make_unique<nn::SyntheticRegression>(teacher);
+    }
   }
   if (distributed_) check_same_inputs();
-  model_ =
-      std::make_unique<nn::Mlp>(nn::MlpOptions{.in_features = dataset_->in_features(),
-                                               .out_features = dataset_->out_features(),
-                                               .hidden = o_.hidden,
-                                               .layers = o_.layers,
-                                               .activation = nn::parse_activation(o_.activation),
-                                               .seed = o_.seed});
+  model_ = std::make_unique<nn::Mlp>(
+      nn::MlpOptions{.in_features = dataset_->in_features(),
+                     .out_features = classify() ? o_.classes : dataset_->out_features(),
+                     .hidden = o_.hidden,
+                     .layers = o_.layers,
+                     .activation = nn::parse_activation(o_.activation),
+                     .seed = o_.seed});
   params_ = std::make_unique<nn::FlatParameters>(*model_, device_);
   if (o_.optimizer == "sgd") {
     optimizer_ = std::make_unique<nn::SGD>(
@@ -220,6 +226,7 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
 // other data settings would train on other samples (no error at all).
 void Trainer::check_same_settings() {
   const std::vector<std::string> settings = {
+      fmt::format("--task {} --classes {}", o_.task, o_.classes),
       fmt::format("--in {} --out {}", o_.in_features, o_.out_features),
       fmt::format("--hidden {} --layers {} --activation {}", o_.hidden, o_.layers, o_.activation),
       fmt::format("--batch {}", o_.batch),

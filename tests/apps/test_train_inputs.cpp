@@ -602,11 +602,14 @@ TEST_CASE("inputs: a second job on the same --master-port fails alone, the first
         train_argv({"--steps", std::to_string(steps), "--quiet", "--save", save});
     argv.insert(argv.end(), train_part.begin(), train_part.end());
     ProcessOptions o;
-    o.timeout = std::chrono::seconds(120);
+    o.timeout = std::chrono::seconds(280);
     o.env.emplace("NANODDP_TIMEOUT_S", "20");
     return run_process(argv, o);
   };
-  auto first = std::async(std::launch::async, [&] { return job(dir.file("a.st"), 3000); });
+  // (Long enough to still run when the second job starts: 3,000 steps of this model ended in
+  // 0.13 s, before the second job began, and the test passed only because it never ran: its name
+  // held a ';', which ctest cannot select.)
+  auto first = std::async(std::launch::async, [&] { return job(dir.file("a.st"), 100000); });
   std::this_thread::sleep_for(std::chrono::seconds(2));  // the first job's store is up
   const ProcessResult second = job(dir.file("b.st"), 50);
   const ProcessResult a = first.get();
@@ -614,6 +617,7 @@ TEST_CASE("inputs: a second job on the same --master-port fails alone, the first
   CHECK(a.exit_code == 0);
   CHECK(fs::exists(dir.file("a.st")));
   CHECK(second.exit_code != 0);
+  CHECK_FALSE(fs::exists(dir.file("b.st")));
 }
 
 TEST_CASE("inputs: a qualifying flag without the flag it qualifies is refused, not ignored") {

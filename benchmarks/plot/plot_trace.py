@@ -15,10 +15,13 @@ On the chart: each backward span is named after the module whose gradients it fi
 gradient ticks that follow it: "backward layers.4"), each module's ticks are labelled once
 ("∇layers.4"), an arrow links each "bucket N ready" marker to the start of that bucket's
 all-reduce, a dotted line marks each rank's last gradient, and the all-reduce time after it (the
-exposed communication, as the Reducer counts it) is hatched. The header states how many threads
-(per rank: compute and the communication worker) shared how many cores (--cores, default this
-machine's). --compare draws a second trace's step (e.g. --no-overlap) below the first on the same
-time axis, both from 0, with each step's end and the difference marked.
+exposed communication, as the Reducer counts it) is hatched. The header states the step and its
+own length (the drawn window adds a little room on both sides), and how many threads (per rank:
+compute and the communication worker) shared how many cores (--cores, default this machine's).
+--compare draws a second trace's step (e.g. --no-overlap) below the first on the same time axis,
+both from 0, with each step's end and the difference marked; the header gives each run's step and
+threads apart (the runs did not share the cores), and without --step the second trace shows the
+same step number as the first when it has it.
 
 A step runs from the first span after the previous "optimizer step" to the end of its own
 "optimizer step" (on each rank; the window covers all ranks, and the neighbouring steps' spans in
@@ -217,8 +220,14 @@ def _overlap(a, b, merged):
     return sum(max(0.0, min(b, y) - max(a, x)) for x, y in merged)
 
 
+def is_bucket_allreduce(e):
+    """A bucket's all-reduce; the communication track also holds nanoddp-train's per-step
+    "health all-reduce", which is neither overlapped with backward nor counted by the Reducer."""
+    return e["track"] == "communication" and e["name"].startswith("all-reduce bucket")
+
+
 def overlap_summary(ranks, spans, lo, hi, own):
-    """Per rank, over the bucket all-reduce spans that start in the rank's own step (own[pid]; without
+    """Per rank, over the all-reduce spans that start in the rank's own step (own[pid]; without
     one, in [lo, hi]): (rank name, their total ms, how many, how many started before the step's
     last backward node ended, ms of them during which a backward node was running)."""
     out = []
@@ -228,9 +237,7 @@ def overlap_summary(ranks, spans, lo, hi, own):
         backward = _union((e["ts"], e["ts"] + e["dur"]) for e in inside
                           if e["name"].startswith("backward"))
         backward_end = backward[-1][1] if backward else float("-inf")
-        # The buckets' all-reduces: not the per-step health all-reduce on the same track.
-        comm = [e for e in inside
-                if e["track"] == "communication" and e["name"].startswith("all-reduce bucket")]
+        comm = [e for e in inside if is_bucket_allreduce(e)]
         total = sum(e["dur"] for e in comm)
         early = sum(1 for e in comm if e["ts"] < backward_end)
         hidden = sum(_overlap(e["ts"], e["ts"] + e["dur"], backward) for e in comm)
@@ -329,7 +336,7 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=()):
             continue
         centre, h = row
         for e in spans:
-            if e["pid"] != pid or e["track"] != "communication" or not start <= e["ts"] < end:
+            if e["pid"] != pid or not is_bucket_allreduce(e) or not start <= e["ts"] < end:
                 continue
             a, b = max(e["ts"], backward_end), e["ts"] + e["dur"]
             if b > a:
@@ -430,19 +437,27 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=()):
     plt.close(fig)
 
 
-def pick_step(args, path, spans, ranks):
-    """(own, lo, hi, what) of the chosen step of one trace; raises InputError."""
+def pick_step(args, path, spans, ranks, prefer=None):
+    """(own, lo, hi, what, step) of the chosen step of one trace; raises InputError. Without
+    --step, `prefer` (the first trace's step number, with --compare) wins when this trace has it,
+    so that the two runs show the same step of their runs."""
     windows = step_windows(ranks, spans)
     if not windows:
         raise InputError(f"{path}: no \"optimizer step\" spans, so no steps to choose from; "
                          "pass --from-ms and --to-ms")
-    step = args.step if args.step is not None else typical_step(windows)
+    if args.step is not None:
+        step = args.step
+    elif prefer is not None and prefer <= len(windows):
+        step = prefer
+    else:
+        step = typical_step(windows)
     if step > len(windows):
         raise InputError(f"--step {step}: {path} records {len(windows)} step(s); pass "
                          f"1..{len(windows)} (nanoddp-train --trace-steps sets how many)")
     own = windows[step - 1]
     lo, hi = min(a for a, _ in own.values()), max(b for _, b in own.values())
-    return own, lo, hi, f"step {step} of {len(windows)} recorded"
+    # The step's own length, not the drawn window's (which adds room on both sides).
+    return own, lo, hi, f"step {step} of {len(windows)} recorded, {hi - lo:.2f} ms", step
 
 
 def summary_lines(ranks, spans, lo, hi, own):
@@ -456,6 +471,16 @@ def summary_lines(ranks, spans, lo, hi, own):
     return lines
 
 
+def thread_count(spans):
+    """Per rank, each track with spans is a thread (compute, the communication worker)."""
+    return len({(e["pid"], e["track"]) for e in spans
+                if e["track"] in ("compute", "communication")})
+
+
+def threads_text(spans, ranks):
+    return (f"{thread_count(spans)} threads ({len(ranks)} rank(s) x compute + communication)")
+
+
 def main(argv):
     args = parse_args(argv)
     try:
@@ -467,13 +492,17 @@ def main(argv):
             own = {}
             what = f"{args.from_ms:g}–{args.to_ms:g} ms"
         else:
-            own, lo, hi, what = pick_step(args, args.trace, spans, ranks)
+            own, lo, hi, what, step = pick_step(args, args.trace, spans, ranks)
+        threads = threads_text(spans, ranks)
         label_backward_spans(spans, instants)
         lines = summary_lines(ranks, spans, lo, hi, own)
         if args.compare is not None:
             names = args.labels.split(",")
             ranks2, spans2, instants2 = load(args.compare)
-            own2, lo2, hi2, what2 = pick_step(args, args.compare, spans2, ranks2)
+            own2, lo2, hi2, what2, _ = pick_step(args, args.compare, spans2, ranks2, prefer=step)
+            # Each run's own threads: the two ran one after the other, not at the same time.
+            threads = (f"{names[0]}: {threads}; "
+                       f"{names[1]}: {threads_text(spans2, ranks2)}")
             label_backward_spans(spans2, instants2)
             lines = [f"{names[0]}: {line}" for line in lines] + \
                 [f"{names[1]}: {line}" for line in summary_lines(ranks2, spans2, lo2, hi2, own2)]
@@ -491,7 +520,8 @@ def main(argv):
             marks = [(first_end, f"{names[0]}: {first_end - lo:.2f} ms "),
                      (second_end, f"{names[1]}: {second_end - lo:.2f} ms "
                                   f"(difference {second_end - first_end:+.2f} ms) ")]
-            what = f"{what} and {what2} of {os.path.basename(args.compare)}"
+            what = (f"{names[0]}: {what}; "
+                    f"{names[1]} ({os.path.basename(args.compare)}): {what2}")
             hi = max(hi, second_end)
         if args.from_ms is None:
             # A little room on both sides, so the first and last bars are not cut by the frame.
@@ -502,14 +532,11 @@ def main(argv):
         return 2
     if args.out is None:
         args.out = os.path.splitext(args.trace)[0] + ".png"
-    # Threads: per rank, each track with spans is a thread (compute, the communication worker).
-    threads = len({(e["pid"], e["track"]) for e in spans
-                   if e["track"] in ("compute", "communication")})
     cores = args.cores or os.cpu_count()
-    machine = (f"{threads} threads ({len(ranks)} rank(s) x compute + communication) on {cores} "
-               f"core(s){'' if args.cores else ' (this machine count)'}")
+    machine = (f"{threads} on {cores} core(s)"
+               f"{'' if args.cores else ' (this machine count)'}")
     title = (f"{args.title}\n" if args.title else f"{os.path.basename(args.trace)}: ") + \
-        f"{what}, {hi - lo:.1f} ms\n{machine}"
+        f"{what}\n{machine}"
     if lines:
         title += "\n" + "\n".join(lines)
     if marks:
@@ -525,7 +552,8 @@ def main(argv):
     except OSError as e:
         print(f"{PROG}: error: --out {args.out}: {e.strerror}", file=sys.stderr)
         return 2
-    print(f"wrote {args.out}: timeline of {what} ({hi - lo:.1f} ms, {len(ranks)} rank(s))")
+    print(f"wrote {args.out}: timeline of {what} ({len(ranks)} rank(s))")
+    print(f"  {machine}")
     print(f"wrote {os.path.splitext(args.out)[0] + '.svg'}: the same chart as SVG")
     for line in lines:
         print("  " + line)

@@ -323,8 +323,8 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
     run_ok(train);
 
     const std::string png = dir.file(overlap ? "overlap.png" : "no_overlap.png");
-    const ProcessResult r = run_ok({py, script("plot_trace.py"), trace, "--step", "2", "--out",
-                                    png, "--footnote", "commit abc1234, 2026-12-01 18:00 UTC"});
+    const ProcessResult r = run_ok({py, script("plot_trace.py"), trace, "--step", "2", "--out", png,
+                                    "--footnote", "commit abc1234, 2026-12-01 18:00 UTC"});
     INFO(r.output);
     check_chart(r, png);
     // The SVG twin, with the footnote (a trace holds no provenance of its own) as text.
@@ -368,10 +368,9 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
     CHECK(!fs::exists(dir.file("beyond.png")));
   }
   // Overlap on and off on one time axis: both steps' summaries and their difference.
-  const ProcessResult both =
-      run_ok({py, script("plot_trace.py"), dir.file("overlap.json"), "--compare",
-              dir.file("no_overlap.json"), "--step", "2", "--cores", "2", "--out",
-              dir.file("both.png")});
+  const ProcessResult both = run_ok({py, script("plot_trace.py"), dir.file("overlap.json"),
+                                     "--compare", dir.file("no_overlap.json"), "--step", "2",
+                                     "--cores", "2", "--out", dir.file("both.png")});
   INFO(both.output);
   check_chart(both, dir.file("both.png"));
   CHECK(contains(both.output, "4 rank(s)"));
@@ -379,6 +378,28 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
   CHECK(contains(both.output, "overlap off: rank 1: 3 all-reduce(s)"));
   CHECK(contains(both.output, "step overlap off:"));
   CHECK(contains(both.output, "(difference "));
+  // Each run's threads apart (they ran one after the other), not the two runs' sum.
+  CHECK(contains(both.output, "overlap on: 4 threads (2 rank(s)"));
+  CHECK(contains(both.output, "overlap off: 4 threads (2 rank(s)"));
+  // The header's step length is the step's own (the one its end mark measures), not the drawn
+  // window's, which adds room on both sides.
+  const std::string head = "overlap on: step 2 of 4 recorded, ";
+  const std::size_t at = both.output.find(head);
+  REQUIRE(at != std::string::npos);
+  const std::string length =
+      both.output.substr(at + head.size(), both.output.find(" ms", at) - at - head.size());
+  CAPTURE(length);
+  CHECK(contains(both.output, "step overlap on: " + length + " ms"));
+  // Without --step both runs show the same step number (the first trace's median step).
+  const ProcessResult same =
+      run_ok({py, script("plot_trace.py"), dir.file("overlap.json"), "--compare",
+              dir.file("no_overlap.json"), "--out", dir.file("same.png")});
+  INFO(same.output);
+  const std::size_t first = same.output.find("overlap on: step ");
+  REQUIRE(first != std::string::npos);
+  const std::string number =
+      same.output.substr(first + 17, same.output.find(' ', first + 17) - first - 17);
+  CHECK(contains(same.output, "overlap off (no_overlap.json): step " + number + " of 4 recorded"));
 }
 
 TEST_CASE("plot scripts: bad input exits 2 naming the file and the line") {

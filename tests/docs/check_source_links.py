@@ -4,7 +4,9 @@
 A link such as [`Reducer::launch`](../comm/reducer.cpp#L166) in docs/*.md (or
 (nanoddp/...#L166) in README.md) must name a file that exists and a line that exists; when the
 link text is code (in backticks), that line must contain it as a whole token — the part after the last
-`::`, and without a trailing "(...)". So when code moves, the test names the stale link instead of the
+`::`, and without a trailing "(...)" (code text may hold brackets: [`acc[i] /= d`](...)). A bare
+function name (`enqueue`) speaks of the function: when the file defines it, the link must land on
+its definition, not on a caller's line (write a call as `enqueue(...)`). So when code moves, the test names the stale link instead of the
 guide silently pointing at the wrong line.
 
 Usage: check_source_links.py SOURCE_DIR [--fix]
@@ -15,7 +17,9 @@ import pathlib
 import re
 import sys
 
-LINK = re.compile(r"\[([^\]]+)\]\(([^)#\s]+)#L(\d+)\)")
+# The text is either code in backticks, which may hold brackets (`acc[i] /= divisor`), or prose
+# without them.
+LINK = re.compile(r"\[(`[^`]+`|[^\]]+)\]\(([^)#\s]+)#L(\d+)\)")
 
 
 def keys_of(label):
@@ -46,6 +50,26 @@ def declares(line, key):
         return False
     return m.group(1) not in {"return", "else", "throw", "co_return", "new", "delete", "case",
                               "goto", "sizeof", "typename", "using", "namespace"}
+
+
+def bare_name(label):
+    """The function name when the link text is a bare name (`enqueue`), else None. A bare name
+    speaks of the function itself; a call is written as one (`impl->enqueue(...)`, `launch(...)`)."""
+    m = re.fullmatch(r"`([A-Za-z_][A-Za-z0-9_]*)`", label.strip())
+    return m.group(1) if m else None
+
+
+def defines(line, name):
+    """True when `line` starts a definition of function `name` at file scope (column 0:
+    `void Reducer::launch(`, `std::shared_ptr<Work> GlooProcessGroup::Impl::enqueue(`), not a
+    call (`impl->enqueue(`, `x = launch(`) nor a statement."""
+    if not line or line[0] in " \t/#*}":
+        return False
+    m = re.search(r"(?<![A-Za-z0-9_])" + re.escape(name) + r"\s*\(", line)
+    if not m:
+        return False
+    head = line[: m.start()]
+    return not head.endswith((".", "->")) and "=" not in head and not head.startswith("return")
 
 
 def contains(line, key):
@@ -81,8 +105,15 @@ def main():
                                     f"that line in backticks (prose cannot be checked)")
                     continue
                 qualified = "::" in label
+                # A bare function name the file defines must land on its definition, not on
+                # some caller's line (`enqueue` on `return impl->enqueue(` of another op).
+                name = bare_name(label)
+                definitions = ({n for n in range(1, len(lines) + 1) if defines(lines[n - 1], name)}
+                               if name else set())
 
                 def holds(n):  # line n uses the text (a declaration does not count)
+                    if definitions:
+                        return n in definitions
                     return (any(contains(lines[n - 1], k) for k in keys)
                             and (qualified or not declares(lines[n - 1], keys[0])))
 
@@ -96,12 +127,20 @@ def main():
                                 and not lines[n - 1].lstrip().startswith(("//", "*", "#"))]
                         if near:
                             break
+                    if not near and definitions:  # a function defined further away
+                        near = sorted(definitions)
                     near.sort(key=lambda n: abs(n - line))
                     if fix and near:
                         old_link = match.group(0)
                         new_link = old_link.replace(f"#L{line})", f"#L{near[0]})")
                         doc_lines[number - 1] = doc_lines[number - 1].replace(old_link, new_link, 1)
                         fixed += 1
+                        continue
+                    if definitions and contains(lines[line - 1], name):
+                        where_defined = ", ".join(str(n) for n in sorted(definitions))
+                        problems.append(f"{where}: line {line} uses '{name}' but the link names "
+                                        f"the function, defined at line {where_defined} (link a "
+                                        f"call as `{name}(...)`): {lines[line - 1].strip()!r}")
                         continue
                     if declared:
                         problems.append(f"{where}: line {line} declares '{keys[0]}' instead of "

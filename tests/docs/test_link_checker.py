@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The link checker itself: on a small made-up tree it must refuse a link whose text is prose,
-a link that lands on a declaration of its name, and a link to a line without its code; and it
-must accept a link to a call and a qualified link to a definition."""
+a link that lands on a declaration of its name, a link to a line without its code, and a bare
+function name on a caller's line when the file defines the function; and it must accept a link to
+a call, a qualified or bare link to a definition, and code text holding brackets."""
 import pathlib
 import subprocess
 import sys
@@ -15,6 +16,10 @@ void Reducer::launch(std::size_t bucket, float divide_by) {
 int pending_ = 0;
 void issue(const std::function<void(int)>& launch,
            bool blocking) { launch(3); }
+void run() {
+  for (int i = 0; i < 4; ++i) acc[i] /= divisor;
+  worker->enqueue(7);
+}
 """
 cases = {
     "[`Reducer::launch`](../src/r.cpp#L1)": True,   # qualified: the definition
@@ -26,6 +31,11 @@ cases = {
     "[`launch`](../src/r.cpp#L3)": False,           # the line does not contain it
     "[`launch(...)`](../src/r.cpp#L5)": False,      # a parameter of a template type with ()
     "[`launch(...)`](../src/r.cpp#L6)": True,       # its call
+    "[`acc[i] /= divisor`](../src/r.cpp#L8)": True,  # brackets in the code text
+    "[`acc[i] /= divisor`](../src/r.cpp#L7)": False,  # ... which is still checked
+    "[`launch`](../src/r.cpp#L1)": True,             # a bare name: the function's definition
+    "[`launch`](../src/r.cpp#L6)": False,            # not a call, when the file defines it
+    "[`enqueue`](../src/r.cpp#L9)": True,            # defined elsewhere: a call will do
 }
 failures = 0
 for link, ok in cases.items():

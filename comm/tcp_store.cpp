@@ -54,6 +54,12 @@ struct TcpStore::Impl {
   std::mutex mutex;  // one request at a time; guards fd and in
   UniqueFd fd;
   proto::Bytes in;
+  // The server closed or broke the connection we had (not merely a slow answer). A reconnection
+  // then makes one attempt instead of retrying for the whole timeout: the retries are for a
+  // server that has not started yet, and this one had, so a refusal now means it is gone (rank
+  // 0 died). Retrying would hold a failing rank for the timeout in its error path (each store
+  // call after the loss, e.g. the check-out in ~Distributed) before it could exit.
+  bool lost = false;
 
   explicit Impl(const TcpStoreOptions& opts)
       : options(opts),
@@ -114,10 +120,23 @@ std::optional<UniqueFd> TcpStore::Impl::try_connect(Clock::time_point deadline, 
 }
 
 void TcpStore::Impl::connect() {
+  in.clear();
+  if (lost) {
+    std::string why = "no attempt finished";
+    std::optional<UniqueFd> s = try_connect(Clock::now() + timeout(), why);
+    if (!s) {
+      throw StoreError(fmt::format(
+          "the store at {} dropped the connection earlier and does not accept a new one ({}); "
+          "did rank 0 exit?",
+          address, why));
+    }
+    fd = std::move(*s);
+    lost = false;
+    return;
+  }
   fd = detail::connect_with_retry(
       "the store at " + address, "is rank 0 running? is MASTER_ADDR right?", timeout(),
       [&](Clock::time_point deadline, std::string& why) { return try_connect(deadline, why); });
-  in.clear();
 }
 
 void TcpStore::Impl::check_key(const std::string& key) const {
@@ -171,6 +190,7 @@ proto::Response TcpStore::Impl::call(const proto::Request& req,
     r = recv_some(fd.get(), in, deadline, err);
   }
   fd.reset();
+  lost = r != IoResult::kTimeout;
   switch (r) {
     case IoResult::kClosed:
       throw StoreError(fmt::format(

@@ -8,6 +8,8 @@
 #   3. NANODDP_HIER=0 forces the flat ring: backend gloo, and rank 0 says why;
 #   4. a rank killed mid-all-reduce, in either sub-group (a host-mate; a host's leader): every
 #      other rank fails at once (not after the timeout) with a message naming it;
+#      a whole node killed mid-training (rank 0 and the store with it): the other node's ranks
+#      exit at once, naming rank 0;
 #      an uneven layout (2 + 1 ranks: a host whose leader is alone) passes the suite too;
 #   5. nanoddp-train end to end: the hierarchical path's final parameters equal the flat ring's
 #      within float rounding (float32, then with the bf16 hook), and the `ddp:` line names the
@@ -114,6 +116,38 @@ killed 1 "shared memory on host 0 .*the rank to look at: 1" "" \
 killed 2 "step across hosts .* failed on rank 0: .* rank 2, the leader of host 1" \
   "rank 0, the leader of host 0 .* failed in the step across hosts" "" \
   "shared memory on host 1 .*the rank to look at: 2"
+
+# 4a. A whole node lost mid-training: both ranks of node 0, rank 0 and the store it serves
+# included, killed at once. Node 1's ranks see the leaders' ring break (rank 2) and hear of it in
+# shared memory (rank 3); both must then exit at once, not linger in their error path (each
+# store call after the loss used to retry its connection for the whole timeout).
+job=(--nnodes 2 --nproc-per-node 2 --master-addr "$addr_a" --master-port 29648 --grace-period 2
+     "$bin/nanoddp-train" --in 16 --out 4 --hidden 64 --layers 3 --batch 8 --steps 1000000
+     --log-every 100 --optimizer sgd --lr 0.001)
+timeout 60 ip netns exec "$ns_a" "$bin/nanoddp-run" --node-rank 0 "${job[@]}" \
+  >"$work/node-lost-0.log" 2>&1 &
+pid_a=$!
+timeout 60 ip netns exec "$ns_b" "$bin/nanoddp-run" --node-rank 1 "${job[@]}" \
+  >"$work/node-lost-1.log" 2>&1 &
+pid_b=$!
+for _ in $(seq 300); do grep -Eq "step +200/" "$work/node-lost-0.log" 2>/dev/null && break; sleep 0.1; done
+ip netns pids "$ns_a" | xargs -r kill -9
+killed_at=$(date +%s.%N)
+wait "$pid_b"
+rc=$?
+{ wait "$pid_a"; } 2>/dev/null  # (no "Killed" line from the shell)
+after=$(echo "$(date +%s.%N) - $killed_at" | bc)
+echo "node 0 killed: node 1's launcher exited $rc after $after s (NANODDP_TIMEOUT_S=$NANODDP_TIMEOUT_S)"
+grep -h "error:" "$work/node-lost-1.log"
+if [ $rc -eq 0 ] || [ $rc -eq 124 ] || ! awk -v t="$after" 'BEGIN { exit !(t < 5) }' ||
+   ! grep -q "rank 2.*error:.*lost the connection to rank 0" "$work/node-lost-1.log" ||
+   ! grep -q "rank 3.*error:.*rank 2, the leader of host 1 .* failed in the step across hosts" \
+     "$work/node-lost-1.log"; then
+  fail "node 0 killed mid-training: node 1 should fail within 5 s, naming rank 0"
+  tail -20 "$work/node-lost-1.log"
+else
+  echo "ok: node 0 (rank 0 and the store) killed mid-training; node 1 failed at once, naming it"
+fi
 
 # 4b. An uneven layout, 2 + 1 ranks: the lone rank of node 1 is its host's leader with no
 # shared-memory steps. The suite, started by hand (nanoddp-run gives every node the same count).

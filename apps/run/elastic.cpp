@@ -440,7 +440,22 @@ int run_elastic(const LaunchPlan& plan) {
       .port = static_cast<std::uint16_t>(endpoint.port),
       .timeout = std::max(millis(o.heartbeat_timeout_s), std::chrono::milliseconds(1000))};
   const std::string prefix = "nanoddp-run/" + o.rdzv_id;
-  comm::PrefixStore store(prefix, std::make_shared<comm::TcpStore>(client_options));
+  // The first connection waits as long as a round may take to form (--rdzv-join-timeout): a node
+  // started before the endpoint's launcher is early, not wrong. Later requests wait a heartbeat.
+  std::shared_ptr<comm::TcpStore> client;
+  try {
+    comm::TcpStoreOptions first = client_options;
+    first.timeout = std::max(client_options.timeout, millis(o.join_timeout_s));
+    client = std::make_shared<comm::TcpStore>(first);
+    client->set_timeout(client_options.timeout);
+  } catch (const comm::StoreError& e) {
+    say("error: cannot reach the rendezvous store at {} (--rdzv-endpoint) within "
+        "--rdzv-join-timeout {} s: is nanoddp-run running on {} with the same --rdzv-endpoint? "
+        "({})",
+        o.rdzv_endpoint, o.join_timeout_s, endpoint.host, e.what());
+    return 1;
+  }
+  comm::PrefixStore store(prefix, client);
 
   int exit_code = 0;
   int last_round = -1, last_node = 0, last_size = 0;

@@ -93,6 +93,16 @@ std::optional<RunOptions> parse_options(int argc, char** argv, int& exit_code) {
                  "HOST:PORT where the launchers of all nodes meet (elastic rounds; the launcher on "
                  "HOST serves the store)");
   app.add_option("--rdzv-id", o.rdzv_id, "the job's name in the rendezvous store")
+      ->check(CLI::Validator(
+          [](const std::string& id) {
+            // A part of store keys (nanoddp-run/<id>/r0/...): '/' could reach another job's.
+            const bool ok = !id.empty() && id.size() <= 128 &&
+                            id.find_first_not_of(
+                                "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV"
+                                "WXYZ0123456789_.-") == std::string::npos;
+            return ok ? std::string() : "'" + id + "' must be 1 to 128 of [A-Za-z0-9_.-]";
+          },
+          "ID"))
       ->capture_default_str();
   app.add_option("--heartbeat-timeout", o.heartbeat_timeout_s,
                  "seconds without a node's heartbeat before it is declared lost")

@@ -501,6 +501,11 @@ TEST_CASE("nanoddp-run refuses bad flags with exit code 2 and names the flag") {
        "--master-addr/--master-port are not used"},
       {{"--rdzv-endpoint", "h:29400", "--heartbeat-timeout", "0", "/bin/true"},
        "--heartbeat-timeout"},
+      // An outside operator: '' and ids with '/' were accepted, and an id is part of store keys.
+      {{"--nnodes", "1:2", "--rdzv-endpoint", "h:29400", "--rdzv-id", "", "/bin/true"},
+       "--rdzv-id"},
+      {{"--nnodes", "1:2", "--rdzv-endpoint", "h:29400", "--rdzv-id", "a/r0/hb", "/bin/true"},
+       "must be 1 to 128 of [A-Za-z0-9_.-]"},
   };
   for (const Case& c : cases) {
     const ProcessResult r = launch(c.args);

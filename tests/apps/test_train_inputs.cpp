@@ -600,31 +600,48 @@ TEST_CASE("inputs: --resume refuses .npy data of the same shape but other values
 TEST_CASE("inputs: a second job on the same --master-port fails alone, the first trains on") {
   // Before, the second job's rank 1 joined the first job's store (nothing told the jobs apart)
   // and killed it mid-training. nanoddp-run now gives each one-node job its own store token.
+  // (This test never ran before: its name held a ';', which ctest cannot select. Its first job
+  // then ended before the second began; now it runs until the test stops it, under sanitizers
+  // too, and must still be training after the second job failed.)
   TempDir dir;
   const std::string port = std::to_string(free_port());
-  const auto job = [&](const std::string& save, int steps) {
+  const auto job = [&](const std::string& save, const std::string& steps,
+                       const std::string& log_every) {
     std::vector<std::string> argv = {bin_path("nanoddp-run"), "--nproc-per-node", "2",
                                      "--master-port", port};
     const auto train_part =
-        train_argv({"--steps", std::to_string(steps), "--quiet", "--save", save});
+        train_argv({"--steps", steps, "--log-every", log_every, "--save", save});
     argv.insert(argv.end(), train_part.begin(), train_part.end());
-    ProcessOptions o;
-    o.timeout = std::chrono::seconds(280);
-    o.env.emplace("NANODDP_TIMEOUT_S", "20");
-    return run_process(argv, o);
+    return with_env({{"NANODDP_TIMEOUT_S", "20"}}, argv);
   };
-  // (Long enough to still run when the second job starts: 3,000 steps of this model ended in
-  // 0.13 s, before the second job began, and the test passed only because it never ran: its name
-  // held a ';', which ctest cannot select.)
-  auto first = std::async(std::launch::async, [&] { return job(dir.file("a.st"), 100000); });
-  std::this_thread::sleep_for(std::chrono::seconds(2));  // the first job's store is up
-  const ProcessResult second = job(dir.file("b.st"), 50);
-  const ProcessResult a = first.get();
-  INFO("first: ", a.output, "\nsecond: ", second.output);
-  CHECK(a.exit_code == 0);
-  CHECK(fs::exists(dir.file("a.st")));
+  BackgroundProcess first(job(dir.file("a.st"), "100000000", "50"));
+  const auto steps_logged = [](const std::string& output) {
+    std::size_t n = 0;
+    for (std::size_t at = output.find("step "); at != std::string::npos;
+         at = output.find("step ", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  REQUIRE_MESSAGE(first.wait_for_output([&](const std::string& o) { return steps_logged(o) >= 2; },
+                                        std::chrono::seconds(120)),
+                  first.output());
+  ProcessOptions o;
+  o.timeout = std::chrono::seconds(120);
+  const auto second_argv = job(dir.file("b.st"), "50", "10");
+  const ProcessResult second = run_process(second_argv, o);
+  INFO("second: ", second.output);
   CHECK(second.exit_code != 0);
   CHECK_FALSE(fs::exists(dir.file("b.st")));
+  // The first job is still running and still logging steps.
+  const std::size_t before = steps_logged(first.output());
+  CHECK(first.wait_for_output([&](const std::string& out) { return steps_logged(out) > before; },
+                              std::chrono::seconds(120)));
+  CHECK_FALSE(first.wait(std::chrono::milliseconds(0)).has_value());
+  INFO("first: ", first.output());
+  first.send(SIGTERM);
+  const std::optional<int> status = first.wait(std::chrono::seconds(60));
+  REQUIRE(status.has_value());
 }
 
 TEST_CASE("inputs: a qualifying flag without the flag it qualifies is refused, not ignored") {

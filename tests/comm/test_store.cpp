@@ -694,8 +694,8 @@ TEST_CASE("store: shutting the server down wakes a client parked in get with an 
   CHECK(seconds_since(start) < 1.0);
 }
 
-TEST_CASE("store: a server that stops answering is a timeout that names the op and key") {
-  // A fake server: it completes the handshake, then reads requests and never answers.
+// A listening socket on 127.0.0.1 at a free port (written to `port`), for fake servers.
+int loopback_listener(std::uint16_t& port) {
   const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -704,7 +704,14 @@ TEST_CASE("store: a server that stops answering is a timeout that names the op a
   REQUIRE(::listen(listener, 4) == 0);
   socklen_t len = sizeof addr;
   ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  const std::uint16_t port = ntohs(addr.sin_port);
+  port = ntohs(addr.sin_port);
+  return listener;
+}
+
+TEST_CASE("store: a server that stops answering is a timeout that names the op and key") {
+  // A fake server: it completes the handshake, then reads requests and never answers.
+  std::uint16_t port = 0;
+  const int listener = loopback_listener(port);
   std::atomic<bool> done{false};
   std::thread mute([&] {
     pollfd p{listener, POLLIN, 0};
@@ -741,15 +748,8 @@ TEST_CASE("store: a server that stops answering is a timeout that names the op a
 TEST_CASE("store: a 'torchrun store' that accepts but never answers ends in one timeout, said so") {
   // Found by an outside tester: each request waited out its own timeout (the job took four to
   // end) and the last said a key was "still missing" from a store that had never answered.
-  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::listen(listener, 4) == 0);
-  socklen_t len = sizeof addr;
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  const std::uint16_t port = ntohs(addr.sin_port);
+  std::uint16_t port = 0;
+  const int listener = loopback_listener(port);
   std::atomic<bool> done{false};
   std::thread mute([&] {
     std::vector<int> fds;

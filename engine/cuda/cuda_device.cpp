@@ -43,13 +43,24 @@ const CudaProbe& probe() {
   return result;
 }
 
+// CUDA_VISIBLE_DEVICES, when set, decides what the runtime sees: "-1" or "" hides every device,
+// and the runtime's own error then names the driver or "no device", not the variable.
+std::string visible_devices_note() {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible == nullptr) return "";
+  return fmt::format(
+      " (CUDA_VISIBLE_DEVICES='{}' is set: the runtime sees only the devices it "
+      "lists; unset it or list a device)",
+      visible);
+}
+
 std::string probe_failure() {
   const CudaProbe& p = probe();
   if (p.error != cudaSuccess) {
-    return fmt::format("cudaGetDeviceCount returned {} ({})", cudaGetErrorName(p.error),
-                       cudaGetErrorString(p.error));
+    return fmt::format("cudaGetDeviceCount returned {} ({}){}", cudaGetErrorName(p.error),
+                       cudaGetErrorString(p.error), visible_devices_note());
   }
-  return "cudaGetDeviceCount found 0 devices";
+  return "cudaGetDeviceCount found 0 devices" + visible_devices_note();
 }
 
 }  // namespace
@@ -118,9 +129,9 @@ void require_device(Device device) {
   if (device.index < 0 || device.index >= count) {
     fail(
         "device {} does not exist: this machine has {} CUDA device{} (cuda:0{}). Pick one of "
-        "those or the CPU.",
+        "those or the CPU.{}",
         name, count, count == 1 ? "" : "s",
-        count == 1 ? std::string() : fmt::format(" .. cuda:{}", count - 1));
+        count == 1 ? std::string() : fmt::format(" .. cuda:{}", count - 1), visible_devices_note());
   }
 }
 

@@ -95,6 +95,20 @@ TEST_CASE("nanoddp-train --device cuda without a GPU is a clear error, not a cra
   CHECK(r.output.find("--device cpu") != std::string::npos);
 }
 
+TEST_CASE("nanoddp-train --device cuda with CUDA_VISIBLE_DEVICES hiding every device names it") {
+  // "-1" hides every device on a GPU machine too; the runtime's own error names the driver or
+  // "no device", so the message must point at the variable (an operator's mistake, not ours).
+  if (!nanoddp::built_with_cuda()) return;  // the CPU-only build's error is about the build
+  const ProcessResult r =
+      run_process({bin_path("nanoddp-train"), "--device", "cuda", "--steps", "1"},
+                  {.env = {{"CUDA_VISIBLE_DEVICES", "-1"}}});
+  INFO(r.output);
+  CHECK_FALSE(r.signaled);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("CUDA_VISIBLE_DEVICES='-1'") != std::string::npos);
+  CHECK(r.output.find("--device cpu") != std::string::npos);
+}
+
 TEST_CASE("nanoddp-train learns nn.Linear(5, 3) + MSE, logs metrics and saves parameters") {
   TempDir dir;
   const std::string metrics = dir.file("metrics.jsonl"), saved = dir.file("params.safetensors");

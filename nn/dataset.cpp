@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "nanoddp/kernels/error.h"
 #include "nanoddp/kernels/cpu/kernels.h"
+#include "nanoddp/kernels/error.h"
 
 namespace nanoddp::nn {
 namespace {
@@ -163,17 +163,23 @@ void SyntheticRegression::fill_batch(std::span<const std::int64_t> indices, floa
 }
 
 NpyDataset::NpyDataset(const std::filesystem::path& x_path, const std::filesystem::path& y_path)
-    : x_(read_npy_matrix(x_path)), y_(read_npy_matrix(y_path)), x_path_(x_path) {
-  if (x_.shape[0] != y_.shape[0]) {
+    : x_path_(x_path) {
+  // Both headers first: a mismatch they show is refused before gigabytes of data are read.
+  const std::vector<std::int64_t> xs = read_npy_header(x_path, NpyContents::kMatrix).shape;
+  const std::vector<std::int64_t> ys = read_npy_header(y_path, NpyContents::kMatrix).shape;
+  if (xs[0] != ys[0]) {
     fail(
         "the inputs '{}' have {} samples (rows) but the targets '{}' have {}; both files must "
         "hold one row per sample, in the same order",
-        x_path.string(), x_.shape[0], y_path.string(), y_.shape[0]);
+        x_path.string(), xs[0], y_path.string(), ys[0]);
   }
-  if (x_.shape[0] == 0 || x_.shape[1] == 0 || y_.shape[1] == 0) {
-    fail("the data set '{}' / '{}' is empty (shapes ({}, {}) and ({}, {}))", x_path.string(),
-         y_path.string(), x_.shape[0], x_.shape[1], y_.shape[0], y_.shape[1]);
+  if (xs[0] == 0 || xs[1] == 0 || ys[1] == 0) {
+    fail("the data set '{}' / '{}' is empty (shapes ({}, {}) and ({}, {}): {})", x_path.string(),
+         y_path.string(), xs[0], xs[1], ys[0], ys[1],
+         xs[0] == 0 ? "no rows" : "a file with 0 columns");
   }
+  x_ = read_npy_matrix(x_path);
+  y_ = read_npy_matrix(y_path);
   check_finite(x_, x_path);
   check_finite(y_, y_path);
 }

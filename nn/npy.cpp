@@ -1,5 +1,6 @@
 #include "nanoddp/nn/npy.h"
 
+#include <algorithm>
 #include <bit>
 #include <cctype>
 #include <cmath>
@@ -29,6 +30,19 @@ constexpr std::size_t kMaxHeaderBytes = 1u << 20;
 std::string format_shape(std::span<const std::int64_t> shape) {
   if (shape.size() == 1) return fmt::format("({},)", shape[0]);
   return fmt::format("({})", fmt::join(shape, ", "));
+}
+
+// "row 7, column 1" of a matrix, "index (2, 0, 5)" otherwise: the flat index unravelled in C
+// order.
+std::string describe_element(std::span<const std::int64_t> shape, std::size_t flat) {
+  std::vector<std::int64_t> index(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    const auto extent = static_cast<std::size_t>(shape[d]);
+    index[d] = static_cast<std::int64_t>(flat % extent);
+    flat /= extent;
+  }
+  return index.size() == 2 ? fmt::format("row {}, column {}", index[0], index[1])
+                           : fmt::format("index ({})", fmt::join(index, ", "));
 }
 
 // The header dict's values: strings, booleans and tuples of non-negative integers. This is the
@@ -187,6 +201,7 @@ struct NpyLayout {
   bool integer = false;         // '<i4' / '<i8' (class labels, read_npy_labels only)
   std::size_t data_offset = 0;  // bytes before the first element
   std::size_t count = 0;        // elements
+  std::string descr;            // the dtype as the header spells it
 };
 
 // Parses the prelude and header at the start of `head` (the file's first bytes) and checks that
@@ -281,6 +296,7 @@ NpyLayout parse_npy_layout(std::span<const std::byte> head, std::uint64_t total_
 
   NpyLayout layout;
   layout.shape = shape_value->tuple;
+  layout.descr = descr->text;
   layout.item_size = descr->text == "<f4" || descr->text == "<i4" ? 4 : 8;
   layout.integer = integers;
   layout.data_offset = prelude + header_length;
@@ -308,8 +324,12 @@ NpyLayout parse_npy_layout(std::span<const std::byte> head, std::uint64_t total_
   return layout;
 }
 
-// `count` elements of `item_size` bytes as float32.
-void convert_elements(const std::byte* data, std::size_t count, std::size_t item_size, float* out) {
+// `count` elements of `item_size` bytes as float32; `first` is the index of data[0] in the
+// array of `shape` (for messages). A finite float64 beyond float32's range would become Inf and
+// then be reported as "the file contains inf": refused here, saying what it really is.
+void convert_elements(const std::byte* data, std::size_t count, std::size_t item_size, float* out,
+                      std::string_view name, std::span<const std::int64_t> shape,
+                      std::size_t first) {
   if (count == 0) return;  // (an empty vector's data() may be null, which memcpy must not get)
   if (item_size == 4) {
     std::memcpy(out, data, count * 4);
@@ -319,6 +339,12 @@ void convert_elements(const std::byte* data, std::size_t count, std::size_t item
     double value;
     std::memcpy(&value, data + i * 8, 8);
     out[i] = static_cast<float>(value);
+    if (std::isinf(out[i]) && std::isfinite(value)) {
+      fail(
+          "'{}' holds {:g} at {} (counting from 0), a finite float64 beyond float32's range "
+          "(about 3.4e38): nanoddp trains in float32. Scale or clip the data before saving.",
+          name, value, describe_element(shape, first + i));
+    }
   }
 }
 
@@ -340,6 +366,15 @@ std::vector<float> allocate_elements(std::size_t count, std::string_view name) {
 
 namespace {
 
+void check_matrix_shape(std::span<const std::int64_t> shape, const std::filesystem::path& path) {
+  if (shape.size() != 2) {
+    fail(
+        "'{}' holds a {}-D array of shape {}; a 2-D array (samples x features) is expected. "
+        "Reshape it with arr.reshape(len(arr), -1) before saving.",
+        path.string(), shape.size(), format_shape(shape));
+  }
+}
+
 // The prelude and exactly the header it announces (a short or bad prelude is left to
 // parse_npy_layout's messages).
 FileHead read_npy_head(const std::filesystem::path& path) {
@@ -358,25 +393,52 @@ FileHead read_npy_head(const std::filesystem::path& path) {
 
 }  // namespace
 
-std::vector<std::int64_t> read_npy_labels(const std::filesystem::path& path) {
+namespace {
+
+NpyLayout labels_layout(const std::filesystem::path& path) {
   const std::string name = path.string();
   const FileHead head = read_npy_head(path);
-  const NpyLayout layout = parse_npy_layout(head.bytes, head.file_size, name, true);
+  NpyLayout layout = parse_npy_layout(head.bytes, head.file_size, name, true);
   if (layout.shape.size() != 1) {
     fail("'{}' has shape {}; class labels must be a 1-D array (one class index per sample)", name,
          format_shape(layout.shape));
   }
-  std::vector<std::byte> bytes(layout.count * layout.item_size);
-  if (!bytes.empty()) read_file_range(path, layout.data_offset, bytes.data(), bytes.size());
+  return layout;
+}
+
+NpyLayout matrix_layout(const std::filesystem::path& path) {
+  const FileHead head = read_npy_head(path);
+  NpyLayout layout = parse_npy_layout(head.bytes, head.file_size, path.string());
+  check_matrix_shape(layout.shape, path);
+  return layout;
+}
+
+}  // namespace
+
+NpyHeader read_npy_header(const std::filesystem::path& path, NpyContents contents) {
+  const NpyLayout layout =
+      contents == NpyContents::kLabels ? labels_layout(path) : matrix_layout(path);
+  return NpyHeader{.shape = layout.shape, .dtype = layout.descr};
+}
+
+std::vector<std::int64_t> read_npy_labels(const std::filesystem::path& path) {
+  const NpyLayout layout = labels_layout(path);
   std::vector<std::int64_t> labels(layout.count);
-  for (std::size_t i = 0; i < layout.count; ++i) {
-    if (layout.item_size == 8) {
-      std::memcpy(&labels[i], bytes.data() + i * 8, 8);
-    } else {
-      std::int32_t v;
-      std::memcpy(&v, bytes.data() + i * 4, 4);
-      labels[i] = v;
+  if (layout.item_size == 8) {
+    if (layout.count > 0) {
+      read_file_range(path, layout.data_offset, reinterpret_cast<std::byte*>(labels.data()),
+                      layout.count * 8);
     }
+    return labels;
+  }
+  // int32, widened block by block: the file's bytes are never held whole beside the labels.
+  constexpr std::size_t kBlock = 1u << 18;  // elements
+  std::vector<std::int32_t> block(std::min(layout.count, kBlock));
+  for (std::size_t done = 0; done < layout.count; done += kBlock) {
+    const std::size_t n = std::min(kBlock, layout.count - done);
+    read_file_range(path, layout.data_offset + done * 4, reinterpret_cast<std::byte*>(block.data()),
+                    n * 4);
+    std::copy_n(block.begin(), n, labels.begin() + static_cast<std::ptrdiff_t>(done));
   }
   return labels;
 }
@@ -400,7 +462,7 @@ NpyArray read_npy(const std::filesystem::path& path) {
     for (std::size_t done = 0; done < layout.count; done += kBlock) {
       const std::size_t n = std::min(kBlock, layout.count - done);
       read_file_range(path, layout.data_offset + done * 8, block.data(), n * 8);
-      convert_elements(block.data(), n, 8, array.data.data() + done);
+      convert_elements(block.data(), n, 8, array.data.data() + done, name, array.shape, done);
     }
   }
   return array;
@@ -412,19 +474,13 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view name) {
   array.shape = layout.shape;
   array.data = allocate_elements(layout.count, name);
   convert_elements(bytes.data() + layout.data_offset, layout.count, layout.item_size,
-                   array.data.data());
+                   array.data.data(), name, array.shape, 0);
   return array;
 }
 
 NpyArray read_npy_matrix(const std::filesystem::path& path) {
-  NpyArray array = read_npy(path);
-  if (array.shape.size() != 2) {
-    fail(
-        "'{}' holds a {}-D array of shape {}; a 2-D array (samples x features) is expected. "
-        "Reshape it with arr.reshape(len(arr), -1) before saving.",
-        path.string(), array.shape.size(), format_shape(array.shape));
-  }
-  return array;
+  matrix_layout(path);  // the shape is refused before the data is read
+  return read_npy(path);
 }
 
 void check_finite(const NpyArray& array, const std::filesystem::path& path) {
@@ -436,16 +492,7 @@ void check_finite(const NpyArray& array, const std::filesystem::path& path) {
     }
   }
   if (bad == 0) return;
-  // Unravel the flat index into one index per dimension (C order).
-  std::vector<std::int64_t> index(array.shape.size());
-  std::size_t rest = first;
-  for (std::size_t d = array.shape.size(); d-- > 0;) {
-    const auto extent = static_cast<std::size_t>(array.shape[d]);
-    index[d] = static_cast<std::int64_t>(rest % extent);
-    rest /= extent;
-  }
-  const std::string where = index.size() == 2 ? fmt::format("row {}, column {}", index[0], index[1])
-                                              : fmt::format("index ({})", fmt::join(index, ", "));
+  const std::string where = describe_element(array.shape, first);
   fail(
       "'{}' contains {} non-finite value(s): the first is {} at {} (counting from 0). Clean the "
       "data (e.g. numpy.nan_to_num or drop those rows) before training.",

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -40,6 +41,17 @@ NpyArray read_npy_matrix(const std::filesystem::path& path);
 // Throws nanoddp::Error naming the file for any other dtype or rank. (The values are the
 // caller's to check: only it knows the number of classes.)
 std::vector<std::int64_t> read_npy_labels(const std::filesystem::path& path);
+
+// What a .npy file's header says, read and checked (magic, version, dtype, shape, and that the
+// file's size is exactly header + data) without reading the data: a wrong file is refused in
+// milliseconds instead of after gigabytes. kMatrix: a 2-D float32/float64 array (as
+// read_npy_matrix); kLabels: a 1-D int64/int32 array (as read_npy_labels).
+enum class NpyContents { kMatrix, kLabels };
+struct NpyHeader {
+  std::vector<std::int64_t> shape;
+  std::string dtype;  // as the header spells it: '<f4', '<f8', '<i8', '<i4'
+};
+NpyHeader read_npy_header(const std::filesystem::path& path, NpyContents contents);
 
 // Throws nanoddp::Error naming `path` and the first NaN or infinite element (its row and column
 // for a 2-D array, its index tuple otherwise) and how many such elements there are.

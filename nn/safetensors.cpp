@@ -464,8 +464,10 @@ SafetensorsFile parse_safetensors(std::vector<std::byte> bytes_in,
 namespace {
 
 // The header of a safetensors file as JSON, reading only the header (checked as read_safetensors
-// checks it: length, nesting, a JSON object).
-nlohmann::json read_header_only(const std::filesystem::path& path) {
+// checks it: length, nesting, a JSON object). `buffer_bytes`, when given, gets the size of the
+// data buffer that follows the header in the file.
+nlohmann::json read_header_only(const std::filesystem::path& path,
+                                std::uint64_t* buffer_bytes = nullptr) {
   const std::string file = path.string();
   const FileHead head = read_file_head(path, 8);
   if (head.bytes.size() < 8) {
@@ -479,6 +481,7 @@ nlohmann::json read_header_only(const std::filesystem::path& path) {
         "file has {} bytes after it (and at most {} are allowed)",
         file, header_length, head.file_size - 8, kMaxHeaderBytes);
   }
+  if (buffer_bytes != nullptr) *buffer_bytes = head.file_size - 8 - header_length;
   const FileHead whole = read_file_head(path, 8 + header_length);
   return parse_header(std::string_view(reinterpret_cast<const char*>(whole.bytes.data()) + 8,
                                        whole.bytes.size() - 8),
@@ -489,10 +492,17 @@ nlohmann::json read_header_only(const std::filesystem::path& path) {
 
 std::map<std::string, std::vector<std::int64_t>> read_safetensors_shapes(
     const std::filesystem::path& path) {
-  const nlohmann::json header = read_header_only(path);
+  std::uint64_t buffer_bytes = 0;
+  const nlohmann::json header = read_header_only(path, &buffer_bytes);
   std::map<std::string, std::vector<std::int64_t>> shapes;
+  std::uint64_t data_end = 0;  // where the last tensor's bytes end, by the header
   for (const auto& [name, entry] : header.items()) {
     if (name == kMetadataKey) continue;
+    if (const auto offsets = entry.is_object() ? entry.find("data_offsets") : entry.end();
+        offsets != entry.end() && offsets->is_array() && offsets->size() == 2 &&
+        (*offsets)[1].is_number_unsigned()) {
+      data_end = std::max(data_end, (*offsets)[1].get<std::uint64_t>());
+    }
     const auto shape = entry.is_object() ? entry.find("shape") : entry.end();
     if (shape == entry.end() || !shape->is_array()) {
       fail("'{}': tensor '{}' has no shape list", path.string(), excerpt(name));
@@ -505,6 +515,14 @@ std::map<std::string, std::vector<std::int64_t>> read_safetensors_shapes(
       }
       dims.push_back(d.get<std::int64_t>());
     }
+  }
+  // A truncated file (an interrupted copy) shows here already: its header promises more bytes
+  // than follow it.
+  if (data_end > buffer_bytes) {
+    fail(
+        "'{}' is truncated: its header places tensor data up to byte {} of the data buffer, but "
+        "the file has only {} bytes after the header (an interrupted copy?)",
+        path.string(), data_end, buffer_bytes);
   }
   return shapes;
 }

@@ -103,7 +103,8 @@ SafetensorsFile parse_safetensors(std::vector<std::byte> bytes, const std::files
 SafetensorsMetadata read_safetensors_metadata(const std::filesystem::path& path);
 
 // Each tensor's shape, reading only the header: what a file holds can be checked before its
-// body (which may be gigabytes) is read. The entries are not otherwise validated.
+// body (which may be gigabytes) is read. A file shorter than its header's offsets say is refused
+// (truncated); the entries are not otherwise validated.
 std::map<std::string, std::vector<std::int64_t>> read_safetensors_shapes(
     const std::filesystem::path& path);
 

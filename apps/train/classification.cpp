@@ -27,17 +27,24 @@ void SyntheticClassification::fill_batch(std::span<const std::int64_t> indices, 
 
 NpyClassification::NpyClassification(const std::filesystem::path& x_path,
                                      const std::filesystem::path& y_path, std::int64_t classes)
-    : x_(nn::read_npy_matrix(x_path)), labels_(nn::read_npy_labels(y_path)), x_path_(x_path) {
-  const auto rows = static_cast<std::int64_t>(labels_.size());
-  if (x_.shape[0] != rows) {
+    : x_path_(x_path) {
+  // Both headers first: a mismatch they show is refused before gigabytes of data are read.
+  const std::vector<std::int64_t> xs = nn::read_npy_header(x_path, nn::NpyContents::kMatrix).shape;
+  const std::int64_t rows = nn::read_npy_header(y_path, nn::NpyContents::kLabels).shape[0];
+  if (xs[0] != rows) {
     fail(
         "the targets '{}' hold {} class labels but the inputs '{}' have {} rows; give one label "
         "per row, in the same order",
-        y_path.string(), rows, x_path.string(), x_.shape[0]);
+        y_path.string(), rows, x_path.string(), xs[0]);
   }
-  if (rows == 0 || x_.shape[1] == 0) {
-    fail("the data set '{}' / '{}' is empty", x_path.string(), y_path.string());
+  if (rows == 0)
+    fail("the data set '{}' / '{}' is empty (no rows)", x_path.string(), y_path.string());
+  if (xs[1] == 0) {
+    fail("the inputs '{}' have {} rows of 0 features (shape ({}, 0)): nothing to learn from",
+         x_path.string(), xs[0], xs[0]);
   }
+  x_ = nn::read_npy_matrix(x_path);
+  labels_ = nn::read_npy_labels(y_path);
   nn::check_finite(x_, x_path);
   std::int64_t bad = 0;
   std::int64_t first = -1;

@@ -210,10 +210,18 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
   }
   // The synthetic data's flags mean nothing with --data: the .npy files set the sizes. Given
   // both, the user expects one of them to matter; say which does instead of ignoring it.
-  for (const char* flag : {"--in", "--out", "--dataset-size", "--noise", "--teacher-hidden"}) {
+  for (const char* flag : {"--in", "--out", "--dataset-size"}) {
     if (problem.empty() && !o.data_path.empty() && app.count(flag) > 0) {
       problem = fmt::format(
-          "{} describes the synthetic data; with --data the .npy files set the sizes: drop {}",
+          "{} sets a size of the synthetic data; with --data the .npy files set the sizes (even "
+          "an equal value would be ignored): drop {}",
+          flag, flag);
+    }
+  }
+  for (const char* flag : {"--noise", "--teacher-hidden"}) {
+    if (problem.empty() && !o.data_path.empty() && app.count(flag) > 0) {
+      problem = fmt::format(
+          "{} shapes the synthetic teacher's data only; with --data it would be ignored: drop {}",
           flag, flag);
     }
   }

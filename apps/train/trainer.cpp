@@ -30,11 +30,7 @@ float Trainer::train_step(std::int64_t step, Window& window) {
   // --batch B equals --batch K*B, a partial last micro-batch included. (Every rank has the same
   // rows per micro-batch, so the all-reduce's average over ranks stays right.)
   const std::int64_t micro_batches = micro_batches_in_step(step);
-  const std::int64_t first_micro = first_micro_batch(step);
-  std::int64_t step_rows = 0;
-  for (std::int64_t m = 0; m < micro_batches; ++m) {
-    step_rows += static_cast<std::int64_t>(sampler_->batch(first_micro + m, o_.batch).size());
-  }
+  const std::int64_t step_rows = rows_in_step(step);
   for (std::int64_t m = 0; m < micro_batches; ++m) {
     {
       TraceSpan span("data", TraceTrack::kData);
@@ -169,8 +165,10 @@ int Trainer::run() {
     if (classify()) {
       // Every step of the window has had its health read by now (a logged step reads it): the
       // correct predictions over the samples all ranks saw.
-      last_accuracy = unlogged_correct_ / static_cast<double>(window.samples);
+      const std::int64_t counted = window.samples - unlogged_nonfinite_samples_;
+      last_accuracy = counted > 0 ? unlogged_correct_ / static_cast<double>(counted) : NAN;
       unlogged_correct_ = 0;
+      unlogged_nonfinite_samples_ = 0;
     }
     log(step, epoch, last_loss, last_accuracy, window);
     window = Window{};

@@ -99,7 +99,12 @@ class Trainer {
            Window& window);
   // --task classify: the correct predictions summed over the ranks, of the steps whose health
   // the host has read since the last log line; over the window's samples, the train accuracy.
+  // A non-finite step's predictions come from NaN/Inf logits and mean nothing: its rows count
+  // in neither (a window of only such steps has no accuracy: NaN).
   double unlogged_correct_ = 0;
+  std::int64_t unlogged_nonfinite_samples_ = 0;
+  // The rows one rank trains on in `step` (all its micro-batches).
+  std::int64_t rows_in_step(std::int64_t step) const;
   void save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch);
   void save_parameters();  // --save: the trained parameters as safetensors (rank 0)
   void print_banner() const;
@@ -108,6 +113,7 @@ class Trainer {
                      std::optional<double> last_accuracy) const;
   // The task as checkpoints and --save record it ("regression" or "classify K").
   std::string task_description() const;
+  void check_checkpoint_model(const std::string& path) const;  // before --resume loads it
   void resume();
   void write_trace();
   void check_same_settings();

@@ -107,6 +107,15 @@ std::int64_t Trainer::micro_batches_in_step(std::int64_t step) const {
   return std::min<std::int64_t>(o_.grad_accum, micro_batches_per_epoch_ - first_micro_batch(step));
 }
 
+std::int64_t Trainer::rows_in_step(std::int64_t step) const {
+  const std::int64_t first = first_micro_batch(step);
+  std::int64_t rows = 0;
+  for (std::int64_t m = 0; m < micro_batches_in_step(step); ++m) {
+    rows += static_cast<std::int64_t>(sampler_->batch(first + m, o_.batch).size());
+  }
+  return rows;
+}
+
 void Trainer::load_batch(std::int64_t step, std::int64_t m) {
   if (!prefetcher_) {
     fill_batch(first_micro_batch(step) + m);
@@ -155,8 +164,8 @@ float* Trainer::target_rows(std::int64_t rows) {
 
 void Trainer::finish_targets(std::int64_t rows) {
   if (!classify()) return;
-  auto* out =
-      device_.is_cpu() ? y_.data_i64() : static_cast<std::int64_t*>(staging_[staging_index_].y.data());
+  auto* out = device_.is_cpu() ? y_.data_i64()
+                               : static_cast<std::int64_t*>(staging_[staging_index_].y.data());
   for (std::int64_t k = 0; k < rows; ++k) {
     out[k] = static_cast<std::int64_t>(class_scratch_[static_cast<std::size_t>(k)]);
   }

@@ -36,6 +36,7 @@ void Trainer::resume() {
     check_same_files("train/resume-file", {fmt::format("--resume: {}", file_fingerprint(path))},
                      {fmt::format("the checkpoint '{}'", path)});
   }
+  check_checkpoint_model(path);
   nn::TrainingState state;
   try {
     state = nn::load_checkpoint(path, *model_, *optimizer_);
@@ -48,14 +49,6 @@ void Trainer::resume() {
     fail("--resume: checkpoint '{}' holds NaN/Inf parameters; resume from an earlier one", path);
   }
   run_id_ = state.run_id;  // this run continues that one: its checkpoints are ours to prune
-  // The shapes are checked by the loader; the activation is not visible in them.
-  if (const auto model = state.info.find("model"); model != state.info.end()) {
-    const std::string difference = model_difference(model->second, model_->describe());
-    if (!difference.empty()) {
-      fail("checkpoint '{}' was saved from another model: {}. Resume with the same model", path,
-           difference);
-    }
-  }
   const std::int64_t global_batch = world_size_ * o_.batch * o_.grad_accum;
   if (state.epoch_samples % global_batch != 0) {
     fail(
@@ -67,15 +60,6 @@ void Trainer::resume() {
   if (state.seed != o_.seed) {
     fail("checkpoint '{}' was trained with --seed {}, this run has --seed {}", path, state.seed,
          o_.seed);
-  }
-  // A classifier and a regression of the same shapes are different models: compare the task.
-  // (Checkpoints written before this key existed have none to compare.)
-  if (const auto task = state.info.find("task");
-      task != state.info.end() && task->second != task_description()) {
-    fail(
-        "checkpoint '{}' was trained with --task {}; this run has --task {}. Resume with the same "
-        "--task and --classes",
-        path, task->second, task_description());
   }
   // Other data would pass the position check below (it only counts samples): compare what the
   // data was. (Checkpoints written before this key existed have none to compare.)
@@ -108,6 +92,33 @@ void Trainer::resume() {
   if (is_main()) {
     fmt::print("resume: loaded {} (step {}){}\n", path, start_step_,
                start_step_ == steps_ ? "; it is the last step: nothing left to train" : "");
+  }
+}
+
+// What the checkpoint's header records about its model, compared before its tensors are read:
+// the task and --classes first (a 5-class checkpoint must say "--classes 5", not that a bias has
+// the wrong shape), then the model (the activation does not show in the shapes). Checkpoints
+// written before these keys existed have none to compare; the loader checks their shapes.
+void Trainer::check_checkpoint_model(const std::string& path) const {
+  nn::SafetensorsMetadata metadata;
+  try {
+    metadata = nn::read_safetensors_metadata(path);
+  } catch (const Error&) {
+    return;  // a damaged file: the loader's message says what is wrong with it
+  }
+  if (const auto task = metadata.find("info.task");
+      task != metadata.end() && task->second != task_description()) {
+    fail(
+        "--resume: checkpoint '{}' was trained with --task {}; this run has --task {}. Resume "
+        "with the same --task and --classes",
+        path, task->second, task_description());
+  }
+  if (const auto model = metadata.find("info.model"); model != metadata.end()) {
+    const std::string difference = model_difference(model->second, model_->describe());
+    if (!difference.empty()) {
+      fail("--resume: checkpoint '{}' was saved from another model: {}. Resume with the same model",
+           path, difference);
+    }
   }
 }
 

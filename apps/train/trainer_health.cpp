@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "nanoddp/engine/backend.h"
@@ -136,12 +137,19 @@ Trainer::StepHealth Trainer::read_health(const Tensor& values, std::int64_t step
   const std::size_t blocks = classify() ? 3 : 2;
   const auto w = static_cast<std::size_t>(width) / blocks;
   if (classify()) {
-    // Every read row's correct predictions count, including rows after a bad one (a skipped
-    // step's forward pass still predicted its batch).
+    // Every read row counts, including rows after a bad one; a row whose loss is not finite on
+    // some rank predicted from NaN/Inf logits: its rows are left out of the accuracy.
     for (std::size_t row = 0; row < steps.size(); ++row) {
-      const auto first = host.begin() + static_cast<std::ptrdiff_t>(row * blocks * w + 2 * w);
+      const auto losses = host.begin() + static_cast<std::ptrdiff_t>(row * blocks * w);
+      const bool finite = std::all_of(losses, losses + static_cast<std::ptrdiff_t>(w),
+                                      [](float l) { return std::isfinite(l); });
+      if (!finite) {
+        unlogged_nonfinite_samples_ += world_size_ * rows_in_step(steps[row]);
+        continue;
+      }
+      const auto correct = losses + static_cast<std::ptrdiff_t>(2 * w);
       for (std::size_t r = 0; r < w; ++r)
-        unlogged_correct_ += first[static_cast<std::ptrdiff_t>(r)];
+        unlogged_correct_ += correct[static_cast<std::ptrdiff_t>(r)];
     }
   }
   StepHealth health;

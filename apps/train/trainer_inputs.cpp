@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "classification.h"
 #include "nanoddp/comm/consistency.h"
@@ -146,6 +147,21 @@ void Trainer::check_paths_distinct() const {
 }
 
 void Trainer::load_npy_dataset() {
+  if (!classify()) {
+    // Integer targets are class labels: regression would ask to convert them to float, which
+    // trains the wrong model. Point at the task that reads them instead.
+    std::optional<nn::NpyHeader> labels;
+    try {
+      labels = nn::read_npy_header(o_.targets_path, nn::NpyContents::kLabels);
+    } catch (const Error&) {
+    }
+    if (labels) {
+      fail(
+          "--targets '{}' holds {} integers of dtype '{}': class labels. Train a classifier with "
+          "--task classify --classes K (regression needs a 2-D float array)",
+          o_.targets_path, labels->shape[0], labels->dtype);
+    }
+  }
   try {
     if (classify()) {
       dataset_ = std::make_unique<NpyClassification>(o_.data_path, o_.targets_path, o_.classes);

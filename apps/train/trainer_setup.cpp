@@ -17,6 +17,7 @@
 #include "nanoddp/kernels/error.h"
 #include "nanoddp/nn/checkpoint.h"
 #include "nanoddp/nn/file_io.h"
+#include "nanoddp/nn/safetensors.h"
 #include "trainer_internal.h"
 
 namespace nanoddp::train {
@@ -83,6 +84,15 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
     check_same_settings();
   }
 
+  // --init's header (its tensors' shapes, and that the file holds all their bytes) before the
+  // data, which may take seconds to read: a truncated file is refused at once.
+  if (!o_.init_path.empty()) {
+    try {
+      nn::read_safetensors_shapes(o_.init_path);
+    } catch (const Error& e) {
+      fail("--init: {}", e.what());
+    }
+  }
   if (!o_.data_path.empty()) {
     load_npy_dataset();
   } else {
@@ -226,7 +236,7 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
 // other data settings would train on other samples (no error at all).
 void Trainer::check_same_settings() {
   const std::vector<std::string> settings = {
-      fmt::format("--task {} --classes {}", o_.task, o_.classes),
+      fmt::format("--task {}", task_description()),  // "classify --classes K" or "regression"
       fmt::format("--in {} --out {}", o_.in_features, o_.out_features),
       fmt::format("--hidden {} --layers {} --activation {}", o_.hidden, o_.layers, o_.activation),
       fmt::format("--batch {}", o_.batch),

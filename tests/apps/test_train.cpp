@@ -353,7 +353,12 @@ TEST_CASE("nanoddp-train trains on .npy files and names a malformed one") {
   const ProcessResult sizes = train(
       {"--data", dir.file("x.npy"), "--targets", dir.file("y.npy"), "--in", "5", "--steps", "1"});
   CHECK(sizes.exit_code == 2);
-  CHECK(sizes.output.find("--in describes the synthetic data") != std::string::npos);
+  CHECK(sizes.output.find("--in sets a size of the synthetic data") != std::string::npos);
+  // --noise is not a size: its message must not say it is.
+  const ProcessResult noise = train({"--data", dir.file("x.npy"), "--targets", dir.file("y.npy"),
+                                     "--noise", "0.1", "--steps", "1"});
+  CHECK(noise.exit_code == 2);
+  CHECK(noise.output.find("--noise shapes the synthetic teacher's data only") != std::string::npos);
 
   // Targets with a different number of rows: refused before training, naming both files.
   const std::vector<std::int64_t> short_shape{n - 1, out};

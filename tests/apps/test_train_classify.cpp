@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -275,4 +276,171 @@ TEST_CASE("classify: stop after a checkpoint, resume (2 DDP ranks), the same bit
   // A classifier starts from its own saved parameters.
   const ProcessResult again = run_process(with({"--steps", "1", "--init", dir.file("full")}));
   CHECK_MESSAGE(again.exit_code == 0, again.output);
+}
+
+// An outside tester's cases (session 8): each was a slow, misleading or meaningless answer.
+TEST_CASE("classify: headers are checked before the data is read, and messages say what is wrong") {
+  TempDir dir;
+  const std::int64_t n = 12, in = 3;
+  std::vector<float> x(n * in, 0.5f);
+  const std::vector<std::int64_t> x_shape{n, in};
+  nanoddp::nn::write_npy(dir.file("x.npy"), x_shape, x.data());
+  std::vector<std::int64_t> labels(n);
+  for (std::int64_t i = 0; i < n; ++i) labels[static_cast<std::size_t>(i)] = i % 4;
+  write_labels(dir.file("y.npy"), labels, "<i8");
+  auto expect = [&](const std::vector<std::string>& args, const std::vector<std::string>& wanted,
+                    const std::vector<std::string>& unwanted = {}) {
+    std::vector<std::string> all = {"--steps", "2", "--batch", "4", "--quiet"};
+    all.insert(all.begin(), args.begin(), args.end());
+    const ProcessResult r = train(all);
+    INFO(fmt::format("{}", fmt::join(all, " ")), "\n", r.output);
+    CHECK(r.exit_code == 2);
+    for (const std::string& w : wanted) CHECK_MESSAGE(r.output.find(w) != std::string::npos, w);
+    for (const std::string& u : unwanted) CHECK_MESSAGE(r.output.find(u) == std::string::npos, u);
+  };
+  const std::vector<std::string> classify = {"--task", "classify", "--classes", "4"};
+  auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+
+  // A sparse 512 GiB --data file (a valid header, no blocks on disk): reading its body would end
+  // in "do not fit in memory"; the headers' mismatch must be found first.
+  const std::uintmax_t huge_rows = 68719476736ull;
+  {
+    std::string header =
+        fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, 2), }}", huge_rows);
+    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+    header += '\n';
+    std::ofstream f(dir.file("huge.npy"), std::ios::binary);
+    f.write("\x93NUMPY\x01\x00", 8);
+    f.put(static_cast<char>(header.size() & 0xff));
+    f.put(static_cast<char>(header.size() >> 8));
+    f << header;
+  }
+  std::filesystem::resize_file(dir.file("huge.npy"),
+                               std::filesystem::file_size(dir.file("huge.npy")) + huge_rows * 8);
+  expect(with(classify, {"--data", dir.file("huge.npy"), "--targets", dir.file("y.npy")}),
+         {"12 class labels", "68719476736 rows"}, {"memory"});
+  {
+    std::ofstream f(dir.file("text.npy"));
+    f << "hello\nhello\n";
+  }
+  expect(with(classify, {"--data", dir.file("huge.npy"), "--targets", dir.file("text.npy")}),
+         {"--targets", "text.npy", "magic bytes"}, {"memory"});
+  // Regression too: the float targets' row count, from the headers.
+  const std::vector<std::int64_t> y_shape{n, 1};
+  std::vector<float> y(n, 1.0f);
+  nanoddp::nn::write_npy(dir.file("yf.npy"), y_shape, y.data());
+  expect({"--data", dir.file("huge.npy"), "--targets", dir.file("yf.npy")},
+         {"68719476736 samples", "have 12"}, {"memory"});
+
+  // 256 rows of 0 features: not "empty".
+  const std::vector<std::int64_t> no_columns{n, 0};
+  nanoddp::nn::write_npy(dir.file("x0.npy"), no_columns, nullptr);
+  expect(with(classify, {"--data", dir.file("x0.npy"), "--targets", dir.file("y.npy")}),
+         {"0 features", "x0.npy"});
+
+  // A finite float64 beyond float32's range: not "contains inf".
+  {
+    std::vector<double> x64(n * in, 0.25);
+    x64[7 * in + 1] = 1e300;
+    std::string header =
+        fmt::format("{{'descr': '<f8', 'fortran_order': False, 'shape': ({}, {}), }}", n, in);
+    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+    header += '\n';
+    std::ofstream f(dir.file("x64.npy"), std::ios::binary);
+    f.write("\x93NUMPY\x01\x00", 8);
+    f.put(static_cast<char>(header.size() & 0xff));
+    f.put(static_cast<char>(header.size() >> 8));
+    f << header;
+    f.write(reinterpret_cast<const char*>(x64.data()),
+            static_cast<std::streamsize>(x64.size() * sizeof(double)));
+  }
+  expect(with(classify, {"--data", dir.file("x64.npy"), "--targets", dir.file("y.npy")}),
+         {"1e+300", "row 7, column 1", "float32's range"}, {"non-finite"});
+
+  // Class labels given to a regression: point at --task classify, not at a float conversion.
+  expect({"--data", dir.file("x.npy"), "--targets", dir.file("y.npy")},
+         {"--task classify --classes K", "class labels"}, {"astype"});
+
+  // A truncated --init file: refused from its header, naming the flag.
+  const ProcessResult saved = train(with(classify, {"--in", "3", "--hidden", "8", "--layers", "1",
+                                                    "--steps", "1", "--save", dir.file("p.st")}));
+  REQUIRE_MESSAGE(saved.exit_code == 0, saved.output);
+  std::filesystem::resize_file(dir.file("p.st"), std::filesystem::file_size(dir.file("p.st")) - 8);
+  expect(with(classify, {"--hidden", "8", "--layers", "1", "--data", dir.file("x.npy"), "--targets",
+                         dir.file("y.npy"), "--init", dir.file("p.st")}),
+         {"--init", "truncated"});
+}
+
+TEST_CASE(
+    "classify: a checkpoint of another --classes is refused naming both, before its tensors") {
+  TempDir dir;
+  auto run = [&](const std::string& classes, const std::string& steps) {
+    return train({"--task", "classify", "--classes", classes, "--in", "4", "--hidden", "8",
+                  "--layers", "1", "--steps", steps, "--checkpoint-every", "2", "--checkpoint-dir",
+                  dir.file("ck"), "--resume", "--quiet"});
+  };
+  const ProcessResult first = run("5", "4");
+  REQUIRE_MESSAGE(first.exit_code == 0, first.output);
+  const ProcessResult other = run("6", "6");
+  INFO(other.output);
+  CHECK(other.exit_code == 2);
+  CHECK(other.output.find("--task classify --classes 5") != std::string::npos);
+  CHECK(other.output.find("--task classify --classes 6") != std::string::npos);
+  CHECK(other.output.find("optimizer's settings") == std::string::npos);
+}
+
+TEST_CASE("classify: ranks with another task are refused without a --classes nobody gave") {
+  TempDir dir;
+  const std::string train_bin = bin_path("nanoddp-train");
+  const std::string script = fmt::format(
+      "if [ \"$RANK\" = 1 ]; then exec {0} --in 4 --out 3 --steps 2 --quiet; fi; exec {0} --task "
+      "classify --classes 3 --in 4 --steps 2 --quiet",
+      train_bin);
+  const auto results = run_world({"/bin/sh", "-c", script}, 2);
+  INFO(describe(results));
+  bool named = false;
+  for (const auto& r : results) {
+    CHECK(r.exit_code == 2);
+    named |= r.output.find("--task classify --classes 3") != std::string::npos &&
+             r.output.find("--task regression") != std::string::npos;
+    CHECK(r.output.find("--classes 0") == std::string::npos);
+  }
+  CHECK(named);
+}
+
+TEST_CASE("classify: steps skipped for a NaN loss are left out of the accuracy") {
+  TempDir dir;
+  const ProcessResult r = train({"--task",
+                                 "classify",
+                                 "--classes",
+                                 "5",
+                                 "--in",
+                                 "8",
+                                 "--hidden",
+                                 "16",
+                                 "--layers",
+                                 "1",
+                                 "--optimizer",
+                                 "sgd",
+                                 "--lr",
+                                 "1e30",
+                                 "--steps",
+                                 "20",
+                                 "--log-every",
+                                 "5",
+                                 "--skip-nonfinite",
+                                 "--metrics",
+                                 dir.file("m.jsonl")});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const auto lines = read_json_lines(dir.file("m.jsonl"));
+  REQUIRE(lines.size() >= 4);
+  // Past the first steps every step is skipped: the window holds no counted sample, and an
+  // accuracy computed from NaN logits would be a number that means nothing.
+  const auto& last = lines.back();
+  CHECK(last["accuracy"].is_null());  // NaN in JSON
+  CHECK(r.output.find("train accuracy nan") != std::string::npos);
 }

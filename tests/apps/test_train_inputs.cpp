@@ -303,9 +303,10 @@ TEST_CASE("inputs: a huge --data file is refused from its header, allocation fai
     MESSAGE("skipped under a sanitizer: the address-space limit leaves no room for its shadow");
     return;
   }
-  const std::string huge = dir.file("huge.npy");
-  {
-    std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2147483648, 8), }";
+  // The targets (sparse too) have as many rows: the headers agree, so the data is read.
+  const auto write_sparse = [](const std::string& path, int columns) {
+    std::string header = fmt::format(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': (2147483648, {}), }}", columns);
     header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
     header.push_back('\n');
     std::string out = "\x93NUMPY";
@@ -313,12 +314,15 @@ TEST_CASE("inputs: a huge --data file is refused from its header, allocation fai
     out.push_back(0);
     out.push_back(static_cast<char>(header.size() & 0xff));
     out.push_back(static_cast<char>(header.size() >> 8));
-    std::ofstream(huge, std::ios::binary) << out << header;
-    fs::resize_file(huge, 10 + header.size() + (std::uintmax_t{1} << 31) * 8 * 4);
-  }
+    std::ofstream(path, std::ios::binary) << out << header;
+    fs::resize_file(path, 10 + header.size() + (std::uintmax_t{1} << 31) * columns * 4);
+  };
+  const std::string huge = dir.file("huge.npy");
+  write_sparse(huge, 8);
+  write_sparse(dir.file("huge_y.npy"), 1);
   std::vector<std::string> argv = {"/usr/bin/prlimit", "--as=8589934592"};
   const std::vector<std::string> rest =
-      data_argv({"--data", huge, "--targets", dir.file("y.npy"), "--steps", "1"});
+      data_argv({"--data", huge, "--targets", dir.file("huge_y.npy"), "--steps", "1"});
   argv.insert(argv.end(), rest.begin(), rest.end());
   const ProcessResult oom = run_process(argv);
   INFO(oom.output);

@@ -37,11 +37,14 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, std::option
     if (ddp_)
       comm = fmt::format("  comm {:.3f} ms (exposed {:.3f})", w.comm_ms / n, w.exposed_comm_ms / n);
     fmt::print(
-        "step {:>{}}/{}  epoch {}  loss {:.6e}{}  {:.0f} samples/s  step {:.3f} ms  data "
+        "step {:>{}}/{}  epoch {}  loss {:.6e}{}  {} samples/s  step {:.3f} ms  data "
         "{:.3f} ms{}  eta {}\n",
         step, std::to_string(steps_).size(), steps_, epoch, loss,
-        accuracy ? fmt::format("  accuracy {:.4f}", *accuracy) : "", samples_per_s, w.step_ms / n,
-        w.data_ms / n, comm, format_duration(eta_s));
+        accuracy ? fmt::format("  accuracy {:.4f}", *accuracy) : "",
+        // Whole samples at usual rates; a model slower than 10 samples/s keeps its digits.
+        samples_per_s >= 10 ? fmt::format("{:.0f}", samples_per_s)
+                            : fmt::format("{:.3g}", samples_per_s),
+        w.step_ms / n, w.data_ms / n, comm, format_duration(eta_s));
     std::fflush(stdout);
   }
   if (metrics_.is_open()) {

@@ -23,6 +23,8 @@
 //          others' next op must time out (and every process must still end).
 //   kill-mid: after K good allreduces every rank starts a 64 MiB allreduce, and rank R kills
 //          itself (SIGKILL) while it is in flight; the others' op must fail, naming rank R.
+//   mismatch: after K good allreduces rank R runs an allgather where the others run a
+//          reduce_scatter; every rank's op must fail.
 //   starved-late / starved-stall: after K good allreduces every other rank can open no file
 //          (RLIMIT_NOFILE 0: "too many open files"), and rank R comes to the next op 1 s late /
 //          3 timeouts late. A liveness check that cannot read /proc must not call R dead: the
@@ -387,6 +389,17 @@ int run(int argc, char** argv) {
 
   if (!fault.empty()) {
     for (int k = 0; k < fault_after; ++k) check_allreduce(pg, 1237, ReduceOp::kSum);
+    if (fault == "mismatch") {
+      // Rank R all-gathers while the others reduce-scatter the same bytes: every rank must fail,
+      // the shared-memory path naming both collectives.
+      if (g_rank == fault_rank) {
+        check_allgather(pg, 1237);
+      } else {
+        check_reduce_scatter(pg, 1237, ReduceOp::kSum);
+      }
+      fmt::print("rank {}: the mismatched op succeeded?!\n", g_rank);
+      return 1;
+    }
     if (fault == "kill-mid") {
       Tensor buffer = filled(std::int64_t{16} << 20);  // 64 MiB: tens of milliseconds to reduce
       auto work = pg.allreduce(buffer, ReduceOp::kSum);

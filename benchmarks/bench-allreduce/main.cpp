@@ -28,6 +28,14 @@
 // With -c 1 a separate op on freshly filled data (element i of rank r is (r + 1) * (i % 4 + 1))
 // is compared with its closed-form result; #wrong counts mismatching elements over all ranks.
 // Buffers are allocated once at the largest size and viewed for smaller ones.
+//
+// --collective reduce_scatter | allgather measures those instead, as nccl-tests'
+// reduce_scatter_perf and all_gather_perf do: size = the whole buffer (the reduce-scatter's
+// input, the all-gather's output), count = elements per rank, algbw = size / time, busbw =
+// algbw * (n - 1) / n. Out of place: separate input and output; in place: the output is this
+// rank's block of the input (reduce_scatter), the input this rank's block of the output
+// (allgather). The check compares every element with its closed form, as for all-reduce.
+// (--op stays the reduction, as nccl-tests' -o.)
 
 #include <fmt/format.h>
 
@@ -80,6 +88,7 @@ struct Options {
   int warmup = 5;
   int check = 1;
   std::string op = "sum";
+  std::string collective = "allreduce";
   std::string dtype = "float";
   std::string backend = "gloo";
   std::string json_path;
@@ -123,7 +132,22 @@ ReduceOp parse_op(const std::string& op) {
   if (op == "avg") return ReduceOp::kAvg;
   if (op == "max") return ReduceOp::kMax;
   if (op == "min") return ReduceOp::kMin;
+  if (op == "allreduce" || op == "reduce_scatter" || op == "allgather") {
+    nanoddp::fail(
+        "--op {}: --op is the reduction (sum, avg, max or min); the collective is "
+        "--collective {}",
+        op, op);
+  }
   nanoddp::fail("--op {}: expected sum, avg, max or min", op);
+}
+
+enum class Collective { kAllreduce, kReduceScatter, kAllgather };
+
+Collective parse_collective(const std::string& name) {
+  if (name == "allreduce") return Collective::kAllreduce;
+  if (name == "reduce_scatter") return Collective::kReduceScatter;
+  if (name == "allgather") return Collective::kAllgather;
+  nanoddp::fail("--collective {}: expected allreduce, reduce_scatter or allgather", name);
 }
 
 using nanoddp::kernels::bf16_to_float;
@@ -243,6 +267,17 @@ struct Runner {
     if (last != nullptr) last->wait();
     if (device.is_cuda()) nanoddp::Stream::compute(device).synchronize();
   }
+  // reduce_scatter or allgather through the process group, `count` back to back.
+  void run_scatter_gather(Collective c, const Tensor& input, Tensor& output, ReduceOp op,
+                          int count) {
+    std::shared_ptr<nanoddp::comm::Work> last;
+    for (int i = 0; i < count; ++i) {
+      last = c == Collective::kReduceScatter ? dist->group->reduce_scatter(input, output, op)
+                                             : dist->group->allgather(input, output);
+    }
+    if (last != nullptr) last->wait();
+    if (device.is_cuda()) nanoddp::Stream::compute(device).synchronize();
+  }
   void barrier() {
     if (!dist) {
       raw->barrier();
@@ -330,6 +365,27 @@ std::int64_t count_wrong(const Tensor& result_host, ReduceOp op, int size, std::
   return wrong;
 }
 
+float get_value(const Tensor& host, std::int64_t i) {
+  return host.dtype() == DType::kF32
+             ? host.data()[i]
+             : bf16_to_float(static_cast<const std::uint16_t*>(host.raw_data())[i]);
+}
+void set_value(Tensor& host, std::int64_t i, float v) {
+  if (host.dtype() == DType::kF32) {
+    host.data()[i] = v;
+  } else {
+    static_cast<std::uint16_t*>(host.raw_data())[i] = float_to_bf16(v);
+  }
+}
+
+// What a reduce_scatter (element k of this rank's output) or an allgather (element j of the
+// output) must hold, from fill_value's inputs.
+float scatter_gather_expected(Collective c, ReduceOp op, int rank, int size, std::int64_t block,
+                              std::int64_t j) {
+  if (c == Collective::kReduceScatter) return expected_value(op, size, rank * block + j);
+  return fill_value(static_cast<int>(j / block), j % block);
+}
+
 int run(int argc, char** argv) {
   Options opt;
   CLI::App app{"nanoddp-bench-allreduce: all-reduce time, algbw and busbw (nccl-tests style)"};
@@ -342,7 +398,10 @@ int run(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("-c,--check", opt.check, "check results against closed-form values (0/1)")
       ->check(CLI::Range(0, 1));
-  app.add_option("--op", opt.op, "reduction: sum, avg, max, min");
+  auto* op_flag = app.add_option("--op", opt.op, "reduction: sum, avg, max, min");
+  app.add_option("--collective", opt.collective,
+                 "allreduce, reduce_scatter or allgather (nccl-tests' all_reduce_perf, "
+                 "reduce_scatter_perf, all_gather_perf)");
   app.add_option("--dtype", opt.dtype, "float or bf16")->check(CLI::IsMember({"float", "bf16"}));
   app.add_option("--backend", opt.backend, "gloo or nccl")->check(CLI::IsMember({"gloo", "nccl"}));
   app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE");
@@ -392,9 +451,20 @@ int run(int argc, char** argv) {
   // The values CLI11 cannot check itself: a mistake here is a usage error (exit 2), like a bad
   // flag, not a failure of the run.
   ReduceOp op{};
+  Collective collective{};
   std::int64_t min_bytes = 0, max_bytes = 0;
   try {
     op = parse_op(opt.op);
+    collective = parse_collective(opt.collective);
+    if (collective == Collective::kAllgather && op_flag->count() > 0) {
+      nanoddp::fail("--op {}: an allgather reduces nothing; drop --op", opt.op);
+    }
+    if ((opt.raw || opt.vs_raw) && collective != Collective::kAllreduce) {
+      nanoddp::fail(
+          "--raw and --vs-raw measure gloo::allreduce: give them without "
+          "--collective {}",
+          opt.collective);
+    }
     min_bytes = parse_bytes(opt.min_bytes);
     max_bytes = parse_bytes(opt.max_bytes);
     if (min_bytes < 1 || max_bytes < min_bytes) {
@@ -409,20 +479,29 @@ int run(int argc, char** argv) {
   }
   const DType dtype = opt.dtype == "float" ? DType::kF32 : DType::kBF16;
   const std::size_t elem = nanoddp::dtype_size(dtype);
-  // Whole elements, never above -e: a row is as large as asked or smaller, never larger.
+  const auto world_env = nanoddp::comm::world_from_env();
+  const bool all_reduce = collective == Collective::kAllreduce;
+  // reduce_scatter and allgather: the whole buffer is `ranks` blocks of equal size.
+  const std::int64_t blocks = all_reduce ? 1 : std::max(world_env.world_size, 1);
+  const std::int64_t unit = static_cast<std::int64_t>(elem) * blocks;
+  // Whole elements (whole blocks), never above -e: a row is as large as asked or smaller.
   std::vector<std::int64_t> counts;
   for (double bytes_d = static_cast<double>(min_bytes); bytes_d <= static_cast<double>(max_bytes);
        bytes_d *= opt.factor) {
-    const auto count = static_cast<std::int64_t>(bytes_d) / static_cast<std::int64_t>(elem);
+    const auto count = static_cast<std::int64_t>(bytes_d) / unit * blocks;
     if (count >= 1 && (counts.empty() || counts.back() != count)) counts.push_back(count);
   }
   if (counts.empty()) {
     return nanoddp::cli::usage_error(
         "nanoddp-bench-allreduce",
-        fmt::format("-b {} -e {}: no size holds one {} element ({} bytes); give -e {} or more",
-                    opt.min_bytes, opt.max_bytes, opt.dtype, elem, elem));
+        all_reduce
+            ? fmt::format("-b {} -e {}: no size holds one {} element ({} bytes); give -e {} or "
+                          "more",
+                          opt.min_bytes, opt.max_bytes, opt.dtype, elem, elem)
+            : fmt::format("-b {} -e {}: no size holds one {} element per rank ({} ranks: {} "
+                          "bytes); give -e {} or more",
+                          opt.min_bytes, opt.max_bytes, opt.dtype, blocks, unit, unit));
   }
-  const auto world_env = nanoddp::comm::world_from_env();
   if (opt.backend == "nccl") {
     // Said here, in this program's flags (the library's message would name nanoddp-train's).
     const int gpus = nanoddp::cuda_device_count();
@@ -523,10 +602,20 @@ int run(int argc, char** argv) {
   if (opt.backend == "gloo" && opt.raw) {
     algorithm = fmt::format("ring allreduce as used by gloo::allreduce; transport: TCP ring ({})",
                             runner.transport);
-  } else if (opt.backend == "gloo") {
+  } else if (opt.backend == "gloo" && all_reduce) {
     // "shared memory (same host; ...)": copy in, each rank reduces 1/n, copy out (see
     // comm/shm_allreduce.cpp); or "TCP ring (...)": gloo::allreduce.
     algorithm = fmt::format("process group allreduce; transport: {}", runner.transport);
+  } else if (opt.backend == "gloo") {
+    // comm/shm_collectives.cpp on one host; else comm/gloo_collectives.cpp (flat, also in a
+    // hierarchical group).
+    const bool shm = runner.transport.rfind("shared memory", 0) == 0;
+    algorithm =
+        fmt::format("process group {}; transport: {}", opt.collective,
+                    shm ? runner.transport
+                        : fmt::format("TCP ({}, flat)", collective == Collective::kReduceScatter
+                                                            ? "ring on Gloo's unbound buffers"
+                                                            : "gloo::allgather"));
   } else {
     const char* algo = std::getenv("NCCL_ALGO");
     const char* proto = std::getenv("NCCL_PROTO");
@@ -551,23 +640,35 @@ int run(int argc, char** argv) {
   }
   if (runner.rank() == 0) {
     fmt::print(
-        "# nanoddp-bench-allreduce: backend {} via {}, {} ranks, {} iters x {} round{}, {} "
+        "# nanoddp-bench-allreduce{}: backend {} via {}, {} ranks, {} iters x {} round{}, {} "
         "warm-up\n",
+        all_reduce ? "" : " --collective " + opt.collective,
         runner.dist ? runner.dist->group->backend_name() : opt.backend, mode_text, runner.size(),
         opt.iters, opt.rounds, opt.rounds > 1 ? "s" : "", opt.warmup);
     fmt::print("# algorithm: {}\n", algorithm);
     if (opt.vs_raw) fmt::print("# raw: {} (in place)\n", raw_algorithm);
     fmt::print("# {}; {}\n", nanoddp::common::provenance_line(provenance),
                nanoddp::common::hostname());
-    fmt::print("# time = wall time per op, averaged over the ranks{}; busbw = algbw * 2(n-1)/n\n",
-               spread ? ", median round" : "");
-    fmt::print("# columns as nccl-tests' all_reduce_perf (root -1: all-reduce has none){}\n",
-               spread || opt.vs_raw ? "; after them: the fastest and slowest round per column set"
-                                      " (min, max), then --vs-raw's raw Gloo columns"
-                                    : "");
+    fmt::print("# time = wall time per op, averaged over the ranks{}; busbw = algbw * {}\n",
+               spread ? ", median round" : "", all_reduce ? "2(n-1)/n" : "(n-1)/n");
+    fmt::print(
+        "# columns as nccl-tests' {}{}\n",
+        all_reduce ? "all_reduce_perf (root -1: all-reduce has none)"
+        : collective == Collective::kReduceScatter
+            ? "reduce_scatter_perf (size: the whole input; count: elements per rank; root -1)"
+            : "all_gather_perf (size: the whole output; count: elements per rank; root -1)",
+        spread || opt.vs_raw ? "; after them: the fastest and slowest round per column set"
+                               " (min, max), then --vs-raw's raw Gloo columns"
+                             : "");
     for (const std::string& w : warnings) fmt::print("# warning: {}\n", w);
     if (!runner.dist) {
       fmt::print("# out of place: gloo::allreduce from a send buffer into a receive buffer\n");
+    } else if (!all_reduce) {
+      fmt::print(
+          "# out of place: separate input and output; in place: the {} is this rank's "
+          "block of the {}\n",
+          collective == Collective::kReduceScatter ? "output" : "input",
+          collective == Collective::kReduceScatter ? "input" : "output");
     } else {
       fmt::print(
           "# out of place: copy into the receive buffer, then the in-place op, one at a time\n");
@@ -608,17 +709,66 @@ int run(int argc, char** argv) {
     Tensor view = buffer.view(0, {count});
     Tensor send_view = send.view(0, {count});
     const auto input_of = [&](const Series& x) { return x.in_place ? nullptr : &send_view; };
+    // reduce_scatter and allgather: `count` is the whole buffer, `block` one rank's part of it;
+    // in place, the block is this rank's part of `view` (nccl-tests' in-place offsets).
+    const std::int64_t block = count / blocks;
+    Tensor own_block, small_out, small_in;
+    if (!all_reduce) {
+      own_block = buffer.view(runner.rank() * block, {block});
+      small_out = buffer.view(0, {block});
+      small_in = send.view(0, {block});
+    }
+    const auto run_series = [&](const Series& x, int ops) {
+      if (all_reduce) {
+        runner.run_ops(x.mode, view, op, ops, input_of(x));
+      } else if (collective == Collective::kReduceScatter) {
+        runner.run_scatter_gather(collective, x.in_place ? view : send_view,
+                                  x.in_place ? own_block : small_out, op, ops);
+      } else {
+        runner.run_scatter_gather(collective, x.in_place ? own_block : small_in, view, op, ops);
+      }
+    };
+    // One op on fresh data: the elements that differ from their closed form (this rank's).
+    const auto check_scatter_gather = [&](const Series& x) {
+      Tensor host_view = host.view(0, {count});
+      Tensor send_host_view = send_host.view(0, {count});
+      const bool rs = collective == Collective::kReduceScatter;
+      const std::int64_t inputs = rs ? count : block;
+      Tensor& in_host = x.in_place ? host_view : send_host_view;
+      const std::int64_t in_at = x.in_place && !rs ? runner.rank() * block : 0;
+      for (std::int64_t i = 0; i < count; ++i) set_value(host_view, i, -1.0f);
+      for (std::int64_t i = 0; i < inputs; ++i) {
+        set_value(in_host, in_at + i, fill_value(runner.rank(), i));
+      }
+      if (!view.is_same(host_view)) view.copy_from(host_view);
+      if (!x.in_place && !send_view.is_same(send_host_view)) send_view.copy_from(send_host_view);
+      run_series(x, 1);
+      if (!view.is_same(host_view)) host_view.copy_from(view);
+      const std::int64_t outputs = rs ? block : count;
+      const std::int64_t out_at = rs && x.in_place ? runner.rank() * block : 0;
+      const float tolerance = dtype == DType::kF32 ? 1e-5f : 1e-2f;
+      std::int64_t bad = 0;
+      for (std::int64_t j = 0; j < outputs; ++j) {
+        const float expected =
+            scatter_gather_expected(collective, op, runner.rank(), runner.size(), block, j);
+        const float actual = get_value(host_view, out_at + j);
+        if (!(std::fabs(actual - expected) <= tolerance * std::max(1.0f, std::fabs(expected)))) {
+          ++bad;
+        }
+      }
+      return bad;
+    };
 
     // This rank's per-op time in every round, per series.
     std::vector<std::vector<double>> round_seconds(series.size());
-    for (const Series& x : series) runner.run_ops(x.mode, view, op, opt.warmup, input_of(x));
+    for (const Series& x : series) run_series(x, opt.warmup);
     for (int round = 0; round < opt.rounds; ++round) {
       // Rotate which series goes first, so none always runs right after another.
       for (std::size_t k = 0; k < series.size(); ++k) {
         const std::size_t m = (k + static_cast<std::size_t>(round)) % series.size();
         runner.barrier();
         const auto start = Clock::now();
-        runner.run_ops(series[m].mode, view, op, opt.iters, input_of(series[m]));
+        run_series(series[m], opt.iters);
         round_seconds[m].push_back(std::chrono::duration<double>(Clock::now() - start).count() /
                                    opt.iters);
       }
@@ -638,6 +788,11 @@ int run(int argc, char** argv) {
     std::vector<std::int64_t> wrong(series.size(), -1);
     if (opt.check != 0) {
       for (std::size_t m = 0; m < series.size(); ++m) {
+        if (!all_reduce) {
+          wrong[m] = runner.sum_across(check_scatter_gather(series[m]));
+          wrong_total += std::max<std::int64_t>(wrong[m], 0);
+          continue;
+        }
         Tensor host_view = host.view(0, {count});
         if (series[m].in_place) {
           fill_for_check(host_view, view, runner.rank(), count);
@@ -661,12 +816,15 @@ int run(int argc, char** argv) {
     if (runner.rank() == 0) {
       const auto bw = [&](double us) {
         const double algbw = static_cast<double>(bytes) / us / 1e3;
-        return std::pair{algbw, algbw * 2.0 * (n - 1) / n};
+        return std::pair{algbw, algbw * (all_reduce ? 2.0 : 1.0) * (n - 1) / n};
       };
       const auto wrong_text = [&](std::size_t m) {
         return wrong[m] < 0 ? std::string("N/A") : std::to_string(wrong[m]);
       };
-      fmt::print("  {:>10} {:>12} {:>8} {:>6} {:>7}", bytes, count, opt.dtype, opt.op, -1);
+      // nccl-tests: count is per rank for reduce_scatter and allgather; allgather has no redop.
+      const std::string redop = collective == Collective::kAllgather ? "none" : opt.op;
+      const std::int64_t count_column = all_reduce ? count : block;
+      fmt::print("  {:>10} {:>12} {:>8} {:>6} {:>7}", bytes, count_column, opt.dtype, redop, -1);
       for (std::size_t m = 0; m < 2; ++m) {
         const double us = nanoddp::common::median(rounds_us[m]);
         const auto [algbw, busbw] = bw(us);
@@ -695,15 +853,15 @@ int run(int argc, char** argv) {
           const double us = nanoddp::common::median(rounds_us[m]);
           const auto [algbw, busbw] = bw(us);
           nlohmann::ordered_json line = {
-              {"benchmark", "allreduce"},
+              {"benchmark", opt.collective},
               {"backend", opt.backend},
               {"mode", series[m].mode == Mode::kRaw ? "raw" : "nanoddp"},
               {"placement", series[m].in_place ? "in-place" : "out-of-place"},
               {"ranks", runner.size()},
               {"bytes", bytes},
-              {"count", count},
+              {"count", count_column},
               {"dtype", opt.dtype},
-              {"op", opt.op},
+              {"op", redop},
               {"time_us", us},
               {"time_us_min", *std::min_element(rounds_us[m].begin(), rounds_us[m].end())},
               {"time_us_max", *std::max_element(rounds_us[m].begin(), rounds_us[m].end())},

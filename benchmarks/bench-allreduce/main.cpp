@@ -72,6 +72,8 @@
 #include "nanoddp/engine/tensor.h"
 #include "nanoddp/kernels/bf16.h"
 #include "nanoddp/kernels/error.h"
+#include "raw_gloo.h"
+#include "values.h"
 
 namespace {
 
@@ -99,128 +101,10 @@ struct Options {
   int repeats = 1;
 };
 
-std::int64_t parse_bytes(const std::string& text) {
-  // nccl-tests style: 8, 1K, 16M, 1G (powers of 1024). The number is read as every number flag
-  // is (common/cli.h): decimal only, so "-8", "0x10" and " 16" are refused.
-  const std::size_t number_end = text.find_first_of("KkMmGg");
-  const std::string number = text.substr(0, number_end);
-  if (number.empty() || number.find_first_not_of("0123456789.eE+") != std::string::npos ||
-      !nanoddp::cli::detail::check_finite(number).empty() ||
-      (number_end != std::string::npos && number_end + 1 != text.size())) {
-    nanoddp::fail("'{}' is not a size (e.g. 8, 1K, 16M, 1G)", text);
-  }
-  const double value = std::strtod(number.c_str(), nullptr);
-  const std::string suffix = number_end == std::string::npos ? "" : text.substr(number_end);
-  double scale = 1;
-  if (suffix == "K" || suffix == "k")
-    scale = 1024.0;
-  else if (suffix == "M" || suffix == "m")
-    scale = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "g")
-    scale = 1024.0 * 1024 * 1024;
-  else if (!suffix.empty())
-    nanoddp::fail("'{}' is not a size (e.g. 8, 1K, 16M, 1G)", text);
-  // 1 TiB: past any buffer this benchmark can allocate, and within int64 whatever was typed.
-  if (value * scale > 1099511627776.0) {
-    nanoddp::fail("'{}' is more than 1T (1099511627776 bytes)", text);
-  }
-  return static_cast<std::int64_t>(value * scale);
-}
-
-ReduceOp parse_op(const std::string& op) {
-  if (op == "sum") return ReduceOp::kSum;
-  if (op == "avg") return ReduceOp::kAvg;
-  if (op == "max") return ReduceOp::kMax;
-  if (op == "min") return ReduceOp::kMin;
-  if (op == "allreduce" || op == "reduce_scatter" || op == "allgather") {
-    nanoddp::fail(
-        "--op {}: --op is the reduction (sum, avg, max or min); the collective is "
-        "--collective {}",
-        op, op);
-  }
-  nanoddp::fail("--op {}: expected sum, avg, max or min", op);
-}
-
-enum class Collective { kAllreduce, kReduceScatter, kAllgather };
-
-Collective parse_collective(const std::string& name) {
-  if (name == "allreduce") return Collective::kAllreduce;
-  if (name == "reduce_scatter") return Collective::kReduceScatter;
-  if (name == "allgather") return Collective::kAllgather;
-  nanoddp::fail("--collective {}: expected allreduce, reduce_scatter or allgather", name);
-}
-
-using nanoddp::kernels::bf16_to_float;
+using nanoddp::bench_allreduce::Collective;
+using nanoddp::bench_allreduce::RawGloo;
 using nanoddp::kernels::float_to_bf16;
-
-// ---- raw Gloo: the same calls the process group's worker makes, on the calling thread ------
-
-template <typename T, typename F>
-void reduce_loop(void* c, const void* a, const void* b, std::size_t n, F f) {
-  T* out = static_cast<T*>(c);
-  const T* x = static_cast<const T*>(a);
-  const T* y = static_cast<const T*>(b);
-  for (std::size_t i = 0; i < n; ++i) out[i] = f(x[i], y[i]);
-}
-
-gloo::AllreduceOptions::Func raw_reduce(ReduceOp op, DType dtype) {
-  const auto pick = [](ReduceOp o, float a, float b) {
-    return o == ReduceOp::kMax ? std::max(a, b) : o == ReduceOp::kMin ? std::min(a, b) : a + b;
-  };
-  if (dtype == DType::kF32) {
-    return [op, pick](void* c, const void* a, const void* b, std::size_t n) {
-      reduce_loop<float>(c, a, b, n, [&](float x, float y) { return pick(op, x, y); });
-    };
-  }
-  return [op, pick](void* c, const void* a, const void* b, std::size_t n) {
-    reduce_loop<std::uint16_t>(c, a, b, n, [&](std::uint16_t x, std::uint16_t y) {
-      return float_to_bf16(pick(op, bf16_to_float(x), bf16_to_float(y)));
-    });
-  };
-}
-
-struct RawGloo {
-  nanoddp::comm::GlooConnection connection;
-  std::chrono::milliseconds timeout;
-  std::uint32_t tag = 0;
-
-  // In place, or from `input` (same size and type) into `t`.
-  void allreduce(Tensor& t, ReduceOp op, const Tensor* input = nullptr) {
-    const auto n = static_cast<std::size_t>(t.numel());
-    if (n == 0) return;
-    gloo::AllreduceOptions opts(connection.context);
-    if (t.dtype() == DType::kF32) {
-      if (input != nullptr) {
-        opts.setInput(static_cast<float*>(const_cast<void*>(input->raw_data())), n);
-      }
-      opts.setOutput(static_cast<float*>(t.raw_data()), n);
-    } else {
-      if (input != nullptr) {
-        opts.setInput(static_cast<std::uint16_t*>(const_cast<void*>(input->raw_data())), n);
-      }
-      opts.setOutput(static_cast<std::uint16_t*>(t.raw_data()), n);
-    }
-    opts.setReduceFunction(raw_reduce(op, t.dtype()));
-    opts.setTag(++tag);
-    opts.setTimeout(timeout);
-    gloo::allreduce(opts);
-    if (op == ReduceOp::kAvg) {
-      const float size = static_cast<float>(connection.context->size);
-      if (t.dtype() == DType::kF32) {
-        for (std::size_t i = 0; i < n; ++i) t.data()[i] /= size;
-      } else {
-        auto* p = static_cast<std::uint16_t*>(t.raw_data());
-        for (std::size_t i = 0; i < n; ++i) p[i] = float_to_bf16(bf16_to_float(p[i]) / size);
-      }
-    }
-  }
-  void barrier() {
-    gloo::BarrierOptions opts(connection.context);
-    opts.setTag(++tag);
-    opts.setTimeout(timeout);
-    gloo::barrier(opts);
-  }
-};
+using namespace nanoddp::bench_allreduce;  // flag values and closed forms (values.h)
 
 // ---- one rank's view of the job --------------------------------------------------------------
 
@@ -316,75 +200,6 @@ struct Runner {
     return mean;
   }
 };
-
-float fill_value(int rank, std::int64_t i) {
-  return static_cast<float>((rank + 1) * (i % 4 + 1));
-}
-
-float expected_value(ReduceOp op, int size, std::int64_t i) {
-  const float f = static_cast<float>(i % 4 + 1);
-  const float n = static_cast<float>(size);
-  switch (op) {
-    case ReduceOp::kSum:
-      return f * n * (n + 1) / 2;
-    case ReduceOp::kAvg:
-      return f * (n + 1) / 2;
-    case ReduceOp::kMax:
-      return f * n;
-    case ReduceOp::kMin:
-      return f;
-  }
-  return 0;
-}
-
-// Fills the first `count` elements of the host buffer and copies them where the op runs.
-void fill_for_check(Tensor& host, Tensor& buffer, int rank, std::int64_t count) {
-  for (std::int64_t i = 0; i < count; ++i) {
-    if (host.dtype() == DType::kF32) {
-      host.data()[i] = fill_value(rank, i);
-    } else {
-      static_cast<std::uint16_t*>(host.raw_data())[i] = float_to_bf16(fill_value(rank, i));
-    }
-  }
-  if (!buffer.is_same(host)) buffer.copy_from(host);
-}
-
-std::int64_t count_wrong(const Tensor& result_host, ReduceOp op, int size, std::int64_t count) {
-  std::int64_t wrong = 0;
-  for (std::int64_t i = 0; i < count; ++i) {
-    const float expected = expected_value(op, size, i);
-    const float actual =
-        result_host.dtype() == DType::kF32
-            ? result_host.data()[i]
-            : bf16_to_float(static_cast<const std::uint16_t*>(result_host.raw_data())[i]);
-    const float tolerance = result_host.dtype() == DType::kF32 ? 1e-5f : 1e-2f;
-    if (!(std::fabs(actual - expected) <= tolerance * std::max(1.0f, std::fabs(expected)))) {
-      ++wrong;
-    }
-  }
-  return wrong;
-}
-
-float get_value(const Tensor& host, std::int64_t i) {
-  return host.dtype() == DType::kF32
-             ? host.data()[i]
-             : bf16_to_float(static_cast<const std::uint16_t*>(host.raw_data())[i]);
-}
-void set_value(Tensor& host, std::int64_t i, float v) {
-  if (host.dtype() == DType::kF32) {
-    host.data()[i] = v;
-  } else {
-    static_cast<std::uint16_t*>(host.raw_data())[i] = float_to_bf16(v);
-  }
-}
-
-// What a reduce_scatter (element k of this rank's output) or an allgather (element j of the
-// output) must hold, from fill_value's inputs.
-float scatter_gather_expected(Collective c, ReduceOp op, int rank, int size, std::int64_t block,
-                              std::int64_t j) {
-  if (c == Collective::kReduceScatter) return expected_value(op, size, rank * block + j);
-  return fill_value(static_cast<int>(j / block), j % block);
-}
 
 int run(int argc, char** argv) {
   Options opt;

@@ -91,8 +91,8 @@ struct GlooProcessGroup::Impl {
   int size = 1;
   ProcessGroupOptions options;
   GlooConnection connection;
-  // Same host: allreduce (and reduce-scatter, which is one) goes through shared memory instead
-  // of Gloo's TCP ring. Runs on the worker thread like every op, so order, sequence numbers,
+  // Same host: allreduce, reduce-scatter and allgather go through shared memory instead of
+  // Gloo's TCP ring. Runs on the worker thread like every op, so order, sequence numbers,
   // Work and timings are unchanged. Null or disabled: everything goes over TCP.
   std::unique_ptr<ShmAllreduce> shm;
   // Several hosts, some with several ranks: shared memory within each, TCP across them
@@ -108,7 +108,7 @@ struct GlooProcessGroup::Impl {
 
   // Touched by the worker thread only.
   std::string first_failure;          // set by the first failed op: later ops fail fast
-  std::vector<std::uint8_t> scratch;  // reduce-scatter result, coalesced packing; kept, reused
+  std::vector<std::uint8_t> scratch;  // reduce-scatter ring, coalesced packing; kept, reused
 
   std::thread worker;
 
@@ -164,6 +164,14 @@ struct GlooProcessGroup::Impl {
 
   void run_allreduce(void* data, std::size_t n, DType dtype, ReduceOp op, std::uint64_t seq,
                      const void* input = nullptr);
+  // gloo_collectives.cpp: shared memory when the group has it, else (TCP, and hierarchical
+  // groups, which use the flat path for these two) a ring reduce-scatter on Gloo's unbound
+  // buffers and gloo::allgather. `output` may alias block `rank` of `input` / the other way
+  // round.
+  void run_reduce_scatter(const void* input, void* output, std::size_t block, DType dtype,
+                          ReduceOp op, std::uint64_t seq);
+  void run_allgather(const void* input, void* output, std::size_t block, DType dtype,
+                     std::uint64_t seq);
 };
 
 }  // namespace nanoddp::comm

@@ -16,7 +16,6 @@
 #include <optional>
 #include <thread>
 
-#include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -163,7 +162,7 @@ GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int s
   impl_->diagnostics = std::make_shared<PrefixStore>(options.name + "/gloo/diag", store);
   ignore_sigpipe_unless_handled();
   impl_->connection = connect_gloo(store, rank, size, options);
-  // After the TCP connection (which still carries broadcast, allgather and barrier, and is
+  // After the TCP connection (which still carries broadcast and barrier, and is
   // the fallback): all ranks agree here whether allreduce goes hierarchical (several hosts),
   // else whether they can share memory (one host).
   impl_->hier = std::make_unique<HierarchicalAllreduce>(store, rank, size, options);
@@ -307,23 +306,17 @@ std::shared_ptr<Work> GlooProcessGroup::allgather(const Tensor& input, Tensor& o
         size(), input.numel(), dtype_name(input.dtype()), output.numel(),
         dtype_name(output.dtype()));
   }
-  const std::size_t in_bytes = input.nbytes();
+  const auto block = static_cast<std::size_t>(input.numel());
+  const DType dtype = input.dtype();
   Impl* impl = impl_.get();
-  return impl->enqueue(
-      {.kind = OpKind::kAllgather,
-       .count = static_cast<std::uint64_t>(input.numel()),
-       .dtype = input.dtype()},
-      fmt::format("{} x {} per rank", input.numel(), dtype_name(input.dtype())),
-      [impl, input, output, in_bytes](std::uint64_t seq) {
-        if (in_bytes == 0) return;
-        auto opts = std::make_unique<gloo::AllgatherOptions>(impl->connection.context);
-        opts->setInput(static_cast<std::uint8_t*>(input.raw_data()), in_bytes);
-        opts->setOutput(static_cast<std::uint8_t*>(output.raw_data()),
-                        in_bytes * static_cast<std::size_t>(impl->size));
-        opts->setTag(impl->tag(seq));
-        opts->setTimeout(impl->options.timeout);
-        impl->run_gloo(std::move(opts), [](gloo::AllgatherOptions& o) { gloo::allgather(o); });
-      });
+  return impl->enqueue({.kind = OpKind::kAllgather,
+                        .count = static_cast<std::uint64_t>(input.numel()),
+                        .dtype = input.dtype()},
+                       fmt::format("{} x {} per rank", input.numel(), dtype_name(input.dtype())),
+                       [impl, input, output, block, dtype](std::uint64_t seq) {
+                         impl->run_allgather(input.raw_data(), output.raw_data(), block, dtype,
+                                             seq);
+                       });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& input, Tensor& output,
@@ -344,18 +337,7 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& input, Tens
       {.kind = OpKind::kReduceScatter, .count = block, .dtype = dtype},
       fmt::format("{}, {} x {} per rank", reduce_op_name(op), block, dtype_name(dtype)),
       [impl, input, output, block, dtype, op](std::uint64_t seq) {
-        if (block == 0) return;
-        // No options-style reduce-scatter in this Gloo: allreduce the whole input into the
-        // reused scratch buffer (the input is left untouched) and keep our block. An average
-        // is summed on the wire and only our block is divided, once.
-        const std::size_t elem = dtype_size(dtype);
-        const std::size_t total = block * static_cast<std::size_t>(impl->size);
-        std::uint8_t* reduced = impl->scratch_bytes(total * elem);
-        const ReduceOp wire_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-        impl->run_allreduce(reduced, total, dtype, wire_op, seq, input.raw_data());
-        std::memcpy(output.raw_data(),
-                    reduced + static_cast<std::size_t>(impl->rank) * block * elem, block * elem);
-        if (op == ReduceOp::kAvg) divide_by(output.raw_data(), dtype, block, impl->size);
+        impl->run_reduce_scatter(input.raw_data(), output.raw_data(), block, dtype, op, seq);
       });
 }
 

@@ -9,20 +9,21 @@
 // the property all collectives depend on — while the caller computes the next bucket's
 // gradients. Work::wait() is where the caller finally joins the op.
 //
-// Same host, no sockets. When every rank runs on this host, allreduce (and reduce_scatter,
-// built on it) bypasses TCP and goes through a shared-memory segment (shm_allreduce.h) — still
-// on the worker thread, so everything above holds. $NANODDP_SHM=0 turns it off;
-// backend_name() says "gloo+shm" when it is on. Ranks on several hosts, some sharing one:
-// allreduce goes hierarchical (hierarchical_allreduce.h: shared memory within each host, TCP
-// across one leader per host; "gloo+shm+hier"); $NANODDP_HIER=0 keeps the flat ring.
+// Same host, no sockets. When every rank runs on this host, allreduce, reduce_scatter and
+// allgather bypass TCP and go through a shared-memory segment (shm_allreduce.h) — still on the
+// worker thread, so everything above holds. $NANODDP_SHM=0 turns it off; backend_name() says
+// "gloo+shm" when it is on. Ranks on several hosts, some sharing one: allreduce goes
+// hierarchical (hierarchical_allreduce.h: shared memory within each host, TCP across one leader
+// per host; "gloo+shm+hier"); $NANODDP_HIER=0 keeps the flat ring. reduce_scatter and allgather
+// take the flat TCP path there.
 //
 // Why one Gloo API. Debian's Gloo has two generations of collectives: the legacy algorithm
 // classes (gloo::AllreduceRing, ...) and the options-style functions (gloo::allreduce with
 // gloo::AllreduceOptions). Mixing them on one context shrinks its socket buffers and costs a
-// 10x slowdown, so this group uses only the options-style functions: allreduce, broadcast,
-// allgather and barrier. Gloo has no options-style reduce-scatter, so reduce_scatter is an
-// allreduce into a scratch buffer followed by a copy of this rank's block (it moves n/(n-1)
-// times the optimal bytes, an honest price for staying on one API).
+// 10x slowdown, so this group uses only the options-style functions (allreduce, broadcast,
+// allgather, barrier) and the transport under them: Gloo has no options-style reduce-scatter,
+// so reduce_scatter is a ring of our own on Gloo's unbound buffers (gloo_collectives.cpp),
+// moving the optimal (n-1)/n of the input per rank.
 //
 // Failures. Every op has the group's timeout. A Gloo exception (a timeout, a peer that closed
 // its socket) becomes a CommError naming the op, its sequence number, element count, dtype and
@@ -62,8 +63,8 @@ class GlooProcessGroup final : public ProcessGroup {
                                        ReduceOp op = ReduceOp::kSum) override;
   std::shared_ptr<Work> barrier() override;
 
-  // Whether allreduce (and reduce_scatter) go through a shared-memory segment: every rank is on
-  // this host and $NANODDP_SHM is not "0" (shm_allreduce.h). Broadcast, allgather and barrier
+  // Whether allreduce, reduce_scatter and allgather go through a shared-memory segment: every
+  // rank is on this host and $NANODDP_SHM is not "0" (shm_allreduce.h). Broadcast and barrier
   // always use TCP.
   bool uses_shared_memory() const;
   // How allreduce moves data, for benchmark headers: "shared memory (same host; ...)" or

@@ -159,7 +159,7 @@ void reduce_f32(const std::uint8_t* const* sources, int n, std::size_t count, bo
       for (std::size_t i = 0; i < m; ++i) acc[i] /= divisor;
     }
     std::memcpy(out_a + base * sizeof(float), acc, m * sizeof(float));
-    std::memcpy(out_b + base * sizeof(float), acc, m * sizeof(float));
+    if (out_b != nullptr) std::memcpy(out_b + base * sizeof(float), acc, m * sizeof(float));
   }
 }
 
@@ -184,25 +184,7 @@ void reduce_bf16(const std::uint8_t* const* sources, int n, std::size_t count, b
     }
     for (std::size_t i = 0; i < m; ++i) rounded[i] = float_to_bf16(acc[i]);
     std::memcpy(out_a + base * 2, rounded, m * 2);
-    std::memcpy(out_b + base * 2, rounded, m * 2);
-  }
-}
-
-void reduce(const std::uint8_t* const* sources, int n, std::size_t count, DType dtype, ReduceOp op,
-            std::uint8_t* out_a, std::uint8_t* out_b) {
-  const bool avg = op == ReduceOp::kAvg;
-  const bool f32 = dtype == DType::kF32;
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      return f32 ? reduce_f32<Sum>(sources, n, count, avg, out_a, out_b)
-                 : reduce_bf16<Sum>(sources, n, count, avg, out_a, out_b);
-    case ReduceOp::kMax:
-      return f32 ? reduce_f32<Max>(sources, n, count, false, out_a, out_b)
-                 : reduce_bf16<Max>(sources, n, count, false, out_a, out_b);
-    case ReduceOp::kMin:
-      return f32 ? reduce_f32<Min>(sources, n, count, false, out_a, out_b)
-                 : reduce_bf16<Min>(sources, n, count, false, out_a, out_b);
+    if (out_b != nullptr) std::memcpy(out_b + base * 2, rounded, m * 2);
   }
 }
 
@@ -221,6 +203,70 @@ struct Partition {
 };
 
 }  // namespace
+
+// ---- the reduction and the op check, shared with shm_collectives.cpp ------------------------
+
+namespace shm {
+
+void reduce_in_rank_order(const std::uint8_t* const* sources, int n, std::size_t count, DType dtype,
+                          ReduceOp op, std::uint8_t* out_a, std::uint8_t* out_b) {
+  const bool avg = op == ReduceOp::kAvg;
+  const bool f32 = dtype == DType::kF32;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return f32 ? reduce_f32<Sum>(sources, n, count, avg, out_a, out_b)
+                 : reduce_bf16<Sum>(sources, n, count, avg, out_a, out_b);
+    case ReduceOp::kMax:
+      return f32 ? reduce_f32<Max>(sources, n, count, false, out_a, out_b)
+                 : reduce_bf16<Max>(sources, n, count, false, out_a, out_b);
+    case ReduceOp::kMin:
+      return f32 ? reduce_f32<Min>(sources, n, count, false, out_a, out_b)
+                 : reduce_bf16<Min>(sources, n, count, false, out_a, out_b);
+  }
+}
+
+std::string describe_op_kind(std::uint32_t kind, std::uint64_t count) {
+  const auto collective = static_cast<Collective>(kind >> 16);
+  const auto dtype = dtype_name(static_cast<DType>(kind & 0xff));
+  const char* op = reduce_op_name(static_cast<ReduceOp>((kind >> 8) & 0xff));
+  switch (collective) {
+    case Collective::kAllreduce:
+      return fmt::format("allreduce, {} x {}, {}", count, dtype, op);
+    case Collective::kReduceScatter:
+      return fmt::format("reduce_scatter, {} x {} per rank, {}", count, dtype, op);
+    case Collective::kAllgather:
+      return fmt::format("allgather, {} x {} per rank", count, dtype);
+  }
+  return fmt::format("unknown collective {}, {} x {}", kind >> 16, count, dtype);
+}
+
+}  // namespace shm
+
+void ShmAllreduce::publish_op(std::uint64_t seq, std::uint64_t count, std::uint32_t kind) {
+  op_seq_ = seq;
+  RankLine& mine = segment_->line(rank_);
+  // Relaxed is enough: the release of our next arrival publishes these with it.
+  atomic(mine.op_seq).store(seq, std::memory_order_relaxed);
+  atomic(mine.op_count).store(count, std::memory_order_relaxed);
+  atomic(mine.op_kind).store(kind, std::memory_order_relaxed);
+}
+
+void ShmAllreduce::check_same_op(std::uint64_t seq, std::uint64_t count, std::uint32_t kind) {
+  for (int q = 0; q < size_; ++q) {
+    RankLine& line = segment_->line(q);
+    const std::uint64_t its_seq = atomic(line.op_seq).load(std::memory_order_relaxed);
+    const std::uint64_t its_count = atomic(line.op_count).load(std::memory_order_relaxed);
+    const std::uint32_t its_kind = atomic(line.op_kind).load(std::memory_order_relaxed);
+    if (its_seq != seq || its_count != count || its_kind != kind) {
+      throw ShmError(fmt::format("ranks are out of step: rank {} runs op #{} ({}) while rank {} "
+                                 "runs op #{} ({})",
+                                 q, its_seq, describe_op_kind(its_kind, its_count), rank_, seq,
+                                 describe_op_kind(kind, count)),
+                     {q});
+    }
+  }
+}
 
 // ---- barriers --------------------------------------------------------------------------------
 
@@ -341,14 +387,8 @@ void ShmAllreduce::run(void* data, const void* input, std::size_t count, DType d
   if (!enabled()) fail("ShmAllreduce::run: the shared segment is not in use");
   if (count == 0) return;
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  op_seq_ = seq;
-  const std::uint32_t kind =
-      static_cast<std::uint32_t>(dtype) | (static_cast<std::uint32_t>(op) << 8);
-  RankLine& mine = segment_->line(rank_);
-  // Relaxed is enough: the release of our next arrival publishes these with it.
-  atomic(mine.op_seq).store(seq, std::memory_order_relaxed);
-  atomic(mine.op_count).store(count, std::memory_order_relaxed);
-  atomic(mine.op_kind).store(kind, std::memory_order_relaxed);
+  const std::uint32_t kind = op_kind(Collective::kAllreduce, dtype, op);
+  publish_op(seq, count, kind);
 
   const std::size_t elem = dtype_size(dtype);
   const std::size_t chunk_elems = chunk_bytes_ / elem;
@@ -376,21 +416,7 @@ void ShmAllreduce::run(void* data, const void* input, std::size_t count, DType d
     if (c == 0) {
       // Every rank is past its copy-in of this op's first chunk, so every rank has published
       // which op it runs: a mismatch (ranks out of step) is reported here, not as wrong numbers.
-      for (int q = 0; q < size_; ++q) {
-        RankLine& line = segment_->line(q);
-        const std::uint64_t its_seq = atomic(line.op_seq).load(std::memory_order_relaxed);
-        const std::uint64_t its_count = atomic(line.op_count).load(std::memory_order_relaxed);
-        const std::uint32_t its_kind = atomic(line.op_kind).load(std::memory_order_relaxed);
-        if (its_seq != seq || its_count != count || its_kind != kind) {
-          throw ShmError(
-              fmt::format("ranks are out of step: rank {} runs op #{} ({} x {}, {}) while rank "
-                          "{} runs op #{} ({} x {}, {})",
-                          q, its_seq, its_count, dtype_name(static_cast<DType>(its_kind & 0xff)),
-                          reduce_op_name(static_cast<ReduceOp>(its_kind >> 8)), rank_, seq, count,
-                          dtype_name(dtype), reduce_op_name(op)),
-              {q});
-        }
-      }
+      check_same_op(seq, count, kind);
     }
 
     // 3. Reduce my partition over all ranks, in rank order.
@@ -400,8 +426,8 @@ void ShmAllreduce::run(void* data, const void* input, std::size_t count, DType d
         sources[static_cast<std::size_t>(q)] =
             q == rank_ ? src + (first + begin) * elem : segment_->lane(set, q) + begin * elem;
       }
-      reduce(sources.data(), size_, part.end(rank_) - begin, dtype, op,
-             out + (first + begin) * elem, my_lane + begin * elem);
+      reduce_in_rank_order(sources.data(), size_, part.end(rank_) - begin, dtype, op,
+                           out + (first + begin) * elem, my_lane + begin * elem);
     }
     arrive();
     wait_for_all(generation_, deadline, "reduce", c, chunks);

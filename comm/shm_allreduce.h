@@ -20,7 +20,9 @@
 // Every rank decides from the same published facts, so all agree: either all use shared memory
 // or all fall back to TCP (one line on stderr says why).
 //
-// How one all-reduce runs, and what happens when a peer dies: see shm_allreduce.cpp.
+// How one all-reduce runs, and what happens when a peer dies: see shm_allreduce.cpp. The same
+// segment, lanes and barriers also carry a reduce-scatter and an all-gather that move only the
+// bytes each needs (shm_collectives.cpp).
 
 #include <chrono>
 #include <cstddef>
@@ -83,6 +85,15 @@ class ShmAllreduce {
   // mismatched op) — after which the segment's state is unknown and it must not be used again.
   void run(void* data, const void* input, std::size_t count, DType dtype, ReduceOp op,
            std::uint64_t seq);
+  // `input` holds size() blocks of `block` elements; `output` gets the reduction of block
+  // rank() (it may alias that block of `input`). Each rank writes the blocks of the others
+  // into its lane once and reduces only its own block. Same errors as run().
+  void reduce_scatter(const void* input, void* output, std::size_t block, DType dtype, ReduceOp op,
+                      std::uint64_t seq);
+  // `output` holds size() blocks of `block` elements: rank r's `input` lands in block r (input
+  // may alias that block). Each rank writes its block into its lane once; all read it.
+  void allgather(const void* input, void* output, std::size_t block, DType dtype,
+                 std::uint64_t seq);
 
  private:
   struct Segment;
@@ -93,6 +104,10 @@ class ShmAllreduce {
   };
 
   void set_up(Store& store, const std::string& prefix);
+  // Publishes the op this rank enters (its line), and checks after the first barrier that every
+  // rank entered the same one (ShmError naming the first that did not).
+  void publish_op(std::uint64_t seq, std::uint64_t count, std::uint32_t kind);
+  void check_same_op(std::uint64_t seq, std::uint64_t count, std::uint32_t kind);
   void arrive();
   void wait_for_all(std::uint32_t target, std::chrono::steady_clock::time_point deadline,
                     const char* phase, std::size_t chunk, std::size_t chunks);

@@ -34,8 +34,22 @@ struct alignas(kLine) RankLine {
   std::uint32_t sleepers;  // peers sleeping on `arrivals`
   std::uint64_t op_seq;    // the op this rank is in (its sequence number; 0 = none yet)
   std::uint64_t op_count;  // its element count
-  std::uint32_t op_kind;   // dtype | reduce op << 8
+  std::uint32_t op_kind;   // op_kind(): dtype | reduce op << 8 | collective << 16
 };
+
+// Which collective a rank is in: all-reduce is 0, so its op_kind word is what it always was.
+enum class Collective : std::uint32_t { kAllreduce = 0, kReduceScatter = 1, kAllgather = 2 };
+inline std::uint32_t op_kind(Collective c, DType dtype, ReduceOp op) {
+  return static_cast<std::uint32_t>(dtype) | (static_cast<std::uint32_t>(op) << 8) |
+         (static_cast<std::uint32_t>(c) << 16);
+}
+// "reduce_scatter, 5 x float32 per rank, sum"
+std::string describe_op_kind(std::uint32_t kind, std::uint64_t count);
+
+// sources[0..n) combined element-wise IN RANK ORDER (shm_allreduce.cpp explains why), divided
+// once by n for avg, written to out_a and (when not null) out_b. An output may alias a source.
+void reduce_in_rank_order(const std::uint8_t* const* sources, int n, std::size_t count, DType dtype,
+                          ReduceOp op, std::uint8_t* out_a, std::uint8_t* out_b);
 
 // The segment's words are plain integers accessed through std::atomic_ref: no C++ object has
 // to be "constructed" in memory that another process created.

@@ -28,6 +28,14 @@
 // With -c 1 a separate op on freshly filled data (element i of rank r is (r + 1) * (i % 4 + 1))
 // is compared with its closed-form result; #wrong counts mismatching elements over all ranks.
 // Buffers are allocated once at the largest size and viewed for smaller ones.
+//
+// --collective reduce_scatter | allgather measures those instead, as nccl-tests'
+// reduce_scatter_perf and all_gather_perf do: size = the whole buffer (the reduce-scatter's
+// input, the all-gather's output), count = elements per rank, algbw = size / time, busbw =
+// algbw * (n - 1) / n. Out of place: separate input and output; in place: the output is this
+// rank's block of the input (reduce_scatter), the input this rank's block of the output
+// (allgather). The check compares every element with its closed form, as for all-reduce.
+// (--op stays the reduction, as nccl-tests' -o.)
 
 #include <fmt/format.h>
 
@@ -64,6 +72,8 @@
 #include "nanoddp/engine/tensor.h"
 #include "nanoddp/kernels/bf16.h"
 #include "nanoddp/kernels/error.h"
+#include "raw_gloo.h"
+#include "values.h"
 
 namespace {
 
@@ -80,6 +90,7 @@ struct Options {
   int warmup = 5;
   int check = 1;
   std::string op = "sum";
+  std::string collective = "allreduce";
   std::string dtype = "float";
   std::string backend = "gloo";
   std::string json_path;
@@ -90,113 +101,10 @@ struct Options {
   int repeats = 1;
 };
 
-std::int64_t parse_bytes(const std::string& text) {
-  // nccl-tests style: 8, 1K, 16M, 1G (powers of 1024). The number is read as every number flag
-  // is (common/cli.h): decimal only, so "-8", "0x10" and " 16" are refused.
-  const std::size_t number_end = text.find_first_of("KkMmGg");
-  const std::string number = text.substr(0, number_end);
-  if (number.empty() || number.find_first_not_of("0123456789.eE+") != std::string::npos ||
-      !nanoddp::cli::detail::check_finite(number).empty() ||
-      (number_end != std::string::npos && number_end + 1 != text.size())) {
-    nanoddp::fail("'{}' is not a size (e.g. 8, 1K, 16M, 1G)", text);
-  }
-  const double value = std::strtod(number.c_str(), nullptr);
-  const std::string suffix = number_end == std::string::npos ? "" : text.substr(number_end);
-  double scale = 1;
-  if (suffix == "K" || suffix == "k")
-    scale = 1024.0;
-  else if (suffix == "M" || suffix == "m")
-    scale = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "g")
-    scale = 1024.0 * 1024 * 1024;
-  else if (!suffix.empty())
-    nanoddp::fail("'{}' is not a size (e.g. 8, 1K, 16M, 1G)", text);
-  // 1 TiB: past any buffer this benchmark can allocate, and within int64 whatever was typed.
-  if (value * scale > 1099511627776.0) {
-    nanoddp::fail("'{}' is more than 1T (1099511627776 bytes)", text);
-  }
-  return static_cast<std::int64_t>(value * scale);
-}
-
-ReduceOp parse_op(const std::string& op) {
-  if (op == "sum") return ReduceOp::kSum;
-  if (op == "avg") return ReduceOp::kAvg;
-  if (op == "max") return ReduceOp::kMax;
-  if (op == "min") return ReduceOp::kMin;
-  nanoddp::fail("--op {}: expected sum, avg, max or min", op);
-}
-
-using nanoddp::kernels::bf16_to_float;
+using nanoddp::bench_allreduce::Collective;
+using nanoddp::bench_allreduce::RawGloo;
 using nanoddp::kernels::float_to_bf16;
-
-// ---- raw Gloo: the same calls the process group's worker makes, on the calling thread ------
-
-template <typename T, typename F>
-void reduce_loop(void* c, const void* a, const void* b, std::size_t n, F f) {
-  T* out = static_cast<T*>(c);
-  const T* x = static_cast<const T*>(a);
-  const T* y = static_cast<const T*>(b);
-  for (std::size_t i = 0; i < n; ++i) out[i] = f(x[i], y[i]);
-}
-
-gloo::AllreduceOptions::Func raw_reduce(ReduceOp op, DType dtype) {
-  const auto pick = [](ReduceOp o, float a, float b) {
-    return o == ReduceOp::kMax ? std::max(a, b) : o == ReduceOp::kMin ? std::min(a, b) : a + b;
-  };
-  if (dtype == DType::kF32) {
-    return [op, pick](void* c, const void* a, const void* b, std::size_t n) {
-      reduce_loop<float>(c, a, b, n, [&](float x, float y) { return pick(op, x, y); });
-    };
-  }
-  return [op, pick](void* c, const void* a, const void* b, std::size_t n) {
-    reduce_loop<std::uint16_t>(c, a, b, n, [&](std::uint16_t x, std::uint16_t y) {
-      return float_to_bf16(pick(op, bf16_to_float(x), bf16_to_float(y)));
-    });
-  };
-}
-
-struct RawGloo {
-  nanoddp::comm::GlooConnection connection;
-  std::chrono::milliseconds timeout;
-  std::uint32_t tag = 0;
-
-  // In place, or from `input` (same size and type) into `t`.
-  void allreduce(Tensor& t, ReduceOp op, const Tensor* input = nullptr) {
-    const auto n = static_cast<std::size_t>(t.numel());
-    if (n == 0) return;
-    gloo::AllreduceOptions opts(connection.context);
-    if (t.dtype() == DType::kF32) {
-      if (input != nullptr) {
-        opts.setInput(static_cast<float*>(const_cast<void*>(input->raw_data())), n);
-      }
-      opts.setOutput(static_cast<float*>(t.raw_data()), n);
-    } else {
-      if (input != nullptr) {
-        opts.setInput(static_cast<std::uint16_t*>(const_cast<void*>(input->raw_data())), n);
-      }
-      opts.setOutput(static_cast<std::uint16_t*>(t.raw_data()), n);
-    }
-    opts.setReduceFunction(raw_reduce(op, t.dtype()));
-    opts.setTag(++tag);
-    opts.setTimeout(timeout);
-    gloo::allreduce(opts);
-    if (op == ReduceOp::kAvg) {
-      const float size = static_cast<float>(connection.context->size);
-      if (t.dtype() == DType::kF32) {
-        for (std::size_t i = 0; i < n; ++i) t.data()[i] /= size;
-      } else {
-        auto* p = static_cast<std::uint16_t*>(t.raw_data());
-        for (std::size_t i = 0; i < n; ++i) p[i] = float_to_bf16(bf16_to_float(p[i]) / size);
-      }
-    }
-  }
-  void barrier() {
-    gloo::BarrierOptions opts(connection.context);
-    opts.setTag(++tag);
-    opts.setTimeout(timeout);
-    gloo::barrier(opts);
-  }
-};
+using namespace nanoddp::bench_allreduce;  // flag values and closed forms (values.h)
 
 // ---- one rank's view of the job --------------------------------------------------------------
 
@@ -243,6 +151,17 @@ struct Runner {
     if (last != nullptr) last->wait();
     if (device.is_cuda()) nanoddp::Stream::compute(device).synchronize();
   }
+  // reduce_scatter or allgather through the process group, `count` back to back.
+  void run_scatter_gather(Collective c, const Tensor& input, Tensor& output, ReduceOp op,
+                          int count) {
+    std::shared_ptr<nanoddp::comm::Work> last;
+    for (int i = 0; i < count; ++i) {
+      last = c == Collective::kReduceScatter ? dist->group->reduce_scatter(input, output, op)
+                                             : dist->group->allgather(input, output);
+    }
+    if (last != nullptr) last->wait();
+    if (device.is_cuda()) nanoddp::Stream::compute(device).synchronize();
+  }
   void barrier() {
     if (!dist) {
       raw->barrier();
@@ -282,54 +201,6 @@ struct Runner {
   }
 };
 
-float fill_value(int rank, std::int64_t i) {
-  return static_cast<float>((rank + 1) * (i % 4 + 1));
-}
-
-float expected_value(ReduceOp op, int size, std::int64_t i) {
-  const float f = static_cast<float>(i % 4 + 1);
-  const float n = static_cast<float>(size);
-  switch (op) {
-    case ReduceOp::kSum:
-      return f * n * (n + 1) / 2;
-    case ReduceOp::kAvg:
-      return f * (n + 1) / 2;
-    case ReduceOp::kMax:
-      return f * n;
-    case ReduceOp::kMin:
-      return f;
-  }
-  return 0;
-}
-
-// Fills the first `count` elements of the host buffer and copies them where the op runs.
-void fill_for_check(Tensor& host, Tensor& buffer, int rank, std::int64_t count) {
-  for (std::int64_t i = 0; i < count; ++i) {
-    if (host.dtype() == DType::kF32) {
-      host.data()[i] = fill_value(rank, i);
-    } else {
-      static_cast<std::uint16_t*>(host.raw_data())[i] = float_to_bf16(fill_value(rank, i));
-    }
-  }
-  if (!buffer.is_same(host)) buffer.copy_from(host);
-}
-
-std::int64_t count_wrong(const Tensor& result_host, ReduceOp op, int size, std::int64_t count) {
-  std::int64_t wrong = 0;
-  for (std::int64_t i = 0; i < count; ++i) {
-    const float expected = expected_value(op, size, i);
-    const float actual =
-        result_host.dtype() == DType::kF32
-            ? result_host.data()[i]
-            : bf16_to_float(static_cast<const std::uint16_t*>(result_host.raw_data())[i]);
-    const float tolerance = result_host.dtype() == DType::kF32 ? 1e-5f : 1e-2f;
-    if (!(std::fabs(actual - expected) <= tolerance * std::max(1.0f, std::fabs(expected)))) {
-      ++wrong;
-    }
-  }
-  return wrong;
-}
-
 int run(int argc, char** argv) {
   Options opt;
   CLI::App app{"nanoddp-bench-allreduce: all-reduce time, algbw and busbw (nccl-tests style)"};
@@ -342,7 +213,10 @@ int run(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("-c,--check", opt.check, "check results against closed-form values (0/1)")
       ->check(CLI::Range(0, 1));
-  app.add_option("--op", opt.op, "reduction: sum, avg, max, min");
+  auto* op_flag = app.add_option("--op", opt.op, "reduction: sum, avg, max, min");
+  app.add_option("--collective", opt.collective,
+                 "allreduce, reduce_scatter or allgather (nccl-tests' all_reduce_perf, "
+                 "reduce_scatter_perf, all_gather_perf)");
   app.add_option("--dtype", opt.dtype, "float or bf16")->check(CLI::IsMember({"float", "bf16"}));
   app.add_option("--backend", opt.backend, "gloo or nccl")->check(CLI::IsMember({"gloo", "nccl"}));
   app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE");
@@ -392,9 +266,20 @@ int run(int argc, char** argv) {
   // The values CLI11 cannot check itself: a mistake here is a usage error (exit 2), like a bad
   // flag, not a failure of the run.
   ReduceOp op{};
+  Collective collective{};
   std::int64_t min_bytes = 0, max_bytes = 0;
   try {
     op = parse_op(opt.op);
+    collective = parse_collective(opt.collective);
+    if (collective == Collective::kAllgather && op_flag->count() > 0) {
+      nanoddp::fail("--op {}: an allgather reduces nothing; drop --op", opt.op);
+    }
+    if ((opt.raw || opt.vs_raw) && collective != Collective::kAllreduce) {
+      nanoddp::fail(
+          "--raw and --vs-raw measure gloo::allreduce: give them without "
+          "--collective {}",
+          opt.collective);
+    }
     min_bytes = parse_bytes(opt.min_bytes);
     max_bytes = parse_bytes(opt.max_bytes);
     if (min_bytes < 1 || max_bytes < min_bytes) {
@@ -409,20 +294,29 @@ int run(int argc, char** argv) {
   }
   const DType dtype = opt.dtype == "float" ? DType::kF32 : DType::kBF16;
   const std::size_t elem = nanoddp::dtype_size(dtype);
-  // Whole elements, never above -e: a row is as large as asked or smaller, never larger.
+  const auto world_env = nanoddp::comm::world_from_env();
+  const bool all_reduce = collective == Collective::kAllreduce;
+  // reduce_scatter and allgather: the whole buffer is `ranks` blocks of equal size.
+  const std::int64_t blocks = all_reduce ? 1 : std::max(world_env.world_size, 1);
+  const std::int64_t unit = static_cast<std::int64_t>(elem) * blocks;
+  // Whole elements (whole blocks), never above -e: a row is as large as asked or smaller.
   std::vector<std::int64_t> counts;
   for (double bytes_d = static_cast<double>(min_bytes); bytes_d <= static_cast<double>(max_bytes);
        bytes_d *= opt.factor) {
-    const auto count = static_cast<std::int64_t>(bytes_d) / static_cast<std::int64_t>(elem);
+    const auto count = static_cast<std::int64_t>(bytes_d) / unit * blocks;
     if (count >= 1 && (counts.empty() || counts.back() != count)) counts.push_back(count);
   }
   if (counts.empty()) {
     return nanoddp::cli::usage_error(
         "nanoddp-bench-allreduce",
-        fmt::format("-b {} -e {}: no size holds one {} element ({} bytes); give -e {} or more",
-                    opt.min_bytes, opt.max_bytes, opt.dtype, elem, elem));
+        all_reduce
+            ? fmt::format("-b {} -e {}: no size holds one {} element ({} bytes); give -e {} or "
+                          "more",
+                          opt.min_bytes, opt.max_bytes, opt.dtype, elem, elem)
+            : fmt::format("-b {} -e {}: no size holds one {} element per rank ({} ranks: {} "
+                          "bytes); give -e {} or more",
+                          opt.min_bytes, opt.max_bytes, opt.dtype, blocks, unit, unit));
   }
-  const auto world_env = nanoddp::comm::world_from_env();
   if (opt.backend == "nccl") {
     // Said here, in this program's flags (the library's message would name nanoddp-train's).
     const int gpus = nanoddp::cuda_device_count();
@@ -523,10 +417,20 @@ int run(int argc, char** argv) {
   if (opt.backend == "gloo" && opt.raw) {
     algorithm = fmt::format("ring allreduce as used by gloo::allreduce; transport: TCP ring ({})",
                             runner.transport);
-  } else if (opt.backend == "gloo") {
+  } else if (opt.backend == "gloo" && all_reduce) {
     // "shared memory (same host; ...)": copy in, each rank reduces 1/n, copy out (see
     // comm/shm_allreduce.cpp); or "TCP ring (...)": gloo::allreduce.
     algorithm = fmt::format("process group allreduce; transport: {}", runner.transport);
+  } else if (opt.backend == "gloo") {
+    // comm/shm_collectives.cpp on one host; else comm/gloo_collectives.cpp (flat, also in a
+    // hierarchical group).
+    const bool shm = runner.transport.rfind("shared memory", 0) == 0;
+    algorithm =
+        fmt::format("process group {}; transport: {}", opt.collective,
+                    shm ? runner.transport
+                        : fmt::format("TCP ({}, flat)", collective == Collective::kReduceScatter
+                                                            ? "ring on Gloo's unbound buffers"
+                                                            : "gloo::allgather"));
   } else {
     const char* algo = std::getenv("NCCL_ALGO");
     const char* proto = std::getenv("NCCL_PROTO");
@@ -551,23 +455,35 @@ int run(int argc, char** argv) {
   }
   if (runner.rank() == 0) {
     fmt::print(
-        "# nanoddp-bench-allreduce: backend {} via {}, {} ranks, {} iters x {} round{}, {} "
+        "# nanoddp-bench-allreduce{}: backend {} via {}, {} ranks, {} iters x {} round{}, {} "
         "warm-up\n",
+        all_reduce ? "" : " --collective " + opt.collective,
         runner.dist ? runner.dist->group->backend_name() : opt.backend, mode_text, runner.size(),
         opt.iters, opt.rounds, opt.rounds > 1 ? "s" : "", opt.warmup);
     fmt::print("# algorithm: {}\n", algorithm);
     if (opt.vs_raw) fmt::print("# raw: {} (in place)\n", raw_algorithm);
     fmt::print("# {}; {}\n", nanoddp::common::provenance_line(provenance),
                nanoddp::common::hostname());
-    fmt::print("# time = wall time per op, averaged over the ranks{}; busbw = algbw * 2(n-1)/n\n",
-               spread ? ", median round" : "");
-    fmt::print("# columns as nccl-tests' all_reduce_perf (root -1: all-reduce has none){}\n",
-               spread || opt.vs_raw ? "; after them: the fastest and slowest round per column set"
-                                      " (min, max), then --vs-raw's raw Gloo columns"
-                                    : "");
+    fmt::print("# time = wall time per op, averaged over the ranks{}; busbw = algbw * {}\n",
+               spread ? ", median round" : "", all_reduce ? "2(n-1)/n" : "(n-1)/n");
+    fmt::print(
+        "# columns as nccl-tests' {}{}\n",
+        all_reduce ? "all_reduce_perf (root -1: all-reduce has none)"
+        : collective == Collective::kReduceScatter
+            ? "reduce_scatter_perf (size: the whole input; count: elements per rank; root -1)"
+            : "all_gather_perf (size: the whole output; count: elements per rank; root -1)",
+        spread || opt.vs_raw ? "; after them: the fastest and slowest round per column set"
+                               " (min, max), then --vs-raw's raw Gloo columns"
+                             : "");
     for (const std::string& w : warnings) fmt::print("# warning: {}\n", w);
     if (!runner.dist) {
       fmt::print("# out of place: gloo::allreduce from a send buffer into a receive buffer\n");
+    } else if (!all_reduce) {
+      fmt::print(
+          "# out of place: separate input and output; in place: the {} is this rank's "
+          "block of the {}\n",
+          collective == Collective::kReduceScatter ? "output" : "input",
+          collective == Collective::kReduceScatter ? "input" : "output");
     } else {
       fmt::print(
           "# out of place: copy into the receive buffer, then the in-place op, one at a time\n");
@@ -608,17 +524,66 @@ int run(int argc, char** argv) {
     Tensor view = buffer.view(0, {count});
     Tensor send_view = send.view(0, {count});
     const auto input_of = [&](const Series& x) { return x.in_place ? nullptr : &send_view; };
+    // reduce_scatter and allgather: `count` is the whole buffer, `block` one rank's part of it;
+    // in place, the block is this rank's part of `view` (nccl-tests' in-place offsets).
+    const std::int64_t block = count / blocks;
+    Tensor own_block, small_out, small_in;
+    if (!all_reduce) {
+      own_block = buffer.view(runner.rank() * block, {block});
+      small_out = buffer.view(0, {block});
+      small_in = send.view(0, {block});
+    }
+    const auto run_series = [&](const Series& x, int ops) {
+      if (all_reduce) {
+        runner.run_ops(x.mode, view, op, ops, input_of(x));
+      } else if (collective == Collective::kReduceScatter) {
+        runner.run_scatter_gather(collective, x.in_place ? view : send_view,
+                                  x.in_place ? own_block : small_out, op, ops);
+      } else {
+        runner.run_scatter_gather(collective, x.in_place ? own_block : small_in, view, op, ops);
+      }
+    };
+    // One op on fresh data: the elements that differ from their closed form (this rank's).
+    const auto check_scatter_gather = [&](const Series& x) {
+      Tensor host_view = host.view(0, {count});
+      Tensor send_host_view = send_host.view(0, {count});
+      const bool rs = collective == Collective::kReduceScatter;
+      const std::int64_t inputs = rs ? count : block;
+      Tensor& in_host = x.in_place ? host_view : send_host_view;
+      const std::int64_t in_at = x.in_place && !rs ? runner.rank() * block : 0;
+      for (std::int64_t i = 0; i < count; ++i) set_value(host_view, i, -1.0f);
+      for (std::int64_t i = 0; i < inputs; ++i) {
+        set_value(in_host, in_at + i, fill_value(runner.rank(), i));
+      }
+      if (!view.is_same(host_view)) view.copy_from(host_view);
+      if (!x.in_place && !send_view.is_same(send_host_view)) send_view.copy_from(send_host_view);
+      run_series(x, 1);
+      if (!view.is_same(host_view)) host_view.copy_from(view);
+      const std::int64_t outputs = rs ? block : count;
+      const std::int64_t out_at = rs && x.in_place ? runner.rank() * block : 0;
+      const float tolerance = dtype == DType::kF32 ? 1e-5f : 1e-2f;
+      std::int64_t bad = 0;
+      for (std::int64_t j = 0; j < outputs; ++j) {
+        const float expected =
+            scatter_gather_expected(collective, op, runner.rank(), runner.size(), block, j);
+        const float actual = get_value(host_view, out_at + j);
+        if (!(std::fabs(actual - expected) <= tolerance * std::max(1.0f, std::fabs(expected)))) {
+          ++bad;
+        }
+      }
+      return bad;
+    };
 
     // This rank's per-op time in every round, per series.
     std::vector<std::vector<double>> round_seconds(series.size());
-    for (const Series& x : series) runner.run_ops(x.mode, view, op, opt.warmup, input_of(x));
+    for (const Series& x : series) run_series(x, opt.warmup);
     for (int round = 0; round < opt.rounds; ++round) {
       // Rotate which series goes first, so none always runs right after another.
       for (std::size_t k = 0; k < series.size(); ++k) {
         const std::size_t m = (k + static_cast<std::size_t>(round)) % series.size();
         runner.barrier();
         const auto start = Clock::now();
-        runner.run_ops(series[m].mode, view, op, opt.iters, input_of(series[m]));
+        run_series(series[m], opt.iters);
         round_seconds[m].push_back(std::chrono::duration<double>(Clock::now() - start).count() /
                                    opt.iters);
       }
@@ -638,6 +603,11 @@ int run(int argc, char** argv) {
     std::vector<std::int64_t> wrong(series.size(), -1);
     if (opt.check != 0) {
       for (std::size_t m = 0; m < series.size(); ++m) {
+        if (!all_reduce) {
+          wrong[m] = runner.sum_across(check_scatter_gather(series[m]));
+          wrong_total += std::max<std::int64_t>(wrong[m], 0);
+          continue;
+        }
         Tensor host_view = host.view(0, {count});
         if (series[m].in_place) {
           fill_for_check(host_view, view, runner.rank(), count);
@@ -661,12 +631,15 @@ int run(int argc, char** argv) {
     if (runner.rank() == 0) {
       const auto bw = [&](double us) {
         const double algbw = static_cast<double>(bytes) / us / 1e3;
-        return std::pair{algbw, algbw * 2.0 * (n - 1) / n};
+        return std::pair{algbw, algbw * (all_reduce ? 2.0 : 1.0) * (n - 1) / n};
       };
       const auto wrong_text = [&](std::size_t m) {
         return wrong[m] < 0 ? std::string("N/A") : std::to_string(wrong[m]);
       };
-      fmt::print("  {:>10} {:>12} {:>8} {:>6} {:>7}", bytes, count, opt.dtype, opt.op, -1);
+      // nccl-tests: count is per rank for reduce_scatter and allgather; allgather has no redop.
+      const std::string redop = collective == Collective::kAllgather ? "none" : opt.op;
+      const std::int64_t count_column = all_reduce ? count : block;
+      fmt::print("  {:>10} {:>12} {:>8} {:>6} {:>7}", bytes, count_column, opt.dtype, redop, -1);
       for (std::size_t m = 0; m < 2; ++m) {
         const double us = nanoddp::common::median(rounds_us[m]);
         const auto [algbw, busbw] = bw(us);
@@ -695,15 +668,15 @@ int run(int argc, char** argv) {
           const double us = nanoddp::common::median(rounds_us[m]);
           const auto [algbw, busbw] = bw(us);
           nlohmann::ordered_json line = {
-              {"benchmark", "allreduce"},
+              {"benchmark", opt.collective},
               {"backend", opt.backend},
               {"mode", series[m].mode == Mode::kRaw ? "raw" : "nanoddp"},
               {"placement", series[m].in_place ? "in-place" : "out-of-place"},
               {"ranks", runner.size()},
               {"bytes", bytes},
-              {"count", count},
+              {"count", count_column},
               {"dtype", opt.dtype},
-              {"op", opt.op},
+              {"op", redop},
               {"time_us", us},
               {"time_us_min", *std::min_element(rounds_us[m].begin(), rounds_us[m].end())},
               {"time_us_max", *std::max_element(rounds_us[m].begin(), rounds_us[m].end())},

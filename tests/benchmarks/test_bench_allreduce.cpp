@@ -3,10 +3,12 @@
 // assertions: the figures are what the benchmark is for, the test only checks they are sane.
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -75,6 +77,84 @@ TEST_CASE("bench-allreduce: 3 ranks through the process group, every result corr
   }
   CHECK(bytes == std::vector<std::int64_t>{8, 4096, 2097152});
   CHECK(results[0].output.find("busbw(GB/s)") != std::string::npos);
+}
+
+TEST_CASE(
+    "bench-allreduce: --collective reduce_scatter and allgather, 3 ranks over shared memory and "
+    "TCP: nccl-tests' columns, every result correct") {
+  struct Case {
+    std::string collective;
+    std::string dtype;
+    std::map<std::string, std::string> env;
+  };
+  const std::vector<Case> cases = {{"reduce_scatter", "float", {}},
+                                   {"reduce_scatter", "bf16", {{"NANODDP_SHM", "0"}}},
+                                   {"allgather", "bf16", {}},
+                                   {"allgather", "float", {{"NANODDP_SHM", "0"}}}};
+  for (const Case& c : cases) {
+    CAPTURE(c.collective);
+    CAPTURE(c.dtype);
+    TempDir dir;
+    std::vector<std::string> argv = {bin_path("nanoddp-bench-allreduce"),
+                                     "--collective",
+                                     c.collective,
+                                     "--dtype",
+                                     c.dtype,
+                                     "--json",
+                                     dir.file("a.jsonl")};
+    if (c.collective == "reduce_scatter") argv.insert(argv.end(), {"--op", "avg"});
+    argv.insert(argv.end(), kSizes.begin(), kSizes.end());
+    const auto results = run_world(argv, 3, quick(c.env));
+    INFO(describe(results));
+    for (const auto& r : results) REQUIRE(r.exit_code == 0);
+    const std::string& out = results[0].output;
+    CHECK(out.find("# nanoddp-bench-allreduce --collective " + c.collective + ": backend " +
+                   (c.env.empty() ? "gloo+shm " : "gloo ")) != std::string::npos);
+    CHECK(out.find(c.collective == "allgather"
+                       ? "as nccl-tests' all_gather_perf"
+                       : "as nccl-tests' reduce_scatter_perf") != std::string::npos);
+    CHECK(out.find("busbw = algbw * (n-1)/n") != std::string::npos);
+    CHECK(out.find("# Out of bounds values : 0 OK") != std::string::npos);
+    const auto lines = read_lines(dir.file("a.jsonl"));
+    // 8 B holds no element per rank (12 B with float32 and 3 ranks, 6 B with bf16).
+    const std::int64_t elem = c.dtype == "float" ? 4 : 2;
+    const std::vector<std::int64_t> expected_bytes =
+        c.dtype == "float" ? std::vector<std::int64_t>{4092, 2097144}
+                           : std::vector<std::int64_t>{6, 4092, 2097150};
+    REQUIRE(lines.size() == 2 * expected_bytes.size());
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      const auto& l = lines[i];
+      CHECK(l.at("benchmark") == c.collective);
+      CHECK(l.at("placement") == (i % 2 == 0 ? "out-of-place" : "in-place"));
+      CHECK(l.at("op") == (c.collective == "allgather" ? "none" : "avg"));
+      CHECK(l.at("wrong") == 0);
+      CHECK(l.at("bytes") == expected_bytes[i / 2]);
+      // size = the whole buffer; count = elements per rank.
+      CHECK(l.at("bytes").get<std::int64_t>() == 3 * elem * l.at("count").get<std::int64_t>());
+      const double algbw = l.at("algbw_gbps").get<double>();
+      CHECK(algbw == doctest::Approx(static_cast<double>(l.at("bytes").get<std::int64_t>()) /
+                                     l.at("time_us").get<double>() / 1e3)
+                         .epsilon(1e-9));
+      CHECK(l.at("busbw_gbps").get<double>() == doctest::Approx(algbw * 2.0 / 3.0).epsilon(1e-9));
+      CHECK(l.at("algorithm").get<std::string>().find("process group " + c.collective) !=
+            std::string::npos);
+    }
+    // The row as nccl-tests prints it: size count type redop root.
+    const std::string row = fmt::format("{:>10} {:>12} {:>8} {:>6} {:>7}", expected_bytes.back(),
+                                        expected_bytes.back() / 3 / elem, c.dtype,
+                                        c.collective == "allgather" ? "none" : "avg", -1);
+    CHECK(out.find(row) != std::string::npos);
+  }
+  // No size holds one element per rank: refused, naming the world size.
+  const auto none = run_world(
+      {bin_path("nanoddp-bench-allreduce"), "--collective", "allgather", "-b", "8", "-e", "8"}, 3,
+      quick());
+  for (const auto& r : none) {
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("-b 8 -e 8: no size holds one float element per rank (3 ranks: 12 "
+                        "bytes)") != std::string::npos);
+  }
 }
 
 TEST_CASE("bench-allreduce: --vs-raw measures the engine and raw Gloo in one run") {
@@ -225,9 +305,17 @@ TEST_CASE("bench-allreduce: bad flags exit 2 with a message naming them") {
     std::string expected;
   };
   const std::vector<Case> cases = {
-      {{"--bogus"}, "--bogus"},        {{"-b", "1M", "-e", "1K"}, "minbytes"},
-      {{"-b", "12Q"}, "12Q"},          {{"--raw", "--vs-raw"}, "--vs-raw"},
-      {{"--op", "prod"}, "--op prod"}, {{"-n", "0"}, "--iters"},
+      {{"--bogus"}, "--bogus"},
+      {{"-b", "1M", "-e", "1K"}, "minbytes"},
+      {{"-b", "12Q"}, "12Q"},
+      {{"--raw", "--vs-raw"}, "--vs-raw"},
+      {{"--op", "prod"}, "--op prod"},
+      {{"-n", "0"}, "--iters"},
+      {{"--collective", "alltoall"}, "--collective alltoall: expected allreduce, reduce_scatter"},
+      {{"--op", "reduce_scatter"}, "the collective is --collective reduce_scatter"},
+      {{"--collective", "allgather", "--op", "max"}, "an allgather reduces nothing"},
+      {{"--collective", "reduce_scatter", "--raw"}, "--raw and --vs-raw measure gloo::allreduce"},
+      {{"--collective", "allgather", "--vs-raw"}, "--raw and --vs-raw measure gloo::allreduce"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {bin_path("nanoddp-bench-allreduce")};

@@ -337,6 +337,36 @@ nanoddp::comm::ProcessGroupOptions group_options() {
 
 }  // namespace
 
+TEST_CASE("gloo: ranks in different collectives fail, naming both (shm)") {
+  const auto results =
+      launch({.world = 3,
+              .args = {"--fault", "mismatch", "--fault-rank", "1", "--fault-after", "2"},
+              .env = {{"NANODDP_TIMEOUT_S", "5"}}});
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    INFO("rank " << r << " output:\n" << results[r].output);
+    CHECK_FALSE(results[r].timed_out);
+    CHECK(results[r].exit_code == 2);
+    CHECK(results[r].output.find("out of step") != std::string::npos);
+    CHECK(results[r].output.find("allgather, 1237 x float32 per rank") != std::string::npos);
+    CHECK(results[r].output.find("reduce_scatter, 1237 x float32 per rank, sum") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("gloo: ranks in different collectives fail within the timeout (TCP)") {
+  const auto results =
+      launch({.world = 2,
+              .args = {"--fault", "mismatch", "--fault-rank", "1", "--fault-after", "2"},
+              .env = with(kTcp, {{"NANODDP_TIMEOUT_S", "2"}})});
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    INFO("rank " << r << " output:\n" << results[r].output);
+    CHECK_FALSE(results[r].timed_out);
+    CHECK(results[r].exit_code == 2);
+    CHECK(results[r].output.find(r == 1 ? "allgather #3" : "reduce_scatter #3") !=
+          std::string::npos);
+  }
+}
+
 TEST_CASE("gloo: a world of one is a real group") {
   LocalStore store;
   nanoddp::comm::GlooProcessGroup pg(store.client(), 0, 1, group_options());
@@ -355,6 +385,13 @@ TEST_CASE("gloo: a world of one is a real group") {
   CHECK(w1->op_name() == "allreduce");
   CHECK(t.to_vector() == std::vector<float>{1, 2, 3});
   CHECK(pg.ops_issued() == 3);
+  // reduce_scatter and allgather of one rank are copies (avg divides by one).
+  Tensor out = Tensor::zeros({3});
+  pg.reduce_scatter(t, out, ReduceOp::kAvg)->wait();
+  CHECK(out.to_vector() == std::vector<float>{1, 2, 3});
+  Tensor gathered = Tensor::zeros({3});
+  pg.allgather(t, gathered)->wait();
+  CHECK(gathered.to_vector() == std::vector<float>{1, 2, 3});
 }
 
 TEST_CASE("gloo: bad arguments are nanoddp::Error at issue time, not on the worker") {
@@ -362,8 +399,17 @@ TEST_CASE("gloo: bad arguments are nanoddp::Error at issue time, not on the work
   nanoddp::comm::GlooProcessGroup pg(store.client(), 0, 1, group_options());
   Tensor in = Tensor::zeros({4});
   Tensor wrong = Tensor::zeros({3});
-  CHECK_THROWS_AS(pg.allgather(in, wrong), nanoddp::Error);
-  CHECK_THROWS_AS(pg.reduce_scatter(in, wrong), nanoddp::Error);
+  CHECK_THROWS_WITH_AS(pg.allgather(in, wrong),
+                       "Gloo allgather: the output must hold size() x input elements of the "
+                       "input's dtype (1 x 4 float32), got 3 float32",
+                       nanoddp::Error);
+  CHECK_THROWS_WITH_AS(pg.reduce_scatter(in, wrong),
+                       "Gloo reduce_scatter: the input must hold size() x output elements of the "
+                       "output's dtype (1 x 3 float32), got 4 float32",
+                       nanoddp::Error);
+  Tensor bf16 = Tensor::empty({4}, nanoddp::Device::cpu(), nanoddp::DType::kBF16);
+  CHECK_THROWS_AS(pg.reduce_scatter(in, bf16), nanoddp::Error);
+  CHECK_THROWS_AS(pg.allgather(bf16, in), nanoddp::Error);
   CHECK_THROWS_AS(pg.broadcast(in, 1), nanoddp::Error);
   CHECK_THROWS_AS(pg.broadcast(in, -1), nanoddp::Error);
   Tensor undefined;

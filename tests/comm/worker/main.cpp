@@ -23,6 +23,8 @@
 //          others' next op must time out (and every process must still end).
 //   kill-mid: after K good allreduces every rank starts a 64 MiB allreduce, and rank R kills
 //          itself (SIGKILL) while it is in flight; the others' op must fail, naming rank R.
+//   mismatch: after K good allreduces rank R runs an allgather where the others run a
+//          reduce_scatter; every rank's op must fail.
 //   starved-late / starved-stall: after K good allreduces every other rank can open no file
 //          (RLIMIT_NOFILE 0: "too many open files"), and rank R comes to the next op 1 s late /
 //          3 timeouts late. A liveness check that cannot read /proc must not call R dead: the
@@ -146,29 +148,102 @@ void check_broadcast(nanoddp::comm::ProcessGroup& pg, std::int64_t n, int root) 
   }
 }
 
-void check_allgather(nanoddp::comm::ProcessGroup& pg, std::int64_t n) {
-  Tensor in = Tensor::empty({n});
-  for (std::int64_t i = 0; i < n; ++i) in.data()[i] = static_cast<float>(g_rank * 10000 + i);
-  Tensor out = Tensor::full({n * g_size}, -1.0f);
-  pg.allgather(in, out)->wait();
-  for (int r = 0; r < g_size; ++r) {
-    for (std::int64_t i = 0; i < n; ++i) {
-      expect_eq(out.data()[r * n + i], static_cast<float>(r * 10000 + i), "allgather", r * n + i);
-    }
+float get(const Tensor& t, std::int64_t i) {
+  if (t.dtype() == DType::kF32) return t.data()[i];
+  return from_bf16(static_cast<const std::uint16_t*>(t.raw_data())[i]);
+}
+void set(Tensor& t, std::int64_t i, float v) {
+  if (t.dtype() == DType::kF32) {
+    t.data()[i] = v;
+  } else {
+    static_cast<std::uint16_t*>(t.raw_data())[i] = to_bf16(v);
   }
 }
+Tensor make(std::int64_t n, DType dtype, float value) {
+  Tensor t = Tensor::empty({n}, nanoddp::Device::cpu(), dtype);
+  for (std::int64_t i = 0; i < n; ++i) set(t, i, value);
+  return t;
+}
+// Large buffers check a stride of elements, and always the last one.
+template <typename Check>
+void each_checked(std::int64_t n, Check check) {
+  const std::int64_t step = n > 2000000 ? 997 : 1;
+  for (std::int64_t i = 0; i < n; i += step) check(i);
+  if (n > 0) check(n - 1);
+}
 
-void check_reduce_scatter(nanoddp::comm::ProcessGroup& pg, std::int64_t m, ReduceOp op) {
-  Tensor in = filled(m * g_size);
-  Tensor out = Tensor::full({m}, -1.0f);
+// What rank r gathers at element i: exact in float32 and bfloat16, and different per rank.
+float gathered(int r, std::int64_t i, DType dtype) {
+  return dtype == DType::kF32 ? static_cast<float>(r * 10000 + i % 9999)
+                              : static_cast<float>(r + 1) * f(i);
+}
+
+// In place: the input is this rank's block of the output (nccl-tests' in-place all-gather).
+void check_allgather(nanoddp::comm::ProcessGroup& pg, std::int64_t n, DType dtype = DType::kF32,
+                     bool in_place = false) {
+  Tensor out = make(n * g_size, dtype, -1.0f);
+  Tensor in = in_place ? out.view(g_rank * n, {n}) : make(n, dtype, -1.0f);
+  for (std::int64_t i = 0; i < n; ++i) set(in, i, gathered(g_rank, i, dtype));
+  pg.allgather(in, out)->wait();
+  const std::string what = fmt::format("allgather n={} {}{}", n, nanoddp::dtype_name(dtype),
+                                       in_place ? " in place" : "");
+  each_checked(n * g_size, [&](std::int64_t j) {
+    expect_eq(get(out, j), gathered(static_cast<int>(j / n), j % n, dtype), what, j);
+  });
+}
+
+// In place: the output is this rank's block of the input (nccl-tests' in-place reduce-scatter).
+void check_reduce_scatter(nanoddp::comm::ProcessGroup& pg, std::int64_t m, ReduceOp op,
+                          DType dtype = DType::kF32, bool in_place = false) {
+  Tensor in = make(m * g_size, dtype, 0.0f);
+  for (std::int64_t j = 0; j < m * g_size; ++j) set(in, j, static_cast<float>(g_rank + 1) * f(j));
+  Tensor out = in_place ? in.view(g_rank * m, {m}) : make(m, dtype, -1.0f);
   pg.reduce_scatter(in, out, op)->wait();
-  for (std::int64_t k = 0; k < m; ++k) {
-    expect_eq(out.data()[k], expected_reduction(op, g_rank * m + k),
-              fmt::format("reduce_scatter {}", nanoddp::comm::reduce_op_name(op)), k);
-  }
+  const std::string what =
+      fmt::format("reduce_scatter {} m={} {}{}", nanoddp::comm::reduce_op_name(op), m,
+                  nanoddp::dtype_name(dtype), in_place ? " in place" : "");
+  each_checked(m, [&](std::int64_t k) {
+    expect_eq(get(out, k), expected_reduction(op, g_rank * m + k), what, k);
+  });
+  if (in_place) return;
   // The input is left as it was.
-  for (std::int64_t j = 0; j < m * g_size; ++j) {
-    expect_eq(in.data()[j], static_cast<float>(g_rank + 1) * f(j), "reduce_scatter input", j);
+  each_checked(m * g_size, [&](std::int64_t j) {
+    expect_eq(get(in, j), static_cast<float>(g_rank + 1) * f(j), what + " input", j);
+  });
+}
+
+// Every reduce-scatter and all-gather case: sizes 0 and 1, odd, around the shared-memory path's
+// step boundaries (a reduce-scatter step is a lane split into size-1 slots, an all-gather step
+// one lane), bf16, every reduction, in place.
+void check_scatter_gather(nanoddp::comm::ProcessGroup& pg, bool big) {
+  const char* kb = std::getenv("NANODDP_SHM_CHUNK_KB");
+  const std::int64_t chunk_bytes =
+      kb != nullptr ? std::atoll(kb) * 1024
+                    : static_cast<std::int64_t>(nanoddp::comm::kShmDefaultChunkBytes);
+  const std::int64_t lane = chunk_bytes / 4;
+  const std::int64_t slot = g_size > 1 ? lane / (g_size - 1) / 32 * 32 : lane;
+  for (std::int64_t n :
+       {std::int64_t{0}, std::int64_t{1}, std::int64_t{1237}, lane - 1, lane + 1, 2 * lane + 17}) {
+    check_allgather(pg, n);
+  }
+  check_allgather(pg, 1237, DType::kBF16);
+  check_allgather(pg, lane + 3, DType::kF32, true);
+  check_allgather(pg, 5, DType::kBF16, true);
+  for (std::int64_t m : {std::int64_t{0}, std::int64_t{1}, std::int64_t{3}, std::int64_t{1237},
+                         slot - 1, slot + 1, 3 * slot + 7}) {
+    check_reduce_scatter(pg, m, ReduceOp::kSum);
+  }
+  for (ReduceOp op : {ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    check_reduce_scatter(pg, 1237, op);
+    check_reduce_scatter(pg, slot + 1, op, DType::kBF16);
+  }
+  check_reduce_scatter(pg, 1237, ReduceOp::kSum, DType::kBF16);
+  check_reduce_scatter(pg, 2 * slot + 9, ReduceOp::kSum, DType::kF32, true);
+  check_reduce_scatter(pg, 7, ReduceOp::kAvg, DType::kBF16, true);
+  if (big) {
+    // 64 MiB of float32 in all.
+    check_reduce_scatter(pg, (std::int64_t{16} << 20) / g_size, ReduceOp::kSum);
+    check_allgather(pg, (std::int64_t{16} << 20) / g_size);
   }
 }
 
@@ -314,6 +389,17 @@ int run(int argc, char** argv) {
 
   if (!fault.empty()) {
     for (int k = 0; k < fault_after; ++k) check_allreduce(pg, 1237, ReduceOp::kSum);
+    if (fault == "mismatch") {
+      // Rank R all-gathers while the others reduce-scatter the same bytes: every rank must fail,
+      // the shared-memory path naming both collectives.
+      if (g_rank == fault_rank) {
+        check_allgather(pg, 1237);
+      } else {
+        check_reduce_scatter(pg, 1237, ReduceOp::kSum);
+      }
+      fmt::print("rank {}: the mismatched op succeeded?!\n", g_rank);
+      return 1;
+    }
     if (fault == "kill-mid") {
       Tensor buffer = filled(std::int64_t{16} << 20);  // 64 MiB: tens of milliseconds to reduce
       auto work = pg.allreduce(buffer, ReduceOp::kSum);
@@ -389,11 +475,7 @@ int run(int argc, char** argv) {
   check_no_segment_left();
   check_broadcast(pg, 1237, g_size - 1);
   check_broadcast(pg, 5, 0);
-  check_allgather(pg, 1237);
-  check_allgather(pg, 1);
-  check_reduce_scatter(pg, 1237, ReduceOp::kSum);
-  check_reduce_scatter(pg, 3, ReduceOp::kAvg);
-  check_reduce_scatter(pg, 5, ReduceOp::kMax);
+  check_scatter_gather(pg, big);
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
     check_bf16_allreduce(pg, 1237, op);
   }

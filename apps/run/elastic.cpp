@@ -435,15 +435,41 @@ class Monitor {
     changed_.notify_all();
   }
 
+  // This node's workers have all ended (run_round returned): written as "over/K", after
+  // "fail/K" when a local worker failed.
+  void local_over() {
+    {
+      const std::lock_guard lock(mutex_);
+      over_ = true;
+    }
+    changed_.notify_all();
+  }
+
   // After a 'U' end (a worker exited 2): whether it was a usage error, the same on every node
   // (the first verdict written wins). nanoddp-train also exits 2 when its set-up fails because
   // a peer died, so an exit code 2 is a usage error only if no node of the round reported
-  // another failure ("fail/K", written before its next beat) and none was lost; that is known
-  // once every other node has beaten after the end, left, finished or been lost
-  // (lost_nodes(): at most T + 2 intervals).
+  // another failure of its own ("fail/K") and none was lost. That is known once every other
+  // node's workers have ended ("over/K", written after "fail/K"), or it left, finished or was
+  // lost: waited for at most max(T, --grace-period) + 3 intervals; a node still unsettled then
+  // counts as a failure (a restart, as before exit code 2 was told apart).
   bool usage_verdict(comm::Store& store) {
-    bool usage = lost_nodes().empty();
-    for (std::size_t k = 0; k < round_.members.size(); ++k) {
+    bool usage = true;
+    {
+      std::unique_lock lock(mutex_);
+      const auto until = Clock::now() +
+                         millis(std::max(o_.heartbeat_timeout_s, o_.grace_period_s)) +
+                         3 * heartbeat_interval(o_);
+      changed_.wait_until(lock, until, [this] {
+        for (std::size_t k = 0; k < round_.members.size(); ++k) {
+          if (static_cast<int>(k) != round_.node_rank && !ended_[k]) return false;
+        }
+        return true;
+      });
+      for (std::size_t k = 0; k < round_.members.size(); ++k) {
+        if (static_cast<int>(k) != round_.node_rank && (!ended_[k] || lost_[k])) usage = false;
+      }
+    }
+    for (std::size_t k = 0; k < round_.members.size() && usage; ++k) {
       const std::string fail = key(round_.number, fmt::format("fail/{}", k));
       if (store.check({fail}) && store.get_string(fail) == "F") usage = false;
     }
@@ -492,8 +518,11 @@ class Monitor {
   std::optional<int> next_index_;
   std::optional<std::string> pending_;
   bool published_ = false;  // pending_ is in the store
+  bool over_ = false;       // local_over() was called
+  bool over_written_ = false;
   std::optional<End> end_;
-  std::vector<bool> lost_, settled_;
+  // Per node: lost; settled for lost_nodes(); its round over for usage_verdict().
+  std::vector<bool> lost_, settled_, ended_;
   std::thread thread_;
 };
 
@@ -503,30 +532,39 @@ void Monitor::loop() {
   const int r = round_.number;
   std::vector<std::string> last(n);
   std::vector<Clock::time_point> changed_at(n, Clock::now());
-  std::vector<bool> done(n, false), gone(n, false), beat_after_end(n, false);
+  std::vector<bool> done(n, false), gone(n, false), beat_after_end(n, false), over(n, false);
   {
     const std::lock_guard lock(mutex_);
     lost_.assign(n, false);
     settled_.assign(n, false);
+    ended_.assign(n, false);
   }
-  bool done_published = false;
+  bool done_published = false, over_published = false;
   std::optional<End> end;
   for (std::int64_t beat = 1;; ++beat) {
     try {
       std::optional<std::string> pending;
-      bool local_done = false, published = false;
+      bool local_done = false, published = false, local_over = false;
       {
         const std::lock_guard lock(mutex_);
         pending = pending_;
         local_done = done_;
         published = published_;
+        local_over = over_;
       }
-      // Before the beat: a node that has beaten after the end has said how its round failed.
       if (pending && !published) {
         store_.set(key(r, fmt::format("fail/{}", me)), pending->substr(0, 1));
         set_once(store_, key(r, "end"), *pending);
         const std::lock_guard lock(mutex_);
         published_ = true;
+      }
+      // After "fail/K" (local_failure() comes before local_over()): a node whose round is over
+      // has said how it failed, if it did.
+      if (local_over && !over_published) {
+        store_.set(key(r, fmt::format("over/{}", me)), "1");
+        over_published = true;
+        const std::lock_guard lock(mutex_);
+        over_written_ = true;
       }
       store_.set(key(r, fmt::format("hb/{}", me)), std::to_string(beat));
       if (local_done && !done_published) {
@@ -538,6 +576,7 @@ void Monitor::loop() {
         if (k == me) continue;
         if (!done[k] && store_.check({key(r, fmt::format("done/{}", k))})) done[k] = true;
         if (!gone[k] && store_.check({key(r, fmt::format("left/{}", k))})) gone[k] = true;
+        if (end && !over[k] && store_.check({key(r, fmt::format("over/{}", k))})) over[k] = true;
         finished += done[k] ? 1 : 0;
         const std::string hb = key(r, fmt::format("hb/{}", k));
         const std::string value = store_.check({hb}) ? store_.get_string(hb) : std::string();
@@ -556,6 +595,7 @@ void Monitor::loop() {
                 silent);
           }
           settled_[k] = lost_[k] || gone[k] || done[k] || beat_after_end[k];
+          ended_[k] = lost_[k] || gone[k] || done[k] || over[k];
         }
         if (lost && !end) {
           set_once(store_, key(r, "end"),
@@ -600,8 +640,9 @@ void Monitor::loop() {
     }
     std::unique_lock lock(mutex_);
     changed_.notify_all();
-    if (changed_.wait_for(lock, heartbeat_interval(o_),
-                          [this] { return quit_ || (pending_ && !published_); }) &&
+    if (changed_.wait_for(
+            lock, heartbeat_interval(o_),
+            [this] { return quit_ || (pending_ && !published_) || (over_ && !over_written_); }) &&
         quit_) {
       return;
     }
@@ -743,6 +784,7 @@ int run_elastic(const LaunchPlan& plan) {
         break;
       }
       if (outcome.outcome == Outcome::kSucceeded) monitor.local_done();
+      monitor.local_over();
       End end = monitor.wait_end();
       if (end.kind == 'U') {
         if (monitor.usage_verdict(store)) {
@@ -752,7 +794,10 @@ int run_elastic(const LaunchPlan& plan) {
                                     "restart: it would fail the same way. Fix the command",
                                     round.number, end.reason));
         }
-        end.kind = 'F';  // a peer's crash or loss behind it: a failure like any other
+        say("round {}: exit code 2 came with a crash or a lost node elsewhere (a peer's loss can "
+            "fail a worker's set-up with exit code 2): taken as a failure, not a usage error",
+            round.number);
+        end.kind = 'F';
       }
       if (end.kind == 'S') {
         say("round {}: every node's workers exited 0", round.number);

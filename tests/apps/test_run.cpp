@@ -607,6 +607,50 @@ TEST_CASE("nanoddp-run: a worker's exit code 2 is a usage error, not restarted")
     CHECK(count(attempts, " 0\n") == 2);
     CHECK(count(attempts, "\n") == 2);
   }
+  SUBCASE("elastic rounds: exit code 2 after another node was lost is a failure, restarted") {
+    // nanoddp-train also exits 2 when its set-up fails because a peer died. Here the launcher
+    // that is a client of the store is killed (by its worker, told by NANODDP_TEST_KILLER), then
+    // the other node's worker exits 2: the round ends on a 'U', whose verdict waits for the
+    // killed node, finds it lost, and restarts (round 1, alone).
+    const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+    const std::string worker = fmt::format(
+        "[ $NANODDP_RESTART_COUNT = 1 ] && echo alone $WORLD_SIZE && exit 0; "
+        "if [ -n \"$NANODDP_TEST_KILLER\" ]; then "
+        "  kill -9 $NANODDP_LAUNCHER_PID; touch {0}/lost; exit 0; fi; "
+        "while [ ! -e {0}/lost ]; do sleep 0.01; done; exit 2",
+        dir.path());
+    std::vector<std::string> argv = {bin_path("nanoddp-run"),
+                                     "--nnodes",
+                                     "1:2",
+                                     "--rdzv-endpoint",
+                                     endpoint,
+                                     "--rdzv-last-call",
+                                     "2",
+                                     "--max-restarts",
+                                     "1",
+                                     "--heartbeat-timeout",
+                                     "2",
+                                     "--grace-period",
+                                     "1",
+                                     "/bin/sh",
+                                     "-c",
+                                     worker};
+    BackgroundProcess server(argv);
+    REQUIRE(server.wait_for_output(
+        [](const std::string& out) { return contains(out, "serving the rendezvous store"); }, 20s));
+    argv.insert(argv.begin(), {"/usr/bin/env", "NANODDP_TEST_KILLER=1"});
+    BackgroundProcess client(argv);
+    const std::optional<int> status = server.wait(30s);
+    client.wait(10s);
+    INFO(server.output(), "\n----\n", client.output());
+    REQUIRE(status.has_value());
+    CHECK(*status == 0);
+    CHECK(contains(server.output(), "failed: exit code 2; restart 1 of 1"));
+    CHECK(contains(server.output(), "is lost: no heartbeat"));
+    CHECK(contains(server.output(), "taken as a failure, not a usage error"));
+    CHECK(contains(server.output(), "[rank 0] alone 1"));
+    CHECK_FALSE(contains(server.output(), "exit code 2 is a usage error"));
+  }
 }
 
 TEST_CASE("nanoddp-run forwards SIGINT and SIGTERM, leaves no worker behind, exits 128+signal") {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <optional>
 
 #include "nanoddp/comm/store_socket.h"
 #include "nanoddp/comm/torch_store_protocol.h"
@@ -42,6 +43,11 @@ struct TorchStore::Impl {
   // answered at all).
   bool answered = false;  // on the current connection
   std::string lost;
+  // The server closed or broke the connection we had (not merely a slow answer): the next
+  // connection makes one attempt instead of retrying for the whole timeout, as TcpStore does.
+  // The retries are for an agent that has not started yet; this one had, so a refusal now means
+  // it is gone, and retrying would hold a failing rank's error path for the timeout.
+  bool dropped = false;
 
   explicit Impl(const TorchStoreOptions& opts)
       : options(opts),
@@ -52,13 +58,27 @@ struct TorchStore::Impl {
 
   void connect() {
     answered = false;
+    in.clear();
+    if (dropped) {
+      std::string why = "no attempt finished";
+      std::optional<UniqueFd> s =
+          detail::connect_tcp(options.host, options.port, Clock::now() + timeout(), why);
+      if (!s) {
+        throw StoreError(fmt::format(
+            "torchrun's store at {} dropped the connection earlier and does not accept a new one "
+            "({}); did torchrun's agent exit?",
+            address, why));
+      }
+      fd = std::move(*s);
+      dropped = false;
+      return;
+    }
     fd = detail::connect_with_retry(
         "torchrun's store at " + address,
         "is torchrun's agent running? are MASTER_ADDR and MASTER_PORT its store's?", timeout(),
         [&](Clock::time_point deadline, std::string& why) {
           return detail::connect_tcp(options.host, options.port, deadline, why);
         });
-    in.clear();
   }
 
   void check_value(const std::string& key, std::span<const std::uint8_t> value) const {
@@ -119,6 +139,7 @@ struct TorchStore::Impl {
       r = detail::recv_some(fd.get(), in, deadline, err);
     }
     fd.reset();  // an answer may still come: the connection is of no further use
+    dropped = r != IoResult::kTimeout;
     switch (r) {
       case IoResult::kClosed:
         throw StoreError(fmt::format(

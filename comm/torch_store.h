@@ -4,12 +4,13 @@
 // the store is on MASTER_ADDR:MASTER_PORT, and nothing else may bind there). The wire protocol
 // is torch 1.13's (torch_store_protocol.h).
 //
-// It behaves as TcpStore does: connects with retries (10 ms doubling to 1 s) until the timeout;
-// every request has a deadline; a failure is a StoreError naming the operation, the key(s) and
-// the address; after one the connection is dropped and the next call connects again (PyTorch's
-// server has no timeout of its own for a wait, so a wait that times out leaves an answer on its
-// way). Thread-safe, one request at a time. torchrun's own keys live beside ours, so callers
-// put a prefix in front of every key (init_distributed uses "nanoddp/").
+// It behaves as TcpStore does: connects with retries (10 ms doubling to 1 s) until the timeout
+// (after the store dropped a connection, one attempt: the agent had started, so a refusal means
+// it is gone); every request has a deadline; a failure is a StoreError naming the operation,
+// the key(s) and the address; after one the connection is dropped and the next call connects
+// again (PyTorch's server has no timeout of its own for a wait, so a wait that times out leaves
+// an answer on its way). Thread-safe, one request at a time. torchrun's own keys live beside
+// ours, so callers put a prefix in front of every key (init_distributed uses "nanoddp/").
 
 #include <chrono>
 #include <cstdint>

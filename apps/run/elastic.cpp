@@ -127,7 +127,9 @@ struct Round {
 
 // The end of a round, as written in its "end" key.
 struct End {
-  char kind = 0;  // 'F' failure, 'M' membership change, 'S' success
+  // 'F' failure, 'U' a worker's exit code 2 (a usage error, unless the verdict finds a crash or
+  // a lost node behind it), 'M' membership change, 'S' success; 'X' the store was lost (local)
+  char kind = 0;
   std::string reason;
 };
 
@@ -142,6 +144,93 @@ class JobEnds : public std::runtime_error {  // the job ends with this exit code
   int code;
 };
 
+// The settings every launcher of a job must share: each launcher applies them to decisions that
+// must come out the same on every node. --nnodes: when a round closes and whether a newcomer
+// ends it; --max-restarts: whether a failed round is followed by another (a launcher with fewer
+// would leave while the others wait for it); --heartbeat-timeout: when a silent node is lost,
+// and how often each beats (a node with a longer timeout beats too rarely for one with a
+// shorter); --rdzv-last-call: when a round closes; PROGRAM and ARGS: the workers of one job run
+// one program (a stranger's workers would fail the set-up on every rank). What may differ is
+// this node's own business: --nproc-per-node (each node's count is recorded, the world is their
+// sum), --grace-period, --log-dir, --rdzv-join-timeout.
+struct Setting {
+  std::string flag;
+  std::string value;
+};
+
+// One shell word: plain when it can be, else single-quoted (so that the text of a command
+// names its words exactly, and equal texts are equal commands).
+std::string shell_word(const std::string& word) {
+  if (!word.empty() &&
+      word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                             "_./:=,+-@%") == std::string::npos) {
+    return word;
+  }
+  std::string quoted = "'";
+  for (const char c : word) {
+    if (c == '\'') {
+      quoted += "'\\''";
+    } else {
+      quoted += c;
+    }
+  }
+  quoted += '\'';
+  return quoted;
+}
+
+std::vector<Setting> job_settings(const RunOptions& o) {
+  std::string command;
+  for (const std::string& word : o.command) {
+    if (!command.empty()) command += ' ';
+    command += shell_word(word);
+  }
+  return {{"--nnodes", fmt::format("{}:{}", o.min_nodes, o.nnodes)},
+          {"--max-restarts", std::to_string(o.max_restarts)},
+          {"--heartbeat-timeout", fmt::format("{}", o.heartbeat_timeout_s)},
+          {"--rdzv-last-call", fmt::format("{}", o.last_call_s)},
+          {"PROGRAM and ARGS", command}};
+}
+
+// "<flag>\t<bytes>\t<value>\n" per setting: values may hold any byte.
+std::string encode_settings(const std::vector<Setting>& settings) {
+  std::string text;
+  for (const Setting& s : settings)
+    text += fmt::format("{}\t{}\t{}\n", s.flag, s.value.size(), s.value);
+  return text;
+}
+
+std::vector<Setting> decode_settings(const std::string& text) {
+  std::vector<Setting> settings;
+  for (std::size_t at = 0; at < text.size();) {
+    const auto tab = text.find('\t', at);
+    const auto tab2 = tab == std::string::npos ? tab : text.find('\t', tab + 1);
+    if (tab2 == std::string::npos) break;
+    const std::size_t size = std::stoul(text.substr(tab + 1, tab2 - tab - 1));
+    settings.push_back({text.substr(at, tab - at), text.substr(tab2 + 1, size)});
+    at = tab2 + 1 + size + 1;
+  }
+  return settings;
+}
+
+std::string excerpt(const std::string& text) {
+  return text.size() <= 300 ? text
+                            : text.substr(0, 300) + fmt::format("... ({} characters)", text.size());
+}
+
+// "--nnodes: the job has 1:2, this launcher 2:2; ..." for every setting that differs.
+std::string differences(const std::vector<Setting>& job, const std::vector<Setting>& mine) {
+  std::string text;
+  for (const Setting& m : mine) {
+    const auto it =
+        std::find_if(job.begin(), job.end(), [&](const Setting& j) { return j.flag == m.flag; });
+    const std::string theirs = it == job.end() ? std::string("(not recorded)") : it->value;
+    if (it != job.end() && it->value == m.value) continue;
+    text += fmt::format("{}{}: the job has {}, this launcher {}", text.empty() ? "" : "; ", m.flag,
+                        excerpt(theirs), excerpt(m.value));
+  }
+  return text;
+}
+
 // Arrives at round `number`: returns the arrival index (the node rank, if the round takes it).
 int arrive(comm::Store& store, int number, const std::string& address, int nproc) {
   const int index = static_cast<int>(store.add(key(number, "arrivals"), 1)) - 1;
@@ -149,14 +238,73 @@ int arrive(comm::Store& store, int number, const std::string& address, int nproc
   return index;
 }
 
+// The restarts used before round `number` (from its record, written by its node 0).
+int restarts_before(comm::Store& store, int number) {
+  const std::string record = store.get_string(key(number, "record"));
+  return std::stoi(record.substr(record.find(' ') + 1));
+}
+
+// Whether round `number`, which has ended, was the job's last: the job finished (S), failed
+// with no restarts left (F), or failed on a usage error (U whose verdict is "usage"). Then
+// returns why, and whether the job succeeded.
+struct Over {
+  bool succeeded = false;
+  std::string why;
+};
+std::optional<Over> job_over(comm::Store& store, int number, const RunOptions& o) {
+  const End end = parse_end(store.get_string(key(number, "end")));
+  if (end.kind == 'S') return Over{true, fmt::format("round {}: {}", number, end.reason)};
+  if (end.kind != 'F' && end.kind != 'U') return std::nullopt;
+  if (end.kind == 'U') {
+    if (!store.check({key(number, "verdict")})) return std::nullopt;  // not decided yet
+    if (store.get_string(key(number, "verdict")) == "usage") {
+      return Over{false, fmt::format("round {} ended on a usage error: {}", number, end.reason)};
+    }
+  }
+  if (store.check({key(number, "record")}) && restarts_before(store, number) >= o.max_restarts) {
+    return Over{false,
+                fmt::format("round {} failed with no restarts left: {}", number, end.reason)};
+  }
+  return std::nullopt;
+}
+
+// Where a launcher that has not been a member of the job yet arrives: the round forming now.
+// It is refused (JobEnds, exit 1), touching nothing, when the job is full (a round of MAX nodes
+// runs) or over; else its arrival ends a running round smaller than MAX ("M|", the scale-up).
+int first_round(comm::Store& store, const RunOptions& o) {
+  int last = -1;  // the last round that closed
+  while (store.check({key(last + 1, "closed")})) ++last;
+  if (last < 0) return 0;
+  if (store.check({key(last, "end")})) {
+    if (const std::optional<Over> over = job_over(store, last, o)) {
+      throw JobEnds(1, fmt::format("job '{}' is over ({}); this launcher did not take part. A "
+                                   "new job can use this --rdzv-endpoint once the launcher "
+                                   "serving its store has exited",
+                                   o.rdzv_id, over->why));
+    }
+    return last + 1;  // the next round forms: a replacement or an extra node is welcome
+  }
+  const int size = std::stoi(store.get_string(key(last, "closed")));
+  if (size >= o.nnodes) {
+    throw JobEnds(1, fmt::format("job '{}' is full: its round {} runs {} node(s), the most "
+                                 "--nnodes {}:{} allows; this launcher does not join, and the job "
+                                 "goes on",
+                                 o.rdzv_id, last, size, o.min_nodes, o.nnodes));
+  }
+  return last + 1;
+}
+
 // Joins round `number` (or, arriving after it closed, the next ones) and returns it once node 0
 // has published its record. `arrived`: the index this node already has in round `number`.
+// `member`: whether this launcher took part in a round already (a newcomer that finds the job
+// full or over is refused, exit 1).
 Round join(comm::Store& store, int number, const std::string& address, const RunOptions& o,
-           std::optional<int> arrived, SignalPipe& signals) {
+           std::optional<int> arrived, SignalPipe& signals, bool member) {
   const auto started = Clock::now();
   // At least two intervals: the survivors of the last round arrive within one of each other.
   const auto last_call =
       std::max<std::chrono::milliseconds>(millis(o.last_call_s), 2 * heartbeat_interval(o));
+  if (!member && !arrived) number = first_round(store, o);
   for (;; ++number) {
     const int index = arrived ? *arrived : arrive(store, number, address, o.nproc_per_node);
     arrived.reset();
@@ -170,8 +318,12 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
         }
       }
       if (number > 0 && store.check({key(number - 1, "end")})) {
-        const End previous = parse_end(store.get_string(key(number - 1, "end")));
-        if (previous.kind == 'S') throw JobEnds(0, "the job has finished: " + previous.reason);
+        if (const std::optional<Over> over = job_over(store, number - 1, o)) {
+          // A newcomer did not take part: it did not succeed (exit 1) whatever the job did.
+          throw JobEnds(over->succeeded && member ? 0 : 1,
+                        fmt::format("job '{}' is over ({}){}", o.rdzv_id, over->why,
+                                    member ? "" : "; this launcher did not take part"));
+        }
       }
       const bool previous_over = number == 0 || store.check({key(number - 1, "end")});
       const int count = static_cast<int>(store.add(key(number, "arrivals"), 0));
@@ -193,6 +345,12 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
       std::this_thread::sleep_for(100ms);
     }
     const int size = std::stoi(store.get_string(key(number, "closed")));
+    if (index >= size && !member && size >= o.nnodes) {
+      throw JobEnds(1, fmt::format("job '{}' is full: its round {} closed with {} node(s), the "
+                                   "most --nnodes {}:{} allows, before this launcher joined; it "
+                                   "does not join, and the job goes on",
+                                   o.rdzv_id, number, size, o.min_nodes, o.nnodes));
+    }
     if (index >= size) {
       say("round {} closed with {} node(s) before this one joined: joining round {}", number, size,
           number + 1);
@@ -202,9 +360,9 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
     if (index == 0) {
       int restarts = 0;
       if (number > 0) {
-        const std::string previous = store.get_string(key(number - 1, "record"));
-        restarts = std::stoi(previous.substr(previous.find(' ') + 1)) +
-                   (parse_end(store.get_string(key(number - 1, "end"))).kind == 'F' ? 1 : 0);
+        const char kind = parse_end(store.get_string(key(number - 1, "end"))).kind;
+        // A 'U' round reaches here only when its verdict found a crash or a lost node behind it.
+        restarts = restarts_before(store, number - 1) + (kind == 'F' || kind == 'U' ? 1 : 0);
       }
       // The workers' store secret: a fresh one per round (after the user's, if set).
       const char* user_token = std::getenv("NANODDP_STORE_TOKEN");
@@ -249,7 +407,8 @@ class Monitor {
     thread_.join();
   }
 
-  void local_failure(const std::string& what) { publish('F', what); }
+  // A local worker failed; `usage`: with exit code 2 (a 'U' end, see usage_verdict()).
+  void local_failure(const std::string& what, bool usage) { publish(usage ? 'U' : 'F', what); }
   void local_done() {
     const std::lock_guard lock(mutex_);
     done_ = true;
@@ -266,9 +425,56 @@ class Monitor {
     const std::lock_guard lock(mutex_);
     return next_index_;
   }
+  // Ends the round (unless it has ended already), at once: the loop wakes to write it.
   void publish(char kind, const std::string& reason) {
-    const std::lock_guard lock(mutex_);
-    if (!pending_) pending_ = fmt::format("{}|{}", kind, reason);
+    {
+      const std::lock_guard lock(mutex_);
+      if (pending_) return;
+      pending_ = fmt::format("{}|{}", kind, reason);
+    }
+    changed_.notify_all();
+  }
+
+  // This node's workers have all ended (run_round returned): written as "over/K", after
+  // "fail/K" when a local worker failed.
+  void local_over() {
+    {
+      const std::lock_guard lock(mutex_);
+      over_ = true;
+    }
+    changed_.notify_all();
+  }
+
+  // After a 'U' end (a worker exited 2): whether it was a usage error, the same on every node
+  // (the first verdict written wins). nanoddp-train also exits 2 when its set-up fails because
+  // a peer died, so an exit code 2 is a usage error only if no node of the round reported
+  // another failure of its own ("fail/K") and none was lost. That is known once every other
+  // node's workers have ended ("over/K", written after "fail/K"), or it left, finished or was
+  // lost: waited for at most max(T, --grace-period) + 3 intervals; a node still unsettled then
+  // counts as a failure (a restart, as before exit code 2 was told apart).
+  bool usage_verdict(comm::Store& store) {
+    bool usage = true;
+    {
+      std::unique_lock lock(mutex_);
+      const auto until = Clock::now() +
+                         millis(std::max(o_.heartbeat_timeout_s, o_.grace_period_s)) +
+                         3 * heartbeat_interval(o_);
+      changed_.wait_until(lock, until, [this] {
+        for (std::size_t k = 0; k < round_.members.size(); ++k) {
+          if (static_cast<int>(k) != round_.node_rank && !ended_[k]) return false;
+        }
+        return true;
+      });
+      for (std::size_t k = 0; k < round_.members.size(); ++k) {
+        if (static_cast<int>(k) != round_.node_rank && (!ended_[k] || lost_[k])) usage = false;
+      }
+    }
+    for (std::size_t k = 0; k < round_.members.size() && usage; ++k) {
+      const std::string fail = key(round_.number, fmt::format("fail/{}", k));
+      if (store.check({fail}) && store.get_string(fail) == "F") usage = false;
+    }
+    set_once(store, key(round_.number, "verdict"), usage ? "usage" : "transient");
+    return store.get_string(key(round_.number, "verdict")) == "usage";
   }
 
   // Blocks until the round has ended (read from the store) or the store failed.
@@ -311,8 +517,12 @@ class Monitor {
   bool leaving_ = false;
   std::optional<int> next_index_;
   std::optional<std::string> pending_;
+  bool published_ = false;  // pending_ is in the store
+  bool over_ = false;       // local_over() was called
+  bool over_written_ = false;
   std::optional<End> end_;
-  std::vector<bool> lost_, settled_;
+  // Per node: lost; settled for lost_nodes(); its round over for usage_verdict().
+  std::vector<bool> lost_, settled_, ended_;
   std::thread thread_;
 };
 
@@ -322,28 +532,41 @@ void Monitor::loop() {
   const int r = round_.number;
   std::vector<std::string> last(n);
   std::vector<Clock::time_point> changed_at(n, Clock::now());
-  std::vector<bool> done(n, false), gone(n, false), beat_after_end(n, false);
+  std::vector<bool> done(n, false), gone(n, false), beat_after_end(n, false), over(n, false);
   {
     const std::lock_guard lock(mutex_);
     lost_.assign(n, false);
     settled_.assign(n, false);
+    ended_.assign(n, false);
   }
-  bool published = false, done_published = false;
+  bool done_published = false, over_published = false;
   std::optional<End> end;
   for (std::int64_t beat = 1;; ++beat) {
     try {
-      store_.set(key(r, fmt::format("hb/{}", me)), std::to_string(beat));
       std::optional<std::string> pending;
-      bool local_done = false;
+      bool local_done = false, published = false, local_over = false;
       {
         const std::lock_guard lock(mutex_);
         pending = pending_;
         local_done = done_;
+        published = published_;
+        local_over = over_;
       }
       if (pending && !published) {
+        store_.set(key(r, fmt::format("fail/{}", me)), pending->substr(0, 1));
         set_once(store_, key(r, "end"), *pending);
-        published = true;
+        const std::lock_guard lock(mutex_);
+        published_ = true;
       }
+      // After "fail/K" (local_failure() comes before local_over()): a node whose round is over
+      // has said how it failed, if it did.
+      if (local_over && !over_published) {
+        store_.set(key(r, fmt::format("over/{}", me)), "1");
+        over_published = true;
+        const std::lock_guard lock(mutex_);
+        over_written_ = true;
+      }
+      store_.set(key(r, fmt::format("hb/{}", me)), std::to_string(beat));
       if (local_done && !done_published) {
         store_.set(key(r, fmt::format("done/{}", me)), "1");
         done_published = true;
@@ -353,6 +576,7 @@ void Monitor::loop() {
         if (k == me) continue;
         if (!done[k] && store_.check({key(r, fmt::format("done/{}", k))})) done[k] = true;
         if (!gone[k] && store_.check({key(r, fmt::format("left/{}", k))})) gone[k] = true;
+        if (end && !over[k] && store_.check({key(r, fmt::format("over/{}", k))})) over[k] = true;
         finished += done[k] ? 1 : 0;
         const std::string hb = key(r, fmt::format("hb/{}", k));
         const std::string value = store_.check({hb}) ? store_.get_string(hb) : std::string();
@@ -371,6 +595,7 @@ void Monitor::loop() {
                 silent);
           }
           settled_[k] = lost_[k] || gone[k] || done[k] || beat_after_end[k];
+          ended_[k] = lost_[k] || gone[k] || done[k] || over[k];
         }
         if (lost && !end) {
           set_once(store_, key(r, "end"),
@@ -390,7 +615,8 @@ void Monitor::loop() {
       if (!end && store_.check({key(r, "end")})) {
         end = parse_end(store_.get_string(key(r, "end")));
         if (end->kind != 'S') stop_.request(end->reason);
-        // The main thread makes the same decision: another round unless the job is over.
+        // The main thread makes the same decision: another round unless the job is over. After
+        // a 'U' end it waits for the verdict first (usage_verdict()), and arrives then.
         const bool next =
             end->kind == 'M' || (end->kind == 'F' && round_.restarts_used < o_.max_restarts);
         bool leaving = false;
@@ -414,7 +640,12 @@ void Monitor::loop() {
     }
     std::unique_lock lock(mutex_);
     changed_.notify_all();
-    if (changed_.wait_for(lock, heartbeat_interval(o_), [this] { return quit_; })) return;
+    if (changed_.wait_for(
+            lock, heartbeat_interval(o_),
+            [this] { return quit_ || (pending_ && !published_) || (over_ && !over_written_); }) &&
+        quit_) {
+      return;
+    }
   }
 }
 
@@ -430,10 +661,19 @@ int run_elastic(const LaunchPlan& plan) {
     try {
       server = std::make_unique<comm::TcpStoreServer>(comm::TcpStoreOptions{
           .host = endpoint.host, .port = static_cast<std::uint16_t>(endpoint.port)});
-      say("serving the rendezvous store on {}", o.rdzv_endpoint);
     } catch (const comm::StoreError&) {
       // Another launcher on this machine serves it.
     }
+  }
+  // Which store and job this launcher is part of, before anything can keep it waiting.
+  if (server) {
+    say("job '{}': serving the rendezvous store on {} (this launcher is its server; the job's "
+        "other launchers connect to it)",
+        o.rdzv_id, o.rdzv_endpoint);
+  } else {
+    say("job '{}': a client of the rendezvous store on {} (another launcher serves it; "
+        "waiting up to --rdzv-join-timeout {} s to reach it)",
+        o.rdzv_id, o.rdzv_endpoint, o.join_timeout_s);
   }
   const comm::TcpStoreOptions client_options{
       .host = endpoint.host,
@@ -456,6 +696,45 @@ int run_elastic(const LaunchPlan& plan) {
     return 1;
   }
   comm::PrefixStore store(prefix, client);
+  // A launcher refused here changes nothing in the store that the job reads.
+  const std::string serving_note =
+      server ? fmt::format(
+                   " This launcher served the store on {}: the job's other launchers "
+                   "lose it and end too.",
+                   o.rdzv_endpoint)
+             : std::string();
+  try {
+    // A store serves one job: it lives in the launcher on HOST of the job that started it and
+    // goes when that job ends, so a second job sharing it would lose its store mid-run (their
+    // keys, under nanoddp-run/<id>/, would be disjoint: the lifetime is what they cannot share).
+    const std::vector<std::uint8_t> id(o.rdzv_id.begin(), o.rdzv_id.end());
+    const comm::Bytes owner = client->compare_set("nanoddp-run/job", {}, id);
+    if (owner != id) {
+      say("error: the rendezvous store on {} serves job '{}', and this launcher's --rdzv-id is "
+          "'{}': a store serves one job (it lives in that job's launcher and goes when the job "
+          "ends). Give job '{}' another --rdzv-endpoint port.{}",
+          o.rdzv_endpoint, std::string(owner.begin(), owner.end()), o.rdzv_id, o.rdzv_id,
+          serving_note);
+      return kUsageExitCode;
+    }
+    // The first launcher of the job records its settings; every later one must have the same.
+    const std::string mine = encode_settings(job_settings(o));
+    const comm::Bytes recorded =
+        store.compare_set("settings", {}, std::vector<std::uint8_t>(mine.begin(), mine.end()));
+    const std::string job(recorded.begin(), recorded.end());
+    if (job != mine) {
+      say("error: job '{}' on {} runs with other settings than this launcher's, which it "
+          "refuses (the job goes on): {}. Every launcher of a job gives the same --nnodes, "
+          "--max-restarts, --heartbeat-timeout, --rdzv-last-call and PROGRAM ARGS; a new job "
+          "needs another --rdzv-endpoint port.{}",
+          o.rdzv_id, o.rdzv_endpoint, differences(decode_settings(job), job_settings(o)),
+          serving_note);
+      return kUsageExitCode;
+    }
+  } catch (const std::exception& e) {
+    say("error: the rendezvous store on {}: {}", o.rdzv_endpoint, e.what());
+    return 1;
+  }
 
   int exit_code = 0;
   int last_round = -1, last_node = 0, last_size = 0;
@@ -463,7 +742,7 @@ int run_elastic(const LaunchPlan& plan) {
   std::optional<int> next_index;  // this node's arrival at round `number`, if made already
   try {
     for (int number = 0;;) {
-      const Round round = join(store, number, address, o, next_index, signals);
+      const Round round = join(store, number, address, o, next_index, signals, last_round >= 0);
       last_round = round.number;
       last_node = round.node_rank;
       last_size = static_cast<int>(round.members.size());
@@ -481,19 +760,20 @@ int run_elastic(const LaunchPlan& plan) {
           round.restarts_used, o.max_restarts);
       StopRequest stop;
       Monitor monitor(client_options, prefix, round, o, address, stop);
-      const RoundSpec spec{
-          .node_rank = round.node_rank,
-          .rank_offset = offset,
-          .world_size = world,
-          .master_addr = round.members[0].address,
-          .master_port = round.master_port,
-          .store_token = round.token,
-          .restart_count = round.number,
-          .label = fmt::format("round {}", round.number),
-          .stop = &stop,
-          .on_failure = [&](const std::string& what) {
-            monitor.local_failure(fmt::format("node {} ({}): {}", round.node_rank, address, what));
-          }};
+      const RoundSpec spec{.node_rank = round.node_rank,
+                           .rank_offset = offset,
+                           .world_size = world,
+                           .master_addr = round.members[0].address,
+                           .master_port = round.master_port,
+                           .store_token = round.token,
+                           .restart_count = round.number,
+                           .label = fmt::format("round {}", round.number),
+                           .stop = &stop,
+                           .on_failure = [&](const std::string& what, int code) {
+                             monitor.local_failure(
+                                 fmt::format("node {} ({}): {}", round.node_rank, address, what),
+                                 code == kUsageExitCode);
+                           }};
       const AttemptOutcome outcome = run_round(plan, spec, signals);
       if (outcome.outcome == Outcome::kInterrupted) {
         monitor.leave();
@@ -504,7 +784,21 @@ int run_elastic(const LaunchPlan& plan) {
         break;
       }
       if (outcome.outcome == Outcome::kSucceeded) monitor.local_done();
-      const End end = monitor.wait_end();
+      monitor.local_over();
+      End end = monitor.wait_end();
+      if (end.kind == 'U') {
+        if (monitor.usage_verdict(store)) {
+          throw JobEnds(kUsageExitCode,
+                        fmt::format("round {} ended: {}: exit code 2 is a usage error (bad flags, "
+                                    "values or inputs) and no node crashed or was lost, so no "
+                                    "restart: it would fail the same way. Fix the command",
+                                    round.number, end.reason));
+        }
+        say("round {}: exit code 2 came with a crash or a lost node elsewhere (a peer's loss can "
+            "fail a worker's set-up with exit code 2): taken as a failure, not a usage error",
+            round.number);
+        end.kind = 'F';
+      }
       if (end.kind == 'S') {
         say("round {}: every node's workers exited 0", round.number);
         break;

@@ -6,7 +6,12 @@
 // c10d rendezvous, in C++ and small.
 //
 // The store: the launcher on HOST serves it (a TcpStoreServer on HOST:PORT, NANODDP_STORE_TOKEN
-// as its secret); every launcher, that one included, is a client. Its keys, per round R, under
+// as its secret); every launcher, that one included, is a client. It serves one job: the first
+// launcher writes its --rdzv-id at "nanoddp-run/job" (another id is refused, exit 2: the store
+// goes when the job that started it ends), and the job's settings at "nanoddp-run/<id>/settings"
+// (a launcher whose settings differ is refused, exit 2, naming them). A launcher that has not
+// been a member yet is refused (exit 1) when a round of MAX nodes runs or the job is over; none
+// of these refusals writes a key the job reads. Its keys, per round R, under
 // "nanoddp-run/<--rdzv-id>/rR/":
 //   arrivals      the count of launchers that joined; a launcher's arrival index is its node rank
 //   node/K        node K's address (towards HOST) and its --nproc-per-node
@@ -19,8 +24,11 @@
 //   record        by node 0: the workers' store port and secret, and the restarts used so far
 //   hb/K          node K's heartbeat, a counter raised every interval (heartbeat_interval())
 //   done/K left/K node K's workers all exited 0 / node K's launcher is leaving (not lost)
+//   fail/K over/K node K's own failure ('F' or 'U', written at once) / its workers have all ended
 //   end           why the round ended, written once (compare-and-set): "F|..." a failure (a
 //                 worker exited non-zero, a node lost, a launcher stopped), which uses a restart;
+//                 "U|..." a worker exited 2, a usage error that ends the job with exit 2 unless
+//                 another node failed or was lost (then as "F"), decided once in "verdict";
 //                 "M|..." a node waits to join (MIN..MAX allows it), which does not; "S|..."
 //                 every node finished.
 // Restart counts are agreed: node 0 of round R derives them from round R-1's record and end.

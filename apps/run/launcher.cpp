@@ -236,7 +236,8 @@ void Attempt::reap() {
       say("rank {} (pid {}) failed: {}; stopping the other workers (SIGTERM, SIGKILL after {} s)",
           w.result.rank, w.result.pid, describe(w.result), options_.grace_period_s);
       if (round_.on_failure) {
-        round_.on_failure(fmt::format("rank {} failed: {}", w.result.rank, describe(w.result)));
+        round_.on_failure(fmt::format("rank {} failed: {}", w.result.rank, describe(w.result)),
+                          exit_code_of(w.result));
       }
       begin_stop(SIGTERM);
     }
@@ -420,6 +421,11 @@ int run_launcher(const LaunchPlan& plan) {
                           .label = fmt::format("attempt {} of {}", restart + 1, attempts)};
     const AttemptOutcome outcome = Attempt(plan, round, signals).run();
     if (outcome.outcome != Outcome::kFailed) return outcome.exit_code;
+    if (outcome.exit_code == kUsageExitCode) {
+      say("the first failure is exit code 2, a usage error (bad flags, values or inputs): not "
+          "restarting, it would fail the same way; fix the command");
+      return outcome.exit_code;
+    }
     if (restart + 1 < attempts) {
       say("restarting the group (attempt {} of {})", restart + 2, attempts);
       continue;

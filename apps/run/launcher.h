@@ -55,8 +55,8 @@ struct RoundSpec {
   std::string label;  // "attempt 1 of 2", "round 3": in messages and log headers
   const StopRequest* stop = nullptr;
   // Called once, at the first local worker that fails, with what happened to it ("rank 3
-  // failed: exit code 1").
-  std::function<void(const std::string&)> on_failure;
+  // failed: exit code 1") and its exit code (exit_code_of: 128 + S for a signal).
+  std::function<void(const std::string&, int exit_code)> on_failure;
 };
 
 enum class Outcome { kSucceeded, kFailed, kInterrupted, kEnded };
@@ -70,8 +70,13 @@ struct AttemptOutcome {
 // Runs one round of this node's workers to its end. kEnded: `stop` ended it.
 AttemptOutcome run_round(const LaunchPlan& plan, const RoundSpec& round, SignalPipe& signals);
 
+// A worker's exit code 2 is a usage error (bad flags, values or inputs, as nanoddp's programs
+// and most command-line tools use it): a restart would fail the same way, so none is made.
+inline constexpr int kUsageExitCode = 2;
+
 // Returns the launcher's exit code:
 //   0        every worker of an attempt exited 0;
+//   2        the worker that failed first exited 2 (a usage error: never restarted);
 //   128 + S  the launcher got signal S (SIGINT, SIGTERM, SIGHUP) and stopped the workers;
 //   else     the last attempt failed: the exit code of the worker that failed first (128 + S
 //            when a signal ended it; 127/126 when it could not be started).

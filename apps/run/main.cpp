@@ -5,7 +5,11 @@
 //
 // Exit codes:
 //   0        all workers exited 0
-//   2        bad flags, a missing PROGRAM, an unusable --master-addr or --log-dir
+//   1        (--rdzv-endpoint) the job failed outside this node's workers, or this launcher may
+//            not join it: the job is full at MAX nodes, or over
+//   2        bad flags, a missing PROGRAM, an unusable --master-addr or --log-dir; settings that
+//            differ from the job's at the rendezvous, or another --rdzv-id on its store; a
+//            worker's exit code 2 (a usage error: never restarted)
 //   126/127  PROGRAM is not executable / not found (checked before any worker starts, as shells do)
 //   128 + S  the launcher got signal S (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP)
 //   other    the last attempt failed: the exit code of the worker that failed first, or

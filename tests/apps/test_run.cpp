@@ -417,6 +417,242 @@ TEST_CASE("nanoddp-run --rdzv-endpoint: SIGTERM while waiting for the other node
   CHECK(contains(launcher.output(), "got SIGTERM while waiting for round 0 to form"));
 }
 
+// Issue #15 (an outside operator): launchers of one job that disagreed on its settings were
+// taken in, and their rounds then disagreed (one left while the other waited for it).
+TEST_CASE(
+    "nanoddp-run --rdzv-endpoint: a launcher with other settings is refused naming both values") {
+  TempDir dir;
+  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+  const std::string worker = fmt::format(
+      "echo world $WORLD_SIZE restart $NANODDP_RESTART_COUNT; "
+      "while [ ! -e {0}/go ]; do sleep 0.01; done; echo finished",
+      dir.path());
+  // The job's settings, then the program: `flags` replaces some of them.
+  const auto launcher = [&](std::vector<std::string> flags, const std::string& program) {
+    std::vector<std::string> argv = {bin_path("nanoddp-run"), "--rdzv-endpoint", endpoint,
+                                     "--rdzv-id", "agree"};
+    std::vector<std::string> job = {"--nnodes",         "1:2", "--max-restarts",      "3",
+                                    "--rdzv-last-call", "0.5", "--heartbeat-timeout", "5"};
+    for (std::size_t i = 0; i + 1 < flags.size(); i += 2) {
+      const auto it = std::find(job.begin(), job.end(), flags[i]);
+      *(it + 1) = flags[i + 1];
+    }
+    argv.insert(argv.end(), job.begin(), job.end());
+    for (const std::string& word : {std::string("--grace-period"), std::string("1"),
+                                    std::string("/bin/sh"), std::string("-c"), program}) {
+      argv.push_back(word);
+    }
+    return argv;
+  };
+  BackgroundProcess job(launcher({}, worker));
+  REQUIRE(job.wait_for_output(
+      [](const std::string& out) { return contains(out, "[rank 0] world 1 restart 0"); }, 20s));
+  CHECK(contains(job.output(),
+                 fmt::format("job 'agree': serving the rendezvous store on {}", endpoint)));
+  struct Case {
+    std::vector<std::string> flags;
+    std::string program;
+    std::vector<std::string> expected;
+  };
+  const std::vector<Case> cases = {
+      {{"--nnodes", "2:2", "--max-restarts", "0"},
+       worker,
+       {"--nnodes: the job has 1:2, this launcher 2:2",
+        "--max-restarts: the job has 3, this launcher 0"}},
+      {{"--heartbeat-timeout", "10"},
+       worker,
+       {"--heartbeat-timeout: the job has 5, this launcher 10"}},
+      {{}, worker + " --other", {"PROGRAM and ARGS: the job has /bin/sh -c '", "--other'"}},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = launcher(c.flags, c.program);
+    argv.erase(argv.begin());
+    const ProcessResult r = launch(argv);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output,
+                   fmt::format("job 'agree': a client of the rendezvous store on {}", endpoint)));
+    CHECK(contains(r.output, "runs with other settings than this launcher's, which it refuses"));
+    for (const std::string& e : c.expected) CHECK_MESSAGE(contains(r.output, e), e);
+    CHECK_FALSE(contains(r.output, "[rank"));  // none of its workers started
+  }
+  // The job was not disturbed: its one round finishes as it began.
+  std::ofstream(dir.file("go")).put('\n');
+  const std::optional<int> status = job.wait(20s);
+  INFO(job.output());
+  REQUIRE(status.has_value());
+  CHECK(*status == 0);
+  CHECK(count(job.output(), "[rank 0] world") == 1);
+  CHECK(contains(job.output(), "[rank 0] finished"));
+  CHECK_FALSE(contains(job.output(), "round 1"));
+  CHECK_FALSE(contains(job.output(), "waiting to join"));
+}
+
+// Issue #15: a second job started with the first's --rdzv-endpoint and --rdzv-id destroyed it.
+TEST_CASE(
+    "nanoddp-run --rdzv-endpoint: a second job on the endpoint is refused, the first trains on") {
+  TempDir dir;
+  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+  const std::vector<std::string> train = {bin_path("nanoddp-train"),
+                                          "--in",
+                                          "8",
+                                          "--out",
+                                          "2",
+                                          "--hidden",
+                                          "16",
+                                          "--layers",
+                                          "1",
+                                          "--steps",
+                                          "30",
+                                          "--batch",
+                                          "8",
+                                          "--quiet"};
+  // The reference: the same training under the plain launcher.
+  std::vector<std::string> reference = {"--nproc-per-node", "2"};
+  reference.insert(reference.end(), train.begin(), train.end());
+  reference.insert(reference.end(), {"--save", dir.file("reference.safetensors")});
+  REQUIRE(launch(reference).exit_code == 0);
+  // The job (one node, --nnodes 1:1: full) trains once the test has tried the second jobs.
+  const std::string gated = fmt::format(
+      "while [ ! -e {0}/go ]; do sleep 0.01; done; exec \"$0\" \"$@\" --save {0}/job.safetensors",
+      dir.path());
+  const auto launcher = [&](const std::string& id) {
+    std::vector<std::string> argv = {
+        "--nnodes",  "1:1", "--nproc-per-node",    "2", "--rdzv-endpoint", endpoint,
+        "--rdzv-id", id,    "--heartbeat-timeout", "5", "/bin/sh",         "-c",
+        gated};
+    argv.insert(argv.end(), train.begin(), train.end());
+    return argv;
+  };
+  std::vector<std::string> first = launcher("first");
+  first.insert(first.begin(), bin_path("nanoddp-run"));
+  BackgroundProcess job(first);
+  REQUIRE(job.wait_for_output(
+      [](const std::string& out) { return contains(out, "round 0: node 0 of 1"); }, 20s));
+  SUBCASE("the same --rdzv-id and settings: the job is full") {
+    const ProcessResult r = launch(launcher("first"));
+    INFO(r.output);
+    CHECK(r.exit_code == 1);
+    CHECK(contains(r.output,
+                   "job 'first' is full: its round 0 runs 1 node(s), the most --nnodes "
+                   "1:1 allows; this launcher does not join, and the job goes on"));
+    CHECK_FALSE(contains(r.output, "[rank"));
+  }
+  SUBCASE("another --rdzv-id on the same endpoint: refused, naming both") {
+    const ProcessResult r = launch(launcher("second"));
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, fmt::format("the rendezvous store on {} serves job 'first', and this "
+                                         "launcher's --rdzv-id is 'second'",
+                                         endpoint)));
+    CHECK(contains(r.output, "Give job 'second' another --rdzv-endpoint port"));
+    CHECK_FALSE(contains(r.output, "[rank"));
+  }
+  std::ofstream(dir.file("go")).put('\n');
+  const std::optional<int> status = job.wait(30s);
+  INFO(job.output());
+  REQUIRE(status.has_value());
+  CHECK(*status == 0);
+  CHECK_FALSE(contains(job.output(), "round 1"));
+  CHECK_FALSE(contains(job.output(), "ended"));
+  CHECK(read_file(dir.file("job.safetensors")) == read_file(dir.file("reference.safetensors")));
+}
+
+// Issue #15: exit code 2 (a usage error: bad flags, values or inputs) was restarted as if it
+// were a crash, and would fail the same way every time.
+TEST_CASE("nanoddp-run: a worker's exit code 2 is a usage error, not restarted") {
+  TempDir dir;
+  SUBCASE("one node") {
+    const std::string worker = fmt::format("echo x >> {}/attempts; exit 2", dir.path());
+    const ProcessResult r = launch({"--max-restarts", "2", "/bin/sh", "-c", worker});
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(read_file(dir.file("attempts")) == "x\n");
+    CHECK_FALSE(contains(r.output, "restarting the group"));
+    CHECK(contains(r.output, "the first failure is exit code 2, a usage error"));
+  }
+  SUBCASE("elastic rounds: every node ends with exit code 2 after one round") {
+    const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+    const std::string worker = fmt::format(
+        "echo $RANK $NANODDP_RESTART_COUNT >> {}/attempts; [ $RANK = 1 ] && exit 2; sleep 30",
+        dir.path());
+    const std::vector<std::string> argv = {bin_path("nanoddp-run"),
+                                           "--nnodes",
+                                           "2",
+                                           "--rdzv-endpoint",
+                                           endpoint,
+                                           "--max-restarts",
+                                           "2",
+                                           "--heartbeat-timeout",
+                                           "5",
+                                           "--grace-period",
+                                           "1",
+                                           "/bin/sh",
+                                           "-c",
+                                           worker};
+    BackgroundProcess a(argv), b(argv);
+    const std::optional<int> status_a = a.wait(30s), status_b = b.wait(30s);
+    INFO(a.output(), "\n----\n", b.output());
+    REQUIRE(status_a.has_value());
+    REQUIRE(status_b.has_value());
+    CHECK(WIFEXITED(*status_a));
+    CHECK(WEXITSTATUS(*status_a) == 2);
+    CHECK(WIFEXITED(*status_b));
+    CHECK(WEXITSTATUS(*status_b) == 2);
+    for (const std::string* out : {&a.output(), &b.output()}) {
+      CHECK(contains(*out, "exit code 2 is a usage error"));
+      CHECK_FALSE(contains(*out, "round 1"));
+    }
+    const std::string attempts = read_file(dir.file("attempts"));
+    CHECK(count(attempts, " 0\n") == 2);
+    CHECK(count(attempts, "\n") == 2);
+  }
+  SUBCASE("elastic rounds: exit code 2 after another node was lost is a failure, restarted") {
+    // nanoddp-train also exits 2 when its set-up fails because a peer died. Here the launcher
+    // that is a client of the store is killed (by its worker, told by NANODDP_TEST_KILLER), then
+    // the other node's worker exits 2: the round ends on a 'U', whose verdict waits for the
+    // killed node, finds it lost, and restarts (round 1, alone).
+    const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+    const std::string worker = fmt::format(
+        "[ $NANODDP_RESTART_COUNT = 1 ] && echo alone $WORLD_SIZE && exit 0; "
+        "if [ -n \"$NANODDP_TEST_KILLER\" ]; then "
+        "  kill -9 $NANODDP_LAUNCHER_PID; touch {0}/lost; exit 0; fi; "
+        "while [ ! -e {0}/lost ]; do sleep 0.01; done; exit 2",
+        dir.path());
+    std::vector<std::string> argv = {bin_path("nanoddp-run"),
+                                     "--nnodes",
+                                     "1:2",
+                                     "--rdzv-endpoint",
+                                     endpoint,
+                                     "--rdzv-last-call",
+                                     "2",
+                                     "--max-restarts",
+                                     "1",
+                                     "--heartbeat-timeout",
+                                     "2",
+                                     "--grace-period",
+                                     "1",
+                                     "/bin/sh",
+                                     "-c",
+                                     worker};
+    BackgroundProcess server(argv);
+    REQUIRE(server.wait_for_output(
+        [](const std::string& out) { return contains(out, "serving the rendezvous store"); }, 20s));
+    argv.insert(argv.begin(), {"/usr/bin/env", "NANODDP_TEST_KILLER=1"});
+    BackgroundProcess client(argv);
+    const std::optional<int> status = server.wait(30s);
+    client.wait(10s);
+    INFO(server.output(), "\n----\n", client.output());
+    REQUIRE(status.has_value());
+    CHECK(*status == 0);
+    CHECK(contains(server.output(), "failed: exit code 2; restart 1 of 1"));
+    CHECK(contains(server.output(), "is lost: no heartbeat"));
+    CHECK(contains(server.output(), "taken as a failure, not a usage error"));
+    CHECK(contains(server.output(), "[rank 0] alone 1"));
+    CHECK_FALSE(contains(server.output(), "exit code 2 is a usage error"));
+  }
+}
+
 TEST_CASE("nanoddp-run forwards SIGINT and SIGTERM, leaves no worker behind, exits 128+signal") {
   for (const int signo : {SIGINT, SIGTERM}) {
     CAPTURE(signo);

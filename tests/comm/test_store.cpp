@@ -29,6 +29,7 @@
 #include "nanoddp/comm/store_protocol.h"
 #include "nanoddp/comm/store_socket.h"
 #include "nanoddp/comm/torch_store.h"
+#include "nanoddp/comm/torch_store_protocol.h"
 #include "nanoddp/kernels/error.h"
 
 using namespace std::chrono_literals;
@@ -773,4 +774,47 @@ TEST_CASE("store: a 'torchrun store' that accepts but never answers ends in one 
                                     port)));
   CHECK_FALSE(contains(error, "still missing"));
   CHECK(elapsed < 1.5);
+}
+
+TEST_CASE(
+    "store: TorchStore reconnects once after torchrun's store dropped it, not for the timeout") {
+  // As TcpStore since 9f677a6 (issue #15): the reconnection's retries are for an agent that has
+  // not started yet; after the agent dropped the connection a refusal means it is gone, and a
+  // failing rank's error path (the check-out) must not wait out the timeout for it.
+  namespace tp = nanoddp::comm::torch_protocol;
+  std::uint16_t port = 0;
+  int listener = loopback_listener(port);
+  std::thread agent([&] {
+    // Answers the client's opening check, then exits: the connection and the port close.
+    pollfd p{listener, POLLIN, 0};
+    if (::poll(&p, 1, 5000) <= 0) return;
+    const int fd = ::accept(listener, nullptr, nullptr);
+    Bytes ping;
+    tp::encode_request({.query = tp::Query::kCheck, .keys = {"nanoddp/ping"}}, ping);
+    std::size_t got = 0;
+    char buf[256];
+    while (got < ping.size()) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    Bytes answer;
+    tp::encode_response(tp::Query::kCheck, {.flag = false}, answer);
+    (void)::send(fd, answer.data(), answer.size(), MSG_NOSIGNAL);
+    ::close(fd);
+    ::close(listener);
+  });
+  nanoddp::comm::TorchStore store({.host = "127.0.0.1", .port = port, .timeout = 20s});
+  agent.join();
+  listener = -1;
+  const std::string dropped = store_error([&] { store.check({"k"}); });
+  CHECK(contains(dropped, "check of key 'k'"));  // closed, or reset: the agent is gone
+  const auto start = Clock::now();
+  const std::string again = store_error([&] { store.check({"k"}); });
+  const double elapsed = seconds_since(start);
+  CHECK(contains(again, fmt::format("torchrun's store at 127.0.0.1:{} dropped the connection "
+                                    "earlier and does not accept a new one",
+                                    port)));
+  // One attempt, refused at once: far from the 20 s the retries would take.
+  CHECK(elapsed < 10.0);
 }

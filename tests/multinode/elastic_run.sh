@@ -7,6 +7,9 @@
 #      of the schedule within float rounding;
 #   2. --nnodes 2:2 --max-restarts 1: a worker of node 1 crashes; both nodes start round 1 (one
 #      restart, agreed), resume and end as the uninterrupted run;
+#      While this job runs, launchers that may not join are refused and leave it untouched (issue
+#      #15): other settings (exit 2, both values named), the same settings with the job full at
+#      MAX (exit 1), another --rdzv-id on the endpoint (exit 2, both ids named);
 #   3. --nnodes 2:2 --max-restarts 0: node 1 is killed; node 0 ends non-zero naming node 1 (by its address, as node ranks follow arrival) as
 #      lost, within the bound T + 2 I + grace = 6.2 s (asserted with 10 s of slack for a loaded
 #      machine: the point is that it ends, not how fast).
@@ -44,6 +47,35 @@ for node in 0 1; do
   run_on $node lost --nnodes 1:2 --max-restarts 3 $(job lost)
   pids[$node]=$started
 done
+# While both nodes train: launchers that may not join are refused, touching nothing.
+refused() {  # NODE NAME EXPECTED_RC MESSAGE FLAGS... (as run_on's): a launcher that must not join
+  local node=$1 name=$2 want=$3 message=$4 ns=$ns_a rc
+  shift 4
+  [ "$node" -eq 1 ] && ns=$ns_b
+  timeout 30 ip netns exec "$ns" "$bin/nanoddp-run" --nproc-per-node 2 \
+    --rdzv-endpoint "$addr_a:29661" --heartbeat-timeout 3 --grace-period 2 --rdzv-last-call 1 \
+    "$@" >"$work/$name.log" 2>&1
+  rc=$?
+  if [ "$rc" -ne "$want" ] || ! grep -qF -- "$message" "$work/$name.log" ||
+    grep -q "\[rank" "$work/$name.log"; then
+    echo "FAILED: $name: exit $rc (expected $want) or no '$message':"; cat "$work/$name.log"
+    status=1
+  else
+    echo "ok: $name refused (exit $rc): $(grep -m1 -oF -- "$message" "$work/$name.log")"
+  fi
+}
+time_until "$(date +%s.%N)" "$work/lost-1.log" "round 0: node . of 2" >/dev/null
+refused 1 refused-settings 2 "--nnodes: the job has 1:2, this launcher 2:2" \
+  --rdzv-id lost --nnodes 2:2 --max-restarts 0 $(job lost)
+refused 1 refused-full 1 "job 'lost' is full: its round 0 runs 2 node(s)" \
+  --rdzv-id lost --nnodes 1:2 --max-restarts 3 $(job lost)
+refused 0 refused-id 2 "serves job 'lost', and this launcher's --rdzv-id is 'other'" \
+  --rdzv-id other --nnodes 1:2 --max-restarts 3 $(job other)
+if ! grep -q "job 'lost': serving the rendezvous store on $addr_a:29661" "$work/lost-0.log" ||
+  ! grep -q "job 'lost': a client of the rendezvous store on $addr_a:29661" "$work/lost-1.log"; then
+  echo "FAILED: the start-up lines do not say which launcher serves the store"
+  head -3 "$work"/lost-*.log; status=1
+fi
 wait_for_checkpoint "$work/ckpt-lost" && kill_node "$ns_b"
 t0=$(date +%s.%N)
 detect=$(time_until "$t0" "$work/lost-0.log" "round 0 ended")
@@ -55,6 +87,8 @@ if [ "$rc" -ne 0 ]; then
   echo "FAILED: node 0 exited $rc after node 1 was lost"; tail -40 "$work/lost-0.log"; status=1
 elif ! grep -q "2 rank(s) x batch 16" "$work/lost-0.log"; then
   echo "FAILED: node 0 did not go on alone at world 2"; tail -40 "$work/lost-0.log"; status=1
+elif grep -q "waiting to join" "$work/lost-0.log"; then
+  echo "FAILED: a refused launcher ended a round of the job"; tail -40 "$work/lost-0.log"; status=1
 elif ! expect_same_parameters lost; then
   status=1
 else

@@ -95,10 +95,6 @@ void Reducer::set_zero(Zero* zero) {
   }
   zero_ = zero;
   scatter_ = zero != nullptr && zero->stage() == 2;
-  // Stage 2 compresses into ZeRO's own staging buffers.
-  if (scatter_) {
-    for (Bucket& bucket : buckets_) bucket.compressed = Tensor();
-  }
 }
 
 void Reducer::set_buckets(const std::vector<std::vector<std::size_t>>& members) {
@@ -481,7 +477,7 @@ std::exception_ptr Reducer::wait_for_buckets() {
 void Reducer::bucket_reduced(std::size_t b) {
   // all_reduce_bucket's preparation undone: back to float32, back into the flat buffer.
   Bucket& bucket = buckets_[b];
-  if (scatter_) return zero_->bucket_scattered(b);
+  if (scatter_) return zero_->bucket_scattered(b, bucket);
   if (options_.comm_hook == CommHook::kBf16) {
     backend_for(bucket.grads.device())
         .bf16_to_f32(static_cast<const std::uint16_t*>(bucket.compressed.raw_data()),

@@ -4,13 +4,15 @@
 // parameters only, updates that part, and the ranks all-gather the updated parameters.
 //
 // Who owns what. Rank r owns chunk r of every bucket: a bucket of n elements is cut into W
-// chunks of c = ceil(n / W) elements (the last ones shorter, or empty), and rank r's is
-// [r*c, min((r+1)*c, n)). Why per bucket and not one contiguous 1/W of the flat buffer: the
-// stage-2 reduce-scatter of a bucket then leaves every rank exactly the chunk it owns, as soon
-// as that bucket is reduced, with no bucket cut at a shard boundary. The shard buffers (the
-// optimizer state, and under stage 2 the averaged gradients) hold c elements per bucket, the
-// buckets one after the other: sum over buckets of ceil(n / W) elements per rank. Stage 1 and
-// stage 2 own the same elements, so their state is interchangeable.
+// chunks of q = floor(n / W) elements, rank r's is [r*q, (r+1)*q), and the last rank also owns
+// the n - W*q < W elements left over at the bucket's end. Why per bucket and not one contiguous
+// 1/W of the flat buffer: the stage-2 reduce-scatter of a bucket (its first W*q elements, in
+// place, no copy) then leaves every rank exactly the chunk it owns as soon as that bucket is
+// reduced, and no bucket is cut at a shard boundary; the few left-over elements take one tiny
+// all-reduce more. (Chunks of ceil(n / W) would need a padded copy of every uneven bucket.) The
+// shard buffers (the optimizer state, and under stage 2 the averaged gradients) hold the chunks
+// of all buckets one after the other: about 1/W of the elements per rank, W-1 more at most on
+// the last rank per bucket. Stage 1 and stage 2 own the same elements.
 //
 // Follow one step:
 //  stage 1  backward all-reduces every bucket as without ZeRO (the Reducer, reducer.h); the
@@ -30,11 +32,13 @@
 // buffer (nn/flat_parameters.h), so that buffer still exists on every rank during backward;
 // only the averaged gradient is kept as a shard. memory() counts both, truthfully.
 //
-// The parameter all-gather runs right after the step, bucket by bucket, and the host waits for
-// it: nanoddp's modules have no forward pre-hooks to wait on a bucket just before the first
-// layer that reads it, and the trainer reads parameters between steps (NaN checks,
-// checkpoints). docs/ddp-internals.md, "ZeRO", says what an overlap with the next forward
-// would need.
+// The all-gathers go through a staging buffer of W+1 pieces of at most kGatherPiece elements
+// (the interface's all-gather wants its output contiguous, and this rank's input apart), so
+// their extra memory is bounded whatever the bucket size. The parameter all-gather runs right
+// after the step, bucket by bucket, and the host waits for it: nanoddp's modules have no forward
+// pre-hooks to wait on a bucket just before the first layer that reads it, and the trainer reads
+// parameters between steps (NaN checks, checkpoints). docs/ddp-internals.md, "ZeRO", says what an
+// overlap with the next forward would need.
 
 #include <cstdint>
 #include <memory>
@@ -52,7 +56,8 @@ namespace nanoddp::comm {
 struct ZeroMemory {
   std::int64_t parameter_bytes = 0;
   // The flat gradient buffer autograd writes into (always whole), plus under stage 2 the
-  // shard of averaged gradients and the staging buffers of the reduce-scatter.
+  // shard of averaged gradients. (Not counted, with or without ZeRO: the bf16 hook's
+  // compressed copy of each bucket, half these bytes.)
   std::int64_t gradient_bytes = 0;
   std::int64_t averaged_gradient_bytes = 0;  // what the optimizer reads: whole, or the shard
   std::int64_t optimizer_state_bytes = 0;
@@ -62,6 +67,9 @@ ZeroMemory unsharded_memory(const nn::FlatParameters& params, const nn::Optimize
 
 class Zero {
  public:
+  // Elements per rank of one all-gather (256 KiB of float32): the bound on its staging.
+  static constexpr std::int64_t kGatherPiece = std::int64_t{1} << 16;
+
   // Shards `optimizer` (its state so far, e.g. loaded from a checkpoint, is cut to this rank's
   // chunks). `buckets` are the Reducer's, fixed from now on.
   Zero(int stage, nn::FlatParameters& params, nn::Optimizer& optimizer,
@@ -78,8 +86,9 @@ class Zero {
   // Stage 2, from the Reducer: bucket b's gradients (bucket.grads) reduce-scattered, averaged,
   // into this rank's chunk of the shard gradient buffer.
   std::shared_ptr<Work> reduce_scatter(std::size_t b, const Bucket& bucket);
-  // Stage 2, after that collective's wait: the bf16 hook's chunk expanded to float32.
-  void bucket_scattered(std::size_t b);
+  // Stage 2, after that collective's wait: the left-over elements into the last rank's shard,
+  // and the bf16 hook's chunk expanded to float32.
+  void bucket_scattered(std::size_t b, const Bucket& bucket);
 
   // The averaged gradients this rank holds: stage 2 the shard buffer (c elements per bucket),
   // stage 1 the flat gradient buffer.
@@ -97,14 +106,15 @@ class Zero {
   struct Chunk {
     std::int64_t offset = 0;  // the bucket in the flat buffers
     std::int64_t numel = 0;
-    std::int64_t chunk = 0;  // ceil(numel / W)
-    std::int64_t own = 0;    // elements of this rank's chunk (<= chunk, may be 0)
-    std::int64_t local = 0;  // the chunk in the shard buffers
+    std::int64_t q = 0;      // floor(numel / W): every rank's chunk
+    std::int64_t tail = 0;   // numel - W*q, owned by the last rank too
+    std::int64_t own = 0;    // this rank's elements: q, or q + tail on the last rank
+    std::int64_t local = 0;  // where they sit in the shard buffers
   };
-  // All-gathers every bucket of `shard` (shard layout) into `full` (flat layout).
-  void all_gather(const Tensor& shard, Tensor& full);
-  // A staging buffer of W * chunk elements for a bucket's uneven collectives.
-  Tensor& staging(std::size_t slot, DType dtype);
+  // All-gathers every bucket's chunks into `full` (flat layout); this rank's chunk of bucket c
+  // is read from mine(c).
+  template <typename Mine>
+  void all_gather(Mine mine, Tensor& full);
 
   int stage_;
   nn::FlatParameters& params_;
@@ -114,16 +124,9 @@ class Zero {
   int rank_, world_;
   std::vector<Chunk> chunks_;
   std::int64_t shard_numel_ = 0;
-  std::int64_t max_padded_ = 0;  // max over buckets of W * chunk
-  Tensor shard_grads_;           // stage 2
-  Tensor shard_grads_bf16_;      // stage 2 with the bf16 hook: the reduce-scatter's output
-  // Stage 2: two staging buffers used in turn (a bucket waits for the one two before it), so
-  // that an uneven bucket's padded copy does not wait for the bucket just launched.
-  Tensor staging_[2];
-  Tensor staging_bf16_[2];
-  std::shared_ptr<Work> staging_work_[2];
-  Tensor zeros_;                   // W floats: the padding
-  Tensor gather_in_, gather_out_;  // step(): one bucket's chunk and its W chunks
+  Tensor shard_grads_;             // stage 2
+  Tensor shard_grads_bf16_;        // stage 2 with the bf16 hook: the reduce-scatter's output
+  Tensor gather_in_, gather_out_;  // one piece of this rank's chunk, and the W pieces
 };
 
 }  // namespace nanoddp::comm

@@ -689,10 +689,12 @@ int zero(comm::Distributed& dist, bool adam, bool bf16) {
       state[stage].insert(state[stage].end(), v.begin(), v.end());
     }
     if (ddp.zero() != nullptr) {
-      // Stage 1 and 2 hold ceil(n / W) elements of each state tensor per bucket.
+      // Stage 1 and 2 hold floor(n / W) elements of each state tensor per bucket, the last rank
+      // the n mod W left over too.
       std::int64_t expected = 0;
-      for (const comm::Bucket& b : ddp.reducer().buckets())
-        expected += (b.numel + world - 1) / world;
+      for (const comm::Bucket& b : ddp.reducer().buckets()) {
+        expected += b.numel / world + (rank == world - 1 ? b.numel % world : 0);
+      }
       const comm::ZeroMemory memory = ddp.zero()->memory();
       const std::int64_t tensors = adam ? 2 : 1;
       EXPECT(memory.optimizer_state_bytes == expected * 4 * tensors,
@@ -721,8 +723,12 @@ int zero(comm::Distributed& dist, bool adam, bool bf16) {
     EXPECT(values[stage].size() == values[0].size() && state[stage].size() == state[0].size(),
            "stage {}: sizes differ", stage);
     const double dv = relative(values[0], values[stage]), ds = relative(state[0], state[stage]);
-    EXPECT(dv <= 1e-6 && ds <= 1e-6, "stage {}: parameters {} and state {} away from stage 0",
-           stage, dv, ds);
+    // The bf16 hook's reduce-scatter sums in bf16 in another order than its all-reduce (each
+    // partial sum rounded to bf16): stage 2 is then a bf16 rounding away, not a float32 one.
+    const double tolerance = bf16 && stage == 2 ? 2e-3 : 1e-6;
+    EXPECT(dv <= tolerance && ds <= tolerance,
+           "stage {}: parameters {} and state {} away from stage 0 (tolerance {})", stage, dv, ds,
+           tolerance);
     fmt::print("zero stage {} equals stage 0 (parameters {:.1e}, optimizer state {:.1e})\n", stage,
                dv, ds);
   }

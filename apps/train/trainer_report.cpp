@@ -149,6 +149,7 @@ void Trainer::print_banner() const {
           "ddp: backend {} | {} buckets (first {} MiB, then {} MiB) | overlap {} | hook {}\n",
           dist_->group->backend_name(), ddp_->reducer().buckets().size(), o_.first_bucket_mb,
           o_.bucket_cap_mb, o_.overlap ? "on" : "off", o_.comm_hook);
+      if (ddp_->zero() != nullptr) fmt::print("{}\n", ddp_->zero()->describe());
     }
   }
 }

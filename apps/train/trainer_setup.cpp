@@ -203,9 +203,6 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
                                      .overlap = o_.overlap},
                          .zero_stage = o_.zero},
         optimizer_.get());
-    if (ddp_->zero() != nullptr && !o_.quiet && is_main()) {
-      fmt::print("{}\n", ddp_->zero()->describe());
-    }
   }
   if (o_.optimizer_in_backward) {
     // Single process: each parameter's own hook updates it. Under DDP its gradient is final only

@@ -774,7 +774,8 @@ int main(int argc, char** argv) {
         stderr,
         "usage: {} "
         "unused|unused-no-sync|unused-one-rank|mismatch|reconfigure-mismatch|reconfigure-recovers|"
-        "no-sync|overlap|bf16|skip-step|two-tower [--find-unused|--adamw]\n",
+        "no-sync|overlap|bf16|skip-step|two-tower|zero|zero-refusals "
+        "[--find-unused|--adamw|--bf16]\n",
         argv[0]);
     return 2;
   }

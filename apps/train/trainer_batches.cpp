@@ -155,8 +155,8 @@ float* Trainer::target_rows(std::int64_t rows) {
 
 void Trainer::finish_targets(std::int64_t rows) {
   if (!classify()) return;
-  auto* out = device_.is_cpu() ? y_.data_i64()
-                               : static_cast<std::int64_t*>(staging_[staging_index_].y.data());
+  auto* out =
+      device_.is_cpu() ? y_.data_i64() : static_cast<std::int64_t*>(staging_[staging_index_].y.data());
   for (std::int64_t k = 0; k < rows; ++k) {
     out[k] = static_cast<std::int64_t>(class_scratch_[static_cast<std::size_t>(k)]);
   }

@@ -10,7 +10,8 @@ namespace nanoddp::comm {
 
 namespace {
 
-std::vector<std::string> describe(const ReducerOptions& options, bool broadcast_parameters) {
+std::vector<std::string> describe(const ReducerOptions& options, bool broadcast_parameters,
+                                  int zero_stage) {
   return {fmt::format("bucket_cap_mb={}", options.bucket_cap_mb),
           fmt::format("first_bucket_mb={}", options.first_bucket_mb),
           fmt::format("find_unused_parameters={}", options.find_unused_parameters),
@@ -18,7 +19,8 @@ std::vector<std::string> describe(const ReducerOptions& options, bool broadcast_
           fmt::format("overlap={}", options.overlap),
           fmt::format("check_steps={}", options.check_steps),
           fmt::format("rebuild_buckets={}", options.rebuild_buckets),
-          fmt::format("broadcast_parameters={}", broadcast_parameters)};
+          fmt::format("broadcast_parameters={}", broadcast_parameters),
+          fmt::format("zero_stage={}", zero_stage)};
 }
 
 }  // namespace
@@ -26,13 +28,25 @@ std::vector<std::string> describe(const ReducerOptions& options, bool broadcast_
 DistributedDataParallel::DistributedDataParallel(nn::Module& module, nn::FlatParameters& params,
                                                  std::shared_ptr<ProcessGroup> group,
                                                  std::shared_ptr<Store> store,
-                                                 const DdpOptions& options)
+                                                 const DdpOptions& options,
+                                                 nn::Optimizer* optimizer)
     : module_(module),
       params_(params),
       group_(std::move(group)),
       store_(std::move(store)),
       options_(options) {
   NANODDP_CHECK(group_ != nullptr && store_ != nullptr, "DDP needs a process group and a store");
+  if (options.zero_stage < 0 || options.zero_stage > 2) {
+    fail("DdpOptions::zero_stage {}: expected 0, 1 or 2", options.zero_stage);
+  }
+  if (options.zero_stage > 0) {
+    if (optimizer == nullptr) {
+      fail("DdpOptions::zero_stage {} shards the optimizer: pass it to DDP's constructor",
+           options.zero_stage);
+    }
+    // The buckets define who owns which chunk: they must never be cut again.
+    options_.reducer.rebuild_buckets = false;
+  }
   // 1. Every rank must hold the same model and settings, or the collectives below would pair
   //    up different buffers. Each DDP instance gets its own key space in the store.
   const std::int64_t instance = store_->add("ddp/instances/" + std::to_string(group_->rank()), 1);
@@ -44,7 +58,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, nn::FlatPar
   }
   check_same_on_all_ranks(*store_, group_->rank(), group_->size(), key_ + "/parameters",
                           "parameter", description);
-  check_settings(options.reducer);
+  check_settings(options_.reducer);
 
   // 2. Start from rank 0's parameters.
   if (options.broadcast_parameters) {
@@ -53,8 +67,15 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, nn::FlatPar
   }
 
   // 3. Buckets and hooks.
-  reducer_ = std::make_unique<Reducer>(params, group_, options.reducer);
+  reducer_ = std::make_unique<Reducer>(params, group_, options_.reducer);
   agree_order_through_store();
+
+  // 4. ZeRO: the optimizer sharded along the buckets (zero.h).
+  if (options_.zero_stage > 0) {
+    zero_ = std::make_unique<Zero>(options_.zero_stage, params, *optimizer, group_,
+                                   reducer_->buckets(), options_.reducer.comm_hook);
+    reducer_->set_zero(zero_.get());
+  }
 }
 
 void DistributedDataParallel::agree_order_through_store() {
@@ -80,7 +101,7 @@ void DistributedDataParallel::agree_order_through_store() {
 void DistributedDataParallel::check_settings(const ReducerOptions& options) {
   check_same_on_all_ranks(*store_, group_->rank(), group_->size(),
                           fmt::format("{}/settings/{}", key_, generation_++), "DDP setting",
-                          describe(options, options_.broadcast_parameters));
+                          describe(options, options_.broadcast_parameters, options_.zero_stage));
 }
 
 void DistributedDataParallel::reconfigure(const ReducerOptions& options) {
@@ -88,6 +109,12 @@ void DistributedDataParallel::reconfigure(const ReducerOptions& options) {
     fail(
         "DistributedDataParallel::reconfigure: called during a backward pass; call it between "
         "steps");
+  }
+  if (zero_) {
+    fail(
+        "DistributedDataParallel::reconfigure: not under ZeRO (zero_stage {}): the optimizer's "
+        "shards follow the buckets",
+        options_.zero_stage);
   }
   check_settings(options);
   const bool sync = reducer_->sync();

@@ -17,6 +17,12 @@
 // (ReducerOptions::rebuild_buckets; the order travels through the store). With
 // find_unused_parameters, forward walks its output's graph so that the backward that follows
 // need not wait for the parameters it cannot reach (Reducer::prepare_for_backward).
+//
+// ZeRO (zero.h): with zero_stage 1 or 2 the DDP also takes the optimizer, shards its state
+// (each rank keeps 1/W), and the step is ddp.zero()->step() instead of optimizer.step():
+//
+//   comm::DistributedDataParallel ddp(model, params, group, store, {.zero_stage = 2}, &sgd);
+//   for (...) { sgd.zero_grad(); mse_loss(ddp(x), y).backward(); ddp.zero()->step(); }
 
 #include <memory>
 #include <span>
@@ -27,8 +33,10 @@
 #include "nanoddp/comm/process_group.h"
 #include "nanoddp/comm/reducer.h"
 #include "nanoddp/comm/store.h"
+#include "nanoddp/comm/zero.h"
 #include "nanoddp/nn/flat_parameters.h"
 #include "nanoddp/nn/module.h"
+#include "nanoddp/nn/optimizer.h"
 
 namespace nanoddp::comm {
 
@@ -38,13 +46,17 @@ struct DdpOptions {
   ReducerOptions reducer;
   // Start from rank 0's parameters (PyTorch always does; off when every rank loaded the same).
   bool broadcast_parameters = true;
+  // 0: every rank keeps the whole optimizer state and averaged gradient. 1: the optimizer state
+  // sharded over the ranks. 2: the averaged gradients too (zero.h). Turns rebuild_buckets off:
+  // the buckets define which rank owns what.
+  int zero_stage = 0;
 };
 
 class DistributedDataParallel {
  public:
   DistributedDataParallel(nn::Module& module, nn::FlatParameters& params,
                           std::shared_ptr<ProcessGroup> group, std::shared_ptr<Store> store,
-                          const DdpOptions& options = {});
+                          const DdpOptions& options = {}, nn::Optimizer* optimizer = nullptr);
 
   Tensor forward(const Tensor& x) {
     reducer_->note_forward();  // compared across ranks every step (step_check.h)
@@ -95,7 +107,11 @@ class DistributedDataParallel {
   // hook, ...), as a scaling study sweeping bucket sizes on one live model does. Every rank must
   // call it, with the same options (checked, like the constructor's settings). no_sync state and
   // the bucket-reduced hook carry over; the old Reducer's hooks are removed.
+  // Not under ZeRO (its shards follow the buckets).
   void reconfigure(const ReducerOptions& options);
+
+  // ZeRO's step, memory and checkpoint state; null with zero_stage 0.
+  Zero* zero() { return zero_.get(); }
 
   Reducer& reducer() { return *reducer_; }
   ProcessGroup& group() { return *group_; }
@@ -111,8 +127,9 @@ class DistributedDataParallel {
   std::shared_ptr<ProcessGroup> group_;
   std::shared_ptr<Store> store_;
   DdpOptions options_;
-  std::string key_;     // this instance's key space in the store
-  int generation_ = 0;  // settings checks so far (the constructor's is 0)
+  std::string key_;             // this instance's key space in the store
+  int generation_ = 0;          // settings checks so far (the constructor's is 0)
+  std::unique_ptr<Zero> zero_;  // before reducer_: the Reducer's collectives use its buffers
   std::unique_ptr<Reducer> reducer_;
 };
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "nanoddp/comm/bucket_assignment.h"
+#include "nanoddp/comm/zero.h"
 #include "nanoddp/engine/autograd.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/debug_log.h"
@@ -76,6 +77,24 @@ Reducer::~Reducer() {
   // the parameters (a rebuilt Reducer registers its own).
   wait_for_launched();
   for (HookHandle& hook : autograd_hooks_) hook.remove_quietly();
+}
+
+void Reducer::set_bucket_reduced_hook(BucketReducedHook hook) {
+  if (zero_ != nullptr && hook) {
+    fail(
+        "the bucket-reduced hook (the optimizer in backward) does not combine with ZeRO: under "
+        "ZeRO each rank updates its shard after backward; use zero stage 0 or no hook");
+  }
+  bucket_reduced_hook_ = std::move(hook);
+}
+
+void Reducer::set_zero(Zero* zero) {
+  NANODDP_CHECK(!observing_ && !rebuilt_, "ZeRO needs buckets that are never rebuilt");
+  if (zero != nullptr && bucket_reduced_hook_) {
+    fail("ZeRO does not combine with the bucket-reduced hook (the optimizer in backward)");
+  }
+  zero_ = zero;
+  scatter_ = zero != nullptr && zero->stage() == 2;
 }
 
 void Reducer::set_buckets(const std::vector<std::vector<std::size_t>>& members) {
@@ -281,6 +300,11 @@ void Reducer::launch_ready_buckets() {
 void Reducer::all_reduce_bucket(std::size_t b) {
   Bucket& bucket = buckets_[b];
   timeline_.bucket_launched(b, bucket.numel, finalizing_);
+  if (scatter_) {
+    // ZeRO-2: this rank keeps only the average of its own chunk (zero.h).
+    works_[b] = zero_->reduce_scatter(b, bucket);
+    return;
+  }
   if (bucket.packed) pack(b);
   if (options_.comm_hook == CommHook::kBf16) {
     backend_for(bucket.grads.device())
@@ -453,6 +477,7 @@ std::exception_ptr Reducer::wait_for_buckets() {
 void Reducer::bucket_reduced(std::size_t b) {
   // all_reduce_bucket's preparation undone: back to float32, back into the flat buffer.
   Bucket& bucket = buckets_[b];
+  if (scatter_) return zero_->bucket_scattered(b, bucket);
   if (options_.comm_hook == CommHook::kBf16) {
     backend_for(bucket.grads.device())
         .bf16_to_f32(static_cast<const std::uint16_t*>(bucket.compressed.raw_data()),

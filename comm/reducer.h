@@ -61,6 +61,8 @@ enum class CommHook {
 CommHook parse_comm_hook(const std::string& name);
 const char* comm_hook_name(CommHook hook);
 
+class Zero;  // zero.h
+
 struct ReducerOptions {
   double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;
@@ -131,7 +133,8 @@ class Reducer {
   // synchronized passes reduce, so only they call it. The time the hook takes is not counted as
   // exposed communication.
   using BucketReducedHook = std::function<void(const Bucket& bucket)>;
-  void set_bucket_reduced_hook(BucketReducedHook hook) { bucket_reduced_hook_ = std::move(hook); }
+  // Not under ZeRO (set_zero): the optimizer in backward would update whole buckets.
+  void set_bucket_reduced_hook(BucketReducedHook hook);
   const BucketReducedHook& bucket_reduced_hook() const { return bucket_reduced_hook_; }
   // True from the first gradient hook of a synchronized pass until its finalize has ended.
   bool in_backward() const { return in_backward_; }
@@ -143,6 +146,9 @@ class Reducer {
   using OrderAgreement =
       std::function<std::vector<std::size_t>(const std::vector<std::size_t>& observed)>;
   void set_order_agreement(OrderAgreement agreement) { agree_order_ = std::move(agreement); }
+  // ZeRO (zero.h), set by DDP: under stage 2 each bucket is reduce-scattered by `zero` instead
+  // of all-reduced. The buckets must stay as they are (no rebuild_buckets).
+  void set_zero(Zero* zero);
 
  private:
   // The algorithm, in PyTorch's reducer's words (docs/ddp-internals.md, "Names").
@@ -183,6 +189,8 @@ class Reducer {
   std::shared_ptr<Reducer*> alive_;          // the autograd hooks hold weak handles to it
   std::vector<HookHandle> autograd_hooks_;   // removed by the destructor: nothing is left behind
   BucketReducedHook bucket_reduced_hook_;
+  Zero* zero_ = nullptr;
+  bool scatter_ = false;                   // ZeRO stage 2
   std::unique_ptr<StepCheck> step_check_;  // null with one rank or check_steps off
   std::uint64_t forward_calls_ = 0;
   std::uint64_t synchronized_passes_ = 0;

@@ -32,12 +32,13 @@ struct HostTensor {
   std::vector<float> values;
 };
 
-std::vector<HostTensor> gather(const Module& model, const Optimizer& optimizer) {
+std::vector<HostTensor> gather(const Module& model, const Optimizer& optimizer,
+                               const std::vector<NamedTensor>* optimizer_state = nullptr) {
   std::vector<HostTensor> out;
   for (const NamedTensor& p : model.named_parameters()) {
     out.push_back({p.name, p.tensor, {}});
   }
-  for (const NamedTensor& s : optimizer.state()) {
+  for (const NamedTensor& s : optimizer_state ? *optimizer_state : optimizer.state()) {
     out.push_back({kOptimizerPrefix + s.name, s.tensor, {}});
   }
   std::sort(out.begin(), out.end(),
@@ -133,13 +134,19 @@ std::vector<std::int64_t> parse_param_steps(const std::string& path, const std::
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, const Module& model, const Optimizer& optimizer,
-                            const TrainingState& state, int keep) {
+                            const TrainingState& state, int keep,
+                            const std::vector<NamedTensor>* optimizer_state) {
+  if (optimizer.sharded() && optimizer_state == nullptr) {
+    fail(
+        "save_checkpoint: the optimizer is sharded (ZeRO) and holds only its shard of the state; "
+        "pass the whole state (comm::Zero::full_optimizer_state())");
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fail("cannot create the checkpoint directory '{}': {}", dir, ec.message());
   remove_stale_temporaries(dir);
 
-  std::vector<HostTensor> tensors = gather(model, optimizer);
+  std::vector<HostTensor> tensors = gather(model, optimizer, optimizer_state);
   std::vector<SafetensorsEntry> entries;
   std::vector<std::pair<std::string, std::span<const std::byte>>> bytes;
   for (HostTensor& t : tensors) {
@@ -308,6 +315,12 @@ void load_parameters(const std::string& path, Module& model) {
 
 TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer& optimizer) {
   debug_log(DebugLevel::kInfo, "checkpoint: loading {}", path);
+  if (optimizer.sharded()) {
+    fail(
+        "checkpoint '{}': the optimizer is sharded (ZeRO); load the checkpoint into the whole "
+        "optimizer before DDP shards it",
+        path);
+  }
   const SafetensorsFile file = read_safetensors(path);
   const auto& md = file.metadata();
   if (md.find("format") == md.end() || md.at("format") != "nanoddp-checkpoint") {

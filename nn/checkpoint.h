@@ -40,8 +40,12 @@ struct TrainingState {
 // of the checkpoints with the same run_id at earlier steps, so that `keep` of them remain
 // (checkpoints of other runs, or unreadable ones, are never removed). An existing file of the
 // same name is never overwritten: that is an Error naming it. Returns the path written.
+// A sharded optimizer (ZeRO, comm/zero.h) holds only its shard: `optimizer_state` then gives
+// the whole state in the flat layout (comm::Zero::full_optimizer_state()), so that the file is
+// the same as without ZeRO and resumes at any world size and stage.
 std::string save_checkpoint(const std::string& dir, const Module& model, const Optimizer& optimizer,
-                            const TrainingState& state, int keep);
+                            const TrainingState& state, int keep,
+                            const std::vector<NamedTensor>* optimizer_state = nullptr);
 
 // All step-*.safetensors files in `dir`, oldest first (by step number).
 std::vector<std::string> list_checkpoints(const std::string& dir);
@@ -52,7 +56,8 @@ std::optional<std::int64_t> checkpoint_step_from_name(const std::string& filenam
 // Loads `path` into the model's parameters and the optimizer's state, after checking the
 // format version, the checksum, and that every tensor exists with the right shape. Any problem
 // is an Error naming the file and what is wrong; the model is untouched then. A file named
-// step-N.safetensors must record step N.
+// step-N.safetensors must record step N. Into a whole (not yet sharded) optimizer: ZeRO shards
+// what was loaded.
 TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer& optimizer);
 
 // Loads `path`, a safetensors file of parameters named as the model names them, into the model:

@@ -18,6 +18,38 @@ void check_lr(float lr) {
 Optimizer::Optimizer(FlatParameters& params)
     : params_(params), param_steps_(params.slots().size(), 0), all_slots_(params.slots().size()) {
   for (std::size_t i = 0; i < all_slots_.size(); ++i) all_slots_[i] = i;
+  shard_.ranges = {{.offset = 0, .numel = params.numel(), .local = 0}};
+  shard_.numel = params.numel();
+}
+
+std::int64_t Optimizer::state_bytes() const {
+  std::int64_t bytes = 0;
+  for (const NamedTensor& s : state()) bytes += static_cast<std::int64_t>(s.tensor.nbytes());
+  return bytes;
+}
+
+void Optimizer::shard(OptimizerShard shard) {
+  NANODDP_CHECK(!sharded_, "optimizer sharded twice");
+  std::int64_t end = 0;
+  for (const ShardRange& r : shard.ranges) {
+    NANODDP_CHECK(r.numel >= 0 && r.offset >= end && r.offset + r.numel <= params_.numel() &&
+                      r.local >= 0 && r.local + r.numel <= shard.numel,
+                  "optimizer shard range [{}, +{}) at {} does not fit", r.offset, r.numel, r.local);
+    end = r.offset + r.numel;
+  }
+  NANODDP_CHECK(!shard.grads.defined() || shard.grads.numel() >= shard.numel,
+                "optimizer shard gradients hold {} elements, the shard {}", shard.grads.numel(),
+                shard.numel);
+  for (Tensor* state : mutable_state()) {
+    if (!state->defined()) continue;
+    Tensor part = Tensor::zeros({shard.numel}, params_.device());
+    for (const ShardRange& r : shard.ranges) {
+      if (r.numel > 0) part.view(r.local, {r.numel}).copy_from(state->view(r.offset, {r.numel}));
+    }
+    *state = part;
+  }
+  shard_ = std::move(shard);
+  sharded_ = true;
 }
 
 void Optimizer::step() {
@@ -31,8 +63,13 @@ void Optimizer::update(std::span<const std::size_t> slots) {
   // Runs of parameters that are neighbours in the flat buffers, all with a gradient and at the
   // same step, go to one kernel: with every parameter used, the whole model is one run.
   std::int64_t run_offset = 0, run_numel = 0, run_step = 0;
+  // Each run is cut to the shard's ranges (unsharded: the one range of the whole buffer).
   auto flush = [&] {
-    if (run_numel > 0) update_slice(run_offset, run_numel, run_step);
+    for (const ShardRange& r : shard_.ranges) {
+      const std::int64_t from = std::max(run_offset, r.offset);
+      const std::int64_t to = std::min(run_offset + run_numel, r.offset + r.numel);
+      if (from < to) update_slice(from, r.local + (from - r.offset), to - from, run_step);
+    }
     run_numel = 0;
   };
   for (const std::size_t i : slots) {
@@ -76,13 +113,18 @@ SGD::SGD(FlatParameters& params, const SgdOptions& options) : Optimizer(params),
   if (options.momentum != 0.0f) momentum_buffer_ = Tensor::zeros({params.numel()}, params.device());
 }
 
-void SGD::update_slice(std::int64_t offset, std::int64_t numel, std::int64_t step) {
+void SGD::update_slice(std::int64_t offset, std::int64_t local, std::int64_t numel,
+                       std::int64_t step) {
   // PyTorch starts the momentum buffer from the parameter's first gradient.
   const bool first_step = step == 1;
   backend_for(params_.device())
-      .sgd_step(params_.values().data() + offset, params_.grads().data() + offset,
-                momentum_buffer_.defined() ? momentum_buffer_.data() + offset : nullptr, numel,
+      .sgd_step(params_.values().data() + offset, grad_at(offset, local),
+                momentum_buffer_.defined() ? momentum_buffer_.data() + local : nullptr, numel,
                 options_, first_step);
+}
+
+std::vector<Tensor*> SGD::mutable_state() {
+  return {&momentum_buffer_};
 }
 
 std::vector<NamedTensor> SGD::state() const {
@@ -110,7 +152,8 @@ AdamW::AdamW(FlatParameters& params, const AdamWOptions& options)
   exp_avg_sq_ = Tensor::zeros({params.numel()}, params.device());
 }
 
-void AdamW::update_slice(std::int64_t offset, std::int64_t numel, std::int64_t step) {
+void AdamW::update_slice(std::int64_t offset, std::int64_t local, std::int64_t numel,
+                         std::int64_t step) {
   const kernels::AdamWHyper hyper{.lr = options_.lr,
                                   .beta1 = options_.beta1,
                                   .beta2 = options_.beta2,
@@ -118,8 +161,12 @@ void AdamW::update_slice(std::int64_t offset, std::int64_t numel, std::int64_t s
                                   .weight_decay = options_.weight_decay,
                                   .step = step};
   backend_for(params_.device())
-      .adamw_step(params_.values().data() + offset, params_.grads().data() + offset,
-                  exp_avg_.data() + offset, exp_avg_sq_.data() + offset, numel, hyper);
+      .adamw_step(params_.values().data() + offset, grad_at(offset, local), exp_avg_.data() + local,
+                  exp_avg_sq_.data() + local, numel, hyper);
+}
+
+std::vector<Tensor*> AdamW::mutable_state() {
+  return {&exp_avg_, &exp_avg_sq_};
 }
 
 std::vector<NamedTensor> AdamW::state() const {

@@ -41,6 +41,13 @@ std::string check(const TrainOptions& o) {
            "applied during backward, before the step's loss and gradients can be checked; drop "
            "one of the two";
   }
+  if (o.zero > 0 && o.optimizer_in_backward) {
+    return fmt::format(
+        "--zero {} cannot be combined with --optimizer-in-backward: under ZeRO each rank updates "
+        "its shard after backward and the ranks then all-gather the parameters; drop one of the "
+        "two",
+        o.zero);
+  }
   if (o.gemm == "cublas" && o.device == "cpu") {
     return "--gemm cublas needs --device cuda (on the CPU use --gemm hand or --gemm eigen)";
   }
@@ -179,6 +186,11 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
       ->capture_default_str();
   app.add_flag("--find-unused-parameters", o.find_unused_parameters,
                "zero-fill and reduce gradients of parameters unused in a step");
+  app.add_option("--zero", o.zero,
+                 "ZeRO stage: 0 plain DDP, 1 optimizer state sharded over the ranks, 2 the "
+                 "averaged gradients too (reduce-scatter instead of all-reduce)")
+      ->check(CLI::IsMember({0, 1, 2}))
+      ->capture_default_str();
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "directory of step-N.safetensors checkpoints");
   app.add_option("--checkpoint-every", o.checkpoint_every, "save a checkpoint every N steps")

@@ -59,6 +59,8 @@ struct TrainOptions {
   std::int64_t grad_accum = 1;
   std::string comm_hook = "allreduce";
   bool find_unused_parameters = false;
+  // ZeRO: 0 plain DDP, 1 optimizer state sharded over the ranks, 2 the averaged gradients too.
+  int zero = 0;
 
   // Checkpoints and timelines.
   std::string checkpoint_dir;

@@ -83,7 +83,7 @@ float Trainer::train_step(std::int64_t step, Window& window) {
     keep_health(health, step);
     if (!optimizer_in_backward_) {
       TraceSpan span("optimizer step", TraceTrack::kCompute, device_);
-      optimizer_->step();
+      optimizer_step();
     }
   } else {
     loss = apply_health(read_health(health, step), step);
@@ -110,6 +110,19 @@ float Trainer::train_step(std::int64_t step, Window& window) {
     if (device_.is_cpu()) window.backward_ms -= stats.exposed_comm_ms;
   }
   return loss;
+}
+
+void Trainer::optimizer_step() {
+  if (ddp_ && ddp_->zero() != nullptr) {
+    ddp_->zero()->step();
+  } else {
+    optimizer_->step();
+  }
+}
+
+comm::ZeroMemory Trainer::memory() const {
+  if (ddp_ && ddp_->zero() != nullptr) return ddp_->zero()->memory();
+  return comm::unsharded_memory(*params_, *optimizer_);
 }
 
 Tensor Trainer::loss_of(const Tensor& output) const {

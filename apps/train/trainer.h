@@ -74,6 +74,11 @@ class Trainer {
   void resize_batch(std::int64_t rows);
   void upload_batch();         // CUDA: the host staging buffers into x_ and y_, asynchronously
   void next_staging_buffer();  // CUDA: a free staging buffer for the next micro-batch
+  // The optimizer's update: optimizer.step(), or under --zero the step on this rank's shard and
+  // the all-gather of the parameters.
+  void optimizer_step();
+  // The bytes of parameters, gradients and optimizer state this rank holds (--metrics).
+  comm::ZeroMemory memory() const;
   // One optimizer step; returns the loss averaged over the ranks.
   float train_step(std::int64_t step, Window& window);
   // Every rank's loss of a step (index = rank), and whether the averaged gradients were finite:

@@ -128,6 +128,11 @@ std::string Trainer::task_description() const {
 
 void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch) {
   require_finite_parameters(step, "checkpoint");  // on every rank: they hold the same values
+  // --zero: each rank holds a shard of the optimizer's state; every rank takes part in
+  // gathering it whole, so that the file is the one --zero 0 writes (any world size and stage
+  // resumes it).
+  std::optional<std::vector<nn::NamedTensor>> full_state;
+  if (ddp_ && ddp_->zero() != nullptr) full_state = ddp_->zero()->full_optimizer_state();
   if (!is_main()) return;
   nn::TrainingState state{.step = step,
                           .epoch = epoch,
@@ -147,7 +152,8 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
     state.epoch += 1;
     state.epoch_samples = 0;
   }
-  nn::save_checkpoint(o_.checkpoint_dir, *model_, *optimizer_, state, o_.keep);
+  nn::save_checkpoint(o_.checkpoint_dir, *model_, *optimizer_, state, o_.keep,
+                      full_state ? &*full_state : nullptr);
 }
 
 // The loss and the gradients can be finite while the update itself overflows (a huge --lr):

@@ -30,7 +30,7 @@ float Trainer::apply_health(const StepHealth& health, std::int64_t step) {
   if (bad_ranks.empty() && health.grads_finite) {
     if (!optimizer_in_backward_) {
       TraceSpan span("optimizer step", TraceTrack::kCompute, device_);
-      optimizer_->step();
+      optimizer_step();
     }
   } else {
     // "nan", not "-nan": the sign of a NaN means nothing.
@@ -88,7 +88,10 @@ Tensor Trainer::gather_health(const Tensor& local_loss, const Tensor& local_corr
     backend.fill(values.data() + w + me, 1,
                  static_cast<float>(optimizer_in_backward_->nonfinite_gradients()));
   } else {
-    const Tensor grads = params_->grads();
+    // Under --zero 2 this rank holds only its shard of the averaged gradients: the all-reduce
+    // below sums the ranks' counts into the count of the whole.
+    const Tensor grads =
+        ddp_ && ddp_->zero() != nullptr ? ddp_->zero()->averaged_gradients() : params_->grads();
     backend.count_nonfinite(grads.data(), grads.numel(), values.data() + w + me);
   }
   if (distributed_) {
@@ -169,6 +172,12 @@ Trainer::StepHealth Trainer::read_health(const Tensor& values, std::int64_t step
 // Which parameters hold the NaN/Inf values, for the error message (a rare path: one count per
 // parameter). After the all-reduce the gradients are the same on every rank.
 std::string Trainer::describe_nonfinite_grads() const {
+  if (ddp_ && ddp_->zero() != nullptr && ddp_->zero()->stage() == 2) {
+    // No rank holds the whole averaged gradient, so no per-parameter count.
+    return fmt::format(
+        "{} NaN/Inf value(s) in rank {}'s shard of the averaged gradients (--zero 2)",
+        count_nonfinite(ddp_->zero()->averaged_gradients()), rank_);
+  }
   std::vector<std::string> parts;
   for (const nn::ParameterSlot& slot : params_->slots()) {
     if (!slot.param.has_grad()) continue;

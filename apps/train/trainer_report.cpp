@@ -76,6 +76,14 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, std::option
           w.comm_ms > 0 ? std::clamp(1.0 - w.exposed_comm_ms / w.comm_ms, 0.0, 1.0) : 0.0;
     }
     if (o_.skip_nonfinite) line["skipped_steps"] = skipped_steps_;
+    // What this rank (rank 0) holds. gradient_bytes counts the flat buffer autograd writes
+    // into, whole even under --zero 2; averaged_gradient_bytes what the optimizer reads.
+    const comm::ZeroMemory memory_held = memory();
+    line["zero_stage"] = ddp_ && ddp_->zero() != nullptr ? ddp_->zero()->stage() : 0;
+    line["parameter_bytes"] = memory_held.parameter_bytes;
+    line["gradient_bytes"] = memory_held.gradient_bytes;
+    line["averaged_gradient_bytes"] = memory_held.averaged_gradient_bytes;
+    line["optimizer_state_bytes"] = memory_held.optimizer_state_bytes;
     write_metrics_line(line.dump());
   }
 }
@@ -144,6 +152,7 @@ void Trainer::print_banner() const {
           "ddp: backend {} | {} buckets (first {} MiB, then {} MiB) | overlap {} | hook {}\n",
           dist_->group->backend_name(), ddp_->reducer().buckets().size(), o_.first_bucket_mb,
           o_.bucket_cap_mb, o_.overlap ? "on" : "off", o_.comm_hook);
+      if (ddp_->zero() != nullptr) fmt::print("{}\n", ddp_->zero()->describe());
     }
   }
 }

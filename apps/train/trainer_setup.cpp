@@ -210,7 +210,9 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
                                      .first_bucket_mb = o_.first_bucket_mb,
                                      .find_unused_parameters = o_.find_unused_parameters,
                                      .comm_hook = comm::parse_comm_hook(o_.comm_hook),
-                                     .overlap = o_.overlap}});
+                                     .overlap = o_.overlap},
+                         .zero_stage = o_.zero},
+        optimizer_.get());
   }
   if (o_.optimizer_in_backward) {
     // Single process: each parameter's own hook updates it. Under DDP its gradient is final only
@@ -254,6 +256,7 @@ void Trainer::check_same_settings() {
       fmt::format("--log-every {}", o_.log_every),
       fmt::format("--skip-nonfinite {}", o_.skip_nonfinite),
       fmt::format("--optimizer-in-backward {}", o_.optimizer_in_backward),
+      fmt::format("--zero {}", o_.zero),
       fmt::format("--checkpoint-every {} --resume {}", o_.checkpoint_every, o_.resume),
       fmt::format("--trace-steps {} (trace {})", o_.trace_steps, !o_.trace_path.empty()),
   };

@@ -1,0 +1,239 @@
+#include "nanoddp/comm/zero.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "nanoddp/engine/backend.h"
+#include "nanoddp/kernels/error.h"
+
+namespace nanoddp::comm {
+
+namespace {
+
+// One rank alone: a reduce-scatter is a copy, done before it is "launched".
+class DoneWork final : public Work {
+ public:
+  void wait() override {}
+  bool is_completed() override { return true; }
+  std::exception_ptr error() override { return nullptr; }
+  std::uint64_t sequence_number() const override { return 0; }
+  const std::string& op_name() const override { return name_; }
+
+ private:
+  std::string name_ = "local copy";
+};
+
+// A bucket's reduce-scatter and the all-reduce of its left-over elements, as one Work for the
+// Reducer (timed as the reduce-scatter).
+class BucketWork final : public Work {
+ public:
+  BucketWork(std::shared_ptr<Work> scatter, std::shared_ptr<Work> tail)
+      : scatter_(std::move(scatter)), tail_(std::move(tail)) {}
+  void wait() override {
+    scatter_->wait();
+    tail_->wait();
+  }
+  bool is_completed() override { return scatter_->is_completed() && tail_->is_completed(); }
+  std::exception_ptr error() override {
+    std::exception_ptr e = scatter_->error();
+    return e ? e : tail_->error();
+  }
+  std::uint64_t sequence_number() const override { return scatter_->sequence_number(); }
+  const std::string& op_name() const override { return scatter_->op_name(); }
+  std::optional<WorkTiming> timing() const override {
+    std::optional<WorkTiming> a = scatter_->timing(), b = tail_->timing();
+    if (!a || !b) return a;
+    return WorkTiming{.start = std::min(a->start, b->start), .end = std::max(a->end, b->end)};
+  }
+
+ private:
+  std::shared_ptr<Work> scatter_, tail_;
+};
+
+std::int64_t bytes(const Tensor& t) {
+  return t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0;
+}
+
+std::uint16_t* bf16_at(const Tensor& t, std::int64_t offset) {
+  return static_cast<std::uint16_t*>(t.raw_data()) + offset;
+}
+
+}  // namespace
+
+ZeroMemory unsharded_memory(const nn::FlatParameters& params, const nn::Optimizer& optimizer) {
+  return {.parameter_bytes = bytes(params.values()),
+          .gradient_bytes = bytes(params.grads()),
+          .averaged_gradient_bytes = bytes(params.grads()),
+          .optimizer_state_bytes = optimizer.state_bytes()};
+}
+
+Zero::Zero(int stage, nn::FlatParameters& params, nn::Optimizer& optimizer,
+           std::shared_ptr<ProcessGroup> group, const std::vector<Bucket>& buckets, CommHook hook)
+    : stage_(stage),
+      params_(params),
+      optimizer_(optimizer),
+      group_(std::move(group)),
+      hook_(hook),
+      rank_(group_->rank()),
+      world_(group_->size()) {
+  NANODDP_CHECK(stage == 1 || stage == 2, "ZeRO stage {} (expected 1 or 2)", stage);
+  // Rank r owns chunk r of every bucket (the last rank the left-over elements too); the
+  // chunks sit one after the other in the shard buffers.
+  std::int64_t max_q = 0;
+  std::vector<nn::ShardRange> ranges;
+  const bool last = rank_ == world_ - 1;
+  for (const Bucket& bucket : buckets) {
+    NANODDP_CHECK(!bucket.packed, "ZeRO needs buckets that are contiguous runs of the flat buffer");
+    Chunk c{.offset = bucket.offset, .numel = bucket.numel};
+    c.q = bucket.numel / world_;
+    c.tail = bucket.numel - c.q * world_;
+    c.own = c.q + (last ? c.tail : 0);
+    c.local = shard_numel_;
+    shard_numel_ += c.own;
+    max_q = std::max(max_q, c.q);
+    ranges.push_back({.offset = c.offset + rank_ * c.q, .numel = c.own, .local = c.local});
+    chunks_.push_back(c);
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const nn::ShardRange& a, const nn::ShardRange& b) { return a.offset < b.offset; });
+  const Device device = params.device();
+  if (stage_ == 2) {
+    shard_grads_ = Tensor::zeros({shard_numel_}, device);
+    if (hook_ == CommHook::kBf16) {
+      shard_grads_bf16_ = Tensor::empty({shard_numel_}, device, DType::kBF16);
+    }
+  }
+  if (world_ > 1) {
+    const std::int64_t piece = std::min(max_q, kGatherPiece);
+    gather_in_ = Tensor::zeros({piece}, device);
+    gather_out_ = Tensor::empty({piece * world_}, device);
+  }
+  optimizer_.shard({.ranges = std::move(ranges),
+                    .numel = shard_numel_,
+                    .grads = stage_ == 2 ? shard_grads_ : Tensor()});
+}
+
+std::shared_ptr<Work> Zero::reduce_scatter(std::size_t b, const Bucket& bucket) {
+  const Chunk& c = chunks_[b];
+  Backend& backend = backend_for(params_.device());
+  const bool bf16 = hook_ == CommHook::kBf16;
+  // The bucket as it goes on the wire: float32, or the bf16 hook's compressed copy.
+  if (bf16) {
+    backend.f32_to_bf16(bucket.grads.data(), bf16_at(bucket.compressed, 0), c.numel);
+  }
+  const Tensor& wire = bf16 ? bucket.compressed : bucket.grads;
+  if (world_ == 1) {
+    // The whole bucket is this rank's chunk (the bf16 hook still rounds, as its all-reduce).
+    if (bf16) {
+      backend.bf16_to_f32(bf16_at(bucket.compressed, 0), shard_grads_.data() + c.local, c.numel);
+    } else {
+      backend.copy(shard_grads_.data() + c.local, bucket.grads.data(),
+                   static_cast<std::size_t>(c.numel) * sizeof(float));
+    }
+    return std::make_shared<DoneWork>();
+  }
+  // Block r of the first W*q elements is rank r's chunk: reduced straight into this rank's
+  // shard, the bucket itself the input (nothing copied).
+  Tensor out = bf16 ? shard_grads_bf16_.view(c.local, {c.q}) : shard_grads_.view(c.local, {c.q});
+  std::shared_ptr<Work> scatter =
+      group_->reduce_scatter(wire.view(0, {c.q * world_}), out, ReduceOp::kAvg);
+  if (c.tail == 0) return scatter;
+  // The < W left-over elements: averaged in place; the last rank keeps them (bucket_scattered).
+  Tensor tail = wire.view(c.q * world_, {c.tail});
+  return std::make_shared<BucketWork>(std::move(scatter), group_->allreduce(tail, ReduceOp::kAvg));
+}
+
+void Zero::bucket_scattered(std::size_t b, const Bucket& bucket) {
+  if (world_ == 1) return;
+  const Chunk& c = chunks_[b];
+  Backend& backend = backend_for(params_.device());
+  const bool bf16 = hook_ == CommHook::kBf16;
+  if (bf16) {
+    backend.bf16_to_f32(bf16_at(shard_grads_bf16_, c.local), shard_grads_.data() + c.local, c.q);
+  }
+  if (c.own == c.q) return;  // not the last rank, or no left-over elements
+  const std::int64_t at = c.q * world_;
+  float* to = shard_grads_.data() + c.local + c.q;
+  if (bf16) {
+    backend.bf16_to_f32(bf16_at(bucket.compressed, at), to, c.tail);
+  } else {
+    backend.copy(to, bucket.grads.data() + at, static_cast<std::size_t>(c.tail) * sizeof(float));
+  }
+}
+
+const Tensor& Zero::averaged_gradients() const {
+  return stage_ == 2 ? shard_grads_ : params_.grads();
+}
+
+template <typename Mine>
+void Zero::all_gather(Mine mine, Tensor& full) {
+  Backend& backend = backend_for(params_.device());
+  const std::int64_t piece = gather_in_.numel();
+  for (const Chunk& c : chunks_) {
+    const float* own = mine(c);
+    // The W chunks of q elements, piece by piece: piece k of every rank's chunk in one
+    // all-gather, each copied from the staging buffer to where its chunk lies.
+    for (std::int64_t k = 0; k < c.q; k += piece) {
+      const std::int64_t len = std::min(piece, c.q - k);
+      backend.copy(gather_in_.data(), own + k, static_cast<std::size_t>(len) * sizeof(float));
+      Tensor in = gather_in_.view(0, {len});
+      Tensor out = gather_out_.view(0, {len * world_});
+      group_->allgather(in, out)->wait();
+      for (int r = 0; r < world_; ++r) {
+        backend.copy(full.data() + c.offset + r * c.q + k, gather_out_.data() + r * len,
+                     static_cast<std::size_t>(len) * sizeof(float));
+      }
+    }
+    if (c.tail == 0) continue;
+    // The left-over elements, from the last rank.
+    float* tail = full.data() + c.offset + c.q * world_;
+    if (rank_ == world_ - 1 && own + c.q != tail) {
+      backend.copy(tail, own + c.q, static_cast<std::size_t>(c.tail) * sizeof(float));
+    }
+    Tensor tail_view = full.view(c.offset + c.q * world_, {c.tail});
+    group_->broadcast(tail_view, world_ - 1)->wait();
+  }
+}
+
+void Zero::step() {
+  optimizer_.step();  // this rank's chunks only (nn::Optimizer::shard)
+  if (world_ == 1) return;
+  Tensor values = params_.values();
+  all_gather([&](const Chunk& c) { return values.data() + c.offset + rank_ * c.q; }, values);
+}
+
+std::vector<nn::NamedTensor> Zero::full_optimizer_state() {
+  std::vector<nn::NamedTensor> full;
+  for (const nn::NamedTensor& s : optimizer_.state()) {
+    Tensor whole = Tensor::zeros({params_.numel()}, params_.device());
+    if (world_ == 1) {
+      for (const Chunk& c : chunks_) {
+        if (c.numel > 0)
+          whole.view(c.offset, {c.numel}).copy_from(s.tensor.view(c.local, {c.numel}));
+      }
+    } else {
+      all_gather([&](const Chunk& c) { return s.tensor.data() + c.local; }, whole);
+    }
+    full.push_back({s.name, whole});
+  }
+  return full;
+}
+
+ZeroMemory Zero::memory() const {
+  return {.parameter_bytes = bytes(params_.values()) + bytes(gather_in_) + bytes(gather_out_),
+          .gradient_bytes = bytes(params_.grads()) + bytes(shard_grads_) + bytes(shard_grads_bf16_),
+          .averaged_gradient_bytes = stage_ == 2 ? bytes(shard_grads_) : bytes(params_.grads()),
+          .optimizer_state_bytes = optimizer_.state_bytes()};
+}
+
+std::string Zero::describe() const {
+  const ZeroMemory m = memory();
+  return fmt::format(
+      "ZeRO stage {}: rank {} of {} owns {} of {} elements ({} buckets); parameters {} B, "
+      "gradients {} B (averaged {} B), optimizer state {} B",
+      stage_, rank_, world_, shard_numel_, params_.numel(), chunks_.size(), m.parameter_bytes,
+      m.gradient_bytes, m.averaged_gradient_bytes, m.optimizer_state_bytes);
+}
+
+}  // namespace nanoddp::comm

@@ -1,0 +1,132 @@
+#pragma once
+// ZeRO stages 1 and 2 (the Zero Redundancy Optimizer of DeepSpeed; PyTorch's
+// ZeroRedundancyOptimizer is stage 1): each rank keeps the optimizer state of 1/W of the
+// parameters only, updates that part, and the ranks all-gather the updated parameters.
+//
+// Who owns what. Rank r owns chunk r of every bucket: a bucket of n elements is cut into W
+// chunks of q = floor(n / W) elements, rank r's is [r*q, (r+1)*q), and the last rank also owns
+// the n - W*q < W elements left over at the bucket's end. Why per bucket and not one contiguous
+// 1/W of the flat buffer: the stage-2 reduce-scatter of a bucket (its first W*q elements, in
+// place, no copy) then leaves every rank exactly the chunk it owns as soon as that bucket is
+// reduced, and no bucket is cut at a shard boundary; the few left-over elements take one tiny
+// all-reduce more. (Chunks of ceil(n / W) would need a padded copy of every uneven bucket.) The
+// shard buffers (the optimizer state, and under stage 2 the averaged gradients) hold the chunks
+// of all buckets one after the other: about 1/W of the elements per rank, W-1 more at most on
+// the last rank per bucket. Stage 1 and stage 2 own the same elements.
+//
+// Follow one step:
+//  stage 1  backward all-reduces every bucket as without ZeRO (the Reducer, reducer.h); the
+//           optimizer updates only this rank's chunks (nn::Optimizer::shard), reading the full
+//           averaged gradient; then each bucket's parameters are all-gathered (step()).
+//  stage 2  the Reducer hands each ready bucket to reduce_scatter() instead of all-reducing it,
+//           in bucket order while backward runs: the average of this rank's chunk lands in the
+//           shard's gradient buffer, the only gradient the optimizer reads. Then as stage 1.
+//
+// The buckets must not change under ZeRO (they define the ownership): DDP turns
+// ReducerOptions::rebuild_buckets off and refuses reconfigure(). The bf16 comm hook compresses
+// the reduce-scatter as it compresses the all-reduce. Parameters without a gradient
+// (find_unused_parameters) are skipped by the sharded optimizer as by the whole one, since
+// every rank agrees which they are.
+//
+// What stage 2 does not save yet: autograd writes every gradient into the full flat gradient
+// buffer (nn/flat_parameters.h), so that buffer still exists on every rank during backward;
+// only the averaged gradient is kept as a shard. memory() counts both, truthfully.
+//
+// The all-gathers go through a staging buffer of W+1 pieces of at most kGatherPiece elements
+// (the interface's all-gather wants its output contiguous, and this rank's input apart), so
+// their extra memory is bounded whatever the bucket size. The parameter all-gather runs right
+// after the step, bucket by bucket, and the host waits for it: nanoddp's modules have no forward
+// pre-hooks to wait on a bucket just before the first layer that reads it, and the trainer reads
+// parameters between steps (NaN checks, checkpoints). docs/ddp-internals.md, "ZeRO", says what an
+// overlap with the next forward would need.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nanoddp/comm/process_group.h"
+#include "nanoddp/comm/reducer.h"
+#include "nanoddp/nn/flat_parameters.h"
+#include "nanoddp/nn/optimizer.h"
+
+namespace nanoddp::comm {
+
+// What one process holds, in bytes (ZeroMemory of a run without ZeRO: the whole of each).
+struct ZeroMemory {
+  std::int64_t parameter_bytes = 0;
+  // The flat gradient buffer autograd writes into (always whole), plus under stage 2 the
+  // shard of averaged gradients. (Not counted, with or without ZeRO: the bf16 hook's
+  // compressed copy of each bucket, half these bytes.)
+  std::int64_t gradient_bytes = 0;
+  std::int64_t averaged_gradient_bytes = 0;  // what the optimizer reads: whole, or the shard
+  std::int64_t optimizer_state_bytes = 0;
+};
+// Without ZeRO.
+ZeroMemory unsharded_memory(const nn::FlatParameters& params, const nn::Optimizer& optimizer);
+
+class Zero {
+ public:
+  // Elements per rank of one all-gather (256 KiB of float32): the bound on its staging.
+  static constexpr std::int64_t kGatherPiece = std::int64_t{1} << 16;
+
+  // Shards `optimizer` (its state so far, e.g. loaded from a checkpoint, is cut to this rank's
+  // chunks). `buckets` are the Reducer's, fixed from now on.
+  Zero(int stage, nn::FlatParameters& params, nn::Optimizer& optimizer,
+       std::shared_ptr<ProcessGroup> group, const std::vector<Bucket>& buckets, CommHook hook);
+  Zero(const Zero&) = delete;
+  Zero& operator=(const Zero&) = delete;
+
+  int stage() const { return stage_; }
+
+  // The optimizer step on this rank's chunks, then every bucket's parameters all-gathered, so
+  // that all ranks hold the same, updated, parameters again. Every rank calls it.
+  void step();
+
+  // Stage 2, from the Reducer: bucket b's gradients (bucket.grads) reduce-scattered, averaged,
+  // into this rank's chunk of the shard gradient buffer.
+  std::shared_ptr<Work> reduce_scatter(std::size_t b, const Bucket& bucket);
+  // Stage 2, after that collective's wait: the left-over elements into the last rank's shard,
+  // and the bf16 hook's chunk expanded to float32.
+  void bucket_scattered(std::size_t b, const Bucket& bucket);
+
+  // The averaged gradients this rank holds: stage 2 the shard buffer (c elements per bucket),
+  // stage 1 the flat gradient buffer.
+  const Tensor& averaged_gradients() const;
+
+  // The optimizer's state in the layout of the whole flat buffer (what checkpoints hold, the
+  // same as without ZeRO): all-gathered, so every rank calls it and every rank gets it.
+  std::vector<nn::NamedTensor> full_optimizer_state();
+
+  ZeroMemory memory() const;
+  // One line: stage, chunk sizes, bytes held.
+  std::string describe() const;
+
+ private:
+  struct Chunk {
+    std::int64_t offset = 0;  // the bucket in the flat buffers
+    std::int64_t numel = 0;
+    std::int64_t q = 0;      // floor(numel / W): every rank's chunk
+    std::int64_t tail = 0;   // numel - W*q, owned by the last rank too
+    std::int64_t own = 0;    // this rank's elements: q, or q + tail on the last rank
+    std::int64_t local = 0;  // where they sit in the shard buffers
+  };
+  // All-gathers every bucket's chunks into `full` (flat layout); this rank's chunk of bucket c
+  // is read from mine(c).
+  template <typename Mine>
+  void all_gather(Mine mine, Tensor& full);
+
+  int stage_;
+  nn::FlatParameters& params_;
+  nn::Optimizer& optimizer_;
+  std::shared_ptr<ProcessGroup> group_;
+  CommHook hook_;
+  int rank_, world_;
+  std::vector<Chunk> chunks_;
+  std::int64_t shard_numel_ = 0;
+  Tensor shard_grads_;             // stage 2
+  Tensor shard_grads_bf16_;        // stage 2 with the bf16 hook: the reduce-scatter's output
+  Tensor gather_in_, gather_out_;  // one piece of this rank's chunk, and the W pieces
+};
+
+}  // namespace nanoddp::comm

@@ -72,4 +72,25 @@ std::vector<OpRecord> ProcessGroup::recent_ops() const {
   return out;
 }
 
+namespace {
+
+class CompletedWork final : public Work {
+ public:
+  explicit CompletedWork(std::string op_name) : op_name_(std::move(op_name)) {}
+  void wait() override {}
+  bool is_completed() override { return true; }
+  std::exception_ptr error() override { return nullptr; }
+  std::uint64_t sequence_number() const override { return 0; }
+  const std::string& op_name() const override { return op_name_; }
+
+ private:
+  std::string op_name_;
+};
+
+}  // namespace
+
+std::shared_ptr<Work> completed_work(std::string op_name) {
+  return std::make_shared<CompletedWork>(std::move(op_name));
+}
+
 }  // namespace nanoddp::comm

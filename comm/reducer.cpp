@@ -310,10 +310,18 @@ void Reducer::all_reduce_bucket(std::size_t b) {
     backend_for(bucket.grads.device())
         .f32_to_bf16(bucket.grads.data(), static_cast<std::uint16_t*>(bucket.compressed.raw_data()),
                      bucket.numel);
-    works_[b] = group_->allreduce(bucket.compressed, ReduceOp::kAvg);
+    works_[b] = average(bucket.compressed);
   } else {
-    works_[b] = group_->allreduce(bucket.grads, ReduceOp::kAvg);
+    works_[b] = average(bucket.grads);
   }
+}
+
+std::shared_ptr<Work> Reducer::average(Tensor& tensor) {
+  // A world of one: the average of one rank's gradients is those gradients. No collective, so
+  // DDP over one rank costs what no DDP costs (the comm hook's rounding still applies: the
+  // gradients are what a larger world would have reduced). PyTorch still runs the all-reduce.
+  if (group_->size() == 1) return completed_work("allreduce (a world of one)");
+  return group_->allreduce(tensor, ReduceOp::kAvg);
 }
 
 void Reducer::wait_for_launched() {
@@ -389,7 +397,8 @@ void Reducer::mark_unused_ready(std::size_t i) {
 
 void Reducer::launch_used_map(const std::vector<float>& used) {
   used_map_ = Tensor::from_vector(used, {static_cast<std::int64_t>(used.size())}, params_.device());
-  used_work_ = group_->allreduce(used_map_, ReduceOp::kSum);
+  used_work_ = group_->size() == 1 ? completed_work("allreduce (a world of one)")
+                                   : group_->allreduce(used_map_, ReduceOp::kSum);
 }
 
 void Reducer::resolve_unused() {

@@ -152,14 +152,15 @@ class Reducer {
 
  private:
   // The algorithm, in PyTorch's reducer's words (docs/ddp-internals.md, "Names").
-  void autograd_hook(std::size_t slot);        // a parameter's post-accumulate-grad hook
-  void mark_variable_ready(std::size_t slot);  // counts its bucket down
-  void launch_ready_buckets();                 // in index order (PyTorch: mark_bucket_ready)
-  void all_reduce_bucket(std::size_t bucket);  // applies the comm hook's collective
-  void finalize_backward();                    // the end-of-backward callback
-  void launch_rest();                          // finalize: what backward did not launch
-  std::exception_ptr wait_for_buckets();       // finalize: in order, each handed on
-  void bucket_reduced(std::size_t bucket);     // the comm hook and packing undone
+  void autograd_hook(std::size_t slot);           // a parameter's post-accumulate-grad hook
+  void mark_variable_ready(std::size_t slot);     // counts its bucket down
+  void launch_ready_buckets();                    // in index order (PyTorch: mark_bucket_ready)
+  void all_reduce_bucket(std::size_t bucket);     // applies the comm hook's collective
+  std::shared_ptr<Work> average(Tensor& tensor);  // its all-reduce (none in a world of one)
+  void finalize_backward();                       // the end-of-backward callback
+  void launch_rest();                             // finalize: what backward did not launch
+  std::exception_ptr wait_for_buckets();          // finalize: in order, each handed on
+  void bucket_reduced(std::size_t bucket);        // the comm hook and packing undone
   std::exception_ptr end_of_pass_checks(std::exception_ptr failure);
   // Bucket order from observation (rebuild_buckets): what the first synchronized pass saw,
   // agreed across ranks in its finalize, applied when the next synchronized pass starts.

@@ -94,7 +94,7 @@ Tensor Trainer::gather_health(const Tensor& local_loss, const Tensor& local_corr
         ddp_ && ddp_->zero() != nullptr ? ddp_->zero()->averaged_gradients() : params_->grads();
     backend.count_nonfinite(grads.data(), grads.numel(), values.data() + w + me);
   }
-  if (distributed_) {
+  if (distributed_ && world_size_ > 1) {  // a world of one holds every entry already
     // Traced, so that the timeline names this per-step collective instead of showing a gap.
     TraceSpan span("health all-reduce", TraceTrack::kCommunication, device_);
     dist_->group->allreduce(values, comm::ReduceOp::kSum)->wait();

@@ -3,14 +3,15 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "nanoddp/comm/ddp.h"
 #include "nanoddp/comm/init.h"
 #include "nanoddp/engine/autograd.h"
-#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/ops.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/nn/flat_parameters.h"
 #include "nanoddp/nn/layers.h"
 
@@ -35,7 +36,10 @@ struct DdpAndPlainTwin {
   nn::FlatParameters params{model, Device::cpu()};
   nn::FlatParameters ref_params{reference, Device::cpu()};
   comm::DistributedDataParallel ddp{
-      model, params, dist.group, dist.store,
+      model,
+      params,
+      dist.group,
+      dist.store,
       {.reducer = {.bucket_cap_mb = 0.0005, .first_bucket_mb = 0.0001}}};
   const Tensor x = Tensor::normal({5, 8}, 0, 1, {.seed = 1});
   const Tensor y = Tensor::normal({5, 3}, 0, 1, {.seed = 2});
@@ -48,9 +52,9 @@ TEST_CASE("reducer: buckets follow reverse registration order, first one small, 
   // Linear(64,64) weights are 4096 floats = 16 KiB, biases 256 B.
   nn::Mlp model({.in_features = 64, .out_features = 64, .hidden = 64, .layers = 3});
   nn::FlatParameters params(model, Device::cpu());
-  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.reducer = {.bucket_cap_mb = 32.0 / 1024,
-                                                 .first_bucket_mb = 8.0 / 1024}});
+  comm::DistributedDataParallel ddp(
+      model, params, dist.group, dist.store,
+      {.reducer = {.bucket_cap_mb = 32.0 / 1024, .first_bucket_mb = 8.0 / 1024}});
   const auto& buckets = ddp.reducer().buckets();
   const auto& slots = params.slots();
   // First bucket: capped at 8 KiB -> closes after the last layer's bias + weight (16.25 KiB).
@@ -92,12 +96,43 @@ TEST_CASE_FIXTURE(DdpAndPlainTwin,
   for (const auto& b : stats.buckets) CHECK(b.end_ms >= b.start_ms);
 }
 
+TEST_CASE_FIXTURE(DdpAndPlainTwin, "reducer: a world of one issues no collective in a step") {
+  // Its all-reduces would average one rank's gradients with nothing (issue #19: DDP over one
+  // rank should cost what no DDP costs). The construction's broadcast and checks come before.
+  const std::uint64_t before = dist.group->fingerprint().ops;
+  for (int step = 0; step < 3; ++step) {
+    params.zero_grad();
+    mse_loss(ddp(x), y).backward();
+  }
+  CHECK(dist.group->fingerprint().ops == before);
+  // The same with find_unused_parameters (its count of used parameters is a collective too) and
+  // the bf16 hook (still rounds: the gradients a larger world would have reduced).
+  ddp.reconfigure({.bucket_cap_mb = 0.0005,
+                   .first_bucket_mb = 0.0001,
+                   .find_unused_parameters = true,
+                   .comm_hook = comm::CommHook::kBf16});
+  const std::uint64_t after_reconfigure = dist.group->fingerprint().ops;
+  params.zero_grad();
+  ref_params.zero_grad();
+  mse_loss(ddp(x), y).backward();
+  mse_loss(reference(x), y).backward();
+  CHECK(dist.group->fingerprint().ops == after_reconfigure);
+  const std::vector<float> got = params.grads().to_vector(), plain = ref_params.grads().to_vector();
+  bool rounded = false;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CHECK(std::abs(got[i] - plain[i]) <= 1e-2f * std::abs(plain[i]) + 1e-6f);
+    rounded |= got[i] != plain[i];
+  }
+  CHECK(rounded);
+}
+
 TEST_CASE("reducer: after a backward pass that threw half-way, the next one works") {
   comm::Distributed dist = world_of_one();
   nn::Mlp model({.in_features = 4, .out_features = 2, .hidden = 8, .layers = 2});
   nn::FlatParameters params(model, Device::cpu());
-  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.reducer = {.bucket_cap_mb = 0.0001, .first_bucket_mb = 0.0001}});
+  comm::DistributedDataParallel ddp(
+      model, params, dist.group, dist.store,
+      {.reducer = {.bucket_cap_mb = 0.0001, .first_bucket_mb = 0.0001}});
   const Tensor x = Tensor::normal({3, 4}, 0, 1, {.seed = 1});
   const Tensor y = Tensor::zeros({3, 2});
 
@@ -170,7 +205,8 @@ TEST_CASE("reducer: a discarded DDP leaves no hook on the parameters") {
   nn::FlatParameters params(model, Device::cpu());
   for (int round = 0; round < 3; ++round) {
     comm::DistributedDataParallel ddp(model, params, dist.group, dist.store);
-    for (const auto& slot : params.slots()) CHECK(slot.param.post_accumulate_grad_hook_count() == 1);
+    for (const auto& slot : params.slots())
+      CHECK(slot.param.post_accumulate_grad_hook_count() == 1);
   }
   for (const auto& slot : params.slots()) CHECK(slot.param.post_accumulate_grad_hook_count() == 0);
 }

@@ -211,7 +211,9 @@ void Reducer::reset() {
 }
 
 void Reducer::autograd_hook(std::size_t slot) {
-  if (!sync_) return;  // no_sync: the gradient just accumulates locally
+  // Only the backward that follows DDP's forward reduces (PyTorch's expect_autograd_hooks_):
+  // a graph built by calling the module directly, or under no_sync, accumulates locally.
+  if (!expect_autograd_hooks_) return;
   if (in_backward_ && current_backward_pass() != backward_pass_) {
     // The previous pass died before its end and nobody told us (abort() below normally runs):
     // drop its state and start over with this pass.
@@ -227,7 +229,11 @@ void Reducer::autograd_hook(std::size_t slot) {
     in_backward_ = true;
     timeline_.start_pass(ReducerTimeline::Clock::now());
     // Runs once autograd has finished the whole pass (or, if it throws, abort()).
-    queue_backward_callback([this] { finalize_backward(); }, [this] { abort(); });
+    queue_backward_callback([this] { finalize_backward(); },
+                            [this] {
+                              expect_autograd_hooks_ = false;  // the failed pass consumed it
+                              abort();
+                            });
   }
   // find_unused_parameters: what the forward's output does not reach gets no gradient; its
   // bucket must not wait for it.
@@ -237,6 +243,10 @@ void Reducer::autograd_hook(std::size_t slot) {
 }
 
 void Reducer::prepare_for_backward(std::span<const Tensor> outputs) {
+  // PyTorch's rule: a forward under no_sync or without gradients arms nothing, and leaves an
+  // earlier forward's arming as it was.
+  if (!sync_ || !NoGrad::grad_enabled()) return;
+  expect_autograd_hooks_ = true;
   unused_after_forward_.clear();
   if (!options_.find_unused_parameters) return;
   const auto reached = reachable_leaves(outputs);
@@ -384,6 +394,7 @@ void Reducer::resolve_unused() {
 }
 
 void Reducer::finalize_backward() {
+  expect_autograd_hooks_ = false;  // the next backward reduces only after another DDP forward
   timeline_.backward_ended();
   finalizing_ = true;
   launch_rest();

@@ -120,6 +120,29 @@ TEST_CASE("ddp: no_sync micro-batches then one synced backward reduce the summed
   }
 }
 
+TEST_CASE(
+    "ddp: only the backward after DDP's forward reduces, as PyTorch's expect_autograd_hooks_") {
+  const auto results = run_scenario({"expect-hooks"}, 2);
+  INFO(describe(results));
+  REQUIRE(all_exit(results, 0));
+  for (const auto& r : results) {
+    for (const std::string line : {
+             "bypass: local",
+             "through ddp: averaged",
+             "bypass after a ddp step: local",
+             "two forwards, one backward: averaged",
+             "forward without backward, then a step: averaged",
+             "ddp forward, then a bypass backward: averaged",
+             "no_sync forward, backward after it: local",
+             "forward, backward under no_sync: averaged",
+             "no-grad forward, then a bypass backward: local",
+         }) {
+      CAPTURE(line);
+      CHECK(r.output.find(line + "\n") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("ddp: the first bucket is reduced while backward runs, buckets go in index order") {
   const auto results = run_scenario({"overlap"}, 2);
   INFO(describe(results));

@@ -31,13 +31,15 @@
 //     while bucket 1's all-reduce is still on the wire.
 //
 // A parameter that received no gradient leaves its bucket incomplete. By default that is an
-// error naming the parameter. With find_unused_parameters the parameters DDP's forward output does
-// not reach are marked ready as backward starts (prepare_for_backward), any other missing one at
-// finalize, and their buckets are reduced with what the parameter's gradient holds: the sum of
-// earlier no_sync micro-batches that used it (kept, as PyTorch keeps it), or zero when nothing
-// wrote it since zero_grad(). One more all-reduce (after the buckets) counts the ranks that used
-// each parameter: one that no rank used is left without a gradient (has_grad() false, as PyTorch
-// leaves .grad None), so the optimizer skips it.
+// error naming the parameter, on every rank at once: the rank that found it reduces the bucket
+// with zeros (so no rank waits in that all-reduce) and reports it through the step check. With
+// find_unused_parameters the parameters DDP's forward output does not reach are marked ready as
+// backward starts (prepare_for_backward), any other missing one at finalize, and their buckets are
+// reduced with what the parameter's gradient holds: the sum of earlier no_sync micro-batches that
+// used it (kept, as PyTorch keeps it), or zero when nothing wrote it since zero_grad(). One more
+// all-reduce (after the buckets) counts the ranks that used each parameter: one that no rank used
+// is left without a gradient (has_grad() false, as PyTorch leaves .grad None), so the optimizer
+// skips it.
 
 #include <cstdint>
 #include <exception>
@@ -179,6 +181,7 @@ class Reducer {
   void wait_for_launched();  // every launched bucket's collective, errors ignored
   void reset();
   void handle_unused();
+  std::string missing_gradients_message(const std::vector<std::string>& names) const;
   void mark_unused_ready(std::size_t slot);  // find_unused_parameters: no gradient will come
   // find_unused_parameters: all-reduces which parameters each rank used, then takes the
   // gradient away from those no rank used.
@@ -216,6 +219,9 @@ class Reducer {
   std::vector<bool> slot_ready_;     // per slot
   std::vector<bool> used_;           // per slot: a gradient since zero_grad() (this rank)
   std::vector<bool> marked_unused_;  // per slot: marked ready without a gradient
+  // Without find_unused_parameters: the slots that got no gradient in this pass, reduced as
+  // zeros so that no rank waits, reported through the step check (then the pass fails).
+  std::vector<std::size_t> missing_;
   // find_unused_parameters: the slots the last forward's output does not reach, for the next
   // synchronized pass to mark ready as it starts.
   std::vector<std::size_t> unused_after_forward_;

@@ -44,6 +44,22 @@ TEST_CASE("ddp: an unused parameter is an error on every rank that names it") {
   }
 }
 
+TEST_CASE("ddp: a parameter without a gradient on one rank fails every rank, naming it") {
+  // Rank 1 leaves head b out. With NANODDP_TIMEOUT_S = 20, rank 0 used to fail after 20 s
+  // with a Gloo timeout in b's bucket; now both fail in that backward with the names.
+  for (const char* shm : {"1", "0"}) {  // shared memory, and Gloo over TCP
+    CAPTURE(shm);
+    const auto results = run_scenario({"unused-on-one-rank"}, 2, {{"NANODDP_SHM", shm}});
+    INFO(describe(results));
+    REQUIRE(all_exit(results, 3));
+    for (const auto& r : results) {
+      CHECK(r.output.find("on rank 1, 2 parameter(s): b.bias, b.weight") != std::string::npos);
+      CHECK(r.output.find("find_unused_parameters = true") != std::string::npos);
+      CHECK(r.output.find("Gloo") == std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("ddp: with find_unused_parameters a parameter unused on every rank is not updated") {
   // No gradient (PyTorch: .grad None), so momentum and weight decay leave it alone.
   const auto results = run_scenario({"unused", "--find-unused"}, 2);

@@ -4,6 +4,7 @@
 //
 //   nanoddp-test-ddp-worker unused [--find-unused]
 //   nanoddp-test-ddp-worker unused-no-sync
+//   nanoddp-test-ddp-worker unused-on-one-rank
 //   nanoddp-test-ddp-worker unused-one-rank [--adamw]
 //   nanoddp-test-ddp-worker mismatch
 //   nanoddp-test-ddp-worker no-sync
@@ -144,6 +145,27 @@ class OptionalHead : public nn::Module {
  private:
   std::shared_ptr<nn::Linear> a_, b_;
 };
+
+// Without find_unused_parameters, head b is used on rank 0 only: rank 1's backward gives it no
+// gradient. Every rank must fail in that backward, naming b's parameters (rank 0 used to wait in
+// b's bucket all-reduce until the collective timeout).
+int unused_on_one_rank(comm::Distributed& dist) {
+  const int rank = dist.group->rank();
+  Generator g(7);
+  OptionalHead model(g);
+  model.use_b = rank == 0;
+  nn::FlatParameters params(model, Device::cpu());
+  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store);
+  params.zero_grad();
+  try {
+    mse_loss(ddp(batch(5, 4, rank, 0, 0)), batch(5, 2, rank, 0, 1)).backward();
+  } catch (const std::exception& e) {
+    fmt::print("error: {}\n", e.what());
+    return 3;
+  }
+  fmt::print("no error\n");
+  return 0;
+}
 
 // find_unused_parameters with gradient accumulation: head b is used in the no_sync micro-batch
 // only. Its gradient from that micro-batch must survive the synced pass that does not use it
@@ -773,6 +795,7 @@ int main(int argc, char** argv) {
     if (scenario == "unused")
       return unused(dist, argc > 2 && std::strcmp(argv[2], "--find-unused") == 0);
     if (scenario == "unused-no-sync") return unused_no_sync(dist);
+    if (scenario == "unused-on-one-rank") return unused_on_one_rank(dist);
     if (scenario == "unused-one-rank")
       return unused_one_rank(dist, argc > 2 && std::strcmp(argv[2], "--adamw") == 0);
     if (scenario == "mismatch") return mismatch(dist);

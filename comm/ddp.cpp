@@ -118,6 +118,7 @@ void DistributedDataParallel::reconfigure(const ReducerOptions& options) {
   }
   check_settings(options);
   const bool sync = reducer_->sync();
+  const bool expect = reducer_->expects_autograd_hooks();
   Reducer::BucketReducedHook bucket_hook = reducer_->bucket_reduced_hook();
   reducer_.reset();  // waits for its collectives and removes its hooks first
   try {
@@ -128,11 +129,13 @@ void DistributedDataParallel::reconfigure(const ReducerOptions& options) {
     // used to be left without a Reducer, and the next call crashed).
     reducer_ = std::make_unique<Reducer>(params_, group_, options_.reducer);
     reducer_->set_sync(sync);
+    reducer_->set_expect_autograd_hooks(expect);
     if (bucket_hook) reducer_->set_bucket_reduced_hook(std::move(bucket_hook));
     agree_order_through_store();
     throw;
   }
   reducer_->set_sync(sync);
+  reducer_->set_expect_autograd_hooks(expect);
   if (bucket_hook) reducer_->set_bucket_reduced_hook(std::move(bucket_hook));
   agree_order_through_store();
   options_.reducer = options;

@@ -82,7 +82,8 @@ class DistributedDataParallel {
     return forward_many(all);
   }
 
-  // While a NoSync is alive, backward passes only accumulate gradients locally; the next
+  // While a NoSync is alive, forward does not arm the Reducer, so the backward of its output
+  // only accumulates gradients locally (decided at forward, as in PyTorch); the next
   // synchronized backward reduces the accumulated sum (gradient accumulation without paying
   // for an all-reduce per micro-batch).
   // It names the DDP, not its Reducer: reconfigure() replaces the Reducer, and a NoSync that
@@ -105,8 +106,9 @@ class DistributedDataParallel {
 
   // Between steps, cut the buckets anew with other options (bucket caps, overlap, the comm
   // hook, ...), as a scaling study sweeping bucket sizes on one live model does. Every rank must
-  // call it, with the same options (checked, like the constructor's settings). no_sync state and
-  // the bucket-reduced hook carry over; the old Reducer's hooks are removed.
+  // call it, with the same options (checked, like the constructor's settings). no_sync state, a
+  // forward's arming of the next backward and the bucket-reduced hook carry over; the old
+  // Reducer's hooks are removed.
   // Not under ZeRO (its shards follow the buckets).
   void reconfigure(const ReducerOptions& options);
 

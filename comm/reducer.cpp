@@ -52,7 +52,9 @@ Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group
     return agreed;
   };
   if (options.check_steps && group_->size() > 1) {
-    step_check_ = std::make_unique<StepCheck>(group_, params_.device());
+    std::vector<std::string> names;
+    for (const auto& slot : slots) names.push_back(slot.name);
+    step_check_ = std::make_unique<StepCheck>(group_, params_.device(), std::move(names));
   }
   if (debug_enabled(DebugLevel::kInfo)) {
     debug_log(DebugLevel::kInfo, "reducer: {} buckets (first {} MiB, then {} MiB, overlap {})\n{}",
@@ -227,10 +229,13 @@ void Reducer::reset() {
   next_to_launch_ = 0;
   works_.assign(buckets_.size(), nullptr);
   used_work_ = nullptr;
+  missing_.clear();
 }
 
 void Reducer::autograd_hook(std::size_t slot) {
-  if (!sync_) return;  // no_sync: the gradient just accumulates locally
+  // Only the backward that follows DDP's forward reduces (PyTorch's expect_autograd_hooks_):
+  // a graph built by calling the module directly, or under no_sync, accumulates locally.
+  if (!expect_autograd_hooks_) return;
   if (in_backward_ && current_backward_pass() != backward_pass_) {
     // The previous pass died before its end and nobody told us (abort() below normally runs):
     // drop its state and start over with this pass.
@@ -246,7 +251,11 @@ void Reducer::autograd_hook(std::size_t slot) {
     in_backward_ = true;
     timeline_.start_pass(ReducerTimeline::Clock::now());
     // Runs once autograd has finished the whole pass (or, if it throws, abort()).
-    queue_backward_callback([this] { finalize_backward(); }, [this] { abort(); });
+    queue_backward_callback([this] { finalize_backward(); },
+                            [this] {
+                              expect_autograd_hooks_ = false;  // the failed pass consumed it
+                              abort();
+                            });
   }
   // find_unused_parameters: what the forward's output does not reach gets no gradient; its
   // bucket must not wait for it.
@@ -256,6 +265,10 @@ void Reducer::autograd_hook(std::size_t slot) {
 }
 
 void Reducer::prepare_for_backward(std::span<const Tensor> outputs) {
+  // PyTorch's rule: a forward under no_sync or without gradients arms nothing, and leaves an
+  // earlier forward's arming as it was.
+  if (!sync_ || !NoGrad::grad_enabled()) return;
+  expect_autograd_hooks_ = true;
   unused_after_forward_.clear();
   if (!options_.find_unused_parameters) return;
   const auto reached = reachable_leaves(outputs);
@@ -357,20 +370,36 @@ void Reducer::handle_unused() {
   }
   if (unused.empty()) return;
   if (!options_.find_unused_parameters) {
+    if (step_check_) {
+      // The other ranks wait for these buckets: reduce them with zeros and report through the
+      // step check, which fails every rank at once naming the parameters (the others used to
+      // wait in this all-reduce until their timeout). finalize throws after the check.
+      for (std::size_t i = 0; i < slot_ready_.size(); ++i) {
+        if (!slot_ready_[i]) {
+          missing_.push_back(i);
+          mark_unused_ready(i);
+        }
+      }
+      return;
+    }
     // Let the buckets already in flight finish (the other ranks launched them too) before
     // reporting, so no collective is left half done.
     wait_for_launched();
     timeline_.end_failed_pass();
     reset();
-    fail(
-        "{} parameter(s) received no gradient in this backward pass, so their buckets could "
-        "never be reduced: {}. Make every parameter take part in the loss, or construct "
-        "DistributedDataParallel with find_unused_parameters = true.",
-        unused.size(), fmt::join(unused, ", "));
+    fail("{}", missing_gradients_message(unused));
   }
   for (std::size_t i = 0; i < slot_ready_.size(); ++i) {
     if (!slot_ready_[i]) mark_unused_ready(i);
   }
+}
+
+std::string Reducer::missing_gradients_message(const std::vector<std::string>& names) const {
+  return fmt::format(
+      "{} parameter(s) received no gradient in this backward pass, so their buckets could "
+      "never be reduced: {}. Make every parameter take part in the loss, or construct "
+      "DistributedDataParallel with find_unused_parameters = true.",
+      names.size(), fmt::join(names, ", "));
 }
 
 void Reducer::mark_unused_ready(std::size_t i) {
@@ -417,6 +446,7 @@ void Reducer::resolve_unused() {
 }
 
 void Reducer::finalize_backward() {
+  expect_autograd_hooks_ = false;  // the next backward reduces only after another DDP forward
   timeline_.backward_ended();
   finalizing_ = true;
   launch_rest();
@@ -449,7 +479,7 @@ void Reducer::launch_rest() {
   if (options_.find_unused_parameters) launch_used_map(used);
   // Right behind the last bucket (and the used-parameter count): one small op's latency.
   ++synchronized_passes_;
-  if (step_check_) step_check_->launch(synchronized_passes_, forward_calls_);
+  if (step_check_) step_check_->launch(synchronized_passes_, forward_calls_, missing_);
 }
 
 std::exception_ptr Reducer::wait_for_buckets() {
@@ -472,7 +502,7 @@ std::exception_ptr Reducer::wait_for_buckets() {
     timeline_.after_wait(b);
     if (failure) continue;
     bucket_reduced(b);
-    if (bucket_reduced_hook_) {
+    if (bucket_reduced_hook_ && missing_.empty()) {  // nothing is applied in a failing pass
       try {
         hand_on(b);
       } catch (...) {
@@ -506,6 +536,13 @@ std::exception_ptr Reducer::end_of_pass_checks(std::exception_ptr failure) {
         failure = std::current_exception();
       }
     }
+  }
+  // Parameters without a gradient on this rank alone fail the check above on every rank; on
+  // every rank alike they pass it, and each rank reports its own.
+  if (!failure && !missing_.empty()) {
+    std::vector<std::string> names;
+    for (const std::size_t i : missing_) names.push_back(params_.slots()[i].name);
+    failure = std::make_exception_ptr(Error(missing_gradients_message(names)));
   }
   // The first synchronized pass's gradient order, agreed now (even after a failure: every rank
   // takes part) and applied when the next synchronized pass starts.

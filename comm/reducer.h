@@ -9,6 +9,10 @@
 //     view into its bucket: nothing is copied in or out.
 //  2. Ready. Each parameter's post-accumulate-grad hook fires when autograd has finished its
 //     gradient. The hook counts down the parameter's bucket; at zero the bucket is ready.
+//     Only in the backward that follows DDP's forward (prepare_for_backward arms the hooks, that
+//     backward's finalize disarms them, as PyTorch's expect_autograd_hooks_): the backward of a
+//     graph built by calling the module directly returns from every hook at once, gradients
+//     stay local and no collective is issued.
 //  3. Launch, in order. Ready buckets are launched strictly in index order: bucket 2 never goes
 //     before bucket 1, even if it is ready first. Every rank therefore issues the same sequence
 //     of collectives, which is what collectives require (a rank that launched out of order
@@ -27,13 +31,15 @@
 //     while bucket 1's all-reduce is still on the wire.
 //
 // A parameter that received no gradient leaves its bucket incomplete. By default that is an
-// error naming the parameter. With find_unused_parameters the parameters DDP's forward output does
-// not reach are marked ready as backward starts (prepare_for_backward), any other missing one at
-// finalize, and their buckets are reduced with what the parameter's gradient holds: the sum of
-// earlier no_sync micro-batches that used it (kept, as PyTorch keeps it), or zero when nothing
-// wrote it since zero_grad(). One more all-reduce (after the buckets) counts the ranks that used
-// each parameter: one that no rank used is left without a gradient (has_grad() false, as PyTorch
-// leaves .grad None), so the optimizer skips it.
+// error naming the parameter, on every rank at once: the rank that found it reduces the bucket
+// with zeros (so no rank waits in that all-reduce) and reports it through the step check. With
+// find_unused_parameters the parameters DDP's forward output does not reach are marked ready as
+// backward starts (prepare_for_backward), any other missing one at finalize, and their buckets are
+// reduced with what the parameter's gradient holds: the sum of earlier no_sync micro-batches that
+// used it (kept, as PyTorch keeps it), or zero when nothing wrote it since zero_grad(). One more
+// all-reduce (after the buckets) counts the ranks that used each parameter: one that no rank used
+// is left without a gradient (has_grad() false, as PyTorch leaves .grad None), so the optimizer
+// skips it.
 
 #include <cstdint>
 #include <exception>
@@ -105,18 +111,25 @@ class Reducer {
 
   // DDP's forward calls this: the step check compares the count across ranks.
   void note_forward() { ++forward_calls_; }
-  // find_unused_parameters: DDP's forward hands its output here. The parameters the output's
-  // graph does not reach will get no gradient in the backward that follows, so that backward
-  // marks them ready as it starts, and their buckets launch with the others instead of at
-  // finalize (PyTorch's prepare_for_backward). Without it they are found at finalize.
+  // DDP's forward hands its output here (PyTorch's prepare_for_backward). In a synchronized
+  // (not no_sync), grad-enabled forward it arms the hooks: only the backward that follows
+  // reduces; its finalize disarms them. Any other backward (a graph built by calling the module
+  // directly, or under no_sync) leaves the gradients local and issues no collective.
+  // find_unused_parameters: the parameters the output's graph does not reach will get no
+  // gradient in that backward, so it marks them ready as it starts, and their buckets launch
+  // with the others instead of at finalize.
   void prepare_for_backward(std::span<const Tensor> outputs);
   void prepare_for_backward(const Tensor& output) {
     prepare_for_backward(std::span<const Tensor>(&output, 1));
   }
 
-  // While false, backward passes only accumulate gradients locally (no_sync).
+  // While false, prepare_for_backward arms nothing, so the backward of that forward's graph
+  // only accumulates gradients locally (no_sync; decided at forward, as in PyTorch).
   void set_sync(bool sync) { sync_ = sync; }
   bool sync() const { return sync_; }
+  // Whether a DDP forward armed the next backward to reduce (PyTorch's expect_autograd_hooks_).
+  bool expects_autograd_hooks() const { return expect_autograd_hooks_; }
+  void set_expect_autograd_hooks(bool expect) { expect_autograd_hooks_ = expect; }
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const ReducerOptions& options() const { return options_; }
@@ -175,6 +188,7 @@ class Reducer {
   void wait_for_launched();  // every launched bucket's collective, errors ignored
   void reset();
   void handle_unused();
+  std::string missing_gradients_message(const std::vector<std::string>& names) const;
   void mark_unused_ready(std::size_t slot);  // find_unused_parameters: no gradient will come
   // find_unused_parameters: all-reduces which parameters each rank used, then takes the
   // gradient away from those no rank used.
@@ -206,6 +220,7 @@ class Reducer {
 
   // Per-step state.
   bool sync_ = true;
+  bool expect_autograd_hooks_ = false;  // set by prepare_for_backward, cleared by finalize
   bool in_backward_ = false;
   bool finalizing_ = false;          // launches now come after backward ended
   std::uint64_t backward_pass_ = 0;  // autograd's id of the pass in progress
@@ -213,6 +228,9 @@ class Reducer {
   std::vector<bool> slot_ready_;     // per slot
   std::vector<bool> used_;           // per slot: a gradient since zero_grad() (this rank)
   std::vector<bool> marked_unused_;  // per slot: marked ready without a gradient
+  // Without find_unused_parameters: the slots that got no gradient in this pass, reduced as
+  // zeros so that no rank waits, reported through the step check (then the pass fails).
+  std::vector<std::size_t> missing_;
   // find_unused_parameters: the slots the last forward's output does not reach, for the next
   // synchronized pass to mark ready as it starts.
   std::vector<std::size_t> unused_after_forward_;

@@ -13,10 +13,16 @@ namespace nanoddp::comm {
 namespace {
 
 constexpr std::size_t kPieces = 4;  // 16-bit pieces of a 64-bit value: each exact in float32
-constexpr std::size_t kCountsLength = 4 * kPieces;      // pass, forward calls, ops, hash
+// pass, forward calls, ops, hash, parameters without a gradient
+constexpr std::size_t kCountsLength = 5 * kPieces;
 constexpr std::size_t kRecordLength = 2 * kPieces + 2;  // sequence, kind, count, dtype
-// What each rank publishes on a mismatch: its counts, how many ops follow, the ops.
-constexpr std::size_t kDetailLength = kCountsLength + 1 + ProcessGroup::kRecentOps * kRecordLength;
+// Parameters without a gradient named in a mismatch's details, per rank (slot indices, exact in
+// float32 below 2^24).
+constexpr std::size_t kNamedMissing = 8;
+// What each rank publishes on a mismatch: its counts, how many ops follow, the ops, the first
+// slots without a gradient.
+constexpr std::size_t kDetailLength =
+    kCountsLength + 1 + ProcessGroup::kRecentOps * kRecordLength + kNamedMissing;
 
 void put(std::vector<float>& out, std::uint64_t value) {
   for (std::size_t i = 0; i < kPieces; ++i) {
@@ -37,10 +43,12 @@ struct Side {
   std::uint64_t pass = 0;
   std::uint64_t forward_calls = 0;
   OpFingerprint fingerprint;
+  std::uint64_t missing = 0;  // parameters without a gradient
   std::vector<OpRecord> recent;
+  std::vector<std::size_t> named_missing;  // the first of them (slots)
 
   bool operator==(const Side& o) const {
-    if (pass != o.pass || forward_calls != o.forward_calls ||
+    if (pass != o.pass || forward_calls != o.forward_calls || missing != o.missing ||
         fingerprint.ops != o.fingerprint.ops || fingerprint.hash != o.fingerprint.hash ||
         recent.size() != o.recent.size()) {
       return false;
@@ -73,6 +81,8 @@ Side decode(const float* in) {
   side.forward_calls = take(in);
   side.fingerprint.ops = take(in);
   side.fingerprint.hash = take(in);
+  side.missing = take(in);
+  const float* records_start = in + 1;
   const auto records = static_cast<std::size_t>(*in++);
   for (std::size_t i = 0; i < records && i < ProcessGroup::kRecentOps; ++i) {
     OpRecord op;
@@ -81,6 +91,10 @@ Side decode(const float* in) {
     op.count = take(in);
     op.dtype = static_cast<DType>(static_cast<int>(*in++));
     side.recent.push_back(op);
+  }
+  const float* named = records_start + ProcessGroup::kRecentOps * kRecordLength;
+  for (std::size_t i = 0; i < std::min<std::uint64_t>(side.missing, kNamedMissing); ++i) {
+    side.named_missing.push_back(static_cast<std::size_t>(named[i]));
   }
   return side;
 }
@@ -117,12 +131,15 @@ std::string first_difference(const Side& a, int rank_a, const Side& b, int rank_
 
 }  // namespace
 
-StepCheck::StepCheck(std::shared_ptr<ProcessGroup> group, Device device)
-    : group_(std::move(group)), device_(device) {}
+StepCheck::StepCheck(std::shared_ptr<ProcessGroup> group, Device device,
+                     std::vector<std::string> slot_names)
+    : group_(std::move(group)), device_(device), slot_names_(std::move(slot_names)) {}
 
-void StepCheck::launch(std::uint64_t pass, std::uint64_t forward_calls) {
+void StepCheck::launch(std::uint64_t pass, std::uint64_t forward_calls,
+                       std::span<const std::size_t> missing) {
   pass_ = pass;
   forward_calls_ = forward_calls;
+  missing_.assign(missing.begin(), missing.end());
   // Taken before the check is issued: the check itself is the same op on every rank.
   fingerprint_ = group_->fingerprint();
   recent_ = group_->recent_ops();
@@ -132,6 +149,7 @@ void StepCheck::launch(std::uint64_t pass, std::uint64_t forward_calls) {
   put(host, forward_calls);
   put(host, fingerprint_.ops);
   put(host, fingerprint_.hash);
+  put(host, missing_.size());
   for (std::size_t i = 0; i < kCountsLength; ++i) host.push_back(-host[i]);
   const auto n = static_cast<std::int64_t>(host.size());
   if (device_.is_cpu()) {
@@ -176,6 +194,7 @@ void StepCheck::verify() {
   put(mine, forward_calls_);
   put(mine, fingerprint_.ops);
   put(mine, fingerprint_.hash);
+  put(mine, missing_.size());
   mine.push_back(static_cast<float>(recent_.size()));
   for (const OpRecord& op : recent_) {
     put(mine, op.sequence_number);
@@ -183,7 +202,10 @@ void StepCheck::verify() {
     put(mine, op.count);
     mine.push_back(static_cast<float>(op.dtype));
   }
-  mine.resize(kDetailLength, 0.0f);
+  mine.resize(kDetailLength - kNamedMissing, 0.0f);
+  for (std::size_t i = 0; i < kNamedMissing; ++i) {
+    mine.push_back(i < missing_.size() ? static_cast<float>(missing_[i]) : 0.0f);
+  }
   const int size = group_->size();
   const int rank = group_->rank();
   Tensor input = Tensor::from_vector(mine, {static_cast<std::int64_t>(kDetailLength)}, device_);
@@ -201,6 +223,33 @@ void StepCheck::verify() {
         "per-step check of the collectives issued found a difference, and exchanging the "
         "details failed ({}). This rank: {}",
         pass_, rank, size, e.what(), decode(mine.data()).describe()));
+  }
+  // A rank that gave parameters no gradient is the cause: name them (every rank throws this).
+  std::vector<std::string> without;
+  std::vector<int> failed;
+  for (int r = 0; r < size; ++r) {
+    const Side& side = sides[static_cast<std::size_t>(r)];
+    if (side.missing == 0) continue;
+    failed.push_back(r);
+    std::vector<std::string> names;
+    for (const std::size_t slot : side.named_missing) {
+      names.push_back(slot < slot_names_.size() ? slot_names_[slot]
+                                                : fmt::format("parameter #{}", slot));
+    }
+    without.push_back(fmt::format(
+        "on rank {}, {} parameter(s): {}{}", r, side.missing, fmt::join(names, ", "),
+        side.missing > names.size() ? fmt::format(" and {} more", side.missing - names.size())
+                                    : std::string()));
+  }
+  if (!failed.empty()) {
+    throw CommError(fmt::format(
+        "step {}: parameters received no gradient in this backward pass ({}), so their buckets "
+        "could not be reduced (seen on rank {} of {}; rank{} {} reduced them with zeros so that "
+        "no rank waits, and every rank stops at this step). Make every parameter take part in "
+        "the loss on every rank, or construct DistributedDataParallel with "
+        "find_unused_parameters = true.",
+        pass_, fmt::join(without, "; "), rank, size, failed.size() > 1 ? "s" : "",
+        fmt::join(failed, ", ")));
   }
   // Group the ranks by side; name the first difference from rank 0's side.
   std::vector<std::pair<Side, std::vector<int>>> groups;

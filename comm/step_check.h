@@ -9,7 +9,8 @@
 // for the price of one tiny all-reduce.
 //
 // How. At the end of each synchronized backward pass the Reducer issues, right after the last
-// bucket, one all-reduce (max) of this rank's [pass, forward calls, ops issued, op hash] split
+// bucket, one all-reduce (max) of this rank's [pass, forward calls, ops issued, op hash,
+// parameters without a gradient] split
 // into 16-bit pieces (exact in float32), each followed by its negation: the maximum of v and
 // of -v is every rank's max and -min, so all ranks hold the same values iff max == min
 // everywhere. The ops and hash are the group's running fingerprint (process_group.h) taken
@@ -19,6 +20,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "nanoddp/comm/process_group.h"
@@ -28,11 +31,16 @@ namespace nanoddp::comm {
 
 class StepCheck {
  public:
-  StepCheck(std::shared_ptr<ProcessGroup> group, Device device);
+  // `slot_names`: the parameters' names by slot, to name the ones a rank gave no gradient.
+  StepCheck(std::shared_ptr<ProcessGroup> group, Device device,
+            std::vector<std::string> slot_names = {});
 
   // Issues the check for this rank's synchronized backward pass `pass` (1, 2, ...) after
-  // `forward_calls` calls of DDP's forward.
-  void launch(std::uint64_t pass, std::uint64_t forward_calls);
+  // `forward_calls` calls of DDP's forward. `missing`: the slots that got no gradient in this
+  // pass on this rank (the Reducer reduced their buckets with zeros so that no rank waits); a
+  // count that differs across ranks fails every rank in verify(), naming those parameters.
+  void launch(std::uint64_t pass, std::uint64_t forward_calls,
+              std::span<const std::size_t> missing = {});
   // Waits for it; throws CommError on every rank if the ranks differ.
   void verify();
   // Waits for it, ignoring its result (after another failure).
@@ -45,6 +53,8 @@ class StepCheck {
   std::shared_ptr<Work> work_;
   std::uint64_t pass_ = 0;
   std::uint64_t forward_calls_ = 0;
+  std::vector<std::string> slot_names_;
+  std::vector<std::size_t> missing_;
   OpFingerprint fingerprint_;
   std::vector<OpRecord> recent_;
 };

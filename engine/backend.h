@@ -39,8 +39,7 @@ class Backend {
                           float* out) = 0;
   virtual void sum(const float* x, std::int64_t n, float* out) = 0;
   virtual void count_nonfinite(const float* x, std::int64_t n, float* out) = 0;
-  virtual void mse_forward(const float* pred, const float* target, std::int64_t n,
-                           float* out) = 0;
+  virtual void mse_forward(const float* pred, const float* target, std::int64_t n, float* out) = 0;
   virtual void mse_backward(const float* pred, const float* target, std::int64_t n,
                             const float* grad_out, float beta, float* grad_pred) = 0;
   virtual void fill(float* x, std::int64_t n, float value) = 0;
@@ -82,6 +81,11 @@ class Backend {
                           std::int64_t len, std::int64_t inner, float beta) = 0;
   virtual void transpose(const float* x, std::int64_t rows, std::int64_t cols, float beta,
                          float* out) = 0;
+  virtual void embedding_forward(const float* weight, const std::int64_t* indices, std::int64_t n,
+                                 std::int64_t rows, std::int64_t dim, float* out) = 0;
+  virtual void embedding_backward(const float* g, const std::int64_t* indices, std::int64_t n,
+                                  std::int64_t rows, std::int64_t dim, float beta,
+                                  float* grad_weight) = 0;
   virtual void softmax(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner,
                        bool log, float* out) = 0;
   virtual void softmax_backward(const float* y, const float* g, std::int64_t outer, std::int64_t d,

@@ -6,8 +6,8 @@
 #include <atomic>
 #include <cstring>
 
-#include "nanoddp/kernels/error.h"
 #include "nanoddp/kernels/cpu/kernels.h"
+#include "nanoddp/kernels/error.h"
 
 namespace nanoddp {
 namespace {
@@ -131,6 +131,15 @@ class CpuBackend final : public Backend {
   void index_backward(const float* g, const std::int64_t* indices, std::int64_t outer,
                       std::int64_t d, std::int64_t inner, float beta, float* out) override {
     kc::index_backward(g, indices, outer, d, inner, beta, out);
+  }
+  void embedding_forward(const float* weight, const std::int64_t* indices, std::int64_t n,
+                         std::int64_t /*rows*/, std::int64_t dim, float* out) override {
+    kc::embedding_forward(weight, indices, n, dim, out);
+  }
+  void embedding_backward(const float* g, const std::int64_t* indices, std::int64_t n,
+                          std::int64_t rows, std::int64_t dim, float beta,
+                          float* grad_weight) override {
+    kc::embedding_backward(g, indices, n, rows, dim, beta, grad_weight);
   }
   void copy_block(const float* src, std::int64_t src_d, std::int64_t src_start, float* dst,
                   std::int64_t dst_d, std::int64_t dst_start, std::int64_t outer, std::int64_t len,

@@ -296,8 +296,8 @@ Tensor cat(const std::vector<Tensor>& tensors, std::int64_t dim) {
   std::int64_t offset = 0;
   for (const Tensor& t : tensors) {
     const std::int64_t len = t.size(dim);
-    backend_of(first).copy_block(t.data(), len, 0, out.data(), total, offset, s.outer, len,
-                                 s.inner, 0.0f);
+    backend_of(first).copy_block(t.data(), len, 0, out.data(), total, offset, s.outer, len, s.inner,
+                                 0.0f);
     lengths.push_back(len);
     offset += len;
   }
@@ -454,6 +454,40 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
                     backend_of(g).cross_entropy_backward(x.data(), targets.data_i64(), lse.data(),
                                                          rows, classes, ignore, eps, g.data(),
                                                          count.data(), beta, dx.data());
+                  });
+                });
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  check_f32("embedding", weight, "the weight");
+  if (weight.dim() != 2) {
+    fail("embedding: the weight must be [num_embeddings, embedding_dim], got shape {}",
+         shape_str(weight.shape()));
+  }
+  if (!indices.defined() || indices.dtype() != DType::kI64) {
+    fail("embedding: indices must be an int64 tensor{}",
+         indices.defined() ? fmt::format(", got {}", dtype_name(indices.dtype())) : "");
+  }
+  check_same_device("embedding", weight, indices);
+  const std::int64_t rows = weight.size(0), dim = weight.size(1), n = indices.numel();
+  if (weight.device().is_cpu()) {
+    const std::int64_t* index = indices.data_i64();
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (index[i] < 0 || index[i] >= rows) {
+        fail("embedding: index {} (element {} of indices {}) is out of range for {} embeddings",
+             index[i], i, shape_str(indices.shape()), rows);
+      }
+    }
+  }
+  Shape shape = indices.shape();
+  shape.push_back(dim);
+  Tensor out = Tensor::empty(shape, weight.device());
+  backend_of(weight).embedding_forward(weight.data(), indices.data_i64(), n, rows, dim, out.data());
+  return record("embedding", out, {weight},
+                [indices, n, rows, dim](const Tensor& g, GradSink& sink) {
+                  sink.accumulate(0, [&](Tensor& dw, float beta) {
+                    backend_of(g).embedding_backward(g.data(), indices.data_i64(), n, rows, dim,
+                                                     beta, dw.data());
                   });
                 });
 }

@@ -98,6 +98,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
 // (nn::Dropout does).
 Tensor dropout(const Tensor& x, float p, bool training, RandomStream rng);
 
+// Rows of `weight` [num_embeddings, dim] picked by int64 `indices` of any shape (PyTorch's
+// F.embedding): the output is indices.shape + [dim]. The weight's gradient is the scatter-add of
+// the output's gradient rows (a repeated index sums them). An index outside
+// [0, num_embeddings) is an Error on the CPU, naming it, and a row of NaN on CUDA (no host
+// sync; its gradient is dropped).
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+
 // Layer norm over the last dimension (PyTorch's F.layer_norm with normalized_shape [C]):
 // weight and bias are [C] or undefined.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);

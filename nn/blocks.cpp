@@ -19,6 +19,20 @@ std::string LayerNorm::describe() const {
   return fmt::format("LayerNorm(eps={}, affine={})", eps_, weight_.defined());
 }
 
+Embedding::Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim,
+                     Generator& generator) {
+  if (num_embeddings <= 0 || embedding_dim <= 0) {
+    fail("Embedding({}, {}): the sizes must be positive", num_embeddings, embedding_dim);
+  }
+  weight_ = register_parameter(
+      "weight", Tensor::normal({num_embeddings, embedding_dim}, 0.0f, 1.0f, generator.next()));
+}
+
+std::string Embedding::describe() const {
+  return fmt::format("Embedding(num_embeddings={}, embedding_dim={})", weight_.size(0),
+                     weight_.size(1));
+}
+
 Dropout::Dropout(float p, RandomStream rng) : p_(p), rng_(rng) {
   if (!(p >= 0.0f && p <= 1.0f)) fail("Dropout: probability {} is not in [0, 1]", p);
 }

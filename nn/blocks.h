@@ -26,6 +26,20 @@ class LayerNorm : public Module {
   Tensor bias_;
 };
 
+// PyTorch's nn.Embedding(num_embeddings, embedding_dim): a lookup table whose weight starts
+// from N(0, 1), as PyTorch's does. forward takes int64 indices of any shape and returns
+// indices.shape + [embedding_dim] (engine/functional.h: embedding).
+class Embedding : public Module {
+ public:
+  Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, Generator& generator);
+  Tensor forward(const Tensor& indices) override { return embedding(weight_, indices); }
+  std::string describe() const override;
+  const Tensor& weight() const { return weight_; }
+
+ private:
+  Tensor weight_;
+};
+
 // PyTorch's nn.Dropout(p): active in training mode only (Module::train / eval). Each forward
 // draws its mask from `rng`, then moves rng.offset past the elements it used, so successive
 // steps get fresh masks and a run restarted with the same rng draws the same ones. Under DDP

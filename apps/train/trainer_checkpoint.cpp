@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <exception>
 
 #include "nanoddp/config.h"
 #include "nanoddp/kernels/error.h"
@@ -133,7 +134,19 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
   // resumes it).
   std::optional<std::vector<nn::NamedTensor>> full_state;
   if (ddp_ && ddp_->zero() != nullptr) full_state = ddp_->zero()->full_optimizer_state();
-  if (!is_main()) return;
+  // Rank 0 writes; the others wait for its outcome, through the store (host to host), before
+  // the next step. A failed write (a full disk, a folder turned read-only) then ends every rank
+  // at once, each saying why; it used to end rank 0 alone, and the others waited in the next
+  // step's collectives until their timeout. They only give up the start of the next step's
+  // forward and backward, which would wait for rank 0's first bucket anyway.
+  const auto key = [](std::int64_t s) { return fmt::format("train/checkpoint/{}", s); };
+  if (!is_main()) {
+    const std::string outcome = dist_->store->get_string(key(step));
+    if (outcome != "ok") {
+      fail("rank 0 failed writing a checkpoint at step {}, so every rank stops: {}", step, outcome);
+    }
+    return;
+  }
   nn::TrainingState state{.step = step,
                           .epoch = epoch,
                           .epoch_samples = step_in_epoch * world_size_ * o_.batch * o_.grad_accum,
@@ -152,8 +165,27 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
     state.epoch += 1;
     state.epoch_samples = 0;
   }
-  nn::save_checkpoint(o_.checkpoint_dir, *model_, *optimizer_, state, o_.keep,
-                      full_state ? &*full_state : nullptr);
+  std::string outcome = "ok";
+  std::exception_ptr failure;
+  try {
+    nn::save_checkpoint(o_.checkpoint_dir, *model_, *optimizer_, state, o_.keep,
+                        full_state ? &*full_state : nullptr);
+  } catch (const std::exception& e) {
+    failure = std::current_exception();
+    outcome = e.what();
+    if (outcome == "ok" || outcome.empty()) outcome = "(no message)";
+  }
+  if (distributed_) {
+    try {
+      dist_->store->set(key(step), outcome);
+      // Every rank read the previous checkpoint's outcome before joining this step's
+      // collectives: its key is no longer needed.
+      if (step > o_.checkpoint_every) dist_->store->remove(key(step - o_.checkpoint_every));
+    } catch (const std::exception&) {
+      // The store is gone: the others find out through it too; this rank's own error comes next.
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 // The loss and the gradients can be finite while the update itself overflows (a huge --lr):

@@ -231,22 +231,25 @@ void Trainer::check_init_model() const {
     fail("--init '{}' was saved by a --task {} run; this run has --task {}", o_.init_path,
          task->second, task_description());
   }
-  std::string recorded;
-  if (const auto model = metadata.find("model"); model != metadata.end()) {
-    recorded = model->second;
-  } else if (const auto act = metadata.find("activation"); act != metadata.end()) {
-    // Written before "model" was recorded: the activation is all there is to compare.
-    recorded = fmt::format("MLP(activation={})", act->second);
-    const std::string current = fmt::format("MLP(activation={})", o_.activation);
-    if (recorded == current) return;
-    fail("--init '{}' was saved from another model: {}", o_.init_path,
-         model_difference(recorded, current));
-  } else {
-    return;  // not nanoddp's (PyTorch's state_dict): the shapes are all that can be checked
+  // The activation is invisible in the shapes: its own key is compared whenever the file has
+  // one, whatever "model" says (an outside tester's file recorded another activation there
+  // beside a "model" this run matched, and was accepted).
+  if (const auto act = metadata.find("activation");
+      act != metadata.end() && act->second != o_.activation) {
+    fail(
+        "--init '{}' was saved from another model: its metadata key 'activation' is '{}', this "
+        "run's model uses '{}' (--activation). Pass --activation {}, or start from a file of "
+        "this model",
+        o_.init_path, act->second, o_.activation, act->second);
   }
-  const std::string difference = model_difference(recorded, model_->describe());
+  const auto model = metadata.find("model");
+  // Without "model" (files written before it was recorded, PyTorch's state_dict) the shapes
+  // are all that is left to check.
+  if (model == metadata.end()) return;
+  const std::string difference = model_difference(model->second, model_->describe());
   if (!difference.empty()) {
-    fail("--init '{}' was saved from another model: {}", o_.init_path, difference);
+    fail("--init '{}' was saved from another model (metadata key 'model' is '{}'): {}",
+         o_.init_path, model->second, difference);
   }
 }
 

@@ -14,10 +14,10 @@
 #include "nanoddp/comm/init.h"
 #include "nanoddp/comm/rendezvous.h"
 #include "nanoddp/engine/cuda_device.h"
-#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/kernels/cpu/kernels.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/nn/flat_parameters.h"
 #include "nanoddp/nn/layers.h"
 #include "nanoddp/nn/optimizer.h"
@@ -173,7 +173,8 @@ int run_worker(const Options& o) {
     if (step == o.warmup && dist) dist->group->barrier()->wait();  // measured steps start together
     const auto start = Clock::now();
     optimizer.zero_grad();
-    Tensor loss = mse_loss(model.forward(x), y);
+    // Through DDP's forward: only the backward of its output reduces (as in PyTorch).
+    Tensor loss = mse_loss(ddp ? ddp->forward(x) : model.forward(x), y);
     if (fused) fused->arm();
     loss.backward();
     if (fused) {

@@ -12,9 +12,9 @@
 
 #include "nanoddp/engine/cuda/device_guard.h"
 #include "nanoddp/engine/cuda_device.h"
-#include "nanoddp/kernels/error.h"
 #include "nanoddp/kernels/cuda/check.h"
 #include "nanoddp/kernels/cuda/kernels.h"
+#include "nanoddp/kernels/error.h"
 
 namespace nanoddp {
 namespace {
@@ -192,6 +192,17 @@ class CudaBackend final : public Backend {
                       std::int64_t d, std::int64_t inner, float beta, float* out) override {
     const Guard guard = enter("index_backward");
     kc::index_backward(g, indices, outer, d, inner, beta, out, native_);
+  }
+  void embedding_forward(const float* weight, const std::int64_t* indices, std::int64_t n,
+                         std::int64_t rows, std::int64_t dim, float* out) override {
+    const Guard guard = enter("embedding_forward");
+    kc::embedding_forward(weight, indices, n, rows, dim, out, native_);
+  }
+  void embedding_backward(const float* g, const std::int64_t* indices, std::int64_t n,
+                          std::int64_t rows, std::int64_t dim, float beta,
+                          float* grad_weight) override {
+    const Guard guard = enter("embedding_backward");
+    kc::embedding_backward(g, indices, n, rows, dim, beta, grad_weight, native_);
   }
   void copy_block(const float* src, std::int64_t src_d, std::int64_t src_start, float* dst,
                   std::int64_t dst_d, std::int64_t dst_start, std::int64_t outer, std::int64_t len,

@@ -141,6 +141,14 @@ void index_backward(const float* g, const std::int64_t* indices, std::int64_t ou
 void copy_block(const float* src, std::int64_t src_d, std::int64_t src_start, float* dst,
                 std::int64_t dst_d, std::int64_t dst_start, std::int64_t outer, std::int64_t len,
                 std::int64_t inner, float beta);
+// out[i, :] = weight[indices[i], :] for i < n, rows of `dim`: embedding's gather. Every index
+// must lie in [0, rows) (the op checks them first).
+void embedding_forward(const float* weight, const std::int64_t* indices, std::int64_t n,
+                       std::int64_t dim, float* out);
+// grad_weight = beta * grad_weight, then grad_weight[indices[i], :] += g[i, :] for i in order
+// (a repeated index sums its rows): embedding's scatter-add, for a [rows, dim] weight.
+void embedding_backward(const float* g, const std::int64_t* indices, std::int64_t n,
+                        std::int64_t rows, std::int64_t dim, float beta, float* grad_weight);
 // out[c, r] = beta * out[c, r] + x[r, c] for a rows x cols matrix x.
 void transpose(const float* x, std::int64_t rows, std::int64_t cols, float beta, float* out);
 // Softmax (or log-softmax) along d, with the maximum subtracted first (no overflow).

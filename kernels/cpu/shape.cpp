@@ -1,6 +1,7 @@
 // Shape and reduction kernels of the research ops, over tensors seen as [outer, d, inner]
 // around one dimension (see kernels.h). Sums accumulate in double, like sum().
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -73,6 +74,28 @@ void index_backward(const float* g, const std::int64_t* indices, std::int64_t ou
         dst = beta == 0.0f ? v : beta * dst + v;
       }
     }
+  }
+}
+
+void embedding_forward(const float* weight, const std::int64_t* indices, std::int64_t n,
+                       std::int64_t dim, float* out) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::copy_n(weight + indices[i] * dim, dim, out + i * dim);
+  }
+}
+
+void embedding_backward(const float* g, const std::int64_t* indices, std::int64_t n,
+                        std::int64_t rows, std::int64_t dim, float beta, float* grad_weight) {
+  if (beta == 0.0f) {
+    std::fill_n(grad_weight, rows * dim, 0.0f);
+  } else if (beta != 1.0f) {
+    for (std::int64_t k = 0; k < rows * dim; ++k) grad_weight[k] *= beta;
+  }
+  // In index order: the sum of a repeated index's rows is the same bits on every run.
+  for (std::int64_t i = 0; i < n; ++i) {
+    float* row = grad_weight + indices[i] * dim;
+    const float* src = g + i * dim;
+    for (std::int64_t j = 0; j < dim; ++j) row[j] += src[j];
   }
 }
 

@@ -49,8 +49,8 @@ void broadcast_scalar(const float* scalar, float alpha, float beta, float* out, 
 
 void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int64_t n,
               const SgdHyper& h, bool first_step, cudaStream_t stream);
-void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                std::int64_t n, const AdamWHyper& h, cudaStream_t stream);
+void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n,
+                const AdamWHyper& h, cudaStream_t stream);
 
 void fill_uniform(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t stream_id,
                   std::uint64_t offset, float lo, float hi, cudaStream_t stream);
@@ -97,6 +97,16 @@ void index_backward(const float* g, const std::int64_t* indices, std::int64_t ou
 void copy_block(const float* src, std::int64_t src_d, std::int64_t src_start, float* dst,
                 std::int64_t dst_d, std::int64_t dst_start, std::int64_t outer, std::int64_t len,
                 std::int64_t inner, float beta, cudaStream_t stream);
+// out[i, :] = weight[indices[i], :] for i < n, rows of `dim` (embedding.cu). An index outside
+// [0, rows) gives a row of NaN (the host does not wait to check them).
+void embedding_forward(const float* weight, const std::int64_t* indices, std::int64_t n,
+                       std::int64_t rows, std::int64_t dim, float* out, cudaStream_t stream);
+// grad_weight = beta * grad_weight, then grad_weight[indices[i], :] += g[i, :] with atomicAdd
+// (a repeated index sums its rows in no fixed order: last-bit differences between runs); an
+// index outside [0, rows) adds nothing.
+void embedding_backward(const float* g, const std::int64_t* indices, std::int64_t n,
+                        std::int64_t rows, std::int64_t dim, float beta, float* grad_weight,
+                        cudaStream_t stream);
 // out[c, r] = beta * out[c, r] + x[r, c] for a rows x cols matrix x.
 void transpose(const float* x, std::int64_t rows, std::int64_t cols, float beta, float* out,
                cudaStream_t stream);

@@ -402,7 +402,53 @@ TEST_CASE(
   INFO(init.output);
   CHECK(init.exit_code == 2);
   CHECK(contains(init.output, "--init '" + saved + "' was saved from another model"));
-  CHECK(contains(init.output, "activation relu there, gelu in this run (--activation)"));
+  CHECK(contains(init.output,
+                 "its metadata key 'activation' is 'relu', this run's model uses 'gelu' "
+                 "(--activation)"));
+}
+
+TEST_CASE("inputs: --init compares the file's activation key whatever its model key says") {
+  // An outside tester's file: another activation under "activation" beside a "model" that
+  // matches this run (or none) was accepted.
+  TempDir dir;
+  const std::string saved = dir.file("p.safetensors");
+  REQUIRE(train({"--steps", "2", "--quiet", "--save", saved}).exit_code == 0);
+  const nanoddp::nn::SafetensorsFile file = nanoddp::nn::read_safetensors(saved);
+  const std::string model = file.metadata().at("model");
+  REQUIRE(contains(model, "activation=relu"));
+  std::vector<std::vector<float>> values;
+  for (const std::string& name : file.names()) values.push_back(file.to_f32(name));
+  std::vector<nanoddp::nn::SafetensorsEntry> entries;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    entries.push_back({file.names()[i], "F32", file.at(file.names()[i]).shape, values[i].data()});
+  }
+  const auto rewritten = [&](const std::string& name, nanoddp::nn::SafetensorsMetadata metadata) {
+    const std::string path = dir.file(name);
+    nanoddp::nn::write_safetensors(path, entries, metadata);
+    return path;
+  };
+  for (const auto& [name, metadata] :
+       std::vector<std::pair<std::string, nanoddp::nn::SafetensorsMetadata>>{
+           {"model-relu-activation-gelu.safetensors", {{"model", model}, {"activation", "gelu"}}},
+           {"activation-gelu.safetensors", {{"activation", "gelu"}}}}) {
+    CAPTURE(name);
+    const std::string path = rewritten(name, metadata);
+    const ProcessResult r = train({"--steps", "1", "--init", path});
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "--init '" + path +
+                                 "' was saved from another model: its metadata "
+                                 "key 'activation' is 'gelu', this run's model uses 'relu'"));
+  }
+  // The same activation, and no record at all (PyTorch's files): accepted.
+  for (const auto& [name, metadata] :
+       std::vector<std::pair<std::string, nanoddp::nn::SafetensorsMetadata>>{
+           {"activation-relu.safetensors", {{"model", model}, {"activation", "relu"}}},
+           {"bare.safetensors", {}}}) {
+    CAPTURE(name);
+    const ProcessResult r = train({"--steps", "1", "--quiet", "--init", rewritten(name, metadata)});
+    CHECK_MESSAGE(r.exit_code == 0, r.output);
+  }
 }
 
 TEST_CASE("inputs: ranks whose --data, --resume or --init name different files stop at start") {

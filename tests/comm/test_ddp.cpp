@@ -44,6 +44,22 @@ TEST_CASE("ddp: an unused parameter is an error on every rank that names it") {
   }
 }
 
+TEST_CASE("ddp: a parameter without a gradient on one rank fails every rank, naming it") {
+  // Rank 1 leaves head b out. With NANODDP_TIMEOUT_S = 20, rank 0 used to fail after 20 s
+  // with a Gloo timeout in b's bucket; now both fail in that backward with the names.
+  for (const char* shm : {"1", "0"}) {  // shared memory, and Gloo over TCP
+    CAPTURE(shm);
+    const auto results = run_scenario({"unused-on-one-rank"}, 2, {{"NANODDP_SHM", shm}});
+    INFO(describe(results));
+    REQUIRE(all_exit(results, 3));
+    for (const auto& r : results) {
+      CHECK(r.output.find("on rank 1, 2 parameter(s): b.bias, b.weight") != std::string::npos);
+      CHECK(r.output.find("find_unused_parameters = true") != std::string::npos);
+      CHECK(r.output.find("Gloo") == std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("ddp: with find_unused_parameters a parameter unused on every rank is not updated") {
   // No gradient (PyTorch: .grad None), so momentum and weight decay leave it alone.
   const auto results = run_scenario({"unused", "--find-unused"}, 2);
@@ -117,6 +133,29 @@ TEST_CASE("ddp: no_sync micro-batches then one synced backward reduce the summed
     const auto results = run_scenario({"no-sync"}, world);
     INFO(describe(results));
     CHECK(all_exit(results, 0));
+  }
+}
+
+TEST_CASE(
+    "ddp: only the backward after DDP's forward reduces, as PyTorch's expect_autograd_hooks_") {
+  const auto results = run_scenario({"expect-hooks"}, 2);
+  INFO(describe(results));
+  REQUIRE(all_exit(results, 0));
+  for (const auto& r : results) {
+    for (const std::string line : {
+             "bypass: local",
+             "through ddp: averaged",
+             "bypass after a ddp step: local",
+             "two forwards, one backward: averaged",
+             "forward without backward, then a step: averaged",
+             "ddp forward, then a bypass backward: averaged",
+             "no_sync forward, backward after it: local",
+             "forward, backward under no_sync: averaged",
+             "no-grad forward, then a bypass backward: local",
+         }) {
+      CAPTURE(line);
+      CHECK(r.output.find(line + "\n") != std::string::npos);
+    }
   }
 }
 

@@ -45,6 +45,28 @@ struct DdpAndPlainTwin {
   const Tensor y = Tensor::normal({5, 3}, 0, 1, {.seed = 2});
 };
 
+// An Mlp whose forward can put a node that throws in backward between the first layer's output
+// and the rest: the backward fails after the last layers' gradients were delivered.
+class PoisonableMlp : public nn::Module {
+ public:
+  explicit PoisonableMlp(const nn::MlpOptions& options)
+      : mlp_(register_module("mlp", std::make_shared<nn::Mlp>(options))) {}
+  Tensor forward(const Tensor& x) override {
+    if (!poison) return mlp_->forward(x);
+    const auto& layers = mlp_->children().front().second->children();
+    Tensor h = layers[0].second->forward(x);
+    h = record("explodes", h.detach(), {h},
+               [](const Tensor&, GradSink&) { throw Error("backward failed on purpose"); });
+    for (std::size_t i = 1; i < layers.size(); ++i) h = layers[i].second->forward(h);
+    return h;
+  }
+  std::string describe() const override { return "PoisonableMlp"; }
+  bool poison = false;
+
+ private:
+  std::shared_ptr<nn::Mlp> mlp_;
+};
+
 }  // namespace
 
 TEST_CASE("reducer: buckets follow reverse registration order, first one small, no split") {
@@ -128,7 +150,7 @@ TEST_CASE_FIXTURE(DdpAndPlainTwin, "reducer: a world of one issues no collective
 
 TEST_CASE("reducer: after a backward pass that threw half-way, the next one works") {
   comm::Distributed dist = world_of_one();
-  nn::Mlp model({.in_features = 4, .out_features = 2, .hidden = 8, .layers = 2});
+  PoisonableMlp model({.in_features = 4, .out_features = 2, .hidden = 8, .layers = 2});
   nn::FlatParameters params(model, Device::cpu());
   comm::DistributedDataParallel ddp(
       model, params, dist.group, dist.store,
@@ -136,20 +158,13 @@ TEST_CASE("reducer: after a backward pass that threw half-way, the next one work
   const Tensor x = Tensor::normal({3, 4}, 0, 1, {.seed = 1});
   const Tensor y = Tensor::zeros({3, 2});
 
-  // A loss whose backward fails after the last layer's gradients have been delivered: put a
-  // throwing node between the model's first layer output and the rest.
-  auto poisoned_forward = [&] {
-    const auto& layers = model.children().front().second->children();
-    Tensor h = layers[0].second->forward(x);
-    h = record("explodes", h.detach(), {h},
-               [](const Tensor&, GradSink&) { throw Error("backward failed on purpose"); });
-    for (std::size_t i = 1; i < layers.size(); ++i) h = layers[i].second->forward(h);
-    return mse_loss(h, y);
-  };
+  model.poison = true;
   params.zero_grad();
-  CHECK_THROWS_WITH_AS(poisoned_forward().backward(), "backward failed on purpose", Error);
+  CHECK_THROWS_WITH_AS(mse_loss(ddp(x), y).backward(), "backward failed on purpose", Error);
+  CHECK_FALSE(ddp.reducer().expects_autograd_hooks());  // the failed pass consumed the forward
 
   // The Reducer saw some hooks of the dead pass; a fresh pass must reduce every bucket again.
+  model.poison = false;
   params.zero_grad();
   CHECK_NOTHROW(mse_loss(ddp(x), y).backward());
   for (const auto& slot : params.slots()) CHECK(slot.param.has_grad());
@@ -197,6 +212,28 @@ TEST_CASE_FIXTURE(
   params.zero_grad();
   CHECK_NOTHROW(mse_loss(ddp(x), y).backward());
   CHECK(seen == want);
+}
+
+TEST_CASE_FIXTURE(DdpAndPlainTwin,
+                  "reducer: a backward that bypassed DDP's forward issues no collective") {
+  const auto ops = [&] { return dist.group->fingerprint().ops; };
+  params.zero_grad();
+  const std::uint64_t before = ops();
+  mse_loss(model(x), y).backward();  // the wrapped module called directly
+  CHECK(ops() == before);
+  ref_params.zero_grad();
+  mse_loss(reference(x), y).backward();
+  CHECK(params.grads().to_vector() == ref_params.grads().to_vector());
+
+  // DDP's forward arms the next backward; a reconfigure in between keeps the arming.
+  params.zero_grad();
+  const Tensor out = ddp(x);
+  CHECK(ddp.reducer().expects_autograd_hooks());
+  ddp.reconfigure({.bucket_cap_mb = 100, .first_bucket_mb = 100});
+  CHECK(ddp.reducer().expects_autograd_hooks());
+  mse_loss(out, y).backward();
+  CHECK(ops() == before + 1);  // one bucket (no step check in a world of one)
+  CHECK_FALSE(ddp.reducer().expects_autograd_hooks());  // consumed by that backward's finalize
 }
 
 TEST_CASE("reducer: a discarded DDP leaves no hook on the parameters") {

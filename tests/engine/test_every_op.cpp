@@ -36,10 +36,10 @@
 #include <vector>
 
 #include "nanoddp/engine/cuda_device.h"
-#include "nanoddp/kernels/error.h"
 #include "nanoddp/engine/functional.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/engine/tensor.h"
+#include "nanoddp/kernels/error.h"
 
 namespace nanoddp {
 namespace {
@@ -204,6 +204,13 @@ std::vector<GradCase> grad_cases() {
          return cross_entropy(t[0], Tensor::from_int64(targets, {4}),
                               {.ignore_index = -1, .label_smoothing = 0.2f});
        }},
+      {"embedding",
+       "repeated indices, 2-D",
+       {input({5, 3}, 31)},
+       [](auto& t) {
+         const std::vector<std::int64_t> index{4, 0, 4, 2, 4, 1};
+         return embedding(t[0], Tensor::from_int64(index, {2, 3}));
+       }},
       {"dropout",
        "",
        {m43},
@@ -265,9 +272,8 @@ const std::vector<InPlace> kInPlace{
     {"zero", [](Tensor& t) { t.zero(); }},
 };
 // The other void members: autograd's own bookkeeping, not writes of values.
-const std::set<std::string> kBookkeeping{
-    "set_data",  // PyTorch's `p.data = ...`
-    "set_grad_fn", "set_grad", "zero_grad", "backward"};
+const std::set<std::string> kBookkeeping{"set_data",  // PyTorch's `p.data = ...`
+                                         "set_grad_fn", "set_grad", "zero_grad", "backward"};
 
 // The engine's source folder.
 fs::path engine_dir() {

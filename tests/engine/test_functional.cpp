@@ -228,6 +228,36 @@ TEST_CASE("functional: shape ops and their errors") {
 // The cases tests/engine/torch_ops.sh hands to PyTorch: each op on fixed float32 inputs, its
 // output, and the gradients of sum(r * output) for fixed weights r. Written to
 // $NANODDP_TORCH_OPS_OUT when set; always computed and checked finite.
+TEST_CASE("functional: embedding gathers rows, scatter-adds repeated ones, refuses bad indices") {
+  const std::vector<float> table{0, 1, 10, 11, 20, 21, 30, 31};  // 4 rows of 2
+  Tensor weight = Tensor::from_vector(table, {4, 2});
+  weight.set_requires_grad(true);
+  const std::vector<std::int64_t> index{2, 0, 2, 3, 2, 0};
+  const Tensor out = embedding(weight, Tensor::from_int64(index, {2, 3}));
+  CHECK(out.shape() == Shape{2, 3, 2});
+  CHECK(out.to_vector() == std::vector<float>{20, 21, 0, 1, 20, 21, 30, 31, 20, 21, 0, 1});
+  // The gradient of sum(out * g): each row's g summed into its index's row (row 1 unused: 0).
+  std::vector<float> g(12);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i + 1);
+  sum(mul(out, Tensor::from_vector(g, {2, 3, 2}))).backward();
+  CHECK(weight.grad().to_vector() ==
+        std::vector<float>{3 + 11, 4 + 12, 0, 0, 1 + 5 + 9, 2 + 6 + 10, 7, 8});
+  // A second backward accumulates.
+  sum(embedding(weight, Tensor::from_int64(std::vector<std::int64_t>{1}, {1}))).backward();
+  CHECK(weight.grad().to_vector() == std::vector<float>{14, 16, 1, 1, 15, 18, 7, 8});
+
+  CHECK_THROWS_WITH_AS(embedding(weight, Tensor::from_int64(std::vector<std::int64_t>{0, 4}, {2})),
+                       doctest::Contains("index 4 (element 1 of indices [2]) is out of range for "
+                                         "4 embeddings"),
+                       Error);
+  CHECK_THROWS_WITH_AS(embedding(weight, Tensor::from_int64(std::vector<std::int64_t>{-1}, {1})),
+                       doctest::Contains("index -1"), Error);
+  CHECK_THROWS_WITH_AS(embedding(weight, Tensor::zeros({2})),
+                       doctest::Contains("indices must be an int64 tensor, got float32"), Error);
+  CHECK_THROWS_WITH_AS(embedding(Tensor::zeros({4}), Tensor::from_int64(index, {6})),
+                       doctest::Contains("must be [num_embeddings, embedding_dim]"), Error);
+}
+
 TEST_CASE("functional: cases for the PyTorch comparison") {
   using Json = nlohmann::json;
   struct Case {
@@ -282,6 +312,13 @@ TEST_CASE("functional: cases for the PyTorch comparison") {
        {in({6, 5}, 22)},
        [](auto& t) { return mean(t[0], 1); }},
       {"max", {{"dim", 1}}, {in({6, 5}, 23)}, [](auto& t) { return max(t[0], 1).values; }},
+      {"embedding",
+       {{"indices", {3, 0, 3, 5, 1, 3, 0, 2}}, {"indices_shape", {2, 4}}},
+       {in({6, 5}, 40)},
+       [](auto& t) {
+         const std::vector<std::int64_t> index{3, 0, 3, 5, 1, 3, 0, 2};
+         return embedding(t[0], Tensor::from_int64(index, {2, 4}));
+       }},
       {"softmax",
        {{"dim", 1}},
        {in({6, 5}, 24, -20.0f, 20.0f)},

@@ -109,6 +109,15 @@ TEST_CASE("cuda functional ops match the CPU, forward and backward") {
       {"layer_norm",
        {in(big, 23), in({301}, 24), in({301}, 25)},
        [](auto& t) { return layer_norm(t[0], t[1], t[2]); }},
+      {"embedding (atomicAdd scatter of repeated indices)",
+       {in(big, 26)},
+       [](auto& t) {
+         std::vector<std::int64_t> index(3 * 41);
+         for (std::size_t i = 0; i < index.size(); ++i) {
+           index[i] = static_cast<std::int64_t>((i * 13) % 37 % 9);  // rows 0-8, many repeats
+         }
+         return embedding(t[0], Tensor::from_int64(index, {3, 41}, t[0].device()));
+       }},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);
@@ -132,6 +141,18 @@ TEST_CASE("cuda cross_entropy: a target out of range gives a NaN loss (no host s
   const Tensor logits = Tensor::zeros({2, 3}, Device::cuda(0));
   const std::vector<std::int64_t> bad{0, 3};
   CHECK(std::isnan(cross_entropy(logits, Tensor::from_int64(bad, {2}, Device::cuda(0))).item()));
+}
+
+TEST_CASE("cuda embedding: an index out of range gives a row of NaN and no gradient") {
+  Tensor weight = Tensor::ones({3, 2}, Device::cuda(0));
+  weight.set_requires_grad(true);
+  const std::vector<std::int64_t> index{1, 3, -1};
+  const Tensor out = embedding(weight, Tensor::from_int64(index, {3}, Device::cuda(0)));
+  const std::vector<float> got = out.to_vector();
+  CHECK(got[0] == 1.0f);
+  for (std::size_t i = 2; i < got.size(); ++i) CHECK(std::isnan(got[i]));
+  sum(narrow(out, 0, 0, 1)).backward();
+  CHECK(weight.grad().to_vector() == std::vector<float>{0, 0, 1, 1, 0, 0});
 }
 
 #endif  // NANODDP_WITH_CUDA

@@ -31,6 +31,9 @@ def evaluate(case, xs):
         return getattr(torch, op)(xs[0], a["dim"], keepdim=a["keepdim"])
     if op == "max":
         return torch.max(xs[0], a["dim"]).values
+    if op == "embedding":
+        index = torch.tensor(a["indices"], dtype=torch.int64).reshape(a["indices_shape"])
+        return F.embedding(index, xs[0])
     if op == "softmax":
         return F.softmax(xs[0], a["dim"])
     if op == "log_softmax":

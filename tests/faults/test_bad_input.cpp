@@ -12,6 +12,9 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <optional>
+#include <regex>
+#include <thread>
 
 #include "faults/faults_util.h"
 #include "nanoddp/nn/checkpoint.h"
@@ -345,6 +348,82 @@ TEST_CASE("bad input: an unwritable --save folder is refused before training (ex
   CHECK(contains(r.output, "--save"));
   CHECK(contains(r.output, file + "/sub"));
   CHECK_FALSE(contains(r.output, "step   1/"));  // no step ran
+}
+
+// Rank 0's failed checkpoint write ends every rank at once: rank 0 names the file and the cause,
+// rank 1 says that rank 0 failed writing a checkpoint (it used to wait in the next step's
+// collectives until their timeout, then report a collective failure instead).
+void check_checkpoint_failure_ends_both(const std::string& rank0, const std::string& rank1,
+                                        const std::string& dir, const std::string& cause) {
+  INFO("rank 0:\n", rank0, "\nrank 1:\n", rank1);
+  std::smatch m;
+  REQUIRE(std::regex_search(
+      rank0, m, std::regex("error: cannot write '" + dir + "/step-0*([0-9]+)\\.safetensors'")));
+  CHECK(contains(rank0, cause));
+  CHECK(contains(rank1, "error: rank 0 failed writing a checkpoint at step " + m[1].str() +
+                            ", so every rank stops: cannot write '" + dir + "/step-"));
+  CHECK(contains(rank1, cause));
+  CHECK_FALSE(contains(rank1, "Gloo"));  // not a collective's timeout or lost peer
+}
+
+TEST_CASE("bad input: a full disk under rank 0's checkpoint write ends every rank, naming it") {
+  TempDir dir;
+  const std::string mnt = dir.file("small");
+  fs::create_directories(mnt);
+  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=1m") != 0) {
+    MESSAGE("SKIPPED: cannot mount a tmpfs here (needs root): ", std::strerror(errno));
+    return;
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  const std::vector<std::string> argv =
+      train_argv({"--hidden", "120", "--steps", "30", "--checkpoint-every", "1", "--keep", "100",
+                  "--checkpoint-dir", mnt, "--quiet"});
+  const auto results = two_ranks(argv, argv);
+  for (const auto& r : results) {
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.exit_code == 1);
+  }
+  check_checkpoint_failure_ends_both(results[0].output, results[1].output, mnt,
+                                     "No space left on device");
+}
+
+TEST_CASE("bad input: a checkpoint folder turned read-only mid-run ends every rank, naming it") {
+  TempDir dir;
+  const std::string mnt = dir.file("ro");
+  fs::create_directories(mnt);
+  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=4m") != 0) {
+    MESSAGE("SKIPPED: cannot mount a tmpfs here (needs root): ", std::strerror(errno));
+    return;
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  auto ranks = start_ranks(train_argv({"--steps", "100000000", "--checkpoint-every", "1", "--keep",
+                                       "2", "--checkpoint-dir", mnt, "--log-every", "1000"}),
+                           2, {{"NANODDP_TIMEOUT_S", "5"}});
+  REQUIRE_MESSAGE(
+      ranks[0]->wait_for_output([](const std::string& out) { return contains(out, "loss "); }, 60s),
+      ranks[0]->output());
+  REQUIRE_FALSE(nanoddp::nn::list_checkpoints(mnt).empty());  // checkpoints are being written
+  // A checkpoint being written holds a file open for writing, which makes the remount busy:
+  // retry until it lands between two writes.
+  bool read_only = false;
+  for (int attempt = 0; attempt < 1000 && !read_only; ++attempt) {
+    read_only = mount(nullptr, mnt.c_str(), nullptr, MS_REMOUNT | MS_RDONLY, nullptr) == 0;
+    if (!read_only) std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE_MESSAGE(read_only, "remount read-only failed: ", std::strerror(errno));
+  std::optional<int> status[2];
+  for (int r = 0; r < 2; ++r) status[r] = ranks[static_cast<std::size_t>(r)]->wait(60s);
+  INFO("rank 0: ", status_text(status[0]), ", rank 1: ", status_text(status[1]));
+  CHECK(exited_with(status[0], 1));
+  CHECK(exited_with(status[1], 1));
+  check_checkpoint_failure_ends_both(ranks[0]->output(), ranks[1]->output(), mnt,
+                                     "Read-only file system");
 }
 
 TEST_CASE("bad input: a disk that fills up during a checkpoint write names the path (exit 1)") {

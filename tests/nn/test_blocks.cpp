@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,6 +98,35 @@ TEST_CASE("nn: LayerNorm and ResidualBlock are named like PyTorch and train ever
     CHECK(norm > 0);
   }
   CHECK_THROWS_AS(nn::LayerNorm(0), Error);
+}
+
+TEST_CASE("nn: Embedding is named like PyTorch's, starts from N(0, 1) and trains its rows") {
+  Generator g(3);
+  nn::Embedding table(50, 8, g);
+  const auto named = table.named_parameters();
+  REQUIRE(named.size() == 1);
+  CHECK(named[0].name == "weight");
+  CHECK(named[0].tensor.shape() == Shape{50, 8});
+  CHECK(table.describe() == "Embedding(num_embeddings=50, embedding_dim=8)");
+  const std::vector<float> w = table.weight().to_vector();
+  double mean = 0, square = 0;
+  for (const float v : w) {
+    mean += v;
+    square += static_cast<double>(v) * v;
+  }
+  mean /= static_cast<double>(w.size());
+  square /= static_cast<double>(w.size());
+  CHECK(std::abs(mean) < 0.15);  // 400 draws: the standard error of the mean is 0.05
+  CHECK(std::abs(square - 1.0) < 0.25);
+  // Only the looked-up rows get a gradient.
+  const std::vector<std::int64_t> index{7, 7, 0};
+  sum(table(Tensor::from_int64(index, {3}))).backward();
+  const std::vector<float> grad = table.weight().grad().to_vector();
+  for (std::size_t row = 0; row < 50; ++row) {
+    const float want = row == 7 ? 2.0f : row == 0 ? 1.0f : 0.0f;
+    for (std::size_t j = 0; j < 8; ++j) CHECK(grad[row * 8 + j] == want);
+  }
+  CHECK_THROWS_WITH_AS(nn::Embedding(0, 8, g), doctest::Contains("must be positive"), Error);
 }
 
 TEST_CASE("nn: Dropout is active in training only, draws fresh masks, and reproduces") {

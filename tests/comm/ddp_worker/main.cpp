@@ -4,9 +4,11 @@
 //
 //   nanoddp-test-ddp-worker unused [--find-unused]
 //   nanoddp-test-ddp-worker unused-no-sync
+//   nanoddp-test-ddp-worker unused-on-one-rank
 //   nanoddp-test-ddp-worker unused-one-rank [--adamw]
 //   nanoddp-test-ddp-worker mismatch
 //   nanoddp-test-ddp-worker no-sync
+//   nanoddp-test-ddp-worker expect-hooks
 //   nanoddp-test-ddp-worker overlap
 //   nanoddp-test-ddp-worker bf16
 //   nanoddp-test-ddp-worker skip-step
@@ -146,6 +148,27 @@ class OptionalHead : public nn::Module {
  private:
   std::shared_ptr<nn::Linear> a_, b_;
 };
+
+// Without find_unused_parameters, head b is used on rank 0 only: rank 1's backward gives it no
+// gradient. Every rank must fail in that backward, naming b's parameters (rank 0 used to wait in
+// b's bucket all-reduce until the collective timeout).
+int unused_on_one_rank(comm::Distributed& dist) {
+  const int rank = dist.group->rank();
+  Generator g(7);
+  OptionalHead model(g);
+  model.use_b = rank == 0;
+  nn::FlatParameters params(model, Device::cpu());
+  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store);
+  params.zero_grad();
+  try {
+    mse_loss(ddp(batch(5, 4, rank, 0, 0)), batch(5, 2, rank, 0, 1)).backward();
+  } catch (const std::exception& e) {
+    fmt::print("error: {}\n", e.what());
+    return 3;
+  }
+  fmt::print("no error\n");
+  return 0;
+}
 
 // find_unused_parameters with gradient accumulation: head b is used in the no_sync micro-batch
 // only. Its gradient from that micro-batch must survive the synced pass that does not use it
@@ -351,6 +374,123 @@ int no_sync(comm::Distributed& dist) {
            "gradient {}: got {} expected {}", i, got[i], expected);
   }
   fmt::print("no_sync: {} gradients match\n", got.size());
+  return 0;
+}
+
+// PyTorch's expect_autograd_hooks_: only the backward that follows DDP's forward (synchronized,
+// grad-enabled) reduces; its finalize disarms the hooks. Each case prints whether it reduced
+// (its gradients equal the world average of what the ranks computed, checked against a
+// single-process computation of every rank's batches) or stayed local (bit for bit this rank's
+// own gradients, no collective issued: the group's op count does not move).
+int expect_hooks(comm::Distributed& dist) {
+  const int rank = dist.group->rank(), world = dist.group->size();
+  const nn::MlpOptions shape{
+      .in_features = 6, .out_features = 3, .hidden = 10, .layers = 2, .seed = 3};
+  nn::Mlp model(shape);
+  nn::FlatParameters params(model, Device::cpu());
+  comm::DistributedDataParallel ddp(
+      model, params, dist.group, dist.store,
+      {.reducer = {.bucket_cap_mb = 0.0005, .first_bucket_mb = 0.0002}});
+  nn::Mlp reference(shape);
+  nn::FlatParameters ref_params(reference, Device::cpu());
+  // The summed gradients of the losses over batches `micros` (each micro-batch m is a loss
+  // term) for ranks `ranks`, on the unwrapped twin.
+  const auto reference_grads = [&](const std::vector<int>& ranks, const std::vector<int>& micros) {
+    ref_params.zero_grad();
+    for (const int r : ranks) {
+      for (const int m : micros) {
+        mse_loss(reference(batch(5, 6, r, m, 0)), batch(5, 3, r, m, 1)).backward();
+      }
+    }
+    return ref_params.grads().to_vector();
+  };
+  std::vector<int> all_ranks;
+  for (int r = 0; r < world; ++r) all_ranks.push_back(r);
+  const auto loss_of = [&](const Tensor& out, int m) {
+    return mse_loss(out, batch(5, 3, rank, m, 1));
+  };
+  // What one case left: "local" or "averaged" (anything else fails the scenario).
+  const auto verdict = [&](const char* name, const std::vector<int>& micros,
+                           std::uint64_t ops_before) {
+    const std::vector<float> got = params.grads().to_vector();
+    const std::uint64_t ops = dist.group->fingerprint().ops - ops_before;
+    if (ops == 0 && got == reference_grads({rank}, micros)) {
+      fmt::print("{}: local\n", name);
+      return;
+    }
+    const std::vector<float> sum = reference_grads(all_ranks, micros);
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const float expected = sum[i] / static_cast<float>(world);
+      EXPECT(std::fabs(got[i] - expected) <= 1e-5f * (1.0f + std::fabs(expected)),
+             "{}: neither local nor averaged ({} ops issued): gradient {} is {}, the average {}",
+             name, ops, i, got[i], expected);
+    }
+    EXPECT(ops > 0, "{}: averaged without a collective", name);
+    fmt::print("{}: averaged\n", name);
+  };
+  std::uint64_t before = 0;
+  const auto start = [&] {
+    params.zero_grad();
+    before = dist.group->fingerprint().ops;
+  };
+
+  start();  // the module called directly: its hooks return at once
+  loss_of(model(batch(5, 6, rank, 0, 0)), 0).backward();
+  verdict("bypass", {0}, before);
+
+  start();
+  loss_of(ddp(batch(5, 6, rank, 1, 0)), 1).backward();
+  verdict("through ddp", {1}, before);
+
+  start();  // the finalize above disarmed the hooks
+  loss_of(model(batch(5, 6, rank, 2, 0)), 2).backward();
+  verdict("bypass after a ddp step", {2}, before);
+
+  start();  // one backward through both forwards' graphs: one reduction of the sum
+  {
+    const Tensor a = ddp(batch(5, 6, rank, 3, 0));
+    const Tensor b = ddp(batch(5, 6, rank, 4, 0));
+    add(loss_of(a, 3), loss_of(b, 4)).backward();
+  }
+  verdict("two forwards, one backward", {3, 4}, before);
+
+  start();  // a forward without a backward, then a step: the step reduces, nothing is left over
+  (void)ddp(batch(5, 6, rank, 5, 0));
+  loss_of(ddp(batch(5, 6, rank, 6, 0)), 6).backward();
+  verdict("forward without backward, then a step", {6}, before);
+
+  start();  // as in PyTorch, the arming is not tied to a graph: a dangling DDP forward arms the
+            // backward of a graph built by calling the module directly
+  (void)ddp(batch(5, 6, rank, 7, 0));
+  loss_of(model(batch(5, 6, rank, 8, 0)), 8).backward();
+  verdict("ddp forward, then a bypass backward", {8}, before);
+
+  start();  // no_sync is decided at forward
+  {
+    Tensor loss;
+    {
+      auto guard = ddp.no_sync();
+      loss = loss_of(ddp(batch(5, 6, rank, 9, 0)), 9);
+    }
+    loss.backward();
+  }
+  verdict("no_sync forward, backward after it", {9}, before);
+
+  start();
+  {
+    const Tensor loss = loss_of(ddp(batch(5, 6, rank, 10, 0)), 10);
+    auto guard = ddp.no_sync();
+    loss.backward();
+  }
+  verdict("forward, backward under no_sync", {10}, before);
+
+  start();  // a forward without gradients arms nothing, and keeps nothing armed
+  {
+    const NoGrad no_grad;
+    (void)ddp(batch(5, 6, rank, 11, 0));
+  }
+  loss_of(model(batch(5, 6, rank, 12, 0)), 12).backward();
+  verdict("no-grad forward, then a bypass backward", {12}, before);
   return 0;
 }
 
@@ -774,7 +914,7 @@ int main(int argc, char** argv) {
         stderr,
         "usage: {} "
         "unused|unused-no-sync|unused-one-rank|mismatch|reconfigure-mismatch|reconfigure-recovers|"
-        "no-sync|overlap|bf16|skip-step|two-tower|zero|zero-refusals "
+        "no-sync|expect-hooks|overlap|bf16|skip-step|two-tower|zero|zero-refusals "
         "[--find-unused|--adamw|--bf16]\n",
         argv[0]);
     return 2;
@@ -786,12 +926,14 @@ int main(int argc, char** argv) {
     if (scenario == "unused")
       return unused(dist, argc > 2 && std::strcmp(argv[2], "--find-unused") == 0);
     if (scenario == "unused-no-sync") return unused_no_sync(dist);
+    if (scenario == "unused-on-one-rank") return unused_on_one_rank(dist);
     if (scenario == "unused-one-rank")
       return unused_one_rank(dist, argc > 2 && std::strcmp(argv[2], "--adamw") == 0);
     if (scenario == "mismatch") return mismatch(dist);
     if (scenario == "reconfigure-mismatch") return reconfigure_mismatch(dist);
     if (scenario == "reconfigure-recovers") return reconfigure_recovers(dist);
     if (scenario == "no-sync") return no_sync(dist);
+    if (scenario == "expect-hooks") return expect_hooks(dist);
     if (scenario == "overlap") return overlap(dist);
     if (scenario == "bf16") return bf16(dist);
     if (scenario == "skip-step") return skip_step(dist);

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# The simulator against two runs it did not see (docs/simulator.md, "Validation", part 3):
+#   shm   W = 2 ranks on one host (gloo+shm)
+#   hier  2 "nodes" x 2 ranks: two network namespaces joined by a veth pair
+#         (tests/support/two_node_netns.sh), the hierarchical all-reduce (gloo+shm+hier)
+# Both predictions come from inputs measured apart from the runs they predict:
+#   1. contention: nanoddp-bench-gemm's mlp-step row (the GEMMs of one training step, cold
+#      caches) alone, then 2 copies at once, twice each; F = median(pair) / median(alone)
+#   2. trace-1.json: a 1-rank nanoddp-train trace (the compute profile)
+#   3. shm-2.jsonl: nanoddp-bench-allreduce on 2 ranks on one host (shared memory)
+#   4. tcp-2.jsonl: nanoddp-bench-allreduce on 2 ranks, one per namespace (Gloo's TCP ring over
+#      the veth pair: what the leaders run in the hierarchical all-reduce's step 2)
+# and the measured runs: 5. nanoddp-train on 2 ranks (shm); 6. nanoddp-train on 2 x 2 (hier).
+# Measured = the median step_ms of rank 0's metrics (step 1 left out).
+#
+#   sudo benchmarks/sim/validate-hier.sh [BIN_DIR] [OUT_DIR]   (defaults: build/bin, a temp dir)
+#   PREDICT_ONLY=1 benchmarks/sim/validate-hier.sh BIN_DIR OUT_DIR   (predictions again, no runs)
+# Needs root for the namespaces (ip netns); they are removed on exit. Environment: STEPS (40),
+# MODEL ("--hidden 1024 --layers 3 --batch 64"). The machine may be shared: the load average is
+# printed before every measurement; read the figures with it.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+BIN=${1:-$root/build/bin}
+OUT=${2:-$(mktemp -d /tmp/nanoddp-sim-hier.XXXXXX)}
+STEPS=${STEPS:-40}
+MODEL=${MODEL:-"--hidden 1024 --layers 3 --batch 64"}
+# shellcheck disable=SC2206
+model=($MODEL)
+mkdir -p "$OUT"
+for exe in nanoddp-train nanoddp-run nanoddp-bench-allreduce nanoddp-bench-gemm nanoddp-sim; do
+  [[ -x $BIN/$exe ]] || { echo "validate-hier.sh: $BIN/$exe not found: build first" >&2; exit 2; }
+done
+load() { echo "# $1  $(date -u '+%H:%M:%S UTC')  load average: $(cut -d' ' -f1-3 /proc/loadavg)" |
+           tee -a "$OUT/load.txt"; }
+train=("$BIN/nanoddp-train" "${model[@]}" --steps "$STEPS" --log-every 1)
+bench=("$BIN/nanoddp-bench-allreduce" -b 64K -e 32M -f 1.5 -n 30 -w 5)
+
+if [[ -z ${PREDICT_ONLY:-} ]]; then
+  : > "$OUT/load.txt"
+  echo "# output in $OUT; $(nproc) cores; $(date -u '+%Y-%m-%d')"
+  # 1. Contention: the hidden width and batch of MODEL; 4 Linear layers as nanoddp-bench-gemm's
+  # mlp-step row has them.
+  hidden=1024 batch=64
+  for ((i = 0; i < ${#model[@]}; i++)); do
+    [[ ${model[i]} == --hidden ]] && hidden=${model[i + 1]}
+    [[ ${model[i]} == --batch ]] && batch=${model[i + 1]}
+  done
+  gemm=(timeout 300 "$BIN/nanoddp-bench-gemm" --sizes 64 --batch "$batch" --hidden "$hidden"
+        --linears 4 --repeats 40 --warmup 5 --threads 1)
+  load "contention"
+  for round in 1 2; do
+    "${gemm[@]}" --json "$OUT/gemm-alone-$round.jsonl" > "$OUT/gemm-alone-$round.log"
+    "${gemm[@]}" --json "$OUT/gemm-pair-$round-a.jsonl" > "$OUT/gemm-pair-$round-a.log" &
+    a=$!
+    "${gemm[@]}" --json "$OUT/gemm-pair-$round-b.jsonl" > "$OUT/gemm-pair-$round-b.log" &
+    b=$!
+    wait $a
+    wait $b
+  done
+  # 2.-5. on one host.
+  load "trace-1"
+  timeout 600 "${train[@]}" --trace "$OUT/trace-1.json" --trace-steps "$STEPS" \
+    --metrics "$OUT/metrics-1.jsonl" > "$OUT/train-1.log"
+  load "shm-2 (all-reduce)"
+  timeout 600 "$BIN/nanoddp-run" --nproc-per-node 2 "${bench[@]}" --json "$OUT/shm-2.jsonl" \
+    > "$OUT/shm-2.log"
+  load "measured shm W=2"
+  timeout 600 "$BIN/nanoddp-run" --nproc-per-node 2 "${train[@]}" \
+    --metrics "$OUT/metrics-shm.jsonl" > "$OUT/train-shm.log"
+
+  # 4. and 6. across two namespaces.
+  source "$root/tests/support/two_node_netns.sh"
+  two_node_netns_up s 10.231.17
+  export NANODDP_TIMEOUT_S=120
+  on_both() {  # NAME PORT PROCS NODE0-ONLY-ARGS -- ARGS...
+    local name=$1 port=$2 procs=$3 node0=$4 rc=0
+    shift 5
+    local job=(--nnodes 2 --nproc-per-node "$procs" --master-addr "$addr_a" --master-port "$port")
+    # shellcheck disable=SC2086
+    timeout 600 ip netns exec "$ns_a" "$BIN/nanoddp-run" --node-rank 0 "${job[@]}" "$@" $node0 \
+      > "$OUT/$name-0.log" 2>&1 &
+    local a=$!
+    timeout 600 ip netns exec "$ns_b" "$BIN/nanoddp-run" --node-rank 1 "${job[@]}" "$@" \
+      > "$OUT/$name-1.log" 2>&1 &
+    local b=$!
+    wait $a || rc=$?
+    wait $b || rc=$?
+    [[ $rc == 0 ]] || { echo "validate-hier.sh: $name exited $rc" >&2;
+                         tail -20 "$OUT/$name-0.log" "$OUT/$name-1.log" >&2; exit 1; }
+  }
+  load "tcp-2 (all-reduce, one rank per namespace)"
+  on_both tcp 29771 1 "--json $OUT/tcp-2.jsonl" -- "${bench[@]}"
+  load "measured hier 2x2"
+  on_both hier 29772 2 "--metrics $OUT/metrics-hier.jsonl" -- "${train[@]}"
+  grep -q "backend gloo+shm+hier" "$OUT/hier-0.log" ||
+    { echo "validate-hier.sh: the 2 x 2 run did not use gloo+shm+hier" >&2; exit 1; }
+  load "done"
+fi
+
+# Predictions. The contention factor from step 1.
+F=$(python3 - "$OUT" <<'EOF'
+import glob, json, statistics, sys
+out = sys.argv[1]
+def step(path):
+    for line in open(path):
+        r = json.loads(line)
+        if r.get("shape") == "mlp-step" and r.get("backend") == "nanoddp-cpu":
+            return r["median_ms"]
+    raise SystemExit(f"no nanoddp-cpu mlp-step row in {path}")
+alone = statistics.median(step(p) for p in glob.glob(f"{out}/gemm-alone-*.jsonl"))
+pair = statistics.median(step(p) for p in glob.glob(f"{out}/gemm-pair-*.jsonl"))
+print(f"{max(1.0, pair / alone):.3f}")
+EOF
+)
+echo "# contention factor F = $F (2 copies of the GEMMs at once / one alone)"
+shape=(--hidden 1024 --layers 3)
+sim=("$BIN/nanoddp-sim" --profile "$OUT/trace-1.json")
+# W = 2 on one host: 2 cores; the fit's ranks and the profile measured on the same host.
+"${sim[@]}" --nodes 1 --gpus-per-node 2 --fit-allreduce "$OUT/shm-2.jsonl" --cores "$(nproc)" \
+  --json "$OUT/sim-shm-Ac.json" > "$OUT/sim-shm-Ac.txt"
+"${sim[@]}" --nodes 1 --gpus-per-node 2 --fit-allreduce "$OUT/shm-2.jsonl" --cores "$(nproc)" \
+  --mem-contention "$F" --json "$OUT/sim-shm-F.json" > "$OUT/sim-shm-F.txt"
+# 2 x 2: the two "nodes" share this host's cores, so each has nproc / 2 of them; the inputs were
+# measured on the whole host (--measured-cores).
+node_cores=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
+hier=(--nodes 2 --gpus-per-node 2 --algo hier --fit-intra "$OUT/shm-2.jsonl"
+      --fit-inter "$OUT/tcp-2.jsonl" --cores "$node_cores" --measured-cores "$(nproc)")
+"${sim[@]}" "${hier[@]}" --json "$OUT/sim-hier-Ac.json" > "$OUT/sim-hier-Ac.txt"
+"${sim[@]}" "${hier[@]}" --mem-contention "$F" --json "$OUT/sim-hier-F.json" \
+  > "$OUT/sim-hier-F.txt"
+
+python3 - "$OUT" <<'EOF'
+import json, statistics, sys
+out = sys.argv[1]
+def measured(name):
+    rows = [json.loads(l) for l in open(f"{out}/metrics-{name}.jsonl")]
+    rows = [r for r in rows if r["step"] > 1]
+    med = lambda k: statistics.median(r.get(k, 0.0) for r in rows)
+    return med("step_ms"), med("compute_ms") if "compute_ms" in rows[0] else float("nan"), \
+        med("comm_ms"), med("exposed_comm_ms")
+print(f"{'run':<22} {'measured':>8} {'no contention':>13} {'err':>7} {'with F':>7} {'err':>7}"
+      f" {'comm meas/pred':>15} {'exposed meas/pred':>18}")
+for name, label in (("shm", "W=2, one host (shm)"), ("hier", "2 x 2 namespaces (hier)")):
+    step, _, comm, exposed = measured(name)
+    a = json.load(open(f"{out}/sim-{name}-Ac.json"))["step"]
+    f = json.load(open(f"{out}/sim-{name}-F.json"))["step"]
+    err = lambda p: 100.0 * (p["step_ms"] - step) / step
+    print(f"{label:<22} {step:>8.2f} {a['step_ms']:>13.2f} {err(a):>+6.1f}% {f['step_ms']:>7.2f}"
+          f" {err(f):>+6.1f}% {comm:>7.2f}/{f['comm_ms']:<7.2f} {exposed:>9.2f}/{f['exposed_comm_ms']:<8.2f}")
+one = statistics.median(json.loads(l)["step_ms"] for l in open(f"{out}/metrics-1.jsonl")
+                        if json.loads(l)["step"] > 1)
+print(f"(ms; 1-rank step {one:.2f}; measured = median step_ms of rank 0's metrics, steps 2..N; "
+      "predictions from the 1-rank trace and the all-reduce fits, with and without the "
+      "contention factor)")
+EOF
+cat "$OUT/load.txt"

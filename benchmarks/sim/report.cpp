@@ -47,13 +47,20 @@ std::string format_report(const SimReport& r) {
   out +=
       fmt::format("cluster   {} node(s) x {} GPU(s) = {} rank(s); all-reduce {}\n", o.cluster.nodes,
                   o.cluster.gpus_per_node, p.world_size, algorithm_name(o.algorithm));
-  out += fmt::format("fabric    {}\n", fabric_line(o.fabric, o.cluster));
+  // A fitted hierarchical run: this fabric is one host's; the leaders' comes below.
+  const bool two_fits = o.algorithm == Algorithm::kHierarchical && o.inter_fabric.has_value();
+  out += fmt::format(
+      "fabric    {}\n",
+      fabric_line(o.fabric, two_fits ? Cluster{.nodes = 1, .gpus_per_node = o.cluster.gpus_per_node}
+                                     : o.cluster));
   if (!o.fabric.description.empty()) out += fmt::format("          {}\n", o.fabric.description);
   if (o.algorithm == Algorithm::kHierarchical) {
     const Fabric& inter = o.inter_fabric.value_or(o.fabric);
     out += fmt::format(
-        "hier      within a host: ring over its {} ranks ({}); across: ring over {} leaders ({})\n",
-        o.cluster.gpus_per_node, o.fabric.name, o.cluster.nodes, inter.name);
+        "hier      within a host: ring over its {} ranks ({}); across: ring over {} leaders ({}: "
+        "{:.3g} GB/s, {:.3g} us/step); 4 MiB pieces, the leaders' ring one piece behind\n",
+        o.cluster.gpus_per_node, o.fabric.name, o.cluster.nodes, inter.name, inter.inter_bw_gbs,
+        inter.inter_lat_us);
     if (o.inter_fabric && !inter.description.empty()) {
       out += fmt::format("          leaders: {}\n", inter.description);
     }
@@ -77,7 +84,7 @@ std::string format_report(const SimReport& r) {
   }
   if (o.mem_contention != 1) {
     out += fmt::format(
-        "memory bus  compute x{:.3g} slower on a node whose ranks compute together "
+        "mem bus   compute x{:.3g} slower on a node whose ranks compute together "
         "(--mem-contention){}\n",
         o.mem_contention, o.cluster.gpus_per_node > 1 ? "" : ": not applied, one rank per node");
   }

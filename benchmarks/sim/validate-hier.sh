@@ -5,7 +5,10 @@
 #         (tests/support/two_node_netns.sh), the hierarchical all-reduce (gloo+shm+hier)
 # Both predictions come from inputs measured apart from the runs they predict:
 #   1. contention: nanoddp-bench-gemm's mlp-step row (the GEMMs of one training step, cold
-#      caches) alone, then 2 copies at once, twice each; F = median(pair) / median(alone)
+#      caches) alone, then 2 copies at once, twice each; F = median(pair) / median(alone) of
+#      the row's wall time, and F_cpu = the same ratio of each process's CPU time (user + sys,
+#      /usr/bin/time): memory stalls count in CPU time, another process's time slices do not,
+#      so F_cpu holds on a shared machine where the wall-clock ratio also counts time-sharing
 #   2. trace-1.json: a 1-rank nanoddp-train trace (the compute profile)
 #   3. shm-2.jsonl: nanoddp-bench-allreduce on 2 ranks on one host (shared memory)
 #   4. tcp-2.jsonl: nanoddp-bench-allreduce on 2 ranks, one per namespace (Gloo's TCP ring over
@@ -15,6 +18,8 @@
 #
 #   sudo benchmarks/sim/validate-hier.sh [BIN_DIR] [OUT_DIR]   (defaults: build/bin, a temp dir)
 #   PREDICT_ONLY=1 benchmarks/sim/validate-hier.sh BIN_DIR OUT_DIR   (predictions again, no runs)
+#   CALIBRATE_ONLY=1 benchmarks/sim/validate-hier.sh BIN_DIR CAL_DIR  (step 1 alone); then
+#   PREDICT_ONLY=1 CALIBRATION_DIR=CAL_DIR ... OUT_DIR predicts with those factors
 # Needs root for the namespaces (ip netns); they are removed on exit. Environment: STEPS (40),
 # MODEL ("--hidden 1024 --layers 3 --batch 64"). The machine may be shared: the load average is
 # printed before every measurement; read the figures with it.
@@ -35,28 +40,38 @@ load() { echo "# $1  $(date -u '+%H:%M:%S UTC')  load average: $(cut -d' ' -f1-3
 train=("$BIN/nanoddp-train" "${model[@]}" --steps "$STEPS" --log-every 1)
 bench=("$BIN/nanoddp-bench-allreduce" -b 64K -e 32M -f 1.5 -n 30 -w 5)
 
-if [[ -z ${PREDICT_ONLY:-} ]]; then
-  : > "$OUT/load.txt"
-  echo "# output in $OUT; $(nproc) cores; $(date -u '+%Y-%m-%d')"
+calibrate() {
   # 1. Contention: the hidden width and batch of MODEL; 4 Linear layers as nanoddp-bench-gemm's
   # mlp-step row has them.
-  hidden=1024 batch=64
+  local hidden=1024 batch=64 i round a b
   for ((i = 0; i < ${#model[@]}; i++)); do
     [[ ${model[i]} == --hidden ]] && hidden=${model[i + 1]}
     [[ ${model[i]} == --batch ]] && batch=${model[i + 1]}
   done
-  gemm=(timeout 300 "$BIN/nanoddp-bench-gemm" --sizes 64 --batch "$batch" --hidden "$hidden"
-        --linears 4 --repeats 40 --warmup 5 --threads 1)
+  local gemm=(timeout 300 "$BIN/nanoddp-bench-gemm" --sizes 64 --batch "$batch" --hidden "$hidden"
+              --linears 4 --repeats 40 --warmup 5 --threads 1)
+  timed() {  # NAME: one copy, its CPU seconds in NAME.cpu
+    /usr/bin/time -f "%U %S" -o "$OUT/$1.cpu" "${gemm[@]}" --json "$OUT/$1.jsonl" > "$OUT/$1.log"
+  }
   load "contention"
   for round in 1 2; do
-    "${gemm[@]}" --json "$OUT/gemm-alone-$round.jsonl" > "$OUT/gemm-alone-$round.log"
-    "${gemm[@]}" --json "$OUT/gemm-pair-$round-a.jsonl" > "$OUT/gemm-pair-$round-a.log" &
+    timed "gemm-alone-$round"
+    timed "gemm-pair-$round-a" &
     a=$!
-    "${gemm[@]}" --json "$OUT/gemm-pair-$round-b.jsonl" > "$OUT/gemm-pair-$round-b.log" &
+    timed "gemm-pair-$round-b" &
     b=$!
     wait $a
     wait $b
   done
+}
+
+if [[ -n ${CALIBRATE_ONLY:-} ]]; then
+  echo "# calibration only, into $OUT; $(date -u '+%Y-%m-%d')"
+  calibrate
+elif [[ -z ${PREDICT_ONLY:-} ]]; then
+  : > "$OUT/load.txt"
+  echo "# output in $OUT; $(nproc) cores; $(date -u '+%Y-%m-%d')"
+  calibrate
   # 2.-5. on one host.
   load "trace-1"
   timeout 600 "${train[@]}" --trace "$OUT/trace-1.json" --trace-steps "$STEPS" \
@@ -97,60 +112,73 @@ if [[ -z ${PREDICT_ONLY:-} ]]; then
   load "done"
 fi
 
-# Predictions. The contention factor from step 1.
-F=$(python3 - "$OUT" <<'EOF'
+# Predictions. The contention factors from step 1 (CALIBRATION_DIR: another run's step 1).
+CAL=${CALIBRATION_DIR:-$OUT}
+read -r F FCPU < <(python3 - "$CAL" <<'EOF'
 import glob, json, statistics, sys
-out = sys.argv[1]
-def step(path):
+cal = sys.argv[1]
+def wall(path):
     for line in open(path):
         r = json.loads(line)
         if r.get("shape") == "mlp-step" and r.get("backend") == "nanoddp-cpu":
             return r["median_ms"]
     raise SystemExit(f"no nanoddp-cpu mlp-step row in {path}")
-alone = statistics.median(step(p) for p in glob.glob(f"{out}/gemm-alone-*.jsonl"))
-pair = statistics.median(step(p) for p in glob.glob(f"{out}/gemm-pair-*.jsonl"))
-print(f"{max(1.0, pair / alone):.3f}")
+def cpu(path):
+    user, system = open(path).read().split()[-2:]
+    return float(user) + float(system)
+def ratio(value, ext):
+    alone = statistics.median(value(p) for p in glob.glob(f"{cal}/gemm-alone-*.{ext}"))
+    pair = statistics.median(value(p) for p in glob.glob(f"{cal}/gemm-pair-*.{ext}"))
+    return f"{max(1.0, pair / alone):.3f}"
+print(ratio(wall, "jsonl"), ratio(cpu, "cpu") if glob.glob(f"{cal}/gemm-*.cpu") else "-")
 EOF
 )
-echo "# contention factor F = $F (2 copies of the GEMMs at once / one alone)"
-shape=(--hidden 1024 --layers 3)
-sim=("$BIN/nanoddp-sim" --profile "$OUT/trace-1.json")
+echo "# contention from $CAL: F = $F (wall time of 2 GEMM copies at once / one alone)," \
+  "F_cpu = $FCPU (their CPU time)"
+[[ -n ${CALIBRATE_ONLY:-} ]] && exit 0
+rm -f "$OUT"/sim-shm-*.json "$OUT"/sim-shm-*.txt "$OUT"/sim-hier-*.json "$OUT"/sim-hier-*.txt
+variants=("none:" "F:--mem-contention $F")
+[[ $FCPU != - ]] && variants+=("Fcpu:--mem-contention $FCPU")
 # W = 2 on one host: 2 cores; the fit's ranks and the profile measured on the same host.
-"${sim[@]}" --nodes 1 --gpus-per-node 2 --fit-allreduce "$OUT/shm-2.jsonl" --cores "$(nproc)" \
-  --json "$OUT/sim-shm-Ac.json" > "$OUT/sim-shm-Ac.txt"
-"${sim[@]}" --nodes 1 --gpus-per-node 2 --fit-allreduce "$OUT/shm-2.jsonl" --cores "$(nproc)" \
-  --mem-contention "$F" --json "$OUT/sim-shm-F.json" > "$OUT/sim-shm-F.txt"
 # 2 x 2: the two "nodes" share this host's cores, so each has nproc / 2 of them; the inputs were
 # measured on the whole host (--measured-cores).
-node_cores=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
+node_cores=$(($(nproc) / 2 > 0 ? $(nproc) / 2 : 1))
+sim=("$BIN/nanoddp-sim" --profile "$OUT/trace-1.json")
+shm=(--nodes 1 --gpus-per-node 2 --fit-allreduce "$OUT/shm-2.jsonl" --cores "$(nproc)")
 hier=(--nodes 2 --gpus-per-node 2 --algo hier --fit-intra "$OUT/shm-2.jsonl"
       --fit-inter "$OUT/tcp-2.jsonl" --cores "$node_cores" --measured-cores "$(nproc)")
-"${sim[@]}" "${hier[@]}" --json "$OUT/sim-hier-Ac.json" > "$OUT/sim-hier-Ac.txt"
-"${sim[@]}" "${hier[@]}" --mem-contention "$F" --json "$OUT/sim-hier-F.json" \
-  > "$OUT/sim-hier-F.txt"
+for v in "${variants[@]}"; do
+  name=${v%%:*}
+  # shellcheck disable=SC2206
+  flags=(${v#*:})
+  "${sim[@]}" "${shm[@]}" "${flags[@]}" --json "$OUT/sim-shm-$name.json" > "$OUT/sim-shm-$name.txt"
+  "${sim[@]}" "${hier[@]}" "${flags[@]}" --json "$OUT/sim-hier-$name.json" \
+    > "$OUT/sim-hier-$name.txt"
+done
 
 python3 - "$OUT" <<'EOF'
-import json, statistics, sys
+import json, os, statistics, sys
 out = sys.argv[1]
 def measured(name):
     rows = [json.loads(l) for l in open(f"{out}/metrics-{name}.jsonl")]
     rows = [r for r in rows if r["step"] > 1]
     med = lambda k: statistics.median(r.get(k, 0.0) for r in rows)
-    return med("step_ms"), med("compute_ms") if "compute_ms" in rows[0] else float("nan"), \
-        med("comm_ms"), med("exposed_comm_ms")
-print(f"{'run':<22} {'measured':>8} {'no contention':>13} {'err':>7} {'with F':>7} {'err':>7}"
-      f" {'comm meas/pred':>15} {'exposed meas/pred':>18}")
+    return med("step_ms"), med("comm_ms"), med("exposed_comm_ms")
+variants = [v for v in ("none", "F", "Fcpu") if os.path.exists(f"{out}/sim-shm-{v}.json")]
+print(f"{'run':<24} {'measured':>8}" + "".join(f" {v:>7} {'err':>7}" for v in variants)
+      + f" {'comm meas/pred':>15} {'exposed meas/pred':>18}")
 for name, label in (("shm", "W=2, one host (shm)"), ("hier", "2 x 2 namespaces (hier)")):
-    step, _, comm, exposed = measured(name)
-    a = json.load(open(f"{out}/sim-{name}-Ac.json"))["step"]
-    f = json.load(open(f"{out}/sim-{name}-F.json"))["step"]
+    step, comm, exposed = measured(name)
+    pred = {v: json.load(open(f"{out}/sim-{name}-{v}.json"))["step"] for v in variants}
     err = lambda p: 100.0 * (p["step_ms"] - step) / step
-    print(f"{label:<22} {step:>8.2f} {a['step_ms']:>13.2f} {err(a):>+6.1f}% {f['step_ms']:>7.2f}"
-          f" {err(f):>+6.1f}% {comm:>7.2f}/{f['comm_ms']:<7.2f} {exposed:>9.2f}/{f['exposed_comm_ms']:<8.2f}")
+    last = pred[variants[-1]]
+    print(f"{label:<24} {step:>8.2f}"
+          + "".join(f" {pred[v]['step_ms']:>7.2f} {err(pred[v]):>+6.1f}%" for v in variants)
+          + f" {comm:>7.2f}/{last['comm_ms']:<7.2f} {exposed:>9.2f}/{last['exposed_comm_ms']:<8.2f}")
 one = statistics.median(json.loads(l)["step_ms"] for l in open(f"{out}/metrics-1.jsonl")
                         if json.loads(l)["step"] > 1)
 print(f"(ms; 1-rank step {one:.2f}; measured = median step_ms of rank 0's metrics, steps 2..N; "
-      "predictions from the 1-rank trace and the all-reduce fits, with and without the "
-      "contention factor)")
+      "predictions from the 1-rank trace and the all-reduce fits: none = no contention factor, "
+      "F = the wall-time factor, Fcpu = the CPU-time factor; comm/exposed: the last variant's)")
 EOF
 cat "$OUT/load.txt"

@@ -126,7 +126,7 @@ TEST_CASE("hierarchical: nanoddp's topology rules (several hosts, several ranks 
   CHECK(std::string(algorithm_name(Algorithm::kHierarchical)) == "hier");
 }
 
-TEST_CASE("hierarchical: the step model uses the leaders' fabric for step 2") {
+TEST_CASE("hierarchical: the step model uses the leaders' fabric for step 2, bf16 hook included") {
   StepOptions o{.cluster = kTwoByTwo,
                 .fabric = shm_fabric(),
                 .algorithm = Algorithm::kHierarchical,
@@ -137,6 +137,13 @@ TEST_CASE("hierarchical: the step model uses the leaders' fabric for step 2") {
   REQUIRE(p.buckets.size() == 1);
   CHECK(p.collectives[0].ms ==
         doctest::Approx(within(kMiB) + across(kMiB) + within(4) + within(kMiB)).epsilon(1e-12));
+  // The bf16 hook: half the bytes through every phase (the buffer is bf16 on the host and
+  // across).
+  StepOptions bf16 = o;
+  bf16.grad_bytes = 2;
+  const double half = kMiB / 2;
+  CHECK(predict_step(one_rank_profile(), bf16).collectives[0].ms ==
+        doctest::Approx(within(half) + across(half) + within(4) + within(half)).epsilon(1e-12));
   // The sync all-reduce (2n floats = 32 bytes) takes the same path.
   CHECK(p.sync_ms ==
         doctest::Approx(within(32) + across(32) + within(4) + within(32)).epsilon(1e-12));

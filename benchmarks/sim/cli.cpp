@@ -76,7 +76,7 @@ std::string check(const CliOptions& o, const CLI::App& app) {
       return "--cores models CPU ranks sharing cores; the FLOP model describes GPUs (use a "
              "--profile traced on the CPU)";
     }
-    if (app.count("--mem-contention") > 0) {
+    if (app.count("--mem-contention") > 0 || app.count("--opt-contention") > 0) {
       return "--mem-contention models CPU ranks sharing a host's memory; the FLOP model "
              "describes GPUs (use a --profile traced on 1 CPU rank)";
     }
@@ -332,6 +332,10 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
                  "(shared caches and memory bus; measure F, docs/simulator.md), 1 to 10")
       ->check(CLI::Range(1.0, kMaxMemContention))
       ->capture_default_str();
+  app.add_option("--opt-contention", o.opt_contention,
+                 "CPU ranks: the optimizer step's own factor (a memory stream; measure it with "
+                 "2 copies of a streaming 1-rank job), 1 to 10 (default: --mem-contention)")
+      ->check(CLI::Range(1.0, kMaxMemContention));
   app.add_option("--peers", o.peers,
                  "identical: every rank is the profiled one; traced: each collective waits "
                  "for the slowest rank of the trace (same world size)")
@@ -423,7 +427,9 @@ nlohmann::ordered_json inputs_json(const CliOptions& o) {
                   {"gpus_per_node", o.gpus_per_node},
                   {"cores", o.cores},
                   {"measured_cores", o.measured_cores},
-                  {"mem_contention", o.mem_contention}};
+                  {"mem_contention", o.mem_contention},
+                  {"opt_contention", o.opt_contention ? nlohmann::ordered_json(*o.opt_contention)
+                                                      : nlohmann::ordered_json(nullptr)}};
   const bool fitted = !o.fit_path.empty() || !o.fit_intra_path.empty();
   j["network"] = {{"fabric", fitted ? "" : o.fabric},    {"fit_allreduce", o.fit_path},
                   {"fit_intra", o.fit_intra_path},       {"fit_inter", o.fit_inter_path},
@@ -731,7 +737,8 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
       .peers = o.peers == "traced",
       .optimizer_in_backward = o.optimizer_in_backward == "on",
       .measured_cores = o.measured_cores,
-      .mem_contention = o.mem_contention};
+      .mem_contention = o.mem_contention,
+      .opt_contention = o.opt_contention};
   if (hier_fitted) {
     report.options.inter_fabric =
         level_fit(o, "--fit-inter", o.fit_inter_path, leaders, bucket_bytes);

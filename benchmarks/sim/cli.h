@@ -53,10 +53,11 @@ struct CliOptions {
   std::string sync_allreduce = "on";
   double overlap_slowdown = 0;
   double compute_scale = 1;
-  int cores = 0;                    // CPU cores per node, shared by its ranks; 0 = unlimited
-  int measured_cores = 0;           // cores the inputs were measured on; 0 = --cores
-  double mem_contention = 1;        // compute slowdown of ranks sharing a host's memory
-  std::string peers = "identical";  // or "traced": wait for the trace's slowest rank
+  int cores = 0;                         // CPU cores per node, shared by its ranks; 0 = unlimited
+  int measured_cores = 0;                // cores the inputs were measured on; 0 = --cores
+  double mem_contention = 1;             // compute slowdown of ranks sharing a host's memory
+  std::optional<double> opt_contention;  // the optimizer's; unset: mem_contention
+  std::string peers = "identical";       // or "traced": wait for the trace's slowest rank
 
   // Output.
   bool sweep_buckets = false;

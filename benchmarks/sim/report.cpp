@@ -82,6 +82,12 @@ std::string format_report(const SimReport& r) {
         o.cores, o.cluster.gpus_per_node, p.world_size > 1 ? o.cluster.gpus_per_node : 0,
         q.compute_alone, q.compute_shared, q.comm_alone, q.comm_shared);
   }
+  if (o.opt_contention) {
+    out += fmt::format(
+        "mem bus   optimizer x{:.3g} slower on a node of several ranks "
+        "(--opt-contention)\n",
+        *o.opt_contention);
+  }
   if (o.mem_contention != 1) {
     out += fmt::format(
         "mem bus   compute x{:.3g} slower on a node whose ranks compute together "

@@ -31,6 +31,13 @@ double contention(const ComputeProfile& profile, const StepOptions& o) {
   return o.cluster.gpus_per_node > 1 && p == 1 ? o.mem_contention : 1.0;
 }
 
+// The optimizer's factor over the one the rates hold already.
+double optimizer_contention(const ComputeProfile& profile, const StepOptions& o) {
+  const int p = profile.measured ? profile.measured->world_size : 1;
+  if (o.cluster.gpus_per_node < 2 || p != 1 || !o.opt_contention) return 1.0;
+  return *o.opt_contention / o.mem_contention;
+}
+
 // --optimizer-in-backward: the time finalize takes beyond the optimizer's own, from the end of
 // backward. Finalize waits for bucket 0, updates its parameters (its share of the optimizer),
 // waits for bucket 1, ... while the communication thread works through the all-reduces still
@@ -121,7 +128,11 @@ StepPrediction predict_step(const ComputeProfile& profile, const StepOptions& o)
   if (!(o.mem_contention >= 1) || !std::isfinite(o.mem_contention)) {
     fail("--mem-contention must be a number >= 1 (1 = none), got {}", o.mem_contention);
   }
-  if (o.mem_contention != 1 && profile.measured && profile.measured->world_size > 1) {
+  if (o.opt_contention && (!(*o.opt_contention >= 1) || !std::isfinite(*o.opt_contention))) {
+    fail("--opt-contention must be a number >= 1 (1 = none), got {}", *o.opt_contention);
+  }
+  if ((o.mem_contention != 1 || o.opt_contention.value_or(1) != 1) && profile.measured &&
+      profile.measured->world_size > 1) {
     fail(
         "--mem-contention with a profile traced on {} ranks: its compute already ran beside the "
         "others and holds their contention; use a 1-rank trace",
@@ -186,7 +197,7 @@ StepPrediction predict_step(const ComputeProfile& profile, const StepOptions& o)
 
   p.forward_ms = profile.forward_ms * compute_factor;
   p.backward_ms = p.timeline.backward_end_ms;
-  p.optimizer_ms = profile.optimizer_ms * compute_factor;
+  p.optimizer_ms = profile.optimizer_ms * compute_factor * optimizer_contention(profile, o);
   p.other_ms = profile.other_ms * compute_factor;
   p.comm_ms = p.timeline.comm_ms;
   p.exposed_comm_ms = p.timeline.exposed_comm_ms;

@@ -42,6 +42,8 @@
 // not derived: the time of the same GEMMs run by 2 processes at once over one alone
 // (nanoddp-bench-gemm's mlp-step row, benchmarks/sim/validate-hier.sh). It applies on nodes of
 // 2 or more ranks to a profile traced on 1 rank (a multi-rank trace already holds it).
+// `opt_contention` replaces it for the optimizer step, a memory stream rather than GEMMs: its
+// factor is measured with 2 copies of a 1-rank job whose whole step streams memory.
 //
 // Peers (`peers`): with a profile read with its peers (trace_profile.h) and the traced world,
 // each bucket's collective waits for the slowest rank to produce the bucket (timeline.h).
@@ -77,6 +79,8 @@ struct StepOptions {
   bool optimizer_in_backward = false;
   int measured_cores = 0;     // cores the profile and fits were measured on; 0 = `cores`
   double mem_contention = 1;  // compute slowdown of ranks sharing a host's memory (above)
+  // The optimizer's own factor (a memory stream, unlike the GEMMs); unset: mem_contention.
+  std::optional<double> opt_contention;
   // --algo hier: the leaders' network (step 2); unset: `fabric` for both levels.
   std::optional<Fabric> inter_fabric;
 };

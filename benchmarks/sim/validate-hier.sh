@@ -8,7 +8,9 @@
 #      caches) alone, then 2 copies at once, twice each; F = median(pair) / median(alone) of
 #      the row's wall time, and F_cpu = the same ratio of each process's CPU time (user + sys,
 #      /usr/bin/time): memory stalls count in CPU time, another process's time slices do not,
-#      so F_cpu holds on a shared machine where the wall-clock ratio also counts time-sharing
+#      so F_cpu holds on a shared machine where the wall-clock ratio also counts time-sharing;
+#      F_opt, the optimizer's: the CPU-time ratio of a 1-rank job whose step streams memory
+#      (nanoddp-train --hidden 2048 --layers 3 --batch 1), alone and 2 at once
 #   2. trace-1.json: a 1-rank nanoddp-train trace (the compute profile)
 #   3. shm-2.jsonl: nanoddp-bench-allreduce on 2 ranks on one host (shared memory)
 #   4. tcp-2.jsonl: nanoddp-bench-allreduce on 2 ranks, one per namespace (Gloo's TCP ring over
@@ -53,12 +55,27 @@ calibrate() {
   timed() {  # NAME: one copy, its CPU seconds in NAME.cpu
     /usr/bin/time -f "%U %S" -o "$OUT/$1.cpu" "${gemm[@]}" --json "$OUT/$1.jsonl" > "$OUT/$1.log"
   }
+  # The optimizer's factor: a 1-rank job whose whole step streams memory (batch 1: the GEMMs
+  # are matrix-vector products; AdamW over 12.6 M parameters), alone and 2 at once.
+  local stream=(timeout 300 "$BIN/nanoddp-train" --hidden 2048 --layers 3 --batch 1 --steps 200
+                --log-every 1)
+  streamed() {  # NAME
+    /usr/bin/time -f "%U %S" -o "$OUT/$1.cpu" "${stream[@]}" --metrics "$OUT/$1.jsonl" \
+      > "$OUT/$1.log"
+  }
   load "contention"
   for round in 1 2; do
     timed "gemm-alone-$round"
     timed "gemm-pair-$round-a" &
     a=$!
     timed "gemm-pair-$round-b" &
+    b=$!
+    wait $a
+    wait $b
+    streamed "stream-alone-$round"
+    streamed "stream-pair-$round-a" &
+    a=$!
+    streamed "stream-pair-$round-b" &
     b=$!
     wait $a
     wait $b
@@ -114,7 +131,7 @@ fi
 
 # Predictions. The contention factors from step 1 (CALIBRATION_DIR: another run's step 1).
 CAL=${CALIBRATION_DIR:-$OUT}
-read -r F FCPU < <(python3 - "$CAL" <<'EOF'
+read -r F FCPU FOPT < <(python3 - "$CAL" <<'EOF'
 import glob, json, statistics, sys
 cal = sys.argv[1]
 def wall(path):
@@ -126,19 +143,22 @@ def wall(path):
 def cpu(path):
     user, system = open(path).read().split()[-2:]
     return float(user) + float(system)
-def ratio(value, ext):
-    alone = statistics.median(value(p) for p in glob.glob(f"{cal}/gemm-alone-*.{ext}"))
-    pair = statistics.median(value(p) for p in glob.glob(f"{cal}/gemm-pair-*.{ext}"))
+def ratio(value, ext, what="gemm"):
+    alone = statistics.median(value(p) for p in glob.glob(f"{cal}/{what}-alone-*.{ext}"))
+    pair = statistics.median(value(p) for p in glob.glob(f"{cal}/{what}-pair-*.{ext}"))
     return f"{max(1.0, pair / alone):.3f}"
-print(ratio(wall, "jsonl"), ratio(cpu, "cpu") if glob.glob(f"{cal}/gemm-*.cpu") else "-")
+print(ratio(wall, "jsonl"), ratio(cpu, "cpu") if glob.glob(f"{cal}/gemm-*.cpu") else "-",
+      ratio(cpu, "cpu", "stream") if glob.glob(f"{cal}/stream-*.cpu") else "-")
 EOF
 )
 echo "# contention from $CAL: F = $F (wall time of 2 GEMM copies at once / one alone)," \
-  "F_cpu = $FCPU (their CPU time)"
+  "F_cpu = $FCPU (their CPU time), F_opt = $FOPT (CPU time of 2 streaming 1-rank jobs)"
 [[ -n ${CALIBRATE_ONLY:-} ]] && exit 0
 rm -f "$OUT"/sim-shm-*.json "$OUT"/sim-shm-*.txt "$OUT"/sim-hier-*.json "$OUT"/sim-hier-*.txt
 variants=("none:" "F:--mem-contention $F")
 [[ $FCPU != - ]] && variants+=("Fcpu:--mem-contention $FCPU")
+[[ $FCPU != - && $FOPT != - ]] &&
+  variants+=("Fopt:--mem-contention $FCPU --opt-contention $FOPT")
 # W = 2 on one host: 2 cores; the fit's ranks and the profile measured on the same host.
 # 2 x 2: the two "nodes" share this host's cores, so each has nproc / 2 of them; the inputs were
 # measured on the whole host (--measured-cores).
@@ -164,7 +184,7 @@ def measured(name):
     rows = [r for r in rows if r["step"] > 1]
     med = lambda k: statistics.median(r.get(k, 0.0) for r in rows)
     return med("step_ms"), med("comm_ms"), med("exposed_comm_ms")
-variants = [v for v in ("none", "F", "Fcpu") if os.path.exists(f"{out}/sim-shm-{v}.json")]
+variants = [v for v in ("none", "F", "Fcpu", "Fopt") if os.path.exists(f"{out}/sim-shm-{v}.json")]
 print(f"{'run':<24} {'measured':>8}" + "".join(f" {v:>7} {'err':>7}" for v in variants)
       + f" {'comm meas/pred':>15} {'exposed meas/pred':>18}")
 for name, label in (("shm", "W=2, one host (shm)"), ("hier", "2 x 2 namespaces (hier)")):
@@ -179,6 +199,7 @@ one = statistics.median(json.loads(l)["step_ms"] for l in open(f"{out}/metrics-1
                         if json.loads(l)["step"] > 1)
 print(f"(ms; 1-rank step {one:.2f}; measured = median step_ms of rank 0's metrics, steps 2..N; "
       "predictions from the 1-rank trace and the all-reduce fits: none = no contention factor, "
-      "F = the wall-time factor, Fcpu = the CPU-time factor; comm/exposed: the last variant's)")
+      "F = the wall-time factor, Fcpu = the CPU-time factor, Fopt = Fcpu with the optimizer's "
+      "own; comm/exposed: the last variant's)")
 EOF
 cat "$OUT/load.txt"

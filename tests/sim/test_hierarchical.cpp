@@ -175,6 +175,17 @@ TEST_CASE("contention: compute runs F times slower on a node of several ranks, b
   o.cluster = {.nodes = 2, .gpus_per_node = 1};
   o.cores = 0;
   CHECK(sharing_rates(profile, o).compute_alone == 1.0);
+  // The optimizer's own factor replaces F for the optimizer step only.
+  StepOptions opt = o;
+  opt.cluster = {.nodes = 1, .gpus_per_node = 2};
+  opt.cores = 0;
+  opt.opt_contention = 2.0;
+  const StepPrediction streamed = predict_step(profile, opt);
+  CHECK(streamed.optimizer_ms == doctest::Approx(1.0));
+  CHECK(streamed.forward_ms == doctest::Approx(3.0));
+  opt.mem_contention = 1.0;
+  CHECK(predict_step(profile, opt).forward_ms == doctest::Approx(2.0));
+  CHECK(predict_step(profile, opt).optimizer_ms == doctest::Approx(1.0));
   // A profile traced on several ranks already holds the contention: refused.
   ComputeProfile traced = profile;
   traced.measured = MeasuredStep{.world_size = 2};
@@ -262,6 +273,7 @@ TEST_CASE("hierarchical cli: topology and input refusals name the flag") {
         "--fit-inter", tcp4},
        "measured with 4 ranks"},
       {{"--mem-contention", "1.2"}, "--mem-contention models CPU ranks"},
+      {{"--opt-contention", "1.2"}, "--mem-contention models CPU ranks"},
       {{"--measured-cores", "2"}, "--measured-cores needs --cores"},
   };
   for (const Case& c : cases) {

@@ -11,9 +11,10 @@
 
 namespace nanoddp::sim {
 
-std::vector<AllreduceSample> read_bench_allreduce(const std::string& path, int expected_ranks) {
+std::vector<AllreduceSample> read_bench_allreduce(const std::string& path, int expected_ranks,
+                                                  const std::string& flag) {
   std::ifstream in(path);
-  if (!in) fail("--fit-allreduce {}: cannot open the file", path);
+  if (!in) fail("{} {}: cannot open the file", flag, path);
   std::vector<AllreduceSample> samples;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
@@ -23,17 +24,17 @@ std::vector<AllreduceSample> read_bench_allreduce(const std::string& path, int e
       row = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception&) {
       fail(
-          "--fit-allreduce {}: line {} is not JSON; expected the rows of "
+          "{} {}: line {} is not JSON; expected the rows of "
           "nanoddp-bench-allreduce --json FILE",
-          path, number);
+          flag, path, number);
     }
     if (!row.is_object() || !row.contains("bytes") || !row.contains("time_us") ||
         !row.contains("ranks") || !row["bytes"].is_number() || !row["time_us"].is_number() ||
         !row["ranks"].is_number_integer()) {
       fail(
-          "--fit-allreduce {}: line {} lacks numeric \"ranks\", \"bytes\" and \"time_us\"; "
+          "{} {}: line {} lacks numeric \"ranks\", \"bytes\" and \"time_us\"; "
           "expected the rows of nanoddp-bench-allreduce --json FILE",
-          path, number);
+          flag, path, number);
     }
     // DDP's buckets are reduced in place: nanoddp-bench-allreduce's out-of-place lines (a copy
     // more) describe another operation.
@@ -41,26 +42,27 @@ std::vector<AllreduceSample> read_bench_allreduce(const std::string& path, int e
     const int ranks = row["ranks"].get<int>();
     if (ranks != expected_ranks) {
       fail(
-          "--fit-allreduce {}: line {} was measured with {} ranks, but the simulated cluster has "
-          "{}; measure at the world size you simulate",
-          path, number, ranks, expected_ranks);
+          "{} {}: line {} was measured with {} ranks, but it must hold {} (the simulated world; "
+          "with --algo hier: one host's ranks for --fit-intra, the nodes for --fit-inter)",
+          flag, path, number, ranks, expected_ranks);
     }
     const double bytes = row["bytes"].get<double>();
     const double us = row["time_us"].get<double>();
     if (!(bytes > 0) || !(us > 0) || !std::isfinite(us)) {
-      fail("--fit-allreduce {}: line {} has bytes {} and time_us {}; both must be positive", path,
-           number, bytes, us);
+      fail("{} {}: line {} has bytes {} and time_us {}; both must be positive", flag, path, number,
+           bytes, us);
     }
     samples.push_back({bytes, us / 1000.0});
   }
-  if (samples.empty()) fail("--fit-allreduce {}: no rows", path);
+  if (samples.empty()) fail("{} {}: no rows", flag, path);
   return samples;
 }
 
 AllreduceFit fit_allreduce(const std::vector<AllreduceSample>& samples, const Cluster& cluster,
-                           double min_bytes, double max_bytes, const std::string& name) {
+                           double min_bytes, double max_bytes, const std::string& name,
+                           const std::string& flag) {
   const int n = cluster.world_size();
-  if (n < 2) fail("--fit-allreduce needs a world of 2 or more ranks (got {})", n);
+  if (n < 2) fail("{} needs a world of 2 or more ranks (got {})", flag, n);
   std::vector<double> x, y;
   for (const AllreduceSample& s : samples) {
     if (s.bytes >= min_bytes && s.bytes <= max_bytes) {
@@ -69,17 +71,17 @@ AllreduceFit fit_allreduce(const std::vector<AllreduceSample>& samples, const Cl
     }
   }
   if (x.size() < 2) {
-    fail("--fit-allreduce {}: {} row(s) between {} and {} bytes; need two or more sizes", name,
-         x.size(), min_bytes, max_bytes);
+    fail("{} {}: {} row(s) between {} and {} bytes; need two or more sizes", flag, name, x.size(),
+         min_bytes, max_bytes);
   }
   AllreduceFit fit;
   fit.samples = static_cast<int>(x.size());
   fit.line = fit_line_relative(x, y);
   if (!(fit.line.slope > 0)) {
     fail(
-        "--fit-allreduce {}: the measured time does not grow with the size (slope {} ms/byte); "
+        "{} {}: the measured time does not grow with the size (slope {} ms/byte); "
         "measure a wider range of sizes",
-        name, fit.line.slope);
+        flag, name, fit.line.slope);
   }
   // A negative intercept (latency) cannot be a ring's: treat it as zero.
   fit.line.intercept = std::max(0.0, fit.line.intercept);

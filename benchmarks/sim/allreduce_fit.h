@@ -25,7 +25,9 @@ struct AllreduceSample {
 
 // Throws SimError naming the file and line for anything unreadable, and when a row was measured
 // with another number of ranks than `expected_ranks`.
-std::vector<AllreduceSample> read_bench_allreduce(const std::string& path, int expected_ranks);
+// `flag` names the option the file came from in messages.
+std::vector<AllreduceSample> read_bench_allreduce(const std::string& path, int expected_ranks,
+                                                  const std::string& flag = "--fit-allreduce");
 
 struct AllreduceFit {
   Fabric fabric;
@@ -37,6 +39,7 @@ struct AllreduceFit {
 // Fits over the samples with min_bytes <= bytes <= max_bytes. Throws SimError with fewer than
 // two sizes in range, or when the time does not grow with the size.
 AllreduceFit fit_allreduce(const std::vector<AllreduceSample>& samples, const Cluster& cluster,
-                           double min_bytes, double max_bytes, const std::string& name);
+                           double min_bytes, double max_bytes, const std::string& name,
+                           const std::string& flag = "--fit-allreduce");
 
 }  // namespace nanoddp::sim

@@ -8,7 +8,9 @@
 
 namespace nanoddp::sim {
 
-std::int64_t cap_elements(double mb) { return comm::bucket_cap_elements(mb); }
+std::int64_t cap_elements(double mb) {
+  return comm::bucket_cap_elements(mb);
+}
 
 std::vector<SimBucket> cut_buckets(const std::vector<std::int64_t>& numels, double first_bucket_mb,
                                    double bucket_cap_mb) {

@@ -24,6 +24,8 @@ inline constexpr double kMemoryWarnFraction = 0.9;  // warned above this share o
 inline constexpr double kMinComputeScale = 1e-3;
 inline constexpr double kMaxComputeScale = 1e3;
 inline constexpr double kMaxOverlapSlowdown = 100;
+// --mem-contention: past 10x the profile describes another machine.
+inline constexpr double kMaxMemContention = 10;
 // --busbw sizes: 1 TiB, far past any bucket or message a DDP step sends (and exact in a double,
 // so no row is rounded past --busbw-max).
 inline constexpr double kMaxBusbwBytes = 1099511627776.0;

@@ -39,7 +39,8 @@ std::string check(const CliOptions& o, const CLI::App& app) {
   // name: a symlink or a hard link too) would destroy the input.
   for (const auto& [flag, path] :
        {std::pair{"--profile", &o.profile_path}, std::pair{"--baseline-profile", &o.baseline_path},
-        std::pair{"--fit-allreduce", &o.fit_path}}) {
+        std::pair{"--fit-allreduce", &o.fit_path}, std::pair{"--fit-intra", &o.fit_intra_path},
+        std::pair{"--fit-inter", &o.fit_inter_path}}) {
     if (o.json_path != "-" && common::same_file(o.json_path, *path)) {
       return fmt::format(
           "--json {} is the {} input {}: it would be overwritten; give another "
@@ -75,16 +76,50 @@ std::string check(const CliOptions& o, const CLI::App& app) {
       return "--cores models CPU ranks sharing cores; the FLOP model describes GPUs (use a "
              "--profile traced on the CPU)";
     }
+    if (app.count("--mem-contention") > 0 || app.count("--opt-contention") > 0) {
+      return "--mem-contention models CPU ranks sharing a host's memory; the FLOP model "
+             "describes GPUs (use a --profile traced on 1 CPU rank)";
+    }
+  }
+  if (app.count("--measured-cores") > 0 && o.cores == 0) {
+    return "--measured-cores needs --cores: it says on how many cores the inputs were measured, "
+           "--cores how many the simulated node has";
+  }
+  const bool hier = o.algo == "hier";
+  const bool level_fit = !o.fit_intra_path.empty() || !o.fit_inter_path.empty();
+  if (level_fit && !hier) {
+    return "--fit-intra and --fit-inter describe the two levels of --algo hier; for one level "
+           "use --fit-allreduce";
+  }
+  if (level_fit && (o.fit_intra_path.empty() || o.fit_inter_path.empty())) {
+    return "--algo hier fitted: give both --fit-intra (nanoddp-bench-allreduce on one host's "
+           "--gpus-per-node ranks) and --fit-inter (on --nodes ranks, one per host)";
+  }
+  if (hier && !o.fit_path.empty()) {
+    return "--algo hier with --fit-allreduce: a one-level fit describes the flat transport; "
+           "give --fit-intra and --fit-inter (one per level)";
+  }
+  if (hier && (o.nodes < 2 || o.gpus_per_node < 2)) {
+    return fmt::format(
+        "--algo hier needs --nodes >= 2 and --gpus-per-node >= 2 (got {} x {}): nanoddp uses the "
+        "hierarchical all-reduce only across several hosts of several ranks; one host uses "
+        "shared memory alone, one rank per host the flat ring (--algo ring)",
+        o.nodes, o.gpus_per_node);
+  }
+  if (hier && o.sweep_nodes) {
+    return "--sweep-nodes with --algo hier: a sweep starts at 1 node, where nanoddp does not "
+           "use the hierarchical all-reduce";
   }
   if (!o.fit_path.empty() && o.sweep_nodes) {
     return "--sweep-nodes needs a named fabric: a --fit-allreduce fit holds at its own world "
            "size only";
   }
-  if (!o.fit_path.empty()) {
+  if (!o.fit_path.empty() || level_fit) {
     for (const char* flag : {"--fabric", "--intra-bw-gbs", "--intra-lat-us", "--inter-bw-gbs",
                              "--inter-lat-us", "--launch-us"}) {
       if (app.count(flag) > 0) {
-        return fmt::format("--fit-allreduce and {} both describe the network: give one", flag);
+        return fmt::format("{} and {} both describe the network: give one",
+                           level_fit ? "--fit-intra/--fit-inter" : "--fit-allreduce", flag);
       }
     }
   }
@@ -240,9 +275,17 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
                  "smallest size the fit uses (8, 1K, 16M; default: half the smallest bucket)");
   app.add_option("--fit-max-bytes", o.fit_max_bytes,
                  "largest size the fit uses (default: twice the largest bucket)");
-  app.add_option("--algo", o.algo, "all-reduce algorithm: ring, tree or auto (the faster)")
-      ->check(CLI::IsMember({"ring", "tree", "auto"}))
+  app.add_option("--algo", o.algo,
+                 "all-reduce algorithm: ring, tree, auto (the faster) or hier (nanoddp's "
+                 "hierarchical CPU all-reduce: shared memory within a host, TCP among leaders)")
+      ->check(CLI::IsMember({"ring", "tree", "auto", "hier"}))
       ->capture_default_str();
+  app.add_option("--fit-intra", o.fit_intra_path,
+                 "--algo hier: nanoddp-bench-allreduce --json rows on one host's --gpus-per-node "
+                 "ranks (shared memory)");
+  app.add_option("--fit-inter", o.fit_inter_path,
+                 "--algo hier: nanoddp-bench-allreduce --json rows on --nodes ranks, one per host "
+                 "(the leaders' TCP ring)");
 
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "bucket cap, MiB")
       ->check(CLI::PositiveNumber)
@@ -279,6 +322,20 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
                  "share (0 = unlimited, GPUs)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
+  app.add_option("--measured-cores", o.measured_cores,
+                 "with --cores: the cores of the host the profile and fits were measured on "
+                 "(default: --cores)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--mem-contention", o.mem_contention,
+                 "CPU ranks: compute runs F times slower when a node's ranks compute together "
+                 "(shared caches and memory bus; measure F, docs/simulator.md), 1 to 10")
+      ->check(CLI::Range(1.0, kMaxMemContention))
+      ->capture_default_str();
+  app.add_option("--opt-contention", o.opt_contention,
+                 "CPU ranks: the optimizer step's own factor (a memory stream; measure it with "
+                 "2 copies of a streaming 1-rank job), 1 to 10 (default: --mem-contention)")
+      ->check(CLI::Range(1.0, kMaxMemContention));
   app.add_option("--peers", o.peers,
                  "identical: every rank is the profiled one; traced: each collective waits "
                  "for the slowest rank of the trace (same world size)")
@@ -366,15 +423,19 @@ nlohmann::ordered_json inputs_json(const CliOptions& o) {
   if (o.shape_given || !o.model.empty()) {
     j["shape"] = {{"in", o.in}, {"out", o.out}, {"hidden", o.hidden}, {"layers", o.layers}};
   }
-  j["cluster"] = {{"nodes", o.nodes}, {"gpus_per_node", o.gpus_per_node}, {"cores", o.cores}};
-  j["network"] = {{"fabric", o.fit_path.empty() ? o.fabric : ""},
-                  {"fit_allreduce", o.fit_path},
-                  {"intra_bw_gbs", opt(o.intra_bw_gbs)},
-                  {"intra_lat_us", opt(o.intra_lat_us)},
-                  {"inter_bw_gbs", opt(o.inter_bw_gbs)},
-                  {"inter_lat_us", opt(o.inter_lat_us)},
-                  {"launch_us", opt(o.launch_us)},
-                  {"algo", o.algo}};
+  j["cluster"] = {{"nodes", o.nodes},
+                  {"gpus_per_node", o.gpus_per_node},
+                  {"cores", o.cores},
+                  {"measured_cores", o.measured_cores},
+                  {"mem_contention", o.mem_contention},
+                  {"opt_contention", o.opt_contention ? nlohmann::ordered_json(*o.opt_contention)
+                                                      : nlohmann::ordered_json(nullptr)}};
+  const bool fitted = !o.fit_path.empty() || !o.fit_intra_path.empty();
+  j["network"] = {{"fabric", fitted ? "" : o.fabric},    {"fit_allreduce", o.fit_path},
+                  {"fit_intra", o.fit_intra_path},       {"fit_inter", o.fit_inter_path},
+                  {"intra_bw_gbs", opt(o.intra_bw_gbs)}, {"intra_lat_us", opt(o.intra_lat_us)},
+                  {"inter_bw_gbs", opt(o.inter_bw_gbs)}, {"inter_lat_us", opt(o.inter_lat_us)},
+                  {"launch_us", opt(o.launch_us)},       {"algo", o.algo}};
   j["ddp"] = {{"bucket_cap_mb", o.bucket_cap_mb},
               {"first_bucket_mb", o.first_bucket_mb},
               {"overlap", o.overlap},
@@ -490,6 +551,31 @@ Fabric network_from_flags(const CliOptions& o, const Cluster& cluster,
     }
   }
   check_fabric(fabric, cluster);
+  return fabric;
+}
+
+// --algo hier fitted: each level's fabric from its own benchmark, read as a one-level ring of
+// that level's ranks. The default window: the sizes that level sees, from half the smallest
+// (a bucket, or a 1 MiB sub-piece of the broadcast) to twice the largest (a bucket, or a 4 MiB
+// pipeline piece).
+Fabric level_fit(const CliOptions& o, const std::string& flag, const std::string& path,
+                 const Cluster& level, const std::vector<double>& bucket_bytes) {
+  const auto samples = read_bench_allreduce(path, level.world_size(), flag);
+  double lo = 0, hi = 1e300;
+  if (!bucket_bytes.empty()) {
+    lo =
+        std::min(*std::min_element(bucket_bytes.begin(), bucket_bytes.end()), kHierBackPieceBytes) /
+        2;
+    hi = std::min(*std::max_element(bucket_bytes.begin(), bucket_bytes.end()), kHierPieceBytes) * 2;
+    const auto in_window = std::count_if(samples.begin(), samples.end(), [&](const auto& s) {
+      return s.bytes >= lo && s.bytes <= hi;
+    });
+    if (in_window < 2) lo = 0, hi = 1e300;
+  }
+  if (o.fit_min_bytes) lo = parse_bytes(*o.fit_min_bytes, "--fit-min-bytes");
+  if (o.fit_max_bytes) hi = parse_bytes(*o.fit_max_bytes, "--fit-max-bytes");
+  Fabric fabric = fit_allreduce(samples, level, lo, hi, path, flag).fabric;
+  check_fabric(fabric, level);
   return fabric;
 }
 
@@ -628,22 +714,35 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
   report.memory = memory;
   report.inputs = inputs_json(o);
   report.provenance = o.provenance;
-  report.options = StepOptions{.cluster = cluster,
-                               .fabric = network_from_flags(o, cluster, bucket_bytes),
-                               .algorithm = parse_algorithm(o.algo),
-                               .bucket_cap_mb = o.bucket_cap_mb,
-                               .first_bucket_mb = o.first_bucket_mb,
-                               .overlap = o.overlap == "on",
-                               .grad_bytes = grad_bytes,
-                               .sync_allreduce = o.sync_allreduce == "on",
-                               .overlap_slowdown = o.overlap_slowdown,
-                               .compute_scale = o.compute_scale,
-                               .cores = o.cores,
-                               // nanoddp-bench-allreduce ran at the simulated world size,
-                               // gpus_per_node ranks sharing each node's cores.
-                               .network_ranks = o.fit_path.empty() ? 0 : cluster.gpus_per_node,
-                               .peers = o.peers == "traced",
-                               .optimizer_in_backward = o.optimizer_in_backward == "on"};
+  const bool hier_fitted = !o.fit_intra_path.empty();
+  const Cluster host{.nodes = 1, .gpus_per_node = cluster.gpus_per_node};
+  const Cluster leaders{.nodes = cluster.nodes, .gpus_per_node = 1};
+  report.options = StepOptions{
+      .cluster = cluster,
+      .fabric = hier_fitted ? level_fit(o, "--fit-intra", o.fit_intra_path, host, bucket_bytes)
+                            : network_from_flags(o, cluster, bucket_bytes),
+      .algorithm = parse_algorithm(o.algo),
+      .bucket_cap_mb = o.bucket_cap_mb,
+      .first_bucket_mb = o.first_bucket_mb,
+      .overlap = o.overlap == "on",
+      .grad_bytes = grad_bytes,
+      .sync_allreduce = o.sync_allreduce == "on",
+      .overlap_slowdown = o.overlap_slowdown,
+      .compute_scale = o.compute_scale,
+      .cores = o.cores,
+      // nanoddp-bench-allreduce ran at the simulated world size,
+      // gpus_per_node ranks sharing each node's cores.
+      // (--fit-intra: one host's ranks, the same count.)
+      .network_ranks = o.fit_path.empty() && !hier_fitted ? 0 : cluster.gpus_per_node,
+      .peers = o.peers == "traced",
+      .optimizer_in_backward = o.optimizer_in_backward == "on",
+      .measured_cores = o.measured_cores,
+      .mem_contention = o.mem_contention,
+      .opt_contention = o.opt_contention};
+  if (hier_fitted) {
+    report.options.inter_fabric =
+        level_fit(o, "--fit-inter", o.fit_inter_path, leaders, bucket_bytes);
+  }
   report.prediction = predict_step(profile, report.options);
   StepOptions ring = report.options, tree = report.options;
   ring.algorithm = Algorithm::kRing;

@@ -40,6 +40,9 @@ struct CliOptions {
   // measured sizes fall there).
   std::optional<std::string> fit_min_bytes, fit_max_bytes;
   std::string algo = "auto";
+  // --algo hier: nanoddp-bench-allreduce rows of the two levels, each at its own ranks: one
+  // host's K ranks (shared memory), and the N leaders, one rank per host (TCP).
+  std::string fit_intra_path, fit_inter_path;
 
   // DDP.
   double bucket_cap_mb = 25.0;
@@ -50,8 +53,11 @@ struct CliOptions {
   std::string sync_allreduce = "on";
   double overlap_slowdown = 0;
   double compute_scale = 1;
-  int cores = 0;                    // CPU cores per node, shared by its ranks; 0 = unlimited
-  std::string peers = "identical";  // or "traced": wait for the trace's slowest rank
+  int cores = 0;                         // CPU cores per node, shared by its ranks; 0 = unlimited
+  int measured_cores = 0;                // cores the inputs were measured on; 0 = --cores
+  double mem_contention = 1;             // compute slowdown of ranks sharing a host's memory
+  std::optional<double> opt_contention;  // the optimizer's; unset: mem_contention
+  std::string peers = "identical";       // or "traced": wait for the trace's slowest rank
 
   // Output.
   bool sweep_buckets = false;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "benchmarks/sim/error.h"
 
@@ -32,7 +33,8 @@ Algorithm parse_algorithm(const std::string& name) {
   if (name == "ring") return Algorithm::kRing;
   if (name == "tree") return Algorithm::kTree;
   if (name == "auto") return Algorithm::kAuto;
-  fail("--algo {}: expected ring, tree or auto", name);
+  if (name == "hier") return Algorithm::kHierarchical;
+  fail("--algo {}: expected ring, tree, auto or hier", name);
 }
 
 const char* algorithm_name(Algorithm algorithm) {
@@ -43,6 +45,8 @@ const char* algorithm_name(Algorithm algorithm) {
       return "tree";
     case Algorithm::kAuto:
       return "auto";
+    case Algorithm::kHierarchical:
+      return "hier";
   }
   return "?";
 }
@@ -159,8 +163,59 @@ CollectiveTime allreduce_time(const Cluster& cluster, const Fabric& fabric, Algo
       return tree < ring ? CollectiveTime{tree, Algorithm::kTree}
                          : CollectiveTime{ring, Algorithm::kRing};
     }
+    case Algorithm::kHierarchical:
+      return {hierarchical_allreduce(cluster, fabric, fabric, bytes).ms, Algorithm::kHierarchical};
   }
   return {};
+}
+
+HierarchicalTime hierarchical_allreduce(const Cluster& cluster, const Fabric& intra,
+                                        const Fabric& inter, double bytes) {
+  const int hosts = cluster.nodes;
+  const int host_ranks = cluster.gpus_per_node;
+  if (hosts < 2 || host_ranks < 2) {
+    fail(
+        "--algo hier: nanoddp runs its hierarchical all-reduce only with 2 or more hosts of 2 or "
+        "more ranks each (got --nodes {} --gpus-per-node {}); one host uses shared memory alone, "
+        "one rank per host the flat ring: simulate those with --algo ring",
+        hosts, host_ranks);
+  }
+  const Cluster host{.nodes = 1, .gpus_per_node = host_ranks};
+  const Cluster leaders{.nodes = hosts, .gpus_per_node = 1};
+  const auto within = [&](double s) { return ring_allreduce_ms(host, intra, s); };
+  const auto across = [&](double s) { return ring_allreduce_ms(leaders, inter, s); };
+  HierarchicalTime t;
+  if (!(bytes > 0)) return t;
+  t.pieces = static_cast<int>(std::ceil(bytes / kHierPieceBytes));
+  const auto piece_bytes = [&](int k) {
+    return std::min(kHierPieceBytes, bytes - k * kHierPieceBytes);
+  };
+  // 1. and 2.: the worker thread reduces every piece within the host; the leaders' ring follows
+  // one piece behind (x[k]: when piece k has been across).
+  std::vector<double> x(static_cast<std::size_t>(t.pieces));
+  double w = 0;
+  for (int k = 0; k < t.pieces; ++k) {
+    const double within_ms = within(piece_bytes(k)), across_ms = across(piece_bytes(k));
+    w += within_ms;
+    x[k] = std::max(w, k > 0 ? x[k - 1] : 0.0) + across_ms;
+    t.within_ms += within_ms;
+    t.across_ms += across_ms;
+  }
+  // 3. and 4. on the worker thread, piece by piece as the ring finishes each.
+  double tw = w;
+  for (int k = 0; k < t.pieces; ++k) {
+    const double s = piece_bytes(k);
+    const double status = within(4.0);
+    double back = 0;
+    for (double first = 0; first < s; first += kHierBackPieceBytes) {
+      back += within(std::min(kHierBackPieceBytes, s - first));
+    }
+    tw = std::max(tw, x[k]) + status + back;
+    t.status_ms += status;
+    t.back_ms += back;
+  }
+  t.ms = tw;
+  return t;
 }
 
 double bus_bandwidth_gbs(double bytes, double ms_taken, int ranks) {

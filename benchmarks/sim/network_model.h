@@ -23,6 +23,8 @@
 //   with N = 2 each node is the root of one tree and the leaf of the other: V = S. That is why
 //   NCCL's tree beats the ring on two nodes when the NICs are the bottleneck.
 // Auto: the faster of the two for each message, as NCCL's tuner picks per size.
+// Hierarchical (nanoddp's CPU all-reduce across hosts, comm/hierarchical_allreduce.cpp): see
+//   hierarchical_allreduce() below.
 // n = 1: no communication, cost 0.
 
 #include <string>
@@ -30,8 +32,8 @@
 
 namespace nanoddp::sim {
 
-enum class Algorithm { kRing, kTree, kAuto };
-Algorithm parse_algorithm(const std::string& name);  // "ring", "tree", "auto"
+enum class Algorithm { kRing, kTree, kAuto, kHierarchical };
+Algorithm parse_algorithm(const std::string& name);  // "ring", "tree", "auto", "hier"
 const char* algorithm_name(Algorithm algorithm);
 
 struct Cluster {
@@ -70,6 +72,35 @@ struct CollectiveTime {
 };
 CollectiveTime allreduce_time(const Cluster& cluster, const Fabric& fabric, Algorithm algorithm,
                               double bytes);
+
+// nanoddp's hierarchical all-reduce of S bytes on N hosts x K ranks, phase by phase as
+// comm/hierarchical_allreduce.cpp runs it. Each phase is a one-level ring of its own transport:
+//   within(s) = ring over the K ranks of one host, `intra` fabric (shared memory)
+//   across(s) = ring over the N leaders, one per host, `inter` fabric (TCP)
+// The buffer goes in pieces of 4 MiB (kPipelinePieceBytes). Per piece k, of s_k bytes:
+//   1. within: w_k = w_{k-1} + within(s_k)          (the worker thread, all pieces first)
+//   2. across: x_k = max(w_k, x_{k-1}) + across(s_k) (the leader's ring thread, a piece behind)
+//   3. status: within(4 bytes), the leader's success flag to its host-mates
+//   4. back:   the leader's result to the host-mates, a shared-memory all-reduce in 1 MiB
+//              sub-pieces (kBackPieceBytes): the sum of within(sub) over them
+// Steps 3-4 of piece k run on the worker thread after step 1 of every piece and after x_k:
+//   t_k = max(t_{k-1}, x_k) + status + back(s_k),  t_{-1} = w_last;  the time is t_last.
+// A host of one rank runs only across(S). Not modelled: the threads slowing each other while
+// they overlap (the pipeline is taken as perfectly parallel), avg's division by the world size.
+struct HierarchicalTime {
+  double within_ms = 0;  // step 1, all pieces
+  double across_ms = 0;  // step 2, all pieces (the leaders' ring)
+  double status_ms = 0;  // step 3, all pieces
+  double back_ms = 0;    // step 4, all pieces
+  double ms = 0;         // the whole operation, pipelined
+  int pieces = 0;
+};
+inline constexpr double kHierPieceBytes = 4.0 * 1024 * 1024;
+inline constexpr double kHierBackPieceBytes = 1024.0 * 1024;
+// Throws SimError for a cluster of one host or of one rank per host (nanoddp does not use the
+// hierarchical all-reduce there).
+HierarchicalTime hierarchical_allreduce(const Cluster& cluster, const Fabric& intra,
+                                        const Fabric& inter, double bytes);
 
 // nccl-tests' bus bandwidth of an all-reduce: bytes / time * 2(n-1)/n, in GB/s.
 double bus_bandwidth_gbs(double bytes, double ms, int ranks);

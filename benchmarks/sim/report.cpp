@@ -47,8 +47,24 @@ std::string format_report(const SimReport& r) {
   out +=
       fmt::format("cluster   {} node(s) x {} GPU(s) = {} rank(s); all-reduce {}\n", o.cluster.nodes,
                   o.cluster.gpus_per_node, p.world_size, algorithm_name(o.algorithm));
-  out += fmt::format("fabric    {}\n", fabric_line(o.fabric, o.cluster));
+  // A fitted hierarchical run: this fabric is one host's; the leaders' comes below.
+  const bool two_fits = o.algorithm == Algorithm::kHierarchical && o.inter_fabric.has_value();
+  out += fmt::format(
+      "fabric    {}\n",
+      fabric_line(o.fabric, two_fits ? Cluster{.nodes = 1, .gpus_per_node = o.cluster.gpus_per_node}
+                                     : o.cluster));
   if (!o.fabric.description.empty()) out += fmt::format("          {}\n", o.fabric.description);
+  if (o.algorithm == Algorithm::kHierarchical) {
+    const Fabric& inter = o.inter_fabric.value_or(o.fabric);
+    out += fmt::format(
+        "hier      within a host: ring over its {} ranks ({}); across: ring over {} leaders ({}: "
+        "{:.3g} GB/s, {:.3g} us/step); 4 MiB pieces, the leaders' ring one piece behind\n",
+        o.cluster.gpus_per_node, o.fabric.name, o.cluster.nodes, inter.name, inter.inter_bw_gbs,
+        inter.inter_lat_us);
+    if (o.inter_fabric && !inter.description.empty()) {
+      out += fmt::format("          leaders: {}\n", inter.description);
+    }
+  }
   out += fmt::format(
       "buckets   first {} MiB, then {} MiB -> {} bucket(s); overlap {}{}{}{}\n", o.first_bucket_mb,
       o.bucket_cap_mb, p.buckets.size(), o.overlap ? "on" : "off",
@@ -65,6 +81,18 @@ std::string format_report(const SimReport& r) {
         "x{:.3g} beside backward\n",
         o.cores, o.cluster.gpus_per_node, p.world_size > 1 ? o.cluster.gpus_per_node : 0,
         q.compute_alone, q.compute_shared, q.comm_alone, q.comm_shared);
+  }
+  if (o.opt_contention) {
+    out += fmt::format(
+        "mem bus   optimizer x{:.3g} slower on a node of several ranks "
+        "(--opt-contention)\n",
+        *o.opt_contention);
+  }
+  if (o.mem_contention != 1) {
+    out += fmt::format(
+        "mem bus   compute x{:.3g} slower on a node whose ranks compute together "
+        "(--mem-contention){}\n",
+        o.mem_contention, o.cluster.gpus_per_node > 1 ? "" : ": not applied, one rank per node");
   }
   if (o.peers) out += "peers     each collective waits for the slowest traced rank\n";
   if (r.memory) {
@@ -127,7 +155,7 @@ std::string format_report(const SimReport& r) {
                            : std::string("batch per GPU fixed"));
   }
   out += fmt::format("                                 1-GPU step = {}\n", r.baseline);
-  if (p.world_size > 1 && !r.no_efficiency) {
+  if (p.world_size > 1 && !r.no_efficiency && o.algorithm != Algorithm::kHierarchical) {
     const AlgorithmBand& band = r.band;
     out += fmt::format(
         "algorithm band       ring {:.3f} ms ({:.1f} %) .. tree {:.3f} ms ({:.1f} %): the "
@@ -235,6 +263,12 @@ nlohmann::json report_json(const SimReport& r) {
                  {"inter_bw_gbs", o.fabric.inter_bw_gbs},
                  {"inter_lat_us", o.fabric.inter_lat_us},
                  {"launch_us", o.fabric.launch_us}};
+  if (o.inter_fabric) {
+    j["inter_fabric"] = {{"name", o.inter_fabric->name},
+                         {"description", o.inter_fabric->description},
+                         {"inter_bw_gbs", o.inter_fabric->inter_bw_gbs},
+                         {"inter_lat_us", o.inter_fabric->inter_lat_us}};
+  }
   j["options"] = {{"algo", algorithm_name(o.algorithm)},
                   {"bucket_cap_mb", o.bucket_cap_mb},
                   {"first_bucket_mb", o.first_bucket_mb},
@@ -245,6 +279,8 @@ nlohmann::json report_json(const SimReport& r) {
                   {"overlap_slowdown", o.overlap_slowdown},
                   {"compute_scale", o.compute_scale},
                   {"cores", o.cores},
+                  {"measured_cores", o.measured_cores},
+                  {"mem_contention", o.mem_contention},
                   {"network_ranks", o.network_ranks},
                   {"peers", o.peers ? "traced" : "identical"}};
   j["rates"] = {{"compute_alone", p.rates.compute_alone},

@@ -14,11 +14,28 @@ double core_share(int cores, int threads) {
 
 namespace {
 
-// The share of a core the profile's compute had when it was measured (its traced world on these
-// cores; a dedicated core for a profile without a measurement).
-double profile_share(const ComputeProfile& profile, int cores) {
+// The share of a core the profile's compute had when it was measured (its traced world on the
+// cores it was measured on; a dedicated core for a profile without a measurement).
+double profile_share(const ComputeProfile& profile, int measured_cores) {
   const int p = profile.measured ? profile.measured->world_size : 0;
-  return p > 0 ? core_share(cores, p) : 1.0;
+  return p > 0 ? core_share(measured_cores, p) : 1.0;
+}
+
+int measured_cores(const StepOptions& o) {
+  return o.measured_cores > 0 ? o.measured_cores : o.cores;
+}
+
+// Shared memory bandwidth: the slowdown of this node's compute against the profile's.
+double contention(const ComputeProfile& profile, const StepOptions& o) {
+  const int p = profile.measured ? profile.measured->world_size : 1;
+  return o.cluster.gpus_per_node > 1 && p == 1 ? o.mem_contention : 1.0;
+}
+
+// The optimizer's factor over the one the rates hold already.
+double optimizer_contention(const ComputeProfile& profile, const StepOptions& o) {
+  const int p = profile.measured ? profile.measured->world_size : 1;
+  if (o.cluster.gpus_per_node < 2 || p != 1 || !o.opt_contention) return 1.0;
+  return *o.opt_contention / o.mem_contention;
 }
 
 // --optimizer-in-backward: the time finalize takes beyond the optimizer's own, from the end of
@@ -80,20 +97,51 @@ double finalize_in_backward(const StepPrediction& p) {
 
 ReplayRates sharing_rates(const ComputeProfile& profile, const StepOptions& o) {
   const int c = o.cores;
+  const int m = measured_cores(o);
   // The cores are a node's: its ranks share them, other nodes' ranks do not.
   const int n = o.cluster.gpus_per_node;
   const int p = profile.measured ? profile.measured->world_size : 0;
-  const double profile_alone = profile_share(profile, c);
-  const double profile_shared = p > 1 ? core_share(c, 2 * p) : profile_alone;
-  const double network = o.network_ranks > 0 ? core_share(c, o.network_ranks) : 1.0;
-  return {.compute_alone = core_share(c, n) / profile_alone,
-          .compute_shared = core_share(c, 2 * n) / profile_shared,
+  const double profile_alone = profile_share(profile, m);
+  const double profile_shared = p > 1 ? core_share(m, 2 * p) : profile_alone;
+  const double network = o.network_ranks > 0 ? core_share(m, o.network_ranks) : 1.0;
+  const double memory = contention(profile, o);
+  return {.compute_alone = core_share(c, n) / profile_alone / memory,
+          .compute_shared = core_share(c, 2 * n) / profile_shared / memory,
           .comm_alone = core_share(c, n) / network,
           .comm_shared = core_share(c, 2 * n) / network};
 }
 
+CollectiveTime collective_time(const StepOptions& o, double bytes) {
+  if (o.algorithm == Algorithm::kHierarchical) {
+    return {
+        hierarchical_allreduce(o.cluster, o.fabric, o.inter_fabric.value_or(o.fabric), bytes).ms,
+        Algorithm::kHierarchical};
+  }
+  return allreduce_time(o.cluster, o.fabric, o.algorithm, bytes);
+}
+
 StepPrediction predict_step(const ComputeProfile& profile, const StepOptions& o) {
   check_fabric(o.fabric, o.cluster);
+  if (o.inter_fabric) {
+    check_fabric(*o.inter_fabric, Cluster{.nodes = o.cluster.nodes, .gpus_per_node = 1});
+  }
+  if (!(o.mem_contention >= 1) || !std::isfinite(o.mem_contention)) {
+    fail("--mem-contention must be a number >= 1 (1 = none), got {}", o.mem_contention);
+  }
+  if (o.opt_contention && (!(*o.opt_contention >= 1) || !std::isfinite(*o.opt_contention))) {
+    fail("--opt-contention must be a number >= 1 (1 = none), got {}", *o.opt_contention);
+  }
+  if ((o.mem_contention != 1 || o.opt_contention.value_or(1) != 1) && profile.measured &&
+      profile.measured->world_size > 1) {
+    fail(
+        "--mem-contention with a profile traced on {} ranks: its compute already ran beside the "
+        "others and holds their contention; use a 1-rank trace",
+        profile.measured->world_size);
+  }
+  if (o.measured_cores < 0) fail("--measured-cores must be >= 0, got {}", o.measured_cores);
+  if (o.measured_cores > 0 && o.cores == 0) {
+    fail("--measured-cores {} needs --cores (the simulated node's cores)", o.measured_cores);
+  }
   if (!(o.compute_scale > 0) || !std::isfinite(o.compute_scale)) {
     fail("--compute-scale must be a positive number, got {}", o.compute_scale);
   }
@@ -140,8 +188,7 @@ StepPrediction predict_step(const ComputeProfile& profile, const StepOptions& o)
   p.buckets = cut_buckets(numels, o.first_bucket_mb, o.bucket_cap_mb);
   in.buckets = p.buckets;
   for (const SimBucket& b : p.buckets) {
-    p.collectives.push_back(allreduce_time(o.cluster, o.fabric, o.algorithm,
-                                           static_cast<double>(b.numel) * o.grad_bytes));
+    p.collectives.push_back(collective_time(o, static_cast<double>(b.numel) * o.grad_bytes));
     in.collective_ms.push_back(p.collectives.back().ms);
   }
   in.overlap = o.overlap;
@@ -150,7 +197,7 @@ StepPrediction predict_step(const ComputeProfile& profile, const StepOptions& o)
 
   p.forward_ms = profile.forward_ms * compute_factor;
   p.backward_ms = p.timeline.backward_end_ms;
-  p.optimizer_ms = profile.optimizer_ms * compute_factor;
+  p.optimizer_ms = profile.optimizer_ms * compute_factor * optimizer_contention(profile, o);
   p.other_ms = profile.other_ms * compute_factor;
   p.comm_ms = p.timeline.comm_ms;
   p.exposed_comm_ms = p.timeline.exposed_comm_ms;
@@ -162,13 +209,12 @@ StepPrediction predict_step(const ComputeProfile& profile, const StepOptions& o)
     p.exposed_comm_ms = finalize_in_backward(p);
   }
   if (o.sync_allreduce && p.world_size > 1 && !profile.other_includes_sync) {
-    p.sync_ms = allreduce_time(o.cluster, o.fabric, o.algorithm, 2.0 * p.world_size * 4.0).ms /
-                p.rates.comm_alone;
+    p.sync_ms = collective_time(o, 2.0 * p.world_size * 4.0).ms / p.rates.comm_alone;
   }
   p.step_ms =
       p.forward_ms + p.backward_ms + p.exposed_comm_ms + p.sync_ms + p.optimizer_ms + p.other_ms;
   // One rank alone on the same cores: its compute thread has a core to itself.
-  const double one_rank_rate = core_share(o.cores, 1) / profile_share(profile, o.cores);
+  const double one_rank_rate = core_share(o.cores, 1) / profile_share(profile, measured_cores(o));
   p.single_gpu_step_ms =
       (profile.forward_ms + profile.backward_ms() + profile.optimizer_ms + profile.other_ms) *
       o.compute_scale / one_rank_rate;

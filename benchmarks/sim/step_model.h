@@ -32,9 +32,23 @@
 // traced and collectives as fitted, except beside backward: share(2n) / share(n), what the
 // benchmark's idle compute threads did not show.
 //
+// Inputs measured on other cores (`measured_cores`, 0 = `cores`): the profile's and the fit's
+// shares above are share on the cores they were measured on. Two network namespaces on one host
+// (the 2 x 2 validation) are two nodes of half the host's cores each, measured on all of them.
+//
+// Shared memory bandwidth (`mem_contention` F >= 1, 1 = none): the ranks of one host that
+// compute at the same time share its caches and memory bus, so each one's compute (forward,
+// backward, optimizer, other) runs F times slower than the 1-rank profile says. F is measured,
+// not derived: the time of the same GEMMs run by 2 processes at once over one alone
+// (nanoddp-bench-gemm's mlp-step row, benchmarks/sim/validate-hier.sh). It applies on nodes of
+// 2 or more ranks to a profile traced on 1 rank (a multi-rank trace already holds it).
+// `opt_contention` replaces it for the optimizer step, a memory stream rather than GEMMs: its
+// factor is measured with 2 copies of a 1-rank job whose whole step streams memory.
+//
 // Peers (`peers`): with a profile read with its peers (trace_profile.h) and the traced world,
 // each bucket's collective waits for the slowest rank to produce the bucket (timeline.h).
 
+#include <optional>
 #include <vector>
 
 #include "benchmarks/sim/buckets.h"
@@ -63,6 +77,12 @@ struct StepOptions {
   // Without --cores the two do not slow each other (GPUs: the update and NCCL run side by
   // side); with it, both go at the "together" rates while both run (step_model.cpp).
   bool optimizer_in_backward = false;
+  int measured_cores = 0;     // cores the profile and fits were measured on; 0 = `cores`
+  double mem_contention = 1;  // compute slowdown of ranks sharing a host's memory (above)
+  // The optimizer's own factor (a memory stream, unlike the GEMMs); unset: mem_contention.
+  std::optional<double> opt_contention;
+  // --algo hier: the leaders' network (step 2); unset: `fabric` for both levels.
+  std::optional<Fabric> inter_fabric;
 };
 
 // share(k) above: the share of a core each of k runnable threads gets on `cores` cores
@@ -92,6 +112,9 @@ struct StepPrediction {
 };
 
 // Throws SimError for bad options.
+// One all-reduce of `bytes` under the options' algorithm (hierarchical: both fabrics).
+CollectiveTime collective_time(const StepOptions& options, double bytes);
+
 StepPrediction predict_step(const ComputeProfile& profile, const StepOptions& options);
 
 struct SweepRow {

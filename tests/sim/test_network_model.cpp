@@ -126,7 +126,8 @@ TEST_CASE("network: named fabrics and bad values are checked with the flag's nam
   bad.inter_lat_us = -1;
   CHECK_THROWS_WITH_AS(check_fabric(bad, {.nodes = 2, .gpus_per_node = 8}),
                        doctest::Contains("--inter-lat-us"), SimError);
-  CHECK_THROWS_WITH_AS(parse_algorithm("nvls"), doctest::Contains("ring, tree or auto"), SimError);
+  CHECK_THROWS_WITH_AS(parse_algorithm("nvls"), doctest::Contains("ring, tree, auto or hier"),
+                       SimError);
 }
 
 TEST_CASE("network fit: a measured line becomes a ring with the same times") {

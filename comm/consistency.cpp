@@ -50,12 +50,13 @@ void check_same_on_all_ranks(Store& store, int rank, int size, const std::string
     if (holders.size() == 1) continue;
     std::vector<std::string> parts;
     for (const auto& [value, ranks] : holders) {
-      parts.push_back(fmt::format("{} {} {}", ranks_text(ranks), ranks.size() == 1 ? "has" : "have",
-                                  value));
+      parts.push_back(
+          fmt::format("{} {} {}", ranks_text(ranks), ranks.size() == 1 ? "has" : "have", value));
     }
-    fail("the ranks disagree on {} #{} (of {} on rank 0): {}. Every rank must run the same model "
-         "and settings; this is rank {}.",
-         what, i, all[0].size(), fmt::join(parts, "; "), rank);
+    fail(
+        "the ranks disagree on {} #{} (of {} on rank 0): {}. Every rank must run the same model "
+        "and settings; this is rank {}.",
+        what, i, all[0].size(), fmt::join(parts, "; "), rank);
   }
 }
 

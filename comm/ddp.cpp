@@ -11,7 +11,7 @@ namespace nanoddp::comm {
 namespace {
 
 std::vector<std::string> describe(const ReducerOptions& options, bool broadcast_parameters,
-                                  int zero_stage) {
+                                  int zero_stage, const std::string& optimizer) {
   return {fmt::format("bucket_cap_mb={}", options.bucket_cap_mb),
           fmt::format("first_bucket_mb={}", options.first_bucket_mb),
           fmt::format("find_unused_parameters={}", options.find_unused_parameters),
@@ -20,7 +20,10 @@ std::vector<std::string> describe(const ReducerOptions& options, bool broadcast_
           fmt::format("check_steps={}", options.check_steps),
           fmt::format("rebuild_buckets={}", options.rebuild_buckets),
           fmt::format("broadcast_parameters={}", broadcast_parameters),
-          fmt::format("zero_stage={}", zero_stage)};
+          fmt::format("zero_stage={}", zero_stage),
+          // Under ZeRO each rank applies its own optimizer to its share: another kind or
+          // learning rate on one rank would train a silently mixed model.
+          fmt::format("optimizer={}", optimizer)};
 }
 
 }  // namespace
@@ -46,6 +49,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, nn::FlatPar
     }
     // The buckets define who owns which chunk: they must never be cut again.
     options_.reducer.rebuild_buckets = false;
+    optimizer_description_ = optimizer->describe();
   }
   // 1. Every rank must hold the same model and settings, or the collectives below would pair
   //    up different buffers. Each DDP instance gets its own key space in the store.
@@ -101,7 +105,8 @@ void DistributedDataParallel::agree_order_through_store() {
 void DistributedDataParallel::check_settings(const ReducerOptions& options) {
   check_same_on_all_ranks(*store_, group_->rank(), group_->size(),
                           fmt::format("{}/settings/{}", key_, generation_++), "DDP setting",
-                          describe(options, options_.broadcast_parameters, options_.zero_stage));
+                          describe(options, options_.broadcast_parameters, options_.zero_stage,
+                                   optimizer_description_));
 }
 
 void DistributedDataParallel::reconfigure(const ReducerOptions& options) {

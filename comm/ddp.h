@@ -122,6 +122,7 @@ class DistributedDataParallel {
 
  private:
   void check_settings(const ReducerOptions& options);
+  std::string optimizer_description_ = "(not given)";  // compared across ranks (ZeRO's)
   void agree_order_through_store();
 
   nn::Module& module_;

@@ -139,8 +139,10 @@ void ReducerTimeline::collect() {
     s.end_ms = ms_between(stats_.origin, timing->end);
     stats_.comm_ms += s.allreduce_ms();
     if (tracer_) {
-      tracer_->span(fmt::format("all-reduce bucket {}", b), TraceTrack::kCommunication,
-                    timing->start, timing->end,
+      // ZeRO-2 reduce-scatters its buckets (zero.h): the span says which collective ran.
+      const bool scattered = timed_works_[b]->op_name().starts_with("reduce_scatter");
+      tracer_->span(fmt::format("{} bucket {}", scattered ? "reduce-scatter" : "all-reduce", b),
+                    TraceTrack::kCommunication, timing->start, timing->end,
                     {{"elements", std::to_string(numels_[b])},
                      {"sequence", std::to_string(timed_works_[b]->sequence_number())},
                      {"comm_hook", comm_hook_}});

@@ -2,8 +2,8 @@
 // answering them, and parking a get / wait until its keys exist or its deadline passes.
 #include <algorithm>
 #include <charconv>
-#include <iterator>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <vector>
 

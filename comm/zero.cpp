@@ -3,26 +3,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "nanoddp/engine/backend.h"
+#include "nanoddp/engine/trace.h"
 #include "nanoddp/kernels/error.h"
 
 namespace nanoddp::comm {
 
 namespace {
-
-// One rank alone: a reduce-scatter is a copy, done before it is "launched".
-class DoneWork final : public Work {
- public:
-  void wait() override {}
-  bool is_completed() override { return true; }
-  std::exception_ptr error() override { return nullptr; }
-  std::uint64_t sequence_number() const override { return 0; }
-  const std::string& op_name() const override { return name_; }
-
- private:
-  std::string name_ = "local copy";
-};
 
 // A bucket's reduce-scatter and the all-reduce of its left-over elements, as one Work for the
 // Reducer (timed as the reduce-scatter).
@@ -131,7 +120,7 @@ std::shared_ptr<Work> Zero::reduce_scatter(std::size_t b, const Bucket& bucket) 
       backend.copy(shard_grads_.data() + c.local, bucket.grads.data(),
                    static_cast<std::size_t>(c.numel) * sizeof(float));
     }
-    return std::make_shared<DoneWork>();
+    return completed_work("local copy");  // one rank alone: a copy, done at "launch"
   }
   // Block r of the first W*q elements is rank r's chunk: reduced straight into this rank's
   // shard, the bucket itself the input (nothing copied).
@@ -197,10 +186,18 @@ void Zero::all_gather(Mine mine, Tensor& full) {
 }
 
 void Zero::step() {
-  optimizer_.step();  // this rank's chunks only (nn::Optimizer::shard)
+  optimizer_.step_shard();  // this rank's chunks only (nn::Optimizer::shard)
   if (world_ == 1) return;
-  Tensor values = params_.values();
-  all_gather([&](const Chunk& c) { return values.data() + c.offset + rank_ * c.q; }, values);
+  // Communication, not optimizer work: traced on the communication track and timed for the
+  // trainer's comm_ms (an outside tester found it booked as optimizer time).
+  const auto start = std::chrono::steady_clock::now();
+  {
+    TraceSpan span("all-gather parameters", TraceTrack::kCommunication, params_.device());
+    Tensor values = params_.values();
+    all_gather([&](const Chunk& c) { return values.data() + c.offset + rank_ * c.q; }, values);
+  }
+  last_gather_ms_ +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
 std::vector<nn::NamedTensor> Zero::full_optimizer_state() {

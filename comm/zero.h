@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nanoddp/comm/process_group.h"
@@ -82,6 +83,10 @@ class Zero {
   // The optimizer step on this rank's chunks, then every bucket's parameters all-gathered, so
   // that all ranks hold the same, updated, parameters again. Every rank calls it.
   void step();
+  // The host's time in step()'s parameter all-gathers since the last call, in ms (0 when no
+  // step ran, e.g. a skipped one): on the CPU the communication itself (the host waits for it);
+  // on a GPU only its issue.
+  double take_gather_ms() { return std::exchange(last_gather_ms_, 0.0); }
 
   // Stage 2, from the Reducer: bucket b's gradients (bucket.grads) reduce-scattered, averaged,
   // into this rank's chunk of the shard gradient buffer.
@@ -117,6 +122,7 @@ class Zero {
   void all_gather(Mine mine, Tensor& full);
 
   int stage_;
+  double last_gather_ms_ = 0;
   nn::FlatParameters& params_;
   nn::Optimizer& optimizer_;
   std::shared_ptr<ProcessGroup> group_;

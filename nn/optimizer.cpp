@@ -53,6 +53,18 @@ void Optimizer::shard(OptimizerShard shard) {
 }
 
 void Optimizer::step() {
+  if (sharded_) {
+    // Called by a training loop written for DDP: it would update this rank's share alone, and
+    // the ranks would drift apart with nothing to notice it.
+    fail(
+        "Optimizer::step() on a ZeRO-sharded optimizer: it updates only this rank's share of the "
+        "parameters. Call DistributedDataParallel::zero()->step(), which updates the share and "
+        "all-gathers the parameters on every rank");
+  }
+  step_shard();
+}
+
+void Optimizer::step_shard() {
   begin_step();
   update(all_slots_);
 }

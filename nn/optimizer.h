@@ -41,6 +41,9 @@ class Optimizer {
   // every parameter has a gradient (the common case) this is one fused kernel over the flat
   // buffers.
   void step();
+  // The step of a sharded optimizer (ZeRO: comm/zero.h calls it, then all-gathers); step()
+  // refuses to run sharded.
+  void step_shard();
   // The same step in pieces, for running the optimizer inside backward
   // (nn/optimizer_in_backward.h): begin_step() once, then update() once for each group of
   // parameters whose gradients are final. Groups that cover every parameter once make exactly

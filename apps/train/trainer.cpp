@@ -108,6 +108,14 @@ float Trainer::train_step(std::int64_t step, Window& window) {
     // gradient.) On a GPU the compute stream stalled for them while the host went on, so the
     // host's backward time does not contain them.
     if (device_.is_cpu()) window.backward_ms -= stats.exposed_comm_ms;
+    // --zero: the parameter all-gather after the optimizer step is communication the host waits
+    // for, none of it hidden (zero.h says why): booked there, not as optimizer time.
+    if (ddp_->zero() != nullptr && device_.is_cpu()) {
+      const double gather_ms = ddp_->zero()->take_gather_ms();
+      window.comm_ms += gather_ms;
+      window.exposed_comm_ms += gather_ms;
+      window.optimizer_ms -= gather_ms;
+    }
   }
   return loss;
 }

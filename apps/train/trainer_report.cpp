@@ -151,7 +151,8 @@ void Trainer::print_banner() const {
       fmt::print(
           "ddp: backend {} | {} buckets (first {} MiB, then {} MiB) | overlap {} | hook {}\n",
           dist_->group->backend_name(), ddp_->reducer().buckets().size(), o_.first_bucket_mb,
-          o_.bucket_cap_mb, o_.overlap ? "on" : "off", o_.comm_hook);
+          o_.bucket_cap_mb, o_.overlap ? "on" : "off",
+          o_.zero == 2 ? o_.comm_hook + " (each bucket reduce-scattered: --zero 2)" : o_.comm_hook);
       if (ddp_->zero() != nullptr) fmt::print("{}\n", ddp_->zero()->describe());
     }
   }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <string>
@@ -260,6 +261,26 @@ TEST_CASE("zero training: --metrics reports the bytes each rank holds, 1/W of th
   CHECK(lines[2]["gradient_bytes"].get<std::int64_t>() >= 4 * numel + 4 * share);
   CHECK(lines[0]["parameter_bytes"].get<std::int64_t>() == 4 * numel);
   CHECK(lines[2]["zero_stage"].get<int>() == 2);
+}
+
+TEST_CASE("zero training: the trace names the reduce-scatters and the parameter all-gather") {
+  // An outside tester found the all-gather booked as optimizer time (no span of its own) and
+  // the reduce-scatters drawn as "all-reduce bucket N".
+  TempDir dir;
+  const std::string trace = dir.file("trace.json");
+  std::vector<std::string> args =
+      train_args({"--optimizer", "adamw", "--batch", "8", "--steps", "3", "--zero", "2", "--trace",
+                  trace, "--trace-steps", "2"});
+  std::erase(args, std::string("--quiet"));  // the banner is checked too
+  const auto results = run_world(args, 2, quick());
+  require_success(results);
+  CHECK(results[0].output.find("hook allreduce (each bucket reduce-scattered: --zero 2)") !=
+        std::string::npos);
+  std::ifstream in(trace);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("\"reduce-scatter bucket 0\"") != std::string::npos);
+  CHECK(text.find("\"all-reduce bucket 0\"") == std::string::npos);
+  CHECK(text.find("\"all-gather parameters\"") != std::string::npos);
 }
 
 TEST_CASE("zero training: a bad --zero, --zero with --optimizer-in-backward, ranks that disagree") {

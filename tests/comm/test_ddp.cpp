@@ -246,5 +246,8 @@ TEST_CASE(
     CHECK(r.output.find("pass it to DDP's constructor") != std::string::npos);
     CHECK(r.output.find("not under ZeRO") != std::string::npos);
     CHECK(r.output.find("does not combine with ZeRO") != std::string::npos);
+    CHECK(r.output.find("optimizer=SGD(lr=0.1") != std::string::npos);
+    CHECK(r.output.find("optimizer=AdamW(lr=0.1") != std::string::npos);
+    CHECK(r.output.find("Call DistributedDataParallel::zero()->step()") != std::string::npos);
   }
 }

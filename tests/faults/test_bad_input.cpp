@@ -303,7 +303,9 @@ TEST_CASE("bad input: --resume from a damaged or foreign checkpoint is refused (
     const ProcessResult r = run_process(make({"--steps", "8", "--resume", "--hidden", "20"}));
     INFO(r.output);
     CHECK(r.exit_code == 2);
-    CHECK(contains(r.output, "different model"));
+    // From the checkpoint's header, before its tensors: the setting that differs, both values.
+    CHECK(contains(r.output, "was saved from another model"));
+    CHECK(contains(r.output, "hidden 16 there, 20 in this run (--hidden)"));
   }
   SUBCASE("another optimizer") {
     const ProcessResult r =

@@ -378,7 +378,8 @@ TEST_CASE("a sharded optimizer updates its ranges only, as the whole one does, w
           }
         }
         reference->step();
-        sharded->step();
+        CHECK_THROWS_WITH_AS(sharded->step(), doctest::Contains("zero()->step()"), Error);
+        sharded->step_shard();
       }
       const std::vector<float> want = whole.values().to_vector(), got = part.values().to_vector();
       for (std::size_t i = 0; i < 8; ++i) {

@@ -898,6 +898,13 @@ int zero_refusals(comm::Distributed& dist) {
   expect_error("no optimizer", [&] {
     comm::DistributedDataParallel(model, params, dist.group, dist.store, {.zero_stage = 1});
   });
+  // Ranks with other optimizers (an outside tester's case): each would update its share by
+  // its own rule, a silently mixed model. Refused on every rank, naming both.
+  nn::AdamW adamw(params, {.lr = 0.1f});
+  expect_error("optimizer differs", [&] {
+    nn::Optimizer* mine = dist.group->rank() == 0 ? static_cast<nn::Optimizer*>(&sgd) : &adamw;
+    comm::DistributedDataParallel(model, params, dist.group, dist.store, {.zero_stage = 1}, mine);
+  });
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
                                     {.reducer = {.find_unused_parameters = true}, .zero_stage = 2},
                                     &sgd);
@@ -905,7 +912,10 @@ int zero_refusals(comm::Distributed& dist) {
   expect_error("reconfigure", [&] { ddp.reconfigure({.bucket_cap_mb = 1}); });
   expect_error("bucket-reduced hook",
                [&] { ddp.reducer().set_bucket_reduced_hook([](const comm::Bucket&) {}); });
-  return refused == 4 ? 0 : 1;
+  // The plain step of a sharded optimizer would leave the other ranks' shares stale (an outside
+  // tester's loop did it, and the ranks drifted apart silently).
+  expect_error("optimizer.step()", [&] { sgd.step(); });
+  return refused == 6 ? 0 : 1;
 }
 
 int main(int argc, char** argv) {

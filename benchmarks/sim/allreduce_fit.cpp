@@ -36,6 +36,15 @@ std::vector<AllreduceSample> read_bench_allreduce(const std::string& path, int e
           "expected the rows of nanoddp-bench-allreduce --json FILE",
           flag, path, number);
     }
+    // --collective reduce_scatter or allgather rows time another collective: a fit of them
+    // would pass for an all-reduce's.
+    if (row.contains("benchmark") &&
+        (!row["benchmark"].is_string() || row["benchmark"] != "allreduce")) {
+      fail(
+          "{} {}: line {} measured {}, not allreduce; fit the rows of nanoddp-bench-allreduce "
+          "without --collective (or --collective allreduce)",
+          flag, path, number, row["benchmark"].dump());
+    }
     // DDP's buckets are reduced in place: nanoddp-bench-allreduce's out-of-place lines (a copy
     // more) describe another operation.
     if (row.contains("placement") && row["placement"] == "out-of-place") continue;

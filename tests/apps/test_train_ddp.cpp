@@ -17,6 +17,7 @@
 
 #include "nanoddp/nn/checkpoint.h"
 #include "nanoddp/nn/safetensors.h"
+#include "support/ddp_train_runs.h"
 #include "support/flag_keeps_bits.h"
 #include "support/saved_parameters.h"
 #include "support/subprocess.h"
@@ -26,40 +27,6 @@ using namespace nanoddp::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-// The model and data of these tests: small enough for seconds, several layers and buckets.
-std::vector<std::string> train_args(std::vector<std::string> extra) {
-  std::vector<std::string> args = {bin_path("nanoddp-train"),
-                                   "--in",
-                                   "12",
-                                   "--out",
-                                   "5",
-                                   "--hidden",
-                                   "24",
-                                   "--layers",
-                                   "2",
-                                   "--dataset-size",
-                                   "4096",
-                                   "--quiet",
-                                   "--first-bucket-mb",
-                                   "0.001",
-                                   "--bucket-cap-mb",
-                                   "0.002"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
-
-ProcessOptions quick() {
-  ProcessOptions options;
-  options.timeout = std::chrono::seconds(90);
-  options.env["NANODDP_TIMEOUT_S"] = "30";
-  return options;
-}
-
-void require_success(const std::vector<ProcessResult>& results) {
-  INFO(describe(results));
-  for (const auto& r : results) REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
-}
 
 std::vector<double> losses(const std::string& metrics_path) {
   std::ifstream in(metrics_path);

@@ -18,6 +18,7 @@
 
 #include "nanoddp/nn/npy.h"
 #include "nanoddp/nn/safetensors.h"
+#include "support/ddp_train_runs.h"
 #include "support/saved_parameters.h"
 #include "support/subprocess.h"
 #include "support/world.h"
@@ -25,41 +26,6 @@
 using namespace nanoddp::testing;
 
 namespace {
-
-// A small model in two buckets of 725 and 312 elements: left-over elements on 2 and 3 ranks.
-std::vector<std::string> train_args(std::vector<std::string> extra) {
-  std::vector<std::string> args = {bin_path("nanoddp-train"),
-                                   "--in",
-                                   "12",
-                                   "--out",
-                                   "5",
-                                   "--hidden",
-                                   "24",
-                                   "--layers",
-                                   "2",
-                                   "--dataset-size",
-                                   "4096",
-                                   "--quiet",
-                                   "--first-bucket-mb",
-                                   "0.001",
-                                   "--bucket-cap-mb",
-                                   "0.002"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
-
-ProcessOptions quick(const std::map<std::string, std::string>& env = {}) {
-  ProcessOptions options;
-  options.timeout = std::chrono::seconds(90);
-  options.env["NANODDP_TIMEOUT_S"] = "30";
-  for (const auto& [key, value] : env) options.env[key] = value;
-  return options;
-}
-
-void require_success(const std::vector<ProcessResult>& results) {
-  INFO(describe(results));
-  for (const auto& r : results) REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
-}
 
 std::vector<std::string> with(std::vector<std::string> args, std::vector<std::string> more) {
   args.insert(args.end(), more.begin(), more.end());

@@ -277,6 +277,9 @@ TEST_CASE("bench-allreduce: no row is larger than -e, a range without one elemen
   const auto lines = read_lines(dir.file("a.jsonl"));
   REQUIRE(lines.size() == 2);  // 2 B holds no float; 4 B holds one; 8 B is past -e
   for (const auto& l : lines) CHECK(l.at("bytes") == 4);
+  // The 2-byte size was skipped: said once, by rank 0, not silently.
+  CHECK(results[0].output.find("sizes are whole elements (4 bytes): 0 size(s) rounded down, 1 "
+                               "skipped") != std::string::npos);
 
   const ProcessResult none =
       run_process({bin_path("nanoddp-bench-allreduce"), "-b", "2", "-e", "2"}, quick());

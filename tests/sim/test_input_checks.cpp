@@ -230,3 +230,31 @@ TEST_CASE(
     CHECK(t.output.find("hidden behind backward and the updates") == std::string::npos);
   }
 }
+
+TEST_CASE(
+    "input checks: --fit-allreduce refuses nanoddp-bench-allreduce rows of another collective") {
+  // nanoddp-bench-allreduce --collective reduce_scatter|allgather writes rows of the same shape
+  // (ranks, bytes, time_us): fitted, they would pass for an all-reduce's cost.
+  char name[] = "/tmp/nanoddp-sim-fit-XXXXXX";
+  const int fd = ::mkstemp(name);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  {
+    std::ofstream out(name);
+    for (int k = 0; k < 4; ++k) {
+      out << nlohmann::json{{"benchmark", "reduce_scatter"},
+                            {"placement", "in-place"},
+                            {"ranks", 2},
+                            {"bytes", 1 << (20 + k)},
+                            {"time_us", 100.0 * (k + 1)}}
+                 .dump()
+          << "\n";
+    }
+  }
+  const ProcessResult r = sim(model({"--fit-allreduce", name}));
+  ::unlink(name);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("measured \"reduce_scatter\", not allreduce") != std::string::npos);
+  CHECK(r.output.find("line 1") != std::string::npos);
+}

@@ -2,7 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "nanoddp/kernels/error.h"
@@ -171,18 +176,34 @@ std::string Tracer::events_json() const {
 }
 
 void Tracer::write_file(const std::string& path, const std::vector<std::string>& ranks_events) {
-  std::ofstream out(path, std::ios::trunc);
-  if (!out) fail("cannot open the trace file '{}' for writing", path);
-  out << R"({"displayTimeUnit":"ms","traceEvents":[)";
-  bool first = true;
-  for (const std::string& events : ranks_events) {
-    if (events.empty()) continue;
-    if (!first) out << ",\n";
-    out << events;
-    first = false;
+  // Into a temporary file beside it, renamed over `path` only when whole: a full disk used to
+  // leave a truncated trace (unreadable JSON) in place of the old one. On failure the temporary
+  // is removed and `path` is as it was.
+  const std::string temporary = fmt::format("{}.tmp.{}", path, ::getpid());
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    if (!out) fail("cannot open the trace file '{}' for writing", temporary);
+    out << R"({"displayTimeUnit":"ms","traceEvents":[)";
+    bool first = true;
+    for (const std::string& events : ranks_events) {
+      if (events.empty()) continue;
+      if (!first) out << ",\n";
+      out << events;
+      first = false;
+    }
+    out << "]}\n";
+    out.close();
+    if (!out) {
+      std::remove(temporary.c_str());
+      fail("writing the trace file '{}' failed (disk full?); '{}' was left as it was", temporary,
+           path);
+    }
   }
-  out << "]}\n";
-  if (!out) fail("writing the trace file '{}' failed (disk full?)", path);
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    std::remove(temporary.c_str());
+    fail("cannot rename the trace file '{}' to '{}': {}", temporary, path, std::strerror(error));
+  }
 }
 
 Tracer* active_tracer() {

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <iterator>
 #include <optional>
 #include <regex>
 #include <thread>
@@ -460,4 +461,34 @@ TEST_CASE("bad input: a disk that fills up during a checkpoint write names the p
       run_process(train_argv({"--hidden", "120", "--steps", std::to_string(listed.size() + 1),
                               "--checkpoint-dir", mnt, "--resume", "--quiet"}));
   CHECK_MESSAGE(resumed.exit_code == 0, resumed.output);
+}
+
+TEST_CASE("bad input: a full disk under the --trace write leaves the old trace whole (exit 1)") {
+  // The trace is written after the last step: a full disk used to leave it truncated (JSON no
+  // viewer opens) in place of the previous one. Now it goes through a temporary file.
+  TempDir dir;
+  const std::string mnt = dir.file("small");
+  fs::create_directories(mnt);
+  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64k") != 0) {
+    MESSAGE("SKIPPED: cannot mount a tmpfs here (needs root): ", std::strerror(errno));
+    return;
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  const std::string trace = mnt + "/trace.json";
+  { std::ofstream(trace) << "{\"traceEvents\":[]}\n"; }
+  const ProcessResult r = run_process(
+      train_argv({"--steps", "300", "--trace", trace, "--trace-steps", "300", "--quiet"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(contains(r.output, "disk full?"));
+  CHECK(contains(r.output, "'" + trace + "' was left as it was"));
+  std::ifstream in(trace);
+  const std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(kept == "{\"traceEvents\":[]}\n");
+  std::size_t files = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(mnt)) ++files;
+  CHECK(files == 1);  // no temporary left behind
 }

@@ -104,6 +104,7 @@ Zero::Zero(int stage, nn::FlatParameters& params, nn::Optimizer& optimizer,
 }
 
 std::shared_ptr<Work> Zero::reduce_scatter(std::size_t b, const Bucket& bucket) {
+  if (b == 0) buckets_scattered_ = 0;  // a new synchronized pass begins
   const Chunk& c = chunks_[b];
   Backend& backend = backend_for(params_.device());
   const bool bf16 = hook_ == CommHook::kBf16;
@@ -134,6 +135,7 @@ std::shared_ptr<Work> Zero::reduce_scatter(std::size_t b, const Bucket& bucket) 
 }
 
 void Zero::bucket_scattered(std::size_t b, const Bucket& bucket) {
+  ++buckets_scattered_;
   if (world_ == 1) return;
   const Chunk& c = chunks_[b];
   Backend& backend = backend_for(params_.device());
@@ -186,6 +188,18 @@ void Zero::all_gather(Mine mine, Tensor& full) {
 }
 
 void Zero::step() {
+  // Stage 2's averaged gradients exist only as the shard the last synchronized backward left.
+  // Without one since the last step (a backward that bypassed DDP's forward, or only no_sync
+  // passes) the shard still holds the previous step's averages: applying them again would be a
+  // silently wrong step.
+  if (stage_ == 2 && buckets_scattered_ < chunks_.size()) {
+    fail(
+        "ZeRO stage 2: step() without a synchronized backward since the last step ({} of {} "
+        "buckets reduce-scattered): the gradient shard would be stale. Run the step's last "
+        "backward through DistributedDataParallel::forward, outside no_sync",
+        buckets_scattered_, chunks_.size());
+  }
+  buckets_scattered_ = 0;
   optimizer_.step_shard();  // this rank's chunks only (nn::Optimizer::shard)
   if (world_ == 1) return;
   // Communication, not optimizer work: traced on the communication track and timed for the

@@ -40,6 +40,7 @@
 // parameters between steps (NaN checks, checkpoints). docs/ddp-internals.md, "ZeRO", says what an
 // overlap with the next forward would need.
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -123,6 +124,7 @@ class Zero {
 
   int stage_;
   double last_gather_ms_ = 0;
+  std::size_t buckets_scattered_ = 0;  // stage 2: of the pass since the last step
   nn::FlatParameters& params_;
   nn::Optimizer& optimizer_;
   std::shared_ptr<ProcessGroup> group_;

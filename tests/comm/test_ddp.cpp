@@ -249,5 +249,7 @@ TEST_CASE(
     CHECK(r.output.find("optimizer=SGD(lr=0.1") != std::string::npos);
     CHECK(r.output.find("optimizer=AdamW(lr=0.1") != std::string::npos);
     CHECK(r.output.find("Call DistributedDataParallel::zero()->step()") != std::string::npos);
+    CHECK(r.output.find("step() without a synchronized backward since the last step (0 of") !=
+          std::string::npos);
   }
 }

@@ -915,7 +915,9 @@ int zero_refusals(comm::Distributed& dist) {
   // The plain step of a sharded optimizer would leave the other ranks' shares stale (an outside
   // tester's loop did it, and the ranks drifted apart silently).
   expect_error("optimizer.step()", [&] { sgd.step(); });
-  return refused == 6 ? 0 : 1;
+  // Stage 2 without a synchronized backward since the last step: the gradient shard is stale.
+  expect_error("stale shard", [&] { ddp.zero()->step(); });
+  return refused == 7 ? 0 : 1;
 }
 
 int main(int argc, char** argv) {

@@ -213,6 +213,12 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
                                      .overlap = o_.overlap},
                          .zero_stage = o_.zero},
         optimizer_.get());
+    if (o_.zero == 1 && o_.optimizer == "sgd" && o_.momentum == 0.0f && is_main()) {
+      // Plain SGD keeps no state: stage 1 has nothing to shard and still pays the all-gather.
+      fmt::print(stderr,
+                 "nanoddp-train: note: --zero 1 with --optimizer sgd and no --momentum shards "
+                 "nothing (plain SGD keeps no state) and adds a parameter all-gather per step\n");
+    }
   }
   if (o_.optimizer_in_backward) {
     // Single process: each parameter's own hook updates it. Under DDP its gradient is final only

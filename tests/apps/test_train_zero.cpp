@@ -259,6 +259,12 @@ TEST_CASE("zero training: a bad --zero, --zero with --optimizer-in-backward, ran
   CHECK(fused.exit_code == 2);
   CHECK(fused.output.find("--zero 1 cannot be combined with --optimizer-in-backward") !=
         std::string::npos);
+  // Plain SGD has no state to shard: said, not silently paid for (an outside tester's case).
+  const auto plain =
+      run_world(train_args({"--zero", "1", "--optimizer", "sgd", "--lr", "0.01", "--steps", "2"}),
+                2, quick());
+  require_success(plain);
+  CHECK(plain[0].output.find("shards nothing (plain SGD keeps no state)") != std::string::npos);
 
   const int port = free_port();
   auto rank = [&](int r, const std::string& stage) {

@@ -397,7 +397,7 @@ class Monitor {
         o_(o),
         stop_(stop),
         store_(prefix, std::make_shared<comm::TcpStore>(store_options)),
-        thread_([this] { loop(); }) {}
+        thread_(start([this] { loop(); })) {}
   ~Monitor() {
     {
       const std::lock_guard lock(mutex_);
@@ -524,6 +524,12 @@ class Monitor {
   // Per node: lost; settled for lost_nodes(); its round over for usage_verdict().
   std::vector<bool> lost_, settled_, ended_;
   std::thread thread_;
+  // The heartbeat thread takes no signal: they stay with the main thread (signals.h).
+  template <typename F>
+  static std::thread start(F f) {
+    const SignalsStayOnThisThread main_thread_only;
+    return std::thread(std::move(f));
+  }
 };
 
 void Monitor::loop() {
@@ -659,6 +665,7 @@ int run_elastic(const LaunchPlan& plan) {
   std::unique_ptr<comm::TcpStoreServer> server;
   if (is_local_address(endpoint.host)) {
     try {
+      const SignalsStayOnThisThread main_thread_only;  // the server's thread takes none
       server = std::make_unique<comm::TcpStoreServer>(comm::TcpStoreOptions{
           .host = endpoint.host, .port = static_cast<std::uint16_t>(endpoint.port)});
     } catch (const comm::StoreError&) {

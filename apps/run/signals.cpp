@@ -57,4 +57,17 @@ std::vector<int> SignalPipe::drain() {
   return signals;
 }
 
+SignalsStayOnThisThread::SignalsStayOnThisThread() {
+  sigset_t blocked;
+  sigemptyset(&blocked);
+  for (const int signo : kHandled) {
+    if (signo != SIGPIPE) sigaddset(&blocked, signo);
+  }
+  pthread_sigmask(SIG_BLOCK, &blocked, &previous_);
+}
+
+SignalsStayOnThisThread::~SignalsStayOnThisThread() {
+  pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+}
+
 }  // namespace nanoddp::run

@@ -3,6 +3,8 @@
 // SIGINT/SIGTERM/SIGHUP (to forward to the workers) and SIGCHLD (a worker ended) next to the
 // workers' output, with no work done inside a signal handler.
 
+#include <signal.h>
+
 #include <vector>
 
 #include "nanoddp/comm/unique_fd.h"
@@ -27,6 +29,22 @@ class SignalPipe {
  private:
   UniqueFd read_end_;
   UniqueFd write_end_;
+};
+
+// While alive, the signals SignalPipe handles (but SIGPIPE) are blocked in this thread, so a
+// thread started meanwhile (the rendezvous store's server, the heartbeat monitor) inherits them
+// blocked and the kernel delivers them to the main thread only, which is where the launcher
+// looks for them. (Delivered to a helper thread waiting in a system call, a SIGTERM reached the
+// pipe late under ThreadSanitizer, which defers a handler to the receiving thread's next call.)
+class SignalsStayOnThisThread {
+ public:
+  SignalsStayOnThisThread();
+  ~SignalsStayOnThisThread();
+  SignalsStayOnThisThread(const SignalsStayOnThisThread&) = delete;
+  SignalsStayOnThisThread& operator=(const SignalsStayOnThisThread&) = delete;
+
+ private:
+  sigset_t previous_;
 };
 
 }  // namespace nanoddp::run

@@ -111,6 +111,11 @@ class ShmAllreduce {
   void arrive();
   void wait_for_all(std::uint32_t target, std::chrono::steady_clock::time_point deadline,
                     const char* phase, std::size_t chunk, std::size_t chunks);
+  // Reduce-scatter's and all-gather's barrier after step `step`'s copy-in, with the op check at
+  // the first step (and, for a single-step op, the extra barrier it needs: shm_collectives.cpp).
+  void wait_copied_in(std::chrono::steady_clock::time_point deadline, std::size_t step,
+                      std::size_t steps, std::uint64_t seq, std::uint64_t count,
+                      std::uint32_t kind);
   [[noreturn]] void fail_waiting(std::uint32_t target, const std::string& what_happened,
                                  const char* phase, std::size_t chunk, std::size_t chunks);
 

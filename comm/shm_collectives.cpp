@@ -46,6 +46,18 @@ namespace nanoddp::comm {
 
 using namespace shm;
 
+void ShmAllreduce::wait_copied_in(std::chrono::steady_clock::time_point deadline, std::size_t step,
+                                  std::size_t steps, std::uint64_t seq, std::uint64_t count,
+                                  std::uint32_t kind) {
+  wait_for_all(generation_, deadline, "copy-in", step, steps);
+  if (step != 0) return;
+  check_same_op(seq, count, kind);
+  if (steps == 1) {
+    arrive();
+    wait_for_all(generation_, deadline, "op-check", step, steps);
+  }
+}
+
 void ShmAllreduce::reduce_scatter(const void* input, void* output, std::size_t block, DType dtype,
                                   ReduceOp op, std::uint64_t seq) {
   if (!enabled()) fail("ShmAllreduce::reduce_scatter: the shared segment is not in use");
@@ -86,14 +98,7 @@ void ShmAllreduce::reduce_scatter(const void* input, void* output, std::size_t b
                   in + (static_cast<std::size_t>(p) * block + first) * elem, m * elem);
     }
     arrive();
-    wait_for_all(generation_, deadline, "copy-in", s, steps);
-    if (s == 0) {
-      check_same_op(seq, block, kind);
-      if (steps == 1) {
-        arrive();
-        wait_for_all(generation_, deadline, "op-check", s, steps);
-      }
-    }
+    wait_copied_in(deadline, s, steps, seq, block, kind);
     for (int q = 0; q < size_; ++q) {
       sources[static_cast<std::size_t>(q)] =
           q == rank_ ? in + (static_cast<std::size_t>(rank_) * block + first) * elem
@@ -131,14 +136,7 @@ void ShmAllreduce::allgather(const void* input, void* output, std::size_t block,
     if (block_at(rank_, first) != in + first * elem) {
       std::memcpy(block_at(rank_, first), in + first * elem, bytes);
     }
-    wait_for_all(generation_, deadline, "copy-in", s, steps);
-    if (s == 0) {
-      check_same_op(seq, block, kind);
-      if (steps == 1) {
-        arrive();
-        wait_for_all(generation_, deadline, "op-check", s, steps);
-      }
-    }
+    wait_copied_in(deadline, s, steps, seq, block, kind);
     for (int q = 0; q < size_; ++q) {
       if (q != rank_) std::memcpy(block_at(q, first), segment_->lane(set, q), bytes);
     }

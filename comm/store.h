@@ -28,6 +28,13 @@ class StoreError : public Error {
   using Error::Error;
 };
 
+// The server answered and refused this client (another protocol, or a wrong token): trying
+// again would not change its mind.
+class StoreRefused : public StoreError {
+ public:
+  using StoreError::StoreError;
+};
+
 class Store {
  public:
   virtual ~Store() = default;

@@ -106,13 +106,13 @@ std::optional<UniqueFd> TcpStore::Impl::try_connect(Clock::time_point deadline, 
     return std::nullopt;
   }
   if (reply->status == proto::DecodeStatus::kInvalid) {
-    throw StoreError(fmt::format(
+    throw StoreRefused(fmt::format(
         "the server at {} does not speak the nanoddp store protocol ({}); is MASTER_PORT the "
         "port of this job's store?",
         address, reply->error));
   }
   if (!reply->message.accepted) {
-    throw StoreError(
+    throw StoreRefused(
         fmt::format("cannot use the store at {}: {}", address, reply->message.message));
   }
   // Anything past the reply would be an answer to a request we have not sent.

@@ -8,7 +8,9 @@
 #   NANODDP_WITH_TORCH=1  python3-torch (torch 1.13 and torchrun; about 165 packages, ~1 GB):
 #                         the torchrun, TCPStore and PyTorch-parity tests
 #   NANODDP_WITH_MPI=1    openmpi-bin (mpirun; 17 packages): the mpirun test
-# .ci/run sets both, so CI runs those tests.
+#   NANODDP_WITH_GDB=1    gdb: a test that gives up on a program prints its threads' stacks
+#                         (tests/support/process_snapshot.h; without gdb, /proc's view only)
+# .ci/run sets all three, so CI runs those tests and says where a stuck program was.
 set -euo pipefail
 
 packages=(
@@ -19,6 +21,7 @@ packages=(
 )
 if [ "${NANODDP_WITH_TORCH:-0}" = 1 ]; then packages+=(python3-torch); fi
 if [ "${NANODDP_WITH_MPI:-0}" = 1 ]; then packages+=(openmpi-bin); fi
+if [ "${NANODDP_WITH_GDB:-0}" = 1 ]; then packages+=(gdb); fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -688,19 +688,35 @@ int run_elastic(const LaunchPlan& plan) {
       .timeout = std::max(millis(o.heartbeat_timeout_s), std::chrono::milliseconds(1000))};
   const std::string prefix = "nanoddp-run/" + o.rdzv_id;
   // The first connection waits as long as a round may take to form (--rdzv-join-timeout): a node
-  // started before the endpoint's launcher is early, not wrong. Later requests wait a heartbeat.
+  // started before the endpoint's launcher is early, not wrong. It is tried a second at a time,
+  // so a signal meanwhile ends the wait at once. Later requests wait a heartbeat.
   std::shared_ptr<comm::TcpStore> client;
-  try {
-    comm::TcpStoreOptions first = client_options;
-    first.timeout = std::max(client_options.timeout, millis(o.join_timeout_s));
-    client = std::make_shared<comm::TcpStore>(first);
-    client->set_timeout(client_options.timeout);
-  } catch (const comm::StoreError& e) {
-    say("error: cannot reach the rendezvous store at {} (--rdzv-endpoint) within "
-        "--rdzv-join-timeout {} s: is nanoddp-run running on {} with the same --rdzv-endpoint? "
-        "({})",
-        o.rdzv_endpoint, o.join_timeout_s, endpoint.host, e.what());
-    return 1;
+  const auto connect_until = Clock::now() + millis(o.join_timeout_s);
+  for (;;) {
+    for (const int signo : signals.drain()) {
+      if (signo == SIGCHLD) continue;
+      say("error: got {} while connecting to the rendezvous store on {}", signal_name(signo),
+          o.rdzv_endpoint);
+      return 128 + signo;
+    }
+    try {
+      comm::TcpStoreOptions attempt = client_options;
+      attempt.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(std::clamp(
+          connect_until - Clock::now(), Clock::duration(100ms), Clock::duration(1000ms)));
+      client = std::make_shared<comm::TcpStore>(attempt);
+      client->set_timeout(client_options.timeout);
+      break;
+    } catch (const comm::StoreRefused& e) {
+      say("error: the rendezvous store at {} (--rdzv-endpoint): {}", o.rdzv_endpoint, e.what());
+      return 1;
+    } catch (const comm::StoreError& e) {
+      if (Clock::now() < connect_until) continue;
+      say("error: cannot reach the rendezvous store at {} (--rdzv-endpoint) within "
+          "--rdzv-join-timeout {} s: is nanoddp-run running on {} with the same "
+          "--rdzv-endpoint? ({})",
+          o.rdzv_endpoint, o.join_timeout_s, endpoint.host, e.what());
+      return 1;
+    }
   }
   comm::PrefixStore store(prefix, client);
   // A launcher refused here changes nothing in the store that the job reads.

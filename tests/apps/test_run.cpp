@@ -1,12 +1,16 @@
 // nanoddp-run as a user runs it: real launcher, real worker processes (often /bin/sh -c '...' as
 // the program under test), real signals, real exit codes. Every run has a timeout.
 
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -19,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "apps/background_process.h"
+#include "support/background_process.h"
 #include "support/subprocess.h"
 #include "support/world.h"
 
@@ -34,6 +38,14 @@ using namespace std::chrono_literals;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// nanoddp-run with `flags`, its workers running `shell_command` under /bin/sh.
+std::vector<std::string> run_argv(std::vector<std::string> flags,
+                                  const std::string& shell_command) {
+  flags.insert(flags.begin(), bin_path("nanoddp-run"));
+  flags.insert(flags.end(), {"/bin/sh", "-c", shell_command});
+  return flags;
+}
 
 ProcessResult launch(std::vector<std::string> args, ProcessOptions options = {}) {
   args.insert(args.begin(), bin_path("nanoddp-run"));
@@ -329,22 +341,10 @@ TEST_CASE("nanoddp-run --rdzv-endpoint: two launchers form one world and restart
       "  while [ $(ls {0} | grep -c '^r0_') -lt 4 ]; do sleep 0.01; done; exit 3; fi; "
       "[ $NANODDP_RESTART_COUNT = 1 ] || sleep 30",
       dir.path());
-  const std::vector<std::string> argv = {bin_path("nanoddp-run"),
-                                         "--nnodes",
-                                         "2",
-                                         "--nproc-per-node",
-                                         "2",
-                                         "--rdzv-endpoint",
-                                         endpoint,
-                                         "--max-restarts",
-                                         "1",
-                                         "--heartbeat-timeout",
-                                         "5",
-                                         "--grace-period",
-                                         "1",
-                                         "/bin/sh",
-                                         "-c",
-                                         worker};
+  const std::vector<std::string> argv =
+      run_argv({"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint", endpoint,
+                "--max-restarts", "1", "--heartbeat-timeout", "5", "--grace-period", "1"},
+               worker);
   BackgroundProcess a(argv), b(argv);
   const std::optional<int> status_a = a.wait(60s), status_b = b.wait(60s);
   INFO(a.output(), "\n----\n", b.output());
@@ -369,20 +369,10 @@ TEST_CASE("nanoddp-run --rdzv-endpoint: two launchers form one world and restart
 TEST_CASE("nanoddp-run --nnodes 1:2: a node that arrives later is taken in at the next round") {
   const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
   // Alone (world 1) the worker waits to be stopped; with both nodes (world 2) it succeeds.
-  const std::vector<std::string> argv = {bin_path("nanoddp-run"),
-                                         "--nnodes",
-                                         "1:2",
-                                         "--rdzv-endpoint",
-                                         endpoint,
-                                         "--rdzv-last-call",
-                                         "0.5",
-                                         "--heartbeat-timeout",
-                                         "5",
-                                         "--grace-period",
-                                         "1",
-                                         "/bin/sh",
-                                         "-c",
-                                         "echo world $WORLD_SIZE; [ $WORLD_SIZE = 2 ] || sleep 30"};
+  const std::vector<std::string> argv =
+      run_argv({"--nnodes", "1:2", "--rdzv-endpoint", endpoint, "--rdzv-last-call", "0.5",
+                "--heartbeat-timeout", "5", "--grace-period", "1"},
+               "echo world $WORLD_SIZE; [ $WORLD_SIZE = 2 ] || sleep 30");
   BackgroundProcess a(argv);
   REQUIRE(a.wait_for_output(
       [](const std::string& out) { return contains(out, "[rank 0] world 1"); }, 20s));
@@ -418,6 +408,37 @@ TEST_CASE("nanoddp-run --rdzv-endpoint: SIGTERM while waiting for the other node
   CHECK(WIFEXITED(*status));
   CHECK(WEXITSTATUS(*status) == 128 + SIGTERM);
   CHECK(contains(launcher.output(), "got SIGTERM while waiting for round 0 to form"));
+}
+
+// CI once saw a launcher outlive SIGTERM by a minute; one way was its first connection to the
+// store, which waited in one attempt as long as --rdzv-join-timeout (600 s) for a handshake. A
+// listener that never answers holds it there: the signal must still end it.
+TEST_CASE(
+    "nanoddp-run --rdzv-endpoint: SIGTERM while connecting to a store that never answers "
+    "ends it") {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  REQUIRE(::listen(listener, 16) == 0);  // connections wait in the backlog, never answered
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  BackgroundProcess launcher({bin_path("nanoddp-run"), "--nnodes", "2", "--rdzv-endpoint",
+                              fmt::format("127.0.0.1:{}", ntohs(address.sin_port)), "/bin/true"});
+  REQUIRE(launcher.wait_for_output(
+      [](const std::string& out) { return contains(out, "a client of the rendezvous store"); },
+      20s));
+  std::this_thread::sleep_for(300ms);  // into its first handshake
+  launcher.send(SIGTERM);
+  const std::optional<int> status = launcher.wait(60s);
+  ::close(listener);
+  INFO(launcher.output());
+  REQUIRE(status.has_value());
+  CHECK(WIFEXITED(*status));
+  CHECK(WEXITSTATUS(*status) == 128 + SIGTERM);
+  CHECK(contains(launcher.output(), "got SIGTERM while connecting to the rendezvous store"));
 }
 
 // Issue #15 (an outside operator): launchers of one job that disagreed on its settings were
@@ -579,20 +600,10 @@ TEST_CASE("nanoddp-run: a worker's exit code 2 is a usage error, not restarted")
     const std::string worker = fmt::format(
         "echo $RANK $NANODDP_RESTART_COUNT >> {}/attempts; [ $RANK = 1 ] && exit 2; sleep 30",
         dir.path());
-    const std::vector<std::string> argv = {bin_path("nanoddp-run"),
-                                           "--nnodes",
-                                           "2",
-                                           "--rdzv-endpoint",
-                                           endpoint,
-                                           "--max-restarts",
-                                           "2",
-                                           "--heartbeat-timeout",
-                                           "5",
-                                           "--grace-period",
-                                           "1",
-                                           "/bin/sh",
-                                           "-c",
-                                           worker};
+    const std::vector<std::string> argv =
+        run_argv({"--nnodes", "2", "--rdzv-endpoint", endpoint, "--max-restarts", "2",
+                  "--heartbeat-timeout", "5", "--grace-period", "1"},
+                 worker);
     BackgroundProcess a(argv), b(argv);
     const std::optional<int> status_a = a.wait(30s), status_b = b.wait(30s);
     INFO(a.output(), "\n----\n", b.output());
@@ -622,22 +633,10 @@ TEST_CASE("nanoddp-run: a worker's exit code 2 is a usage error, not restarted")
         "  kill -9 $NANODDP_LAUNCHER_PID; touch {0}/lost; exit 0; fi; "
         "while [ ! -e {0}/lost ]; do sleep 0.01; done; exit 2",
         dir.path());
-    std::vector<std::string> argv = {bin_path("nanoddp-run"),
-                                     "--nnodes",
-                                     "1:2",
-                                     "--rdzv-endpoint",
-                                     endpoint,
-                                     "--rdzv-last-call",
-                                     "2",
-                                     "--max-restarts",
-                                     "1",
-                                     "--heartbeat-timeout",
-                                     "2",
-                                     "--grace-period",
-                                     "1",
-                                     "/bin/sh",
-                                     "-c",
-                                     worker};
+    std::vector<std::string> argv =
+        run_argv({"--nnodes", "1:2", "--rdzv-endpoint", endpoint, "--rdzv-last-call", "2",
+                  "--max-restarts", "1", "--heartbeat-timeout", "2", "--grace-period", "1"},
+                 worker);
     BackgroundProcess server(argv);
     REQUIRE(server.wait_for_output(
         [](const std::string& out) { return contains(out, "serving the rendezvous store"); }, 20s));

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <future>
 #include <map>
 #include <set>
 #include <string>
@@ -209,23 +208,8 @@ TEST_CASE("ddp training: stop after a checkpoint, resume, and the losses are bit
 }
 
 TEST_CASE("ddp training: a different --batch on one rank is refused at start on every rank") {
-  // Rank 1 gets another batch size through a wrapper-free trick: run_world gives every rank the
-  // same argv, so start the two ranks by hand.
-  const int port = free_port();
-  auto rank = [&](int r, const std::string& batch) {
-    ProcessOptions o = quick();
-    o.env = {{"RANK", std::to_string(r)},
-             {"WORLD_SIZE", "2"},
-             {"MASTER_ADDR", "127.0.0.1"},
-             {"MASTER_PORT", std::to_string(port)},
-             {"NANODDP_TIMEOUT_S", "20"}};
-    return std::async(std::launch::async, [=] {
-      return run_process(train_args({"--batch", batch, "--steps", "5"}), o);
-    });
-  };
-  auto a = rank(0, "8");
-  auto b = rank(1, "16");
-  const std::vector<ProcessResult> results = {a.get(), b.get()};
+  const std::vector<ProcessResult> results = two_ranks_with(
+      train_args({"--batch", "8", "--steps", "5"}), train_args({"--batch", "16", "--steps", "5"}));
   INFO(describe(results));
   for (const auto& r : results) {
     CHECK(r.exit_code == 2);

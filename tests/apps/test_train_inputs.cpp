@@ -6,7 +6,6 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,6 +30,7 @@
 #include "nanoddp/nn/file_io.h"
 #include "nanoddp/nn/npy.h"
 #include "nanoddp/nn/safetensors.h"
+#include "support/small_disk.h"
 
 using namespace nanoddp::testing;
 namespace fs = std::filesystem;
@@ -68,22 +68,6 @@ std::vector<std::pair<std::string, std::string>> numeric_flags(const std::string
   }
   return flags;
 }
-
-// A tmpfs of `size` mounted on a fresh folder for the test's lifetime (root only).
-struct SmallDisk {
-  std::string path;
-  bool mounted = false;
-  SmallDisk(const std::string& dir, const char* size) : path(dir) {
-    fs::create_directories(path);
-    mounted =
-        ::mount("tmpfs", path.c_str(), "tmpfs", 0, (std::string("size=") + size).c_str()) == 0;
-    if (!mounted)
-      MESSAGE("SKIPPED: cannot mount a tmpfs here (needs root): ", std::strerror(errno));
-  }
-  ~SmallDisk() {
-    if (mounted) ::umount2(path.c_str(), MNT_DETACH);
-  }
-};
 
 void write_matrix(const std::string& path, std::int64_t rows, std::int64_t cols, float scale) {
   std::vector<float> v(static_cast<std::size_t>(rows * cols));

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <future>
 #include <iterator>
 #include <map>
 #include <regex>
@@ -266,21 +265,8 @@ TEST_CASE("zero training: a bad --zero, --zero with --optimizer-in-backward, ran
   require_success(plain);
   CHECK(plain[0].output.find("shards nothing (plain SGD keeps no state)") != std::string::npos);
 
-  const int port = free_port();
-  auto rank = [&](int r, const std::string& stage) {
-    ProcessOptions o = quick();
-    o.env = {{"RANK", std::to_string(r)},
-             {"WORLD_SIZE", "2"},
-             {"MASTER_ADDR", "127.0.0.1"},
-             {"MASTER_PORT", std::to_string(port)},
-             {"NANODDP_TIMEOUT_S", "20"}};
-    return std::async(std::launch::async, [=] {
-      return run_process(train_args({"--zero", stage, "--steps", "5"}), o);
-    });
-  };
-  auto a = rank(0, "1");
-  auto b = rank(1, "2");
-  const std::vector<ProcessResult> results = {a.get(), b.get()};
+  const std::vector<ProcessResult> results = two_ranks_with(
+      train_args({"--zero", "1", "--steps", "5"}), train_args({"--zero", "2", "--steps", "5"}));
   INFO(describe(results));
   for (const auto& r : results) {
     CHECK(r.exit_code == 2);

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "apps/background_process.h"
+#include "support/background_process.h"
 #include "support/subprocess.h"
 #include "support/world.h"
 

@@ -22,6 +22,7 @@
 #include "nanoddp/nn/npy.h"
 #include "nanoddp/nn/safetensors.h"
 #include "support/saved_parameters.h"
+#include "support/small_disk.h"
 
 using namespace nanoddp::testing;
 using namespace std::chrono_literals;
@@ -371,16 +372,9 @@ void check_checkpoint_failure_ends_both(const std::string& rank0, const std::str
 
 TEST_CASE("bad input: a full disk under rank 0's checkpoint write ends every rank, naming it") {
   TempDir dir;
-  const std::string mnt = dir.file("small");
-  fs::create_directories(mnt);
-  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=1m") != 0) {
-    MESSAGE("SKIPPED: cannot mount a tmpfs here (needs root): ", std::strerror(errno));
-    return;
-  }
-  struct Unmount {
-    std::string path;
-    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
-  } unmount{mnt};
+  const SmallDisk disk(dir.file("small"), "1m");
+  if (!disk.mounted) return;
+  const std::string& mnt = disk.path;
   const std::vector<std::string> argv =
       train_argv({"--hidden", "120", "--steps", "30", "--checkpoint-every", "1", "--keep", "100",
                   "--checkpoint-dir", mnt, "--quiet"});
@@ -395,16 +389,9 @@ TEST_CASE("bad input: a full disk under rank 0's checkpoint write ends every ran
 
 TEST_CASE("bad input: a checkpoint folder turned read-only mid-run ends every rank, naming it") {
   TempDir dir;
-  const std::string mnt = dir.file("ro");
-  fs::create_directories(mnt);
-  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=4m") != 0) {
-    MESSAGE("SKIPPED: cannot mount a tmpfs here (needs root): ", std::strerror(errno));
-    return;
-  }
-  struct Unmount {
-    std::string path;
-    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
-  } unmount{mnt};
+  const SmallDisk disk(dir.file("ro"), "4m");
+  if (!disk.mounted) return;
+  const std::string& mnt = disk.path;
   auto ranks = start_ranks(train_argv({"--steps", "100000000", "--checkpoint-every", "1", "--keep",
                                        "2", "--checkpoint-dir", mnt, "--log-every", "1000"}),
                            2, {{"NANODDP_TIMEOUT_S", "5"}});
@@ -431,17 +418,10 @@ TEST_CASE("bad input: a checkpoint folder turned read-only mid-run ends every ra
 
 TEST_CASE("bad input: a disk that fills up during a checkpoint write names the path (exit 1)") {
   TempDir dir;
-  const std::string mnt = dir.file("small");
-  fs::create_directories(mnt);
   // 1 MiB of tmpfs: a few ~200 KB checkpoints fit (--keep 100 keeps them all), then one fails.
-  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=1m") != 0) {
-    MESSAGE("SKIPPED: cannot mount a tmpfs here (needs root): ", std::strerror(errno));
-    return;
-  }
-  struct Unmount {
-    std::string path;
-    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
-  } unmount{mnt};
+  const SmallDisk disk(dir.file("small"), "1m");
+  if (!disk.mounted) return;
+  const std::string& mnt = disk.path;
   const ProcessResult r =
       run_process(train_argv({"--hidden", "120", "--steps", "30", "--checkpoint-every", "1",
                               "--keep", "100", "--checkpoint-dir", mnt, "--quiet"}));
@@ -467,16 +447,9 @@ TEST_CASE("bad input: a full disk under the --trace write leaves the old trace w
   // The trace is written after the last step: a full disk used to leave it truncated (JSON no
   // viewer opens) in place of the previous one. Now it goes through a temporary file.
   TempDir dir;
-  const std::string mnt = dir.file("small");
-  fs::create_directories(mnt);
-  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64k") != 0) {
-    MESSAGE("SKIPPED: cannot mount a tmpfs here (needs root): ", std::strerror(errno));
-    return;
-  }
-  struct Unmount {
-    std::string path;
-    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
-  } unmount{mnt};
+  const SmallDisk disk(dir.file("small"), "64k");
+  if (!disk.mounted) return;
+  const std::string& mnt = disk.path;
   const std::string trace = mnt + "/trace.json";
   { std::ofstream(trace) << "{\"traceEvents\":[]}\n"; }
   const ProcessResult r = run_process(

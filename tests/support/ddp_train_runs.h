@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <future>
 #include <map>
 #include <string>
 #include <vector>
@@ -47,6 +48,25 @@ inline ProcessOptions quick(const std::map<std::string, std::string>& env = {}) 
 inline void require_success(const std::vector<ProcessResult>& results) {
   INFO(describe(results));
   for (const auto& r : results) REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
+}
+
+// Two ranks of one job started by hand, each with its own argv (run_world gives every rank the
+// same one): how the tests give one rank a different flag.
+inline std::vector<ProcessResult> two_ranks_with(const std::vector<std::string>& argv0,
+                                                 const std::vector<std::string>& argv1) {
+  const int port = free_port();
+  auto rank = [&](int r, const std::vector<std::string>& argv) {
+    ProcessOptions o = quick();
+    o.env = {{"RANK", std::to_string(r)},
+             {"WORLD_SIZE", "2"},
+             {"MASTER_ADDR", "127.0.0.1"},
+             {"MASTER_PORT", std::to_string(port)},
+             {"NANODDP_TIMEOUT_S", "20"}};
+    return std::async(std::launch::async, [=] { return run_process(argv, o); });
+  };
+  auto a = rank(0, argv0);
+  auto b = rank(1, argv1);
+  return {a.get(), b.get()};
 }
 
 }  // namespace nanoddp::testing

@@ -1,4 +1,5 @@
 #include "support/subprocess.h"
+#include "support/process_snapshot.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -61,6 +62,7 @@ ProcessResult run_process(const std::vector<std::string>& argv, const ProcessOpt
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       result.timed_out = true;
+      result.output.append("\n").append(snapshot_process_group(pid));
       kill(-pid, SIGKILL);
       break;
     }

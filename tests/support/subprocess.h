@@ -10,11 +10,11 @@
 namespace nanoddp::testing {
 
 struct ProcessResult {
-  int exit_code = -1;    // valid when !signaled
-  int signal = 0;        // the signal that ended it, when signaled
+  int exit_code = -1;  // valid when !signaled
+  int signal = 0;      // the signal that ended it, when signaled
   bool signaled = false;
   bool timed_out = false;
-  std::string output;    // stdout and stderr, interleaved
+  std::string output;  // stdout and stderr, interleaved
 };
 
 struct ProcessOptions {

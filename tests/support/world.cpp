@@ -39,9 +39,8 @@ std::vector<ProcessResult> run_world(const std::vector<std::string>& argv, int w
     rank_options.env["LOCAL_WORLD_SIZE"] = std::to_string(world_size);
     rank_options.env["MASTER_ADDR"] = "127.0.0.1";
     rank_options.env["MASTER_PORT"] = port;
-    futures.push_back(std::async(std::launch::async, [argv, rank_options] {
-      return run_process(argv, rank_options);
-    }));
+    futures.push_back(std::async(std::launch::async,
+                                 [argv, rank_options] { return run_process(argv, rank_options); }));
   }
   std::vector<ProcessResult> results;
   for (auto& f : futures) results.push_back(f.get());
@@ -53,7 +52,7 @@ std::string describe(const std::vector<ProcessResult>& results) {
   for (std::size_t r = 0; r < results.size(); ++r) {
     const ProcessResult& p = results[r];
     out += "---- rank " + std::to_string(r) + ": " +
-           (p.timed_out ? std::string("TIMED OUT")
+           (p.timed_out  ? std::string("TIMED OUT")
             : p.signaled ? "signal " + std::to_string(p.signal)
                          : "exit " + std::to_string(p.exit_code)) +
            "\n" + p.output + "\n";

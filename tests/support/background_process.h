@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "support/process_snapshot.h"
+
 namespace nanoddp::testing {
 
 class BackgroundProcess {
@@ -63,21 +65,30 @@ class BackgroundProcess {
     return true;
   }
 
-  // Waits for the end (reading all output): the wait status, or nullopt after the timeout.
+  // Waits for the end, reading its output meanwhile: the wait status, or nullopt after the
+  // timeout, when the output ends with a snapshot of where the program's threads were. The exit
+  // is looked for while reading, so a descendant that keeps the output pipe open cannot hide it.
   std::optional<int> wait(std::chrono::milliseconds timeout) {
+    using namespace std::chrono_literals;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (read_some(deadline)) {
-    }
-    while (std::chrono::steady_clock::now() < deadline) {
+    while (!status_) {
       int status = 0;
-      const pid_t r = waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
         status_ = status;
-        return status_;
+        break;
       }
-      usleep(10000);
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        output_.append("\n").append(snapshot_process_group(pid_));
+        return std::nullopt;
+      }
+      if (!read_some(std::min(deadline, now + 50ms))) usleep(10000);
     }
-    return std::nullopt;
+    // What it wrote before it ended (a second at most: a descendant may hold the pipe).
+    const auto drained = std::chrono::steady_clock::now() + 1s;
+    while (read_some(drained)) {
+    }
+    return status_;
   }
 
  private:

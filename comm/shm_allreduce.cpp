@@ -347,8 +347,9 @@ void ShmAllreduce::fail_waiting(std::uint32_t target, const std::string& what_ha
     if (info.checkable && known_dead(probe, info.start_time)) {
       dead.push_back(q);
       dead_why.push_back(fmt::format(
-          "rank {} did not arrive: its process (pid {}) has exited (crashed or killed?)", q,
-          info.pid));
+          "rank {} did not arrive: its process (pid {}) has exited (crashed, killed, or ended "
+          "its training loop with fewer collectives than this rank?)",
+          q, info.pid));
     } else if (info.checkable && probe.state == ProcessProbe::State::kUnknown) {
       late.push_back(q);
       late_why.push_back(fmt::format(

@@ -248,10 +248,14 @@ Tensor narrow(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_
   check_f32("narrow", x, "the input");
   dim = wrap_dim("narrow", dim, x.dim());
   const Around s = around(x.shape(), dim);
-  if (start < 0) start += s.d;
-  if (start < 0 || length < 0 || start + length > s.d) {
-    fail("narrow: elements {} .. {} of dimension {} do not fit its size {}", start,
-         start + length - 1, dim, s.d);
+  const std::int64_t given = start;
+  if (start < 0 && start >= -s.d) start += s.d;  // PyTorch: a negative start counts from the end
+  // Compared without forming start + length, which overflows for a start near INT64_MAX.
+  if (start < 0 || start > s.d || length < 0 || length > s.d - start) {
+    fail(
+        "narrow: start {} and length {} do not fit dimension {} of size {} (the start must be in "
+        "[-{}, {}], the length in [0, size - start])",
+        given, length, dim, s.d, s.d, s.d);
   }
   Shape shape = x.shape();
   shape[static_cast<std::size_t>(dim)] = length;
@@ -346,7 +350,7 @@ Tensor sum_along(const char* name, const Tensor& x, std::int64_t dim, bool keepd
   check_f32(name, x, "the input");
   dim = wrap_dim(name, dim, x.dim());
   const Around s = around(x.shape(), dim);
-  if (mean && s.d == 0) fail("{}: dimension {} is empty", name, dim);
+  // The mean over an empty dimension is NaN, as in PyTorch: alpha is +inf, each sum 0.
   const float alpha = mean ? 1.0f / static_cast<float>(s.d) : 1.0f;
   Tensor out = Tensor::empty(reduced_shape(x.shape(), dim, keepdim), x.device());
   backend_of(x).sum_dim(x.data(), s.outer, s.d, s.inner, alpha, out.data());

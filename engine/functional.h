@@ -59,6 +59,7 @@ inline Tensor operator-(const Tensor& x) {
 // Swaps the two dimensions of a 2-D tensor (a copy, since tensors have no strides).
 Tensor transpose(const Tensor& x, std::int64_t dim0 = 0, std::int64_t dim1 = 1);
 // Elements start .. start + length - 1 along dim (a copy; the gradient flows back into them).
+// A negative start counts from the end (PyTorch): -1 is the last element.
 Tensor narrow(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t length);
 // Joins tensors that agree in every dimension but dim.
 Tensor cat(const std::vector<Tensor>& tensors, std::int64_t dim = 0);
@@ -86,7 +87,8 @@ struct CrossEntropyOptions {
 };
 // Mean over the batch of -log softmax(logits)[target] (PyTorch's F.cross_entropy with
 // reduction='mean'): logits [N, C] float32, targets [N] int64 class indices on the same device.
-// Computed from the log-sum-exp with the maximum subtracted, so large logits do not overflow.
+// Computed from the log-sum-exp with the maximum subtracted, so large logits do not overflow; a
+// -inf logit (a masked class) gives PyTorch's finite loss, and a -inf at the target +inf.
 // A target outside [0, C) is an Error on the CPU and a NaN loss on CUDA (no host sync).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
                      const CrossEntropyOptions& options = {});

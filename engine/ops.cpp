@@ -170,13 +170,13 @@ Tensor scaled_sum(const char* name, const Tensor& x, float scale) {
 Tensor sum(const Tensor& x) { return scaled_sum("sum", x, 1.0f); }
 
 Tensor mean(const Tensor& x) {
-  if (x.defined() && x.numel() == 0) fail("mean: the input is empty");
+  // The mean of nothing is 0 / 0 = NaN, as in PyTorch (scale is +inf, the sum 0).
   return scaled_sum("mean", x, 1.0f / static_cast<float>(x.defined() ? x.numel() : 1));
 }
 
 Tensor mse_loss(const Tensor& pred, const Tensor& target) {
   check_same_shape("mse_loss", pred, target);
-  if (pred.numel() == 0) fail("mse_loss: the prediction is empty");
+  // An empty prediction gives NaN, as in PyTorch (the kernels divide 0 by 0).
   Tensor out = Tensor::empty({}, pred.device());
   backend_of(pred).mse_forward(pred.data(), target.data(), pred.numel(), out.data());
   return record("mse_loss", out, {pred, target},

@@ -11,6 +11,17 @@
 
 namespace nanoddp::kernels {
 
+// One row's cross-entropy with label smoothing eps: (1 - eps) * nll + eps * smooth, where nll is
+// -log p[target] and smooth is -mean_c log p[c]. A term whose weight is 0 is left out, not
+// multiplied: a -inf logit (a masked class) makes smooth +inf, and 0 * inf would be a NaN loss
+// where PyTorch gives a finite one.
+NANODDP_HOST_DEVICE double smoothed_nll(double nll, double smooth, double eps) {
+  double loss = 0.0;
+  if (eps < 1.0) loss += (1.0 - eps) * nll;
+  if (eps > 0.0) loss += eps * smooth;
+  return loss;
+}
+
 NANODDP_HOST_DEVICE float unary_value(UnaryOp op, float x, float a, float b) {
   switch (op) {
     case UnaryOp::kAffine:

@@ -6,6 +6,7 @@
 
 #include "nanoddp/kernels/cpu/kernels.h"
 #include "nanoddp/kernels/error.h"
+#include "nanoddp/kernels/pointwise_math.h"
 
 namespace nanoddp::kernels::cpu {
 
@@ -77,7 +78,7 @@ void cross_entropy_rows(const float* logits, const std::int64_t* targets, std::i
     }
     const double nll = log_sum - x[t];
     const double smooth = log_sum - mean;  // -mean_c log p_c
-    row_loss[r] = static_cast<float>((1.0 - eps) * nll + eps * smooth);
+    row_loss[r] = static_cast<float>(smoothed_nll(nll, smooth, eps));
     row_weight[r] = 1.0f;
   }
 }

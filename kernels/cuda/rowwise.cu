@@ -7,6 +7,7 @@
 
 #include "nanoddp/kernels/cuda/common.cuh"
 #include "nanoddp/kernels/cuda/kernels.h"
+#include "nanoddp/kernels/pointwise_math.h"
 
 namespace nanoddp::kernels::cuda {
 namespace {
@@ -114,7 +115,7 @@ __global__ void cross_entropy_rows_kernel(const float* __restrict__ logits,
     row_loss[r] = NAN;
     row_weight[r] = 1.0f;
   } else {
-    row_loss[r] = static_cast<float>((1.0 - eps) * (log_sum - x[t]) + eps * (log_sum - mean));
+    row_loss[r] = static_cast<float>(smoothed_nll(log_sum - x[t], log_sum - mean, eps));
     row_weight[r] = 1.0f;
   }
 }

@@ -5,6 +5,7 @@
 // PyTorch by tests/engine/torch_ops.sh.
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -223,6 +225,64 @@ TEST_CASE("functional: shape ops and their errors") {
   CHECK(x.view({3, -1}).shape() == Shape{3, 2});
   CHECK_THROWS_WITH_AS(x.reshape({4, -1}), doctest::Contains("to [4, -1]"), Error);
   CHECK_THROWS_WITH_AS(x.reshape({-1, -1}), doctest::Contains("to [-1, -1]"), Error);
+}
+
+// An outside researcher's cases: a start near INT64_MAX passed the check (start + length
+// overflowed) and narrow read and wrote outside the tensor; a negative start was reported after
+// the size was added to it.
+TEST_CASE("functional: narrow refuses starts and lengths that overflow, naming what was given") {
+  Tensor x = leaf(ramp(8, 0, 1), {2, 4});
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  for (const std::int64_t start : {kMax - 1, kMax, kMax - 3}) {
+    CHECK_THROWS_WITH_AS(narrow(x, 1, start, 2),
+                         doctest::Contains(fmt::format("start {}", start).c_str()), Error);
+  }
+  CHECK_THROWS_WITH_AS(narrow(x, 1, 1, kMax), doctest::Contains("do not fit dimension 1 of size 4"),
+                       Error);
+  CHECK_THROWS_WITH_AS(narrow(x, 1, std::numeric_limits<std::int64_t>::min(), 1),
+                       doctest::Contains("must be in [-4, 4]"), Error);
+  CHECK_THROWS_WITH_AS(narrow(x, 1, -5, 1), doctest::Contains("start -5 and length 1"), Error);
+  CHECK(narrow(x, 1, -4, 1).to_vector() == std::vector<float>{0, 4});
+  CHECK(narrow(x, 1, 4, 0).numel() == 0);  // an empty slice at the end, as in PyTorch
+}
+
+// An outside researcher masked a class with a -inf logit (the usual way to rule out items): the
+// loss was NaN, from 0 * inf in the label-smoothing term that had weight 0. PyTorch gives log 3.
+TEST_CASE("functional: cross_entropy with a -inf logit gives PyTorch's loss and gradient") {
+  const float inf = std::numeric_limits<float>::infinity();
+  Tensor logits = leaf({-inf, 0, 0, 0}, {1, 4});
+  const Tensor target = Tensor::from_int64(std::vector<std::int64_t>{1}, {1});
+  Tensor loss = cross_entropy(logits, target);
+  CHECK(loss.item() == doctest::Approx(std::log(3.0)));
+  loss.backward();
+  const std::vector<float> g = logits.grad().to_vector();
+  CHECK(g[0] == 0.0f);
+  CHECK(g[1] == doctest::Approx(1.0 / 3 - 1));
+  CHECK(g[2] == doctest::Approx(1.0 / 3));
+  // The masked class at the target: +inf, as in PyTorch; with smoothing the -inf term counts.
+  const Tensor at_target = Tensor::from_int64(std::vector<std::int64_t>{0}, {1});
+  CHECK(cross_entropy(tv({-inf, 0, 0, 0}, {1, 4}), at_target).item() == inf);
+  CHECK(cross_entropy(tv({-inf, 0, 0, 0}, {1, 4}), target, {.label_smoothing = 0.1f}).item() ==
+        inf);
+  // eps = 1 leaves the target's own term out.
+  CHECK(cross_entropy(tv({0, 0, 0, 0}, {1, 4}), target, {.label_smoothing = 1.0f}).item() ==
+        doctest::Approx(std::log(4.0)));
+}
+
+// An outside researcher's empty batch: mean threw where PyTorch (and this library's own
+// cross_entropy) give NaN.
+TEST_CASE("functional: the mean of nothing is NaN, as in PyTorch") {
+  Tensor empty = leaf({}, {0, 3});
+  Tensor m = mean(empty);
+  CHECK(std::isnan(m.item()));
+  m.backward();  // a gradient of no elements
+  CHECK(empty.grad().numel() == 0);
+  const std::vector<float> rows = mean(Tensor::zeros({0, 3}), 0).to_vector();
+  REQUIRE(rows.size() == 3);
+  for (const float v : rows) CHECK(std::isnan(v));
+  CHECK(mean(Tensor::zeros({2, 0}), 1).shape() == Shape{2});
+  CHECK(std::isnan(mse_loss(Tensor::zeros({0, 2}), Tensor::zeros({0, 2})).item()));
+  CHECK(sum(Tensor::zeros({0, 3})).item() == 0.0f);
 }
 
 // The cases tests/engine/torch_ops.sh hands to PyTorch: each op on fixed float32 inputs, its

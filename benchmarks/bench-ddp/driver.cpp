@@ -38,6 +38,7 @@ struct Point {
   bool overlap = true;
   bool optimizer_in_backward = false;
   std::string comm_hook;
+  int zero = 0;
   int threads = 1;
 };
 
@@ -59,21 +60,23 @@ std::vector<Point> expand(const Options& o) {
                   for (const bool overlap : o.overlap)
                     for (const bool in_backward : o.optimizer_in_backward)
                       for (const auto& hook : o.comm_hook)
-                        for (const int threads : o.threads)
-                          for (const int world : o.world)
-                            points.push_back(Point{.world = world,
-                                                   .hidden = hidden,
-                                                   .layers = layers,
-                                                   .batch = batch,
-                                                   .in = in == 0 ? hidden : in,
-                                                   .out = out == 0 ? hidden : out,
-                                                   .activation = activation,
-                                                   .bucket_cap_mb = bucket,
-                                                   .first_bucket_mb = first,
-                                                   .overlap = overlap,
-                                                   .optimizer_in_backward = in_backward,
-                                                   .comm_hook = hook,
-                                                   .threads = threads});
+                        for (const int zero : o.zero)
+                          for (const int threads : o.threads)
+                            for (const int world : o.world)
+                              points.push_back(Point{.world = world,
+                                                     .hidden = hidden,
+                                                     .layers = layers,
+                                                     .batch = batch,
+                                                     .in = in == 0 ? hidden : in,
+                                                     .out = out == 0 ? hidden : out,
+                                                     .activation = activation,
+                                                     .bucket_cap_mb = bucket,
+                                                     .first_bucket_mb = first,
+                                                     .overlap = overlap,
+                                                     .optimizer_in_backward = in_backward,
+                                                     .comm_hook = hook,
+                                                     .zero = zero,
+                                                     .threads = threads});
   return points;
 }
 
@@ -98,6 +101,8 @@ std::vector<std::string> config_flags(const Options& o, const Point& p) {
                      p.optimizer_in_backward ? "on" : "off",
                      "--comm-hook",
                      p.comm_hook,
+                     "--zero",
+                     std::to_string(p.zero),
                      "--threads",
                      std::to_string(p.threads),
                      "--backend",
@@ -111,8 +116,9 @@ std::vector<std::string> config_flags(const Options& o, const Point& p) {
   return f;
 }
 
-// The baseline's flags: what a plain 1-process run depends on (no DDP: no buckets, overlap, hook
-// or optimizer-in-backward), so every configuration sharing the model and batch shares it.
+// The baseline's flags: what a plain 1-process run depends on (no DDP: no buckets, overlap, hook,
+// optimizer-in-backward or ZeRO stage), so every configuration sharing the model and batch shares
+// it.
 std::vector<std::string> baseline_flags(const Options& o, const Point& p) {
   return {"--hidden",     std::to_string(p.hidden),
           "--layers",     std::to_string(p.layers),
@@ -492,6 +498,7 @@ class Sweep {
       config["overlap"] = p.overlap;
       config["optimizer_in_backward"] = p.optimizer_in_backward;
       config["comm_hook"] = p.comm_hook;
+      config["zero_stage"] = p.zero;
     }
     config["threads"] = p.threads;
     nlohmann::ordered_json record = {

@@ -11,16 +11,18 @@
 //    "build":{"version","compiler","build_type","cuda","native"},
 //    "config":{"world_size","nnodes","nproc_per_node","device","backend","in","out","hidden",
 //              "layers","activation","scaling","batch_per_rank","global_batch","bucket_cap_mb",
-//              "first_bucket_mb","overlap","optimizer_in_backward","comm_hook","threads","ddp",
-//              "params","buckets"},
+//              "first_bucket_mb","overlap","optimizer_in_backward","comm_hook","zero_stage",
+//              "threads","ddp","params","buckets"},
 //    "baseline","steps","warmup","step_ms_median","step_ms_p10","step_ms_p90","step_ms_ci95",
 //    "ci95_over","median_step":{"index","step_ms"},"samples_per_s","compute_ms","allreduce_ms",
 //    "exposed_comm_ms","hidden_comm_ms","overlap_fraction","scaling_efficiency","gflops",
-//    "busbw_gbs","samples":[per launch {"step_ms","compute_ms","allreduce_ms",
+//    "busbw_gbs","parameter_bytes","gradient_bytes","averaged_gradient_bytes",
+//    "optimizer_state_bytes","samples":[per launch {"step_ms","compute_ms","allreduce_ms",
 //    "exposed_comm_ms"}],"repeats","repeat_step_ms_median","repeat_samples_per_s",
 //    "scaling_efficiency_repeats","warnings","provenance"}
 // The step percentiles pool every launch's steps (slowest rank per step, stats.h); the breakdown
-// is the median step of the median launch, whose parts add up.
+// is the median step of the median launch, whose parts add up. The *_bytes are what rank 0
+// holds (comm::ZeroMemory, the figures of nanoddp-train --metrics).
 
 #include <nlohmann/json.hpp>
 

@@ -109,7 +109,7 @@ void deduplicate(const std::string& flag, const std::string& text, std::vector<T
 
 struct ListFlags {
   std::string world, hidden, layers, in, out, activation, batch, bucket_cap_mb, first_bucket_mb,
-      overlap, optimizer_in_backward, comm_hook, threads;
+      overlap, optimizer_in_backward, comm_hook, zero, threads;
 };
 
 void convert_lists(const ListFlags& f, Options& o) {
@@ -130,6 +130,10 @@ void convert_lists(const ListFlags& f, Options& o) {
   if (!f.threads.empty()) {
     o.threads.clear();
     for (I t : ints("--threads", f.threads, 1, 1024)) o.threads.push_back(static_cast<int>(t));
+  }
+  if (!f.zero.empty()) {
+    o.zero.clear();
+    for (I z : ints("--zero", f.zero, 0, 2)) o.zero.push_back(static_cast<int>(z));
   }
   if (!f.activation.empty()) {
     o.activation = parse_list<std::string>("--activation", f.activation, [](const std::string& s) {
@@ -169,6 +173,7 @@ void convert_lists(const ListFlags& f, Options& o) {
   deduplicate("--out", f.out, o.out, o.notes);
   deduplicate("--batch", f.batch, o.batch, o.notes);
   deduplicate("--threads", f.threads, o.threads, o.notes);
+  deduplicate("--zero", f.zero, o.zero, o.notes);
   deduplicate("--activation", f.activation, o.activation, o.notes);
   deduplicate("--comm-hook", f.comm_hook, o.comm_hook, o.notes);
   deduplicate("--bucket-cap-mb", f.bucket_cap_mb, o.bucket_cap_mb, o.notes);
@@ -218,6 +223,19 @@ void check_relations(const Options& o) {
       }
     }
   }
+  // What the library refuses (Reducer::set_bucket_reduced_hook under ZeRO), said before any job
+  // runs instead of as a failed point: under ZeRO each rank updates its shard after backward
+  // and the ranks then all-gather the parameters, so there is no per-bucket update to fuse.
+  const bool any_zero = std::any_of(o.zero.begin(), o.zero.end(), [](int z) { return z > 0; });
+  const bool any_in_backward = std::any_of(o.optimizer_in_backward.begin(),
+                                           o.optimizer_in_backward.end(), [](bool b) { return b; });
+  if (any_zero && any_in_backward) {
+    usage_error(
+        "--zero {} cannot be combined with --optimizer-in-backward on: under ZeRO each rank "
+        "updates its shard after backward and the ranks then all-gather the parameters; sweep "
+        "them in two runs (--zero 0 with --optimizer-in-backward on,off)",
+        fmt::join(o.zero, ","));
+  }
   if (o.worker) {
     if (o.result_path.empty()) usage_error("--worker needs --result FILE");
     const std::vector<std::pair<const char*, std::size_t>> sizes = {
@@ -233,6 +251,7 @@ void check_relations(const Options& o) {
         {"--overlap", o.overlap.size()},
         {"--optimizer-in-backward", o.optimizer_in_backward.size()},
         {"--comm-hook", o.comm_hook.size()},
+        {"--zero", o.zero.size()},
         {"--threads", o.threads.size()}};
     for (const auto& [flag, n] : sizes) {
       if (n != 1) usage_error("--worker runs one point, but {} has {} values", flag, n);
@@ -287,6 +306,9 @@ std::optional<Options> parse_options(int argc, const char* const* argv, int& exi
               "on: update each bucket's parameters as its all-reduce completes; off: one "
               "optimizer step after backward (list; default off)");
   list_option("--comm-hook", lists.comm_hook, "allreduce (float32) or bf16 (list)");
+  list_option("--zero", lists.zero,
+              "ZeRO stage: 0 plain DDP, 1 optimizer state sharded over the ranks, 2 the "
+              "averaged gradients too (list; default 0)");
   list_option("--threads", lists.threads, "GEMM threads per rank (list; default 1)");
   app.add_option("--backend", o.backend, "gloo, nccl or auto (by device)")
       ->check(CLI::IsMember({"auto", "gloo", "nccl"}))
@@ -335,6 +357,7 @@ std::optional<Options> parse_options(int argc, const char* const* argv, int& exi
              {"--overlap", &lists.overlap},
              {"--optimizer-in-backward", &lists.optimizer_in_backward},
              {"--comm-hook", &lists.comm_hook},
+             {"--zero", &lists.zero},
              {"--threads", &lists.threads}}) {
       if (app.count(flag) > 0 && text->empty()) {
         usage_error(

@@ -31,6 +31,9 @@ struct Options {
   std::vector<bool> overlap = {true};
   std::vector<bool> optimizer_in_backward = {false};
   std::vector<std::string> comm_hook = {"allreduce"};
+  // ZeRO stage (comm/zero.h): 0 plain DDP, 1 optimizer state sharded, 2 the averaged gradients
+  // too. The 1-rank baseline has no DDP, so it is shared by every stage.
+  std::vector<int> zero = {0};
   std::vector<int> threads = {1};
 
   // One value for the whole sweep.

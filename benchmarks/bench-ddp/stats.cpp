@@ -91,10 +91,18 @@ double mlp_training_flops(const MlpShape& shape, std::int64_t batch) {
   return flops;
 }
 
-double allreduce_busbw_gbs(double bytes, int world, double ms) {
-  if (world <= 1 || ms <= 0) return 0;
+double step_bus_bytes(double grad_bytes, double param_bytes, int world, int zero_stage) {
+  if (world <= 1) return 0;
   const double n = world;
-  return bytes * 2.0 * (n - 1) / n / (ms / 1000.0) / 1e9;
+  const double share = (n - 1) / n;
+  const double gradients = grad_bytes * (zero_stage == 2 ? 1.0 : 2.0) * share;
+  const double parameters = zero_stage > 0 ? param_bytes * share : 0.0;
+  return gradients + parameters;
+}
+
+double busbw_gbs(double bus_bytes, double ms) {
+  if (ms <= 0) return 0;
+  return bus_bytes / (ms / 1000.0) / 1e9;
 }
 
 }  // namespace nanoddp::bench_ddp

@@ -57,8 +57,14 @@ std::int64_t mlp_parameter_count(const MlpShape& shape);
 // GEMM (GradSink::accumulate does nothing for an input that needs no gradient).
 double mlp_training_flops(const MlpShape& shape, std::int64_t batch);
 
-// nccl-tests' bus bandwidth of an all-reduce of `bytes` over `world` ranks taking `ms`:
-// bytes * 2(n-1)/n / time, in GB/s (1e9). 0 for one rank or no time.
-double allreduce_busbw_gbs(double bytes, int world, double ms);
+// nccl-tests' bus bytes of one step's collectives over `world` ranks (n): the gradients'
+// all-reduce, 2(n-1)/n of their bytes on the wire (`grad_bytes`, the hook's dtype); under ZeRO
+// stage 2 a reduce-scatter instead, (n-1)/n; under stage 1 and 2 also the parameters' all-gather
+// after the step, (n-1)/n of `param_bytes`. (Stage 2's left-over elements, fewer than n per
+// bucket, take a tiny extra collective: not counted.) 0 for one rank.
+double step_bus_bytes(double grad_bytes, double param_bytes, int world, int zero_stage);
+
+// Bus bandwidth in GB/s (1e9) of `bus_bytes` moved in `ms`; 0 for no time.
+double busbw_gbs(double bus_bytes, double ms);
 
 }  // namespace nanoddp::bench_ddp

@@ -15,8 +15,13 @@ namespace {
 
 constexpr const char* kRowFormat =
     "{:>5} {:>5} {:>6} {:>6} {:>6} {:>6} {:>4} {:>9} {:>7} {:>8} {:>7} {:>7} {:>5} {:>3} {:>9} "
-    "{:>3} {:>9} {:>9} {:>9} "
-    "{:>9} {:>10} {:>9} {:>9} {:>9} {:>5} {:>6} {:>8} {:>7} {}\n";
+    "{:>4} {:>3} {:>9} {:>9} {:>9} "
+    "{:>9} {:>10} {:>9} {:>9} {:>9} {:>5} {:>6} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {}\n";
+
+// Bytes as MiB with two decimals: a column of memory per rank that stays narrow.
+std::string mib(const nlohmann::ordered_json& bytes) {
+  return fmt::format("{:.2f}", bytes.get<double>() / (1024.0 * 1024.0));
+}
 
 }  // namespace
 
@@ -49,13 +54,22 @@ void print_header(const Options& o, const nlohmann::ordered_json& machine,
       "# optim: after = one optimizer step after backward, inbwd = --optimizer-in-backward "
       "(each bucket updated as soon as it is averaged)\n");
   fmt::print(
+      "# zero = ZeRO stage: 1 shards the optimizer state, 2 the averaged gradients too (a "
+      "reduce-scatter per bucket instead of an all-reduce); under ZeRO allreduce also holds the "
+      "parameter all-gather after the step (all of it exposed)\n");
+  fmt::print(
       "# ovl = hidden / allreduce; eff = samples/s / (ranks x samples/s of the "
-      "baseline); GFLOP/s per rank (GEMMs); busbw = gradient bytes x 2(n-1)/n / allreduce\n");
+      "baseline); GFLOP/s per rank (GEMMs); busbw = the step's bus bytes (gradients x 2(n-1)/n, "
+      "or (n-1)/n under zero 2; + parameters x (n-1)/n under zero 1, 2) / allreduce\n");
+  fmt::print(
+      "# MiB held by rank 0 (comm::ZeroMemory, as nanoddp-train --metrics): param = parameters "
+      "(+ ZeRO's all-gather staging), grad = every gradient buffer, avggrad = the averaged "
+      "gradients the optimizer reads, optst = optimizer state\n");
   fmt::print("#\n");
   fmt::print(kRowFormat, "ranks", "nodes", "in", "hidden", "layers", "out", "act", "params",
-             "batch/r", "bucketMB", "buckets", "overlap", "optim", "thr", "hook", "rep", "step",
-             "p10", "p90", "samples/s", "mstep", "compute", "allreduce", "exposed", "ovl", "eff",
-             "GFLOP/s", "busbw", "flags");
+             "batch/r", "bucketMB", "buckets", "overlap", "optim", "thr", "hook", "zero", "rep",
+             "step", "p10", "p90", "samples/s", "mstep", "compute", "allreduce", "exposed", "ovl",
+             "eff", "GFLOP/s", "busbw", "param", "grad", "avggrad", "optst", "flags");
   std::fflush(stdout);
 }
 
@@ -90,7 +104,8 @@ void print_row(const nlohmann::ordered_json& r) {
              : c["optimizer_in_backward"].get<bool>() ? "inbwd"
                                                       : "after",
              c["threads"].get<int>(), ddp ? c["comm_hook"].get<std::string>() : "-",
-             r.value("repeats", 1), fmt::format("{:.3f}", r["step_ms_median"].get<double>()),
+             ddp ? fmt::format("{}", c.value("zero_stage", 0)) : "-", r.value("repeats", 1),
+             fmt::format("{:.3f}", r["step_ms_median"].get<double>()),
              fmt::format("{:.3f}", r.value("step_ms_p10", 0.0)),
              fmt::format("{:.3f}", r["step_ms_p90"].get<double>()),
              fmt::format("{:.0f}", r["samples_per_s"].get<double>()),
@@ -101,7 +116,9 @@ void print_row(const nlohmann::ordered_json& r) {
              fmt::format("{:.2f}", r["overlap_fraction"].get<double>()),
              fmt::format("{:.3f}", r["scaling_efficiency"].get<double>()),
              fmt::format("{:.2f}", r["gflops"].get<double>()),
-             fmt::format("{:.3f}", r["busbw_gbs"].get<double>()), flags);
+             fmt::format("{:.3f}", r["busbw_gbs"].get<double>()), mib(r["parameter_bytes"]),
+             mib(r["gradient_bytes"]), mib(r["averaged_gradient_bytes"]),
+             mib(r["optimizer_state_bytes"]), flags);
   std::fflush(stdout);
 }
 
@@ -144,6 +161,7 @@ constexpr const char* kConfigColumns[] = {"world_size",
                                           "overlap",
                                           "optimizer_in_backward",
                                           "comm_hook",
+                                          "zero_stage",
                                           "threads",
                                           "params",
                                           "buckets"};
@@ -162,7 +180,11 @@ constexpr const char* kRecordColumns[] = {"baseline",
                                           "overlap_fraction",
                                           "scaling_efficiency",
                                           "gflops",
-                                          "busbw_gbs"};
+                                          "busbw_gbs",
+                                          "parameter_bytes",
+                                          "gradient_bytes",
+                                          "averaged_gradient_bytes",
+                                          "optimizer_state_bytes"};
 
 }  // namespace
 

@@ -137,6 +137,7 @@ int run_worker(const Options& o) {
                                        .first_bucket_mb = o.first_bucket_mb.front(),
                                        .comm_hook = comm::parse_comm_hook(o.comm_hook.front()),
                                        .overlap = o.overlap.front()};
+  p.ddp.zero_stage = o.zero.front();
 
   nn::Mlp model(p.model);
   nn::FlatParameters params(model, device);
@@ -144,9 +145,11 @@ int run_worker(const Options& o) {
   nn::AdamW optimizer(params, nn::AdamWOptions{.lr = 1e-4f, .weight_decay = 0.0f});
   std::unique_ptr<comm::DistributedDataParallel> ddp;
   if (distributed) {
+    // The optimizer goes to DDP, which shards it under ZeRO (as nanoddp-train wires it).
     ddp = std::make_unique<comm::DistributedDataParallel>(model, params, dist->group, dist->store,
-                                                          p.ddp);
+                                                          p.ddp, &optimizer);
   }
+  comm::Zero* const zero = ddp ? ddp->zero() : nullptr;
   // --optimizer-in-backward on: the update runs inside backward, per parameter on one rank, per
   // averaged bucket under DDP (as nanoddp-train wires it).
   const bool in_backward = o.optimizer_in_backward.front();
@@ -179,11 +182,17 @@ int run_worker(const Options& o) {
     loss.backward();
     if (fused) {
       fused->finish();
+    } else if (zero != nullptr) {
+      zero->step();  // this rank's shard, then the parameters all-gathered
     } else {
       optimizer.step();
     }
     if (device.is_cuda()) Stream::compute(device).synchronize();
     const auto end = Clock::now();
+    // ZeRO's parameter all-gather after the step: communication the host waits for, none of it
+    // hidden (zero.h), booked as nanoddp-train books it. Taken every step, so that a measured
+    // step holds its own gather only. On a GPU its time is only the issue: not counted.
+    const double gather_ms = zero != nullptr && device.is_cpu() ? zero->take_gather_ms() : 0.0;
     if (step < o.warmup) continue;
     const double step_ms = ms_between(start, end);
     double comm_ms = 0, exposed_ms = 0;
@@ -195,11 +204,18 @@ int run_worker(const Options& o) {
       // the communication thread, which is overhead of the step, not communication.
       exposed_ms = std::min(stats.exposed_comm_ms, stats.comm_ms);
     }
+    comm_ms += gather_ms;
+    exposed_ms += gather_ms;
     mine.step_ms.push_back(step_ms);
     mine.compute_ms.push_back(step_ms - exposed_ms);
     mine.comm_ms.push_back(comm_ms);
     mine.exposed_ms.push_back(exposed_ms);
   }
+
+  // What this rank holds, from the accessors nanoddp-train's --metrics reads (after the steps:
+  // AdamW's moments exist from its first step on).
+  const comm::ZeroMemory memory =
+      zero != nullptr ? zero->memory() : comm::unsharded_memory(params, optimizer);
 
   const std::vector<RankSteps> ranks =
       gather_steps(mine, dist ? dist->group.get() : nullptr, device);
@@ -213,9 +229,13 @@ int run_worker(const Options& o) {
   const std::int64_t numel = params.numel();
   NANODDP_CHECK(numel == mlp_parameter_count(shape), "parameter count {} != formula {}", numel,
                 mlp_parameter_count(shape));
-  // What each all-reduce moves: every gradient once, in the hook's dtype.
+  // What the step's collectives move: every gradient once, in the hook's dtype, and under ZeRO
+  // every parameter once (float32).
   const double grad_bytes =
       static_cast<double>(numel) * (p.ddp.reducer.comm_hook == comm::CommHook::kBf16 ? 2.0 : 4.0);
+  const int zero_stage = zero != nullptr ? zero->stage() : 0;
+  const double bus_bytes =
+      step_bus_bytes(grad_bytes, 4.0 * static_cast<double>(numel), world_size, zero_stage);
   const double step_s = s.step_ms_median / 1000.0;
 
   nlohmann::ordered_json config = {
@@ -237,6 +257,7 @@ int run_worker(const Options& o) {
       {"overlap", p.ddp.reducer.overlap},
       {"optimizer_in_backward", in_backward},
       {"comm_hook", o.comm_hook.front()},
+      {"zero_stage", zero_stage},
       {"threads", o.threads.front()},
       {"ddp", ddp != nullptr},
       {"params", numel},
@@ -263,7 +284,12 @@ int run_worker(const Options& o) {
       // The driver fills this in from the 1-rank run of the same configuration.
       {"scaling_efficiency", world_size == 1 ? nlohmann::ordered_json(1.0) : nullptr},
       {"gflops", mlp_training_flops(shape, p.batch_per_rank) / step_s / 1e9},
-      {"busbw_gbs", allreduce_busbw_gbs(grad_bytes, world_size, s.allreduce_ms)},
+      {"busbw_gbs", busbw_gbs(bus_bytes, s.allreduce_ms)},
+      // Bytes rank 0 holds (comm::ZeroMemory): the whole of each without ZeRO.
+      {"parameter_bytes", memory.parameter_bytes},
+      {"gradient_bytes", memory.gradient_bytes},
+      {"averaged_gradient_bytes", memory.averaged_gradient_bytes},
+      {"optimizer_state_bytes", memory.optimizer_state_bytes},
       // The slowest rank's figures per measured step, for re-analysis.
       {"samples",
        {{"step_ms", s.per_step.step_ms},

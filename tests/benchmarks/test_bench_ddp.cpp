@@ -3,12 +3,16 @@
 // only checked to be positive and consistent with each other and with the formulas.
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -99,6 +103,10 @@ void check_record(const json& r, int world, std::int64_t in, std::int64_t hidden
                                             "scaling_efficiency_repeats",
                                             "gflops",
                                             "busbw_gbs",
+                                            "parameter_bytes",
+                                            "gradient_bytes",
+                                            "averaged_gradient_bytes",
+                                            "optimizer_state_bytes",
                                             "samples",
                                             "repeats",
                                             "repeat_step_ms_median",
@@ -151,7 +159,7 @@ void check_record(const json& r, int world, std::int64_t in, std::int64_t hidden
                               "global_batch", "bucket_cap_mb", "first_bucket_mb",
                               "overlap",      "comm_hook",     "threads",
                               "params",       "buckets",       "optimizer_in_backward",
-                              "ddp"});
+                              "ddp",          "zero_stage"});
   CHECK(c["world_size"] == world);
   CHECK(c["nnodes"] == 1);
   CHECK(c["nproc_per_node"] == world);
@@ -171,6 +179,9 @@ void check_record(const json& r, int world, std::int64_t in, std::int64_t hidden
   CHECK(c["optimizer_in_backward"].is_boolean());
   CHECK(c["comm_hook"] == "allreduce");
   CHECK(c["threads"] == 1);
+  const int zero = c["zero_stage"].get<int>();
+  CHECK(zero >= 0);
+  CHECK(zero <= (world == 1 ? 0 : 2));
   CHECK(c["params"] == mlp_params(in, hidden, layers, out));
   CHECK(c["buckets"].get<int>() >= (world == 1 ? 0 : 1));
 
@@ -205,9 +216,19 @@ void check_record(const json& r, int world, std::int64_t in, std::int64_t hidden
   if (world == 1) {
     CHECK(busbw == 0.0);
   } else {
+    // The gradients' all-reduce (stage 2: reduce-scatter); under ZeRO the parameters' all-gather.
     const double bytes = 4.0 * static_cast<double>(mlp_params(in, hidden, layers, out));
-    CHECK(busbw == doctest::Approx(bytes * 2.0 * (world - 1) / world / (allreduce / 1000.0) / 1e9)
-                       .epsilon(1e-9));
+    const double share = (world - 1.0) / world;
+    const double bus = bytes * (zero == 2 ? 1.0 : 2.0) * share + (zero > 0 ? bytes * share : 0.0);
+    CHECK(busbw == doctest::Approx(bus / (allreduce / 1000.0) / 1e9).epsilon(1e-9));
+  }
+  // Memory held by rank 0: without ZeRO the whole of each (AdamW: two moments per parameter).
+  const std::int64_t numel = mlp_params(in, hidden, layers, out);
+  if (zero == 0) {
+    CHECK(r["parameter_bytes"] == 4 * numel);
+    CHECK(r["gradient_bytes"] == 4 * numel);
+    CHECK(r["averaged_gradient_bytes"] == 4 * numel);
+    CHECK(r["optimizer_state_bytes"] == 8 * numel);
   }
 }
 
@@ -219,6 +240,21 @@ std::size_t count_rows(const std::string& output) {
     const std::string line = output.substr(start, end - start);
     if (!line.empty() && line[0] != '#' && line.find("ranks") == std::string::npos) ++rows;
     start = end + 1;
+  }
+  return rows;
+}
+
+// The table's header and rows split into columns (whitespace-separated), the header first.
+std::vector<std::vector<std::string>> table_rows(const std::string& output) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    std::vector<std::string> row;
+    for (std::string word; words >> word;) row.push_back(word);
+    // The header and the rows (a rank count first); not the comments, nor stderr's lines.
+    const bool number = !row.empty() && std::all_of(row[0].begin(), row[0].end(), ::isdigit);
+    if (number || (!row.empty() && row[0] == "ranks")) rows.push_back(row);
   }
   return rows;
 }
@@ -327,6 +363,85 @@ TEST_CASE("bench-ddp: --optimizer-in-backward on,off sweeps both ways of steppin
   CHECK(lines[0]["scaling_efficiency"].get<double>() == 1.0);
 }
 
+TEST_CASE("bench-ddp: --zero 0,1,2 shards the optimizer state, then the averaged gradients") {
+  TempDir dir;
+  const std::string path = dir.file("zero.jsonl");
+  // Every parameter's size is even (64 x 64 weights, 64 biases), so every bucket's is too and
+  // rank 0's chunk of each is exactly half of it (zero.h): the shards are half of the whole.
+  const ProcessResult r = bench({"--world",         "2",     "--hidden",          "64",
+                                 "--layers",        "1",     "--batch",           "8",
+                                 "--steps",         "3",     "--warmup",          "1",
+                                 "--bucket-cap-mb", "0.01",  "--first-bucket-mb", "0.01",
+                                 "--zero",          "0,1,2", "--comm-hook",       "allreduce,bf16",
+                                 "--json",          path});
+  INFO(r.output);
+  REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
+  const std::vector<json> lines = read_lines(path);
+  // The shared baseline, then per hook the three stages (the world size varies fastest).
+  REQUIRE(lines.size() == 7);
+  const std::int64_t n = mlp_params(64, 64, 1, 64);
+  CHECK(n % 2 == 0);
+  CHECK(lines[0]["baseline"] == true);
+  CHECK(lines[0]["optimizer_state_bytes"] == 8 * n);
+  for (std::size_t i = 1; i <= 3; ++i) {
+    CAPTURE(i);
+    CHECK(lines[i]["config"]["comm_hook"] == "allreduce");
+    CHECK(lines[i]["config"]["zero_stage"] == static_cast<int>(i - 1));
+    CHECK(lines[i]["config"]["buckets"].get<int>() >= 2);
+    check_record(lines[i], 2, 64, 64, 1, 64, 8, "weak");
+  }
+  const json& z0 = lines[1];
+  const json& z1 = lines[2];
+  const json& z2 = lines[3];
+  // Stage 1: half the optimizer state; stage 2 also half the averaged gradients, on top of the
+  // whole flat gradient buffer autograd writes into (counted: stage 2 does not free it yet).
+  CHECK(z0["optimizer_state_bytes"] == 8 * n);
+  CHECK(z1["optimizer_state_bytes"] == 4 * n);
+  CHECK(z2["optimizer_state_bytes"] == 4 * n);
+  CHECK(z0["averaged_gradient_bytes"] == 4 * n);
+  CHECK(z1["averaged_gradient_bytes"] == 4 * n);
+  CHECK(z2["averaged_gradient_bytes"] == 2 * n);
+  CHECK(z1["gradient_bytes"] == 4 * n);
+  CHECK(z2["gradient_bytes"] == 4 * n + 2 * n);
+  // The all-gather's staging buffer comes on top of the parameters under ZeRO.
+  CHECK(z0["parameter_bytes"] == 4 * n);
+  CHECK(z1["parameter_bytes"].get<std::int64_t>() > 4 * n);
+  CHECK(z2["parameter_bytes"] == z1["parameter_bytes"]);
+  // The bf16 hook is accepted under ZeRO (the library compresses the reduce-scatter): stage 2
+  // also holds the bf16 copy of its shard (2 bytes per element of the half).
+  for (std::size_t i = 4; i <= 6; ++i) {
+    CAPTURE(i);
+    CHECK(lines[i]["config"]["comm_hook"] == "bf16");
+    CHECK(lines[i]["config"]["zero_stage"] == static_cast<int>(i - 4));
+    CHECK(lines[i]["step_ms_median"].get<double>() > 0);
+  }
+  CHECK(lines[5]["optimizer_state_bytes"] == 4 * n);
+  CHECK(lines[6]["averaged_gradient_bytes"] == 2 * n);
+  CHECK(lines[6]["gradient_bytes"] == 4 * n + 2 * n + n);
+
+  // The table: a zero column and the memory in MiB with two decimals, rank 0's.
+  const auto rows = table_rows(r.output);
+  REQUIRE(rows.size() == 8);  // the header and seven rows
+  const auto column = [&](const std::string& name) {
+    const auto it = std::find(rows[0].begin(), rows[0].end(), name);
+    REQUIRE(it != rows[0].end());
+    return static_cast<std::size_t>(it - rows[0].begin());
+  };
+  const std::size_t zero = column("zero"), optst = column("optst"), avggrad = column("avggrad");
+  const auto mib = [](std::int64_t bytes) {
+    return fmt::format("{:.2f}", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  };
+  CHECK(rows[1][zero] == "-");  // the baseline: no DDP
+  for (std::size_t i = 1; i <= 3; ++i) {
+    CAPTURE(i);
+    REQUIRE(rows[i + 1].size() > optst);
+    CHECK(rows[i + 1][zero] == std::to_string(i - 1));
+    CHECK(rows[i + 1][optst] == mib(lines[i]["optimizer_state_bytes"].get<std::int64_t>()));
+    CHECK(rows[i + 1][avggrad] == mib(lines[i]["averaged_gradient_bytes"].get<std::int64_t>()));
+  }
+  CHECK(rows[2][optst] != rows[3][optst]);  // 0.06 against 0.03 MiB: visible at two decimals
+}
+
 TEST_CASE("bench-ddp: a job that overruns --timeout is stopped and named") {
   const ProcessResult r = bench({"--world", "1", "--hidden", "16", "--layers", "1", "--steps",
                                  "100000000", "--warmup", "0", "--timeout", "1"});
@@ -355,6 +470,10 @@ TEST_CASE("bench-ddp: bad flags exit 2 with a message naming the flag") {
       {{"--json", "/nonexistent-dir/x.jsonl"}, "--json"},
       {{"--csv", "/nonexistent-dir/x.csv"}, "--csv /nonexistent-dir/x.csv"},
       {{"--repeats", "0"}, "--repeats"},
+      {{"--zero", "3"}, "--zero: 3 is out of range [0, 2]"},
+      {{"--zero", ""}, "--zero ''"},
+      {{"--zero", "0,1", "--optimizer-in-backward", "off,on"},
+       "--zero 0,1 cannot be combined with --optimizer-in-backward on"},
   };
   for (const Case& c : cases) {
     const ProcessResult r = bench(c.flags);

@@ -11,13 +11,20 @@ ready") and data. The chart has one row per rank x track, spans as bars, so the 
 bucket 0 can be seen running while the rest of backward still computes (overlap on), or starting
 only after it (nanoddp-train --no-overlap).
 
+Under nanoddp-train --zero 2 a bucket's collective is a "reduce-scatter bucket N" span instead
+(comm/zero.h), and under --zero 1 and 2 the optimizer step ends with one "all-gather parameters"
+span: the reduce-scatters are drawn and counted as the bucket collectives they are (a colour per
+bucket, the ready arrows, the header's figures), the all-gather in its own colour and, since it
+runs after the update with nothing left to hide it, as exposed communication.
+
 On the chart: each backward span is named after the module whose gradients it finished (the
 gradient ticks that follow it: "backward layers.4"), each module's ticks are labelled once
 ("∇layers.4"), an arrow links each "bucket N ready" marker to the start of that bucket's
 all-reduce, a dotted line marks each rank's last gradient, and the all-reduce time after it (the
-exposed communication, as the Reducer counts it) is hatched. The header states the step and its
-own length (the drawn window adds a little room on both sides), and how many threads (per rank:
-compute and the communication worker) shared how many cores (--cores, default this machine's).
+exposed communication, as the Reducer counts it; with ZeRO, the all-gather too) is hatched. The
+header states the step and its own length (the drawn window adds a little room on both sides),
+and how many threads (per rank: compute and the communication worker) shared how many cores
+(--cores, default this machine's).
 --compare draws a second trace's step (e.g. --no-overlap) below the first on the same time axis,
 both from 0, with each step's end and the difference marked; the header gives each run's step and
 threads apart (the runs did not share the cores), and without --step the second trace shows the
@@ -29,16 +36,19 @@ it are faded). --step K picks the K-th recorded step (1 = the first); the defaul
 median length after the first (a typical one, not the warm-up or an outlier). --from-ms and
 --to-ms pick a window instead, in ms from the start of the trace.
 
-It prints "wrote PATH: ..." and, per rank, how many of the step's all-reduces started before
-its backward pass ended (with --no-overlap: none), and how much of their time a backward node was
-running at the same time (on a machine with fewer cores than threads, the compute thread may be
-descheduled while the all-reduce runs, so an early start does not guarantee hidden time). Bad input (missing file, not a trace, no such step) exits 2.
+It prints "wrote PATH: ..." and, per rank, how many of the step's all-reduces (or
+reduce-scatters) started before its backward pass ended (with --no-overlap: none), and how much
+of their time a backward node was running at the same time (on a machine with fewer cores than
+threads, the compute thread may be descheduled while the all-reduce runs, so an early start does
+not guarantee hidden time); with ZeRO, then the all-gather's time, all of it exposed. Bad input
+(missing file, not a trace, no such step) exits 2.
 """
 
 import argparse
 import json
 import os
 import sys
+import textwrap
 
 PROG = "plot_trace.py"
 TRACKS = ["compute", "communication", "markers", "data"]
@@ -50,6 +60,7 @@ COLOR = {
     "optimizer": "#55a868",
     "data": "#9a9a9a",
     "bucket": ("#8172b3", "#b07aa1", "#64b5cd", "#937860", "#da8bc3", "#8c8c8c"),
+    "gather": "#ccb974",
     "other": "#cccccc",
 }
 
@@ -199,10 +210,14 @@ def style_of(event):
         return COLOR["optimizer"], "optimizer"
     if name == "data":
         return COLOR["data"], "data"
-    if name.startswith("all-reduce bucket"):
-        bucket = name.rsplit(" ", 1)[-1]
+    collective = bucket_collective(name)
+    if collective is not None:
+        # The legend names the collective: "reduce-scatter b0" would not fit a short bar.
+        bucket = collective[1]
         index = int(bucket) if bucket.isdigit() else 0
         return COLOR["bucket"][index % len(COLOR["bucket"])], f"b{bucket}"
+    if name == GATHER:
+        return COLOR["gather"], "all-gather"
     return COLOR["other"], name
 
 
@@ -220,16 +235,59 @@ def _overlap(a, b, merged):
     return sum(max(0.0, min(b, y) - max(a, x)) for x, y in merged)
 
 
-def is_bucket_allreduce(e):
-    """A bucket's all-reduce; the communication track also holds nanoddp-train's per-step
-    "health all-reduce", which is neither overlapped with backward nor counted by the Reducer."""
-    return e["track"] == "communication" and e["name"].startswith("all-reduce bucket")
+# The Reducer names each bucket's span after the collective that ran (comm/reducer_timeline.cpp):
+# DDP and ZeRO stage 1 all-reduce a bucket, ZeRO stage 2 reduce-scatters it.
+BUCKET_KINDS = ("all-reduce", "reduce-scatter")
+# ZeRO's parameter all-gather (comm/zero.cpp), inside the "optimizer step" span, after the update.
+GATHER = "all-gather parameters"
+
+
+def bucket_collective(name):
+    """'reduce-scatter bucket 3' -> ('reduce-scatter', '3'); None for any other name."""
+    for kind in BUCKET_KINDS:
+        if name.startswith(f"{kind} bucket "):
+            return kind, name[len(f"{kind} bucket "):]
+    return None
+
+
+def is_bucket_collective(e):
+    """A bucket's all-reduce or reduce-scatter: both are launched as backward fills the buckets
+    and may overlap it. The communication track also holds nanoddp-train's per-step "health
+    all-reduce", which is neither overlapped with backward nor counted by the Reducer."""
+    return e["track"] == "communication" and bucket_collective(e["name"]) is not None
+
+
+def is_parameter_gather(e):
+    """ZeRO's all-gather of the updated parameters: it needs the update, which needs every
+    bucket's averages, so nothing of the step is left to hide it (the trainer counts all of it as
+    exposed communication)."""
+    return e["track"] == "communication" and e["name"] == GATHER
+
+
+def bucket_kinds(spans):
+    """The bucket collectives among the spans, in BUCKET_KINDS order: the legend names those
+    drawn (a --compare of DDP with ZeRO-2 has both)."""
+    present = {bucket_collective(e["name"])[0] for e in spans if is_bucket_collective(e)}
+    return [k for k in BUCKET_KINDS if k in present] or ["all-reduce"]
+
+
+def kinds_text(comm):
+    """'3 all-reduce(s)', '3 reduce-scatter(s)', or both kinds in the order they ran."""
+    kinds = []
+    for e in sorted(comm, key=lambda e: e["ts"]):
+        kind = bucket_collective(e["name"])[0]
+        if kind not in kinds:
+            kinds.append(kind)
+    counts = [sum(1 for e in comm if bucket_collective(e["name"])[0] == k) for k in kinds]
+    return " and ".join(f"{n} {k}(s)" for n, k in zip(counts, kinds))
 
 
 def overlap_summary(ranks, spans, lo, hi, own):
-    """Per rank, over the all-reduce spans that start in the rank's own step (own[pid]; without
-    one, in [lo, hi]): (rank name, their total ms, how many, how many started before the step's
-    last backward node ended, ms of them during which a backward node was running)."""
+    """Per rank, over the bucket collectives that start in the rank's own step (own[pid]; without
+    one, in [lo, hi]): (rank name, their total ms, the spans, how many started before the step's
+    last backward node ended, ms of them during which a backward node was running, ms of ZeRO's
+    parameter all-gather, ms of it after backward ended: measured, not assumed, so that a trace
+    in which it did overlap backward would say so)."""
     out = []
     for pid, name in ranks:
         start, end = own.get(pid, (lo, hi))
@@ -237,11 +295,15 @@ def overlap_summary(ranks, spans, lo, hi, own):
         backward = _union((e["ts"], e["ts"] + e["dur"]) for e in inside
                           if e["name"].startswith("backward"))
         backward_end = backward[-1][1] if backward else float("-inf")
-        comm = [e for e in inside if is_bucket_allreduce(e)]
+        comm = [e for e in inside if is_bucket_collective(e)]
         total = sum(e["dur"] for e in comm)
         early = sum(1 for e in comm if e["ts"] < backward_end)
         hidden = sum(_overlap(e["ts"], e["ts"] + e["dur"], backward) for e in comm)
-        out.append((name, total, len(comm), early, hidden))
+        gathers = [e for e in inside if is_parameter_gather(e)]
+        gather = sum(e["dur"] for e in gathers)
+        gather_after = sum(e["dur"] if e["ts"] >= backward_end else
+                           max(0.0, e["ts"] + e["dur"] - backward_end) for e in gathers)
+        out.append((name, total, comm, early, hidden, gather, gather_after))
     return out
 
 
@@ -327,7 +389,8 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=()):
         if (end - start) > 0.035 * width_ms:
             ax.text((start + end) / 2 - t0, centre, short, ha="center", va="center", fontsize=7,
                     clip_on=True, alpha=alpha)
-    # The exposed part: each rank's all-reduce time after its backward's last gradient.
+    # The exposed part: each rank's all-reduce (or reduce-scatter) time after its backward's last
+    # gradient, and ZeRO's all-gather, which starts after it.
     for pid, _ in ranks:
         start, end = own.get(pid, (lo, hi))
         backward_end = exposed_from(pid, spans, instants, start, end)
@@ -336,7 +399,8 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=()):
             continue
         centre, h = row
         for e in spans:
-            if e["pid"] != pid or not is_bucket_allreduce(e) or not start <= e["ts"] < end:
+            exposable = is_bucket_collective(e) or is_parameter_gather(e)
+            if e["pid"] != pid or not exposable or not start <= e["ts"] < end:
                 continue
             a, b = max(e["ts"], backward_end), e["ts"] + e["dur"]
             if b > a:
@@ -345,15 +409,15 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=()):
                                linewidth=0.0)
         ax.plot([backward_end - t0] * 2, [centre - 0.5 * h, centre + 0.5 * h], color="black",
                 linewidth=0.6, linestyle=":")
-    # Each bucket's ready marker linked to the start of its all-reduce.
+    # Each bucket's ready marker linked to the start of its all-reduce (or reduce-scatter).
     for e in instants:
         if not (e["name"].startswith("bucket ") and e["name"].endswith(" ready")):
             continue
         bucket = e["name"].split()[1]
         ready_row = row_of.get((e["pid"], e["track"]))
         comm_row = row_of.get((e["pid"], "communication"))
-        runs = [r for r in spans if r["pid"] == e["pid"]
-                and r["name"] == f"all-reduce bucket {bucket}" and r["ts"] >= e["ts"] - 1e-3]
+        runs = [r for r in spans if r["pid"] == e["pid"] and is_bucket_collective(r)
+                and bucket_collective(r["name"])[1] == bucket and r["ts"] >= e["ts"] - 1e-3]
         if ready_row is None or comm_row is None or not runs or not lo <= e["ts"] <= hi:
             continue
         run = min(runs, key=lambda r: r["ts"])
@@ -406,20 +470,26 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=()):
     ax.set_xlabel(f"ms (from {lo - args.trace_start:.1f} ms into the trace; faded: the "
                   "neighbouring steps)")
     ax.grid(True, axis="x", alpha=0.3)
+    drawn = [e for e in spans if e["ts"] < hi and e["ts"] + e["dur"] >= lo]
+    collectives = " / ".join(bucket_kinds(drawn))
     legend = [Patch(color=COLOR["forward"], label="forward"),
               Patch(color=COLOR["backward"][0], label="backward node"),
               Patch(color=COLOR["wait"], label="wait for all-reduce"),
               Patch(color=COLOR["optimizer"], label="optimizer step"),
-              Patch(color=COLOR["bucket"][0], label="all-reduce bucket b0"),
-              Patch(color=COLOR["bucket"][1], label="all-reduce bucket b1, …"),
+              Patch(color=COLOR["bucket"][0], label=f"{collectives} bucket b0"),
+              Patch(color=COLOR["bucket"][1], label=f"{collectives} bucket b1, …"),
               Patch(color=COLOR["data"], label="data"),
               Line2D([], [], marker="|", color="grey", linestyle="none", label="gradient final"),
               Line2D([], [], marker="v", color="black", linestyle="none", label="bucket ready"),
               Patch(facecolor="none", edgecolor=COLOR["wait"], hatch="////",
                     label="exposed (after the last gradient)")]
+    if any(is_parameter_gather(e) for e in drawn):
+        legend.insert(6, Patch(color=COLOR["gather"], label="all-gather parameters (ZeRO)"))
     for x, _ in marks:  # each step's end (named in the header)
         ax.axvline(x - t0, color="black", linewidth=0.8, linestyle="--")
-    ax.legend(handles=legend, fontsize=7, ncol=5, loc="lower left", bbox_to_anchor=(0, 1.0),
+    # Two rows whatever the entries: a third would run into the title.
+    ncol = (len(legend) + 1) // 2
+    ax.legend(handles=legend, fontsize=7, ncol=ncol, loc="lower left", bbox_to_anchor=(0, 1.0),
               columnspacing=1.0, handlelength=1.4,
               frameon=False)
     ax.set_title(title, fontsize=9, pad=30, loc="left")
@@ -462,12 +532,20 @@ def pick_step(args, path, spans, ranks, prefer=None):
 
 def summary_lines(ranks, spans, lo, hi, own):
     lines = []
-    for name, total, count, early, hidden in overlap_summary(ranks, spans, lo, hi, own):
-        if count:
+    for name, total, comm, early, hidden, gather, gather_after in \
+            overlap_summary(ranks, spans, lo, hi, own):
+        parts = []
+        if comm:
             share = 100 * hidden / total if total > 0 else 0
-            lines.append(f"{name}: {count} all-reduce(s), {early} started before backward ended; "
+            parts.append(f"{kinds_text(comm)}, {early} started before backward ended; "
                          f"{total:.2f} ms, of which {hidden:.2f} ms ({share:.0f}%) while a "
                          "backward node ran")
+        if gather > 0:
+            exposed = ("all of it exposed" if gather_after == gather else
+                       f"{gather_after:.2f} ms of it after backward ended")
+            parts.append(f"then {GATHER} {gather:.2f} ms, {exposed}")
+        if parts:
+            lines.append(f"{name}: " + "; ".join(parts))
     return lines
 
 
@@ -538,7 +616,9 @@ def main(argv):
     title = (f"{args.title}\n" if args.title else f"{os.path.basename(args.trace)}: ") + \
         f"{what}\n{machine}"
     if lines:
-        title += "\n" + "\n".join(lines)
+        # A ZeRO rank's line (its all-gather too) is longer than the chart is wide.
+        title += "\n" + "\n".join(textwrap.fill(line, 150, subsequent_indent="    ")
+                                  for line in lines)
     if marks:
         title += "\nstep (dashed lines): " + ", ".join(text.strip() for _, text in marks)
     try:

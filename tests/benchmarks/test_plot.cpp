@@ -1,9 +1,10 @@
 // The chart scripts (benchmarks/plot) on real benchmark output: nanoddp-bench-allreduce on two
-// processes, nanoddp-bench-gemm and a 2-rank nanoddp-train --trace, all on tiny settings, then
-// plot.py / plot_trace.py on their files. The PNGs must be real PNGs with a size, and each chart
-// must be reported. nanoddp-bench-ddp is checked on a hand-written FIXTURE
-// (tests/benchmarks/data/bench_ddp_sample.jsonl, host "hand-written-fixture"): its values are
-// made up to look like this machine's, not measured. No figures are asserted (shared machine).
+// processes, nanoddp-bench-gemm and 2-rank nanoddp-train --trace runs (plain DDP, --no-overlap,
+// --zero 1 and --zero 2), all on tiny settings, then plot.py / plot_trace.py on their files. The
+// PNGs must be real PNGs with a size, and each chart must be reported. nanoddp-bench-ddp is checked
+// on a hand-written FIXTURE (tests/benchmarks/data/bench_ddp_sample.jsonl, host
+// "hand-written-fixture"): its values are made up to look like this machine's, not measured. No
+// figures are asserted (shared machine).
 #include <doctest/doctest.h>
 
 #include <array>
@@ -334,6 +335,10 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
     const std::string svg_text((std::istreambuf_iterator<char>(svg_in)),
                                std::istreambuf_iterator<char>());
     CHECK(contains(svg_text, "commit abc1234, 2026-12-01 18:00 UTC"));
+    // Plain DDP: all-reduces in the legend, and no ZeRO all-gather in the chart or the summary.
+    CHECK(contains(svg_text, "all-reduce bucket b0"));
+    CHECK(!contains(svg_text, "all-gather"));
+    CHECK(!contains(r.output, "all-gather"));
     CHECK(contains(r.output, "step 2 of 4 recorded"));
     CHECK(contains(r.output, "2 rank(s)"));
     CHECK(contains(r.output, "rank 0: 3 all-reduce(s)"));  // 3 buckets at this cap
@@ -400,6 +405,78 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
   const std::string number =
       same.output.substr(first + 17, same.output.find(' ', first + 17) - first - 17);
   CHECK(contains(same.output, "overlap off (no_overlap.json): step " + number + " of 4 recorded"));
+}
+
+TEST_CASE("plot_trace.py: timelines of real 2-rank nanoddp-train --zero 1 and --zero 2 traces") {
+  const std::string py = python();
+  TempDir dir;
+  for (const int stage : {1, 2}) {
+    CAPTURE(stage);
+    const std::string name = "zero" + std::to_string(stage);
+    const std::string trace = dir.file(name + ".json");
+    // The model of the overlap test (3 buckets at this cap), AdamW (the default: state to shard).
+    run_ok({bin_path("nanoddp-run"),
+            "--nproc-per-node",
+            "2",
+            bin_path("nanoddp-train"),
+            "--hidden",
+            "64",
+            "--layers",
+            "2",
+            "--batch",
+            "16",
+            "--steps",
+            "4",
+            "--first-bucket-mb",
+            "0.001",
+            "--bucket-cap-mb",
+            "0.01",
+            "--quiet",
+            "--zero",
+            std::to_string(stage),
+            "--trace",
+            trace});
+    const std::string png = dir.file(name + ".png");
+    const ProcessResult r =
+        run_ok({py, script("plot_trace.py"), trace, "--step", "2", "--out", png});
+    INFO(r.output);
+    check_chart(r, png);
+    CHECK(contains(r.output, "step 2 of 4 recorded"));
+    // Stage 2 reduce-scatters each bucket, stage 1 all-reduces it; both all-gather the updated
+    // parameters once per step, after the update: none of it can overlap backward.
+    const std::string bucket = stage == 2 ? "3 reduce-scatter(s)" : "3 all-reduce(s)";
+    for (const char* rank : {"rank 0: ", "rank 1: "}) {
+      CHECK(contains(r.output, std::string(rank).append(bucket).append(", ")));
+    }
+    std::size_t gathers = 0;
+    for (std::size_t at = r.output.find("; then all-gather parameters "); at != std::string::npos;
+         at = r.output.find("; then all-gather parameters ", at + 1)) {
+      ++gathers;
+      CHECK(r.output.substr(at, r.output.find('\n', at) - at).ends_with(", all of it exposed"));
+    }
+    CHECK(gathers == 2);
+    // Stage 2's spans are not all-reduces; nanoddp-train's health all-reduce is never counted.
+    if (stage == 2) CHECK(!contains(r.output, "all-reduce(s)"));
+    // The legend names the collective that ran, and the all-gather (SVG text is text).
+    std::ifstream svg(png.substr(0, png.size() - 4) + ".svg");
+    const std::string svg_text((std::istreambuf_iterator<char>(svg)),
+                               std::istreambuf_iterator<char>());
+    CHECK(contains(svg_text, stage == 2 ? "reduce-scatter bucket b0" : "all-reduce bucket b0"));
+    CHECK(!contains(svg_text, stage == 2 ? "all-reduce bucket b0" : "reduce-scatter"));
+    CHECK(contains(svg_text, "all-gather parameters (ZeRO)"));
+  }
+  // Stage 1 against stage 2 on one time axis: each run's own collectives, both named in the
+  // legend.
+  const ProcessResult both =
+      run_ok({py, script("plot_trace.py"), dir.file("zero1.json"), "--compare",
+              dir.file("zero2.json"), "--labels", "zero 1,zero 2", "--out", dir.file("both.png")});
+  INFO(both.output);
+  check_chart(both, dir.file("both.png"));
+  CHECK(contains(both.output, "zero 1: rank 0: 3 all-reduce(s), "));
+  CHECK(contains(both.output, "zero 2: rank 1: 3 reduce-scatter(s), "));
+  std::ifstream svg(dir.file("both.svg"));
+  const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  CHECK(contains(text, "all-reduce / reduce-scatter bucket b0"));
 }
 
 TEST_CASE("plot scripts: bad input exits 2 naming the file and the line") {

@@ -3,7 +3,7 @@
 # charts that docs/benchmarks.md shows:
 #   benchmarks/plot/make_charts.sh [OUT_DIR]        (default: docs/img)
 # Executables come from $NANODDP_BIN_DIR, else build/bin, else build-cpu/bin. The benchmarks'
-# JSON lines and the two traces go to OUT_DIR/data/ (kept so the charts can be redrawn and
+# JSON lines and the three traces go to OUT_DIR/data/ (kept so the charts can be redrawn and
 # checked). nanoddp-bench-ddp is run when it has been built, and skipped with a message
 # otherwise.
 set -euo pipefail
@@ -69,11 +69,12 @@ else
   echo "== DDP: skipped ($bin/nanoddp-bench-ddp has not been built)"
 fi
 
-step "traces: 2 ranks, hidden 1024, 3 layers, batch 64, 1 MiB buckets, overlap on and off"
+step "traces: 2 ranks, hidden 1024, 3 layers, batch 64, 1 MiB buckets, overlap on and off, --zero 2"
 train=("$bin/nanoddp-train" --hidden 1024 --layers 3 --batch 64 --steps 30 --bucket-cap-mb 1
        --quiet)
 "${run2[@]}" "${train[@]}" --trace "$traces/overlap.json" >/dev/null
 "${run2[@]}" "${train[@]}" --no-overlap --trace "$traces/no_overlap.json" >/dev/null
+"${run2[@]}" "${train[@]}" --zero 2 --trace "$traces/zero2.json" >/dev/null
 
 step "charts"
 "$python" "$plot/plot.py" --out "$out" "$data"/allreduce_*.jsonl "$data"/gemm_*.jsonl \
@@ -93,6 +94,9 @@ footnote+=" $(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) cpus, load at start $load
   --out "$out/trace_overlap_on_off.png" \
   --title "nanoddp-train, 2 ranks: overlap on (default) and --no-overlap, one time axis" \
   --footnote "${footnote/--trace/--trace (and --no-overlap --trace)}"
+"$python" "$plot/plot_trace.py" "$traces/zero2.json" --out "$out/trace_zero2.png" \
+  --title "nanoddp-train --zero 2, 2 ranks: bucket reduce-scatters during backward, the parameter all-gather after the update" \
+  --footnote "${footnote/--trace/--zero 2 --trace}"
 
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"

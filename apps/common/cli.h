@@ -104,6 +104,20 @@ inline void strict_numbers(CLI::App& app) {
   }
 }
 
+namespace detail {
+
+// CLI11's words for a flag given twice ("--zero: At Most 1 required but received 2") say how
+// many values it counted, not what to do; anything else is kept as CLI11 says it.
+inline std::string plain_words(const std::string& what) {
+  const std::string repeated = ": At Most 1 required but received ";
+  const auto at = what.find(repeated);
+  if (at == std::string::npos) return what;
+  return what.substr(0, at) + " is given " + what.substr(at + repeated.size()) +
+         " times: give it once (a later value does not replace an earlier one)";
+}
+
+}  // namespace detail
+
 // Parses argv into `app`. Returns nullopt when the program should go on; otherwise the exit
 // code to return now (0 after --help, 2 after a bad flag or value).
 inline std::optional<int> parse(CLI::App& app, int argc, const char* const* argv,
@@ -116,7 +130,7 @@ inline std::optional<int> parse(CLI::App& app, int argc, const char* const* argv
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << program << ": error: " << e.what() << "\n"
+    std::cerr << program << ": error: " << detail::plain_words(e.what()) << "\n"
               << "Run '" << program << " --help' for the list of flags.\n";
     return 2;
   }

@@ -76,6 +76,9 @@ TEST_CASE("nanoddp-train refuses bad flags and values with exit code 2 and names
       {{"--global-batch", "8", "--batch", "4"}, "--batch excludes --global-batch"},
       {{"--global-batch", "7", "--grad-accum", "2"},
        "--global-batch 7 is not divisible by 1 ranks x --grad-accum 2"},
+      // A repeated flag (an outside tester's case): said in plain words, not CLI11's.
+      {{"--zero", "1", "--zero", "2"}, "--zero is given 2 times: give it once"},
+      {{"--steps", "3", "--steps", "3"}, "--steps is given 2 times: give it once"},
   };
   for (const Case& c : cases) {
     const ProcessResult r = train(c.args);

@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -115,6 +116,15 @@ struct Member {
   std::string address;
   int nproc = 0;
 };
+
+// A closed round's members: the arrival indices of the nodes it takes, in node-rank order
+// ("closed" holds them separated by spaces; the node rank is the position in this list).
+std::vector<int> parse_members(const std::string& text) {
+  std::vector<int> members;
+  std::istringstream in(text);
+  for (int index; in >> index;) members.push_back(index);
+  return members;
+}
 
 struct Round {
   int number = 0;
@@ -284,7 +294,7 @@ int first_round(comm::Store& store, const RunOptions& o) {
     }
     return last + 1;  // the next round forms: a replacement or an extra node is welcome
   }
-  const int size = std::stoi(store.get_string(key(last, "closed")));
+  const int size = static_cast<int>(parse_members(store.get_string(key(last, "closed"))).size());
   if (size >= o.nnodes) {
     throw JobEnds(1, fmt::format("job '{}' is full: its round {} runs {} node(s), the most "
                                  "--nnodes {}:{} allows; this launcher does not join, and the job "
@@ -310,13 +320,45 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
     arrived.reset();
     int seen = 0;
     auto last_arrival = Clock::now();
+    // Who is still waiting: each waiting launcher beats "wait/<index>" every pass of this loop,
+    // and one stopped by a signal says "gone/<index>". An arrival that has beaten and then been
+    // silent for --heartbeat-timeout, or has gone, is not taken in: a node that joined and left
+    // (Ctrl-C, a crash) must not be waited for, or counted towards MAX. One that has not beaten
+    // yet is a survivor of the last round still stopping its workers: it counts.
+    std::int64_t beat = 0;
+    std::vector<std::string> last_beat;
+    std::vector<Clock::time_point> beat_changed;
+    const auto live_arrivals = [&](int count) {
+      std::vector<int> live;
+      last_beat.resize(static_cast<std::size_t>(count));
+      beat_changed.resize(static_cast<std::size_t>(count), Clock::now());
+      for (int k = 0; k < count; ++k) {
+        const auto at = static_cast<std::size_t>(k);
+        if (k != index) {
+          if (store.check({key(number, fmt::format("gone/{}", k))})) continue;
+          const std::string wait = key(number, fmt::format("wait/{}", k));
+          const std::string value = store.check({wait}) ? store.get_string(wait) : std::string();
+          if (value != last_beat[at]) {
+            last_beat[at] = value;
+            beat_changed[at] = Clock::now();
+          }
+          const double silent =
+              std::chrono::duration<double>(Clock::now() - beat_changed[at]).count();
+          if (!value.empty() && silent > o.heartbeat_timeout_s) continue;
+        }
+        live.push_back(k);
+      }
+      return live;
+    };
     while (!store.check({key(number, "closed")})) {
       for (const int signo : signals.drain()) {  // no workers run now: a signal ends the wait
         if (signo != SIGCHLD) {
+          store.set(key(number, fmt::format("gone/{}", index)), "1");
           throw JobEnds(128 + signo, fmt::format("got {} while waiting for round {} to form",
                                                  signal_name(signo), number));
         }
       }
+      store.set(key(number, fmt::format("wait/{}", index)), std::to_string(++beat));
       if (number > 0 && store.check({key(number - 1, "end")})) {
         if (const std::optional<Over> over = job_over(store, number - 1, o)) {
           // A newcomer did not take part: it did not succeed (exit 1) whatever the job did.
@@ -331,33 +373,40 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
         seen = count;
         last_arrival = Clock::now();
       }
-      const int size = std::min(count, o.nnodes);
-      if (previous_over && (count >= o.nnodes ||
-                            (count >= o.min_nodes && Clock::now() - last_arrival >= last_call))) {
-        set_once(store, key(number, "closed"), std::to_string(size));
+      std::vector<int> live = live_arrivals(count);
+      const int size = std::min(static_cast<int>(live.size()), o.nnodes);
+      if (previous_over &&
+          (size >= o.nnodes || (size >= o.min_nodes && Clock::now() - last_arrival >= last_call))) {
+        live.resize(static_cast<std::size_t>(size));
+        std::string members;
+        for (const int k : live) members += fmt::format("{}{}", members.empty() ? "" : " ", k);
+        set_once(store, key(number, "closed"), members);
         break;
       }
       if (Clock::now() - started > millis(o.join_timeout_s)) {
         throw JobEnds(1, fmt::format("round {}: {} of at least {} node(s) joined within "
                                      "--rdzv-join-timeout {} s",
-                                     number, count, o.min_nodes, o.join_timeout_s));
+                                     number, size, o.min_nodes, o.join_timeout_s));
       }
       std::this_thread::sleep_for(100ms);
     }
-    const int size = std::stoi(store.get_string(key(number, "closed")));
-    if (index >= size && !member && size >= o.nnodes) {
+    const std::vector<int> members = parse_members(store.get_string(key(number, "closed")));
+    const int size = static_cast<int>(members.size());
+    const auto position = std::find(members.begin(), members.end(), index);
+    if (position == members.end() && !member && size >= o.nnodes) {
       throw JobEnds(1, fmt::format("job '{}' is full: its round {} closed with {} node(s), the "
                                    "most --nnodes {}:{} allows, before this launcher joined; it "
                                    "does not join, and the job goes on",
                                    o.rdzv_id, number, size, o.min_nodes, o.nnodes));
     }
-    if (index >= size) {
-      say("round {} closed with {} node(s) before this one joined: joining round {}", number, size,
+    if (position == members.end()) {
+      say("round {} closed with {} node(s) without this one: joining round {}", number, size,
           number + 1);
       continue;
     }
-    Round round{.number = number, .node_rank = index};
-    if (index == 0) {
+    const int node_rank = static_cast<int>(position - members.begin());
+    Round round{.number = number, .node_rank = node_rank};
+    if (node_rank == 0) {
       int restarts = 0;
       if (number > 0) {
         const char kind = parse_end(store.get_string(key(number - 1, "end"))).kind;
@@ -377,7 +426,7 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
     char token[512] = {};
     std::sscanf(record.c_str(), "%d %d %511s", &round.master_port, &round.restarts_used, token);
     round.token = token;
-    for (int k = 0; k < size; ++k) {
+    for (const int k : members) {
       const std::string text = store.get_string(key(number, fmt::format("node/{}", k)));
       const auto space = text.rfind(' ');
       round.members.push_back({text.substr(0, space), std::stoi(text.substr(space + 1))});
@@ -607,6 +656,13 @@ void Monitor::loop() {
           set_once(store_, key(r, "end"),
                    fmt::format("F|node {} ({}) lost: no heartbeat for {:.1f} s", k,
                                round_.members[k].address, silent));
+        }
+        // A launcher leaves a round that has not ended only when it failed (it lost the store,
+        // say, while this one was stalled): its workers are gone, so the round has failed.
+        if (gone[k] && !done[k] && !end) {
+          set_once(store_, key(r, "end"),
+                   fmt::format("F|node {} ({}) left the round before its workers finished", k,
+                               round_.members[k].address));
         }
       }
       if (finished == n && !end) {

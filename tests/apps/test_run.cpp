@@ -392,6 +392,76 @@ TEST_CASE("nanoddp-run --nnodes 1:2: a node that arrives later is taken in at th
   CHECK(std::regex_search(b.output(), round_1));
 }
 
+// An outside operator (issue #15): a node that joined a running job (ending its round, as a
+// scale-up does) and was stopped before the next round formed stayed counted, and the survivor
+// waited for it to publish the round's record until its store call timed out: the job exited 1
+// with restarts left. Now a launcher stopped while waiting withdraws ("gone/<index>"), and one
+// silent for the heartbeat timeout is not taken in.
+TEST_CASE(
+    "nanoddp-run --nnodes 1:3: a node that joins and is stopped before the next round is "
+    "not waited for") {
+  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+  const std::vector<std::string> argv =
+      run_argv({"--nnodes", "1:3", "--rdzv-endpoint", endpoint, "--rdzv-last-call", "3",
+                "--heartbeat-timeout", "10", "--grace-period", "1", "--max-restarts", "0"},
+               "echo world $WORLD_SIZE round $NANODDP_RESTART_COUNT; "
+               "[ $NANODDP_RESTART_COUNT = 0 ] && sleep 60; exit 0");
+  BackgroundProcess a(argv);
+  REQUIRE(a.wait_for_output(
+      [](const std::string& out) { return contains(out, "[rank 0] world 1 round 0"); }, 20s));
+  BackgroundProcess b(argv);
+  // b's arrival ends round 0 (a scale-up); a then waits for round 1 to form (its last call is
+  // 3 s), and b is stopped meanwhile.
+  REQUIRE(a.wait_for_output([](const std::string& out) { return contains(out, "round 0 ended"); },
+                            20s));
+  b.send(SIGINT);
+  const std::optional<int> status_b = b.wait(20s);
+  const std::optional<int> status_a = a.wait(30s);
+  INFO(a.output(), "\n----\n", b.output());
+  REQUIRE(status_a.has_value());
+  REQUIRE(status_b.has_value());
+  CHECK(*status_a == 0);
+  CHECK(WIFEXITED(*status_b));
+  CHECK(WEXITSTATUS(*status_b) == 128 + SIGINT);
+  CHECK(contains(b.output(), "got SIGINT while waiting for round 1 to form"));
+  CHECK(contains(a.output(), "round 1: node 0 of 1 (ranks 0..0 of 1)"));
+  CHECK(contains(a.output(), "[rank 0] world 1 round 1"));
+}
+
+// The same operator stopped the launcher serving the store (SIGSTOP) mid-round: the other
+// launcher lost the store and left, and the server, resumed, saw it leave but never ended the
+// round, which hung until its worker gave up. A node that leaves a round before its workers
+// finished ends the round.
+TEST_CASE("nanoddp-run --rdzv-endpoint: a node that leaves a running round ends it on the others") {
+  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+  const std::vector<std::string> argv =
+      run_argv({"--nnodes", "2", "--rdzv-endpoint", endpoint, "--heartbeat-timeout", "1",
+                "--grace-period", "1", "--max-restarts", "0"},
+               "echo world $WORLD_SIZE; sleep 60");
+  BackgroundProcess server(argv);
+  REQUIRE(server.wait_for_output(
+      [](const std::string& out) { return contains(out, "serving the rendezvous store"); }, 20s));
+  BackgroundProcess client(argv);
+  REQUIRE(client.wait_for_output(
+      [](const std::string& out) { return contains(out, "[rank 1] world 2"); }, 20s));
+  server.send(SIGSTOP);  // the client's store calls time out (1 s): it stops and leaves
+  const std::optional<int> status_client = client.wait(20s);
+  server.send(SIGCONT);
+  const auto resumed = Clock::now();
+  const std::optional<int> status_server = server.wait(30s);
+  const double took = std::chrono::duration<double>(Clock::now() - resumed).count();
+  INFO(server.output(), "\n----\n", client.output());
+  REQUIRE(status_client.has_value());
+  REQUIRE(status_server.has_value());
+  CHECK(*status_client != 0);
+  CHECK(*status_server != 0);
+  // Well under the 60 s the workers would sleep; the bound is loose for a loaded machine.
+  CHECK(took < 20.0);
+  CHECK(std::regex_search(server.output(),
+                          std::regex("node 1 \\(.*\\) (left the round before its workers "
+                                     "finished|lost: no heartbeat)")));
+}
+
 TEST_CASE("nanoddp-run --rdzv-endpoint: SIGTERM while waiting for the other nodes ends it") {
   BackgroundProcess launcher({bin_path("nanoddp-run"), "--nnodes", "2", "--rdzv-endpoint",
                               fmt::format("127.0.0.1:{}", nanoddp::testing::free_port()),

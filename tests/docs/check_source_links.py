@@ -3,9 +3,8 @@
 
 A link such as [`Reducer::launch`](../comm/reducer.cpp#L166) in docs/*.md (or
 (nanoddp/...#L166) in README.md) must name a file that exists and a line that exists; when the
-link text is code (in backticks), that line must contain it as a whole token — the part after the last
-`::` for most text, and without a trailing "(...)" (code text may hold brackets:
-[`acc[i] /= d`](...)). A qualified name (`Optimizer::shard`) must be spelt whole on its line
+link text is code (in backticks), that line must contain it as a whole token, without a
+trailing "(...)" (code text may hold brackets: [`acc[i] /= d`](...)). A qualified name (`Optimizer::shard`) must be spelt whole on its line
 (`void Optimizer::shard(`, a call `Optimizer::shard(`), or the line must declare the bare name
 inside that class (`  void shard(OptimizerShard shard);` in class Optimizer): a bare `shard`
 anywhere would let `AdamW::update_slice` land on `SGD::update_slice`. A bare

@@ -6,13 +6,14 @@
 // Who owns what. Rank r owns chunk r of every bucket: a bucket of n elements is cut into W
 // chunks of q = floor(n / W) elements, rank r's is [r*q, (r+1)*q), and the last rank also owns
 // the n - W*q < W elements left over at the bucket's end. Why per bucket and not one contiguous
-// 1/W of the flat buffer: the stage-2 reduce-scatter of a bucket (its first W*q elements, in
-// place, no copy) then leaves every rank exactly the chunk it owns as soon as that bucket is
-// reduced, and no bucket is cut at a shard boundary; the few left-over elements take one tiny
-// all-reduce more. (Chunks of ceil(n / W) would need a padded copy of every uneven bucket.) The
-// shard buffers (the optimizer state, and under stage 2 the averaged gradients) hold the chunks
-// of all buckets one after the other: about 1/W of the elements per rank, W-1 more at most on
-// the last rank per bucket. Stage 1 and stage 2 own the same elements.
+// 1/W of the flat buffer: the stage-2 reduce-scatter of a bucket (its first W*q elements, read
+// where they lie, no copy; the output is this rank's part of the shard gradient buffer) then
+// leaves every rank exactly the chunk it owns as soon as that bucket is reduced, and no bucket is
+// cut at a shard boundary; the few left-over elements take one tiny all-reduce more, in place.
+// (Chunks of ceil(n / W) would need a padded copy of every uneven bucket.) The shard buffers (the
+// optimizer state, and under stage 2 the averaged gradients) hold the chunks of all buckets one
+// after the other: about 1/W of the elements per rank, W-1 more at most on the last rank per
+// bucket. Stage 1 and stage 2 own the same elements.
 //
 // Follow one step:
 //  stage 1  backward all-reduces every bucket as without ZeRO (the Reducer, reducer.h); the

@@ -15,7 +15,9 @@ Under nanoddp-train --zero 2 a bucket's collective is a "reduce-scatter bucket N
 (comm/zero.h), and under --zero 1 and 2 the optimizer step ends with one "all-gather parameters"
 span: the reduce-scatters are drawn and counted as the bucket collectives they are (a colour per
 bucket, the ready arrows, the header's figures), the all-gather in its own colour and, since it
-runs after the update with nothing left to hide it, as exposed communication.
+runs after the update with nothing left to hide it, as exposed communication. nanoddp-train's
+per-step "health all-reduce" (loss and non-finite counts) is drawn grey on the communication row
+and named in the legend when the window holds one; it is never counted as a bucket collective.
 
 On the chart: each backward span is named after the module whose gradients it finished (the
 gradient ticks that follow it: "backward layers.4"), each module's ticks are labelled once
@@ -61,6 +63,7 @@ COLOR = {
     "data": "#9a9a9a",
     "bucket": ("#8172b3", "#b07aa1", "#64b5cd", "#937860", "#da8bc3", "#8c8c8c"),
     "gather": "#ccb974",
+    "health": "#cccccc",  # nanoddp-train's per-step health all-reduce (in the legend when drawn)
     "other": "#cccccc",
 }
 
@@ -218,6 +221,8 @@ def style_of(event):
         return COLOR["bucket"][index % len(COLOR["bucket"])], f"b{bucket}"
     if name == GATHER:
         return COLOR["gather"], "all-gather"
+    if name == HEALTH:
+        return COLOR["health"], name
     return COLOR["other"], name
 
 
@@ -240,6 +245,9 @@ def _overlap(a, b, merged):
 BUCKET_KINDS = ("all-reduce", "reduce-scatter")
 # ZeRO's parameter all-gather (comm/zero.cpp), inside the "optimizer step" span, after the update.
 GATHER = "all-gather parameters"
+# nanoddp-train's per-step all-reduce of loss and non-finite counts (apps/train/trainer_health.cpp):
+# a collective of the trainer, not of DDP, drawn so that it is not mistaken for a gap.
+HEALTH = "health all-reduce"
 
 
 def bucket_collective(name):
@@ -472,19 +480,23 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=()):
     ax.grid(True, axis="x", alpha=0.3)
     drawn = [e for e in spans if e["ts"] < hi and e["ts"] + e["dur"] >= lo]
     collectives = " / ".join(bucket_kinds(drawn))
+    data_patch = Patch(color=COLOR["data"], label="data")
     legend = [Patch(color=COLOR["forward"], label="forward"),
               Patch(color=COLOR["backward"][0], label="backward node"),
               Patch(color=COLOR["wait"], label="wait for all-reduce"),
               Patch(color=COLOR["optimizer"], label="optimizer step"),
               Patch(color=COLOR["bucket"][0], label=f"{collectives} bucket b0"),
               Patch(color=COLOR["bucket"][1], label=f"{collectives} bucket b1, …"),
-              Patch(color=COLOR["data"], label="data"),
+              data_patch,
               Line2D([], [], marker="|", color="grey", linestyle="none", label="gradient final"),
               Line2D([], [], marker="v", color="black", linestyle="none", label="bucket ready"),
               Patch(facecolor="none", edgecolor=COLOR["wait"], hatch="////",
                     label="exposed (after the last gradient)")]
     if any(is_parameter_gather(e) for e in drawn):
         legend.insert(6, Patch(color=COLOR["gather"], label="all-gather parameters (ZeRO)"))
+    if any(e["track"] == "communication" and e["name"] == HEALTH for e in drawn):
+        # Before "data", the other grey: the two are told apart by their rows.
+        legend.insert(legend.index(data_patch), Patch(color=COLOR["health"], label=HEALTH))
     for x, _ in marks:  # each step's end (named in the header)
         ax.axvline(x - t0, color="black", linewidth=0.8, linestyle="--")
     # Two rows whatever the entries: a third would run into the title.

@@ -338,6 +338,8 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
     // Plain DDP: all-reduces in the legend, and no ZeRO all-gather in the chart or the summary.
     CHECK(contains(svg_text, "all-reduce bucket b0"));
     CHECK(!contains(svg_text, "all-gather"));
+    // nanoddp-train all-reduces its health once a step on 2 ranks: the grey bar is named.
+    CHECK(contains(svg_text, "health all-reduce"));
     CHECK(!contains(r.output, "all-gather"));
     CHECK(contains(r.output, "step 2 of 4 recorded"));
     CHECK(contains(r.output, "2 rank(s)"));
@@ -405,6 +407,44 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
   const std::string number =
       same.output.substr(first + 17, same.output.find(' ', first + 17) - first - 17);
   CHECK(contains(same.output, "overlap off (no_overlap.json): step " + number + " of 4 recorded"));
+  // A trace without the trainer's health all-reduce (one rank, written by hand) has no legend
+  // entry for it.
+  const std::string bare = dir.file("bare.json");
+  write_file(bare, R"({"traceEvents": [
+    {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "rank 0"}},
+    {"ph": "M", "name": "thread_name", "pid": 0, "tid": 1, "args": {"name": "compute"}},
+    {"ph": "M", "name": "thread_name", "pid": 0, "tid": 2, "args": {"name": "communication"}},
+    {"ph": "X", "name": "forward", "pid": 0, "tid": 1, "ts": 0, "dur": 1000},
+    {"ph": "X", "name": "backward AddmmBackward0", "pid": 0, "tid": 1, "ts": 1000, "dur": 1000},
+    {"ph": "X", "name": "all-reduce bucket 0", "pid": 0, "tid": 2, "ts": 1500, "dur": 1000},
+    {"ph": "X", "name": "optimizer step", "pid": 0, "tid": 1, "ts": 2600, "dur": 500}]})");
+  const ProcessResult plain =
+      run_ok({py, script("plot_trace.py"), bare, "--out", dir.file("bare.png")});
+  INFO(plain.output);
+  check_chart(plain, dir.file("bare.png"));
+  std::ifstream bare_svg(dir.file("bare.svg"));
+  const std::string bare_text((std::istreambuf_iterator<char>(bare_svg)),
+                              std::istreambuf_iterator<char>());
+  CHECK(contains(bare_text, "all-reduce bucket b0"));
+  CHECK(!contains(bare_text, "health all-reduce"));
+  // The same with a 0.04 ms health all-reduce (too short a bar for its name): the legend names it.
+  const std::string healthy = dir.file("health.json");
+  std::string with_health = R"({"traceEvents": [
+    {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "rank 0"}},
+    {"ph": "M", "name": "thread_name", "pid": 0, "tid": 1, "args": {"name": "compute"}},
+    {"ph": "M", "name": "thread_name", "pid": 0, "tid": 2, "args": {"name": "communication"}},
+    {"ph": "X", "name": "forward", "pid": 0, "tid": 1, "ts": 0, "dur": 1000},
+    {"ph": "X", "name": "backward AddmmBackward0", "pid": 0, "tid": 1, "ts": 1000, "dur": 1000},
+    {"ph": "X", "name": "all-reduce bucket 0", "pid": 0, "tid": 2, "ts": 1500, "dur": 1000},
+    {"ph": "X", "name": "health all-reduce", "pid": 0, "tid": 2, "ts": 2550, "dur": 40},
+    {"ph": "X", "name": "optimizer step", "pid": 0, "tid": 1, "ts": 2600, "dur": 500}]})";
+  write_file(healthy, with_health);
+  check_chart(run_ok({py, script("plot_trace.py"), healthy, "--out", dir.file("health.png")}),
+              dir.file("health.png"));
+  std::ifstream health_svg(dir.file("health.svg"));
+  const std::string health_text((std::istreambuf_iterator<char>(health_svg)),
+                                std::istreambuf_iterator<char>());
+  CHECK(contains(health_text, "health all-reduce"));
 }
 
 TEST_CASE("plot_trace.py: timelines of real 2-rank nanoddp-train --zero 1 and --zero 2 traces") {

@@ -165,3 +165,18 @@ TEST_CASE("reducer: a gradient for a parameter the output does not reach is a cl
   replica.params.zero_grad();
   CHECK_NOTHROW(mse_loss(replica.ddp(kX), kY).backward());
 }
+
+TEST_CASE("reducer: two forwards then one backward over both, a parameter only the first reached") {
+  // Only the last forward's output is walked (as PyTorch's _post_forward does): the head, which
+  // only the first forward used, was marked unused, and its gradient is an error naming it.
+  comm::Distributed dist = world_of_one();
+  Replica replica(dist, true);
+  replica.params.zero_grad();
+  const std::vector<Tensor> first = replica.ddp(kX, kX);  // reaches the head
+  const Tensor second = replica.ddp(kX);                  // does not
+  CHECK_THROWS_WITH_AS(add(mse_loss(first.back(), kY), mse_loss(second, kY)).backward(),
+                       doctest::Contains("parameter 'head."), Error);
+  // The next step works.
+  replica.params.zero_grad();
+  CHECK_NOTHROW(mse_loss(replica.ddp(kX), kY).backward());
+}

@@ -3,8 +3,11 @@
 
 A link such as [`Reducer::launch`](../comm/reducer.cpp#L166) in docs/*.md (or
 (nanoddp/...#L166) in README.md) must name a file that exists and a line that exists; when the
-link text is code (in backticks), that line must contain it as a whole token — the part after the last
-`::`, and without a trailing "(...)" (code text may hold brackets: [`acc[i] /= d`](...)). A bare
+link text is code (in backticks), that line must contain it as a whole token, without a
+trailing "(...)" (code text may hold brackets: [`acc[i] /= d`](...)). A qualified name (`Optimizer::shard`) must be spelt whole on its line
+(`void Optimizer::shard(`, a call `Optimizer::shard(`), or the line must declare the bare name
+inside that class (`  void shard(OptimizerShard shard);` in class Optimizer): a bare `shard`
+anywhere would let `AdamW::update_slice` land on `SGD::update_slice`. A bare
 function name (`enqueue`) speaks of the function: when the file defines it, the link must land on
 its definition, not on a caller's line (write a call as `enqueue(...)`). So when code moves, the test names the stale link instead of the
 guide silently pointing at the wrong line.
@@ -33,8 +36,56 @@ def keys_of(label):
     # A qualified name (`Reducer::launch`): the definition spells it whole and opens its
     # parameter list (`void Reducer::launch(`); a message may quote it, a call uses the last part.
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)+", code):
-        return [code + "(", code, code.split("::")[-1]]
+        return [code + "(", code]
     return [code]
+
+
+def qualified_name(label):
+    """(class, member) when the link text is a qualified name (`Reducer::launch`), else None."""
+    m = re.fullmatch(r"`((?:[A-Za-z_][A-Za-z0-9_]*::)+)([A-Za-z_][A-Za-z0-9_]*)(?:\(\.\.\.\))?`",
+                     label.strip())
+    if not m:
+        return None
+    return m.group(1)[:-2].split("::")[-1], m.group(2)
+
+
+def enclosing_class(lines, n):
+    """The name of the class or struct whose body holds line n (1-based), or None: walk up to
+    the first `{` left open, and read `class X`/`struct X` on its line or the line above."""
+    depth = 0
+    for k in range(n - 1, 0, -1):
+        text = lines[k - 1].split("//")[0]
+        for ch in reversed(text):
+            if ch == "}":
+                depth += 1
+            elif ch == "{":
+                if depth == 0:
+                    head = (lines[k - 2] if k > 1 else "") + " " + text
+                    m = re.findall(r"\b(?:class|struct)\s+(?:\[\[[^\]]*\]\]\s*)?"
+                                   r"([A-Za-z_][A-Za-z0-9_]*)", head)
+                    return m[-1] if m else None
+                depth -= 1
+    return None
+
+
+def declares_member(lines, n, cls, member):
+    """True when line n declares (or defines inline) member function `member` inside class
+    `cls`: `  virtual void update_slice(`, `  void shard(OptimizerShard shard);` - a return type
+    before the name, no call syntax (`.`, `->`, `=`, `return`) and no other class's `X::`."""
+    line = lines[n - 1]
+    if line.lstrip().startswith(("//", "*", "#")):
+        return False
+    m = re.search(r"(?<![A-Za-z0-9_])" + re.escape(member) + r"\s*\(", line)
+    if not m:
+        return False
+    head = line[: m.start()].rstrip()
+    if not re.fullmatch(r"\s*(?:\[\[[^\]]*\]\]\s*)?[A-Za-z_][A-Za-z0-9_:<>,&*\s]*[A-Za-z0-9_>&*]",
+                        head):
+        return False  # no return type, or call syntax before the name
+    if head.endswith("::") or re.search(r"\b(return|else|throw|co_return|co_await|new|delete)$",
+                                         head):
+        return False
+    return enclosing_class(lines, n) == cls
 
 
 def declares(line, key):
@@ -111,9 +162,14 @@ def main():
                 definitions = ({n for n in range(1, len(lines) + 1) if defines(lines[n - 1], name)}
                                if name else set())
 
+                member = qualified_name(label)
+
                 def holds(n):  # line n uses the text (a declaration does not count)
                     if definitions:
                         return n in definitions
+                    if member:  # spelt whole, or declared in its class
+                        return (any(contains(lines[n - 1], k) for k in keys)
+                                or declares_member(lines, n, *member))
                     return (any(contains(lines[n - 1], k) for k in keys)
                             and (qualified or not declares(lines[n - 1], keys[0])))
 
@@ -123,7 +179,9 @@ def main():
                     near = []
                     for key in keys:  # the best key found anywhere nearby wins
                         near = [n for n in range(max(1, line - 40), min(len(lines), line + 40) + 1)
-                                if contains(lines[n - 1], key) and holds(n)
+                                if (contains(lines[n - 1], key)
+                                    or (member and declares_member(lines, n, *member)))
+                                and holds(n)
                                 and not lines[n - 1].lstrip().startswith(("//", "*", "#"))]
                         if near:
                             break

@@ -2,7 +2,9 @@
 """The link checker itself: on a small made-up tree it must refuse a link whose text is prose,
 a link that lands on a declaration of its name, a link to a line without its code, and a bare
 function name on a caller's line when the file defines the function; and it must accept a link to
-a call, a qualified or bare link to a definition, and code text holding brackets."""
+a call, a qualified or bare link to a definition, and code text holding brackets. A qualified
+name (`AdamW::update_slice`) must be spelt whole on its line or declared inside its class: its bare
+last part elsewhere (`SGD::update_slice`, a comment, a call) is refused."""
 import pathlib
 import subprocess
 import sys
@@ -20,6 +22,14 @@ void run() {
   for (int i = 0; i < 4; ++i) acc[i] /= divisor;
   worker->enqueue(7);
 }
+class Optimizer {
+ public:
+  // Sharded: from now on update only the shard.
+  void shard(int shard);
+  virtual void update_slice(int offset) = 0;
+};
+void SGD::update_slice(int offset) { opt.shard(offset); }
+void AdamW::update_slice(int offset) {}
 """
 cases = {
     "[`Reducer::launch`](../src/r.cpp#L1)": True,   # qualified: the definition
@@ -36,6 +46,15 @@ cases = {
     "[`launch`](../src/r.cpp#L1)": True,             # a bare name: the function's definition
     "[`launch`](../src/r.cpp#L6)": False,            # not a call, when the file defines it
     "[`enqueue`](../src/r.cpp#L9)": True,            # defined elsewhere: a call will do
+    # A qualified name: spelt whole, or declared inside its class; its bare last part on some
+    # other line (a comment, another class's definition, a call) does not do.
+    "[`Optimizer::shard`](../src/r.cpp#L14)": True,   # declared in class Optimizer
+    "[`Optimizer::shard`](../src/r.cpp#L13)": False,  # a comment that says "shard"
+    "[`Optimizer::shard`](../src/r.cpp#L17)": False,  # a call `opt.shard(`
+    "[`Optimizer::update_slice`](../src/r.cpp#L15)": True,  # a virtual declaration
+    "[`AdamW::update_slice`](../src/r.cpp#L18)": True,   # its definition
+    "[`AdamW::update_slice`](../src/r.cpp#L17)": False,  # SGD's definition
+    "[`SGD::update_slice`](../src/r.cpp#L15)": False,    # declared in another class
 }
 failures = 0
 for link, ok in cases.items():

@@ -89,6 +89,12 @@ struct TcpStoreOptions {
   std::size_t max_value_bytes = 64u << 20;
   std::size_t max_keys = 1u << 20;
   std::size_t max_connections = 4096;
+  // Clients: who serves the store and which settings name its address, for the hints in their
+  // error messages ("did rank 0 exit?", "is MASTER_ADDR right?"). nanoddp-run's rendezvous store
+  // is served by a launcher and named by --rdzv-endpoint.
+  std::string server_role = "rank 0";
+  std::string address_setting = "MASTER_ADDR";
+  std::string port_setting = "MASTER_PORT";
 };
 
 // A snapshot of the server's state, for tests and diagnostics.

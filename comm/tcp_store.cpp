@@ -107,9 +107,9 @@ std::optional<UniqueFd> TcpStore::Impl::try_connect(Clock::time_point deadline, 
   }
   if (reply->status == proto::DecodeStatus::kInvalid) {
     throw StoreRefused(fmt::format(
-        "the server at {} does not speak the nanoddp store protocol ({}); is MASTER_PORT the "
-        "port of this job's store?",
-        address, reply->error));
+        "the server at {} does not speak the nanoddp store protocol ({}); is {} the port of this "
+        "job's store?",
+        address, reply->error, options.port_setting));
   }
   if (!reply->message.accepted) {
     throw StoreRefused(
@@ -127,15 +127,17 @@ void TcpStore::Impl::connect() {
     if (!s) {
       throw StoreError(fmt::format(
           "the store at {} dropped the connection earlier and does not accept a new one ({}); "
-          "did rank 0 exit?",
-          address, why));
+          "did {} exit?",
+          address, why, options.server_role));
     }
     fd = std::move(*s);
     lost = false;
     return;
   }
   fd = detail::connect_with_retry(
-      "the store at " + address, "is rank 0 running? is MASTER_ADDR right?", timeout(),
+      "the store at " + address,
+      fmt::format("is {} running? is {} right?", options.server_role, options.address_setting),
+      timeout(),
       [&](Clock::time_point deadline, std::string& why) { return try_connect(deadline, why); });
 }
 
@@ -193,11 +195,12 @@ proto::Response TcpStore::Impl::call(const proto::Request& req,
   lost = r != IoResult::kTimeout;
   switch (r) {
     case IoResult::kClosed:
-      throw StoreError(fmt::format(
-          "the store at {} closed the connection (did rank 0 exit?) during {}", address, what));
+      throw StoreError(fmt::format("the store at {} closed the connection (did {} exit?) during {}",
+                                   address, options.server_role, what));
     case IoResult::kTimeout:
-      throw StoreError(detail::no_answer_message("the store at " + address, what, answer_within,
-                                                 "is rank 0 stuck or overloaded?"));
+      throw StoreError(detail::no_answer_message(
+          "the store at " + address, what, answer_within,
+          fmt::format("is {} stuck or overloaded?", options.server_role)));
     default:
       throw StoreError(fmt::format("the connection to the store at {} failed during {}: {}",
                                    address, what, detail::errno_text(err)));

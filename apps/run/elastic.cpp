@@ -741,7 +741,10 @@ int run_elastic(const LaunchPlan& plan) {
   const comm::TcpStoreOptions client_options{
       .host = endpoint.host,
       .port = static_cast<std::uint16_t>(endpoint.port),
-      .timeout = std::max(millis(o.heartbeat_timeout_s), std::chrono::milliseconds(1000))};
+      .timeout = std::max(millis(o.heartbeat_timeout_s), std::chrono::milliseconds(1000)),
+      .server_role = fmt::format("the nanoddp-run on {} serving it", endpoint.host),
+      .address_setting = "--rdzv-endpoint",
+      .port_setting = "--rdzv-endpoint's port"};
   const std::string prefix = "nanoddp-run/" + o.rdzv_id;
   // The first connection waits as long as a round may take to form (--rdzv-join-timeout): a node
   // started before the endpoint's launcher is early, not wrong. It is tried a second at a time,

@@ -690,7 +690,7 @@ TEST_CASE("store: shutting the server down wakes a client parked in get with an 
   server.reset();
   REQUIRE(result.wait_for(3s) == std::future_status::ready);
   const std::string error = result.get();
-  CHECK(contains(error, "closed the connection (did rank 0 exit?)"));
+  CHECK(contains(error, "closed the connection (did rank 0 exit?)"));  // the default role
   CHECK(contains(error, "key 'never'"));
   CHECK(seconds_since(start) < 1.0);
 }

@@ -1,6 +1,7 @@
 #include "benchmarks/sim/allreduce_fit.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,11 +12,25 @@
 
 namespace nanoddp::sim {
 
-std::vector<AllreduceSample> read_bench_allreduce(const std::string& path, int expected_ranks,
-                                                  const std::string& flag) {
+std::string transport_of(const std::string& algorithm) {
+  if (algorithm.rfind("NCCL", 0) == 0) return "NCCL";
+  const std::string key = "transport: ";
+  const std::size_t at = algorithm.find(key);
+  const std::string rest = at == std::string::npos ? algorithm : algorithm.substr(at + key.size());
+  for (const char* known : {"shared memory", "TCP", "hierarchical"}) {
+    if (rest.rfind(known, 0) == 0) return known;
+  }
+  return rest;
+}
+
+BenchAllreduceRows read_bench_allreduce_rows(const std::string& path, int expected_ranks,
+                                             const std::string& flag) {
   std::ifstream in(path);
   if (!in) fail("{} {}: cannot open the file", flag, path);
-  std::vector<AllreduceSample> samples;
+  BenchAllreduceRows rows;
+  std::vector<AllreduceSample>& samples = rows.samples;
+  // The first row's transport and mode, and its line: every other row must match them.
+  int first_line = 0;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -45,9 +60,42 @@ std::vector<AllreduceSample> read_bench_allreduce(const std::string& path, int e
           "without --collective (or --collective allreduce)",
           flag, path, number, row["benchmark"].dump());
     }
+    // A row whose correctness check failed timed a broken all-reduce.
+    if (row.contains("wrong") && (!row["wrong"].is_number() || row["wrong"].get<double>() != 0)) {
+      fail(
+          "{} {}: line {} has \"wrong\": {} (its results failed nanoddp-bench-allreduce's "
+          "correctness check); measure again and fit rows with wrong 0",
+          flag, path, number, row["wrong"].dump());
+    }
     // DDP's buckets are reduced in place: nanoddp-bench-allreduce's out-of-place lines (a copy
     // more) describe another operation.
     if (row.contains("placement") && row["placement"] == "out-of-place") continue;
+    // One fit, one transport and one mode: rows of shared memory and a TCP ring (two files
+    // concatenated) or of raw Gloo beside nanoddp's process group lie on no common line.
+    const std::string algorithm = row.contains("algorithm") && row["algorithm"].is_string()
+                                      ? row["algorithm"].get<std::string>()
+                                      : std::string();
+    const std::string transport = algorithm.empty() ? "" : transport_of(algorithm);
+    const std::string mode = row.contains("mode") && row["mode"].is_string()
+                                 ? row["mode"].get<std::string>()
+                                 : std::string();
+    if (first_line == 0) {
+      first_line = number;
+      rows.algorithm = algorithm;
+      rows.transport = transport;
+      rows.mode = mode;
+    } else if (mode != rows.mode) {
+      fail(
+          "{} {}: line {} has mode \"{}\" but line {} mode \"{}\": raw Gloo and nanoddp's "
+          "process group are different all-reduces; fit the \"nanoddp\" rows alone",
+          flag, path, number, mode, first_line, rows.mode);
+    } else if (transport != rows.transport) {
+      fail(
+          "{} {}: line {} was measured over {} but line {} over {}: one fit describes one "
+          "transport; fit each file on its own",
+          flag, path, number, transport.empty() ? "an unrecorded transport" : transport, first_line,
+          rows.transport.empty() ? "an unrecorded transport" : rows.transport);
+    }
     const int ranks = row["ranks"].get<int>();
     if (ranks != expected_ranks) {
       fail(
@@ -64,7 +112,23 @@ std::vector<AllreduceSample> read_bench_allreduce(const std::string& path, int e
     samples.push_back({bytes, us / 1000.0});
   }
   if (samples.empty()) fail("{} {}: no rows", flag, path);
-  return samples;
+  return rows;
+}
+
+std::vector<AllreduceSample> read_bench_allreduce(const std::string& path, int expected_ranks,
+                                                  const std::string& flag) {
+  return read_bench_allreduce_rows(path, expected_ranks, flag).samples;
+}
+
+std::vector<double> sizes_in(const std::vector<AllreduceSample>& samples, double min_bytes,
+                             double max_bytes) {
+  std::vector<double> sizes;
+  for (const AllreduceSample& s : samples) {
+    if (s.bytes >= min_bytes && s.bytes <= max_bytes) sizes.push_back(s.bytes);
+  }
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  return sizes;
 }
 
 AllreduceFit fit_allreduce(const std::vector<AllreduceSample>& samples, const Cluster& cluster,
@@ -79,12 +143,22 @@ AllreduceFit fit_allreduce(const std::vector<AllreduceSample>& samples, const Cl
       y.push_back(s.ms);
     }
   }
-  if (x.size() < 2) {
-    fail("{} {}: {} row(s) between {} and {} bytes; need two or more sizes", flag, name, x.size(),
-         min_bytes, max_bytes);
+  const std::vector<double> sizes = sizes_in(samples, min_bytes, max_bytes);
+  if (sizes.size() < 2) {
+    fail(
+        "{} {}: {} distinct size(s) ({} row(s)) in the fit window {:.0f}..{} bytes{}; need "
+        "two or more sizes: widen the window (--fit-min-bytes, --fit-max-bytes) or measure more "
+        "sizes (all sizes in the file: {})",
+        flag, name, sizes.size(), x.size(), min_bytes,
+        max_bytes >= 1e300 ? std::string("any") : fmt::format("{:.0f}", max_bytes),
+        sizes.empty() ? "" : fmt::format(" ({})", fmt::join(sizes, ", ")),
+        fmt::join(sizes_in(samples, 0, 1e300), ", "));
   }
   AllreduceFit fit;
   fit.samples = static_cast<int>(x.size());
+  fit.sizes = static_cast<int>(sizes.size());
+  fit.min_bytes = sizes.front();
+  fit.max_bytes = sizes.back();
   fit.line = fit_line_relative(x, y);
   if (!(fit.line.slope > 0)) {
     fail(
@@ -103,11 +177,10 @@ AllreduceFit fit_allreduce(const std::vector<AllreduceSample>& samples, const Cl
   const double bw_gbs = bw_bytes_per_ms / 1e6;
   fit.fabric.name = "fitted";
   fit.fabric.description = fmt::format(
-      "fitted to {} ({} sizes, {:.0f}..{:.0f} bytes, {} ranks): T = {:.1f} us + S / "
+      "fitted to {} ({} sizes in {} rows, {:.0f}..{:.0f} bytes, {} ranks): T = {:.1f} us + S / "
       "{:.3f} GB/s x 2(n-1)/n, max error {:.0f} %",
-      name, fit.samples, *std::min_element(x.begin(), x.end()),
-      *std::max_element(x.begin(), x.end()), n, fit.line.intercept * 1000.0, bw_gbs,
-      fit.max_rel_error * 100.0);
+      name, fit.sizes, fit.samples, fit.min_bytes, fit.max_bytes, n, fit.line.intercept * 1000.0,
+      bw_gbs, fit.max_rel_error * 100.0);
   fit.fabric.intra_bw_gbs = bw_gbs;
   fit.fabric.inter_bw_gbs = bw_gbs / cluster.gpus_per_node;
   fit.fabric.intra_lat_us = fit.fabric.inter_lat_us = alpha_ms * 1000.0;

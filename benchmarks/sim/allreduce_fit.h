@@ -8,7 +8,7 @@
 // no launch cost: the ring model then returns exactly a + b S for this n, however the n ranks
 // are split into nodes. It is a description of the measured transport (on this machine: shared
 // memory, "gloo+shm"), not of a real NVLink/InfiniBand fabric, so it only means something at the
-// world size it was measured at.
+// world size it was measured at, and over the transport its rows record.
 
 #include <string>
 #include <vector>
@@ -23,21 +23,44 @@ struct AllreduceSample {
   double ms = 0;
 };
 
-// Throws SimError naming the file and line for anything unreadable, and when a row was measured
-// with another number of ranks than `expected_ranks`.
-// `flag` names the option the file came from in messages.
+// The rows of one nanoddp-bench-allreduce --json file (in place), and how they were measured.
+struct BenchAllreduceRows {
+  std::vector<AllreduceSample> samples;
+  // The rows' "algorithm" field reduced to its transport: "shared memory", "TCP", "hierarchical",
+  // "NCCL" (or the text itself); empty when the rows do not record one (hand-written files).
+  std::string transport;
+  std::string algorithm;  // the first row's "algorithm" text, as written
+  std::string mode;       // "nanoddp" or "raw"; empty when not recorded
+};
+
+// The transport an "algorithm" text of nanoddp-bench-allreduce names (see BenchAllreduceRows).
+std::string transport_of(const std::string& algorithm);
+
+// Throws SimError naming `flag`, the file and the line for anything unreadable, a row measured
+// with another number of ranks than `expected_ranks`, a row whose correctness check failed
+// ("wrong" > 0), and rows of different transports or modes (nanoddp vs raw) in one file.
+BenchAllreduceRows read_bench_allreduce_rows(const std::string& path, int expected_ranks,
+                                             const std::string& flag = "--fit-allreduce");
+// The same, the samples alone.
 std::vector<AllreduceSample> read_bench_allreduce(const std::string& path, int expected_ranks,
                                                   const std::string& flag = "--fit-allreduce");
+
+// The distinct sizes among the samples with min_bytes <= bytes <= max_bytes, ascending.
+std::vector<double> sizes_in(const std::vector<AllreduceSample>& samples, double min_bytes,
+                             double max_bytes);
 
 struct AllreduceFit {
   Fabric fabric;
   Line line;                 // ms = intercept + slope * bytes
   double max_rel_error = 0;  // of the line over the samples used
-  int samples = 0;
+  int samples = 0;           // rows used (a size measured in several launches counts each)
+  int sizes = 0;             // distinct sizes among them
+  double min_bytes = 0, max_bytes = 0;  // the smallest and largest size used
 };
 
 // Fits over the samples with min_bytes <= bytes <= max_bytes. Throws SimError with fewer than
-// two sizes in range, or when the time does not grow with the size.
+// two distinct sizes in range (naming the flag, the file, the sizes found and the window), or
+// when the time does not grow with the size.
 AllreduceFit fit_allreduce(const std::vector<AllreduceSample>& samples, const Cluster& cluster,
                            double min_bytes, double max_bytes, const std::string& name,
                            const std::string& flag = "--fit-allreduce");

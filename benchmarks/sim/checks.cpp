@@ -89,7 +89,8 @@ std::vector<std::string> range_warnings(const Cluster& cluster, const Fabric& fa
         "congestion, rail topology or tree channel caps, which matter most at that size",
         cluster.world_size(), kDescribedWorldSize));
   }
-  if (gpu != nullptr && fabric.name != "custom" &&
+  // A custom or fitted fabric is no shipped system: nothing to compare the GPU with.
+  if (gpu != nullptr && fabric.name != "custom" && fabric.name != "fitted" &&
       std::find(gpu->fabrics.begin(), gpu->fabrics.end(), fabric.name) == gpu->fabrics.end()) {
     warnings.push_back(fmt::format(
         "--gpu {} on --fabric {}: no system shipped that pairing ({} came with {}); the "

@@ -3,7 +3,8 @@
 // kMaxWorldSize, latencies or a launch cost past a second, bandwidths past 100 TB/s, a model whose
 // training state does not fit the GPU's memory. Warned (the report and the JSON carry the text):
 // more GPUs than the range docs/simulator.md describes, a model that nearly fills the GPU, and a
-// GPU on a fabric it never shipped with.
+// GPU on a fabric it never shipped with; a fit whose line misses a measured time by more than
+// kFitErrorWarn (cli.cpp).
 
 #include <string>
 #include <vector>
@@ -26,6 +27,9 @@ inline constexpr double kMaxComputeScale = 1e3;
 inline constexpr double kMaxOverlapSlowdown = 100;
 // --mem-contention: past 10x the profile describes another machine.
 inline constexpr double kMaxMemContention = 10;
+// A fit whose line misses a measured time by more than this share is warned about: past it the
+// rows lie on no line a + b S, and the fitted network is a poor summary of them.
+inline constexpr double kFitErrorWarn = 0.20;
 // --busbw sizes: 1 TiB, far past any bucket or message a DDP step sends (and exact in a double,
 // so no row is rounded past --busbw-max).
 inline constexpr double kMaxBusbwBytes = 1099511627776.0;

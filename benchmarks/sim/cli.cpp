@@ -12,6 +12,7 @@
 #include "benchmarks/sim/buckets.h"
 #include "benchmarks/sim/checks.h"
 #include "benchmarks/sim/error.h"
+#include "benchmarks/sim/file_digest.h"
 #include "benchmarks/sim/flop_model.h"
 #include "benchmarks/sim/report.h"
 #include "benchmarks/sim/step_model.h"
@@ -48,9 +49,46 @@ std::string check(const CliOptions& o, const CLI::App& app) {
           o.json_path, flag, *path);
     }
   }
+  const bool any_fit =
+      !o.fit_path.empty() || !o.fit_intra_path.empty() || !o.fit_inter_path.empty();
+  for (const char* flag : {"--fit-min-bytes", "--fit-max-bytes"}) {
+    if (app.count(flag) > 0 && !any_fit) {
+      return fmt::format(
+          "{} sets the size window of a fit: give --fit-allreduce (or --fit-intra and "
+          "--fit-inter), or drop it",
+          flag);
+    }
+  }
+  // Nothing crosses a node with one node: the links across nodes would be ignored.
+  if (o.nodes == 1) {
+    for (const char* flag : {"--inter-bw-gbs", "--inter-lat-us"}) {
+      if (app.count(flag) > 0) {
+        return fmt::format(
+            "{} describes the links across nodes, and --nodes 1 has none: give --nodes 2 or "
+            "more, or drop it",
+            flag);
+      }
+    }
+    if (o.sweep && o.sweep->first == "--inter-bw-gbs") {
+      return "--sweep inter-bw-gbs=...: --nodes 1 has no links across nodes; give --nodes 2 or "
+             "more";
+    }
+  }
   if (o.busbw) {
     if (!o.profile_path.empty() || !o.model.empty()) {
       return "--busbw prints the network model alone: drop --profile/--model";
+    }
+    // The table is the one-level ring and tree (named fabric or --fit-allreduce); nanoddp's
+    // hierarchical all-reduce and its two fits are not in it.
+    if (app.count("--algo") > 0 || !o.fit_intra_path.empty() || !o.fit_inter_path.empty()) {
+      return fmt::format(
+          "--busbw prints the one-level ring and tree of a named --fabric or a --fit-allreduce "
+          "fit, both for every size: {} not used there; drop {} (predict a step with --model or "
+          "--profile for --algo hier)",
+          o.fit_intra_path.empty() && o.fit_inter_path.empty()
+              ? fmt::format("--algo {} is", o.algo)
+              : fmt::format("--algo {}, --fit-intra and --fit-inter are", o.algo),
+          o.fit_intra_path.empty() && o.fit_inter_path.empty() ? "it" : "them");
     }
     return {};
   }
@@ -76,9 +114,13 @@ std::string check(const CliOptions& o, const CLI::App& app) {
       return "--cores models CPU ranks sharing cores; the FLOP model describes GPUs (use a "
              "--profile traced on the CPU)";
     }
-    if (app.count("--mem-contention") > 0 || app.count("--opt-contention") > 0) {
-      return "--mem-contention models CPU ranks sharing a host's memory; the FLOP model "
-             "describes GPUs (use a --profile traced on 1 CPU rank)";
+    for (const char* flag : {"--mem-contention", "--opt-contention"}) {
+      if (app.count(flag) > 0) {
+        return fmt::format(
+            "{} models CPU ranks sharing a host's memory; the FLOP model describes GPUs (use a "
+            "--profile traced on 1 CPU rank)",
+            flag);
+      }
     }
   }
   if (app.count("--measured-cores") > 0 && o.cores == 0) {
@@ -506,25 +548,90 @@ void emit(const CliOptions& o, const std::string& table, const nlohmann::json& j
   }
 }
 
+// What the fits read and found, for the report: warnings, and each input file's identity.
+struct NetworkNotes {
+  std::vector<std::string> warnings;
+  nlohmann::ordered_json files = nlohmann::ordered_json::array();
+  // The one-level fit's measured size range (--busbw warns past it); 0: no fit.
+  double fit_min_bytes = 0, fit_max_bytes = 0;
+};
+
+// An input file's path, flag, size and SHA-256 (the JSON's "inputs"."files").
+nlohmann::ordered_json file_entry(const std::string& flag, const std::string& path) {
+  const FileDigest d = digest_file(path, flag);
+  return {{"flag", flag}, {"path", path}, {"bytes", d.bytes}, {"sha256", d.sha256}};
+}
+
+// How each fit's rows must have been measured: the transport the level really uses.
+// `expected` is "shared memory" or "TCP"; a file that records no transport is taken as given.
+void check_transport(const BenchAllreduceRows& rows, const std::string& flag,
+                     const std::string& path, const std::string& expected, const std::string& why) {
+  if (rows.transport.empty() || rows.transport == expected) return;
+  fail("{} {}: measured over {} (\"{}\"), but {} expects {}: {}", flag, path, rows.transport,
+       rows.algorithm, flag, expected, why);
+}
+
+// One file fitted as a one-level ring of `level`'s ranks over the window [lo, hi] (unset bounds
+// from the flags). A default window that holds fewer than two measured sizes widens to all of
+// them, and says so.
+AllreduceFit fit_file(const CliOptions& o, const std::string& flag, const std::string& path,
+                      const BenchAllreduceRows& rows, const Cluster& level, double lo, double hi,
+                      NetworkNotes& notes) {
+  if (hi < 1e300 && sizes_in(rows.samples, lo, hi).size() < 2) {
+    if (!o.fit_min_bytes || !o.fit_max_bytes) {
+      notes.warnings.push_back(fmt::format(
+          "{} {}: the default fit window {:.0f}..{:.0f} bytes (from the buckets) holds fewer "
+          "than two measured sizes; widened to all {} sizes in the file (set the window with "
+          "--fit-min-bytes/--fit-max-bytes)",
+          flag, path, lo, hi, sizes_in(rows.samples, 0, 1e300).size()));
+    }
+    lo = 0;
+    hi = 1e300;
+  }
+  if (o.fit_min_bytes) lo = parse_bytes(*o.fit_min_bytes, "--fit-min-bytes");
+  if (o.fit_max_bytes) hi = parse_bytes(*o.fit_max_bytes, "--fit-max-bytes");
+  AllreduceFit fit = fit_allreduce(rows.samples, level, lo, hi, path, flag);
+  if (fit.max_rel_error > kFitErrorWarn) {
+    notes.warnings.push_back(fmt::format(
+        "{} {}: the fitted line misses a measured time by {:.0f} % (warned above {:.0f} %): the "
+        "rows lie on no line a + b S (noisy measurements, or a transport that changes with the "
+        "size); more rounds (-r) or a narrower window (--fit-min-bytes/--fit-max-bytes) may help",
+        flag, path, fit.max_rel_error * 100.0, kFitErrorWarn * 100.0));
+  }
+  nlohmann::ordered_json entry = file_entry(flag, path);
+  entry["transport"] = rows.transport;
+  entry["rows"] = fit.samples;
+  entry["sizes"] = fit.sizes;
+  entry["max_error"] = fit.max_rel_error;
+  notes.files.push_back(std::move(entry));
+  return fit;
+}
+
 // The fabric: fitted to measurements, or named with the flags' overrides. `bucket_bytes` (the
 // run's bucket sizes) sets the fit's default size window.
 Fabric network_from_flags(const CliOptions& o, const Cluster& cluster,
-                          const std::vector<double>& bucket_bytes) {
+                          const std::vector<double>& bucket_bytes, NetworkNotes& notes) {
   Fabric fabric;
   if (!o.fit_path.empty()) {
-    const auto samples = read_bench_allreduce(o.fit_path, cluster.world_size());
+    const BenchAllreduceRows rows = read_bench_allreduce_rows(o.fit_path, cluster.world_size());
+    // Shared memory joins the ranks of one host only: its line says nothing about a network.
+    if (cluster.nodes > 1 && rows.transport == "shared memory") {
+      fail(
+          "--fit-allreduce {}: measured over shared memory (\"{}\"), a same-host transport, but "
+          "--nodes {} crosses hosts: fit rows measured across hosts (TCP), or use --algo hier "
+          "with --fit-intra (shared memory) and --fit-inter (TCP)",
+          o.fit_path, rows.algorithm, cluster.nodes);
+    }
     double lo = 0, hi = 1e300;
     if (!bucket_bytes.empty()) {
       lo = *std::min_element(bucket_bytes.begin(), bucket_bytes.end()) / 2;
       hi = *std::max_element(bucket_bytes.begin(), bucket_bytes.end()) * 2;
-      const auto in_window = std::count_if(samples.begin(), samples.end(), [&](const auto& s) {
-        return s.bytes >= lo && s.bytes <= hi;
-      });
-      if (in_window < 2) lo = 0, hi = 1e300;
     }
-    if (o.fit_min_bytes) lo = parse_bytes(*o.fit_min_bytes, "--fit-min-bytes");
-    if (o.fit_max_bytes) hi = parse_bytes(*o.fit_max_bytes, "--fit-max-bytes");
-    fabric = fit_allreduce(samples, cluster, lo, hi, o.fit_path).fabric;
+    const AllreduceFit fit =
+        fit_file(o, "--fit-allreduce", o.fit_path, rows, cluster, lo, hi, notes);
+    notes.fit_min_bytes = fit.min_bytes;
+    notes.fit_max_bytes = fit.max_bytes;
+    fabric = fit.fabric;
   } else {
     fabric = find_fabric(o.fabric);
     if (fabric.node_gpus > 0 && cluster.gpus_per_node > fabric.node_gpus && !o.intra_bw_gbs) {
@@ -557,24 +664,29 @@ Fabric network_from_flags(const CliOptions& o, const Cluster& cluster,
 // --algo hier fitted: each level's fabric from its own benchmark, read as a one-level ring of
 // that level's ranks. The default window: the sizes that level sees, from half the smallest
 // (a bucket, or a 1 MiB sub-piece of the broadcast) to twice the largest (a bucket, or a 4 MiB
-// pipeline piece).
+// pipeline piece). Within a host nanoddp reduces through shared memory, among the leaders over
+// a TCP ring: each file must have been measured over its level's transport.
 Fabric level_fit(const CliOptions& o, const std::string& flag, const std::string& path,
-                 const Cluster& level, const std::vector<double>& bucket_bytes) {
-  const auto samples = read_bench_allreduce(path, level.world_size(), flag);
+                 const Cluster& level, const std::vector<double>& bucket_bytes,
+                 NetworkNotes& notes) {
+  const BenchAllreduceRows rows = read_bench_allreduce_rows(path, level.world_size(), flag);
+  if (flag == "--fit-intra") {
+    check_transport(rows, flag, path, "shared memory",
+                    "within a host nanoddp reduces through shared memory; measure one host's "
+                    "ranks with NANODDP_SHM unset");
+  } else {
+    check_transport(rows, flag, path, "TCP",
+                    "the hosts' leaders reduce over a TCP ring; measure one rank per host (or "
+                    "NANODDP_SHM=0 on one host)");
+  }
   double lo = 0, hi = 1e300;
   if (!bucket_bytes.empty()) {
     lo =
         std::min(*std::min_element(bucket_bytes.begin(), bucket_bytes.end()), kHierBackPieceBytes) /
         2;
     hi = std::min(*std::max_element(bucket_bytes.begin(), bucket_bytes.end()), kHierPieceBytes) * 2;
-    const auto in_window = std::count_if(samples.begin(), samples.end(), [&](const auto& s) {
-      return s.bytes >= lo && s.bytes <= hi;
-    });
-    if (in_window < 2) lo = 0, hi = 1e300;
   }
-  if (o.fit_min_bytes) lo = parse_bytes(*o.fit_min_bytes, "--fit-min-bytes");
-  if (o.fit_max_bytes) hi = parse_bytes(*o.fit_max_bytes, "--fit-max-bytes");
-  Fabric fabric = fit_allreduce(samples, level, lo, hi, path, flag).fabric;
+  Fabric fabric = fit_file(o, flag, path, rows, level, lo, hi, notes).fabric;
   check_fabric(fabric, level);
   return fabric;
 }
@@ -589,12 +701,31 @@ void run_cli(const CliOptions& o) {
   const Cluster cluster{.nodes = o.nodes, .gpus_per_node = o.gpus_per_node};
   check_limits(cluster, Fabric{});  // the world size, before anything multiplies it
   if (o.busbw) {
-    const Fabric fabric = network_from_flags(o, cluster, {});
-    const auto rows = busbw_table(cluster, fabric, parse_bytes(o.busbw_min, "--busbw-min"),
-                                  parse_bytes(o.busbw_max, "--busbw-max"));
+    NetworkNotes notes;
+    const Fabric fabric = network_from_flags(o, cluster, {}, notes);
+    const double lo = parse_bytes(o.busbw_min, "--busbw-min");
+    const double hi = parse_bytes(o.busbw_max, "--busbw-max");
+    if (notes.fit_max_bytes > 0 && (lo < notes.fit_min_bytes || hi > notes.fit_max_bytes)) {
+      notes.warnings.push_back(fmt::format(
+          "--busbw-min {} --busbw-max {}: the fit measured {:.0f}..{:.0f} bytes; rows outside "
+          "that range are the fitted line extrapolated, not measured",
+          o.busbw_min, o.busbw_max, notes.fit_min_bytes, notes.fit_max_bytes));
+    }
+    const auto rows = busbw_table(cluster, fabric, lo, hi);
     nlohmann::json json = busbw_json(cluster, fabric, rows);
-    for (auto& row : json) row["provenance"] = nlohmann::json(o.provenance);
-    emit(o, format_busbw(cluster, fabric, rows), json);
+    for (auto& row : json) {
+      row["provenance"] = nlohmann::json(o.provenance);
+      row["input_files"] = nlohmann::json(notes.files);
+      row["warnings"] = notes.warnings;
+    }
+    std::string table = format_busbw(cluster, fabric, rows);
+    for (const std::string& w : notes.warnings) table.append(fmt::format("warning: {}\n", w));
+    if (o.json_path == "-") {
+      for (const std::string& w : notes.warnings) {
+        std::cerr << "nanoddp-sim: warning: " << w << "\n";
+      }
+    }
+    emit(o, table, json);
     return;
   }
   ComputeProfile profile;
@@ -717,10 +848,16 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
   const bool hier_fitted = !o.fit_intra_path.empty();
   const Cluster host{.nodes = 1, .gpus_per_node = cluster.gpus_per_node};
   const Cluster leaders{.nodes = cluster.nodes, .gpus_per_node = 1};
+  NetworkNotes notes;
+  if (!o.profile_path.empty()) notes.files.push_back(file_entry("--profile", o.profile_path));
+  if (!o.baseline_path.empty()) {
+    notes.files.push_back(file_entry("--baseline-profile", o.baseline_path));
+  }
   report.options = StepOptions{
       .cluster = cluster,
-      .fabric = hier_fitted ? level_fit(o, "--fit-intra", o.fit_intra_path, host, bucket_bytes)
-                            : network_from_flags(o, cluster, bucket_bytes),
+      .fabric = hier_fitted
+                    ? level_fit(o, "--fit-intra", o.fit_intra_path, host, bucket_bytes, notes)
+                    : network_from_flags(o, cluster, bucket_bytes, notes),
       .algorithm = parse_algorithm(o.algo),
       .bucket_cap_mb = o.bucket_cap_mb,
       .first_bucket_mb = o.first_bucket_mb,
@@ -741,8 +878,10 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
       .opt_contention = o.opt_contention};
   if (hier_fitted) {
     report.options.inter_fabric =
-        level_fit(o, "--fit-inter", o.fit_inter_path, leaders, bucket_bytes);
+        level_fit(o, "--fit-inter", o.fit_inter_path, leaders, bucket_bytes, notes);
   }
+  report.inputs["files"] = notes.files;
+  warnings.insert(warnings.end(), notes.warnings.begin(), notes.warnings.end());
   report.prediction = predict_step(profile, report.options);
   StepOptions ring = report.options, tree = report.options;
   ring.algorithm = Algorithm::kRing;

@@ -312,6 +312,19 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     const int pid = e["pid"].get<int>();
     ranks.insert(pid);
     const std::string ph = e["ph"].get<std::string>();
+    // A --zero run (comm/zero.cpp, comm/reducer_timeline.cpp) reduce-scatters its buckets and
+    // all-gathers the parameters after the optimizer step: read as DDP, its comm would be 0 and
+    // the all-gather optimizer time, and the step predicted as an all-reduce. Refused: the model
+    // is DDP's all-reduce only.
+    if (ph == "X" && e.contains("name") && e["name"].is_string()) {
+      const std::string& span = e["name"].get_ref<const std::string&>();
+      if (span.rfind("reduce-scatter bucket ", 0) == 0 || span == "all-gather parameters") {
+        fail(
+            "{}: a ZeRO trace (nanoddp-train --zero: event {} is '{}'); nanoddp-sim models DDP's "
+            "all-reduce only, not reduce-scatter and all-gather: trace a run without --zero",
+            name, i, span);
+      }
+    }
     if ((ph != "X" && ph != "i") || (pid != options.rank && !options.peers)) continue;
     Span s;
     if (!e.contains("name") || !e["name"].is_string()) fail("{}: event {} has no name", name, i);

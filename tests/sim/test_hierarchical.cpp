@@ -273,7 +273,7 @@ TEST_CASE("hierarchical cli: topology and input refusals name the flag") {
         "--fit-inter", tcp4},
        "measured with 4 ranks"},
       {{"--mem-contention", "1.2"}, "--mem-contention models CPU ranks"},
-      {{"--opt-contention", "1.2"}, "--mem-contention models CPU ranks"},
+      {{"--opt-contention", "1.2"}, "--opt-contention models CPU ranks"},
       {{"--measured-cores", "2"}, "--measured-cores needs --cores"},
   };
   for (const Case& c : cases) {

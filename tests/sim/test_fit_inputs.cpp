@@ -1,0 +1,329 @@
+// What nanoddp-sim accepts as a fit or a profile, from real runs made here: nanoddp-bench-allreduce
+// on 2 ranks over shared memory and over TCP (NANODDP_SHM=0), with --vs-raw, and a 2-rank
+// nanoddp-train --zero 2 trace. Refused: rows of two transports or modes in one fit, rows that
+// failed their correctness check, a fit whose transport is not the level's or the world's, a ZeRO
+// trace, --busbw with the hierarchical flags, window flags without a fit, links across nodes
+// with one node. Reported: the distinct sizes a fit used, a large fit error, --busbw past the
+// fitted range, and each input file's size and SHA-256.
+
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "benchmarks/sim/file_digest.h"
+#include "support/subprocess.h"
+
+using namespace nanoddp::testing;
+
+namespace {
+
+ProcessResult sim(std::vector<std::string> args) {
+  args.insert(args.begin(), bin_path("nanoddp-sim"));
+  ProcessOptions options;
+  options.timeout = std::chrono::seconds(60);
+  return run_process(args, options);
+}
+
+bool has(const ProcessResult& r, const std::string& text) {
+  return r.output.find(text) != std::string::npos;
+}
+
+std::vector<nlohmann::json> rows_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+  }
+  return rows;
+}
+
+void write_rows(const std::string& path, const std::vector<nlohmann::json>& rows) {
+  std::ofstream out(path);
+  for (const auto& row : rows) out << row.dump() << "\n";
+}
+
+// nanoddp-bench-allreduce on 2 ranks, 64K..4M in steps of 4 (4 sizes), launched twice: each
+// size has two in-place rows. `shm` false: NANODDP_SHM=0, the TCP ring. (Up to 4M: on a loaded
+// host the TCP times of small sizes scatter; the largest keeps the fitted slope positive.)
+void bench(const std::string& json, bool shm, std::vector<std::string> extra = {"--repeats", "2"}) {
+  ProcessOptions options;
+  options.timeout = std::chrono::seconds(120);
+  options.env["NANODDP_TIMEOUT_S"] = "60";
+  options.env["NANODDP_SHM"] = shm ? "1" : "0";
+  std::vector<std::string> args = {bin_path("nanoddp-bench-allreduce"),
+                                   "--nproc-per-node",
+                                   "2",
+                                   "-b",
+                                   "64K",
+                                   "-e",
+                                   "4M",
+                                   "-f",
+                                   "4",
+                                   "--json",
+                                   json};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const ProcessResult r = run_process(args, options);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const auto rows = rows_of(json);
+  REQUIRE(!rows.empty());
+  // The premise of every case below: the file records the transport it was measured over.
+  const std::string algorithm = rows[0]["algorithm"].get<std::string>();
+  REQUIRE_MESSAGE(
+      algorithm.find(shm ? "transport: shared memory" : "transport: TCP ring") != std::string::npos,
+      algorithm);
+}
+
+const std::vector<std::string> kModel = {"--model", "mlp", "--hidden", "256", "--layers", "2"};
+
+std::vector<std::string> model(std::vector<std::string> extra) {
+  std::vector<std::string> args = kModel;
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+}  // namespace
+
+TEST_CASE("fit inputs: --busbw refuses --algo and the two-level fits it would ignore") {
+  TempDir dir;
+  const std::string shm = dir.file("ar_allreduce.jsonl"), tcp = dir.file("ar_tcp.jsonl");
+  bench(shm, true);
+  bench(tcp, false);
+  const ProcessResult r = sim({"--busbw", "--nodes", "2", "--gpus-per-node", "2", "--algo", "hier",
+                               "--fit-intra", shm, "--fit-inter", tcp});
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(has(r, "--algo hier, --fit-intra and --fit-inter are not used there"));
+  CHECK(!has(r, "NVLink"));
+  const ProcessResult algo = sim({"--busbw", "--nodes", "2", "--algo", "ring"});
+  CHECK(algo.exit_code == 2);
+  CHECK(has(algo, "--algo ring is not used there"));
+  // A one-level fit is what --busbw does model: accepted, on the fitted transport.
+  const ProcessResult fitted = sim({"--busbw", "--gpus-per-node", "2", "--fit-allreduce", tcp});
+  CHECK_MESSAGE(fitted.exit_code == 0, fitted.output);
+  CHECK(has(fitted, "fitted"));
+}
+
+TEST_CASE("fit inputs: a ZeRO trace is refused, DDP's all-reduce is all the model knows") {
+  TempDir dir;
+  ProcessOptions options;
+  options.timeout = std::chrono::seconds(120);
+  options.env["NANODDP_TIMEOUT_S"] = "60";
+  const std::string tz = dir.file("tz.json");
+  const ProcessResult train =
+      run_process({bin_path("nanoddp-run"), "--nproc-per-node", "2", bin_path("nanoddp-train"),
+                   "--hidden", "64", "--layers", "2", "--steps", "6", "--trace-steps", "6",
+                   "--quiet", "--zero", "2", "--trace", tz},
+                  options);
+  REQUIRE_MESSAGE(train.exit_code == 0, train.output);
+  const ProcessResult r = sim({"--profile", tz, "--nodes", "1", "--gpus-per-node", "2"});
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(has(r, "a ZeRO trace"));
+  CHECK(has(r, "models DDP's all-reduce only"));
+  CHECK(!has(r, "one DDP training step, predicted"));
+}
+
+TEST_CASE("fit inputs: one fit refuses two transports, raw beside nanoddp rows, failed checks") {
+  TempDir dir;
+  const std::string shm = dir.file("shm.jsonl"), tcp = dir.file("tcp.jsonl");
+  bench(shm, true);
+  bench(tcp, false);
+  // The two files concatenated: shared memory rows, then TCP ring rows.
+  auto both = rows_of(shm);
+  const std::size_t shm_rows = both.size();
+  for (const auto& row : rows_of(tcp)) both.push_back(row);
+  const std::string mixed = dir.file("mixed.jsonl");
+  write_rows(mixed, both);
+  const ProcessResult m = sim(model({"--gpus-per-node", "2", "--fit-allreduce", mixed}));
+  INFO(m.output);
+  CHECK(m.exit_code == 2);
+  CHECK(has(m, mixed));
+  CHECK(has(m, "measured over TCP but line 2 over shared memory"));
+  CHECK(has(m, "line " + std::to_string(shm_rows + 2)));  // the first TCP in-place row
+
+  // --vs-raw: the process group's rows and raw Gloo's in one file.
+  const std::string raw = dir.file("vsraw.jsonl");
+  bench(raw, false, {"--vs-raw", "-r", "2"});
+  const ProcessResult v = sim(model({"--gpus-per-node", "2", "--fit-allreduce", raw}));
+  INFO(v.output);
+  CHECK(v.exit_code == 2);
+  CHECK(has(v, "mode \"raw\""));
+  CHECK(has(v, "mode \"nanoddp\""));
+
+  // A row whose correctness check failed: refused with its file and line.
+  auto rows = rows_of(tcp);
+  rows[2]["wrong"] = 3;
+  const std::string wrong = dir.file("wrong.jsonl");
+  write_rows(wrong, rows);
+  const ProcessResult w = sim(model({"--gpus-per-node", "2", "--fit-allreduce", wrong}));
+  INFO(w.output);
+  CHECK(w.exit_code == 2);
+  CHECK(has(w, "--fit-allreduce " + wrong + ": line 3 has \"wrong\": 3"));
+  // Each file alone is fine.
+  CHECK(sim(model({"--gpus-per-node", "2", "--fit-allreduce", tcp})).exit_code == 0);
+  CHECK(sim(model({"--gpus-per-node", "2", "--fit-allreduce", shm})).exit_code == 0);
+}
+
+TEST_CASE("fit inputs: each fit's transport must be its level's, a same-host fit one host's") {
+  TempDir dir;
+  const std::string shm = dir.file("shm.jsonl"), tcp = dir.file("tcp.jsonl");
+  bench(shm, true);
+  bench(tcp, false);
+  const std::vector<std::string> hier = {"--nodes", "2", "--gpus-per-node", "2", "--algo", "hier"};
+  const auto run_hier = [&](const std::string& intra, const std::string& inter) {
+    std::vector<std::string> args = model(hier);
+    args.insert(args.end(), {"--fit-intra", intra, "--fit-inter", inter});
+    return sim(args);
+  };
+  // Swapped: the intra level's file is TCP.
+  const ProcessResult swapped = run_hier(tcp, shm);
+  INFO(swapped.output);
+  CHECK(swapped.exit_code == 2);
+  CHECK(has(swapped, "--fit-intra " + tcp + ": measured over TCP"));
+  CHECK(has(swapped, "expects shared memory"));
+  // Shared memory for both: the leaders' level is TCP.
+  const ProcessResult both_shm = run_hier(shm, shm);
+  INFO(both_shm.output);
+  CHECK(both_shm.exit_code == 2);
+  CHECK(has(both_shm, "--fit-inter " + shm + ": measured over shared memory"));
+  CHECK(has(both_shm, "expects TCP"));
+  // The right way round is accepted.
+  const ProcessResult right = run_hier(shm, tcp);
+  CHECK_MESSAGE(right.exit_code == 0, right.output);
+  // A one-level fit over shared memory (one host) for 2 nodes.
+  const ProcessResult nodes =
+      sim(model({"--nodes", "2", "--gpus-per-node", "1", "--fit-allreduce", shm}));
+  INFO(nodes.output);
+  CHECK(nodes.exit_code == 2);
+  CHECK(has(nodes, "--fit-allreduce " + shm + ": measured over shared memory"));
+  CHECK(has(nodes, "--nodes 2 crosses hosts"));
+  // The same file for the host it was measured on, and a TCP fit across 2 nodes, are fine.
+  CHECK(sim(model({"--gpus-per-node", "2", "--fit-allreduce", shm})).exit_code == 0);
+  CHECK(sim(model({"--nodes", "2", "--gpus-per-node", "1", "--fit-allreduce", tcp})).exit_code ==
+        0);
+}
+
+TEST_CASE("fit inputs: sizes are counted, not rows, and a short window says what it holds") {
+  TempDir dir;
+  const std::string tcp = dir.file("tcp.jsonl");
+  bench(tcp, false);  // 4 sizes x 2 launches
+  // A window holding one size (2 rows): the flag, the file, the size found and the window.
+  const ProcessResult one = sim(model({"--gpus-per-node", "2", "--fit-allreduce", tcp,
+                                       "--fit-min-bytes", "200K", "--fit-max-bytes", "300K"}));
+  INFO(one.output);
+  CHECK(one.exit_code == 2);
+  CHECK(has(one, "--fit-allreduce " + tcp +
+                     ": 1 distinct size(s) (2 row(s)) in the fit window "
+                     "204800..307200 bytes (262144)"));
+  CHECK(has(one, "--fit-min-bytes"));
+  // The default window (from this model's buckets) holds one size too: widened, and said so.
+  const ProcessResult wide = sim(model({"--gpus-per-node", "2", "--fit-allreduce", tcp}));
+  INFO(wide.output);
+  REQUIRE(wide.exit_code == 0);
+  CHECK(has(wide, "(4 sizes in 8 rows, 65536..4194304 bytes, 2 ranks)"));
+  CHECK(has(wide, "holds fewer than two measured sizes; widened to all 4 sizes"));
+}
+
+TEST_CASE("fit inputs: the JSON warns of a large fit error and busbw past the fit, and digests") {
+  TempDir dir;
+  const std::string tcp = dir.file("tcp.jsonl");
+  bench(tcp, false);
+  // The measured rows with one size's times tripled: no line runs near them.
+  auto rows = rows_of(tcp);
+  for (auto& row : rows) {
+    if (row["bytes"] == 262144) row["time_us"] = row["time_us"].get<double>() * 3;
+  }
+  const std::string bent = dir.file("bent.jsonl");
+  write_rows(bent, rows);
+  const std::string out = dir.file("sim.json");
+  const ProcessResult r = sim(model(
+      {"--gpus-per-node", "2", "--fit-allreduce", bent, "--fit-min-bytes", "1", "--json", out}));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  std::ifstream in(out);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  bool error_warned = false;
+  for (const auto& w : j["warnings"]) {
+    error_warned =
+        error_warned || w.get<std::string>().find("(warned above 20 %)") != std::string::npos;
+  }
+  CHECK(error_warned);
+  // The input file beside its path: size and SHA-256, as sha256sum prints it.
+  REQUIRE(j["inputs"]["files"].size() == 1);
+  const auto& file = j["inputs"]["files"][0];
+  CHECK(file["path"] == bent);
+  CHECK(file["flag"] == "--fit-allreduce");
+  std::ifstream raw(bent, std::ios::binary);
+  std::stringstream text;
+  text << raw.rdbuf();
+  CHECK(file["bytes"].get<std::size_t>() == text.str().size());
+  CHECK(file["transport"] == "TCP");
+  CHECK(file["sizes"] == 4);
+  CHECK(file["rows"] == 8);
+  const ProcessResult sum = run_process({"sha256sum", bent});
+  if (sum.exit_code == 0) {
+    CHECK(sum.output.substr(0, 64) == file["sha256"].get<std::string>());
+  } else {
+    CHECK(file["sha256"].get<std::string>().size() == 64);
+  }
+
+  // --busbw past the fitted 64K..4M: warned in the JSON rows and on stderr; inside: not.
+  const ProcessResult past = sim({"--busbw", "--gpus-per-node", "2", "--fit-allreduce", tcp,
+                                  "--busbw-min", "64K", "--busbw-max", "8M", "--json", "-"});
+  REQUIRE_MESSAGE(past.exit_code == 0, past.output);
+  CHECK(has(past,
+            "nanoddp-sim: warning: --busbw-min 64K --busbw-max 8M: the fit measured "
+            "65536..4194304 bytes"));
+  const auto busbw = nlohmann::json::parse(past.output.substr(past.output.find('[')));
+  REQUIRE(!busbw.empty());
+  bool extrapolation = false;
+  for (const auto& w : busbw[0]["warnings"]) {
+    extrapolation = extrapolation || w.get<std::string>().find("extrapolated") != std::string::npos;
+  }
+  CHECK(extrapolation);
+  CHECK(busbw[0]["input_files"][0]["path"] == tcp);
+  const ProcessResult inside = sim({"--busbw", "--gpus-per-node", "2", "--fit-allreduce", tcp,
+                                    "--busbw-min", "64K", "--busbw-max", "4M"});
+  REQUIRE_MESSAGE(inside.exit_code == 0, inside.output);
+  CHECK(!has(inside, "extrapolated"));
+}
+
+TEST_CASE("fit inputs: flags that would be ignored are refused, naming the flag given") {
+  struct Case {
+    std::vector<std::string> args;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {model({"--nodes", "2", "--gpus-per-node", "2", "--opt-contention", "1.3"}),
+       "--opt-contention models CPU ranks"},
+      {model({"--nodes", "2", "--gpus-per-node", "2", "--mem-contention", "1.3"}),
+       "--mem-contention models CPU ranks"},
+      {model({"--fit-min-bytes", "1K"}), "--fit-min-bytes sets the size window of a fit"},
+      {model({"--fit-max-bytes", "1M"}), "--fit-max-bytes sets the size window of a fit"},
+      {model({"--inter-bw-gbs", "10"}), "--inter-bw-gbs describes the links across nodes"},
+      {model({"--nodes", "1", "--inter-lat-us", "5"}),
+       "--inter-lat-us describes the links across nodes"},
+      {model({"--sweep", "inter-bw-gbs=10,20"}), "--nodes 1 has no links across nodes"},
+      {{"--busbw", "--inter-bw-gbs", "10"}, "--inter-bw-gbs describes the links across nodes"},
+  };
+  for (const Case& c : cases) {
+    const ProcessResult r = sim(c.args);
+    CAPTURE(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(has(r, c.message));
+  }
+  // With 2 nodes the inter-node flags mean something.
+  CHECK(sim(model({"--nodes", "2", "--inter-bw-gbs", "10"})).exit_code == 0);
+}
+
+TEST_CASE("fit inputs: the SHA-256 of the inputs matches FIPS 180-4's test vectors") {
+  using nanoddp::sim::sha256_hex;
+  CHECK(sha256_hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  // 56 bytes: the padding spills into a second block.
+  CHECK(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  CHECK(sha256_hex(std::string(1000000, 'a')) ==
+        "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}

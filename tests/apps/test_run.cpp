@@ -455,6 +455,8 @@ TEST_CASE("nanoddp-run --rdzv-endpoint: a node that leaves a running round ends 
   REQUIRE(status_server.has_value());
   CHECK(*status_client != 0);
   CHECK(*status_server != 0);
+  // The client's message names the store's server as a launcher, not as the workers' rank 0.
+  CHECK(contains(client.output(), "the nanoddp-run on 127.0.0.1 serving it"));
   // Well under the 60 s the workers would sleep; the bound is loose for a loaded machine.
   CHECK(took < 20.0);
   CHECK(std::regex_search(server.output(),

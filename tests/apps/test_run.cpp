@@ -459,9 +459,13 @@ TEST_CASE("nanoddp-run --rdzv-endpoint: a node that leaves a running round ends 
   CHECK(contains(client.output(), "the nanoddp-run on 127.0.0.1 serving it"));
   // Well under the 60 s the workers would sleep; the bound is loose for a loaded machine.
   CHECK(took < 20.0);
-  CHECK(std::regex_search(server.output(),
-                          std::regex("node 1 \\(.*\\) (left the round before its workers "
-                                     "finished|lost: no heartbeat)")));
+  // The server sees node 1 leave (or fall silent); or, when the stop caught one of its own store
+  // calls mid-flight, that call timed out and it lost the store itself. Either way the round
+  // ends at once instead of waiting for its workers.
+  CHECK(std::regex_search(
+      server.output(),
+      std::regex("node 1 \\(.*\\) (left the round before its workers finished|lost: no "
+                 "heartbeat)|lost the rendezvous store|cannot reach the store")));
 }
 
 TEST_CASE("nanoddp-run --rdzv-endpoint: SIGTERM while waiting for the other nodes ends it") {

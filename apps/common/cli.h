@@ -106,12 +106,50 @@ inline void strict_numbers(CLI::App& app) {
 
 namespace detail {
 
+// A bound as CLI11 prints it (std::to_string: "1.010000", "1000000.000000") without the
+// trailing zeros: "1.01", "1000000".
+inline std::string plain_number(std::string text) {
+  if (text.find('.') == std::string::npos) return text;
+  while (!text.empty() && text.back() == '0') text.pop_back();
+  if (!text.empty() && text.back() == '.') text.pop_back();
+  return text;
+}
+
+// CLI::Range's words ("Value 0 not in range 0.000000 to 1797...", 309 digits, for
+// CLI::PositiveNumber) as a rule: "0 is out of range: it must be more than 0". PositiveNumber
+// and NonNegativeNumber both print their lower bound as "0.000000": a 0 refused is the
+// positive one's, a negative value breaks both ("must not be negative" is true of either).
+inline std::string plain_range(const std::string& what) {
+  const std::string value_word = "Value ", range_word = " not in range ", to_word = " to ";
+  const auto v = what.find(value_word);
+  const auto r = what.find(range_word, v == std::string::npos ? 0 : v);
+  if (v == std::string::npos || r == std::string::npos) return what;
+  const auto t = what.find(to_word, r + range_word.size());
+  if (t == std::string::npos) return what;
+  const std::string value = what.substr(v + value_word.size(), r - v - value_word.size());
+  const std::string low = what.substr(r + range_word.size(), t - r - range_word.size());
+  const std::string high = what.substr(t + to_word.size());
+  const double low_v = std::strtod(low.c_str(), nullptr);
+  const double high_v = std::strtod(high.c_str(), nullptr);
+  std::string rule;
+  if (high_v >= 1e300 && low_v == 0.0) {  // PositiveNumber or NonNegativeNumber
+    rule = value == "0" || std::strtod(value.c_str(), nullptr) == 0.0 ? "must be more than 0"
+                                                                      : "must not be negative";
+  } else if (high_v >= 1e300) {
+    rule = "must be at least " + plain_number(low);
+  } else {
+    rule = "must be from " + plain_number(low) + " to " + plain_number(high);
+  }
+  return what.substr(0, v) + "'" + value + "' is out of range: it " + rule;
+}
+
 // CLI11's words for a flag given twice ("--zero: At Most 1 required but received 2") say how
-// many values it counted, not what to do; anything else is kept as CLI11 says it.
+// many values it counted, not what to do; a range's bounds are put as a rule (plain_range);
+// anything else is kept as CLI11 says it.
 inline std::string plain_words(const std::string& what) {
   const std::string repeated = ": At Most 1 required but received ";
   const auto at = what.find(repeated);
-  if (at == std::string::npos) return what;
+  if (at == std::string::npos) return plain_range(what);
   return what.substr(0, at) + " is given " + what.substr(at + repeated.size()) +
          " times: give it once (a later value does not replace an earlier one)";
 }

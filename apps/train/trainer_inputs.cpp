@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "classification.h"
+#include "common/output_files.h"
 #include "nanoddp/comm/consistency.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/kernels/error.h"
@@ -121,11 +122,8 @@ void Trainer::check_paths_distinct() const {
   const Named all[] = {{"--save", &o_.save_path, true},        {"--trace", &o_.trace_path, true},
                        {"--metrics", &o_.metrics_path, true},  {"--data", &o_.data_path, false},
                        {"--targets", &o_.targets_path, false}, {"--init", &o_.init_path, false}};
-  const auto canonical = [](const std::string& path) {
-    std::error_code ec;
-    const std::filesystem::path c = std::filesystem::weakly_canonical(path, ec);
-    return ec ? std::filesystem::absolute(path).lexically_normal() : c;
-  };
+  // "f" and "./f", or a symlink to a file not written yet, name one file: compared resolved.
+  const auto canonical = [](const std::string& path) { return common::resolved_path(path); };
   for (std::size_t i = 0; i < std::size(all); ++i) {
     if (all[i].path->empty()) continue;
     for (std::size_t j = i + 1; j < std::size(all); ++j) {

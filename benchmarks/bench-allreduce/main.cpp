@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "common/cli.h"
+#include "common/load.h"
 #include "common/machine_info.h"
 #include "common/provenance.h"
 #include "common/stats.h"
@@ -251,20 +252,9 @@ int run(int argc, char** argv) {
         "--repeats N launches the job N times: give --nproc-per-node W too, and start "
         "nanoddp-bench-allreduce without a launcher");
   }
-  if (opt.nproc > 0) {
-    if (std::getenv("NANODDP_LAUNCHER_PID") != nullptr || std::getenv("RANK") != nullptr) {
-      return nanoddp::cli::usage_error(
-          "nanoddp-bench-allreduce",
-          "--nproc-per-node starts its own nanoddp-run jobs: run it without a launcher (or drop "
-          "--nproc-per-node and --repeats under one)");
-    }
-    return nanoddp::bench_allreduce::run_launches(argc, argv, opt.nproc, opt.repeats,
-                                                  opt.json_path);
-  }
-  if (opt.rounds == 0) opt.rounds = opt.vs_raw ? 5 : 1;
-
   // The values CLI11 cannot check itself: a mistake here is a usage error (exit 2), like a bad
-  // flag, not a failure of the run.
+  // flag, not a failure of the run; checked before --nproc-per-node launches anything, so the
+  // driver says it once, at once, rather than every rank after the job started.
   ReduceOp op{};
   Collective collective{};
   std::int64_t min_bytes = 0, max_bytes = 0;
@@ -292,6 +282,18 @@ int run(int argc, char** argv) {
   } catch (const nanoddp::Error& e) {
     return nanoddp::cli::usage_error("nanoddp-bench-allreduce", e.what());
   }
+  if (opt.nproc > 0) {
+    if (std::getenv("NANODDP_LAUNCHER_PID") != nullptr || std::getenv("RANK") != nullptr) {
+      return nanoddp::cli::usage_error(
+          "nanoddp-bench-allreduce",
+          "--nproc-per-node starts its own nanoddp-run jobs: run it without a launcher (or drop "
+          "--nproc-per-node and --repeats under one)");
+    }
+    return nanoddp::bench_allreduce::run_launches(argc, argv, opt.nproc, opt.repeats,
+                                                  opt.json_path);
+  }
+  if (opt.rounds == 0) opt.rounds = opt.vs_raw ? 5 : 1;
+
   const DType dtype = opt.dtype == "float" ? DType::kF32 : DType::kBF16;
   const std::size_t elem = nanoddp::dtype_size(dtype);
   const auto world_env = nanoddp::comm::world_from_env();
@@ -537,6 +539,7 @@ int run(int argc, char** argv) {
   std::int64_t wrong_total = 0;
 
   for (const std::int64_t count : counts) {
+    const double load_start = nanoddp::common::load_1m();
     const std::int64_t bytes = count * static_cast<std::int64_t>(elem);
     Tensor view = buffer.view(0, {count});
     Tensor send_view = send.view(0, {count});
@@ -680,6 +683,15 @@ int run(int argc, char** argv) {
       }
       fmt::print("\n");
       if (json) {
+        // The load around this size, as bench-ddp records it around a point (common/load.h):
+        // this node's ranks count in the load at the end.
+        const double load_end = nanoddp::common::load_1m();
+        std::vector<std::string> line_warnings = warnings;
+        if (const auto w =
+                nanoddp::common::load_warning(load_start, load_end, machine["cores"].get<int>(),
+                                              runner.world.local_world_size, "this size")) {
+          line_warnings.push_back(*w);
+        }
         // One line per series (out of place, in place; --vs-raw: then raw's in place).
         for (std::size_t m = 0; m < series.size(); ++m) {
           const double us = nanoddp::common::median(rounds_us[m]);
@@ -706,7 +718,8 @@ int run(int argc, char** argv) {
               {"warmup", opt.warmup},
               {"wrong", wrong[m]},
               {"algorithm", series[m].mode == Mode::kRaw && opt.vs_raw ? raw_algorithm : algorithm},
-              {"warnings", warnings},
+              {"load_average_1m", {load_start, load_end}},
+              {"warnings", line_warnings},
               {"machine", machine},
               {"provenance", provenance}};
           nanoddp::common::redact_strings(line);

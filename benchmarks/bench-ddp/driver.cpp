@@ -14,6 +14,7 @@
 #include <set>
 #include <tuple>
 
+#include "common/load.h"
 #include "common/machine_info.h"
 #include "common/output_files.h"
 #include "common/provenance.h"
@@ -193,11 +194,7 @@ nlohmann::ordered_json combine_repeats(const std::vector<nlohmann::ordered_json>
   return out;
 }
 
-// The 1-minute load average, or -1 when the system does not say.
-double load_1m() {
-  double load[1] = {-1};
-  return ::getloadavg(load, 1) == 1 ? load[0] : -1;
-}
+using common::load_1m;
 
 struct Paths {
   std::string self;         // this executable
@@ -384,6 +381,7 @@ class Sweep {
     if (!record) emit_failure(p, 1, true, last_problem_);
     if (record) {
       note_load(*record, load_start, 1);
+      if (!o_.zero_at_world_1_note.empty()) (*record)["zero_note"] = o_.zero_at_world_1_note;
       (*record)["scaling_efficiency"] = 1.0;
       (*record)["scaling_efficiency_repeats"] =
           std::vector<double>(static_cast<std::size_t>(o_.repeats), 1.0);
@@ -464,6 +462,10 @@ class Sweep {
       warnings.push_back(record["load_warning"].get<std::string>());
       record.erase("load_warning");
     }
+    if (record.contains("zero_note")) {
+      warnings.push_back(record["zero_note"].get<std::string>());
+      record.erase("zero_note");
+    }
     record["warnings"] = warnings;
     write(record);
   }
@@ -514,13 +516,9 @@ class Sweep {
   void note_load(nlohmann::ordered_json& record, double load_start, int threads_here) {
     const double load_end = load_1m();
     record["load_average_1m"] = {load_start, load_end};
-    // The point's own threads count in the load at its end; beyond them, someone else ran.
-    // (A 1-minute average lags: a heuristic that catches sustained outside load, not a blip.)
-    if (load_start > cores_ || load_end > cores_ + threads_here) {
-      record["load_warning"] = fmt::format(
-          "load average {:.2f} at the start, {:.2f} at the end of this point on {} core(s): "
-          "other processes competed for the cores, every time here may be inflated",
-          load_start, load_end, cores_);
+    if (const auto warning =
+            common::load_warning(load_start, load_end, cores_, threads_here, "this point")) {
+      record["load_warning"] = *warning;
     }
   }
 

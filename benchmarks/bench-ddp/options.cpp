@@ -182,6 +182,21 @@ void convert_lists(const ListFlags& f, Options& o) {
   deduplicate("--optimizer-in-backward", f.optimizer_in_backward, o.optimizer_in_backward, o.notes);
 }
 
+// One rank alone is the plain 1-process baseline (no DDP, nothing to shard): a ZeRO stage
+// asked at --world 1 is not measured there, which the note (and the baseline's record) says.
+void note_zero_at_world_1(Options& o) {
+  const bool any_zero = std::any_of(o.zero.begin(), o.zero.end(), [](int z) { return z > 0; });
+  if (any_zero && o.nnodes == 1 && !o.worker &&
+      std::find(o.world.begin(), o.world.end(), 1) != o.world.end()) {
+    o.notes.push_back(fmt::format(
+        "--zero {} at --world 1: one rank has no DDP and nothing to shard, so the 1-rank point is "
+        "the plain 1-process baseline (recorded with zero_stage 0), shared by every stage; ZeRO "
+        "stages are measured at --world 2 and up",
+        fmt::join(o.zero, ",")));
+    o.zero_at_world_1_note = o.notes.back();
+  }
+}
+
 // Checks between flags (what one flag's validator cannot see).
 void check_relations(const Options& o) {
   // (A worker finds the master through the launcher's variables.)
@@ -369,6 +384,7 @@ std::optional<Options> parse_options(int argc, const char* const* argv, int& exi
     o.scaling = scaling == "strong" ? Scaling::kStrong : Scaling::kWeak;
     convert_lists(lists, o);
     check_relations(o);
+    note_zero_at_world_1(o);
   } catch (const UsageError& e) {
     exit_code = cli::usage_error("nanoddp-bench-ddp", e.what());
     return std::nullopt;

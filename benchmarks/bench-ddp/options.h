@@ -53,6 +53,8 @@ struct Options {
   bool quiet = false;
   // Said once on stderr by the driver: values given twice in a list, measured once.
   std::vector<std::string> notes;
+  // The note above on --zero stages asked at --world 1 (also in the baseline's "warnings").
+  std::string zero_at_world_1_note;
 
   // Worker role (hidden from --help).
   bool worker = false;

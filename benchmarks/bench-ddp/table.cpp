@@ -90,6 +90,7 @@ void print_row(const nlohmann::ordered_json& r) {
     const std::string text = w.get<std::string>();
     flags += text.rfind("efficiency", 0) == 0     ? "eff>1 "
              : text.rfind("load average", 0) == 0 ? "load>cores "
+             : text.rfind("--zero", 0) == 0       ? "no-zero@1 "
                                                   : "ranks>cores ";
   }
   fmt::print(kRowFormat, c["world_size"].get<int>(), c["nnodes"].get<int>(),

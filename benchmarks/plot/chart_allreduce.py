@@ -1,8 +1,13 @@
 """nanoddp-bench-allreduce lines -> bus bandwidth (and time per op) against message size.
 
-One line per backend / mode (nanoddp ProcessGroup or raw gloo::allreduce) / transport (shared
-memory or TCP ring, read from the line's "algorithm" text), so runs with --raw and with
-NANODDP_SHM=0 land on one chart and the engine's overhead and the transports can be compared.
+One line per collective (all-reduce, and --collective reduce_scatter / allgather, labelled when
+the chart holds more than all-reduce) / backend / mode (nanoddp ProcessGroup or raw
+gloo::allreduce) / transport (shared memory or TCP ring, read from the line's "algorithm" text),
+so runs with --raw and with NANODDP_SHM=0 land on one chart and the engine's overhead and the
+transports can be compared. Records of different commands (--json aside: other -n, -w, -r,
+--repeats, --vs-raw...) are separate series ("run 1", "run 2", each run's command on stderr),
+as nanoddp-bench-ddp's are: a time per op amortised over other op counts or warm-ups is another
+measurement, not a rerun to merge into one error bar.
 """
 
 import re
@@ -23,20 +28,41 @@ def transport_of(record):
 
 
 MODE_NAMES = {"nanoddp": "nanoddp ProcessGroup", "raw": "raw gloo::allreduce"}
+COLLECTIVE_NAMES = {"allreduce": "all-reduce", "reduce_scatter": "reduce-scatter",
+                    "allgather": "all-gather"}
+
+# Runs: the commands that wrote the records (output path aside), numbered in reading order.
+_RUNS = []
+_OUTPUT_FLAGS = re.compile(r"\s--json(=|\s+)\S+")
+
+
+def _command_of(record):
+    p = record.get("provenance") if isinstance(record.get("provenance"), dict) else {}
+    command = p.get("command")
+    return _OUTPUT_FLAGS.sub("", command) if isinstance(command, str) else None
+
+
+def _run_of(record):
+    run = (_command_of(record), record.get("iters"), record.get("warmup"), record.get("rounds"))
+    if run not in _RUNS:
+        _RUNS.append(run)
+    return _RUNS.index(run) + 1
 
 
 def series_key(record):
     # Lines from before the column sets were in place.
-    return (record["backend"], record["mode"], transport_of(record), record["ranks"],
-            record.get("dtype", "float"), record.get("op", "sum"),
-            record.get("placement", "in-place"),
+    return (record.get("benchmark", "allreduce"), record["backend"], record["mode"],
+            transport_of(record), record["ranks"], record.get("dtype", "float"),
+            record.get("op", "sum"), record.get("placement", "in-place"),
             # --allow-mixed-builds: each build (commit, host) a series of its own.
-            record.get("_build"))
+            record.get("_build"), _run_of(record))
 
 
 def label_of(key, varying):
-    backend, mode, transport, ranks, dtype, op, placement, build = key
+    collective, backend, mode, transport, ranks, dtype, op, placement, build, run = key
     parts = [f"{backend}: {MODE_NAMES.get(mode, mode)}"]
+    if varying["collective"] or collective != "allreduce":
+        parts[0] = f"{COLLECTIVE_NAMES.get(collective, collective)}, {parts[0]}"
     if varying["placement"]:
         parts.append(placement)
     if transport:
@@ -49,10 +75,17 @@ def label_of(key, varying):
         parts.append(op)
     if build:
         parts.append(build)
+    if varying["run"]:
+        parts.append(f"run {run}")
     return ", ".join(parts)
 
 
 def plot(records, out_dir, written):
+    _RUNS.clear()
+    runs = {_run_of(r): _command_of(r) for r, _ in records}
+    if len(runs) > 1:
+        for run, command in sorted(runs.items()):
+            figure.note(f"nanoddp-bench-allreduce run {run}: {command or 'no command recorded'}")
     series = {}
     for record, where in records:
         # The same series and size more than once (reruns: separate launches) are kept, drawn
@@ -65,12 +98,17 @@ def plot(records, out_dir, written):
                     f"{merged[0][1]} bytes: {', '.join(w for _, w in merged[0][2])}): drawn as "
                     "their median with min-max error bars")
     # nanoddp before raw Gloo, shared memory before TCP: the same order (and colours) every time.
-    keys = sorted(series, key=lambda k: (k[0], k[1] != "nanoddp", k[1], k[2] != "shared memory",
-                                         k[2], k[3], k[4], k[5], k[6] != "in-place"))
+    keys = sorted(series, key=lambda k: (
+        list(COLLECTIVE_NAMES).index(k[0]) if k[0] in COLLECTIVE_NAMES else 3, k[0], k[1],
+        k[2] != "nanoddp", k[2], k[3] != "shared memory", k[3], k[4], k[5], k[6],
+        k[7] != "in-place", k[9]))
     varying = {
         name: len({key[i] for key in keys}) > 1
-        for i, name in ((3, "ranks"), (4, "dtype"), (5, "op"), (6, "placement"))
+        for i, name in ((0, "collective"), (4, "ranks"), (5, "dtype"), (6, "op"),
+                        (7, "placement"))
     }
+    # "run N" only where it tells series apart (runs also differ in what the labels show).
+    varying["run"] = len({key[:9] for key in keys}) < len(keys)
     fig, axes = figure.new_figure(ncols=2, width=10.5, height=4.4)
     bw_ax, time_ax = axes[0]
     for i, key in enumerate(keys):
@@ -100,15 +138,22 @@ def plot(records, out_dir, written):
         ax.set_xlabel("message size (bytes, log scale)")
         ax.grid(True, which="major", alpha=0.3)
     bw_ax.set_ylabel("bus bandwidth (GB/s, log scale)")
-    bw_ax.set_title("busbw = algbw · 2(n−1)/n", fontsize=10)
-    time_ax.set_ylabel("time per all-reduce (µs, log scale)")
+    collectives = [c for c in COLLECTIVE_NAMES if c in {key[0] for key in keys}]
+    if collectives == ["allreduce"]:
+        bw_ax.set_title("busbw = algbw · 2(n−1)/n", fontsize=10)
+        time_ax.set_ylabel("time per all-reduce (µs, log scale)")
+    else:  # nccl-tests' factors: 2(n-1)/n for all-reduce, (n-1)/n for the other two
+        bw_ax.set_title("busbw = algbw · 2(n−1)/n (all-reduce), · (n−1)/n (" +
+                        ", ".join(COLLECTIVE_NAMES[c] for c in collectives if c != "allreduce") +
+                        ")", fontsize=8)
+        time_ax.set_ylabel("time per op (µs, log scale)")
     time_ax.set_title("time per op, mean over ranks (bars: min-max rounds/runs)", fontsize=9)
     handles, labels = bw_ax.get_legend_handles_labels()
     ncol = 2 if len(labels) > 3 else 1
     legend_rows = (len(labels) + ncol - 1) // ncol
     fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=ncol,
                bbox_to_anchor=(0.5, 0.07), frameon=False)
-    ranks = sorted({key[3] for key in keys})
+    ranks = sorted({key[4] for key in keys})
     fig.suptitle(f"nanoddp-bench-allreduce: {'/'.join(map(str, ranks))} ranks", fontsize=11)
     machines = []
     for record, _ in records:
@@ -121,5 +166,6 @@ def plot(records, out_dir, written):
     figure.footnote(fig, sources + (f"; {'; '.join(machines)}" if machines else ""),
                     [r for r, _ in records])
     fig.tight_layout(rect=(0, 0.1 + 0.035 * legend_rows, 1, 1))
-    figure.save(fig, out_dir, "allreduce_busbw", "all-reduce bus bandwidth and time vs message "
+    what = "/".join(COLLECTIVE_NAMES[c] for c in collectives)
+    figure.save(fig, out_dir, "allreduce_busbw", f"{what} bus bandwidth and time vs message "
                 f"size ({len(keys)} series)", written)

@@ -28,7 +28,8 @@ from matplotlib.patches import Patch
 # Config fields that tell two scaling series apart, in label order. Not the ones that follow from
 # the world size (backend: none on one process; nnodes, global batch, buckets).
 SERIES_FIELDS = ["hidden", "layers", "in", "out", "activation", "device", "scaling",
-                 "batch_per_rank", "global_batch", "threads", "comm_hook", "first_bucket_mb", "bucket_cap_mb",
+                 "batch_per_rank", "global_batch", "threads", "comm_hook", "zero_stage", "first_bucket_mb",
+                 "bucket_cap_mb",
                  "optimizer_in_backward", "overlap", "run", "_build"]
 # What is on the breakdown chart's x axis or side by side, not a panel of its own.
 BAR_FIELDS = {"bucket_cap_mb", "overlap"}
@@ -55,6 +56,7 @@ def _field_text(name, value):
         "global_batch": lambda v: f"global batch {v}",
         "threads": lambda v: f"{v} thread{'s' if v != 1 else ''}",
         "comm_hook": lambda v: f"hook {v}",
+        "zero_stage": lambda v: f"ZeRO-{v}",
         "first_bucket_mb": lambda v: f"first bucket {_mb(v)}",
         "bucket_cap_mb": lambda v: f"buckets {_mb(v)}",
         "overlap": lambda v: "overlap on" if v else "overlap off",
@@ -91,12 +93,15 @@ def _series_config(record):
     c = dict(record["config"])
     c["batch_per_rank" if c.get("scaling") == "strong" else "global_batch"] = None
     c["run"] = _run_of(record)
+    # ZeRO stage 0 is plain DDP, as in records from before --zero: no label, the same series.
+    c["zero_stage"] = c.get("zero_stage") or None
     c["_build"] = record.get("_build")
     return c
 
 
 # Fields a plain 1-process baseline does not have (no DDP): it serves every value of them.
-DDP_FIELDS = {"comm_hook", "first_bucket_mb", "bucket_cap_mb", "optimizer_in_backward", "overlap"}
+DDP_FIELDS = {"comm_hook", "zero_stage", "first_bucket_mb", "bucket_cap_mb",
+              "optimizer_in_backward", "overlap"}
 
 
 def _is_baseline(record):

@@ -91,7 +91,7 @@ footnote+=" $(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) cpus, load at start $load
   --title "nanoddp-train, 2 ranks, overlap on (default): bucket all-reduces start during backward" \
   --footnote "$footnote"
 "$python" "$plot/plot_trace.py" "$traces/overlap.json" --compare "$traces/no_overlap.json" \
-  --out "$out/trace_overlap_on_off.png" \
+  --labels "overlap on,overlap off" --out "$out/trace_overlap_on_off.png" \
   --title "nanoddp-train, 2 ranks: overlap on (default) and --no-overlap, one time axis" \
   --footnote "${footnote/--trace/--trace (and --no-overlap --trace)}"
 "$python" "$plot/plot_trace.py" "$traces/zero2.json" --out "$out/trace_zero2.png" \

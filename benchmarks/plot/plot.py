@@ -11,8 +11,11 @@ one benchmark from several files share its charts (e.g. runs with and without --
   nanoddp-bench-allreduce --json  allreduce_busbw.png bus bandwidth vs message size
   nanoddp-bench-gemm --json       gemm_gflops.png     GFLOP/s vs size, nanoddp vs Eigen
                                   gemm_mlp.png        GFLOP/s of the MLP's GEMM shapes
-It prints one "wrote PATH: what" line per chart. A missing or empty file, or a line it does not
-recognise, is an error naming the file and line (exit code 2).
+nanoddp-bench-allreduce --collective reduce_scatter / allgather lines are drawn on the all-reduce
+chart, a series per collective. It prints one "wrote PATH: what" line per chart. A missing or
+empty file, or a line it does not recognise, is an error naming the file and line (exit code 2).
+Files that hold no record a chart can show (every nanoddp-bench-ddp point failed) write no chart:
+said on stderr, exit code 1, so that a script does not take the missing charts for drawn ones.
 
 Needs Debian's python3-matplotlib (the Agg backend: no display needed). The shebang is
 /usr/bin/python3 because that is the interpreter Debian's packages are installed for.
@@ -51,6 +54,10 @@ def main(argv):
     except InputError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    if not by_kind:
+        print(f"{PROG}: error: no chart written: the files hold no record a chart can show "
+              "(every one a failed point, named above)", file=sys.stderr)
+        return 1
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
@@ -74,6 +81,9 @@ def main(argv):
         charts[kind].plot(by_kind[kind], args.out, written)
         if len(written) == before:
             print(f"{PROG}: note: the {kind} lines hold nothing these charts show", file=sys.stderr)
+    if not written:
+        print(f"{PROG}: error: no chart written (see the notes above)", file=sys.stderr)
+        return 1
     return 0
 
 

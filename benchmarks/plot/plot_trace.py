@@ -30,7 +30,10 @@ and how many threads (per rank: compute and the communication worker) shared how
 --compare draws a second trace's step (e.g. --no-overlap) below the first on the same time axis,
 both from 0, with each step's end and the difference marked; the header gives each run's step and
 threads apart (the runs did not share the cores), and without --step the second trace shows the
-same step number as the first when it has it.
+same step number as the first when it has it. Without --labels each trace is named by what its
+step shows: "DDP", "ZeRO-1" or "ZeRO-2", then "overlapped" or "not overlapped" where the bucket
+collectives tell (with one bucket they cannot; it is what the step shows, not the flag: under
+load an overlap-on step may show none), and the file name when the two read the same.
 
 A step runs from the first span after the previous "optimizer step" to the end of its own
 "optimizer step" (on each rank; the window covers all ranks, and the neighbouring steps' spans in
@@ -89,8 +92,10 @@ def parse_args(argv):
                         help="a second trace (e.g. the same run with --no-overlap): its step is "
                              "drawn below the first on the same time axis, both starting at 0, "
                              "with the step-time difference marked")
-    parser.add_argument("--labels", metavar="A,B", default="overlap on,overlap off",
-                        help="names of the two traces with --compare (default: %(default)s)")
+    parser.add_argument("--labels", metavar="A,B",
+                        help="names of the two traces with --compare (default: read from each "
+                        "trace's spans: DDP, ZeRO-1 or ZeRO-2, and overlapped or not where the "
+                        "step shows it)")
     parser.add_argument("--cores", type=int, metavar="N",
                         help="cores of the machine that ran the trace, stated on the chart with "
                              "the threads that shared them (default: this machine's count)")
@@ -108,7 +113,7 @@ def parse_args(argv):
         parser.error(f"--step {args.step}: steps count from 1")
     if args.compare is not None and args.from_ms is not None:
         parser.error("--compare aligns the two traces' steps; pass --step, not --from-ms/--to-ms")
-    if len(args.labels.split(",")) != 2:
+    if args.labels is not None and len(args.labels.split(",")) != 2:
         parser.error(f"--labels {args.labels!r}: two names separated by a comma")
     if args.cores is not None and args.cores < 1:
         parser.error(f"--cores {args.cores}: at least 1")
@@ -561,6 +566,23 @@ def summary_lines(ranks, spans, lo, hi, own):
     return lines
 
 
+def derived_label(ranks, spans, lo, hi, own):
+    """What a trace's step shows it ran, for --compare without --labels (a trace holds no command
+    line): "ZeRO-2" (reduce-scatters), "ZeRO-1" (all-reduces, then the parameter all-gather) or
+    "DDP"; then "overlapped" when a bucket collective started before backward ended, "not
+    overlapped" when each rank had several and none did (with one bucket, neither can be told).
+    What the drawn step shows, not the flags: under load an overlap-on step may show none."""
+    summary = overlap_summary(ranks, spans, lo, hi, own)
+    kinds = {bucket_collective(e["name"])[0] for row in summary for e in row[2]}
+    gathers = any(row[5] > 0 for row in summary)
+    label = "ZeRO-2" if "reduce-scatter" in kinds else "ZeRO-1" if gathers else "DDP"
+    if any(row[3] > 0 for row in summary):
+        label += ", overlapped"
+    elif summary and all(len(row[2]) > 1 for row in summary):
+        label += ", not overlapped"
+    return label
+
+
 def thread_count(spans):
     """Per rank, each track with spans is a thread (compute, the communication worker)."""
     return len({(e["pid"], e["track"]) for e in spans
@@ -587,9 +609,16 @@ def main(argv):
         label_backward_spans(spans, instants)
         lines = summary_lines(ranks, spans, lo, hi, own)
         if args.compare is not None:
-            names = args.labels.split(",")
             ranks2, spans2, instants2 = load(args.compare)
             own2, lo2, hi2, what2, _ = pick_step(args, args.compare, spans2, ranks2, prefer=step)
+            if args.labels is not None:
+                names = args.labels.split(",")
+            else:
+                names = [derived_label(ranks, spans, lo, hi, own),
+                         derived_label(ranks2, spans2, lo2, hi2, own2)]
+                if names[0] == names[1]:  # the spans do not tell them apart: the file names do
+                    names = [f"{names[0]} ({os.path.basename(args.trace)})",
+                             f"{names[1]} ({os.path.basename(args.compare)})"]
             # Each run's own threads: the two ran one after the other, not at the same time.
             threads = (f"{names[0]}: {threads}; "
                        f"{names[1]}: {threads_text(spans2, ranks2)}")
@@ -610,8 +639,9 @@ def main(argv):
             marks = [(first_end, f"{names[0]}: {first_end - lo:.2f} ms "),
                      (second_end, f"{names[1]}: {second_end - lo:.2f} ms "
                                   f"(difference {second_end - first_end:+.2f} ms) ")]
-            what = (f"{names[0]}: {what}; "
-                    f"{names[1]} ({os.path.basename(args.compare)}): {what2}")
+            second = names[1] if os.path.basename(args.compare) in names[1] else \
+                f"{names[1]} ({os.path.basename(args.compare)})"
+            what = f"{names[0]}: {what}; {second}: {what2}"
             hi = max(hi, second_end)
         if args.from_ms is None:
             # A little room on both sides, so the first and last bars are not cut by the frame.

@@ -3,7 +3,8 @@ fields the charts read, so a wrong file fails with its name and line number, not
 
 Kinds (the field that tells them apart):
   ddp        {"bench": "ddp", ...}            nanoddp-bench-ddp --json
-  allreduce  {"benchmark": "allreduce", ...}  nanoddp-bench-allreduce --json
+  allreduce  {"benchmark": "allreduce", ...}  nanoddp-bench-allreduce --json (also
+             "reduce_scatter", "allgather": its --collective, drawn on the same chart)
   gemm       {"benchmark": "gemm", ...}       nanoddp-bench-gemm --json
 """
 
@@ -68,11 +69,17 @@ DESCRIPTION = {
 }
 
 
+# nanoddp-bench-allreduce's --collective values, as its lines' "benchmark" field.
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
+
+
 def kind_of(obj):
     if obj.get("bench") == "ddp":
         return "ddp"
-    if obj.get("benchmark") in ("allreduce", "gemm"):
-        return obj["benchmark"]
+    if obj.get("benchmark") in COLLECTIVES:
+        return "allreduce"
+    if obj.get("benchmark") == "gemm":
+        return "gemm"
     return None
 
 
@@ -132,8 +139,9 @@ def read_file(path):
             fields = ", ".join(list(obj)[:6])
             raise InputError(
                 f"{where}: not a line of nanoddp-bench-ddp, nanoddp-bench-allreduce or "
-                f"nanoddp-bench-gemm (no \"bench\": \"ddp\" or \"benchmark\": \"allreduce\"/"
-                f"\"gemm\"; its fields: {fields or 'none'})")
+                f"nanoddp-bench-gemm (no \"bench\": \"ddp\" or \"benchmark\": "
+                f"\"allreduce\"/\"reduce_scatter\"/\"allgather\"/\"gemm\"; its fields: "
+                f"{fields or 'none'})")
         if kind == "ddp" and obj.get("error"):
             # A point that failed (nanoddp-bench-ddp records it): nothing to draw, said so.
             _note(f"{where}: a failed point, not drawn: {obj['error']}")

@@ -442,6 +442,33 @@ TEST_CASE("bench-ddp: --zero 0,1,2 shards the optimizer state, then the averaged
   CHECK(rows[2][optst] != rows[3][optst]);  // 0.06 against 0.03 MiB: visible at two decimals
 }
 
+TEST_CASE("bench-ddp: --zero at --world 1 is said: the 1-rank point is the plain baseline") {
+  // A tester's finding: --zero 1,2 --world 1 gave one row (zero_stage 0) and no word that the
+  // stages asked were not measured.
+  TempDir dir;
+  const std::string path = dir.file("z.jsonl");
+  const ProcessResult r = bench({"--world", "1", "--hidden", "16", "--layers", "1", "--batch", "8",
+                                 "--steps", "2", "--warmup", "1", "--zero", "1,2", "--json", path});
+  INFO(r.output);
+  REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
+  const std::string said = "--zero 1,2 at --world 1: one rank has no DDP and nothing to shard";
+  CHECK(r.output.find("nanoddp-bench-ddp: note: " + said) != std::string::npos);
+  CHECK(r.output.find("no-zero@1") != std::string::npos);  // the table's flag
+  const std::vector<json> lines = read_lines(path);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0]["baseline"] == true);
+  bool noted = false;
+  for (const auto& w : lines[0]["warnings"]) {
+    noted = noted || w.get<std::string>().rfind(said, 0) == 0;
+  }
+  CHECK(noted);
+  // Without a ZeRO stage asked, or without world 1, nothing is said.
+  const ProcessResult plain = bench({"--world", "1", "--hidden", "16", "--layers", "1", "--batch",
+                                     "8", "--steps", "2", "--warmup", "1", "--zero", "0"});
+  CHECK(plain.exit_code == 0);
+  CHECK(plain.output.find("at --world 1") == std::string::npos);
+}
+
 TEST_CASE("bench-ddp: a job that overruns --timeout is stopped and named") {
   const ProcessResult r = bench({"--world", "1", "--hidden", "16", "--layers", "1", "--steps",
                                  "100000000", "--warmup", "0", "--timeout", "1"});

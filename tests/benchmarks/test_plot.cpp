@@ -306,6 +306,95 @@ TEST_CASE("plot.py: values a chart cannot show, failed points and mixed builds a
   CHECK(contains(failed.output, "failed.jsonl:13: a failed point, not drawn: the job failed"));
 }
 
+TEST_CASE("plot.py: collectives, ZeRO stages and commands are series of their own") {
+  const std::string py = python();
+  TempDir dir;
+  const auto bench_allreduce = [&](const std::vector<std::string>& flags, const std::string& file) {
+    std::vector<std::string> argv = {bin_path("nanoddp-bench-allreduce"),
+                                     "--nproc-per-node",
+                                     "2",
+                                     "-b",
+                                     "8",
+                                     "-e",
+                                     "1K",
+                                     "-f",
+                                     "8",
+                                     "-w",
+                                     "1"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), {"--json", dir.file(file)});
+    run_ok(argv);
+  };
+  // --collective reduce_scatter / allgather lines (refused as "not a line of ..." before): a
+  // series per collective, named.
+  bench_allreduce({"-n", "2", "--collective", "reduce_scatter"}, "rs.jsonl");
+  bench_allreduce({"-n", "2", "--collective", "allgather"}, "ag.jsonl");
+  bench_allreduce({"-n", "2"}, "ar.jsonl");
+  const std::string out = dir.file("charts");
+  const ProcessResult rs = run_ok({py, script("plot.py"), "--out", out, dir.file("rs.jsonl")});
+  check_chart(rs, out + "/allreduce_busbw.png");
+  CHECK(contains(rs.output, "reduce-scatter bus bandwidth"));
+  const ProcessResult all = run_ok({py, script("plot.py"), "--out", out, dir.file("rs.jsonl"),
+                                    dir.file("ag.jsonl"), dir.file("ar.jsonl")});
+  check_chart(all, out + "/allreduce_busbw.png");
+  CHECK(contains(all.output, "(6 series)"));  // 3 collectives x in place, out of place
+  {
+    std::ifstream svg(out + "/allreduce_busbw.svg");
+    const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+    CHECK(contains(text, "reduce-scatter, gloo: nanoddp ProcessGroup"));
+    CHECK(contains(text, "all-gather, gloo: nanoddp ProcessGroup"));
+    CHECK(contains(text, "all-reduce, gloo: nanoddp ProcessGroup"));
+  }
+  // Another -n (ops per round) is another command: its own series, as docs/benchmarks.md says,
+  // not one error bar over both (the footnote read "2–3 ops/round").
+  bench_allreduce({"-n", "3"}, "ar3.jsonl");
+  const ProcessResult runs =
+      run_ok({py, script("plot.py"), "--out", out, dir.file("ar.jsonl"), dir.file("ar3.jsonl")});
+  CHECK(contains(runs.output, "(4 series)"));
+  CHECK(contains(runs.output, "nanoddp-bench-allreduce run 1: "));
+  CHECK(contains(runs.output, "nanoddp-bench-allreduce run 2: "));
+  CHECK(!contains(runs.output, "measured more than once"));
+  {
+    std::ifstream svg(out + "/allreduce_busbw.svg");
+    const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+    CHECK(contains(text, "run 2"));
+  }
+
+  // ZeRO stages: a series each ("ZeRO-1", "ZeRO-2"; stage 0 unlabelled), not one line whose
+  // error bars span the stages.
+  run_ok({bin_path("nanoddp-bench-ddp"), "--world", "1,2", "--zero", "0,1,2", "--hidden", "16",
+          "--layers", "1", "--batch", "8", "--steps", "2", "--warmup", "1", "--quiet", "--json",
+          dir.file("ddp.jsonl")});
+  const ProcessResult zero = run_ok({py, script("plot.py"), "--out", out, dir.file("ddp.jsonl")});
+  check_chart(zero, out + "/ddp_scaling.png");
+  CHECK(contains(zero.output, "(3 configurations)"));
+  CHECK(contains(zero.output, "(3 panels)"));
+  CHECK(!contains(zero.output, "min-max error bars"));  // nothing merged
+  std::ifstream svg(out + "/ddp_scaling.svg");
+  const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  CHECK(contains(text, "ZeRO-1, buckets 25 MiB"));
+  CHECK(contains(text, "ZeRO-2, buckets 25 MiB"));
+  CHECK(!contains(text, "ZeRO-0"));
+}
+
+TEST_CASE("plot.py: files whose every point failed write no chart and exit 1, saying so") {
+  const std::string py = python();
+  TempDir dir;
+  // A real failed point: the job overruns --timeout (nanoddp-bench-ddp writes an "error" row).
+  const ProcessResult failed = run_process(
+      {bin_path("nanoddp-bench-ddp"), "--world", "1", "--hidden", "16", "--layers", "1", "--steps",
+       "100000000", "--warmup", "0", "--timeout", "1", "--quiet", "--json", dir.file("to.jsonl")},
+      quick());
+  REQUIRE_MESSAGE(failed.exit_code == 1, failed.output);
+  const ProcessResult r =
+      run_process({py, script("plot.py"), "--out", dir.file("out"), dir.file("to.jsonl")}, quick());
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(contains(r.output, "a failed point, not drawn"));
+  CHECK(contains(r.output, "plot.py: error: no chart written"));
+  CHECK(!fs::exists(dir.file("out/ddp_scaling.png")));
+}
+
 TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overlap on and off") {
   const std::string py = python();
   TempDir dir;
@@ -375,9 +464,10 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
     CHECK(!fs::exists(dir.file("beyond.png")));
   }
   // Overlap on and off on one time axis: both steps' summaries and their difference.
-  const ProcessResult both = run_ok({py, script("plot_trace.py"), dir.file("overlap.json"),
-                                     "--compare", dir.file("no_overlap.json"), "--step", "2",
-                                     "--cores", "2", "--out", dir.file("both.png")});
+  const ProcessResult both =
+      run_ok({py, script("plot_trace.py"), dir.file("overlap.json"), "--compare",
+              dir.file("no_overlap.json"), "--step", "2", "--labels", "overlap on,overlap off",
+              "--cores", "2", "--out", dir.file("both.png")});
   INFO(both.output);
   check_chart(both, dir.file("both.png"));
   CHECK(contains(both.output, "4 rank(s)"));
@@ -398,9 +488,9 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
   CAPTURE(length);
   CHECK(contains(both.output, "step overlap on: " + length + " ms"));
   // Without --step both runs show the same step number (the first trace's median step).
-  const ProcessResult same =
-      run_ok({py, script("plot_trace.py"), dir.file("overlap.json"), "--compare",
-              dir.file("no_overlap.json"), "--out", dir.file("same.png")});
+  const ProcessResult same = run_ok({py, script("plot_trace.py"), dir.file("overlap.json"),
+                                     "--compare", dir.file("no_overlap.json"), "--labels",
+                                     "overlap on,overlap off", "--out", dir.file("same.png")});
   INFO(same.output);
   const std::size_t first = same.output.find("overlap on: step ");
   REQUIRE(first != std::string::npos);
@@ -517,6 +607,27 @@ TEST_CASE("plot_trace.py: timelines of real 2-rank nanoddp-train --zero 1 and --
   std::ifstream svg(dir.file("both.svg"));
   const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
   CHECK(contains(text, "all-reduce / reduce-scatter bucket b0"));
+
+  // Without --labels each trace is named by what its spans show (a trace holds no command
+  // line), not "overlap on"/"overlap off" whatever it holds.
+  run_ok({bin_path("nanoddp-run"), "--nproc-per-node", "2", bin_path("nanoddp-train"), "--hidden",
+          "64", "--layers", "2", "--batch", "16", "--steps", "4", "--first-bucket-mb", "0.001",
+          "--bucket-cap-mb", "0.01", "--quiet", "--trace", dir.file("ddp.json")});
+  const ProcessResult derived =
+      run_ok({py, script("plot_trace.py"), dir.file("zero2.json"), "--compare",
+              dir.file("ddp.json"), "--step", "2", "--out", dir.file("derived.png")});
+  INFO(derived.output);
+  check_chart(derived, dir.file("derived.png"));
+  CHECK(!contains(derived.output, "overlap on"));
+  CHECK(!contains(derived.output, "overlap off"));
+  CHECK(contains(derived.output, "  ZeRO-2"));
+  CHECK(contains(derived.output, "  DDP"));
+  CHECK(contains(derived.output, "rank 0: 3 reduce-scatter(s)"));
+  const ProcessResult stages =
+      run_ok({py, script("plot_trace.py"), dir.file("zero1.json"), "--compare",
+              dir.file("zero2.json"), "--step", "2", "--out", dir.file("stages.png")});
+  CHECK(contains(stages.output, "timeline of ZeRO-1"));
+  CHECK(contains(stages.output, "; ZeRO-2"));
 }
 
 TEST_CASE("plot scripts: bad input exits 2 naming the file and the line") {

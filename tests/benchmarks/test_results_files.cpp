@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -205,6 +206,105 @@ TEST_CASE(
   CHECK(rep.output.find("--json /dev/full: writing the results failed") != std::string::npos);
 }
 
+TEST_CASE("results files: two outputs are compared by the file they resolve to, before writing") {
+  // A tester's finding: "--json x.jsonl --csv ./x.jsonl" (and a symlink to a file not written
+  // yet) passed the check while the file did not exist, and the CSV overwrote the JSON lines.
+  TempDir dir;
+  ProcessOptions in_dir = quick();
+  in_dir.working_directory = dir.path();
+  REQUIRE(::symlink("y.jsonl", dir.file("ylink").c_str()) == 0);
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"x.jsonl", "./x.jsonl"}, {"x.jsonl", "sub/../x.jsonl"}, {"y.jsonl", "ylink"}};
+  std::filesystem::create_directory(dir.file("sub"));
+  for (const auto& [json_path, csv_path] : pairs) {
+    CAPTURE(csv_path);
+    const ProcessResult r = run_process(with({bin_path("nanoddp-bench-ddp"), "--world", "1",
+                                              "--quiet", "--json", json_path, "--csv", csv_path},
+                                             kTinyDdp),
+                                        in_dir);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("are the same file") != std::string::npos);
+    CHECK(!std::filesystem::exists(dir.file(json_path)));  // refused before anything is written
+  }
+  // nanoddp-train's outputs through the same helper (common/output_files.h).
+  const std::vector<std::pair<std::string, std::string>> train_pairs = {
+      {"--trace", "./m.csv"}, {"--trace", "ylink"}, {"--save", "./m.csv"}};
+  for (const auto& [flag, path] : train_pairs) {
+    CAPTURE(flag);
+    CAPTURE(path);
+    const std::string metrics = path == "ylink" ? "y.jsonl" : "m.csv";
+    const ProcessResult r =
+        run_process({bin_path("nanoddp-train"), "--hidden", "8", "--layers", "1", "--steps", "1",
+                     "--quiet", "--metrics", metrics, flag, path},
+                    in_dir);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("name the same file") != std::string::npos);
+    CHECK(!std::filesystem::exists(dir.file(metrics)));
+  }
+}
+
+TEST_CASE("results files: bench-allreduce's driver refuses a bad value before it launches") {
+  // --nproc-per-node: the values are checked by the driver (exit 2, once), not by every rank of
+  // a job that was started for nothing.
+  ProcessOptions options = quick();
+  options.timeout = std::chrono::seconds(25);
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{"--repeats", "3", "--collective", "foo"}, "--collective foo: expected allreduce"},
+      {{"--collective", "allgather", "--op", "sum"}, "an allgather reduces nothing"},
+      {{"--collective", "reduce_scatter", "--raw"}, "--raw and --vs-raw measure gloo::allreduce"},
+      {{"--op", "prod"}, "--op prod"},
+      // CLI11's range check, in words (it printed DBL_MAX's 309 digits).
+      {{"-r", "0"}, "--rounds: '0' is out of range: it must be more than 0"},
+      {{"-w", "-1"}, "--warmup_iters: '-1' is out of range: it must not be negative"},
+      {{"-f", "1"}, "--stepfactor: '1' is out of range: it must be from 1.01 to 1000000"},
+      {{"--repeats", "0"}, "--repeats: '0' is out of range: it must be from 1 to 1000"},
+  };
+  for (const Case& c : cases) {
+    const ProcessResult r = run_process(
+        with({bin_path("nanoddp-bench-allreduce"), "--nproc-per-node", "2", "-b", "8", "-e", "8"},
+             c.args),
+        options);
+    INFO(r.output);
+    CHECK(!r.timed_out);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(c.expected) != std::string::npos);
+    CHECK(r.output.find("# launch") == std::string::npos);  // nothing was launched
+    CHECK(r.output.find("nanoddp-run") == std::string::npos);
+    CHECK(r.output.find("179769313") == std::string::npos);
+  }
+}
+
+TEST_CASE("results files: bench-allreduce records the load around each size, as bench-ddp does") {
+  TempDir dir;
+  const ProcessResult r = run_process(with({bin_path("nanoddp-bench-allreduce"), "--nproc-per-node",
+                                            "2", "--json", dir.file("a.jsonl")},
+                                           kTinyAllreduce),
+                                      quick());
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const auto lines = read_lines(dir.file("a.jsonl"));
+  REQUIRE(!lines.empty());
+  for (const json& line : lines) {
+    // [at the start, at the end of the size]; the warning exactly when bench-ddp's rule says:
+    // above the cores at the start, or above the cores plus this node's ranks at the end.
+    const json& load = line.at("load_average_1m");
+    REQUIRE(load.size() == 2);
+    const double start = load[0].get<double>(), end = load[1].get<double>();
+    const int cores = line.at("machine").at("cores").get<int>();
+    bool warned = false;
+    for (const auto& w : line.at("warnings")) {
+      warned = warned || w.get<std::string>().rfind("load average", 0) == 0;
+    }
+    CAPTURE(load.dump());
+    CHECK(warned == (start > cores || end > cores + 2));
+  }
+}
+
 TEST_CASE("results files: bench-allreduce under nanoddp-run: usage errors exit 2 at once") {
   // NANODDP_TIMEOUT_S is 30 and the test's limit 25 s: an error found only after the process
   // group formed (and a peer timed out) fails here.
@@ -287,8 +387,12 @@ TEST_CASE("results files: --vs-raw over shared memory says it compares two trans
   CHECK(r.output.find("# warning: --vs-raw: the process group reduces through shared memory") !=
         std::string::npos);
   for (const json& l : lines) {
-    REQUIRE(l["warnings"].size() == 1);
+    // The transports' warning first; on a loaded machine the load's may follow (and only it).
+    REQUIRE(!l["warnings"].empty());
     CHECK(l["warnings"][0].get<std::string>().find("NANODDP_SHM=0") != std::string::npos);
+    for (std::size_t i = 1; i < l["warnings"].size(); ++i) {
+      CHECK(l["warnings"][i].get<std::string>().rfind("load average", 0) == 0);
+    }
   }
 }
 

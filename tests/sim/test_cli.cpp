@@ -6,20 +6,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "sim/sim_runs.h"
 #include "support/subprocess.h"
 
 using namespace nanoddp::testing;
-
-namespace {
-
-ProcessResult sim(std::vector<std::string> args) {
-  args.insert(args.begin(), bin_path("nanoddp-sim"));
-  ProcessOptions options;
-  options.timeout = std::chrono::seconds(60);
-  return run_process(args, options);
-}
-
-}  // namespace
 
 TEST_CASE("cli: the FLOP model on 4 nodes prints the step, the sweeps and the best cap") {
   const ProcessResult r =

@@ -13,18 +13,12 @@
 #include <sstream>
 
 #include "benchmarks/sim/file_digest.h"
+#include "sim/sim_runs.h"
 #include "support/subprocess.h"
 
 using namespace nanoddp::testing;
 
 namespace {
-
-ProcessResult sim(std::vector<std::string> args) {
-  args.insert(args.begin(), bin_path("nanoddp-sim"));
-  ProcessOptions options;
-  options.timeout = std::chrono::seconds(60);
-  return run_process(args, options);
-}
 
 bool has(const ProcessResult& r, const std::string& text) {
   return r.output.find(text) != std::string::npos;
@@ -73,14 +67,6 @@ void bench(const std::string& json, bool shm, std::vector<std::string> extra = {
   REQUIRE_MESSAGE(
       algorithm.find(shm ? "transport: shared memory" : "transport: TCP ring") != std::string::npos,
       algorithm);
-}
-
-const std::vector<std::string> kModel = {"--model", "mlp", "--hidden", "256", "--layers", "2"};
-
-std::vector<std::string> model(std::vector<std::string> extra) {
-  std::vector<std::string> args = kModel;
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
 }
 
 }  // namespace

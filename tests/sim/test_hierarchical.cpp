@@ -10,6 +10,7 @@
 #include "benchmarks/sim/error.h"
 #include "benchmarks/sim/network_model.h"
 #include "benchmarks/sim/step_model.h"
+#include "sim/sim_runs.h"
 #include "support/subprocess.h"
 
 using namespace nanoddp::sim;
@@ -54,13 +55,6 @@ ComputeProfile one_rank_profile() {
   p.other_ms = 0.25;
   p.measured = MeasuredStep{.world_size = 1};
   return p;
-}
-
-ProcessResult sim(std::vector<std::string> args) {
-  args.insert(args.begin(), bin_path("nanoddp-sim"));
-  ProcessOptions options;
-  options.timeout = std::chrono::seconds(60);
-  return run_process(args, options);
 }
 
 // nanoddp-bench-allreduce rows on exactly the line T(S) = a_us + S / bytes_per_us.

@@ -10,32 +10,18 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "sim/sim_runs.h"
 #include "support/subprocess.h"
 
 using namespace nanoddp::testing;
 
 namespace {
 
-ProcessResult sim(std::vector<std::string> args) {
-  args.insert(args.begin(), bin_path("nanoddp-sim"));
-  ProcessOptions options;
-  options.timeout = std::chrono::seconds(60);
-  return run_process(args, options);
-}
-
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
-}
-
-const std::vector<std::string> kModel = {"--model", "mlp", "--hidden", "256", "--layers", "2"};
-
-std::vector<std::string> model(std::vector<std::string> extra) {
-  std::vector<std::string> args = kModel;
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
 }
 
 }  // namespace

@@ -10,18 +10,12 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "sim/sim_runs.h"
 #include "support/subprocess.h"
 
 using namespace nanoddp::testing;
 
 namespace {
-
-ProcessResult sim(std::vector<std::string> args) {
-  args.insert(args.begin(), bin_path("nanoddp-sim"));
-  ProcessOptions options;
-  options.timeout = std::chrono::seconds(30);
-  return run_process(args, options);
-}
 
 bool has(const ProcessResult& r, const std::string& text) {
   return r.output.find(text) != std::string::npos;

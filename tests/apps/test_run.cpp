@@ -428,6 +428,40 @@ TEST_CASE(
   CHECK(contains(a.output(), "[rank 0] world 1 round 1"));
 }
 
+// The same operator: a launcher stopped while it waited for round 0 of a 3:3 job stayed counted,
+// the round closed with it, and the real third node was refused as "full". It withdraws now.
+TEST_CASE("nanoddp-run --nnodes 3:3: a launcher stopped while waiting is not counted") {
+  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+  const std::vector<std::string> argv =
+      run_argv({"--nnodes", "3:3", "--rdzv-endpoint", endpoint, "--heartbeat-timeout", "5",
+                "--grace-period", "1"},
+               "echo world $WORLD_SIZE");
+  BackgroundProcess server(argv);
+  REQUIRE(server.wait_for_output(
+      [](const std::string& out) { return contains(out, "serving the rendezvous store"); }, 20s));
+  BackgroundProcess stopped(argv);
+  REQUIRE(stopped.wait_for_output(
+      [](const std::string& out) { return contains(out, "a client of the rendezvous store"); },
+      20s));
+  std::this_thread::sleep_for(500ms);  // it has arrived at round 0 and waits
+  stopped.send(SIGTERM);
+  const std::optional<int> status_stopped = stopped.wait(20s);
+  BackgroundProcess second(argv), third(argv);
+  const std::optional<int> status_server = server.wait(30s), status_second = second.wait(30s),
+                           status_third = third.wait(30s);
+  INFO(server.output(), "\n----\n", stopped.output(), "\n----\n", second.output(), "\n----\n",
+       third.output());
+  REQUIRE(status_stopped.has_value());
+  CHECK(WEXITSTATUS(*status_stopped) == 128 + SIGTERM);
+  for (const auto& status : {status_server, status_second, status_third}) {
+    REQUIRE(status.has_value());
+    CHECK(*status == 0);
+  }
+  for (const BackgroundProcess* p : {&server, &second, &third}) {
+    CHECK(contains(p->output(), "] world 3"));
+  }
+}
+
 // The same operator stopped the launcher serving the store (SIGSTOP) mid-round: the other
 // launcher lost the store and left, and the server, resumed, saw it leave but never ended the
 // round, which hung until its worker gave up. A node that leaves a round before its workers

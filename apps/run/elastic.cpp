@@ -321,30 +321,43 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
     int seen = 0;
     auto last_arrival = Clock::now();
     // Who is still waiting: each waiting launcher beats "wait/<index>" every pass of this loop,
-    // and one stopped by a signal says "gone/<index>". An arrival that has beaten and then been
-    // silent for --heartbeat-timeout, or has gone, is not taken in: a node that joined and left
-    // (Ctrl-C, a crash) must not be waited for, or counted towards MAX. One that has not beaten
-    // yet is a survivor of the last round still stopping its workers: it counts.
+    // and one stopped by a signal says "gone/<index>". A withdrawn arrival is not taken in, nor
+    // one whose beat this launcher has watched stand still for --heartbeat-timeout: a node that
+    // joined and left (Ctrl-C, a crash, a freeze) must not be waited for, or counted towards
+    // MAX. Liveness is judged from what this launcher has watched, never from one reading: a
+    // launcher that has just arrived has seen each beat once, and cannot tell a live waiter
+    // from one that died a minute ago until the beat moves or T passes, so until then it does
+    // not close the round. One that has not beaten yet is a survivor of the last round still
+    // stopping its workers: it counts.
     std::int64_t beat = 0;
-    std::vector<std::string> last_beat;
-    std::vector<Clock::time_point> beat_changed;
+    struct Watch {
+      std::string value;          // the beat last read
+      Clock::time_point since{};  // when it was first read, or last moved
+      bool moved = false;         // it has moved since this launcher first read it
+    };
+    std::vector<Watch> watches;
+    bool undecided = false;  // some arrival's liveness is not known yet
     const auto live_arrivals = [&](int count) {
       std::vector<int> live;
-      last_beat.resize(static_cast<std::size_t>(count));
-      beat_changed.resize(static_cast<std::size_t>(count), Clock::now());
+      undecided = false;
+      watches.resize(static_cast<std::size_t>(count));
+      const auto now = Clock::now();
       for (int k = 0; k < count; ++k) {
-        const auto at = static_cast<std::size_t>(k);
+        Watch& w = watches[static_cast<std::size_t>(k)];
         if (k != index) {
           if (store.check({key(number, fmt::format("gone/{}", k))})) continue;
           const std::string wait = key(number, fmt::format("wait/{}", k));
           const std::string value = store.check({wait}) ? store.get_string(wait) : std::string();
-          if (value != last_beat[at]) {
-            last_beat[at] = value;
-            beat_changed[at] = Clock::now();
+          if (value != w.value) {
+            w.moved = !w.value.empty();
+            w.value = value;
+            w.since = now;
           }
-          const double silent =
-              std::chrono::duration<double>(Clock::now() - beat_changed[at]).count();
-          if (!value.empty() && silent > o.heartbeat_timeout_s) continue;
+          const bool still =
+              !w.value.empty() &&
+              std::chrono::duration<double>(now - w.since).count() > o.heartbeat_timeout_s;
+          if (still) continue;                                 // silent for T: left or frozen
+          if (!w.value.empty() && !w.moved) undecided = true;  // seen once only
         }
         live.push_back(k);
       }
@@ -375,7 +388,7 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
       }
       std::vector<int> live = live_arrivals(count);
       const int size = std::min(static_cast<int>(live.size()), o.nnodes);
-      if (previous_over &&
+      if (previous_over && !undecided &&
           (size >= o.nnodes || (size >= o.min_nodes && Clock::now() - last_arrival >= last_call))) {
         live.resize(static_cast<std::size_t>(size));
         std::string members;
@@ -422,7 +435,21 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
       store.set(key(number, "record"),
                 fmt::format("{} {} {}", find_free_port(address), restarts, token));
     }
-    const std::string record = store.get_string(key(number, "record"));
+    std::string record;
+    try {
+      record = store.get_string(key(number, "record"));
+    } catch (const comm::StoreError& e) {
+      // Node 0 publishes the record right after the round closes: one that does not left or
+      // died in between (a window of one store call; liveness is checked before closing).
+      throw JobEnds(
+          1,
+          fmt::format("round {}: node 0 (arrival {}, {}) did not publish the round's "
+                      "record: it left or died after the round closed ({}). Restart "
+                      "the job (with --resume it continues from the newest "
+                      "checkpoint)",
+                      number, members[0],
+                      store.get_string(key(number, fmt::format("node/{}", members[0]))), e.what()));
+    }
     char token[512] = {};
     std::sscanf(record.c_str(), "%d %d %511s", &round.master_port, &round.restarts_used, token);
     round.token = token;

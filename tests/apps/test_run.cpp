@@ -398,67 +398,86 @@ TEST_CASE("nanoddp-run --nnodes 1:2: a node that arrives later is taken in at th
 // with restarts left. Now a launcher stopped while waiting withdraws ("gone/<index>"), and one
 // silent for the heartbeat timeout is not taken in.
 TEST_CASE(
-    "nanoddp-run --nnodes 1:3: a node that joins and is stopped before the next round is "
-    "not waited for") {
-  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
-  const std::vector<std::string> argv =
-      run_argv({"--nnodes", "1:3", "--rdzv-endpoint", endpoint, "--rdzv-last-call", "3",
-                "--heartbeat-timeout", "10", "--grace-period", "1", "--max-restarts", "0"},
-               "echo world $WORLD_SIZE round $NANODDP_RESTART_COUNT; "
-               "[ $NANODDP_RESTART_COUNT = 0 ] && sleep 60; exit 0");
-  BackgroundProcess a(argv);
-  REQUIRE(a.wait_for_output(
-      [](const std::string& out) { return contains(out, "[rank 0] world 1 round 0"); }, 20s));
-  BackgroundProcess b(argv);
-  // b's arrival ends round 0 (a scale-up); a then waits for round 1 to form (its last call is
-  // 3 s), and b is stopped meanwhile.
-  REQUIRE(a.wait_for_output([](const std::string& out) { return contains(out, "round 0 ended"); },
-                            20s));
-  b.send(SIGINT);
-  const std::optional<int> status_b = b.wait(20s);
-  const std::optional<int> status_a = a.wait(30s);
-  INFO(a.output(), "\n----\n", b.output());
-  REQUIRE(status_a.has_value());
-  REQUIRE(status_b.has_value());
-  CHECK(*status_a == 0);
-  CHECK(WIFEXITED(*status_b));
-  CHECK(WEXITSTATUS(*status_b) == 128 + SIGINT);
-  CHECK(contains(b.output(), "got SIGINT while waiting for round 1 to form"));
-  CHECK(contains(a.output(), "round 1: node 0 of 1 (ranks 0..0 of 1)"));
-  CHECK(contains(a.output(), "[rank 0] world 1 round 1"));
+    "nanoddp-run --nnodes 1:3: a node that joins and is stopped or killed before the next round "
+    "is not waited for") {
+  // SIGKILL (the tester's second round): it cannot withdraw; the survivor leaves it out once its
+  // beat has stood still for the heartbeat timeout.
+  for (const int signo : {SIGINT, SIGKILL}) {
+    INFO("signal ", signo);
+    const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+    const std::vector<std::string> argv =
+        run_argv({"--nnodes", "1:3", "--rdzv-endpoint", endpoint, "--rdzv-last-call", "3",
+                  "--heartbeat-timeout", "3", "--grace-period", "1", "--max-restarts", "0"},
+                 "echo world $WORLD_SIZE round $NANODDP_RESTART_COUNT; "
+                 "[ $NANODDP_RESTART_COUNT = 0 ] && sleep 60; exit 0");
+    BackgroundProcess a(argv);
+    REQUIRE(a.wait_for_output(
+        [](const std::string& out) { return contains(out, "[rank 0] world 1 round 0"); }, 20s));
+    BackgroundProcess b(argv);
+    // b's arrival ends round 0 (a scale-up); a then waits for round 1 to form (its last call is
+    // 3 s), and b is stopped meanwhile.
+    REQUIRE(a.wait_for_output([](const std::string& out) { return contains(out, "round 0 ended"); },
+                              20s));
+    b.send(signo);
+    const std::optional<int> status_b = b.wait(20s);
+    const std::optional<int> status_a = a.wait(40s);
+    INFO(a.output(), "\n----\n", b.output());
+    REQUIRE(status_a.has_value());
+    REQUIRE(status_b.has_value());
+    CHECK(*status_a == 0);
+    if (signo == SIGINT) {
+      CHECK(WIFEXITED(*status_b));
+      CHECK(WEXITSTATUS(*status_b) == 128 + SIGINT);
+      CHECK(contains(b.output(), "got SIGINT while waiting for round 1 to form"));
+    }
+    CHECK(contains(a.output(), "round 1: node 0 of 1 (ranks 0..0 of 1)"));
+    CHECK(contains(a.output(), "[rank 0] world 1 round 1"));
+  }
 }
 
 // The same operator: a launcher stopped while it waited for round 0 of a 3:3 job stayed counted,
 // the round closed with it, and the real third node was refused as "full". It withdraws now.
-TEST_CASE("nanoddp-run --nnodes 3:3: a launcher stopped while waiting is not counted") {
-  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
-  const std::vector<std::string> argv =
-      run_argv({"--nnodes", "3:3", "--rdzv-endpoint", endpoint, "--heartbeat-timeout", "5",
-                "--grace-period", "1"},
-               "echo world $WORLD_SIZE");
-  BackgroundProcess server(argv);
-  REQUIRE(server.wait_for_output(
-      [](const std::string& out) { return contains(out, "serving the rendezvous store"); }, 20s));
-  BackgroundProcess stopped(argv);
-  REQUIRE(stopped.wait_for_output(
-      [](const std::string& out) { return contains(out, "a client of the rendezvous store"); },
-      20s));
-  std::this_thread::sleep_for(500ms);  // it has arrived at round 0 and waits
-  stopped.send(SIGTERM);
-  const std::optional<int> status_stopped = stopped.wait(20s);
-  BackgroundProcess second(argv), third(argv);
-  const std::optional<int> status_server = server.wait(30s), status_second = second.wait(30s),
-                           status_third = third.wait(30s);
-  INFO(server.output(), "\n----\n", stopped.output(), "\n----\n", second.output(), "\n----\n",
-       third.output());
-  REQUIRE(status_stopped.has_value());
-  CHECK(WEXITSTATUS(*status_stopped) == 128 + SIGTERM);
-  for (const auto& status : {status_server, status_second, status_third}) {
-    REQUIRE(status.has_value());
-    CHECK(*status == 0);
-  }
-  for (const BackgroundProcess* p : {&server, &second, &third}) {
-    CHECK(contains(p->output(), "] world 3"));
+TEST_CASE("nanoddp-run --nnodes 3:3: a launcher stopped or killed while waiting is not counted") {
+  // SIGTERM: it withdraws at once. SIGKILL (an outside tester's second round): it cannot, and is
+  // left out once its beat has stood still for the heartbeat timeout (2 s here), also by
+  // launchers that arrive after it died and so never saw it beat.
+  for (const int signo : {SIGTERM, SIGKILL}) {
+    INFO("signal ", signo);
+    const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+    const std::vector<std::string> argv =
+        run_argv({"--nnodes", "3:3", "--rdzv-endpoint", endpoint, "--heartbeat-timeout", "2",
+                  "--grace-period", "1"},
+                 "echo world $WORLD_SIZE");
+    BackgroundProcess server(argv);
+    REQUIRE(server.wait_for_output(
+        [](const std::string& out) { return contains(out, "serving the rendezvous store"); }, 20s));
+    BackgroundProcess stopped(argv);
+    REQUIRE(stopped.wait_for_output(
+        [](const std::string& out) { return contains(out, "a client of the rendezvous store"); },
+        20s));
+    std::this_thread::sleep_for(1s);  // it has arrived at round 0 and beats
+    stopped.send(signo);
+    const std::optional<int> status_stopped = stopped.wait(20s);
+    if (signo == SIGKILL) std::this_thread::sleep_for(3s);  // dead for longer than T
+    BackgroundProcess second(argv), third(argv);
+    const std::optional<int> status_server = server.wait(40s), status_second = second.wait(40s),
+                             status_third = third.wait(40s);
+    INFO(server.output(), "\n----\n", stopped.output(), "\n----\n", second.output(), "\n----\n",
+         third.output());
+    REQUIRE(status_stopped.has_value());
+    if (signo == SIGTERM) {
+      CHECK(WEXITSTATUS(*status_stopped) == 128 + SIGTERM);
+    } else {
+      CHECK(WIFSIGNALED(*status_stopped));
+    }
+    for (const auto& status : {status_server, status_second, status_third}) {
+      REQUIRE(status.has_value());
+      CHECK(*status == 0);
+    }
+    for (const BackgroundProcess* p : {&server, &second, &third}) {
+      CHECK(contains(p->output(), "] world 3"));
+      CHECK_FALSE(contains(p->output(), "is full"));
+    }
   }
 }
 

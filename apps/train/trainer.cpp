@@ -88,8 +88,11 @@ float Trainer::train_step(std::int64_t step, Window& window) {
   } else {
     loss = apply_health(read_health(health, step), step);
   }
-  const double wall_ms = ms_since(step_start);
-  window.optimizer_ms += ms_since(optimizer_start);
+  // One reading of the clock for both: read twice, a thread descheduled in between (a loaded
+  // machine, a sanitizer) booked more optimizer time than the whole step, and other_ms < 0.
+  const auto step_end = Clock::now();
+  const double wall_ms = ms_between(step_start, step_end);
+  window.optimizer_ms += ms_between(optimizer_start, step_end);
   window.backward_ms += backward_ms;
   window.step_ms += wall_ms - data_ms;
   window.data_ms += data_ms;

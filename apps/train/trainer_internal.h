@@ -11,8 +11,12 @@ namespace nanoddp::train {
 
 using Clock = std::chrono::steady_clock;
 
+inline double ms_between(Clock::time_point start, Clock::time_point end) {
+  return std::chrono::duration<double, std::milli>(end - start).count();
+}
+
 inline double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  return ms_between(start, Clock::now());
 }
 
 // How many elements of `t` are NaN or Inf: one pass over the buffer on its device, at memory

@@ -500,14 +500,17 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
   // A trace without the trainer's health all-reduce (one rank, written by hand) has no legend
   // entry for it.
   const std::string bare = dir.file("bare.json");
-  write_file(bare, R"({"traceEvents": [
+  const std::string optimizer_span =
+      R"({"ph": "X", "name": "optimizer step", "pid": 0, "tid": 1, "ts": 2600, "dur": 500})";
+  const std::string bare_trace = R"({"traceEvents": [
     {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "rank 0"}},
     {"ph": "M", "name": "thread_name", "pid": 0, "tid": 1, "args": {"name": "compute"}},
     {"ph": "M", "name": "thread_name", "pid": 0, "tid": 2, "args": {"name": "communication"}},
     {"ph": "X", "name": "forward", "pid": 0, "tid": 1, "ts": 0, "dur": 1000},
     {"ph": "X", "name": "backward AddmmBackward0", "pid": 0, "tid": 1, "ts": 1000, "dur": 1000},
     {"ph": "X", "name": "all-reduce bucket 0", "pid": 0, "tid": 2, "ts": 1500, "dur": 1000},
-    {"ph": "X", "name": "optimizer step", "pid": 0, "tid": 1, "ts": 2600, "dur": 500}]})");
+    )" + optimizer_span + "]}";
+  write_file(bare, bare_trace);
   const ProcessResult plain =
       run_ok({py, script("plot_trace.py"), bare, "--out", dir.file("bare.png")});
   INFO(plain.output);
@@ -519,15 +522,11 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
   CHECK(!contains(bare_text, "health all-reduce"));
   // The same with a 0.04 ms health all-reduce (too short a bar for its name): the legend names it.
   const std::string healthy = dir.file("health.json");
-  std::string with_health = R"({"traceEvents": [
-    {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "rank 0"}},
-    {"ph": "M", "name": "thread_name", "pid": 0, "tid": 1, "args": {"name": "compute"}},
-    {"ph": "M", "name": "thread_name", "pid": 0, "tid": 2, "args": {"name": "communication"}},
-    {"ph": "X", "name": "forward", "pid": 0, "tid": 1, "ts": 0, "dur": 1000},
-    {"ph": "X", "name": "backward AddmmBackward0", "pid": 0, "tid": 1, "ts": 1000, "dur": 1000},
-    {"ph": "X", "name": "all-reduce bucket 0", "pid": 0, "tid": 2, "ts": 1500, "dur": 1000},
-    {"ph": "X", "name": "health all-reduce", "pid": 0, "tid": 2, "ts": 2550, "dur": 40},
-    {"ph": "X", "name": "optimizer step", "pid": 0, "tid": 1, "ts": 2600, "dur": 500}]})";
+  std::string with_health = bare_trace;
+  with_health.insert(
+      with_health.find(optimizer_span),
+      R"({"ph": "X", "name": "health all-reduce", "pid": 0, "tid": 2, "ts": 2550, "dur": 40},
+    )");
   write_file(healthy, with_health);
   check_chart(run_ok({py, script("plot_trace.py"), healthy, "--out", dir.file("health.png")}),
               dir.file("health.png"));

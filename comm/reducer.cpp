@@ -490,7 +490,8 @@ std::exception_ptr Reducer::wait_for_buckets() {
   // are garbage: wait for the rest (never leave a collective running on buffers we stop
   // tracking), but run nothing on them.
   std::exception_ptr failure;
-  timeline_.begin_waits(/*per_bucket=*/static_cast<bool>(bucket_reduced_hook_));
+  timeline_.begin_waits(/*per_bucket=*/static_cast<bool>(bucket_reduced_hook_),
+                        scatter_ ? "reduce-scatter" : "all-reduce");
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     timeline_.before_wait(b);
     try {

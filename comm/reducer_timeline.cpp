@@ -63,19 +63,20 @@ void ReducerTimeline::backward_ended() {
   backward_end_event_.record(Stream::compute(device_));
 }
 
-void ReducerTimeline::begin_waits(bool per_bucket) {
+void ReducerTimeline::begin_waits(bool per_bucket, const char* collective) {
   // On a GPU these spans are the compute stream's stalls, not the host's (instant) enqueue of
   // the waits.
   tracer_ = active_tracer();
+  wait_name_ = fmt::format("wait for {}", collective);
   if (tracer_ && !per_bucket) {
-    all_waits_.emplace(tracer_, "wait for all-reduce", TraceTrack::kCompute, device_);
+    all_waits_.emplace(tracer_, wait_name_, TraceTrack::kCompute, device_);
   }
   per_bucket_ = per_bucket;
 }
 
 void ReducerTimeline::before_wait(std::size_t bucket) {
   if (tracer_ && per_bucket_) {
-    bucket_wait_.emplace(tracer_, "wait for all-reduce", TraceTrack::kCompute, device_,
+    bucket_wait_.emplace(tracer_, wait_name_, TraceTrack::kCompute, device_,
                          std::map<std::string, std::string>{{"bucket", std::to_string(bucket)}});
   }
   // On the CPU the "stream" is this thread and the events are host times: the host's wait. On

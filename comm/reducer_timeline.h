@@ -76,9 +76,10 @@ class ReducerTimeline {
   void backward_ended();
 
   // finalize_backward's waits, bracketed by events on the compute stream. In a trace they are
-  // "wait for all-reduce" spans: one for all buckets, or one per bucket when the
-  // bucket-reduced hook's work lies between them.
-  void begin_waits(bool per_bucket);
+  // "wait for <collective>" spans ("wait for all-reduce"; under ZeRO-2 "wait for
+  // reduce-scatter"): one for all buckets, or one per bucket when the bucket-reduced hook's work
+  // lies between them.
+  void begin_waits(bool per_bucket, const char* collective);
   void before_wait(std::size_t bucket);
   void after_wait(std::size_t bucket);
 
@@ -110,6 +111,7 @@ class ReducerTimeline {
   std::vector<Event> wait_end_;
   std::optional<TraceSpan> all_waits_;
   std::optional<TraceSpan> bucket_wait_;
+  std::string wait_name_;  // "wait for all-reduce", or the collective ZeRO-2 runs instead
   bool per_bucket_ = false;
   // Recorded on the compute stream when finalize starts: on a GPU, where backward really ended.
   Event backward_end_event_;

@@ -28,7 +28,12 @@ CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDeb
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
   -DNANODDP_CUDA=OFF -DNANODDP_FUZZ=ON -DNANODDP_SANITIZE=address,undefined \
   -DNANODDP_BUILD_TESTS=OFF -DNANODDP_BUILD_APPS=OFF -DNANODDP_OPENMP=OFF >/dev/null
-cmake --build "$dir" -j "$(nproc)" --target "${targets[@]/#/fuzz-}"
+# The build's lines go to a file (CI keeps only the log's tail); printed when the build fails.
+if ! cmake --build "$dir" -j "$(nproc)" --target "${targets[@]/#/fuzz-}" >"$dir/build.log" 2>&1; then
+  tail -n 80 "$dir/build.log"
+  echo "== fuzz: the build failed (whole log: $dir/build.log)"
+  exit 1
+fi
 echo "== fuzz: built in $((SECONDS - start))s"
 
 export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1"

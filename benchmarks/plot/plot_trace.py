@@ -5,8 +5,8 @@
                                 [--compare TRACE2.json [--labels A,B]] [--cores N]
 
 The trace (engine/trace.cpp) has one process per rank and four tracks: compute (forward,
-each backward node, "wait for all-reduce", optimizer step), communication (each bucket's
-all-reduce), markers ("grad <parameter>" when a gradient is final, drawn as small ticks; "bucket N
+each backward node, "wait for all-reduce" (ZeRO-2: "wait for reduce-scatter"), optimizer
+step), communication (each bucket's all-reduce), markers ("grad <parameter>" when a gradient is final, drawn as small ticks; "bucket N
 ready") and data. The chart has one row per rank x track, spans as bars, so the all-reduce of
 bucket 0 can be seen running while the rest of backward still computes (overlap on), or starting
 only after it (nanoddp-train --no-overlap).
@@ -212,7 +212,7 @@ def style_of(event):
         if "module" in event:
             return shade, f"backward {event['module']}"
         return shade, name[len("backward "):].replace("Backward", "")
-    if name == "wait for all-reduce":
+    if name in ("wait for all-reduce", "wait for reduce-scatter"):
         return COLOR["wait"], "wait"
     if name == "optimizer step":
         return COLOR["optimizer"], "optimizer"
@@ -488,7 +488,7 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=()):
     data_patch = Patch(color=COLOR["data"], label="data")
     legend = [Patch(color=COLOR["forward"], label="forward"),
               Patch(color=COLOR["backward"][0], label="backward node"),
-              Patch(color=COLOR["wait"], label="wait for all-reduce"),
+              Patch(color=COLOR["wait"], label=f"wait for {collectives}"),
               Patch(color=COLOR["optimizer"], label="optimizer step"),
               Patch(color=COLOR["bucket"][0], label=f"{collectives} bucket b0"),
               Patch(color=COLOR["bucket"][1], label=f"{collectives} bucket b1, …"),

@@ -74,6 +74,21 @@ std::string check(const CliOptions& o, const CLI::App& app) {
              "more";
     }
   }
+  // Nothing stays inside a node of one rank: the links inside a node would be ignored.
+  if (o.gpus_per_node == 1) {
+    for (const char* flag : {"--intra-bw-gbs", "--intra-lat-us"}) {
+      if (app.count(flag) > 0) {
+        return fmt::format(
+            "{} describes the links inside a node, and --gpus-per-node 1 has none: give "
+            "--gpus-per-node 2 or more, or drop it",
+            flag);
+      }
+    }
+    if (o.sweep && o.sweep->first == "--intra-bw-gbs") {
+      return "--sweep intra-bw-gbs=...: --gpus-per-node 1 has no links inside a node; give "
+             "--gpus-per-node 2 or more";
+    }
+  }
   if (o.busbw) {
     if (!o.profile_path.empty() || !o.model.empty()) {
       return "--busbw prints the network model alone: drop --profile/--model";

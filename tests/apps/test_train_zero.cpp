@@ -230,7 +230,8 @@ TEST_CASE("zero training: --metrics reports the bytes each rank holds, 1/W of th
 
 TEST_CASE("zero training: the trace names the reduce-scatters and the parameter all-gather") {
   // An outside tester found the all-gather booked as optimizer time (no span of its own) and
-  // the reduce-scatters drawn as "all-reduce bucket N".
+  // the reduce-scatters drawn as "all-reduce bucket N", and the wait for them named after the
+  // all-reduce.
   TempDir dir;
   const std::string trace = dir.file("trace.json");
   std::vector<std::string> args =
@@ -246,6 +247,8 @@ TEST_CASE("zero training: the trace names the reduce-scatters and the parameter 
   CHECK(text.find("\"reduce-scatter bucket 0\"") != std::string::npos);
   CHECK(text.find("\"all-reduce bucket 0\"") == std::string::npos);
   CHECK(text.find("\"all-gather parameters\"") != std::string::npos);
+  CHECK(text.find("\"wait for reduce-scatter\"") != std::string::npos);
+  CHECK(text.find("\"wait for all-reduce\"") == std::string::npos);
 }
 
 TEST_CASE("zero training: a bad --zero, --zero with --optimizer-in-backward, ranks that disagree") {

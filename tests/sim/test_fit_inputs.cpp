@@ -292,6 +292,12 @@ TEST_CASE("fit inputs: flags that would be ignored are refused, naming the flag 
        "--inter-lat-us describes the links across nodes"},
       {model({"--sweep", "inter-bw-gbs=10,20"}), "--nodes 1 has no links across nodes"},
       {{"--busbw", "--inter-bw-gbs", "10"}, "--inter-bw-gbs describes the links across nodes"},
+      {model({"--nodes", "2", "--gpus-per-node", "1", "--intra-bw-gbs", "100"}),
+       "--intra-bw-gbs describes the links inside a node"},
+      {{"--busbw", "--nodes", "4", "--gpus-per-node", "1", "--intra-lat-us", "2"},
+       "--intra-lat-us describes the links inside a node"},
+      {model({"--nodes", "2", "--gpus-per-node", "1", "--sweep", "intra-bw-gbs=100,200"}),
+       "--gpus-per-node 1 has no links inside a node"},
   };
   for (const Case& c : cases) {
     const ProcessResult r = sim(c.args);

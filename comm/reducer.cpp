@@ -11,9 +11,20 @@
 #include "nanoddp/engine/autograd.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/debug_log.h"
+#include "nanoddp/engine/trace.h"
 #include "nanoddp/kernels/error.h"
 
 namespace nanoddp::comm {
+
+namespace {
+// The gradient memory a bound bucket holds (ZeRO-2): its buffer and the bf16 hook's copy.
+std::int64_t bound_bytes(const Bucket& bucket) {
+  const auto bytes = [](const Tensor& t) {
+    return t.defined() ? static_cast<std::int64_t>(t.nbytes()) : std::int64_t{0};
+  };
+  return bytes(bucket.grads) + bytes(bucket.compressed);
+}
+}  // namespace
 
 CommHook parse_comm_hook(const std::string& name) {
   if (name == "allreduce") return CommHook::kAllreduce;
@@ -79,6 +90,12 @@ Reducer::~Reducer() {
   // the parameters (a rebuilt Reducer registers its own).
   wait_for_launched();
   for (HookHandle& hook : autograd_hooks_) hook.remove_quietly();
+  if (scatter_) {
+    for (const nn::ParameterSlot& slot : params_.slots()) {
+      Tensor param = slot.param;
+      param.set_grad_source(nullptr);
+    }
+  }
 }
 
 void Reducer::set_bucket_reduced_hook(BucketReducedHook hook) {
@@ -97,6 +114,76 @@ void Reducer::set_zero(Zero* zero) {
   }
   zero_ = zero;
   scatter_ = zero != nullptr && zero->stage() == 2;
+  if (!scatter_) return;
+  // Stage 2: no flat gradient buffer; memory one bucket at a time (reducer.h, set_zero).
+  params_.release_gradient_buffer();
+  for (Bucket& bucket : buckets_) {
+    bucket.grads = Tensor();
+    bucket.compressed = Tensor();
+  }
+  bound_.assign(buckets_.size(), false);
+  bound_count_ = 0;
+  for (std::size_t i = 0; i < params_.slots().size(); ++i) {
+    Tensor param = params_.slots()[i].param;
+    std::weak_ptr<Reducer*> weak = alive_;
+    param.set_grad_source([weak, i]() -> Tensor {
+      if (auto self = weak.lock()) return (*self)->gradient_buffer(i);
+      return Tensor();
+    });
+  }
+}
+
+Tensor Reducer::gradient_buffer(std::size_t slot) {
+  const std::size_t b = bucket_of_slot_[slot];
+  if (!bound_[b]) bind(b);
+  const Bucket& bucket = buckets_[b];
+  const nn::ParameterSlot& s = params_.slots()[slot];
+  return bucket.grads.view(s.offset - bucket.offset, s.param.shape());
+}
+
+void Reducer::bind(std::size_t b) {
+  // At most kBoundBuckets hold memory while an older one is on the wire: wait for it first.
+  while (bound_count_ >= kBoundBuckets && next_to_finish_ < next_to_launch_) finish_oldest();
+  Bucket& bucket = buckets_[b];
+  bucket.grads = Tensor::empty({bucket.numel}, params_.device());
+  if (options_.comm_hook == CommHook::kBf16) {
+    bucket.compressed = Tensor::empty({bucket.numel}, params_.device(), DType::kBF16);
+  }
+  for (const std::size_t i : bucket.slots) {
+    const nn::ParameterSlot& slot = params_.slots()[i];
+    Tensor param = slot.param;
+    param.set_grad(bucket.grads.view(slot.offset - bucket.offset, slot.param.shape()));
+    param.zero_grad();  // the buffer, no gradient yet: the first write overwrites
+  }
+  bound_[b] = true;
+  ++bound_count_;
+  zero_->gradient_memory_changed(bound_bytes(bucket));
+}
+
+void Reducer::finish_oldest() {
+  // Inside backward: the compute thread waits for this bucket's reduce-scatter (the trace shows
+  // it), then its chunk goes to the shard and its memory is freed. finalize skips it.
+  const std::size_t b = next_to_finish_++;
+  {
+    TraceSpan span("wait for reduce-scatter", TraceTrack::kCompute, params_.device());
+    works_[b]->wait();  // a failure fails the pass (abort() waits for the rest)
+  }
+  zero_->bucket_scattered(b, buckets_[b]);
+  release(b);
+}
+
+void Reducer::release(std::size_t b) {
+  Bucket& bucket = buckets_[b];
+  for (const std::size_t i : bucket.slots) {
+    Tensor param = params_.slots()[i].param;
+    zero_->set_had_grad(i, param.has_grad());  // what the optimizer skips, from now on
+    param.release_grad();
+  }
+  zero_->gradient_memory_changed(-bound_bytes(bucket));
+  bucket.grads = Tensor();
+  bucket.compressed = Tensor();
+  bound_[b] = false;
+  --bound_count_;
 }
 
 void Reducer::set_buckets(const std::vector<std::vector<std::size_t>>& members) {
@@ -227,6 +314,7 @@ void Reducer::reset() {
   used_.assign(params_.slots().size(), false);
   marked_unused_.assign(params_.slots().size(), false);
   next_to_launch_ = 0;
+  next_to_finish_ = 0;
   works_.assign(buckets_.size(), nullptr);
   used_work_ = nullptr;
   missing_.clear();
@@ -410,7 +498,8 @@ void Reducer::mark_unused_ready(std::size_t i) {
   const nn::ParameterSlot& slot = params_.slots()[i];
   used_[i] = slot.param.has_grad();
   if (!slot.param.has_grad()) {
-    Tensor grad = params_.grads().view(slot.offset, slot.param.shape());
+    Tensor grad =
+        scatter_ ? gradient_buffer(i) : params_.grads().view(slot.offset, slot.param.shape());
     grad.zero();
     Tensor param = slot.param;
     param.set_grad(grad);
@@ -441,6 +530,7 @@ void Reducer::resolve_unused() {
     if (global[i] == 0.0f) {
       Tensor param = params_.slots()[i].param;
       param.zero_grad();
+      if (scatter_) zero_->set_had_grad(i, false);  // its bucket may be released already
     }
   }
 }
@@ -517,7 +607,11 @@ std::exception_ptr Reducer::wait_for_buckets() {
 void Reducer::bucket_reduced(std::size_t b) {
   // all_reduce_bucket's preparation undone: back to float32, back into the flat buffer.
   Bucket& bucket = buckets_[b];
-  if (scatter_) return zero_->bucket_scattered(b, bucket);
+  if (scatter_) {
+    if (b < next_to_finish_) return;  // released during backward already (finish_oldest)
+    zero_->bucket_scattered(b, bucket);
+    return release(b);
+  }
   if (options_.comm_hook == CommHook::kBf16) {
     backend_for(bucket.grads.device())
         .bf16_to_f32(static_cast<const std::uint16_t*>(bucket.compressed.raw_data()),

@@ -160,7 +160,21 @@ class Reducer {
       std::function<std::vector<std::size_t>(const std::vector<std::size_t>& observed)>;
   void set_order_agreement(OrderAgreement agreement) { agree_order_ = std::move(agreement); }
   // ZeRO (zero.h), set by DDP: under stage 2 each bucket is reduce-scattered by `zero` instead
-  // of all-reduced. The buckets must stay as they are (no rebuild_buckets).
+  // of all-reduced, and gradient memory is handed out one bucket at a time (below). The buckets
+  // must stay as they are (no rebuild_buckets).
+  //
+  // Stage 2's gradient memory. The flat gradient buffer is freed (FlatParameters::
+  // release_gradient_buffer); each parameter gets a grad source instead (Tensor::
+  // set_grad_source). The first time autograd writes a gradient of bucket b, the source *binds*
+  // b: a buffer of the bucket's size, with each of its parameters' .grad a view into it, as the
+  // flat buffer's were. Once b is reduce-scattered and its chunk is in the shard, b is
+  // *released*: the buffer is freed and its parameters have no gradient any more (PyTorch's
+  // .grad = None; the optimizer reads the shard). Before binding another bucket while
+  // kBoundBuckets already hold memory, the Reducer waits for the oldest launched one and
+  // releases it: one bucket filling while the one before it is on the wire, the overlap kept.
+  // Buckets bound but not launched are never waited for (backward may fill a later bucket
+  // first, and under no_sync nothing is launched): then more are bound, no deadlock.
+  static constexpr std::size_t kBoundBuckets = 2;
   void set_zero(Zero* zero);
 
  private:
@@ -190,6 +204,12 @@ class Reducer {
   void handle_unused();
   std::string missing_gradients_message(const std::vector<std::string>& names) const;
   void mark_unused_ready(std::size_t slot);  // find_unused_parameters: no gradient will come
+  // ZeRO-2's gradient memory (set_zero): a slot's buffer (its bucket bound first), binding,
+  // the wait for the oldest launched bucket, and releasing.
+  Tensor gradient_buffer(std::size_t slot);
+  void bind(std::size_t bucket);
+  void finish_oldest();
+  void release(std::size_t bucket);
   // find_unused_parameters: all-reduces which parameters each rank used, then takes the
   // gradient away from those no rank used.
   void launch_used_map(const std::vector<float>& used);
@@ -205,7 +225,9 @@ class Reducer {
   std::vector<HookHandle> autograd_hooks_;   // removed by the destructor: nothing is left behind
   BucketReducedHook bucket_reduced_hook_;
   Zero* zero_ = nullptr;
-  bool scatter_ = false;                   // ZeRO stage 2
+  bool scatter_ = false;     // ZeRO stage 2
+  std::vector<bool> bound_;  // stage 2, per bucket: holds gradient memory
+  std::size_t bound_count_ = 0;
   std::unique_ptr<StepCheck> step_check_;  // null with one rank or check_steps off
   std::uint64_t forward_calls_ = 0;
   std::uint64_t synchronized_passes_ = 0;
@@ -235,6 +257,7 @@ class Reducer {
   // synchronized pass to mark ready as it starts.
   std::vector<std::size_t> unused_after_forward_;
   std::size_t next_to_launch_ = 0;
+  std::size_t next_to_finish_ = 0;  // stage 2: buckets released during backward come first
   std::vector<std::shared_ptr<Work>> works_;
   Tensor used_map_;                  // per slot: ranks that used it (find_unused_parameters)
   std::shared_ptr<Work> used_work_;  // its all-reduce, until resolve_unused()

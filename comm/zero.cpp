@@ -98,9 +98,11 @@ Zero::Zero(int stage, nn::FlatParameters& params, nn::Optimizer& optimizer,
     gather_in_ = Tensor::zeros({piece}, device);
     gather_out_ = Tensor::empty({piece * world_}, device);
   }
+  had_grad_.assign(params.slots().size(), 0);
   optimizer_.shard({.ranges = std::move(ranges),
                     .numel = shard_numel_,
-                    .grads = stage_ == 2 ? shard_grads_ : Tensor()});
+                    .grads = stage_ == 2 ? shard_grads_ : Tensor(),
+                    .had_grad = stage_ == 2 ? &had_grad_ : nullptr});
 }
 
 std::shared_ptr<Work> Zero::reduce_scatter(std::size_t b, const Bucket& bucket) {
@@ -151,6 +153,11 @@ void Zero::bucket_scattered(std::size_t b, const Bucket& bucket) {
   } else {
     backend.copy(to, bucket.grads.data() + at, static_cast<std::size_t>(c.tail) * sizeof(float));
   }
+}
+
+void Zero::gradient_memory_changed(std::int64_t bytes) {
+  bucket_bytes_ += bytes;
+  bucket_bytes_peak_ = std::max(bucket_bytes_peak_, bucket_bytes_);
 }
 
 const Tensor& Zero::averaged_gradients() const {
@@ -233,7 +240,9 @@ std::vector<nn::NamedTensor> Zero::full_optimizer_state() {
 
 ZeroMemory Zero::memory() const {
   return {.parameter_bytes = bytes(params_.values()) + bytes(gather_in_) + bytes(gather_out_),
-          .gradient_bytes = bytes(params_.grads()) + bytes(shard_grads_) + bytes(shard_grads_bf16_),
+          .gradient_bytes =
+              stage_ == 2 ? bucket_bytes_peak_ + bytes(shard_grads_) + bytes(shard_grads_bf16_)
+                          : bytes(params_.grads()),
           .averaged_gradient_bytes = stage_ == 2 ? bytes(shard_grads_) : bytes(params_.grads()),
           .optimizer_state_bytes = optimizer_.state_bytes()};
 }

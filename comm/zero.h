@@ -29,9 +29,14 @@
 // (find_unused_parameters) are skipped by the sharded optimizer as by the whole one, since
 // every rank agrees which they are.
 //
-// What stage 2 does not save yet: autograd writes every gradient into the full flat gradient
-// buffer (nn/flat_parameters.h), so that buffer still exists on every rank during backward;
-// only the averaged gradient is kept as a shard. memory() counts both, truthfully.
+// Stage 2's gradient memory: there is no flat gradient buffer. The Reducer hands each bucket a
+// buffer of its own when backward writes its first gradient and frees it once the bucket is
+// reduce-scattered (reducer.h, set_zero), with at most two buckets holding memory at once in an
+// ordinary backward: one filling, one on the wire. So a rank holds its shard of the averaged
+// gradients plus at most two buckets (all of them while no_sync accumulates micro-batches, as
+// PyTorch's FSDP holds whole gradients under no_sync). A parameter's .grad is gone once its
+// bucket is reduced (PyTorch's None, as DeepSpeed leaves it): the optimizer reads the shard,
+// and which parameters had a gradient is kept here (set_had_grad).
 //
 // The all-gathers go through a staging buffer of W+1 pieces of at most kGatherPiece elements
 // (the interface's all-gather wants its output contiguous, and this rank's input apart), so
@@ -58,9 +63,10 @@ namespace nanoddp::comm {
 // What one process holds, in bytes (ZeroMemory of a run without ZeRO: the whole of each).
 struct ZeroMemory {
   std::int64_t parameter_bytes = 0;
-  // The flat gradient buffer autograd writes into (always whole), plus under stage 2 the
-  // shard of averaged gradients. (Not counted, with or without ZeRO: the bf16 hook's
-  // compressed copy of each bucket, half these bytes.)
+  // The flat gradient buffer autograd writes into; under stage 2 instead the most the bucket
+  // buffers held at once so far (with the bf16 hook's compressed copies) plus the shard of
+  // averaged gradients. (Not counted without stage 2: the bf16 hook's compressed copy of each
+  // bucket, half the flat buffer's bytes.)
   std::int64_t gradient_bytes = 0;
   std::int64_t averaged_gradient_bytes = 0;  // what the optimizer reads: whole, or the shard
   std::int64_t optimizer_state_bytes = 0;
@@ -96,6 +102,11 @@ class Zero {
   // Stage 2, after that collective's wait: the left-over elements into the last rank's shard,
   // and the bf16 hook's chunk expanded to float32.
   void bucket_scattered(std::size_t b, const Bucket& bucket);
+  // Stage 2, from the Reducer as it frees a bucket's gradients: whether parameter `slot` had a
+  // gradient in the reduced pass (the optimizer skips it if not), and the bytes of bucket
+  // buffers it allocated (+) or freed (-), for memory().
+  void set_had_grad(std::size_t slot, bool had) { had_grad_.at(slot) = had ? 1 : 0; }
+  void gradient_memory_changed(std::int64_t bytes);
 
   // The averaged gradients this rank holds: stage 2 the shard buffer (c elements per bucket),
   // stage 1 the flat gradient buffer.
@@ -133,7 +144,9 @@ class Zero {
   int rank_, world_;
   std::vector<Chunk> chunks_;
   std::int64_t shard_numel_ = 0;
-  Tensor shard_grads_;             // stage 2
+  Tensor shard_grads_;                                     // stage 2
+  std::vector<char> had_grad_;                             // stage 2, per slot (set_had_grad)
+  std::int64_t bucket_bytes_ = 0, bucket_bytes_peak_ = 0;  // stage 2: bucket buffers held
   Tensor shard_grads_bf16_;        // stage 2 with the bf16 hook: the reduce-scatter's output
   Tensor gather_in_, gather_out_;  // one piece of this rank's chunk, and the W pieces
 };

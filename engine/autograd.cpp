@@ -108,6 +108,8 @@ class BackwardPass final : public GradSink {
   void discover(Node* root);
   void finish_leaf(const std::shared_ptr<TensorImpl>& leaf);
   const Node::Edge& checked_edge(std::size_t i, const Tensor* grad) const;
+  // A leaf's gradient buffer from its grad source (Tensor::set_grad_source), checked.
+  static Tensor leaf_buffer(const Node::Edge& edge);
 
   std::unordered_map<Node*, NodeState> nodes_;
   std::unordered_map<TensorImpl*, LeafState> leaves_;
@@ -237,12 +239,23 @@ const Node::Edge& BackwardPass::checked_edge(std::size_t i, const Tensor* grad) 
   return edge;
 }
 
+Tensor BackwardPass::leaf_buffer(const Node::Edge& edge) {
+  Tensor buffer = edge.leaf->autograd.grad_source();
+  if (!buffer.defined() || buffer.shape() != edge.shape || buffer.device() != edge.device) {
+    fail("the grad source of '{}' gave a buffer of shape {} for a gradient of shape {}",
+         edge.leaf->autograd.name, buffer.defined() ? shape_str(buffer.shape()) : "(none)",
+         shape_str(edge.shape));
+  }
+  return buffer;
+}
+
 void BackwardPass::emit(std::size_t i, const Tensor& grad) {
   const Node::Edge& edge = checked_edge(i, &grad);
   if (!edge.needs_grad()) return;
   Backend& backend = backend_for(edge.device);
   if (edge.leaf) {
     AutogradMeta& meta = edge.leaf->autograd;
+    if (!meta.grad.defined() && meta.grad_source) meta.grad = leaf_buffer(edge);
     if (meta.grad_valid) {
       backend.axpy(grad.numel(), 1.0f, grad.data(), meta.grad.data());
     } else if (meta.grad.defined()) {
@@ -273,7 +286,9 @@ void BackwardPass::accumulate(std::size_t i, const Accumulator& write) {
   if (!edge.needs_grad()) return;
   if (edge.leaf) {
     AutogradMeta& meta = edge.leaf->autograd;
-    if (!meta.grad.defined()) meta.grad = Tensor::empty(edge.shape, edge.device);
+    if (!meta.grad.defined()) {
+      meta.grad = meta.grad_source ? leaf_buffer(edge) : Tensor::empty(edge.shape, edge.device);
+    }
     write(meta.grad, meta.grad_valid ? 1.0f : 0.0f);
     meta.grad_valid = true;
     leaves_[edge.leaf.get()].received = true;

@@ -395,6 +395,16 @@ bool Tensor::has_grad() const {
   return impl_->autograd.grad_valid;
 }
 
+void Tensor::release_grad() {
+  impl_->autograd.grad = Tensor();
+  impl_->autograd.grad_valid = false;
+}
+
+void Tensor::set_grad_source(GradSource source) {
+  NANODDP_CHECK(is_leaf(), "a grad source is for leaf tensors");
+  impl_->autograd.grad_source = std::move(source);
+}
+
 HookHandle Tensor::register_post_accumulate_grad_hook(Hook hook) {
   NANODDP_CHECK(is_leaf() && requires_grad(),
                 "post-accumulate-grad hooks are for leaf tensors that require a gradient");

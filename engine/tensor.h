@@ -156,6 +156,15 @@ class Tensor {
   // (beta = 0) instead of adding to it, so zeroing costs no pass over memory.
   void zero_grad();
   bool has_grad() const;
+  // Drops the gradient and its buffer (PyTorch's `p.grad = None`): has_grad() is false, and the
+  // next backward writes into a buffer from the grad source below, or a new one.
+  void release_grad();
+  // Where a leaf's gradient buffer comes from when it has none: called by autograd just before
+  // it writes the leaf's first gradient after release_grad() (or ever); returns a tensor of the
+  // leaf's shape and device, its contents taken as stale. ZeRO-2 hands out gradient memory one
+  // bucket at a time this way (comm/reducer.h). Empty: a new buffer.
+  using GradSource = std::function<Tensor()>;
+  void set_grad_source(GradSource source);
   // Runs after this leaf's gradient for the current backward is complete (all contributions
   // accumulated). The DDP Reducer's entry point. The handle removes the hook (PyTorch's
   // RemovableHandle); dropping the handle keeps it.
@@ -200,9 +209,10 @@ class HookHandle {
 // Autograd state of a tensor; leaves keep their gradient and hooks here.
 struct AutogradMeta {
   bool requires_grad = false;
-  std::shared_ptr<Node> grad_fn;  // null for leaves
-  Tensor grad;                    // buffer of a leaf's gradient
-  bool grad_valid = false;        // false: `grad`'s contents are stale (treated as zero)
+  std::shared_ptr<Node> grad_fn;   // null for leaves
+  Tensor grad;                     // buffer of a leaf's gradient
+  bool grad_valid = false;         // false: `grad`'s contents are stale (treated as zero)
+  Tensor::GradSource grad_source;  // supplies `grad` when it is undefined (may be empty)
   struct IdentifiedHook {
     std::uint64_t id;
     Tensor::Hook hook;

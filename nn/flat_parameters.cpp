@@ -35,12 +35,18 @@ void FlatParameters::zero_grad() {
 }
 
 void FlatParameters::zero_missing_grads() {
+  if (!grads_.defined()) return;  // released: a parameter without a gradient has no memory
   for (ParameterSlot& slot : slots_) {
     if (!slot.param.has_grad()) {
       Tensor grad = grads_.view(slot.offset, slot.param.shape());
       grad.zero();
     }
   }
+}
+
+void FlatParameters::release_gradient_buffer() {
+  for (ParameterSlot& slot : slots_) slot.param.release_grad();
+  grads_ = Tensor();
 }
 
 }  // namespace nanoddp::nn

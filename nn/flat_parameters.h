@@ -49,6 +49,10 @@ class FlatParameters {
   // unused in this step), so that the flat gradient buffer can be read as a whole (a NaN
   // check, a gradient norm). They still have no gradient: the optimizers skip them.
   void zero_missing_grads();
+  // Frees the flat gradient buffer: every parameter is left without a gradient or a buffer, and
+  // grads() is undefined from now on. ZeRO-2 (comm/reducer.h) then hands gradient memory out
+  // one bucket at a time; nothing else may rely on grads().
+  void release_gradient_buffer();
 
  private:
   Tensor values_;

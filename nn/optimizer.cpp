@@ -40,6 +40,9 @@ void Optimizer::shard(OptimizerShard shard) {
   NANODDP_CHECK(!shard.grads.defined() || shard.grads.numel() >= shard.numel,
                 "optimizer shard gradients hold {} elements, the shard {}", shard.grads.numel(),
                 shard.numel);
+  NANODDP_CHECK(shard.had_grad == nullptr || shard.had_grad->size() == params_.slots().size(),
+                "optimizer shard: had_grad for {} parameters, the model has {}",
+                shard.had_grad ? shard.had_grad->size() : 0, params_.slots().size());
   for (Tensor* state : mutable_state()) {
     if (!state->defined()) continue;
     Tensor part = Tensor::zeros({shard.numel}, params_.device());
@@ -88,7 +91,9 @@ void Optimizer::update(std::span<const std::size_t> slots) {
     NANODDP_CHECK(i < all.size(), "optimizer update of parameter {}, but there are {}", i,
                   all.size());
     const ParameterSlot& slot = all[i];
-    if (!slot.param.has_grad()) continue;  // PyTorch: .grad is None, the parameter is skipped
+    const bool has_grad =
+        shard_.had_grad != nullptr ? (*shard_.had_grad)[i] != 0 : slot.param.has_grad();
+    if (!has_grad) continue;  // PyTorch: .grad is None, the parameter is skipped
     const std::int64_t step = ++param_steps_[i];
     if (run_numel > 0 && (run_offset + run_numel != slot.offset || run_step != step)) flush();
     if (run_numel == 0) {

@@ -443,6 +443,63 @@ TEST_CASE("after zero_grad, backward overwrites a gradient buffer full of garbag
   }
 }
 
+TEST_CASE("release_grad drops the buffer, and the grad source supplies the next one, once") {
+  // ZeRO-2's gradient memory (comm/reducer.h): a leaf without a buffer asks its grad source.
+  // Every way a gradient reaches a leaf: GEMM (weight), column sums (bias), emitted (x).
+  constexpr std::size_t batch = 3, in = 4, out = 2;
+  const auto x = test_values(batch * in, 84), w = test_values(out * in, 85);
+  const auto b = test_values(out, 86), t = test_values(batch * out, 87);
+  Tensor tx = leaf(x, {batch, in}), tw = leaf(w, {out, in}), tb = leaf(b, {out});
+  const auto make_loss = [&] {
+    Tensor y = linear(tx, tw, tb, Activation::kGelu);
+    return add(mse_loss(y, constant(t, {batch, out})), sum(relu(tx * 0.5f)));
+  };
+  make_loss().backward();
+  const std::vector<float> gx = tx.grad().to_vector(), gw = tw.grad().to_vector(),
+                           gb = tb.grad().to_vector();
+
+  // One pool of memory for the three leaves, each asked for once per release.
+  Tensor pool =
+      Tensor::full({batch * in + out * in + out}, std::numeric_limits<float>::quiet_NaN());
+  int asked = 0;
+  const auto source_for = [&](std::int64_t offset, Shape shape) {
+    return [&, offset, shape] {
+      ++asked;
+      return pool.view(offset, shape);
+    };
+  };
+  tx.set_grad_source(source_for(0, {batch, in}));
+  tw.set_grad_source(source_for(batch * in, {out, in}));
+  tb.set_grad_source(source_for(batch * in + out * in, {out}));
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    for (Tensor* p : {&tx, &tw, &tb}) {
+      p->release_grad();
+      CHECK_FALSE(p->has_grad());
+      CHECK_FALSE(p->grad().defined());
+    }
+    pool.fill(std::numeric_limits<float>::quiet_NaN());  // stale contents are overwritten
+    make_loss().backward();
+    CHECK(asked == 3 * (round + 1));
+    CHECK(tx.grad().to_vector() == gx);
+    CHECK(tw.grad().to_vector() == gw);
+    CHECK(tb.grad().to_vector() == gb);
+    // The gradients live in the pool.
+    CHECK(pool.view(batch * in, {out * in}).to_vector() == gw);
+  }
+  // A second backward accumulates into the buffer it has: the source is not asked again.
+  make_loss().backward();
+  CHECK(asked == 6);
+  CHECK(tw.grad().to_vector()[0] == 2.0f * gw[0]);
+
+  // A source that gives the wrong shape is an error naming the leaf.
+  tw.set_name("w");
+  tw.set_grad_source([&] { return pool.view(0, {in, out + 1}); });
+  tw.release_grad();
+  CHECK_THROWS_WITH(make_loss().backward(),
+                    doctest::Contains("the grad source of 'w' gave a buffer of shape"));
+}
+
 TEST_CASE("a tensor used twice gets the sum of both gradients") {
   const auto x = test_values(6, 90), t = test_values(6, 91);
   SUBCASE("x + x for a leaf") {

@@ -272,8 +272,11 @@ const std::vector<InPlace> kInPlace{
     {"zero", [](Tensor& t) { t.zero(); }},
 };
 // The other void members: autograd's own bookkeeping, not writes of values.
-const std::set<std::string> kBookkeeping{"set_data",  // PyTorch's `p.data = ...`
-                                         "set_grad_fn", "set_grad", "zero_grad", "backward"};
+const std::set<std::string> kBookkeeping{
+    "set_data",  // PyTorch's `p.data = ...`
+    "set_grad_fn",    "set_grad", "zero_grad", "backward",
+    "release_grad",      // PyTorch's `p.grad = None`
+    "set_grad_source"};  // where a leaf's gradient buffer comes from (ZeRO-2)
 
 // The engine's source folder.
 fs::path engine_dir() {

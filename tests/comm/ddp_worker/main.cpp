@@ -782,9 +782,11 @@ int rebuild(comm::Distributed& dist) {
 }
 
 // ZeRO stages 1 and 2 against stage 0 on the same model and data: parameters and (gathered)
-// optimizer state within 1e-6, with tiny uneven buckets, no_sync accumulation, and
-// find_unused_parameters where head b is unused by every rank at step 0 (so its per-parameter
-// step count lags) and head c is never used. Also the memory each rank holds.
+// optimizer state within 1e-6, with tiny uneven buckets, no_sync accumulation (even steps: then
+// stage 2 binds every bucket's gradient memory before the synchronized pass; odd steps bind as
+// backward goes, waiting for the oldest bucket in flight), and find_unused_parameters where head
+// b is unused by every rank at step 0 (so its per-parameter step count lags) and head c is never
+// used. Also the memory each rank holds, and stage 2's released gradients.
 int zero(comm::Distributed& dist, bool adam, bool bf16) {
   const int rank = dist.group->rank(), world = dist.group->size();
   std::vector<float> values[3], state[3];
@@ -810,12 +812,19 @@ int zero(comm::Distributed& dist, bool adam, bool bf16) {
     for (int step = 0; step < 4; ++step) {
       optimizer->zero_grad();
       model.use_b = step > 0 && rank == 0;
-      {
+      if (step % 2 == 0) {
         comm::DistributedDataParallel::NoSync guard(ddp);
         mse_loss(ddp(batch(6, 4, rank, 2 * step, 0)), batch(6, 2, rank, 2 * step, 1)).backward();
       }
       mse_loss(ddp(batch(6, 4, rank, 2 * step + 1, 0)), batch(6, 2, rank, 2 * step + 1, 1))
           .backward();
+      if (stage == 2) {
+        // Every bucket was reduce-scattered and its gradient memory freed: no .grad is left.
+        for (const nn::ParameterSlot& slot : params.slots()) {
+          EXPECT(!slot.param.grad().defined(), "stage 2, step {}: '{}' still holds a gradient",
+                 step, slot.name);
+        }
+      }
       if (ddp.zero() != nullptr) {
         ddp.zero()->step();
       } else {

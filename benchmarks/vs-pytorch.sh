@@ -2,7 +2,7 @@
 # nanoddp against PyTorch's DistributedDataParallel on the same MLP, in one run on this machine.
 #
 #   benchmarks/vs-pytorch.sh [--hidden H] [--linears L] [--batch B] [--steps N] [--warmup W]
-#                            [--ranks 1,2] [--json FILE]
+#                            [--ranks 1,2] [--bf16] [--json FILE]
 #
 # The model of both: L x Linear(H, H) with ReLU between them, MSE loss, SGD (lr 0.01, no
 # momentum), batch B per rank, one thread per rank. For each rank count R it runs
@@ -12,6 +12,8 @@
 #                        through shared memory, as NCCL does within a node)
 #   nanoddp (tcp)        R > 1 only: the same with NANODDP_SHM=0, Gloo over loopback TCP like
 #                        PyTorch's run: the same transport, so the engines compare directly
+#   nanoddp (tcp bf16)   R > 1 and --bf16: the same over TCP with the bf16 comm hook (half the
+#                        bytes on the wire; PyTorch's run stays float32, as its default)
 # and prints one table: the median step time of the W+1-th to W+N-th steps (PyTorch: the
 # slowest rank's, per step; nanoddp: rank 0's; neither counts making the batch), the 10th and
 # 90th percentiles, samples per second over all ranks and the speed relative to PyTorch.
@@ -23,7 +25,7 @@
 # Measure on an idle machine: the dev VM's two vCPUs vary +-5% from run to run.
 set -euo pipefail
 
-hidden=1024 linears=4 batch=64 steps=200 warmup=20 ranks=1,2 json=""
+hidden=1024 linears=4 batch=64 steps=200 warmup=20 ranks=1,2 json="" bf16=0
 while (($#)); do
   case $1 in
     --hidden) hidden=$2; shift 2 ;;
@@ -33,7 +35,8 @@ while (($#)); do
     --warmup) warmup=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
-    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --bf16) bf16=1; shift ;;
+    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "vs-pytorch.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -81,12 +84,16 @@ for r in "${counts[@]}"; do
       --metrics "$work/nanoddp-$r.jsonl" >/dev/null
     NANODDP_SHM=0 "$bin/nanoddp-run" --nproc-per-node "$r" "$bin/nanoddp-train" \
       "${train_args[@]}" --metrics "$work/nanoddp-tcp-$r.jsonl" >/dev/null
+    if ((bf16)); then
+      NANODDP_SHM=0 "$bin/nanoddp-run" --nproc-per-node "$r" "$bin/nanoddp-train" \
+        "${train_args[@]}" --comm-hook bf16 --metrics "$work/nanoddp-tcp-bf16-$r.jsonl" >/dev/null
+    fi
   fi
 done
 
-"$python" - "$work" "$ranks" "$warmup" "$hidden" "$linears" "$batch" "$steps" "$json" <<'EOF'
+"$python" - "$work" "$ranks" "$warmup" "$hidden" "$linears" "$batch" "$steps" "$json" "$bf16" <<'EOF'
 import json, os, statistics, sys
-work, ranks, warmup, hidden, linears, batch, steps, json_path = sys.argv[1:]
+work, ranks, warmup, hidden, linears, batch, steps, json_path, bf16 = sys.argv[1:]
 warmup, batch, steps = int(warmup), int(batch), int(steps)
 
 def percentile(sorted_ms, q):  # the peer script's own definition, so both columns agree
@@ -102,6 +109,8 @@ for r in map(int, ranks.split(",")):
     runs = [("nanoddp", f"nanoddp-{r}.jsonl")]
     if r > 1:
         runs = [("nanoddp (shm)", f"nanoddp-{r}.jsonl"), ("nanoddp (tcp)", f"nanoddp-tcp-{r}.jsonl")]
+        if bf16 == "1":
+            runs.append(("nanoddp (tcp bf16)", f"nanoddp-tcp-bf16-{r}.jsonl"))
     for engine, name in runs:
         lines = [json.loads(l) for l in open(f"{work}/{name}")]
         ms = sorted(l["step_ms"] for l in lines if l["step"] > warmup)
@@ -114,10 +123,10 @@ for r in map(int, ranks.split(",")):
 
 print(f"nanoddp vs PyTorch {version} DDP ({blas}): {linears} x Linear({hidden}, {hidden}), "
       f"batch {batch} per rank, SGD, 1 thread per rank, {steps} steps after {warmup} warm-up\n")
-print(f"{'ranks':>5}  {'engine':<14} {'step ms':>8} {'p10':>8} {'p90':>8} {'samples/s':>10} "
+print(f"{'ranks':>5}  {'engine':<18} {'step ms':>8} {'p10':>8} {'p90':>8} {'samples/s':>10} "
       f"{'vs PyTorch':>10}")
 for row in rows:
-    print(f"{row['ranks']:>5}  {row['engine']:<14} {row['step_ms']:>8.3f} {row['p10_ms']:>8.3f} "
+    print(f"{row['ranks']:>5}  {row['engine']:<18} {row['step_ms']:>8.3f} {row['p10_ms']:>8.3f} "
           f"{row['p90_ms']:>8.3f} {row['samples_per_s']:>10.1f} {row['vs_pytorch']:>9.2f}x")
 print("\nstep ms: median per step (PyTorch: the slowest rank; nanoddp: rank 0; without making the "
       "batch); vs PyTorch: its step time over this row's (above 1: faster)")

@@ -12,7 +12,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 NANODDP_BIN_DIR=$bin_dir timeout 240 "$root/benchmarks/vs-pytorch.sh" --hidden 32 --linears 3 \
-  --batch 4 --steps 10 --warmup 2 --ranks 1,2 --json "$work/rows.jsonl" >"$work/table.txt"
+  --batch 4 --steps 10 --warmup 2 --ranks 1,2 --bf16 --json "$work/rows.jsonl" >"$work/table.txt"
 cat "$work/table.txt"
 grep -q "3 x Linear(32, 32), batch 4 per rank" "$work/table.txt"
 
@@ -21,7 +21,7 @@ import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 table = open(sys.argv[2]).read()
 want = [(1, "pytorch"), (1, "nanoddp"), (2, "pytorch (tcp)"), (2, "nanoddp (shm)"),
-        (2, "nanoddp (tcp)")]
+        (2, "nanoddp (tcp)"), (2, "nanoddp (tcp bf16)")]
 got = [(r["ranks"], r["engine"]) for r in rows]
 assert got == want, f"rows {got}, expected {want}"
 for r in rows:
@@ -29,6 +29,6 @@ for r in rows:
     assert abs(r["samples_per_s"] - 1000 * r["ranks"] * 4 / r["step_ms"]) <= 0.1 + 1e-3 * r["samples_per_s"], r
     base = next(x for x in rows if x["ranks"] == r["ranks"] and x["engine"].startswith("pytorch"))
     assert abs(r["vs_pytorch"] - base["step_ms"] / r["step_ms"]) <= 1e-3 * r["vs_pytorch"] + 1e-3, r
-    assert f"{r['engine']:<14} {r['step_ms']:>8.3f}" in table, f"row {r} not in the table"
+    assert f"{r['engine']:<18} {r['step_ms']:>8.3f}" in table, f"row {r} not in the table"
 print(f"vs_pytorch.sh: {len(rows)} rows consistent")
 PY

@@ -23,6 +23,11 @@ scripts/install-deps.sh
 configs=("$@")
 [ ${#configs[@]} -eq 0 ] && configs=(asan tsan)
 jobs=${NANODDP_SANITIZER_JOBS:-$(nproc)}
+# As scripts/test.sh: a failed test runs up to NANODDP_TEST_RETRIES more times.
+retries=${NANODDP_TEST_RETRIES:-0}
+[[ $retries =~ ^[0-9]+$ ]] || { echo "test-sanitizers.sh: NANODDP_TEST_RETRIES='$retries' is not a count" >&2; exit 2; }
+repeat=()
+((retries > 0)) && repeat=(--repeat "until-pass:$((retries + 1))")
 
 # Tests excluded under sanitizers, with the reason:
 #   consumer-find-package (label `install`): installs libnanoddp.a and builds an outside
@@ -72,7 +77,7 @@ for config in "${configs[@]}"; do
   start=$SECONDS
   rc=0
   ctest --test-dir "$dir" -L cpu -LE "$exclude_labels" ${exclude_names:+-E "$exclude_names"} \
-    --output-on-failure -j "$jobs" --timeout 600 || rc=$?
+    --output-on-failure -j "$jobs" --timeout 600 "${repeat[@]}" || rc=$?
   test_s=$((SECONDS - start))
   unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS
 

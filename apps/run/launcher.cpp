@@ -100,7 +100,10 @@ class Attempt {
   void start_worker(int local_rank);
   void begin_stop(int signo);
   void signal_groups(int signo);
+  void kill_groups();  // SIGKILL to every group, once the grace period is over
   bool groups_empty() const;
+  // How long a stop waits after the SIGKILL for the groups to empty before it gives up on them.
+  static constexpr std::chrono::seconds kKillWait{2};
   void handle_signals();
   void poll_once();
   void reap();
@@ -117,6 +120,7 @@ class Attempt {
 
   bool stopping_ = false;
   bool killed_ = false;               // SIGKILL sent to every group
+  Clock::time_point killed_at_;       // when
   Clock::time_point deadline_;        // of the grace period, while stopping
   int launcher_signal_ = 0;           // the first SIGINT/SIGTERM/SIGHUP the launcher got
   int first_failed_ = -1;             // index into workers_
@@ -179,6 +183,12 @@ void Attempt::signal_groups(int signo) {
   }
 }
 
+void Attempt::kill_groups() {
+  signal_groups(SIGKILL);
+  killed_ = true;
+  killed_at_ = Clock::now();
+}
+
 bool Attempt::groups_empty() const {
   return std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) {
     return w.result.pid <= 0 || (::kill(-w.result.pid, 0) != 0 && errno == ESRCH);
@@ -205,8 +215,7 @@ void Attempt::handle_signals() {
       begin_stop(signo);
     } else if (!killed_) {
       say("got {} again: killing the workers now", signal_name(signo));
-      signal_groups(SIGKILL);
-      killed_ = true;
+      kill_groups();
     }
   }
 }
@@ -263,7 +272,7 @@ void Attempt::poll_once() {
   if (stopping_) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
-    timeout_ms = static_cast<int>(std::clamp<long long>(left, 0, 50));
+    timeout_ms = static_cast<int>(std::clamp<long long>(left, 5, 50));
   }
   if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;  // timeout or EINTR
   if (fds[0].revents != 0) handle_signals();
@@ -331,12 +340,17 @@ AttemptOutcome Attempt::run() {
     const bool any_running =
         std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
     if (!stopping_ && !any_running) break;
-    if (stopping_ && !any_running && (killed_ || groups_empty())) break;
+    // After the SIGKILL too, until the groups are empty: a killed worker's child takes a moment
+    // to die and be reaped (by this launcher, its subreaper); leaving before would hand it to
+    // init alive. Bounded: a process in an uninterruptible wait dies only when that wait ends.
+    if (stopping_ && !any_running &&
+        (groups_empty() || (killed_ && Clock::now() - killed_at_ >= kKillWait))) {
+      break;
+    }
     if (stopping_ && !killed_ && Clock::now() >= deadline_) {
       say("grace period of {} s is over: SIGKILL to the workers still running",
           options_.grace_period_s);
-      signal_groups(SIGKILL);
-      killed_ = true;
+      kill_groups();
     }
   }
   drain_and_close();

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "nanoddp/comm/consistency.h"
+#include "nanoddp/engine/allocator.h"
 #include "nanoddp/kernels/error.h"
 
 namespace nanoddp::comm {
@@ -42,10 +43,21 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, nn::FlatPar
   if (options.zero_stage < 0 || options.zero_stage > 2) {
     fail("DdpOptions::zero_stage {}: expected 0, 1 or 2", options.zero_stage);
   }
+  if (optimizer != nullptr && &optimizer->parameters() != &params) {
+    fail(
+        "the optimizer given to DistributedDataParallel updates another FlatParameters than the "
+        "one DDP reduces: build it over the same FlatParameters");
+  }
   if (options.zero_stage > 0) {
     if (optimizer == nullptr) {
       fail("DdpOptions::zero_stage {} shards the optimizer: pass it to DDP's constructor",
            options.zero_stage);
+    }
+    if (options.zero_stage == 2 && params.attached() > 0) {
+      fail(
+          "DdpOptions::zero_stage 2 frees the parameters' flat gradient buffer, which {} other "
+          "DistributedDataParallel(s) on the same parameters still use: destroy them first",
+          params.attached());
     }
     // The buckets define who owns which chunk: they must never be cut again.
     options_.reducer.rebuild_buckets = false;
@@ -79,6 +91,9 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, nn::FlatPar
     zero_ = std::make_unique<Zero>(options_.zero_stage, params, *optimizer, group_,
                                    reducer_->buckets(), options_.reducer.comm_hook);
     reducer_->set_zero(zero_.get());
+    // The whole optimizer state (and under stage 2 the flat gradient buffer) was freed into the
+    // caching allocator: give it back to the system, or the process would hold more, not less.
+    allocator_for(params.device()).empty_cache();
   }
 }
 

@@ -39,6 +39,12 @@ const char* comm_hook_name(CommHook hook) {
 Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group,
                  const ReducerOptions& options)
     : params_(params), group_(std::move(group)), options_(options), timeline_(params.device()) {
+  if (!params_.has_gradient_buffer()) {
+    fail(
+        "these parameters' flat gradient buffer is released by a ZeRO stage 2 "
+        "DistributedDataParallel that still exists: destroy it before building another DDP on "
+        "the same parameters");
+  }
   // Cut the flat gradient buffer into buckets, in its (reverse registration) order
   // (bucket_assignment.h: the rule nanoddp-sim uses too).
   const auto& slots = params_.slots();
@@ -74,6 +80,7 @@ Reducer::Reducer(nn::FlatParameters& params, std::shared_ptr<ProcessGroup> group
   }
 
   // The autograd hooks hold a weak handle: one that outlives its Reducer does nothing.
+  params_.attach();
   alive_ = std::make_shared<Reducer*>(this);
   for (std::size_t i = 0; i < slots.size(); ++i) {
     Tensor param = slots[i].param;
@@ -91,11 +98,17 @@ Reducer::~Reducer() {
   wait_for_launched();
   for (HookHandle& hook : autograd_hooks_) hook.remove_quietly();
   if (scatter_) {
+    // The parameters go back to a flat gradient buffer (another DDP may be built on them).
     for (const nn::ParameterSlot& slot : params_.slots()) {
       Tensor param = slot.param;
       param.set_grad_source(nullptr);
     }
+    try {
+      params_.restore_gradient_buffer();
+    } catch (...) {  // out of memory in a destructor: the parameters stay without one
+    }
   }
+  params_.detach();
 }
 
 void Reducer::set_bucket_reduced_hook(BucketReducedHook hook) {
@@ -116,6 +129,8 @@ void Reducer::set_zero(Zero* zero) {
   scatter_ = zero != nullptr && zero->stage() == 2;
   if (!scatter_) return;
   // Stage 2: no flat gradient buffer; memory one bucket at a time (reducer.h, set_zero).
+  NANODDP_CHECK(params_.attached() == 1,
+                "ZeRO stage 2 frees the flat gradient buffer, which another Reducer still uses");
   params_.release_gradient_buffer();
   for (Bucket& bucket : buckets_) {
     bucket.grads = Tensor();
@@ -176,7 +191,7 @@ void Reducer::release(std::size_t b) {
   Bucket& bucket = buckets_[b];
   for (const std::size_t i : bucket.slots) {
     Tensor param = params_.slots()[i].param;
-    zero_->set_had_grad(i, param.has_grad());  // what the optimizer skips, from now on
+    zero_->note_gradient(b, i, param.has_grad());  // what the optimizer skips, from now on
     param.release_grad();
   }
   zero_->gradient_memory_changed(-bound_bytes(bucket));
@@ -496,7 +511,10 @@ void Reducer::mark_unused_ready(std::size_t i) {
   // (kept, as PyTorch does), or, when nothing wrote it since zero_grad(), zero (the buffer's
   // stale contents must not be reduced).
   const nn::ParameterSlot& slot = params_.slots()[i];
-  used_[i] = slot.param.has_grad();
+  // Under ZeRO-2 a gradient averaged by an earlier pass since zero_grad() lives on in the shard
+  // (its .grad is gone): it counts as used, as the flat buffer's would.
+  used_[i] = slot.param.has_grad() ||
+             (scatter_ && zero_->holds_gradient(bucket_of_slot_[i]) && zero_->had_grad(i));
   if (!slot.param.has_grad()) {
     Tensor grad =
         scatter_ ? gradient_buffer(i) : params_.grads().view(slot.offset, slot.param.shape());

@@ -99,10 +99,30 @@ Zero::Zero(int stage, nn::FlatParameters& params, nn::Optimizer& optimizer,
     gather_out_ = Tensor::empty({piece * world_}, device);
   }
   had_grad_.assign(params.slots().size(), 0);
+  scattered_at_.assign(chunks_.size(), kNever);
+  accumulating_.assign(chunks_.size(), 0);
+  incoming_.resize(chunks_.size());
   optimizer_.shard({.ranges = std::move(ranges),
                     .numel = shard_numel_,
                     .grads = stage_ == 2 ? shard_grads_ : Tensor(),
                     .had_grad = stage_ == 2 ? &had_grad_ : nullptr});
+}
+
+bool Zero::holds_gradient(std::size_t b) const {
+  return scattered_at_[b] != kNever && scattered_at_[b] == params_.zero_grad_count();
+}
+
+void Zero::note_gradient(std::size_t b, std::size_t slot, bool has) {
+  had_grad_.at(slot) = has || (accumulating_[b] != 0 && had_grad_[slot] != 0) ? 1 : 0;
+}
+
+void Zero::land(std::size_t b, float* to, const float* from, std::int64_t n) {
+  Backend& backend = backend_for(params_.device());
+  if (accumulating_[b] != 0) {
+    backend.axpy(n, 1.0f, from, to);
+  } else if (to != from) {
+    backend.copy(to, from, static_cast<std::size_t>(n) * sizeof(float));
+  }
 }
 
 std::shared_ptr<Work> Zero::reduce_scatter(std::size_t b, const Bucket& bucket) {
@@ -110,6 +130,9 @@ std::shared_ptr<Work> Zero::reduce_scatter(std::size_t b, const Bucket& bucket) 
   const Chunk& c = chunks_[b];
   Backend& backend = backend_for(params_.device());
   const bool bf16 = hook_ == CommHook::kBf16;
+  // Averages not cleared since the last reduction of this bucket are added to (zero.h).
+  accumulating_[b] = holds_gradient(b) ? 1 : 0;
+  scattered_at_[b] = params_.zero_grad_count();
   // The bucket as it goes on the wire: float32, or the bf16 hook's compressed copy.
   if (bf16) {
     backend.f32_to_bf16(bucket.grads.data(), bf16_at(bucket.compressed, 0), c.numel);
@@ -117,17 +140,28 @@ std::shared_ptr<Work> Zero::reduce_scatter(std::size_t b, const Bucket& bucket) 
   const Tensor& wire = bf16 ? bucket.compressed : bucket.grads;
   if (world_ == 1) {
     // The whole bucket is this rank's chunk (the bf16 hook still rounds, as its all-reduce).
+    float* to = shard_grads_.data() + c.local;
     if (bf16) {
-      backend.bf16_to_f32(bf16_at(bucket.compressed, 0), shard_grads_.data() + c.local, c.numel);
+      Tensor expanded = Tensor::empty({c.numel}, params_.device());
+      backend.bf16_to_f32(bf16_at(bucket.compressed, 0), expanded.data(), c.numel);
+      land(b, to, expanded.data(), c.numel);
     } else {
-      backend.copy(shard_grads_.data() + c.local, bucket.grads.data(),
-                   static_cast<std::size_t>(c.numel) * sizeof(float));
+      land(b, to, bucket.grads.data(), c.numel);
     }
     return completed_work("local copy");  // one rank alone: a copy, done at "launch"
   }
   // Block r of the first W*q elements is rank r's chunk: reduced straight into this rank's
-  // shard, the bucket itself the input (nothing copied).
-  Tensor out = bf16 ? shard_grads_bf16_.view(c.local, {c.q}) : shard_grads_.view(c.local, {c.q});
+  // shard, the bucket itself the input (nothing copied); when accumulating, into a buffer of
+  // its own first (bucket_scattered adds it).
+  Tensor out;
+  if (bf16) {
+    out = shard_grads_bf16_.view(c.local, {c.q});
+  } else if (accumulating_[b] != 0) {
+    incoming_[b] = Tensor::empty({c.q}, params_.device());
+    out = incoming_[b];
+  } else {
+    out = shard_grads_.view(c.local, {c.q});
+  }
   std::shared_ptr<Work> scatter =
       group_->reduce_scatter(wire.view(0, {c.q * world_}), out, ReduceOp::kAvg);
   if (c.tail == 0) return scatter;
@@ -142,16 +176,28 @@ void Zero::bucket_scattered(std::size_t b, const Bucket& bucket) {
   const Chunk& c = chunks_[b];
   Backend& backend = backend_for(params_.device());
   const bool bf16 = hook_ == CommHook::kBf16;
-  if (bf16) {
-    backend.bf16_to_f32(bf16_at(shard_grads_bf16_, c.local), shard_grads_.data() + c.local, c.q);
+  const bool accumulating = accumulating_[b] != 0;
+  float* chunk = shard_grads_.data() + c.local;
+  // The chunk's averages, expanded from bf16 or from where the reduce-scatter put them.
+  if (bf16 && !accumulating) {
+    backend.bf16_to_f32(bf16_at(shard_grads_bf16_, c.local), chunk, c.q);
+  } else if (bf16) {
+    Tensor expanded = Tensor::empty({c.q}, params_.device());
+    backend.bf16_to_f32(bf16_at(shard_grads_bf16_, c.local), expanded.data(), c.q);
+    land(b, chunk, expanded.data(), c.q);
+  } else if (accumulating) {
+    land(b, chunk, incoming_[b].data(), c.q);
+    incoming_[b] = Tensor();
   }
   if (c.own == c.q) return;  // not the last rank, or no left-over elements
   const std::int64_t at = c.q * world_;
-  float* to = shard_grads_.data() + c.local + c.q;
+  float* to = chunk + c.q;
   if (bf16) {
-    backend.bf16_to_f32(bf16_at(bucket.compressed, at), to, c.tail);
+    Tensor expanded = Tensor::empty({c.tail}, params_.device());
+    backend.bf16_to_f32(bf16_at(bucket.compressed, at), expanded.data(), c.tail);
+    land(b, to, expanded.data(), c.tail);
   } else {
-    backend.copy(to, bucket.grads.data() + at, static_cast<std::size_t>(c.tail) * sizeof(float));
+    land(b, to, bucket.grads.data() + at, c.tail);
   }
 }
 
@@ -249,11 +295,20 @@ ZeroMemory Zero::memory() const {
 
 std::string Zero::describe() const {
   const ZeroMemory m = memory();
+  // Under stage 2 the bucket buffers come and go during backward: not counted until one ran.
+  const std::string gradients =
+      stage_ == 2 && bucket_bytes_peak_ == 0
+          ? fmt::format(
+                "gradients {} B (the averaged shard; during backward also at most two "
+                "buckets' buffers)",
+                m.gradient_bytes)
+          : fmt::format("gradients {} B (averaged {} B)", m.gradient_bytes,
+                        m.averaged_gradient_bytes);
   return fmt::format(
-      "ZeRO stage {}: rank {} of {} owns {} of {} elements ({} buckets); parameters {} B, "
-      "gradients {} B (averaged {} B), optimizer state {} B",
+      "ZeRO stage {}: rank {} of {} owns {} of {} elements ({} buckets); parameters {} B, {}, "
+      "optimizer state {} B",
       stage_, rank_, world_, shard_numel_, params_.numel(), chunks_.size(), m.parameter_bytes,
-      m.gradient_bytes, m.averaged_gradient_bytes, m.optimizer_state_bytes);
+      gradients, m.optimizer_state_bytes);
 }
 
 }  // namespace nanoddp::comm

@@ -36,7 +36,13 @@
 // gradients plus at most two buckets (all of them while no_sync accumulates micro-batches, as
 // PyTorch's FSDP holds whole gradients under no_sync). A parameter's .grad is gone once its
 // bucket is reduced (PyTorch's None, as DeepSpeed leaves it): the optimizer reads the shard,
-// and which parameters had a gradient is kept here (set_had_grad).
+// and which parameters had a gradient is kept here (note_gradient).
+//
+// Accumulation. Without zero_grad() between them, a second synchronized backward adds to the
+// gradients of the first (the flat buffer accumulates; so do several backwards before one
+// step). Stage 2 does the same in the shard: a bucket reduced again with no zero_grad() since
+// (FlatParameters::zero_grad_count) adds its new averages to its chunk instead of overwriting
+// it. (A parameter zero_grad()-ed alone, not through FlatParameters, is not seen.)
 //
 // The all-gathers go through a staging buffer of W+1 pieces of at most kGatherPiece elements
 // (the interface's all-gather wants its output contiguous, and this rank's input apart), so
@@ -102,10 +108,16 @@ class Zero {
   // Stage 2, after that collective's wait: the left-over elements into the last rank's shard,
   // and the bf16 hook's chunk expanded to float32.
   void bucket_scattered(std::size_t b, const Bucket& bucket);
-  // Stage 2, from the Reducer as it frees a bucket's gradients: whether parameter `slot` had a
-  // gradient in the reduced pass (the optimizer skips it if not), and the bytes of bucket
-  // buffers it allocated (+) or freed (-), for memory().
+  // Stage 2, from the Reducer as it frees bucket b's gradients: whether parameter `slot` had a
+  // gradient in the reduced pass (or, accumulating, in an earlier one): the optimizer skips it
+  // if not. set_had_grad overrides it (a parameter no rank used).
+  void note_gradient(std::size_t b, std::size_t slot, bool has);
   void set_had_grad(std::size_t slot, bool had) { had_grad_.at(slot) = had ? 1 : 0; }
+  bool had_grad(std::size_t slot) const { return had_grad_.at(slot) != 0; }
+  // Stage 2: whether bucket b's chunk holds averages that no zero_grad() has cleared since
+  // they were reduced: its next reduce-scatter adds to them.
+  bool holds_gradient(std::size_t b) const;
+  // The bytes of bucket buffers the Reducer allocated (+) or freed (-), for memory().
   void gradient_memory_changed(std::int64_t bytes);
 
   // The averaged gradients this rank holds: stage 2 the shard buffer (c elements per bucket),
@@ -133,6 +145,8 @@ class Zero {
   // is read from mine(c).
   template <typename Mine>
   void all_gather(Mine mine, Tensor& full);
+  // Stage 2: n averages of bucket b into the shard at `to`: copied, or added when accumulating.
+  void land(std::size_t b, float* to, const float* from, std::int64_t n);
 
   int stage_;
   double last_gather_ms_ = 0;
@@ -145,7 +159,13 @@ class Zero {
   std::vector<Chunk> chunks_;
   std::int64_t shard_numel_ = 0;
   Tensor shard_grads_;                                     // stage 2
-  std::vector<char> had_grad_;                             // stage 2, per slot (set_had_grad)
+  std::vector<char> had_grad_;                             // stage 2, per slot (note_gradient)
+  // Stage 2, per bucket: FlatParameters::zero_grad_count() at its last reduce-scatter (none:
+  // kNever), whether the one in flight adds to the chunk, and where its averages land then.
+  static constexpr std::uint64_t kNever = ~std::uint64_t{0};
+  std::vector<std::uint64_t> scattered_at_;
+  std::vector<char> accumulating_;
+  std::vector<Tensor> incoming_;
   std::int64_t bucket_bytes_ = 0, bucket_bytes_peak_ = 0;  // stage 2: bucket buffers held
   Tensor shard_grads_bf16_;        // stage 2 with the bf16 hook: the reduce-scatter's output
   Tensor gather_in_, gather_out_;  // one piece of this rank's chunk, and the W pieces

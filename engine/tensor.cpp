@@ -107,8 +107,21 @@ Tensor Tensor::from_int64(std::span<const std::int64_t> values, const Shape& sha
 
 // ---- metadata -----------------------------------------------------------------------------
 
+namespace {
+// Metadata of an undefined tensor (a default-constructed Tensor, the grad() of a parameter that
+// has none) is an error, not a null dereference: every use of such a tensor reads it first.
+const TensorImpl& checked(const std::shared_ptr<TensorImpl>& impl) {
+  if (!impl) {
+    fail(
+        "use of an undefined tensor (a default-constructed Tensor, or a gradient that is not "
+        "there: grad() of a parameter without one, or a released gradient buffer)");
+  }
+  return *impl;
+}
+}  // namespace
+
 const Shape& Tensor::shape() const {
-  return impl_->shape;
+  return checked(impl_).shape;
 }
 
 std::int64_t Tensor::size(std::int64_t d) const {
@@ -119,13 +132,13 @@ std::int64_t Tensor::size(std::int64_t d) const {
 }
 
 std::int64_t Tensor::numel() const {
-  return shape_numel(impl_->shape);
+  return shape_numel(checked(impl_).shape);
 }
 DType Tensor::dtype() const {
-  return impl_->dtype;
+  return checked(impl_).dtype;
 }
 Device Tensor::device() const {
-  return impl_->storage->device();
+  return checked(impl_).storage->device();
 }
 const std::shared_ptr<Storage>& Tensor::storage() const {
   return impl_->storage;

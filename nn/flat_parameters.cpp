@@ -18,19 +18,36 @@ FlatParameters::FlatParameters(const Module& module, Device device) {
     total += it->tensor.numel();
   }
   values_ = Tensor::empty({total}, device);
-  grads_ = Tensor::zeros({total}, device);
   const NoGrad no_grad;  // moving the parameters' values is no step of the model's function
   for (ParameterSlot& slot : slots_) {
     Tensor value = values_.view(slot.offset, slot.param.shape());
     value.copy_from(slot.param);
     slot.param.set_data(value);
+    slot.param.set_name(slot.name);
+  }
+  restore_gradient_buffer();
+}
+
+const Tensor& FlatParameters::grads() const {
+  if (!grads_.defined()) {
+    fail(
+        "the flat gradient buffer is released: under ZeRO stage 2 no rank holds the whole "
+        "gradient (each parameter's .grad is gone once its bucket is reduced). This rank's shard "
+        "of the averaged gradients is DistributedDataParallel::zero()->averaged_gradients()");
+  }
+  return grads_;
+}
+
+void FlatParameters::restore_gradient_buffer() {
+  grads_ = Tensor::zeros({values_.numel()}, values_.device());
+  for (ParameterSlot& slot : slots_) {
     slot.param.set_grad(grads_.view(slot.offset, slot.param.shape()));
     slot.param.zero_grad();  // the buffer, but no gradient yet
-    slot.param.set_name(slot.name);
   }
 }
 
 void FlatParameters::zero_grad() {
+  ++zero_grad_count_;
   for (ParameterSlot& slot : slots_) slot.param.zero_grad();
 }
 

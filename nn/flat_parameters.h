@@ -36,7 +36,11 @@ class FlatParameters {
   Device device() const { return values_.device(); }
   std::int64_t numel() const { return values_.numel(); }
   const Tensor& values() const { return values_; }
-  const Tensor& grads() const { return grads_; }
+  // The flat gradient buffer. An error while it is released (release_gradient_buffer: under
+  // ZeRO stage 2 no rank holds whole gradients; DistributedDataParallel::zero()->
+  // averaged_gradients() is this rank's shard of the averages).
+  const Tensor& grads() const;
+  bool has_gradient_buffer() const { return grads_.defined(); }
   // In layout order (reverse registration order).
   const std::vector<ParameterSlot>& slots() const { return slots_; }
 
@@ -45,19 +49,32 @@ class FlatParameters {
   // false, PyTorch's .grad is None) until a backward gives it one, and the optimizers skip it.
   // A new FlatParameters starts so.
   void zero_grad();
+  // zero_grad() calls so far: ZeRO-2 tells from it whether the averaged gradients it holds were
+  // cleared since it reduced them (if not, the next reduction adds to them, as the flat buffer
+  // accumulates).
+  std::uint64_t zero_grad_count() const { return zero_grad_count_; }
   // Zero-fills the memory of the gradients no backward wrote since zero_grad() (parameters
   // unused in this step), so that the flat gradient buffer can be read as a whole (a NaN
   // check, a gradient norm). They still have no gradient: the optimizers skip them.
   void zero_missing_grads();
   // Frees the flat gradient buffer: every parameter is left without a gradient or a buffer, and
-  // grads() is undefined from now on. ZeRO-2 (comm/reducer.h) then hands gradient memory out
-  // one bucket at a time; nothing else may rely on grads().
+  // grads() is an error until restore_gradient_buffer(). ZeRO-2 (comm/reducer.h) hands gradient
+  // memory out one bucket at a time meanwhile.
   void release_gradient_buffer();
+  // A new flat gradient buffer, each parameter's .grad a view into it again (no gradient yet).
+  void restore_gradient_buffer();
+  // The DDP Reducers that read the flat buffer's layout (their buckets are views of it): ZeRO-2
+  // may release the buffer only when it is the one user.
+  void attach() { ++attached_; }
+  void detach() { --attached_; }
+  int attached() const { return attached_; }
 
  private:
   Tensor values_;
   Tensor grads_;
   std::vector<ParameterSlot> slots_;
+  std::uint64_t zero_grad_count_ = 0;
+  int attached_ = 0;
 };
 
 }  // namespace nanoddp::nn

@@ -56,6 +56,8 @@ class Optimizer {
   // Updates the parameters `slots` (indices into params.slots()) that have a gradient.
   void update(std::span<const std::size_t> slots);
   void zero_grad() { params_.zero_grad(); }
+  // The parameters it updates.
+  const FlatParameters& parameters() const { return params_; }
   // Optimizer steps taken (begin_step() calls).
   std::int64_t steps() const { return steps_; }
   // Per parameter (slot order): the steps that updated it (PyTorch's state[p]["step"]); AdamW's

@@ -14,7 +14,7 @@
 //   nanoddp-test-ddp-worker skip-step
 //   nanoddp-test-ddp-worker rebuild
 //   nanoddp-test-ddp-worker two-tower
-//   nanoddp-test-ddp-worker zero [--adamw] [--bf16]
+//   nanoddp-test-ddp-worker zero [--adamw] [--bf16] [--twoback|--nozerograd]
 //   nanoddp-test-ddp-worker zero-refusals
 
 #include <fmt/format.h>
@@ -787,7 +787,10 @@ int rebuild(comm::Distributed& dist) {
 // backward goes, waiting for the oldest bucket in flight), and find_unused_parameters where head
 // b is unused by every rank at step 0 (so its per-parameter step count lags) and head c is never
 // used. Also the memory each rank holds, and stage 2's released gradients.
-int zero(comm::Distributed& dist, bool adam, bool bf16) {
+// Loops an outside tester found stage 2 to get wrong (it kept only the last pass's averages):
+// --twoback runs two synchronized backwards before each step (their gradients add up), and
+// --nozerograd calls zero_grad() before the first step only (each step's add to all before).
+int zero(comm::Distributed& dist, bool adam, bool bf16, const std::string& loop) {
   const int rank = dist.group->rank(), world = dist.group->size();
   std::vector<float> values[3], state[3];
   for (int stage = 0; stage < 3; ++stage) {
@@ -810,8 +813,14 @@ int zero(comm::Distributed& dist, bool adam, bool bf16) {
          .zero_stage = stage},
         optimizer.get());
     for (int step = 0; step < 4; ++step) {
-      optimizer->zero_grad();
+      if (loop != "--nozerograd" || step == 0) optimizer->zero_grad();
       model.use_b = step > 0 && rank == 0;
+      if (loop == "--twoback") {
+        // A first synchronized pass with head b on every rank (step 0 of it included).
+        model.use_b = true;
+        mse_loss(ddp(batch(6, 4, rank, 20 + step, 0)), batch(6, 2, rank, 20 + step, 1)).backward();
+        model.use_b = step > 0 && rank == 0;
+      }
       if (step % 2 == 0) {
         comm::DistributedDataParallel::NoSync guard(ddp);
         mse_loss(ddp(batch(6, 4, rank, 2 * step, 0)), batch(6, 2, rank, 2 * step, 1)).backward();
@@ -914,6 +923,54 @@ int zero_refusals(comm::Distributed& dist) {
     nn::Optimizer* mine = dist.group->rank() == 0 ? static_cast<nn::Optimizer*>(&sgd) : &adamw;
     comm::DistributedDataParallel(model, params, dist.group, dist.store, {.zero_stage = 1}, mine);
   });
+  // An optimizer over other parameters would update those, and this model never (an outside
+  // tester's case: silently, under ZeRO).
+  Generator g2(12);
+  ThreeHeads other_model(g2);
+  nn::FlatParameters other_params(other_model, Device::cpu());
+  nn::SGD other_sgd(other_params, {.lr = 0.1f});
+  expect_error("optimizer of other parameters", [&] {
+    comm::DistributedDataParallel(model, params, dist.group, dist.store, {.zero_stage = 2},
+                                  &other_sgd);
+  });
+  {
+    // Stage 2 frees the flat gradient buffer: not while another DDP on the parameters uses it.
+    comm::DistributedDataParallel plain(model, params, dist.group, dist.store, {});
+    expect_error("stage 2 beside a live DDP", [&] {
+      comm::DistributedDataParallel(model, params, dist.group, dist.store, {.zero_stage = 2}, &sgd);
+    });
+  }
+  {
+    // A stage-2 DDP that trained and is gone leaves the parameters a flat buffer again: a
+    // plain DDP after it trains (an outside tester's case crashed here).
+    nn::SGD first_sgd(params, {.lr = 0.1f});
+    {
+      comm::DistributedDataParallel first(
+          model, params, dist.group, dist.store,
+          {.reducer = {.find_unused_parameters = true}, .zero_stage = 2}, &first_sgd);
+      first_sgd.zero_grad();
+      mse_loss(first(batch(6, 4, 0, 0, 0)), batch(6, 2, 0, 0, 1)).backward();
+      first.zero()->step();
+      expect_error("params.grads() under stage 2", [&] { (void)params.grads(); });
+      expect_error("an undefined tensor read",
+                   [&] { (void)params.slots()[0].param.grad().to_vector(); });
+      expect_error("a second DDP beside stage 2", [&] {
+        comm::DistributedDataParallel(model, params, dist.group, dist.store, {});
+      });
+    }
+    EXPECT(params.has_gradient_buffer(), "the flat gradient buffer was not restored");
+    comm::DistributedDataParallel after(model, params, dist.group, dist.store,
+                                        {.reducer = {.find_unused_parameters = true}});
+    params.zero_grad();
+    mse_loss(after(batch(6, 4, 0, 0, 0)), batch(6, 2, 0, 0, 1)).backward();
+    for (const nn::ParameterSlot& slot : params.slots()) {
+      // Head a takes part, head c never (ThreeHeads; use_b is left as it was).
+      if (slot.name.rfind("a.", 0) == 0) {
+        EXPECT(slot.param.has_grad(), "'{}': no gradient after the stage-2 DDP was gone",
+               slot.name);
+      }
+    }
+  }
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
                                     {.reducer = {.find_unused_parameters = true}, .zero_stage = 2},
                                     &sgd);
@@ -926,7 +983,7 @@ int zero_refusals(comm::Distributed& dist) {
   expect_error("optimizer.step()", [&] { sgd.step(); });
   // Stage 2 without a synchronized backward since the last step: the gradient shard is stale.
   expect_error("stale shard", [&] { ddp.zero()->step(); });
-  return refused == 7 ? 0 : 1;
+  return refused == 12 ? 0 : 1;
 }
 
 int main(int argc, char** argv) {
@@ -962,11 +1019,15 @@ int main(int argc, char** argv) {
     if (scenario == "two-tower") return two_tower(dist);
     if (scenario == "zero") {
       bool adam = false, bf16 = false;
+      std::string loop;
       for (int i = 2; i < argc; ++i) {
         adam = adam || std::strcmp(argv[i], "--adamw") == 0;
         bf16 = bf16 || std::strcmp(argv[i], "--bf16") == 0;
+        if (std::strcmp(argv[i], "--twoback") == 0 || std::strcmp(argv[i], "--nozerograd") == 0) {
+          loop = argv[i];
+        }
       }
-      return zero(dist, adam, bf16);
+      return zero(dist, adam, bf16, loop);
     }
     if (scenario == "zero-refusals") return zero_refusals(dist);
   } catch (const std::exception& e) {

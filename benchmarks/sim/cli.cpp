@@ -59,35 +59,34 @@ std::string check(const CliOptions& o, const CLI::App& app) {
           flag);
     }
   }
-  // Nothing crosses a node with one node: the links across nodes would be ignored.
+  // Flags for links the cluster does not have would be ignored: nothing crosses a node with one
+  // node, nothing stays inside a node of one rank.
+  const auto no_such_links = [&](const char* level, const char* where, const char* count_flag,
+                                 const char* latency_flag) -> std::string {
+    const std::string bandwidth = fmt::format("--{}-bw-gbs", level);
+    for (const std::string& flag : {bandwidth, std::string(latency_flag)}) {
+      if (app.count(flag) > 0) {
+        return fmt::format(
+            "{} describes the links {}, and {} 1 has none: give {} 2 or more, or drop it", flag,
+            where, count_flag, count_flag);
+      }
+    }
+    if (o.sweep && o.sweep->first == bandwidth) {
+      return fmt::format("--sweep {}=...: {} 1 has no links {}; give {} 2 or more",
+                         bandwidth.substr(2), count_flag, where, count_flag);
+    }
+    return {};
+  };
   if (o.nodes == 1) {
-    for (const char* flag : {"--inter-bw-gbs", "--inter-lat-us"}) {
-      if (app.count(flag) > 0) {
-        return fmt::format(
-            "{} describes the links across nodes, and --nodes 1 has none: give --nodes 2 or "
-            "more, or drop it",
-            flag);
-      }
-    }
-    if (o.sweep && o.sweep->first == "--inter-bw-gbs") {
-      return "--sweep inter-bw-gbs=...: --nodes 1 has no links across nodes; give --nodes 2 or "
-             "more";
-    }
+    if (std::string e = no_such_links("inter", "across nodes", "--nodes", "--inter-lat-us");
+        !e.empty())
+      return e;
   }
-  // Nothing stays inside a node of one rank: the links inside a node would be ignored.
   if (o.gpus_per_node == 1) {
-    for (const char* flag : {"--intra-bw-gbs", "--intra-lat-us"}) {
-      if (app.count(flag) > 0) {
-        return fmt::format(
-            "{} describes the links inside a node, and --gpus-per-node 1 has none: give "
-            "--gpus-per-node 2 or more, or drop it",
-            flag);
-      }
-    }
-    if (o.sweep && o.sweep->first == "--intra-bw-gbs") {
-      return "--sweep intra-bw-gbs=...: --gpus-per-node 1 has no links inside a node; give "
-             "--gpus-per-node 2 or more";
-    }
+    if (std::string e =
+            no_such_links("intra", "inside a node", "--gpus-per-node", "--intra-lat-us");
+        !e.empty())
+      return e;
   }
   if (o.busbw) {
     if (!o.profile_path.empty() || !o.model.empty()) {

@@ -103,8 +103,27 @@ Reducer::~Reducer() {
       Tensor param = slot.param;
       param.set_grad_source(nullptr);
     }
+    // What a bound bucket holds (no_sync micro-batches, a pass cut short) goes into the new
+    // buffer. A gradient that lives only in the shard (reduced, no step since) cannot: no rank
+    // holds it whole; it is dropped (docs/ddp-internals.md, ZeRO).
     try {
+      std::vector<char> kept(params_.slots().size(), 0);
+      for (std::size_t i = 0; i < kept.size(); ++i) {
+        kept[i] = bound_[bucket_of_slot_[i]] && params_.slots()[i].param.has_grad() ? 1 : 0;
+      }
+      std::vector<Bucket> bound;
+      for (std::size_t b = 0; b < buckets_.size(); ++b) {
+        if (bound_[b]) bound.push_back(buckets_[b]);
+      }
       params_.restore_gradient_buffer();
+      for (const Bucket& bucket : bound) {
+        params_.grads().view(bucket.offset, {bucket.numel}).copy_from(bucket.grads);
+      }
+      for (std::size_t i = 0; i < kept.size(); ++i) {
+        const nn::ParameterSlot& slot = params_.slots()[i];
+        Tensor param = slot.param;
+        if (kept[i]) param.set_grad(params_.grads().view(slot.offset, slot.param.shape()));
+      }
     } catch (...) {  // out of memory in a destructor: the parameters stay without one
     }
   }
@@ -167,8 +186,15 @@ void Reducer::bind(std::size_t b) {
   for (const std::size_t i : bucket.slots) {
     const nn::ParameterSlot& slot = params_.slots()[i];
     Tensor param = slot.param;
-    param.set_grad(bucket.grads.view(slot.offset - bucket.offset, slot.param.shape()));
-    param.zero_grad();  // the buffer, no gradient yet: the first write overwrites
+    // A parameter whose gradient lives in the shard (no zero_grad() since it was reduced)
+    // accumulates from zero here, and its reduction adds to the shard, as the flat buffer
+    // would add to what it holds; any other gets a stale buffer that the first write overwrites.
+    const bool adds = param.has_grad();
+    Tensor view = bucket.grads.view(slot.offset - bucket.offset, slot.param.shape());
+    if (adds) view.zero();
+    param.set_grad(view);
+    if (!adds) param.zero_grad();
+    zero_->set_adds(i, adds);
   }
   bound_[b] = true;
   ++bound_count_;
@@ -191,8 +217,7 @@ void Reducer::release(std::size_t b) {
   Bucket& bucket = buckets_[b];
   for (const std::size_t i : bucket.slots) {
     Tensor param = params_.slots()[i].param;
-    zero_->note_gradient(b, i, param.has_grad());  // what the optimizer skips, from now on
-    param.release_grad();
+    param.drop_grad_buffer();  // has_grad() stays: the gradient lives in the shard now
   }
   zero_->gradient_memory_changed(-bound_bytes(bucket));
   bucket.grads = Tensor();
@@ -511,10 +536,10 @@ void Reducer::mark_unused_ready(std::size_t i) {
   // (kept, as PyTorch does), or, when nothing wrote it since zero_grad(), zero (the buffer's
   // stale contents must not be reduced).
   const nn::ParameterSlot& slot = params_.slots()[i];
-  // Under ZeRO-2 a gradient averaged by an earlier pass since zero_grad() lives on in the shard
-  // (its .grad is gone): it counts as used, as the flat buffer's would.
-  used_[i] = slot.param.has_grad() ||
-             (scatter_ && zero_->holds_gradient(bucket_of_slot_[i]) && zero_->had_grad(i));
+  // Under ZeRO-2 the bucket gets its memory now if no gradient of it came (its reduction reads
+  // it); a gradient averaged by an earlier pass lives on in the shard and counts as used.
+  if (scatter_) gradient_buffer(i);
+  used_[i] = slot.param.has_grad();
   if (!slot.param.has_grad()) {
     Tensor grad =
         scatter_ ? gradient_buffer(i) : params_.grads().view(slot.offset, slot.param.shape());
@@ -548,7 +573,6 @@ void Reducer::resolve_unused() {
     if (global[i] == 0.0f) {
       Tensor param = params_.slots()[i].param;
       param.zero_grad();
-      if (scatter_) zero_->set_had_grad(i, false);  // its bucket may be released already
     }
   }
 }

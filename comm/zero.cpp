@@ -98,30 +98,47 @@ Zero::Zero(int stage, nn::FlatParameters& params, nn::Optimizer& optimizer,
     gather_in_ = Tensor::zeros({piece}, device);
     gather_out_ = Tensor::empty({piece * world_}, device);
   }
-  had_grad_.assign(params.slots().size(), 0);
-  scattered_at_.assign(chunks_.size(), kNever);
+  adds_.assign(params.slots().size(), 0);
   accumulating_.assign(chunks_.size(), 0);
   incoming_.resize(chunks_.size());
   optimizer_.shard({.ranges = std::move(ranges),
                     .numel = shard_numel_,
-                    .grads = stage_ == 2 ? shard_grads_ : Tensor(),
-                    .had_grad = stage_ == 2 ? &had_grad_ : nullptr});
+                    .grads = stage_ == 2 ? shard_grads_ : Tensor()});
 }
 
-bool Zero::holds_gradient(std::size_t b) const {
-  return scattered_at_[b] != kNever && scattered_at_[b] == params_.zero_grad_count();
-}
-
-void Zero::note_gradient(std::size_t b, std::size_t slot, bool has) {
-  had_grad_.at(slot) = has || (accumulating_[b] != 0 && had_grad_[slot] != 0) ? 1 : 0;
-}
-
-void Zero::land(std::size_t b, float* to, const float* from, std::int64_t n) {
+void Zero::land(std::size_t b, const Bucket& bucket, const float* main, const float* tail) {
   Backend& backend = backend_for(params_.device());
-  if (accumulating_[b] != 0) {
-    backend.axpy(n, 1.0f, from, to);
-  } else if (to != from) {
-    backend.copy(to, from, static_cast<std::size_t>(n) * sizeof(float));
+  const Chunk& c = chunks_[b];
+  // This rank's elements of the bucket (flat offsets [begin, end)), where their averages are
+  // and where they go in the shard: the chunk, and on the last rank the left-over elements.
+  struct Part {
+    std::int64_t begin, end;
+    const float* from;
+    std::int64_t local;
+  };
+  std::vector<Part> parts;
+  if (world_ == 1) {
+    parts.push_back({c.offset, c.offset + c.numel, main, c.local});
+  } else {
+    parts.push_back({c.offset + rank_ * c.q, c.offset + (rank_ + 1) * c.q, main, c.local});
+    if (c.own > c.q)
+      parts.push_back({c.offset + world_ * c.q, c.offset + c.numel, tail, c.local + c.q});
+  }
+  // Cut at parameter borders: each parameter's averages are added or copied (set_adds).
+  for (const std::size_t s : bucket.slots) {
+    const nn::ParameterSlot& slot = params_.slots()[s];
+    for (const Part& p : parts) {
+      const std::int64_t from = std::max(p.begin, slot.offset);
+      const std::int64_t to = std::min(p.end, slot.offset + slot.numel);
+      if (from >= to) continue;
+      float* dst = shard_grads_.data() + p.local + (from - p.begin);
+      const float* src = p.from + (from - p.begin);
+      if (adds_[s] != 0) {
+        backend.axpy(to - from, 1.0f, src, dst);
+      } else if (dst != src) {
+        backend.copy(dst, src, static_cast<std::size_t>(to - from) * sizeof(float));
+      }
+    }
   }
 }
 
@@ -130,9 +147,10 @@ std::shared_ptr<Work> Zero::reduce_scatter(std::size_t b, const Bucket& bucket) 
   const Chunk& c = chunks_[b];
   Backend& backend = backend_for(params_.device());
   const bool bf16 = hook_ == CommHook::kBf16;
-  // Averages not cleared since the last reduction of this bucket are added to (zero.h).
-  accumulating_[b] = holds_gradient(b) ? 1 : 0;
-  scattered_at_[b] = params_.zero_grad_count();
+  // Some parameter adds to what the shard holds (zero.h, accumulation): the averages land in a
+  // buffer of their own first.
+  accumulating_[b] = std::any_of(bucket.slots.begin(), bucket.slots.end(),
+                                 [&](std::size_t s) { return adds_[s] != 0; });
   // The bucket as it goes on the wire: float32, or the bf16 hook's compressed copy.
   if (bf16) {
     backend.f32_to_bf16(bucket.grads.data(), bf16_at(bucket.compressed, 0), c.numel);
@@ -140,13 +158,12 @@ std::shared_ptr<Work> Zero::reduce_scatter(std::size_t b, const Bucket& bucket) 
   const Tensor& wire = bf16 ? bucket.compressed : bucket.grads;
   if (world_ == 1) {
     // The whole bucket is this rank's chunk (the bf16 hook still rounds, as its all-reduce).
-    float* to = shard_grads_.data() + c.local;
     if (bf16) {
       Tensor expanded = Tensor::empty({c.numel}, params_.device());
       backend.bf16_to_f32(bf16_at(bucket.compressed, 0), expanded.data(), c.numel);
-      land(b, to, expanded.data(), c.numel);
+      land(b, bucket, expanded.data(), nullptr);
     } else {
-      land(b, to, bucket.grads.data(), c.numel);
+      land(b, bucket, bucket.grads.data(), nullptr);
     }
     return completed_work("local copy");  // one rank alone: a copy, done at "launch"
   }
@@ -176,29 +193,29 @@ void Zero::bucket_scattered(std::size_t b, const Bucket& bucket) {
   const Chunk& c = chunks_[b];
   Backend& backend = backend_for(params_.device());
   const bool bf16 = hook_ == CommHook::kBf16;
-  const bool accumulating = accumulating_[b] != 0;
-  float* chunk = shard_grads_.data() + c.local;
-  // The chunk's averages, expanded from bf16 or from where the reduce-scatter put them.
-  if (bf16 && !accumulating) {
-    backend.bf16_to_f32(bf16_at(shard_grads_bf16_, c.local), chunk, c.q);
-  } else if (bf16) {
-    Tensor expanded = Tensor::empty({c.q}, params_.device());
-    backend.bf16_to_f32(bf16_at(shard_grads_bf16_, c.local), expanded.data(), c.q);
-    land(b, chunk, expanded.data(), c.q);
-  } else if (accumulating) {
-    land(b, chunk, incoming_[b].data(), c.q);
-    incoming_[b] = Tensor();
-  }
-  if (c.own == c.q) return;  // not the last rank, or no left-over elements
-  const std::int64_t at = c.q * world_;
-  float* to = chunk + c.q;
+  // The averages as float32: where the reduce-scatter put them, or expanded from bf16.
+  const float* main = nullptr;
+  Tensor main_f32, tail_f32;
   if (bf16) {
-    Tensor expanded = Tensor::empty({c.tail}, params_.device());
-    backend.bf16_to_f32(bf16_at(bucket.compressed, at), expanded.data(), c.tail);
-    land(b, to, expanded.data(), c.tail);
+    main_f32 = Tensor::empty({std::max<std::int64_t>(c.q, 1)}, params_.device());
+    backend.bf16_to_f32(bf16_at(shard_grads_bf16_, c.local), main_f32.data(), c.q);
+    main = main_f32.data();
   } else {
-    land(b, to, bucket.grads.data() + at, c.tail);
+    main = accumulating_[b] != 0 ? incoming_[b].data() : shard_grads_.data() + c.local;
   }
+  const float* tail = nullptr;
+  if (c.own > c.q) {  // the last rank: the left-over elements, all-reduced in place
+    const std::int64_t at = c.q * world_;
+    if (bf16) {
+      tail_f32 = Tensor::empty({c.tail}, params_.device());
+      backend.bf16_to_f32(bf16_at(bucket.compressed, at), tail_f32.data(), c.tail);
+      tail = tail_f32.data();
+    } else {
+      tail = bucket.grads.data() + at;
+    }
+  }
+  land(b, bucket, main, tail);
+  incoming_[b] = Tensor();
 }
 
 void Zero::gradient_memory_changed(std::int64_t bytes) {

@@ -35,14 +35,14 @@
 // ordinary backward: one filling, one on the wire. So a rank holds its shard of the averaged
 // gradients plus at most two buckets (all of them while no_sync accumulates micro-batches, as
 // PyTorch's FSDP holds whole gradients under no_sync). A parameter's .grad is gone once its
-// bucket is reduced (PyTorch's None, as DeepSpeed leaves it): the optimizer reads the shard,
-// and which parameters had a gradient is kept here (note_gradient).
+// bucket is reduced (its buffer dropped: grad() is undefined, has_grad() still says whether it
+// has one, as zero_grad() clears it), and the optimizer reads the shard.
 //
 // Accumulation. Without zero_grad() between them, a second synchronized backward adds to the
 // gradients of the first (the flat buffer accumulates; so do several backwards before one
-// step). Stage 2 does the same in the shard: a bucket reduced again with no zero_grad() since
-// (FlatParameters::zero_grad_count) adds its new averages to its chunk instead of overwriting
-// it. (A parameter zero_grad()-ed alone, not through FlatParameters, is not seen.)
+// step). Stage 2 does the same in the shard: a parameter that still has a gradient when its
+// bucket is bound again accumulates from zero, and its part of the chunk gets the new averages
+// added instead of overwritten (set_adds).
 //
 // The all-gathers go through a staging buffer of W+1 pieces of at most kGatherPiece elements
 // (the interface's all-gather wants its output contiguous, and this rank's input apart), so
@@ -108,15 +108,9 @@ class Zero {
   // Stage 2, after that collective's wait: the left-over elements into the last rank's shard,
   // and the bf16 hook's chunk expanded to float32.
   void bucket_scattered(std::size_t b, const Bucket& bucket);
-  // Stage 2, from the Reducer as it frees bucket b's gradients: whether parameter `slot` had a
-  // gradient in the reduced pass (or, accumulating, in an earlier one): the optimizer skips it
-  // if not. set_had_grad overrides it (a parameter no rank used).
-  void note_gradient(std::size_t b, std::size_t slot, bool has);
-  void set_had_grad(std::size_t slot, bool had) { had_grad_.at(slot) = had ? 1 : 0; }
-  bool had_grad(std::size_t slot) const { return had_grad_.at(slot) != 0; }
-  // Stage 2: whether bucket b's chunk holds averages that no zero_grad() has cleared since
-  // they were reduced: its next reduce-scatter adds to them.
-  bool holds_gradient(std::size_t b) const;
+  // Stage 2, from the Reducer as it binds a bucket: whether parameter `slot`'s averages are
+  // added to its part of the shard (it has a gradient there already) or overwrite it.
+  void set_adds(std::size_t slot, bool adds) { adds_.at(slot) = adds ? 1 : 0; }
   // The bytes of bucket buffers the Reducer allocated (+) or freed (-), for memory().
   void gradient_memory_changed(std::int64_t bytes);
 
@@ -145,8 +139,10 @@ class Zero {
   // is read from mine(c).
   template <typename Mine>
   void all_gather(Mine mine, Tensor& full);
-  // Stage 2: n averages of bucket b into the shard at `to`: copied, or added when accumulating.
-  void land(std::size_t b, float* to, const float* from, std::int64_t n);
+  // Stage 2: bucket b's averages into this rank's part of the shard, each parameter's copied or
+  // added (set_adds). `main` holds the chunk's q elements, `tail` the left-over ones (the last
+  // rank's; world 1: `main` is the whole bucket).
+  void land(std::size_t b, const Bucket& bucket, const float* main, const float* tail);
 
   int stage_;
   double last_gather_ms_ = 0;
@@ -159,11 +155,9 @@ class Zero {
   std::vector<Chunk> chunks_;
   std::int64_t shard_numel_ = 0;
   Tensor shard_grads_;                                     // stage 2
-  std::vector<char> had_grad_;                             // stage 2, per slot (note_gradient)
-  // Stage 2, per bucket: FlatParameters::zero_grad_count() at its last reduce-scatter (none:
-  // kNever), whether the one in flight adds to the chunk, and where its averages land then.
-  static constexpr std::uint64_t kNever = ~std::uint64_t{0};
-  std::vector<std::uint64_t> scattered_at_;
+  std::vector<char> adds_;                                 // stage 2, per slot (set_adds)
+  // Stage 2, per bucket: whether the reduce-scatter in flight adds to some of the chunk, and
+  // then where its averages land first.
   std::vector<char> accumulating_;
   std::vector<Tensor> incoming_;
   std::int64_t bucket_bytes_ = 0, bucket_bytes_peak_ = 0;  // stage 2: bucket buffers held

@@ -413,6 +413,10 @@ void Tensor::release_grad() {
   impl_->autograd.grad_valid = false;
 }
 
+void Tensor::drop_grad_buffer() {
+  impl_->autograd.grad = Tensor();
+}
+
 void Tensor::set_grad_source(GradSource source) {
   NANODDP_CHECK(is_leaf(), "a grad source is for leaf tensors");
   impl_->autograd.grad_source = std::move(source);

@@ -159,10 +159,14 @@ class Tensor {
   // Drops the gradient and its buffer (PyTorch's `p.grad = None`): has_grad() is false, and the
   // next backward writes into a buffer from the grad source below, or a new one.
   void release_grad();
+  // Drops the buffer only: the gradient lives on elsewhere (ZeRO-2's shard of the averages), so
+  // has_grad() stays as it was (zero_grad() still clears it) while grad() is undefined.
+  void drop_grad_buffer();
   // Where a leaf's gradient buffer comes from when it has none: called by autograd just before
-  // it writes the leaf's first gradient after release_grad() (or ever); returns a tensor of the
-  // leaf's shape and device, its contents taken as stale. ZeRO-2 hands out gradient memory one
-  // bucket at a time this way (comm/reducer.h). Empty: a new buffer.
+  // it writes the leaf's first gradient after release_grad() or drop_grad_buffer() (or ever);
+  // returns a tensor of the leaf's shape and device. Its contents are what autograd adds to when
+  // has_grad() (zeros, for a gradient that lives elsewhere), else stale. ZeRO-2 hands out
+  // gradient memory one bucket at a time this way (comm/reducer.h). Empty: a new buffer.
   using GradSource = std::function<Tensor()>;
   void set_grad_source(GradSource source);
   // Runs after this leaf's gradient for the current backward is complete (all contributions

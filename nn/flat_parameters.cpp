@@ -47,7 +47,6 @@ void FlatParameters::restore_gradient_buffer() {
 }
 
 void FlatParameters::zero_grad() {
-  ++zero_grad_count_;
   for (ParameterSlot& slot : slots_) slot.param.zero_grad();
 }
 

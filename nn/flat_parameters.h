@@ -49,10 +49,6 @@ class FlatParameters {
   // false, PyTorch's .grad is None) until a backward gives it one, and the optimizers skip it.
   // A new FlatParameters starts so.
   void zero_grad();
-  // zero_grad() calls so far: ZeRO-2 tells from it whether the averaged gradients it holds were
-  // cleared since it reduced them (if not, the next reduction adds to them, as the flat buffer
-  // accumulates).
-  std::uint64_t zero_grad_count() const { return zero_grad_count_; }
   // Zero-fills the memory of the gradients no backward wrote since zero_grad() (parameters
   // unused in this step), so that the flat gradient buffer can be read as a whole (a NaN
   // check, a gradient norm). They still have no gradient: the optimizers skip them.
@@ -73,7 +69,6 @@ class FlatParameters {
   Tensor values_;
   Tensor grads_;
   std::vector<ParameterSlot> slots_;
-  std::uint64_t zero_grad_count_ = 0;
   int attached_ = 0;
 };
 

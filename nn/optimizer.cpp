@@ -29,7 +29,12 @@ std::int64_t Optimizer::state_bytes() const {
 }
 
 void Optimizer::shard(OptimizerShard shard) {
-  NANODDP_CHECK(!sharded_, "optimizer sharded twice");
+  if (sharded_) {
+    fail(
+        "this optimizer is sharded already, by a ZeRO DistributedDataParallel (perhaps one that "
+        "is gone: a sharded optimizer stays sharded). Build a new optimizer for the new DDP, "
+        "from a checkpoint to keep its state");
+  }
   std::int64_t end = 0;
   for (const ShardRange& r : shard.ranges) {
     NANODDP_CHECK(r.numel >= 0 && r.offset >= end && r.offset + r.numel <= params_.numel() &&
@@ -40,9 +45,6 @@ void Optimizer::shard(OptimizerShard shard) {
   NANODDP_CHECK(!shard.grads.defined() || shard.grads.numel() >= shard.numel,
                 "optimizer shard gradients hold {} elements, the shard {}", shard.grads.numel(),
                 shard.numel);
-  NANODDP_CHECK(shard.had_grad == nullptr || shard.had_grad->size() == params_.slots().size(),
-                "optimizer shard: had_grad for {} parameters, the model has {}",
-                shard.had_grad ? shard.had_grad->size() : 0, params_.slots().size());
   for (Tensor* state : mutable_state()) {
     if (!state->defined()) continue;
     Tensor part = Tensor::zeros({shard.numel}, params_.device());
@@ -91,9 +93,9 @@ void Optimizer::update(std::span<const std::size_t> slots) {
     NANODDP_CHECK(i < all.size(), "optimizer update of parameter {}, but there are {}", i,
                   all.size());
     const ParameterSlot& slot = all[i];
-    const bool has_grad =
-        shard_.had_grad != nullptr ? (*shard_.had_grad)[i] != 0 : slot.param.has_grad();
-    if (!has_grad) continue;  // PyTorch: .grad is None, the parameter is skipped
+    // PyTorch: .grad is None, the parameter is skipped. (Under ZeRO-2 has_grad() holds for a
+    // gradient that lives in the shard, its buffer gone.)
+    if (!slot.param.has_grad()) continue;
     const std::int64_t step = ++param_steps_[i];
     if (run_numel > 0 && (run_offset + run_numel != slot.offset || run_step != step)) flush();
     if (run_numel == 0) {

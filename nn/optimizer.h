@@ -26,10 +26,6 @@ struct OptimizerShard {
   // Defined (ZeRO-2): the gradients are read from here at shard-local offsets. Undefined: from
   // the flat gradient buffer at the flat offsets (the full averaged gradient is there).
   Tensor grads;
-  // ZeRO-2: per parameter (slot order), whether it had a gradient in the pass that was reduced.
-  // Its gradient buffer is released once reduce-scattered, so has_grad() no longer says; the
-  // owner (comm::Zero) keeps this up to date. Null: has_grad() decides, as without ZeRO.
-  const std::vector<char>* had_grad = nullptr;
 };
 
 class Optimizer {

@@ -492,6 +492,21 @@ TEST_CASE("release_grad drops the buffer, and the grad source supplies the next 
   CHECK(asked == 6);
   CHECK(tw.grad().to_vector()[0] == 2.0f * gw[0]);
 
+  // drop_grad_buffer: the gradient lives elsewhere, so has_grad() stays and grad() is undefined;
+  // the next backward adds to what the source gives (zeros here) and asks once.
+  for (Tensor* p : {&tx, &tw, &tb}) {
+    p->drop_grad_buffer();
+    CHECK(p->has_grad());
+    CHECK_FALSE(p->grad().defined());
+  }
+  pool.zero();
+  make_loss().backward();
+  CHECK(asked == 9);
+  CHECK(tw.grad().to_vector() == gw);
+  tw.zero_grad();  // zero_grad clears a dropped gradient too
+  tw.drop_grad_buffer();
+  CHECK_FALSE(tw.has_grad());
+
   // A source that gives the wrong shape is an error naming the leaf.
   tw.set_name("w");
   tw.set_grad_source([&] { return pool.view(0, {in, out + 1}); });

@@ -274,8 +274,9 @@ const std::vector<InPlace> kInPlace{
 // The other void members: autograd's own bookkeeping, not writes of values.
 const std::set<std::string> kBookkeeping{
     "set_data",  // PyTorch's `p.data = ...`
-    "set_grad_fn",    "set_grad", "zero_grad", "backward",
+    "set_grad_fn",      "set_grad", "zero_grad", "backward",
     "release_grad",      // PyTorch's `p.grad = None`
+    "drop_grad_buffer",  // the gradient lives elsewhere (ZeRO-2's shard)
     "set_grad_source"};  // where a leaf's gradient buffer comes from (ZeRO-2)
 
 // The engine's source folder.

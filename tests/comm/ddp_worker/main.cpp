@@ -32,6 +32,7 @@
 #include "nanoddp/comm/ddp.h"
 #include "nanoddp/comm/init.h"
 #include "nanoddp/comm/rendezvous.h"
+#include "nanoddp/engine/autograd.h"
 #include "nanoddp/engine/functional.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/nn/blocks.h"
@@ -790,6 +791,10 @@ int rebuild(comm::Distributed& dist) {
 // Loops an outside tester found stage 2 to get wrong (it kept only the last pass's averages):
 // --twoback runs two synchronized backwards before each step (their gradients add up), and
 // --nozerograd calls zero_grad() before the first step only (each step's add to all before).
+// The second tester's: --zgbeforestep clears the gradients between backward and step on odd
+// steps (stage 0 then skips every parameter), --modulezg clears through Module::zero_grad, and
+// --throw has step 1's synchronized backward throw after the heads' buckets were launched, then
+// runs it again without clearing (the cut pass's reduced gradients count once, as at stage 0).
 int zero(comm::Distributed& dist, bool adam, bool bf16, const std::string& loop) {
   const int rank = dist.group->rank(), world = dist.group->size();
   std::vector<float> values[3], state[3];
@@ -813,8 +818,33 @@ int zero(comm::Distributed& dist, bool adam, bool bf16, const std::string& loop)
          .zero_stage = stage},
         optimizer.get());
     for (int step = 0; step < 4; ++step) {
-      if (loop != "--nozerograd" || step == 0) optimizer->zero_grad();
+      if (loop == "--modulezg") {
+        model.zero_grad();
+      } else if (loop != "--nozerograd" || step == 0) {
+        optimizer->zero_grad();
+      }
       model.use_b = step > 0 && rank == 0;
+      if (loop == "--throw" && step == 1) {
+        // An op between the input and the heads whose backward throws once: autograd runs it
+        // last, after every head's gradients (and buckets) are done.
+        Tensor x = batch(6, 4, rank, 30, 0).detach();
+        x.set_requires_grad(true);
+        bool armed = true;
+        Tensor xt = record("throws once", x.detach().clone(), {x},
+                           [&armed](const Tensor& grad, GradSink& sink) {
+                             if (armed) {
+                               armed = false;
+                               throw std::runtime_error("injected failure in backward");
+                             }
+                             sink.emit(0, grad);
+                           });
+        try {
+          mse_loss(ddp(xt), batch(6, 2, rank, 30, 1)).backward();
+          EXPECT(false, "the injected failure did not throw");
+        } catch (const std::runtime_error& e) {
+          EXPECT(std::string(e.what()).find("injected") != std::string::npos, "{}", e.what());
+        }
+      }
       if (loop == "--twoback") {
         // A first synchronized pass with head b on every rank (step 0 of it included).
         model.use_b = true;
@@ -834,6 +864,7 @@ int zero(comm::Distributed& dist, bool adam, bool bf16, const std::string& loop)
                  step, slot.name);
         }
       }
+      if (loop == "--zgbeforestep" && step % 2 == 1) optimizer->zero_grad();
       if (ddp.zero() != nullptr) {
         ddp.zero()->step();
       } else {
@@ -1023,8 +1054,9 @@ int main(int argc, char** argv) {
       for (int i = 2; i < argc; ++i) {
         adam = adam || std::strcmp(argv[i], "--adamw") == 0;
         bf16 = bf16 || std::strcmp(argv[i], "--bf16") == 0;
-        if (std::strcmp(argv[i], "--twoback") == 0 || std::strcmp(argv[i], "--nozerograd") == 0) {
-          loop = argv[i];
+        for (const char* name :
+             {"--twoback", "--nozerograd", "--zgbeforestep", "--modulezg", "--throw"}) {
+          if (std::strcmp(argv[i], name) == 0) loop = argv[i];
         }
       }
       return zero(dist, adam, bf16, loop);

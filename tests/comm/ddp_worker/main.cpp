@@ -988,8 +988,19 @@ int zero_refusals(comm::Distributed& dist) {
       expect_error("a second DDP beside stage 2", [&] {
         comm::DistributedDataParallel(model, params, dist.group, dist.store, {});
       });
+      // A no_sync micro-batch the destroyed DDP's buckets hold goes into the new flat buffer.
+      first_sgd.zero_grad();
+      comm::DistributedDataParallel::NoSync guard(first);
+      mse_loss(first(batch(6, 4, 0, 1, 0)), batch(6, 2, 0, 1, 1)).backward();
     }
     EXPECT(params.has_gradient_buffer(), "the flat gradient buffer was not restored");
+    for (const nn::ParameterSlot& slot : params.slots()) {
+      if (slot.name.rfind("a.", 0) != 0) continue;
+      EXPECT(slot.param.has_grad(), "'{}': its no_sync gradient was dropped", slot.name);
+      double norm = 0;
+      for (const float v : slot.param.grad().to_vector()) norm += static_cast<double>(v) * v;
+      EXPECT(norm > 0, "'{}': its no_sync gradient came back as zeros", slot.name);
+    }
     comm::DistributedDataParallel after(model, params, dist.group, dist.store,
                                         {.reducer = {.find_unused_parameters = true}});
     params.zero_grad();

@@ -31,6 +31,7 @@
 using nanoddp::Tensor;
 using nanoddp::comm::ReduceOp;
 using nanoddp::testing::ProcessResult;
+using namespace std::chrono_literals;
 
 namespace {
 
@@ -40,6 +41,9 @@ struct Launch {
   std::vector<std::string> args;
   std::map<std::string, std::string> env;
   std::map<int, std::map<std::string, std::string>> rank_env;  // per rank, on top of env
+  // How long the harness waits for a rank. The 64 MiB runs take minutes under ThreadSanitizer on
+  // a loaded 2-core machine (one timed out at 50 s in a CI rehearsal, filling its buffers).
+  std::chrono::seconds timeout{50};
 };
 
 const std::map<std::string, std::string> kTcp = {{"NANODDP_SHM", "0"}};
@@ -67,7 +71,7 @@ std::vector<ProcessResult> launch(const Launch& spec) {
     options.env["MASTER_ADDR"] = "127.0.0.1";
     options.env["MASTER_PORT"] = std::to_string(port);
     if (options.env.count("NANODDP_TIMEOUT_S") == 0) options.env["NANODDP_TIMEOUT_S"] = "30";
-    options.timeout = std::chrono::seconds(50);
+    options.timeout = spec.timeout;
     std::vector<std::string> argv = {nanoddp::testing::bin_path("nanoddp-test-comm-worker")};
     argv.insert(argv.end(), spec.args.begin(), spec.args.end());
     futures.push_back(std::async(std::launch::async, [argv, options] {
@@ -97,11 +101,11 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 TEST_CASE("gloo: 2 processes, every collective, including a 64 MiB allreduce (shared memory)") {
-  require_all_ok(launch({.world = 2, .args = {"--big"}, .env = kShm}), "gloo+shm");
+  require_all_ok(launch({.world = 2, .args = {"--big"}, .env = kShm, .timeout = 240s}), "gloo+shm");
 }
 
 TEST_CASE("gloo: 2 processes, every collective, including a 64 MiB allreduce (TCP)") {
-  const auto results = launch({.world = 2, .args = {"--big"}, .env = kTcp});
+  const auto results = launch({.world = 2, .args = {"--big"}, .env = kTcp, .timeout = 240s});
   require_all_ok(results, "gloo");
   // NANODDP_SHM=0 is obeyed, and rank 0 says so in one line.
   CHECK(results[0].output.find("allreduce goes over TCP, not shared memory: NANODDP_SHM=0 on "

@@ -6,7 +6,10 @@
 #
 # Opt-in, for the tests that run the real launchers and PyTorch (Skipped without them):
 #   NANODDP_WITH_TORCH=1  python3-torch (torch 1.13 and torchrun; about 165 packages, ~1 GB):
-#                         the torchrun, TCPStore and PyTorch-parity tests
+#                         the torchrun, TCPStore and PyTorch-parity tests; and OpenBLAS
+#                         (libopenblas0-pthread): without it Debian's torch runs on the
+#                         reference BLAS, more than 10x slower, which would make
+#                         benchmarks/vs-pytorch.sh compare against a crippled PyTorch
 #   NANODDP_WITH_MPI=1    openmpi-bin (mpirun; 17 packages): the mpirun test
 #   NANODDP_WITH_GDB=1    gdb: a test that gives up on a program prints its threads' stacks
 #                         (tests/support/process_snapshot.h; without gdb, /proc's view only)
@@ -19,7 +22,7 @@ packages=(
   python3 python3-numpy python3-matplotlib
   "$@"
 )
-if [ "${NANODDP_WITH_TORCH:-0}" = 1 ]; then packages+=(python3-torch); fi
+if [ "${NANODDP_WITH_TORCH:-0}" = 1 ]; then packages+=(python3-torch libopenblas0-pthread); fi
 if [ "${NANODDP_WITH_MPI:-0}" = 1 ]; then packages+=(openmpi-bin); fi
 if [ "${NANODDP_WITH_GDB:-0}" = 1 ]; then packages+=(gdb); fi
 

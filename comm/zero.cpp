@@ -69,7 +69,6 @@ Zero::Zero(int stage, nn::FlatParameters& params, nn::Optimizer& optimizer,
   NANODDP_CHECK(stage == 1 || stage == 2, "ZeRO stage {} (expected 1 or 2)", stage);
   // Rank r owns chunk r of every bucket (the last rank the left-over elements too); the
   // chunks sit one after the other in the shard buffers.
-  std::int64_t max_q = 0;
   std::vector<nn::ShardRange> ranges;
   const bool last = rank_ == world_ - 1;
   for (const Bucket& bucket : buckets) {
@@ -80,7 +79,6 @@ Zero::Zero(int stage, nn::FlatParameters& params, nn::Optimizer& optimizer,
     c.own = c.q + (last ? c.tail : 0);
     c.local = shard_numel_;
     shard_numel_ += c.own;
-    max_q = std::max(max_q, c.q);
     ranges.push_back({.offset = c.offset + rank_ * c.q, .numel = c.own, .local = c.local});
     chunks_.push_back(c);
   }
@@ -92,11 +90,6 @@ Zero::Zero(int stage, nn::FlatParameters& params, nn::Optimizer& optimizer,
     if (hook_ == CommHook::kBf16) {
       shard_grads_bf16_ = Tensor::empty({shard_numel_}, device, DType::kBF16);
     }
-  }
-  if (world_ > 1) {
-    const std::int64_t piece = std::min(max_q, kGatherPiece);
-    gather_in_ = Tensor::zeros({piece}, device);
-    gather_out_ = Tensor::empty({piece * world_}, device);
   }
   adds_.assign(params.slots().size(), 0);
   accumulating_.assign(chunks_.size(), 0);
@@ -230,27 +223,25 @@ const Tensor& Zero::averaged_gradients() const {
 template <typename Mine>
 void Zero::all_gather(Mine mine, Tensor& full) {
   Backend& backend = backend_for(params_.device());
-  const std::int64_t piece = gather_in_.numel();
   for (const Chunk& c : chunks_) {
-    const float* own = mine(c);
-    // The W chunks of q elements, piece by piece: piece k of every rank's chunk in one
-    // all-gather, each copied from the staging buffer to where its chunk lies.
-    for (std::int64_t k = 0; k < c.q; k += piece) {
-      const std::int64_t len = std::min(piece, c.q - k);
-      backend.copy(gather_in_.data(), own + k, static_cast<std::size_t>(len) * sizeof(float));
-      Tensor in = gather_in_.view(0, {len});
-      Tensor out = gather_out_.view(0, {len * world_});
-      group_->allgather(in, out)->wait();
-      for (int r = 0; r < world_; ++r) {
-        backend.copy(full.data() + c.offset + r * c.q + k, gather_out_.data() + r * len,
-                     static_cast<std::size_t>(len) * sizeof(float));
+    // A chunk lies in `full` as an all-gather's output does: the W blocks of q elements in rank
+    // order (then the tail). So it is gathered in place, in one collective: this rank's block
+    // is put where it belongs (the parameters' already is), and the others arrive around it.
+    if (c.q > 0) {
+      float* place = full.data() + c.offset + rank_ * c.q;
+      if (const float* own = mine(c); own != place) {
+        backend.copy(place, own, static_cast<std::size_t>(c.q) * sizeof(float));
       }
+      Tensor in = full.view(c.offset + rank_ * c.q, {c.q});
+      Tensor out = full.view(c.offset, {c.q * world_});
+      group_->allgather(in, out)->wait();
     }
     if (c.tail == 0) continue;
     // The left-over elements, from the last rank.
     float* tail = full.data() + c.offset + c.q * world_;
-    if (rank_ == world_ - 1 && own + c.q != tail) {
-      backend.copy(tail, own + c.q, static_cast<std::size_t>(c.tail) * sizeof(float));
+    const float* own_tail = mine(c) + c.q;
+    if (rank_ == world_ - 1 && own_tail != tail) {
+      backend.copy(tail, own_tail, static_cast<std::size_t>(c.tail) * sizeof(float));
     }
     Tensor tail_view = full.view(c.offset + c.q * world_, {c.tail});
     group_->broadcast(tail_view, world_ - 1)->wait();
@@ -302,7 +293,7 @@ std::vector<nn::NamedTensor> Zero::full_optimizer_state() {
 }
 
 ZeroMemory Zero::memory() const {
-  return {.parameter_bytes = bytes(params_.values()) + bytes(gather_in_) + bytes(gather_out_),
+  return {.parameter_bytes = bytes(params_.values()),
           .gradient_bytes =
               stage_ == 2 ? bucket_bytes_peak_ + bytes(shard_grads_) + bytes(shard_grads_bf16_)
                           : bytes(params_.grads()),

@@ -44,13 +44,12 @@
 // bucket is bound again accumulates from zero, and its part of the chunk gets the new averages
 // added instead of overwritten (set_adds).
 //
-// The all-gathers go through a staging buffer of W+1 pieces of at most kGatherPiece elements
-// (the interface's all-gather wants its output contiguous, and this rank's input apart), so
-// their extra memory is bounded whatever the bucket size. The parameter all-gather runs right
-// after the step, bucket by bucket, and the host waits for it: nanoddp's modules have no forward
-// pre-hooks to wait on a bucket just before the first layer that reads it, and the trainer reads
-// parameters between steps (NaN checks, checkpoints). docs/ddp-internals.md, "ZeRO", says what an
-// overlap with the next forward would need.
+// The all-gathers run in place, one per bucket: a bucket's chunks lie in the flat buffer just
+// as an all-gather's output does (rank r's block at r x q), so no staging buffer is needed. The
+// parameter all-gather runs right after the step, bucket by bucket, and the host waits for it:
+// nanoddp's modules have no forward pre-hooks to wait on a bucket just before the first layer that
+// reads it, and the trainer reads parameters between steps (NaN checks, checkpoints).
+// docs/ddp-internals.md, "ZeRO", says what an overlap with the next forward would need.
 
 #include <cstddef>
 #include <cstdint>
@@ -82,9 +81,6 @@ ZeroMemory unsharded_memory(const nn::FlatParameters& params, const nn::Optimize
 
 class Zero {
  public:
-  // Elements per rank of one all-gather (256 KiB of float32): the bound on its staging.
-  static constexpr std::int64_t kGatherPiece = std::int64_t{1} << 16;
-
   // Shards `optimizer` (its state so far, e.g. loaded from a checkpoint, is cut to this rank's
   // chunks). `buckets` are the Reducer's, fixed from now on.
   Zero(int stage, nn::FlatParameters& params, nn::Optimizer& optimizer,
@@ -161,8 +157,7 @@ class Zero {
   std::vector<char> accumulating_;
   std::vector<Tensor> incoming_;
   std::int64_t bucket_bytes_ = 0, bucket_bytes_peak_ = 0;  // stage 2: bucket buffers held
-  Tensor shard_grads_bf16_;        // stage 2 with the bf16 hook: the reduce-scatter's output
-  Tensor gather_in_, gather_out_;  // one piece of this rank's chunk, and the W pieces
+  Tensor shard_grads_bf16_;  // stage 2 with the bf16 hook: the reduce-scatter's output
 };
 
 }  // namespace nanoddp::comm

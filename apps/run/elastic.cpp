@@ -279,8 +279,10 @@ std::optional<Over> job_over(comm::Store& store, int number, const RunOptions& o
 }
 
 // Where a launcher that has not been a member of the job yet arrives: the round forming now.
-// It is refused (JobEnds, exit 1), touching nothing, when the job is full (a round of MAX nodes
-// runs) or over; else its arrival ends a running round smaller than MAX ("M|", the scale-up).
+// It is refused (JobEnds, exit 1), touching nothing, when the job is over. Its arrival ends a
+// running round smaller than MAX ("M|", the scale-up); while a round of MAX nodes runs it waits
+// as a standby (as torchrun's agent does), taken in at the next round a failure or a lost node
+// starts, for at most --rdzv-join-timeout.
 int first_round(comm::Store& store, const RunOptions& o) {
   int last = -1;  // the last round that closed
   while (store.check({key(last + 1, "closed")})) ++last;
@@ -296,10 +298,10 @@ int first_round(comm::Store& store, const RunOptions& o) {
   }
   const int size = static_cast<int>(parse_members(store.get_string(key(last, "closed"))).size());
   if (size >= o.nnodes) {
-    throw JobEnds(1, fmt::format("job '{}' is full: its round {} runs {} node(s), the most "
-                                 "--nnodes {}:{} allows; this launcher does not join, and the job "
-                                 "goes on",
-                                 o.rdzv_id, last, size, o.min_nodes, o.nnodes));
+    say("job '{}' is full: its round {} runs {} node(s), the most --nnodes {}:{} allows; this "
+        "launcher waits as a standby for the next round (one starts when a node fails or is "
+        "lost), for at most --rdzv-join-timeout {} s",
+        o.rdzv_id, last, size, o.min_nodes, o.nnodes, o.join_timeout_s);
   }
   return last + 1;
 }
@@ -307,7 +309,7 @@ int first_round(comm::Store& store, const RunOptions& o) {
 // Joins round `number` (or, arriving after it closed, the next ones) and returns it once node 0
 // has published its record. `arrived`: the index this node already has in round `number`.
 // `member`: whether this launcher took part in a round already (a newcomer that finds the job
-// full or over is refused, exit 1).
+// over is refused, exit 1; one that finds it full waits as a standby, see first_round()).
 Round join(comm::Store& store, int number, const std::string& address, const RunOptions& o,
            std::optional<int> arrived, SignalPipe& signals, bool member) {
   const auto started = Clock::now();
@@ -397,6 +399,15 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
         break;
       }
       if (Clock::now() - started > millis(o.join_timeout_s)) {
+        // Withdrawn, so that the round this launcher waited for does not wait for it in turn.
+        store.set(key(number, fmt::format("gone/{}", index)), "1");
+        if (!previous_over) {  // a standby: the round before runs on, full
+          throw JobEnds(
+              1, fmt::format("job '{}': waited --rdzv-join-timeout {} s as a standby; "
+                             "its round {} runs on with the most nodes --nnodes {}:{} "
+                             "allows. This launcher leaves, and the job goes on",
+                             o.rdzv_id, o.join_timeout_s, number - 1, o.min_nodes, o.nnodes));
+        }
         throw JobEnds(1, fmt::format("round {}: {} of at least {} node(s) joined within "
                                      "--rdzv-join-timeout {} s",
                                      number, size, o.min_nodes, o.join_timeout_s));
@@ -406,13 +417,8 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
     const std::vector<int> members = parse_members(store.get_string(key(number, "closed")));
     const int size = static_cast<int>(members.size());
     const auto position = std::find(members.begin(), members.end(), index);
-    if (position == members.end() && !member && size >= o.nnodes) {
-      throw JobEnds(1, fmt::format("job '{}' is full: its round {} closed with {} node(s), the "
-                                   "most --nnodes {}:{} allows, before this launcher joined; it "
-                                   "does not join, and the job goes on",
-                                   o.rdzv_id, number, size, o.min_nodes, o.nnodes));
-    }
     if (position == members.end()) {
+      // Full (MAX nodes) before this launcher was taken in: it stays a standby for the next.
       say("round {} closed with {} node(s) without this one: joining round {}", number, size,
           number + 1);
       continue;

@@ -5,8 +5,9 @@
 //
 // Exit codes:
 //   0        all workers exited 0
-//   1        (--rdzv-endpoint) the job failed outside this node's workers, or this launcher may
-//            not join it: the job is full at MAX nodes, or over
+//   1        (--rdzv-endpoint) the job failed outside this node's workers, or this launcher did
+//            not take part: the job was over, or it waited as a standby (the job full at MAX
+//            nodes) until the job ended or --rdzv-join-timeout passed
 //   2        bad flags, a missing PROGRAM, an unusable --master-addr or --log-dir; settings that
 //            differ from the job's at the rendezvous, or another --rdzv-id on its store; a
 //            worker's exit code 2 (a usage error: never restarted)

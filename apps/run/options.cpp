@@ -109,7 +109,8 @@ std::optional<RunOptions> parse_options(int argc, char** argv, int& exit_code) {
       ->check(CLI::Range(0.5, 3600.0))
       ->capture_default_str();
   app.add_option("--rdzv-join-timeout", o.join_timeout_s,
-                 "seconds a round waits for MIN nodes before the job fails")
+                 "seconds a round waits for MIN nodes before the job fails (a standby, "
+                 "waiting while the job is full: before it leaves)")
       ->check(CLI::Range(1.0, 86400.0))
       ->capture_default_str();
   app.add_option("--rdzv-last-call", o.last_call_s,

@@ -392,6 +392,49 @@ TEST_CASE("nanoddp-run --nnodes 1:2: a node that arrives later is taken in at th
   CHECK(std::regex_search(b.output(), round_1));
 }
 
+// torchrun's agent keeps a node that arrives while the job runs at MAX nodes as a standby; so
+// does nanoddp-run (it used to refuse it): the next round, started by a failure, takes it in.
+TEST_CASE("nanoddp-run --nnodes 1:1: a standby is taken in when the running round fails") {
+  TempDir dir;
+  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+  // Round 0 fails once the test says so; round 1 succeeds, naming the launcher it runs under.
+  const std::vector<std::string> argv =
+      run_argv({"--nnodes", "1:1", "--rdzv-endpoint", endpoint, "--max-restarts", "1",
+                "--heartbeat-timeout", "5", "--grace-period", "1"},
+               fmt::format("echo round $NANODDP_RESTART_COUNT node $NANODDP_NODE_NAME; "
+                           "if [ $NANODDP_RESTART_COUNT = 0 ]; then "
+                           "  while [ ! -e {0}/fail ]; do sleep 0.02; done; exit 3; fi; exit 0",
+                           dir.path()));
+  // Each launcher names its node to its workers through the environment it passes on.
+  const auto named = [&](const std::string& name) {
+    std::vector<std::string> with = argv;
+    with.insert(with.begin(), {"/usr/bin/env", "NANODDP_NODE_NAME=" + name});
+    return with;
+  };
+  BackgroundProcess a(named("a"));
+  REQUIRE(a.wait_for_output(
+      [](const std::string& out) { return contains(out, "[rank 0] round 0 node a"); }, 20s));
+  BackgroundProcess c(named("c"));
+  REQUIRE(c.wait_for_output(
+      [](const std::string& out) { return contains(out, "waits as a standby"); }, 20s));
+  std::this_thread::sleep_for(500ms);  // a standby starts no worker and ends no round
+  CHECK_FALSE(contains(c.output(), "[rank"));
+  CHECK_FALSE(contains(a.output(), "round 0 ended"));
+  std::ofstream(dir.file("fail")).put('\n');
+  const std::optional<int> status_a = a.wait(40s), status_c = c.wait(40s);
+  INFO(a.output(), "\n----\n", c.output());
+  REQUIRE(status_a.has_value());
+  REQUIRE(status_c.has_value());
+  CHECK(*status_a == 0);
+  CHECK(*status_c == 0);
+  // The standby arrived at round 1 first: it is the one node the round takes (by arrival), and
+  // a's launcher waits for the next round until the job is over.
+  CHECK(contains(c.output(), "round 1: node 0 of 1 (ranks 0..0 of 1), restarts used 1 of 1"));
+  CHECK(contains(c.output(), "[rank 0] round 1 node c"));
+  CHECK(contains(a.output(), "round 1 closed with 1 node(s) without this one"));
+  CHECK_FALSE(contains(a.output(), "[rank 0] round 1"));
+}
+
 // An outside operator (issue #15): a node that joined a running job (ending its round, as a
 // scale-up does) and was stopped before the next round formed stayed counted, and the survivor
 // waited for it to publish the round's record until its store call timed out: the job exited 1
@@ -686,13 +729,21 @@ TEST_CASE(
   BackgroundProcess job(first);
   REQUIRE(job.wait_for_output(
       [](const std::string& out) { return contains(out, "round 0: node 0 of 1"); }, 20s));
-  SUBCASE("the same --rdzv-id and settings: the job is full") {
-    const ProcessResult r = launch(launcher("first"));
+  SUBCASE("the same --rdzv-id and settings: the job is full, a standby leaves at its timeout") {
+    std::vector<std::string> standby = launcher("first");
+    standby.insert(standby.begin(), {"--rdzv-join-timeout", "2"});
+    const auto start = Clock::now();
+    const ProcessResult r = launch(standby);
     INFO(r.output);
     CHECK(r.exit_code == 1);
+    CHECK(seconds_since(start) >= 2.0);
     CHECK(contains(r.output,
-                   "job 'first' is full: its round 0 runs 1 node(s), the most --nnodes "
-                   "1:1 allows; this launcher does not join, and the job goes on"));
+                   "job 'first' is full: its round 0 runs 1 node(s), the most --nnodes 1:1 "
+                   "allows; this launcher waits as a standby for the next round"));
+    CHECK(contains(r.output,
+                   "job 'first': waited --rdzv-join-timeout 2 s as a standby; its round 0 runs "
+                   "on with the most nodes --nnodes 1:1 allows. This launcher leaves, and the "
+                   "job goes on"));
     CHECK_FALSE(contains(r.output, "[rank"));
   }
   SUBCASE("another --rdzv-id on the same endpoint: refused, naming both") {

@@ -8,11 +8,13 @@
 #   2. --nnodes 2:2 --max-restarts 1: a worker of node 1 crashes; both nodes start round 1 (one
 #      restart, agreed), resume and end as the uninterrupted run;
 #      While this job runs, launchers that may not join are refused and leave it untouched (issue
-#      #15): other settings (exit 2, both values named), the same settings with the job full at
-#      MAX (exit 1), another --rdzv-id on the endpoint (exit 2, both ids named);
-#   3. --nnodes 2:2 --max-restarts 0: node 1 is killed; node 0 ends non-zero naming node 1 (by its address, as node ranks follow arrival) as
-#      lost, within the bound T + 2 I + grace = 6.2 s (asserted with 10 s of slack for a loaded
-#      machine: the point is that it ends, not how fast).
+#      #15): other settings (exit 2, both values named), another --rdzv-id on the endpoint (exit
+#      2, both ids named);
+#   3. --nnodes 2:2 --max-restarts 0: node 1 is killed; node 0 ends non-zero naming node 1 (by
+#      its address, as node ranks follow arrival) as lost, within the bound T + 2 I + grace =
+#      6.2 s (asserted with 10 s of slack for a loaded machine: the point is that it ends, not
+#      how fast). A third launcher with the same settings, started while the job is full, waits
+#      as a standby without touching a round, and leaves (exit 1) when the job fails for good;
 # Prints the measured detection and recovery times. Needs root (Skipped, exit 77, without it).
 #
 #   elastic_run.sh BIN_DIR
@@ -67,8 +69,6 @@ refused() {  # NODE NAME EXPECTED_RC MESSAGE FLAGS... (as run_on's): a launcher 
 time_until "$(date +%s.%N)" "$work/lost-1.log" "round 0: node . of 2" >/dev/null
 refused 1 refused-settings 2 "--nnodes: the job has 1:2, this launcher 2:2" \
   --rdzv-id lost --nnodes 2:2 --max-restarts 0 $(job lost)
-refused 1 refused-full 1 "job 'lost' is full: its round 0 runs 2 node(s)" \
-  --rdzv-id lost --nnodes 1:2 --max-restarts 3 $(job lost)
 refused 0 refused-id 2 "serves job 'lost', and this launcher's --rdzv-id is 'other'" \
   --rdzv-id other --nnodes 1:2 --max-restarts 3 $(job other)
 if ! grep -q "job 'lost': serving the rendezvous store on $addr_a:29661" "$work/lost-0.log" ||
@@ -125,11 +125,31 @@ for node in 0 1; do
   run_on $node fixed --nnodes 2:2 $(job fixed)
   pids[$node]=$started
 done
+# While the job is full (MAX nodes), a launcher with the same settings waits as a standby (on
+# node 0: it outlives node 1's loss), touching no round; the job's failure with no restarts
+# left ends its wait.
+time_until "$(date +%s.%N)" "$work/fixed-1.log" "round 0: node . of 2" >/dev/null
+timeout 60 ip netns exec "$ns_a" "$bin/nanoddp-run" --nproc-per-node 2 \
+  --rdzv-endpoint "$addr_a:29661" --rdzv-id fixed --heartbeat-timeout 3 --grace-period 2 \
+  --rdzv-last-call 1 --nnodes 2:2 --rdzv-join-timeout 50 $(job fixed) >"$work/standby.log" 2>&1 &
+standby=$!
+time_until "$(date +%s.%N)" "$work/standby.log" "waits as a standby" >/dev/null
 wait_for_checkpoint "$work/ckpt-fixed" && kill_node "$ns_b"
 t0=$(date +%s.%N)
 wait "${pids[0]}"; rc=$?
 took=$(elapsed "$t0" "$(date +%s.%N)")
 wait "${pids[1]}"
+wait "$standby"; standby_rc=$?
+if [ "$standby_rc" -ne 1 ] || grep -q "\[rank" "$work/standby.log" ||
+  ! grep -qF "job 'fixed' is full: its round 0 runs 2 node(s), the most --nnodes 2:2 allows; this launcher waits as a standby" "$work/standby.log" ||
+  ! grep -qF "job 'fixed' is over (round 0 failed with no restarts left" "$work/standby.log" ||
+  ! grep -qF "this launcher did not take part" "$work/standby.log"; then
+  echo "FAILED: the standby exited $standby_rc (expected 1, on the job's end):"
+  cat "$work/standby.log"; status=1
+else
+  echo "ok: a standby waited while the job was full, touched no round, and left (exit 1) when" \
+    "the job failed for good: $(grep -m1 -oF "job 'fixed' is over" "$work/standby.log")"
+fi
 if [ "$rc" -eq 0 ]; then
   echo "FAILED: node 0 exited 0 after losing node 1 under --nnodes 2:2"; status=1
 elif ! grep -q "node . ($addr_b) is lost" "$work/fixed-0.log"; then

@@ -53,6 +53,13 @@ std::chrono::milliseconds heartbeat_interval(const RunOptions& o) {
                     std::chrono::milliseconds(1000));
 }
 
+// A launcher waiting for a round beats every pass of its wait (kWaitPass plus its store calls).
+// A beat that stood still for ten passes (at least kStaleWait) is not counted when a round
+// closes, so a waiter that dies just before the close is not taken in (it would be found lost
+// only T into the round, a restart used); it is left out once it has been silent for T.
+constexpr std::chrono::milliseconds kWaitPass{100};
+constexpr double kStaleWait = 1.0;  // seconds
+
 struct Endpoint {
   std::string host;
   int port = 0;
@@ -329,8 +336,9 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
     // MAX. Liveness is judged from what this launcher has watched, never from one reading: a
     // launcher that has just arrived has seen each beat once, and cannot tell a live waiter
     // from one that died a minute ago until the beat moves or T passes, so until then it does
-    // not close the round. One that has not beaten yet is a survivor of the last round still
-    // stopping its workers: it counts.
+    // not close the round. Nor while a beat it counts has stood still for more than `stale`
+    // (ten passes of a wait): that waiter may have died just now. One that has not beaten yet
+    // is a survivor of the last round still stopping its workers: it counts.
     std::int64_t beat = 0;
     struct Watch {
       std::string value;          // the beat last read
@@ -339,6 +347,7 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
     };
     std::vector<Watch> watches;
     bool undecided = false;  // some arrival's liveness is not known yet
+    double stale = kStaleWait;  // ten of this launcher's longest passes, at least kStaleWait
     const auto live_arrivals = [&](int count) {
       std::vector<int> live;
       undecided = false;
@@ -355,17 +364,23 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
             w.value = value;
             w.since = now;
           }
-          const bool still =
-              !w.value.empty() &&
-              std::chrono::duration<double>(now - w.since).count() > o.heartbeat_timeout_s;
-          if (still) continue;                                 // silent for T: left or frozen
-          if (!w.value.empty() && !w.moved) undecided = true;  // seen once only
+          const double silent = std::chrono::duration<double>(now - w.since).count();
+          if (!w.value.empty() && silent > o.heartbeat_timeout_s) continue;  // left or frozen
+          // Seen once only, or silent for more than a few beats (it may have died just now):
+          // not counted yet, nor left out; the round waits until the beat moves or T passes.
+          if (!w.value.empty() && (!w.moved || silent > stale)) undecided = true;
         }
         live.push_back(k);
       }
       return live;
     };
+    std::optional<Clock::time_point> last_pass;
     while (!store.check({key(number, "closed")})) {
+      const auto pass = Clock::now();
+      if (last_pass) {
+        stale = std::max(stale, 10 * std::chrono::duration<double>(pass - *last_pass).count());
+      }
+      last_pass = pass;
       for (const int signo : signals.drain()) {  // no workers run now: a signal ends the wait
         if (signo != SIGCHLD) {
           store.set(key(number, fmt::format("gone/{}", index)), "1");
@@ -412,7 +427,7 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
                                      "--rdzv-join-timeout {} s",
                                      number, size, o.min_nodes, o.join_timeout_s));
       }
-      std::this_thread::sleep_for(100ms);
+      std::this_thread::sleep_for(kWaitPass);
     }
     const std::vector<int> members = parse_members(store.get_string(key(number, "closed")));
     const int size = static_cast<int>(members.size());

@@ -478,6 +478,37 @@ TEST_CASE(
   }
 }
 
+// Issue #15: a waiter killed shortly before its round closed (less than the heartbeat timeout T)
+// was still counted; the round then ran with a node that never came, found lost only T into
+// the round (with no restarts left: the job failed). A beat that stood still for ten passes of
+// the wait now holds the close until it moves or T passes.
+TEST_CASE("nanoddp-run --nnodes 1:3: a waiter killed just before the round closes is left out") {
+  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+  const std::vector<std::string> argv =
+      run_argv({"--nnodes", "1:3", "--rdzv-endpoint", endpoint, "--rdzv-last-call", "3",
+                "--heartbeat-timeout", "5", "--grace-period", "1", "--max-restarts", "0"},
+               "echo world $WORLD_SIZE");
+  BackgroundProcess a(argv);
+  REQUIRE(a.wait_for_output(
+      [](const std::string& out) { return contains(out, "serving the rendezvous store"); }, 20s));
+  BackgroundProcess b(argv);
+  REQUIRE(b.wait_for_output(
+      [](const std::string& out) { return contains(out, "a client of the rendezvous store"); },
+      20s));
+  // b arrives and beats; killed well before the last call (3 s after its arrival) ends, and
+  // well within T of it.
+  std::this_thread::sleep_for(500ms);
+  b.send(SIGKILL);
+  REQUIRE(b.wait(10s).has_value());
+  const std::optional<int> status_a = a.wait(40s);
+  INFO(a.output(), "\n----\n", b.output());
+  REQUIRE(status_a.has_value());
+  CHECK(*status_a == 0);
+  CHECK(contains(a.output(), "round 0: node 0 of 1 (ranks 0..0 of 1)"));
+  CHECK(contains(a.output(), "[rank 0] world 1"));
+  CHECK_FALSE(contains(a.output(), "lost"));
+}
+
 // The same operator: a launcher stopped while it waited for round 0 of a 3:3 job stayed counted,
 // the round closed with it, and the real third node was refused as "full". It withdraws now.
 TEST_CASE("nanoddp-run --nnodes 3:3: a launcher stopped or killed while waiting is not counted") {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -187,7 +188,7 @@ Distributed::~Distributed() {
       // Every rank checks out; rank 0 keeps the server up until all have (bounded), so a
       // fast rank 0 cannot pull the store from under a rank still finishing its set-up.
       store->add("finished", 1);
-      if (server != nullptr) {
+      if (server != nullptr && !abandoned_) {
         const auto limit =
             std::min<std::chrono::milliseconds>(store->timeout(), std::chrono::seconds(30));
         const auto deadline = std::chrono::steady_clock::now() + limit;

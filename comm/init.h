@@ -43,6 +43,16 @@ struct Distributed {
   Distributed(Distributed&&) = default;
   Distributed& operator=(Distributed&&) = default;
   ~Distributed();
+
+  // This rank is ending on a failure after set-up (a collective failed, a peer may be dead):
+  // rank 0 does not keep the store up for the others' check-out, which a dead peer never makes
+  // (the wait held a failed rank for up to 30 s after it reported the failure). Not for a
+  // failure during set-up: the others may still be reading what rank 0 published there (the
+  // world sizes that name a mismatch).
+  void abandon() { abandoned_ = true; }
+
+ private:
+  bool abandoned_ = false;
 };
 
 // Throws an Error for a bad backend/device combination, StoreError when the store cannot be

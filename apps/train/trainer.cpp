@@ -161,6 +161,16 @@ Tensor Trainer::count_correct(const Tensor& logits) const {
 }
 
 int Trainer::run() {
+  try {
+    return run_steps();
+  } catch (...) {
+    // A failed rank 0 does not hold the store up for peers that may be dead (~Distributed).
+    if (dist_) dist_->abandon();
+    throw;
+  }
+}
+
+int Trainer::run_steps() {
   print_banner();
   const auto run_start = Clock::now();
   Window window;

@@ -32,6 +32,7 @@ class Trainer {
   int run();
 
  private:
+  int run_steps();
   // Statistics between two log lines.
   struct Window {
     double step_ms = 0, data_ms = 0, wall_ms = 0, comm_ms = 0, exposed_comm_ms = 0;

@@ -509,6 +509,67 @@ TEST_CASE("nanoddp-run --nnodes 1:3: a waiter killed just before the round close
   CHECK_FALSE(contains(a.output(), "lost"));
 }
 
+// An outside operator (issue #15): when a node died, the surviving rank 0 reported the failed
+// all-reduce at once and then slept for up to 30 s, keeping the workers' store up for a
+// check-out the dead peer would never make; its round ended only when the launcher found the
+// node lost after T. A rank that fails now abandons the check-out.
+TEST_CASE("nanoddp-run --rdzv-endpoint: rank 0 whose peer died exits at once after its error") {
+  TempDir dir;
+  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+  std::vector<std::string> argv = {bin_path("nanoddp-run"),
+                                   "--nnodes",
+                                   "1:2",
+                                   "--rdzv-endpoint",
+                                   endpoint,
+                                   "--rdzv-last-call",
+                                   "1",
+                                   "--heartbeat-timeout",
+                                   "60",
+                                   "--grace-period",
+                                   "1",
+                                   "--max-restarts",
+                                   "0",
+                                   bin_path("nanoddp-train"),
+                                   "--in",
+                                   "16",
+                                   "--out",
+                                   "4",
+                                   "--hidden",
+                                   "32",
+                                   "--layers",
+                                   "1",
+                                   "--steps",
+                                   "100000000",
+                                   "--batch",
+                                   "4",
+                                   "--log-every",
+                                   "100"};
+  BackgroundProcess a(argv);
+  REQUIRE(a.wait_for_output(
+      [](const std::string& out) { return contains(out, "serving the rendezvous store"); }, 20s));
+  BackgroundProcess b(argv);
+  // Both train (rank 0 is a's: the first arrival is node 0).
+  REQUIRE(a.wait_for_output(
+      [](const std::string& out) { return contains(out, "2 rank(s) x batch 4"); }, 30s));
+  REQUIRE(a.wait_for_output([](const std::string& out) { return contains(out, "step "); }, 20s));
+  // Node b dies whole: its launcher, then its worker (its own process group), both SIGKILL, so
+  // nothing of b ends the round; only a's worker, failing on its own, can end it before T.
+  const std::string children = read_file(fmt::format("/proc/{0}/task/{0}/children", b.pid()));
+  REQUIRE_FALSE(children.empty());
+  b.send(SIGKILL);
+  for (std::istringstream in(children); in;) {
+    int worker = 0;
+    if (in >> worker) ::kill(worker, SIGKILL);
+  }
+  // Before: about 30 s (the check-out's bound) or T (60 s). Now the worker's own failure.
+  const bool failed = a.wait_for_output(
+      [](const std::string& out) { return contains(out, "failed: exit code 1"); }, 20s);
+  INFO(a.output());
+  CHECK(failed);
+  CHECK(contains(a.output(), "nanoddp-train: error:"));
+  CHECK_FALSE(contains(a.output(), "is lost"));
+}
+
 // The same operator: a launcher stopped while it waited for round 0 of a 3:3 job stayed counted,
 // the round closed with it, and the real third node was refused as "full". It withdraws now.
 TEST_CASE("nanoddp-run --nnodes 3:3: a launcher stopped or killed while waiting is not counted") {

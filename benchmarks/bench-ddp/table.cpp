@@ -62,8 +62,8 @@ void print_header(const Options& o, const nlohmann::ordered_json& machine,
       "baseline); GFLOP/s per rank (GEMMs); busbw = the step's bus bytes (gradients x 2(n-1)/n, "
       "or (n-1)/n under zero 2; + parameters x (n-1)/n under zero 1, 2) / allreduce\n");
   fmt::print(
-      "# MiB held by rank 0 (comm::ZeroMemory, as nanoddp-train --metrics): param = parameters "
-      "(+ ZeRO's all-gather staging), grad = every gradient buffer, avggrad = the averaged "
+      "# MiB held by rank 0 (comm::ZeroMemory, as nanoddp-train --metrics): param = parameters, "
+      "grad = every gradient buffer, avggrad = the averaged "
       "gradients the optimizer reads, optst = optimizer state\n");
   fmt::print("#\n");
   fmt::print(kRowFormat, "ranks", "nodes", "in", "hidden", "layers", "out", "act", "params",

@@ -61,21 +61,17 @@ if ! "$python" -c "import torch" 2>/dev/null; then
   echo "or point NANODDP_PYTHON at an interpreter that has it" >&2
   exit 3
 fi
+peer=$root/benchmarks/peer/torch_ddp_mlp.py
 # Debian's torch calls whichever BLAS /usr/lib/.../libblas.so.3 points at: the reference BLAS
 # (netlib) unless OpenBLAS is installed, and then its GEMMs run more than 10x slower. A comparison
 # against that is not a comparison with PyTorch.
-blas=$("$python" -c "
-import os, torch
-torch.mm(torch.ones(2, 2), torch.ones(2, 2))
-maps = [l.split()[-1] for l in open('/proc/self/maps') if '/' in l]
-print(' '.join(sorted({os.path.realpath(p) for p in maps if os.path.basename(p).startswith('libblas.so')})))")
+blas=$("$python" "$peer" --print-blas)
 if [[ $blas == */blas/libblas.so* ]]; then
   echo "vs-pytorch.sh: PyTorch would run on the reference BLAS ($blas), more than 10x slower than" >&2
   echo "an optimised one: its figures would not be PyTorch's. Install OpenBLAS (as root):" >&2
   echo "  apt-get install -y libopenblas0-pthread" >&2
   exit 3
 fi
-peer=$root/benchmarks/peer/torch_ddp_mlp.py
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -224,14 +224,13 @@ template <typename Mine>
 void Zero::all_gather(Mine mine, Tensor& full) {
   Backend& backend = backend_for(params_.device());
   for (const Chunk& c : chunks_) {
+    const float* own = mine(c);
     // A chunk lies in `full` as an all-gather's output does: the W blocks of q elements in rank
     // order (then the tail). So it is gathered in place, in one collective: this rank's block
     // is put where it belongs (the parameters' already is), and the others arrive around it.
     if (c.q > 0) {
       float* place = full.data() + c.offset + rank_ * c.q;
-      if (const float* own = mine(c); own != place) {
-        backend.copy(place, own, static_cast<std::size_t>(c.q) * sizeof(float));
-      }
+      if (own != place) backend.copy(place, own, static_cast<std::size_t>(c.q) * sizeof(float));
       Tensor in = full.view(c.offset + rank_ * c.q, {c.q});
       Tensor out = full.view(c.offset, {c.q * world_});
       group_->allgather(in, out)->wait();
@@ -239,9 +238,8 @@ void Zero::all_gather(Mine mine, Tensor& full) {
     if (c.tail == 0) continue;
     // The left-over elements, from the last rank.
     float* tail = full.data() + c.offset + c.q * world_;
-    const float* own_tail = mine(c) + c.q;
-    if (rank_ == world_ - 1 && own_tail != tail) {
-      backend.copy(tail, own_tail, static_cast<std::size_t>(c.tail) * sizeof(float));
+    if (rank_ == world_ - 1 && own + c.q != tail) {
+      backend.copy(tail, own + c.q, static_cast<std::size_t>(c.tail) * sizeof(float));
     }
     Tensor tail_view = full.view(c.offset + c.q * world_, {c.tail});
     group_->broadcast(tail_view, world_ - 1)->wait();

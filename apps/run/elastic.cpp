@@ -261,6 +261,20 @@ int restarts_before(comm::Store& store, int number) {
   return std::stoi(record.substr(record.find(' ') + 1));
 }
 
+// The restarts round `number` starts with: those before the last round, plus one if that round
+// failed. A 'U' round reaches a next one only when its verdict found a crash or a lost node.
+int restarts_at(comm::Store& store, int number) {
+  if (number == 0) return 0;
+  const char kind = parse_end(store.get_string(key(number - 1, "end"))).kind;
+  return restarts_before(store, number - 1) + (kind == 'F' || kind == 'U' ? 1 : 0);
+}
+
+// A round's record: "<workers' store port> <restarts used> <workers' store secret>", written
+// once by its node 0 right after the round closes. One whose node 0 died (or froze) before
+// writing it is written by whoever finds it missing, with port 0: that round never started,
+// and it ends as failed (a restart used, as for a node lost in a running round).
+constexpr int kNeverStarted = 0;
+
 // Whether round `number`, which has ended, was the job's last: the job finished (S), failed
 // with no restarts left (F), or failed on a usage error (U whose verdict is "usage"). Then
 // returns why, and whether the job succeeded.
@@ -312,6 +326,88 @@ int first_round(comm::Store& store, const RunOptions& o) {
   }
   return last + 1;
 }
+
+// The address of node `node_rank` of a closed round (its "node/K" entry is "<address> <nproc>").
+std::string node_address(comm::Store& store, int number, const std::vector<int>& members,
+                         int node_rank) {
+  const std::string text = store.get_string(
+      key(number, fmt::format("node/{}", members[static_cast<std::size_t>(node_rank)])));
+  return text.substr(0, text.rfind(' '));
+}
+
+// Ends round `number` before it started, if it has no record yet (its node 0 died between the
+// close and the record), and returns the record, which says whether it started.
+std::string record_or_end(comm::Store& store, int number, const std::vector<int>& members,
+                          const std::string& why) {
+  const std::string record_key = key(number, "record");
+  set_once(store, record_key, fmt::format("{} {} -", kNeverStarted, restarts_at(store, number)));
+  const std::string record = store.get_string(record_key);
+  if (std::stoi(record) == kNeverStarted) {
+    set_once(store, key(number, "end"),
+             fmt::format("F|node 0 ({}) did not start round {}: {}",
+                         node_address(store, number, members, 0), number, why));
+  }
+  return record;
+}
+
+// Round `number`'s record, once it closed with this node as node `node_rank`. Node 0 writes it
+// (the first writer wins: another launcher may have found it missing and ended the round); the
+// others wait for it at most the heartbeat timeout (their store client's): node 0 writes it a
+// store call after the close, so one that has not by then left, died or froze in between.
+std::string take_record(comm::Store& store, int number, int node_rank,
+                        const std::vector<int>& members, const std::string& address) {
+  const std::string record_key = key(number, "record");
+  if (node_rank == 0) {
+    // The workers' store secret: a fresh one per round (after the user's, if set).
+    const char* user_token = std::getenv("NANODDP_STORE_TOKEN");
+    std::random_device random;
+    const std::string token =
+        fmt::format("{}{:08x}{:08x}{:08x}", user_token ? std::string(user_token) + "/" : "",
+                    random(), random(), random());
+    set_once(store, record_key,
+             fmt::format("{} {} {}", find_free_port(address), restarts_at(store, number), token));
+    return record_or_end(store, number, members, "it was found lost before it published it");
+  }
+  try {
+    return store.get_string(record_key);
+  } catch (const comm::StoreError& e) {
+    return record_or_end(store, number, members,
+                         fmt::format("it left or died after the round closed, before it "
+                                     "published the round's record ({})",
+                                     e.what()));
+  }
+}
+
+// A round watched from outside, by a standby waiting for the next: whether every one of its
+// nodes has beaten nothing new for the heartbeat timeout, as seen by this launcher's clock. A
+// round's own nodes end it when one of them is lost; when all are (killed together, or node 0
+// died before its record and took the others' wait with it), nobody would, and the standby
+// would wait out its --rdzv-join-timeout while the job is already dead.
+class SilentRound {
+ public:
+  bool all_silent(comm::Store& store, int number, const std::vector<int>& members,
+                  double timeout_s) {
+    const auto now = Clock::now();
+    beats_.resize(members.size());
+    bool silent = true;
+    for (std::size_t k = 0; k < members.size(); ++k) {
+      const std::string hb = key(number, fmt::format("hb/{}", k));
+      const std::string value = store.check({hb}) ? store.get_string(hb) : std::string();
+      if (!beats_[k].since || value != beats_[k].value) beats_[k] = {value, now};
+      if (std::chrono::duration<double>(now - *beats_[k].since).count() <= timeout_s) {
+        silent = false;
+      }
+    }
+    return silent;
+  }
+
+ private:
+  struct Beat {
+    std::string value;
+    std::optional<Clock::time_point> since;  // when first read, or last moved
+  };
+  std::vector<Beat> beats_;
+};
 
 // Joins round `number` (or, arriving after it closed, the next ones) and returns it once node 0
 // has published its record. `arrived`: the index this node already has in round `number`.
@@ -375,6 +471,7 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
       return live;
     };
     std::optional<Clock::time_point> last_pass;
+    SilentRound silent_previous;  // the round before, while it runs (this launcher a standby)
     while (!store.check({key(number, "closed")})) {
       const auto pass = Clock::now();
       if (last_pass) {
@@ -397,7 +494,26 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
                                     member ? "" : "; this launcher did not take part"));
         }
       }
-      const bool previous_over = number == 0 || store.check({key(number - 1, "end")});
+      bool previous_over = number == 0 || store.check({key(number - 1, "end")});
+      if (!previous_over && store.check({key(number - 1, "closed")})) {
+        const std::vector<int> previous =
+            parse_members(store.get_string(key(number - 1, "closed")));
+        if (silent_previous.all_silent(store, number - 1, previous, o.heartbeat_timeout_s)) {
+          std::string nodes;
+          for (int k = 0; k < static_cast<int>(previous.size()); ++k) {
+            nodes += fmt::format("{}{}", k == 0 ? "" : ", ",
+                                 node_address(store, number - 1, previous, k));
+          }
+          const std::string why = fmt::format(
+              "every node of round {} ({}) is lost: no heartbeat for {} s, seen by a waiting "
+              "launcher",
+              number - 1, nodes, o.heartbeat_timeout_s);
+          if (std::stoi(record_or_end(store, number - 1, previous, why)) != kNeverStarted) {
+            set_once(store, key(number - 1, "end"), "F|" + why);
+          }
+          say("{}: round {} ends, as failed", why, number - 1);
+        }
+      }
       const int count = static_cast<int>(store.add(key(number, "arrivals"), 0));
       if (count != seen) {
         seen = count;
@@ -439,37 +555,15 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
       continue;
     }
     const int node_rank = static_cast<int>(position - members.begin());
+    member = true;
     Round round{.number = number, .node_rank = node_rank};
-    if (node_rank == 0) {
-      int restarts = 0;
-      if (number > 0) {
-        const char kind = parse_end(store.get_string(key(number - 1, "end"))).kind;
-        // A 'U' round reaches here only when its verdict found a crash or a lost node behind it.
-        restarts = restarts_before(store, number - 1) + (kind == 'F' || kind == 'U' ? 1 : 0);
-      }
-      // The workers' store secret: a fresh one per round (after the user's, if set).
-      const char* user_token = std::getenv("NANODDP_STORE_TOKEN");
-      std::random_device random;
-      const std::string token =
-          fmt::format("{}{:08x}{:08x}{:08x}", user_token ? std::string(user_token) + "/" : "",
-                      random(), random(), random());
-      store.set(key(number, "record"),
-                fmt::format("{} {} {}", find_free_port(address), restarts, token));
-    }
-    std::string record;
-    try {
-      record = store.get_string(key(number, "record"));
-    } catch (const comm::StoreError& e) {
-      // Node 0 publishes the record right after the round closes: one that does not left or
-      // died in between (a window of one store call; liveness is checked before closing).
-      throw JobEnds(
-          1,
-          fmt::format("round {}: node 0 (arrival {}, {}) did not publish the round's "
-                      "record: it left or died after the round closed ({}). Restart "
-                      "the job (with --resume it continues from the newest "
-                      "checkpoint)",
-                      number, members[0],
-                      store.get_string(key(number, fmt::format("node/{}", members[0]))), e.what()));
+    const std::string record = take_record(store, number, node_rank, members, address);
+    if (std::stoi(record) == kNeverStarted) {
+      // Node 0 died between the close and its record: the round ended before it started. The
+      // survivors go on to the next round (or end, with no restarts left) as after any failure.
+      say("round {} ended before it started: {}", number,
+          parse_end(store.get_string(key(number, "end"))).reason);
+      continue;
     }
     char token[512] = {};
     std::sscanf(record.c_str(), "%d %d %511s", &round.master_port, &round.restarts_used, token);

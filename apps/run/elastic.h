@@ -21,7 +21,10 @@
 //                 that arrived after it waits for R+1. A member of round R-1 arrives as soon as
 //                 it sees R-1's end, before its workers have stopped, so the survivors arrive
 //                 together (a slow one would otherwise miss the round, and the next, ...)
-//   record        by node 0: the workers' store port and secret, and the restarts used so far
+//   record        by node 0: the workers' store port and secret, and the restarts used so far;
+//                 "0 <restarts> -" (never started) when its node 0 died before writing it, written
+//                 by a node that waited T for it, or by a waiting launcher that found every node
+//                 of the round silent for T (the first writer wins); such a round ends as failed
 //   hb/K          node K's heartbeat, a counter raised every interval (heartbeat_interval())
 //   done/K left/K node K's workers all exited 0 / node K's launcher is leaving (not lost)
 //   fail/K over/K node K's own failure ('F' or 'U', written at once) / its workers have all ended
@@ -37,7 +40,8 @@
 // by another launcher's clock) is lost; every launcher checks the others, and "end", every
 // interval I = min(1 s, T / 5). So a round ends on every node within T + 2 I after a node is
 // lost, within I after a worker fails anywhere, and the workers are then stopped within
-// --grace-period.
+// --grace-period. A round whose every node is lost is ended by a launcher waiting for the next
+// (a standby), when it has seen all their beats stand still for T.
 
 #include "launcher.h"
 

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "nanoddp/comm/store.h"
 #include "support/background_process.h"
 #include "support/subprocess.h"
 #include "support/world.h"
@@ -433,6 +434,109 @@ TEST_CASE("nanoddp-run --nnodes 1:1: a standby is taken in when the running roun
   CHECK(contains(c.output(), "[rank 0] round 1 node c"));
   CHECK(contains(a.output(), "round 1 closed with 1 node(s) without this one"));
   CHECK_FALSE(contains(a.output(), "[rank 0] round 1"));
+}
+
+// Issue #15: the standby's round was its only node, and that node died whole (launcher and
+// workers, SIGKILL). No launcher of the round was left to end it, and the node the round had
+// left out waited for its end until --rdzv-join-timeout, saying the round "runs on". A waiting
+// launcher now watches the running round's beats: when all stand still for the heartbeat
+// timeout, it ends the round as failed, and the job goes on with it.
+TEST_CASE("nanoddp-run --nnodes 1:1: a round whose every node died is ended by the one left out") {
+  TempDir dir;
+  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+  // Round 0 fails when the test says so; round 1 runs until it is killed; round 2 succeeds.
+  const std::vector<std::string> argv =
+      run_argv({"--nnodes", "1:1", "--rdzv-endpoint", endpoint, "--max-restarts", "2",
+                "--heartbeat-timeout", "3", "--grace-period", "1", "--rdzv-join-timeout", "120"},
+               fmt::format("echo round $NANODDP_RESTART_COUNT node $NANODDP_NODE_NAME; "
+                           "case $NANODDP_RESTART_COUNT in "
+                           "0) while [ ! -e {0}/fail ]; do sleep 0.02; done; exit 3;; "
+                           "1) sleep 60;; esac; exit 0",
+                           dir.path()));
+  const auto named = [&](const std::string& name) {
+    std::vector<std::string> with = argv;
+    with.insert(with.begin(), {"/usr/bin/env", "NANODDP_NODE_NAME=" + name});
+    return with;
+  };
+  BackgroundProcess a(named("a"));  // serves the store: it must outlive c
+  REQUIRE(a.wait_for_output(
+      [](const std::string& out) { return contains(out, "[rank 0] round 0 node a"); }, 20s));
+  BackgroundProcess c(named("c"));
+  REQUIRE(c.wait_for_output(
+      [](const std::string& out) { return contains(out, "waits as a standby"); }, 20s));
+  std::ofstream(dir.file("fail")).put('\n');
+  // The standby arrived at round 1 first: the round takes it alone, and leaves a out.
+  REQUIRE(c.wait_for_output(
+      [](const std::string& out) { return contains(out, "[rank 0] round 1 node c"); }, 30s));
+  REQUIRE(a.wait_for_output(
+      [](const std::string& out) {
+        return contains(out, "round 1 closed with 1 node(s) without this one");
+      },
+      30s));
+  const auto killed = Clock::now();
+  kill(-c.pid(), SIGKILL);  // c's launcher and its worker: the whole node
+  REQUIRE(c.wait(10s).has_value());
+  const std::optional<int> status_a = a.wait(40s);
+  INFO(a.output(), "\n----\n", c.output());
+  REQUIRE(status_a.has_value());
+  // Found after T (3 s) of silence, then round 2 forms after its last call and runs.
+  CHECK(seconds_since(killed) < 25.0);
+  CHECK(*status_a == 0);
+  CHECK(contains(a.output(), "every node of round 1 (127.0.0.1) is lost: no heartbeat for 3 s"));
+  CHECK(contains(a.output(), "round 2: node 0 of 1 (ranks 0..0 of 1), restarts used 2 of 2"));
+  CHECK(contains(a.output(), "[rank 0] round 2 node a"));
+  CHECK_FALSE(contains(a.output(), "runs on"));
+}
+
+// Issue #15: a round's node 0 that died between the round's close and its record (the workers'
+// store port and secret) left the other nodes waiting for that record until their store call
+// timed out, and then exit 1 with restarts left. Now a node that waited the heartbeat timeout
+// for it writes the record as "never started" (port 0) and ends the round as failed, and the
+// job goes on. That window is one store call wide, so the test writes the never-started record
+// itself, before round 1 closes, as that node would: node 0 then finds its own record refused
+// (the first writer wins), and every node goes on to round 2.
+TEST_CASE("nanoddp-run --nnodes 1:2: a round that never started is ended, and the job goes on") {
+  TempDir dir;
+  const int port = nanoddp::testing::free_port();
+  const std::string endpoint = fmt::format("127.0.0.1:{}", port);
+  const std::vector<std::string> argv =
+      run_argv({"--nnodes", "1:2", "--rdzv-endpoint", endpoint, "--rdzv-id", "unstarted",
+                "--max-restarts", "2", "--heartbeat-timeout", "3", "--grace-period", "1"},
+               fmt::format("echo round $NANODDP_RESTART_COUNT world $WORLD_SIZE; "
+                           "if [ $NANODDP_RESTART_COUNT = 0 ]; then "
+                           "  while [ ! -e {0}/fail ]; do sleep 0.02; done; exit 3; fi; exit 0",
+                           dir.path()));
+  BackgroundProcess a(argv);
+  REQUIRE(a.wait_for_output(
+      [](const std::string& out) { return contains(out, "serving the rendezvous store"); }, 20s));
+  BackgroundProcess b(argv);
+  for (BackgroundProcess* p : {&a, &b}) {
+    REQUIRE(p->wait_for_output(
+        [](const std::string& out) { return contains(out, "round 0 world 2"); }, 20s));
+  }
+  {
+    nanoddp::comm::TcpStore store(nanoddp::comm::TcpStoreOptions{
+        .host = "127.0.0.1", .port = static_cast<std::uint16_t>(port), .timeout = 5s});
+    const std::string never_started = "0 1 -";
+    store.set("nanoddp-run/unstarted/r1/record",
+              std::vector<std::uint8_t>(never_started.begin(), never_started.end()));
+  }
+  std::ofstream(dir.file("fail")).put('\n');
+  const std::optional<int> status_a = a.wait(40s), status_b = b.wait(40s);
+  INFO(a.output(), "\n----\n", b.output());
+  REQUIRE(status_a.has_value());
+  REQUIRE(status_b.has_value());
+  CHECK(*status_a == 0);
+  CHECK(*status_b == 0);
+  for (const std::string& out : {a.output(), b.output()}) {
+    CHECK(contains(out,
+                   "round 1 ended before it started: node 0 (127.0.0.1) did not start "
+                   "round 1"));
+    CHECK_FALSE(contains(out, "round 1 world"));  // no worker ran in round 1
+    CHECK(contains(out, "round 2: node "));
+    CHECK(contains(out, "restarts used 2 of 2"));
+    CHECK(contains(out, "round 2 world 2"));
+  }
 }
 
 // An outside operator (issue #15): a node that joined a running job (ending its round, as a

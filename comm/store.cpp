@@ -13,6 +13,15 @@ std::string Store::get_string(const std::string& key) {
   return std::string(value.begin(), value.end());
 }
 
+std::vector<std::optional<Bytes>> Store::try_get_many(const std::vector<std::string>& keys) {
+  std::vector<std::optional<Bytes>> values;
+  values.reserve(keys.size());
+  for (const auto& k : keys) {
+    values.push_back(check({k}) ? std::optional<Bytes>(get(k)) : std::nullopt);
+  }
+  return values;
+}
+
 PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> store)
     : prefix_(std::move(prefix)), store_(std::move(store)) {}
 
@@ -49,6 +58,13 @@ Bytes PrefixStore::compare_set(const std::string& k, std::span<const std::uint8_
 
 bool PrefixStore::remove(const std::string& k) {
   return store_->remove(key(k));
+}
+
+std::vector<std::optional<Bytes>> PrefixStore::try_get_many(const std::vector<std::string>& keys) {
+  std::vector<std::string> prefixed;
+  prefixed.reserve(keys.size());
+  for (const auto& k : keys) prefixed.push_back(key(k));
+  return store_->try_get_many(prefixed);
 }
 
 }  // namespace nanoddp::comm

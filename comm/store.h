@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -55,6 +56,11 @@ class Store {
                             std::span<const std::uint8_t> desired) = 0;
   // Removes `key`; returns whether it existed.
   virtual bool remove(const std::string& key) = 0;
+  // The values of `keys` as they are now, one per key, absent where a key is (no blocking).
+  // One request to a TcpStore, however many keys: a launcher watching N nodes' heartbeats pays
+  // one round trip per look, not 2 N. (PyTorch's Store::multi_get blocks for absent keys
+  // instead.) This default asks key by key.
+  virtual std::vector<std::optional<Bytes>> try_get_many(const std::vector<std::string>& keys);
 
   virtual std::chrono::milliseconds timeout() const = 0;
   virtual void set_timeout(std::chrono::milliseconds timeout) = 0;
@@ -157,6 +163,7 @@ class TcpStore final : public Store {
   Bytes compare_set(const std::string& key, std::span<const std::uint8_t> expected,
                     std::span<const std::uint8_t> desired) override;
   bool remove(const std::string& key) override;
+  std::vector<std::optional<Bytes>> try_get_many(const std::vector<std::string>& keys) override;
   std::chrono::milliseconds timeout() const override;
   void set_timeout(std::chrono::milliseconds timeout) override;
 
@@ -180,6 +187,7 @@ class PrefixStore final : public Store {
   Bytes compare_set(const std::string& key, std::span<const std::uint8_t> expected,
                     std::span<const std::uint8_t> desired) override;
   bool remove(const std::string& key) override;
+  std::vector<std::optional<Bytes>> try_get_many(const std::vector<std::string>& keys) override;
   std::chrono::milliseconds timeout() const override { return store_->timeout(); }
   void set_timeout(std::chrono::milliseconds timeout) override { store_->set_timeout(timeout); }
 

@@ -23,6 +23,8 @@ const char* opcode_name(Opcode op) {
       return "compare_set";
     case Opcode::kDelete:
       return "delete";
+    case Opcode::kTryGetMany:
+      return "try_get_many";
   }
   return "unknown";
 }
@@ -228,6 +230,7 @@ void encode_request(const Request& request, Bytes& out) {
       break;
     case Opcode::kWait:
     case Opcode::kCheck:
+    case Opcode::kTryGetMany:
       put_u32(out, static_cast<std::uint32_t>(request.keys.size()));
       for (const auto& k : request.keys) put_string32(out, k);
       if (request.op == Opcode::kWait) put_i64(out, request.timeout_ms);
@@ -249,7 +252,7 @@ Decoded<Request> decode_request(std::span<const std::uint8_t> bytes, const Limit
   const auto op = r.uint(1);
   if (!op) return r.finish(std::move(req));
   if (*op < static_cast<std::uint8_t>(Opcode::kSet) ||
-      *op > static_cast<std::uint8_t>(Opcode::kDelete)) {
+      *op > static_cast<std::uint8_t>(Opcode::kTryGetMany)) {
     r.invalid(fmt::format("unknown opcode {}", *op));
     return r.finish(std::move(req));
   }
@@ -278,6 +281,7 @@ Decoded<Request> decode_request(std::span<const std::uint8_t> bytes, const Limit
       break;
     case Opcode::kWait:
     case Opcode::kCheck:
+    case Opcode::kTryGetMany:
       if (auto k = r.keys(limits, 1)) req.keys = std::move(*k);
       if (req.op == Opcode::kWait) timeout();
       break;
@@ -308,6 +312,13 @@ void encode_response(Opcode op, const Response& response, Bytes& out) {
         case Opcode::kCheck:
         case Opcode::kDelete:
           put_u8(out, response.flag ? 1 : 0);
+          break;
+        case Opcode::kTryGetMany:
+          put_u32(out, static_cast<std::uint32_t>(response.values.size()));
+          for (const auto& v : response.values) {
+            put_u8(out, v ? 1 : 0);
+            if (v) put_value(out, *v);
+          }
           break;
         case Opcode::kSet:
         case Opcode::kWait:
@@ -352,6 +363,28 @@ Decoded<Response> decode_response(Opcode op, std::span<const std::uint8_t> bytes
             resp.flag = *f == 1;
           }
           break;
+        case Opcode::kTryGetMany: {
+          // As many values as keys asked, all of them within one value's limit together.
+          const auto n = r.uint(4);
+          if (n && *n > limits.max_keys) {
+            r.invalid(fmt::format("{} values in one answer (at most {})", *n, limits.max_keys));
+          }
+          std::size_t total = 0;
+          for (std::uint64_t i = 0; n && r.ok() && i < *n; ++i) {
+            const auto present = r.uint(1);
+            if (!present) break;
+            if (*present > 1) r.invalid(fmt::format("a presence flag of {}", *present));
+            if (*present != 1) {
+              resp.values.emplace_back();
+              continue;
+            }
+            auto v = r.value(limits.max_value_bytes - total, "the values of one answer");
+            if (!v) break;
+            total += v->size();
+            resp.values.emplace_back(std::move(*v));
+          }
+          break;
+        }
         case Opcode::kSet:
         case Opcode::kWait:
           break;

@@ -18,11 +18,12 @@
 //     CHECK        u32 n  key * n
 //     COMPARE_SET  key  value(expected)  value(desired)
 //     DELETE       key
+//     TRY_GET_MANY u32 n  key * n              (never blocks: an absent key is answered absent)
 //   key = u32 len + bytes (1..max_key_bytes);  value = u64 len + bytes (<= max_value_bytes)
 //
 //   response       u8 status, then by status:
 //     OK           by opcode: GET, COMPARE_SET: value; ADD: i64; CHECK, DELETE: u8;
-//                  SET, WAIT: nothing
+//                  SET, WAIT: nothing; TRY_GET_MANY: u32 n, then per key u8 present (+ value)
 //     TIMEOUT      u32 n  key * n  (the keys still missing)
 //     ERROR        u32 len  message
 //
@@ -31,6 +32,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -41,7 +43,8 @@ namespace nanoddp::comm::protocol {
 using Bytes = std::vector<std::uint8_t>;
 
 inline constexpr std::string_view kMagic = "NDDPSTOR";
-inline constexpr std::uint32_t kVersion = 1;
+// 2: TRY_GET_MANY. A client of another version is refused at the handshake, naming both.
+inline constexpr std::uint32_t kVersion = 2;
 
 enum class Opcode : std::uint8_t {
   kSet = 1,
@@ -51,6 +54,7 @@ enum class Opcode : std::uint8_t {
   kCheck = 5,
   kCompareSet = 6,
   kDelete = 7,
+  kTryGetMany = 8,
 };
 // "set", "get", ... for messages; "unknown" for anything else.
 const char* opcode_name(Opcode op);
@@ -67,7 +71,7 @@ struct Limits {
 
 struct Request {
   Opcode op = Opcode::kSet;
-  std::vector<std::string> keys;  // one key, except for WAIT and CHECK
+  std::vector<std::string> keys;  // one key, except for WAIT, CHECK and TRY_GET_MANY
   Bytes value;                    // SET: the value; COMPARE_SET: the expected value
   Bytes desired;                  // COMPARE_SET
   std::int64_t delta = 0;         // ADD
@@ -80,6 +84,7 @@ struct Response {
   std::int64_t number = 0;        // OK answer to ADD
   bool flag = false;              // OK answer to CHECK / DELETE
   std::vector<std::string> keys;  // TIMEOUT: the missing keys
+  std::vector<std::optional<Bytes>> values;  // OK answer to TRY_GET_MANY, one per key asked
   std::string message;            // ERROR
 };
 

@@ -290,6 +290,18 @@ bool TcpStore::remove(const std::string& key) {
   return resp.flag;
 }
 
+std::vector<std::optional<Bytes>> TcpStore::try_get_many(const std::vector<std::string>& keys) {
+  if (keys.empty()) return {};
+  const proto::Request req{.op = proto::Opcode::kTryGetMany, .keys = keys};
+  auto resp = impl_->call(req, timeout());
+  if (resp.status != proto::Status::kOk) throw_answer(impl_->address, req, resp, timeout());
+  if (resp.values.size() != keys.size()) {
+    throw StoreError(fmt::format("the store at {} answered try_get_many of {} with {} values",
+                                 impl_->address, describe_keys(keys), resp.values.size()));
+  }
+  return std::move(resp.values);
+}
+
 std::chrono::milliseconds TcpStore::timeout() const {
   return impl_->timeout();
 }

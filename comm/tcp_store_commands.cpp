@@ -178,6 +178,26 @@ void TcpStoreServer::Impl::handle(std::uint64_t id, Connection& c, proto::Reques
     case proto::Opcode::kDelete:
       resp.flag = data.erase(key) > 0;
       break;
+    case proto::Opcode::kTryGetMany: {
+      std::size_t total = 0;
+      for (const auto& k : req.keys) {
+        const auto it = data.find(k);
+        if (it == data.end()) {
+          resp.values.emplace_back();
+          continue;
+        }
+        total += it->second.size();
+        resp.values.emplace_back(it->second);
+      }
+      if (total > options.max_value_bytes) {  // the client could not take the answer either
+        resp.values.clear();
+        resp.status = proto::Status::kError;
+        resp.message = fmt::format(
+            "try_get_many of {} keys would answer {} bytes, more than max_value_bytes = {}",
+            req.keys.size(), total, options.max_value_bytes);
+      }
+      break;
+    }
   }
   respond(c, req.op, resp);
 }

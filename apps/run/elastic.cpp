@@ -119,6 +119,18 @@ std::string key(int round, const std::string& name) {
   return fmt::format("r{}/{}", round, name);
 }
 
+// Reads many keys in one store request: a launcher looks at every node each pass, and one round
+// trip per key would make the store's load grow as the square of the nodes (each of N
+// launchers asking about N). Absent keys read as empty text; none of these values is empty.
+std::vector<std::string> read_many(comm::Store& store, const std::vector<std::string>& keys) {
+  std::vector<std::string> texts;
+  texts.reserve(keys.size());
+  for (const std::optional<comm::Bytes>& value : store.try_get_many(keys)) {
+    texts.push_back(value ? std::string(value->begin(), value->end()) : std::string());
+  }
+  return texts;
+}
+
 struct Member {
   std::string address;
   int nproc = 0;
@@ -387,12 +399,16 @@ class SilentRound {
  public:
   bool all_silent(comm::Store& store, int number, const std::vector<int>& members,
                   double timeout_s) {
+    std::vector<std::string> keys;
+    for (std::size_t k = 0; k < members.size(); ++k) {
+      keys.push_back(key(number, fmt::format("hb/{}", k)));
+    }
+    const std::vector<std::string> beats = read_many(store, keys);
     const auto now = Clock::now();
     beats_.resize(members.size());
     bool silent = true;
     for (std::size_t k = 0; k < members.size(); ++k) {
-      const std::string hb = key(number, fmt::format("hb/{}", k));
-      const std::string value = store.check({hb}) ? store.get_string(hb) : std::string();
+      const std::string& value = beats[k];
       if (!beats_[k].since || value != beats_[k].value) beats_[k] = {value, now};
       if (std::chrono::duration<double>(now - *beats_[k].since).count() <= timeout_s) {
         silent = false;
@@ -448,13 +464,18 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
       std::vector<int> live;
       undecided = false;
       watches.resize(static_cast<std::size_t>(count));
+      std::vector<std::string> keys;
+      for (int k = 0; k < count; ++k) {
+        keys.push_back(key(number, fmt::format("gone/{}", k)));
+        keys.push_back(key(number, fmt::format("wait/{}", k)));
+      }
+      const std::vector<std::string> texts = read_many(store, keys);
       const auto now = Clock::now();
       for (int k = 0; k < count; ++k) {
         Watch& w = watches[static_cast<std::size_t>(k)];
         if (k != index) {
-          if (store.check({key(number, fmt::format("gone/{}", k))})) continue;
-          const std::string wait = key(number, fmt::format("wait/{}", k));
-          const std::string value = store.check({wait}) ? store.get_string(wait) : std::string();
+          if (!texts[2 * static_cast<std::size_t>(k)].empty()) continue;  // gone
+          const std::string& value = texts[2 * static_cast<std::size_t>(k) + 1];
           if (value != w.value) {
             w.moved = !w.value.empty();
             w.value = value;
@@ -768,15 +789,27 @@ void Monitor::loop() {
         store_.set(key(r, fmt::format("done/{}", me)), "1");
         done_published = true;
       }
+      // Every other node's keys, and whether a node waits for the next round, in one request.
+      std::vector<std::string> keys;
+      for (int k = 0; k < n; ++k) {
+        for (const char* name : {"done", "left", "over", "hb"}) {
+          keys.push_back(key(r, fmt::format("{}/{}", name, k)));
+        }
+      }
+      keys.push_back(key(r + 1, "arrivals"));
+      const std::vector<std::string> texts = read_many(store_, keys);
+      const auto text = [&](int k, int field) -> const std::string& {
+        return texts[4 * static_cast<std::size_t>(k) + static_cast<std::size_t>(field)];
+      };
+      const bool someone_waits = !texts.back().empty();
       int finished = local_done ? 1 : 0;
       for (int k = 0; k < n; ++k) {
         if (k == me) continue;
-        if (!done[k] && store_.check({key(r, fmt::format("done/{}", k))})) done[k] = true;
-        if (!gone[k] && store_.check({key(r, fmt::format("left/{}", k))})) gone[k] = true;
-        if (end && !over[k] && store_.check({key(r, fmt::format("over/{}", k))})) over[k] = true;
+        if (!text(k, 0).empty()) done[k] = true;
+        if (!text(k, 1).empty()) gone[k] = true;
+        if (end && !text(k, 2).empty()) over[k] = true;
         finished += done[k] ? 1 : 0;
-        const std::string hb = key(r, fmt::format("hb/{}", k));
-        const std::string value = store_.check({hb}) ? store_.get_string(hb) : std::string();
+        const std::string& value = text(k, 3);
         if (value != last[k]) {
           last[k] = value;
           changed_at[k] = Clock::now();
@@ -811,7 +844,7 @@ void Monitor::loop() {
         set_once(store_, key(r, "end"), "S|every node's workers exited 0");
       }
       // A node waiting for the next round, while this one could be larger: end it.
-      if (!end && n < o_.nnodes && store_.check({key(r + 1, "arrivals")})) {
+      if (!end && n < o_.nnodes && someone_waits) {
         set_once(store_, key(r, "end"),
                  fmt::format("M|a node is waiting to join ({} of at most {} in round {})", n,
                              o_.nnodes, r));

@@ -217,6 +217,39 @@ TEST_CASE("store: set, get, add, check, compare_set, remove and wait") {
   CHECK(server.stats().keys >= 4);
 }
 
+TEST_CASE("store: try_get_many reads present and absent keys in one request, never blocking") {
+  TcpStoreServer server(server_options());
+  auto base = std::make_shared<TcpStore>(client_options(server));
+  base->set("a", std::string("1"));
+  base->set("empty", std::string());
+  base->add("n", 7);
+  using Values = std::vector<std::optional<Bytes>>;
+  const auto start = Clock::now();
+  CHECK(base->try_get_many({"a", "absent", "empty", "n", "a"}) ==
+        Values{bytes("1"), std::nullopt, bytes(""), bytes("7"), bytes("1")});
+  CHECK(seconds_since(start) < 2.0);  // absent keys are answered, not waited for
+  CHECK(base->try_get_many({}).empty());
+  // Through a prefix, and through the key-by-key default of the Store interface (as a store
+  // without the request, such as PyTorch's TCPStore, answers it): the same values.
+  PrefixStore prefixed("job", base);
+  prefixed.set("x", std::string("X"));
+  CHECK(prefixed.try_get_many({"x", "a"}) == Values{bytes("X"), std::nullopt});
+  CHECK(prefixed.Store::try_get_many({"x", "a"}) == Values{bytes("X"), std::nullopt});
+  // An answer over the value limit is refused by the server, naming it, and the connection
+  // goes on working.
+  TcpStoreOptions small = server_options();
+  small.max_value_bytes = 1000;
+  TcpStoreServer tight(small);
+  TcpStore client(client_options(tight));
+  client.set("big", Bytes(600, 'x'));
+  CHECK(client.try_get_many({"big"}).front()->size() == 600);
+  CHECK(contains(store_error([&] {
+                   client.try_get_many({"big", "big"});
+                 }),
+                 "would answer 1200 bytes, more than max_value_bytes = 1000"));
+  CHECK(client.get("big").size() == 600);
+}
+
 TEST_CASE("store: a blocking get is parked on the server and wakes when another client sets") {
   TcpStoreServer server(server_options());
   TcpStore waiter(client_options(server));

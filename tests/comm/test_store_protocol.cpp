@@ -39,6 +39,7 @@ std::vector<proto::Request> sample_requests() {
        .value = text("old"),
        .desired = text("new")},
       {.op = proto::Opcode::kDelete, .keys = {"gone"}},
+      {.op = proto::Opcode::kTryGetMany, .keys = {"hb/0", "hb/1", "done/1"}},
   };
 }
 
@@ -78,7 +79,7 @@ TEST_CASE("protocol: two pipelined requests decode one at a time") {
 }
 
 TEST_CASE("protocol: unknown opcodes are invalid at the first byte") {
-  for (std::uint8_t op : {std::uint8_t{0}, std::uint8_t{8}, std::uint8_t{0xff}}) {
+  for (std::uint8_t op : {std::uint8_t{0}, std::uint8_t{9}, std::uint8_t{0xff}}) {
     const Bytes wire{op, 1, 2, 3};
     const auto d = proto::decode_request(wire);
     CHECK(d.status == DecodeStatus::kInvalid);
@@ -184,6 +185,44 @@ TEST_CASE("protocol: responses round-trip and refuse bad status bytes") {
   CHECK(proto::decode_response(proto::Opcode::kCheck, Bytes{0, 2}).status ==
         DecodeStatus::kInvalid);
   CHECK(proto::decode_response(proto::Opcode::kCheck, Bytes{}).status == DecodeStatus::kIncomplete);
+}
+
+TEST_CASE("protocol: try_get_many answers one value or absence per key, within the limits") {
+  const proto::Response answer{.values = {text("12"), std::nullopt, text("")}};
+  Bytes wire;
+  proto::encode_response(proto::Opcode::kTryGetMany, answer, wire);
+  const auto d = proto::decode_response(proto::Opcode::kTryGetMany, wire);
+  REQUIRE(d.status == DecodeStatus::kOk);
+  CHECK(d.consumed == wire.size());
+  CHECK(d.message.values == answer.values);
+  for (std::size_t n = 0; n < wire.size(); ++n) {  // every strict prefix waits for more
+    CAPTURE(n);
+    CHECK(proto::decode_response(proto::Opcode::kTryGetMany, std::span(wire.data(), n)).status ==
+          DecodeStatus::kIncomplete);
+  }
+  // A presence flag other than 0 or 1.
+  Bytes bad{0};
+  put_u32(bad, 1);
+  bad.push_back(2);
+  CHECK(proto::decode_response(proto::Opcode::kTryGetMany, bad).status == DecodeStatus::kInvalid);
+  // Values that together pass one value's limit, though each is within it: refused at the
+  // length that crosses it, before its bytes arrive.
+  Bytes big{0};
+  put_u32(big, 2);
+  for (int i = 0; i < 2; ++i) {
+    big.push_back(1);
+    put_u64(big, 10);
+    if (i == 0) big.insert(big.end(), 10, 'x');
+  }
+  const auto over =
+      proto::decode_response(proto::Opcode::kTryGetMany, big, proto::Limits{.max_value_bytes = 16});
+  CHECK(over.status == DecodeStatus::kInvalid);
+  CHECK(over.error.find("the values of one answer") != std::string::npos);
+  // More values than keys may be asked at once.
+  Bytes many{0};
+  put_u32(many, 4);
+  CHECK(proto::decode_response(proto::Opcode::kTryGetMany, many, proto::Limits{.max_keys = 3})
+            .status == DecodeStatus::kInvalid);
 }
 
 TEST_CASE("protocol: arbitrary byte strings never crash the request decoder") {

@@ -76,8 +76,8 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, std::option
           w.comm_ms > 0 ? std::clamp(1.0 - w.exposed_comm_ms / w.comm_ms, 0.0, 1.0) : 0.0;
     }
     if (o_.skip_nonfinite) line["skipped_steps"] = skipped_steps_;
-    // What this rank (rank 0) holds. gradient_bytes counts the flat buffer autograd writes
-    // into, whole even under --zero 2; averaged_gradient_bytes what the optimizer reads.
+    // What this rank (rank 0) holds (comm::ZeroMemory says what each count is; under --zero 2
+    // gradient_bytes is the most the bucket buffers held at once so far, plus the shard).
     const comm::ZeroMemory memory_held = memory();
     line["zero_stage"] = ddp_ && ddp_->zero() != nullptr ? ddp_->zero()->stage() : 0;
     line["parameter_bytes"] = memory_held.parameter_bytes;

@@ -104,6 +104,13 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// `argv` run with NANODDP_NODE_NAME=name: a launcher passes its environment on, so its workers
+// can say which node they run on.
+std::vector<std::string> named(std::vector<std::string> argv, const std::string& name) {
+  argv.insert(argv.begin(), {"/usr/bin/env", "NANODDP_NODE_NAME=" + name});
+  return argv;
+}
+
 }  // namespace
 
 TEST_CASE("nanoddp-run --help lists the flags and exits 0") {
@@ -406,16 +413,10 @@ TEST_CASE("nanoddp-run --nnodes 1:1: a standby is taken in when the running roun
                            "if [ $NANODDP_RESTART_COUNT = 0 ]; then "
                            "  while [ ! -e {0}/fail ]; do sleep 0.02; done; exit 3; fi; exit 0",
                            dir.path()));
-  // Each launcher names its node to its workers through the environment it passes on.
-  const auto named = [&](const std::string& name) {
-    std::vector<std::string> with = argv;
-    with.insert(with.begin(), {"/usr/bin/env", "NANODDP_NODE_NAME=" + name});
-    return with;
-  };
-  BackgroundProcess a(named("a"));
+  BackgroundProcess a(named(argv, "a"));
   REQUIRE(a.wait_for_output(
       [](const std::string& out) { return contains(out, "[rank 0] round 0 node a"); }, 20s));
-  BackgroundProcess c(named("c"));
+  BackgroundProcess c(named(argv, "c"));
   REQUIRE(c.wait_for_output(
       [](const std::string& out) { return contains(out, "waits as a standby"); }, 20s));
   std::this_thread::sleep_for(500ms);  // a standby starts no worker and ends no round
@@ -453,15 +454,10 @@ TEST_CASE("nanoddp-run --nnodes 1:1: a round whose every node died is ended by t
                            "0) while [ ! -e {0}/fail ]; do sleep 0.02; done; exit 3;; "
                            "1) sleep 60;; esac; exit 0",
                            dir.path()));
-  const auto named = [&](const std::string& name) {
-    std::vector<std::string> with = argv;
-    with.insert(with.begin(), {"/usr/bin/env", "NANODDP_NODE_NAME=" + name});
-    return with;
-  };
-  BackgroundProcess a(named("a"));  // serves the store: it must outlive c
+  BackgroundProcess a(named(argv, "a"));  // serves the store: it must outlive c
   REQUIRE(a.wait_for_output(
       [](const std::string& out) { return contains(out, "[rank 0] round 0 node a"); }, 20s));
-  BackgroundProcess c(named("c"));
+  BackgroundProcess c(named(argv, "c"));
   REQUIRE(c.wait_for_output(
       [](const std::string& out) { return contains(out, "waits as a standby"); }, 20s));
   std::ofstream(dir.file("fail")).put('\n');

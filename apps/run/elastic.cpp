@@ -380,14 +380,17 @@ std::string take_record(comm::Store& store, int number, int node_rank,
              fmt::format("{} {} {}", find_free_port(address), restarts_at(store, number), token));
     return record_or_end(store, number, members, "it was found lost before it published it");
   }
+  const std::string why =
+      "it left or died after the round closed, before it published the round's record";
+  std::string record;
   try {
-    return store.get_string(record_key);
+    record = store.get_string(record_key);
   } catch (const comm::StoreError& e) {
-    return record_or_end(store, number, members,
-                         fmt::format("it left or died after the round closed, before it "
-                                     "published the round's record ({})",
-                                     e.what()));
+    return record_or_end(store, number, members, fmt::format("{} ({})", why, e.what()));
   }
+  // Found "never started": its writer ends the round next, but may itself die in between.
+  if (std::stoi(record) == kNeverStarted) return record_or_end(store, number, members, why);
+  return record;
 }
 
 // A round watched from outside, by a standby waiting for the next: whether every one of its

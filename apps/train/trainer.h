@@ -121,6 +121,9 @@ class Trainer {
   std::string task_description() const;
   void check_checkpoint_model(const std::string& path) const;  // before --resume loads it
   void resume();
+  // --resume under DDP: every rank's newest checkpoint in its own --checkpoint-dir (or none) must
+  // be rank 0's; else every rank stops naming each one's host, folder and newest checkpoint.
+  void check_same_newest_checkpoint(const std::string& newest);
   void write_trace();
   void check_same_settings();
   // Input checks of issue #13, each before step 1: outputs writable (rank 0), the ranks' input

@@ -26,12 +26,14 @@ namespace nanoddp::train {
 class Trainer {
  public:
   // Builds everything from the options: device, process group, data, model, optimizer,
-  // checkpoint state, DDP. Errors here are the user's input (exit code 2).
+  // checkpoint state, DDP. Errors here are the user's input (exit code 2), except communication
+  // failures (comm::is_communication_failure: a peer died or did not answer; exit code 1).
   explicit Trainer(const TrainOptions& options);
   // Runs the steps; returns the process exit code. Errors here are runtime failures.
   int run();
 
  private:
+  void set_up();  // the constructor's work
   int run_steps();
   // Statistics between two log lines.
   struct Window {

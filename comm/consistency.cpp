@@ -31,12 +31,21 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 }  // namespace
 
+std::vector<std::string> exchange_on_all_ranks(Store& store, int rank, int size,
+                                               const std::string& key, const std::string& value) {
+  store.set(fmt::format("{}/{}", key, rank), value);
+  std::vector<std::string> all;
+  all.reserve(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) all.push_back(store.get_string(fmt::format("{}/{}", key, r)));
+  return all;
+}
+
 void check_same_on_all_ranks(Store& store, int rank, int size, const std::string& key,
                              const std::string& what, const std::vector<std::string>& items) {
-  store.set(fmt::format("{}/{}", key, rank), fmt::format("{}", fmt::join(items, "\n")));
-  std::vector<std::vector<std::string>> all(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) {
-    all[static_cast<std::size_t>(r)] = split_lines(store.get_string(fmt::format("{}/{}", key, r)));
+  std::vector<std::vector<std::string>> all;
+  for (const std::string& text :
+       exchange_on_all_ranks(store, rank, size, key, fmt::format("{}", fmt::join(items, "\n")))) {
+    all.push_back(split_lines(text));
   }
   std::size_t longest = 0;
   for (const auto& v : all) longest = std::max(longest, v.size());

@@ -15,6 +15,11 @@
 
 namespace nanoddp::comm {
 
+// Publishes `value` under `key` for this rank and returns every rank's (index = rank): the
+// exchange check_same_on_all_ranks makes, for a caller whose disagreement needs its own message.
+std::vector<std::string> exchange_on_all_ranks(Store& store, int rank, int size,
+                                               const std::string& key, const std::string& value);
+
 // Publishes `items` under `key` for this rank, reads every rank's, and throws nanoddp::Error on
 // every rank if they differ. `what` names the items in the message ("parameter", "setting").
 void check_same_on_all_ranks(Store& store, int rank, int size, const std::string& key,

@@ -7,10 +7,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 
 #include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 
 #include "nanoddp/comm/gloo_store.h"
@@ -61,6 +64,86 @@ std::string this_host_name() {
   return name;
 }
 
+// Gloo's error for a connect to a peer's listening socket that is gone (the process died):
+// found at once, not after the timeout.
+bool refused(const std::string& cause) {
+  return cause.find("Connection refused") != std::string::npos ||
+         cause.find("Connection reset") != std::string::npos;
+}
+
+// The rank whose address Gloo's connect error names ("connect [ip]:port: Connection refused",
+// "Connect timeout [ip]:port"), from the pair addresses every rank published: this Gloo stores
+// rank r's under key "r", one per other rank in rank order, and prints the one it connects to
+// as Address(bytes).str(). -1 when none matches (another Gloo's layout, the store gone).
+int rank_named_in(Store& gloo_keys, int rank, int size, const std::string& cause) {
+  if (size < 2) return -1;
+  try {
+    for (int r = 0; r < size; ++r) {
+      if (r == rank || !gloo_keys.check({std::to_string(r)})) continue;
+      const Bytes all = gloo_keys.get(std::to_string(r));
+      const std::size_t others = static_cast<std::size_t>(size - 1);
+      if (all.empty() || all.size() % others != 0) return -1;
+      const std::size_t chunk = all.size() / others;
+      // Gloo's Address copies the bytes it is given: only whole addresses of this build.
+      if (chunk != gloo::transport::tcp::Address().bytes().size()) return -1;
+      const std::size_t ours = static_cast<std::size_t>(rank < r ? rank : rank - 1);
+      const auto first = all.begin() + static_cast<std::ptrdiff_t>(ours * chunk);
+      const std::vector<char> bytes(first, first + static_cast<std::ptrdiff_t>(chunk));
+      std::string address = gloo::transport::tcp::Address(bytes).str();
+      address = address.substr(0, address.find('$'));
+      for (auto at = cause.find(address); at != std::string::npos;
+           at = cause.find(address, at + 1)) {
+        const std::size_t after = at + address.size();
+        if (after == cause.size() || std::isdigit(static_cast<unsigned char>(cause[after])) == 0) {
+          return r;
+        }
+      }
+    }
+  } catch (const std::exception&) {
+    // Another layout, or the store is gone: the original error says enough.
+  }
+  return -1;
+}
+
+// Who kept the mesh from forming, for connect_gloo's error: ranks that never joined, ranks that
+// joined but never published their Gloo address, or the peer Gloo's error names.
+std::string who_failed_to_connect(Store& gloo_keys, int rank, int size, const std::string& cause) {
+  std::string missing;
+  std::string silent;
+  try {
+    for (int r = 0; r < size; ++r) {
+      if (!gloo_keys.check({fmt::format("joined/{}", r)})) {
+        missing += missing.empty() ? std::to_string(r) : ", " + std::to_string(r);
+      }
+    }
+    // This Gloo publishes each rank's addresses under its rank number; looked for only when this
+    // rank's own key is there (another Gloo may name them otherwise).
+    if (missing.empty() && gloo_keys.check({std::to_string(rank)})) {
+      for (int r = 0; r < size; ++r) {
+        if (!gloo_keys.check({std::to_string(r)})) {
+          silent += silent.empty() ? std::to_string(r) : ", " + std::to_string(r);
+        }
+      }
+    }
+  } catch (const std::exception&) {
+    return "a peer did not complete the connection";  // the store is gone: the cause says more
+  }
+  if (!missing.empty()) return fmt::format("rank(s) {} never joined", missing);
+  if (!silent.empty()) {
+    return fmt::format(
+        "rank(s) {} joined but never published their Gloo address (died or stalled while "
+        "connecting?)",
+        silent);
+  }
+  const int peer = rank_named_in(gloo_keys, rank, size, cause);
+  const std::string named = peer >= 0 ? fmt::format("rank {}", peer) : std::string("a peer");
+  if (refused(cause)) {
+    return fmt::format("{} joined, then refused the connection: it died since", named);
+  }
+  return fmt::format("{} joined but did not complete the connection (died or stalled since?)",
+                     named);
+}
+
 double seconds(std::chrono::milliseconds ms) {
   return static_cast<double>(ms.count()) / 1000.0;
 }
@@ -109,28 +192,25 @@ GlooConnection connect_gloo(std::shared_ptr<Store> store, int rank, int size,
   // started connecting (crashed before init, wrong MASTER_ADDR, wrong WORLD_SIZE).
   prefixed->set(fmt::format("joined/{}", rank), std::string("1"));
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-  context->setTimeout(options.timeout);
+  // This Gloo waits 5 x its timeout for a pair to connect ("a longer timeout when waiting for
+  // initial connect", gloo/transport/tcp/pair.h): a peer that died between publishing its
+  // address and connecting held rank 0 there for 25 s under NANODDP_TIMEOUT_S=5. With a fifth
+  // of the timeout the connect ends within it; the rendezvous keys still get the whole timeout
+  // (GlooStore), and so does every collective (each sets its own; the context gets it back).
+  context->setTimeout(std::max(std::chrono::milliseconds(1), options.timeout / 5));
   try {
-    GlooStore gloo_store(prefixed);
+    GlooStore gloo_store(prefixed, options.timeout);
     context->connectFullMesh(gloo_store, device);
   } catch (const std::exception& e) {
-    std::string missing;
-    try {
-      for (int r = 0; r < size; ++r) {
-        if (!prefixed->check({fmt::format("joined/{}", r)})) {
-          missing += missing.empty() ? std::to_string(r) : ", " + std::to_string(r);
-        }
-      }
-    } catch (const std::exception&) {
-      missing.clear();  // the store itself is gone; the original error says enough
-    }
-    const std::string who = missing.empty() ? std::string("a peer did not complete the connection")
-                                            : fmt::format("rank(s) {} never joined", missing);
+    const std::string cause = e.what();
     throw CommError(fmt::format(
-        "Gloo group '{}': rank {} of {} could not connect to its peers within {:.1f} s: {} (is "
-        "every rank running, with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT?). Cause: {}",
-        options.name, rank, size, seconds(options.timeout), who, e.what()));
+        "Gloo group '{}': rank {} of {} could not connect to its peers{}: {} (is every rank "
+        "running, with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT?). Cause: {}",
+        options.name, rank, size,
+        refused(cause) ? std::string() : fmt::format(" within {:.1f} s", seconds(options.timeout)),
+        who_failed_to_connect(*prefixed, rank, size, cause), cause));
   }
+  context->setTimeout(options.timeout);
 
   // 3. Every rank's listening addresses, to name the peer in later errors. This Gloo gives
   // each pair its own listening socket; a pair's address() is that socket plus a "$seq" suffix
@@ -145,7 +225,18 @@ GlooConnection connect_gloo(std::shared_ptr<Store> store, int rank, int size,
   prefixed->set(fmt::format("address/{}", rank), own);
   connection.addresses.resize(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
-    const std::string list = r == rank ? own : prefixed->get_string(fmt::format("address/{}", r));
+    std::string list = own;
+    if (r != rank) {
+      try {
+        list = prefixed->get_string(fmt::format("address/{}", r));
+      } catch (const StoreError& e) {
+        // Its pairs connected, so it was there a moment ago: name it, not just the key.
+        throw CommError(fmt::format(
+            "Gloo group '{}': rank {} of {} connected to rank {}, which then did not publish its "
+            "addresses: rank {} died or stalled during the set-up. Cause: {}",
+            options.name, rank, size, r, r, e.what()));
+      }
+    }
     auto& out = connection.addresses[static_cast<std::size_t>(r)];
     for (std::size_t start = 0; start < list.size();) {
       std::size_t end = list.find(' ', start);

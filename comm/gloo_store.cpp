@@ -5,7 +5,8 @@
 
 namespace nanoddp::comm {
 
-GlooStore::GlooStore(std::shared_ptr<comm::Store> store) : store_(std::move(store)) {}
+GlooStore::GlooStore(std::shared_ptr<comm::Store> store, std::chrono::milliseconds key_timeout)
+    : store_(std::move(store)), key_timeout_(key_timeout) {}
 
 void GlooStore::set(const std::string& key, const std::vector<char>& data) {
   // Gloo's values are opaque bytes (serialized socket addresses); only the pointer type differs.
@@ -24,7 +25,7 @@ void GlooStore::wait(const std::vector<std::string>& keys) {
 
 void GlooStore::wait(const std::vector<std::string>& keys,
                      const std::chrono::milliseconds& timeout) {
-  store_->wait(keys, timeout);
+  store_->wait(keys, key_timeout_.count() > 0 ? key_timeout_ : timeout);
 }
 
 }  // namespace nanoddp::comm

@@ -22,18 +22,23 @@ namespace nanoddp::comm {
 
 class GlooStore final : public gloo::rendezvous::Store {
  public:
-  explicit GlooStore(std::shared_ptr<comm::Store> store);
+  // `key_timeout`: how long a wait for a rank's key may take, whatever timeout Gloo passes (its
+  // context's, which connect_gloo lowers for the pair connect); zero: Gloo's.
+  explicit GlooStore(std::shared_ptr<comm::Store> store,
+                     std::chrono::milliseconds key_timeout = std::chrono::milliseconds(0));
 
   void set(const std::string& key, const std::vector<char>& data) override;
   // Blocks until the key exists (up to the store's timeout), like Gloo's own stores.
   std::vector<char> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys) override;
-  // Gloo passes its context timeout here; we honour it rather than the store's default.
+  // Gloo passes its context timeout here; we honour it (unless key_timeout is set) rather than
+  // the store's default.
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override;
 
  private:
   std::shared_ptr<comm::Store> store_;
+  std::chrono::milliseconds key_timeout_;
 };
 
 }  // namespace nanoddp::comm

@@ -128,7 +128,13 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
     store_options.timeout = options.timeout;
     store_options.token = world.store_token;
     if (world.rank == 0) {
-      dist.server = std::make_unique<TcpStoreServer>(store_options);
+      try {
+        dist.server = std::make_unique<TcpStoreServer>(store_options);
+      } catch (const StoreError& e) {
+        // A port in use or an address of another machine: what MASTER_ADDR/MASTER_PORT say is
+        // wrong (a usage error), not a store that failed to answer.
+        fail("{}", e.what());
+      }
       store_options.port = dist.server->port();
     }
     client = std::make_shared<TcpStore>(store_options);
@@ -169,15 +175,22 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
             : make_gloo_process_group(dist.store, world.rank, world.world_size, group_options);
     debug_log(DebugLevel::kInfo, "process group ready: backend {}, {} ranks",
               dist.group->backend_name(), world.world_size);
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
     try {
       check_world_sizes();  // the clearer message when that is the cause
     } catch (const StoreError&) {
       // The store is gone too: the group's own error says more.
     }
+    // Not a world size mismatch: a peer died or did not come (dist is destroyed on the way out).
+    if (is_communication_failure(e)) dist.abandon_setup();
     throw;
   }
   return dist;
+}
+
+bool is_communication_failure(const std::exception& e) {
+  return dynamic_cast<const CommError*>(&e) != nullptr ||
+         dynamic_cast<const StoreError*>(&e) != nullptr;
 }
 
 Distributed::~Distributed() {
@@ -188,9 +201,12 @@ Distributed::~Distributed() {
       // Every rank checks out; rank 0 keeps the server up until all have (bounded), so a
       // fast rank 0 cannot pull the store from under a rank still finishing its set-up.
       store->add("finished", 1);
-      if (server != nullptr && !abandoned_) {
+      if (server != nullptr && check_out_ != CheckOut::kSkip) {
+        const auto timeout = store->timeout();
         const auto limit =
-            std::min<std::chrono::milliseconds>(store->timeout(), std::chrono::seconds(30));
+            check_out_ == CheckOut::kWait
+                ? std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(30))
+                : std::min<std::chrono::milliseconds>(timeout / 2, std::chrono::seconds(3));
         const auto deadline = std::chrono::steady_clock::now() + limit;
         while (store->add("finished", 0) < world.world_size &&
                std::chrono::steady_clock::now() < deadline) {

@@ -8,6 +8,7 @@
 //   dist.group->allreduce(grad)->wait();
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -49,14 +50,29 @@ struct Distributed {
   // (the wait held a failed rank for up to 30 s after it reported the failure). Not for a
   // failure during set-up: the others may still be reading what rank 0 published there (the
   // world sizes that name a mismatch).
-  void abandon() { abandoned_ = true; }
+  void abandon() { check_out_ = CheckOut::kSkip; }
+  // This rank's set-up failed on a communication failure (is_communication_failure): a peer
+  // died or did not answer. Rank 0 keeps the store up for the check-out only min(timeout / 2,
+  // 3 s), for peers failing at the same moment to say why, instead of min(timeout, 30 s) for a
+  // dead peer that never checks out. init_distributed does this itself when the group fails.
+  void abandon_setup() {
+    if (check_out_ == CheckOut::kWait) check_out_ = CheckOut::kBrief;
+  }
 
  private:
-  bool abandoned_ = false;
+  enum class CheckOut { kWait, kBrief, kSkip };
+  CheckOut check_out_ = CheckOut::kWait;
 };
 
-// Throws an Error for a bad backend/device combination, StoreError when the store cannot be
-// reached, CommError when the group cannot connect within the timeout.
+// Whether `e` is a communication failure — a peer that died or did not answer in time, a store
+// that is gone or silent (CommError, StoreError) — rather than bad input or settings. A program
+// exits 1 for it, not 2 (a usage error, which launchers do not restart).
+bool is_communication_failure(const std::exception& e);
+
+// Throws an Error for a bad backend/device combination or when rank 0 cannot serve the store on
+// MASTER_ADDR:MASTER_PORT (a port in use, an address of another machine: usage errors),
+// StoreError when the store cannot be reached, CommError when the group cannot connect within
+// the timeout.
 // Started by nanoddp-run (world.launcher_pid != 0), the process first ties its life to the
 // launcher's: SIGTERM when the launcher dies (Linux's parent-death signal), and an Error at once
 // if the launcher is gone already.

@@ -1,7 +1,8 @@
 // nanoddp-train: the main job. Trains an MLP regression with MSE loss, on one process or, when
 // started by a launcher (nanoddp-run, torchrun, mpirun, srun), as one rank of a DDP job.
 //
-// Exit codes: 0 done; 1 failed while training; 2 bad flags, values, files or devices (found
+// Exit codes: 0 done; 1 failed while training, or a communication failure while setting up (a
+// peer died or did not answer, the store is gone); 2 bad flags, values, files or devices (found
 // before the first step).
 
 #include <fmt/format.h>
@@ -27,7 +28,8 @@ int main(int argc, char** argv) {
     trainer = std::make_unique<Trainer>(*options);
   } catch (const std::exception& e) {
     fmt::print(stderr, "nanoddp-train: error: {}\n", e.what());
-    return 2;
+    // A dead or silent peer is no usage error: exit 2 would keep a launcher from restarting.
+    return nanoddp::comm::is_communication_failure(e) ? 1 : 2;
   }
   try {
     return trainer->run();

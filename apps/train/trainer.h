@@ -26,12 +26,14 @@ namespace nanoddp::train {
 class Trainer {
  public:
   // Builds everything from the options: device, process group, data, model, optimizer,
-  // checkpoint state, DDP. Errors here are the user's input (exit code 2).
+  // checkpoint state, DDP. Errors here are the user's input (exit code 2), except communication
+  // failures (comm::is_communication_failure: a peer died or did not answer; exit code 1).
   explicit Trainer(const TrainOptions& options);
   // Runs the steps; returns the process exit code. Errors here are runtime failures.
   int run();
 
  private:
+  void set_up();  // the constructor's work
   int run_steps();
   // Statistics between two log lines.
   struct Window {
@@ -121,6 +123,9 @@ class Trainer {
   std::string task_description() const;
   void check_checkpoint_model(const std::string& path) const;  // before --resume loads it
   void resume();
+  // --resume under DDP: every rank's newest checkpoint in its own --checkpoint-dir (or none) must
+  // be rank 0's; else every rank stops naming each one's host, folder and newest checkpoint.
+  void check_same_newest_checkpoint(const std::string& newest);
   void write_trace();
   void check_same_settings();
   // Input checks of issue #13, each before step 1: outputs writable (rank 0), the ranks' input

@@ -2,37 +2,38 @@
 #include "trainer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <charconv>
 #include <exception>
+#include <filesystem>
 
+#include "nanoddp/comm/consistency.h"
 #include "nanoddp/config.h"
 #include "nanoddp/kernels/error.h"
 #include "nanoddp/nn/checkpoint.h"
+#include "nanoddp/nn/file_io.h"
 #include "nanoddp/nn/safetensors.h"
 #include "trainer_internal.h"
 
 namespace nanoddp::train {
 
 void Trainer::resume() {
-  // Rank 0 picks the checkpoint and tells the others, so all load the same file even if a new
-  // one appears meanwhile.
-  std::string path;
-  if (is_main()) {
-    const std::vector<std::string> all = nn::list_checkpoints(o_.checkpoint_dir);
-    path = all.empty() ? "" : all.back();
-  }
-  if (distributed_) {
-    if (is_main()) dist_->store->set("train/resume", path.empty() ? std::string("-") : path);
-    path = dist_->store->get_string("train/resume");
-    if (path == "-") path.clear();
-  }
+  // Every rank lists its own --checkpoint-dir, and the ranks compare what they found: one path
+  // (a relative one, a node-local folder) can name another folder on each node. Rank 0 alone
+  // used to decide, and when its folder was empty the whole job restarted from step 0, silently,
+  // beside the other nodes' checkpoints.
+  const std::vector<std::string> all = nn::list_checkpoints(o_.checkpoint_dir);
+  const std::string path = all.empty() ? "" : all.back();
+  if (distributed_) check_same_newest_checkpoint(path);
   if (path.empty()) {
-    if (is_main())
+    if (is_main()) {
       fmt::print("resume: no checkpoint in {}, starting from step 0\n", o_.checkpoint_dir);
+    }
     return;
   }
-  // Every rank reads the file at that path: on several nodes it may be another file (or none).
+  // The ranks agree on its name; the file may still differ (another run's copy on one node).
   if (distributed_) {
     check_same_files("train/resume-file", {fmt::format("--resume: {}", file_fingerprint(path))},
                      {fmt::format("the checkpoint '{}'", path)});
@@ -94,6 +95,66 @@ void Trainer::resume() {
     fmt::print("resume: loaded {} (step {}){}\n", path, start_step_,
                start_step_ == steps_ ? "; it is the last step: nothing left to train" : "");
   }
+}
+
+// The ranks' newest checkpoint (its file name, or none) must be rank 0's. Each rank publishes
+// it with its host and folder, so that the message says where each view comes from.
+void Trainer::check_same_newest_checkpoint(const std::string& newest) {
+  std::error_code ec;
+  const std::filesystem::path folder =
+      std::filesystem::absolute(o_.checkpoint_dir, ec).lexically_normal();
+  const std::string name =
+      newest.empty() ? std::string("none") : std::filesystem::path(newest).filename().string();
+  // The folder last: it is the one part that may hold a newline.
+  const std::vector<std::string> views = comm::exchange_on_all_ranks(
+      *dist_->store, rank_, world_size_, "train/resume-newest",
+      fmt::format("{}\n{}\n{}", name, nn::this_host(),
+                  (ec ? std::filesystem::path(o_.checkpoint_dir) : folder).string()));
+  struct View {
+    std::string newest, host, folder;
+  };
+  const auto parse = [](const std::string& text) {
+    const auto first = text.find('\n');
+    const auto second = text.find('\n', first + 1);
+    if (first == std::string::npos || second == std::string::npos) return View{text, "?", "?"};
+    return View{text.substr(0, first), text.substr(first + 1, second - first - 1),
+                text.substr(second + 1)};
+  };
+  const View main = parse(views[0]);
+  // Ranks with the same view (one node's ranks, usually) are named together: rank 0's first,
+  // then those whose newest checkpoint differs from it (other folders that agree are no news).
+  std::vector<std::pair<View, std::vector<int>>> groups;
+  for (int r = 0; r < world_size_; ++r) {
+    const View view = parse(views[static_cast<std::size_t>(r)]);
+    const auto same = std::find_if(groups.begin(), groups.end(), [&](const auto& g) {
+      return g.first.newest == view.newest && g.first.host == view.host &&
+             g.first.folder == view.folder;
+    });
+    if (same != groups.end()) {
+      same->second.push_back(r);
+    } else if (r == 0 || view.newest != main.newest) {
+      groups.push_back({view, {r}});
+    }
+  }
+  if (groups.size() == 1) return;
+  constexpr std::size_t kNamed = 8;  // groups named in full; a huge job's message stays short
+  std::vector<std::string> parts;
+  for (std::size_t i = 0; i < groups.size() && i < kNamed; ++i) {
+    const auto& [view, ranks] = groups[i];
+    parts.push_back(
+        fmt::format("{} {} on host {} {} {} in '{}'", ranks.size() == 1 ? "rank" : "ranks",
+                    fmt::join(ranks, ", "), view.host, ranks.size() == 1 ? "sees" : "see",
+                    view.newest == "none" ? "no checkpoint" : view.newest, view.folder));
+  }
+  if (groups.size() > kNamed) {
+    parts.push_back(fmt::format("and {} more such group(s)", groups.size() - kNamed));
+  }
+  fail(
+      "--resume: the ranks see different checkpoints in --checkpoint-dir '{}': {}. One path can "
+      "name another folder on each node (a relative path, a node-local folder), and resuming "
+      "from one rank's view would leave the others' behind. Give every node the same shared "
+      "folder, as an absolute path (--checkpoint-dir /shared/path). This is rank {}.",
+      o_.checkpoint_dir, fmt::join(parts, "; "), rank_);
 }
 
 // What the checkpoint's header records about its model, compared before its tensors are read:

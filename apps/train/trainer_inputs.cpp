@@ -208,6 +208,8 @@ void Trainer::check_same_files(const std::string& key, const std::vector<std::st
                                const std::vector<std::string>& paths) {
   try {
     comm::check_same_on_all_ranks(*dist_->store, rank_, world_size_, key, "input file", items);
+  } catch (const comm::StoreError&) {
+    throw;  // a peer that never published its files (dead or late): not a difference
   } catch (const Error& e) {
     // Name this rank's file of the item that differs, as every rank may have another path.
     const std::string what = e.what();

@@ -48,6 +48,17 @@ Device select_device(const std::string& requested, int local_rank, bool quiet) {
 }  // namespace
 
 Trainer::Trainer(const TrainOptions& options) : o_(options) {
+  try {
+    set_up();
+  } catch (const std::exception& e) {
+    // A peer that died or did not answer (not bad input): rank 0 keeps the store up only
+    // briefly for a check-out such a peer never makes (comm/init.h).
+    if (dist_ && comm::is_communication_failure(e)) dist_->abandon_setup();
+    throw;
+  }
+}
+
+void Trainer::set_up() {
   world_ = comm::world_from_env();
   distributed_ = world_.launcher != "none";
   if (o_.global_batch) {

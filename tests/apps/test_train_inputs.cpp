@@ -491,6 +491,86 @@ TEST_CASE("inputs: ranks whose --data, --resume or --init name different files s
   }
 }
 
+TEST_CASE("inputs: --resume where the ranks' --checkpoint-dir hold different checkpoints stops") {
+  // One relative --checkpoint-dir, another working directory per rank (as on two nodes): only
+  // rank 1's folder holds an earlier run's checkpoints. Rank 0 alone used to list its folder,
+  // found none, and the whole job trained from step 0 beside them, silently (exit 0).
+  TempDir dir;
+  const std::string root = fs::canonical(dir.path()).string();
+  fs::create_directories(root + "/node0");
+  fs::create_directories(root + "/node1");
+  // PROGRAM wrappers: each rank in its own folder, or every rank in node1.
+  const auto wrapper = [&](const std::string& name, const std::string& folder) {
+    const std::string path = root + "/" + name;
+    std::ofstream(path) << "#!/bin/sh\ncd \"" << folder << "\" && exec \"$@\"\n";
+    fs::permissions(path, fs::perms::owner_all);
+    return path;
+  };
+  const std::string per_rank = wrapper("per-rank.sh", root + "/node$RANK");
+  const std::string shared = wrapper("shared.sh", root + "/node1");
+  const auto job = [&](const std::string& program, const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {
+        bin_path("nanoddp-run"), "--nproc-per-node", "2", "--max-restarts", "1", program};
+    const auto train_part = train_argv(extra);
+    argv.insert(argv.end(), train_part.begin(), train_part.end());
+    ProcessOptions o;
+    o.env = {{"NANODDP_TIMEOUT_S", "20"}};
+    o.timeout = std::chrono::seconds(120);
+    return run_process(argv, o);
+  };
+  const std::vector<std::string> resume = {
+      "--steps", "8",        "--checkpoint-dir", "ckpt", "--checkpoint-every",
+      "2",       "--resume", "--log-every",      "1"};
+  const ProcessResult earlier = job(
+      shared, {"--steps", "4", "--checkpoint-dir", "ckpt", "--checkpoint-every", "2", "--quiet"});
+  REQUIRE_MESSAGE(earlier.exit_code == 0, earlier.output);
+  const auto names = [](const std::string& folder) {
+    std::vector<std::string> out;
+    for (const std::string& p : nanoddp::nn::list_checkpoints(folder)) {
+      out.push_back(fs::path(p).filename().string());
+    }
+    return out;
+  };
+  const std::vector<std::string> before = {"step-000000002.safetensors",
+                                           "step-000000004.safetensors"};
+  REQUIRE(names(root + "/node1/ckpt") == before);
+
+  const ProcessResult split = job(per_rank, resume);
+  {
+    INFO(split.output);
+    CHECK(split.exit_code == 2);  // a usage error: nanoddp-run does not restart it
+    CHECK(contains(split.output, "not restarting"));
+    const std::string host = nanoddp::nn::this_host();
+    const std::string views = fmt::format(
+        "rank 0 on host {} sees no checkpoint in '{}/node0/ckpt'; rank 1 on host {} "
+        "sees step-000000004.safetensors in '{}/node1/ckpt'",
+        host, root, host, root);
+    for (const char* rank : {"[rank 0] ", "[rank 1] "}) {
+      CHECK(contains(split.output, std::string(rank) +
+                                       "nanoddp-train: error: --resume: the ranks "
+                                       "see different checkpoints in "
+                                       "--checkpoint-dir 'ckpt': " +
+                                       views));
+    }
+    CHECK(contains(split.output, "the same shared folder, as an absolute path"));
+    // Nothing trained, nothing written.
+    CHECK_FALSE(contains(split.output, "] resume: "));  // neither loaded nor from step 0
+    CHECK_FALSE(contains(split.output, "/8  epoch"));   // no progress line
+    CHECK(names(root + "/node0/ckpt").empty());
+    CHECK(names(root + "/node1/ckpt") == before);
+  }
+
+  // The same relative path naming one folder for both ranks resumes from it.
+  const ProcessResult same = job(shared, resume);
+  INFO(same.output);
+  CHECK(same.exit_code == 0);
+  CHECK(contains(same.output, "resume: loaded ckpt/step-000000004.safetensors (step 4)"));
+  CHECK_FALSE(contains(same.output, "step 4/8"));
+  CHECK(contains(same.output, "step 5/8"));
+  CHECK(contains(same.output, "step 8/8"));
+  CHECK(names(root + "/node1/ckpt").back() == "step-000000008.safetensors");
+}
+
 TEST_CASE("inputs: a --trace larger than a store value (64 MiB a rank) is written whole") {
   // Each rank's events went through the store as one value: past 64 MiB the job failed after
   // training with a message about store limits. 100 one-parameter buckets a step, ~100 KB of

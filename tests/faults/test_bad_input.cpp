@@ -185,9 +185,11 @@ TEST_CASE("bad input: MASTER_PORT held by a foreign process fails rank 0, and ra
   CHECK(contains(
       results[0].output,
       fmt::format("cannot start the store on 127.0.0.1:{}: address already in use", port)));
-  // Rank 1 reached the foreign listener, which never answers: a bounded failure, not a hang.
+  // Rank 1 reached the foreign listener, which never answers: a bounded failure, not a hang,
+  // and a store that does not answer (exit 1), as it would be if rank 0 had died: rank 1
+  // cannot tell the two apart.
   CHECK_FALSE(results[1].timed_out);
-  CHECK(results[1].exit_code == 2);
+  CHECK(results[1].exit_code == 1);
   CHECK(contains(results[1].output, "127.0.0.1:" + port));
 }
 
@@ -201,7 +203,10 @@ TEST_CASE("bad input: an unreachable master fails within the timeout, naming the
                                                                   {"MASTER_PORT", port}}));
   const double took = seconds_since(start);
   INFO(r.output);
-  CHECK(r.exit_code == 2);
+  // A store that cannot be reached within the timeout is a communication failure (exit 1, not
+  // the usage error 2: rank 0 may be late or dead, and a launcher may restart it); the message
+  // still asks whether MASTER_ADDR is right.
+  CHECK(r.exit_code == 1);
   CHECK(contains(r.output, "cannot reach the store at 127.0.0.2:" + port));
   CHECK(took >= 4.5);
   CHECK(took < 12.0);

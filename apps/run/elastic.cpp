@@ -385,8 +385,11 @@ std::string take_record(comm::Store& store, int number, int node_rank,
   std::string record;
   try {
     record = store.get_string(record_key);
-  } catch (const comm::StoreError& e) {
-    return record_or_end(store, number, members, fmt::format("{} ({})", why, e.what()));
+  } catch (const comm::StoreError&) {
+    // Not the store's own text, which points at NANODDP_TIMEOUT_S: this wait is the heartbeat's.
+    return record_or_end(store, number, members,
+                         fmt::format("{} (waited --heartbeat-timeout {} s for it)", why,
+                                     std::chrono::duration<double>(store.timeout()).count()));
   }
   // Found "never started": its writer ends the round next, but may itself die in between.
   if (std::stoi(record) == kNeverStarted) return record_or_end(store, number, members, why);
@@ -510,16 +513,23 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
         }
       }
       store.set(key(number, fmt::format("wait/{}", index)), std::to_string(++beat));
-      if (number > 0 && store.check({key(number - 1, "end")})) {
+      // Whether the round before has ended, read once: the job's end is judged on that same
+      // reading. (Two readings let an end written between them close a new round after a job
+      // that had just finished, and its workers ran again.) A 'U' end is settled only with
+      // its verdict: until then the job may be over, and no round closes.
+      const bool ended = number == 0 || store.check({key(number - 1, "end")});
+      bool settled = ended;
+      if (number > 0 && ended) {
         if (const std::optional<Over> over = job_over(store, number - 1, o)) {
           // A newcomer did not take part: it did not succeed (exit 1) whatever the job did.
           throw JobEnds(over->succeeded && member ? 0 : 1,
                         fmt::format("job '{}' is over ({}){}", o.rdzv_id, over->why,
                                     member ? "" : "; this launcher did not take part"));
         }
+        settled = parse_end(store.get_string(key(number - 1, "end"))).kind != 'U' ||
+                  store.check({key(number - 1, "verdict")});
       }
-      bool previous_over = number == 0 || store.check({key(number - 1, "end")});
-      if (!previous_over && store.check({key(number - 1, "closed")})) {
+      if (!ended && store.check({key(number - 1, "closed")})) {
         const std::vector<int> previous =
             parse_members(store.get_string(key(number - 1, "closed")));
         if (silent_previous.all_silent(store, number - 1, previous, o.heartbeat_timeout_s)) {
@@ -545,7 +555,7 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
       }
       std::vector<int> live = live_arrivals(count);
       const int size = std::min(static_cast<int>(live.size()), o.nnodes);
-      if (previous_over && !undecided &&
+      if (settled && !undecided &&
           (size >= o.nnodes || (size >= o.min_nodes && Clock::now() - last_arrival >= last_call))) {
         live.resize(static_cast<std::size_t>(size));
         std::string members;
@@ -556,12 +566,20 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
       if (Clock::now() - started > millis(o.join_timeout_s)) {
         // Withdrawn, so that the round this launcher waited for does not wait for it in turn.
         store.set(key(number, fmt::format("gone/{}", index)), "1");
-        if (!previous_over) {  // a standby: the round before runs on, full
+        if (!ended) {  // a standby: the round before runs on, full
           throw JobEnds(
               1, fmt::format("job '{}': waited --rdzv-join-timeout {} s as a standby; "
                              "its round {} runs on with the most nodes --nnodes {}:{} "
                              "allows. This launcher leaves, and the job goes on",
                              o.rdzv_id, o.join_timeout_s, number - 1, o.min_nodes, o.nnodes));
+        }
+        if (size >= o.min_nodes) {  // enough nodes, but the round had not closed yet
+          throw JobEnds(1,
+                        fmt::format("job '{}': --rdzv-join-timeout {} s passed while round {} was "
+                                    "still forming ({} node(s) so far; it closes at {} or once no "
+                                    "node has arrived for --rdzv-last-call). This launcher leaves; "
+                                    "the round forms without it",
+                                    o.rdzv_id, o.join_timeout_s, number, size, o.nnodes));
         }
         throw JobEnds(1, fmt::format("round {}: {} of at least {} node(s) joined within "
                                      "--rdzv-join-timeout {} s",
@@ -762,6 +780,9 @@ void Monitor::loop() {
   }
   bool done_published = false, over_published = false;
   std::optional<End> end;
+  std::optional<int> arrived_next;  // this node's arrival index at the next round
+  constexpr int kNotTaken = -2;     // the next round closed without this node
+  int next_rank = -1;               // its node rank there, once known
   for (std::int64_t beat = 1;; ++beat) {
     try {
       std::optional<std::string> pending;
@@ -819,7 +840,10 @@ void Monitor::loop() {
           if (end) beat_after_end[k] = true;
         }
         const double silent = std::chrono::duration<double>(Clock::now() - changed_at[k]).count();
-        const bool lost = !done[k] && !gone[k] && silent > o_.heartbeat_timeout_s;
+        // After the end, one whose workers have all ended ("over"), or that beat since, was
+        // alive then: it went on to the next round (it beats there, not here), not lost.
+        const bool moved_on = end && (beat_after_end[k] || over[k]);
+        const bool lost = !done[k] && !gone[k] && !moved_on && silent > o_.heartbeat_timeout_s;
         {
           const std::lock_guard lock(mutex_);
           if (lost && !lost_[k]) {
@@ -866,9 +890,26 @@ void Monitor::loop() {
         }
         std::optional<int> index;
         if (next && !leaving) index = arrive(store_, r + 1, address_, o_.nproc_per_node);
+        arrived_next = index;
         const std::lock_guard lock(mutex_);
         end_ = end;
         next_index_ = index;
+      }
+      // Between rounds this node may take up to its --grace-period to stop its workers, and the
+      // next round may close (counting it) and start meanwhile: its nodes would find this one
+      // lost after T. So once the next round has closed with this node, its beat goes on there
+      // too, until the next round's own Monitor takes over.
+      if (arrived_next && next_rank < 0) {
+        if (store_.check({key(r + 1, "closed")})) {
+          const std::vector<int> next_members =
+              parse_members(store_.get_string(key(r + 1, "closed")));
+          const auto at = std::find(next_members.begin(), next_members.end(), *arrived_next);
+          next_rank =
+              at == next_members.end() ? kNotTaken : static_cast<int>(at - next_members.begin());
+        }
+      }
+      if (next_rank >= 0) {
+        store_.set(key(r + 1, fmt::format("hb/{}", next_rank)), fmt::format("p{}", beat));
       }
     } catch (const std::exception& e) {
       const std::string reason = fmt::format("lost the rendezvous store: {}", e.what());
@@ -997,15 +1038,13 @@ int run_elastic(const LaunchPlan& plan) {
   }
 
   int exit_code = 0;
-  int last_round = -1, last_node = 0, last_size = 0;
-  std::vector<int> lost_nodes;    // of the last round: not waited for when leaving
+  int last_round = -1, last_node = 0;
   std::optional<int> next_index;  // this node's arrival at round `number`, if made already
   try {
     for (int number = 0;;) {
       const Round round = join(store, number, address, o, next_index, signals, last_round >= 0);
       last_round = round.number;
       last_node = round.node_rank;
-      last_size = static_cast<int>(round.members.size());
       if (round.restarts_used > o.max_restarts) {
         throw JobEnds(
             1, fmt::format("the job has no restarts left (--max-restarts {})", o.max_restarts));
@@ -1068,7 +1107,6 @@ int run_elastic(const LaunchPlan& plan) {
         std::string lost;
         for (const int k : monitor.lost_nodes()) {
           lost += fmt::format("; node {} ({}) is lost", k, round.members[k].address);
-          lost_nodes.push_back(k);
         }
         exit_code = outcome.outcome == Outcome::kFailed ? outcome.exit_code : 1;
         throw JobEnds(exit_code, fmt::format("round {} ended: {}{}; no restarts left "
@@ -1092,24 +1130,24 @@ int run_elastic(const LaunchPlan& plan) {
     say("error: {}", e.what());
     exit_code = 1;
   }
-  // Leaving: not lost. The launcher serving the store stays until the others have left too
-  // (at most one heartbeat timeout; lost nodes are not waited for), so none of them loses the
-  // store while it finishes.
+  // Leaving: not lost. The launcher serving the store stays until every other launcher has
+  // disconnected from it, so none loses the store while it finishes: the last round's nodes
+  // (which need not include this one) write their last beats and "left", and the launchers
+  // waiting for the next round read the job's end. At most one heartbeat timeout: a frozen
+  // node, or one cut off, keeps its connection open. (Waiting for this launcher's last round's
+  // "left" keys only, an outside operator saw the final round's nodes lose the store after a
+  // job that succeeded, exit 1.)
   try {
     if (last_round >= 0) store.set(key(last_round, fmt::format("left/{}", last_node)), "1");
-    if (server) {
-      const auto until = Clock::now() + millis(o.heartbeat_timeout_s);
-      for (int k = 0; k < last_size && Clock::now() < until;) {
-        if (std::find(lost_nodes.begin(), lost_nodes.end(), k) != lost_nodes.end() ||
-            store.check({key(last_round, fmt::format("left/{}", k))})) {
-          ++k;
-        } else {
-          std::this_thread::sleep_for(50ms);
-        }
-      }
-    }
   } catch (const std::exception&) {
     // The store is gone: there is nobody left to tell.
+  }
+  if (server) {
+    const auto until = Clock::now() + millis(o.heartbeat_timeout_s);
+    // This launcher's own client is the one connection left.
+    while (server->stats().connections > 1 && Clock::now() < until) {
+      std::this_thread::sleep_for(50ms);
+    }
   }
   return exit_code;
 }

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -482,6 +483,89 @@ TEST_CASE("nanoddp-run --nnodes 1:1: a round whose every node died is ended by t
   CHECK(contains(a.output(), "round 2: node 0 of 1 (ranks 0..0 of 1), restarts used 2 of 2"));
   CHECK(contains(a.output(), "[rank 0] round 2 node a"));
   CHECK_FALSE(contains(a.output(), "runs on"));
+}
+
+// An outside operator (issue #15): the launcher serving the store left as soon as its own last
+// round's nodes had, though other launchers still used the store: a standby of a job that
+// finished lost the store ("closed the connection") instead of reading the job's end, and the
+// final round's nodes lost it after a job that succeeded (exit 1). The store's launcher now
+// stays until every other launcher has disconnected (at most T).
+TEST_CASE("nanoddp-run --nnodes 1:1: a standby of a job that finishes reads its end, exit 1") {
+  TempDir dir;
+  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+  const std::vector<std::string> argv =
+      run_argv({"--nnodes", "1:1", "--rdzv-endpoint", endpoint, "--rdzv-id", "ends",
+                "--heartbeat-timeout", "3", "--grace-period", "1"},
+               fmt::format("while [ ! -e {0}/finish ]; do sleep 0.02; done; exit 0", dir.path()));
+  for (int attempt = 0; attempt < 3; ++attempt) {  // it failed every time; a race, so thrice
+    CAPTURE(attempt);
+    std::filesystem::remove(dir.file("finish"));
+    const std::string id = fmt::format("ends{}", attempt);
+    std::vector<std::string> job = argv;
+    job[std::find(job.begin(), job.end(), "ends") - job.begin()] = id;
+    job[std::find(job.begin(), job.end(), endpoint) - job.begin()] =
+        fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+    BackgroundProcess a(job);
+    REQUIRE(a.wait_for_output(
+        [](const std::string& out) { return contains(out, "round 0: node 0 of 1"); }, 20s));
+    BackgroundProcess c(job);
+    REQUIRE(c.wait_for_output(
+        [](const std::string& out) { return contains(out, "waits as a standby"); }, 20s));
+    std::ofstream(dir.file("finish")).put('\n');
+    const std::optional<int> status_a = a.wait(30s), status_c = c.wait(30s);
+    INFO(a.output(), "\n----\n", c.output());
+    REQUIRE(status_a.has_value());
+    REQUIRE(status_c.has_value());
+    CHECK(*status_a == 0);
+    CHECK(WEXITSTATUS(*status_c) == 1);
+    CHECK(contains(c.output(), fmt::format("job '{}' is over (round 0: every node's workers "
+                                           "exited 0); this launcher did not take part",
+                                           id)));
+    CHECK_FALSE(contains(c.output(), "closed the connection"));
+  }
+}
+
+// An outside operator (issue #15): a node whose workers take their --grace-period to stop (it
+// may differ per node) was counted in the next round, which closed and started meanwhile; it
+// beat there only once its workers had stopped, and with a grace period past T the round's
+// other nodes found it lost: with no restart left, a job with one crash failed. Its launcher
+// now beats in the next round as soon as that round has closed with it.
+TEST_CASE("nanoddp-run --nnodes 2:2: a node stopping its workers for longer than T is not lost") {
+  TempDir dir;
+  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+  // Round 0: b's worker fails when told; a's ignores SIGTERM, so a waits out its grace period
+  // (5 s, past T = 3 s) before it kills it. Round 1 succeeds.
+  const auto argv = [&](const std::string& grace) {
+    return run_argv({"--nnodes", "2:2", "--rdzv-endpoint", endpoint, "--max-restarts", "1",
+                     "--heartbeat-timeout", "3", "--grace-period", grace, "--rdzv-last-call", "1"},
+                    fmt::format("trap '' TERM; echo round $NANODDP_RESTART_COUNT; "
+                                "if [ $NANODDP_RESTART_COUNT = 0 ]; then "
+                                "  if [ $NANODDP_NODE_NAME = b ]; then "
+                                "    while [ ! -e {0}/fail ]; do sleep 0.02; done; exit 3; fi; "
+                                "  while true; do sleep 0.02; done; fi; exit 0",
+                                dir.path()));
+  };
+  BackgroundProcess a(named(argv("5"), "a"));
+  REQUIRE(a.wait_for_output(
+      [](const std::string& out) { return contains(out, "serving the rendezvous store"); }, 20s));
+  BackgroundProcess b(named(argv("0.2"), "b"));
+  for (BackgroundProcess* p : {&a, &b}) {
+    REQUIRE(p->wait_for_output(
+        [](const std::string& out) { return contains(out, "[rank") && contains(out, "round 0"); },
+        20s));
+  }
+  std::ofstream(dir.file("fail")).put('\n');
+  const std::optional<int> status_a = a.wait(60s), status_b = b.wait(60s);
+  INFO(a.output(), "\n----\n", b.output());
+  REQUIRE(status_a.has_value());
+  REQUIRE(status_b.has_value());
+  CHECK(*status_a == 0);
+  CHECK(*status_b == 0);
+  for (const std::string& out : {a.output(), b.output()}) {
+    CHECK(contains(out, "restarts used 1 of 1"));
+    CHECK(contains(out, "round 1: every node's workers exited 0"));
+    CHECK_FALSE(contains(out, "lost"));
+  }
 }
 
 // Issue #15: a round's node 0 that died between the round's close and its record (the workers'

@@ -574,12 +574,11 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
                              o.rdzv_id, o.join_timeout_s, number - 1, o.min_nodes, o.nnodes));
         }
         if (size >= o.min_nodes) {  // enough nodes, but the round had not closed yet
-          throw JobEnds(1,
-                        fmt::format("job '{}': --rdzv-join-timeout {} s passed while round {} was "
-                                    "still forming ({} node(s) so far; it closes at {} or once no "
-                                    "node has arrived for --rdzv-last-call). This launcher leaves; "
-                                    "the round forms without it",
-                                    o.rdzv_id, o.join_timeout_s, number, size, o.nnodes));
+          throw JobEnds(
+              1, fmt::format("job '{}': --rdzv-join-timeout {} s passed just as round {} was "
+                             "forming ({} node(s) had arrived, enough for --nnodes {}:{}). "
+                             "This launcher leaves; the round forms without it",
+                             o.rdzv_id, o.join_timeout_s, number, size, o.min_nodes, o.nnodes));
         }
         throw JobEnds(1, fmt::format("round {}: {} of at least {} node(s) joined within "
                                      "--rdzv-join-timeout {} s",

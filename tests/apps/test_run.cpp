@@ -1061,8 +1061,11 @@ TEST_CASE("nanoddp-run: a worker's exit code 2 is a usage error, not restarted")
   }
   SUBCASE("elastic rounds: every node ends with exit code 2 after one round") {
     const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+    // Rank 1 fails once rank 0 has recorded its attempt (else rank 0 may be stopped before it
+    // writes it: a fresh-clone run saw one line of two).
     const std::string worker = fmt::format(
-        "echo $RANK $NANODDP_RESTART_COUNT >> {}/attempts; [ $RANK = 1 ] && exit 2; sleep 30",
+        "echo $RANK $NANODDP_RESTART_COUNT >> {0}/attempts; if [ $RANK = 1 ]; then "
+        "while [ $(wc -l < {0}/attempts) -lt 2 ]; do sleep 0.02; done; exit 2; fi; sleep 30",
         dir.path());
     const std::vector<std::string> argv =
         run_argv({"--nnodes", "2", "--rdzv-endpoint", endpoint, "--max-restarts", "2",

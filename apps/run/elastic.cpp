@@ -1129,13 +1129,13 @@ int run_elastic(const LaunchPlan& plan) {
     say("error: {}", e.what());
     exit_code = 1;
   }
-  // Leaving: not lost. The launcher serving the store stays until every other launcher has
-  // disconnected from it, so none loses the store while it finishes: the last round's nodes
+  // Leaving: not lost. The launcher serving the store stays until every other connection to it
+  // has closed, so no launcher loses the store while it finishes: the last round's nodes
   // (which need not include this one) write their last beats and "left", and the launchers
   // waiting for the next round read the job's end. At most one heartbeat timeout: a frozen
-  // node, or one cut off, keeps its connection open. (Waiting for this launcher's last round's
-  // "left" keys only, an outside operator saw the final round's nodes lose the store after a
-  // job that succeeded, exit 1.)
+  // node, one cut off, or any stray client keeps its connection open. (Waiting for this launcher's
+  // last round's "left" keys only, an outside operator saw the final round's nodes lose the store
+  // after a job that succeeded, exit 1.)
   try {
     if (last_round >= 0) store.set(key(last_round, fmt::format("left/{}", last_node)), "1");
   } catch (const std::exception&) {

@@ -489,7 +489,7 @@ TEST_CASE("nanoddp-run --nnodes 1:1: a round whose every node died is ended by t
 // round's nodes had, though other launchers still used the store: a standby of a job that
 // finished lost the store ("closed the connection") instead of reading the job's end, and the
 // final round's nodes lost it after a job that succeeded (exit 1). The store's launcher now
-// stays until every other launcher has disconnected (at most T).
+// stays until every other connection to it has closed (at most T).
 TEST_CASE("nanoddp-run --nnodes 1:1: a standby of a job that finishes reads its end, exit 1") {
   TempDir dir;
   const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());

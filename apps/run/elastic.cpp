@@ -109,10 +109,12 @@ bool is_local_address(const std::string& host) {
   return local;
 }
 
-// Writes `value` at `key` unless a value is there already (the first writer wins).
-void set_once(comm::Store& store, const std::string& key, const std::string& value) {
+// Writes `value` at `key` unless a value is there already (the first writer wins); returns the
+// value there afterwards, this one or the first writer's.
+std::string set_once(comm::Store& store, const std::string& key, const std::string& value) {
   const std::vector<std::uint8_t> bytes(value.begin(), value.end());
-  store.compare_set(key, {}, bytes);
+  const comm::Bytes stored = store.compare_set(key, {}, bytes);
+  return std::string(stored.begin(), stored.end());
 }
 
 std::string key(int round, const std::string& name) {
@@ -351,9 +353,8 @@ std::string node_address(comm::Store& store, int number, const std::vector<int>&
 // close and the record), and returns the record, which says whether it started.
 std::string record_or_end(comm::Store& store, int number, const std::vector<int>& members,
                           const std::string& why) {
-  const std::string record_key = key(number, "record");
-  set_once(store, record_key, fmt::format("{} {} -", kNeverStarted, restarts_at(store, number)));
-  const std::string record = store.get_string(record_key);
+  const std::string record = set_once(
+      store, key(number, "record"), fmt::format("{} {} -", kNeverStarted, restarts_at(store, number)));
   if (std::stoi(record) == kNeverStarted) {
     set_once(store, key(number, "end"),
              fmt::format("F|node 0 ({}) did not start round {}: {}",
@@ -376,9 +377,13 @@ std::string take_record(comm::Store& store, int number, int node_rank,
     const std::string token =
         fmt::format("{}{:08x}{:08x}{:08x}", user_token ? std::string(user_token) + "/" : "",
                     random(), random(), random());
-    set_once(store, record_key,
-             fmt::format("{} {} {}", find_free_port(address), restarts_at(store, number), token));
-    return record_or_end(store, number, members, "it was found lost before it published it");
+    const std::string record = set_once(
+        store, record_key,
+        fmt::format("{} {} {}", find_free_port(address), restarts_at(store, number), token));
+    if (std::stoi(record) == kNeverStarted) {  // another launcher found it missing: too late
+      return record_or_end(store, number, members, "it was found lost before it published it");
+    }
+    return record;
   }
   const std::string why =
       "it left or died after the round closed, before it published the round's record";
@@ -403,17 +408,14 @@ std::string take_record(comm::Store& store, int number, int node_rank,
 // would wait out its --rdzv-join-timeout while the job is already dead.
 class SilentRound {
  public:
-  bool all_silent(comm::Store& store, int number, const std::vector<int>& members,
-                  double timeout_s) {
+  bool all_silent(comm::Store& store, int number, std::size_t nodes, double timeout_s) {
     std::vector<std::string> keys;
-    for (std::size_t k = 0; k < members.size(); ++k) {
-      keys.push_back(key(number, fmt::format("hb/{}", k)));
-    }
+    for (std::size_t k = 0; k < nodes; ++k) keys.push_back(key(number, fmt::format("hb/{}", k)));
     const std::vector<std::string> beats = read_many(store, keys);
     const auto now = Clock::now();
-    beats_.resize(members.size());
+    beats_.resize(nodes);
     bool silent = true;
-    for (std::size_t k = 0; k < members.size(); ++k) {
+    for (std::size_t k = 0; k < nodes; ++k) {
       const std::string& value = beats[k];
       if (!beats_[k].since || value != beats_[k].value) beats_[k] = {value, now};
       if (std::chrono::duration<double>(now - *beats_[k].since).count() <= timeout_s) {
@@ -532,7 +534,7 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
       if (!ended && store.check({key(number - 1, "closed")})) {
         const std::vector<int> previous =
             parse_members(store.get_string(key(number - 1, "closed")));
-        if (silent_previous.all_silent(store, number - 1, previous, o.heartbeat_timeout_s)) {
+        if (silent_previous.all_silent(store, number - 1, previous.size(), o.heartbeat_timeout_s)) {
           std::string nodes;
           for (int k = 0; k < static_cast<int>(previous.size()); ++k) {
             nodes += fmt::format("{}{}", k == 0 ? "" : ", ",
@@ -705,8 +707,8 @@ class Monitor {
       const std::string fail = key(round_.number, fmt::format("fail/{}", k));
       if (store.check({fail}) && store.get_string(fail) == "F") usage = false;
     }
-    set_once(store, key(round_.number, "verdict"), usage ? "usage" : "transient");
-    return store.get_string(key(round_.number, "verdict")) == "usage";
+    return set_once(store, key(round_.number, "verdict"), usage ? "usage" : "transient") ==
+           "usage";
   }
 
   // Blocks until the round has ended (read from the store) or the store failed.

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -110,6 +111,28 @@ double seconds_since(Clock::time_point start) {
 std::vector<std::string> named(std::vector<std::string> argv, const std::string& name) {
   argv.insert(argv.begin(), {"/usr/bin/env", "NANODDP_NODE_NAME=" + name});
   return argv;
+}
+
+// A --nnodes 1:1 job (`argv`, its workers echoing "round R node NAME" first): node a, the
+// store's launcher, runs round 0 until the test's `fail_file` appears, which fails it; node c,
+// started meanwhile, waits as a standby, starting no worker and ending no round. Returns once
+// the file is there: the standby then arrives at round 1 first, and the round takes it alone.
+struct StandbyPair {
+  std::unique_ptr<BackgroundProcess> a, c;
+};
+StandbyPair standby_beside_round_0(const std::vector<std::string>& argv,
+                                   const std::string& fail_file) {
+  StandbyPair nodes{std::make_unique<BackgroundProcess>(named(argv, "a")), nullptr};
+  REQUIRE(nodes.a->wait_for_output(
+      [](const std::string& out) { return contains(out, "[rank 0] round 0 node a"); }, 20s));
+  nodes.c = std::make_unique<BackgroundProcess>(named(argv, "c"));
+  REQUIRE(nodes.c->wait_for_output(
+      [](const std::string& out) { return contains(out, "waits as a standby"); }, 20s));
+  std::this_thread::sleep_for(500ms);  // a standby starts no worker and ends no round
+  CHECK_FALSE(contains(nodes.c->output(), "[rank"));
+  CHECK_FALSE(contains(nodes.a->output(), "round 0 ended"));
+  std::ofstream(fail_file).put('\n');
+  return nodes;
 }
 
 }  // namespace
@@ -414,16 +437,9 @@ TEST_CASE("nanoddp-run --nnodes 1:1: a standby is taken in when the running roun
                            "if [ $NANODDP_RESTART_COUNT = 0 ]; then "
                            "  while [ ! -e {0}/fail ]; do sleep 0.02; done; exit 3; fi; exit 0",
                            dir.path()));
-  BackgroundProcess a(named(argv, "a"));
-  REQUIRE(a.wait_for_output(
-      [](const std::string& out) { return contains(out, "[rank 0] round 0 node a"); }, 20s));
-  BackgroundProcess c(named(argv, "c"));
-  REQUIRE(c.wait_for_output(
-      [](const std::string& out) { return contains(out, "waits as a standby"); }, 20s));
-  std::this_thread::sleep_for(500ms);  // a standby starts no worker and ends no round
-  CHECK_FALSE(contains(c.output(), "[rank"));
-  CHECK_FALSE(contains(a.output(), "round 0 ended"));
-  std::ofstream(dir.file("fail")).put('\n');
+  const StandbyPair nodes = standby_beside_round_0(argv, dir.file("fail"));
+  BackgroundProcess& a = *nodes.a;
+  BackgroundProcess& c = *nodes.c;
   const std::optional<int> status_a = a.wait(40s), status_c = c.wait(40s);
   INFO(a.output(), "\n----\n", c.output());
   REQUIRE(status_a.has_value());
@@ -455,13 +471,9 @@ TEST_CASE("nanoddp-run --nnodes 1:1: a round whose every node died is ended by t
                            "0) while [ ! -e {0}/fail ]; do sleep 0.02; done; exit 3;; "
                            "1) sleep 60;; esac; exit 0",
                            dir.path()));
-  BackgroundProcess a(named(argv, "a"));  // serves the store: it must outlive c
-  REQUIRE(a.wait_for_output(
-      [](const std::string& out) { return contains(out, "[rank 0] round 0 node a"); }, 20s));
-  BackgroundProcess c(named(argv, "c"));
-  REQUIRE(c.wait_for_output(
-      [](const std::string& out) { return contains(out, "waits as a standby"); }, 20s));
-  std::ofstream(dir.file("fail")).put('\n');
+  const StandbyPair nodes = standby_beside_round_0(argv, dir.file("fail"));
+  BackgroundProcess& a = *nodes.a;  // serves the store: it must outlive c
+  BackgroundProcess& c = *nodes.c;
   // The standby arrived at round 1 first: the round takes it alone, and leaves a out.
   REQUIRE(c.wait_for_output(
       [](const std::string& out) { return contains(out, "[rank 0] round 1 node c"); }, 30s));

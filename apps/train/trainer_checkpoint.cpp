@@ -103,8 +103,23 @@ void Trainer::check_same_newest_checkpoint(const std::string& newest) {
   std::error_code ec;
   const std::filesystem::path folder =
       std::filesystem::absolute(o_.checkpoint_dir, ec).lexically_normal();
-  const std::string name =
+  std::string name =
       newest.empty() ? std::string("none") : std::filesystem::path(newest).filename().string();
+  if (newest.empty()) {
+    // Why this rank sees none, when not for want of checkpoints: rank 0 checked its own folder
+    // before the group (a file, unreadable: refused there), the others only list theirs.
+    std::error_code status_ec;
+    const auto status = std::filesystem::status(o_.checkpoint_dir, status_ec);
+    if (std::filesystem::exists(status) && !std::filesystem::is_directory(status)) {
+      name = "none (not a folder)";
+    } else if (std::filesystem::is_directory(status)) {
+      std::error_code list_ec;
+      std::filesystem::directory_iterator listing(o_.checkpoint_dir, list_ec);
+      if (list_ec) name = fmt::format("none (unreadable: {})", list_ec.message());
+    } else if (std::filesystem::is_symlink(std::filesystem::symlink_status(o_.checkpoint_dir, status_ec))) {
+      name = "none (a link to nothing)";
+    }
+  }
   // The folder last: it is the one part that may hold a newline.
   const std::vector<std::string> views = comm::exchange_on_all_ranks(
       *dist_->store, rank_, world_size_, "train/resume-newest",
@@ -144,7 +159,9 @@ void Trainer::check_same_newest_checkpoint(const std::string& newest) {
     parts.push_back(
         fmt::format("{} {} on host {} {} {} in '{}'", ranks.size() == 1 ? "rank" : "ranks",
                     fmt::join(ranks, ", "), view.host, ranks.size() == 1 ? "sees" : "see",
-                    view.newest == "none" ? "no checkpoint" : view.newest, view.folder));
+                    view.newest.starts_with("none") ? "no checkpoint" + view.newest.substr(4)
+                                                    : view.newest,
+                    view.folder));
   }
   if (groups.size() > kNamed) {
     parts.push_back(fmt::format("and {} more such group(s)", groups.size() - kNamed));

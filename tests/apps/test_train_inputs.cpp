@@ -569,6 +569,19 @@ TEST_CASE("inputs: --resume where the ranks' --checkpoint-dir hold different che
   CHECK(contains(same.output, "step 5/8"));
   CHECK(contains(same.output, "step 8/8"));
   CHECK(names(root + "/node1/ckpt").back() == "step-000000008.safetensors");
+
+  // An outside tester: a rank other than 0 whose --checkpoint-dir is a file read as "no
+  // checkpoint", hiding why (rank 0 checks its own before the group; the others only list).
+  fs::remove_all(root + "/node0/ckpt");  // the empty folder the split run's rank 0 made
+  std::ofstream(root + "/node0/ckpt") << "not a folder\n";
+  REQUIRE(fs::is_regular_file(root + "/node0/ckpt"));
+  const std::string swapped = wrapper("swapped.sh", root + "/node$((1 - RANK))");
+  const ProcessResult file = job(swapped, resume);
+  INFO(file.output);
+  CHECK(file.exit_code == 2);
+  CHECK(contains(file.output, fmt::format("rank 1 on host {} sees no checkpoint (not a folder) "
+                                          "in '{}/node0/ckpt'",
+                                          nanoddp::nn::this_host(), root)));
 }
 
 TEST_CASE("inputs: a --trace larger than a store value (64 MiB a rank) is written whole") {

@@ -199,7 +199,7 @@ GlooConnection connect_gloo(std::shared_ptr<Store> store, int rank, int size,
   // (GlooStore), and so does every collective (each sets its own; the context gets it back).
   context->setTimeout(std::max(std::chrono::milliseconds(1), options.timeout / 5));
   try {
-    GlooStore gloo_store(prefixed, options.timeout);
+    GlooStore gloo_store(prefixed, options.timeout, options.setup_watch);
     context->connectFullMesh(gloo_store, device);
   } catch (const std::exception& e) {
     const std::string cause = e.what();

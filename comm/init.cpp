@@ -80,6 +80,26 @@ void tie_to_launcher(pid_t launcher) {
 #endif
 }
 
+std::string world_size_mismatch(int world_size, int rank, const std::string& theirs,
+                                const std::string& other) {
+  return fmt::format(
+      "the ranks disagree on the world size: WORLD_SIZE is {} on rank {} but {} on rank {}. "
+      "Start every rank with the same WORLD_SIZE.",
+      world_size, rank, theirs, other);
+}
+
+// Compares the world sizes the other ranks published (only those already there: no wait).
+void check_world_sizes(Store& store, const WorldInfo& world) {
+  for (int other = 0; other < world.world_size; ++other) {
+    const std::string key = fmt::format("world_size/{}", other);
+    if (other == world.rank || !store.check({key})) continue;
+    const std::string theirs = store.get_string(key);
+    if (theirs != std::to_string(world.world_size)) {
+      fail("{}", world_size_mismatch(world.world_size, world.rank, theirs, std::to_string(other)));
+    }
+  }
+}
+
 }  // namespace
 
 std::string resolve_backend(const std::string& backend, Device device) {
@@ -144,23 +164,27 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
   dist.store = std::make_shared<PrefixStore>(fmt::format("restart{}", world.restart_count),
                                              std::move(client));
 
-  // 3. Every rank publishes its world size. Ranks started with different WORLD_SIZE values
-  // fail inside Gloo's connection set-up (an assertion about address sizes); when the set-up
-  // fails, the published values (only those already there: no extra wait) say what is wrong.
+  // 3. Every rank publishes its world size, and the first to get here sets the job's. A rank
+  // that finds another value fails at once and raises "setup_failed", which the others' set-up
+  // waits watch (ProcessGroupOptions::setup_watch): a rank started with a larger WORLD_SIZE
+  // would otherwise wait its whole timeout for ranks that never come. Ranks that do not look
+  // before their group fails (inside Gloo's connection set-up, an assertion about address
+  // sizes) compare the published values then (only those already there: no extra wait).
   dist.store->set(fmt::format("world_size/{}", world.rank), std::to_string(world.world_size));
-  auto check_world_sizes = [&] {
-    for (int other = 0; other < world.world_size; ++other) {
-      const std::string key = fmt::format("world_size/{}", other);
-      if (other == world.rank || !dist.store->check({key})) continue;
-      const std::string theirs = dist.store->get_string(key);
-      if (theirs != std::to_string(world.world_size)) {
-        fail(
-            "the ranks disagree on the world size: WORLD_SIZE is {} on rank {} but {} on rank "
-            "{}. Start every rank with the same WORLD_SIZE.",
-            world.world_size, world.rank, theirs, other);
-      }
+  if (world.world_size > 1) {
+    const std::string own = fmt::format("{} {}", world.world_size, world.rank);
+    const Bytes first = dist.store->compare_set(
+        "world_size", {}, std::span(reinterpret_cast<const std::uint8_t*>(own.data()), own.size()));
+    const std::string first_text(first.begin(), first.end());
+    const auto space = first_text.find(' ');
+    if (first_text.substr(0, space) != std::to_string(world.world_size)) {
+      const std::string why = world_size_mismatch(
+          world.world_size, world.rank, first_text.substr(0, space), first_text.substr(space + 1));
+      dist.store->set("setup_failed", fmt::format("rank {} found that {}", world.rank, why));
+      dist.abandon_setup();  // the others read the keys at once; a rank 0 waits a little only
+      fail("{}", why);
     }
-  };
+  }
 
   // 4. The group.
   ProcessGroupOptions group_options;
@@ -168,6 +192,11 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
   group_options.interface = options.interface;
   group_options.master_addr = world.master_addr;
   group_options.device_index = options.device.is_cuda() ? options.device.index : 0;
+  group_options.setup_watch = [store = dist.store, world] {
+    if (!store->check({"setup_failed"})) return;
+    check_world_sizes(*store, world);  // this rank's own view, when it sees the difference
+    fail("{}", store->get_string("setup_failed"));
+  };
   try {
     dist.group =
         backend == "nccl"
@@ -176,13 +205,14 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
     debug_log(DebugLevel::kInfo, "process group ready: backend {}, {} ranks",
               dist.group->backend_name(), world.world_size);
   } catch (const std::exception& e) {
+    // A peer died or did not come, or the world sizes differ: a brief check-out (a rank 0 with
+    // the larger WORLD_SIZE would wait for check-outs that never come).
+    dist.abandon_setup();
     try {
-      check_world_sizes();  // the clearer message when that is the cause
+      check_world_sizes(*dist.store, world);  // the clearer message when that is the cause
     } catch (const StoreError&) {
       // The store is gone too: the group's own error says more.
     }
-    // Not a world size mismatch: a peer died or did not come (dist is destroyed on the way out).
-    if (is_communication_failure(e)) dist.abandon_setup();
     throw;
   }
   return dist;

@@ -51,10 +51,10 @@ struct Distributed {
   // failure during set-up: the others may still be reading what rank 0 published there (the
   // world sizes that name a mismatch).
   void abandon() { check_out_ = CheckOut::kSkip; }
-  // This rank's set-up failed on a communication failure (is_communication_failure): a peer
-  // died or did not answer. Rank 0 keeps the store up for the check-out only min(timeout / 2,
-  // 3 s), for peers failing at the same moment to say why, instead of min(timeout, 30 s) for a
-  // dead peer that never checks out. init_distributed does this itself when the group fails.
+  // This rank's set-up failed: a peer died or did not answer, or the ranks disagree on the
+  // world size. Rank 0 keeps the store up for the check-out only min(timeout / 2, 3 s), for
+  // peers failing at the same moment to say why, instead of min(timeout, 30 s) for a peer that
+  // never checks out. init_distributed does this itself when its set-up fails.
   void abandon_setup() {
     if (check_out_ == CheckOut::kWait) check_out_ = CheckOut::kBrief;
   }

@@ -124,6 +124,23 @@ TEST_CASE("bad input: WORLD_SIZE differing between ranks is an error on both, no
   CHECK(contains(results[1].output, "WORLD_SIZE is 3 on rank 1 but 2 on rank 0"));
 }
 
+TEST_CASE("bad input: a rank 0 with the larger WORLD_SIZE fails at once too, not at its timeout") {
+  // Rank 0 waits for a third rank that never comes; before the first-come world size and the
+  // "setup_failed" key, it waited its whole NANODDP_TIMEOUT_S (here 60 s) to say so.
+  const auto start = Clock::now();
+  const auto argv = train_argv({"--steps", "5", "--quiet"});
+  const auto results = two_ranks(argv, argv, {{"WORLD_SIZE", "3"}, {"NANODDP_TIMEOUT_S", "60"}},
+                                 {{"NANODDP_TIMEOUT_S", "60"}});
+  INFO(describe(results));
+  CHECK(seconds_since(start) < 15.0);
+  for (const auto& r : results) {
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.exit_code == 2);
+  }
+  CHECK(contains(results[0].output, "WORLD_SIZE is 3 on rank 0 but 2 on rank 1"));
+  CHECK(contains(results[1].output, "WORLD_SIZE is 2 on rank 1 but 3 on rank 0"));
+}
+
 TEST_CASE("bad input: malformed or missing launcher variables name the variable (exit 2)") {
   struct Case {
     std::map<std::string, std::string> env;

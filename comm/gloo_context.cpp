@@ -71,26 +71,38 @@ bool refused(const std::string& cause) {
          cause.find("Connection reset") != std::string::npos;
 }
 
+// The addresses rank r published for its pairs in Gloo's rendezvous (this Gloo stores them
+// under key "r", one per other rank in rank order), as Gloo prints them, "$seq" dropped. Empty
+// when the key is absent or of another Gloo's layout.
+std::vector<std::string> rendezvous_addresses(Store& gloo_keys, int r, int size) {
+  std::vector<std::string> out;
+  if (size < 2 || !gloo_keys.check({std::to_string(r)})) return out;
+  const Bytes all = gloo_keys.get(std::to_string(r));
+  const std::size_t others = static_cast<std::size_t>(size - 1);
+  if (all.empty() || all.size() % others != 0) return out;
+  const std::size_t chunk = all.size() / others;
+  // Gloo's Address copies the bytes it is given: only whole addresses of this build.
+  if (chunk != gloo::transport::tcp::Address().bytes().size()) return out;
+  for (std::size_t i = 0; i < others; ++i) {
+    const auto first = all.begin() + static_cast<std::ptrdiff_t>(i * chunk);
+    const std::vector<char> bytes(first, first + static_cast<std::ptrdiff_t>(chunk));
+    std::string address = gloo::transport::tcp::Address(bytes).str();
+    out.push_back(address.substr(0, address.find('$')));
+  }
+  return out;
+}
+
 // The rank whose address Gloo's connect error names ("connect [ip]:port: Connection refused",
-// "Connect timeout [ip]:port"), from the pair addresses every rank published: this Gloo stores
-// rank r's under key "r", one per other rank in rank order, and prints the one it connects to
-// as Address(bytes).str(). -1 when none matches (another Gloo's layout, the store gone).
+// "Connect timeout [ip]:port"), from the pair addresses every rank published. -1 when none
+// matches (another Gloo's layout, the store gone).
 int rank_named_in(Store& gloo_keys, int rank, int size, const std::string& cause) {
   if (size < 2) return -1;
   try {
     for (int r = 0; r < size; ++r) {
-      if (r == rank || !gloo_keys.check({std::to_string(r)})) continue;
-      const Bytes all = gloo_keys.get(std::to_string(r));
-      const std::size_t others = static_cast<std::size_t>(size - 1);
-      if (all.empty() || all.size() % others != 0) return -1;
-      const std::size_t chunk = all.size() / others;
-      // Gloo's Address copies the bytes it is given: only whole addresses of this build.
-      if (chunk != gloo::transport::tcp::Address().bytes().size()) return -1;
-      const std::size_t ours = static_cast<std::size_t>(rank < r ? rank : rank - 1);
-      const auto first = all.begin() + static_cast<std::ptrdiff_t>(ours * chunk);
-      const std::vector<char> bytes(first, first + static_cast<std::ptrdiff_t>(chunk));
-      std::string address = gloo::transport::tcp::Address(bytes).str();
-      address = address.substr(0, address.find('$'));
+      if (r == rank) continue;
+      const std::vector<std::string> theirs = rendezvous_addresses(gloo_keys, r, size);
+      if (theirs.empty()) continue;
+      const std::string& address = theirs[static_cast<std::size_t>(rank < r ? rank : rank - 1)];
       for (auto at = cause.find(address); at != std::string::npos;
            at = cause.find(address, at + 1)) {
         const std::size_t after = at + address.size();
@@ -212,16 +224,22 @@ GlooConnection connect_gloo(std::shared_ptr<Store> store, int rank, int size,
   }
   context->setTimeout(options.timeout);
 
-  // 3. Every rank's listening addresses, to name the peer in later errors. This Gloo gives
-  // each pair its own listening socket; a pair's address() is that socket plus a "$seq" suffix
-  // we drop, because Gloo's error messages print the address without it.
-  std::string own;
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
-    std::string address = context->getPair(peer)->address().str();
+  // 3. Every rank's addresses, to name the peer in later errors. Gloo's errors print a pair's
+  // peer address, which is either the address the peer published in the rendezvous (where this
+  // side connected to it) or the peer's end of the connection (where the peer connected), and
+  // a pair's address() is its own end once connected. So each rank publishes both sets; the
+  // "$seq" suffix is dropped, as Gloo's messages print the address without it.
+  std::vector<std::string> mine;
+  auto add = [&mine](std::string address) {
     address = address.substr(0, address.find('$'));
-    own += (own.empty() ? "" : " ") + address;
+    if (std::find(mine.begin(), mine.end(), address) == mine.end()) mine.push_back(address);
+  };
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer != rank) add(context->getPair(peer)->address().str());
   }
+  for (const std::string& address : rendezvous_addresses(*prefixed, rank, size)) add(address);
+  std::string own;
+  for (const std::string& address : mine) own += (own.empty() ? "" : " ") + address;
   prefixed->set(fmt::format("address/{}", rank), own);
   connection.addresses.resize(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {

@@ -20,9 +20,10 @@ struct GlooConnection {
   std::shared_ptr<gloo::Context> context;
   // What the transport device was bound to, e.g. "hostname 127.0.0.1" or "interface eth0".
   std::string device_description;
-  // Every rank's listening addresses as Gloo prints them ("[10.0.0.2]:41234"), one per pair
-  // (this Gloo listens on one socket per pair), so that an error such as "Connection closed by
-  // peer [10.0.0.2]:41234" can be turned into "rank 2". addresses[r] lists rank r's.
+  // Every rank's addresses as Gloo prints them ("[10.0.0.2]:41234"): its end of each pair's
+  // connection and the addresses it published in the rendezvous, so that an error such as
+  // "Connection closed by peer [10.0.0.2]:41234" can be turned into "rank 2" whichever side of
+  // the pair connected. addresses[r] lists rank r's.
   std::vector<std::vector<std::string>> addresses;
 };
 

@@ -12,9 +12,11 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "nanoddp/comm/torch_store.h"
 #include "nanoddp/engine/debug_log.h"
@@ -88,16 +90,28 @@ std::string world_size_mismatch(int world_size, int rank, const std::string& the
       world_size, rank, theirs, other);
 }
 
-// Compares the world sizes the other ranks published (only those already there: no wait).
-void check_world_sizes(Store& store, const WorldInfo& world) {
+// The first other rank whose published world size differs from this rank's (only those
+// already there: no wait), as (rank, its size).
+std::optional<std::pair<int, std::string>> other_world_size(Store& store, const WorldInfo& world) {
   for (int other = 0; other < world.world_size; ++other) {
     const std::string key = fmt::format("world_size/{}", other);
     if (other == world.rank || !store.check({key})) continue;
     const std::string theirs = store.get_string(key);
-    if (theirs != std::to_string(world.world_size)) {
-      fail("{}", world_size_mismatch(world.world_size, world.rank, theirs, std::to_string(other)));
-    }
+    if (theirs != std::to_string(world.world_size)) return std::pair{other, theirs};
   }
+  return std::nullopt;
+}
+
+// Ends this rank's set-up on a world size mismatch with `other` (its rank and size).
+[[noreturn]] void fail_world_sizes(Distributed& dist, const std::string& other_rank,
+                                   const std::string& other_size) {
+  int smaller = dist.world.world_size;
+  try {
+    smaller = std::min(smaller, std::stoi(other_size));
+  } catch (const std::exception&) {
+  }
+  dist.expect_check_outs(smaller);
+  fail("{}", world_size_mismatch(dist.world.world_size, dist.world.rank, other_size, other_rank));
 }
 
 }  // namespace
@@ -181,8 +195,7 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
       const std::string why = world_size_mismatch(
           world.world_size, world.rank, first_text.substr(0, space), first_text.substr(space + 1));
       dist.store->set("setup_failed", fmt::format("rank {} found that {}", world.rank, why));
-      dist.abandon_setup();  // the others read the keys at once; a rank 0 waits a little only
-      fail("{}", why);
+      fail_world_sizes(dist, first_text.substr(space + 1), first_text.substr(0, space));
     }
   }
 
@@ -192,10 +205,10 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
   group_options.interface = options.interface;
   group_options.master_addr = world.master_addr;
   group_options.device_index = options.device.is_cuda() ? options.device.index : 0;
-  group_options.setup_watch = [store = dist.store, world] {
-    if (!store->check({"setup_failed"})) return;
-    check_world_sizes(*store, world);  // this rank's own view, when it sees the difference
-    fail("{}", store->get_string("setup_failed"));
+  // It ends the wait; the catch below says why, from this rank's own view when it sees the
+  // difference.
+  group_options.setup_watch = [store = dist.store] {
+    if (store->check({"setup_failed"})) fail("{}", store->get_string("setup_failed"));
   };
   try {
     dist.group =
@@ -204,15 +217,16 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
             : make_gloo_process_group(dist.store, world.rank, world.world_size, group_options);
     debug_log(DebugLevel::kInfo, "process group ready: backend {}, {} ranks",
               dist.group->backend_name(), world.world_size);
-  } catch (const std::exception& e) {
-    // A peer died or did not come, or the world sizes differ: a brief check-out (a rank 0 with
-    // the larger WORLD_SIZE would wait for check-outs that never come).
-    dist.abandon_setup();
+  } catch (const std::exception&) {
+    std::optional<std::pair<int, std::string>> other;
     try {
-      check_world_sizes(*dist.store, world);  // the clearer message when that is the cause
+      other = other_world_size(*dist.store, world);  // the clearer message when that is the cause
     } catch (const StoreError&) {
       // The store is gone too: the group's own error says more.
     }
+    if (other) fail_world_sizes(dist, std::to_string(other->first), other->second);
+    // A peer died or did not come, or another rank found the set-up wrong: a brief check-out.
+    dist.abandon_setup();
     throw;
   }
   return dist;
@@ -238,7 +252,8 @@ Distributed::~Distributed() {
                 ? std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(30))
                 : std::min<std::chrono::milliseconds>(timeout / 2, std::chrono::seconds(3));
         const auto deadline = std::chrono::steady_clock::now() + limit;
-        while (store->add("finished", 0) < world.world_size &&
+        const int expected = check_outs_ > 0 ? check_outs_ : world.world_size;
+        while (store->add("finished", 0) < expected &&
                std::chrono::steady_clock::now() < deadline) {
           std::this_thread::sleep_for(std::chrono::milliseconds(5));
         }

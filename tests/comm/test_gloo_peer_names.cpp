@@ -14,6 +14,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nanoddp/comm/gloo_context.h"
@@ -44,8 +45,13 @@ std::vector<nanoddp::comm::GlooConnection> connected_ranks(int size, const std::
 // sockets closed, as when its process dies). A receive from that one pair only: no other pair
 // can fail first.
 std::string error_receiving_from(nanoddp::comm::GlooConnection& survivor, int peer) {
-  std::vector<char> data(64);
-  auto buffer = survivor.context->createUnboundBuffer(data.data(), data.size());
+  // Kept for the life of the process, as GlooProcessGroup keeps a failed op's buffers: Gloo's
+  // transport thread may still touch a buffer whose op failed (tests/sanitizers/tsan.supp).
+  static auto* kept = new std::vector<std::pair<std::vector<char>,
+                                                std::unique_ptr<gloo::transport::UnboundBuffer>>>();
+  kept->emplace_back(std::vector<char>(64), nullptr);
+  auto& [data, buffer] = kept->back();
+  buffer = survivor.context->createUnboundBuffer(data.data(), data.size());
   try {
     buffer->recv(peer, 1);  // throws at once when the pair has seen the close already
     buffer->waitRecv(5s);

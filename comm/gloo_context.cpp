@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -210,17 +211,27 @@ GlooConnection connect_gloo(std::shared_ptr<Store> store, int rank, int size,
   // of the timeout the connect ends within it; the rendezvous keys still get the whole timeout
   // (GlooStore), and so does every collective (each sets its own; the context gets it back).
   context->setTimeout(std::max(std::chrono::milliseconds(1), options.timeout / 5));
+  const auto connect_start = std::chrono::steady_clock::now();
   try {
     GlooStore gloo_store(prefixed, options.timeout, options.setup_watch);
     context->connectFullMesh(gloo_store, device);
   } catch (const std::exception& e) {
     const std::string cause = e.what();
+    // "within the timeout" only when it ran out; a peer that refused or closed says so sooner.
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                      connect_start)
+                            .count();
+    std::string when;
+    if (took >= 0.9 * seconds(options.timeout)) {
+      when = fmt::format(" within {:.1f} s", seconds(options.timeout));
+    } else if (!refused(cause)) {
+      when = fmt::format(" (it failed after {:.1f} s)", took);
+    }
     throw CommError(fmt::format(
         "Gloo group '{}': rank {} of {} could not connect to its peers{}: {} (is every rank "
         "running, with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT?). Cause: {}",
-        options.name, rank, size,
-        refused(cause) ? std::string() : fmt::format(" within {:.1f} s", seconds(options.timeout)),
-        who_failed_to_connect(*prefixed, rank, size, cause), cause));
+        options.name, rank, size, when, who_failed_to_connect(*prefixed, rank, size, cause),
+        cause));
   }
   context->setTimeout(options.timeout);
 

@@ -60,10 +60,16 @@ std::string GlooProcessGroup::Impl::explain(const std::string& description, std:
     cause = peer >= 0 ? fmt::format("lost the connection to rank {} ({})", peer, address)
                       : std::string("lost the connection to a peer");
   }
+  // A closed connection names the peer at its other end, which may itself have exited on a
+  // failure that began elsewhere (a knock-on): say so rather than blame it outright.
+  const std::string what_then =
+      timed_out ? std::string("may have crashed or be stuck")
+                : std::string("may have crashed, or exited on a failure of its own (then the "
+                              "first rank to fail says more)");
   return fmt::format(
-      "Gloo {} failed on rank {} of {}: {} (Gloo: \"{}\"). Hint: {} may have crashed or be "
-      "stuck; ops must be issued in the same order on every rank",
-      description, rank, size, cause, gloo_message, who);
+      "Gloo {} failed on rank {} of {}: {} (Gloo: \"{}\"). Hint: {} {}; ops must be issued in "
+      "the same order on every rank",
+      description, rank, size, cause, gloo_message, who, what_then);
 }
 
 std::string GlooProcessGroup::Impl::explain_shm(const std::string& description,

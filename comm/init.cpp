@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -102,16 +103,86 @@ std::optional<std::pair<int, std::string>> other_world_size(Store& store, const 
   return std::nullopt;
 }
 
-// Ends this rank's set-up on a world size mismatch with `other` (its rank and size).
+// Ends this rank's set-up on a world size mismatch with `other` (its rank and size). The
+// check-out is brief: a rank 0 with the larger WORLD_SIZE waits for ranks that never come.
 [[noreturn]] void fail_world_sizes(Distributed& dist, const std::string& other_rank,
                                    const std::string& other_size) {
-  int smaller = dist.world.world_size;
-  try {
-    smaller = std::min(smaller, std::stoi(other_size));
-  } catch (const std::exception&) {
-  }
-  dist.expect_check_outs(smaller);
+  dist.abandon_setup();
   fail("{}", world_size_mismatch(dist.world.world_size, dist.world.rank, other_size, other_rank));
+}
+
+// What another rank found wrong with the set-up, from this rank's own view where it can see the
+// difference (another world size), else as that rank said it.
+[[noreturn]] void fail_setup_found_elsewhere(Distributed& dist) {
+  if (const auto other = other_world_size(*dist.store, dist.world)) {
+    fail_world_sizes(dist, std::to_string(other->first), other->second);
+  }
+  dist.abandon_setup();
+  fail("{}", dist.store->get_string("setup_failed"));
+}
+
+// The check-in, before any rank starts the group. Each process publishes its world size (the first one sets the job's), claims its RANK, and waits until the
+// whole world is ready. A rank that finds the set-up wrong (another WORLD_SIZE, its RANK taken)
+// raises "setup_failed" and releases the waiters, who fail with it: nobody is inside Gloo's
+// connection set-up, which nothing can interrupt and which otherwise waited its whole timeout
+// for ranks that never came (a rank 0 with the larger WORLD_SIZE, a third rank with the larger
+// one, a RANK given twice).
+void check_in(Distributed& dist, std::chrono::milliseconds timeout) {
+  Store& store = *dist.store;
+  const WorldInfo& world = dist.world;
+  const auto bytes = [](const std::string& text) {
+    return std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size());
+  };
+  auto raise = [&](const std::string& why) {
+    store.set("setup_failed", fmt::format("rank {} found that {}", world.rank, why));
+    store.set("ready/all", std::string("1"));  // wakes the waiters
+  };
+  store.set(fmt::format("world_size/{}", world.rank), std::to_string(world.world_size));
+
+  const std::string own_size = fmt::format("{} {}", world.world_size, world.rank);
+  const Bytes first = store.compare_set("world_size", {}, bytes(own_size));
+  const std::string first_text(first.begin(), first.end());
+  const auto space = first_text.find(' ');
+  if (first_text.substr(0, space) != std::to_string(world.world_size)) {
+    const std::string first_rank = first_text.substr(space + 1);
+    raise(world_size_mismatch(world.world_size, world.rank, first_text.substr(0, space),
+                              first_rank));
+    fail_world_sizes(dist, first_rank, first_text.substr(0, space));
+  }
+
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "?");
+  const std::string me = fmt::format("{} pid {}", host, getpid());
+  const Bytes holder = store.compare_set(fmt::format("rank/{}", world.rank), {}, bytes(me));
+  if (std::string(holder.begin(), holder.end()) != me) {
+    const std::string why = fmt::format(
+        "RANK={} was given twice: another process ({}) has it. Give every process its own RANK "
+        "(0..{}).",
+        world.rank, std::string(holder.begin(), holder.end()), world.world_size - 1);
+    raise(why);
+    dist.abandon_setup();
+    fail("{}", why);
+  }
+
+  if (store.add("ready", 1) >= world.world_size) store.set("ready/all", std::string("1"));
+  try {
+    store.wait({"ready/all"}, timeout);
+  } catch (const StoreError&) {
+    // The store still answers (else this throws its own error): who never claimed a RANK.
+    std::string missing;
+    for (int r = 0; r < world.world_size; ++r) {
+      if (!store.check({fmt::format("rank/{}", r)})) {
+        missing += missing.empty() ? std::to_string(r) : ", " + std::to_string(r);
+      }
+    }
+    dist.abandon_setup();
+    throw CommError(fmt::format(
+        "the set-up of rank {} of {} waited {:.1f} s for the other ranks: rank(s) {} never "
+        "joined (is every rank running, with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT?)",
+        world.rank, world.world_size, std::chrono::duration<double>(timeout).count(),
+        missing.empty() ? std::string("?") : missing));
+  }
+  if (store.check({"setup_failed"})) fail_setup_found_elsewhere(dist);
 }
 
 }  // namespace
@@ -178,26 +249,9 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
   dist.store = std::make_shared<PrefixStore>(fmt::format("restart{}", world.restart_count),
                                              std::move(client));
 
-  // 3. Every rank publishes its world size, and the first to get here sets the job's. A rank
-  // that finds another value fails at once and raises "setup_failed", which the others' set-up
-  // waits watch (ProcessGroupOptions::setup_watch): a rank started with a larger WORLD_SIZE
-  // would otherwise wait its whole timeout for ranks that never come. Ranks that do not look
-  // before their group fails (inside Gloo's connection set-up, an assertion about address
-  // sizes) compare the published values then (only those already there: no extra wait).
-  dist.store->set(fmt::format("world_size/{}", world.rank), std::to_string(world.world_size));
-  if (world.world_size > 1) {
-    const std::string own = fmt::format("{} {}", world.world_size, world.rank);
-    const Bytes first = dist.store->compare_set(
-        "world_size", {}, std::span(reinterpret_cast<const std::uint8_t*>(own.data()), own.size()));
-    const std::string first_text(first.begin(), first.end());
-    const auto space = first_text.find(' ');
-    if (first_text.substr(0, space) != std::to_string(world.world_size)) {
-      const std::string why = world_size_mismatch(
-          world.world_size, world.rank, first_text.substr(0, space), first_text.substr(space + 1));
-      dist.store->set("setup_failed", fmt::format("rank {} found that {}", world.rank, why));
-      fail_world_sizes(dist, first_text.substr(space + 1), first_text.substr(0, space));
-    }
-  }
+  // 3. The check-in (check_in above): no rank starts the group until the whole world has
+  // arrived and agrees.
+  if (world.world_size > 1) check_in(dist, options.timeout);
 
   // 4. The group.
   ProcessGroupOptions group_options;
@@ -252,8 +306,7 @@ Distributed::~Distributed() {
                 ? std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(30))
                 : std::min<std::chrono::milliseconds>(timeout / 2, std::chrono::seconds(3));
         const auto deadline = std::chrono::steady_clock::now() + limit;
-        const int expected = check_outs_ > 0 ? check_outs_ : world.world_size;
-        while (store->add("finished", 0) < expected &&
+        while (store->add("finished", 0) < world.world_size &&
                std::chrono::steady_clock::now() < deadline) {
           std::this_thread::sleep_for(std::chrono::milliseconds(5));
         }

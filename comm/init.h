@@ -58,15 +58,10 @@ struct Distributed {
   void abandon_setup() {
     if (check_out_ == CheckOut::kWait) check_out_ = CheckOut::kBrief;
   }
-  // The ranks disagree on the world size: rank 0 waits for the check-outs of the smaller one
-  // (the ranks that are surely there), so that they can read why, but not for ranks that never
-  // come.
-  void expect_check_outs(int count) { check_outs_ = count; }
 
  private:
   enum class CheckOut { kWait, kBrief, kSkip };
   CheckOut check_out_ = CheckOut::kWait;
-  int check_outs_ = 0;  // 0: the world size
 };
 
 // Whether `e` is a communication failure — a peer that died or did not answer in time, a store

@@ -59,6 +59,24 @@ std::vector<ProcessResult> two_ranks(const std::vector<std::string>& argv0,
   return {a.get(), b.get()};
 }
 
+// Ranks by hand, one per environment (each names its RANK and WORLD_SIZE), one port.
+std::vector<ProcessResult> ranks_by_hand(const std::vector<std::string>& argv,
+                                         const std::vector<std::map<std::string, std::string>>& envs) {
+  const std::string port = std::to_string(free_port());
+  std::vector<std::future<ProcessResult>> running;
+  for (const auto& env : envs) {
+    ProcessOptions o = with_timeout_env();
+    o.env["MASTER_ADDR"] = "127.0.0.1";
+    o.env["MASTER_PORT"] = port;
+    o.env["NANODDP_TIMEOUT_S"] = "60";  // waiting it out would show
+    for (const auto& [k, v] : env) o.env[k] = v;
+    running.push_back(std::async(std::launch::async, [argv, o] { return run_process(argv, o); }));
+  }
+  std::vector<ProcessResult> results;
+  for (auto& r : running) results.push_back(r.get());
+  return results;
+}
+
 // A little .npy file written byte for byte (dtype and order as given).
 void write_raw_npy(const std::string& path, const std::string& descr, bool fortran,
                    const std::string& data, const std::string& shape) {
@@ -139,6 +157,49 @@ TEST_CASE("bad input: a rank 0 with the larger WORLD_SIZE fails at once too, not
   }
   CHECK(contains(results[0].output, "WORLD_SIZE is 3 on rank 0 but 2 on rank 1"));
   CHECK(contains(results[1].output, "WORLD_SIZE is 2 on rank 1 but 3 on rank 0"));
+}
+
+// An outside tester: with 3 ranks where one that is not rank 0 disagrees, the others waited out
+// their timeout (inside Gloo's connection set-up, which nothing interrupts), or exited 1 saying
+// a rank "never joined". Now no rank starts the group before the world has checked in and
+// agrees.
+TEST_CASE("bad input: one of three ranks with another WORLD_SIZE stops all three at once") {
+  const auto argv = train_argv({"--steps", "5", "--quiet"});
+  for (const char* odd : {"4", "2"}) {
+    CAPTURE(odd);
+    const auto start = Clock::now();
+    const auto results = ranks_by_hand(argv, {{{"RANK", "0"}, {"WORLD_SIZE", "3"}},
+                                              {{"RANK", "1"}, {"WORLD_SIZE", odd}},
+                                              {{"RANK", "2"}, {"WORLD_SIZE", "3"}}});
+    INFO(describe(results));
+    CHECK(seconds_since(start) < 15.0);
+    for (const auto& r : results) {
+      CHECK_FALSE(r.timed_out);
+      CHECK(r.exit_code == 2);
+      CHECK(contains(r.output, "the ranks disagree on the world size"));
+    }
+    CHECK(contains(results[1].output, fmt::format("WORLD_SIZE is {} on rank 1", odd)));
+  }
+}
+
+// An outside tester: a RANK given to two processes was never found; the extra one failed after
+// the timeout blaming rank 0, which was alive. It is now refused as a usage error, by name.
+TEST_CASE("bad input: a RANK given twice is refused, naming it, not blamed on a peer") {
+  const auto start = Clock::now();
+  const auto argv = train_argv({"--steps", "5", "--quiet"});
+  const auto results = ranks_by_hand(argv, {{{"RANK", "0"}, {"WORLD_SIZE", "3"}},
+                                            {{"RANK", "1"}, {"WORLD_SIZE", "3"}},
+                                            {{"RANK", "1"}, {"WORLD_SIZE", "3"}}});
+  INFO(describe(results));
+  CHECK(seconds_since(start) < 15.0);
+  int refused = 0;
+  for (const auto& r : results) {
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.exit_code == 2);  // rank 2 never comes: the job cannot run
+    if (contains(r.output, "RANK=1 was given twice")) ++refused;
+    CHECK_FALSE(contains(r.output, "never joined"));
+  }
+  CHECK(refused == 3);
 }
 
 TEST_CASE("bad input: malformed or missing launcher variables name the variable (exit 2)") {

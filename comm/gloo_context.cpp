@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cctype>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -218,9 +218,8 @@ GlooConnection connect_gloo(std::shared_ptr<Store> store, int rank, int size,
   } catch (const std::exception& e) {
     const std::string cause = e.what();
     // "within the timeout" only when it ran out; a peer that refused or closed says so sooner.
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                      connect_start)
-                            .count();
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - connect_start).count();
     std::string when;
     if (took >= 0.9 * seconds(options.timeout)) {
       when = fmt::format(" within {:.1f} s", seconds(options.timeout));

@@ -64,8 +64,9 @@ std::string GlooProcessGroup::Impl::explain(const std::string& description, std:
   // failure that began elsewhere (a knock-on): say so rather than blame it outright.
   const std::string what_then =
       timed_out ? std::string("may have crashed or be stuck")
-                : std::string("may have crashed, or exited on a failure of its own (then the "
-                              "first rank to fail says more)");
+                : std::string(
+                      "may have crashed, or exited on a failure of its own (then the "
+                      "first rank to fail says more)");
   return fmt::format(
       "Gloo {} failed on rank {} of {}: {} (Gloo: \"{}\"). Hint: {} {}; ops must be issued in "
       "the same order on every rank",

@@ -121,12 +121,12 @@ std::optional<std::pair<int, std::string>> other_world_size(Store& store, const 
   fail("{}", dist.store->get_string("setup_failed"));
 }
 
-// The check-in, before any rank starts the group. Each process publishes its world size (the first one sets the job's), claims its RANK, and waits until the
-// whole world is ready. A rank that finds the set-up wrong (another WORLD_SIZE, its RANK taken)
-// raises "setup_failed" and releases the waiters, who fail with it: nobody is inside Gloo's
-// connection set-up, which nothing can interrupt and which otherwise waited its whole timeout
-// for ranks that never came (a rank 0 with the larger WORLD_SIZE, a third rank with the larger
-// one, a RANK given twice).
+// The check-in, before any rank starts the group. Each process publishes its world size (the
+// first one sets the job's), claims its RANK, and waits until the whole world is ready. A rank
+// that finds the set-up wrong (another WORLD_SIZE, its RANK taken) raises "setup_failed" and
+// releases the waiters, who fail with it: nobody is inside Gloo's connection set-up, which
+// nothing can interrupt and which otherwise waited its whole timeout for ranks that never came
+// (a rank 0 with the larger WORLD_SIZE, a third rank with the larger one, a RANK given twice).
 void check_in(Distributed& dist, std::chrono::milliseconds timeout) {
   Store& store = *dist.store;
   const WorldInfo& world = dist.world;
@@ -145,8 +145,8 @@ void check_in(Distributed& dist, std::chrono::milliseconds timeout) {
   const auto space = first_text.find(' ');
   if (first_text.substr(0, space) != std::to_string(world.world_size)) {
     const std::string first_rank = first_text.substr(space + 1);
-    raise(world_size_mismatch(world.world_size, world.rank, first_text.substr(0, space),
-                              first_rank));
+    raise(
+        world_size_mismatch(world.world_size, world.rank, first_text.substr(0, space), first_rank));
     fail_world_sizes(dist, first_rank, first_text.substr(0, space));
   }
 

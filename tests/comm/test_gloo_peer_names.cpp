@@ -47,8 +47,8 @@ std::vector<nanoddp::comm::GlooConnection> connected_ranks(int size, const std::
 std::string error_receiving_from(nanoddp::comm::GlooConnection& survivor, int peer) {
   // Kept for the life of the process, as GlooProcessGroup keeps a failed op's buffers: Gloo's
   // transport thread may still touch a buffer whose op failed (tests/sanitizers/tsan.supp).
-  static auto* kept = new std::vector<std::pair<std::vector<char>,
-                                                std::unique_ptr<gloo::transport::UnboundBuffer>>>();
+  static auto* kept = new std::vector<
+      std::pair<std::vector<char>, std::unique_ptr<gloo::transport::UnboundBuffer>>>();
   kept->emplace_back(std::vector<char>(64), nullptr);
   auto& [data, buffer] = kept->back();
   buffer = survivor.context->createUnboundBuffer(data.data(), data.size());

@@ -60,8 +60,9 @@ std::vector<ProcessResult> two_ranks(const std::vector<std::string>& argv0,
 }
 
 // Ranks by hand, one per environment (each names its RANK and WORLD_SIZE), one port.
-std::vector<ProcessResult> ranks_by_hand(const std::vector<std::string>& argv,
-                                         const std::vector<std::map<std::string, std::string>>& envs) {
+std::vector<ProcessResult> ranks_by_hand(
+    const std::vector<std::string>& argv,
+    const std::vector<std::map<std::string, std::string>>& envs) {
   const std::string port = std::to_string(free_port());
   std::vector<std::future<ProcessResult>> running;
   for (const auto& env : envs) {

@@ -353,8 +353,9 @@ std::string node_address(comm::Store& store, int number, const std::vector<int>&
 // close and the record), and returns the record, which says whether it started.
 std::string record_or_end(comm::Store& store, int number, const std::vector<int>& members,
                           const std::string& why) {
-  const std::string record = set_once(
-      store, key(number, "record"), fmt::format("{} {} -", kNeverStarted, restarts_at(store, number)));
+  const std::string record =
+      set_once(store, key(number, "record"),
+               fmt::format("{} {} -", kNeverStarted, restarts_at(store, number)));
   if (std::stoi(record) == kNeverStarted) {
     set_once(store, key(number, "end"),
              fmt::format("F|node 0 ({}) did not start round {}: {}",
@@ -707,8 +708,7 @@ class Monitor {
       const std::string fail = key(round_.number, fmt::format("fail/{}", k));
       if (store.check({fail}) && store.get_string(fail) == "F") usage = false;
     }
-    return set_once(store, key(round_.number, "verdict"), usage ? "usage" : "transient") ==
-           "usage";
+    return set_once(store, key(round_.number, "verdict"), usage ? "usage" : "transient") == "usage";
   }
 
   // Blocks until the round has ended (read from the store) or the store failed.

@@ -116,7 +116,8 @@ void Trainer::check_same_newest_checkpoint(const std::string& newest) {
       std::error_code list_ec;
       std::filesystem::directory_iterator listing(o_.checkpoint_dir, list_ec);
       if (list_ec) name = fmt::format("none (unreadable: {})", list_ec.message());
-    } else if (std::filesystem::is_symlink(std::filesystem::symlink_status(o_.checkpoint_dir, status_ec))) {
+    } else if (std::filesystem::is_symlink(
+                   std::filesystem::symlink_status(o_.checkpoint_dir, status_ec))) {
       name = "none (a link to nothing)";
     }
   }
@@ -156,12 +157,11 @@ void Trainer::check_same_newest_checkpoint(const std::string& newest) {
   std::vector<std::string> parts;
   for (std::size_t i = 0; i < groups.size() && i < kNamed; ++i) {
     const auto& [view, ranks] = groups[i];
-    parts.push_back(
-        fmt::format("{} {} on host {} {} {} in '{}'", ranks.size() == 1 ? "rank" : "ranks",
-                    fmt::join(ranks, ", "), view.host, ranks.size() == 1 ? "sees" : "see",
-                    view.newest.starts_with("none") ? "no checkpoint" + view.newest.substr(4)
-                                                    : view.newest,
-                    view.folder));
+    parts.push_back(fmt::format(
+        "{} {} on host {} {} {} in '{}'", ranks.size() == 1 ? "rank" : "ranks",
+        fmt::join(ranks, ", "), view.host, ranks.size() == 1 ? "sees" : "see",
+        view.newest.starts_with("none") ? "no checkpoint" + view.newest.substr(4) : view.newest,
+        view.folder));
   }
   if (groups.size() > kNamed) {
     parts.push_back(fmt::format("and {} more such group(s)", groups.size() - kNamed));

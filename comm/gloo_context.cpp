@@ -213,7 +213,7 @@ GlooConnection connect_gloo(std::shared_ptr<Store> store, int rank, int size,
   context->setTimeout(std::max(std::chrono::milliseconds(1), options.timeout / 5));
   const auto connect_start = std::chrono::steady_clock::now();
   try {
-    GlooStore gloo_store(prefixed, options.timeout, options.setup_watch);
+    GlooStore gloo_store(prefixed, options.timeout);
     context->connectFullMesh(gloo_store, device);
   } catch (const std::exception& e) {
     const std::string cause = e.what();

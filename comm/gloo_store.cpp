@@ -2,13 +2,11 @@
 
 #include <cstdint>
 #include <span>
-#include <utility>
 
 namespace nanoddp::comm {
 
-GlooStore::GlooStore(std::shared_ptr<comm::Store> store, std::chrono::milliseconds key_timeout,
-                     std::function<void()> watch)
-    : store_(std::move(store)), key_timeout_(key_timeout), watch_(std::move(watch)) {}
+GlooStore::GlooStore(std::shared_ptr<comm::Store> store, std::chrono::milliseconds key_timeout)
+    : store_(std::move(store)), key_timeout_(key_timeout) {}
 
 void GlooStore::set(const std::string& key, const std::vector<char>& data) {
   // Gloo's values are opaque bytes (serialized socket addresses); only the pointer type differs.
@@ -22,12 +20,12 @@ std::vector<char> GlooStore::get(const std::string& key) {
 }
 
 void GlooStore::wait(const std::vector<std::string>& keys) {
-  wait_watching(*store_, keys, store_->timeout(), watch_);
+  store_->wait(keys);
 }
 
 void GlooStore::wait(const std::vector<std::string>& keys,
                      const std::chrono::milliseconds& timeout) {
-  wait_watching(*store_, keys, key_timeout_.count() > 0 ? key_timeout_ : timeout, watch_);
+  store_->wait(keys, key_timeout_.count() > 0 ? key_timeout_ : timeout);
 }
 
 }  // namespace nanoddp::comm

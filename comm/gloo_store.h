@@ -10,7 +10,6 @@
 // Internal header: it includes Gloo's headers, so only targets that link `gloo` may use it.
 
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,10 +24,8 @@ class GlooStore final : public gloo::rendezvous::Store {
  public:
   // `key_timeout`: how long a wait for a rank's key may take, whatever timeout Gloo passes (its
   // context's, which connect_gloo lowers for the pair connect); zero: Gloo's.
-  // `watch`: called between looks while a wait goes on (wait_watching); it throws to end it.
   explicit GlooStore(std::shared_ptr<comm::Store> store,
-                     std::chrono::milliseconds key_timeout = std::chrono::milliseconds(0),
-                     std::function<void()> watch = {});
+                     std::chrono::milliseconds key_timeout = std::chrono::milliseconds(0));
 
   void set(const std::string& key, const std::vector<char>& data) override;
   // Blocks until the key exists (up to the store's timeout), like Gloo's own stores.
@@ -42,7 +39,6 @@ class GlooStore final : public gloo::rendezvous::Store {
  private:
   std::shared_ptr<comm::Store> store_;
   std::chrono::milliseconds key_timeout_;
-  std::function<void()> watch_;
 };
 
 }  // namespace nanoddp::comm

@@ -259,11 +259,6 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
   group_options.interface = options.interface;
   group_options.master_addr = world.master_addr;
   group_options.device_index = options.device.is_cuda() ? options.device.index : 0;
-  // It ends the wait; the catch below says why, from this rank's own view when it sees the
-  // difference.
-  group_options.setup_watch = [store = dist.store] {
-    if (store->check({"setup_failed"})) fail("{}", store->get_string("setup_failed"));
-  };
   try {
     dist.group =
         backend == "nccl"
@@ -272,14 +267,7 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
     debug_log(DebugLevel::kInfo, "process group ready: backend {}, {} ranks",
               dist.group->backend_name(), world.world_size);
   } catch (const std::exception&) {
-    std::optional<std::pair<int, std::string>> other;
-    try {
-      other = other_world_size(*dist.store, world);  // the clearer message when that is the cause
-    } catch (const StoreError&) {
-      // The store is gone too: the group's own error says more.
-    }
-    if (other) fail_world_sizes(dist, std::to_string(other->first), other->second);
-    // A peer died or did not come, or another rank found the set-up wrong: a brief check-out.
+    // The check-in found the world sizes and ranks right: a peer died or stopped answering since.
     dist.abandon_setup();
     throw;
   }

@@ -18,7 +18,6 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -108,11 +107,6 @@ struct ProcessGroupOptions {
   std::string master_addr;
   // NCCL: the CUDA device of this rank (usually LOCAL_RANK).
   int device_index = 0;
-  // Called now and then while the set-up waits for its peers (Gloo's address exchange, NCCL's
-  // unique id); it throws to end the wait early. init_distributed passes one that fails when
-  // another rank has found the set-up wrong (a different WORLD_SIZE), so that no rank waits out
-  // the whole timeout for peers that will never come. Empty: wait plainly.
-  std::function<void()> setup_watch;
 };
 
 class ProcessGroup {

@@ -1,10 +1,6 @@
 #include "nanoddp/comm/store.h"
 
-#include <algorithm>
-#include <thread>
 #include <utility>
-
-#include <fmt/format.h>
 
 namespace nanoddp::comm {
 
@@ -69,33 +65,6 @@ std::vector<std::optional<Bytes>> PrefixStore::try_get_many(const std::vector<st
   prefixed.reserve(keys.size());
   for (const auto& k : keys) prefixed.push_back(key(k));
   return store_->try_get_many(prefixed);
-}
-
-void wait_watching(Store& store, const std::vector<std::string>& keys,
-                   std::chrono::milliseconds timeout, const std::function<void()>& watch) {
-  if (!watch) {
-    store.wait(keys, timeout);
-    return;
-  }
-  // Looks that start quick and slow down to 0.1 s: the keys are usually there at once, and a
-  // long wait costs the store one request per look, not a blocked connection.
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto pause = std::chrono::milliseconds(1);
-  for (;;) {
-    if (store.check(keys)) return;
-    watch();
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) break;
-    std::this_thread::sleep_for(
-        std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
-    pause = std::min(pause * 2, std::chrono::milliseconds(100));
-  }
-  std::string names;
-  for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
-  throw StoreError(fmt::format(
-      "store wait timed out after {:.1f} s: {} still missing (did every rank reach this point? "
-      "if it is only slow, raise NANODDP_TIMEOUT_S)",
-      std::chrono::duration<double>(timeout).count(), names));
 }
 
 }  // namespace nanoddp::comm

@@ -10,7 +10,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -70,12 +69,6 @@ class Store {
   void set(const std::string& key, const std::string& value);
   std::string get_string(const std::string& key);
 };
-
-// Store::wait that calls `watch` between short looks at the keys, so that the caller can give
-// up early by throwing from it (ProcessGroupOptions::setup_watch). Without a watch it is
-// store.wait(keys, timeout).
-void wait_watching(Store& store, const std::vector<std::string>& keys,
-                   std::chrono::milliseconds timeout, const std::function<void()>& watch);
 
 struct TcpStoreOptions {
   // Address the server binds to (rank 0) and clients connect to.

@@ -152,7 +152,7 @@ class NcclProcessGroup final : public ProcessGroup {
       prefixed->set("unique_id", std::span<const std::uint8_t>(
                                      reinterpret_cast<const std::uint8_t*>(&id), sizeof(id)));
     } else {
-      wait_watching(*prefixed, {"unique_id"}, options.timeout, options.setup_watch);
+      prefixed->wait({"unique_id"}, options.timeout);
       const Bytes bytes = prefixed->get("unique_id");
       if (bytes.size() != sizeof(id)) {
         throw CommError(

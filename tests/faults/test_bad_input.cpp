@@ -78,6 +78,18 @@ std::vector<ProcessResult> ranks_by_hand(
   return results;
 }
 
+// Every rank ended well before its timeout, with exit 2 (a usage error) and `message`.
+void check_all_refused(const std::vector<ProcessResult>& results, Clock::time_point start,
+                       const std::string& message) {
+  INFO(describe(results));
+  CHECK(seconds_since(start) < 15.0);
+  for (const auto& r : results) {
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, message));
+  }
+}
+
 // A little .npy file written byte for byte (dtype and order as given).
 void write_raw_npy(const std::string& path, const std::string& descr, bool fortran,
                    const std::string& data, const std::string& shape) {
@@ -132,13 +144,7 @@ TEST_CASE("bad input: WORLD_SIZE differing between ranks is an error on both, no
   const auto start = Clock::now();
   const auto argv = train_argv({"--steps", "5", "--quiet"});
   const auto results = two_ranks(argv, argv, {}, {{"WORLD_SIZE", "3"}});
-  INFO(describe(results));
-  CHECK(seconds_since(start) < 15.0);
-  for (const auto& r : results) {
-    CHECK_FALSE(r.timed_out);
-    CHECK(r.exit_code == 2);
-    CHECK(contains(r.output, "the ranks disagree on the world size"));
-  }
+  check_all_refused(results, start, "the ranks disagree on the world size");
   CHECK(contains(results[0].output, "WORLD_SIZE is 2 on rank 0 but 3 on rank 1"));
   CHECK(contains(results[1].output, "WORLD_SIZE is 3 on rank 1 but 2 on rank 0"));
 }
@@ -150,12 +156,7 @@ TEST_CASE("bad input: a rank 0 with the larger WORLD_SIZE fails at once too, not
   const auto argv = train_argv({"--steps", "5", "--quiet"});
   const auto results = two_ranks(argv, argv, {{"WORLD_SIZE", "3"}, {"NANODDP_TIMEOUT_S", "60"}},
                                  {{"NANODDP_TIMEOUT_S", "60"}});
-  INFO(describe(results));
-  CHECK(seconds_since(start) < 15.0);
-  for (const auto& r : results) {
-    CHECK_FALSE(r.timed_out);
-    CHECK(r.exit_code == 2);
-  }
+  check_all_refused(results, start, "the ranks disagree on the world size");
   CHECK(contains(results[0].output, "WORLD_SIZE is 3 on rank 0 but 2 on rank 1"));
   CHECK(contains(results[1].output, "WORLD_SIZE is 2 on rank 1 but 3 on rank 0"));
 }
@@ -172,13 +173,7 @@ TEST_CASE("bad input: one of three ranks with another WORLD_SIZE stops all three
     const auto results = ranks_by_hand(argv, {{{"RANK", "0"}, {"WORLD_SIZE", "3"}},
                                               {{"RANK", "1"}, {"WORLD_SIZE", odd}},
                                               {{"RANK", "2"}, {"WORLD_SIZE", "3"}}});
-    INFO(describe(results));
-    CHECK(seconds_since(start) < 15.0);
-    for (const auto& r : results) {
-      CHECK_FALSE(r.timed_out);
-      CHECK(r.exit_code == 2);
-      CHECK(contains(r.output, "the ranks disagree on the world size"));
-    }
+    check_all_refused(results, start, "the ranks disagree on the world size");
     CHECK(contains(results[1].output, fmt::format("WORLD_SIZE is {} on rank 1", odd)));
   }
 }
@@ -191,16 +186,9 @@ TEST_CASE("bad input: a RANK given twice is refused, naming it, not blamed on a 
   const auto results = ranks_by_hand(argv, {{{"RANK", "0"}, {"WORLD_SIZE", "3"}},
                                             {{"RANK", "1"}, {"WORLD_SIZE", "3"}},
                                             {{"RANK", "1"}, {"WORLD_SIZE", "3"}}});
-  INFO(describe(results));
-  CHECK(seconds_since(start) < 15.0);
-  int refused = 0;
-  for (const auto& r : results) {
-    CHECK_FALSE(r.timed_out);
-    CHECK(r.exit_code == 2);  // rank 2 never comes: the job cannot run
-    if (contains(r.output, "RANK=1 was given twice")) ++refused;
-    CHECK_FALSE(contains(r.output, "never joined"));
-  }
-  CHECK(refused == 3);
+  // Rank 2 never comes, so the job cannot run: every rank is refused, with the reason.
+  check_all_refused(results, start, "RANK=1 was given twice");
+  for (const auto& r : results) CHECK_FALSE(contains(r.output, "never joined"));
 }
 
 TEST_CASE("bad input: malformed or missing launcher variables name the variable (exit 2)") {

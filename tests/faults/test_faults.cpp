@@ -250,7 +250,7 @@ SetupDeath rank_1_gone_in_setup(const std::string& phase, int timeout_s) {
 // peer's check-out. Where the kill lands (before rank 1 connects its pair, after it, with rank 0
 // listening or connecting) varies; every case is a communication failure naming rank 1.
 TEST_CASE("a peer killed while the group connects: rank 0 exits 1 naming it, within the timeout") {
-  const SetupDeath r = rank_1_gone_in_setup("store check of key 'restart0/default/gloo/0'", 5);
+  const SetupDeath r = rank_1_gone_in_setup("store wait of key 'restart0/default/gloo/0'", 5);
   INFO(status_text(r.status), " after ", r.seconds, " s\n", r.output);
   REQUIRE(r.status.has_value());
   CHECK(exited_with(r.status, 1));

@@ -439,7 +439,7 @@ class SilentRound {
 // `member`: whether this launcher took part in a round already (a newcomer that finds the job
 // over is refused, exit 1; one that finds it full waits as a standby, see first_round()).
 Round join(comm::Store& store, int number, const std::string& address, const RunOptions& o,
-           std::optional<int> arrived, SignalPipe& signals, bool member) {
+           std::optional<int> arrived, SignalInbox& signals, bool member) {
   const auto started = Clock::now();
   // At least two intervals: the survivors of the last round arrive within one of each other.
   const auto last_call =
@@ -632,7 +632,7 @@ class Monitor {
         o_(o),
         stop_(stop),
         store_(prefix, std::make_shared<comm::TcpStore>(store_options)),
-        thread_(start([this] { loop(); })) {}
+        thread_([this] { loop(); }) {}
   ~Monitor() {
     {
       const std::lock_guard lock(mutex_);
@@ -758,12 +758,6 @@ class Monitor {
   // Per node: lost; settled for lost_nodes(); its round over for usage_verdict().
   std::vector<bool> lost_, settled_, ended_;
   std::thread thread_;
-  // The heartbeat thread takes no signal: they stay with the main thread (signals.h).
-  template <typename F>
-  static std::thread start(F f) {
-    const SignalsStayOnThisThread main_thread_only;
-    return std::thread(std::move(f));
-  }
 };
 
 void Monitor::loop() {
@@ -935,13 +929,12 @@ void Monitor::loop() {
 
 int run_elastic(const LaunchPlan& plan) {
   const RunOptions& o = plan.options;
-  SignalPipe signals;  // first: a signal while the store starts must not kill the launcher
+  SignalInbox signals;  // first: blocks the signals before any thread starts (signals.h)
   const Endpoint endpoint = parse_endpoint(o.rdzv_endpoint);
   const std::string address = local_address_towards(endpoint.host);
   std::unique_ptr<comm::TcpStoreServer> server;
   if (is_local_address(endpoint.host)) {
     try {
-      const SignalsStayOnThisThread main_thread_only;  // the server's thread takes none
       server = std::make_unique<comm::TcpStoreServer>(comm::TcpStoreOptions{
           .host = endpoint.host, .port = static_cast<std::uint16_t>(endpoint.port)});
     } catch (const comm::StoreError&) {

@@ -86,7 +86,7 @@ std::string utc_now() {
 
 class Attempt {
  public:
-  Attempt(const LaunchPlan& plan, const RoundSpec& round, SignalPipe& signals)
+  Attempt(const LaunchPlan& plan, const RoundSpec& round, SignalInbox& signals)
       : plan_(plan),
         options_(plan.options),
         round_(round),
@@ -115,7 +115,7 @@ class Attempt {
   const RunOptions& options_;
   const RoundSpec& round_;
   const int restart_count_;
-  SignalPipe& signals_;
+  SignalInbox& signals_;
   std::vector<Worker> workers_;
 
   bool stopping_ = false;
@@ -411,12 +411,12 @@ std::optional<std::string> StopRequest::reason() const {
   return reason_;
 }
 
-AttemptOutcome run_round(const LaunchPlan& plan, const RoundSpec& round, SignalPipe& signals) {
+AttemptOutcome run_round(const LaunchPlan& plan, const RoundSpec& round, SignalInbox& signals) {
   return Attempt(plan, round, signals).run();
 }
 
 int run_launcher(const LaunchPlan& plan) {
-  SignalPipe signals;
+  SignalInbox signals;
 #ifdef __linux__
   // Orphans of the workers become the launcher's children, so it can reap them (see reap()).
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);

@@ -68,7 +68,7 @@ struct AttemptOutcome {
 };
 
 // Runs one round of this node's workers to its end. kEnded: `stop` ended it.
-AttemptOutcome run_round(const LaunchPlan& plan, const RoundSpec& round, SignalPipe& signals);
+AttemptOutcome run_round(const LaunchPlan& plan, const RoundSpec& round, SignalInbox& signals);
 
 // A worker's exit code 2 is a usage error (bad flags, values or inputs, as nanoddp's programs
 // and most command-line tools use it): a restart would fail the same way, so none is made.

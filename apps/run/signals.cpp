@@ -1,73 +1,71 @@
 #include "signals.h"
 
-#include <fcntl.h>
-#include <signal.h>
+#include <sys/signalfd.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <stdexcept>
+#include <string>
 
 namespace nanoddp::run {
 
 namespace {
 
-volatile sig_atomic_t g_write_fd = -1;
-struct sigaction g_previous[NSIG];
-constexpr int kHandled[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE};
-
-void on_signal(int signo) {
-  const int saved_errno = errno;
-  const unsigned char byte = static_cast<unsigned char>(signo);
-  // Non-blocking: if the pipe is full, enough wake-ups are already queued.
-  [[maybe_unused]] const ssize_t n = ::write(g_write_fd, &byte, 1);
-  errno = saved_errno;
+sigset_t inbox_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (const int signo : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&set, signo);
+  return set;
 }
 
 }  // namespace
 
-SignalPipe::SignalPipe() {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) throw std::runtime_error("pipe2 failed");
-  read_end_.reset(fds[0]);
-  write_end_.reset(fds[1]);
-  g_write_fd = fds[1];
-  for (const int signo : kHandled) {
-    struct sigaction action {};
-    action.sa_handler = signo == SIGPIPE ? SIG_IGN : on_signal;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = signo == SIGCHLD ? SA_NOCLDSTOP | SA_RESTART : SA_RESTART;
-    sigaction(signo, &action, &g_previous[signo]);
+SignalInbox::SignalInbox() {
+  const sigset_t set = inbox_signals();
+  // Blocked first: a signal from now on waits for the fd instead of acting by its default.
+  if (const int rc = pthread_sigmask(SIG_BLOCK, &set, &previous_mask_); rc != 0) {
+    throw std::runtime_error(std::string("pthread_sigmask failed: ") + std::strerror(rc));
   }
+  fd_.reset(::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC));
+  if (!fd_) {
+    const int error = errno;
+    pthread_sigmask(SIG_SETMASK, &previous_mask_, nullptr);
+    throw std::runtime_error(std::string("signalfd failed: ") + std::strerror(error));
+  }
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGPIPE, &ignore, &previous_pipe_);
+  // A worker stopped (SIGSTOP, a debugger) is not a worker that ended: no record for it.
+  struct sigaction child {};
+  child.sa_handler = SIG_DFL;
+  child.sa_flags = SA_NOCLDSTOP;
+  sigemptyset(&child.sa_mask);
+  sigaction(SIGCHLD, &child, &previous_child_);
 }
 
-SignalPipe::~SignalPipe() {
-  for (const int signo : kHandled) sigaction(signo, &g_previous[signo], nullptr);
-  g_write_fd = -1;
+SignalInbox::~SignalInbox() {
+  // What arrived after the last drain() is dropped, as a handler's late byte was: restoring
+  // the mask with a SIGTERM pending would end the launcher by it, not by its own exit code.
+  drain();
+  sigaction(SIGCHLD, &previous_child_, nullptr);
+  sigaction(SIGPIPE, &previous_pipe_, nullptr);
+  pthread_sigmask(SIG_SETMASK, &previous_mask_, nullptr);
 }
 
-std::vector<int> SignalPipe::drain() {
+std::vector<int> SignalInbox::drain() {
   std::vector<int> signals;
-  unsigned char buffer[64];
+  signalfd_siginfo records[16];
   for (;;) {
-    const ssize_t n = ::read(read_end_.get(), buffer, sizeof(buffer));
+    const ssize_t n = ::read(fd_.get(), records, sizeof(records));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
-    for (ssize_t i = 0; i < n; ++i) signals.push_back(buffer[i]);
+    for (ssize_t i = 0; i < n / static_cast<ssize_t>(sizeof(signalfd_siginfo)); ++i) {
+      signals.push_back(static_cast<int>(records[i].ssi_signo));
+    }
   }
   return signals;
-}
-
-SignalsStayOnThisThread::SignalsStayOnThisThread() {
-  sigset_t blocked;
-  sigemptyset(&blocked);
-  for (const int signo : kHandled) {
-    if (signo != SIGPIPE) sigaddset(&blocked, signo);
-  }
-  pthread_sigmask(SIG_BLOCK, &blocked, &previous_);
-}
-
-SignalsStayOnThisThread::~SignalsStayOnThisThread() {
-  pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
 }
 
 }  // namespace nanoddp::run

@@ -1,7 +1,13 @@
 #pragma once
-// Signals become bytes on a pipe (the self-pipe trick), so the launcher's one poll() loop sees
-// SIGINT/SIGTERM/SIGHUP (to forward to the workers) and SIGCHLD (a worker ended) next to the
-// workers' output, with no work done inside a signal handler.
+// SIGINT/SIGTERM/SIGHUP (to forward to the workers) and SIGCHLD (a worker ended) arrive as
+// records on a signalfd, so the launcher's one poll() loop sees them next to the workers'
+// output, and no code runs inside a signal handler.
+//
+// Why a signalfd and not a handler (the self-pipe trick this replaced): a handled signal goes to
+// whichever thread does not block it, and ThreadSanitizer defers a handler until the receiving
+// thread's next intercepted call. CI saw a SIGTERM sent to a launcher waiting for its round never
+// reach the pipe (the launcher waited 60 s and more). Blocked in every thread, a signal stays
+// pending on the process until the main loop reads it: there is no thread to lose it in.
 
 #include <signal.h>
 
@@ -13,38 +19,28 @@ namespace nanoddp::run {
 
 using comm::UniqueFd;
 
-class SignalPipe {
+class SignalInbox {
  public:
-  // Installs the handlers, and ignores SIGPIPE (a closed stdout must not kill the launcher while
-  // its workers run). One instance per process; the destructor restores the old dispositions.
-  SignalPipe();
-  ~SignalPipe();
-  SignalPipe(const SignalPipe&) = delete;
-  SignalPipe& operator=(const SignalPipe&) = delete;
+  // Blocks SIGINT/SIGTERM/SIGHUP/SIGCHLD in the calling thread (threads started later inherit
+  // the mask; start none before this) and opens a signalfd for them; ignores SIGPIPE (a closed
+  // stdout must not kill the launcher while its workers run). One instance per process; the
+  // destructor discards what is unread and restores the old mask and SIGPIPE's disposition.
+  // Workers are spawned with an empty mask and default dispositions (spawn.cpp).
+  SignalInbox();
+  ~SignalInbox();
+  SignalInbox(const SignalInbox&) = delete;
+  SignalInbox& operator=(const SignalInbox&) = delete;
 
-  int fd() const { return read_end_.get(); }
-  // The signals received since the last call, in order (non-blocking).
+  int fd() const { return fd_.get(); }
+  // The signals received since the last call, in order (non-blocking). Like any signal, one
+  // sent again before it is read arrives once.
   std::vector<int> drain();
 
  private:
-  UniqueFd read_end_;
-  UniqueFd write_end_;
-};
-
-// While alive, the signals SignalPipe handles (but SIGPIPE) are blocked in this thread, so a
-// thread started meanwhile (the rendezvous store's server, the heartbeat monitor) inherits them
-// blocked and the kernel delivers them to the main thread only, which is where the launcher
-// looks for them. (Delivered to a helper thread waiting in a system call, a SIGTERM reached the
-// pipe late under ThreadSanitizer, which defers a handler to the receiving thread's next call.)
-class SignalsStayOnThisThread {
- public:
-  SignalsStayOnThisThread();
-  ~SignalsStayOnThisThread();
-  SignalsStayOnThisThread(const SignalsStayOnThisThread&) = delete;
-  SignalsStayOnThisThread& operator=(const SignalsStayOnThisThread&) = delete;
-
- private:
-  sigset_t previous_;
+  UniqueFd fd_;
+  sigset_t previous_mask_;
+  struct sigaction previous_pipe_ {};
+  struct sigaction previous_child_ {};
 };
 
 }  // namespace nanoddp::run

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -1154,6 +1155,38 @@ TEST_CASE("nanoddp-run forwards SIGINT and SIGTERM, leaves no worker behind, exi
     const std::vector<int> pids = pids_after(launcher.output(), "pids");
     CHECK(pids.size() == 4);
     for (const int pid : pids) CHECK_MESSAGE(gone(pid), "pid ", pid);
+  }
+}
+
+// The launcher blocks SIGINT/SIGTERM/SIGHUP/SIGCHLD in every thread and reads them from a
+// signalfd (apps/run/signals.h), and ignores SIGPIPE. None of that may reach a worker: a worker
+// that inherited the mask would never see its SIGTERM, one that inherited SIGPIPE ignored would
+// not die on a closed pipe. Both launchers, each worker's own /proc/self/status.
+TEST_CASE("nanoddp-run: workers start with the launcher's signals neither blocked nor ignored") {
+  const std::vector<std::vector<std::string>> launchers = {
+      {"--nproc-per-node", "2"},
+      {"--nproc-per-node", "2", "--nnodes", "1", "--rdzv-endpoint",
+       fmt::format("127.0.0.1:{}", nanoddp::testing::free_port())}};
+  for (const std::vector<std::string>& flags : launchers) {
+    std::vector<std::string> args = flags;
+    args.insert(args.end(), {"/bin/grep", "-E", "^Sig(Blk|Ign):", "/proc/self/status"});
+    const ProcessResult r = launch(args);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    std::uint64_t launcher_signals = 0;
+    for (const int signo : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) {
+      launcher_signals |= std::uint64_t{1} << (signo - 1);
+    }
+    int masks = 0;
+    for (const std::string& line : lines_of(r.output)) {
+      std::smatch m;
+      if (!std::regex_search(line, m, std::regex(R"(^\[rank [01]\] Sig(Blk|Ign):\s+([0-9a-f]+)$)"))) {
+        continue;
+      }
+      ++masks;
+      CHECK_MESSAGE((std::stoull(m[2].str(), nullptr, 16) & launcher_signals) == 0, line);
+    }
+    CHECK(masks == 4);  // SigBlk and SigIgn of each of the two workers
   }
 }
 

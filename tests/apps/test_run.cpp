@@ -1180,7 +1180,8 @@ TEST_CASE("nanoddp-run: workers start with the launcher's signals neither blocke
     int masks = 0;
     for (const std::string& line : lines_of(r.output)) {
       std::smatch m;
-      if (!std::regex_search(line, m, std::regex(R"(^\[rank [01]\] Sig(Blk|Ign):\s+([0-9a-f]+)$)"))) {
+      if (!std::regex_search(line, m,
+                             std::regex(R"(^\[rank [01]\] Sig(Blk|Ign):\s+([0-9a-f]+)$)"))) {
         continue;
       }
       ++masks;

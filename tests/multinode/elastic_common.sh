@@ -15,15 +15,17 @@ elastic_reference() {  # BIN_DIR
     { echo "FAILED: the reference run"; cat "$work/reference.log"; exit 1; }
 }
 
-# Waits (up to 60 s) for the third checkpoint in DIR, so the kill comes mid-run with a
-# checkpoint to resume from.
+# Waits (up to 90 s of wall time: torchrun's start, two Python imports of torch, takes tens of
+# seconds on a loaded 2-core machine, and CI once saw 60 s pass) for the third checkpoint in
+# DIR, so the kill comes mid-run with a checkpoint to resume from.
 wait_for_checkpoint() {  # DIR
-  local i
-  for i in $(seq 6000); do
-    [ -e "$1/step-$(printf %09d $((3 * elastic_every))).safetensors" ] && return 0
+  local file deadline=$((SECONDS + 90))
+  file="$1/step-$(printf %09d $((3 * elastic_every))).safetensors"
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    [ -e "$file" ] && return 0
     sleep 0.01
   done
-  echo "FAILED: no checkpoint of step $((3 * elastic_every)) within 60 s"; status=1; return 1
+  echo "FAILED: no checkpoint of step $((3 * elastic_every)) within 90 s"; status=1; return 1
 }
 
 # Every process of the node: its launcher (agent) and its workers, at once.

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -185,7 +186,109 @@ void check_in(Distributed& dist, std::chrono::milliseconds timeout) {
   if (store.check({"setup_failed"})) fail_setup_found_elsewhere(dist);
 }
 
+// Where a process that failed before it joined finds the job's store, and who it is: from
+// world_from_env() when its environment is valid, else read loosely (an invalid RANK is often
+// the very failure to report). nullopt when there is no store to tell.
+struct FailedProcess {
+  std::string rank_text;  // "2", or "?" when no rank variable is set
+  std::optional<int> rank;
+  int world_size = 0;  // 0 when unknown
+  TcpStoreOptions store;
+  int restart_count = 0;
+};
+
+std::optional<FailedProcess> failed_process(const EnvLookup& env) {
+  FailedProcess p;
+  try {
+    const WorldInfo world = world_from_env(env);
+    if (world.world_size <= 1 || world.agent_store) return std::nullopt;
+    p.rank = world.rank;
+    p.rank_text = std::to_string(world.rank);
+    p.world_size = world.world_size;
+    p.store.host = world.master_addr;
+    p.store.port = static_cast<std::uint16_t>(world.master_port);
+    p.store.token = world.store_token;
+    p.restart_count = world.restart_count;
+    return p;
+  } catch (const std::exception&) {
+  }
+  const auto number = [&](const char* name) -> std::optional<long long> {
+    const auto text = env(name);
+    if (!text || text->empty()) return std::nullopt;
+    char* end = nullptr;
+    const long long v = std::strtoll(text->c_str(), &end, 10);
+    return *end == '\0' ? std::optional(v) : std::nullopt;
+  };
+  const auto addr = env("MASTER_ADDR");
+  const auto port = number("MASTER_PORT");
+  if (!addr || addr->empty() || !port || *port < 1 || *port > 65535) return std::nullopt;
+  if (const auto agent = env("TORCHELASTIC_USE_AGENT_STORE"); agent && *agent != "False") {
+    return std::nullopt;
+  }
+  p.rank_text = "?";
+  for (const char* name : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
+    if (const auto text = env(name)) {
+      p.rank_text = *text;
+      break;
+    }
+  }
+  // Rank 0 serves the store: one whose environment is invalid cannot know it is rank 0 of the
+  // world the others are in, so it serves nothing (the others then time out reaching it).
+  if (p.rank_text == "0") return std::nullopt;
+  p.store.host = *addr;
+  p.store.port = static_cast<std::uint16_t>(*port);
+  p.restart_count = static_cast<int>(
+      std::clamp<long long>(number("NANODDP_RESTART_COUNT").value_or(0), 0, 1'000'000'000));
+  return p;
+}
+
 }  // namespace
+
+void tell_peers_setup_failed(const std::string& why, std::chrono::milliseconds bound,
+                             const EnvLookup& env) {
+  const std::optional<FailedProcess> p = failed_process(env);
+  if (!p) return;
+  try {
+    bound = std::min(bound, default_timeout(env));  // never longer than the job's own timeout
+  } catch (const std::exception&) {
+  }
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "?");
+  const std::string message = fmt::format(
+      "rank {} (host {}, pid {}) stopped before it joined the job: {}. Fix that rank's command "
+      "or environment, then start the job again",
+      p->rank_text, host, ::getpid(), why);
+  try {
+    // The same keys as check_in(): the failure, then the waiters' release. A rank that reads
+    // them checks out ("finished"), as one that failed itself in the check-in does.
+    TcpStoreOptions options = p->store;
+    options.timeout = bound;
+    std::unique_ptr<TcpStoreServer> server;
+    if (p->rank == 0) {
+      server = std::make_unique<TcpStoreServer>(options);
+      options.port = server->port();
+    }
+    PrefixStore store(fmt::format("restart{}", p->restart_count),
+                      std::make_shared<TcpStore>(options));
+    store.compare_set("setup_failed", {},
+                      std::span(reinterpret_cast<const std::uint8_t*>(message.data()),
+                                message.size()));  // the first failure reported stands
+    store.set("ready/all", std::string("1"));
+    store.add("finished", 1);
+    if (server) {
+      // Until every other rank has read it (each checks out), or `bound`.
+      const auto deadline = std::chrono::steady_clock::now() + bound;
+      while (store.add("finished", 0) < p->world_size &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  } catch (const std::exception& e) {
+    // Nobody to tell (rank 0's store is not up, the port is taken): the others time out as
+    // before, naming this rank as one that never joined.
+    debug_log(DebugLevel::kInfo, "could not tell the other ranks of this failure: {}", e.what());
+  }
+}
 
 std::string resolve_backend(const std::string& backend, Device device) {
   if (backend == "auto") return device.is_cuda() ? "nccl" : "gloo";

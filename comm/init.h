@@ -78,6 +78,19 @@ bool is_communication_failure(const std::exception& e);
 // if the launcher is gone already.
 Distributed init_distributed(const WorldInfo& world, const DistributedOptions& options = {});
 
+// For a process of a multi-rank job that fails before it joins (init_distributed): a bad flag,
+// an output path it cannot write, an invalid RANK. It tells the job's store, so that the ranks
+// that did start stop at once in their check-in with `why` (their Error names this process),
+// instead of waiting their whole timeout for a rank that never comes. Rank 0 serves the store
+// for this, until every other rank has read it or `bound` passes; another rank tries to reach
+// rank 0's store for at most `bound` (either way at most NANODDP_TIMEOUT_S). Best effort, nothing
+// thrown: no MASTER_ADDR/MASTER_PORT (or a world of one, or torchrun's agent store: its agent stops
+// the others) means no one to tell. nanoddp-run and torchrun stop the others themselves; this is
+// for ranks started by hand, or by a launcher that leaves the others running.
+void tell_peers_setup_failed(const std::string& why,
+                             std::chrono::milliseconds bound = std::chrono::seconds(10),
+                             const EnvLookup& env = process_env());
+
 // "gloo" or "nccl": what "auto" (or an explicit choice) means for `device`.
 std::string resolve_backend(const std::string& backend, Device device);
 

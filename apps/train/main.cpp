@@ -22,12 +22,24 @@ int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
   int exit_code = 0;
   const std::optional<TrainOptions> options = parse_options(argc, argv, exit_code);
-  if (!options) return exit_code;
+  if (!options) {
+    // A rank with a bad flag: the others are told, or they would wait their whole timeout for it.
+    if (exit_code != 0) {
+      std::fflush(stderr);
+      nanoddp::comm::tell_peers_setup_failed("its command line was refused (see its output)");
+    }
+    return exit_code;
+  }
   std::unique_ptr<Trainer> trainer;
   try {
     trainer = std::make_unique<Trainer>(*options);
   } catch (const std::exception& e) {
     fmt::print(stderr, "nanoddp-train: error: {}\n", e.what());
+    if (dynamic_cast<const FailedBeforeJoining*>(&e) != nullptr) {
+      std::fflush(stderr);
+      nanoddp::comm::tell_peers_setup_failed(e.what());
+      return 2;
+    }
     // A dead or silent peer is no usage error: exit 2 would keep a launcher from restarting.
     return nanoddp::comm::is_communication_failure(e) ? 1 : 2;
   }

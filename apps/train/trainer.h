@@ -23,6 +23,14 @@
 
 namespace nanoddp::train {
 
+// A set-up failure before this rank entered init_distributed() (a bad RANK, an output path rank
+// 0 cannot write, a bad value): main() prints it, then tells the other ranks
+// (comm::tell_peers_setup_failed), which would otherwise wait their whole timeout for this one.
+class FailedBeforeJoining : public Error {
+ public:
+  using Error::Error;
+};
+
 class Trainer {
  public:
   // Builds everything from the options: device, process group, data, model, optimizer,
@@ -134,6 +142,9 @@ class Trainer {
   void check_paths_distinct() const;
   void require_finite_parameters(std::int64_t step, const char* what);
   std::string npy_checksums_;  // of --data and --targets, for data_description()
+  void read_inputs();          // --init's header and the data set
+  // Every rank learns whether each read its inputs; any failure stops every rank, naming it.
+  void agree_inputs_read(const std::string& problem);
   void load_npy_dataset();
   void check_same_inputs();
   void check_same_files(const std::string& key, const std::vector<std::string>& items,
@@ -149,6 +160,7 @@ class Trainer {
   int world_size_ = 1;
   Device device_;
   std::optional<comm::Distributed> dist_;
+  bool joining_ = false;  // init_distributed() was entered: a failure from here is the group's
   // Declared before everything that records spans (the prefetcher's thread, the Reducer), so it
   // is destroyed after them: members go in reverse order.
   std::unique_ptr<Tracer> tracer_;

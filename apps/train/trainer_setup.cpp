@@ -54,6 +54,8 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
     // A peer that died or did not answer (not bad input): rank 0 keeps the store up only
     // briefly for a check-out such a peer never makes (comm/init.h).
     if (dist_ && comm::is_communication_failure(e)) dist_->abandon_setup();
+    // Inside init_distributed() the check-in tells the other ranks itself.
+    if (!joining_ && !comm::is_communication_failure(e)) throw FailedBeforeJoining(e.what());
     throw;
   }
 }
@@ -88,6 +90,7 @@ void Trainer::set_up() {
                         std::chrono::system_clock::now().time_since_epoch().count());
 
   if (distributed_) {
+    joining_ = true;
     dist_.emplace(comm::init_distributed(
         world_, comm::DistributedOptions{.backend = o_.backend, .device = device_}));
     rank_ = dist_->group->rank();
@@ -95,31 +98,20 @@ void Trainer::set_up() {
     check_same_settings();
   }
 
-  // --init's header (its tensors' shapes, and that the file holds all their bytes) before the
-  // data, which may take seconds to read: a truncated file is refused at once.
-  if (!o_.init_path.empty()) {
-    try {
-      nn::read_safetensors_shapes(o_.init_path);
-    } catch (const Error& e) {
-      fail("--init: {}", e.what());
-    }
+  // Each rank reads its own inputs. One that cannot says so to the others, which would wait in
+  // the comparison below until their timeout (its files may differ: another node, a wrapper),
+  // and every rank stops naming it.
+  std::string input_problem;
+  try {
+    read_inputs();
+  } catch (const std::exception& e) {
+    if (!distributed_ || comm::is_communication_failure(e)) throw;
+    input_problem = e.what();
   }
-  if (!o_.data_path.empty()) {
-    load_npy_dataset();
-  } else {
-    const nn::SyntheticRegressionOptions teacher{.in_features = o_.in_features,
-                                                 .out_features = o_.out_features,
-                                                 .size = o_.dataset_size,
-                                                 .seed = o_.seed,
-                                                 .noise_std = o_.noise_std,
-                                                 .teacher_hidden = o_.teacher_hidden};
-    if (classify()) {
-      dataset_ = std::make_unique<SyntheticClassification>(teacher);
-    } else {
-      dataset_ = std::make_unique<nn::SyntheticRegression>(teacher);
-    }
+  if (distributed_) {
+    agree_inputs_read(input_problem);
+    check_same_inputs();
   }
-  if (distributed_) check_same_inputs();
   model_ = std::make_unique<nn::Mlp>(
       nn::MlpOptions{.in_features = dataset_->in_features(),
                      .out_features = classify() ? o_.classes : dataset_->out_features(),
@@ -279,6 +271,45 @@ void Trainer::check_same_settings() {
   };
   comm::check_same_on_all_ranks(*dist_->store, rank_, world_size_, "train/settings",
                                 "command-line setting", settings);
+}
+
+// The --init header and the data set, read by every rank from its own files.
+void Trainer::read_inputs() {
+  // --init's header (its tensors' shapes, and that the file holds all their bytes) before the
+  // data, which may take seconds to read: a truncated file is refused at once.
+  if (!o_.init_path.empty()) {
+    try {
+      nn::read_safetensors_shapes(o_.init_path);
+    } catch (const Error& e) {
+      fail("--init: {}", e.what());
+    }
+  }
+  if (!o_.data_path.empty()) {
+    load_npy_dataset();
+  } else {
+    const nn::SyntheticRegressionOptions teacher{.in_features = o_.in_features,
+                                                 .out_features = o_.out_features,
+                                                 .size = o_.dataset_size,
+                                                 .seed = o_.seed,
+                                                 .noise_std = o_.noise_std,
+                                                 .teacher_hidden = o_.teacher_hidden};
+    if (classify()) {
+      dataset_ = std::make_unique<SyntheticClassification>(teacher);
+    } else {
+      dataset_ = std::make_unique<nn::SyntheticRegression>(teacher);
+    }
+  }
+}
+
+void Trainer::agree_inputs_read(const std::string& problem) {
+  const std::vector<std::string> problems =
+      comm::exchange_on_all_ranks(*dist_->store, rank_, world_size_, "train/inputs-read", problem);
+  if (!problem.empty()) fail("{}", problem);  // as a rank alone would say it
+  for (int r = 0; r < world_size_; ++r) {
+    const std::string& theirs = problems[static_cast<std::size_t>(r)];
+    if (!theirs.empty())
+      fail("rank {} could not read its inputs, so every rank stops: {}", r, theirs);
+  }
 }
 
 }  // namespace nanoddp::train

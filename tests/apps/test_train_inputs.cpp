@@ -714,6 +714,26 @@ TEST_CASE("inputs: a bad --init under DDP stops every rank at once, each naming 
     CHECK(contains(r.output, "bad.safetensors"));
   }
   CHECK(seconds < 15);  // not the other rank's timeout (20 s here, 300 s by default)
+
+  // Bad on one rank only (one name, another folder per rank, as on two nodes): that rank used
+  // to exit 2 at once and the other to wait its whole timeout for the inputs comparison, then
+  // exit 1 (docs/reliability.md row 67). Now every rank stops at once, naming the rank.
+  TempDir d0, d1;
+  const ProcessResult saved =
+      run_process(train_argv({"--steps", "2", "--quiet", "--save", d0.file("p.st")}));
+  REQUIRE_MESSAGE(saved.exit_code == 0, saved.output);
+  std::ofstream(d1.file("p.st")) << "not a safetensors file at all";
+  const auto one_start = std::chrono::steady_clock::now();
+  const auto one =
+      two_ranks_in(d0.path(), d1.path(), train_argv({"--init", "p.st", "--steps", "5", "--quiet"}));
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - one_start).count() < 15);
+  for (const ProcessResult& r : one) {
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "--init: 'p.st' is not a valid safetensors file"));
+    CHECK_FALSE(contains(r.output, "timed out"));
+  }
+  CHECK(contains(one[0].output, "rank 1 could not read its inputs, so every rank stops: --init"));
 }
 
 TEST_CASE("inputs: --resume refuses .npy data of the same shape but other values") {

@@ -59,13 +59,16 @@ std::vector<ProcessResult> two_ranks(const std::vector<std::string>& argv0,
   return {a.get(), b.get()};
 }
 
-// Ranks by hand, one per environment (each names its RANK and WORLD_SIZE), one port.
+// Ranks by hand, one per environment (each names its RANK and WORLD_SIZE) with its own argv,
+// one port.
 std::vector<ProcessResult> ranks_by_hand(
-    const std::vector<std::string>& argv,
+    const std::vector<std::vector<std::string>>& argvs,
     const std::vector<std::map<std::string, std::string>>& envs) {
   const std::string port = std::to_string(free_port());
   std::vector<std::future<ProcessResult>> running;
-  for (const auto& env : envs) {
+  for (std::size_t i = 0; i < envs.size(); ++i) {
+    const auto& env = envs[i];
+    const auto& argv = argvs[i];
     ProcessOptions o = with_timeout_env();
     o.env["MASTER_ADDR"] = "127.0.0.1";
     o.env["MASTER_PORT"] = port;
@@ -76,6 +79,13 @@ std::vector<ProcessResult> ranks_by_hand(
   std::vector<ProcessResult> results;
   for (auto& r : running) results.push_back(r.get());
   return results;
+}
+
+// The same argv on every rank.
+std::vector<ProcessResult> ranks_by_hand(
+    const std::vector<std::string>& argv,
+    const std::vector<std::map<std::string, std::string>>& envs) {
+  return ranks_by_hand(std::vector<std::vector<std::string>>(envs.size(), argv), envs);
 }
 
 // Every rank ended well before its timeout, with exit 2 (a usage error) and `message`.
@@ -189,6 +199,69 @@ TEST_CASE("bad input: a RANK given twice is refused, naming it, not blamed on a 
   // Rank 2 never comes, so the job cannot run: every rank is refused, with the reason.
   check_all_refused(results, start, "RANK=1 was given twice");
   for (const auto& r : results) CHECK_FALSE(contains(r.output, "never joined"));
+}
+
+// An outside tester: a rank that stopped before it reached the store (a bad flag, an invalid
+// RANK, an output path rank 0 cannot write) left the others waiting their whole timeout, then
+// saying that it "never joined" (or that rank 0's store could not be reached). Now it tells them
+// through the store (rank 0 serving it for that), and they stop at once with its reason.
+TEST_CASE("bad input: a rank that stops before it joins stops the others at once, naming it") {
+  const auto argv = train_argv({"--steps", "5", "--quiet"});
+  const auto late = [](std::vector<std::string> delayed) {  // started 2 s after the others
+    delayed.insert(delayed.begin(), {"/bin/sh", "-c", "sleep 2; exec \"$@\"", "sh"});
+    return delayed;
+  };
+  struct Case {
+    std::string what;
+    std::vector<std::vector<std::string>> argvs;
+    std::vector<std::map<std::string, std::string>> envs;
+    int culprit;
+    std::string reason;  // as the culprit says it, and the others repeat it
+  };
+  const std::map<std::string, std::string> rank0 = {{"RANK", "0"}, {"WORLD_SIZE", "3"}};
+  const std::map<std::string, std::string> rank1 = {{"RANK", "1"}, {"WORLD_SIZE", "3"}};
+  const std::map<std::string, std::string> rank2 = {{"RANK", "2"}, {"WORLD_SIZE", "3"}};
+  auto bad_lr = argv;
+  bad_lr.insert(bad_lr.end(), {"--lr", "fast"});
+  auto bad_save = argv;
+  bad_save.insert(bad_save.end(), {"--save", "/proc/params.safetensors"});
+  const std::vector<Case> cases = {{"rank 1 with a bad flag, rank 0 late",
+                                    {late(argv), bad_lr, argv},
+                                    {rank0, rank1, rank2},
+                                    1,
+                                    "its command line was refused"},
+                                   {"rank 0 cannot write --save",
+                                    {bad_save, argv, argv},
+                                    {rank0, rank1, rank2},
+                                    0,
+                                    "the folder of --save '/proc' is not writable"},
+                                   {"RANK outside the world",
+                                    {argv, argv, argv},
+                                    {rank0, {{"RANK", "3"}, {"WORLD_SIZE", "3"}}, rank2},
+                                    1,
+                                    "RANK=3 is outside the world of WORLD_SIZE=3 ranks"}};
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    const auto start = Clock::now();
+    const auto results = ranks_by_hand(c.argvs, c.envs);
+    INFO(describe(results));
+    CHECK(seconds_since(start) < 15.0);  // NANODDP_TIMEOUT_S is 60
+    for (std::size_t r = 0; r < results.size(); ++r) {
+      CAPTURE(r);
+      CHECK_FALSE(results[r].timed_out);
+      CHECK(results[r].exit_code == 2);
+      if (static_cast<int>(r) == c.culprit) {
+        if (c.reason != "its command line was refused")
+          CHECK(contains(results[r].output, c.reason));
+      } else {
+        CHECK(contains(
+            results[r].output,
+            fmt::format("rank {} (host ", c.envs[static_cast<std::size_t>(c.culprit)].at("RANK"))));
+        CHECK(contains(results[r].output, "stopped before it joined the job: " + c.reason));
+        CHECK_FALSE(contains(results[r].output, "never joined"));
+      }
+    }
+  }
 }
 
 TEST_CASE("bad input: malformed or missing launcher variables name the variable (exit 2)") {

@@ -145,7 +145,8 @@ void Attempt::start_worker(int local_rank) {
                                 .launcher_pid = static_cast<int>(::getpid()),
                                 .store_token = round_.store_token};
   SpawnedProcess process =
-      spawn_process(plan_.program_path, options_.command, worker_environment(identity, environ));
+      spawn_process(plan_.program_path, options_.command, worker_environment(identity, environ),
+                    signals_.worker_defaults());
   if (process.pid < 0) {
     w.result.spawn_error = process.error;
     say("rank {} could not start '{}': {}", rank, plan_.program_path, std::strerror(process.error));
@@ -208,7 +209,14 @@ void Attempt::begin_stop(int signo) {
 void Attempt::handle_signals() {
   for (const int signo : signals_.drain()) {
     if (signo == SIGCHLD) continue;  // reap() looks at every worker after each wake-up
-    if (launcher_signal_ == 0) {
+    if (launcher_signal_ == 0 && stopping_) {
+      // A worker failed and the others are being stopped already: a second SIGTERM would cut
+      // short the clean-up they are doing (a second signal is "now" to many programs, this
+      // launcher too), and the SIGKILL deadline stands.
+      launcher_signal_ = signo;
+      say("got {}: the workers are being stopped already (SIGKILL in {:.1f} s)", signal_name(signo),
+          std::max(0.0, std::chrono::duration<double>(deadline_ - Clock::now()).count()));
+    } else if (launcher_signal_ == 0) {
       launcher_signal_ = signo;
       say("got {}: forwarding it to the workers (SIGKILL after {} s)", signal_name(signo),
           options_.grace_period_s);

@@ -12,17 +12,23 @@ namespace nanoddp::run {
 
 namespace {
 
-sigset_t inbox_signals() {
-  sigset_t set;
-  sigemptyset(&set);
-  for (const int signo : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&set, signo);
-  return set;
+bool ignored(int signo) {
+  struct sigaction current {};
+  return sigaction(signo, nullptr, &current) == 0 && current.sa_handler == SIG_IGN;
 }
 
 }  // namespace
 
 SignalInbox::SignalInbox() {
-  const sigset_t set = inbox_signals();
+  sigset_t set;
+  sigemptyset(&set);
+  sigemptyset(&worker_defaults_);
+  for (const int signo : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
+    if (signo != SIGCHLD && ignored(signo)) continue;  // ignored on entry: stays so
+    sigaddset(&set, signo);
+    sigaddset(&worker_defaults_, signo);
+  }
+  if (!ignored(SIGPIPE)) sigaddset(&worker_defaults_, SIGPIPE);
   // Blocked first: a signal from now on waits for the fd instead of acting by its default.
   if (const int rc = pthread_sigmask(SIG_BLOCK, &set, &previous_mask_); rc != 0) {
     throw std::runtime_error(std::string("pthread_sigmask failed: ") + std::strerror(rc));

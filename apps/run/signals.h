@@ -25,7 +25,11 @@ class SignalInbox {
   // the mask; start none before this) and opens a signalfd for them; ignores SIGPIPE (a closed
   // stdout must not kill the launcher while its workers run). One instance per process; the
   // destructor discards what is unread and restores the old mask and SIGPIPE's disposition.
-  // Workers are spawned with an empty mask and default dispositions (spawn.cpp).
+  //
+  // A signal ignored when the launcher started stays ignored, in it and in its workers, as
+  // shells and Python do: `nohup nanoddp-run ...` survives the terminal's hang-up, a job started
+  // with `&` from a script is not ended by the script's Ctrl-C. (A blocked signal is read from
+  // the signalfd even when its disposition is SIG_IGN, so such a signal is left out of the set.)
   SignalInbox();
   ~SignalInbox();
   SignalInbox(const SignalInbox&) = delete;
@@ -36,9 +40,15 @@ class SignalInbox {
   // sent again before it is read arrives once.
   std::vector<int> drain();
 
+  // The signals a worker must get back at their default disposition (posix_spawn's
+  // POSIX_SPAWN_SETSIGDEF): those this launcher handles, and SIGPIPE unless it was ignored on
+  // entry. Signals ignored on entry are not in it, so workers inherit them ignored.
+  const sigset_t& worker_defaults() const { return worker_defaults_; }
+
  private:
   UniqueFd fd_;
   sigset_t previous_mask_;
+  sigset_t worker_defaults_;
   struct sigaction previous_pipe_ {};
   struct sigaction previous_child_ {};
 };

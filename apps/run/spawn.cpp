@@ -33,7 +33,7 @@ bool make_pipe(UniqueFd& read_end, UniqueFd& write_end) {
 }  // namespace
 
 SpawnedProcess spawn_process(const std::string& path, const std::vector<std::string>& argv,
-                             const std::vector<std::string>& env) {
+                             const std::vector<std::string>& env, const sigset_t& defaults) {
   SpawnedProcess result;
   UniqueFd out_write;
   UniqueFd err_write;
@@ -52,11 +52,8 @@ SpawnedProcess spawn_process(const std::string& path, const std::vector<std::str
 
   posix_spawnattr_t attributes;
   posix_spawnattr_init(&attributes);
-  // The worker gets the default disposition of the signals the launcher handles or ignores,
-  // and an empty signal mask, whatever the launcher inherited itself.
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  for (const int signo : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) sigaddset(&defaults, signo);
+  // The worker gets the default disposition of the signals the launcher handles or ignores for
+  // itself (`defaults`), and an empty signal mask, whatever the launcher inherited itself.
   sigset_t empty;
   sigemptyset(&empty);
   posix_spawnattr_setsigdefault(&attributes, &defaults);

@@ -1191,6 +1191,61 @@ TEST_CASE("nanoddp-run: workers start with the launcher's signals neither blocke
   }
 }
 
+// An outside tester: `nohup nanoddp-run ... &` was ended by the terminal's hang-up, and a job
+// started with `&` from a script by the script's Ctrl-C: the launcher handled SIGHUP and SIGINT
+// although they were ignored when it started. Now such a signal stays ignored, in the launcher
+// and in its workers, as shells and Python keep it.
+TEST_CASE("nanoddp-run: signals ignored when it started stay ignored, in it and its workers") {
+  BackgroundProcess launcher({"/bin/sh", "-c", "trap '' HUP INT; exec \"$@\"", "sh",
+                              bin_path("nanoddp-run"), "--nproc-per-node", "1", "--grace-period",
+                              "1", "/bin/sh", "-c",
+                              "grep -E '^SigIgn:' /proc/self/status; echo ready; sleep 30"});
+  REQUIRE(launcher.wait_for_output(
+      [](const std::string& out) { return contains(out, "[rank 0] ready"); }, 20s));
+  std::smatch m;
+  const std::string out = launcher.output();
+  REQUIRE(std::regex_search(out, m, std::regex(R"(\[rank 0\] SigIgn:\s+([0-9a-f]+))")));
+  const std::uint64_t worker_ignores = std::stoull(m[1].str(), nullptr, 16);
+  CHECK((worker_ignores & (std::uint64_t{1} << (SIGHUP - 1))) != 0);
+  CHECK((worker_ignores & (std::uint64_t{1} << (SIGINT - 1))) != 0);
+  CHECK((worker_ignores & (std::uint64_t{1} << (SIGTERM - 1))) == 0);
+  CHECK((worker_ignores & (std::uint64_t{1} << (SIGPIPE - 1))) == 0);  // the launcher's own
+  launcher.send(SIGHUP);
+  launcher.send(SIGINT);
+  CHECK_FALSE(launcher.wait(1s).has_value());  // still running
+  launcher.send(SIGTERM);
+  const std::optional<int> status = launcher.wait(20s);
+  INFO(launcher.output());
+  REQUIRE(status.has_value());
+  CHECK(WIFEXITED(*status));
+  CHECK(WEXITSTATUS(*status) == 128 + SIGTERM);
+  CHECK_FALSE(contains(launcher.output(), "got SIGHUP"));
+  CHECK_FALSE(contains(launcher.output(), "got SIGINT"));
+  CHECK(contains(launcher.output(), "got SIGTERM: forwarding it to the workers"));
+}
+
+// An outside tester: a SIGTERM to the launcher while it was already stopping the workers (one
+// had failed) was forwarded again, cutting short the clean-up of a worker that treats a second
+// signal as "now". It is not forwarded again, and the SIGKILL deadline stands.
+TEST_CASE("nanoddp-run: a signal while the workers are being stopped is not sent to them again") {
+  BackgroundProcess launcher(
+      run_argv({"--nproc-per-node", "2", "--grace-period", "10"},
+               "if [ $RANK = 0 ]; then sleep 0.5; exit 1; fi; "
+               "trap 'echo got TERM; sleep 1.5; echo cleaned up; exit 0' TERM; "
+               "echo ready; while :; do sleep 0.1; done"));
+  REQUIRE(launcher.wait_for_output(
+      [](const std::string& out) { return contains(out, "[rank 1] got TERM"); }, 20s));
+  launcher.send(SIGTERM);
+  const std::optional<int> status = launcher.wait(20s);
+  INFO(launcher.output());
+  REQUIRE(status.has_value());
+  CHECK(count(launcher.output(), "got TERM") == 1);
+  CHECK(contains(launcher.output(), "[rank 1] cleaned up"));
+  CHECK(contains(launcher.output(), "got SIGTERM: the workers are being stopped already"));
+  CHECK(WIFEXITED(*status));
+  CHECK(WEXITSTATUS(*status) == 128 + SIGTERM);
+}
+
 TEST_CASE("nanoddp-run --log-dir writes each rank's lines, one header per attempt") {
   TempDir dir;
   const std::string logs = dir.file("logs");

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "support/default_signals.h"
 #include "support/process_snapshot.h"
 
 namespace nanoddp::testing {
@@ -33,6 +34,7 @@ class BackgroundProcess {
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {
       setpgid(0, 0);  // so that the destructor can kill it with everything it started
+      default_signals_for_exec();
       dup2(fds[1], STDOUT_FILENO);
       dup2(fds[1], STDERR_FILENO);
       execv(args[0], args.data());

@@ -1,4 +1,5 @@
 #include "support/subprocess.h"
+#include "support/default_signals.h"
 #include "support/process_snapshot.h"
 
 #include <fcntl.h>
@@ -43,6 +44,7 @@ ProcessResult run_process(const std::vector<std::string>& argv, const ProcessOpt
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
     setpgid(0, 0);  // its own process group, so a timeout kills its children too
+    default_signals_for_exec();
     dup2(pipe_fds[1], STDOUT_FILENO);
     dup2(pipe_fds[1], STDERR_FILENO);
     if (!options.working_directory.empty() && chdir(options.working_directory.c_str()) != 0) {

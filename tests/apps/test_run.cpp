@@ -1196,7 +1196,7 @@ TEST_CASE("nanoddp-run: workers start with the launcher's signals neither blocke
 // although they were ignored when it started. Now such a signal stays ignored, in the launcher
 // and in its workers, as shells and Python keep it.
 TEST_CASE("nanoddp-run: signals ignored when it started stay ignored, in it and its workers") {
-  BackgroundProcess launcher({"/bin/sh", "-c", "trap '' HUP INT; exec \"$@\"", "sh",
+  BackgroundProcess launcher({"/usr/bin/nohup", "/bin/sh", "-c", "trap '' INT; exec \"$@\"", "sh",
                               bin_path("nanoddp-run"), "--nproc-per-node", "1", "--grace-period",
                               "1", "/bin/sh", "-c",
                               "grep -E '^SigIgn:' /proc/self/status; echo ready; sleep 30"});

@@ -84,6 +84,13 @@ void tie_to_launcher(pid_t launcher) {
 #endif
 }
 
+// This machine's name, as the set-up's messages give it ("?" if it cannot be read).
+std::string host_name() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) return "?";
+  return host;
+}
+
 std::string world_size_mismatch(int world_size, int rank, const std::string& theirs,
                                 const std::string& other) {
   return fmt::format(
@@ -151,9 +158,7 @@ void check_in(Distributed& dist, std::chrono::milliseconds timeout) {
     fail_world_sizes(dist, first_rank, first_text.substr(0, space));
   }
 
-  char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "?");
-  const std::string me = fmt::format("{} pid {}", host, getpid());
+  const std::string me = fmt::format("{} pid {}", host_name(), getpid());
   const Bytes holder = store.compare_set(fmt::format("rank/{}", world.rank), {}, bytes(me));
   if (std::string(holder.begin(), holder.end()) != me) {
     const std::string why = fmt::format(
@@ -252,12 +257,10 @@ void tell_peers_setup_failed(const std::string& why, std::chrono::milliseconds b
     bound = std::min(bound, default_timeout(env));  // never longer than the job's own timeout
   } catch (const std::exception&) {
   }
-  char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "?");
   const std::string message = fmt::format(
       "rank {} (host {}, pid {}) stopped before it joined the job: {}. Fix that rank's command "
       "or environment, then start the job again",
-      p->rank_text, host, ::getpid(), why);
+      p->rank_text, host_name(), ::getpid(), why);
   try {
     // The same keys as check_in(): the failure, then the waiters' release. A rank that reads
     // them checks out ("finished"), as one that failed itself in the check-in does.

@@ -251,6 +251,9 @@ std::optional<FailedProcess> failed_process(const EnvLookup& env) {
 
 void tell_peers_setup_failed(const std::string& why, std::chrono::milliseconds bound,
                              const EnvLookup& env) {
+  // Its launcher stops the others itself, and names this rank as the one that failed first:
+  // others that stopped on this rank's word as fast would share the blame in its summary.
+  if (launcher_stops_other_ranks(env)) return;
   const std::optional<FailedProcess> p = failed_process(env);
   if (!p) return;
   try {
@@ -279,12 +282,24 @@ void tell_peers_setup_failed(const std::string& why, std::chrono::milliseconds b
     store.set("ready/all", std::string("1"));
     store.add("finished", 1);
     if (server) {
-      // Until every other rank has read it (each checks out), or `bound`.
+      // Until every other rank has read it (each checks out), or `bound`. How many others: the
+      // largest world any of them claims (the first to check in sets "world_size"), as a rank
+      // of another WORLD_SIZE must be told too; then a second more, for a rank given twice.
       const auto deadline = std::chrono::steady_clock::now() + bound;
-      while (store.add("finished", 0) < p->world_size &&
-             std::chrono::steady_clock::now() < deadline) {
+      const auto expected = [&] {
+        int most = p->world_size;
+        if (store.check({"world_size"})) {
+          most = std::max(most, std::atoi(store.get_string("world_size").c_str()));
+        }
+        return most;
+      };
+      while (store.add("finished", 0) < expected() && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+          std::chrono::seconds(1),
+          std::max<std::chrono::steady_clock::duration>(deadline - std::chrono::steady_clock::now(),
+                                                        std::chrono::seconds(0))));
     }
   } catch (const std::exception& e) {
     // Nobody to tell (rank 0's store is not up, the port is taken): the others time out as

@@ -268,6 +268,13 @@ WorldInfo world_from_env(const EnvLookup& env) {
   return info;
 }
 
+bool launcher_stops_other_ranks(const EnvLookup& env) {
+  for (const char* name : {"NANODDP_LAUNCHER_PID", "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK"}) {
+    if (env(name)) return true;
+  }
+  return false;
+}
+
 int port_for_job(const std::string& job_id) {
   std::uint32_t h = 2166136261u;  // FNV-1a
   for (const char c : job_id) {

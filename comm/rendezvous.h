@@ -60,6 +60,12 @@ EnvLookup process_env();
 // True/False, or an sbatch script's own SLURM_* variables (see above).
 WorldInfo world_from_env(const EnvLookup& env = process_env());
 
+// Whether the launcher that started this process stops the other ranks as soon as one exits
+// with an error: nanoddp-run (NANODDP_LAUNCHER_PID), torchrun (TORCHELASTIC_RUN_ID), Open MPI's
+// mpirun (OMPI_COMM_WORLD_RANK). Ranks started by hand (or by srun, which by default lets the
+// others run on) have nobody to stop them, and must tell each other.
+bool launcher_stops_other_ranks(const EnvLookup& env = process_env());
+
 // The port an mpirun job without MASTER_PORT uses: a hash of `job_id` into 20000..32767 (below
 // Linux's ephemeral ports, so an outgoing connection rarely holds it).
 int port_for_job(const std::string& job_id);

@@ -120,11 +120,17 @@ ShmAllreduce::~ShmAllreduce() = default;
 
 void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
   // 1. Everyone publishes: wants shared memory?, host identity, pid and its start time.
-  // (The switches are read on every rank before anything is published, so a value that is not
-  // understood stops each rank here instead of leaving its peers waiting.)
-  const bool wanted = env_switch("NANODDP_SHM", /*default_on=*/true);
-  const std::size_t chunk =
-      env_count("NANODDP_SHM_CHUNK_KB", kShmDefaultChunkBytes / 1024, 4, 64 << 10) * 1024;
+  // A switch this rank does not understand is published in its place ("!reason"), so that every
+  // rank stops with it: the others would wait for this rank's hello until their timeout.
+  bool wanted = true;
+  std::size_t chunk = 0;
+  try {
+    wanted = env_switch("NANODDP_SHM", /*default_on=*/true);
+    chunk = env_count("NANODDP_SHM_CHUNK_KB", kShmDefaultChunkBytes / 1024, 4, 64 << 10) * 1024;
+  } catch (const Error& e) {
+    store.set(prefix + "hello/" + std::to_string(rank_), std::string("!") + e.what());
+    throw;
+  }
   const long pid = static_cast<long>(getpid());
   store.set(prefix + "hello/" + std::to_string(rank_),
             fmt::format("{}\n{}\n{}\n{}", wanted ? 1 : 0, pid, process_start_time(pid).value_or(0),
@@ -134,6 +140,10 @@ void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
   std::string no_reason;  // the first reason not to, the same on every rank
   for (int r = 0; r < size_; ++r) {
     const Bytes bytes = store.get(prefix + "hello/" + std::to_string(r));
+    if (!bytes.empty() && bytes[0] == '!') {
+      fail("rank {} stopped setting up shared memory, so every rank stops: {}", r,
+           std::string(bytes.begin() + 1, bytes.end()));
+    }
     std::istringstream in(std::string(bytes.begin(), bytes.end()));
     int peer_wants = 0;
     Peer& peer = peers_[static_cast<std::size_t>(r)];

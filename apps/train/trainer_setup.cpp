@@ -90,9 +90,11 @@ void Trainer::set_up() {
                         std::chrono::system_clock::now().time_since_epoch().count());
 
   if (distributed_) {
+    // The options first: their NANODDP_TIMEOUT_S is read here, and a bad value is this rank's
+    // failure before it joins.
+    const comm::DistributedOptions options{.backend = o_.backend, .device = device_};
     joining_ = true;
-    dist_.emplace(comm::init_distributed(
-        world_, comm::DistributedOptions{.backend = o_.backend, .device = device_}));
+    dist_.emplace(comm::init_distributed(world_, options));
     rank_ = dist_->group->rank();
     world_size_ = dist_->group->size();
     check_same_settings();
@@ -101,11 +103,15 @@ void Trainer::set_up() {
   // Each rank reads its own inputs. One that cannot says so to the others, which would wait in
   // the comparison below until their timeout (its files may differ: another node, a wrapper),
   // and every rank stops naming it.
+  // (Under a launcher that stops the other ranks, this rank fails at once instead: the
+  // launcher then names it as the one that failed first.)
   std::string input_problem;
   try {
     read_inputs();
   } catch (const std::exception& e) {
-    if (!distributed_ || comm::is_communication_failure(e)) throw;
+    if (!distributed_ || comm::is_communication_failure(e) || comm::launcher_stops_other_ranks()) {
+      throw;
+    }
     input_problem = e.what();
   }
   if (distributed_) {

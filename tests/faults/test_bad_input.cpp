@@ -225,21 +225,35 @@ TEST_CASE("bad input: a rank that stops before it joins stops the others at once
   bad_lr.insert(bad_lr.end(), {"--lr", "fast"});
   auto bad_save = argv;
   bad_save.insert(bad_save.end(), {"--save", "/proc/params.safetensors"});
-  const std::vector<Case> cases = {{"rank 1 with a bad flag, rank 0 late",
-                                    {late(argv), bad_lr, argv},
-                                    {rank0, rank1, rank2},
-                                    1,
-                                    "its command line was refused"},
-                                   {"rank 0 cannot write --save",
-                                    {bad_save, argv, argv},
-                                    {rank0, rank1, rank2},
-                                    0,
-                                    "the folder of --save '/proc' is not writable"},
-                                   {"RANK outside the world",
-                                    {argv, argv, argv},
-                                    {rank0, {{"RANK", "3"}, {"WORLD_SIZE", "3"}}, rank2},
-                                    1,
-                                    "RANK=3 is outside the world of WORLD_SIZE=3 ranks"}};
+  const std::vector<Case> cases = {
+      {"rank 1 with a bad flag, rank 0 late",
+       {late(argv), bad_lr, argv},
+       {rank0, rank1, rank2},
+       1,
+       "its command line was refused"},
+      {"rank 0 cannot write --save",
+       {bad_save, argv, argv},
+       {rank0, rank1, rank2},
+       0,
+       "the folder of --save '/proc' is not writable"},
+      {"RANK outside the world",
+       {argv, argv, argv},
+       {rank0, {{"RANK", "3"}, {"WORLD_SIZE", "3"}}, rank2},
+       1,
+       "RANK=3 is outside the world of WORLD_SIZE=3 ranks"},
+      // Outside testers' cases from here on.
+      {"rank 1 with a NANODDP_TIMEOUT_S it cannot read",
+       {argv, argv, argv},
+       {rank0, {{"RANK", "1"}, {"WORLD_SIZE", "3"}, {"NANODDP_TIMEOUT_S", "abc"}}, rank2},
+       1,
+       "NANODDP_TIMEOUT_S=abc is not a positive number of seconds"},
+      // Rank 0 served its store for as many ranks as its own
+      // WORLD_SIZE: a third rank was left to time out.
+      {"rank 0 with a bad flag and another WORLD_SIZE",
+       {bad_lr, argv, late(argv)},
+       {{{"RANK", "0"}, {"WORLD_SIZE", "2"}}, rank1, rank2},
+       0,
+       "its command line was refused"}};
   for (const Case& c : cases) {
     CAPTURE(c.what);
     const auto start = Clock::now();
@@ -261,6 +275,45 @@ TEST_CASE("bad input: a rank that stops before it joins stops the others at once
         CHECK_FALSE(contains(results[r].output, "never joined"));
       }
     }
+  }
+}
+
+// An outside tester: a NANODDP_SHM value one rank did not understand stopped that rank, and the
+// others waited their whole timeout for its shared-memory hello, then exited 1.
+TEST_CASE("bad input: a shared-memory switch one rank cannot read stops every rank, naming it") {
+  const auto argv = train_argv({"--steps", "5", "--quiet"});
+  const auto start = Clock::now();
+  const auto results =
+      ranks_by_hand(argv, {{{"RANK", "0"}, {"WORLD_SIZE", "2"}},
+                           {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"NANODDP_SHM", "false"}}});
+  check_all_refused(results, start, "NANODDP_SHM='false' is not understood");
+  CHECK(contains(results[0].output,
+                 "rank 1 stopped setting up shared memory, so every rank stops: NANODDP_SHM"));
+}
+
+// An outside tester: under nanoddp-run, a rank that failed before it joined kept its store up
+// (rank 0) or told the others, which then exited as fast as it did, and the launcher's summary
+// often named an innocent rank as the one that failed first. A launcher that stops the others
+// is left to do so: the culprit exits at once and is named.
+TEST_CASE("bad input: under nanoddp-run the rank that failed before it joined is named first") {
+  TempDir dir;
+  const std::string wrapper = dir.file("wrap.sh");
+  std::ofstream(wrapper) << "#!/bin/sh\nif [ \"$RANK\" = \"$BAD_RANK\" ]; then exec \"$@\" "
+                            "--no-such-flag; fi\nexec \"$@\"\n";
+  fs::permissions(wrapper, fs::perms::owner_all);
+  for (const char* bad : {"0", "1"}) {
+    CAPTURE(bad);
+    std::vector<std::string> argv = {bin_path("nanoddp-run"), "--nproc-per-node", "2", wrapper};
+    const auto train = train_argv({"--steps", "5", "--quiet"});
+    argv.insert(argv.end(), train.begin(), train.end());
+    ProcessOptions o = with_timeout_env({{"BAD_RANK", bad}, {"NANODDP_TIMEOUT_S", "60"}});
+    const ProcessResult r = run_process(argv, o);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, fmt::format("nanoddp-run: rank {} (pid", bad)));
+    CHECK(std::regex_search(r.output,
+                            std::regex(fmt::format("rank {} \\(pid [0-9]+\\) failed first", bad))));
+    CHECK_FALSE(contains(r.output, "stopped before it joined the job"));
   }
 }
 

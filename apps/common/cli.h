@@ -158,8 +158,10 @@ inline std::string plain_words(const std::string& what) {
 
 // Parses argv into `app`. Returns nullopt when the program should go on; otherwise the exit
 // code to return now (0 after --help, 2 after a bad flag or value).
+// `problem`, when given, receives the message of a parse error (nanoddp-train tells the other
+// ranks of it).
 inline std::optional<int> parse(CLI::App& app, int argc, const char* const* argv,
-                                const char* program) {
+                                const char* program, std::string* problem = nullptr) {
   strict_numbers(app);
   try {
     app.parse(argc, argv);
@@ -168,6 +170,7 @@ inline std::optional<int> parse(CLI::App& app, int argc, const char* const* argv
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    if (problem != nullptr) *problem = detail::plain_words(e.what());
     std::cerr << program << ": error: " << detail::plain_words(e.what()) << "\n"
               << "Run '" << program << " --help' for the list of flags.\n";
     return 2;

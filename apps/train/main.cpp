@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include <memory>
+#include <string>
 
 #include "options.h"
 #include "trainer.h"
@@ -21,12 +22,14 @@ int main(int argc, char** argv) {
   // names the op and the peer.
   ::signal(SIGPIPE, SIG_IGN);
   int exit_code = 0;
-  const std::optional<TrainOptions> options = parse_options(argc, argv, exit_code);
+  std::string problem;
+  const std::optional<TrainOptions> options = parse_options(argc, argv, exit_code, &problem);
   if (!options) {
     // A rank with a bad flag: the others are told, or they would wait their whole timeout for it.
     if (exit_code != 0) {
       std::fflush(stderr);
-      nanoddp::comm::tell_peers_setup_failed("its command line was refused (see its output)");
+      nanoddp::comm::tell_peers_setup_failed(
+          problem.empty() ? "its command line was refused (see its output)" : problem);
     }
     return exit_code;
   }

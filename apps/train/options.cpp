@@ -59,7 +59,8 @@ std::string check(const TrainOptions& o) {
 
 }  // namespace
 
-std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code) {
+std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code,
+                                          std::string* parse_problem) {
   TrainOptions o;
   CLI::App app{
       "nanoddp-train: train an MLP regression (MSE loss) or classifier (--task classify,\n"
@@ -205,7 +206,7 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->capture_default_str();
 
-  if (const std::optional<int> code = cli::parse(app, argc, argv, "nanoddp-train")) {
+  if (const std::optional<int> code = cli::parse(app, argc, argv, "nanoddp-train", parse_problem)) {
     exit_code = *code;
     return std::nullopt;
   }
@@ -255,6 +256,7 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code)
   }
   if (!problem.empty()) {
     std::cerr << "nanoddp-train: error: " << problem << "\n";
+    if (parse_problem != nullptr) *parse_problem = problem;
     exit_code = 2;
     return std::nullopt;
   }

@@ -74,6 +74,9 @@ struct TrainOptions {
 
 // Parses argv. On --help prints usage and returns nullopt with exit_code 0; on a bad flag or
 // value prints a message naming the flag and returns nullopt with exit_code 2.
-std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code);
+// nullopt with `exit_code` set (0 after --help, 2 for bad flags, the error printed; `problem`,
+// when given, receives it).
+std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code,
+                                          std::string* problem = nullptr);
 
 }  // namespace nanoddp::train

@@ -1212,7 +1212,7 @@ TEST_CASE("nanoddp-run: signals ignored when it started stay ignored, in it and 
   CHECK((worker_ignores & (std::uint64_t{1} << (SIGPIPE - 1))) == 0);  // the launcher's own
   launcher.send(SIGHUP);
   launcher.send(SIGINT);
-  CHECK_FALSE(launcher.wait(1s).has_value());  // still running
+  CHECK_FALSE(launcher.poll_exit(1s).has_value());  // still running
   launcher.send(SIGTERM);
   const std::optional<int> status = launcher.wait(20s);
   INFO(launcher.output());

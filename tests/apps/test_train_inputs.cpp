@@ -798,7 +798,7 @@ TEST_CASE("inputs: a second job on the same --master-port fails alone, the first
   const std::size_t before = steps_logged(first.output());
   CHECK(first.wait_for_output([&](const std::string& out) { return steps_logged(out) > before; },
                               std::chrono::seconds(120)));
-  CHECK_FALSE(first.wait(std::chrono::milliseconds(0)).has_value());
+  CHECK_FALSE(first.poll_exit(std::chrono::milliseconds(0)).has_value());
   INFO("first: ", first.output());
   first.send(SIGTERM);
   const std::optional<int> status = first.wait(std::chrono::seconds(60));

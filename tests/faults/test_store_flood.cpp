@@ -81,11 +81,12 @@ std::vector<std::string> job(const TempDir& dir, const std::string& name, int po
                                    "2",
                                    "--master-port",
                                    std::to_string(port)};
-  // Checkpoints and metrics: the job keeps opening files while the flood is on.
+  // Checkpoints and metrics: the job keeps opening files while the flood is on. Long enough
+  // (seconds, even on a fast machine) for the flood to fill and be cut back while it runs.
   for (const auto& a :
-       train_argv({"--steps", "6000", "--log-every", "500", "--save",
+       train_argv({"--steps", "30000", "--log-every", "3000", "--save",
                    dir.file(name + ".safetensors"), "--metrics", dir.file(name + ".jsonl"),
-                   "--checkpoint-dir", dir.file(name + "-ckpt"), "--checkpoint-every", "500"})) {
+                   "--checkpoint-dir", dir.file(name + "-ckpt"), "--checkpoint-every", "3000"})) {
     argv.push_back(a);
   }
   return argv;
@@ -146,7 +147,7 @@ TEST_CASE("a flood of idle connections to the store leaves a running job unharme
       flood.push_back(fd);
       ++opened;
     }
-    status = launcher.wait(200ms);
+    status = launcher.poll_exit(200ms);
   }
   for (const int fd : flood) ::close(fd);
   INFO("flood: ", opened, " connections opened, ", closed_by_server, " closed by the store\n",

@@ -71,6 +71,18 @@ class BackgroundProcess {
   // timeout, when the output ends with a snapshot of where the program's threads were. The exit
   // is looked for while reading, so a descendant that keeps the output pipe open cannot hide it.
   std::optional<int> wait(std::chrono::milliseconds timeout) {
+    return wait_for_exit(timeout, true);
+  }
+
+  // As wait(), but still running after the timeout is an expected answer, not a test giving up:
+  // no snapshot (taking one stops the caller for seconds). For loops that poll, and for checks
+  // that the program is still running.
+  std::optional<int> poll_exit(std::chrono::milliseconds timeout) {
+    return wait_for_exit(timeout, false);
+  }
+
+ private:
+  std::optional<int> wait_for_exit(std::chrono::milliseconds timeout, bool snapshot_if_running) {
     using namespace std::chrono_literals;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (!status_) {
@@ -81,7 +93,7 @@ class BackgroundProcess {
       }
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
-        output_.append("\n").append(snapshot_process_group(pid_));
+        if (snapshot_if_running) output_.append("\n").append(snapshot_process_group(pid_));
         return std::nullopt;
       }
       if (!read_some(std::min(deadline, now + 50ms))) usleep(10000);
@@ -93,7 +105,6 @@ class BackgroundProcess {
     return status_;
   }
 
- private:
   // One read (up to the deadline); false at end of file or when the deadline passed.
   bool read_some(std::chrono::steady_clock::time_point deadline) {
     if (fd_ < 0) return false;

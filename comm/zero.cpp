@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <vector>
 
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/trace.h"
@@ -55,6 +57,39 @@ ZeroMemory unsharded_memory(const nn::FlatParameters& params, const nn::Optimize
           .gradient_bytes = bytes(params.grads()),
           .averaged_gradient_bytes = bytes(params.grads()),
           .optimizer_state_bytes = optimizer.state_bytes()};
+}
+
+std::vector<ZeroMemory> gather_memory(const ZeroMemory& mine, ProcessGroup* group, Device device) {
+  if (group == nullptr || group->size() == 1) return {mine};
+  // float32 holds integers up to 2^24 exactly; a count of up to 2^44 bytes splits into two.
+  constexpr std::int64_t kHalf = std::int64_t{1} << 22;
+  const std::array<std::int64_t, 4> counts = {mine.parameter_bytes, mine.gradient_bytes,
+                                              mine.averaged_gradient_bytes,
+                                              mine.optimizer_state_bytes};
+  std::vector<float> packed;
+  for (const std::int64_t c : counts) {
+    NANODDP_CHECK(c >= 0 && c < kHalf * kHalf, "a byte count of {} does not fit the exchange", c);
+    packed.push_back(static_cast<float>(c / kHalf));
+    packed.push_back(static_cast<float>(c % kHalf));
+  }
+  const auto len = static_cast<std::int64_t>(packed.size());
+  const Tensor input = Tensor::from_vector(packed, {len}, device);
+  Tensor output = Tensor::empty({group->size() * len}, device);
+  group->allgather(input, output)->wait();
+  const std::vector<float> all = output.to_vector();
+  std::vector<ZeroMemory> ranks(static_cast<std::size_t>(group->size()));
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const float* at = all.data() + r * packed.size();
+    auto count = [&](int i) {
+      return static_cast<std::int64_t>(at[2 * i]) * kHalf +
+             static_cast<std::int64_t>(at[2 * i + 1]);
+    };
+    ranks[r] = {.parameter_bytes = count(0),
+                .gradient_bytes = count(1),
+                .averaged_gradient_bytes = count(2),
+                .optimizer_state_bytes = count(3)};
+  }
+  return ranks;
 }
 
 Zero::Zero(int stage, nn::FlatParameters& params, nn::Optimizer& optimizer,

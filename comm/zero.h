@@ -78,6 +78,10 @@ struct ZeroMemory {
 };
 // Without ZeRO.
 ZeroMemory unsharded_memory(const nn::FlatParameters& params, const nn::Optimizer& optimizer);
+// Every rank's `mine`, in rank order: one all-gather over `group` (a collective, so every rank
+// calls it at the same point; a null group is a world of one). `device` is where the group's
+// tensors live. Each count travels as two float32 of 22 bits each, so it arrives exact.
+std::vector<ZeroMemory> gather_memory(const ZeroMemory& mine, ProcessGroup* group, Device device);
 
 class Zero {
  public:

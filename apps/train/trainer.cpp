@@ -136,6 +136,11 @@ comm::ZeroMemory Trainer::memory() const {
   return comm::unsharded_memory(*params_, *optimizer_);
 }
 
+void Trainer::gather_memory_per_rank() {
+  memory_per_rank_ = comm::gather_memory(
+      memory(), distributed_ && world_size_ > 1 ? dist_->group.get() : nullptr, device_);
+}
+
 Tensor Trainer::loss_of(const Tensor& output) const {
   return classify() ? cross_entropy(output, y_) : mse_loss(output, y_);
 }
@@ -194,6 +199,7 @@ int Trainer::run_steps() {
     }
     const bool log_now = is_log_step(step);
     if (!log_now) continue;
+    if (step == start_step_ + 1 || step == steps_) gather_memory_per_rank();
     last_loss = world_loss;
     if (!first_loss) first_loss = last_loss;
     if (classify()) {

@@ -90,6 +90,9 @@ class Trainer {
   void optimizer_step();
   // The bytes of parameters, gradients and optimizer state this rank holds (--metrics).
   comm::ZeroMemory memory() const;
+  // Every rank's memory(), exchanged at the first logged step and at the last (every rank takes
+  // part: those steps are logged on every rank); --metrics reports the latest exchange.
+  void gather_memory_per_rank();
   // One optimizer step; returns the loss averaged over the ranks.
   float train_step(std::int64_t step, Window& window);
   // Every rank's loss of a step (index = rank), and whether the averaged gradients were finite:
@@ -185,6 +188,7 @@ class Trainer {
   std::int64_t start_step_ = 0;  // steps already done (resume)
   std::int64_t sampler_epoch_ = -1;
   std::int64_t skipped_steps_ = 0;  // optimizer steps skipped for NaN/Inf (--skip-nonfinite)
+  std::vector<comm::ZeroMemory> memory_per_rank_;  // gather_memory_per_rank(), by rank
   std::string run_id_;              // recorded in checkpoints: see nn::TrainingState::run_id
 
   // The health of the steps since the host last read it, one row each, on the device.

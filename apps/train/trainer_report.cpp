@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/memory_report.h"
 #include "nanoddp/config.h"
 #include "nanoddp/engine/host_sync.h"
 #include "nanoddp/nn/checkpoint.h"
@@ -76,7 +77,7 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, std::option
           w.comm_ms > 0 ? std::clamp(1.0 - w.exposed_comm_ms / w.comm_ms, 0.0, 1.0) : 0.0;
     }
     if (o_.skip_nonfinite) line["skipped_steps"] = skipped_steps_;
-    // What this rank (rank 0) holds (comm::ZeroMemory says what each count is; under --zero 2
+    // What this rank (rank 0) holds now (comm::ZeroMemory says what each count is; under --zero 2
     // gradient_bytes is the most the bucket buffers held at once so far, plus the shard).
     const comm::ZeroMemory memory_held = memory();
     line["zero_stage"] = ddp_ && ddp_->zero() != nullptr ? ddp_->zero()->stage() : 0;
@@ -84,6 +85,9 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, std::option
     line["gradient_bytes"] = memory_held.gradient_bytes;
     line["averaged_gradient_bytes"] = memory_held.averaged_gradient_bytes;
     line["optimizer_state_bytes"] = memory_held.optimizer_state_bytes;
+    // Every rank's, as of the latest exchange (the first logged step, then the last step): the
+    // ranks' shards differ when a bucket does not divide by the world size.
+    line["memory_per_rank"] = common::memory_per_rank_json<nlohmann::json>(memory_per_rank_);
     write_metrics_line(line.dump());
   }
 }

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "common/machine_info.h"
+#include "common/memory_report.h"
 #include "nanoddp/comm/ddp.h"
 #include "nanoddp/comm/init.h"
 #include "nanoddp/comm/rendezvous.h"
@@ -219,6 +220,8 @@ int run_worker(const Options& o) {
 
   const std::vector<RankSteps> ranks =
       gather_steps(mine, dist ? dist->group.get() : nullptr, device);
+  const std::vector<comm::ZeroMemory> memory_per_rank =
+      comm::gather_memory(memory, dist ? dist->group.get() : nullptr, device);
   if (rank != 0) return 0;
 
   const Summary s = summarize(ranks);
@@ -290,6 +293,8 @@ int run_worker(const Options& o) {
       {"gradient_bytes", memory.gradient_bytes},
       {"averaged_gradient_bytes", memory.averaged_gradient_bytes},
       {"optimizer_state_bytes", memory.optimizer_state_bytes},
+      // Every rank's (the last rank's shard is larger when a bucket does not divide by W).
+      {"memory_per_rank", common::memory_per_rank_json<nlohmann::ordered_json>(memory_per_rank)},
       // The slowest rank's figures per measured step, for re-analysis.
       {"samples",
        {{"step_ms", s.per_step.step_ms},

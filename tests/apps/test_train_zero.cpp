@@ -231,6 +231,33 @@ TEST_CASE("zero training: --metrics reports the bytes each rank holds, 1/W of th
     CHECK(lines[z]["parameter_bytes"].get<std::int64_t>() == 4 * numel);
   }
   CHECK(lines[2]["zero_stage"].get<int>() == 2);
+  // Every rank's counts: rank 0's as above, the shards of all ranks add up to the whole (the
+  // last rank holds the buckets' left-over elements: 1037 does not divide by 3).
+  for (int stage : {0, 1, 2}) {
+    CAPTURE(stage);
+    const nlohmann::json& ranks = lines[stage]["memory_per_rank"];
+    REQUIRE(ranks.size() == 3);
+    std::int64_t state = 0, averaged = 0;
+    for (std::size_t r = 0; r < 3; ++r) {
+      CHECK(ranks[r]["rank"].get<std::size_t>() == r);
+      CHECK(ranks[r]["parameter_bytes"].get<std::int64_t>() == 4 * numel);
+      state += ranks[r]["optimizer_state_bytes"].get<std::int64_t>();
+      averaged += ranks[r]["averaged_gradient_bytes"].get<std::int64_t>();
+    }
+    for (const char* key : {"parameter_bytes", "gradient_bytes", "averaged_gradient_bytes",
+                            "optimizer_state_bytes"}) {
+      CHECK(ranks[0][key] == lines[stage][key]);
+    }
+    CHECK(state == (stage == 0 ? 3 : 1) * 8 * numel);
+    CHECK(averaged == (stage == 2 ? 1 : 3) * 4 * numel);
+    const std::int64_t last = numel - 2 * share;  // the last rank's shard
+    CHECK(last > share);
+    if (stage > 0) CHECK(ranks[2]["optimizer_state_bytes"].get<std::int64_t>() == 8 * last);
+    if (stage == 2) {
+      CHECK(ranks[2]["averaged_gradient_bytes"].get<std::int64_t>() == 4 * last);
+      CHECK(ranks[2]["gradient_bytes"].get<std::int64_t>() == 4 * numel + 4 * last);
+    }
+  }
 }
 
 TEST_CASE("zero training: the trace names the reduce-scatters and the parameter all-gather") {

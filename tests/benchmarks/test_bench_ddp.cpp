@@ -107,6 +107,7 @@ void check_record(const json& r, int world, std::int64_t in, std::int64_t hidden
                                             "gradient_bytes",
                                             "averaged_gradient_bytes",
                                             "optimizer_state_bytes",
+                                            "memory_per_rank",
                                             "samples",
                                             "repeats",
                                             "repeat_step_ms_median",
@@ -230,6 +231,17 @@ void check_record(const json& r, int world, std::int64_t in, std::int64_t hidden
     CHECK(r["averaged_gradient_bytes"] == 4 * numel);
     CHECK(r["optimizer_state_bytes"] == 8 * numel);
   }
+  // Every rank's, rank 0's first; the shards of all ranks add up to the whole.
+  const json& ranks = r["memory_per_rank"];
+  REQUIRE(ranks.size() == static_cast<std::size_t>(world));
+  std::int64_t state = 0;
+  for (std::size_t k = 0; k < ranks.size(); ++k) {
+    CHECK(ranks[k]["rank"] == k);
+    CHECK(ranks[k]["parameter_bytes"] == 4 * numel);
+    state += ranks[k]["optimizer_state_bytes"].get<std::int64_t>();
+  }
+  CHECK(ranks[0]["optimizer_state_bytes"] == r["optimizer_state_bytes"]);
+  CHECK(state == (zero == 0 ? world : 1) * 8 * numel);
 }
 
 std::size_t count_rows(const std::string& output) {

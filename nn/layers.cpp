@@ -76,6 +76,11 @@ Mlp::Mlp(const MlpOptions& options) : options_(options) {
 }
 
 std::string Mlp::describe() const {
+  // One Linear(in, out): no hidden width and no activation take part, so none is named (an
+  // --init check would otherwise refuse a file over a setting that changes nothing).
+  if (options_.layers == 0) {
+    return fmt::format("MLP(in={}, out={}, layers=0)", options_.in_features, options_.out_features);
+  }
   return fmt::format("MLP(in={}, out={}, hidden={}, layers={}, activation={})",
                      options_.in_features, options_.out_features, options_.hidden, options_.layers,
                      activation_name(options_.activation));

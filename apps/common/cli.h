@@ -178,6 +178,17 @@ inline std::optional<int> parse(CLI::App& app, int argc, const char* const* argv
   return std::nullopt;
 }
 
+// For a path flag: "" (an unset shell variable in `--metrics $OUT`, say) would otherwise read as
+// "not given" and the output would silently not be written.
+inline CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](std::string& text) {
+        return text.empty() ? std::string("an empty path; give a file name, or leave the flag out")
+                            : std::string();
+      },
+      "");
+}
+
 // For checks after parsing: prints "<program>: error: <problem>" and returns 2.
 inline int usage_error(const char* program, const std::string& problem) {
   std::cerr << program << ": error: " << problem << "\n";

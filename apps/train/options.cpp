@@ -146,8 +146,10 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code,
   app.add_option("--log-every", o.log_every, "print progress every N steps")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
       ->capture_default_str();
-  app.add_option("--metrics", o.metrics_path, "write one JSON line per logged step to FILE");
-  app.add_option("--save", o.save_path, "save the final parameters as a safetensors FILE");
+  app.add_option("--metrics", o.metrics_path, "write one JSON line per logged step to FILE")
+      ->check(cli::non_empty_path());
+  app.add_option("--save", o.save_path, "save the final parameters as a safetensors FILE")
+      ->check(cli::non_empty_path());
   app.add_option("--init", o.init_path,
                  "start from the parameters in a safetensors FILE (as --save writes them, or "
                  "PyTorch's state_dict of the same model); rank 0 reads it and DDP broadcasts it")
@@ -193,7 +195,8 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code,
       ->check(CLI::IsMember({0, 1, 2}))
       ->capture_default_str();
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
-                 "directory of step-N.safetensors checkpoints");
+                 "directory of step-N.safetensors checkpoints")
+      ->check(cli::non_empty_path());
   app.add_option("--checkpoint-every", o.checkpoint_every, "save a checkpoint every N steps")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))
       ->capture_default_str();
@@ -201,7 +204,8 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code,
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   app.add_flag("--resume", o.resume, "continue from the latest checkpoint in --checkpoint-dir");
-  app.add_option("--trace", o.trace_path, "write a Chrome trace (Perfetto) of the first steps");
+  app.add_option("--trace", o.trace_path, "write a Chrome trace (Perfetto) of the first steps")
+      ->check(cli::non_empty_path());
   app.add_option("--trace-steps", o.trace_steps, "steps recorded by --trace")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->capture_default_str();

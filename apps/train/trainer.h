@@ -155,6 +155,10 @@ class Trainer {
   void check_init_model() const;
   // A failed --metrics write: one warning naming the file, then no more metrics lines.
   void write_metrics_line(const std::string& line);
+  // Opens --metrics (rank 0): a new run truncates it; a resumed run first drops the lines of
+  // steps after the checkpoint's (they are trained again) and an incomplete last line, as
+  // TensorBoard's purge_step does, then appends.
+  void open_metrics();
 
   TrainOptions o_;
   comm::WorldInfo world_;

@@ -136,11 +136,15 @@ void Trainer::check_paths_distinct() const {
       }
     }
   }
-  if (!o_.save_path.empty() && !o_.checkpoint_dir.empty() &&
-      canonical(o_.save_path).parent_path() == canonical(o_.checkpoint_dir) &&
-      nn::checkpoint_step_from_name(std::filesystem::path(o_.save_path).filename().string())) {
-    fail("--save '{}' takes the name of a checkpoint in --checkpoint-dir '{}': save elsewhere",
-         o_.save_path, o_.checkpoint_dir);
+  // Nor may any other output (an outside tester's --metrics ckpt/step-000000003.safetensors was
+  // accepted, and the run failed at step 3).
+  for (const Named& output : all) {
+    if (!output.output || output.path->empty() || o_.checkpoint_dir.empty()) continue;
+    if (canonical(*output.path).parent_path() == canonical(o_.checkpoint_dir) &&
+        nn::checkpoint_step_from_name(std::filesystem::path(*output.path).filename().string())) {
+      fail("{} '{}' takes the name of a checkpoint in --checkpoint-dir '{}': write it elsewhere",
+           output.flag, *output.path, o_.checkpoint_dir);
+    }
   }
 }
 
@@ -234,8 +238,9 @@ void Trainer::check_init_model() const {
   // The activation is invisible in the shapes: its own key is compared whenever the file has
   // one, whatever "model" says (an outside tester's file recorded another activation there
   // beside a "model" this run matched, and was accepted).
+  // (With --layers 0 the model is one Linear: no activation takes part.)
   if (const auto act = metadata.find("activation");
-      act != metadata.end() && act->second != o_.activation) {
+      act != metadata.end() && act->second != o_.activation && o_.layers > 0) {
     fail(
         "--init '{}' was saved from another model: its metadata key 'activation' is '{}', this "
         "run's model uses '{}' (--activation). Pass --activation {}, or start from a file of "

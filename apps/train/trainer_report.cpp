@@ -6,11 +6,17 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "common/memory_report.h"
+#include "common/output_files.h"
 #include "nanoddp/config.h"
 #include "nanoddp/engine/host_sync.h"
 #include "nanoddp/nn/checkpoint.h"
@@ -69,13 +75,12 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, std::option
     line["other_ms"] = (w.step_ms - w.forward_ms - w.backward_ms - w.optimizer_ms -
                         (device_.is_cpu() ? w.exposed_comm_ms : 0.0)) /
                        n;
-    if (ddp_) {
-      line["comm_ms"] = w.comm_ms / n;
-      line["exposed_comm_ms"] = w.exposed_comm_ms / n;
-      // Share of the all-reduce time hidden behind the backward pass.
-      line["overlap_fraction"] =
-          w.comm_ms > 0 ? std::clamp(1.0 - w.exposed_comm_ms / w.comm_ms, 0.0, 1.0) : 0.0;
-    }
+    // On every line, 0 without DDP (one process without a launcher): one schema for every run.
+    line["comm_ms"] = w.comm_ms / n;
+    line["exposed_comm_ms"] = w.exposed_comm_ms / n;
+    // Share of the all-reduce time hidden behind the backward pass.
+    line["overlap_fraction"] =
+        w.comm_ms > 0 ? std::clamp(1.0 - w.exposed_comm_ms / w.comm_ms, 0.0, 1.0) : 0.0;
     if (o_.skip_nonfinite) line["skipped_steps"] = skipped_steps_;
     // What this rank (rank 0) holds now (comm::ZeroMemory says what each count is; under --zero 2
     // gradient_bytes is the most the bucket buffers held at once so far, plus the shard).
@@ -90,6 +95,63 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, std::option
     line["memory_per_rank"] = common::memory_per_rank_json<nlohmann::json>(memory_per_rank_);
     write_metrics_line(line.dump());
   }
+}
+
+void Trainer::open_metrics() {
+  if (start_step_ > 0) {
+    // The run that stopped logged steps after its newest checkpoint, and may have stopped in
+    // the middle of a line: kept, a reader would find those steps twice (with the abandoned
+    // trajectory's values first) and one line that is not JSON, with the next glued to it.
+    std::ifstream in(o_.metrics_path, std::ios::binary);
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    std::string kept;
+    std::int64_t dropped = 0;
+    bool incomplete = false;
+    for (std::size_t at = 0; at < text.size();) {
+      const std::size_t end = text.find('\n', at);
+      if (end == std::string::npos) {  // the writer stopped mid-line
+        incomplete = true;
+        break;
+      }
+      const std::string line = text.substr(at, end - at);
+      at = end + 1;
+      const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+      if (record.is_object() && record.contains("step") && record["step"].is_number_integer() &&
+          record["step"].get<std::int64_t>() > start_step_) {
+        ++dropped;
+        continue;
+      }
+      kept += line + "\n";  // anything else (not ours, not JSON) is left as it was
+    }
+    if (dropped > 0 || incomplete) {
+      // Rewritten whole, then renamed over it (through a symlink, over its target): a crash
+      // now leaves the old file or the new one, never half of either.
+      const std::filesystem::path target = common::resolved_path(o_.metrics_path);
+      const std::string tmp = fmt::format("{}.resume-tmp.{}", target.string(), ::getpid());
+      {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out << kept;
+        out.close();
+        if (!out)
+          fail("cannot write '{}' (rewriting --metrics '{}' to resume)", tmp, o_.metrics_path);
+      }
+      std::error_code ec;
+      std::filesystem::rename(tmp, target, ec);
+      if (ec) {
+        std::filesystem::remove(tmp, ec);
+        fail("cannot replace --metrics '{}' to resume: {}", o_.metrics_path, ec.message());
+      }
+      fmt::print(stderr,
+                 "nanoddp-train: --metrics '{}': resuming at step {}; dropped {} line(s) of later "
+                 "steps (they are trained again){}\n",
+                 o_.metrics_path, start_step_, dropped,
+                 incomplete ? " and an incomplete last line" : "");
+      std::fflush(stderr);
+    }
+  }
+  // A resumed run continues the earlier run's metrics instead of erasing them.
+  metrics_.open(o_.metrics_path, start_step_ > 0 ? std::ios::app : std::ios::trunc);
+  if (!metrics_) fail("cannot open --metrics file '{}' for writing", o_.metrics_path);
 }
 
 void Trainer::write_metrics_line(const std::string& line) {

@@ -241,11 +241,7 @@ void Trainer::set_up() {
     }
   }
   if (!o_.trace_path.empty()) tracer_ = std::make_unique<Tracer>(rank_);
-  if (!o_.metrics_path.empty() && is_main()) {
-    // A resumed run continues the earlier run's metrics instead of erasing them.
-    metrics_.open(o_.metrics_path, start_step_ > 0 ? std::ios::app : std::ios::trunc);
-    if (!metrics_) fail("cannot open --metrics file '{}' for writing", o_.metrics_path);
-  }
+  if (!o_.metrics_path.empty() && is_main()) open_metrics();
 }
 
 // Every rank must train with the same settings: a rank with another batch size or bucket cap

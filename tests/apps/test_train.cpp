@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -310,6 +312,88 @@ TEST_CASE("nanoddp-train --resume continues the metrics file and the skipped-ste
   CHECK(lines[5].at("step") == 6);
   CHECK(lines[5].at("skipped_steps") == 2);  // 1 before the restart, 1 after
   CHECK(resumed.find("2 step(s) skipped") != std::string::npos);
+}
+
+TEST_CASE("nanoddp-train --metrics: one process without a launcher writes every field") {
+  // An outside tester: its lines lacked comm_ms, exposed_comm_ms and overlap_fraction, which
+  // the README lists for every line (under nanoddp-run --nproc-per-node 1 they were there, 0).
+  TempDir dir;
+  const std::string metrics = dir.file("m.jsonl");
+  const ProcessResult r = train({"--in", "8", "--out", "4", "--hidden", "16", "--steps", "2",
+                                 "--log-every", "1", "--quiet", "--metrics", metrics});
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const auto lines = read_json_lines(metrics);
+  REQUIRE(lines.size() == 2);
+  for (const auto& line : lines) {
+    CAPTURE(line.dump());
+    CHECK(line.at("comm_ms") == 0.0);
+    CHECK(line.at("exposed_comm_ms") == 0.0);
+    CHECK(line.at("overlap_fraction") == 0.0);
+    CHECK(line.at("world_size") == 1);
+    REQUIRE(line.at("memory_per_rank").size() == 1);
+    CHECK(line.at("memory_per_rank")[0].at("parameter_bytes") == line.at("parameter_bytes"));
+  }
+}
+
+TEST_CASE("nanoddp-train --resume drops the metrics of steps it trains again, and a cut line") {
+  // An outside tester: a run that logged past its newest checkpoint and then stopped mid-line
+  // left those steps twice in the file (the abandoned values first) and the cut line glued to
+  // the resumed run's first one, which was then not JSON.
+  TempDir dir;
+  const std::string metrics = dir.file("m.jsonl");
+  const auto args = [&](const char* steps) {
+    return std::vector<std::string>{"--in",
+                                    "8",
+                                    "--out",
+                                    "4",
+                                    "--hidden",
+                                    "16",
+                                    "--log-every",
+                                    "1",
+                                    "--quiet",
+                                    "--checkpoint-dir",
+                                    dir.file("ck"),
+                                    "--checkpoint-every",
+                                    "4",
+                                    "--metrics",
+                                    metrics,
+                                    "--steps",
+                                    steps};
+  };
+  const ProcessResult first = train(args("6"));  // checkpoint at step 4, lines for steps 1-6
+  REQUIRE_MESSAGE(first.exit_code == 0, first.output);
+  // A line of someone else's kept as it was, then the writer stopping in step 6's line.
+  std::string text;
+  {
+    std::ifstream in(metrics);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  REQUIRE(!text.empty());
+  text.insert(0, "# a note of the user's\n");
+  text.resize(text.size() - 20);
+  {
+    std::ofstream out(metrics, std::ios::trunc);
+    out << text;
+  }
+  std::vector<std::string> resume = args("8");
+  resume.push_back("--resume");
+  const ProcessResult second = train(resume);
+  REQUIRE_MESSAGE(second.exit_code == 0, second.output);
+  CHECK(second.output.find("resuming at step 4; dropped 1 line(s) of later steps (they are "
+                           "trained again) and an incomplete last line") != std::string::npos);
+  std::ifstream in(metrics);
+  std::string line;
+  REQUIRE(std::getline(in, line));
+  CHECK(line == "# a note of the user's");
+  std::vector<std::int64_t> steps;
+  while (std::getline(in, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line);  // every line is JSON again
+    steps.push_back(record.at("step").get<std::int64_t>());
+  }
+  CHECK(steps == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8});
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    CHECK(entry.path().filename().string().find("resume-tmp") == std::string::npos);
+  }
 }
 
 TEST_CASE(

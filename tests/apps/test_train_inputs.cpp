@@ -435,6 +435,31 @@ TEST_CASE("inputs: --init compares the file's activation key whatever its model 
   }
 }
 
+TEST_CASE("inputs: with --layers 0 neither --hidden nor --activation takes part, nor is checked") {
+  // An outside tester: a one-Linear model saved at the default --hidden was refused as --init
+  // of the same model with another --hidden (or --activation), neither of which changes it; its
+  // description named a hidden width the model does not have.
+  TempDir dir;
+  const std::string saved = dir.file("linear.safetensors");
+  const ProcessResult save =
+      train({"--in", "5", "--out", "3", "--layers", "0", "--steps", "1", "--save", saved});
+  REQUIRE_MESSAGE(save.exit_code == 0, save.output);
+  CHECK(contains(save.output, "MLP(in=5, out=3, layers=0)"));
+  for (const std::vector<std::string>& other :
+       {std::vector<std::string>{"--hidden", "64"}, {"--activation", "gelu"}}) {
+    std::vector<std::string> args = {"--in",    "5", "--out",   "3",      "--layers", "0",
+                                     "--steps", "1", "--quiet", "--init", saved};
+    args.insert(args.end(), other.begin(), other.end());
+    const ProcessResult r = train(args);
+    CHECK_MESSAGE(r.exit_code == 0, r.output);
+  }
+  // With hidden layers the activation still matters.
+  const ProcessResult hidden =
+      train({"--in", "5", "--out", "3", "--layers", "1", "--steps", "1", "--init", saved});
+  CHECK(hidden.exit_code == 2);
+  CHECK(contains(hidden.output, "--init '" + saved + "' was saved from another model"));
+}
+
 TEST_CASE("inputs: ranks whose --data, --resume or --init name different files stop at start") {
   // The same relative paths under two working directories: other contents on each rank, as the
   // same path may have on two machines. Start-up compared the path strings only.
@@ -668,6 +693,19 @@ TEST_CASE(
       {{"--checkpoint-dir", dir.file("ck"), "--checkpoint-every", "5", "--save",
         dir.file("ck/step-000000010.safetensors")},
        "takes the name of a checkpoint"},
+      // A second outside tester: --metrics (and --trace) on a checkpoint's name were accepted,
+      // and the run failed at that checkpoint; an empty path was read as "not given".
+      {{"--checkpoint-dir", dir.file("ck"), "--checkpoint-every", "5", "--metrics",
+        dir.file("ck/step-000000005.safetensors")},
+       "--metrics '" + dir.file("ck/step-000000005.safetensors") +
+           "' takes the name of a checkpoint"},
+      {{"--checkpoint-dir", dir.file("ck"), "--checkpoint-every", "5", "--trace",
+        dir.file("ck/step-000000010.safetensors")},
+       "takes the name of a checkpoint"},
+      {{"--metrics", ""}, "--metrics: an empty path; give a file name, or leave the flag out"},
+      {{"--save", ""}, "--save: an empty path"},
+      {{"--trace", ""}, "--trace: an empty path"},
+      {{"--checkpoint-dir", "", "--checkpoint-every", "5"}, "--checkpoint-dir: an empty path"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = c.args;

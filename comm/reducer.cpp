@@ -461,7 +461,7 @@ std::shared_ptr<Work> Reducer::average(Tensor& tensor) {
   // A world of one: the average of one rank's gradients is those gradients. No collective, so
   // DDP over one rank costs what no DDP costs (the comm hook's rounding still applies: the
   // gradients are what a larger world would have reduced). PyTorch still runs the all-reduce.
-  if (group_->size() == 1) return completed_work("allreduce (a world of one)");
+  if (skips_collectives()) return completed_work("allreduce (a world of one)");
   return group_->allreduce(tensor, ReduceOp::kAvg);
 }
 
@@ -558,7 +558,7 @@ void Reducer::mark_unused_ready(std::size_t i) {
 
 void Reducer::launch_used_map(const std::vector<float>& used) {
   used_map_ = Tensor::from_vector(used, {static_cast<std::int64_t>(used.size())}, params_.device());
-  used_work_ = group_->size() == 1 ? completed_work("allreduce (a world of one)")
+  used_work_ = skips_collectives() ? completed_work("allreduce (a world of one)")
                                    : group_->allreduce(used_map_, ReduceOp::kSum);
 }
 

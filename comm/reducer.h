@@ -86,6 +86,10 @@ struct ReducerOptions {
   // rank 0's order. Not with find_unused_parameters, whose order may change from step to step
   // (PyTorch's rule too). Off: the buckets stay in reverse registration order.
   bool rebuild_buckets = true;
+  // A world of one issues no collective: the average of one rank's gradients is its gradients.
+  // On: it issues every one anyway (averaging over one rank, the same result), so that one GPU
+  // exercises the communication stream and its events (the GPU tests; PyTorch always does).
+  bool collectives_in_world_of_one = false;
 };
 
 struct Bucket {
@@ -184,6 +188,9 @@ class Reducer {
   void launch_ready_buckets();                    // in index order (PyTorch: mark_bucket_ready)
   void all_reduce_bucket(std::size_t bucket);     // applies the comm hook's collective
   std::shared_ptr<Work> average(Tensor& tensor);  // its all-reduce (none in a world of one)
+  bool skips_collectives() const {
+    return group_->size() == 1 && !options_.collectives_in_world_of_one;
+  }
   void finalize_backward();                       // the end-of-backward callback
   void launch_rest();                             // finalize: what backward did not launch
   std::exception_ptr wait_for_buckets();          // finalize: in order, each handed on

@@ -343,8 +343,11 @@ else
 fi
 
 # ---- 6. the GEMM benchmark, then the DDP path on the GPU: training (hand GEMM and cuBLAS), the
-# NCCL all-reduce through the launcher, the DDP benchmark. One GPU: a world of one, which still
-# runs every NCCL call, the communication stream and its events, and the watchdog.
+# NCCL all-reduce through the launcher, the DDP benchmark. One GPU: a world of one. Its DDP step
+# issues no collective (the average over one rank is the gradient itself), so these steps check
+# training on the GPU under the launcher; the Reducer's NCCL path (the communication stream and
+# its events) is run by ctest above (tests/comm/test_ddp_gpu.cpp asks a world of one to issue
+# its collectives), and NCCL itself by nanoddp-bench-allreduce.
 extra_fail=0
 gpu_step() {  # step cap_seconds log_file executable [args...]
   local step=$1 cap=$2 log=$3 t0=$SECONDS rc

@@ -179,12 +179,19 @@ class NcclProcessGroup final : public ProcessGroup {
 
     // 3. The communication stream (high priority: NCCL's kernels are scheduled ahead of queued
     // compute kernels) and a one-element buffer for barrier().
-    comm_stream_ = Stream::create(device_, StreamPriority::kHigh);
-    // The ops' GPU event times (Work::timing()) map onto the host clock through this anchor.
-    anchor_ = std::make_shared<const ClockAnchor>(comm_stream_);
-    barrier_buffer_ = Tensor::zeros({1}, device_);
-
-    watchdog_ = std::thread([this] { watchdog_loop(); });
+    // A throw from here on leaves the constructor without the destructor: the communicator is
+    // aborted here, or it would leak and the peers would wait out their timeout.
+    try {
+      comm_stream_ = Stream::create(device_, StreamPriority::kHigh);
+      // The ops' GPU event times (Work::timing()) map onto the host clock through this anchor.
+      anchor_ = std::make_shared<const ClockAnchor>(comm_stream_);
+      barrier_buffer_ = Tensor::zeros({1}, device_);
+      watchdog_ = std::thread([this] { watchdog_loop(); });
+    } catch (...) {
+      (void)ncclCommAbort(comm_);
+      comm_ = nullptr;
+      throw;
+    }
     int nccl_version = 0;
     (void)ncclGetVersion(&nccl_version);
     debug_log(DebugLevel::kInfo, "nccl communicator ready: rank {} of {} on cuda:{} (NCCL {})",

@@ -63,6 +63,9 @@ class CudaBackend final : public Backend {
             const float* a, const float* b, float beta, float* c) override {
     const Guard guard = enter("gemm");
     if (gemm_backend_ == GemmBackend::kCublas) {
+      // A cuBLAS handle is not safe for concurrent calls (gemm_cublas sets its pointer mode),
+      // and nothing stops two host threads from computing on one device.
+      const std::lock_guard lock(cublas_mutex_);
       kc::gemm_cublas(cublas_, ta, tb, m, n, k, alpha, a, b, beta, c);
     } else {
       kc::gemm(ta, tb, m, n, k, alpha, a, b, beta, c, native_);
@@ -273,6 +276,7 @@ class CudaBackend final : public Backend {
   Stream stream_;
   cudaStream_t native_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  std::mutex cublas_mutex_;  // one call at a time on cublas_
   GemmBackend gemm_backend_ = GemmBackend::kHand;
 };
 

@@ -66,14 +66,23 @@ Stream Stream::create(Device device, StreamPriority priority) {
   cudaStream_t stream = nullptr;
   NANODDP_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, value));
   const int index = device.index;
-  return Stream(device, std::shared_ptr<void>(stream, [index](void* handle) {
-                  // Deleters must not throw. cudaStreamDestroy returns at once and the driver
-                  // frees the stream after its pending work completes.
-                  detail::CudaDeviceGuard destroy_guard(index);
-                  if (cudaStreamDestroy(static_cast<cudaStream_t>(handle)) != cudaSuccess) {
-                    (void)cudaGetLastError();
-                  }
-                }));
+  return Stream(
+      device, std::shared_ptr<void>(stream, [index](void* handle) {
+        // Deleters must not throw (CudaDeviceGuard does, on a broken context, which
+        // would end the program in std::terminate and hide the error being reported):
+        // every return code here is read and dropped. cudaStreamDestroy returns at
+        // once and the driver frees the stream after its pending work completes.
+        int previous = -1;
+        if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+        if (previous != index) (void)cudaSetDevice(index);
+        if (cudaStreamDestroy(static_cast<cudaStream_t>(handle)) != cudaSuccess) {
+          (void)cudaGetLastError();
+        }
+        // As CudaDeviceGuard: never open a context on the device restored.
+        if (previous >= 0 && previous != index && detail::cuda_primary_context_active(previous)) {
+          (void)cudaSetDevice(previous);
+        }
+      }));
 }
 
 void Stream::synchronize() const {

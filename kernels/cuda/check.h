@@ -29,8 +29,17 @@ const char* cublas_status_name(cublasStatus_t status);
       ::nanoddp::kernels::cuda::throw_cuda_error(#call, nanoddp_err_, __FILE__, __LINE__); \
   } while (0)
 
-// After a kernel launch: launch-configuration errors are reported by cudaGetLastError.
-#define NANODDP_CUDA_CHECK_LAUNCH() NANODDP_CUDA_CHECK(cudaGetLastError())
+// After a kernel launch: launch-configuration errors are reported by cudaGetLastError. A
+// cudaErrorNotReady left there by a query elsewhere on this thread (a library polling an event
+// or stream, as NCCL's enqueue may) is an answer, not this launch's error: skipped, as PyTorch
+// clears it after its own queries.
+#define NANODDP_CUDA_CHECK_LAUNCH()                                                          \
+  do {                                                                                       \
+    const cudaError_t nanoddp_err_ = cudaGetLastError();                                     \
+    if (nanoddp_err_ != cudaSuccess && nanoddp_err_ != cudaErrorNotReady)                    \
+      ::nanoddp::kernels::cuda::throw_cuda_error("cudaGetLastError() after a kernel launch", \
+                                                 nanoddp_err_, __FILE__, __LINE__);          \
+  } while (0)
 
 #define NANODDP_CUBLAS_CHECK(call)                                                              \
   do {                                                                                          \

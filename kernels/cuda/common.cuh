@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "nanoddp/kernels/cuda/check.h"
 
@@ -24,6 +25,17 @@ inline unsigned grid_for(std::int64_t n, int threads = kThreads) {
   constexpr std::int64_t kMaxBlocks = 132 * 8 * 4;
   const std::int64_t blocks = (n + threads - 1) / threads;
   return static_cast<unsigned>(std::clamp<std::int64_t>(blocks, 1, kMaxBlocks));
+}
+
+// A grid of one block per row (or column): gridDim.x holds at most 2^31 - 1. Beyond that the
+// cast would wrap and leave rows uncomputed, silently: refused instead (32 GiB of rows of two
+// floats would reach it).
+inline unsigned grid_of_rows(std::int64_t rows, const char* kernel) {
+  if (rows > 0x7fffffff) {
+    throw ::nanoddp::CudaError(std::string(kernel) + ": " + std::to_string(rows) +
+                               " rows exceed the 2^31 - 1 blocks of a CUDA grid; split the tensor");
+  }
+  return static_cast<unsigned>(rows);
 }
 
 // The loop itself: i visits blockIdx.x * blockDim.x + threadIdx.x, then jumps by the grid size.

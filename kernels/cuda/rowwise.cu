@@ -214,7 +214,7 @@ __global__ void layer_norm_param_backward_kernel(
 }
 
 unsigned rows_grid(std::int64_t rows) {
-  return static_cast<unsigned>(rows);
+  return detail::grid_of_rows(rows, "row-wise kernel");
 }
 
 }  // namespace

@@ -105,8 +105,8 @@ __global__ void transpose_kernel(const float* __restrict__ x, std::int64_t rows,
 void sum_to(const float* x, std::int64_t outer, std::int64_t mid, std::int64_t inner, float beta,
             float* out, cudaStream_t stream) {
   if (mid <= 0) return;
-  sum_to_kernel<<<static_cast<unsigned>(mid), detail::kThreads, 0, stream>>>(x, outer, mid, inner,
-                                                                             beta, out);
+  sum_to_kernel<<<detail::grid_of_rows(mid, "sum_to"), detail::kThreads, 0, stream>>>(
+      x, outer, mid, inner, beta, out);
   NANODDP_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,7 +1,8 @@
 // DistributedDataParallel on a GPU with NCCL, world of one: the Reducer's CUDA path (buckets
 // reduced on the communication stream, the compute stream waiting on their events) must leave
-// exactly the gradients a plain backward leaves, and training must work. Runs only where a GPU
-// is (gpu_main.cpp skips with 77).
+// exactly the gradients a plain backward leaves, and training must work. A world of one issues
+// no collective unless asked (ReducerOptions::collectives_in_world_of_one): asked here, so that
+// one GPU runs that path. Runs only where a GPU is (gpu_main.cpp skips with 77).
 
 #include "nanoddp/config.h"
 
@@ -43,8 +44,12 @@ struct NcclDdpAndPlainTwin {
   nn::FlatParameters params{model, gpu};
   nn::FlatParameters ref_params{reference, gpu};
   comm::DistributedDataParallel ddp{
-      model, params, dist.group, dist.store,
-      {.reducer = {.bucket_cap_mb = 0.01, .first_bucket_mb = 0.005}}};
+      model,
+      params,
+      dist.group,
+      dist.store,
+      {.reducer = {
+           .bucket_cap_mb = 0.01, .first_bucket_mb = 0.005, .collectives_in_world_of_one = true}}};
 };
 
 }  // namespace
@@ -93,8 +98,9 @@ TEST_CASE(
   nn::FlatParameters params(model, gpu);
   // Overlap off: every bucket is reduced after backward, so the compute stream must stall for
   // all of it, while the host returns from backward() without waiting.
-  comm::DistributedDataParallel ddp(model, params, dist.group, dist.store,
-                                    {.reducer = {.bucket_cap_mb = 1, .overlap = false}});
+  comm::DistributedDataParallel ddp(
+      model, params, dist.group, dist.store,
+      {.reducer = {.bucket_cap_mb = 1, .overlap = false, .collectives_in_world_of_one = true}});
   nn::SGD sgd(params, {.lr = 0.01f});
   // A batch large enough that the GPU runs behind the host: the host has enqueued the step
   // (backward, the all-reduces, the waits) long before the GPU gets to the waits, so the stall

@@ -135,20 +135,32 @@ TEST_CASE("gloo: CUDA tensors are refused with a pointer to NCCL") {
 
 // The child of the kernel-fault test below (gpu_main.cpp runs it when NANODDP_GPU_TEST_CHILD is
 // "kernel-fault"): a GEMM that stores through a bad pointer, then an all-reduce that waits for
-// it on the communication stream. The GEMM computes for milliseconds before its stores fault,
-// so the all-reduce is in flight when the device's context dies; the main thread then makes no
-// CUDA call, leaving the watchdog to notice.
+// it on the communication stream; the main thread then makes no CUDA call, leaving the
+// watchdog to notice. The faulting GEMM's first blocks store within a millisecond, while the
+// all-reduce's issue (events, NCCL's lazy kernel loading) may take longer: so valid GEMMs are
+// queued first (a hundred milliseconds and more of them), and the fault comes after the issue
+// has returned. A host-side detection during the issue is printed, not left to std::terminate.
 int nccl_kernel_fault_child() {
   NcclWorldOfOne world;
   const std::int64_t n = 4096;
   Tensor a = Tensor::zeros({n, n}, Device::cuda(0)), b = Tensor::zeros({n, n}, Device::cuda(0));
+  Tensor ok = Tensor::zeros({n, n}, Device::cuda(0));
   Tensor grads = Tensor::zeros({1024}, Device::cuda(0));
   nanoddp::Stream::compute(Device::cuda(0)).synchronize();
+  auto& backend = nanoddp::backend_for(Device::cuda(0));
+  for (int i = 0; i < 20; ++i) {
+    backend.gemm(nanoddp::Transpose::kNo, nanoddp::Transpose::kNo, n, n, n, 1.0f, a.data(),
+                 b.data(), 0.0f, ok.data());
+  }
   auto* bad_c = reinterpret_cast<float*>(std::uintptr_t{16});  // no device memory there
-  nanoddp::backend_for(Device::cuda(0))
-      .gemm(nanoddp::Transpose::kNo, nanoddp::Transpose::kNo, n, n, n, 1.0f, a.data(), b.data(),
-            0.0f, bad_c);
-  world.pg->allreduce(grads, ReduceOp::kSum);
+  backend.gemm(nanoddp::Transpose::kNo, nanoddp::Transpose::kNo, n, n, n, 1.0f, a.data(), b.data(),
+               0.0f, bad_c);
+  try {
+    world.pg->allreduce(grads, ReduceOp::kSum);
+  } catch (const std::exception& e) {
+    std::printf("the all-reduce's issue threw (the fault came too early): %s\n", e.what());
+    return 4;
+  }
   std::this_thread::sleep_for(std::chrono::seconds(60));  // the watchdog ends the process first
   std::printf("the watchdog did not end the process\n");
   return 1;

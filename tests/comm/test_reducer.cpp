@@ -146,6 +146,20 @@ TEST_CASE_FIXTURE(DdpAndPlainTwin, "reducer: a world of one issues no collective
     rounded |= got[i] != plain[i];
   }
   CHECK(rounded);
+  // Asked to (the GPU tests, so that one GPU runs the communication stream): every bucket's
+  // all-reduce and the used-parameter count are issued, and the gradients are still the plain
+  // ones (an average over one rank).
+  ddp.reconfigure({.bucket_cap_mb = 0.0005,
+                   .first_bucket_mb = 0.0001,
+                   .find_unused_parameters = true,
+                   .collectives_in_world_of_one = true});
+  const std::uint64_t before_forced = dist.group->fingerprint().ops;
+  params.zero_grad();
+  ref_params.zero_grad();
+  mse_loss(ddp(x), y).backward();
+  mse_loss(reference(x), y).backward();
+  CHECK(dist.group->fingerprint().ops >= before_forced + ddp.reducer().buckets().size() + 1);
+  CHECK(params.grads().to_vector() == ref_params.grads().to_vector());
 }
 
 TEST_CASE("reducer: after a backward pass that threw half-way, the next one works") {

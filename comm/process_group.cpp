@@ -93,4 +93,13 @@ std::shared_ptr<Work> completed_work(std::string op_name) {
   return std::make_shared<CompletedWork>(std::move(op_name));
 }
 
+std::vector<float> allgather_values(const std::vector<float>& mine, ProcessGroup& group,
+                                    Device device) {
+  const auto len = static_cast<std::int64_t>(mine.size());
+  const Tensor input = Tensor::from_vector(mine, {len}, device);
+  Tensor output = Tensor::empty({group.size() * len}, device);
+  group.allgather(input, output)->wait();
+  return output.to_vector();
+}
+
 }  // namespace nanoddp::comm

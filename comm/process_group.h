@@ -147,6 +147,12 @@ class ProcessGroup {
   std::array<OpRecord, kRecentOps> recent_{};  // a ring: op n at n % kRecentOps
 };
 
+// Every rank's `mine` (the same length on every rank), rank after rank: an all-gather of a few
+// host values, staged through a tensor on `device` (NCCL gathers device tensors, Gloo host
+// ones). For reports (every rank's step times, its memory), not for the training path.
+std::vector<float> allgather_values(const std::vector<float>& mine, ProcessGroup& group,
+                                    Device device);
+
 // Gloo over TCP (CPU tensors). Connects all pairs through `store`; throws on timeout.
 std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<Store> store, int rank,
                                                       int size, const ProcessGroupOptions& options);

@@ -72,11 +72,7 @@ std::vector<ZeroMemory> gather_memory(const ZeroMemory& mine, ProcessGroup* grou
     packed.push_back(static_cast<float>(c / kHalf));
     packed.push_back(static_cast<float>(c % kHalf));
   }
-  const auto len = static_cast<std::int64_t>(packed.size());
-  const Tensor input = Tensor::from_vector(packed, {len}, device);
-  Tensor output = Tensor::empty({group->size() * len}, device);
-  group->allgather(input, output)->wait();
-  const std::vector<float> all = output.to_vector();
+  const std::vector<float> all = allgather_values(packed, *group, device);
   std::vector<ZeroMemory> ranks(static_cast<std::size_t>(group->size()));
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     const float* at = all.data() + r * packed.size();

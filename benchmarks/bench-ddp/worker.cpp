@@ -54,12 +54,7 @@ std::vector<RankSteps> gather_steps(const RankSteps& mine, comm::ProcessGroup* g
   for (const auto* series : {&mine.step_ms, &mine.compute_ms, &mine.comm_ms, &mine.exposed_ms}) {
     for (const double v : *series) packed.push_back(static_cast<float>(v));
   }
-  // NCCL gathers device tensors, Gloo host ones: the tensor lives where the group reduces.
-  const auto len = static_cast<std::int64_t>(packed.size());
-  Tensor input = Tensor::from_vector(packed, {len}, device);
-  Tensor output = Tensor::empty({group->size() * len}, device);
-  group->allgather(input, output)->wait();
-  const std::vector<float> all = output.to_vector();
+  const std::vector<float> all = comm::allgather_values(packed, *group, device);
   std::vector<RankSteps> ranks(static_cast<std::size_t>(group->size()));
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     const float* base = all.data() + r * packed.size();

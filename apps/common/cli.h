@@ -180,13 +180,11 @@ inline std::optional<int> parse(CLI::App& app, int argc, const char* const* argv
 
 // For a path flag: "" (an unset shell variable in `--metrics $OUT`, say) would otherwise read as
 // "not given" and the output would silently not be written.
-inline CLI::Validator non_empty_path() {
+inline CLI::Validator non_empty_path(const char* what = "a file name") {
+  const std::string problem =
+      std::string("an empty path; give ") + what + ", or leave the flag out";
   return CLI::Validator(
-      [](std::string& text) {
-        return text.empty() ? std::string("an empty path; give a file name, or leave the flag out")
-                            : std::string();
-      },
-      "");
+      [problem](std::string& text) { return text.empty() ? problem : std::string(); }, "");
 }
 
 // For checks after parsing: prints "<program>: error: <problem>" and returns 2.

@@ -5,8 +5,12 @@
 //
 // Header-only, like cli.h: a dependency of the executables only.
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <string>
 
@@ -42,6 +46,52 @@ inline bool same_file(const std::string& a, const std::string& b) {
     return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
   }
   return resolved_path(a) == resolved_path(b);
+}
+
+// An exclusive advisory lock (flock) on a file, held while the object lives: two runs that
+// write one file (a --metrics shared by mistake) would otherwise interleave or replace each
+// other's lines without a word. Empty when the file could not be opened or was locked already.
+class FileLock {
+ public:
+  FileLock() = default;
+  explicit FileLock(int fd) : fd_(fd) {}
+  FileLock(FileLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  FileLock& operator=(FileLock&& other) noexcept {
+    if (this != &other) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = other.fd_;
+      other.fd_ = -1;
+    }
+    return *this;
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  ~FileLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the lock
+  }
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+// Locks the regular file `path` (never a device or FIFO: O_NONBLOCK and the check). `busy` is set
+// when another process holds the lock.
+inline FileLock lock_file(const std::string& path, bool* busy = nullptr) {
+  if (busy != nullptr) *busy = false;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return {};
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    return {};
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (busy != nullptr) *busy = errno == EWOULDBLOCK;
+    ::close(fd);
+    return {};
+  }
+  return FileLock(fd);
 }
 
 }  // namespace nanoddp::common

@@ -138,10 +138,12 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code,
   app.add_flag("!--no-shuffle", o.shuffle,
                "visit samples in order instead of reshuffling per epoch");
   app.add_option("--data", o.data_path, "inputs: a 2-D float32/float64 .npy file (N x in)")
+      ->check(cli::non_empty_path())
       ->check(CLI::ExistingFile);
   app.add_option("--targets", o.targets_path,
                  "targets: a 2-D .npy file (N x out); --task classify: a 1-D int64/int32 .npy of "
                  "class indices in [0, K)")
+      ->check(cli::non_empty_path())
       ->check(CLI::ExistingFile);
   app.add_option("--log-every", o.log_every, "print progress every N steps")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
@@ -153,6 +155,7 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code,
   app.add_option("--init", o.init_path,
                  "start from the parameters in a safetensors FILE (as --save writes them, or "
                  "PyTorch's state_dict of the same model); rank 0 reads it and DDP broadcasts it")
+      ->check(cli::non_empty_path())
       ->check(CLI::ExistingFile);
   app.add_option("--threads", o.threads, "Eigen GEMM threads (CPU)")
       ->check(CLI::Range(1, 1024))
@@ -196,7 +199,7 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code,
       ->capture_default_str();
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "directory of step-N.safetensors checkpoints")
-      ->check(cli::non_empty_path());
+      ->check(cli::non_empty_path("a folder name"));
   app.add_option("--checkpoint-every", o.checkpoint_every, "save a checkpoint every N steps")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))
       ->capture_default_str();

@@ -2,10 +2,12 @@
 // The training loop of nanoddp-train, on one process or as one rank of a DDP job.
 
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
 
+#include "common/output_files.h"
 #include "nanoddp/comm/ddp.h"
 #include "nanoddp/comm/init.h"
 #include "nanoddp/comm/rendezvous.h"
@@ -159,6 +161,9 @@ class Trainer {
   // steps after the checkpoint's (they are trained again) and an incomplete last line, as
   // TensorBoard's purge_step does, then appends.
   void open_metrics();
+  // A resumed run's purge of the lines it trains again from the regular file `target`; returns
+  // whether the file still ends without a newline (the caller appends one).
+  bool purge_metrics(const std::filesystem::path& target);
 
   TrainOptions o_;
   comm::WorldInfo world_;
@@ -185,6 +190,7 @@ class Trainer {
   std::int64_t prefetched_ = -1;  // the global micro-batch in flight, -1 for none
   std::int64_t prefetched_rows_ = 0;
   std::ofstream metrics_;
+  common::FileLock metrics_lock_;  // held on --metrics while this run writes it
 
   std::int64_t steps_ = 0;            // total optimizer steps of the run
   std::int64_t steps_per_epoch_ = 0;  // optimizer steps per epoch

@@ -59,8 +59,23 @@ void check_output_file(const std::string& flag, const std::string& path) {
          (std::filesystem::path(path) / "out").lexically_normal().string());
   }
   const std::filesystem::path folder = std::filesystem::path(path).parent_path();
-  check_dir_writable(fmt::format("the folder of {}", flag),
-                     folder.empty() ? std::string(".") : folder.string());
+  const std::string dir = folder.empty() ? std::string(".") : folder.string();
+  check_dir_writable(fmt::format("the folder of {}", flag), dir);
+  // The writers' temporary names are longer than the file's (--save writes
+  // ".NAME.tmp.HOST.PID.K" and renames it): a name that fits while its temporary does not would
+  // fail after training, with the output lost.
+  const std::string name = std::filesystem::path(path).filename().string();
+  const long limit = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  const std::size_t name_max = limit > 0 ? static_cast<std::size_t>(limit) : 255;
+  const std::size_t extra = 1 + 5 + nn::this_host().size() + 1 + 10 + 1 + 10;
+  if (name.size() + extra > name_max) {
+    fail(
+        "{} '{}': the file name is too long to write safely: it is written as a temporary "
+        "'.{}.tmp.{}.PID.K' first, which would pass the file system's limit of {} bytes. Use a "
+        "name of at most {} bytes",
+        flag, path, name.size() > 40 ? name.substr(0, 40) + "..." : name, nn::this_host(), name_max,
+        name_max > extra ? name_max - extra : 0);
+  }
   if (std::filesystem::exists(path, ec)) {
     // Opened without O_TRUNC and closed at once: the existing contents are kept.
     // O_NONBLOCK: a FIFO without a reader would block the open (it fails with ENXIO instead).
@@ -105,7 +120,18 @@ void Trainer::check_output_paths() const {
     check_output_file("--save", o_.save_path);
   }
   if (!o_.trace_path.empty()) check_output_file("--trace", o_.trace_path);
-  if (!o_.metrics_path.empty()) check_output_file("--metrics", o_.metrics_path);
+  if (!o_.metrics_path.empty()) {
+    check_output_file("--metrics", o_.metrics_path);
+    // Two runs writing one file would interleave, or replace, each other's lines.
+    bool busy = false;
+    (void)common::lock_file(o_.metrics_path, &busy);
+    if (busy) {
+      fail(
+          "--metrics '{}' is being written by another run (it holds the file's lock); give this "
+          "run a file of its own",
+          o_.metrics_path);
+    }
+  }
   check_paths_distinct();
 }
 
@@ -137,13 +163,23 @@ void Trainer::check_paths_distinct() const {
     }
   }
   // Nor may any other output (an outside tester's --metrics ckpt/step-000000003.safetensors was
-  // accepted, and the run failed at step 3).
-  for (const Named& output : all) {
-    if (!output.output || output.path->empty() || o_.checkpoint_dir.empty()) continue;
-    if (canonical(*output.path).parent_path() == canonical(o_.checkpoint_dir) &&
-        nn::checkpoint_step_from_name(std::filesystem::path(*output.path).filename().string())) {
-      fail("{} '{}' takes the name of a checkpoint in --checkpoint-dir '{}': write it elsewhere",
-           output.flag, *output.path, o_.checkpoint_dir);
+  // accepted, and the run failed at step 3), by its name or through a symlink to a checkpoint
+  // (a second tester's resumed run appended its metrics to one).
+  if (!o_.checkpoint_dir.empty()) {
+    const std::filesystem::path checkpoints = canonical(o_.checkpoint_dir);
+    const auto is_checkpoint = [&](const std::filesystem::path& p) {
+      return p.parent_path() == checkpoints &&
+             nn::checkpoint_step_from_name(p.filename().string()).has_value();
+    };
+    for (const Named& output : all) {
+      if (!output.output || output.path->empty()) continue;
+      const std::filesystem::path given(*output.path);
+      const std::filesystem::path folder =
+          canonical(given.parent_path().empty() ? std::string(".") : given.parent_path().string());
+      if (is_checkpoint(folder / given.filename()) || is_checkpoint(canonical(*output.path))) {
+        fail("{} '{}' takes the name of a checkpoint in --checkpoint-dir '{}': write it elsewhere",
+             output.flag, *output.path, o_.checkpoint_dir);
+      }
     }
   }
 }

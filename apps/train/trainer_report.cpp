@@ -6,6 +6,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +16,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
+#include <string_view>
 
 #include "common/memory_report.h"
 #include "common/output_files.h"
@@ -97,61 +101,125 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, std::option
   }
 }
 
-void Trainer::open_metrics() {
-  if (start_step_ > 0) {
-    // The run that stopped logged steps after its newest checkpoint, and may have stopped in
-    // the middle of a line: kept, a reader would find those steps twice (with the abandoned
-    // trajectory's values first) and one line that is not JSON, with the next glued to it.
-    std::ifstream in(o_.metrics_path, std::ios::binary);
-    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    std::string kept;
-    std::int64_t dropped = 0;
-    bool incomplete = false;
-    for (std::size_t at = 0; at < text.size();) {
-      const std::size_t end = text.find('\n', at);
-      if (end == std::string::npos) {  // the writer stopped mid-line
-        incomplete = true;
-        break;
+namespace {
+
+// The line's JSON, when it is one of nanoddp-train's records with an integer "step" (a '\r'
+// before the newline is read past: a file edited on Windows).
+std::optional<std::int64_t> record_step(std::string_view line) {
+  if (line.ends_with('\r')) line.remove_suffix(1);
+  const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+  if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer()) {
+    return std::nullopt;
+  }
+  return record["step"].get<std::int64_t>();
+}
+
+// A last line without its newline that nanoddp-train was writing when it stopped: the start of
+// one of its records (an object), not JSON on its own. Anything else is someone's line, kept.
+bool cut_record(std::string_view line) {
+  const auto first = line.find_first_not_of(" \t");
+  return first != std::string_view::npos && line[first] == '{' &&
+         nlohmann::json::parse(line, nullptr, false).is_discarded();
+}
+
+bool write_all(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    const ::ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    bytes.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+}  // namespace
+
+bool Trainer::purge_metrics(const std::filesystem::path& target) {
+  // A temporary left by a resume killed while it rewrote (one run at a time holds the file's
+  // lock, so none is being written now).
+  const std::filesystem::path tmp = target.string() + ".resume-tmp";
+  std::error_code ec;
+  std::filesystem::remove(tmp, ec);
+  // Pass 1, streaming (a metrics file may be large): is there anything to drop?
+  std::int64_t dropped = 0;
+  bool cut = false, unterminated = false;
+  {
+    std::ifstream in(target, std::ios::binary);
+    for (std::string line; std::getline(in, line);) {
+      if (in.eof()) {  // no newline after it
+        unterminated = true;
+        if (cut_record(line)) {
+          cut = true;
+          break;
+        }
       }
-      const std::string line = text.substr(at, end - at);
-      at = end + 1;
-      const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
-      if (record.is_object() && record.contains("step") && record["step"].is_number_integer() &&
-          record["step"].get<std::int64_t>() > start_step_) {
-        ++dropped;
-        continue;
-      }
-      kept += line + "\n";  // anything else (not ours, not JSON) is left as it was
-    }
-    if (dropped > 0 || incomplete) {
-      // Rewritten whole, then renamed over it (through a symlink, over its target): a crash
-      // now leaves the old file or the new one, never half of either.
-      const std::filesystem::path target = common::resolved_path(o_.metrics_path);
-      const std::string tmp = fmt::format("{}.resume-tmp.{}", target.string(), ::getpid());
-      {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        out << kept;
-        out.close();
-        if (!out)
-          fail("cannot write '{}' (rewriting --metrics '{}' to resume)", tmp, o_.metrics_path);
-      }
-      std::error_code ec;
-      std::filesystem::rename(tmp, target, ec);
-      if (ec) {
-        std::filesystem::remove(tmp, ec);
-        fail("cannot replace --metrics '{}' to resume: {}", o_.metrics_path, ec.message());
-      }
-      fmt::print(stderr,
-                 "nanoddp-train: --metrics '{}': resuming at step {}; dropped {} line(s) of later "
-                 "steps (they are trained again){}\n",
-                 o_.metrics_path, start_step_, dropped,
-                 incomplete ? " and an incomplete last line" : "");
-      std::fflush(stderr);
+      if (const auto step = record_step(line); step && *step > start_step_) ++dropped;
     }
   }
+  if (dropped == 0 && !cut) return unterminated;
+  // Pass 2: the kept lines into a temporary beside the file, with its mode and owner, then
+  // renamed over it (through a symlink, over its target): a crash leaves the old file or the
+  // new one, never half of either.
+  struct stat info {};
+  if (::stat(target.c_str(), &info) != 0) info.st_mode = 0644;
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  bool ok = fd >= 0;
+  if (ok) {
+    (void)::fchown(fd, info.st_uid, info.st_gid);  // may be refused (not root): the mode stays
+    ok = ::fchmod(fd, info.st_mode & 07777) == 0;
+    std::ifstream in(target, std::ios::binary);
+    for (std::string line; ok && std::getline(in, line);) {
+      if (in.eof() && cut_record(line)) break;
+      if (const auto step = record_step(line); step && *step > start_step_) continue;
+      ok = write_all(fd, line) && write_all(fd, "\n");
+    }
+    ok = ok && ::fsync(fd) == 0;
+  }
+  const int error = errno;
+  if (fd >= 0) ok = ::close(fd) == 0 && ok;
+  if (ok) {
+    std::filesystem::rename(tmp, target, ec);
+    ok = !ec;
+  }
+  if (!ok) {
+    std::filesystem::remove(tmp, ec);
+    // The metrics do not decide the run (a full disk while writing them is a warning too): the
+    // resumed run appends after the old lines, on a line of its own.
+    fmt::print(stderr,
+               "nanoddp-train: warning: --metrics '{}': could not drop the lines of the steps "
+               "after step {} ({}); the resumed run appends after them, so those steps appear "
+               "twice\n",
+               o_.metrics_path, start_step_, std::strerror(error != 0 ? error : EIO));
+    std::fflush(stderr);
+    return unterminated;
+  }
+  fmt::print(
+      stderr,
+      "nanoddp-train: --metrics '{}': resuming at step {}; dropped {} line(s) of later steps "
+      "(they are trained again){}\n",
+      o_.metrics_path, start_step_, dropped, cut ? " and an incomplete last line" : "");
+  std::fflush(stderr);
+  return false;
+}
+
+void Trainer::open_metrics() {
+  // Only a regular file is read back: a device, a FIFO or /dev/stdout would be read forever,
+  // or block, and is only appended to.
+  const std::filesystem::path target = common::resolved_path(o_.metrics_path);
+  std::error_code ec;
+  const bool regular = std::filesystem::is_regular_file(target, ec);
+  const bool needs_newline = start_step_ > 0 && regular && purge_metrics(target);
   // A resumed run continues the earlier run's metrics instead of erasing them.
+  errno = 0;
   metrics_.open(o_.metrics_path, start_step_ > 0 ? std::ios::app : std::ios::trunc);
-  if (!metrics_) fail("cannot open --metrics file '{}' for writing", o_.metrics_path);
+  if (!metrics_) {
+    fail("cannot open --metrics file '{}' for writing: {}", o_.metrics_path,
+         errno != 0 ? std::strerror(errno) : "unknown error");
+  }
+  if (needs_newline) metrics_ << "\n";  // the old last line had none: the next starts its own
+  // Held for the run: another run on the same file is refused at its start (check_output_paths).
+  // (lock_file takes regular files only: the file may have been created just now.)
+  metrics_lock_ = common::lock_file(o_.metrics_path);
 }
 
 void Trainer::write_metrics_line(const std::string& line) {

@@ -34,6 +34,10 @@ ProcessResult train(std::vector<std::string> args) {
   return run_process(args);
 }
 
+bool has(const ProcessResult& r, const std::string& text) {
+  return r.output.find(text) != std::string::npos;
+}
+
 std::vector<nlohmann::json> read_json_lines(const std::string& path) {
   std::ifstream in(path);
   std::vector<nlohmann::json> lines;
@@ -394,6 +398,71 @@ TEST_CASE("nanoddp-train --resume drops the metrics of steps it trains again, an
   for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
     CHECK(entry.path().filename().string().find("resume-tmp") == std::string::npos);
   }
+}
+
+TEST_CASE(
+    "nanoddp-train --resume: --metrics keeps its mode, others' lines, and never reads a device") {
+  // A second outside tester: the rewrite made a private file world-readable, left its
+  // temporary behind when killed, dropped a complete line that only lacked its newline, read
+  // /dev/full (or /dev/zero) into memory without end, and blocked on /dev/stdout and FIFOs.
+  TempDir dir;
+  const std::string metrics = dir.file("m.jsonl");
+  const auto args = [&](const std::string& path, const char* steps) {
+    return std::vector<std::string>{"--in",
+                                    "8",
+                                    "--out",
+                                    "4",
+                                    "--hidden",
+                                    "16",
+                                    "--log-every",
+                                    "2",
+                                    "--checkpoint-dir",
+                                    dir.file("ck"),
+                                    "--checkpoint-every",
+                                    "10",
+                                    "--metrics",
+                                    path,
+                                    "--steps",
+                                    steps};
+  };
+  REQUIRE(train(args(metrics, "20")).exit_code == 0);
+  std::filesystem::remove(dir.file("ck/step-000000020.safetensors"));  // resume at step 10
+  std::filesystem::permissions(
+      metrics, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  std::ofstream(metrics + ".resume-tmp") << "left by a killed resume";
+  std::ofstream(metrics, std::ios::app) << R"({"step":5,"note":"mine"})";  // no newline
+  std::vector<std::string> resume = args(metrics, "30");
+  resume.push_back("--resume");
+  const ProcessResult r = train(resume);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(has(r, "dropped 5 line(s) of later steps"));
+  CHECK_FALSE(has(r, "incomplete"));
+  CHECK(std::filesystem::status(metrics).permissions() ==
+        (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
+  CHECK_FALSE(std::filesystem::exists(metrics + ".resume-tmp"));
+  std::vector<std::int64_t> steps;
+  bool note_kept = false;
+  for (const auto& line : read_json_lines(metrics)) {
+    if (line.contains("note")) note_kept = true;
+    steps.push_back(line.at("step").get<std::int64_t>());
+  }
+  CHECK(note_kept);
+  // The first logged step of a run is always its first (1, then 11).
+  CHECK(steps == std::vector<std::int64_t>{1, 2, 4, 6, 8, 10, 5, 11, 12, 14, 16, 18, 20, 22, 24, 26,
+                                           28, 30});
+  // Not regular files: appended to, never read back (a resume from step 30 each time).
+  const std::string full = dir.file("full.jsonl");
+  std::filesystem::create_symlink("/dev/full", full);
+  std::vector<std::string> on_full = args(full, "32");
+  on_full.push_back("--resume");
+  const ProcessResult f = train(on_full);  // (run_process's timeout: a hang fails the test)
+  CHECK_MESSAGE(f.exit_code == 0, f.output);
+  CHECK(has(f, "No space left on device"));
+  std::vector<std::string> on_stdout = args("/dev/stdout", "34");
+  on_stdout.push_back("--resume");
+  const ProcessResult o = train(on_stdout);
+  CHECK_MESSAGE(o.exit_code == 0, o.output);
+  CHECK(has(o, R"("step":34)"));
 }
 
 TEST_CASE(

@@ -705,8 +705,19 @@ TEST_CASE(
       {{"--metrics", ""}, "--metrics: an empty path; give a file name, or leave the flag out"},
       {{"--save", ""}, "--save: an empty path"},
       {{"--trace", ""}, "--trace: an empty path"},
-      {{"--checkpoint-dir", "", "--checkpoint-every", "5"}, "--checkpoint-dir: an empty path"},
+      {{"--checkpoint-dir", "", "--checkpoint-every", "5"},
+       "--checkpoint-dir: an empty path; give a folder name"},
+      {{"--init", ""}, "--init: an empty path; give a file name"},
+      // A third: through a symlink to a checkpoint (a resumed run appended its metrics to
+      // it), and a name whose temporary file would be too long (lost after training).
+      {{"--checkpoint-dir", dir.file("ck"), "--checkpoint-every", "5", "--metrics",
+        dir.file("evil.jsonl")},
+       "--metrics '" + dir.file("evil.jsonl") + "' takes the name of a checkpoint"},
+      {{"--save", dir.file(std::string(245, 'a') + ".x")},
+       "the file name is too long to write safely"},
   };
+  fs::create_directories(dir.file("ck"));
+  fs::create_symlink(dir.file("ck/step-000000010.safetensors"), dir.file("evil.jsonl"));
   for (const Case& c : cases) {
     std::vector<std::string> args = c.args;
     args.insert(args.end(), {"--steps", "10", "--log-every", "1"});
@@ -772,6 +783,28 @@ TEST_CASE("inputs: a bad --init under DDP stops every rank at once, each naming 
     CHECK_FALSE(contains(r.output, "timed out"));
   }
   CHECK(contains(one[0].output, "rank 1 could not read its inputs, so every rank stops: --init"));
+}
+
+TEST_CASE("inputs: a --metrics file another run is writing is refused before step 1") {
+  // An outside tester: two runs on one --metrics replaced or overwrote each other's lines
+  // without a word. The writing run holds the file's lock (flock).
+  TempDir dir;
+  const std::string metrics = dir.file("m.jsonl");
+  BackgroundProcess first(
+      train_argv({"--steps", "100000000", "--log-every", "1000", "--metrics", metrics}));
+  REQUIRE_MESSAGE(first.wait_for_output([](const std::string& o) { return contains(o, "step "); },
+                                        std::chrono::seconds(60)),
+                  first.output());
+  const ProcessResult second = run_process(train_argv({"--steps", "5", "--metrics", metrics}));
+  INFO(second.output);
+  CHECK(second.exit_code == 2);
+  CHECK(contains(second.output, "--metrics '" + metrics + "' is being written by another run"));
+  CHECK_FALSE(contains(second.output, "step 1/"));
+  first.send(SIGTERM);
+  REQUIRE(first.wait(std::chrono::seconds(30)).has_value());
+  // Once it has ended, the file is free again.
+  const ProcessResult third = run_process(train_argv({"--steps", "5", "--metrics", metrics}));
+  CHECK_MESSAGE(third.exit_code == 0, third.output);
 }
 
 TEST_CASE("inputs: --resume refuses .npy data of the same shape but other values") {

@@ -246,8 +246,8 @@ TEST_CASE("ddp zero: two synchronized backwards before a step, or no zero_grad, 
 
 TEST_CASE("ddp zero: the bf16 hook reduce-scatters as it all-reduces") {
   // Over Gloo's TCP path: its reduce-scatter averages and rounds as its all-reduce does. (The
-  // shared-memory path's bf16 reduce-scatter rounds the sum before dividing, the all-reduce
-  // after: a rounding apart, see docs/ddp-internals.md, "ZeRO".)
+  // shared-memory path sums both in float32 in rank order and rounds once: the same bits,
+  // tests/apps/test_train_zero.cpp.)
   for (int world : {2, 3}) {
     CAPTURE(world);
     const auto results = run_scenario({"zero", "--adamw", "--bf16"}, world, {{"NANODDP_SHM", "0"}});

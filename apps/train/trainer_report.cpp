@@ -165,7 +165,9 @@ bool Trainer::purge_metrics(const std::filesystem::path& target) {
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   bool ok = fd >= 0;
   if (ok) {
-    (void)::fchown(fd, info.st_uid, info.st_gid);  // may be refused (not root): the mode stays
+    if (::fchown(fd, info.st_uid, info.st_gid) != 0) {
+      // Refused unless root (the file then stays this user's): the mode is kept all the same.
+    }
     ok = ::fchmod(fd, info.st_mode & 07777) == 0;
     std::ifstream in(target, std::ios::binary);
     for (std::string line; ok && std::getline(in, line);) {
@@ -175,11 +177,15 @@ bool Trainer::purge_metrics(const std::filesystem::path& target) {
     }
     ok = ok && ::fsync(fd) == 0;
   }
-  const int error = errno;
-  if (fd >= 0) ok = ::close(fd) == 0 && ok;
+  std::string why = ok ? std::string() : std::strerror(errno != 0 ? errno : EIO);
+  if (fd >= 0 && ::close(fd) != 0 && ok) {
+    ok = false;
+    why = std::strerror(errno);
+  }
   if (ok) {
     std::filesystem::rename(tmp, target, ec);
     ok = !ec;
+    if (ec) why = ec.message();
   }
   if (!ok) {
     std::filesystem::remove(tmp, ec);
@@ -189,7 +195,7 @@ bool Trainer::purge_metrics(const std::filesystem::path& target) {
                "nanoddp-train: warning: --metrics '{}': could not drop the lines of the steps "
                "after step {} ({}); the resumed run appends after them, so those steps appear "
                "twice\n",
-               o_.metrics_path, start_step_, std::strerror(error != 0 ? error : EIO));
+               o_.metrics_path, start_step_, why);
     std::fflush(stderr);
     return unterminated;
   }

@@ -252,6 +252,50 @@ TEST_CASE("inputs: a full disk under --metrics is one warning naming the file, t
   CHECK(contains(r.output, "done: 1000 steps"));
 }
 
+TEST_CASE("inputs: a resume whose --metrics rewrite finds the disk full warns and goes on") {
+  // An outside tester: the rewrite that drops the steps trained again failed the resumed run
+  // (exit 2, no cause given) and left its partial temporary filling the disk.
+  TempDir dir;
+  SmallDisk disk(dir.file("small"), "64k");
+  if (!disk.mounted) return;
+  const std::string metrics = disk.path + "/m.jsonl";
+  const auto args = [&](const char* steps) {
+    return std::vector<std::string>{"--steps",
+                                    steps,
+                                    "--log-every",
+                                    "1",
+                                    "--quiet",
+                                    "--metrics",
+                                    metrics,
+                                    "--in",
+                                    "4",
+                                    "--out",
+                                    "2",
+                                    "--hidden",
+                                    "4",
+                                    "--checkpoint-dir",
+                                    dir.file("ck"),
+                                    "--checkpoint-every",
+                                    "20",
+                                    "--keep",
+                                    "100"};
+  };
+  const ProcessResult first = train(args("200"));  // fills the disk with its metrics
+  REQUIRE_MESSAGE(first.exit_code == 0, first.output);
+  REQUIRE(contains(first.output, "No space left on device"));
+  for (int step = 60; step <= 200; step += 20) {
+    fs::remove(dir.file(fmt::format("ck/step-{:09}.safetensors", step)));
+  }
+  std::vector<std::string> resume = args("60");
+  resume.push_back("--resume");
+  const ProcessResult r = train(resume);  // from step 40: the lines after it are to be dropped
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, "could not drop the lines of the steps after step 40 (No space left"));
+  CHECK(contains(r.output, "done: 20 steps"));
+  CHECK_FALSE(fs::exists(metrics + ".resume-tmp"));
+}
+
 TEST_CASE("inputs: a full disk under nanoddp-run --log-dir is one warning naming the file") {
   TempDir dir;
   SmallDisk disk(dir.file("small"), "64k");

@@ -48,6 +48,28 @@ inline bool same_file(const std::string& a, const std::string& b) {
   return resolved_path(a) == resolved_path(b);
 }
 
+// The standard stream a path names: 1 for "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1", 2 for
+// the same of stderr, else 0. Such an output is written through the program's own stream, not
+// reopened: reopening truncates a file the shell redirected to, or writes at another position
+// than the program's own output (found by an outside tester).
+inline int standard_stream(const std::string& path) {
+  for (const int fd : {1, 2}) {
+    for (const char* form : {"/dev/std", "/dev/fd/", "/proc/self/fd/"}) {
+      const std::string name = std::string(form) == "/dev/std"
+                                   ? (fd == 1 ? "/dev/stdout" : "/dev/stderr")
+                                   : form + std::to_string(fd);
+      if (path == name) return fd;
+    }
+  }
+  return 0;
+}
+
+// Whether `path` lies under /dev or /proc: a device or a descriptor, appended to, never probed
+// for a folder one could write into, read back or replaced.
+inline bool names_a_device(const std::string& path) {
+  return path.starts_with("/dev/") || path.starts_with("/proc/");
+}
+
 // An exclusive advisory lock (flock) on a file, held while the object lives: two runs that
 // write one file (a --metrics shared by mistake) would otherwise interleave or replace each
 // other's lines without a word. Empty when the file could not be opened or was locked already.

@@ -143,7 +143,7 @@ class Trainer {
   void check_same_settings();
   // Input checks of issue #13, each before step 1: outputs writable (rank 0), the ranks' input
   // files identical (by content), an --init file of the same model.
-  void check_output_paths() const;
+  void check_output_paths();  // also takes --metrics' lock (metrics_lock_)
   void check_paths_distinct() const;
   void require_finite_parameters(std::int64_t step, const char* what);
   std::string npy_checksums_;  // of --data and --targets, for data_description()
@@ -189,7 +189,8 @@ class Trainer {
   std::int64_t lookahead_epoch_ = -1;
   std::int64_t prefetched_ = -1;  // the global micro-batch in flight, -1 for none
   std::int64_t prefetched_rows_ = 0;
-  std::ofstream metrics_;
+  std::ofstream metrics_file_;       // --metrics, when it names a file or a device
+  std::ostream* metrics_ = nullptr;  // where the lines go: metrics_file_, std::cout or std::cerr
   common::FileLock metrics_lock_;  // held on --metrics while this run writes it
 
   std::int64_t steps_ = 0;            // total optimizer steps of the run

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -64,7 +65,12 @@ void check_output_file(const std::string& flag, const std::string& path) {
   // The writers' temporary names are longer than the file's (--save writes
   // ".NAME.tmp.HOST.PID.K" and renames it): a name that fits while its temporary does not would
   // fail after training, with the output lost.
-  const std::string name = std::filesystem::path(path).filename().string();
+  // Through a symlink the file written is its target (a third tester's link to a long name).
+  const std::filesystem::path target = common::resolved_path(path);
+  const std::string given_name = std::filesystem::path(path).filename().string();
+  const std::string name = target.filename().string().size() > given_name.size()
+                               ? target.filename().string()
+                               : given_name;
   const long limit = ::pathconf(dir.c_str(), _PC_NAME_MAX);
   const std::size_t name_max = limit > 0 ? static_cast<std::size_t>(limit) : 255;
   const std::size_t extra = 1 + 5 + nn::this_host().size() + 1 + 10 + 1 + 10;
@@ -88,7 +94,7 @@ void check_output_file(const std::string& flag, const std::string& path) {
 }  // namespace
 
 // Every output path, checked by rank 0 (which writes them all) before the process group.
-void Trainer::check_output_paths() const {
+void Trainer::check_output_paths() {
   std::error_code ec;
   if (!o_.checkpoint_dir.empty() && std::filesystem::exists(o_.checkpoint_dir, ec) &&
       !std::filesystem::is_directory(o_.checkpoint_dir, ec)) {
@@ -120,11 +126,23 @@ void Trainer::check_output_paths() const {
     check_output_file("--save", o_.save_path);
   }
   if (!o_.trace_path.empty()) check_output_file("--trace", o_.trace_path);
-  if (!o_.metrics_path.empty()) {
+  if (!o_.metrics_path.empty() && common::names_a_device(o_.metrics_path)) {
+    // /dev/stdout, /dev/null, ...: appended to, so it must open for writing; no folder to probe
+    // (a user other than root cannot create a file in /dev).
+    if (common::standard_stream(o_.metrics_path) == 0) {
+      const int fd = ::open(o_.metrics_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
+      if (fd < 0) {
+        fail("--metrics '{}' cannot be opened for writing: {}", o_.metrics_path,
+             std::strerror(errno));
+      }
+      ::close(fd);
+    }
+  } else if (!o_.metrics_path.empty()) {
     check_output_file("--metrics", o_.metrics_path);
-    // Two runs writing one file would interleave, or replace, each other's lines.
+    // Two runs writing one file would interleave, or replace, each other's lines. Taken here,
+    // before a resumed run rewrites it, and held while the run writes it.
     bool busy = false;
-    (void)common::lock_file(o_.metrics_path, &busy);
+    metrics_lock_ = common::lock_file(o_.metrics_path, &busy);
     if (busy) {
       fail(
           "--metrics '{}' is being written by another run (it holds the file's lock); give this "
@@ -154,7 +172,9 @@ void Trainer::check_paths_distinct() const {
     if (all[i].path->empty()) continue;
     for (std::size_t j = i + 1; j < std::size(all); ++j) {
       if (all[j].path->empty() || !(all[i].output || all[j].output)) continue;
-      if (canonical(*all[i].path) == canonical(*all[j].path)) {
+      // (A hard link is another name of the same inode: same_file compares those.)
+      if (canonical(*all[i].path) == canonical(*all[j].path) ||
+          common::same_file(*all[i].path, *all[j].path)) {
         fail("{} '{}' and {} '{}' name the same file: {}", all[i].flag, *all[i].path, all[j].flag,
              *all[j].path,
              all[j].output ? "one output would overwrite the other; give each its own file"
@@ -167,16 +187,30 @@ void Trainer::check_paths_distinct() const {
   // (a second tester's resumed run appended its metrics to one).
   if (!o_.checkpoint_dir.empty()) {
     const std::filesystem::path checkpoints = canonical(o_.checkpoint_dir);
+    // A checkpoint's name, or a checkpoint writer's temporary (which the next save removes).
     const auto is_checkpoint = [&](const std::filesystem::path& p) {
-      return p.parent_path() == checkpoints &&
-             nn::checkpoint_step_from_name(p.filename().string()).has_value();
+      const std::string name = p.filename().string();
+      return p.parent_path() == checkpoints && (nn::checkpoint_step_from_name(name).has_value() ||
+                                                nn::temporary_writer(name).has_value());
     };
+    // A hard link to a checkpoint is one too (a third tester appended metrics to the
+    // checkpoint it resumed from).
+    std::vector<std::string> existing;
+    std::error_code listing;
+    for (const auto& entry : std::filesystem::directory_iterator(o_.checkpoint_dir, listing)) {
+      if (is_checkpoint(canonical(entry.path().string())))
+        existing.push_back(entry.path().string());
+    }
     for (const Named& output : all) {
       if (!output.output || output.path->empty()) continue;
       const std::filesystem::path given(*output.path);
       const std::filesystem::path folder =
           canonical(given.parent_path().empty() ? std::string(".") : given.parent_path().string());
-      if (is_checkpoint(folder / given.filename()) || is_checkpoint(canonical(*output.path))) {
+      const bool linked = std::any_of(existing.begin(), existing.end(), [&](const std::string& c) {
+        return common::same_file(*output.path, c);
+      });
+      if (is_checkpoint(folder / given.filename()) || is_checkpoint(canonical(*output.path)) ||
+          linked) {
         fail("{} '{}' takes the name of a checkpoint in --checkpoint-dir '{}': write it elsewhere",
              output.flag, *output.path, o_.checkpoint_dir);
       }

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <optional>
 #include <string_view>
@@ -58,7 +60,7 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, std::option
         w.step_ms / n, w.data_ms / n, comm, format_duration(eta_s));
     std::fflush(stdout);
   }
-  if (metrics_.is_open()) {
+  if (metrics_ != nullptr) {
     nlohmann::json line = {{"step", step},
                            {"epoch", epoch},
                            {"loss", loss},
@@ -176,18 +178,20 @@ bool Trainer::purge_metrics(const std::filesystem::path& target) {
       ok = write_all(fd, line) && write_all(fd, "\n");
     }
     ok = ok && ::fsync(fd) == 0;
+    // Locked before it takes the file's place, so that the lock this run holds moves with it:
+    // no moment in which another run could take the new file.
+    ok = ok && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
   }
   std::string why = ok ? std::string() : std::strerror(errno != 0 ? errno : EIO);
-  if (fd >= 0 && ::close(fd) != 0 && ok) {
-    ok = false;
-    why = std::strerror(errno);
-  }
   if (ok) {
     std::filesystem::rename(tmp, target, ec);
     ok = !ec;
     if (ec) why = ec.message();
   }
-  if (!ok) {
+  if (ok) {
+    metrics_lock_ = common::FileLock(fd);  // keeps the descriptor, and so the lock
+  } else {
+    if (fd >= 0) ::close(fd);
     std::filesystem::remove(tmp, ec);
     // The metrics do not decide the run (a full disk while writing them is a warning too): the
     // resumed run appends after the old lines, on a line of its own.
@@ -209,29 +213,47 @@ bool Trainer::purge_metrics(const std::filesystem::path& target) {
 }
 
 void Trainer::open_metrics() {
-  // Only a regular file is read back: a device, a FIFO or /dev/stdout would be read forever,
-  // or block, and is only appended to.
+  if (const int fd = common::standard_stream(o_.metrics_path); fd != 0) {
+    metrics_ = fd == 1 ? &std::cout : &std::cerr;  // the program's own stream (see the helper)
+    return;
+  }
+  // Only a regular file is read back: a device, a FIFO (or /dev/stdout, above) would be read
+  // forever, or block, and is only appended to.
+  const bool device = common::names_a_device(o_.metrics_path);
   const std::filesystem::path target = common::resolved_path(o_.metrics_path);
   std::error_code ec;
-  const bool regular = std::filesystem::is_regular_file(target, ec);
+  const bool regular = !device && std::filesystem::is_regular_file(target, ec);
   const bool needs_newline = start_step_ > 0 && regular && purge_metrics(target);
   // A resumed run continues the earlier run's metrics instead of erasing them.
   errno = 0;
-  metrics_.open(o_.metrics_path, start_step_ > 0 ? std::ios::app : std::ios::trunc);
-  if (!metrics_) {
+  metrics_file_.open(o_.metrics_path,
+                     start_step_ > 0 || !regular ? std::ios::app : std::ios::trunc);
+  if (!metrics_file_) {
     fail("cannot open --metrics file '{}' for writing: {}", o_.metrics_path,
          errno != 0 ? std::strerror(errno) : "unknown error");
   }
-  if (needs_newline) metrics_ << "\n";  // the old last line had none: the next starts its own
-  // Held for the run: another run on the same file is refused at its start (check_output_paths).
-  // (lock_file takes regular files only: the file may have been created just now.)
-  metrics_lock_ = common::lock_file(o_.metrics_path);
+  metrics_ = &metrics_file_;
+  // The old last line had none: the next line starts its own.
+  if (needs_newline) metrics_file_ << "\n";
+  if (device) return;  // nothing to lock
+  // Held for the run since check_output_paths (another run on the same file is refused at its
+  // start); a file created just now is locked here (lock_file takes regular files only).
+  if (!metrics_lock_.held()) {
+    bool busy = false;
+    metrics_lock_ = common::lock_file(o_.metrics_path, &busy);
+    if (busy) {
+      fail(
+          "--metrics '{}' was taken by another run while this one started; give each run a "
+          "file of its own",
+          o_.metrics_path);
+    }
+  }
 }
 
 void Trainer::write_metrics_line(const std::string& line) {
-  metrics_ << line << "\n";
-  metrics_.flush();
-  if (metrics_) return;
+  *metrics_ << line << "\n";
+  metrics_->flush();
+  if (*metrics_) return;
   // A full disk (or a vanished file system) used to truncate the file silently. Training goes
   // on, as its checkpoints and output do not depend on the metrics; said once, on stderr.
   fmt::print(stderr,
@@ -239,7 +261,8 @@ void Trainer::write_metrics_line(const std::string& line) {
              "missing and no more are written\n",
              o_.metrics_path, errno != 0 ? std::strerror(errno) : "unknown error");
   std::fflush(stderr);
-  metrics_.close();
+  if (metrics_ == &metrics_file_) metrics_file_.close();
+  metrics_ = nullptr;
 }
 
 void Trainer::write_trace() {

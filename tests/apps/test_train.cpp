@@ -465,6 +465,33 @@ TEST_CASE(
   CHECK(has(o, R"("step":34)"));
 }
 
+TEST_CASE("nanoddp-train --metrics /dev/stdout writes through the program's own stdout") {
+  // A third outside tester: /dev/stdout was reopened, which truncated a file the shell had
+  // redirected to with >>, and a resumed run read that file back and replaced it (its own lines
+  // then went to the unlinked old file); a non-root user was refused (no probe file in /dev).
+  TempDir dir;
+  const std::string log = dir.file("log");
+  const std::string run = fmt::format(
+      "echo PRIOR > {0}; {1} --in 8 --out 4 --hidden 16 --log-every 2 --quiet --steps 10 "
+      "--checkpoint-dir {2} --checkpoint-every 4 --metrics /dev/stdout >> {0} && "
+      "{1} --in 8 --out 4 --hidden 16 --log-every 2 --quiet --steps 12 --checkpoint-dir {2} "
+      "--checkpoint-every 4 --metrics /dev/stdout --resume >> {0}",
+      log, bin_path("nanoddp-train"), dir.file("ck"));
+  const ProcessResult r = run_process({"/bin/sh", "-c", run});
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  std::ifstream in(log);
+  std::string first;
+  REQUIRE(std::getline(in, first));
+  CHECK(first == "PRIOR");
+  std::vector<std::int64_t> steps;
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("{")) steps.push_back(nlohmann::json::parse(line).at("step"));
+  }
+  // Nothing is read back from a stream: the resumed run (from step 8) appends 9 to 12.
+  CHECK(steps == std::vector<std::int64_t>{1, 2, 4, 6, 8, 10, 9, 10, 12});
+  CHECK_FALSE(has(r, "dropped"));
+}
+
 TEST_CASE(
     "nanoddp-train --prefetch: the same batches, so the same bits, filled in the background") {
   TempDir dir;

@@ -759,9 +759,25 @@ TEST_CASE(
        "--metrics '" + dir.file("evil.jsonl") + "' takes the name of a checkpoint"},
       {{"--save", dir.file(std::string(245, 'a') + ".x")},
        "the file name is too long to write safely"},
+      // A third: hard links (to an input, to a checkpoint), a checkpoint writer's temporary
+      // name (the next save removes it), a symlink to a name too long for its temporary.
+      {{"--data", dir.file("X.npy"), "--targets", dir.file("Y.npy"), "--metrics",
+        dir.file("xh.npy")},
+       "would overwrite the input"},
+      {{"--checkpoint-dir", dir.file("ck2"), "--resume", "--metrics", dir.file("ckh.jsonl")},
+       "--metrics '" + dir.file("ckh.jsonl") + "' takes the name of a checkpoint"},
+      {{"--checkpoint-dir", dir.file("ck"), "--checkpoint-every", "5", "--metrics",
+        dir.file("ck/.step-000000010.safetensors.tmp.vm.999.0")},
+       "takes the name of a checkpoint"},
+      {{"--save", dir.file("short.st")}, "the file name is too long to write safely"},
   };
   fs::create_directories(dir.file("ck"));
   fs::create_symlink(dir.file("ck/step-000000010.safetensors"), dir.file("evil.jsonl"));
+  fs::create_hard_link(dir.file("X.npy"), dir.file("xh.npy"));
+  fs::create_directories(dir.file("ck2"));
+  std::ofstream(dir.file("ck2/step-000000004.safetensors")) << "a checkpoint";
+  fs::create_hard_link(dir.file("ck2/step-000000004.safetensors"), dir.file("ckh.jsonl"));
+  fs::create_symlink(dir.file(std::string(245, 'b') + ".st"), dir.file("short.st"));
   for (const Case& c : cases) {
     std::vector<std::string> args = c.args;
     args.insert(args.end(), {"--steps", "10", "--log-every", "1"});

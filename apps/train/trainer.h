@@ -144,6 +144,7 @@ class Trainer {
   // Input checks of issue #13, each before step 1: outputs writable (rank 0), the ranks' input
   // files identical (by content), an --init file of the same model.
   void check_output_paths();  // also takes --metrics' lock (metrics_lock_)
+  void lock_metrics();        // into metrics_lock_; held by another run: exit 2
   void check_paths_distinct() const;
   void require_finite_parameters(std::int64_t step, const char* what);
   std::string npy_checksums_;  // of --data and --targets, for data_description()

@@ -139,18 +139,22 @@ void Trainer::check_output_paths() {
     }
   } else if (!o_.metrics_path.empty()) {
     check_output_file("--metrics", o_.metrics_path);
-    // Two runs writing one file would interleave, or replace, each other's lines. Taken here,
-    // before a resumed run rewrites it, and held while the run writes it.
-    bool busy = false;
-    metrics_lock_ = common::lock_file(o_.metrics_path, &busy);
-    if (busy) {
-      fail(
-          "--metrics '{}' is being written by another run (it holds the file's lock); give this "
-          "run a file of its own",
-          o_.metrics_path);
-    }
+    // Taken here, before a resumed run rewrites the file, and held while the run writes it.
+    lock_metrics();
   }
   check_paths_distinct();
+}
+
+// Two runs writing one file would interleave, or replace, each other's lines without a word.
+void Trainer::lock_metrics() {
+  bool busy = false;
+  metrics_lock_ = common::lock_file(o_.metrics_path, &busy);
+  if (busy) {
+    fail(
+        "--metrics '{}' is being written by another run (it holds the file's lock); give this "
+        "run a file of its own",
+        o_.metrics_path);
+  }
 }
 
 // Two outputs on one file lose one of them silently (--save f --trace f kept the trace), and an

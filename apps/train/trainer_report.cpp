@@ -238,16 +238,7 @@ void Trainer::open_metrics() {
   if (device) return;  // nothing to lock
   // Held for the run since check_output_paths (another run on the same file is refused at its
   // start); a file created just now is locked here (lock_file takes regular files only).
-  if (!metrics_lock_.held()) {
-    bool busy = false;
-    metrics_lock_ = common::lock_file(o_.metrics_path, &busy);
-    if (busy) {
-      fail(
-          "--metrics '{}' was taken by another run while this one started; give each run a "
-          "file of its own",
-          o_.metrics_path);
-    }
-  }
+  if (!metrics_lock_.held()) lock_metrics();
 }
 
 void Trainer::write_metrics_line(const std::string& line) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -64,10 +65,12 @@ inline int standard_stream(const std::string& path) {
   return 0;
 }
 
-// Whether `path` lies under /dev or /proc: a device or a descriptor, appended to, never probed
-// for a folder one could write into, read back or replaced.
+// Whether `path` names something that exists and is neither a regular file nor a folder (a
+// character device such as /dev/null, a FIFO, a socket): appended to, never probed for a folder
+// one could write into, read back or replaced. (A file in /dev/shm is a file.)
 inline bool names_a_device(const std::string& path) {
-  return path.starts_with("/dev/") || path.starts_with("/proc/");
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode) && !S_ISDIR(info.st_mode);
 }
 
 // An exclusive advisory lock (flock) on a file, held while the object lives: two runs that
@@ -97,23 +100,42 @@ class FileLock {
   int fd_ = -1;
 };
 
-// Locks the regular file `path` (never a device or FIFO: O_NONBLOCK and the check). `busy` is set
-// when another process holds the lock.
-inline FileLock lock_file(const std::string& path, bool* busy = nullptr) {
+// Locks the regular file `path`, creating it (empty) when missing: two runs starting together
+// on a file that does not exist yet must not both go unlocked. Never a device or FIFO
+// (O_NONBLOCK and the check). Opened for writing: NFS emulates flock with fcntl locks, whose
+// exclusive kind needs it. `busy` is set when another process holds the lock; `problem` when
+// the lock could not be taken for another reason (then nothing is held).
+inline FileLock lock_file(const std::string& path, bool* busy = nullptr,
+                          std::string* problem = nullptr) {
   if (busy != nullptr) *busy = false;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return {};
-  struct stat info {};
-  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    ::close(fd);
-    return {};
+  // The file may be replaced (a resumed run renames its rewrite into place) between the open
+  // and the lock: the lock must be on the file the path names now, so that is checked after.
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0666);
+    if (fd < 0) {
+      if (problem != nullptr) *problem = std::strerror(errno);
+      return {};
+    }
+    struct stat info {};
+    if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+      ::close(fd);
+      return {};
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int error = errno;
+      if (busy != nullptr) *busy = error == EWOULDBLOCK;
+      if (problem != nullptr && error != EWOULDBLOCK) *problem = std::strerror(error);
+      ::close(fd);
+      return {};
+    }
+    struct stat now {};
+    if (::stat(path.c_str(), &now) == 0 && now.st_dev == info.st_dev && now.st_ino == info.st_ino) {
+      return FileLock(fd);
+    }
+    ::close(fd);  // replaced meanwhile: lock the new one
   }
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    if (busy != nullptr) *busy = errno == EWOULDBLOCK;
-    ::close(fd);
-    return {};
-  }
-  return FileLock(fd);
+  if (problem != nullptr) *problem = "the file kept being replaced";
+  return {};
 }
 
 }  // namespace nanoddp::common

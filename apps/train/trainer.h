@@ -190,9 +190,9 @@ class Trainer {
   std::int64_t lookahead_epoch_ = -1;
   std::int64_t prefetched_ = -1;  // the global micro-batch in flight, -1 for none
   std::int64_t prefetched_rows_ = 0;
+  common::FileLock metrics_lock_;    // held on --metrics while this run writes it (released last)
   std::ofstream metrics_file_;       // --metrics, when it names a file or a device
   std::ostream* metrics_ = nullptr;  // where the lines go: metrics_file_, std::cout or std::cerr
-  common::FileLock metrics_lock_;  // held on --metrics while this run writes it
 
   std::int64_t steps_ = 0;            // total optimizer steps of the run
   std::int64_t steps_per_epoch_ = 0;  // optimizer steps per epoch

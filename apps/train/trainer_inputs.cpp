@@ -126,34 +126,46 @@ void Trainer::check_output_paths() {
     check_output_file("--save", o_.save_path);
   }
   if (!o_.trace_path.empty()) check_output_file("--trace", o_.trace_path);
-  if (!o_.metrics_path.empty() && common::names_a_device(o_.metrics_path)) {
-    // /dev/stdout, /dev/null, ...: appended to, so it must open for writing; no folder to probe
-    // (a user other than root cannot create a file in /dev).
-    if (common::standard_stream(o_.metrics_path) == 0) {
-      const int fd = ::open(o_.metrics_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
-      if (fd < 0) {
-        fail("--metrics '{}' cannot be opened for writing: {}", o_.metrics_path,
-             std::strerror(errno));
-      }
-      ::close(fd);
+  if (o_.metrics_path.empty() || common::standard_stream(o_.metrics_path) != 0) {
+    // Nothing, or /dev/stdout and the like: written through the program's own stream.
+  } else if (common::names_a_device(o_.metrics_path)) {
+    // /dev/null, a FIFO, ...: appended to, so it must open for writing; no folder to probe (a
+    // user other than root cannot create a file in /dev).
+    const int fd = ::open(o_.metrics_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+      fail("--metrics '{}' cannot be opened for writing: {}", o_.metrics_path,
+           std::strerror(errno));
     }
-  } else if (!o_.metrics_path.empty()) {
+    ::close(fd);
+  } else {
     check_output_file("--metrics", o_.metrics_path);
-    // Taken here, before a resumed run rewrites the file, and held while the run writes it.
-    lock_metrics();
   }
   check_paths_distinct();
+  // Last (it creates a missing file, so after every refusal): taken before a resumed run
+  // rewrites the file, and held while the run writes it.
+  if (!o_.metrics_path.empty() && common::standard_stream(o_.metrics_path) == 0 &&
+      !common::names_a_device(o_.metrics_path)) {
+    lock_metrics();
+  }
 }
 
 // Two runs writing one file would interleave, or replace, each other's lines without a word.
 void Trainer::lock_metrics() {
   bool busy = false;
-  metrics_lock_ = common::lock_file(o_.metrics_path, &busy);
+  std::string problem;
+  metrics_lock_ = common::lock_file(o_.metrics_path, &busy, &problem);
   if (busy) {
     fail(
         "--metrics '{}' is being written by another run (it holds the file's lock); give this "
         "run a file of its own",
         o_.metrics_path);
+  }
+  if (!problem.empty()) {
+    fmt::print(stderr,
+               "nanoddp-train: warning: --metrics '{}' cannot be locked ({}): another run writing "
+               "the same file would not be noticed\n",
+               o_.metrics_path, problem);
+    std::fflush(stderr);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
@@ -56,7 +57,16 @@ std::string model_difference(const std::string& recorded, const std::string& cur
     parts.push_back(fmt::format("{} {} there, {} in this run ({})", key, before, value,
                                 flag == kFlags.end() ? key : flag->second));
   }
-  if (parts.empty()) parts.push_back(fmt::format("{} there, {} in this run", recorded, current));
+  if (parts.empty()) {
+    // Every setting this run's description names is recorded, with the same value: the same
+    // model (a file of an earlier version describes a --layers 0 model with a hidden width and
+    // an activation that take no part, which this version no longer names).
+    const bool all_recorded =
+        !now.empty() && std::all_of(now.begin(), now.end(),
+                                    [&](const auto& kv) { return then.contains(kv.first); });
+    if (all_recorded) return {};
+    parts.push_back(fmt::format("{} there, {} in this run", recorded, current));
+  }
   return fmt::format("{}", fmt::join(parts, "; "));
 }
 

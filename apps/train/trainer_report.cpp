@@ -98,7 +98,11 @@ void Trainer::log(std::int64_t step, std::int64_t epoch, float loss, std::option
     line["optimizer_state_bytes"] = memory_held.optimizer_state_bytes;
     // Every rank's, as of the latest exchange (the first logged step, then the last step): the
     // ranks' shards differ when a bucket does not divide by the world size.
-    line["memory_per_rank"] = common::memory_per_rank_json<nlohmann::json>(memory_per_rank_);
+    // This rank's entry is its memory now, as the fields above (a stage-2 "most held so far"
+    // may grow after the first exchange).
+    std::vector<comm::ZeroMemory> per_rank = memory_per_rank_;
+    if (static_cast<std::size_t>(rank_) < per_rank.size()) per_rank[rank_] = memory_held;
+    line["memory_per_rank"] = common::memory_per_rank_json<nlohmann::json>(per_rank);
     write_metrics_line(line.dump());
   }
 }
@@ -110,7 +114,9 @@ namespace {
 std::optional<std::int64_t> record_step(std::string_view line) {
   if (line.ends_with('\r')) line.remove_suffix(1);
   const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
-  if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer()) {
+  // Ours: "steps_in_window" beside an integer "step" (another tool's lines with a step are kept).
+  if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer() ||
+      !record.contains("steps_in_window")) {
     return std::nullopt;
   }
   return record["step"].get<std::int64_t>();
@@ -147,6 +153,14 @@ bool Trainer::purge_metrics(const std::filesystem::path& target) {
   bool cut = false, unterminated = false;
   {
     std::ifstream in(target, std::ios::binary);
+    if (!in.is_open()) {
+      fmt::print(stderr,
+                 "nanoddp-train: warning: --metrics '{}' cannot be read ({}): the steps after "
+                 "step {} are not dropped, so they may appear twice\n",
+                 o_.metrics_path, std::strerror(errno), start_step_);
+      std::fflush(stderr);
+      return false;
+    }
     for (std::string line; std::getline(in, line);) {
       if (in.eof()) {  // no newline after it
         unterminated = true;
@@ -164,7 +178,8 @@ bool Trainer::purge_metrics(const std::filesystem::path& target) {
   // new one, never half of either.
   struct stat info {};
   if (::stat(target.c_str(), &info) != 0) info.st_mode = 0644;
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // O_EXCL | O_NOFOLLOW: a symlink planted at the temporary's name is not followed.
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   bool ok = fd >= 0;
   if (ok) {
     if (::fchown(fd, info.st_uid, info.st_gid) != 0) {
@@ -172,10 +187,16 @@ bool Trainer::purge_metrics(const std::filesystem::path& target) {
     }
     ok = ::fchmod(fd, info.st_mode & 07777) == 0;
     std::ifstream in(target, std::ios::binary);
+    ok = ok && in.is_open();
     for (std::string line; ok && std::getline(in, line);) {
       if (in.eof() && cut_record(line)) break;
       if (const auto step = record_step(line); step && *step > start_step_) continue;
       ok = write_all(fd, line) && write_all(fd, "\n");
+    }
+    // The whole file read, not a read error taken for its end (the rename would lose the rest).
+    if (ok && (in.bad() || !in.eof())) {
+      ok = false;
+      errno = EIO;
     }
     ok = ok && ::fsync(fd) == 0;
     // Locked before it takes the file's place, so that the lock this run holds moves with it:
@@ -252,7 +273,11 @@ void Trainer::write_metrics_line(const std::string& line) {
              "missing and no more are written\n",
              o_.metrics_path, errno != 0 ? std::strerror(errno) : "unknown error");
   std::fflush(stderr);
-  if (metrics_ == &metrics_file_) metrics_file_.close();
+  if (metrics_ == &metrics_file_) {
+    metrics_file_.close();
+  } else {
+    metrics_->clear();  // std::cout or std::cerr: usable by others again
+  }
   metrics_ = nullptr;
 }
 

@@ -82,6 +82,7 @@ Stream Stream::create(Device device, StreamPriority priority) {
         if (previous >= 0 && previous != index && detail::cuda_primary_context_active(previous)) {
           (void)cudaSetDevice(previous);
         }
+        (void)cudaGetLastError();  // no failure here is the next launch's error
       }));
 }
 

@@ -5,6 +5,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -430,7 +432,8 @@ TEST_CASE(
   std::filesystem::permissions(
       metrics, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   std::ofstream(metrics + ".resume-tmp") << "left by a killed resume";
-  std::ofstream(metrics, std::ios::app) << R"({"step":5,"note":"mine"})";  // no newline
+  // Another tool's record, of a step past the checkpoint: not nanoddp-train's, so kept.
+  std::ofstream(metrics, std::ios::app) << R"({"step":15,"note":"mine"})";  // no newline
   std::vector<std::string> resume = args(metrics, "30");
   resume.push_back("--resume");
   const ProcessResult r = train(resume);
@@ -448,8 +451,16 @@ TEST_CASE(
   }
   CHECK(note_kept);
   // The first logged step of a run is always its first (1, then 11).
-  CHECK(steps == std::vector<std::int64_t>{1, 2, 4, 6, 8, 10, 5, 11, 12, 14, 16, 18, 20, 22, 24, 26,
-                                           28, 30});
+  CHECK(steps == std::vector<std::int64_t>{1, 2, 4, 6, 8, 10, 15, 11, 12, 14, 16, 18, 20, 22, 24,
+                                           26, 28, 30});
+  // A file in /dev/shm is a file (an outside reviewer: everything under /dev was taken for a
+  // device, and a new file there was refused).
+  const std::string shm = fmt::format("/dev/shm/nanoddp-test-metrics-{}.jsonl", ::getpid());
+  const ProcessResult in_shm = train({"--in", "8", "--out", "4", "--hidden", "16", "--steps", "2",
+                                      "--log-every", "1", "--quiet", "--metrics", shm});
+  CHECK_MESSAGE(in_shm.exit_code == 0, in_shm.output);
+  CHECK(read_json_lines(shm).size() == 2);
+  std::filesystem::remove(shm);
   // Not regular files: appended to, never read back (a resume from step 30 each time).
   const std::string full = dir.file("full.jsonl");
   std::filesystem::create_symlink("/dev/full", full);

@@ -497,6 +497,24 @@ TEST_CASE("inputs: with --layers 0 neither --hidden nor --activation takes part,
     const ProcessResult r = train(args);
     CHECK_MESSAGE(r.exit_code == 0, r.output);
   }
+  // A file of an earlier version, whose description named the width and activation of a model
+  // that has none: the same model.
+  {
+    const nanoddp::nn::SafetensorsFile file = nanoddp::nn::read_safetensors(saved);
+    std::vector<std::vector<float>> values;
+    std::vector<nanoddp::nn::SafetensorsEntry> entries;
+    for (const std::string& name : file.names()) values.push_back(file.to_f32(name));
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      entries.push_back({file.names()[i], "F32", file.at(file.names()[i]).shape, values[i].data()});
+    }
+    nanoddp::nn::SafetensorsMetadata metadata = file.metadata();
+    metadata["model"] = "MLP(in=5, out=3, hidden=128, layers=0, activation=relu)";
+    const std::string old = dir.file("old.safetensors");
+    nanoddp::nn::write_safetensors(old, entries, metadata);
+    const ProcessResult r = train(
+        {"--in", "5", "--out", "3", "--layers", "0", "--steps", "1", "--quiet", "--init", old});
+    CHECK_MESSAGE(r.exit_code == 0, r.output);
+  }
   // With hidden layers the activation still matters.
   const ProcessResult hidden =
       train({"--in", "5", "--out", "3", "--layers", "1", "--steps", "1", "--init", saved});

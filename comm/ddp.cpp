@@ -48,6 +48,11 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, nn::FlatPar
         "the optimizer given to DistributedDataParallel updates another FlatParameters than the "
         "one DDP reduces: build it over the same FlatParameters");
   }
+  if (options.zero_overlap_gather && options.zero_stage == 0) {
+    fail(
+        "DdpOptions::zero_overlap_gather overlaps ZeRO's parameter all-gather: set zero_stage 1 or "
+        "2");
+  }
   if (options.zero_stage > 0) {
     if (optimizer == nullptr) {
       fail("DdpOptions::zero_stage {} shards the optimizer: pass it to DDP's constructor",
@@ -91,10 +96,42 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, nn::FlatPar
     zero_ = std::make_unique<Zero>(options_.zero_stage, params, *optimizer, group_,
                                    reducer_->buckets(), options_.reducer.comm_hook);
     reducer_->set_zero(zero_.get());
+    if (options_.zero_overlap_gather) {
+      overlap_ = std::make_unique<ZeroOverlap>(module_, params_, *zero_);
+    }
     // The whole optimizer state (and under stage 2 the flat gradient buffer) was freed into the
     // caching allocator: give it back to the system, or the process would hold more, not less.
     allocator_for(params.device()).empty_cache();
   }
+}
+
+std::vector<Tensor> DistributedDataParallel::call_model(
+    const std::function<std::vector<Tensor>()>& call) {
+  if (!overlap_) return call();
+  overlap_->begin_forward();
+  std::vector<Tensor> outputs;
+  try {
+    outputs = call();
+  } catch (...) {
+    overlap_->abort_forward();
+    throw;
+  }
+  overlap_->end_forward(outputs);
+  return outputs;
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& x) {
+  reducer_->note_forward();  // compared across ranks every step (step_check.h)
+  Tensor output = call_model([&] { return std::vector<Tensor>{module_(x)}; }).front();
+  reducer_->prepare_for_backward(output);  // find_unused_parameters: walks its graph
+  return output;
+}
+
+std::vector<Tensor> DistributedDataParallel::forward_many(std::span<const Tensor> inputs) {
+  reducer_->note_forward();
+  std::vector<Tensor> outputs = call_model([&] { return module_(inputs); });
+  reducer_->prepare_for_backward(outputs);  // find_unused_parameters: walks every output
+  return outputs;
 }
 
 void DistributedDataParallel::agree_order_through_store() {

@@ -24,6 +24,7 @@
 //   comm::DistributedDataParallel ddp(model, params, group, store, {.zero_stage = 2}, &sgd);
 //   for (...) { sgd.zero_grad(); mse_loss(ddp(x), y).backward(); ddp.zero()->step(); }
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -34,6 +35,7 @@
 #include "nanoddp/comm/reducer.h"
 #include "nanoddp/comm/store.h"
 #include "nanoddp/comm/zero.h"
+#include "nanoddp/comm/zero_overlap.h"
 #include "nanoddp/nn/flat_parameters.h"
 #include "nanoddp/nn/module.h"
 #include "nanoddp/nn/optimizer.h"
@@ -50,6 +52,11 @@ struct DdpOptions {
   // sharded over the ranks. 2: the averaged gradients too (zero.h). Turns rebuild_buckets off:
   // the buckets define which rank owns what.
   int zero_stage = 0;
+  // ZeRO: the parameter all-gathers after a step run while the next forward computes, each
+  // waited for before the first module that reads it (zero_overlap.h). Whoever reads the
+  // parameters between zero()->step() and the next forward calls
+  // zero()->wait_for_parameters() first.
+  bool zero_overlap_gather = false;
 };
 
 class DistributedDataParallel {
@@ -58,22 +65,13 @@ class DistributedDataParallel {
                           std::shared_ptr<ProcessGroup> group, std::shared_ptr<Store> store,
                           const DdpOptions& options = {}, nn::Optimizer* optimizer = nullptr);
 
-  Tensor forward(const Tensor& x) {
-    reducer_->note_forward();  // compared across ranks every step (step_check.h)
-    Tensor output = module_.forward(x);
-    reducer_->prepare_for_backward(output);  // find_unused_parameters: walks its graph
-    return output;
-  }
+  // Calls the model through its operator(), so its forward hooks run (as PyTorch's DDP does).
+  Tensor forward(const Tensor& x);
   Tensor operator()(const Tensor& x) { return forward(x); }
   // Several inputs and outputs (nn::Module::forward_many). Every parameter that took part in
   // any output gets its gradient through the same hooks; one that took part in none is an
   // unused parameter as with one input.
-  std::vector<Tensor> forward_many(std::span<const Tensor> inputs) {
-    reducer_->note_forward();
-    std::vector<Tensor> outputs = module_.forward_many(inputs);
-    reducer_->prepare_for_backward(outputs);  // find_unused_parameters: walks every output
-    return outputs;
-  }
+  std::vector<Tensor> forward_many(std::span<const Tensor> inputs);
   template <typename... Ts>
   requires(sizeof...(Ts) >= 2 &&
            (std::is_convertible_v<const Ts&, const Tensor&> && ...)) std::vector<Tensor>
@@ -114,6 +112,8 @@ class DistributedDataParallel {
 
   // ZeRO's step, memory and checkpoint state; null with zero_stage 0.
   Zero* zero() { return zero_.get(); }
+  // zero_overlap_gather's plan; null without it.
+  const ZeroOverlap* zero_overlap() const { return overlap_.get(); }
 
   Reducer& reducer() { return *reducer_; }
   ProcessGroup& group() { return *group_; }
@@ -133,6 +133,9 @@ class DistributedDataParallel {
   std::string key_;             // this instance's key space in the store
   int generation_ = 0;          // settings checks so far (the constructor's is 0)
   std::unique_ptr<Zero> zero_;  // before reducer_: the Reducer's collectives use its buffers
+  std::unique_ptr<ZeroOverlap> overlap_;  // zero_overlap_gather
+  // The model's call, between the overlap's begin and end of a forward.
+  std::vector<Tensor> call_model(const std::function<std::vector<Tensor>()>& call);
   std::unique_ptr<Reducer> reducer_;
 };
 

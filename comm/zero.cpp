@@ -122,6 +122,12 @@ Zero::Zero(int stage, nn::FlatParameters& params, nn::Optimizer& optimizer,
       shard_grads_bf16_ = Tensor::empty({shard_numel_}, device, DType::kBF16);
     }
   }
+  bucket_of_slot_.assign(params.slots().size(), 0);
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    for (const std::size_t slot : buckets[b].slots) bucket_of_slot_.at(slot) = b;
+  }
+  pending_.resize(chunks_.size());
+  set_overlap(false);
   adds_.assign(params.slots().size(), 0);
   accumulating_.assign(chunks_.size(), 0);
   incoming_.resize(chunks_.size());
@@ -251,33 +257,98 @@ const Tensor& Zero::averaged_gradients() const {
   return stage_ == 2 ? shard_grads_ : params_.grads();
 }
 
-template <typename Mine>
-void Zero::all_gather(Mine mine, Tensor& full) {
+std::vector<std::shared_ptr<Work>> Zero::launch_gather(const Chunk& c, const float* own,
+                                                       Tensor& full) {
   Backend& backend = backend_for(params_.device());
-  for (const Chunk& c : chunks_) {
-    const float* own = mine(c);
-    // A chunk lies in `full` as an all-gather's output does: the W blocks of q elements in rank
-    // order (then the tail). So it is gathered in place, in one collective: this rank's block
-    // is put where it belongs (the parameters' already is), and the others arrive around it.
-    if (c.q > 0) {
-      float* place = full.data() + c.offset + rank_ * c.q;
-      if (own != place) backend.copy(place, own, static_cast<std::size_t>(c.q) * sizeof(float));
-      Tensor in = full.view(c.offset + rank_ * c.q, {c.q});
-      Tensor out = full.view(c.offset, {c.q * world_});
-      group_->allgather(in, out)->wait();
-    }
-    if (c.tail == 0) continue;
+  std::vector<std::shared_ptr<Work>> works;
+  // A chunk lies in `full` as an all-gather's output does: the W blocks of q elements in rank
+  // order (then the tail). So it is gathered in place, in one collective: this rank's block is
+  // put where it belongs (the parameters' already is), and the others arrive around it.
+  if (c.q > 0) {
+    float* place = full.data() + c.offset + rank_ * c.q;
+    if (own != place) backend.copy(place, own, static_cast<std::size_t>(c.q) * sizeof(float));
+    Tensor in = full.view(c.offset + rank_ * c.q, {c.q});
+    Tensor out = full.view(c.offset, {c.q * world_});
+    works.push_back(group_->allgather(in, out));
+  }
+  if (c.tail > 0) {
     // The left-over elements, from the last rank.
     float* tail = full.data() + c.offset + c.q * world_;
     if (rank_ == world_ - 1 && own + c.q != tail) {
       backend.copy(tail, own + c.q, static_cast<std::size_t>(c.tail) * sizeof(float));
     }
     Tensor tail_view = full.view(c.offset + c.q * world_, {c.tail});
-    group_->broadcast(tail_view, world_ - 1)->wait();
+    works.push_back(group_->broadcast(tail_view, world_ - 1));
+  }
+  return works;
+}
+
+template <typename Mine>
+void Zero::all_gather(Mine mine, Tensor& full) {
+  for (const Chunk& c : chunks_) {
+    for (const std::shared_ptr<Work>& work : launch_gather(c, mine(c), full)) work->wait();
+  }
+}
+
+void Zero::set_overlap(bool on, std::vector<std::size_t> order) {
+  wait_for_parameters();
+  overlap_ = on;
+  // The order the forward reads the buckets in, then every bucket it does not name, last
+  // bucket first: that one holds the first layers (buckets fill in the order gradients arrive,
+  // the reverse of the forward).
+  std::vector<char> named(chunks_.size(), 0);
+  for (const std::size_t b : order) named.at(b) = 1;
+  for (std::size_t b = chunks_.size(); b-- > 0;) {
+    if (named[b] == 0) order.push_back(b);
+  }
+  gather_order_ = std::move(order);
+}
+
+void Zero::wait_for_bucket(std::size_t b) {
+  std::vector<std::shared_ptr<Work>>& works = pending_.at(b);
+  if (works.empty()) return;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    TraceSpan span("wait for all-gather", TraceTrack::kCompute, params_.device());
+    for (const std::shared_ptr<Work>& work : works) work->wait();
+  }
+  const double waited =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  gather_times_.forward_ms += waited;
+  // The collectives' own time, where the group measured it (they ran while the host computed).
+  double comm = 0;
+  for (const std::shared_ptr<Work>& work : works) {
+    const std::optional<WorkTiming> t = work->timing();
+    if (!t) {
+      comm = waited;
+      break;
+    }
+    comm += std::chrono::duration<double, std::milli>(t->end - t->start).count();
+  }
+  gather_times_.comm_ms += comm;
+  works.clear();
+}
+
+void Zero::wait_for_parameters() {
+  for (const std::size_t b : gather_order_) wait_for_bucket(b);
+}
+
+Zero::~Zero() {
+  // The collectives in flight write into the parameters: never leave them running.
+  for (std::vector<std::shared_ptr<Work>>& works : pending_) {
+    for (const std::shared_ptr<Work>& work : works) {
+      try {
+        work->wait();
+      } catch (...) {  // the group reports its failure elsewhere; a destructor cannot throw
+      }
+    }
   }
 }
 
 void Zero::step() {
+  // Gathers still in flight from the last step (its forward never ran, or threw) write the
+  // parameters the optimizer is about to update.
+  wait_for_parameters();
   // Stage 2's averaged gradients exist only as the shard the last synchronized backward left.
   // Without one since the last step (a backward that bypassed DDP's forward, or only no_sync
   // passes) the shard still holds the previous step's averages: applying them again would be a
@@ -295,16 +366,26 @@ void Zero::step() {
   // Communication, not optimizer work: traced on the communication track and timed for the
   // trainer's comm_ms (an outside tester found it booked as optimizer time).
   const auto start = std::chrono::steady_clock::now();
-  {
+  Tensor values = params_.values();
+  auto own = [&](const Chunk& c) { return values.data() + c.offset + rank_ * c.q; };
+  if (overlap_) {
+    // Launched in the order the forward reads them; each is waited for before the first module
+    // that reads it (zero_overlap.h).
+    TraceSpan span("launch all-gathers", TraceTrack::kCommunication, params_.device());
+    for (const std::size_t b : gather_order_)
+      pending_[b] = launch_gather(chunks_[b], own(chunks_[b]), values);
+  } else {
     TraceSpan span("all-gather parameters", TraceTrack::kCommunication, params_.device());
-    Tensor values = params_.values();
-    all_gather([&](const Chunk& c) { return values.data() + c.offset + rank_ * c.q; }, values);
+    all_gather(own, values);
   }
-  last_gather_ms_ +=
+  const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  gather_times_.step_ms += ms;
+  if (!overlap_) gather_times_.comm_ms += ms;
 }
 
 std::vector<nn::NamedTensor> Zero::full_optimizer_state() {
+  wait_for_parameters();  // its collectives would queue behind them; the caller reads both
   std::vector<nn::NamedTensor> full;
   for (const nn::NamedTensor& s : optimizer_.state()) {
     Tensor whole = Tensor::zeros({params_.numel()}, params_.device());

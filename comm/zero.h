@@ -45,11 +45,12 @@
 // added instead of overwritten (set_adds).
 //
 // The all-gathers run in place, one per bucket: a bucket's chunks lie in the flat buffer just
-// as an all-gather's output does (rank r's block at r x q), so no staging buffer is needed. The
-// parameter all-gather runs right after the step, bucket by bucket, and the host waits for it:
-// nanoddp's modules have no forward pre-hooks to wait on a bucket just before the first layer that
-// reads it, and the trainer reads parameters between steps (NaN checks, checkpoints).
-// docs/ddp-internals.md, "ZeRO", says what an overlap with the next forward would need.
+// as an all-gather's output does (rank r's block at r x q), so no staging buffer is needed. By
+// default the host waits for them at the end of step(). With DdpOptions::zero_overlap_gather
+// step() only launches them, in the order the forward reads the buckets, and each is waited
+// for just before the first module that reads it (zero_overlap.h): the gathers of the later
+// layers run while the first ones compute. Whoever reads parameters between step() and the
+// next forward calls wait_for_parameters() first (a checkpoint, a NaN check).
 
 #include <cstddef>
 #include <cstdint>
@@ -97,10 +98,31 @@ class Zero {
   // The optimizer step on this rank's chunks, then every bucket's parameters all-gathered, so
   // that all ranks hold the same, updated, parameters again. Every rank calls it.
   void step();
-  // The host's time in step()'s parameter all-gathers since the last call, in ms (0 when no
-  // step ran, e.g. a skipped one): on the CPU the communication itself (the host waits for it);
-  // on a GPU only its issue.
-  double take_gather_ms() { return std::exchange(last_gather_ms_, 0.0); }
+  // The parameter all-gathers' time since the last call, in ms (0 when no step ran, e.g. a
+  // skipped one). `step_ms`: the host's time in step() launching them (and, without the overlap,
+  // waiting for them); `forward_ms`: its waits for them in the forward (the overlap); `comm_ms`:
+  // the collectives' own time where the process group measures it, else step_ms + forward_ms.
+  // On a GPU the host only issues them, and waits for none.
+  struct GatherTimes {
+    double step_ms = 0, forward_ms = 0, comm_ms = 0;
+  };
+  GatherTimes take_gather_times() { return std::exchange(gather_times_, GatherTimes{}); }
+
+  // The all-gather overlap (zero_overlap.h). With it on, step() launches the gathers in
+  // `order` (bucket indices; the others after them) and returns; wait_for_bucket(b) waits for
+  // bucket b's, wait_for_parameters() for all. The ranks need not agree on it: the collectives
+  // are the same either way, only when the host waits for them differs.
+  void set_overlap(bool on, std::vector<std::size_t> order = {});
+  bool overlap() const { return overlap_; }
+  // Whether bucket b's all-gather is still pending (launched and not yet waited for).
+  bool gathering(std::size_t b) const { return !pending_.at(b).empty(); }
+  void wait_for_bucket(std::size_t b);
+  void wait_for_parameters();
+  std::size_t bucket_count() const { return chunks_.size(); }
+  const std::vector<std::size_t>& gather_order() const { return gather_order_; }
+  // Which bucket parameter slot `slot` lies in.
+  std::size_t bucket_of_slot(std::size_t slot) const { return bucket_of_slot_.at(slot); }
+  ~Zero();
 
   // Stage 2, from the Reducer: bucket b's gradients (bucket.grads) reduce-scattered, averaged,
   // into this rank's chunk of the shard gradient buffer.
@@ -139,13 +161,20 @@ class Zero {
   // is read from mine(c).
   template <typename Mine>
   void all_gather(Mine mine, Tensor& full);
+  // Launches chunk c's all-gather into `full` (and the left-over elements' broadcast); `own` is
+  // where this rank's chunk is now.
+  std::vector<std::shared_ptr<Work>> launch_gather(const Chunk& c, const float* own, Tensor& full);
   // Stage 2: bucket b's averages into this rank's part of the shard, each parameter's copied or
   // added (set_adds). `main` holds the chunk's q elements, `tail` the left-over ones (the last
   // rank's; world 1: `main` is the whole bucket).
   void land(std::size_t b, const Bucket& bucket, const float* main, const float* tail);
 
   int stage_;
-  double last_gather_ms_ = 0;
+  GatherTimes gather_times_;
+  bool overlap_ = false;
+  std::vector<std::size_t> gather_order_;                    // the overlap's launch order
+  std::vector<std::vector<std::shared_ptr<Work>>> pending_;  // per bucket: gathers in flight
+  std::vector<std::size_t> bucket_of_slot_;
   std::size_t buckets_scattered_ = 0;  // stage 2: of the pass since the last step
   nn::FlatParameters& params_;
   nn::Optimizer& optimizer_;

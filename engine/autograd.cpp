@@ -1,5 +1,6 @@
 #include "nanoddp/engine/autograd.h"
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 #include <queue>
@@ -75,6 +76,36 @@ std::unordered_set<const TensorImpl*> reachable_leaves(std::span<const Tensor> r
 
 std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root) {
   return reachable_leaves(std::span<const Tensor>(&root, 1));
+}
+
+std::unordered_map<const TensorImpl*, std::uint64_t> first_reads(std::span<const Tensor> roots) {
+  std::unordered_map<const TensorImpl*, std::uint64_t> first;
+  std::unordered_set<const Node*> seen;
+  std::vector<const Node*> stack;
+  for (const Tensor& root : roots) {
+    if (!root.defined() || !root.requires_grad()) continue;
+    if (root.is_leaf()) {
+      first.emplace(root.impl(), next_sequence_nr.load());  // read by nothing yet
+    } else if (seen.insert(root.grad_fn().get()).second) {
+      stack.push_back(root.grad_fn().get());
+    }
+  }
+  while (!stack.empty()) {
+    const Node* node = stack.back();
+    stack.pop_back();
+    for (const Node::Edge& edge : node->edges_) {
+      if (edge.leaf) {
+        auto [at, fresh] = first.emplace(edge.leaf.get(), node->sequence_nr());
+        if (!fresh) at->second = std::min(at->second, node->sequence_nr());
+      }
+      if (edge.node && seen.insert(edge.node.get()).second) stack.push_back(edge.node.get());
+    }
+  }
+  return first;
+}
+
+std::uint64_t next_node_sequence_nr() {
+  return next_sequence_nr.load();
 }
 
 // One execution of backward(): the bookkeeping lives only as long as the pass.

@@ -22,8 +22,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <string>
 #include <span>
+#include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -54,6 +55,12 @@ class Node;
 // any of them reaches (a model with several outputs).
 std::unordered_set<const TensorImpl*> reachable_leaves(std::span<const Tensor> roots);
 std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root);
+// For each leaf `roots`' graph reaches, the sequence number of the earliest node that read it:
+// when the forward first used it. ZeRO's all-gather overlap checks with it that no layer read a
+// parameter before its all-gather was waited for (zero.h).
+std::unordered_map<const TensorImpl*, std::uint64_t> first_reads(std::span<const Tensor> roots);
+// The sequence number the next node will get: a node recorded after this call has one >= it.
+std::uint64_t next_node_sequence_nr();
 
 class Node {
  public:
@@ -67,6 +74,8 @@ class Node {
  private:
   friend class BackwardPass;
   friend std::unordered_set<const TensorImpl*> reachable_leaves(std::span<const Tensor> roots);
+  friend std::unordered_map<const TensorImpl*, std::uint64_t> first_reads(
+      std::span<const Tensor> roots);
   // Input i's origin: the node that produced it, or the leaf itself, or nothing (no grad).
   struct Edge {
     std::shared_ptr<Node> node;

@@ -63,9 +63,9 @@ ResidualBlock::ResidualBlock(const ResidualBlockOptions& options, Generator& gen
 
 Tensor ResidualBlock::forward(const Tensor& x) {
   // The activation rides in fc1's GEMM epilogue (linear's fused bias + activation).
-  Tensor h = linear(norm_->forward(x), fc1_->weight(), fc1_->bias(), options_.activation);
-  if (drop_) h = drop_->forward(h);
-  return add(x, fc2_->forward(h));
+  Tensor h = linear((*norm_)(x), fc1_->weight(), fc1_->bias(), options_.activation);
+  if (drop_) h = (*drop_)(h);
+  return add(x, (*fc2_)(h));
 }
 
 std::string ResidualBlock::describe() const {

@@ -31,7 +31,7 @@ void Sequential::push_back(std::shared_ptr<Module> module) {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  for (const auto& [name, child] : children()) h = child->forward(h);
+  for (const auto& [name, child] : children()) h = (*child)(h);
   return h;
 }
 

@@ -65,7 +65,7 @@ struct MlpOptions {
 class Mlp : public Module {
  public:
   explicit Mlp(const MlpOptions& options);
-  Tensor forward(const Tensor& x) override { return layers_->forward(x); }
+  Tensor forward(const Tensor& x) override { return (*layers_)(x); }
   std::string describe() const override;
   const MlpOptions& options() const { return options_; }
 

@@ -44,6 +44,21 @@ std::vector<Tensor> Module::forward_many(std::span<const Tensor> inputs) {
   return out;
 }
 
+std::uint64_t Module::register_forward_pre_hook(ForwardHook hook) {
+  pre_hooks_.emplace_back(next_hook_id_, std::move(hook));
+  return next_hook_id_++;
+}
+
+std::uint64_t Module::register_forward_hook(ForwardHook hook) {
+  post_hooks_.emplace_back(next_hook_id_, std::move(hook));
+  return next_hook_id_++;
+}
+
+void Module::remove_forward_hook(std::uint64_t id) {
+  std::erase_if(pre_hooks_, [id](const auto& h) { return h.first == id; });
+  std::erase_if(post_hooks_, [id](const auto& h) { return h.first == id; });
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (const auto& [name, child] : children_) child->train(on);

@@ -41,6 +41,10 @@ std::string check(const TrainOptions& o) {
            "applied during backward, before the step's loss and gradients can be checked; drop "
            "one of the two";
   }
+  if (o.zero_overlap_gather && o.zero == 0) {
+    return "--zero-overlap-gather overlaps ZeRO's parameter all-gather with the next forward: it "
+           "needs --zero 1 or --zero 2";
+  }
   if (o.zero > 0 && o.optimizer_in_backward) {
     return fmt::format(
         "--zero {} cannot be combined with --optimizer-in-backward: under ZeRO each rank updates "
@@ -197,6 +201,9 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code,
                  "averaged gradients too (reduce-scatter instead of all-reduce)")
       ->check(CLI::IsMember({0, 1, 2}))
       ->capture_default_str();
+  app.add_flag("--zero-overlap-gather", o.zero_overlap_gather,
+               "with --zero: run the parameter all-gathers during the next forward, each waited "
+               "for before the first layer that reads it, instead of after the step");
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "directory of step-N.safetensors checkpoints")
       ->check(cli::non_empty_path("a folder name"));

@@ -61,6 +61,7 @@ struct TrainOptions {
   bool find_unused_parameters = false;
   // ZeRO: 0 plain DDP, 1 optimizer state sharded over the ranks, 2 the averaged gradients too.
   int zero = 0;
+  bool zero_overlap_gather = false;
 
   // Checkpoints and timelines.
   std::string checkpoint_dir;

@@ -111,13 +111,15 @@ float Trainer::train_step(std::int64_t step, Window& window) {
     // gradient.) On a GPU the compute stream stalled for them while the host went on, so the
     // host's backward time does not contain them.
     if (device_.is_cpu()) window.backward_ms -= stats.exposed_comm_ms;
-    // --zero: the parameter all-gather after the optimizer step is communication the host waits
-    // for, none of it hidden (zero.h says why): booked there, not as optimizer time.
+    // --zero: the parameter all-gather is communication, booked there, not as optimizer time;
+    // the host waits for it after the step, or with --zero-overlap-gather in the forward before
+    // the layers that read it (the waits are this step's forward's, for the last step's gathers).
     if (ddp_->zero() != nullptr && device_.is_cpu()) {
-      const double gather_ms = ddp_->zero()->take_gather_ms();
-      window.comm_ms += gather_ms;
-      window.exposed_comm_ms += gather_ms;
-      window.optimizer_ms -= gather_ms;
+      const comm::Zero::GatherTimes gather = ddp_->zero()->take_gather_times();
+      window.comm_ms += gather.comm_ms;
+      window.exposed_comm_ms += gather.step_ms + gather.forward_ms;
+      window.optimizer_ms -= gather.step_ms;
+      window.forward_ms -= gather.forward_ms;
     }
   }
   return loss;
@@ -129,6 +131,10 @@ void Trainer::optimizer_step() {
   } else {
     optimizer_->step();
   }
+}
+
+void Trainer::wait_for_parameters() {
+  if (ddp_ && ddp_->zero() != nullptr) ddp_->zero()->wait_for_parameters();
 }
 
 comm::ZeroMemory Trainer::memory() const {

@@ -146,6 +146,8 @@ class Trainer {
   void check_output_paths();  // also takes --metrics' lock (metrics_lock_)
   void lock_metrics();        // into metrics_lock_; held by another run: exit 2
   void check_paths_distinct() const;
+  // --zero-overlap-gather: the last step's all-gathers done, before the parameters are read.
+  void wait_for_parameters();
   void require_finite_parameters(std::int64_t step, const char* what);
   std::string npy_checksums_;  // of --data and --targets, for data_description()
   void read_inputs();          // --init's header and the data set

@@ -270,6 +270,7 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
 // parameters are checked before they are written, so no checkpoint or --save holds NaN or Inf.
 // Every rank checks (DDP keeps them equal), so all stop together.
 void Trainer::require_finite_parameters(std::int64_t step, const char* what) {
+  wait_for_parameters();
   const std::int64_t bad = count_nonfinite(params_->values());
   if (bad > 0) {
     fail(
@@ -281,6 +282,7 @@ void Trainer::require_finite_parameters(std::int64_t step, const char* what) {
 }
 
 void Trainer::save_parameters() {
+  wait_for_parameters();
   if (o_.save_path.empty() || !is_main()) return;
   std::vector<nn::NamedTensor> named = model_->named_parameters();
   std::vector<std::vector<float>> host;

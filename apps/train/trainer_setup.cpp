@@ -220,7 +220,8 @@ void Trainer::set_up() {
                                      .find_unused_parameters = o_.find_unused_parameters,
                                      .comm_hook = comm::parse_comm_hook(o_.comm_hook),
                                      .overlap = o_.overlap},
-                         .zero_stage = o_.zero},
+                         .zero_stage = o_.zero,
+                         .zero_overlap_gather = o_.zero_overlap_gather},
         optimizer_.get());
     if (o_.zero == 1 && o_.optimizer == "sgd" && o_.momentum == 0.0f && is_main()) {
       // Plain SGD keeps no state: stage 1 has nothing to shard and still pays the all-gather.

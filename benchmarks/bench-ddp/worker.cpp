@@ -188,7 +188,8 @@ int run_worker(const Options& o) {
     // ZeRO's parameter all-gather after the step: communication the host waits for, none of it
     // hidden (zero.h), booked as nanoddp-train books it. Taken every step, so that a measured
     // step holds its own gather only. On a GPU its time is only the issue: not counted.
-    const double gather_ms = zero != nullptr && device.is_cpu() ? zero->take_gather_ms() : 0.0;
+    const comm::Zero::GatherTimes gather =
+        zero != nullptr && device.is_cpu() ? zero->take_gather_times() : comm::Zero::GatherTimes{};
     if (step < o.warmup) continue;
     const double step_ms = ms_between(start, end);
     double comm_ms = 0, exposed_ms = 0;
@@ -200,8 +201,8 @@ int run_worker(const Options& o) {
       // the communication thread, which is overhead of the step, not communication.
       exposed_ms = std::min(stats.exposed_comm_ms, stats.comm_ms);
     }
-    comm_ms += gather_ms;
-    exposed_ms += gather_ms;
+    comm_ms += gather.comm_ms;
+    exposed_ms += gather.step_ms + gather.forward_ms;
     mine.step_ms.push_back(step_ms);
     mine.compute_ms.push_back(step_ms - exposed_ms);
     mine.comm_ms.push_back(comm_ms);

@@ -291,6 +291,61 @@ TEST_CASE("zero training: the trace names the reduce-scatters and the parameter 
   CHECK(text.find("\"wait for all-reduce\"") == std::string::npos);
 }
 
+TEST_CASE("zero training: --zero-overlap-gather ends bit for bit where it ends without") {
+  // The same collectives, waited for in the next forward instead of after the step: the same
+  // bits, on 2 and 3 ranks, at both stages, with checkpoints (which wait for the gathers before
+  // reading the parameters) and --save after the last step's gathers. The trace shows the
+  // gathers launched after the step and waited for in the forward.
+  TempDir dir;
+  for (int world : {2, 3}) {
+    for (int stage : {1, 2}) {
+      CAPTURE(world);
+      CAPTURE(stage);
+      std::vector<std::vector<float>> saved;
+      for (const bool overlap : {false, true}) {
+        const std::string name = fmt::format("{}-{}-{}", world, stage, overlap);
+        std::vector<std::string> args = train_args({"--optimizer",
+                                                    "adamw",
+                                                    "--lr",
+                                                    "0.01",
+                                                    "--grad-accum",
+                                                    "2",
+                                                    "--batch",
+                                                    "8",
+                                                    "--steps",
+                                                    "9",
+                                                    "--zero",
+                                                    std::to_string(stage),
+                                                    "--checkpoint-every",
+                                                    "4",
+                                                    "--checkpoint-dir",
+                                                    dir.file(name + "-ckpt"),
+                                                    "--save",
+                                                    dir.file(name),
+                                                    "--trace",
+                                                    dir.file(name + ".json"),
+                                                    "--trace-steps",
+                                                    "3"});
+        if (overlap) args.push_back("--zero-overlap-gather");
+        require_success(run_world(args, world, quick()));
+        saved.push_back(all_parameters(dir.file(name)));
+        std::ifstream in(dir.file(name + ".json"));
+        const std::string text((std::istreambuf_iterator<char>(in)),
+                               std::istreambuf_iterator<char>());
+        CHECK((text.find("\"wait for all-gather\"") != std::string::npos) == overlap);
+        CHECK((text.find("\"launch all-gathers\"") != std::string::npos) == overlap);
+        CHECK((text.find("\"all-gather parameters\"") != std::string::npos) == !overlap);
+      }
+      CHECK(saved[0] == saved[1]);
+    }
+  }
+  const ProcessResult alone =
+      run_process(train_args({"--zero-overlap-gather", "--steps", "1"}), quick());
+  CHECK(alone.exit_code == 2);
+  CHECK(alone.output.find("--zero-overlap-gather overlaps ZeRO's parameter all-gather") !=
+        std::string::npos);
+}
+
 TEST_CASE("zero training: a bad --zero, --zero with --optimizer-in-backward, ranks that disagree") {
   const ProcessResult bad = run_process(train_args({"--zero", "3", "--steps", "1"}), quick());
   CHECK(bad.exit_code == 2);

@@ -256,6 +256,27 @@ TEST_CASE("ddp zero: the bf16 hook reduce-scatters as it all-reduces") {
   }
 }
 
+TEST_CASE("ddp zero: the all-gather overlapping the next forward ends bit for bit as without") {
+  // On 2 and 3 ranks (uneven chunks), SGD with momentum and AdamW, stages 1 and 2, with no_sync
+  // micro-batches; the learned plan, and a read in another order refused by name.
+  for (const char* optimizer : {"--sgd", "--adamw"}) {
+    for (int world : {2, 3}) {
+      CAPTURE(optimizer);
+      CAPTURE(world);
+      const auto results = run_scenario({"zero-overlap", optimizer}, world);
+      INFO(describe(results));
+      REQUIRE(all_exit(results, 0));
+      for (const auto& r : results) {
+        CHECK(r.output.find("zero stage 1 with the overlap equals it without, bit for bit") !=
+              std::string::npos);
+        CHECK(r.output.find("zero stage 2 with the overlap equals it without, bit for bit") !=
+              std::string::npos);
+        CHECK(r.output.find("refused: ZeRO all-gather overlap") != std::string::npos);
+      }
+    }
+  }
+}
+
 TEST_CASE(
     "ddp zero: a bad stage, no optimizer, reconfigure and the optimizer in backward are refused") {
   const auto results = run_scenario({"zero-refusals"}, 2);

@@ -16,6 +16,7 @@
 //   nanoddp-test-ddp-worker two-tower
 //   nanoddp-test-ddp-worker zero [--adamw] [--bf16] [--twoback|--nozerograd]
 //   nanoddp-test-ddp-worker zero-refusals
+//   nanoddp-test-ddp-worker zero-overlap [--adamw]
 
 #include <fmt/format.h>
 
@@ -924,6 +925,127 @@ int zero(comm::Distributed& dist, bool adam, bool bf16, const std::string& loop)
   return 0;
 }
 
+// ZeRO's all-gather overlap (zero_overlap.h). A model whose parameters are read in three ways: by
+// the module that owns them (Linear), by a parent that runs a child's GEMM itself (ResidualBlock
+// reads fc1's weight), and by the root calling a child's forward() directly, past its hooks.
+// `swap` (set after the first forward) makes the root read q's parameters before entering q: a
+// read in another order than the learned one.
+class OverlapModel : public nn::Module {
+ public:
+  explicit OverlapModel(Generator& g)
+      : p_(register_module("p", std::make_shared<nn::Linear>(4, 6, g))),
+        block_(
+            register_module("block", std::make_shared<nn::ResidualBlock>(
+                                         nn::ResidualBlockOptions{.features = 6, .hidden = 5}, g))),
+        q_(register_module("q", std::make_shared<nn::Linear>(6, 6, g))),
+        direct_(register_module("direct", std::make_shared<nn::Linear>(6, 2, g))) {}
+  bool swap = false;
+  Tensor forward(const Tensor& x) override {
+    Tensor h = (*block_)((*p_)(x));
+    if (swap) h = add(h, mul(linear(h, q_->weight(), q_->bias()), 0.0f));
+    return direct_->forward((*q_)(h));
+  }
+  std::string describe() const override { return "OverlapModel"; }
+
+ private:
+  std::shared_ptr<nn::Linear> p_;
+  std::shared_ptr<nn::ResidualBlock> block_;
+  std::shared_ptr<nn::Linear> q_, direct_;
+};
+
+// With the overlap the steps end bit for bit where they end without it (the same collectives,
+// only waited for later), at stages 1 and 2; the parameters are still being gathered after
+// step() and no longer after the forward; the learned plan waits for p's, the block's (fc1's
+// inside the block), q's buckets on entering them, direct's on entering the model (the root
+// runs it past its hooks), and launches them in that order. Then the swapped
+// read is refused, naming the parameter.
+int zero_overlap(comm::Distributed& dist, bool adam) {
+  const int rank = dist.group->rank();
+  for (int stage = 1; stage < 3; ++stage) {
+    std::vector<float> ends[2];
+    for (int overlap = 0; overlap < 2; ++overlap) {
+      Generator g(5);
+      OverlapModel model(g);
+      nn::FlatParameters params(model, Device::cpu());
+      std::unique_ptr<nn::Optimizer> optimizer;
+      if (adam) {
+        optimizer = std::make_unique<nn::AdamW>(params, nn::AdamWOptions{.weight_decay = 0.1f});
+      } else {
+        optimizer = std::make_unique<nn::SGD>(params, nn::SgdOptions{.lr = 0.1f, .momentum = 0.9f});
+      }
+      comm::DistributedDataParallel ddp(
+          model, params, dist.group, dist.store,
+          {.reducer = {.bucket_cap_mb = 1e-5, .first_bucket_mb = 1e-6},
+           .zero_stage = stage,
+           .zero_overlap_gather = overlap == 1},
+          optimizer.get());
+      const std::size_t buckets = ddp.zero()->bucket_count();
+      EXPECT(buckets >= 6, "stage {}: {} buckets; the test needs one per few parameters", stage,
+             buckets);
+      for (int step = 0; step < 5; ++step) {
+        optimizer->zero_grad();
+        if (step % 2 == 1) {
+          comm::DistributedDataParallel::NoSync guard(ddp);
+          mse_loss(ddp(batch(5, 4, rank, 2 * step, 0)), batch(5, 2, rank, 2 * step, 1)).backward();
+        }
+        mse_loss(ddp(batch(5, 4, rank, 2 * step + 1, 0)), batch(5, 2, rank, 2 * step + 1, 1))
+            .backward();
+        for (std::size_t b = 0; b < buckets; ++b) {
+          EXPECT(!ddp.zero()->gathering(b),
+                 "stage {} step {}: bucket {} still gathering after the forward", stage, step, b);
+        }
+        ddp.zero()->step();
+        if (overlap == 1 && dist.group->size() > 1) {
+          std::size_t in_flight = 0;
+          for (std::size_t b = 0; b < buckets; ++b) in_flight += ddp.zero()->gathering(b) ? 1 : 0;
+          EXPECT(in_flight == buckets, "stage {} step {}: {} of {} buckets in flight after step()",
+                 stage, step, in_flight, buckets);
+        }
+      }
+      if (overlap == 1) {
+        const std::string plan = ddp.zero_overlap()->describe();
+        fmt::print("stage {} plan:\n{}", stage, plan);
+        for (const char* module : {"entering p\n", "entering block\n", "entering q\n"}) {
+          EXPECT(plan.find(module) != std::string::npos, "the plan has no wait on {}", module);
+        }
+        // Launched in the order they are waited for: the plan's.
+        std::string launched;
+        for (const std::size_t b : ddp.zero()->gather_order())
+          launched += fmt::format("bucket {}:", b);
+        std::string planned;
+        for (std::size_t at = 0; at < plan.size(); at = plan.find('\n', at) + 1) {
+          planned += plan.substr(at, plan.find(':', at) + 1 - at);
+        }
+        EXPECT(launched == planned, "launched in the order {}, waited for in the order {}",
+               launched, planned);
+        EXPECT(plan.find("entering block.fc1") == std::string::npos &&
+                   plan.find("entering direct") == std::string::npos,
+               "fc1 (read by the block) or direct (called past its hooks) waits on itself");
+      }
+      ddp.zero()->wait_for_parameters();
+      ends[overlap] = params.values().to_vector();
+      if (overlap == 1) {
+        // The swapped read: refused after the step, when its gather is in flight.
+        model.swap = true;
+        optimizer->zero_grad();
+        try {
+          (void)ddp(batch(5, 4, rank, 99, 0));
+          EXPECT(false, "stage {}: the swapped read was not refused", stage);
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          EXPECT(what.find("parameter 'q.") != std::string::npos &&
+                     what.find("read in the model itself before") != std::string::npos,
+                 "stage {}: {}", stage, what);
+          fmt::print("refused: {}\n", what);
+        }
+      }
+    }
+    EXPECT(ends[0] == ends[1], "stage {}: the overlap changed the parameters", stage);
+    fmt::print("zero stage {} with the overlap equals it without, bit for bit\n", stage);
+  }
+  return 0;
+}
+
 // What ZeRO refuses: reconfigure, the bucket-reduced hook, a stage out of range, no optimizer.
 int zero_refusals(comm::Distributed& dist) {
   Generator g(11);
@@ -1073,6 +1195,9 @@ int main(int argc, char** argv) {
       return zero(dist, adam, bf16, loop);
     }
     if (scenario == "zero-refusals") return zero_refusals(dist);
+    if (scenario == "zero-overlap") {
+      return zero_overlap(dist, argc > 2 && std::strcmp(argv[2], "--adamw") == 0);
+    }
   } catch (const std::exception& e) {
     fmt::print(stderr, "unexpected error: {}\n", e.what());
     return 1;

@@ -330,4 +330,40 @@ TEST_CASE("zero_missing_grads zero-fills only the gradients no backward wrote, a
   }
 }
 
+TEST_CASE(
+    "module hooks: pre-hooks and hooks run around a call, children's inside, not on forward()") {
+  Generator g(3);
+  auto first = std::make_shared<Linear>(4, 3, g);
+  auto second = std::make_shared<Linear>(3, 2, g);
+  Sequential model;
+  model.push_back(first);
+  model.push_back(second);
+  std::vector<std::string> log;
+  const std::uint64_t a =
+      model.register_forward_pre_hook([&](Module&) { log.push_back("model>"); });
+  model.register_forward_hook([&](Module&) { log.push_back("model<"); });
+  const std::uint64_t b = first->register_forward_pre_hook([&](Module& m) {
+    CHECK(&m == first.get());
+    log.push_back("first>");
+  });
+  second->register_forward_hook([&](Module&) { log.push_back("second<"); });
+  const Tensor x = Tensor::ones({2, 4});
+  (void)model(x);
+  CHECK(log == std::vector<std::string>{"model>", "first>", "second<", "model<"});
+  // forward() itself runs no hooks of its own module; its children are still called through
+  // operator().
+  log.clear();
+  (void)model.forward(x);
+  CHECK(log == std::vector<std::string>{"first>", "second<"});
+  model.remove_forward_hook(a);
+  first->remove_forward_hook(b);
+  log.clear();
+  (void)model(x);
+  CHECK(log == std::vector<std::string>{"second<", "model<"});
+  // A forward that throws runs no forward hook after it.
+  log.clear();
+  CHECK_THROWS_AS((void)model(Tensor::ones({2, 5})), Error);
+  CHECK(log.empty());
+}
+
 }  // namespace nanoddp::nn

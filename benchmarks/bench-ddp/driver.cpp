@@ -40,6 +40,7 @@ struct Point {
   bool optimizer_in_backward = false;
   std::string comm_hook;
   int zero = 0;
+  bool zero_overlap_gather = false;
   int threads = 1;
 };
 
@@ -62,22 +63,26 @@ std::vector<Point> expand(const Options& o) {
                     for (const bool in_backward : o.optimizer_in_backward)
                       for (const auto& hook : o.comm_hook)
                         for (const int zero : o.zero)
-                          for (const int threads : o.threads)
-                            for (const int world : o.world)
-                              points.push_back(Point{.world = world,
-                                                     .hidden = hidden,
-                                                     .layers = layers,
-                                                     .batch = batch,
-                                                     .in = in == 0 ? hidden : in,
-                                                     .out = out == 0 ? hidden : out,
-                                                     .activation = activation,
-                                                     .bucket_cap_mb = bucket,
-                                                     .first_bucket_mb = first,
-                                                     .overlap = overlap,
-                                                     .optimizer_in_backward = in_backward,
-                                                     .comm_hook = hook,
-                                                     .zero = zero,
-                                                     .threads = threads});
+                          for (const bool gather : o.zero_overlap_gather)
+                            for (const int threads : o.threads)
+                              for (const int world : o.world)
+                                // No ZeRO, no parameter all-gather to overlap: --zero 0 runs off.
+                                if (zero > 0 || !gather)
+                                  points.push_back(Point{.world = world,
+                                                         .hidden = hidden,
+                                                         .layers = layers,
+                                                         .batch = batch,
+                                                         .in = in == 0 ? hidden : in,
+                                                         .out = out == 0 ? hidden : out,
+                                                         .activation = activation,
+                                                         .bucket_cap_mb = bucket,
+                                                         .first_bucket_mb = first,
+                                                         .overlap = overlap,
+                                                         .optimizer_in_backward = in_backward,
+                                                         .comm_hook = hook,
+                                                         .zero = zero,
+                                                         .zero_overlap_gather = gather,
+                                                         .threads = threads});
   return points;
 }
 
@@ -104,6 +109,8 @@ std::vector<std::string> config_flags(const Options& o, const Point& p) {
                      p.comm_hook,
                      "--zero",
                      std::to_string(p.zero),
+                     "--zero-overlap-gather",
+                     p.zero_overlap_gather ? "on" : "off",
                      "--threads",
                      std::to_string(p.threads),
                      "--backend",
@@ -501,6 +508,7 @@ class Sweep {
       config["optimizer_in_backward"] = p.optimizer_in_backward;
       config["comm_hook"] = p.comm_hook;
       config["zero_stage"] = p.zero;
+      config["zero_overlap_gather"] = p.zero_overlap_gather;
     }
     config["threads"] = p.threads;
     nlohmann::ordered_json record = {

@@ -109,7 +109,7 @@ void deduplicate(const std::string& flag, const std::string& text, std::vector<T
 
 struct ListFlags {
   std::string world, hidden, layers, in, out, activation, batch, bucket_cap_mb, first_bucket_mb,
-      overlap, optimizer_in_backward, comm_hook, zero, threads;
+      overlap, optimizer_in_backward, comm_hook, zero, zero_overlap_gather, threads;
 };
 
 void convert_lists(const ListFlags& f, Options& o) {
@@ -156,6 +156,12 @@ void convert_lists(const ListFlags& f, Options& o) {
           return parse_choice("--optimizer-in-backward", s, {"on", "off"}) == "on";
         });
   }
+  if (!f.zero_overlap_gather.empty()) {
+    o.zero_overlap_gather =
+        parse_list<bool>("--zero-overlap-gather", f.zero_overlap_gather, [](const std::string& s) {
+          return parse_choice("--zero-overlap-gather", s, {"on", "off"}) == "on";
+        });
+  }
   if (!f.bucket_cap_mb.empty()) {
     o.bucket_cap_mb = parse_list<double>(
         "--bucket-cap-mb", f.bucket_cap_mb,
@@ -180,6 +186,7 @@ void convert_lists(const ListFlags& f, Options& o) {
   deduplicate("--first-bucket-mb", f.first_bucket_mb, o.first_bucket_mb, o.notes);
   deduplicate("--overlap", f.overlap, o.overlap, o.notes);
   deduplicate("--optimizer-in-backward", f.optimizer_in_backward, o.optimizer_in_backward, o.notes);
+  deduplicate("--zero-overlap-gather", f.zero_overlap_gather, o.zero_overlap_gather, o.notes);
 }
 
 // One rank alone is the plain 1-process baseline (no DDP, nothing to shard): a ZeRO stage
@@ -251,6 +258,13 @@ void check_relations(const Options& o) {
         "them in two runs (--zero 0 with --optimizer-in-backward on,off)",
         fmt::join(o.zero, ","));
   }
+  const bool any_gather_overlap = std::any_of(
+      o.zero_overlap_gather.begin(), o.zero_overlap_gather.end(), [](bool b) { return b; });
+  if (any_gather_overlap && !any_zero) {
+    usage_error(
+        "--zero-overlap-gather on overlaps ZeRO's parameter all-gather with the next forward: it "
+        "needs --zero 1 or 2 (a --zero 0 point of a sweep with both runs without it)");
+  }
   if (o.worker) {
     if (o.result_path.empty()) usage_error("--worker needs --result FILE");
     const std::vector<std::pair<const char*, std::size_t>> sizes = {
@@ -267,6 +281,7 @@ void check_relations(const Options& o) {
         {"--optimizer-in-backward", o.optimizer_in_backward.size()},
         {"--comm-hook", o.comm_hook.size()},
         {"--zero", o.zero.size()},
+        {"--zero-overlap-gather", o.zero_overlap_gather.size()},
         {"--threads", o.threads.size()}};
     for (const auto& [flag, n] : sizes) {
       if (n != 1) usage_error("--worker runs one point, but {} has {} values", flag, n);
@@ -324,6 +339,9 @@ std::optional<Options> parse_options(int argc, const char* const* argv, int& exi
   list_option("--zero", lists.zero,
               "ZeRO stage: 0 plain DDP, 1 optimizer state sharded over the ranks, 2 the "
               "averaged gradients too (list; default 0)");
+  list_option("--zero-overlap-gather", lists.zero_overlap_gather,
+              "on: ZeRO's parameter all-gathers run during the next forward, each waited for "
+              "before the first layer that reads it; off: after the step (list; default off)");
   list_option("--threads", lists.threads, "GEMM threads per rank (list; default 1)");
   app.add_option("--backend", o.backend, "gloo, nccl or auto (by device)")
       ->check(CLI::IsMember({"auto", "gloo", "nccl"}))
@@ -373,6 +391,7 @@ std::optional<Options> parse_options(int argc, const char* const* argv, int& exi
              {"--optimizer-in-backward", &lists.optimizer_in_backward},
              {"--comm-hook", &lists.comm_hook},
              {"--zero", &lists.zero},
+             {"--zero-overlap-gather", &lists.zero_overlap_gather},
              {"--threads", &lists.threads}}) {
       if (app.count(flag) > 0 && text->empty()) {
         usage_error(

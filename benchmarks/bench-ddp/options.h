@@ -34,6 +34,8 @@ struct Options {
   // ZeRO stage (comm/zero.h): 0 plain DDP, 1 optimizer state sharded, 2 the averaged gradients
   // too. The 1-rank baseline has no DDP, so it is shared by every stage.
   std::vector<int> zero = {0};
+  // ZeRO's parameter all-gather overlapping the next forward (DdpOptions::zero_overlap_gather).
+  std::vector<bool> zero_overlap_gather = {false};
   std::vector<int> threads = {1};
 
   // One value for the whole sweep.

@@ -56,7 +56,8 @@ void print_header(const Options& o, const nlohmann::ordered_json& machine,
   fmt::print(
       "# zero = ZeRO stage: 1 shards the optimizer state, 2 the averaged gradients too (a "
       "reduce-scatter per bucket instead of an all-reduce); under ZeRO allreduce also holds the "
-      "parameter all-gather after the step (all of it exposed)\n");
+      "parameter all-gather after the step (all of it exposed); +ov: that all-gather runs during "
+      "the next forward (--zero-overlap-gather on), exposed only where the forward waits\n");
   fmt::print(
       "# ovl = hidden / allreduce; eff = samples/s / (ranks x samples/s of the "
       "baseline); GFLOP/s per rank (GEMMs); busbw = the step's bus bytes (gradients x 2(n-1)/n, "
@@ -93,33 +94,35 @@ void print_row(const nlohmann::ordered_json& r) {
              : text.rfind("--zero", 0) == 0       ? "no-zero@1 "
                                                   : "ranks>cores ";
   }
-  fmt::print(kRowFormat, c["world_size"].get<int>(), c["nnodes"].get<int>(),
-             c["in"].get<std::int64_t>(), c["hidden"].get<std::int64_t>(),
-             c["layers"].get<std::int64_t>(), c["out"].get<std::int64_t>(),
-             c["activation"].get<std::string>(), c["params"].get<std::int64_t>(),
-             c["batch_per_rank"].get<std::int64_t>(),
-             ddp ? fmt::format("{}", c["bucket_cap_mb"].get<double>()) : "-",
-             ddp ? fmt::format("{}", c["buckets"].get<int>()) : "-",
-             ddp ? (c["overlap"].get<bool>() ? "on" : "off") : "-",
-             !ddp                                     ? "plain"
-             : c["optimizer_in_backward"].get<bool>() ? "inbwd"
-                                                      : "after",
-             c["threads"].get<int>(), ddp ? c["comm_hook"].get<std::string>() : "-",
-             ddp ? fmt::format("{}", c.value("zero_stage", 0)) : "-", r.value("repeats", 1),
-             fmt::format("{:.3f}", r["step_ms_median"].get<double>()),
-             fmt::format("{:.3f}", r.value("step_ms_p10", 0.0)),
-             fmt::format("{:.3f}", r["step_ms_p90"].get<double>()),
-             fmt::format("{:.0f}", r["samples_per_s"].get<double>()),
-             fmt::format("{:.3f}", r["median_step"]["step_ms"].get<double>()),
-             fmt::format("{:.3f}", r["compute_ms"].get<double>()),
-             fmt::format("{:.3f}", r["allreduce_ms"].get<double>()),
-             fmt::format("{:.3f}", r["exposed_comm_ms"].get<double>()),
-             fmt::format("{:.2f}", r["overlap_fraction"].get<double>()),
-             fmt::format("{:.3f}", r["scaling_efficiency"].get<double>()),
-             fmt::format("{:.2f}", r["gflops"].get<double>()),
-             fmt::format("{:.3f}", r["busbw_gbs"].get<double>()), mib(r["parameter_bytes"]),
-             mib(r["gradient_bytes"]), mib(r["averaged_gradient_bytes"]),
-             mib(r["optimizer_state_bytes"]), flags);
+  fmt::print(
+      kRowFormat, c["world_size"].get<int>(), c["nnodes"].get<int>(), c["in"].get<std::int64_t>(),
+      c["hidden"].get<std::int64_t>(), c["layers"].get<std::int64_t>(),
+      c["out"].get<std::int64_t>(), c["activation"].get<std::string>(),
+      c["params"].get<std::int64_t>(), c["batch_per_rank"].get<std::int64_t>(),
+      ddp ? fmt::format("{}", c["bucket_cap_mb"].get<double>()) : "-",
+      ddp ? fmt::format("{}", c["buckets"].get<int>()) : "-",
+      ddp ? (c["overlap"].get<bool>() ? "on" : "off") : "-",
+      !ddp                                     ? "plain"
+      : c["optimizer_in_backward"].get<bool>() ? "inbwd"
+                                               : "after",
+      c["threads"].get<int>(), ddp ? c["comm_hook"].get<std::string>() : "-",
+      !ddp                                    ? std::string("-")
+      : c.value("zero_overlap_gather", false) ? fmt::format("{}+ov", c.value("zero_stage", 0))
+                                              : fmt::format("{}", c.value("zero_stage", 0)),
+      r.value("repeats", 1), fmt::format("{:.3f}", r["step_ms_median"].get<double>()),
+      fmt::format("{:.3f}", r.value("step_ms_p10", 0.0)),
+      fmt::format("{:.3f}", r["step_ms_p90"].get<double>()),
+      fmt::format("{:.0f}", r["samples_per_s"].get<double>()),
+      fmt::format("{:.3f}", r["median_step"]["step_ms"].get<double>()),
+      fmt::format("{:.3f}", r["compute_ms"].get<double>()),
+      fmt::format("{:.3f}", r["allreduce_ms"].get<double>()),
+      fmt::format("{:.3f}", r["exposed_comm_ms"].get<double>()),
+      fmt::format("{:.2f}", r["overlap_fraction"].get<double>()),
+      fmt::format("{:.3f}", r["scaling_efficiency"].get<double>()),
+      fmt::format("{:.2f}", r["gflops"].get<double>()),
+      fmt::format("{:.3f}", r["busbw_gbs"].get<double>()), mib(r["parameter_bytes"]),
+      mib(r["gradient_bytes"]), mib(r["averaged_gradient_bytes"]), mib(r["optimizer_state_bytes"]),
+      flags);
   std::fflush(stdout);
 }
 
@@ -163,6 +166,7 @@ constexpr const char* kConfigColumns[] = {"world_size",
                                           "optimizer_in_backward",
                                           "comm_hook",
                                           "zero_stage",
+                                          "zero_overlap_gather",
                                           "threads",
                                           "params",
                                           "buckets"};

@@ -134,6 +134,7 @@ int run_worker(const Options& o) {
                                        .comm_hook = comm::parse_comm_hook(o.comm_hook.front()),
                                        .overlap = o.overlap.front()};
   p.ddp.zero_stage = o.zero.front();
+  p.ddp.zero_overlap_gather = o.zero_overlap_gather.front();
 
   nn::Mlp model(p.model);
   nn::FlatParameters params(model, device);
@@ -257,6 +258,7 @@ int run_worker(const Options& o) {
       {"optimizer_in_backward", in_backward},
       {"comm_hook", o.comm_hook.front()},
       {"zero_stage", zero_stage},
+      {"zero_overlap_gather", p.ddp.zero_overlap_gather},
       {"threads", o.threads.front()},
       {"ddp", ddp != nullptr},
       {"params", numel},

@@ -28,7 +28,7 @@ from matplotlib.patches import Patch
 # Config fields that tell two scaling series apart, in label order. Not the ones that follow from
 # the world size (backend: none on one process; nnodes, global batch, buckets).
 SERIES_FIELDS = ["hidden", "layers", "in", "out", "activation", "device", "scaling",
-                 "batch_per_rank", "global_batch", "threads", "comm_hook", "zero_stage", "first_bucket_mb",
+                 "batch_per_rank", "global_batch", "threads", "comm_hook", "zero_stage", "zero_overlap_gather", "first_bucket_mb",
                  "bucket_cap_mb",
                  "optimizer_in_backward", "overlap", "run", "_build"]
 # What is on the breakdown chart's x axis or side by side, not a panel of its own.
@@ -57,6 +57,7 @@ def _field_text(name, value):
         "threads": lambda v: f"{v} thread{'s' if v != 1 else ''}",
         "comm_hook": lambda v: f"hook {v}",
         "zero_stage": lambda v: f"ZeRO-{v}",
+        "zero_overlap_gather": lambda v: "gather in forward" if v else "gather after step",
         "first_bucket_mb": lambda v: f"first bucket {_mb(v)}",
         "bucket_cap_mb": lambda v: f"buckets {_mb(v)}",
         "overlap": lambda v: "overlap on" if v else "overlap off",
@@ -100,7 +101,7 @@ def _series_config(record):
 
 
 # Fields a plain 1-process baseline does not have (no DDP): it serves every value of them.
-DDP_FIELDS = {"comm_hook", "zero_stage", "first_bucket_mb", "bucket_cap_mb",
+DDP_FIELDS = {"comm_hook", "zero_stage", "zero_overlap_gather", "first_bucket_mb", "bucket_cap_mb",
               "optimizer_in_backward", "overlap"}
 
 

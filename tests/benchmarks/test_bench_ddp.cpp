@@ -160,7 +160,7 @@ void check_record(const json& r, int world, std::int64_t in, std::int64_t hidden
                               "global_batch", "bucket_cap_mb", "first_bucket_mb",
                               "overlap",      "comm_hook",     "threads",
                               "params",       "buckets",       "optimizer_in_backward",
-                              "ddp",          "zero_stage"});
+                              "ddp",          "zero_stage",    "zero_overlap_gather"});
   CHECK(c["world_size"] == world);
   CHECK(c["nnodes"] == 1);
   CHECK(c["nproc_per_node"] == world);
@@ -455,6 +455,60 @@ TEST_CASE("bench-ddp: --zero 0,1,2 shards the optimizer state, then the averaged
     CHECK(rows[i + 1][avggrad] == mib(lines[i]["averaged_gradient_bytes"].get<std::int64_t>()));
   }
   CHECK(rows[2][optst] != rows[3][optst]);  // 0.25 against 0.13 MiB: visible at two decimals
+}
+
+TEST_CASE(
+    "bench-ddp: --zero-overlap-gather off,on sweeps the gather after the step and in forward") {
+  TempDir dir;
+  const std::string path = dir.file("ov.jsonl");
+  const ProcessResult r = bench({"--world",
+                                 "2",
+                                 "--hidden",
+                                 "64",
+                                 "--layers",
+                                 "3",
+                                 "--batch",
+                                 "8",
+                                 "--steps",
+                                 "4",
+                                 "--warmup",
+                                 "1",
+                                 "--bucket-cap-mb",
+                                 "0.01",
+                                 "--first-bucket-mb",
+                                 "0.01",
+                                 "--zero",
+                                 "0,1",
+                                 "--zero-overlap-gather",
+                                 "off,on",
+                                 "--json",
+                                 path});
+  INFO(r.output);
+  REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
+  const std::vector<json> lines = read_lines(path);
+  // The baseline, stage 0 (no all-gather: run off only), stage 1 off, stage 1 on.
+  REQUIRE(lines.size() == 4);
+  CHECK(lines[1]["config"]["zero_stage"] == 0);
+  CHECK(lines[1]["config"]["zero_overlap_gather"] == false);
+  CHECK(lines[2]["config"]["zero_stage"] == 1);
+  CHECK(lines[2]["config"]["zero_overlap_gather"] == false);
+  CHECK(lines[3]["config"]["zero_stage"] == 1);
+  CHECK(lines[3]["config"]["zero_overlap_gather"] == true);
+  for (std::size_t i = 1; i < 4; ++i) check_record(lines[i], 2, 64, 64, 3, 64, 8, "weak");
+  CHECK(lines[3]["optimizer_state_bytes"] == lines[2]["optimizer_state_bytes"]);
+  const auto rows = table_rows(r.output);
+  REQUIRE(rows.size() == 5);
+  const auto it = std::find(rows[0].begin(), rows[0].end(), std::string("zero"));
+  REQUIRE(it != rows[0].end());
+  const auto zero = static_cast<std::size_t>(it - rows[0].begin());
+  CHECK(rows[3][zero] == "1");
+  CHECK(rows[4][zero] == "1+ov");
+
+  const ProcessResult alone = bench({"--world", "2", "--hidden", "16", "--layers", "1", "--steps",
+                                     "2", "--zero-overlap-gather", "on"});
+  CHECK(alone.exit_code == 2);
+  CHECK(alone.output.find("--zero-overlap-gather on overlaps ZeRO's parameter all-gather") !=
+        std::string::npos);
 }
 
 TEST_CASE("bench-ddp: --zero at --world 1 is said: the 1-rank point is the plain baseline") {

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "nanoddp/kernels/error.h"
@@ -175,7 +176,14 @@ std::string Tracer::events_json() const {
   return out;
 }
 
-void Tracer::write_file(const std::string& path, const std::vector<std::string>& ranks_events) {
+void Tracer::write_file(const std::string& requested,
+                        const std::vector<std::string>& ranks_events) {
+  // Through a symlink the file it points to is replaced and the link stays, as --save does (the
+  // rename below used to replace the link itself with the trace).
+  std::error_code ec;
+  const std::string path = std::filesystem::is_symlink(requested, ec)
+                               ? std::filesystem::weakly_canonical(requested, ec).string()
+                               : requested;
   // Into a temporary file beside it, renamed over `path` only when whole: a full disk used to
   // leave a truncated trace (unreadable JSON) in place of the old one. On failure the temporary
   // is removed and `path` is as it was.

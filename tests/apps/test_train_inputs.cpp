@@ -811,6 +811,23 @@ TEST_CASE(
   CHECK_FALSE(fs::exists(dir.file("f")));             // nothing written
 }
 
+TEST_CASE("outputs: --trace and --save through a symlink write the file it points to") {
+  // A tester found --trace replacing the link itself with the trace, while --save wrote its
+  // target: both now keep the link.
+  TempDir dir;
+  for (const char* name : {"real.json", "real.st"}) std::ofstream(dir.file(name)) << "old";
+  fs::create_symlink(dir.file("real.json"), dir.file("link.json"));
+  fs::create_symlink("real.st", dir.file("link.st"));  // relative, as ln -s makes it
+  const ProcessResult r =
+      train({"--steps", "2", "--trace", dir.file("link.json"), "--save", dir.file("link.st")});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(fs::is_symlink(dir.file("link.json")));
+  CHECK(fs::is_symlink(dir.file("link.st")));
+  CHECK(fs::file_size(dir.file("real.json")) > 100);  // the trace, not "old"
+  CHECK(fs::file_size(dir.file("real.st")) > 100);
+}
+
 TEST_CASE("inputs: a FIFO as --data is refused at once instead of blocking") {
   TempDir dir;
   const std::string fifo = dir.file("X.npy");

@@ -12,7 +12,8 @@ namespace nanoddp::comm {
 namespace {
 
 std::vector<std::string> describe(const ReducerOptions& options, bool broadcast_parameters,
-                                  int zero_stage, const std::string& optimizer) {
+                                  int zero_stage, bool zero_overlap_gather,
+                                  const std::string& optimizer) {
   return {fmt::format("bucket_cap_mb={}", options.bucket_cap_mb),
           fmt::format("first_bucket_mb={}", options.first_bucket_mb),
           fmt::format("find_unused_parameters={}", options.find_unused_parameters),
@@ -22,6 +23,8 @@ std::vector<std::string> describe(const ReducerOptions& options, bool broadcast_
           fmt::format("rebuild_buckets={}", options.rebuild_buckets),
           fmt::format("broadcast_parameters={}", broadcast_parameters),
           fmt::format("zero_stage={}", zero_stage),
+          // Its launch order differs from the gathers' after the step: the ranks must agree.
+          fmt::format("zero_overlap_gather={}", zero_overlap_gather),
           // Under ZeRO each rank applies its own optimizer to its share: another kind or
           // learning rate on one rank would train a silently mixed model.
           fmt::format("optimizer={}", optimizer)};
@@ -97,6 +100,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, nn::FlatPar
                                    reducer_->buckets(), options_.reducer.comm_hook);
     reducer_->set_zero(zero_.get());
     if (options_.zero_overlap_gather) {
+      zero_->set_overlap(true);
       overlap_ = std::make_unique<ZeroOverlap>(module_, params_, *zero_);
     }
     // The whole optimizer state (and under stage 2 the flat gradient buffer) was freed into the
@@ -116,7 +120,7 @@ std::vector<Tensor> DistributedDataParallel::call_model(
     overlap_->abort_forward();
     throw;
   }
-  overlap_->end_forward(outputs);
+  overlap_->end_forward();
   return outputs;
 }
 
@@ -158,7 +162,7 @@ void DistributedDataParallel::check_settings(const ReducerOptions& options) {
   check_same_on_all_ranks(*store_, group_->rank(), group_->size(),
                           fmt::format("{}/settings/{}", key_, generation_++), "DDP setting",
                           describe(options, options_.broadcast_parameters, options_.zero_stage,
-                                   optimizer_description_));
+                                   options_.zero_overlap_gather, optimizer_description_));
 }
 
 void DistributedDataParallel::reconfigure(const ReducerOptions& options) {

@@ -127,7 +127,7 @@ Zero::Zero(int stage, nn::FlatParameters& params, nn::Optimizer& optimizer,
     for (const std::size_t slot : buckets[b].slots) bucket_of_slot_.at(slot) = b;
   }
   pending_.resize(chunks_.size());
-  set_overlap(false);
+  for (std::size_t b = chunks_.size(); b-- > 0;) gather_order_.push_back(b);
   adds_.assign(params.slots().size(), 0);
   accumulating_.assign(chunks_.size(), 0);
   incoming_.resize(chunks_.size());
@@ -285,23 +285,21 @@ std::vector<std::shared_ptr<Work>> Zero::launch_gather(const Chunk& c, const flo
 
 template <typename Mine>
 void Zero::all_gather(Mine mine, Tensor& full) {
-  for (const Chunk& c : chunks_) {
+  // In the agreed order: with the overlap the ranks may have learned different orders.
+  for (const std::size_t b : gather_order_) {
+    const Chunk& c = chunks_[b];
     for (const std::shared_ptr<Work>& work : launch_gather(c, mine(c), full)) work->wait();
   }
 }
 
-void Zero::set_overlap(bool on, std::vector<std::size_t> order) {
-  wait_for_parameters();
-  overlap_ = on;
-  // The order the forward reads the buckets in, then every bucket it does not name, last
-  // bucket first: that one holds the first layers (buckets fill in the order gradients arrive,
-  // the reverse of the forward).
-  std::vector<char> named(chunks_.size(), 0);
-  for (const std::size_t b : order) named.at(b) = 1;
-  for (std::size_t b = chunks_.size(); b-- > 0;) {
-    if (named[b] == 0) order.push_back(b);
-  }
-  gather_order_ = std::move(order);
+void Zero::propose_gather_order(std::vector<std::size_t> order) {
+  std::vector<char> seen(chunks_.size(), 0);
+  for (const std::size_t b : order) seen.at(b) += 1;
+  NANODDP_CHECK(order.size() == chunks_.size() &&
+                    std::all_of(seen.begin(), seen.end(), [](char n) { return n == 1; }),
+                "a gather order must name every bucket once");
+  proposal_ = std::move(order);
+  launch_async_ = true;
 }
 
 void Zero::wait_for_bucket(std::size_t b) {
@@ -314,7 +312,7 @@ void Zero::wait_for_bucket(std::size_t b) {
   }
   const double waited =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  gather_times_.forward_ms += waited;
+  gather_times_.in_forward_ms += waited;
   // The collectives' own time, where the group measured it (they ran while the host computed).
   double comm = 0;
   for (const std::shared_ptr<Work>& work : works) {
@@ -365,10 +363,26 @@ void Zero::step() {
   if (world_ == 1) return;
   // Communication, not optimizer work: traced on the communication track and timed for the
   // trainer's comm_ms (an outside tester found it booked as optimizer time).
+  if (overlap_ && !order_agreed_) {
+    // The gathers must pair up in the same order on every rank, and each rank learned its own
+    // plan (a branch one rank took in its first forward, a module order that differed): rank
+    // 0's order goes to all, once (bucket indices are exact in float32).
+    std::vector<float> order(chunks_.size());
+    const std::vector<std::size_t>& mine = proposal_.empty() ? gather_order_ : proposal_;
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<float>(mine[i]);
+    Tensor agreed =
+        Tensor::from_vector(order, {static_cast<std::int64_t>(order.size())}, params_.device());
+    group_->broadcast(agreed, 0)->wait();
+    const std::vector<float> root = agreed.to_vector();
+    for (std::size_t i = 0; i < root.size(); ++i) {
+      gather_order_[i] = static_cast<std::size_t>(root[i]);
+    }
+    order_agreed_ = true;
+  }
   const auto start = std::chrono::steady_clock::now();
   Tensor values = params_.values();
   auto own = [&](const Chunk& c) { return values.data() + c.offset + rank_ * c.q; };
-  if (overlap_) {
+  if (overlap_ && launch_async_) {
     // Launched in the order the forward reads them; each is waited for before the first module
     // that reads it (zero_overlap.h).
     TraceSpan span("launch all-gathers", TraceTrack::kCommunication, params_.device());
@@ -380,8 +394,10 @@ void Zero::step() {
   }
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  gather_times_.step_ms += ms;
-  if (!overlap_) gather_times_.comm_ms += ms;
+  if (!(overlap_ && launch_async_)) {
+    gather_times_.after_step_ms += ms;
+    gather_times_.comm_ms += ms;
+  }
 }
 
 std::vector<nn::NamedTensor> Zero::full_optimizer_state() {

@@ -99,21 +99,26 @@ class Zero {
   // that all ranks hold the same, updated, parameters again. Every rank calls it.
   void step();
   // The parameter all-gathers' time since the last call, in ms (0 when no step ran, e.g. a
-  // skipped one). `step_ms`: the host's time in step() launching them (and, without the overlap,
-  // waiting for them); `forward_ms`: its waits for them in the forward (the overlap); `comm_ms`:
-  // the collectives' own time where the process group measures it, else step_ms + forward_ms.
-  // On a GPU the host only issues them, and waits for none.
+  // skipped one). `after_step_ms`: the host's time in step() issuing and waiting for them (not
+  // with the overlap, whose issue is short and stays the step's); `in_forward_ms`: its waits
+  // for them in the forward (the overlap); `comm_ms`: their own time, as the process group
+  // measured each (else the host's wait). On a GPU the host only issues them and waits for
+  // none.
   struct GatherTimes {
-    double step_ms = 0, forward_ms = 0, comm_ms = 0;
+    double after_step_ms = 0, in_forward_ms = 0, comm_ms = 0;
   };
   GatherTimes take_gather_times() { return std::exchange(gather_times_, GatherTimes{}); }
 
-  // The all-gather overlap (zero_overlap.h). With it on, step() launches the gathers in
-  // `order` (bucket indices; the others after them) and returns; wait_for_bucket(b) waits for
-  // bucket b's, wait_for_parameters() for all. The ranks need not agree on it: the collectives
-  // are the same either way, only when the host waits for them differs.
-  void set_overlap(bool on, std::vector<std::size_t> order = {});
+  // The all-gather overlap (zero_overlap.h). set_overlap(true), on every rank (DDP checks that
+  // they agree): at the next step() the ranks agree on the order of the gathers, rank 0's
+  // proposal (propose_gather_order) or else the default (last bucket first: it holds the first
+  // layers, since buckets fill in the order gradients arrive). From then on step() launches them
+  // in that order, without waiting once this rank proposed (learned its plan);
+  // wait_for_bucket(b) waits for bucket b's, wait_for_parameters() for all.
+  void set_overlap(bool on) { overlap_ = on; }
   bool overlap() const { return overlap_; }
+  // An order of all buckets; one proposed after the ranks agreed is not taken.
+  void propose_gather_order(std::vector<std::size_t> order);
   // Whether bucket b's all-gather is still pending (launched and not yet waited for).
   bool gathering(std::size_t b) const { return !pending_.at(b).empty(); }
   void wait_for_bucket(std::size_t b);
@@ -172,7 +177,10 @@ class Zero {
   int stage_;
   GatherTimes gather_times_;
   bool overlap_ = false;
-  std::vector<std::size_t> gather_order_;                    // the overlap's launch order
+  bool order_agreed_ = false;
+  bool launch_async_ = false;  // proposed: its plan is learned
+  std::vector<std::size_t> proposal_;
+  std::vector<std::size_t> gather_order_;                    // the order of the gathers
   std::vector<std::vector<std::shared_ptr<Work>>> pending_;  // per bucket: gathers in flight
   std::vector<std::size_t> bucket_of_slot_;
   std::size_t buckets_scattered_ = 0;  // stage 2: of the pass since the last step

@@ -3,17 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <limits>
-#include <unordered_map>
 
-#include "nanoddp/engine/autograd.h"
 #include "nanoddp/kernels/error.h"
 
 namespace nanoddp::comm {
 
 namespace {
-
-constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
 
 void collect(nn::Module& module, const std::string& path,
              std::vector<std::pair<nn::Module*, std::string>>& out) {
@@ -30,18 +25,23 @@ void collect(nn::Module& module, const std::string& path,
 
 ZeroOverlap::ZeroOverlap(nn::Module& root, const nn::FlatParameters& params, Zero& zero)
     : params_(params), zero_(zero) {
+  for (std::size_t s = 0; s < params_.slots().size(); ++s) {
+    slot_of_[params_.slots()[s].param.impl()] = s;
+  }
   collect(root, "", modules_);
   waits_.resize(modules_.size());
-  released_at_.assign(zero_.bucket_count(), kNever);
+  released_.assign(zero_.bucket_count(), 0);
   for (std::size_t i = 0; i < modules_.size(); ++i) {
     nn::Module& m = *modules_[i].first;
     const int index = static_cast<int>(i);
     hook_ids_.push_back(m.register_forward_pre_hook([this, index](nn::Module&) { enter(index); }));
     hook_ids_.push_back(m.register_forward_hook([this, index](nn::Module&) { leave(index); }));
   }
+  add_leaf_read_observer(this);
 }
 
 ZeroOverlap::~ZeroOverlap() {
+  remove_leaf_read_observer(this);
   for (std::size_t i = 0; i < modules_.size(); ++i) {
     modules_[i].first->remove_forward_hook(hook_ids_[2 * i]);
     modules_[i].first->remove_forward_hook(hook_ids_[2 * i + 1]);
@@ -49,24 +49,25 @@ ZeroOverlap::~ZeroOverlap() {
 }
 
 const std::string& ZeroOverlap::module_name(int module) const {
-  static const std::string kModel = "the model itself";
-  if (module == kNone || modules_[static_cast<std::size_t>(module)].second.empty()) return kModel;
-  return modules_[static_cast<std::size_t>(module)].second;
+  static const std::string kModel = "the model", kNone_ =
+                                                     "no module (the model's forward called "
+                                                     "past its hooks)";
+  if (module == kNone) return kNone_;
+  const std::string& path = modules_[static_cast<std::size_t>(module)].second;
+  return path.empty() ? kModel : path;
 }
 
 void ZeroOverlap::release(std::size_t bucket) {
-  if (released_at_[bucket] != kNever) return;
+  if (released_[bucket] != 0) return;
   zero_.wait_for_bucket(bucket);
-  released_at_[bucket] = next_node_sequence_nr();  // every read from now on sees it gathered
+  released_[bucket] = 1;
 }
 
 void ZeroOverlap::begin_forward() {
   in_forward_ = true;
   stack_.clear();
-  entries_.assign(1, {next_node_sequence_nr(), kNone});
-  released_at_.assign(released_at_.size(), kNever);
-  // Reads autograd does not record cannot be checked: no overlap for them.
-  if (!NoGrad::grad_enabled()) zero_.wait_for_parameters();
+  released_.assign(released_.size(), 0);
+  if (!learned_) assigned_.assign(released_.size(), 0);
   for (const std::size_t b : first_waits_) release(b);
 }
 
@@ -76,7 +77,9 @@ void ZeroOverlap::enter(int module) {
     return;
   }
   stack_.push_back(module);
-  entries_.emplace_back(next_node_sequence_nr(), module);
+  if (!learned_ && std::find(entered_.begin(), entered_.end(), module) == entered_.end()) {
+    entered_.push_back(module);
+  }
   for (const std::size_t b : waits_[static_cast<std::size_t>(module)]) release(b);
 }
 
@@ -85,77 +88,75 @@ void ZeroOverlap::leave(int module) {
   // The innermost entry of `module` ends (a child that threw past its own exit ends with it).
   const auto it = std::find(stack_.rbegin(), stack_.rend(), module);
   if (it != stack_.rend()) stack_.erase(std::prev(it.base()), stack_.end());
-  entries_.emplace_back(next_node_sequence_nr(), stack_.empty() ? kNone : stack_.back());
 }
 
-int ZeroOverlap::active_at(std::uint64_t sequence_nr) const {
-  // The last entry at or before the read: nodes recorded after an entry have numbers >= it.
-  const auto it = std::upper_bound(
-      entries_.begin(), entries_.end(), sequence_nr,
-      [](std::uint64_t n, const std::pair<std::uint64_t, int>& e) { return n < e.first; });
-  return it == entries_.begin() ? kNone : std::prev(it)->second;
+void ZeroOverlap::leaf_read(const TensorImpl* leaf) {
+  const auto it = slot_of_.find(leaf);
+  if (it == slot_of_.end()) return;  // not one of these parameters
+  const std::size_t b = zero_.bucket_of_slot(it->second);
+  const int module = stack_.empty() ? kNone : stack_.back();
+  if (!in_forward_) {
+    // Between step() and the next forward only a read of a bucket still in flight matters.
+    if (!zero_.gathering(b)) return;
+    fail(
+        "ZeRO all-gather overlap (zero_overlap_gather): parameter '{}' was read while its "
+        "all-gather was still in flight, outside DistributedDataParallel's forward (the model "
+        "called as model.forward(x) instead of model(x)?). Call zero()->wait_for_parameters() "
+        "after step() before reading the parameters",
+        params_.slots()[it->second].name);
+  }
+  if (!learned_) {
+    // The first read of a bucket's parameters names the module that waits for it.
+    if (assigned_[b] != 0) return;
+    assigned_[b] = 1;
+    (module == kNone ? first_waits_ : waits_[static_cast<std::size_t>(module)]).push_back(b);
+    return;
+  }
+  if (released_[b] != 0) return;
+  fail(
+      "ZeRO all-gather overlap (zero_overlap_gather): parameter '{}' was read in {} before its "
+      "bucket's all-gather was waited for. This forward reads the parameters in another order "
+      "than the first forward did (a branch taken only now?), so it may have computed with a "
+      "half-gathered parameter. Turn the overlap off for this model (nanoddp-train: drop "
+      "--zero-overlap-gather)",
+      params_.slots()[it->second].name, module_name(module));
 }
 
 void ZeroOverlap::abort_forward() {
   in_forward_ = false;
   zero_.wait_for_parameters();
+  if (!learned_) {  // learn again from the next forward
+    entered_.clear();
+    first_waits_.clear();
+    for (std::vector<std::size_t>& w : waits_) w.clear();
+  }
 }
 
-void ZeroOverlap::end_forward(std::span<const Tensor> outputs) {
+void ZeroOverlap::end_forward() {
   in_forward_ = false;
-  for (std::size_t b = 0; b < released_at_.size(); ++b) release(b);
-  // Each parameter's first read in this forward, in order.
-  std::unordered_map<const TensorImpl*, std::size_t> slot_of;
-  for (std::size_t s = 0; s < params_.slots().size(); ++s)
-    slot_of[params_.slots()[s].param.impl()] = s;
-  std::vector<std::pair<std::uint64_t, std::size_t>> reads;  // (sequence number, slot)
-  for (const auto& [leaf, n] : first_reads(outputs)) {
-    const auto it = slot_of.find(leaf);
-    if (it != slot_of.end()) reads.emplace_back(n, it->second);
+  for (std::size_t b = 0; b < released_.size(); ++b) release(b);
+  if (learned_) return;
+  if (std::none_of(assigned_.begin(), assigned_.end(), [](char a) { return a != 0; })) {
+    return;  // nothing read (a forward that reads no parameter teaches nothing)
   }
-  std::sort(reads.begin(), reads.end());
-  if (!learned_) {
-    if (reads.empty()) return;  // a forward without a graph teaches nothing
-    std::vector<char> assigned(released_at_.size(), 0);
-    for (const auto& [n, slot] : reads) {
-      const std::size_t b = zero_.bucket_of_slot(slot);
-      if (assigned[b] != 0) continue;
-      assigned[b] = 1;
-      const int module = active_at(n);
-      (module == kNone ? first_waits_ : waits_[static_cast<std::size_t>(module)]).push_back(b);
-    }
-    for (std::size_t b = 0; b < assigned.size(); ++b) {
-      if (assigned[b] == 0) first_waits_.push_back(b);
-    }
-    // The gathers complete in the order they are launched, so they are launched in the order
-    // the next forward will wait for them: the whole model's first, then each module's on its
-    // first entry. (In the order of the first reads instead, a bucket the model itself reads
-    // at its end would be launched last and waited for first: no overlap at all.)
-    for (const std::size_t b : first_waits_) plan_.emplace_back(b, kNone);
-    std::vector<char> entered(modules_.size(), 0);
-    for (const auto& [n, module] : entries_) {
-      if (module == kNone || entered[static_cast<std::size_t>(module)] != 0) continue;
-      entered[static_cast<std::size_t>(module)] = 1;
-      for (const std::size_t b : waits_[static_cast<std::size_t>(module)])
-        plan_.emplace_back(b, module);
-    }
-    std::vector<std::size_t> order;
-    for (const auto& [b, module] : plan_) order.push_back(b);
-    learned_ = true;
-    zero_.set_overlap(true, std::move(order));
-    return;
+  // A bucket the first forward did not read is waited for before the forward starts.
+  for (std::size_t b = 0; b < assigned_.size(); ++b) {
+    if (assigned_[b] == 0) first_waits_.push_back(b);
   }
-  for (const auto& [n, slot] : reads) {
-    const std::size_t b = zero_.bucket_of_slot(slot);
-    if (n >= released_at_[b]) continue;
-    fail(
-        "ZeRO all-gather overlap (zero_overlap_gather): parameter '{}' was read in {} before its "
-        "bucket's all-gather was waited for. This forward reads the parameters in another order "
-        "than the first forward did (a branch taken only now?), so it may have computed with a "
-        "half-gathered parameter. Turn the overlap off for this model (nanoddp-train: drop "
-        "--zero-overlap-gather)",
-        params_.slots()[slot].name, module_name(active_at(n)));
+  // The gathers complete in the order they are launched, so they are launched in the order
+  // the next forward will wait for them: the model's own first, then each module's on its
+  // first entry. (In the order of the first reads instead, a bucket the model reads at its very
+  // end would be launched last and waited for first: no overlap at all.)
+  for (const std::size_t b : first_waits_) plan_.emplace_back(b, kNone);
+  for (const int module : entered_) {
+    for (const std::size_t b : waits_[static_cast<std::size_t>(module)]) {
+      plan_.emplace_back(b, module);
+    }
   }
+  std::vector<std::size_t> order;
+  for (const auto& [b, module] : plan_) order.push_back(b);
+  learned_ = true;
+  zero_.propose_gather_order(std::move(order));
 }
 
 std::string ZeroOverlap::describe() const {

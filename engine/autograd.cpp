@@ -17,6 +17,8 @@ namespace {
 std::atomic<std::uint64_t> next_sequence_nr{0};
 // Nodes whose backward function has run in this thread's pass (see backward_nodes_run()).
 thread_local std::uint64_t tls_backward_nodes_run = 0;
+// This thread's LeafReadObservers.
+thread_local std::vector<LeafReadObserver*> tls_leaf_read_observers;
 }  // namespace
 
 Node::Node(std::string name, const std::vector<Tensor>& inputs, BackwardFn backward)
@@ -41,6 +43,9 @@ Node::Node(std::string name, const std::vector<Tensor>& inputs, BackwardFn backw
 
 Tensor record(std::string name, Tensor output, const std::vector<Tensor>& inputs,
               Node::BackwardFn backward) {
+  if (!tls_leaf_read_observers.empty()) {
+    for (const Tensor& input : inputs) notify_leaf_read(input);
+  }
   if (!NoGrad::grad_enabled()) return output;
   bool any_requires_grad = false;
   for (const Tensor& input : inputs) {
@@ -78,34 +83,21 @@ std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root) {
   return reachable_leaves(std::span<const Tensor>(&root, 1));
 }
 
-std::unordered_map<const TensorImpl*, std::uint64_t> first_reads(std::span<const Tensor> roots) {
-  std::unordered_map<const TensorImpl*, std::uint64_t> first;
-  std::unordered_set<const Node*> seen;
-  std::vector<const Node*> stack;
-  for (const Tensor& root : roots) {
-    if (!root.defined() || !root.requires_grad()) continue;
-    if (root.is_leaf()) {
-      first.emplace(root.impl(), next_sequence_nr.load());  // read by nothing yet
-    } else if (seen.insert(root.grad_fn().get()).second) {
-      stack.push_back(root.grad_fn().get());
-    }
-  }
-  while (!stack.empty()) {
-    const Node* node = stack.back();
-    stack.pop_back();
-    for (const Node::Edge& edge : node->edges_) {
-      if (edge.leaf) {
-        auto [at, fresh] = first.emplace(edge.leaf.get(), node->sequence_nr());
-        if (!fresh) at->second = std::min(at->second, node->sequence_nr());
-      }
-      if (edge.node && seen.insert(edge.node.get()).second) stack.push_back(edge.node.get());
-    }
-  }
-  return first;
+void add_leaf_read_observer(LeafReadObserver* observer) {
+  tls_leaf_read_observers.push_back(observer);
 }
 
-std::uint64_t next_node_sequence_nr() {
-  return next_sequence_nr.load();
+void remove_leaf_read_observer(LeafReadObserver* observer) {
+  std::erase(tls_leaf_read_observers, observer);
+}
+
+void notify_leaf_read(const Tensor& t) {
+  if (tls_leaf_read_observers.empty() || !t.defined() || !t.is_leaf() || !t.requires_grad()) {
+    return;
+  }
+  for (std::size_t i = 0; i < tls_leaf_read_observers.size(); ++i) {
+    tls_leaf_read_observers[i]->leaf_read(t.impl());
+  }
 }
 
 // One execution of backward(): the bookkeeping lives only as long as the pass.

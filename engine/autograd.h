@@ -24,7 +24,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -55,12 +54,24 @@ class Node;
 // any of them reaches (a model with several outputs).
 std::unordered_set<const TensorImpl*> reachable_leaves(std::span<const Tensor> roots);
 std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root);
-// For each leaf `roots`' graph reaches, the sequence number of the earliest node that read it:
-// when the forward first used it. ZeRO's all-gather overlap checks with it that no layer read a
-// parameter before its all-gather was waited for (zero.h).
-std::unordered_map<const TensorImpl*, std::uint64_t> first_reads(std::span<const Tensor> roots);
-// The sequence number the next node will get: a node recorded after this call has one >= it.
-std::uint64_t next_node_sequence_nr();
+
+// Who is told when an op reads a leaf that requires a gradient (a parameter): every op that
+// records (also under NoGrad, where it records nothing) tells it after it ran, for each such
+// input, and so does detach() of such a leaf (the detached tensor is read later, unseen). ZeRO's
+// all-gather overlap (comm/zero_overlap.h) checks with it that no op reads a parameter whose
+// all-gather is still in flight, and learns which module reads which. Per thread; raw reads
+// (data pointers, to_vector) are not seen.
+class LeafReadObserver {
+ public:
+  virtual ~LeafReadObserver() = default;
+  virtual void leaf_read(const TensorImpl* leaf) = 0;
+};
+// Adds or removes an observer of this thread's reads (several may watch, in any order).
+void add_leaf_read_observer(LeafReadObserver* observer);
+void remove_leaf_read_observer(LeafReadObserver* observer);
+// Tells this thread's observers, if any, that `t` is read (when it is a leaf requiring a
+// gradient).
+void notify_leaf_read(const Tensor& t);
 
 class Node {
  public:
@@ -74,8 +85,6 @@ class Node {
  private:
   friend class BackwardPass;
   friend std::unordered_set<const TensorImpl*> reachable_leaves(std::span<const Tensor> roots);
-  friend std::unordered_map<const TensorImpl*, std::uint64_t> first_reads(
-      std::span<const Tensor> roots);
   // Input i's origin: the node that produced it, or the leaf itself, or nothing (no grad).
   struct Edge {
     std::shared_ptr<Node> node;

@@ -464,6 +464,7 @@ const std::string& Tensor::name() const {
 }
 
 Tensor Tensor::detach() const {
+  notify_leaf_read(*this);  // the detached tensor is read later, where autograd cannot see it
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = impl_->storage;
   impl->offset = impl_->offset;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 
 namespace nanoddp::common {
 
@@ -79,25 +80,42 @@ inline bool names_a_device(const std::string& path) {
 class FileLock {
  public:
   FileLock() = default;
-  explicit FileLock(int fd) : fd_(fd) {}
-  FileLock(FileLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  // `created`: the path of the file lock_file created for the lock, else empty.
+  FileLock(int fd, std::string created) : fd_(fd), created_(std::move(created)) {}
+  FileLock(FileLock&& other) noexcept
+      : fd_(std::exchange(other.fd_, -1)), created_(std::move(other.created_)) {}
   FileLock& operator=(FileLock&& other) noexcept {
     if (this != &other) {
-      if (fd_ >= 0) ::close(fd_);
-      fd_ = other.fd_;
-      other.fd_ = -1;
+      release();
+      fd_ = std::exchange(other.fd_, -1);
+      created_ = std::move(other.created_);
     }
     return *this;
   }
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;
-  ~FileLock() {
-    if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the lock
-  }
+  ~FileLock() { release(); }
   bool held() const { return fd_ >= 0; }
+  // The file is the run's output from now on: kept even when nothing was written to it. Until
+  // then a file the lock created is removed with the lock while still empty (a run that failed
+  // in its set-up left an empty output file behind).
+  void keep() { created_.clear(); }
 
  private:
+  void release() {
+    if (fd_ < 0) return;
+    struct stat mine {
+    }, named{};
+    if (!created_.empty() && ::fstat(fd_, &mine) == 0 && mine.st_size == 0 &&
+        ::stat(created_.c_str(), &named) == 0 && named.st_dev == mine.st_dev &&
+        named.st_ino == mine.st_ino) {
+      ::unlink(created_.c_str());
+    }
+    ::close(fd_);  // closing the last descriptor releases the lock
+    fd_ = -1;
+  }
   int fd_ = -1;
+  std::string created_;
 };
 
 // Locks the regular file `path`, creating it (empty) when missing: two runs starting together
@@ -111,7 +129,9 @@ inline FileLock lock_file(const std::string& path, bool* busy = nullptr,
   // The file may be replaced (a resumed run renames its rewrite into place) between the open
   // and the lock: the lock must be on the file the path names now, so that is checked after.
   for (int attempt = 0; attempt < 8; ++attempt) {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0666);
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NONBLOCK, 0666);
+    const bool created = fd >= 0;
+    if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
       if (problem != nullptr) *problem = std::strerror(errno);
       return {};
@@ -130,7 +150,7 @@ inline FileLock lock_file(const std::string& path, bool* busy = nullptr,
     }
     struct stat now {};
     if (::stat(path.c_str(), &now) == 0 && now.st_dev == info.st_dev && now.st_ino == info.st_ino) {
-      return FileLock(fd);
+      return FileLock(fd, created ? path : std::string());
     }
     ::close(fd);  // replaced meanwhile: lock the new one
   }

@@ -117,9 +117,12 @@ float Trainer::train_step(std::int64_t step, Window& window) {
     if (ddp_->zero() != nullptr && device_.is_cpu()) {
       const comm::Zero::GatherTimes gather = ddp_->zero()->take_gather_times();
       window.comm_ms += gather.comm_ms;
-      window.exposed_comm_ms += gather.step_ms + gather.forward_ms;
-      window.optimizer_ms -= gather.step_ms;
-      window.forward_ms -= gather.forward_ms;
+      // Never more exposed than there was communication: a wait also holds the hand-off from
+      // the communication thread (overhead of the step, left in other_ms).
+      window.exposed_comm_ms +=
+          std::min(gather.after_step_ms + gather.in_forward_ms, gather.comm_ms);
+      window.optimizer_ms -= gather.after_step_ms;
+      window.forward_ms -= gather.in_forward_ms;
     }
   }
   return loss;
@@ -182,6 +185,7 @@ int Trainer::run() {
 }
 
 int Trainer::run_steps() {
+  metrics_lock_.keep();  // set up: the --metrics file is this run's output now, even if empty
   print_banner();
   const auto run_start = Clock::now();
   Window window;

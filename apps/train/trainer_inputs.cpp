@@ -55,7 +55,10 @@ void check_dir_writable(const std::string& flag, const std::string& dir) {
 // is created and removed there), and an existing file there must be writable.
 void check_output_file(const std::string& flag, const std::string& path) {
   std::error_code ec;
-  if (path.ends_with('/') || std::filesystem::is_directory(path, ec)) {
+  // "x/.." and "x/." name folders even before x exists (the check below would create x first).
+  const std::filesystem::path last = std::filesystem::path(path).filename();
+  if (path.ends_with('/') || last == "." || last == ".." ||
+      std::filesystem::is_directory(path, ec)) {
     fail("{} '{}' names a folder; give a file name (e.g. '{}')", flag, path,
          (std::filesystem::path(path) / "out").lexically_normal().string());
   }

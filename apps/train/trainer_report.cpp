@@ -210,7 +210,7 @@ bool Trainer::purge_metrics(const std::filesystem::path& target) {
     if (ec) why = ec.message();
   }
   if (ok) {
-    metrics_lock_ = common::FileLock(fd);  // keeps the descriptor, and so the lock
+    metrics_lock_ = common::FileLock(fd, {});  // keeps the descriptor, and so the lock
   } else {
     if (fd >= 0) ::close(fd);
     std::filesystem::remove(tmp, ec);

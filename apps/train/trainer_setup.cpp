@@ -223,6 +223,14 @@ void Trainer::set_up() {
                          .zero_stage = o_.zero,
                          .zero_overlap_gather = o_.zero_overlap_gather},
         optimizer_.get());
+    if (o_.zero_overlap_gather && ddp_->reducer().buckets().size() == 1 && is_main()) {
+      // A bucket is gathered whole before the first layer that reads it: with one bucket the
+      // forward waits for all of it at its start (an outside tester's run, no word said).
+      fmt::print(stderr,
+                 "nanoddp-train: note: --zero-overlap-gather with 1 bucket has nothing to overlap "
+                 "(the forward waits for the whole all-gather at its start): lower "
+                 "--bucket-cap-mb and --first-bucket-mb to about one layer's size\n");
+    }
     if (o_.zero == 1 && o_.optimizer == "sgd" && o_.momentum == 0.0f && is_main()) {
       // Plain SGD keeps no state: stage 1 has nothing to shard and still pays the all-gather.
       fmt::print(stderr,

@@ -203,7 +203,7 @@ int run_worker(const Options& o) {
       exposed_ms = std::min(stats.exposed_comm_ms, stats.comm_ms);
     }
     comm_ms += gather.comm_ms;
-    exposed_ms += gather.step_ms + gather.forward_ms;
+    exposed_ms += std::min(gather.after_step_ms + gather.in_forward_ms, gather.comm_ms);
     mine.step_ms.push_back(step_ms);
     mine.compute_ms.push_back(step_ms - exposed_ms);
     mine.comm_ms.push_back(comm_ms);

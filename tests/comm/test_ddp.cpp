@@ -277,6 +277,33 @@ TEST_CASE("ddp zero: the all-gather overlapping the next forward ends bit for bi
   }
 }
 
+TEST_CASE("ddp zero: an outside tester's models under the overlap: equal, or a clear error") {
+  // Five of them trained silently wrong (ranks apart, or apart from the run without the
+  // overlap): they now end bit for bit equal, or stop naming the cause.
+  for (const char* use : {"rank-order", "rank-branch", "nograd", "detach"}) {
+    for (int world : {2, 3}) {
+      CAPTURE(use);
+      CAPTURE(world);
+      const auto results = run_scenario({"zero-overlap-users", use}, world);
+      INFO(describe(results));
+      REQUIRE(all_exit(results, 0));
+      CHECK(results[0].output.find("equal with and without the overlap, on every rank") !=
+            std::string::npos);
+    }
+  }
+  const auto eval = run_scenario({"zero-overlap-users", "eval-forward"}, 2);
+  INFO(describe(eval));
+  REQUIRE(all_exit(eval, 3));
+  for (const auto& r : eval) {
+    CHECK(r.output.find("parameter 'rootw' was read while its all-gather was still in flight, "
+                        "outside DistributedDataParallel's forward") != std::string::npos);
+  }
+  const auto one = run_scenario({"zero-overlap-users", "rank0-only"}, 2);
+  INFO(describe(one));
+  REQUIRE(all_exit(one, 3));
+  for (const auto& r : one) CHECK(r.output.find("zero_overlap_gather") != std::string::npos);
+}
+
 TEST_CASE(
     "ddp zero: a bad stage, no optimizer, reconfigure and the optimizer in backward are refused") {
   const auto results = run_scenario({"zero-refusals"}, 2);

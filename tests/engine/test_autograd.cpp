@@ -851,26 +851,4 @@ TEST_CASE("hooks on an MLP fire in reverse layer order, in the middle of backwar
   }
 }
 
-TEST_CASE("first_reads: each leaf's earliest reading node, dated by the node sequence numbers") {
-  Tensor a = Tensor::ones({2, 2});
-  Tensor b = Tensor::ones({2, 2});
-  a.set_requires_grad(true);
-  b.set_requires_grad(true);
-  const std::uint64_t before = next_node_sequence_nr();
-  Tensor h = mul(a, 2.0f);  // reads a
-  const std::uint64_t middle = next_node_sequence_nr();
-  Tensor y = add(add(h, b), mul(a, 3.0f));  // reads b, then a again
-  const auto reads = first_reads(std::span<const Tensor>(&y, 1));
-  REQUIRE(reads.size() == 2);
-  CHECK(reads.at(a.impl()) >= before);
-  CHECK(reads.at(a.impl()) < middle);  // the first read, not the later one
-  CHECK(reads.at(b.impl()) >= middle);
-  CHECK(next_node_sequence_nr() > reads.at(b.impl()));
-  {
-    const NoGrad no_grad;  // nothing recorded: nothing read, as far as autograd knows
-    Tensor z = mul(b, 2.0f);
-    CHECK(first_reads(std::span<const Tensor>(&z, 1)).empty());
-  }
-}
-
 }  // namespace nanoddp

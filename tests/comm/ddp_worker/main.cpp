@@ -17,6 +17,8 @@
 //   nanoddp-test-ddp-worker zero [--adamw] [--bf16] [--twoback|--nozerograd]
 //   nanoddp-test-ddp-worker zero-refusals
 //   nanoddp-test-ddp-worker zero-overlap [--adamw]
+//   nanoddp-test-ddp-worker zero-overlap-users
+//   rank-order|rank-branch|nograd|detach|eval-forward|rank0-only
 
 #include <fmt/format.h>
 
@@ -1034,7 +1036,7 @@ int zero_overlap(comm::Distributed& dist, bool adam) {
         } catch (const Error& e) {
           const std::string what = e.what();
           EXPECT(what.find("parameter 'q.") != std::string::npos &&
-                     what.find("read in the model itself before") != std::string::npos,
+                     what.find("read in the model before") != std::string::npos,
                  "stage {}: {}", stage, what);
           fmt::print("refused: {}\n", what);
         }
@@ -1043,6 +1045,116 @@ int zero_overlap(comm::Distributed& dist, bool adam) {
     EXPECT(ends[0] == ends[1], "stage {}: the overlap changed the parameters", stage);
     fmt::print("zero stage {} with the overlap equals it without, bit for bit\n", stage);
   }
+  return 0;
+}
+
+// An outside tester's models under the overlap, each trained with it off and on at stages 1 and
+// 2: the parameters must end equal (and equal on every rank), or the run must stop with a clear
+// error. rank-order: rank 1 alone runs tower tb before ta in its first forward (the ranks
+// learned different orders and paired up different buckets' gathers). rank-branch: rank 1 alone
+// takes `extra` in its first forward (find_unused_parameters). nograd / detach: the model reads
+// c's weight under NoGrad, or detached, before entering c. eval-forward: an evaluation right
+// after step() through model.forward(x), whose own forward reads `rootw` first (refused).
+// rank0-only: the overlap on rank 0 only (refused at construction).
+class TowersModel : public nn::Module {
+ public:
+  explicit TowersModel(Generator& g) {
+    for (const char* name : {"a", "c", "extra", "ta", "tb"}) {
+      layers_.push_back(register_module(name, std::make_shared<nn::Linear>(8, 8, g)));
+    }
+    rootw_ = register_parameter("rootw", Tensor::uniform({8, 8}, -0.3f, 0.3f, g.next()));
+  }
+  std::string use;  // the case
+  int step = 0, rank = 0;
+  Tensor forward(const Tensor& x) override {
+    nn::Linear &a = *layers_[0], &c = *layers_[1], &extra = *layers_[2], &ta = *layers_[3],
+               &tb = *layers_[4];
+    Tensor h = use == "eval-forward" ? matmul(x, rootw_) : x;
+    h = relu(a(h));
+    if (use == "nograd") {
+      float s = 0;
+      {
+        const NoGrad no_grad;
+        s = mean(c.weight()).item();
+      }
+      h = mul(h, 1.0f + 10.0f * s);
+    }
+    if (use == "detach") h = add(h, mul(linear(h, c.weight().detach(), Tensor()), 0.5f));
+    h = c(h);
+    if (use != "rank-branch" || step > 0 || rank == 1) h = relu(extra(h));
+    Tensor u, v;
+    if (use == "rank-order" && step == 0 && rank == 1) {
+      v = tb(h);
+      u = ta(h);
+    } else {
+      u = ta(h);
+      v = tb(h);
+    }
+    return use == "eval-forward" ? add(u, v) : matmul(add(u, v), rootw_);
+  }
+  std::string describe() const override { return "TowersModel"; }
+
+ private:
+  std::vector<std::shared_ptr<nn::Linear>> layers_;
+  Tensor rootw_;
+};
+
+int zero_overlap_users(comm::Distributed& dist, const std::string& use) {
+  const int rank = dist.group->rank();
+  for (int stage = 1; stage < 3; ++stage) {
+    std::vector<float> ends[2];
+    for (int overlap = 0; overlap < 2; ++overlap) {
+      Generator g(9);
+      TowersModel model(g);
+      model.use = use;
+      model.rank = rank;
+      nn::FlatParameters params(model, Device::cpu());
+      nn::AdamW optimizer(params, {.lr = 0.01f});
+      std::unique_ptr<comm::DistributedDataParallel> ddp;
+      try {
+        ddp = std::make_unique<comm::DistributedDataParallel>(
+            model, params, dist.group, dist.store,
+            comm::DdpOptions{.reducer = {.bucket_cap_mb = 1e-4,
+                                         .first_bucket_mb = 1e-4,
+                                         .find_unused_parameters = use == "rank-branch"},
+                             .zero_stage = stage,
+                             .zero_overlap_gather =
+                                 use == "rank0-only" ? overlap == 1 && rank == 0 : overlap == 1},
+            &optimizer);
+      } catch (const Error& e) {
+        EXPECT(use == "rank0-only" && overlap == 1, "{}", e.what());
+        fmt::print("refused: {}\n", e.what());
+        return 3;
+      }
+      for (int step = 0; step < 4; ++step) {
+        model.step = step;
+        optimizer.zero_grad();
+        mse_loss((*ddp)(batch(6, 8, rank, step, 0)), batch(6, 8, rank, step, 1)).backward();
+        ddp->zero()->step();
+        if (use == "eval-forward") {
+          try {
+            const NoGrad no_grad;
+            (void)model.forward(batch(3, 8, 0, 50 + step, 0));
+            EXPECT(overlap == 0 || dist.group->size() == 1,
+                   "stage {} step {}: model.forward() read half-gathered parameters, unrefused",
+                   stage, step);
+          } catch (const Error& e) {
+            EXPECT(overlap == 1, "{}", e.what());
+            fmt::print("refused: {}\n", e.what());
+            return 3;
+          }
+        }
+      }
+      ddp->zero()->wait_for_parameters();
+      ends[overlap] = params.values().to_vector();
+      Tensor from_root = params.values().clone();
+      dist.group->broadcast(from_root, 0)->wait();
+      EXPECT(from_root.to_vector() == ends[overlap],
+             "stage {} overlap {}: rank {} differs from rank 0", stage, overlap, rank);
+    }
+    EXPECT(ends[0] == ends[1], "stage {}: {}: the overlap changed the parameters", stage, use);
+  }
+  fmt::print("{}: equal with and without the overlap, on every rank\n", use);
   return 0;
 }
 
@@ -1195,6 +1307,7 @@ int main(int argc, char** argv) {
       return zero(dist, adam, bf16, loop);
     }
     if (scenario == "zero-refusals") return zero_refusals(dist);
+    if (scenario == "zero-overlap-users" && argc > 2) return zero_overlap_users(dist, argv[2]);
     if (scenario == "zero-overlap") {
       return zero_overlap(dist, argc > 2 && std::strcmp(argv[2], "--adamw") == 0);
     }

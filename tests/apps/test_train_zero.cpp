@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -294,8 +295,9 @@ TEST_CASE("zero training: the trace names the reduce-scatters and the parameter 
 TEST_CASE("zero training: --zero-overlap-gather ends bit for bit where it ends without") {
   // The same collectives, waited for in the next forward instead of after the step: the same
   // bits, on 2 and 3 ranks, at both stages, with checkpoints (which wait for the gathers before
-  // reading the parameters) and --save after the last step's gathers. The trace shows the
-  // gathers launched after the step and waited for in the forward.
+  // reading the parameters) and --save after the last step's gathers; train_args' buckets are
+  // small, so there is something to overlap. The trace shows the gathers launched after the step
+  // and waited for in the forward.
   TempDir dir;
   for (int world : {2, 3}) {
     for (int stage : {1, 2}) {
@@ -304,30 +306,17 @@ TEST_CASE("zero training: --zero-overlap-gather ends bit for bit where it ends w
       std::vector<std::vector<float>> saved;
       for (const bool overlap : {false, true}) {
         const std::string name = fmt::format("{}-{}-{}", world, stage, overlap);
-        std::vector<std::string> args = train_args({"--optimizer",
-                                                    "adamw",
-                                                    "--lr",
-                                                    "0.01",
-                                                    "--grad-accum",
-                                                    "2",
-                                                    "--batch",
-                                                    "8",
-                                                    "--steps",
-                                                    "9",
-                                                    "--zero",
-                                                    std::to_string(stage),
-                                                    "--checkpoint-every",
-                                                    "4",
-                                                    "--checkpoint-dir",
-                                                    dir.file(name + "-ckpt"),
-                                                    "--save",
-                                                    dir.file(name),
-                                                    "--trace",
-                                                    dir.file(name + ".json"),
-                                                    "--trace-steps",
-                                                    "3"});
+        std::vector<std::string> args = train_args({"--optimizer", "adamw", "--lr", "0.01"});
+        args = with(args, {"--grad-accum", "2", "--batch", "8", "--steps", "9", "--zero",
+                           std::to_string(stage)});
+        args = with(args,
+                    {"--checkpoint-every", "4", "--checkpoint-dir", dir.file(name + "-ckpt"),
+                     "--save", dir.file(name), "--trace", dir.file(name + ".json"), "--trace-steps",
+                     "3", "--metrics", dir.file(name + ".jsonl"), "--log-every", "1"});
         if (overlap) args.push_back("--zero-overlap-gather");
-        require_success(run_world(args, world, quick()));
+        const auto results = run_world(args, world, quick());
+        require_success(results);
+        CHECK(results[0].output.find("has nothing to overlap") == std::string::npos);
         saved.push_back(all_parameters(dir.file(name)));
         std::ifstream in(dir.file(name + ".json"));
         const std::string text((std::istreambuf_iterator<char>(in)),
@@ -335,10 +324,30 @@ TEST_CASE("zero training: --zero-overlap-gather ends bit for bit where it ends w
         CHECK((text.find("\"wait for all-gather\"") != std::string::npos) == overlap);
         CHECK((text.find("\"launch all-gathers\"") != std::string::npos) == overlap);
         CHECK((text.find("\"all-gather parameters\"") != std::string::npos) == !overlap);
+        // An outside tester's finding: the waits were booked as exposed beyond the gathers' time.
+        std::ifstream lines(dir.file(name + ".jsonl"));
+        int logged = 0;
+        for (std::string line; std::getline(lines, line); ++logged) {
+          const auto record = nlohmann::json::parse(line);
+          CHECK(record["exposed_comm_ms"].get<double>() <= record["comm_ms"].get<double>() + 1e-9);
+        }
+        CHECK(logged == 9);
       }
       CHECK(saved[0] == saved[1]);
     }
   }
+  // One bucket (the default caps, this small model): nothing to overlap, and said.
+  std::vector<std::string> defaults =
+      train_args({"--zero", "1", "--zero-overlap-gather", "--steps", "2"});
+  for (const char* flag : {"--first-bucket-mb", "--bucket-cap-mb"}) {
+    const auto at = std::find(defaults.begin(), defaults.end(), std::string(flag));
+    REQUIRE(at != defaults.end());
+    defaults.erase(at, at + 2);
+  }
+  const auto one = run_world(defaults, 2, quick());
+  require_success(one);
+  CHECK(one[0].output.find("--zero-overlap-gather with 1 bucket has nothing to overlap") !=
+        std::string::npos);
   const ProcessResult alone =
       run_process(train_args({"--zero-overlap-gather", "--steps", "1"}), quick());
   CHECK(alone.exit_code == 2);

@@ -313,8 +313,10 @@ void Zero::wait_for_bucket(std::size_t b) {
   const double waited =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   gather_times_.in_forward_ms += waited;
-  // The collectives' own time, where the group measured it (they ran while the host computed).
+  // The collectives' own time, where the group measured it (they ran while the host computed),
+  // and in a trace each bucket's gather where it ran, beside the forward.
   double comm = 0;
+  Tracer* const tracer = active_tracer();
   for (const std::shared_ptr<Work>& work : works) {
     const std::optional<WorkTiming> t = work->timing();
     if (!t) {
@@ -322,6 +324,10 @@ void Zero::wait_for_bucket(std::size_t b) {
       break;
     }
     comm += std::chrono::duration<double, std::milli>(t->end - t->start).count();
+    if (tracer != nullptr) {
+      tracer->span(fmt::format("all-gather bucket {}", b), TraceTrack::kCommunication, t->start,
+                   t->end, {{"elements", std::to_string(chunks_[b].numel)}});
+    }
   }
   gather_times_.comm_ms += comm;
   works.clear();

@@ -18,6 +18,9 @@ bucket, the ready arrows, the header's figures), the all-gather in its own colou
 runs after the update with nothing left to hide it, as exposed communication. nanoddp-train's
 per-step "health all-reduce" (loss and non-finite counts) is drawn grey on the communication row
 and named in the legend when the window holds one; it is never counted as a bucket collective.
+With --zero-overlap-gather the all-gather is one "all-gather bucket N" span per bucket ("gN"),
+running beside the next forward, and the forward's "wait for all-gather" spans (compute row) are
+what of it is exposed.
 
 On the chart: each backward span is named after the module whose gradients it finished (the
 gradient ticks that follow it: "backward layers.4"), each module's ticks are labelled once
@@ -212,7 +215,7 @@ def style_of(event):
         if "module" in event:
             return shade, f"backward {event['module']}"
         return shade, name[len("backward "):].replace("Backward", "")
-    if name in ("wait for all-reduce", "wait for reduce-scatter"):
+    if name in ("wait for all-reduce", "wait for reduce-scatter", "wait for all-gather"):
         return COLOR["wait"], "wait"
     if name == "optimizer step":
         return COLOR["optimizer"], "optimizer"
@@ -226,6 +229,8 @@ def style_of(event):
         return COLOR["bucket"][index % len(COLOR["bucket"])], f"b{bucket}"
     if name == GATHER:
         return COLOR["gather"], "all-gather"
+    if name.startswith(GATHER_BUCKET):
+        return COLOR["gather"], f"g{name[len(GATHER_BUCKET):]}"
     if name == HEALTH:
         return COLOR["health"], name
     return COLOR["other"], name
@@ -250,6 +255,9 @@ def _overlap(a, b, merged):
 BUCKET_KINDS = ("all-reduce", "reduce-scatter")
 # ZeRO's parameter all-gather (comm/zero.cpp), inside the "optimizer step" span, after the update.
 GATHER = "all-gather parameters"
+# With --zero-overlap-gather: each bucket's gather, running beside the next forward, which waits
+# for it ("wait for all-gather") before the first module that reads it.
+GATHER_BUCKET = "all-gather bucket "
 # nanoddp-train's per-step all-reduce of loss and non-finite counts (apps/train/trainer_health.cpp):
 # a collective of the trainer, not of DDP, drawn so that it is not mistaken for a gap.
 HEALTH = "health all-reduce"
@@ -274,7 +282,8 @@ def is_parameter_gather(e):
     """ZeRO's all-gather of the updated parameters: it needs the update, which needs every
     bucket's averages, so nothing of the step is left to hide it (the trainer counts all of it as
     exposed communication)."""
-    return e["track"] == "communication" and e["name"] == GATHER
+    return e["track"] == "communication" and (e["name"] == GATHER or
+                                              e["name"].startswith(GATHER_BUCKET))
 
 
 def bucket_kinds(spans):
@@ -300,7 +309,8 @@ def overlap_summary(ranks, spans, lo, hi, own):
     one, in [lo, hi]): (rank name, their total ms, the spans, how many started before the step's
     last backward node ended, ms of them during which a backward node was running, ms of ZeRO's
     parameter all-gather, ms of it after backward ended: measured, not assumed, so that a trace
-    in which it did overlap backward would say so)."""
+    in which it did overlap backward would say so; with --zero-overlap-gather instead the ms the
+    forward waited for it, and True)."""
     out = []
     for pid, name in ranks:
         start, end = own.get(pid, (lo, hi))
@@ -314,9 +324,14 @@ def overlap_summary(ranks, spans, lo, hi, own):
         hidden = sum(_overlap(e["ts"], e["ts"] + e["dur"], backward) for e in comm)
         gathers = [e for e in inside if is_parameter_gather(e)]
         gather = sum(e["dur"] for e in gathers)
-        gather_after = sum(e["dur"] if e["ts"] >= backward_end else
-                           max(0.0, e["ts"] + e["dur"] - backward_end) for e in gathers)
-        out.append((name, total, comm, early, hidden, gather, gather_after))
+        overlapped = any(e["name"].startswith(GATHER_BUCKET) for e in gathers)
+        if overlapped:
+            # Beside the forward: what of it is exposed is the forward's wait for it.
+            gather_after = sum(e["dur"] for e in inside if e["name"] == "wait for all-gather")
+        else:
+            gather_after = sum(e["dur"] if e["ts"] >= backward_end else
+                               max(0.0, e["ts"] + e["dur"] - backward_end) for e in gathers)
+        out.append((name, total, comm, early, hidden, gather, gather_after, overlapped))
     return out
 
 
@@ -412,7 +427,9 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=()):
             continue
         centre, h = row
         for e in spans:
-            exposable = is_bucket_collective(e) or is_parameter_gather(e)
+            # (An overlapped gather runs beside the next forward: what of it is exposed is the
+            # forward's "wait for all-gather", drawn on the compute row.)
+            exposable = is_bucket_collective(e) or e["name"] == GATHER
             if e["pid"] != pid or not exposable or not start <= e["ts"] < end:
                 continue
             a, b = max(e["ts"], backward_end), e["ts"] + e["dur"]
@@ -498,7 +515,10 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=()):
               Patch(facecolor="none", edgecolor=COLOR["wait"], hatch="////",
                     label="exposed (after the last gradient)")]
     if any(is_parameter_gather(e) for e in drawn):
-        legend.insert(6, Patch(color=COLOR["gather"], label="all-gather parameters (ZeRO)"))
+        overlapped = any(e["name"].startswith(GATHER_BUCKET) for e in drawn)
+        legend.insert(6, Patch(color=COLOR["gather"],
+                               label="all-gather gN (ZeRO, beside the forward)" if overlapped
+                               else "all-gather parameters (ZeRO)"))
     if any(e["track"] == "communication" and e["name"] == HEALTH for e in drawn):
         # Before "data", the other grey: the two are told apart by their rows.
         legend.insert(legend.index(data_patch), Patch(color=COLOR["health"], label=HEALTH))
@@ -549,7 +569,7 @@ def pick_step(args, path, spans, ranks, prefer=None):
 
 def summary_lines(ranks, spans, lo, hi, own):
     lines = []
-    for name, total, comm, early, hidden, gather, gather_after in \
+    for name, total, comm, early, hidden, gather, gather_after, overlapped in \
             overlap_summary(ranks, spans, lo, hi, own):
         parts = []
         if comm:
@@ -557,7 +577,10 @@ def summary_lines(ranks, spans, lo, hi, own):
             parts.append(f"{kinds_text(comm)}, {early} started before backward ended; "
                          f"{total:.2f} ms, of which {hidden:.2f} ms ({share:.0f}%) while a "
                          "backward node ran")
-        if gather > 0:
+        if gather > 0 and overlapped:
+            parts.append(f"all-gather per bucket {gather:.2f} ms beside the forward, which "
+                         f"waited {gather_after:.2f} ms for it")
+        elif gather > 0:
             exposed = ("all of it exposed" if gather_after == gather else
                        f"{gather_after:.2f} ms of it after backward ended")
             parts.append(f"then {GATHER} {gather:.2f} ms, {exposed}")

@@ -627,6 +627,46 @@ TEST_CASE("plot_trace.py: timelines of real 2-rank nanoddp-train --zero 1 and --
               dir.file("zero2.json"), "--step", "2", "--out", dir.file("stages.png")});
   CHECK(contains(stages.output, "timeline of ZeRO-1"));
   CHECK(contains(stages.output, "; ZeRO-2"));
+
+  // --zero-overlap-gather: one gather per bucket beside the next forward, and the forward's
+  // waits for them (what of it is exposed), not "all of it exposed".
+  run_ok({bin_path("nanoddp-run"),
+          "--nproc-per-node",
+          "2",
+          bin_path("nanoddp-train"),
+          "--hidden",
+          "64",
+          "--layers",
+          "2",
+          "--batch",
+          "16",
+          "--steps",
+          "4",
+          "--first-bucket-mb",
+          "0.001",
+          "--bucket-cap-mb",
+          "0.01",
+          "--quiet",
+          "--zero",
+          "1",
+          "--zero-overlap-gather",
+          "--trace",
+          dir.file("overlap.json")});
+  const ProcessResult overlap = run_ok({py, script("plot_trace.py"), dir.file("overlap.json"),
+                                        "--step", "3", "--out", dir.file("overlap.png")});
+  INFO(overlap.output);
+  check_chart(overlap, dir.file("overlap.png"));
+  for (const char* rank : {"rank 0: ", "rank 1: "}) {
+    const std::size_t at = overlap.output.find(rank);
+    REQUIRE(at != std::string::npos);
+    const std::string line = overlap.output.substr(at, overlap.output.find('\n', at) - at);
+    CHECK(contains(line, " ms beside the forward, which waited "));
+    CHECK(!contains(line, "all of it exposed"));
+  }
+  std::ifstream overlap_svg(dir.file("overlap.svg"));
+  const std::string overlap_text((std::istreambuf_iterator<char>(overlap_svg)),
+                                 std::istreambuf_iterator<char>());
+  CHECK(contains(overlap_text, "all-gather gN (ZeRO, beside the forward)"));
 }
 
 TEST_CASE("plot scripts: bad input exits 2 naming the file and the line") {

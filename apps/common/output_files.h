@@ -63,6 +63,18 @@ inline int standard_stream(const std::string& path) {
       if (path == name) return fd;
     }
   }
+  // Any other name of the same file: "/dev//stdout", a symlink to /dev/stdout, or the very file
+  // the shell redirected stdout to (opened again, a second handle would write over the
+  // stream's own lines, and a resumed run would rewrite it under the stream).
+  struct stat named {
+  }, stream{};
+  if (path.empty() || ::stat(path.c_str(), &named) != 0) return 0;
+  for (const int fd : {1, 2}) {
+    if (::fstat(fd, &stream) == 0 && stream.st_dev == named.st_dev &&
+        stream.st_ino == named.st_ino) {
+      return fd;
+    }
+  }
   return 0;
 }
 

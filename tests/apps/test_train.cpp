@@ -501,6 +501,30 @@ TEST_CASE("nanoddp-train --metrics /dev/stdout writes through the program's own 
   // Nothing is read back from a stream: the resumed run (from step 8) appends 9 to 12.
   CHECK(steps == std::vector<std::int64_t>{1, 2, 4, 6, 8, 10, 9, 10, 12});
   CHECK_FALSE(has(r, "dropped"));
+
+  // Other names of the stream (they were opened as files): another spelling, a symlink to
+  // /dev/stdout, and the file stdout is redirected to itself. Each run's lines land once, after
+  // what was there, through the stream.
+  std::filesystem::create_symlink("/dev/stdout", dir.file("out-link"));
+  const std::string other = dir.file("other");
+  for (const std::string& name : {std::string("/dev//stdout"), dir.file("out-link"), other}) {
+    CAPTURE(name);
+    const std::string again = fmt::format(
+        "echo PRIOR > {0}; {1} --in 8 --out 4 --hidden 16 --log-every 2 --quiet --steps 4 "
+        "--metrics {2} >> {0}",
+        other, bin_path("nanoddp-train"), name);
+    const ProcessResult a = run_process({"/bin/sh", "-c", again});
+    REQUIRE_MESSAGE(a.exit_code == 0, a.output);
+    std::ifstream lines(other);
+    std::string line;
+    REQUIRE(std::getline(lines, line));
+    CHECK(line == "PRIOR");
+    std::vector<std::int64_t> logged;
+    while (std::getline(lines, line)) {
+      if (line.starts_with("{")) logged.push_back(nlohmann::json::parse(line).at("step"));
+    }
+    CHECK(logged == std::vector<std::int64_t>{1, 2, 4});
+  }
 }
 
 TEST_CASE(

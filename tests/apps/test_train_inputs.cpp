@@ -811,6 +811,30 @@ TEST_CASE(
   CHECK_FALSE(fs::exists(dir.file("f")));             // nothing written
 }
 
+TEST_CASE("outputs: a run that fails in its set-up leaves no empty --metrics file behind") {
+  // Found in session 15: the lock on --metrics creates the file, and a run that then failed
+  // (here: rank 1 never joins) left it empty. An existing file is left as it was.
+  TempDir dir;
+  std::ofstream(dir.file("kept.jsonl")) << "{\"old\":1}\n";
+  for (const std::string name : {"fresh.jsonl", "kept.jsonl"}) {
+    CAPTURE(name);
+    ProcessOptions options;
+    options.env = {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(free_port())},
+                   {"WORLD_SIZE", "2"},          {"RANK", "0"},
+                   {"LOCAL_RANK", "0"},          {"LOCAL_WORLD_SIZE", "2"},
+                   {"NANODDP_TIMEOUT_S", "2"}};
+    const ProcessResult r = train({"--steps", "1", "--metrics", dir.file(name)}, options);
+    INFO(r.output);
+    CHECK(r.exit_code != 0);
+    CHECK(contains(r.output, "never joined"));
+  }
+  CHECK_FALSE(fs::exists(dir.file("fresh.jsonl")));
+  std::ifstream kept(dir.file("kept.jsonl"));
+  std::string line;
+  REQUIRE(std::getline(kept, line));
+  CHECK(line == "{\"old\":1}");
+}
+
 TEST_CASE("outputs: --trace and --save through a symlink write the file it points to") {
   // A tester found --trace replacing the link itself with the trace, while --save wrote its
   // target: both now keep the link.

@@ -302,7 +302,27 @@ void Zero::propose_gather_order(std::vector<std::size_t> order) {
   launch_async_ = true;
 }
 
+Zero::GatherTimes Zero::take_gather_times() {
+  const std::lock_guard lock(pending_mutex_);
+  return std::exchange(gather_times_, GatherTimes{});
+}
+
+bool Zero::gathering(std::size_t b) const {
+  const std::lock_guard lock(pending_mutex_);
+  return !pending_.at(b).empty();
+}
+
+std::vector<std::size_t> Zero::buckets_touching(std::int64_t offset, std::int64_t numel) const {
+  std::vector<std::size_t> out;
+  for (std::size_t b = 0; b < chunks_.size(); ++b) {
+    const Chunk& c = chunks_[b];
+    if (c.offset < offset + numel && offset < c.offset + c.numel) out.push_back(b);
+  }
+  return out;
+}
+
 void Zero::wait_for_bucket(std::size_t b) {
+  const std::lock_guard lock(pending_mutex_);
   std::vector<std::shared_ptr<Work>>& works = pending_.at(b);
   if (works.empty()) return;
   const auto start = std::chrono::steady_clock::now();
@@ -392,6 +412,7 @@ void Zero::step() {
     // Launched in the order the forward reads them; each is waited for before the first module
     // that reads it (zero_overlap.h).
     TraceSpan span("launch all-gathers", TraceTrack::kCommunication, params_.device());
+    const std::lock_guard lock(pending_mutex_);
     for (const std::size_t b : gather_order_)
       pending_[b] = launch_gather(chunks_[b], own(chunks_[b]), values);
   } else {
@@ -401,6 +422,7 @@ void Zero::step() {
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (!(overlap_ && launch_async_)) {
+    const std::lock_guard lock(pending_mutex_);
     gather_times_.after_step_ms += ms;
     gather_times_.comm_ms += ms;
   }

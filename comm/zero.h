@@ -55,6 +55,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -107,7 +108,7 @@ class Zero {
   struct GatherTimes {
     double after_step_ms = 0, in_forward_ms = 0, comm_ms = 0;
   };
-  GatherTimes take_gather_times() { return std::exchange(gather_times_, GatherTimes{}); }
+  GatherTimes take_gather_times();
 
   // The all-gather overlap (zero_overlap.h). set_overlap(true), on every rank (DDP checks that
   // they agree): at the next step() the ranks agree on the order of the gathers, rank 0's
@@ -120,13 +121,15 @@ class Zero {
   // An order of all buckets; one proposed after the ranks agreed is not taken.
   void propose_gather_order(std::vector<std::size_t> order);
   // Whether bucket b's all-gather is still pending (launched and not yet waited for).
-  bool gathering(std::size_t b) const { return !pending_.at(b).empty(); }
+  bool gathering(std::size_t b) const;
   void wait_for_bucket(std::size_t b);
   void wait_for_parameters();
   std::size_t bucket_count() const { return chunks_.size(); }
   const std::vector<std::size_t>& gather_order() const { return gather_order_; }
-  // Which bucket parameter slot `slot` lies in.
+  // Which bucket parameter slot `slot` lies in; which buckets elements [offset, offset + numel)
+  // of the flat buffer touch.
   std::size_t bucket_of_slot(std::size_t slot) const { return bucket_of_slot_.at(slot); }
+  std::vector<std::size_t> buckets_touching(std::int64_t offset, std::int64_t numel) const;
   ~Zero();
 
   // Stage 2, from the Reducer: bucket b's gradients (bucket.grads) reduce-scattered, averaged,
@@ -181,7 +184,10 @@ class Zero {
   bool launch_async_ = false;  // proposed: its plan is learned
   std::vector<std::size_t> proposal_;
   std::vector<std::size_t> gather_order_;                    // the order of the gathers
-  std::vector<std::vector<std::shared_ptr<Work>>> pending_;  // per bucket: gathers in flight
+  // Per bucket: the gathers in flight. Waited for from any thread (zero_overlap.h): one at a
+  // time, under the lock.
+  std::vector<std::vector<std::shared_ptr<Work>>> pending_;
+  mutable std::mutex pending_mutex_;
   std::vector<std::size_t> bucket_of_slot_;
   std::size_t buckets_scattered_ = 0;  // stage 2: of the pass since the last step
   nn::FlatParameters& params_;

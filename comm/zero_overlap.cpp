@@ -24,10 +24,7 @@ void collect(nn::Module& module, const std::string& path,
 }  // namespace
 
 ZeroOverlap::ZeroOverlap(nn::Module& root, const nn::FlatParameters& params, Zero& zero)
-    : params_(params), zero_(zero) {
-  for (std::size_t s = 0; s < params_.slots().size(); ++s) {
-    slot_of_[params_.slots()[s].param.impl()] = s;
-  }
+    : params_(params), zero_(zero), storage_(params.values().impl()->storage.get()) {
   collect(root, "", modules_);
   waits_.resize(modules_.size());
   released_.assign(zero_.bucket_count(), 0);
@@ -37,24 +34,41 @@ ZeroOverlap::ZeroOverlap(nn::Module& root, const nn::FlatParameters& params, Zer
     hook_ids_.push_back(m.register_forward_pre_hook([this, index](nn::Module&) { enter(index); }));
     hook_ids_.push_back(m.register_forward_hook([this, index](nn::Module&) { leave(index); }));
   }
-  add_leaf_read_observer(this);
+  add_tensor_access_observer(this);
 }
 
 ZeroOverlap::~ZeroOverlap() {
-  remove_leaf_read_observer(this);
+  remove_tensor_access_observer(this);
   for (std::size_t i = 0; i < modules_.size(); ++i) {
     modules_[i].first->remove_forward_hook(hook_ids_[2 * i]);
     modules_[i].first->remove_forward_hook(hook_ids_[2 * i + 1]);
   }
 }
 
+bool ZeroOverlap::learned() const {
+  const std::lock_guard lock(mutex_);
+  return learned_;
+}
+
 const std::string& ZeroOverlap::module_name(int module) const {
-  static const std::string kModel = "the model", kNone_ =
-                                                     "no module (the model's forward called "
-                                                     "past its hooks)";
-  if (module == kNone) return kNone_;
+  static const std::string kModel = "the model",
+                           kNoModule =
+                               "no module (the model's forward called past its hooks, "
+                               "or another thread)";
+  if (module == kNone) return kNoModule;
   const std::string& path = modules_[static_cast<std::size_t>(module)].second;
   return path.empty() ? kModel : path;
+}
+
+std::string ZeroOverlap::parameter_in(std::size_t bucket, std::int64_t begin,
+                                      std::int64_t end) const {
+  for (const nn::ParameterSlot& slot : params_.slots()) {
+    if (zero_.bucket_of_slot(static_cast<std::size_t>(&slot - params_.slots().data())) == bucket &&
+        slot.offset < end && begin < slot.offset + slot.numel) {
+      return slot.name;
+    }
+  }
+  return fmt::format("(bucket {})", bucket);
 }
 
 void ZeroOverlap::release(std::size_t bucket) {
@@ -64,7 +78,9 @@ void ZeroOverlap::release(std::size_t bucket) {
 }
 
 void ZeroOverlap::begin_forward() {
+  const std::lock_guard lock(mutex_);
   in_forward_ = true;
+  forward_thread_ = std::this_thread::get_id();
   stack_.clear();
   released_.assign(released_.size(), 0);
   if (!learned_) assigned_.assign(released_.size(), 0);
@@ -72,57 +88,75 @@ void ZeroOverlap::begin_forward() {
 }
 
 void ZeroOverlap::enter(int module) {
+  const std::lock_guard lock(mutex_);
   if (!in_forward_) {
     zero_.wait_for_parameters();  // outside DDP's forward nothing was learned: wait for all
     return;
   }
-  stack_.push_back(module);
-  if (!learned_ && std::find(entered_.begin(), entered_.end(), module) == entered_.end()) {
-    entered_.push_back(module);
+  if (std::this_thread::get_id() == forward_thread_) {
+    stack_.push_back(module);
+    if (!learned_ && std::find(entered_.begin(), entered_.end(), module) == entered_.end()) {
+      entered_.push_back(module);
+    }
   }
   for (const std::size_t b : waits_[static_cast<std::size_t>(module)]) release(b);
 }
 
 void ZeroOverlap::leave(int module) {
-  if (!in_forward_) return;
+  const std::lock_guard lock(mutex_);
+  if (!in_forward_ || std::this_thread::get_id() != forward_thread_) return;
   // The innermost entry of `module` ends (a child that threw past its own exit ends with it).
   const auto it = std::find(stack_.rbegin(), stack_.rend(), module);
   if (it != stack_.rend()) stack_.erase(std::prev(it.base()), stack_.end());
 }
 
-void ZeroOverlap::leaf_read(const TensorImpl* leaf) {
-  const auto it = slot_of_.find(leaf);
-  if (it == slot_of_.end()) return;  // not one of these parameters
-  const std::size_t b = zero_.bucket_of_slot(it->second);
-  const int module = stack_.empty() ? kNone : stack_.back();
-  if (!in_forward_) {
-    // Between step() and the next forward only a read of a bucket still in flight matters.
-    if (!zero_.gathering(b)) return;
+void ZeroOverlap::accessed(const TensorImpl& t, bool before) {
+  if (t.storage.get() != storage_) return;  // not the flat parameter buffer
+  std::int64_t numel = 1;
+  for (const std::int64_t d : t.shape) numel *= d;
+  const std::int64_t begin = t.offset, end = t.offset + numel;
+  const std::lock_guard lock(mutex_);
+  const bool here = in_forward_ && std::this_thread::get_id() == forward_thread_;
+  const int module = here && !stack_.empty() ? stack_.back() : kNone;
+  for (const std::size_t b : zero_.buckets_touching(begin, numel)) {
+    if (!in_forward_) {
+      // Between step() and the next forward only a bucket still in flight matters.
+      if (!zero_.gathering(b)) continue;
+      if (before) {
+        zero_.wait_for_bucket(b);  // a host read or copy: waited for, then correct
+        continue;
+      }
+      fail(
+          "ZeRO all-gather overlap (zero_overlap_gather): parameter '{}' was used by an op while "
+          "its all-gather was still in flight, outside DistributedDataParallel's forward (the "
+          "model called as model.forward(x) instead of model(x)? an op on "
+          "FlatParameters::values()?). Call zero()->wait_for_parameters() after step() before "
+          "using the parameters",
+          parameter_in(b, begin, end));
+    }
+    if (!learned_) {
+      // The first use of a bucket names the module that waits for it.
+      if (assigned_[b] != 0) continue;
+      assigned_[b] = 1;
+      (module == kNone ? first_waits_ : waits_[static_cast<std::size_t>(module)]).push_back(b);
+      continue;
+    }
+    if (released_[b] != 0) continue;
+    if (before) {
+      release(b);  // not where the plan waits, but in time
+      continue;
+    }
     fail(
-        "ZeRO all-gather overlap (zero_overlap_gather): parameter '{}' was read while its "
-        "all-gather was still in flight, outside DistributedDataParallel's forward (the model "
-        "called as model.forward(x) instead of model(x)?). Call zero()->wait_for_parameters() "
-        "after step() before reading the parameters",
-        params_.slots()[it->second].name);
+        "ZeRO all-gather overlap (zero_overlap_gather): parameter '{}' was used in {} before its "
+        "bucket's all-gather was waited for. This forward uses the parameters in another order "
+        "than the first forward did (a branch taken only now? another thread?), so it may have "
+        "computed with a half-gathered parameter. Turn zero_overlap_gather off for this model",
+        parameter_in(b, begin, end), here ? module_name(module) : "another thread");
   }
-  if (!learned_) {
-    // The first read of a bucket's parameters names the module that waits for it.
-    if (assigned_[b] != 0) return;
-    assigned_[b] = 1;
-    (module == kNone ? first_waits_ : waits_[static_cast<std::size_t>(module)]).push_back(b);
-    return;
-  }
-  if (released_[b] != 0) return;
-  fail(
-      "ZeRO all-gather overlap (zero_overlap_gather): parameter '{}' was read in {} before its "
-      "bucket's all-gather was waited for. This forward reads the parameters in another order "
-      "than the first forward did (a branch taken only now?), so it may have computed with a "
-      "half-gathered parameter. Turn the overlap off for this model (nanoddp-train: drop "
-      "--zero-overlap-gather)",
-      params_.slots()[it->second].name, module_name(module));
 }
 
 void ZeroOverlap::abort_forward() {
+  const std::lock_guard lock(mutex_);
   in_forward_ = false;
   zero_.wait_for_parameters();
   if (!learned_) {  // learn again from the next forward
@@ -133,19 +167,20 @@ void ZeroOverlap::abort_forward() {
 }
 
 void ZeroOverlap::end_forward() {
+  const std::lock_guard lock(mutex_);
   in_forward_ = false;
   for (std::size_t b = 0; b < released_.size(); ++b) release(b);
   if (learned_) return;
   if (std::none_of(assigned_.begin(), assigned_.end(), [](char a) { return a != 0; })) {
-    return;  // nothing read (a forward that reads no parameter teaches nothing)
+    return;  // nothing used (a forward that reads no parameter teaches nothing)
   }
-  // A bucket the first forward did not read is waited for before the forward starts.
+  // A bucket the first forward did not use is waited for before the forward starts.
   for (std::size_t b = 0; b < assigned_.size(); ++b) {
     if (assigned_[b] == 0) first_waits_.push_back(b);
   }
   // The gathers complete in the order they are launched, so they are launched in the order
   // the next forward will wait for them: the model's own first, then each module's on its
-  // first entry. (In the order of the first reads instead, a bucket the model reads at its very
+  // first entry. (In the order of the first uses instead, a bucket the model uses at its very
   // end would be launched last and waited for first: no overlap at all.)
   for (const std::size_t b : first_waits_) plan_.emplace_back(b, kNone);
   for (const int module : entered_) {
@@ -160,6 +195,7 @@ void ZeroOverlap::end_forward() {
 }
 
 std::string ZeroOverlap::describe() const {
+  const std::lock_guard lock(mutex_);
   std::string out;
   for (const auto& [b, module] : plan_) {
     out += module == kNone

@@ -7,29 +7,32 @@
 // Which module waits for which bucket is learned, not assumed: a module may read parameters it
 // does not own (ResidualBlock runs its fc1's GEMM itself), and a user's module may call a
 // child's forward() directly, past the child's hooks. So the first forward under DDP, which
-// runs with every parameter in place (nothing is in flight before the first step), watches the
-// reads (autograd's LeafReadObserver: every op that reads a parameter says so) and, with a hook
-// before and after every module, which module was running at each parameter's first read: the
-// innermost one entered through operator(), or none (the model's own forward called past its
-// hooks). From then on a module's pre-hook waits for the buckets first read inside it, and the
-// buckets first read by none, or by nothing at all, are waited for before the forward starts.
-// The gathers are launched in the order they will be waited for, which the ranks agree on at
-// the first step (rank 0's plan: a rank that learned another order still waits correctly, only
-// later; the ranks must agree on the switch itself, which DDP checks).
+// runs with every parameter in place (nothing is in flight before the first step), watches
+// every use of the flat parameter buffer (autograd's TensorAccessObserver: every op tells it of
+// its inputs, every host read or copy of what it is about to touch) and, with a hook before and
+// after every module, which module was running at each bucket's first use: the innermost one
+// entered through operator() on the thread that runs DDP's forward, or none (the model's forward
+// called past its hooks, another thread). From then on a module's pre-hook waits for the buckets
+// first used inside it, and those first used by none, or not at all, are waited for before the
+// forward starts. The gathers are launched in the order they will be waited for, which the ranks
+// agree on at the first step (rank 0's plan: a rank that learned another order still waits
+// correctly, only later; the ranks must agree on the switch itself, which DDP checks).
 //
-// Checked at every read, not only in the learned order: a parameter read while its bucket is
-// still owed fails, naming the parameter and the module, instead of computing with a
-// half-gathered parameter (the read has happened, so the step cannot go on). In DDP's forward
-// that is a read the first forward did not make in that module (a branch taken only now); after
-// it, until every bucket is waited for, any read (an evaluation through model.forward(x)
-// instead of model(x), which runs no hook of the model itself). Raw reads (data pointers,
-// to_vector) are not seen; call Zero::wait_for_parameters() before them.
+// Checked at every use, not only in the learned order. A host read or copy (to_vector, item,
+// clone, copy_from, ...) of a bucket still in flight waits for it first: correct, if later
+// than planned. An op cannot wait, since it tells after it ran: one that used a bucket still in
+// flight fails, naming the parameter and the module, instead of computing with a half-gathered
+// parameter. In DDP's forward that is a use the first forward did not make there (a branch taken
+// only now, another thread); outside it (between step() and the next forward), any use: an
+// evaluation through model.forward(x) rather than model(x), whose hooks wait for every bucket,
+// or an op on FlatParameters::values(). Raw pointers (data(), raw_data()) are not seen: call
+// Zero::wait_for_parameters() before them.
 
 #include <cstddef>
 #include <cstdint>
-#include <span>
+#include <mutex>
 #include <string>
-#include <unordered_map>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,9 +43,9 @@
 
 namespace nanoddp::comm {
 
-class ZeroOverlap final : public LeafReadObserver {
+class ZeroOverlap final : public TensorAccessObserver {
  public:
-  // Hooks every module of `root` and watches the reads of this thread (the one that trains).
+  // Hooks every module of `root` and watches every use of `params`' flat buffer.
   ZeroOverlap(nn::Module& root, const nn::FlatParameters& params, Zero& zero);
   ~ZeroOverlap() override;  // removes its hooks and its watch
   ZeroOverlap(const ZeroOverlap&) = delete;
@@ -54,27 +57,31 @@ class ZeroOverlap final : public LeafReadObserver {
   void abort_forward();
 
   // Whether the first forward has been learned (before it, step() waits for its gathers).
-  bool learned() const { return learned_; }
+  bool learned() const;
   // One line per bucket, in the order they are waited for: which module waits for it.
   std::string describe() const;
 
-  void leaf_read(const TensorImpl* leaf) override;
+  void accessed(const TensorImpl& t, bool before) override;
 
  private:
   static constexpr int kNone = -1;  // no module entered: the model's own forward
   void enter(int module);
   void leave(int module);
-  void release(std::size_t bucket);
+  void release(std::size_t bucket);  // with mutex_ held
   const std::string& module_name(int module) const;
+  std::string parameter_in(std::size_t bucket, std::int64_t begin, std::int64_t end) const;
 
   const nn::FlatParameters& params_;
   Zero& zero_;
-  std::unordered_map<const TensorImpl*, std::size_t> slot_of_;  // parameter -> its slot
+  const void* storage_;                                       // the flat buffer's
   std::vector<std::pair<nn::Module*, std::string>> modules_;  // every module once, with its path
   std::vector<std::uint64_t> hook_ids_;                       // two per module
+  // Hooks and observers may run on several threads (a tower in std::async): one at a time.
+  mutable std::mutex mutex_;
+  std::thread::id forward_thread_;  // the one in DDP's forward
   bool learned_ = false;
   bool in_forward_ = false;
-  std::vector<int> stack_;                         // modules entered, innermost last
+  std::vector<int> stack_;                         // modules entered there, innermost last
   std::vector<int> entered_;                       // the learning forward: modules, first entry
   std::vector<char> assigned_;                     // the learning forward: per bucket
   std::vector<std::vector<std::size_t>> waits_;    // per module: the buckets it waits for

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <optional>
 #include <queue>
 #include <unordered_map>
@@ -17,8 +18,12 @@ namespace {
 std::atomic<std::uint64_t> next_sequence_nr{0};
 // Nodes whose backward function has run in this thread's pass (see backward_nodes_run()).
 thread_local std::uint64_t tls_backward_nodes_run = 0;
-// This thread's LeafReadObservers.
-thread_local std::vector<LeafReadObserver*> tls_leaf_read_observers;
+// The TensorAccessObservers, process-wide; their number read without the lock (most
+// processes have none).
+std::atomic<int> g_access_observer_count{0};
+std::mutex g_access_observers_mutex;
+std::vector<TensorAccessObserver*> g_access_observers;
+thread_local bool tls_notifying = false;  // an observer's own tensor use is not reported
 }  // namespace
 
 Node::Node(std::string name, const std::vector<Tensor>& inputs, BackwardFn backward)
@@ -43,9 +48,7 @@ Node::Node(std::string name, const std::vector<Tensor>& inputs, BackwardFn backw
 
 Tensor record(std::string name, Tensor output, const std::vector<Tensor>& inputs,
               Node::BackwardFn backward) {
-  if (!tls_leaf_read_observers.empty()) {
-    for (const Tensor& input : inputs) notify_leaf_read(input);
-  }
+  for (const Tensor& input : inputs) notify_tensor_access(input, /*before=*/false);
   if (!NoGrad::grad_enabled()) return output;
   bool any_requires_grad = false;
   for (const Tensor& input : inputs) {
@@ -83,21 +86,33 @@ std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root) {
   return reachable_leaves(std::span<const Tensor>(&root, 1));
 }
 
-void add_leaf_read_observer(LeafReadObserver* observer) {
-  tls_leaf_read_observers.push_back(observer);
+void add_tensor_access_observer(TensorAccessObserver* observer) {
+  const std::lock_guard lock(g_access_observers_mutex);
+  g_access_observers.push_back(observer);
+  g_access_observer_count.store(static_cast<int>(g_access_observers.size()));
 }
 
-void remove_leaf_read_observer(LeafReadObserver* observer) {
-  std::erase(tls_leaf_read_observers, observer);
+void remove_tensor_access_observer(TensorAccessObserver* observer) {
+  const std::lock_guard lock(g_access_observers_mutex);
+  std::erase(g_access_observers, observer);
+  g_access_observer_count.store(static_cast<int>(g_access_observers.size()));
 }
 
-void notify_leaf_read(const Tensor& t) {
-  if (tls_leaf_read_observers.empty() || !t.defined() || !t.is_leaf() || !t.requires_grad()) {
+void notify_tensor_access(const Tensor& t, bool before) {
+  if (g_access_observer_count.load(std::memory_order_relaxed) == 0 || !t.defined() ||
+      tls_notifying) {
     return;
   }
-  for (std::size_t i = 0; i < tls_leaf_read_observers.size(); ++i) {
-    tls_leaf_read_observers[i]->leaf_read(t.impl());
+  // Held while the observers run, so that none is removed (destroyed) under another thread.
+  const std::lock_guard lock(g_access_observers_mutex);
+  tls_notifying = true;
+  try {
+    for (TensorAccessObserver* o : g_access_observers) o->accessed(*t.impl(), before);
+  } catch (...) {
+    tls_notifying = false;
+    throw;
   }
+  tls_notifying = false;
 }
 
 // One execution of backward(): the bookkeeping lives only as long as the pass.

@@ -55,23 +55,23 @@ class Node;
 std::unordered_set<const TensorImpl*> reachable_leaves(std::span<const Tensor> roots);
 std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root);
 
-// Who is told when an op reads a leaf that requires a gradient (a parameter): every op that
-// records (also under NoGrad, where it records nothing) tells it after it ran, for each such
-// input, and so does detach() of such a leaf (the detached tensor is read later, unseen). ZeRO's
-// all-gather overlap (comm/zero_overlap.h) checks with it that no op reads a parameter whose
-// all-gather is still in flight, and learns which module reads which. Per thread; raw reads
-// (data pointers, to_vector) are not seen.
-class LeafReadObserver {
+// Who is told when a tensor's memory is used. Every op that records tells it, after it ran, of
+// each of its inputs (also under NoGrad, where it records nothing); the host reads and copies
+// (to_vector(), item(), clone(), to(), copy_from() on both ends, fill(), zero()) tell it before
+// they touch the memory, so that an observer may still wait for it. ZeRO's all-gather overlap
+// (comm/zero_overlap.h) watches the flat parameter buffer with it: no op may read a parameter
+// whose all-gather is still in flight. Process-wide, any thread; raw pointers (data(),
+// raw_data()) are not seen.
+class TensorAccessObserver {
  public:
-  virtual ~LeafReadObserver() = default;
-  virtual void leaf_read(const TensorImpl* leaf) = 0;
+  virtual ~TensorAccessObserver() = default;
+  // `before`: the memory is about to be used; else an op has used it.
+  virtual void accessed(const TensorImpl& t, bool before) = 0;
 };
-// Adds or removes an observer of this thread's reads (several may watch, in any order).
-void add_leaf_read_observer(LeafReadObserver* observer);
-void remove_leaf_read_observer(LeafReadObserver* observer);
-// Tells this thread's observers, if any, that `t` is read (when it is a leaf requiring a
-// gradient).
-void notify_leaf_read(const Tensor& t);
+void add_tensor_access_observer(TensorAccessObserver* observer);
+void remove_tensor_access_observer(TensorAccessObserver* observer);
+// Tells the observers, if any, that `t`'s memory is used (cheap when there are none).
+void notify_tensor_access(const Tensor& t, bool before);
 
 class Node {
  public:

@@ -162,6 +162,7 @@ float* Tensor::data() const {
 
 std::vector<float> Tensor::to_vector() const {
   NANODDP_CHECK(dtype() == DType::kF32, "to_vector(): expected a float32 tensor");
+  notify_tensor_access(*this, /*before=*/true);
   std::vector<float> values(static_cast<std::size_t>(numel()));
   const HostSyncPoint sync("Tensor::to_vector");
   if (device().is_cuda()) backend_for(device()).stream().synchronize();
@@ -224,6 +225,8 @@ void copy_values(const Tensor& dst, const Tensor& source) {
     fail("copy_from: source {} {} does not match destination {} {}", shape_str(source.shape()),
          dtype_name(source.dtype()), shape_str(dst.shape()), dtype_name(dst.dtype()));
   }
+  notify_tensor_access(source, /*before=*/true);
+  notify_tensor_access(dst, /*before=*/true);
   if (dst.device() == source.device()) {
     if (dst.storage() == source.storage() && dst.nbytes() != 0) {
       // Two views of one buffer: a copy onto itself is nothing to do, and a partial overlap has
@@ -337,11 +340,13 @@ void Tensor::copy_from(const Tensor& source) {
 
 void Tensor::fill(float value) {
   check_not_recorded("fill", *this);
+  notify_tensor_access(*this, /*before=*/true);
   backend_for(device()).fill(data(), numel(), value);
 }
 
 void Tensor::zero() {
   check_not_recorded("zero", *this);
+  notify_tensor_access(*this, /*before=*/true);
   backend_for(device()).fill(data(), numel(), 0.0f);
 }
 
@@ -464,7 +469,6 @@ const std::string& Tensor::name() const {
 }
 
 Tensor Tensor::detach() const {
-  notify_leaf_read(*this);  // the detached tensor is read later, where autograd cannot see it
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = impl_->storage;
   impl->offset = impl_->offset;

@@ -280,7 +280,8 @@ TEST_CASE("ddp zero: the all-gather overlapping the next forward ends bit for bi
 TEST_CASE("ddp zero: an outside tester's models under the overlap: equal, or a clear error") {
   // Five of them trained silently wrong (ranks apart, or apart from the run without the
   // overlap): they now end bit for bit equal, or stop naming the cause.
-  for (const char* use : {"rank-order", "rank-branch", "nograd", "detach"}) {
+  for (const char* use : {"rank-order", "rank-branch", "nograd", "detach", "item", "async-tower",
+                          "snapshot", "tie-copy"}) {
     for (int world : {2, 3}) {
       CAPTURE(use);
       CAPTURE(world);
@@ -295,8 +296,15 @@ TEST_CASE("ddp zero: an outside tester's models under the overlap: equal, or a c
   INFO(describe(eval));
   REQUIRE(all_exit(eval, 3));
   for (const auto& r : eval) {
-    CHECK(r.output.find("parameter 'rootw' was read while its all-gather was still in flight, "
-                        "outside DistributedDataParallel's forward") != std::string::npos);
+    CHECK(r.output.find("parameter 'rootw' was used by an op while its all-gather was still in "
+                        "flight, outside DistributedDataParallel's forward") != std::string::npos);
+  }
+  const auto norm = run_scenario({"zero-overlap-users", "flat-norm"}, 2);
+  INFO(describe(norm));
+  REQUIRE(all_exit(norm, 3));
+  for (const auto& r : norm) {
+    CHECK(r.output.find("was used by an op while its all-gather was still in flight") !=
+          std::string::npos);
   }
   const auto one = run_scenario({"zero-overlap-users", "rank0-only"}, 2);
   INFO(describe(one));

@@ -17,8 +17,7 @@
 //   nanoddp-test-ddp-worker zero [--adamw] [--bf16] [--twoback|--nozerograd]
 //   nanoddp-test-ddp-worker zero-refusals
 //   nanoddp-test-ddp-worker zero-overlap [--adamw]
-//   nanoddp-test-ddp-worker zero-overlap-users
-//   rank-order|rank-branch|nograd|detach|eval-forward|rank0-only
+//   nanoddp-test-ddp-worker zero-overlap-users CASE (see zero_overlap_users)
 
 #include <fmt/format.h>
 
@@ -27,6 +26,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -1036,7 +1036,7 @@ int zero_overlap(comm::Distributed& dist, bool adam) {
         } catch (const Error& e) {
           const std::string what = e.what();
           EXPECT(what.find("parameter 'q.") != std::string::npos &&
-                     what.find("read in the model before") != std::string::npos,
+                     what.find("used in the model before") != std::string::npos,
                  "stage {}: {}", stage, what);
           fmt::print("refused: {}\n", what);
         }
@@ -1055,7 +1055,11 @@ int zero_overlap(comm::Distributed& dist, bool adam) {
 // takes `extra` in its first forward (find_unused_parameters). nograd / detach: the model reads
 // c's weight under NoGrad, or detached, before entering c. eval-forward: an evaluation right
 // after step() through model.forward(x), whose own forward reads `rootw` first (refused).
-// rank0-only: the overlap on rank 0 only (refused at construction).
+// rank0-only: the overlap on rank 0 only (refused at construction). A second tester's: item:
+// the model reads tb's bias with item() before entering c; async-tower: tower tb runs on
+// another thread from step 1 on; snapshot: a copy out of c's weight right after step() (an
+// EMA), tie-copy: also a copy into a's weight; flat-norm: an op on FlatParameters::values()
+// right after step() (refused).
 class TowersModel : public nn::Module {
  public:
   explicit TowersModel(Generator& g) {
@@ -1080,12 +1084,18 @@ class TowersModel : public nn::Module {
       h = mul(h, 1.0f + 10.0f * s);
     }
     if (use == "detach") h = add(h, mul(linear(h, c.weight().detach(), Tensor()), 0.5f));
+    if (use == "item") h = mul(h, 1.0f + 0.1f * std::tanh(tb.bias().view(0, {1}).item()));
     h = c(h);
     if (use != "rank-branch" || step > 0 || rank == 1) h = relu(extra(h));
     Tensor u, v;
     if (use == "rank-order" && step == 0 && rank == 1) {
       v = tb(h);
       u = ta(h);
+    } else if (use == "async-tower") {
+      // Tower tb on another thread (from step 1 on, as a branch taken only then).
+      auto other = std::async(std::launch::async, [&] { return step > 0 ? tb(h) : Tensor(); });
+      u = ta(h);
+      v = step > 0 ? other.get() : tb(h);
     } else {
       u = ta(h);
       v = tb(h);
@@ -1103,6 +1113,7 @@ int zero_overlap_users(comm::Distributed& dist, const std::string& use) {
   const int rank = dist.group->rank();
   for (int stage = 1; stage < 3; ++stage) {
     std::vector<float> ends[2];
+    std::vector<std::vector<float>> ema[2];
     for (int overlap = 0; overlap < 2; ++overlap) {
       Generator g(9);
       TowersModel model(g);
@@ -1131,6 +1142,34 @@ int zero_overlap_users(comm::Distributed& dist, const std::string& use) {
         optimizer.zero_grad();
         mse_loss((*ddp)(batch(6, 8, rank, step, 0)), batch(6, 8, rank, step, 1)).backward();
         ddp->zero()->step();
+        if (use == "snapshot" || use == "tie-copy") {
+          // Right after step(), with the gathers in flight: a copy out of a parameter (an EMA's
+          // snapshot) and, for tie-copy, into one (a hand-tied weight).
+          const NoGrad no_grad;
+          const auto named = [&](const std::string& name) {
+            for (const nn::NamedTensor& p : model.named_parameters()) {
+              if (p.name == name) return p.tensor;
+            }
+            throw std::runtime_error("no parameter " + name);
+          };
+          Tensor snapshot = Tensor::zeros({8, 8});
+          snapshot.copy_from(named("c.weight"));
+          ema[overlap].push_back(snapshot.to_vector());
+          if (use == "tie-copy") named("a.weight").copy_from(named("tb.weight"));
+        }
+        if (use == "flat-norm") {
+          try {
+            const NoGrad no_grad;
+            (void)sum(mul(params.values(), params.values())).item();
+            EXPECT(overlap == 0 || dist.group->size() == 1,
+                   "stage {} step {}: an op on values() read gathers in flight, unrefused", stage,
+                   step);
+          } catch (const Error& e) {
+            EXPECT(overlap == 1, "{}", e.what());
+            fmt::print("refused: {}\n", e.what());
+            return 3;
+          }
+        }
         if (use == "eval-forward") {
           try {
             const NoGrad no_grad;
@@ -1153,6 +1192,7 @@ int zero_overlap_users(comm::Distributed& dist, const std::string& use) {
              "stage {} overlap {}: rank {} differs from rank 0", stage, overlap, rank);
     }
     EXPECT(ends[0] == ends[1], "stage {}: {}: the overlap changed the parameters", stage, use);
+    EXPECT(ema[0] == ema[1], "stage {}: {}: the overlap changed the snapshots", stage, use);
   }
   fmt::print("{}: equal with and without the overlap, on every rank\n", use);
   return 0;

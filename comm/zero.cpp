@@ -321,7 +321,7 @@ std::vector<std::size_t> Zero::buckets_touching(std::int64_t offset, std::int64_
   return out;
 }
 
-void Zero::wait_for_bucket(std::size_t b) {
+void Zero::wait_for_bucket(std::size_t b, bool in_forward) {
   const std::lock_guard lock(pending_mutex_);
   std::vector<std::shared_ptr<Work>>& works = pending_.at(b);
   if (works.empty()) return;
@@ -332,7 +332,7 @@ void Zero::wait_for_bucket(std::size_t b) {
   }
   const double waited =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  gather_times_.in_forward_ms += waited;
+  if (in_forward) gather_times_.in_forward_ms += waited;
   // The collectives' own time, where the group measured it (they ran while the host computed),
   // and in a trace each bucket's gather where it ran, beside the forward.
   double comm = 0;
@@ -354,7 +354,7 @@ void Zero::wait_for_bucket(std::size_t b) {
 }
 
 void Zero::wait_for_parameters() {
-  for (const std::size_t b : gather_order_) wait_for_bucket(b);
+  for (const std::size_t b : gather_order_) wait_for_bucket(b, /*in_forward=*/false);
 }
 
 Zero::~Zero() {

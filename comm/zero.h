@@ -122,7 +122,9 @@ class Zero {
   void propose_gather_order(std::vector<std::size_t> order);
   // Whether bucket b's all-gather is still pending (launched and not yet waited for).
   bool gathering(std::size_t b) const;
-  void wait_for_bucket(std::size_t b);
+  // `in_forward`: the wait is the forward's (booked as in_forward_ms), else it happens between
+  // steps (a checkpoint's wait_for_parameters(): the collectives' time only).
+  void wait_for_bucket(std::size_t b, bool in_forward = true);
   void wait_for_parameters();
   std::size_t bucket_count() const { return chunks_.size(); }
   const std::vector<std::size_t>& gather_order() const { return gather_order_; }

@@ -123,7 +123,7 @@ void ZeroOverlap::accessed(const TensorImpl& t, bool before) {
       // Between step() and the next forward only a bucket still in flight matters.
       if (!zero_.gathering(b)) continue;
       if (before) {
-        zero_.wait_for_bucket(b);  // a host read or copy: waited for, then correct
+        zero_.wait_for_bucket(b, /*in_forward=*/false);  // a host read or copy: then correct
         continue;
       }
       fail(

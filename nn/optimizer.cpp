@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "nanoddp/engine/autograd.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/kernels/error.h"
 
@@ -66,6 +67,9 @@ void Optimizer::step() {
         "parameters. Call DistributedDataParallel::zero()->step(), which updates the share and "
         "all-gathers the parameters on every rank");
   }
+  // The update writes the parameters through raw pointers, which no access observer sees: said
+  // first (a second optimizer stepping beside ZeRO's must not write into gathers in flight).
+  notify_tensor_access(params_.values(), /*before=*/true);
   step_shard();
 }
 

@@ -278,10 +278,11 @@ TEST_CASE("ddp zero: the all-gather overlapping the next forward ends bit for bi
 }
 
 TEST_CASE("ddp zero: an outside tester's models under the overlap: equal, or a clear error") {
-  // Five of them trained silently wrong (ranks apart, or apart from the run without the
-  // overlap): they now end bit for bit equal, or stop naming the cause.
+  // Three testers' cases that trained silently wrong (ranks apart, or apart from the run without
+  // the overlap): they now end bit for bit equal, or stop naming the cause.
   for (const char* use : {"rank-order", "rank-branch", "nograd", "detach", "item", "async-tower",
-                          "snapshot", "tie-copy"}) {
+                          "snapshot", "tie-copy", "eval-forward", "flat-norm", "late-branch",
+                          "second-optimizer", "background-op"}) {
     for (int world : {2, 3}) {
       CAPTURE(use);
       CAPTURE(world);
@@ -291,20 +292,6 @@ TEST_CASE("ddp zero: an outside tester's models under the overlap: equal, or a c
       CHECK(results[0].output.find("equal with and without the overlap, on every rank") !=
             std::string::npos);
     }
-  }
-  const auto eval = run_scenario({"zero-overlap-users", "eval-forward"}, 2);
-  INFO(describe(eval));
-  REQUIRE(all_exit(eval, 3));
-  for (const auto& r : eval) {
-    CHECK(r.output.find("parameter 'rootw' was used by an op while its all-gather was still in "
-                        "flight, outside DistributedDataParallel's forward") != std::string::npos);
-  }
-  const auto norm = run_scenario({"zero-overlap-users", "flat-norm"}, 2);
-  INFO(describe(norm));
-  REQUIRE(all_exit(norm, 3));
-  for (const auto& r : norm) {
-    CHECK(r.output.find("was used by an op while its all-gather was still in flight") !=
-          std::string::npos);
   }
   const auto one = run_scenario({"zero-overlap-users", "rank0-only"}, 2);
   INFO(describe(one));

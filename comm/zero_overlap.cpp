@@ -127,11 +127,11 @@ void ZeroOverlap::accessed(const TensorImpl& t, bool before) {
         continue;
       }
       fail(
-          "ZeRO all-gather overlap (zero_overlap_gather): parameter '{}' was used by an op while "
-          "its all-gather was still in flight, outside DistributedDataParallel's forward (the "
-          "model called as model.forward(x) instead of model(x)? an op on "
-          "FlatParameters::values()?). Call zero()->wait_for_parameters() after step() before "
-          "using the parameters",
+          "ZeRO all-gather overlap (zero_overlap_gather): parameter '{}' was used while its "
+          "all-gather was still in flight, outside DistributedDataParallel's forward, by an op "
+          "that says so only after it ran (it records without announcing its reads): it may have "
+          "read a half-gathered parameter. Such an op calls notify_tensor_access(input, true) "
+          "before it reads; or call zero()->wait_for_parameters() after step() first",
           parameter_in(b, begin, end));
     }
     if (!learned_) {
@@ -148,9 +148,10 @@ void ZeroOverlap::accessed(const TensorImpl& t, bool before) {
     }
     fail(
         "ZeRO all-gather overlap (zero_overlap_gather): parameter '{}' was used in {} before its "
-        "bucket's all-gather was waited for. This forward uses the parameters in another order "
-        "than the first forward did (a branch taken only now? another thread?), so it may have "
-        "computed with a half-gathered parameter. Turn zero_overlap_gather off for this model",
+        "bucket's all-gather was waited for, by an op that says so only after it ran (it records "
+        "without announcing its reads): it may have computed with a half-gathered parameter. "
+        "Such an op calls notify_tensor_access(input, true) before it reads; or turn "
+        "zero_overlap_gather off for this model",
         parameter_in(b, begin, end), here ? module_name(module) : "another thread");
   }
 }

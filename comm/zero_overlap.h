@@ -9,7 +9,8 @@
 // child's forward() directly, past the child's hooks. So the first forward under DDP, which
 // runs with every parameter in place (nothing is in flight before the first step), watches
 // every use of the flat parameter buffer (autograd's TensorAccessObserver: every op tells it of
-// its inputs, every host read or copy of what it is about to touch) and, with a hook before and
+// its inputs before reading them, every host read or copy of what it is about to touch) and,
+// with a hook before and
 // after every module, which module was running at each bucket's first use: the innermost one
 // entered through operator() on the thread that runs DDP's forward, or none (the model's forward
 // called past its hooks, another thread). From then on a module's pre-hook waits for the buckets
@@ -18,15 +19,14 @@
 // agree on at the first step (rank 0's plan: a rank that learned another order still waits
 // correctly, only later; the ranks must agree on the switch itself, which DDP checks).
 //
-// Checked at every use, not only in the learned order. A host read or copy (to_vector, item,
-// clone, copy_from, ...) of a bucket still in flight waits for it first: correct, if later
-// than planned. An op cannot wait, since it tells after it ran: one that used a bucket still in
-// flight fails, naming the parameter and the module, instead of computing with a half-gathered
-// parameter. In DDP's forward that is a use the first forward did not make there (a branch taken
-// only now, another thread); outside it (between step() and the next forward), any use: an
-// evaluation through model.forward(x) rather than model(x), whose hooks wait for every bucket,
-// or an op on FlatParameters::values(). Raw pointers (data(), raw_data()) are not seen: call
-// Zero::wait_for_parameters() before them.
+// Checked at every use, not only in the learned order, on any thread. Ops announce each input
+// before they read it (their input checks), host reads and copies (to_vector, item, clone,
+// copy_from, ...) and Optimizer::step() before they touch the memory: a use of a bucket still in
+// flight waits for it first, correct if later than planned (a branch taken only now, a tower on
+// another thread, an evaluation through model.forward(x) right after step()). A use told only
+// after it happened (an op outside the library that records without announcing its reads) of a
+// bucket still in flight fails, naming the parameter and the module. Raw pointers (data(),
+// raw_data()) are not seen: call Zero::wait_for_parameters() before them.
 
 #include <cstddef>
 #include <cstdint>

@@ -55,10 +55,12 @@ class Node;
 std::unordered_set<const TensorImpl*> reachable_leaves(std::span<const Tensor> roots);
 std::unordered_set<const TensorImpl*> reachable_leaves(const Tensor& root);
 
-// Who is told when a tensor's memory is used. Every op that records tells it, after it ran, of
-// each of its inputs (also under NoGrad, where it records nothing); the host reads and copies
-// (to_vector(), item(), clone(), to(), copy_from() on both ends, fill(), zero()) tell it before
-// they touch the memory, so that an observer may still wait for it. ZeRO's all-gather overlap
+// Who is told when a tensor's memory is used. Every op of the library tells it of each float
+// input before reading it (in its input check), and record() again after the op ran (also
+// under NoGrad, where it records nothing: the only word from an op written elsewhere); the host
+// reads and copies (to_vector(), item(), clone(), to(), copy_from() on both ends, fill(), zero())
+// and Optimizer::step() tell it before they touch the memory. Told before, an observer may still
+// wait for the memory. ZeRO's all-gather overlap
 // (comm/zero_overlap.h) watches the flat parameter buffer with it: no op may read a parameter
 // whose all-gather is still in flight. Process-wide, any thread; raw pointers (data(),
 // raw_data()) are not seen.

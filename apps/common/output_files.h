@@ -38,6 +38,20 @@ inline std::filesystem::path resolved_path(const std::string& path) {
   return p.lexically_normal();
 }
 
+// Opens /dev/null on any of descriptors 0, 1 and 2 that is closed (a program started with
+// `>&-`): the next file opened would otherwise get that number, and every line meant for
+// stdout would go into it (an outside tester's --metrics file filled with progress lines).
+inline void open_closed_standard_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int opened = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    if (opened >= 0 && opened != fd) {
+      ::dup2(opened, fd);
+      ::close(opened);
+    }
+  }
+}
+
 // True when `a` and `b` name the same file: the same device and inode when both exist (a
 // symlink or hard link counts), else the same resolved path (see resolved_path).
 inline bool same_file(const std::string& a, const std::string& b) {

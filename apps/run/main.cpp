@@ -24,6 +24,7 @@
 #include <iostream>
 #include <random>
 
+#include "common/output_files.h"
 #include "elastic.h"
 #include "launcher.h"
 #include "options.h"
@@ -31,6 +32,7 @@
 
 int main(int argc, char** argv) {
   using namespace nanoddp::run;
+  nanoddp::common::open_closed_standard_fds();  // its workers inherit them
   int exit_code = 0;
   std::optional<RunOptions> options = parse_options(argc, argv, exit_code);
   if (!options) return exit_code;

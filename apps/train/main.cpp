@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "common/output_files.h"
 #include "options.h"
 #include "trainer.h"
 
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
   // reporting the failed collective. Ignored, the write fails with EPIPE and the process group
   // names the op and the peer.
   ::signal(SIGPIPE, SIG_IGN);
+  nanoddp::common::open_closed_standard_fds();
   int exit_code = 0;
   std::string problem;
   const std::optional<TrainOptions> options = parse_options(argc, argv, exit_code, &problem);

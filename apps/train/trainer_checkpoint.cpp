@@ -293,7 +293,8 @@ void Trainer::save_parameters() {
     entries.push_back(
         {.name = p.name, .dtype = "F32", .shape = p.tensor.shape(), .data = host.back().data()});
   }
-  nn::write_safetensors(o_.save_path, entries,
+  // Through a symlink (even to a file not written yet) its target; the link stays.
+  nn::write_safetensors(common::resolved_path(o_.save_path).string(), entries,
                         {{"format", "nanoddp-parameters"},
                          {"nanoddp_version", NANODDP_VERSION},
                          {"step", std::to_string(steps_)},

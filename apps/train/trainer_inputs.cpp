@@ -55,6 +55,26 @@ void check_dir_writable(const std::string& flag, const std::string& dir) {
 // is created and removed there), and an existing file there must be writable.
 void check_output_file(const std::string& flag, const std::string& path) {
   std::error_code ec;
+  // Written by renaming a complete file over the name: over the file the shell redirected stdout
+  // to, that would replace the whole log (an outside tester's `--trace /dev/stdout > log`).
+  if (common::standard_stream(path) != 0) {
+    fail(
+        "{} '{}' names this program's standard output or error, which a file written by rename "
+        "would replace; give a file name",
+        flag, path);
+  }
+  // A symlink loop fails only when the file is finally written, after training.
+  (void)std::filesystem::status(path, ec);
+  if (ec == std::errc::too_many_symbolic_link_levels) {
+    fail("{} '{}' is a loop of symbolic links; give a file name", flag, path);
+  }
+  ec.clear();
+  const std::filesystem::path before_slash = std::filesystem::path(path).parent_path();
+  if (path.ends_with('/') && std::filesystem::exists(before_slash, ec) &&
+      !std::filesystem::is_directory(before_slash, ec)) {
+    fail("{} '{}' ends with '/', but '{}' is a file: drop the '/'", flag, path,
+         before_slash.string());
+  }
   // "x/.." and "x/." name folders even before x exists (the check below would create x first).
   const std::filesystem::path last = std::filesystem::path(path).filename();
   if (path.ends_with('/') || last == "." || last == ".." ||
@@ -65,6 +85,12 @@ void check_output_file(const std::string& flag, const std::string& path) {
   const std::filesystem::path folder = std::filesystem::path(path).parent_path();
   const std::string dir = folder.empty() ? std::string(".") : folder.string();
   check_dir_writable(fmt::format("the folder of {}", flag), dir);
+  // Through a symlink to a file not written yet, the file written is its target: its folder
+  // must be there too (an outside tester's link got replaced, its target never written).
+  const std::filesystem::path target_folder = common::resolved_path(path).parent_path();
+  if (!target_folder.empty() && !std::filesystem::equivalent(target_folder, dir, ec)) {
+    check_dir_writable(fmt::format("the folder of {}'s link target", flag), target_folder.string());
+  }
   // The writers' temporary names are longer than the file's (--save writes
   // ".NAME.tmp.HOST.PID.K" and renames it): a name that fits while its temporary does not would
   // fail after training, with the output lost.
@@ -156,7 +182,9 @@ void Trainer::check_output_paths() {
 void Trainer::lock_metrics() {
   bool busy = false;
   std::string problem;
-  metrics_lock_ = common::lock_file(o_.metrics_path, &busy, &problem);
+  // The file itself: through a symlink (even to a file not written yet), its target.
+  metrics_lock_ =
+      common::lock_file(common::resolved_path(o_.metrics_path).string(), &busy, &problem);
   if (busy) {
     fail(
         "--metrics '{}' is being written by another run (it holds the file's lock); give this "

@@ -284,7 +284,8 @@ void Trainer::write_metrics_line(const std::string& line) {
 void Trainer::write_trace() {
   if (!tracer_) return;
   if (!distributed_) {
-    Tracer::write_file(o_.trace_path, {tracer_->events_json()});
+    // Through a symlink (even to a file not written yet) its target; the link stays.
+    Tracer::write_file(common::resolved_path(o_.trace_path).string(), {tracer_->events_json()});
   } else {
     // Every rank hands its events to rank 0 through the store, in pieces far below the store's
     // value limit (a long trace exceeded it: the job failed after training); rank 0 takes each
@@ -309,7 +310,7 @@ void Trainer::write_trace() {
         }
         all.push_back(std::move(text));
       }
-      Tracer::write_file(o_.trace_path, all);
+      Tracer::write_file(common::resolved_path(o_.trace_path).string(), all);
     }
   }
   if (is_main() && !o_.quiet) fmt::print("trace written to {}\n", o_.trace_path);

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <set>
@@ -833,6 +834,59 @@ TEST_CASE("outputs: a run that fails in its set-up leaves no empty --metrics fil
   std::string line;
   REQUIRE(std::getline(kept, line));
   CHECK(line == "{\"old\":1}");
+}
+
+TEST_CASE("outputs: dangling and looping links, standard streams, a closed stdout") {
+  // A third outside tester's: --trace and --save through a link to a file not written yet
+  // replaced the link (its target never written); a link loop failed only after training,
+  // naming ''; --trace /dev/stdout renamed the trace over the log the shell redirected to;
+  // with stdout closed the --metrics file became descriptor 1 and took every progress line.
+  TempDir dir;
+  fs::create_directories(dir.file("a"));
+  fs::create_symlink("../b/t.json", dir.file("a/lt"));
+  fs::create_symlink("../b/s.st", dir.file("a/ls"));
+  const ProcessResult r =
+      train({"--steps", "2", "--trace", dir.file("a/lt"), "--save", dir.file("a/ls")});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(fs::is_symlink(dir.file("a/lt")));
+  CHECK(fs::is_symlink(dir.file("a/ls")));
+  CHECK(fs::file_size(dir.file("b/t.json")) > 100);
+  CHECK(fs::file_size(dir.file("b/s.st")) > 100);
+
+  fs::create_symlink(dir.file("loop"), dir.file("loop"));
+  for (const char* flag : {"--trace", "--save", "--metrics"}) {
+    CAPTURE(flag);
+    const ProcessResult loop = train({"--steps", "2", "--log-every", "1", flag, dir.file("loop")});
+    CHECK(loop.exit_code == 2);
+    CHECK_FALSE(contains(loop.output, "step 1/"));
+  }
+  const std::string log = dir.file("log");
+  const ProcessResult s = run_process(
+      {"/bin/sh", "-c",
+       fmt::format("(echo HEADER; {} --steps 2 --in 8 --out 4 --hidden 16 --trace /dev/stdout; "
+                   "echo rc=$?) > {} 2>&1",
+                   bin_path("nanoddp-train"), log)});
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.starts_with("HEADER\n"));
+  CHECK(contains(text, "names this program's standard output or error"));
+  CHECK(contains(text, "rc=2"));
+
+  std::ofstream(dir.file("o9.txt")) << "x";
+  const ProcessResult slash = train({"--steps", "2", "--metrics", dir.file("o9.txt") + "/"});
+  CHECK(slash.exit_code == 2);
+  CHECK(contains(slash.output, "is a file: drop the '/'"));
+
+  const ProcessResult closed = run_process(
+      {"/bin/sh", "-c",
+       fmt::format("{} --steps 3 --in 8 --out 4 --hidden 16 --log-every 1 --metrics {} >&-",
+                   bin_path("nanoddp-train"), dir.file("m.jsonl"))});
+  CHECK(closed.exit_code == 0);
+  std::ifstream lines(dir.file("m.jsonl"));
+  int records = 0;
+  for (std::string line; std::getline(lines, line); ++records) CHECK(line.starts_with("{"));
+  CHECK(records == 3);
 }
 
 TEST_CASE("outputs: --trace and --save through a symlink write the file it points to") {

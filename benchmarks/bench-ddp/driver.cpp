@@ -66,8 +66,10 @@ std::vector<Point> expand(const Options& o) {
                           for (const bool gather : o.zero_overlap_gather)
                             for (const int threads : o.threads)
                               for (const int world : o.world)
-                                // No ZeRO, no parameter all-gather to overlap: --zero 0 runs off.
-                                if (zero > 0 || !gather)
+                                // No ZeRO, no parameter all-gather to overlap: a --zero 0 point
+                                // runs once, off, whatever the list (with "on" alone it was
+                                // dropped without a word).
+                                if (zero > 0 || gather == o.zero_overlap_gather.front())
                                   points.push_back(Point{.world = world,
                                                          .hidden = hidden,
                                                          .layers = layers,
@@ -81,7 +83,7 @@ std::vector<Point> expand(const Options& o) {
                                                          .optimizer_in_backward = in_backward,
                                                          .comm_hook = hook,
                                                          .zero = zero,
-                                                         .zero_overlap_gather = gather,
+                                                         .zero_overlap_gather = zero > 0 && gather,
                                                          .threads = threads});
   return points;
 }

@@ -414,7 +414,9 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=()):
         alpha = 0.3 if faded(e) else 1.0
         ax.broken_barh([(start - t0, end - start)], (centre - 0.35 * h, 0.7 * h),
                        facecolors=color, edgecolor="white", linewidth=0.4, alpha=alpha)
-        if (end - start) > 0.035 * width_ms:
+        # A wait for an all-gather lies inside "forward": its label would print over forward's.
+        nested = e["name"] == "wait for all-gather"
+        if (end - start) > 0.035 * width_ms and not nested:
             ax.text((start + end) / 2 - t0, centre, short, ha="center", va="center", fontsize=7,
                     clip_on=True, alpha=alpha)
     # The exposed part: each rank's all-reduce (or reduce-scatter) time after its backward's last
@@ -505,7 +507,9 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=()):
     data_patch = Patch(color=COLOR["data"], label="data")
     legend = [Patch(color=COLOR["forward"], label="forward"),
               Patch(color=COLOR["backward"][0], label="backward node"),
-              Patch(color=COLOR["wait"], label=f"wait for {collectives}"),
+              Patch(color=COLOR["wait"], label=f"wait for {collectives}" + (
+                  " / all-gather" if any(e["name"] == "wait for all-gather" for e in drawn)
+                  else "")),
               Patch(color=COLOR["optimizer"], label="optimizer step"),
               Patch(color=COLOR["bucket"][0], label=f"{collectives} bucket b0"),
               Patch(color=COLOR["bucket"][1], label=f"{collectives} bucket b1, …"),

@@ -509,6 +509,18 @@ TEST_CASE(
   CHECK(alone.exit_code == 2);
   CHECK(alone.output.find("--zero-overlap-gather on overlaps ZeRO's parameter all-gather") !=
         std::string::npos);
+  // With "on" alone a --zero 0 point still runs, off (an outside tester found it dropped).
+  const std::string on_path = dir.file("on.jsonl");
+  const ProcessResult on =
+      bench({"--world", "2", "--hidden", "16", "--layers", "1", "--steps", "2", "--warmup", "1",
+             "--zero", "0,1", "--zero-overlap-gather", "on", "--json", on_path});
+  INFO(on.output);
+  REQUIRE(on.exit_code == 0);
+  const std::vector<json> on_lines = read_lines(on_path);
+  REQUIRE(on_lines.size() == 3);  // the baseline, zero 0 (off), zero 1 (on)
+  CHECK(on_lines[1]["config"]["zero_stage"] == 0);
+  CHECK(on_lines[1]["config"]["zero_overlap_gather"] == false);
+  CHECK(on_lines[2]["config"]["zero_overlap_gather"] == true);
 }
 
 TEST_CASE("bench-ddp: --zero at --world 1 is said: the 1-rank point is the plain baseline") {

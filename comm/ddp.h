@@ -53,8 +53,9 @@ struct DdpOptions {
   // the buckets define which rank owns what.
   int zero_stage = 0;
   // ZeRO: the parameter all-gathers after a step run while the next forward computes, each
-  // waited for before the first module that reads it (zero_overlap.h). Whoever reads the
-  // parameters between zero()->step() and the next forward calls
+  // waited for before the first module that reads it (zero_overlap.h). Every rank sets it alike
+  // (checked). Ops and host reads wait for what they use; whoever reads the parameters through
+  // raw pointers between zero()->step() and the next forward calls
   // zero()->wait_for_parameters() first.
   bool zero_overlap_gather = false;
 };

@@ -307,6 +307,11 @@ Zero::GatherTimes Zero::take_gather_times() {
   return std::exchange(gather_times_, GatherTimes{});
 }
 
+std::uint64_t Zero::launches() const {
+  const std::lock_guard lock(pending_mutex_);
+  return launches_;
+}
+
 bool Zero::gathering(std::size_t b) const {
   const std::lock_guard lock(pending_mutex_);
   return !pending_.at(b).empty();
@@ -415,6 +420,7 @@ void Zero::step() {
     const std::lock_guard lock(pending_mutex_);
     for (const std::size_t b : gather_order_)
       pending_[b] = launch_gather(chunks_[b], own(chunks_[b]), values);
+    ++launches_;
   } else {
     TraceSpan span("all-gather parameters", TraceTrack::kCommunication, params_.device());
     all_gather(own, values);

@@ -122,6 +122,9 @@ class Zero {
   void propose_gather_order(std::vector<std::size_t> order);
   // Whether bucket b's all-gather is still pending (launched and not yet waited for).
   bool gathering(std::size_t b) const;
+  // How many times step() has launched the gathers without waiting (zero_overlap.h: a use
+  // announced since the latest launch was waited for).
+  std::uint64_t launches() const;
   // `in_forward`: the wait is the forward's (booked as in_forward_ms), else it happens between
   // steps (a checkpoint's wait_for_parameters(): the collectives' time only).
   void wait_for_bucket(std::size_t b, bool in_forward = true);
@@ -190,6 +193,7 @@ class Zero {
   // time, under the lock.
   std::vector<std::vector<std::shared_ptr<Work>>> pending_;
   mutable std::mutex pending_mutex_;
+  std::uint64_t launches_ = 0;  // under the lock
   std::vector<std::size_t> bucket_of_slot_;
   std::size_t buckets_scattered_ = 0;  // stage 2: of the pass since the last step
   nn::FlatParameters& params_;

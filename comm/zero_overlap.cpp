@@ -3,12 +3,30 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "nanoddp/kernels/error.h"
 
 namespace nanoddp::comm {
 
 namespace {
+
+// Per thread: for each bucket, the launch (Zero::launches) after which this thread announced a
+// use of it and saw it gathered. An op announces its inputs before it reads them and reports
+// them again after: the report is safe when the same thread announced since the latest launch,
+// even if a forward began meanwhile (an outside tester's op on another thread, started after
+// step(), ended inside the next forward, and was refused although it had waited).
+struct Announced {
+  const void* owner = nullptr;
+  std::vector<std::uint64_t> after_launch;  // launches + 1; 0: never
+};
+thread_local Announced tls_announced;
+
+std::vector<std::uint64_t>& announced_by_this_thread(const void* owner, std::size_t buckets) {
+  if (tls_announced.owner != owner) tls_announced = {owner, {}};
+  if (tls_announced.after_launch.size() < buckets) tls_announced.after_launch.resize(buckets, 0);
+  return tls_announced.after_launch;
+}
 
 void collect(nn::Module& module, const std::string& path,
              std::vector<std::pair<nn::Module*, std::string>>& out) {
@@ -118,7 +136,16 @@ void ZeroOverlap::accessed(const TensorImpl& t, bool before) {
   const std::lock_guard lock(mutex_);
   const bool here = in_forward_ && std::this_thread::get_id() == forward_thread_;
   const int module = here && !stack_.empty() ? stack_.back() : kNone;
+  std::vector<std::uint64_t>& announced = announced_by_this_thread(this, released_.size());
+  const std::uint64_t launch = zero_.launches() + 1;
   for (const std::size_t b : zero_.buckets_touching(begin, numel)) {
+    if (before) {
+      // Whatever follows waits for b if it must, before this thread reads it.
+      announced[b] = launch;
+    } else if (announced[b] == launch) {
+      if (in_forward_ && learned_) released_[b] = 1;  // waited for by that announcement
+      continue;
+    }
     if (!in_forward_) {
       // Between step() and the next forward only a bucket still in flight matters.
       if (!zero_.gathering(b)) continue;

@@ -117,7 +117,6 @@ class Zero {
   // in that order, without waiting once this rank proposed (learned its plan);
   // wait_for_bucket(b) waits for bucket b's, wait_for_parameters() for all.
   void set_overlap(bool on) { overlap_ = on; }
-  bool overlap() const { return overlap_; }
   // An order of all buckets; one proposed after the ranks agreed is not taken.
   void propose_gather_order(std::vector<std::size_t> order);
   // Whether bucket b's all-gather is still pending (launched and not yet waited for).

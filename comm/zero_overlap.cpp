@@ -63,11 +63,6 @@ ZeroOverlap::~ZeroOverlap() {
   }
 }
 
-bool ZeroOverlap::learned() const {
-  const std::lock_guard lock(mutex_);
-  return learned_;
-}
-
 const std::string& ZeroOverlap::module_name(int module) const {
   static const std::string kModel = "the model",
                            kNoModule =

@@ -56,8 +56,6 @@ class ZeroOverlap final : public TensorAccessObserver {
   void end_forward();
   void abort_forward();
 
-  // Whether the first forward has been learned (before it, step() waits for its gathers).
-  bool learned() const;
   // One line per bucket, in the order they are waited for: which module waits for it.
   std::string describe() const;
 

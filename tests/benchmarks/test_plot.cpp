@@ -539,32 +539,34 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
 TEST_CASE("plot_trace.py: timelines of real 2-rank nanoddp-train --zero 1 and --zero 2 traces") {
   const std::string py = python();
   TempDir dir;
+  // The model of the overlap test (3 buckets at these caps) on 2 ranks, AdamW (the default: state
+  // to shard), with `extra` flags.
+  const auto train_two_ranks = [](const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {bin_path("nanoddp-run"),
+                                     "--nproc-per-node",
+                                     "2",
+                                     bin_path("nanoddp-train"),
+                                     "--hidden",
+                                     "64",
+                                     "--layers",
+                                     "2",
+                                     "--batch",
+                                     "16",
+                                     "--steps",
+                                     "4",
+                                     "--first-bucket-mb",
+                                     "0.001",
+                                     "--bucket-cap-mb",
+                                     "0.01",
+                                     "--quiet"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    run_ok(argv);
+  };
   for (const int stage : {1, 2}) {
     CAPTURE(stage);
     const std::string name = "zero" + std::to_string(stage);
     const std::string trace = dir.file(name + ".json");
-    // The model of the overlap test (3 buckets at this cap), AdamW (the default: state to shard).
-    run_ok({bin_path("nanoddp-run"),
-            "--nproc-per-node",
-            "2",
-            bin_path("nanoddp-train"),
-            "--hidden",
-            "64",
-            "--layers",
-            "2",
-            "--batch",
-            "16",
-            "--steps",
-            "4",
-            "--first-bucket-mb",
-            "0.001",
-            "--bucket-cap-mb",
-            "0.01",
-            "--quiet",
-            "--zero",
-            std::to_string(stage),
-            "--trace",
-            trace});
+    train_two_ranks({"--zero", std::to_string(stage), "--trace", trace});
     const std::string png = dir.file(name + ".png");
     const ProcessResult r =
         run_ok({py, script("plot_trace.py"), trace, "--step", "2", "--out", png});
@@ -609,9 +611,7 @@ TEST_CASE("plot_trace.py: timelines of real 2-rank nanoddp-train --zero 1 and --
 
   // Without --labels each trace is named by what its spans show (a trace holds no command
   // line), not "overlap on"/"overlap off" whatever it holds.
-  run_ok({bin_path("nanoddp-run"), "--nproc-per-node", "2", bin_path("nanoddp-train"), "--hidden",
-          "64", "--layers", "2", "--batch", "16", "--steps", "4", "--first-bucket-mb", "0.001",
-          "--bucket-cap-mb", "0.01", "--quiet", "--trace", dir.file("ddp.json")});
+  train_two_ranks({"--trace", dir.file("ddp.json")});
   const ProcessResult derived =
       run_ok({py, script("plot_trace.py"), dir.file("zero2.json"), "--compare",
               dir.file("ddp.json"), "--step", "2", "--out", dir.file("derived.png")});
@@ -630,28 +630,7 @@ TEST_CASE("plot_trace.py: timelines of real 2-rank nanoddp-train --zero 1 and --
 
   // --zero-overlap-gather: one gather per bucket beside the next forward, and the forward's
   // waits for them (what of it is exposed), not "all of it exposed".
-  run_ok({bin_path("nanoddp-run"),
-          "--nproc-per-node",
-          "2",
-          bin_path("nanoddp-train"),
-          "--hidden",
-          "64",
-          "--layers",
-          "2",
-          "--batch",
-          "16",
-          "--steps",
-          "4",
-          "--first-bucket-mb",
-          "0.001",
-          "--bucket-cap-mb",
-          "0.01",
-          "--quiet",
-          "--zero",
-          "1",
-          "--zero-overlap-gather",
-          "--trace",
-          dir.file("overlap.json")});
+  train_two_ranks({"--zero", "1", "--zero-overlap-gather", "--trace", dir.file("overlap.json")});
   const ProcessResult overlap = run_ok({py, script("plot_trace.py"), dir.file("overlap.json"),
                                         "--step", "3", "--out", dir.file("overlap.png")});
   INFO(overlap.output);

@@ -8,6 +8,9 @@
 #   server_cpu_per_s     CPU seconds per second of the launcher serving the store, while the
 #                        round runs (its heartbeats and looks at the other nodes)
 #   launchers_cpu_per_s  the same, summed over all N launchers
+#   store_bytes_per_s    bytes per second over loopback (/proc/net/dev, received): the
+#                        launchers' requests to the store and its replies, TCP/IP headers
+#                        included (nothing else here talks over loopback)
 #   total_s              from the first start until every launcher exited (the workers run
 #                        until the measurement is over, then exit 0)
 # and a table at the end. On one machine the launchers share its cores, so read the store's
@@ -45,6 +48,10 @@ ticks_of() {  # PID: utime + stime of one process, in clock ticks (0 once it is 
   # After the command name (which may hold spaces): utime and stime are fields 14 and 15.
   read -r -a f <<<"${line##*) }"
   echo $((f[11] + f[12]))
+}
+
+loopback_bytes() {  # bytes received over loopback so far (socket traffic is not in /proc/PID/io)
+  awk '/^ *lo:/ { sub(/^ *lo:/, ""); print $1; found = 1 } END { if (!found) print 0 }' /proc/net/dev
 }
 
 cpu_ticks() {  # PID of `timeout`: its ticks and its child's (the launcher)
@@ -90,11 +97,13 @@ for n in "${sizes[@]}"; do
     exit 1
   fi
   server0=$(cpu_ticks "${pids[0]}")
+  bytes0=$(loopback_bytes)
   all0=0
   for p in "${pids[@]}"; do all0=$((all0 + $(cpu_ticks "$p"))); done
   t0=$(date +%s.%N)
   sleep "$window"
   server1=$(cpu_ticks "${pids[0]}")
+  bytes1=$(loopback_bytes)
   all1=0
   for p in "${pids[@]}"; do all1=$((all1 + $(cpu_ticks "$p"))); done
   t1=$(date +%s.%N)
@@ -108,14 +117,15 @@ for n in "${sizes[@]}"; do
     exit 1
   fi
   line=$(python3 - "$n" "$start" "$last_start" "$formed" "$t0" "$t1" "$done_at" "$server0" \
-    "$server1" "$all0" "$all1" "$hz" <<'EOF'
+    "$server1" "$all0" "$all1" "$hz" "$bytes0" "$bytes1" <<'EOF'
 import json, sys
 n, start, last, formed, t0, t1, done = (float(x) for x in sys.argv[1:8])
-s0, s1, a0, a1, hz = (float(x) for x in sys.argv[8:13])
+s0, s1, a0, a1, hz, b0, b1 = (float(x) for x in sys.argv[8:15])
 dt = t1 - t0
 print(json.dumps({"n": int(n), "form_s": round(formed - last, 3),
                   "server_cpu_per_s": round((s1 - s0) / hz / dt, 4),
                   "launchers_cpu_per_s": round((a1 - a0) / hz / dt, 4),
+                  "store_bytes_per_s": round((b1 - b0) / dt),
                   "total_s": round(done - start, 2)}))
 EOF
   )
@@ -126,8 +136,8 @@ printf '%s\n' "${results[@]}" | python3 -c '
 import json, sys
 rows = [json.loads(l) for l in sys.stdin if l.strip()]
 print()
-print("| launchers | round formed in | store launcher CPU | all launchers CPU |")
-print("|---|---|---|---|")
+print("| launchers | round formed in | store launcher CPU | all launchers CPU | store traffic |")
+print("|---|---|---|---|---|")
 for r in rows:
-    print("| %d | %.2f s | %.1f %% of a core | %.1f %% |" % (r["n"], r["form_s"], 100 * r["server_cpu_per_s"], 100 * r["launchers_cpu_per_s"]))
+    print("| %d | %.2f s | %.1f %% of a core | %.1f %% | %.1f KB/s |" % (r["n"], r["form_s"], 100 * r["server_cpu_per_s"], 100 * r["launchers_cpu_per_s"], r["store_bytes_per_s"] / 1e3))
 '

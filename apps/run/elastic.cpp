@@ -121,9 +121,10 @@ std::string key(int round, const std::string& name) {
   return fmt::format("r{}/{}", round, name);
 }
 
-// Reads many keys in one store request: a launcher looks at every node each pass, and one round
-// trip per key would make the store's load grow as the square of the nodes (each of N
-// launchers asking about N). Absent keys read as empty text; none of these values is empty.
+// Reads many keys in one store request: a launcher looks at every node at times (a standby
+// watching a round, a round that has ended), and one round trip per key would make the store's
+// load grow as the square of the nodes. Absent keys read as empty text; none of these values is
+// empty.
 std::vector<std::string> read_many(comm::Store& store, const std::vector<std::string>& keys) {
   std::vector<std::string> texts;
   texts.reserve(keys.size());
@@ -765,7 +766,7 @@ void Monitor::loop() {
   const int me = round_.node_rank;
   const int r = round_.number;
   std::vector<std::string> last(n);
-  std::vector<Clock::time_point> changed_at(n, Clock::now());
+  std::vector<Clock::time_point> changed_at(n, Clock::now()), seen_at(n, Clock::now());
   std::vector<bool> done(n, false), gone(n, false), beat_after_end(n, false), over(n, false);
   {
     const std::lock_guard lock(mutex_);
@@ -775,9 +776,74 @@ void Monitor::loop() {
   }
   bool done_published = false, over_published = false;
   std::optional<End> end;
+  std::optional<Clock::time_point> end_seen_at;  // when this launcher read the round's end
   std::optional<int> arrived_next;  // this node's arrival index at the next round
   constexpr int kNotTaken = -2;     // the next round closed without this node
   int next_rank = -1;               // its node rank there, once known
+  std::string seen_changes = "?";   // "changes" at the last full look (never this text)
+  int watched = -1;                 // the node whose beat this one watches, if any
+  static constexpr const char* kFields[] = {"done", "left", "over", "hb"};
+  const auto node_keys = [&](int k, std::vector<std::string>& keys) {
+    for (const char* name : kFields) keys.push_back(key(r, fmt::format("{}/{}", name, k)));
+  };
+  // Takes in what node k's keys say (done, left, over, hb). A beat is timed from when this
+  // launcher first saw it (its real time is earlier), so a silence is never overstated.
+  const auto look_at = [&](int k, const std::string* text) {
+    const auto now = Clock::now();
+    if (!text[0].empty()) done[k] = true;
+    if (!text[1].empty()) gone[k] = true;
+    if (end && !text[2].empty()) over[k] = true;
+    if (text[3] != last[k]) {
+      last[k] = text[3];
+      changed_at[k] = now;
+      // A beat after the end, if this launcher had looked at k shortly before the end: one it
+      // has not looked at for long (not watched) may have beaten before the end, so its first
+      // new beat after the end is only where its silence starts.
+      if (end && seen_at[k] + heartbeat_interval(o_) >= *end_seen_at) beat_after_end[k] = true;
+    }
+    seen_at[k] = now;
+    const double silent = std::chrono::duration<double>(now - changed_at[k]).count();
+    // After the end, one whose workers have all ended ("over"), or that beat since, was
+    // alive then: it went on to the next round (it beats there, not here), not lost.
+    const bool moved_on = end && (beat_after_end[k] || over[k]);
+    const bool lost = !done[k] && !gone[k] && !moved_on && silent > o_.heartbeat_timeout_s;
+    {
+      const std::lock_guard lock(mutex_);
+      if (lost && !lost_[k]) {
+        lost_[k] = true;
+        say("node {} ({}) is lost: no heartbeat for {:.1f} s", k, round_.members[k].address,
+            silent);
+      }
+      settled_[k] = lost_[k] || gone[k] || done[k] || beat_after_end[k];
+      ended_[k] = lost_[k] || gone[k] || done[k] || over[k];
+    }
+    if (lost && !end) {
+      set_once(store_, key(r, "end"),
+               fmt::format("F|node {} ({}) lost: no heartbeat for {:.1f} s", k,
+                           round_.members[k].address, silent));
+    }
+    // A launcher leaves a round that has not ended only when it failed (it lost the store,
+    // say, while this one was stalled): its workers are gone, so the round has failed.
+    if (gone[k] && !done[k] && !end) {
+      set_once(store_, key(r, "end"),
+               fmt::format("F|node {} ({}) left the round before its workers finished", k,
+                           round_.members[k].address));
+    }
+  };
+  // Every other node's keys, in one request. Each launcher does this only when the round's
+  // "changes" count moved (a node finished, left or ended its workers), and at every beat once
+  // the round has ended; otherwise it reads its watched node's keys alone (see loop's comment).
+  const auto look_at_all = [&] {
+    std::vector<std::string> keys = {key(r, "changes")};
+    for (int k = 0; k < n; ++k) node_keys(k, keys);
+    const std::vector<std::string> texts = read_many(store_, keys);
+    seen_changes = texts[0];
+    for (int k = 0; k < n; ++k) {
+      if (k != me) look_at(k, &texts[1 + 4 * static_cast<std::size_t>(k)]);
+    }
+  };
+  // Says that a node's keys changed, so that every launcher looks at every node once more.
+  const auto announce_change = [&] { store_.add(key(r, "changes"), 1); };
   for (std::int64_t beat = 1;; ++beat) {
     try {
       std::optional<std::string> pending;
@@ -799,6 +865,7 @@ void Monitor::loop() {
       // has said how it failed, if it did.
       if (local_over && !over_published) {
         store_.set(key(r, fmt::format("over/{}", me)), "1");
+        announce_change();
         over_published = true;
         const std::lock_guard lock(mutex_);
         over_written_ = true;
@@ -806,62 +873,34 @@ void Monitor::loop() {
       store_.set(key(r, fmt::format("hb/{}", me)), std::to_string(beat));
       if (local_done && !done_published) {
         store_.set(key(r, fmt::format("done/{}", me)), "1");
+        announce_change();
         done_published = true;
       }
-      // Every other node's keys, and whether a node waits for the next round, in one request.
-      std::vector<std::string> keys;
-      for (int k = 0; k < n; ++k) {
-        for (const char* name : {"done", "left", "over", "hb"}) {
-          keys.push_back(key(r, fmt::format("{}/{}", name, k)));
-        }
-      }
-      keys.push_back(key(r + 1, "arrivals"));
+      // Each beat, a launcher reads the round's "changes" count, whether a node waits for the
+      // next round, and the keys of one node: the nearest before it (cyclically) whose workers
+      // still run. So each node is watched by at least the one after it, and a look costs the
+      // store the same at any N (reading every node's keys at every beat, each of N launchers,
+      // grows as N²). Finishing, leaving and ending the workers are announced through
+      // "changes", and then every launcher looks at every node; a writer that died before its
+      // announcement is caught by its watcher, which announces for it.
+      std::vector<std::string> keys = {key(r, "changes"), key(r + 1, "arrivals")};
+      if (watched >= 0) node_keys(watched, keys);
       const std::vector<std::string> texts = read_many(store_, keys);
-      const auto text = [&](int k, int field) -> const std::string& {
-        return texts[4 * static_cast<std::size_t>(k) + static_cast<std::size_t>(field)];
-      };
-      const bool someone_waits = !texts.back().empty();
-      int finished = local_done ? 1 : 0;
-      for (int k = 0; k < n; ++k) {
-        if (k == me) continue;
-        if (!text(k, 0).empty()) done[k] = true;
-        if (!text(k, 1).empty()) gone[k] = true;
-        if (end && !text(k, 2).empty()) over[k] = true;
-        finished += done[k] ? 1 : 0;
-        const std::string& value = text(k, 3);
-        if (value != last[k]) {
-          last[k] = value;
-          changed_at[k] = Clock::now();
-          if (end) beat_after_end[k] = true;
-        }
-        const double silent = std::chrono::duration<double>(Clock::now() - changed_at[k]).count();
-        // After the end, one whose workers have all ended ("over"), or that beat since, was
-        // alive then: it went on to the next round (it beats there, not here), not lost.
-        const bool moved_on = end && (beat_after_end[k] || over[k]);
-        const bool lost = !done[k] && !gone[k] && !moved_on && silent > o_.heartbeat_timeout_s;
-        {
-          const std::lock_guard lock(mutex_);
-          if (lost && !lost_[k]) {
-            lost_[k] = true;
-            say("node {} ({}) is lost: no heartbeat for {:.1f} s", k, round_.members[k].address,
-                silent);
-          }
-          settled_[k] = lost_[k] || gone[k] || done[k] || beat_after_end[k];
-          ended_[k] = lost_[k] || gone[k] || done[k] || over[k];
-        }
-        if (lost && !end) {
-          set_once(store_, key(r, "end"),
-                   fmt::format("F|node {} ({}) lost: no heartbeat for {:.1f} s", k,
-                               round_.members[k].address, silent));
-        }
-        // A launcher leaves a round that has not ended only when it failed (it lost the store,
-        // say, while this one was stalled): its workers are gone, so the round has failed.
-        if (gone[k] && !done[k] && !end) {
-          set_once(store_, key(r, "end"),
-                   fmt::format("F|node {} ({}) left the round before its workers finished", k,
-                               round_.members[k].address));
+      const bool someone_waits = !texts[1].empty();
+      bool full = end.has_value() || texts[0] != seen_changes;
+      if (watched >= 0 && !full) {
+        const std::string* text = &texts[2];
+        const bool news =
+            (!text[0].empty() && !done[watched]) || (!text[1].empty() && !gone[watched]);
+        look_at(watched, text);
+        if (news) {
+          announce_change();
+          full = true;
         }
       }
+      if (full) look_at_all();
+      int finished = local_done ? 1 : 0;
+      for (int k = 0; k < n; ++k) finished += k != me && done[k] ? 1 : 0;
       if (finished == n && !end) {
         set_once(store_, key(r, "end"), "S|every node's workers exited 0");
       }
@@ -873,7 +912,11 @@ void Monitor::loop() {
       }
       if (!end && store_.check({key(r, "end")})) {
         end = parse_end(store_.get_string(key(r, "end")));
+        end_seen_at = Clock::now();
         if (end->kind != 'S') stop_.request(end->reason);
+        // Every node from now on, before the main thread asks who was lost: a node not watched
+        // is timed from here (see look_at).
+        look_at_all();
         // The main thread makes the same decision: another round unless the job is over. After
         // a 'U' end it waits for the verdict first (usage_verdict()), and arrives then.
         const bool next =
@@ -905,6 +948,11 @@ void Monitor::loop() {
       }
       if (next_rank >= 0) {
         store_.set(key(r + 1, fmt::format("hb/{}", next_rank)), fmt::format("p{}", beat));
+      }
+      watched = -1;
+      for (int step = 1; step < n && watched < 0; ++step) {
+        const int k = (me - step + n) % n;
+        if (!done[k] && !gone[k]) watched = k;
       }
     } catch (const std::exception& e) {
       const std::string reason = fmt::format("lost the rendezvous store: {}", e.what());
@@ -1132,7 +1180,10 @@ int run_elastic(const LaunchPlan& plan) {
   // last round's "left" keys only, an outside operator saw the final round's nodes lose the store
   // after a job that succeeded, exit 1.)
   try {
-    if (last_round >= 0) store.set(key(last_round, fmt::format("left/{}", last_node)), "1");
+    if (last_round >= 0) {
+      store.set(key(last_round, fmt::format("left/{}", last_node)), "1");
+      store.add(key(last_round, "changes"), 1);  // the others look at every node again
+    }
   } catch (const std::exception&) {
     // The store is gone: there is nobody left to tell.
   }

@@ -813,6 +813,71 @@ TEST_CASE("nanoddp-run --nnodes 3:3: a launcher stopped or killed while waiting 
   }
 }
 
+// Each launcher reads the keys of one other node per beat (the nearest before it whose workers
+// still run), not of every node: the store's traffic grows as N, not N². A node killed whole is
+// then found by its watcher, which ends the round; the others, looking at every node once the
+// round has ended, find it too and name it. When the watched node's workers have finished, its
+// watcher watches the next one before it.
+TEST_CASE(
+    "nanoddp-run --nnodes 4:4: a node killed whole is found by the node watching it, and "
+    "named by every node") {
+  for (const bool finish_early : {false, true}) {
+    // finish_early: node 2's workers exit 0 first, so node 3 watches node 1 then; node 1 dies.
+    CAPTURE(finish_early);
+    const int victim = finish_early ? 1 : 2;
+    const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+    const std::vector<std::string> argv = run_argv(
+        {"--nnodes", "4:4", "--rdzv-endpoint", endpoint, "--heartbeat-timeout", "2",
+         "--grace-period", "1", "--max-restarts", "0"},
+        fmt::format("echo node $GROUP_RANK runs; [ $GROUP_RANK = 2 ] && [ {} = 1 ] && exit 0; "
+                    "sleep 60",
+                    finish_early ? 1 : 0));
+    std::vector<std::unique_ptr<BackgroundProcess>> nodes;
+    nodes.push_back(std::make_unique<BackgroundProcess>(argv));
+    REQUIRE(nodes[0]->wait_for_output(
+        [](const std::string& out) { return contains(out, "serving the rendezvous store"); }, 20s));
+    for (int i = 1; i < 4; ++i) nodes.push_back(std::make_unique<BackgroundProcess>(argv));
+    // Which launcher is node K: the round's line says so.
+    std::vector<BackgroundProcess*> by_rank(4, nullptr);
+    for (auto& node : nodes) {
+      REQUIRE(node->wait_for_output([](const std::string& out) { return contains(out, " runs"); },
+                                    30s));
+      const std::string out = node->output();
+      for (int k = 0; k < 4; ++k) {
+        if (contains(out, fmt::format("round 0: node {} of 4", k))) by_rank[k] = node.get();
+      }
+    }
+    for (const BackgroundProcess* node : by_rank) REQUIRE(node != nullptr);
+    if (finish_early) {
+      std::this_thread::sleep_for(1s);  // every launcher has read that node 2 finished
+    }
+    const auto killed = Clock::now();
+    kill(-by_rank[victim]->pid(), SIGKILL);  // its launcher and its worker: the whole node
+    REQUIRE(by_rank[victim]->wait(10s).has_value());
+    std::string outputs;
+    for (int k = 0; k < 4; ++k) {
+      if (k == victim) continue;
+      const std::optional<int> status = by_rank[k]->wait(30s);
+      outputs += fmt::format("---- node {}\n{}", k, by_rank[k]->output());
+      INFO(outputs);
+      REQUIRE(status.has_value());
+      CHECK(*status != 0);
+    }
+    INFO(outputs);
+    // T (2 s) of silence, then T + 2 I at most for the others to name it: well within this.
+    CHECK(seconds_since(killed) < 15.0);
+    const std::string lost = fmt::format("node {} (127.0.0.1) is lost; no restarts left", victim);
+    const std::string why =
+        fmt::format("round 0 ended: node {} (127.0.0.1) lost: no heartbeat", victim);
+    for (int k = 0; k < 4; ++k) {
+      if (k == victim) continue;
+      CAPTURE(k);
+      CHECK(contains(by_rank[k]->output(), why));
+      CHECK(contains(by_rank[k]->output(), lost));
+    }
+  }
+}
+
 // The same operator stopped the launcher serving the store (SIGSTOP) mid-round: the other
 // launcher lost the store and left, and the server, resumed, saw it leave but never ended the
 // round, which hung until its worker gave up. A node that leaves a round before its workers

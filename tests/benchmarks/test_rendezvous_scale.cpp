@@ -38,9 +38,9 @@ TEST_CASE("rendezvous-scale.sh: one JSON line and one table row per size") {
   INFO(r.output);
   REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
   const std::regex json(
-      R"re(\{"n": ([0-9]+), "form_s": ([0-9.]+), "server_cpu_per_s": ([0-9.]+), "launchers_cpu_per_s": ([0-9.]+), "total_s": ([0-9.]+)\})re");
+      R"re(\{"n": ([0-9]+), "form_s": ([0-9.]+), "server_cpu_per_s": ([0-9.]+), "launchers_cpu_per_s": ([0-9.]+), "store_bytes_per_s": ([0-9]+), "total_s": ([0-9.]+)\})re");
   const std::regex row(
-      R"(^\| ([0-9]+) \| ([0-9.]+) s \| ([0-9.]+) % of a core \| ([0-9.]+) % \|$)");
+      R"(^\| ([0-9]+) \| ([0-9.]+) s \| ([0-9.]+) % of a core \| ([0-9.]+) % \| ([0-9.]+) KB/s \|$)");
   std::vector<int> sizes, rows;
   std::istringstream lines(r.output);
   for (std::string line; std::getline(lines, line);) {
@@ -50,7 +50,8 @@ TEST_CASE("rendezvous-scale.sh: one JSON line and one table row per size") {
       sizes.push_back(std::stoi(m[1]));
       const double server = std::stod(m[3]), all = std::stod(m[4]);
       CHECK(server <= all + 1e-9);                // the store's launcher is one of them
-      CHECK(std::stod(m[5]) >= std::stod(m[2]));  // formed before it ended
+      CHECK(std::stod(m[5]) > 0);                 // the store's launcher served requests
+      CHECK(std::stod(m[6]) >= std::stod(m[2]));  // formed before it ended
     } else if (std::regex_search(line, m, row)) {
       rows.push_back(std::stoi(m[1]));
     }

@@ -9,36 +9,20 @@
 
 #include "nanoddp/engine/autograd.h"
 #include "nanoddp/engine/backend.h"
+#include "nanoddp/engine/op_checks.h"
 #include "nanoddp/kernels/error.h"
 
 namespace nanoddp {
 
 namespace {
 
+using op_checks::backend_of;
+using op_checks::check_f32;
+using op_checks::check_same_device;
+
 using kernels::BinaryOp;
 using kernels::Broadcast;
 using kernels::UnaryOp;
-
-Backend& backend_of(const Tensor& t) {
-  return backend_for(t.device());
-}
-
-// Every op checks each float input here before it reads it, and says it is about to: an access
-// observer may still wait for the memory (ZeRO's all-gather overlap, comm/zero_overlap.h).
-void check_f32(const char* op, const Tensor& t, const char* what) {
-  if (!t.defined()) fail("{}: {} is an undefined tensor", op, what);
-  if (t.dtype() != DType::kF32) {
-    fail("{}: {} is {}, but ops compute in float32", op, what, dtype_name(t.dtype()));
-  }
-  notify_tensor_access(t, /*before=*/true);
-}
-
-void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
-  if (a.device() != b.device()) {
-    fail("{}: operands are on different devices ({} and {}); move one with .to()", op,
-         a.device().str(), b.device().str());
-  }
-}
 
 // A dimension in [-rank, rank) as an index in [0, rank).
 std::int64_t wrap_dim(const char* op, std::int64_t dim, std::int64_t rank) {

@@ -2,30 +2,16 @@
 
 #include "nanoddp/engine/autograd.h"
 #include "nanoddp/engine/backend.h"
+#include "nanoddp/engine/op_checks.h"
 #include "nanoddp/kernels/error.h"
 
 namespace nanoddp {
 
 namespace {
 
-Backend& backend_of(const Tensor& t) { return backend_for(t.device()); }
-
-// Every op checks each float input here before it reads it, and says it is about to: an access
-// observer may still wait for the memory (ZeRO's all-gather overlap, comm/zero_overlap.h).
-void check_f32(const char* op, const Tensor& t, const char* what) {
-  if (!t.defined()) fail("{}: {} is an undefined tensor", op, what);
-  if (t.dtype() != DType::kF32) {
-    fail("{}: {} is {}, but ops compute in float32", op, what, dtype_name(t.dtype()));
-  }
-  notify_tensor_access(t, /*before=*/true);
-}
-
-void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
-  if (a.device() != b.device()) {
-    fail("{}: operands are on different devices ({} and {}); move one with .to()", op,
-         a.device().str(), b.device().str());
-  }
-}
+using op_checks::backend_of;
+using op_checks::check_f32;
+using op_checks::check_same_device;
 
 void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
   check_f32(op, a, "the first operand");

@@ -141,6 +141,8 @@ class Trainer {
   void check_same_newest_checkpoint(const std::string& newest);
   void write_trace();
   void check_same_settings();
+  // --zero-overlap-gather with most of the parameters in the first layer's bucket: says so.
+  void note_gather_overlap() const;
   // Input checks of issue #13, each before step 1: outputs writable (rank 0), the ranks' input
   // files identical (by content), an --init file of the same model.
   void check_output_paths();  // also takes --metrics' lock (metrics_lock_)

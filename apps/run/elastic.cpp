@@ -13,7 +13,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <random>
@@ -782,12 +784,15 @@ void Monitor::loop() {
   int next_rank = -1;               // its node rank there, once known
   std::string seen_changes = "?";   // "changes" at the last full look (never this text)
   int watched = -1;                 // the node whose beat this one watches, if any
-  static constexpr const char* kFields[] = {"done", "left", "over", "hb"};
+  // Per node: its workers exited 0, it left, its workers have all ended, its beat, and the
+  // verdict of the launcher that found it lost ("SECONDS NODE"), which the others take as theirs.
+  static constexpr const char* kFields[] = {"done", "left", "over", "hb", "lost"};
+  constexpr std::size_t kPerNode = std::size(kFields);
   const auto node_keys = [&](int k, std::vector<std::string>& keys) {
     for (const char* name : kFields) keys.push_back(key(r, fmt::format("{}/{}", name, k)));
   };
-  // Takes in what node k's keys say (done, left, over, hb). A beat is timed from when this
-  // launcher first saw it (its real time is earlier), so a silence is never overstated.
+  // Takes in what node k's keys say (kFields' order). A beat is timed from when this launcher
+  // first saw it (its real time is earlier), so a silence is never overstated.
   const auto look_at = [&](int k, const std::string* text) {
     const auto now = Clock::now();
     if (!text[0].empty()) done[k] = true;
@@ -807,15 +812,30 @@ void Monitor::loop() {
     // alive then: it went on to the next round (it beats there, not here), not lost.
     const bool moved_on = end && (beat_after_end[k] || over[k]);
     const bool lost = !done[k] && !gone[k] && !moved_on && silent > o_.heartbeat_timeout_s;
+    // Another launcher's verdict: without it, a launcher that did not watch k would time k's
+    // silence from the round's end and wait another T before it could name k (an outside
+    // operator saw every survivor but the watcher exit at 2 T).
+    double verdict_s = 0;
+    int verdict_by = -1;
+    const bool found_elsewhere =
+        std::sscanf(text[4].c_str(), "%lf %d", &verdict_s, &verdict_by) == 2;
+    bool newly_lost = false;
     {
       const std::lock_guard lock(mutex_);
       if (lost && !lost_[k]) {
-        lost_[k] = true;
+        lost_[k] = newly_lost = true;
         say("node {} ({}) is lost: no heartbeat for {:.1f} s", k, round_.members[k].address,
             silent);
+      } else if (found_elsewhere && !lost_[k]) {
+        lost_[k] = true;
+        say("node {} ({}) is lost: no heartbeat for {:.1f} s, seen by node {}", k,
+            round_.members[k].address, verdict_s, verdict_by);
       }
       settled_[k] = lost_[k] || gone[k] || done[k] || beat_after_end[k];
       ended_[k] = lost_[k] || gone[k] || done[k] || over[k];
+    }
+    if (newly_lost && !found_elsewhere) {
+      store_.set(key(r, fmt::format("lost/{}", k)), fmt::format("{:.1f} {}", silent, me));
     }
     if (lost && !end) {
       set_once(store_, key(r, "end"),
@@ -839,7 +859,7 @@ void Monitor::loop() {
     const std::vector<std::string> texts = read_many(store_, keys);
     seen_changes = texts[0];
     for (int k = 0; k < n; ++k) {
-      if (k != me) look_at(k, &texts[1 + 4 * static_cast<std::size_t>(k)]);
+      if (k != me) look_at(k, &texts[1 + kPerNode * static_cast<std::size_t>(k)]);
     }
   };
   // Says that a node's keys changed, so that every launcher looks at every node once more.
@@ -978,6 +998,7 @@ void Monitor::loop() {
 int run_elastic(const LaunchPlan& plan) {
   const RunOptions& o = plan.options;
   SignalInbox signals;  // first: blocks the signals before any thread starts (signals.h)
+  adopt_orphans();
   const Endpoint endpoint = parse_endpoint(o.rdzv_endpoint);
   const std::string address = local_address_towards(endpoint.host);
   std::unique_ptr<comm::TcpStoreServer> server;

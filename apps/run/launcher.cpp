@@ -423,12 +423,15 @@ AttemptOutcome run_round(const LaunchPlan& plan, const RoundSpec& round, SignalI
   return Attempt(plan, round, signals).run();
 }
 
-int run_launcher(const LaunchPlan& plan) {
-  SignalInbox signals;
+void adopt_orphans() {
 #ifdef __linux__
-  // Orphans of the workers become the launcher's children, so it can reap them (see reap()).
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
 #endif
+}
+
+int run_launcher(const LaunchPlan& plan) {
+  SignalInbox signals;
+  adopt_orphans();
   const int attempts = plan.options.max_restarts + 1;
   for (int restart = 0;; ++restart) {
     // A fresh free port per attempt: the previous rank 0's port may still be in TIME_WAIT.

@@ -70,6 +70,12 @@ struct AttemptOutcome {
 // Runs one round of this node's workers to its end. kEnded: `stop` ended it.
 AttemptOutcome run_round(const LaunchPlan& plan, const RoundSpec& round, SignalInbox& signals);
 
+// Makes this launcher a child subreaper: the orphans of its workers (a worker's child whose
+// parent was killed) become its children, so that it reaps them and their process groups empty
+// at once. Without it they wait for init to reap them, which in a container may be never, and a
+// round's stop waited its whole SIGKILL grace for them (an outside operator's finding).
+void adopt_orphans();
+
 // A worker's exit code 2 is a usage error (bad flags, values or inputs, as nanoddp's programs
 // and most command-line tools use it): a restart would fail the same way, so none is made.
 inline constexpr int kUsageExitCode = 2;

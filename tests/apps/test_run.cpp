@@ -875,6 +875,48 @@ TEST_CASE(
       CHECK(contains(by_rank[k]->output(), why));
       CHECK(contains(by_rank[k]->output(), lost));
     }
+    // Node 0 watches node 3, not the victim: it takes the watcher's verdict from the store
+    // instead of timing the victim's silence itself from the round's end (which made it exit T
+    // later than the watcher: an outside operator's finding).
+    CHECK(std::regex_search(by_rank[0]->output(),
+                            std::regex(fmt::format("node {} \\(127\\.0\\.0\\.1\\) is lost: no "
+                                                   "heartbeat for [0-9.]+ s, seen by node [23]",
+                                                   victim))));
+  }
+}
+
+// An outside operator: the elastic launcher waited 2 s (its whole SIGKILL grace) after stopping
+// the workers whenever a worker's child outlived its shell: the orphan went to init, which in a
+// container may never reap it, and its zombie kept the process group from emptying. The plain
+// launcher reaped it (a child subreaper); the elastic one now does too. Run here under a parent
+// that is a subreaper and never reaps (GNU timeout after prctl), as such an init is.
+TEST_CASE(
+    "nanoddp-run --rdzv-endpoint: a worker's orphan is reaped, so a failed round ends at "
+    "once") {
+  for (const bool elastic : {false, true}) {
+    CAPTURE(elastic);
+    std::vector<std::string> flags = {"--nproc-per-node", "2", "--grace-period", "0"};
+    if (elastic) {
+      flags.insert(flags.end(), {"--nnodes", "1:1", "--rdzv-endpoint",
+                                 fmt::format("127.0.0.1:{}", nanoddp::testing::free_port()),
+                                 "--rdzv-last-call", "0.5"});
+    }
+    std::vector<std::string> argv =
+        run_argv(flags, "if [ $RANK = 1 ]; then sleep 1; echo failing; exit 1; fi; sleep 30");
+    argv.insert(argv.begin(), {"/usr/bin/python3", "-c",
+                               "import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); "
+                               "os.execvp('timeout', ['timeout', '60'] + sys.argv[1:])"});
+    BackgroundProcess launcher(argv);
+    REQUIRE(launcher.wait_for_output(
+        [](const std::string& out) { return contains(out, "[rank 1] failing"); }, 30s));
+    const auto failed = Clock::now();
+    const std::optional<int> status = launcher.wait(30s);
+    const double took = seconds_since(failed);
+    INFO(launcher.output());
+    REQUIRE(status.has_value());
+    CHECK(WEXITSTATUS(*status) == 1);
+    // Without the reaping: 2 s and more, every time (the SIGKILL grace of the stop).
+    CHECK(took < 1.5);
   }
 }
 

@@ -75,8 +75,8 @@ train=("$bin/nanoddp-train" --hidden 1024 --layers 3 --batch 64 --steps 30 --buc
 "${run2[@]}" "${train[@]}" --trace "$traces/overlap.json" >/dev/null
 "${run2[@]}" "${train[@]}" --no-overlap --trace "$traces/no_overlap.json" >/dev/null
 "${run2[@]}" "${train[@]}" --zero 2 --trace "$traces/zero2.json" >/dev/null
-"${run2[@]}" "${train[@]}" --zero 2 --zero-overlap-gather --first-bucket-mb 1 \
-  --trace "$traces/zero2_overlap.json" >/dev/null
+"${run2[@]}" "${train[@]}" --zero 2 --zero-overlap-gather --trace "$traces/zero2_overlap.json" \
+  >/dev/null
 
 step "charts"
 "$python" "$plot/plot.py" --out "$out" "$data"/allreduce_*.jsonl "$data"/gemm_*.jsonl \
@@ -101,7 +101,7 @@ footnote+=" $(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) cpus, load at start $load
   --footnote "${footnote/--trace/--zero 2 --trace}"
 "$python" "$plot/plot_trace.py" "$traces/zero2_overlap.json" --out "$out/trace_zero2_overlap.png" \
   --title "nanoddp-train --zero 2 --zero-overlap-gather, 2 ranks: each bucket's all-gather waited for before the first layer that reads it" \
-  --footnote "${footnote/--trace/--zero 2 --zero-overlap-gather --first-bucket-mb 1 --trace}"
+  --footnote "${footnote/--trace/--zero 2 --zero-overlap-gather --trace}"
 
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"

@@ -69,6 +69,7 @@ COLOR = {
     "data": "#9a9a9a",
     "bucket": ("#8172b3", "#b07aa1", "#64b5cd", "#937860", "#da8bc3", "#8c8c8c"),
     "gather": "#ccb974",
+    "launch": "#e9dfb4",  # ZeRO's step launching the gathers (--zero-overlap-gather)
     "health": "#cccccc",  # nanoddp-train's per-step health all-reduce (in the legend when drawn)
     "other": "#cccccc",
 }
@@ -231,6 +232,8 @@ def style_of(event):
         return COLOR["gather"], "all-gather"
     if name.startswith(GATHER_BUCKET):
         return COLOR["gather"], f"g{name[len(GATHER_BUCKET):]}"
+    if name == LAUNCH_GATHERS:
+        return COLOR["launch"], "launch"
     if name == HEALTH:
         return COLOR["health"], name
     return COLOR["other"], name
@@ -258,6 +261,8 @@ GATHER = "all-gather parameters"
 # With --zero-overlap-gather: each bucket's gather, running beside the next forward, which waits
 # for it ("wait for all-gather") before the first module that reads it.
 GATHER_BUCKET = "all-gather bucket "
+# ...launched by the step, which returns before they end.
+LAUNCH_GATHERS = "launch all-gathers"
 # nanoddp-train's per-step all-reduce of loss and non-finite counts (apps/train/trainer_health.cpp):
 # a collective of the trainer, not of DDP, drawn so that it is not mistaken for a gap.
 HEALTH = "health all-reduce"
@@ -310,7 +315,7 @@ def overlap_summary(ranks, spans, lo, hi, own):
     last backward node ended, ms of them during which a backward node was running, ms of ZeRO's
     parameter all-gather, ms of it after backward ended: measured, not assumed, so that a trace
     in which it did overlap backward would say so; with --zero-overlap-gather instead the ms the
-    forward waited for it, and True)."""
+    forward waited for it, and True; and how many gathers those ms are)."""
     out = []
     for pid, name in ranks:
         start, end = own.get(pid, (lo, hi))
@@ -323,16 +328,36 @@ def overlap_summary(ranks, spans, lo, hi, own):
         early = sum(1 for e in comm if e["ts"] < backward_end)
         hidden = sum(_overlap(e["ts"], e["ts"] + e["dur"], backward) for e in comm)
         gathers = [e for e in inside if is_parameter_gather(e)]
-        gather = sum(e["dur"] for e in gathers)
         overlapped = any(e["name"].startswith(GATHER_BUCKET) for e in gathers)
+        if overlapped:
+            gathers = gathers_beside_forward(spans, pid, inside)
+        gather = sum(e["dur"] for e in gathers)
         if overlapped:
             # Beside the forward: what of it is exposed is the forward's wait for it.
             gather_after = sum(e["dur"] for e in inside if e["name"] == "wait for all-gather")
         else:
             gather_after = sum(e["dur"] if e["ts"] >= backward_end else
                                max(0.0, e["ts"] + e["dur"] - backward_end) for e in gathers)
-        out.append((name, total, comm, early, hidden, gather, gather_after, overlapped))
+        out.append((name, total, comm, early, hidden, gather, gather_after, overlapped,
+                    len(gathers)))
     return out
+
+
+def gathers_beside_forward(spans, pid, inside):
+    """With --zero-overlap-gather: the gathers this step's forward used, that is those the latest
+    "launch all-gathers" before the forward started (in the previous step) launched, not the ones
+    this step launches at its end for the next forward (an outside reader found the header
+    counting those instead)."""
+    forwards = [e for e in inside if e["name"] == "forward"]
+    if not forwards:
+        return []
+    forward = min(forwards, key=lambda e: e["ts"])
+    launches = [e["ts"] for e in spans
+                if e["pid"] == pid and e["name"] == LAUNCH_GATHERS and e["ts"] <= forward["ts"]]
+    since = max(launches) if launches else float("-inf")
+    forward_end = forward["ts"] + forward["dur"]
+    return [e for e in spans if e["pid"] == pid and e["name"].startswith(GATHER_BUCKET)
+            and since <= e["ts"] < forward_end]
 
 
 def module_of(grad_name):
@@ -510,29 +535,43 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=()):
               Patch(color=COLOR["wait"], label=f"wait for {collectives}" + (
                   " / all-gather" if any(e["name"] == "wait for all-gather" for e in drawn)
                   else "")),
-              Patch(color=COLOR["optimizer"], label="optimizer step"),
-              Patch(color=COLOR["bucket"][0], label=f"{collectives} bucket b0"),
-              Patch(color=COLOR["bucket"][1], label=f"{collectives} bucket b1, …"),
-              data_patch,
+              Patch(color=COLOR["optimizer"], label="optimizer step")]
+    # One entry per bucket colour drawn (an outside reader could not tell a third bucket's).
+    indices = sorted({int(c[1]) for c in (bucket_collective(e["name"]) for e in drawn
+                                          if is_bucket_collective(e)) if c[1].isdigit()}) or [0, 1]
+    shown = indices[:len(COLOR["bucket"])]
+    for k, index in enumerate(shown):
+        more = ", …" if k == len(shown) - 1 and len(indices) > len(shown) else ""
+        legend.append(Patch(color=COLOR["bucket"][index % len(COLOR["bucket"])],
+                            label=(f"{collectives} bucket b{index}" if k == 0 else f"b{index}")
+                            + more))
+    legend += [data_patch,
               Line2D([], [], marker="|", color="grey", linestyle="none", label="gradient final"),
               Line2D([], [], marker="v", color="black", linestyle="none", label="bucket ready"),
               Patch(facecolor="none", edgecolor=COLOR["wait"], hatch="////",
                     label="exposed (after the last gradient)")]
     if any(is_parameter_gather(e) for e in drawn):
         overlapped = any(e["name"].startswith(GATHER_BUCKET) for e in drawn)
-        legend.insert(6, Patch(color=COLOR["gather"],
-                               label="all-gather gN (ZeRO, beside the forward)" if overlapped
-                               else "all-gather parameters (ZeRO)"))
+        at = legend.index(data_patch)
+        legend.insert(at, Patch(color=COLOR["gather"],
+                                label="all-gather gN (ZeRO, beside the forward)" if overlapped
+                                else "all-gather parameters (ZeRO)"))
+        if any(e["name"] == LAUNCH_GATHERS for e in drawn):
+            legend.insert(at + 1, Patch(color=COLOR["launch"],
+                                        label="launch all-gathers (ZeRO step)"))
     if any(e["track"] == "communication" and e["name"] == HEALTH for e in drawn):
         # Before "data", the other grey: the two are told apart by their rows.
         legend.insert(legend.index(data_patch), Patch(color=COLOR["health"], label=HEALTH))
     for x, _ in marks:  # each step's end (named in the header)
         ax.axvline(x - t0, color="black", linewidth=0.8, linestyle="--")
     # Two rows whatever the entries: a third would run into the title.
+    # Two rows whatever the entries: a third would run into the title. Many entries (ZeRO's
+    # gathers and launch, a bucket colour each) get a smaller font, so the rows fit the width.
     ncol = (len(legend) + 1) // 2
-    ax.legend(handles=legend, fontsize=7, ncol=ncol, loc="lower left", bbox_to_anchor=(0, 1.0),
-              columnspacing=1.0, handlelength=1.4,
-              frameon=False)
+    crowded = len(legend) > 12
+    ax.legend(handles=legend, fontsize=6 if crowded else 7, ncol=ncol, loc="lower left",
+              bbox_to_anchor=(0, 1.0), columnspacing=0.6 if crowded else 1.0,
+              handlelength=1.0 if crowded else 1.4, frameon=False)
     ax.set_title(title, fontsize=9, pad=30, loc="left")
     if args.footnote:
         fig.text(0.01, 0.005, args.footnote, fontsize=7, color="#666666", ha="left",
@@ -573,7 +612,7 @@ def pick_step(args, path, spans, ranks, prefer=None):
 
 def summary_lines(ranks, spans, lo, hi, own):
     lines = []
-    for name, total, comm, early, hidden, gather, gather_after, overlapped in \
+    for name, total, comm, early, hidden, gather, gather_after, overlapped, gathers in \
             overlap_summary(ranks, spans, lo, hi, own):
         parts = []
         if comm:
@@ -582,8 +621,8 @@ def summary_lines(ranks, spans, lo, hi, own):
                          f"{total:.2f} ms, of which {hidden:.2f} ms ({share:.0f}%) while a "
                          "backward node ran")
         if gather > 0 and overlapped:
-            parts.append(f"all-gather per bucket {gather:.2f} ms beside the forward, which "
-                         f"waited {gather_after:.2f} ms for it")
+            parts.append(f"{gathers} all-gather(s), {gather:.2f} ms in all, beside the forward, "
+                         f"which waited {gather_after:.2f} ms for them")
         elif gather > 0:
             exposed = ("all of it exposed" if gather_after == gather else
                        f"{gather_after:.2f} ms of it after backward ended")

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -635,17 +636,28 @@ TEST_CASE("plot_trace.py: timelines of real 2-rank nanoddp-train --zero 1 and --
                                         "--step", "3", "--out", dir.file("overlap.png")});
   INFO(overlap.output);
   check_chart(overlap, dir.file("overlap.png"));
+  // Each rank counts the gathers its forward used (those the previous step launched), not this
+  // step's own, launched at its end (an outside reader found rank 1 counting those too): the
+  // same number on both ranks.
+  std::vector<int> gathers;
   for (const char* rank : {"rank 0: ", "rank 1: "}) {
     const std::size_t at = overlap.output.find(rank);
     REQUIRE(at != std::string::npos);
     const std::string line = overlap.output.substr(at, overlap.output.find('\n', at) - at);
-    CHECK(contains(line, " ms beside the forward, which waited "));
+    std::smatch m;
+    REQUIRE(std::regex_search(line, m,
+                              std::regex("([0-9]+) all-gather\\(s\\), [0-9.]+ ms in all, beside "
+                                         "the forward, which waited [0-9.]+ ms for them")));
+    gathers.push_back(std::stoi(m[1]));
     CHECK(!contains(line, "all of it exposed"));
   }
+  CHECK(gathers[0] > 0);
+  CHECK(gathers[0] == gathers[1]);
   std::ifstream overlap_svg(dir.file("overlap.svg"));
   const std::string overlap_text((std::istreambuf_iterator<char>(overlap_svg)),
                                  std::istreambuf_iterator<char>());
   CHECK(contains(overlap_text, "all-gather gN (ZeRO, beside the forward)"));
+  CHECK(contains(overlap_text, "launch all-gathers (ZeRO step)"));
 }
 
 TEST_CASE("plot scripts: bad input exits 2 naming the file and the line") {

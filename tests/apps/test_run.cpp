@@ -848,9 +848,12 @@ TEST_CASE(
       }
     }
     for (const BackgroundProcess* node : by_rank) REQUIRE(node != nullptr);
-    if (finish_early) {
-      std::this_thread::sleep_for(1s);  // every launcher has read that node 2 finished
-    }
+    // Every launcher has looked at every node (at its round's start and, with finish_early, when
+    // node 2 finished), and the victim has beaten a few times since (I = 0.4 s): only its
+    // watchers know its last beat. Killed right at the round's start instead, every launcher may
+    // have read its last beat in its first look and rightly time the silence itself (seen in a
+    // loaded run), and the check of node 0 below would not hold.
+    std::this_thread::sleep_for(1500ms);
     const auto killed = Clock::now();
     kill(-by_rank[victim]->pid(), SIGKILL);  // its launcher and its worker: the whole node
     REQUIRE(by_rank[victim]->wait(10s).has_value());

@@ -15,7 +15,6 @@
 #include <filesystem>
 #include <string>
 #include <utility>
-#include <vector>
 
 namespace nanoddp::common {
 
@@ -100,43 +99,6 @@ inline bool names_a_device(const std::string& path) {
   struct stat info {};
   return ::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode) && !S_ISDIR(info.st_mode);
 }
-
-// The folders a run created for its outputs while it checked them (an --checkpoint-dir, the
-// folder of a --save): those still empty are removed, deepest first, when the object goes
-// before keep() was called, so that a run whose set-up failed leaves no folder behind.
-class CreatedFolders {
- public:
-  CreatedFolders() = default;
-  CreatedFolders(const CreatedFolders&) = delete;
-  CreatedFolders& operator=(const CreatedFolders&) = delete;
-  ~CreatedFolders() {
-    std::error_code ec;
-    for (auto it = made_.rbegin(); it != made_.rend(); ++it) std::filesystem::remove(*it, ec);
-  }
-  // std::filesystem::create_directories, remembering each folder that was missing before and
-  // is a folder after (so never one that existed: removing only empty ones is not enough).
-  void create(const std::string& dir, std::error_code& ec) {
-    namespace fs = std::filesystem;
-    std::vector<fs::path> missing;  // deepest first
-    for (fs::path p = fs::absolute(dir, ec).lexically_normal(); !ec && p.has_relative_path();
-         p = p.parent_path()) {
-      std::error_code probe;
-      if (fs::exists(fs::symlink_status(p, probe))) break;
-      missing.push_back(p);
-    }
-    ec.clear();
-    fs::create_directories(dir, ec);
-    for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
-      std::error_code probe;
-      if (fs::is_directory(fs::symlink_status(*it, probe))) made_.push_back(*it);
-    }
-  }
-  // The run has started: what it created is its output now.
-  void keep() { made_.clear(); }
-
- private:
-  std::vector<std::filesystem::path> made_;  // shallowest first
-};
 
 // An exclusive advisory lock (flock) on a file, held while the object lives: two runs that
 // write one file (a --metrics shared by mistake) would otherwise interleave or replace each

@@ -6,13 +6,17 @@
 #include "trainer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/functional.h"
 #include "nanoddp/engine/host_sync.h"
 #include "nanoddp/engine/ops.h"
+#include "nanoddp/kernels/error.h"
 #include "nanoddp/nn/checkpoint.h"
 #include "trainer_internal.h"
 
@@ -225,8 +229,9 @@ int Trainer::run_steps() {
   }
 
   if (!o_.save_path.empty()) require_finite_parameters(steps_, "--save");
-  save_parameters();
-  write_trace();
+  std::vector<std::string> unwritten = {save_parameters(), write_trace()};  // in this order
+  std::erase(unwritten, "");
+  if (!unwritten.empty()) fail("{}", fmt::join(unwritten, "; "));
   print_summary(ms_since(run_start) / 1000.0, first_loss, last_loss, last_accuracy);
   return 0;
 }

@@ -127,7 +127,9 @@ class Trainer {
   // The rows one rank trains on in `step` (all its micro-batches).
   std::int64_t rows_in_step(std::int64_t step) const;
   void save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch);
-  void save_parameters();  // --save: the trained parameters as safetensors (rank 0)
+  // --save: the trained parameters as safetensors (rank 0). The final outputs return "" or why
+  // they are not where asked (write_final_output), so that one's failure does not lose another.
+  std::string save_parameters();
   void print_banner() const;
   // The last line: steps, time, first and last logged loss, skips, where the parameters went.
   void print_summary(double run_seconds, std::optional<float> first_loss, float last_loss,
@@ -139,7 +141,7 @@ class Trainer {
   // --resume under DDP: every rank's newest checkpoint in its own --checkpoint-dir (or none) must
   // be rank 0's; else every rank stops naming each one's host, folder and newest checkpoint.
   void check_same_newest_checkpoint(const std::string& newest);
-  void write_trace();
+  std::string write_trace();  // --trace: every rank's events, written by rank 0
   void check_same_settings();
   // --zero-overlap-gather with most of the parameters in the first layer's bucket: says so.
   void note_gather_overlap() const;

@@ -281,9 +281,9 @@ void Trainer::require_finite_parameters(std::int64_t step, const char* what) {
   }
 }
 
-void Trainer::save_parameters() {
+std::string Trainer::save_parameters() {
   wait_for_parameters();
-  if (o_.save_path.empty() || !is_main()) return;
+  if (o_.save_path.empty() || !is_main()) return {};
   std::vector<nn::NamedTensor> named = model_->named_parameters();
   std::vector<std::vector<float>> host;
   std::vector<nn::SafetensorsEntry> entries;
@@ -293,16 +293,17 @@ void Trainer::save_parameters() {
     entries.push_back(
         {.name = p.name, .dtype = "F32", .shape = p.tensor.shape(), .data = host.back().data()});
   }
-  // Through a symlink (even to a file not written yet) its target; the link stays.
-  nn::write_safetensors(common::resolved_path(o_.save_path).string(), entries,
-                        {{"format", "nanoddp-parameters"},
-                         {"nanoddp_version", NANODDP_VERSION},
-                         {"step", std::to_string(steps_)},
-                         {"seed", std::to_string(o_.seed)},
-                         {"world_size", std::to_string(world_size_)},
-                         {"activation", o_.activation},
-                         {"task", task_description()},
-                         {"model", model_->describe()}});
+  const nn::SafetensorsMetadata metadata = {{"format", "nanoddp-parameters"},
+                                            {"nanoddp_version", NANODDP_VERSION},
+                                            {"step", std::to_string(steps_)},
+                                            {"seed", std::to_string(o_.seed)},
+                                            {"world_size", std::to_string(world_size_)},
+                                            {"activation", o_.activation},
+                                            {"task", task_description()},
+                                            {"model", model_->describe()}};
+  return write_final_output("--save", o_.save_path, [&](const std::string& path) {
+    nn::write_safetensors(path, entries, metadata);
+  });
 }
 
 }  // namespace nanoddp::train

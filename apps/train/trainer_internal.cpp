@@ -3,10 +3,15 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 
+#include "common/output_files.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/nn/file_io.h"
 #include "nanoddp/nn/safetensors.h"
@@ -77,6 +82,48 @@ std::string file_fingerprint(const std::string& path) {
   } catch (const std::exception& e) {
     return fmt::format("unreadable ({})", e.what());
   }
+}
+
+std::string write_final_output(const char* flag, const std::string& path,
+                               const std::function<void(const std::string&)>& write) {
+  namespace fs = std::filesystem;
+  const fs::path target = common::resolved_path(path);  // a symlink's target; the link stays
+  const fs::path folder = target.parent_path();
+  std::error_code ec;
+  // Checked writable before step 1, so a missing folder was removed since. Made again as a
+  // user's `mkdir -p` would; a component that is now a file makes this fail, and the rescue
+  // below takes over.
+  if (!folder.empty() && !fs::exists(folder, ec) && fs::create_directories(folder, ec)) {
+    fmt::print(stderr,
+               "nanoddp-train: warning: the folder '{}' of {} '{}' was removed during the run; "
+               "made it again\n",
+               folder.string(), flag, path);
+    std::fflush(stderr);
+  }
+  std::string problem;
+  try {
+    write(target.string());
+    return {};
+  } catch (const std::exception& e) {
+    problem = e.what();
+    while (problem.ends_with('.')) problem.pop_back();  // it is quoted in a sentence below
+  }
+  // Not beside the target (its disk may be the full one) but where temporary files go.
+  const char* tmpdir = std::getenv("TMPDIR");
+  const fs::path rescue_folder =
+      tmpdir != nullptr && *tmpdir != '\0' && fs::is_directory(tmpdir, ec) ? tmpdir : "/tmp";
+  const fs::path rescue =
+      rescue_folder / fmt::format("nanoddp-rescue-{}-{}", ::getpid(), target.filename().string());
+  try {
+    write(rescue.string());
+  } catch (const std::exception& e) {
+    return fmt::format("{} '{}' could not be written ({}), nor its rescue copy '{}' ({})", flag,
+                       path, problem, rescue.string(), e.what());
+  }
+  return fmt::format(
+      "{} '{}' could not be written ({}). It was written to '{}' instead: move it where it "
+      "belongs",
+      flag, path, problem, rescue.string());
 }
 
 }  // namespace nanoddp::train

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "nanoddp/engine/tensor.h"
@@ -31,5 +32,14 @@ std::string model_difference(const std::string& recorded, const std::string& cur
 // its bytes, or why it could not be read (so that the rank takes part in the comparison and
 // every rank fails together instead of one failing alone and the others waiting).
 std::string file_fingerprint(const std::string& path);
+
+// Writes one of the run's final outputs (--save, --trace) with `write(path)`, after training,
+// when the world may have changed since its check before step 1: a folder removed during the run
+// (a clean-up job, a user tidying up) is made again, with a warning; a write that still fails
+// (a full disk, the folder replaced by a file) goes to a rescue file in $TMPDIR (else /tmp), so
+// that hours of training are not lost with the process. Returns "" when written where asked,
+// else the error to stop with, naming where the output went.
+std::string write_final_output(const char* flag, const std::string& path,
+                               const std::function<void(const std::string&)>& write);
 
 }  // namespace nanoddp::train

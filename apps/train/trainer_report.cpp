@@ -281,11 +281,11 @@ void Trainer::write_metrics_line(const std::string& line) {
   metrics_ = nullptr;
 }
 
-void Trainer::write_trace() {
-  if (!tracer_) return;
+std::string Trainer::write_trace() {
+  if (!tracer_) return {};
+  std::vector<std::string> all;  // each rank's events, on rank 0
   if (!distributed_) {
-    // Through a symlink (even to a file not written yet) its target; the link stays.
-    Tracer::write_file(common::resolved_path(o_.trace_path).string(), {tracer_->events_json()});
+    all.push_back(tracer_->events_json());
   } else {
     // Every rank hands its events to rank 0 through the store, in pieces far below the store's
     // value limit (a long trace exceeded it: the job failed after training); rank 0 takes each
@@ -299,7 +299,6 @@ void Trainer::write_trace() {
     }
     dist_->store->set(fmt::format("train/trace/{}/pieces", rank_), std::to_string(pieces));
     if (is_main()) {
-      std::vector<std::string> all;
       for (int r = 0; r < world_size_; ++r) {
         const std::string count = dist_->store->get_string(fmt::format("train/trace/{}/pieces", r));
         std::string text;
@@ -310,10 +309,14 @@ void Trainer::write_trace() {
         }
         all.push_back(std::move(text));
       }
-      Tracer::write_file(common::resolved_path(o_.trace_path).string(), all);
     }
   }
-  if (is_main() && !o_.quiet) fmt::print("trace written to {}\n", o_.trace_path);
+  if (!is_main()) return {};
+  // Through a symlink (even to a file not written yet) its target; the link stays.
+  std::string problem = write_final_output(
+      "--trace", o_.trace_path, [&](const std::string& path) { Tracer::write_file(path, all); });
+  if (problem.empty() && !o_.quiet) fmt::print("trace written to {}\n", o_.trace_path);
+  return problem;
 }
 
 void Trainer::print_banner() const {

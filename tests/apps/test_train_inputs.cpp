@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -31,6 +32,7 @@
 #include "nanoddp/nn/file_io.h"
 #include "nanoddp/nn/npy.h"
 #include "nanoddp/nn/safetensors.h"
+#include "support/background_process.h"
 #include "support/small_disk.h"
 
 using namespace nanoddp::testing;
@@ -904,6 +906,82 @@ TEST_CASE("outputs: --trace and --save through a symlink write the file it point
   CHECK(fs::is_symlink(dir.file("link.st")));
   CHECK(fs::file_size(dir.file("real.json")) > 100);  // the trace, not "old"
   CHECK(fs::file_size(dir.file("real.st")) > 100);
+}
+
+// The outputs written after training (--save, --trace) were checked before step 1; a run of hours
+// must not lose them to what changed since. An outside tester's --save folder, removed during a
+// 60,000-step run, cost the whole run ("The directory must exist").
+TEST_CASE("outputs: a --save and --trace folder removed during the run is made again") {
+  TempDir dir;
+  const std::string out = dir.file("out");
+  BackgroundProcess trainer(
+      train_argv({"--steps", "100000", "--log-every", "2000", "--save", out + "/m.safetensors",
+                  "--trace", out + "/t.json", "--trace-steps", "2"}));
+  REQUIRE_MESSAGE(trainer.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
+                                          std::chrono::seconds(30)),
+                  trainer.output());
+  trainer.send(SIGSTOP);  // so that the run cannot end before the folder is gone
+  CHECK(fs::remove_all(out) > 0);
+  trainer.send(SIGCONT);
+  const auto status = trainer.wait(std::chrono::seconds(60));
+  INFO(status_text(status), "\n", trainer.output());
+  CHECK(exited_with(status, 0));
+  CHECK(
+      contains(trainer.output(), "warning: the folder '" + out + "' of --save '" + out +
+                                     "/m.safetensors' was removed during the run; made it again"));
+  CHECK(nanoddp::nn::read_safetensors(out + "/m.safetensors").names().size() > 0);
+  CHECK(fs::file_size(out + "/t.json") > 100);
+}
+
+TEST_CASE("outputs: a --save or --trace that cannot be written after training goes to $TMPDIR") {
+  TempDir dir;
+  const std::string rescue = dir.file("rescue");
+  fs::create_directories(rescue);
+  SUBCASE("the folder replaced by a file during the run") {
+    const std::string out = dir.file("out");
+    BackgroundProcess trainer(with_env(
+        {{"TMPDIR", rescue}},
+        train_argv({"--steps", "100000", "--log-every", "2000", "--save", out + "/m.safetensors",
+                    "--trace", out + "/t.json", "--trace-steps", "2"})));
+    REQUIRE_MESSAGE(
+        trainer.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
+                                std::chrono::seconds(30)),
+        trainer.output());
+    trainer.send(SIGSTOP);
+    fs::remove_all(out);
+    std::ofstream(out) << "a user's file\n";
+    trainer.send(SIGCONT);
+    const auto status = trainer.wait(std::chrono::seconds(60));
+    const std::string pid = std::to_string(trainer.pid());
+    INFO(status_text(status), "\n", trainer.output());
+    CHECK(exited_with(status, 1));
+    const std::string saved = rescue + "/nanoddp-rescue-" + pid + "-m.safetensors";
+    CHECK(contains(trainer.output(),
+                   "error: --save '" + out + "/m.safetensors' could not be written"));
+    CHECK(contains(trainer.output(), "It was written to '" + saved + "' instead"));
+    CHECK(contains(trainer.output(), "--trace '" + out + "/t.json' could not be written"));
+    CHECK(nanoddp::nn::read_safetensors(saved).metadata().at("step") == "100000");
+    CHECK(fs::file_size(rescue + "/nanoddp-rescue-" + pid + "-t.json") > 100);
+    std::ifstream kept(out);
+    CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "a user's file\n");
+  }
+  SUBCASE("the disk full at the end") {
+    SmallDisk disk(dir.file("small"), "16k");
+    if (!disk.mounted) return;
+    // About 66 KB of parameters: the check before step 1 passes, the write after training not.
+    const ProcessResult r = train(
+        {"--steps", "20", "--hidden", "128", "--save", disk.path + "/m.safetensors", "--quiet"},
+        {.env = {{"TMPDIR", rescue}}});
+    INFO(r.output);
+    CHECK(r.exit_code == 1);
+    CHECK(contains(r.output, "No space left on device"));
+    std::vector<std::string> rescued;
+    for (const auto& entry : fs::directory_iterator(rescue)) rescued.push_back(entry.path());
+    REQUIRE(rescued.size() == 1);
+    CHECK(contains(r.output, "It was written to '" + rescued[0] + "' instead"));
+    CHECK(nanoddp::nn::read_safetensors(rescued[0]).metadata().at("step") == "20");
+    CHECK(listing(disk.path).empty());  // no temporary left on the full disk
+  }
 }
 
 TEST_CASE("inputs: a FIFO as --data is refused at once instead of blocking") {

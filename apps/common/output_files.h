@@ -122,6 +122,7 @@ class FileLock {
   FileLock& operator=(const FileLock&) = delete;
   ~FileLock() { release(); }
   bool held() const { return fd_ >= 0; }
+  int fd() const { return fd_; }  // open on the locked file, even after its name is removed
   // The file is the run's output from now on: kept even when nothing was written to it. Until
   // then a file the lock created is removed with the lock while still empty (a run that failed
   // in its set-up left an empty output file behind).

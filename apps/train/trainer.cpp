@@ -231,6 +231,7 @@ int Trainer::run_steps() {
   if (!o_.save_path.empty()) require_finite_parameters(steps_, "--save");
   std::vector<std::string> unwritten = {save_parameters(), write_trace()};  // in this order
   std::erase(unwritten, "");
+  keep_metrics();
   if (!unwritten.empty()) fail("{}", fmt::join(unwritten, "; "));
   print_summary(ms_since(run_start) / 1000.0, first_loss, last_loss, last_accuracy);
   return 0;

@@ -164,6 +164,9 @@ class Trainer {
   void check_init_model() const;
   // A failed --metrics write: one warning naming the file, then no more metrics lines.
   void write_metrics_line(const std::string& line);
+  // At the end of the run (rank 0): a --metrics file whose name was removed during the run (its
+  // folder deleted) is written again, or to a rescue file (write_final_output), with a warning.
+  void keep_metrics();
   // Opens --metrics (rank 0): a new run truncates it; a resumed run first drops the lines of
   // steps after the checkpoint's (they are trained again) and an incomplete last line, as
   // TensorBoard's purge_step does, then appends.

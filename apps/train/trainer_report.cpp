@@ -19,6 +19,7 @@
 #include <iostream>
 #include <iterator>
 #include <optional>
+#include <span>
 #include <string_view>
 
 #include "common/memory_report.h"
@@ -26,6 +27,7 @@
 #include "nanoddp/config.h"
 #include "nanoddp/engine/host_sync.h"
 #include "nanoddp/nn/checkpoint.h"
+#include "nanoddp/nn/file_io.h"
 #include "trainer_internal.h"
 
 namespace nanoddp::train {
@@ -279,6 +281,59 @@ void Trainer::write_metrics_line(const std::string& line) {
     metrics_->clear();  // std::cout or std::cerr: usable by others again
   }
   metrics_ = nullptr;
+}
+
+void Trainer::keep_metrics() {
+  if (!is_main() || metrics_ != &metrics_file_ || !metrics_lock_.held()) return;
+  metrics_file_.flush();
+  struct stat held {
+  }, named{};
+  const std::string target = common::resolved_path(o_.metrics_path).string();
+  if (::fstat(metrics_lock_.fd(), &held) != 0 ||
+      (::stat(target.c_str(), &named) == 0 && named.st_dev == held.st_dev &&
+       named.st_ino == held.st_ino)) {
+    return;  // still under its name (the usual case)
+  }
+  if (held.st_nlink > 0) {  // renamed or moved: the lines are in it, under its new name
+    fmt::print(stderr,
+               "nanoddp-train: warning: --metrics '{}' no longer names this run's metrics file "
+               "(moved or renamed during the run?); its lines went on into that file\n",
+               o_.metrics_path);
+    std::fflush(stderr);
+    return;
+  }
+  // Its folder (or the file) was removed during the run: every line since went into a file that
+  // no name reaches, to be freed at exit. The lock's descriptor still holds it; /proc reads it.
+  std::vector<std::byte> bytes;
+  try {
+    bytes = nn::read_file_bytes(fmt::format("/proc/self/fd/{}", metrics_lock_.fd()));
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "nanoddp-train: warning: --metrics '{}' was removed during the run: {}\n",
+               o_.metrics_path, e.what());
+    return;
+  }
+  const std::span<const std::byte> whole(bytes);
+  const std::string problem =
+      write_final_output("--metrics", o_.metrics_path, [&](const std::string& path) {
+        // Another file under the name now (the user's, or another run's) is not replaced.
+        std::error_code ec;
+        if (std::filesystem::exists(path, ec)) {
+          fail("it was removed during the run and '{}' now names another file, left as it is",
+               path);
+        }
+        nn::write_file_atomically(path, std::span(&whole, 1));
+      });
+  if (problem.empty()) {
+    fmt::print(stderr,
+               "nanoddp-train: warning: --metrics '{}' was removed during the run; written again "
+               "whole\n",
+               o_.metrics_path);
+  } else {
+    // As a full disk under --metrics: a warning, not a failed run (the metrics are a record of
+    // the run, not its result).
+    fmt::print(stderr, "nanoddp-train: warning: {}\n", problem);
+  }
+  std::fflush(stderr);
 }
 
 std::string Trainer::write_trace() {

@@ -911,12 +911,12 @@ TEST_CASE("outputs: --trace and --save through a symlink write the file it point
 // The outputs written after training (--save, --trace) were checked before step 1; a run of hours
 // must not lose them to what changed since. An outside tester's --save folder, removed during a
 // 60,000-step run, cost the whole run ("The directory must exist").
-TEST_CASE("outputs: a --save and --trace folder removed during the run is made again") {
+TEST_CASE("outputs: a --save, --trace and --metrics folder removed during the run is made again") {
   TempDir dir;
   const std::string out = dir.file("out");
-  BackgroundProcess trainer(
-      train_argv({"--steps", "100000", "--log-every", "2000", "--save", out + "/m.safetensors",
-                  "--trace", out + "/t.json", "--trace-steps", "2"}));
+  BackgroundProcess trainer(train_argv({"--steps", "100000", "--log-every", "2000", "--save",
+                                        out + "/m.safetensors", "--trace", out + "/t.json",
+                                        "--trace-steps", "2", "--metrics", out + "/m.jsonl"}));
   REQUIRE_MESSAGE(trainer.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
                                           std::chrono::seconds(30)),
                   trainer.output());
@@ -931,18 +931,45 @@ TEST_CASE("outputs: a --save and --trace folder removed during the run is made a
                                      "/m.safetensors' was removed during the run; made it again"));
   CHECK(nanoddp::nn::read_safetensors(out + "/m.safetensors").names().size() > 0);
   CHECK(fs::file_size(out + "/t.json") > 100);
+  // The metrics lines went on into the removed file; all 50 are written again under its name.
+  CHECK(
+      contains(trainer.output(),
+               "--metrics '" + out + "/m.jsonl' was removed during the run; written again whole"));
+  std::ifstream metrics(out + "/m.jsonl");
+  CHECK(std::count(std::istreambuf_iterator<char>(metrics), {}, '\n') == 51);
 }
 
-TEST_CASE("outputs: a --save or --trace that cannot be written after training goes to $TMPDIR") {
+TEST_CASE("outputs: a --metrics file renamed during the run is left to its new name") {
+  TempDir dir;
+  BackgroundProcess trainer(
+      train_argv({"--steps", "100000", "--log-every", "2000", "--metrics", dir.file("m.jsonl")}));
+  REQUIRE(trainer.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
+                                  std::chrono::seconds(30)));
+  trainer.send(SIGSTOP);
+  fs::rename(dir.file("m.jsonl"), dir.file("moved.jsonl"));
+  std::ofstream(dir.file("m.jsonl")) << "a user's file\n";
+  trainer.send(SIGCONT);
+  const auto status = trainer.wait(std::chrono::seconds(60));
+  INFO(status_text(status), "\n", trainer.output());
+  CHECK(exited_with(status, 0));
+  CHECK(contains(trainer.output(), "no longer names this run's metrics file"));
+  std::ifstream moved(dir.file("moved.jsonl")), kept(dir.file("m.jsonl"));
+  CHECK(std::count(std::istreambuf_iterator<char>(moved), {}, '\n') == 51);
+  CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "a user's file\n");
+}
+
+TEST_CASE(
+    "outputs: a --save, --trace or --metrics that cannot be written after training goes to "
+    "$TMPDIR") {
   TempDir dir;
   const std::string rescue = dir.file("rescue");
   fs::create_directories(rescue);
   SUBCASE("the folder replaced by a file during the run") {
     const std::string out = dir.file("out");
     BackgroundProcess trainer(with_env(
-        {{"TMPDIR", rescue}},
-        train_argv({"--steps", "100000", "--log-every", "2000", "--save", out + "/m.safetensors",
-                    "--trace", out + "/t.json", "--trace-steps", "2"})));
+        {{"TMPDIR", rescue}}, train_argv({"--steps", "100000", "--log-every", "2000", "--save",
+                                          out + "/m.safetensors", "--trace", out + "/t.json",
+                                          "--trace-steps", "2", "--metrics", out + "/m.jsonl"})));
     REQUIRE_MESSAGE(
         trainer.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
                                 std::chrono::seconds(30)),
@@ -962,6 +989,11 @@ TEST_CASE("outputs: a --save or --trace that cannot be written after training go
     CHECK(contains(trainer.output(), "--trace '" + out + "/t.json' could not be written"));
     CHECK(nanoddp::nn::read_safetensors(saved).metadata().at("step") == "100000");
     CHECK(fs::file_size(rescue + "/nanoddp-rescue-" + pid + "-t.json") > 100);
+    // The metrics are a record, not the result: a warning, and rescued as well.
+    CHECK(contains(trainer.output(),
+                   "warning: --metrics '" + out + "/m.jsonl' could not be written"));
+    std::ifstream metrics(rescue + "/nanoddp-rescue-" + pid + "-m.jsonl");
+    CHECK(std::count(std::istreambuf_iterator<char>(metrics), {}, '\n') == 51);
     std::ifstream kept(out);
     CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "a user's file\n");
   }

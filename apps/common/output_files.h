@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace nanoddp::common {
 
@@ -99,6 +100,61 @@ inline bool names_a_device(const std::string& path) {
   struct stat info {};
   return ::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode) && !S_ISDIR(info.st_mode);
 }
+
+// The folders a run created for its outputs while it checked them (an --checkpoint-dir, the
+// folder of a --save), so that a run whose set-up fails leaves none behind. Only what this object
+// itself made is touched, and only while it is still that folder and empty:
+// - each folder is made with mkdir, one component of the path as given at a time, and recorded
+//   (as spelled, with its device and inode) only when that mkdir made it, so "a/./b/../c" and a
+//   path through a symlink record the folders made, not a lexical guess at them;
+// - each is removed with rmdir, deepest first, only when lstat still finds a folder with that
+//   device and inode: never a file or a symlink put at its name meanwhile (rmdir cannot remove
+//   them, and a file removed by path was an outside tester's data loss), never a folder that has
+//   gained a file (another run's output: rmdir refuses it).
+class CreatedFolders {
+ public:
+  CreatedFolders() = default;
+  CreatedFolders(const CreatedFolders&) = delete;
+  CreatedFolders& operator=(const CreatedFolders&) = delete;
+  ~CreatedFolders() {
+    for (auto it = made_.rbegin(); it != made_.rend(); ++it) {
+      struct stat now {};
+      if (::lstat(it->path.c_str(), &now) == 0 && S_ISDIR(now.st_mode) && now.st_dev == it->dev &&
+          now.st_ino == it->ino) {
+        ::rmdir(it->path.c_str());  // fails, harmlessly, when not empty
+      }
+    }
+  }
+  // As `mkdir -p dir`: sets `ec` to the first failure (a component that is a file: ENOTDIR or
+  // EEXIST, found by the caller's folder check).
+  void create(const std::string& dir, std::error_code& ec) {
+    ec.clear();
+    std::filesystem::path prefix;
+    for (const std::filesystem::path& part : std::filesystem::path(dir)) {
+      prefix /= part;
+      if (part == "." || part == ".." || part == prefix.root_path() || part.empty()) continue;
+      if (::mkdir(prefix.c_str(), 0777) == 0) {
+        struct stat made {};
+        if (::lstat(prefix.c_str(), &made) == 0) {
+          made_.push_back({prefix.string(), made.st_dev, made.st_ino});
+        }
+      } else if (errno != EEXIST) {
+        ec.assign(errno, std::generic_category());
+        return;
+      }
+    }
+  }
+  // The run has started: what it created is its output now.
+  void keep() { made_.clear(); }
+
+ private:
+  struct Made {
+    std::string path;
+    dev_t dev;
+    ino_t ino;
+  };
+  std::vector<Made> made_;  // in the order made: shallowest first
+};
 
 // An exclusive advisory lock (flock) on a file, held while the object lives: two runs that
 // write one file (a --metrics shared by mistake) would otherwise interleave or replace each

@@ -190,6 +190,7 @@ int Trainer::run() {
 
 int Trainer::run_steps() {
   metrics_lock_.keep();  // set up: the --metrics file is this run's output now, even if empty
+  created_folders_.keep();
   print_banner();
   const auto run_start = Clock::now();
   Window window;

@@ -199,6 +199,8 @@ class Trainer {
   std::int64_t lookahead_epoch_ = -1;
   std::int64_t prefetched_ = -1;  // the global micro-batch in flight, -1 for none
   std::int64_t prefetched_rows_ = 0;
+  // Before metrics_lock_, so destroyed after it: a --metrics file it created goes first.
+  common::CreatedFolders created_folders_;  // by check_output_paths; kept once the run starts
   common::FileLock metrics_lock_;    // held on --metrics while this run writes it (released last)
   std::ofstream metrics_file_;       // --metrics, when it names a file or a device
   std::ostream* metrics_ = nullptr;  // where the lines go: metrics_file_, std::cout or std::cerr

@@ -26,11 +26,13 @@ namespace nanoddp::train {
 
 namespace {
 
-// Creates `dir` if needed and creates (then removes) a small file in it: O_EXCL, so an existing
-// file of that name is never touched. `flag` names the option in the message.
-void check_dir_writable(const std::string& flag, const std::string& dir) {
+// Creates `dir` if needed (into `created`) and creates (then removes) a small file in it:
+// O_EXCL, so an existing file of that name is never touched. `flag` names the option in the
+// message.
+void check_dir_writable(const std::string& flag, const std::string& dir,
+                        common::CreatedFolders& created) {
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  created.create(dir, ec);
   if (ec) fail("{} '{}' cannot be created: {}", flag, dir, ec.message());
   if (!std::filesystem::is_directory(dir, ec)) {
     fail("{} '{}' is not a folder (it is a file); name a folder", flag, dir);
@@ -53,7 +55,8 @@ void check_dir_writable(const std::string& flag, const std::string& dir) {
 // An output FILE given by `flag`, checked before step 1 instead of failing after the last one:
 // it must name a file (not a folder, no trailing '/'), its folder must be writable (a probe file
 // is created and removed there), and an existing file there must be writable.
-void check_output_file(const std::string& flag, const std::string& path) {
+void check_output_file(const std::string& flag, const std::string& path,
+                       common::CreatedFolders& created) {
   std::error_code ec;
   // Written by renaming a complete file over the name: over the file the shell redirected stdout
   // to, that would replace the whole log (an outside tester's `--trace /dev/stdout > log`).
@@ -84,12 +87,13 @@ void check_output_file(const std::string& flag, const std::string& path) {
   }
   const std::filesystem::path folder = std::filesystem::path(path).parent_path();
   const std::string dir = folder.empty() ? std::string(".") : folder.string();
-  check_dir_writable(fmt::format("the folder of {}", flag), dir);
+  check_dir_writable(fmt::format("the folder of {}", flag), dir, created);
   // Through a symlink to a file not written yet, the file written is its target: its folder
   // must be there too (an outside tester's link got replaced, its target never written).
   const std::filesystem::path target_folder = common::resolved_path(path).parent_path();
   if (!target_folder.empty() && !std::filesystem::equivalent(target_folder, dir, ec)) {
-    check_dir_writable(fmt::format("the folder of {}'s link target", flag), target_folder.string());
+    check_dir_writable(fmt::format("the folder of {}'s link target", flag), target_folder.string(),
+                       created);
   }
   // The writers' temporary names are longer than the file's (--save writes
   // ".NAME.tmp.HOST.PID.K" and renames it): a name that fits while its temporary does not would
@@ -132,7 +136,7 @@ void Trainer::check_output_paths() {
          o_.checkpoint_dir);
   }
   if (o_.checkpoint_every > 0) {
-    check_dir_writable("--checkpoint-dir", o_.checkpoint_dir);
+    check_dir_writable("--checkpoint-dir", o_.checkpoint_dir, created_folders_);
     // Another run's checkpoints: this run would write beside them (a later --resume takes the
     // newest of either run) and could meet one of the same step. Refused rather than guessed.
     const std::vector<std::string> earlier = nn::list_checkpoints(o_.checkpoint_dir);
@@ -152,9 +156,9 @@ void Trainer::check_output_paths() {
       fail("--save '{}' exists and is not a regular file (a device or FIFO); name a file",
            o_.save_path);
     }
-    check_output_file("--save", o_.save_path);
+    check_output_file("--save", o_.save_path, created_folders_);
   }
-  if (!o_.trace_path.empty()) check_output_file("--trace", o_.trace_path);
+  if (!o_.trace_path.empty()) check_output_file("--trace", o_.trace_path, created_folders_);
   if (o_.metrics_path.empty() || common::standard_stream(o_.metrics_path) != 0) {
     // Nothing, or /dev/stdout and the like: written through the program's own stream.
   } else if (common::names_a_device(o_.metrics_path)) {
@@ -167,7 +171,7 @@ void Trainer::check_output_paths() {
     }
     ::close(fd);
   } else {
-    check_output_file("--metrics", o_.metrics_path);
+    check_output_file("--metrics", o_.metrics_path, created_folders_);
   }
   check_paths_distinct();
   // Last (it creates a missing file, so after every refusal): taken before a resumed run

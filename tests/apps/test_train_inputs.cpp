@@ -107,6 +107,17 @@ std::vector<ProcessResult> two_ranks_in(const std::string& dir0, const std::stri
   return {a.get(), b.get()};
 }
 
+// Rank 0 of a world of two whose rank 1 never comes: its set-up fails after NANODDP_TIMEOUT_S.
+std::map<std::string, std::string> lonely_rank0_env(const char* timeout_s) {
+  return {{"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", std::to_string(free_port())},
+          {"WORLD_SIZE", "2"},
+          {"RANK", "0"},
+          {"LOCAL_RANK", "0"},
+          {"LOCAL_WORLD_SIZE", "2"},
+          {"NANODDP_TIMEOUT_S", timeout_s}};
+}
+
 }  // namespace
 
 TEST_CASE("inputs: every numeric flag refuses NaN, Inf and out-of-range values (exit 2, named)") {
@@ -836,6 +847,107 @@ TEST_CASE("outputs: a run that fails in its set-up leaves no empty --metrics fil
   std::string line;
   REQUIRE(std::getline(kept, line));
   CHECK(line == "{\"old\":1}");
+}
+
+TEST_CASE("outputs: a run that fails in its set-up leaves no folder it created behind") {
+  // Noticed in session 16: the output checks create --checkpoint-dir and the folders of --save,
+  // --trace and --metrics, and a run that then failed (here: rank 1 never joins) left them.
+  // Folders that existed, even empty ones, stay; a run that starts keeps what it created.
+  TempDir dir;
+  fs::create_directories(dir.file("had/empty"));
+  ProcessOptions options{.env = lonely_rank0_env("2")};
+  const std::vector<std::string> outputs = {"--checkpoint-dir",
+                                            dir.file("ck/a/b"),
+                                            "--checkpoint-every",
+                                            "1",
+                                            "--save",
+                                            dir.file("had/empty/s/p.bin"),
+                                            "--trace",
+                                            dir.file("t/x/t.json"),
+                                            "--metrics",
+                                            dir.file("m/m.jsonl")};
+  std::vector<std::string> args = {"--steps", "1"};
+  args.insert(args.end(), outputs.begin(), outputs.end());
+  const ProcessResult failed = train(args, options);
+  INFO(failed.output);
+  CHECK(failed.exit_code != 0);
+  CHECK(contains(failed.output, "never joined"));
+  for (const char* made : {"ck", "had/empty/s", "t", "m"}) {
+    CAPTURE(made);
+    CHECK_FALSE(fs::exists(dir.file(made)));
+  }
+  CHECK(fs::is_directory(dir.file("had/empty")));
+  const ProcessResult ran = train(args);
+  INFO(ran.output);
+  REQUIRE(ran.exit_code == 0);
+  CHECK(fs::exists(dir.file("had/empty/s/p.bin")));
+  CHECK(fs::is_directory(dir.file("ck/a/b")));
+}
+
+// An outside adversary's cases against the first version of the clean-up above, which removed by
+// path: a user's file put where a created folder was, and a folder another run relied on.
+TEST_CASE("outputs: the set-up clean-up removes only the empty folders it made, never a file") {
+  TempDir dir;
+  SUBCASE("a file and a symlink put at the created folders' names during the set-up") {
+    fs::create_directories(dir.file("elsewhere"));
+    BackgroundProcess run(with_env(lonely_rank0_env("3"),
+                                   train_argv({"--steps", "1", "--trace", dir.file("t/x/t.json"),
+                                               "--save", dir.file("s/p.st")})));
+    for (int i = 0; i < 300 && !fs::exists(dir.file("s")); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    REQUIRE(fs::is_directory(dir.file("t/x")));
+    REQUIRE(fs::is_directory(dir.file("s")));
+    fs::remove(dir.file("t/x"));
+    std::ofstream(dir.file("t/x")) << "a user's file\n";
+    fs::remove(dir.file("s"));
+    fs::create_directory_symlink(dir.file("elsewhere"), dir.file("s"));
+    const auto status = run.wait(std::chrono::seconds(60));
+    INFO(status_text(status), "\n", run.output());
+    CHECK(exited_with(status, 1));
+    std::ifstream kept(dir.file("t/x"));
+    CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "a user's file\n");
+    CHECK(fs::is_symlink(dir.file("s")));
+    CHECK(fs::is_directory(dir.file("elsewhere")));
+  }
+  SUBCASE("paths with '.', '..' and a symlink: the folders made, not a lexical guess") {
+    fs::create_directories(dir.file("real"));
+    fs::create_directory_symlink(dir.file("real"), dir.file("L"));
+    const ProcessResult r = train(
+        {"--steps", "1", "--metrics", dir.file("a/./b/../c/m.jsonl"), "--checkpoint-dir",
+         dir.file("new/sub/.."), "--checkpoint-every", "1", "--trace", dir.file("L/../n2/t.json")},
+        {.env = lonely_rank0_env("2")});
+    INFO(r.output);
+    CHECK(r.exit_code == 1);
+    CHECK(contains(r.output, "never joined"));
+    CHECK(listing(dir.path()) == std::set<std::string>{"real", "L"});  // a, new, n2 gone
+    CHECK(listing(dir.file("real")).empty());
+  }
+  SUBCASE("a folder another run relied on, removed while empty, is made again by that run") {
+    // Run 1 makes sh/s and fails in its set-up; run 2, started on sh/s meanwhile, finds it gone
+    // when it saves, and makes it again (write_final_output) instead of losing its parameters.
+    BackgroundProcess first(with_env(
+        lonely_rank0_env("3"), train_argv({"--steps", "1", "--save", dir.file("sh/s/a.st")})));
+    for (int i = 0; i < 300 && !fs::exists(dir.file("sh/s")); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    REQUIRE(fs::is_directory(dir.file("sh/s")));
+    BackgroundProcess second(
+        train_argv({"--steps", "100000", "--log-every", "2000", "--save", dir.file("sh/s/b.st")}));
+    REQUIRE(second.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
+                                   std::chrono::seconds(30)));
+    second.send(SIGSTOP);
+    const auto failed = first.wait(std::chrono::seconds(60));
+    INFO(status_text(failed), "\n", first.output());
+    CHECK(exited_with(failed, 1));
+    CHECK_FALSE(fs::exists(dir.file("sh")));  // run 1 made both, and both were still empty
+    second.send(SIGCONT);
+    const auto status = second.wait(std::chrono::seconds(60));
+    INFO(status_text(status), "\n", second.output());
+    CHECK(exited_with(status, 0));
+    CHECK(contains(second.output(), "was removed during the run; made it again"));
+    CHECK(fs::file_size(dir.file("sh/s/b.st")) > 100);
+  }
 }
 
 TEST_CASE("outputs: dangling and looping links, standard streams, a closed stdout") {

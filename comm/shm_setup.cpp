@@ -189,8 +189,18 @@ void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
       local_failure = errno_text("shm_open");
     } else {
       created = true;
+      // ftruncate only sets the size: on a /dev/shm too small for the segment (Docker's default
+      // is 64 MiB) the first touch of a page past its space raised SIGBUS, and the rank died
+      // without a word. posix_fallocate takes the pages now, or fails with ENOSPC: a fallback
+      // to TCP with the reason, as for any segment that cannot be made.
+      int reserved = 0;
       if (ftruncate(fd, static_cast<off_t>(layout.total)) != 0) {
         local_failure = errno_text("ftruncate");
+      } else if ((reserved = posix_fallocate(fd, 0, static_cast<off_t>(layout.total))) != 0) {
+        local_failure = fmt::format(
+            "posix_fallocate of {} MiB in /dev/shm: {} (too little room there? a container's "
+            "--shm-size, or a smaller NANODDP_SHM_CHUNK_KB)",
+            layout.total >> 20, std::strerror(reserved));
       } else {
         void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (base == MAP_FAILED) {

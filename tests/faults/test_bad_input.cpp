@@ -290,6 +290,29 @@ TEST_CASE("bad input: a shared-memory switch one rank cannot read stops every ra
                  "rank 1 stopped setting up shared memory, so every rank stops: NANODDP_SHM"));
 }
 
+// An outside adversary: a /dev/shm too small for the segment (Docker's default 64 MiB, with a
+// valid NANODDP_SHM_CHUNK_KB) killed rank 0 with SIGBUS at its first touch, saying nothing. Now
+// the segment's pages are reserved up front, and the job goes over TCP, saying why.
+TEST_CASE("bad input: a /dev/shm too small for the segment falls back to TCP, saying why") {
+  // A /dev/shm of its own, in a mount namespace of its own: root only (CI runs as root).
+  const ProcessResult probe = run_process({"unshare", "-m", "true"});
+  if (probe.exit_code != 0) {
+    MESSAGE("SKIPPED: cannot make a mount namespace here (needs root): ", probe.output);
+    return;
+  }
+  std::string command = "mount -t tmpfs -o size=8m tmpfs /dev/shm && exec \"$@\"";
+  std::vector<std::string> argv = {
+      "unshare", "-m", "sh", "-c", command, "sh", bin_path("nanoddp-run"), "--nproc-per-node", "2"};
+  const auto train = train_argv({"--steps", "20", "--quiet"});
+  argv.insert(argv.end(), train.begin(), train.end());
+  const ProcessResult r = run_process(argv, with_timeout_env({{"NANODDP_SHM_CHUNK_KB", "16384"}}));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, "allreduce goes over TCP, not shared memory"));
+  CHECK(contains(r.output, "posix_fallocate"));
+  CHECK(contains(r.output, "No space left on device"));
+}
+
 // An outside tester: under nanoddp-run, a rank that failed before it joined kept its store up
 // (rank 0) or told the others, which then exited as fast as it did, and the launcher's summary
 // often named an innocent rank as the one that failed first. A launcher that stops the others

@@ -247,10 +247,15 @@ void Trainer::open_metrics() {
   std::error_code ec;
   const bool regular = !device && std::filesystem::is_regular_file(target, ec);
   const bool needs_newline = start_step_ > 0 && regular && purge_metrics(target);
-  // A resumed run continues the earlier run's metrics instead of erasing them.
+  // A resumed run continues the earlier run's metrics instead of erasing them; a new one empties
+  // the file first. Either way it is written in append mode (O_APPEND): a file emptied under the
+  // run (`: > m.jsonl`) then gets the next line at its start, where it used to get a hole of NUL
+  // bytes up to the old length, glued to that line (an outside adversary's find).
   errno = 0;
-  metrics_file_.open(o_.metrics_path,
-                     start_step_ > 0 || !regular ? std::ios::app : std::ios::trunc);
+  if (start_step_ == 0 && regular) {
+    std::ofstream(o_.metrics_path, std::ios::trunc);  // (its failure is the open's below)
+  }
+  metrics_file_.open(o_.metrics_path, std::ios::app);
   if (!metrics_file_) {
     fail("cannot open --metrics file '{}' for writing: {}", o_.metrics_path,
          errno != 0 ? std::strerror(errno) : "unknown error");

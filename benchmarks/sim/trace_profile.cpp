@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -39,14 +40,60 @@ struct Span {
   bool is_backward_node() const { return tid == kComputeTrack && name.rfind("backward ", 0) == 0; }
 };
 
+// A bound on one marker's `numel` and a span's `elements`, and on their sums: 2^40 elements
+// (4 TiB of fp32 gradients) is past any model nanoddp-train trains, and keeps every sum of them far
+// from wrapping an int64.
+constexpr std::int64_t kMaxTraceElements = std::int64_t{1} << 40;
+
+// A whole number from 0 to kMaxTraceElements: nanoddp-train writes a decimal string; a JSON
+// integer is taken too. A fraction (8.5), a float, or a string with anything after the digits is
+// no element count.
 std::int64_t integer_arg(const json& event, const char* key, const std::string& name,
                          std::size_t index, const std::string& event_name) {
   const json& value = event["args"][key];
-  try {
-    return value.is_string() ? std::stoll(value.get<std::string>()) : value.get<std::int64_t>();
-  } catch (const std::exception&) {
-    fail("{}: event {} ('{}') has an unreadable \"{}\" argument", name, index, event_name, key);
+  const auto digits = [](const std::string& t) {
+    return !t.empty() &&
+           std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  // Saturated at kMaxTraceElements + 1: a larger count is refused below, never wrapped.
+  constexpr std::int64_t kPast = kMaxTraceElements + 1;
+  std::optional<std::int64_t> n;
+  if (value.is_number_unsigned()) {
+    n = static_cast<std::int64_t>(
+        std::min<std::uint64_t>(value.get<std::uint64_t>(), static_cast<std::uint64_t>(kPast)));
+  } else if (value.is_number_integer()) {
+    n = value.get<std::int64_t>();  // negative: the caller says what it needed
+  } else if (value.is_string() && digits(value.get_ref<const std::string&>())) {
+    const std::string& text = value.get_ref<const std::string&>();
+    n = text.size() > 15 ? kPast : std::min<std::int64_t>(std::stoll(text), kPast);
   }
+  if (!n) {
+    fail(
+        "{}: event {} ('{}') has \"{}\": {}, not a whole number of elements; expected a trace "
+        "written by nanoddp-train --trace",
+        name, index, event_name, key, value.dump());
+  }
+  if (*n > kMaxTraceElements) {
+    fail(
+        "{}: event {} ('{}') has \"{}\": {}, more than 2^40 ({}) elements (4 TiB of fp32 "
+        "gradients in one tensor); no model nanoddp-train runs has such a parameter",
+        name, index, event_name, key, value.dump(), kMaxTraceElements);
+  }
+  return *n;
+}
+
+// The sum of the parameters' elements, refused past kMaxTraceElements (`what` names them).
+std::int64_t checked_numel(const std::vector<ParameterInfo>& params, const std::string& what) {
+  std::int64_t total = 0;
+  for (const ParameterInfo& p : params) {
+    if (__builtin_add_overflow(total, p.numel, &total) || total > kMaxTraceElements) {
+      fail(
+          "{}: more than 2^40 ({}) gradient elements in all (4 TiB of fp32 gradients); the trace "
+          "is not one of a model nanoddp-train runs",
+          what, kMaxTraceElements);
+    }
+  }
+  return total;
 }
 
 // The gradients of one step, in layout order, with the moment each became final (trace clock).
@@ -106,13 +153,13 @@ StepGrads linear_grads(const std::vector<Span>& spans, std::size_t first, std::s
 std::string list_parameters(const std::vector<ParameterInfo>& params) {
   constexpr std::size_t kShown = 8;
   std::vector<std::string> items;
-  std::int64_t numel = 0;
+  double numel = 0;  // a message: a sum that cannot wrap (exact up to 2^53)
   for (const ParameterInfo& p : params) {
-    numel += p.numel;
+    numel += static_cast<double>(p.numel);
     if (items.size() < kShown) items.push_back(fmt::format("{} {}", p.name, p.numel));
   }
   if (params.size() > kShown) items.push_back(fmt::format("... {} more", params.size() - kShown));
-  return fmt::format("{} parameters, {} elements: {}", params.size(), numel,
+  return fmt::format("{} parameters, {:.0f} elements: {}", params.size(), numel,
                      fmt::join(items, ", "));
 }
 
@@ -349,6 +396,10 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
       if (s.dur_us < 0) fail("{}: event {} ('{}') has a negative duration", name, i, s.name);
       if (has_args && e["args"].contains("elements")) {
         s.elements = integer_arg(e, "elements", name, i, s.name);
+        if (s.elements < 0) {
+          fail("{}: event {} ('{}') has \"elements\": {}; a count of elements is >= 0", name, i,
+               s.name, s.elements);
+        }
       }
     }
     by_rank[pid].push_back(std::move(s));
@@ -403,10 +454,11 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
       model = describe(*options.shape);
     } else {
       params = first.layout;
-      std::int64_t numel = 0;
-      for (const ParameterInfo& p : params) numel += p.numel;
       model = fmt::format("{} parameters ({} elements) from the trace's \"grad\" markers",
-                          params.size(), numel);
+                          params.size(),
+                          checked_numel(params, fmt::format("{}: the \"grad\" markers of rank {}, "
+                                                            "step {}",
+                                                            name, options.rank, f + 1)));
     }
   } else {
     params = mlp_parameters(shape);
@@ -556,14 +608,17 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     std::int64_t elements = 0;
     for (const auto& [index, bucket] : last.buckets) {
       measured.bucket_numel.push_back(bucket.first);
-      elements += bucket.first;
+      if (__builtin_add_overflow(elements, bucket.first, &elements) ||
+          elements > kMaxTraceElements) {
+        fail("{}: the all-reduce spans of rank {} cover more than 2^40 ({}) elements in all", name,
+             options.rank, kMaxTraceElements);
+      }
       measured.bucket_allreduce_ms.push_back(median_of([index](const StepSample& s) {
         const auto it = s.buckets.find(index);
         return it == s.buckets.end() ? 0.0 : it->second.second;
       }));
     }
-    std::int64_t numel = 0;
-    for (const ParameterInfo& p : params) numel += p.numel;
+    const std::int64_t numel = checked_numel(params, name);
     if (elements != numel) {
       fail(
           "{}: the all-reduce spans of rank {} cover {} gradient elements, but {} has {}. Pass "

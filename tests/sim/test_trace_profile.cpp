@@ -417,3 +417,57 @@ TEST_CASE("trace profile: files that are not nanoddp traces are refused with a r
       profile_from_trace_text(R"({"traceEvents": [)" + in_backward + "]}", "t.json", o),
       doctest::Contains("traced with --optimizer-in-backward"), SimError);
 }
+
+namespace {
+// `text` with every occurrence of `from` replaced by `to`.
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  for (std::size_t at = text.find(from); at != std::string::npos;
+       at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+}  // namespace
+
+TEST_CASE("trace profile: element counts are whole, bounded and summed without wrapping") {
+  const std::string trace = marker_trace({});
+  // 2^62 and 2^63 - 1 used to wrap the parameter count (0 or -8 elements, an absurd step).
+  for (const char* huge : {R"("4611686018427387904")", "9223372036854775807",
+                           R"("99999999999999999999999")", "18446744073709551615"}) {
+    CAPTURE(huge);
+    const std::string message =
+        "('grad head.proj') has \"numel\": " + std::string(huge) + ", more than 2^40";
+    CHECK_THROWS_WITH_AS(
+        profile_from_trace_text(
+            replaced(trace, R"("numel":"1000")", fmt::format(R"("numel":{})", huge)), "m.json", {}),
+        doctest::Contains(message.c_str()), SimError);
+  }
+  // A fraction (or any float) is no element count; nor is text after the digits.
+  for (const char* bad : {"8.5", "1000.0", "2e+18", R"("1000x")", R"("-3")", "null"}) {
+    CAPTURE(bad);
+    const std::string message = std::string("has \"numel\": ") + bad + ", not a whole number";
+    CHECK_THROWS_WITH_AS(
+        profile_from_trace_text(
+            replaced(trace, R"("numel":"1000")", fmt::format(R"("numel":{})", bad)), "m.json", {}),
+        doctest::Contains(message.c_str()), SimError);
+  }
+  // A JSON integer is read as the string nanoddp-train writes.
+  CHECK(
+      profile_from_trace_text(replaced(trace, R"("numel":"1000")", R"("numel":1000)"), "m.json", {})
+          .numel() == 1015);
+  // Each marker within the bound, their sum past it: refused, not wrapped.
+  const std::string each = std::to_string(std::int64_t{1} << 40);
+  const std::string big =
+      replaced(replaced(replaced(trace, R"("numel":"1000")", R"("numel":")" + each + "\""),
+                        R"("numel":"10")", R"("numel":")" + each + "\""),
+               R"("numel":"5")", R"("numel":")" + each + "\"");
+  CHECK_THROWS_WITH_AS(profile_from_trace_text(big, "m.json", {}),
+                       doctest::Contains("more than 2^40 (1099511627776) gradient elements in all"),
+                       SimError);
+  // An all-reduce span's elements: the same bound, and not negative.
+  CHECK_THROWS_WITH_AS(
+      profile_from_trace_text(
+          replaced(marker_trace({15, 1000}), R"("elements":"1000")", R"("elements":"-1000")"),
+          "m.json", {}),
+      doctest::Contains("\"elements\": \"-1000\", not a whole number"), SimError);
+}

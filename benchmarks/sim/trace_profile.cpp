@@ -44,6 +44,9 @@ struct Span {
 // (4 TiB of fp32 gradients) is past any model nanoddp-train trains, and keeps every sum of them far
 // from wrapping an int64.
 constexpr std::int64_t kMaxTraceElements = std::int64_t{1} << 40;
+// A span, or a step, longer than a day (in the trace's microseconds) is no traced training step:
+// nanoddp-train traces its first steps, milliseconds to seconds each.
+constexpr double kMaxSpanUs = 86400e6;
 
 // A whole number from 0 to kMaxTraceElements: nanoddp-train writes a decimal string; a JSON
 // integer is taken too. A fraction (8.5), a float, or a string with anything after the digits is
@@ -394,6 +397,12 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     } else {
       s.dur_us = number(e, "dur", name, i);
       if (s.dur_us < 0) fail("{}: event {} ('{}') has a negative duration", name, i, s.name);
+      if (s.dur_us > kMaxSpanUs) {
+        fail(
+            "{}: event {} ('{}') lasts {:g} us, more than a day ({:g} us); no traced training "
+            "step has such a span (a duration in another unit than microseconds?)",
+            name, i, s.name, s.dur_us, kMaxSpanUs);
+      }
       if (has_args && e["args"].contains("elements")) {
         s.elements = integer_arg(e, "elements", name, i, s.name);
         if (s.elements < 0) {
@@ -562,6 +571,12 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     s.data_ms = data != nullptr ? data->dur_us / 1000.0 : 0.0;
     const double step_start_us = data != nullptr ? data->ts_us : forward.ts_us;
     s.step_ms = (optimizer_end_us - step_start_us) / 1000.0 - s.data_ms;
+    if (s.step_ms > kMaxSpanUs / 1000.0) {
+      fail(
+          "{}: step {} of rank {} runs {:g} ms from its data to the end of its optimizer step, "
+          "more than a day; the trace's times are not those of a training step",
+          name, step_number, options.rank, s.step_ms);
+    }
     samples.push_back(std::move(s));
   }
 
@@ -594,6 +609,14 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   // "Other" closes the books: the median step minus the medians of its parts, so that the
   // profile replayed on the traced run's own world reproduces its median step.
   const double step_ms = median_of([](const StepSample& s) { return s.step_ms; });
+  // Every span of zero length and at one moment (a clock that did not run, a hand-made file):
+  // an efficiency or a speed-up against a step of no time is meaningless.
+  if (!(step_ms > 0)) {
+    fail(
+        "--profile {}: the median step of rank {} lasts {:g} ms (from its data to the end of its "
+        "optimizer step, data excluded); a step takes time: the trace's times are not a run's",
+        name, options.rank, step_ms);
+  }
   const double wait_ms = median_of([](const StepSample& s) { return s.wait_ms; });
   profile.other_ms =
       std::max(0.0, step_ms - profile.forward_ms - backward_end - wait_ms - profile.optimizer_ms);

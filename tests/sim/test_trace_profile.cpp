@@ -6,6 +6,8 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include "benchmarks/sim/buckets.h"
 #include "benchmarks/sim/error.h"
 #include "benchmarks/sim/step_model.h"
@@ -470,4 +472,25 @@ TEST_CASE("trace profile: element counts are whole, bounded and summed without w
           replaced(marker_trace({15, 1000}), R"("elements":"1000")", R"("elements":"-1000")"),
           "m.json", {}),
       doctest::Contains("\"elements\": \"-1000\", not a whole number"), SimError);
+}
+
+TEST_CASE("trace profile: a span longer than a day, or steps of no time, are no run's") {
+  // dur 1e300 us used to print a 300-digit step.
+  CHECK_THROWS_WITH_AS(
+      profile_from_trace_text(replaced(marker_trace({}), R"("dur":100})", R"("dur":1e300})"),
+                              "m.json", {}),
+      doctest::Contains("('forward') lasts 1e+300 us, more than a day (8.64e+10 us)"), SimError);
+  // Spans of sane length, but a step that ends 1e18 us after it starts.
+  CHECK_THROWS_WITH_AS(
+      profile_from_trace_text(replaced(marker_trace({}), R"("ts":2500,)", R"("ts":1e18,)"),
+                              "m.json", {}),
+      doctest::Contains("step 3 of rank 0 runs 1e+15 ms"), SimError);
+  // Every event at one moment and of no length: step 0 ms, efficiency 0 % on one GPU before.
+  nlohmann::json zero = nlohmann::json::parse(marker_trace({15, 1000}));
+  for (auto& e : zero["traceEvents"]) {
+    e["ts"] = 1.0;
+    if (e.contains("dur")) e["dur"] = 0.0;
+  }
+  CHECK_THROWS_WITH_AS(profile_from_trace_text(zero.dump(), "zero.json", {}),
+                       doctest::Contains("the median step of rank 0 lasts 0 ms"), SimError);
 }

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "benchmarks/sim/checks.h"
 #include "benchmarks/sim/error.h"
 
 namespace nanoddp::sim {
@@ -109,6 +110,33 @@ BenchAllreduceRows read_bench_allreduce_rows(const std::string& path, int expect
       fail("{} {}: line {} has bytes {} and time_us {}; both must be positive", flag, path, number,
            bytes, us);
     }
+    // Physical bounds, per row (the fitted line is bounded again in fit_allreduce): times in
+    // another unit (ps, s) or made up would otherwise fit a network of PB/s or of 1e300 us.
+    if (us > kMaxAllreduceUs) {
+      fail(
+          "{} {}: line {} has time_us {:g}, more than an hour for one all-reduce of {:g} bytes; "
+          "give nanoddp-bench-allreduce's microseconds",
+          flag, path, number, us, bytes);
+    }
+    const double algbw_gbs = bytes / (us * 1e3);
+    if (algbw_gbs > kMaxBandwidthGbs) {
+      fail(
+          "{} {}: line {} has {:g} bytes in time_us {:g}: {:g} GB/s, more than {:g} GB/s per rank "
+          "(the bound --intra-bw-gbs has); are its times microseconds?",
+          flag, path, number, bytes, us, algbw_gbs, kMaxBandwidthGbs);
+    }
+    // nanoddp-bench-allreduce writes algbw_gbps = bytes / time: a row where they disagree was
+    // edited (or its time scaled) and says two things at once. 1 % covers figures rounded by hand.
+    if (row.contains("algbw_gbps")) {
+      const double written = row["algbw_gbps"].is_number() ? row["algbw_gbps"].get<double>() : -1;
+      if (!(std::fabs(written - algbw_gbs) <= 0.01 * algbw_gbs)) {
+        fail(
+            "{} {}: line {} has algbw_gbps {} but bytes / time_us = {:g} / {:g} us = {:g} GB/s; "
+            "the row contradicts itself (edited by hand?): measure again, or correct time_us or "
+            "algbw_gbps",
+            flag, path, number, row["algbw_gbps"].dump(), bytes, us, algbw_gbs);
+      }
+    }
     samples.push_back({bytes, us / 1000.0});
   }
   if (samples.empty()) fail("{} {}: no rows", flag, path);
@@ -159,7 +187,11 @@ AllreduceFit fit_allreduce(const std::vector<AllreduceSample>& samples, const Cl
   fit.sizes = static_cast<int>(sizes.size());
   fit.min_bytes = sizes.front();
   fit.max_bytes = sizes.back();
-  fit.line = fit_line_relative(x, y);
+  try {
+    fit.line = fit_line_relative(x, y);
+  } catch (const SimError& e) {
+    fail("{} {}: {}", flag, name, e.what());
+  }
   if (!(fit.line.slope > 0)) {
     fail(
         "{} {}: the measured time does not grow with the size (slope {} ms/byte); "
@@ -185,6 +217,9 @@ AllreduceFit fit_allreduce(const std::vector<AllreduceSample>& samples, const Cl
   fit.fabric.inter_bw_gbs = bw_gbs / cluster.gpus_per_node;
   fit.fabric.intra_lat_us = fit.fabric.inter_lat_us = alpha_ms * 1000.0;
   fit.fabric.launch_us = 0;
+  // The same physical bounds as the flags: a line through times in the wrong unit is refused
+  // here as --intra-bw-gbs 3e6 is.
+  check_limits(cluster, fit.fabric, fmt::format("{} {}", flag, name));
   return fit;
 }
 

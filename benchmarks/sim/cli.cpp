@@ -238,7 +238,7 @@ std::pair<std::string, std::vector<double>> parse_sweep(const std::string& text)
         integer ? cli::detail::check_integer(item, false) : cli::detail::check_finite(item);
     const bool number = !item.empty() && problem.empty();
     const double v = number ? std::strtod(item.c_str(), nullptr) : 0;
-    const double lo = name == "layers" ? 0 : 1;
+    const double lo = name == "layers" ? 0 : integer ? 1 : kMinBandwidthGbs;
     const double hi = name == "layers" ? static_cast<double>(kMaxMlpLayers)
                       : integer        ? 1e12
                                        : kMaxBandwidthGbs;
@@ -251,6 +251,32 @@ std::pair<std::string, std::vector<double>> parse_sweep(const std::string& text)
     start = comma + 1;
   }
   return {"--" + name, values};
+}
+
+// A bandwidth flag: read as text and checked here, range included, because common/cli.h's check
+// of a number flag would tell 1e-300 the range of a float ("0, or a magnitude from 1.2e-38"),
+// and 0 is no bandwidth. Text that is no decimal number gets that check's message.
+CLI::Option* add_bandwidth(CLI::App& app, const std::string& flag, std::optional<double>& value,
+                           const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          flag, [&value](const std::string& text) { value = std::strtod(text.c_str(), nullptr); },
+          help)
+      ->type_name("NUMBER")  // not "FLOAT": that would put common/cli.h's check first
+      ->transform(CLI::Validator(
+          [](std::string& text) -> std::string {
+            const std::string problem = cli::detail::check_finite(text);
+            if (!problem.empty() && problem.find("out of range") == std::string::npos) {
+              return problem;
+            }
+            const double v = std::strtod(text.c_str(), nullptr);
+            if (v >= kMinBandwidthGbs && v <= kMaxBandwidthGbs) return {};
+            return fmt::format(
+                "'{}' is out of range: a bandwidth is from {:g} GB/s (1 MB/s) to {:g} GB/s (100 "
+                "TB/s) per GPU, one direction",
+                text, kMinBandwidthGbs, kMaxBandwidthGbs);
+          },
+          ""));
 }
 
 }  // namespace
@@ -318,11 +344,12 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
       ->capture_default_str();
   app.add_option("--fabric", o.fabric, "named fabric: nvlink4-ib400, nvlink3-ib200")
       ->capture_default_str();
-  app.add_option("--intra-bw-gbs", o.intra_bw_gbs,
-                 "GPU to node peers, GB/s, one direction, effective");
+  add_bandwidth(app, "--intra-bw-gbs", o.intra_bw_gbs,
+                "GPU to node peers, GB/s, one direction, effective (0.001 to 100000)");
   app.add_option("--intra-lat-us", o.intra_lat_us, "latency of one step inside a node, us");
-  app.add_option("--inter-bw-gbs", o.inter_bw_gbs,
-                 "per GPU (its NIC) across nodes, GB/s, one direction, effective");
+  add_bandwidth(app, "--inter-bw-gbs", o.inter_bw_gbs,
+                "per GPU (its NIC) across nodes, GB/s, one direction, effective (0.001 to "
+                "100000)");
   app.add_option("--inter-lat-us", o.inter_lat_us, "latency of one step across nodes, us");
   app.add_option("--launch-us", o.launch_us, "fixed cost of one collective, us");
   app.add_option("--fit-allreduce", o.fit_path,

@@ -28,7 +28,10 @@ Line fit_line_relative(const std::vector<double>& x, const std::vector<double>& 
   }
   const double det = sw * swxx - swx * swx;
   if (x.size() < 2 || !(std::fabs(det) > 1e-12 * sw * swxx)) {
-    fail("fit: need measurements at two or more different sizes (got {})", x.size());
+    fail(
+        "the {} measurement(s) determine no line: they need two or more different sizes, with "
+        "times of one scale (a time of 1e300 us weighs nothing beside one of 10)",
+        x.size());
   }
   Line line;
   line.slope = (sw * swxy - swx * swy) / det;

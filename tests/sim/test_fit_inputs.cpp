@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -33,9 +34,16 @@ std::vector<nlohmann::json> rows_of(const std::string& path) {
   return rows;
 }
 
-void write_rows(const std::string& path, const std::vector<nlohmann::json>& rows) {
+// Writes the rows; a row whose time_us a test changed gets the algbw_gbps that goes with it, as
+// nanoddp-bench-allreduce writes it (the simulator refuses a row that contradicts itself).
+void write_rows(const std::string& path, std::vector<nlohmann::json> rows) {
   std::ofstream out(path);
-  for (const auto& row : rows) out << row.dump() << "\n";
+  for (auto& row : rows) {
+    if (row.contains("algbw_gbps")) {
+      row["algbw_gbps"] = row["bytes"].get<double>() / (row["time_us"].get<double>() * 1e3);
+    }
+    out << row.dump() << "\n";
+  }
 }
 
 // nanoddp-bench-allreduce on 2 ranks, 64K..4M in steps of 4 (4 sizes), launched twice: each
@@ -329,4 +337,70 @@ TEST_CASE("fit inputs: the SHA-256 of the inputs matches FIPS 180-4's test vecto
         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   CHECK(sha256_hex(std::string(1000000, 'a')) ==
         "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST_CASE("fit inputs: rows and fitted lines outside physics are refused, naming file and line") {
+  TempDir dir;
+  const std::string shm = dir.file("shm.jsonl");
+  bench(shm, true, {});  // 4 sizes, one row each: 64K..4M on the line 20 us + S / 4000 B/us
+  const auto fit = [&](const std::vector<nlohmann::json>& rows) {
+    const std::string path = dir.file("edited.jsonl");
+    std::ofstream out(path);
+    for (const auto& row : rows) out << row.dump() << "\n";
+    out.close();
+    return sim(model({"--gpus-per-node", "2", "--fit-allreduce", path, "--fit-min-bytes", "1"}));
+  };
+  const auto scaled = [&](double factor, bool keep_algbw) {
+    auto rows = rows_of(shm);
+    for (auto& row : rows) {
+      row["time_us"] = row["time_us"].get<double>() * factor;
+      if (!keep_algbw) {
+        row["algbw_gbps"] = row["bytes"].get<double>() / (row["time_us"].get<double>() * 1e3);
+      }
+    }
+    return rows;
+  };
+  // Times written in ps (1e-6 of the real ones): 3 PB/s fitted, where --intra-bw-gbs 3e6 is
+  // refused. The first in-place row already goes past 100 TB/s.
+  const ProcessResult ps = fit(scaled(1e-6, false));
+  CAPTURE(ps.output);
+  CHECK(ps.exit_code == 2);
+  CHECK(has(ps, "edited.jsonl: line 2 has 65536 bytes in time_us"));
+  CHECK(has(ps, "more than 100000 GB/s per rank"));
+  // The same with the rows' own algbw_gbps left as measured: the row contradicts itself.
+  const ProcessResult edited = fit(scaled(1e-3, true));
+  CAPTURE(edited.output);
+  CHECK(edited.exit_code == 2);
+  CHECK(has(edited, "edited.jsonl: line 2 has algbw_gbps"));
+  CHECK(has(edited, "the row contradicts itself"));
+  // Every row past an hour: named, with the file and line, not "need two sizes (got 4)".
+  auto forever = rows_of(shm);
+  for (auto& row : forever) {
+    row["time_us"] = 1e300;
+    row.erase("algbw_gbps");
+  }
+  const ProcessResult hour = fit(forever);
+  CAPTURE(hour.output);
+  CHECK(hour.exit_code == 2);
+  CHECK(has(hour, "--fit-allreduce " + dir.file("edited.jsonl") +
+                      ": line 2 has time_us 1e+300, more than an hour"));
+  // Rows each within bounds whose line is not: almost the same time at every size (slope ~0).
+  auto flat = rows_of(shm);
+  for (auto& row : flat) {
+    row["time_us"] = 100.0 + row["bytes"].get<double>() * 1e-12;
+    row.erase("algbw_gbps");
+  }
+  const ProcessResult line = fit(flat);
+  CAPTURE(line.output);
+  CHECK(line.exit_code == 2);
+  CHECK(has(line, "the line fitted to its rows gives intra-bw-gbs"));
+  CHECK(has(line, "more than 100000 GB/s per GPU"));
+  // Rounded by hand to 3 digits: within the slack.
+  auto rounded = rows_of(shm);
+  for (auto& row : rounded) {
+    const double algbw = row["bytes"].get<double>() / (row["time_us"].get<double>() * 1e3);
+    row["algbw_gbps"] = std::round(algbw * 1000) / 1000;
+  }
+  const ProcessResult ok = fit(rounded);
+  CHECK_MESSAGE(ok.exit_code == 0, ok.output);
 }

@@ -71,7 +71,19 @@ TEST_CASE("refusals: absurd network values and worlds exit 2 naming the flag") {
       {{"--launch-us", "1e30"}, "--launch-us 1e+30: more than a second"},
       {{"--intra-lat-us", "2e6"}, "--intra-lat-us 2e+06: more than a second"},
       {{"--nodes", "2", "--inter-lat-us", "1e7"}, "--inter-lat-us 1e+07: more than a second"},
-      {{"--intra-bw-gbs", "1e9"}, "--intra-bw-gbs 1e+09: more than 100000 GB/s"},
+      {{"--intra-bw-gbs", "1e9"},
+       "--intra-bw-gbs: '1e9' is out of range: a bandwidth is from "
+       "0.001 GB/s (1 MB/s) to 100000 GB/s"},
+      // No lower bound used to let 1e-30 GB/s through (a step of 1.6e29 ms); and 1e-300 was
+      // told the range of a float, "0, or a magnitude from 1.2e-38", where 0 is refused.
+      {{"--intra-bw-gbs", "1e-30"},
+       "--intra-bw-gbs: '1e-30' is out of range: a bandwidth is "
+       "from 0.001 GB/s (1 MB/s)"},
+      {{"--intra-bw-gbs", "1e-300"}, "--intra-bw-gbs: '1e-300' is out of range: a bandwidth"},
+      {{"--nodes", "2", "--inter-bw-gbs", "0.0005"}, "--inter-bw-gbs: '0.0005' is out of range"},
+      {{"--nodes", "2", "--inter-bw-gbs", "0"}, "--inter-bw-gbs: '0' is out of range"},
+      {{"--nodes", "2", "--sweep", "inter-bw-gbs=10,0.0001"},
+       "'0.0001' is not a number in [0.001, 100000]"},
       {{"--nodes", "1048576"}, "--nodes 1048576 x --gpus-per-node 8 = 8388608 GPUs: at most 65536"},
       {{"--nodes", "1048576", "--gpus-per-node", "4096"}, "= 4294967296 GPUs"},
   };

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "benchmarks/sim/checks.h"
@@ -217,6 +218,22 @@ AllreduceFit fit_allreduce(const std::vector<AllreduceSample>& samples, const Cl
   fit.fabric.inter_bw_gbs = bw_gbs / cluster.gpus_per_node;
   fit.fabric.intra_lat_us = fit.fabric.inter_lat_us = alpha_ms * 1000.0;
   fit.fabric.launch_us = 0;
+  // Below the window: the file's own measurements (median per size), joined to the line at the
+  // window's smallest size. Without any, the line (its intercept) goes on pricing them.
+  std::map<double, std::vector<double>> below;
+  for (const AllreduceSample& s : samples) {
+    if (s.bytes < fit.min_bytes) below[s.bytes].push_back(s.ms);
+  }
+  for (auto& [bytes, times] : below) fit.fabric.small_ms.emplace_back(bytes, median(times));
+  if (!fit.fabric.small_ms.empty()) {
+    fit.fabric.small_ms.emplace_back(fit.min_bytes,
+                                     fit.line.intercept + fit.line.slope * fit.min_bytes);
+    fit.fabric.description +=
+        fmt::format("; below {:.0f} bytes the measured times ({} size(s) from {:.0f} bytes)",
+                    fit.min_bytes, below.size(), below.begin()->first);
+  }
+  fit.fabric.measured_ranks = n;
+  fit.fabric.measured_min_bytes = sizes_in(samples, 0, 1e300).front();
   // The same physical bounds as the flags: a line through times in the wrong unit is refused
   // here as --intra-bw-gbs 3e6 is.
   check_limits(cluster, fit.fabric, fmt::format("{} {}", flag, name));

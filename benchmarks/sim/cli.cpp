@@ -1,6 +1,7 @@
 #include "benchmarks/sim/cli.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -150,6 +151,11 @@ std::string check(const CliOptions& o, const CLI::App& app) {
   if (level_fit && (o.fit_intra_path.empty() || o.fit_inter_path.empty())) {
     return "--algo hier fitted: give both --fit-intra (nanoddp-bench-allreduce on one host's "
            "--gpus-per-node ranks) and --fit-inter (on --nodes ranks, one per host)";
+  }
+  if (o.algo == "tree" && !o.fit_path.empty()) {
+    return "--algo tree with --fit-allreduce: the fit describes the one transport its rows "
+           "measured, read as a ring; a tree of it was never measured (drop --algo, or give a "
+           "named --fabric)";
   }
   if (hier && !o.fit_path.empty()) {
     return "--algo hier with --fit-allreduce: a one-level fit describes the flat transport; "
@@ -670,7 +676,7 @@ Fabric network_from_flags(const CliOptions& o, const Cluster& cluster,
     }
     const AllreduceFit fit =
         fit_file(o, "--fit-allreduce", o.fit_path, rows, cluster, lo, hi, notes);
-    notes.fit_min_bytes = fit.min_bytes;
+    notes.fit_min_bytes = fit.fabric.measured_min_bytes;
     notes.fit_max_bytes = fit.max_bytes;
     fabric = fit.fabric;
   } else {
@@ -749,7 +755,8 @@ void run_cli(const CliOptions& o) {
     if (notes.fit_max_bytes > 0 && (lo < notes.fit_min_bytes || hi > notes.fit_max_bytes)) {
       notes.warnings.push_back(fmt::format(
           "--busbw-min {} --busbw-max {}: the fit measured {:.0f}..{:.0f} bytes; rows outside "
-          "that range are the fitted line extrapolated, not measured",
+          "that range are extrapolated (below: the smallest size's time; above: the fitted "
+          "line), not measured",
           o.busbw_min, o.busbw_max, notes.fit_min_bytes, notes.fit_max_bytes));
     }
     const auto rows = busbw_table(cluster, fabric, lo, hi);
@@ -922,6 +929,41 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
         level_fit(o, "--fit-inter", o.fit_inter_path, leaders, bucket_bytes, notes);
   }
   report.inputs["files"] = notes.files;
+  // Small collectives below what a fit measured are priced from its smallest size (an upper
+  // bound) or, with nothing measured below the line's window, from the line's intercept: say so.
+  const double sync_bytes = 2.0 * cluster.world_size() * 4.0;
+  const bool sync_priced =
+      o.sync_allreduce == "on" && cluster.world_size() > 1 && !profile.other_includes_sync;
+  const auto below_measured = [&](const Fabric& fabric, const Cluster& level,
+                                  const std::string& flag, const std::string& path) {
+    std::vector<std::string> what;
+    double smallest = 1e300;
+    if (sync_priced) {
+      what.push_back(fmt::format("the per-step sync all-reduce ({:.0f} bytes)", sync_bytes));
+      smallest = sync_bytes;
+    }
+    if (o.algo == "hier" && &fabric == &report.options.fabric) {
+      what.push_back("the hierarchical all-reduce's status flag (4 bytes)");
+      smallest = 4.0;
+    }
+    if (what.empty() || fabric.measured_min_bytes == 0 || smallest >= fabric.measured_min_bytes) {
+      return;
+    }
+    const double price_ms = ring_allreduce_ms(level, fabric, smallest);
+    warnings.push_back(fmt::format(
+        "{} {}: {} {} smaller than the smallest size it measured ({:.0f} bytes): priced at "
+        "{:.1f} us, {}; measure smaller sizes (nanoddp-bench-allreduce -b 8) for their own price",
+        flag, path, fmt::join(what, " and "), what.size() > 1 ? "are" : "is",
+        fabric.measured_min_bytes, price_ms * 1000.0,
+        fabric.small_ms.empty() ? "the fitted line's intercept, extrapolated"
+                                : "that size's measured time (an upper bound)"));
+  };
+  if (!o.fit_path.empty())
+    below_measured(report.options.fabric, cluster, "--fit-allreduce", o.fit_path);
+  if (hier_fitted) {
+    below_measured(report.options.fabric, host, "--fit-intra", o.fit_intra_path);
+    below_measured(*report.options.inter_fabric, leaders, "--fit-inter", o.fit_inter_path);
+  }
   warnings.insert(warnings.end(), notes.warnings.begin(), notes.warnings.end());
   report.prediction = predict_step(profile, report.options);
   StepOptions ring = report.options, tree = report.options;

@@ -404,3 +404,76 @@ TEST_CASE("fit inputs: rows and fitted lines outside physics are refused, naming
   const ProcessResult ok = fit(rounded);
   CHECK_MESSAGE(ok.exit_code == 0, ok.output);
 }
+
+TEST_CASE("fit inputs: collectives below the fitted window are priced from the measured rows") {
+  TempDir dir;
+  // 2 ranks: 1 KiB in 10 us and 4 KiB in 12 us measured; the bucket sizes 2..8 MiB on the line
+  // 200 us + S / 1000 B/us. The line's intercept (200 us) used to price the sync all-reduce of
+  // 16 bytes: 20x the 10 us measured at 1 KiB.
+  const std::string path = dir.file("fit.jsonl");
+  {
+    std::ofstream out(path);
+    for (const auto& [bytes, us] :
+         std::vector<std::pair<double, double>>{{1024, 10.0},
+                                                {4096, 12.0},
+                                                {2097152, 200.0 + 2097.152},
+                                                {4194304, 200.0 + 4194.304},
+                                                {8388608, 200.0 + 8388.608}}) {
+      out << nlohmann::json{{"ranks", 2}, {"bytes", bytes}, {"time_us", us}}.dump() << "\n";
+    }
+  }
+  const std::string json = dir.file("sim.json");
+  const ProcessResult r = sim(model(
+      {"--gpus-per-node", "2", "--fit-allreduce", path, "--fit-min-bytes", "1M", "--json", json}));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  std::ifstream in(json);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  // Below the smallest measured size: that size's time, and a warning that says so.
+  CHECK(j["step"]["sync_ms"].get<double>() == doctest::Approx(0.010));
+  CHECK(has(r,
+            "the per-step sync all-reduce (16 bytes) is smaller than the smallest size it "
+            "measured (1024 bytes): priced at 10.0 us, that size's measured time"));
+  // A bucket between 4 KiB and the window: on the straight line from 4 KiB's time to the
+  // fitted line's value at 2 MiB.
+  REQUIRE(j["buckets"].size() == 1);
+  const double s = j["buckets"][0]["bytes"].get<double>();
+  REQUIRE(s > 4096);
+  REQUIRE(s < 2097152);
+  const double expected_us = 12.0 + (2297.152 - 12.0) * (s - 4096) / (2097152 - 4096);
+  CHECK(j["buckets"][0]["allreduce_ms"].get<double>() ==
+        doctest::Approx(expected_us / 1000.0).epsilon(1e-6));
+  CHECK(has(r, "below 2097152 bytes the measured times (2 size(s) from 1024 bytes)"));
+  // Measured down to 8 bytes: nothing extrapolated, nothing warned.
+  {
+    std::ofstream out(path, std::ios::app);
+    out << nlohmann::json{{"ranks", 2}, {"bytes", 8}, {"time_us", 9.0}}.dump() << "\n";
+  }
+  const ProcessResult small = sim(model(
+      {"--gpus-per-node", "2", "--fit-allreduce", path, "--fit-min-bytes", "1M", "--json", "-"}));
+  REQUIRE_MESSAGE(small.exit_code == 0, small.output);
+  const auto k = nlohmann::json::parse(small.output.substr(small.output.find("\n{") + 1));
+  CHECK(k["step"]["sync_ms"].get<double>() ==
+        doctest::Approx((9.0 + (10.0 - 9.0) * 8 / 1016) / 1000));
+  CHECK(!has(small, "smaller than the smallest size"));
+
+  // A line through the origin (alpha 0): --algo auto used to price the sync as a tree of the
+  // fitted transport, 2S/B, nearly free; the fit is one measured transport, read as a ring.
+  {
+    std::ofstream out(path);
+    for (const auto& [bytes, us] : std::vector<std::pair<double, double>>{
+             {1024, 10.0}, {2097152, 2097.152}, {4194304, 4194.304}, {8388608, 8388.608}}) {
+      out << nlohmann::json{{"ranks", 2}, {"bytes", bytes}, {"time_us", us}}.dump() << "\n";
+    }
+  }
+  const ProcessResult origin = sim(model(
+      {"--gpus-per-node", "2", "--fit-allreduce", path, "--fit-min-bytes", "1M", "--json", "-"}));
+  REQUIRE_MESSAGE(origin.exit_code == 0, origin.output);
+  const auto o = nlohmann::json::parse(origin.output.substr(origin.output.find("\n{") + 1));
+  CHECK(o["step"]["sync_ms"].get<double>() == doctest::Approx(0.010));
+  for (const auto& b : o["buckets"]) CHECK(b["algo"] == "ring");
+  // Nor can a tree of it be asked for.
+  const ProcessResult tree =
+      sim(model({"--gpus-per-node", "2", "--fit-allreduce", path, "--algo", "tree"}));
+  CHECK(tree.exit_code == 2);
+  CHECK(has(tree, "--algo tree with --fit-allreduce"));
+}

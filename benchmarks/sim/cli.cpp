@@ -929,6 +929,7 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
         level_fit(o, "--fit-inter", o.fit_inter_path, leaders, bucket_bytes, notes);
   }
   report.inputs["files"] = notes.files;
+  warnings.insert(warnings.end(), profile.warnings.begin(), profile.warnings.end());
   // Small collectives below what a fit measured are priced from its smallest size (an upper
   // bound) or, with nothing measured below the line's window, from the line's intercept: say so.
   const double sync_bytes = 2.0 * cluster.world_size() * 4.0;
@@ -988,6 +989,7 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
                           .rank = 0,
                           .skip_steps = o.skip_steps,
                           .peers = false});
+    warnings.insert(warnings.end(), base.warnings.begin(), base.warnings.end());
     if (base.measured && base.measured->world_size > 1) {
       fail(
           "--baseline-profile {}: a trace of {} ranks; the baseline is one plain process (a "
@@ -997,6 +999,25 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
     if (base.numel() != profile.numel()) {
       fail("--baseline-profile {}: {} parameters, but --profile {} has {}: not the same model",
            o.baseline_path, base.numel(), o.profile_path, profile.numel());
+    }
+    // The same batch per rank: weak scaling compares the same per-GPU work. Traces record it
+    // since nanoddp-train writes a "run_config" event; older ones cannot be checked.
+    if (base.batch && profile.batch && *base.batch != *profile.batch) {
+      fail(
+          "--baseline-profile {}: traced at batch {} per rank, but --profile {} at batch {}; the "
+          "baseline is the same model at the same batch per rank: trace the 1-rank run with "
+          "--batch {}",
+          o.baseline_path, *base.batch, o.profile_path, *profile.batch, *profile.batch);
+    }
+    if (!base.batch || !profile.batch) {
+      warnings.push_back(fmt::format(
+          "--baseline-profile {}: the batch of {} is not recorded (a trace from before "
+          "nanoddp-train recorded it), so it cannot be checked against the other's; the baseline "
+          "must be traced at the same batch per rank",
+          o.baseline_path,
+          !base.batch && !profile.batch ? "either trace"
+          : !base.batch                 ? fmt::format("--baseline-profile {}", o.baseline_path)
+                                        : fmt::format("--profile {}", o.profile_path)));
     }
     const double base_ms = plain_step_ms(base, o.compute_scale);
     for (StepPrediction* p : {&report.prediction, &ring_step, &tree_step}) {

@@ -350,6 +350,7 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   }
 
   std::set<int> ranks;
+  std::optional<std::int64_t> batch_per_rank;
   std::map<int, std::vector<Span>> by_rank;  // only options.rank's unless the peers are wanted
   const json& events = doc["traceEvents"];
   for (std::size_t i = 0; i < events.size(); ++i) {
@@ -362,6 +363,13 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     const int pid = e["pid"].get<int>();
     ranks.insert(pid);
     const std::string ph = e["ph"].get<std::string>();
+    // nanoddp-train's own metadata: the run's batch per rank.
+    if (ph == "M" && e.contains("name") && e["name"] == "run_config" && e.contains("args") &&
+        e["args"].is_object() && e["args"].contains("batch")) {
+      const std::int64_t batch = integer_arg(e, "batch", name, i, "run_config");
+      if (batch < 1) fail("{}: event {} ('run_config') has batch {}", name, i, batch);
+      batch_per_rank = batch;
+    }
     // A --zero run (comm/zero.cpp, comm/reducer_timeline.cpp) reduce-scatters its buckets and
     // all-gathers the parameters after the optimizer step: read as DDP, its comm would be 0 and
     // the all-gather optimizer time, and the step predicted as an all-reduce. Refused: the model
@@ -671,11 +679,26 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     });
   }
   profile.measured = measured;
+  profile.batch = batch_per_rank;
+  // Without markers only the number of Linear layers is checked (by the "backward linear"
+  // spans); a DDP trace's all-reduce spans check the element count too. A 1-rank one has none:
+  // a --hidden other than the traced run's would price the wrong gradients without a word.
+  if (!markers && last.buckets.empty()) {
+    profile.warnings.push_back(fmt::format(
+        "--profile {}: an older trace (no \"grad\" markers, no all-reduce spans): the "
+        "parameter sizes come from {} ({}) and cannot be checked against it, only the number of "
+        "Linear layers; pass the --in/--out/--hidden/--layers of the traced run",
+        name,
+        options.shape ? "the shape flags" : "nanoddp-train's default shape (no shape flag given)",
+        describe(shape)));
+  }
+
   profile.other_includes_sync = ranks.size() > 1;
-  profile.source =
-      fmt::format("trace {} (rank {} of {}; medians of {} steps, {} warm-up step(s) skipped{}); {}",
-                  name, options.rank, ranks.size(), samples.size(), options.skip_steps,
-                  options.peers ? "; with the slowest rank's gradient times" : "", model);
+  profile.source = fmt::format(
+      "trace {} (rank {} of {}; medians of {} steps, {} warm-up step(s) skipped{}{}); {}", name,
+      options.rank, ranks.size(), samples.size(), options.skip_steps,
+      options.peers ? "; with the slowest rank's gradient times" : "",
+      batch_per_rank ? fmt::format("; batch {} per rank", *batch_per_rank) : "", model);
   return profile;
 }
 

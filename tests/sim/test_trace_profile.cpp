@@ -6,6 +6,8 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "benchmarks/sim/buckets.h"
@@ -493,4 +495,81 @@ TEST_CASE("trace profile: a span longer than a day, or steps of no time, are no 
   }
   CHECK_THROWS_WITH_AS(profile_from_trace_text(zero.dump(), "zero.json", {}),
                        doctest::Contains("the median step of rank 0 lasts 0 ms"), SimError);
+}
+
+TEST_CASE(
+    "trace profile: the trace records its batch, and a baseline of another batch is refused") {
+  TempDir dir;
+  const auto traced = [&](const std::string& file, const std::string& batch) {
+    std::vector<std::string> args = train_args(dir.file(file));
+    const auto at = std::find(args.begin(), args.end(), "--batch");
+    REQUIRE(at != args.end());
+    *(at + 1) = batch;
+    const ProcessResult run = run_process(args, quick());
+    REQUIRE_MESSAGE(run.exit_code == 0, run.output);
+    return dir.file(file);
+  };
+  const std::string b16 = traced("b16.json", "16"), b8 = traced("b8.json", "8");
+  const ComputeProfile p = profile_from_trace(b16, {});
+  REQUIRE(p.batch.has_value());
+  CHECK(*p.batch == 16);
+  CHECK(p.source.find("batch 16 per rank") != std::string::npos);
+  CHECK(p.warnings.empty());
+  const auto simulate = [&](const std::string& baseline) {
+    return run_process({bin_path("nanoddp-sim"), "--profile", b16, "--baseline-profile", baseline,
+                        "--gpus-per-node", "2"});
+  };
+  // Batch 8 as the baseline of a batch-16 profile was taken silently (another efficiency).
+  const ProcessResult other = simulate(b8);
+  CAPTURE(other.output);
+  CHECK(other.exit_code == 2);
+  CHECK(other.output.find("--baseline-profile " + b8 +
+                          ": traced at batch 8 per rank, but "
+                          "--profile " +
+                          b16 + " at batch 16") != std::string::npos);
+  const ProcessResult same = simulate(b16);
+  CHECK_MESSAGE(same.exit_code == 0, same.output);
+  CHECK(same.output.find("cannot be checked") == std::string::npos);
+  // A trace from before the record: taken, with a warning that the batch is unchecked.
+  nlohmann::json old;
+  {
+    std::ifstream in(b8);
+    old = nlohmann::json::parse(in);
+  }
+  auto& events = old["traceEvents"];
+  events.erase(std::remove_if(events.begin(), events.end(),
+                              [](const nlohmann::json& e) { return e["name"] == "run_config"; }),
+               events.end());
+  const std::string unrecorded = dir.file("old.json");
+  std::ofstream(unrecorded) << old.dump();
+  const ProcessResult warned = simulate(unrecorded);
+  CHECK_MESSAGE(warned.exit_code == 0, warned.output);
+  CHECK(warned.output.find("warning: --baseline-profile " + unrecorded +
+                           ": the batch of "
+                           "--baseline-profile " +
+                           unrecorded + " is not recorded") != std::string::npos);
+}
+
+TEST_CASE("trace profile: an older 1-rank trace says its shape cannot be checked") {
+  // No markers, no all-reduce spans: only the count of "backward linear" spans checks the flags.
+  std::string events;
+  for (int step = 0; step < 3; ++step) {
+    const double t0 = step * 1000.0;
+    const auto add = [&](const std::string& name, double ts, double dur) {
+      if (!events.empty()) events += ",";
+      events += fmt::format(R"({{"name":"{}","ph":"X","pid":0,"tid":0,"ts":{},"dur":{}}})", name,
+                            t0 + ts, dur);
+    };
+    add("forward", 10, 100);
+    for (int k = 0; k < 3; ++k) add("backward linear", 110 + 100 * k, 90);
+    add("optimizer step", 500, 100);
+  }
+  const std::string trace = R"({"traceEvents": [)" + events + "]}";
+  const ComputeProfile p = profile_from_trace_text(trace, "old.json", {.shape = kShape});
+  REQUIRE(p.warnings.size() == 1);
+  CHECK(p.warnings[0].find("--profile old.json: an older trace (no \"grad\" markers, no "
+                           "all-reduce spans)") != std::string::npos);
+  CHECK(p.warnings[0].find("hidden=96") != std::string::npos);
+  // With markers the parameters are the trace's own: nothing to warn about.
+  CHECK(profile_from_trace_text(marker_trace({}), "m.json", {}).warnings.empty());
 }

@@ -199,8 +199,15 @@ AllreduceFit fit_allreduce(const std::vector<AllreduceSample>& samples, const Cl
         "measure a wider range of sizes",
         flag, name, fit.line.slope);
   }
-  // A negative intercept (latency) cannot be a ring's: treat it as zero.
-  fit.line.intercept = std::max(0.0, fit.line.intercept);
+  // A negative intercept (latency) cannot be a ring's: the best line through the origin instead
+  // (clamping alone kept a slope fitted beside the negative intercept, so the reported error
+  // and the "on no line" warning described a line nobody fitted).
+  double free_intercept_us = 0;
+  if (fit.line.intercept < 0) {
+    free_intercept_us = fit.line.intercept * 1000.0;
+    fit.free_intercept_ms = fit.line.intercept;
+    fit.line = fit_line_relative_through_origin(x, y);
+  }
   for (std::size_t i = 0; i < x.size(); ++i) {
     const double predicted = fit.line.intercept + fit.line.slope * x[i];
     fit.max_rel_error = std::max(fit.max_rel_error, std::fabs(predicted - y[i]) / y[i]);
@@ -211,9 +218,14 @@ AllreduceFit fit_allreduce(const std::vector<AllreduceSample>& samples, const Cl
   fit.fabric.name = "fitted";
   fit.fabric.description = fmt::format(
       "fitted to {} ({} sizes in {} rows, {:.0f}..{:.0f} bytes, {} ranks): T = {:.1f} us + S / "
-      "{:.3f} GB/s x 2(n-1)/n, max error {:.0f} %",
+      "{:.3f} GB/s x 2(n-1)/n, max error {:.0f} %{}",
       name, fit.sizes, fit.samples, fit.min_bytes, fit.max_bytes, n, fit.line.intercept * 1000.0,
-      bw_gbs, fit.max_rel_error * 100.0);
+      bw_gbs, fit.max_rel_error * 100.0,
+      free_intercept_us < 0
+          ? fmt::format(" (fitted through the origin: the free line's intercept was {:.1f} us, "
+                        "and a ring's latency is not negative)",
+                        free_intercept_us)
+          : "");
   fit.fabric.intra_bw_gbs = bw_gbs;
   fit.fabric.inter_bw_gbs = bw_gbs / cluster.gpus_per_node;
   fit.fabric.intra_lat_us = fit.fabric.inter_lat_us = alpha_ms * 1000.0;

@@ -650,6 +650,7 @@ AllreduceFit fit_file(const CliOptions& o, const std::string& flag, const std::s
   entry["rows"] = fit.samples;
   entry["sizes"] = fit.sizes;
   entry["max_error"] = fit.max_rel_error;
+  entry["through_origin"] = fit.free_intercept_ms < 0;
   notes.files.push_back(std::move(entry));
   return fit;
 }

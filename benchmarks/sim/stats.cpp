@@ -39,4 +39,19 @@ Line fit_line_relative(const std::vector<double>& x, const std::vector<double>& 
   return line;
 }
 
+Line fit_line_relative_through_origin(const std::vector<double>& x, const std::vector<double>& y) {
+  if (x.size() != y.size() || x.empty())
+    fail("fit: {} x values for {} y values", x.size(), y.size());
+  // Minimise sum ((b x - y) / y)^2 = sum (b r - 1)^2 with r = x / y: b = sum r / sum r^2.
+  double sr = 0, srr = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (!(y[i] > 0)) fail("fit: a measured time is not positive ({})", y[i]);
+    const double r = x[i] / y[i];
+    sr += r;
+    srr += r * r;
+  }
+  if (!(srr > 0)) fail("fit: the sizes are all 0");
+  return {.intercept = 0, .slope = sr / srr};
+}
+
 }  // namespace nanoddp::sim

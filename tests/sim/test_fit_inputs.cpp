@@ -477,3 +477,45 @@ TEST_CASE("fit inputs: collectives below the fitted window are priced from the m
   CHECK(tree.exit_code == 2);
   CHECK(has(tree, "--algo tree with --fit-allreduce"));
 }
+
+TEST_CASE("fit inputs: a negative intercept refits the line through the origin, and says so") {
+  TempDir dir;
+  // Exactly on T = -50 us + S / 1000 B/us: no ring has a negative latency. Clamping the
+  // intercept to 0 kept the slope, and reported that line's error (and warned of rows on no
+  // line) for a line nobody fitted.
+  const std::string path = dir.file("fit.jsonl");
+  std::vector<double> x, y;
+  {
+    std::ofstream out(path);
+    for (const double bytes : {1048576.0, 2097152.0, 4194304.0, 8388608.0}) {
+      const double us = -50.0 + bytes / 1000.0;
+      x.push_back(bytes);
+      y.push_back(us);
+      out << nlohmann::json{{"ranks", 2}, {"bytes", bytes}, {"time_us", us}}.dump() << "\n";
+    }
+  }
+  const ProcessResult r = sim(model(
+      {"--gpus-per-node", "2", "--fit-allreduce", path, "--fit-min-bytes", "1", "--json", "-"}));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.find("\n{") + 1));
+  // Least squares of the relative error with a = 0: b = sum(x/y) / sum((x/y)^2).
+  double sr = 0, srr = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    sr += x[i] / y[i];
+    srr += (x[i] / y[i]) * (x[i] / y[i]);
+  }
+  const double b = sr / srr;
+  double max_error = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    max_error = std::max(max_error, std::fabs(b * x[i] - y[i]) / y[i]);
+  }
+  const auto& file = j["inputs"]["files"][0];
+  CHECK(file["through_origin"] == true);
+  CHECK(file["max_error"].get<double>() == doctest::Approx(max_error));
+  CHECK(j["fabric"]["intra_lat_us"].get<double>() == 0.0);
+  // 2 ranks: B = 2(n-1)/n / b = 1 / b bytes/us.
+  CHECK(j["fabric"]["intra_bw_gbs"].get<double>() == doctest::Approx(1.0 / b / 1000.0));
+  CHECK(j["fabric"]["description"].get<std::string>().find(
+            "(fitted through the origin: the free line's intercept was -50.0 us") !=
+        std::string::npos);
+}

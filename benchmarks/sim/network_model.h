@@ -8,7 +8,8 @@
 // not the line rate). beta = 1/B.
 //
 // Ring (reduce-scatter then all-gather; 2(n-1) steps, each rank sends 2(n-1)/n * S):
-//   T_ring = launch + 2(n-N) alpha_intra + 2N alpha_inter + 2(n-1)/n * S / B_ring
+//   T_ring = launch + 2(n-1-N) alpha_intra + 2N alpha_inter + 2(n-1)/n * S / B_ring  (N > 1;
+//            with G = 1 the 2(n-1) steps all cross nodes; on one node all 2(n-1) are intra)
 //   B_ring = B_intra on one node; min(B_intra, G * B_nic) on several. The slowest link bounds
 //   the ring: NCCL runs one ring (channel) per NIC, so the node's G NICs together carry what
 //   leaves the node. The latency counts hops along the pipelined ring as NCCL's tuner does

@@ -152,7 +152,8 @@ TEST_CASE("refusals: a GPU on a fabric it never shipped with is warned about") {
   CHECK(sim_json({"--model", "mlp", "--gpu", "h200"})["warnings"].empty());
 }
 
-TEST_CASE("refusals: every run prints the ring/tree band and the NVLink SHARP caveat") {
+TEST_CASE(
+    "refusals: every run on a named fabric prints the ring/tree band and the NVLink SHARP caveat") {
   ProcessResult r;
   const nlohmann::json j =
       sim_json({"--model", "mlp", "--hidden", "4096", "--layers", "4", "--nodes", "128"}, &r);
@@ -205,4 +206,34 @@ TEST_CASE("refusals: the JSON stores the inputs as structured fields and the pro
   CHECK(std::regex_match(p["commit"].get<std::string>(), std::regex("[0-9a-f]{40}|unknown")));
   CHECK(p["load_average"].size() == 3);
   CHECK(p["environment"].is_object());
+}
+
+TEST_CASE("refusals: a fitted CPU transport gets neither the ring/tree band nor the NVLS caveat") {
+  // One measured transport (shared memory, a TCP ring) has no tree to choose and no NVLink:
+  // both used to be printed (and put in the JSON) for it.
+  TempDir dir;
+  const std::string fit = dir.file("fit.jsonl");
+  {
+    std::ofstream out(fit);
+    for (const double bytes : {65536.0, 262144.0, 1048576.0, 4194304.0}) {
+      out << nlohmann::json{{"ranks", 2}, {"bytes", bytes}, {"time_us", 20.0 + bytes / 3000.0}}
+                 .dump()
+          << "\n";
+    }
+  }
+  ProcessResult r;
+  const nlohmann::json j =
+      sim_json({"--model", "mlp", "--gpus-per-node", "2", "--fit-allreduce", fit}, &r);
+  CHECK_FALSE(has(r, "algorithm band"));
+  CHECK_FALSE(has(r, "caveat:"));
+  CHECK(j["algorithm_band"].is_null());
+  CHECK(j["caveats"].empty());
+  const ProcessResult busbw = sim({"--busbw", "--gpus-per-node", "2", "--fit-allreduce", fit});
+  REQUIRE_MESSAGE(busbw.exit_code == 0, busbw.output);
+  CHECK_FALSE(has(busbw, "caveat:"));
+  // A named fabric keeps both (the case above).
+  ProcessResult named;
+  sim_json({"--model", "mlp", "--gpus-per-node", "2"}, &named);
+  CHECK(has(named, "algorithm band"));
+  CHECK(has(named, "caveat: NVLink SHARP"));
 }

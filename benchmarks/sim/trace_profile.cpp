@@ -47,6 +47,8 @@ constexpr std::int64_t kMaxTraceElements = std::int64_t{1} << 40;
 // A span, or a step, longer than a day (in the trace's microseconds) is no traced training step:
 // nanoddp-train traces its first steps, milliseconds to seconds each.
 constexpr double kMaxSpanUs = 86400e6;
+// Fewer kept steps than this: a median of almost nothing, warned about.
+constexpr std::size_t kFewSteps = 5;
 
 // A whole number from 0 to kMaxTraceElements: nanoddp-train writes a decimal string; a JSON
 // integer is taken too. A fraction (8.5), a float, or a string with anything after the digits is
@@ -437,8 +439,10 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   if (forwards.size() <= skip) {
     fail(
         "--profile {}: rank {} has {} \"forward\" span(s); with --skip-steps {} no step remains. "
-        "Trace more steps (nanoddp-train --trace-steps N with N > {}).",
-        name, options.rank, forwards.size(), options.skip_steps, options.skip_steps + 1);
+        "Trace more steps (nanoddp-train --trace-steps N with N > {}; {} or more for medians "
+        "worth the name).",
+        name, options.rank, forwards.size(), options.skip_steps, options.skip_steps,
+        options.skip_steps + kFewSteps);
   }
 
   // The parameters: from the "grad" markers when the trace has them (checked against the
@@ -683,6 +687,12 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   // Without markers only the number of Linear layers is checked (by the "backward linear"
   // spans); a DDP trace's all-reduce spans check the element count too. A 1-rank one has none:
   // a --hidden other than the traced run's would price the wrong gradients without a word.
+  if (samples.size() < kFewSteps) {
+    profile.warnings.push_back(fmt::format(
+        "--profile {}: {} step(s) of rank {} kept after --skip-steps {}; a median of so few is "
+        "one step's noise: trace {} or more (nanoddp-train --trace-steps)",
+        name, samples.size(), options.rank, options.skip_steps, options.skip_steps + kFewSteps));
+  }
   if (!markers && last.buckets.empty()) {
     profile.warnings.push_back(fmt::format(
         "--profile {}: an older trace (no \"grad\" markers, no all-reduce spans): the "

@@ -105,6 +105,11 @@ TEST_CASE("trace profile: one rank's trace, per parameter, replays its own media
                        doctest::Contains("holds ranks 0"), SimError);
   CHECK_THROWS_WITH_AS(profile_from_trace(trace, {.shape = kShape, .skip_steps = 8}),
                        doctest::Contains("no step remains"), SimError);
+  // The rule the message states: more traced steps than skipped ones (it said N > 9 here).
+  CHECK_THROWS_WITH_AS(profile_from_trace(trace, {.shape = kShape, .skip_steps = 8}),
+                       doctest::Contains("--trace-steps N with N > 8; 13 or more"), SimError);
+  CHECK(profile_from_trace(trace, {.shape = kShape, .skip_steps = 7}).warnings.size() == 1);
+  CHECK(profile_from_trace(trace, {.shape = kShape, .skip_steps = 3}).warnings.empty());
   // One rank has no peers to wait for.
   CHECK_THROWS_WITH_AS(profile_from_trace(trace, {.shape = kShape, .peers = true}),
                        doctest::Contains("holds one rank"), SimError);
@@ -553,7 +558,7 @@ TEST_CASE(
 TEST_CASE("trace profile: an older 1-rank trace says its shape cannot be checked") {
   // No markers, no all-reduce spans: only the count of "backward linear" spans checks the flags.
   std::string events;
-  for (int step = 0; step < 3; ++step) {
+  for (int step = 0; step < 6; ++step) {
     const double t0 = step * 1000.0;
     const auto add = [&](const std::string& name, double ts, double dur) {
       if (!events.empty()) events += ",";
@@ -570,6 +575,12 @@ TEST_CASE("trace profile: an older 1-rank trace says its shape cannot be checked
   CHECK(p.warnings[0].find("--profile old.json: an older trace (no \"grad\" markers, no "
                            "all-reduce spans)") != std::string::npos);
   CHECK(p.warnings[0].find("hidden=96") != std::string::npos);
-  // With markers the parameters are the trace's own: nothing to warn about.
-  CHECK(profile_from_trace_text(marker_trace({}), "m.json", {}).warnings.empty());
+  // With markers the parameters are the trace's own: nothing to warn about (but 2 kept steps).
+  const auto warnings = profile_from_trace_text(marker_trace({}), "m.json", {}).warnings;
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("older trace") == std::string::npos);
+  CHECK(warnings[0].find("--profile m.json: 2 step(s) of rank 0 kept after --skip-steps 1") !=
+        std::string::npos);
+  CHECK(profile_from_trace_text(marker_trace({}), "m.json", {.skip_steps = 0}).warnings.size() ==
+        1);
 }

@@ -372,6 +372,11 @@ std::string Trainer::write_trace() {
     }
   }
   if (!is_main()) return {};
+  // What the events alone do not say: nanoddp-sim checks a scaling baseline's batch with it.
+  all.insert(all.begin(),
+             fmt::format(R"({{"name":"run_config","ph":"M","pid":0,"args":{{"batch":{},)"
+                         R"("grad_accum":{}}}}})",
+                         o_.batch, o_.grad_accum));
   // Through a symlink (even to a file not written yet) its target; the link stays.
   std::string problem = write_final_output(
       "--trace", o_.trace_path, [&](const std::string& path) { Tracer::write_file(path, all); });

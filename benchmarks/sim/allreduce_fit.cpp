@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
+#include "benchmarks/sim/checks.h"
 #include "benchmarks/sim/error.h"
 
 namespace nanoddp::sim {
@@ -109,6 +111,33 @@ BenchAllreduceRows read_bench_allreduce_rows(const std::string& path, int expect
       fail("{} {}: line {} has bytes {} and time_us {}; both must be positive", flag, path, number,
            bytes, us);
     }
+    // Physical bounds, per row (the fitted line is bounded again in fit_allreduce): times in
+    // another unit (ps, s) or made up would otherwise fit a network of PB/s or of 1e300 us.
+    if (us > kMaxAllreduceUs) {
+      fail(
+          "{} {}: line {} has time_us {:g}, more than an hour for one all-reduce of {:g} bytes; "
+          "give nanoddp-bench-allreduce's microseconds",
+          flag, path, number, us, bytes);
+    }
+    const double algbw_gbs = bytes / (us * 1e3);
+    if (algbw_gbs > kMaxBandwidthGbs) {
+      fail(
+          "{} {}: line {} has {:g} bytes in time_us {:g}: {:g} GB/s, more than {:g} GB/s per rank "
+          "(the bound --intra-bw-gbs has); are its times microseconds?",
+          flag, path, number, bytes, us, algbw_gbs, kMaxBandwidthGbs);
+    }
+    // nanoddp-bench-allreduce writes algbw_gbps = bytes / time: a row where they disagree was
+    // edited (or its time scaled) and says two things at once. 1 % covers figures rounded by hand.
+    if (row.contains("algbw_gbps")) {
+      const double written = row["algbw_gbps"].is_number() ? row["algbw_gbps"].get<double>() : -1;
+      if (!(std::fabs(written - algbw_gbs) <= 0.01 * algbw_gbs)) {
+        fail(
+            "{} {}: line {} has algbw_gbps {} but bytes / time_us = {:g} / {:g} us = {:g} GB/s; "
+            "the row contradicts itself (edited by hand?): measure again, or correct time_us or "
+            "algbw_gbps",
+            flag, path, number, row["algbw_gbps"].dump(), bytes, us, algbw_gbs);
+      }
+    }
     samples.push_back({bytes, us / 1000.0});
   }
   if (samples.empty()) fail("{} {}: no rows", flag, path);
@@ -159,15 +188,26 @@ AllreduceFit fit_allreduce(const std::vector<AllreduceSample>& samples, const Cl
   fit.sizes = static_cast<int>(sizes.size());
   fit.min_bytes = sizes.front();
   fit.max_bytes = sizes.back();
-  fit.line = fit_line_relative(x, y);
+  try {
+    fit.line = fit_line_relative(x, y);
+  } catch (const SimError& e) {
+    fail("{} {}: {}", flag, name, e.what());
+  }
   if (!(fit.line.slope > 0)) {
     fail(
         "{} {}: the measured time does not grow with the size (slope {} ms/byte); "
         "measure a wider range of sizes",
         flag, name, fit.line.slope);
   }
-  // A negative intercept (latency) cannot be a ring's: treat it as zero.
-  fit.line.intercept = std::max(0.0, fit.line.intercept);
+  // A negative intercept (latency) cannot be a ring's: the best line through the origin instead
+  // (clamping alone kept a slope fitted beside the negative intercept, so the reported error
+  // and the "on no line" warning described a line nobody fitted).
+  double free_intercept_us = 0;
+  if (fit.line.intercept < 0) {
+    free_intercept_us = fit.line.intercept * 1000.0;
+    fit.free_intercept_ms = fit.line.intercept;
+    fit.line = fit_line_relative_through_origin(x, y);
+  }
   for (std::size_t i = 0; i < x.size(); ++i) {
     const double predicted = fit.line.intercept + fit.line.slope * x[i];
     fit.max_rel_error = std::max(fit.max_rel_error, std::fabs(predicted - y[i]) / y[i]);
@@ -178,13 +218,37 @@ AllreduceFit fit_allreduce(const std::vector<AllreduceSample>& samples, const Cl
   fit.fabric.name = "fitted";
   fit.fabric.description = fmt::format(
       "fitted to {} ({} sizes in {} rows, {:.0f}..{:.0f} bytes, {} ranks): T = {:.1f} us + S / "
-      "{:.3f} GB/s x 2(n-1)/n, max error {:.0f} %",
+      "{:.3f} GB/s x 2(n-1)/n, max error {:.0f} %{}",
       name, fit.sizes, fit.samples, fit.min_bytes, fit.max_bytes, n, fit.line.intercept * 1000.0,
-      bw_gbs, fit.max_rel_error * 100.0);
+      bw_gbs, fit.max_rel_error * 100.0,
+      free_intercept_us < 0
+          ? fmt::format(" (fitted through the origin: the free line's intercept was {:.1f} us, "
+                        "and a ring's latency is not negative)",
+                        free_intercept_us)
+          : "");
   fit.fabric.intra_bw_gbs = bw_gbs;
   fit.fabric.inter_bw_gbs = bw_gbs / cluster.gpus_per_node;
   fit.fabric.intra_lat_us = fit.fabric.inter_lat_us = alpha_ms * 1000.0;
   fit.fabric.launch_us = 0;
+  // Below the window: the file's own measurements (median per size), joined to the line at the
+  // window's smallest size. Without any, the line (its intercept) goes on pricing them.
+  std::map<double, std::vector<double>> below;
+  for (const AllreduceSample& s : samples) {
+    if (s.bytes < fit.min_bytes) below[s.bytes].push_back(s.ms);
+  }
+  for (auto& [bytes, times] : below) fit.fabric.small_ms.emplace_back(bytes, median(times));
+  if (!fit.fabric.small_ms.empty()) {
+    fit.fabric.small_ms.emplace_back(fit.min_bytes,
+                                     fit.line.intercept + fit.line.slope * fit.min_bytes);
+    fit.fabric.description +=
+        fmt::format("; below {:.0f} bytes the measured times ({} size(s) from {:.0f} bytes)",
+                    fit.min_bytes, below.size(), below.begin()->first);
+  }
+  fit.fabric.measured_ranks = n;
+  fit.fabric.measured_min_bytes = sizes_in(samples, 0, 1e300).front();
+  // The same physical bounds as the flags: a line through times in the wrong unit is refused
+  // here as --intra-bw-gbs 3e6 is.
+  check_limits(cluster, fit.fabric, fmt::format("{} {}", flag, name));
   return fit;
 }
 

@@ -56,6 +56,9 @@ struct AllreduceFit {
   int samples = 0;           // rows used (a size measured in several launches counts each)
   int sizes = 0;             // distinct sizes among them
   double min_bytes = 0, max_bytes = 0;  // the smallest and largest size used
+  // The free line's intercept when it was negative (the line was then fitted through the
+  // origin); 0 otherwise.
+  double free_intercept_ms = 0;
 };
 
 // Fits over the samples with min_bytes <= bytes <= max_bytes. Throws SimError with fewer than

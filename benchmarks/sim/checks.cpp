@@ -9,7 +9,7 @@
 
 namespace nanoddp::sim {
 
-void check_limits(const Cluster& cluster, const Fabric& fabric) {
+void check_limits(const Cluster& cluster, const Fabric& fabric, const std::string& fitted) {
   // 64-bit: --nodes times --gpus-per-node can pass an int.
   const long long world = static_cast<long long>(cluster.nodes) * cluster.gpus_per_node;
   if (world > kMaxWorldSize) {
@@ -18,21 +18,38 @@ void check_limits(const Cluster& cluster, const Fabric& fabric) {
         "about congestion in a network core that size; docs/simulator.md)",
         cluster.nodes, cluster.gpus_per_node, world, kMaxWorldSize);
   }
+  // A fitted fabric's figures come from its file's rows, not from flags: say so, and what to
+  // check there (the unit of time_us).
+  const auto what = [&](const char* flag) {
+    return fitted.empty() ? fmt::format("{}", flag)
+                          : fmt::format("{}: the line fitted to its rows gives {}", fitted,
+                                        std::string(flag).substr(2));
+  };
+  const std::string fix = fitted.empty() ? "" : "; are its time_us microseconds?";
   for (const auto& [flag, value] : {std::pair{"--intra-lat-us", fabric.intra_lat_us},
                                     {"--inter-lat-us", fabric.inter_lat_us},
                                     {"--launch-us", fabric.launch_us}}) {
     if (value > kMaxLatencyUs) {
       fail(
           "{} {:g}: more than a second ({:g} us); give microseconds, as measured by "
-          "nanoddp-bench-allreduce or nccl-tests",
-          flag, value, kMaxLatencyUs);
+          "nanoddp-bench-allreduce or nccl-tests{}",
+          what(flag), value, kMaxLatencyUs, fix);
     }
   }
   for (const auto& [flag, value] : {std::pair{"--intra-bw-gbs", fabric.intra_bw_gbs},
                                     {"--inter-bw-gbs", fabric.inter_bw_gbs}}) {
     if (value > kMaxBandwidthGbs) {
-      fail("{} {:g}: more than {:g} GB/s per GPU; give GB/s (1e9 bytes/s), one direction", flag,
-           value, kMaxBandwidthGbs);
+      fail("{} {:g}: more than {:g} GB/s per GPU; give GB/s (1e9 bytes/s), one direction{}",
+           what(flag), value, kMaxBandwidthGbs, fix);
+    }
+    // Only the links the cluster has: a fit of one node sets no NIC bandwidth worth checking.
+    const bool used =
+        std::string(flag) == "--intra-bw-gbs" ? cluster.gpus_per_node > 1 : cluster.nodes > 1;
+    if (used && value > 0 && value < kMinBandwidthGbs) {
+      fail(
+          "{} {:g}: less than {:g} GB/s (1 MB/s) per GPU, slower than any link a data-parallel "
+          "job runs over; give GB/s (1e9 bytes/s), one direction{}",
+          what(flag), value, kMinBandwidthGbs, fix);
     }
   }
 }

@@ -1,6 +1,7 @@
 #pragma once
 // What nanoddp-sim refuses and what it only warns about. Refused (SimError, exit 2): a world past
-// kMaxWorldSize, latencies or a launch cost past a second, bandwidths past 100 TB/s, a model whose
+// kMaxWorldSize, latencies or a launch cost past a second, bandwidths below 1 MB/s or past
+// 100 TB/s (given or fitted), a model whose
 // training state does not fit the GPU's memory. Warned (the report and the JSON carry the text):
 // more GPUs than the range docs/simulator.md describes, a model that nearly fills the GPU, and a
 // GPU on a fabric it never shipped with; a fit whose line misses a measured time by more than
@@ -18,6 +19,11 @@ inline constexpr int kMaxWorldSize = 65536;         // refused above
 inline constexpr int kDescribedWorldSize = 4096;    // warned above
 inline constexpr double kMaxLatencyUs = 1e6;        // one second per step or collective
 inline constexpr double kMaxBandwidthGbs = 1e5;     // 100 TB/s per GPU
+// 1 MB/s per GPU: below 10 Mb/s Ethernet, slower than any link a data-parallel job runs over (a
+// value in the wrong unit, or a fit of times in the wrong unit).
+inline constexpr double kMinBandwidthGbs = 1e-3;
+// One measured all-reduce longer than an hour is no benchmark row.
+inline constexpr double kMaxAllreduceUs = 3600e6;
 inline constexpr double kMemoryWarnFraction = 0.9;  // warned above this share of the GPU
 // Scale factors: a compute time 1000 times longer or shorter than the profile's, or a collective
 // slowing backward (and itself) down by more than 100 times, describes another machine, not this
@@ -35,7 +41,8 @@ inline constexpr double kFitErrorWarn = 0.20;
 inline constexpr double kMaxBusbwBytes = 1099511627776.0;
 
 // Throws SimError naming the flag for a world, latency or bandwidth past the limits above.
-void check_limits(const Cluster& cluster, const Fabric& fabric);
+// `fitted` names the fit file the fabric came from (its figures are then not flags).
+void check_limits(const Cluster& cluster, const Fabric& fabric, const std::string& fitted = {});
 
 // One GPU's training state for the FLOP model's MLP, in bytes: fp32 parameters and gradients,
 // the optimizer's state (AdamW two moments, SGD with momentum one), and the activations backward

@@ -1,6 +1,7 @@
 #include "benchmarks/sim/cli.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -151,6 +152,11 @@ std::string check(const CliOptions& o, const CLI::App& app) {
     return "--algo hier fitted: give both --fit-intra (nanoddp-bench-allreduce on one host's "
            "--gpus-per-node ranks) and --fit-inter (on --nodes ranks, one per host)";
   }
+  if (o.algo == "tree" && !o.fit_path.empty()) {
+    return "--algo tree with --fit-allreduce: the fit describes the one transport its rows "
+           "measured, read as a ring; a tree of it was never measured (drop --algo, or give a "
+           "named --fabric)";
+  }
   if (hier && !o.fit_path.empty()) {
     return "--algo hier with --fit-allreduce: a one-level fit describes the flat transport; "
            "give --fit-intra and --fit-inter (one per level)";
@@ -238,7 +244,7 @@ std::pair<std::string, std::vector<double>> parse_sweep(const std::string& text)
         integer ? cli::detail::check_integer(item, false) : cli::detail::check_finite(item);
     const bool number = !item.empty() && problem.empty();
     const double v = number ? std::strtod(item.c_str(), nullptr) : 0;
-    const double lo = name == "layers" ? 0 : 1;
+    const double lo = name == "layers" ? 0 : integer ? 1 : kMinBandwidthGbs;
     const double hi = name == "layers" ? static_cast<double>(kMaxMlpLayers)
                       : integer        ? 1e12
                                        : kMaxBandwidthGbs;
@@ -251,6 +257,32 @@ std::pair<std::string, std::vector<double>> parse_sweep(const std::string& text)
     start = comma + 1;
   }
   return {"--" + name, values};
+}
+
+// A bandwidth flag: read as text and checked here, range included, because common/cli.h's check
+// of a number flag would tell 1e-300 the range of a float ("0, or a magnitude from 1.2e-38"),
+// and 0 is no bandwidth. Text that is no decimal number gets that check's message.
+CLI::Option* add_bandwidth(CLI::App& app, const std::string& flag, std::optional<double>& value,
+                           const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          flag, [&value](const std::string& text) { value = std::strtod(text.c_str(), nullptr); },
+          help)
+      ->type_name("NUMBER")  // not "FLOAT": that would put common/cli.h's check first
+      ->transform(CLI::Validator(
+          [](std::string& text) -> std::string {
+            const std::string problem = cli::detail::check_finite(text);
+            if (!problem.empty() && problem.find("out of range") == std::string::npos) {
+              return problem;
+            }
+            const double v = std::strtod(text.c_str(), nullptr);
+            if (v >= kMinBandwidthGbs && v <= kMaxBandwidthGbs) return {};
+            return fmt::format(
+                "'{}' is out of range: a bandwidth is from {:g} GB/s (1 MB/s) to {:g} GB/s (100 "
+                "TB/s) per GPU, one direction",
+                text, kMinBandwidthGbs, kMaxBandwidthGbs);
+          },
+          ""));
 }
 
 }  // namespace
@@ -318,11 +350,12 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
       ->capture_default_str();
   app.add_option("--fabric", o.fabric, "named fabric: nvlink4-ib400, nvlink3-ib200")
       ->capture_default_str();
-  app.add_option("--intra-bw-gbs", o.intra_bw_gbs,
-                 "GPU to node peers, GB/s, one direction, effective");
+  add_bandwidth(app, "--intra-bw-gbs", o.intra_bw_gbs,
+                "GPU to node peers, GB/s, one direction, effective (0.001 to 100000)");
   app.add_option("--intra-lat-us", o.intra_lat_us, "latency of one step inside a node, us");
-  app.add_option("--inter-bw-gbs", o.inter_bw_gbs,
-                 "per GPU (its NIC) across nodes, GB/s, one direction, effective");
+  add_bandwidth(app, "--inter-bw-gbs", o.inter_bw_gbs,
+                "per GPU (its NIC) across nodes, GB/s, one direction, effective (0.001 to "
+                "100000)");
   app.add_option("--inter-lat-us", o.inter_lat_us, "latency of one step across nodes, us");
   app.add_option("--launch-us", o.launch_us, "fixed cost of one collective, us");
   app.add_option("--fit-allreduce", o.fit_path,
@@ -617,6 +650,7 @@ AllreduceFit fit_file(const CliOptions& o, const std::string& flag, const std::s
   entry["rows"] = fit.samples;
   entry["sizes"] = fit.sizes;
   entry["max_error"] = fit.max_rel_error;
+  entry["through_origin"] = fit.free_intercept_ms < 0;
   notes.files.push_back(std::move(entry));
   return fit;
 }
@@ -643,7 +677,7 @@ Fabric network_from_flags(const CliOptions& o, const Cluster& cluster,
     }
     const AllreduceFit fit =
         fit_file(o, "--fit-allreduce", o.fit_path, rows, cluster, lo, hi, notes);
-    notes.fit_min_bytes = fit.min_bytes;
+    notes.fit_min_bytes = fit.fabric.measured_min_bytes;
     notes.fit_max_bytes = fit.max_bytes;
     fabric = fit.fabric;
   } else {
@@ -722,7 +756,8 @@ void run_cli(const CliOptions& o) {
     if (notes.fit_max_bytes > 0 && (lo < notes.fit_min_bytes || hi > notes.fit_max_bytes)) {
       notes.warnings.push_back(fmt::format(
           "--busbw-min {} --busbw-max {}: the fit measured {:.0f}..{:.0f} bytes; rows outside "
-          "that range are the fitted line extrapolated, not measured",
+          "that range are extrapolated (below: the smallest size's time; above: the fitted "
+          "line), not measured",
           o.busbw_min, o.busbw_max, notes.fit_min_bytes, notes.fit_max_bytes));
     }
     const auto rows = busbw_table(cluster, fabric, lo, hi);
@@ -895,6 +930,42 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
         level_fit(o, "--fit-inter", o.fit_inter_path, leaders, bucket_bytes, notes);
   }
   report.inputs["files"] = notes.files;
+  warnings.insert(warnings.end(), profile.warnings.begin(), profile.warnings.end());
+  // Small collectives below what a fit measured are priced from its smallest size (an upper
+  // bound) or, with nothing measured below the line's window, from the line's intercept: say so.
+  const double sync_bytes = 2.0 * cluster.world_size() * 4.0;
+  const bool sync_priced =
+      o.sync_allreduce == "on" && cluster.world_size() > 1 && !profile.other_includes_sync;
+  const auto below_measured = [&](const Fabric& fabric, const Cluster& level,
+                                  const std::string& flag, const std::string& path) {
+    std::vector<std::string> what;
+    double smallest = 1e300;
+    if (sync_priced) {
+      what.push_back(fmt::format("the per-step sync all-reduce ({:.0f} bytes)", sync_bytes));
+      smallest = sync_bytes;
+    }
+    if (o.algo == "hier" && &fabric == &report.options.fabric) {
+      what.push_back("the hierarchical all-reduce's status flag (4 bytes)");
+      smallest = 4.0;
+    }
+    if (what.empty() || fabric.measured_min_bytes == 0 || smallest >= fabric.measured_min_bytes) {
+      return;
+    }
+    const double price_ms = ring_allreduce_ms(level, fabric, smallest);
+    warnings.push_back(fmt::format(
+        "{} {}: {} {} smaller than the smallest size it measured ({:.0f} bytes): priced at "
+        "{:.1f} us, {}; measure smaller sizes (nanoddp-bench-allreduce -b 8) for their own price",
+        flag, path, fmt::join(what, " and "), what.size() > 1 ? "are" : "is",
+        fabric.measured_min_bytes, price_ms * 1000.0,
+        fabric.small_ms.empty() ? "the fitted line's intercept, extrapolated"
+                                : "that size's measured time (an upper bound)"));
+  };
+  if (!o.fit_path.empty())
+    below_measured(report.options.fabric, cluster, "--fit-allreduce", o.fit_path);
+  if (hier_fitted) {
+    below_measured(report.options.fabric, host, "--fit-intra", o.fit_intra_path);
+    below_measured(*report.options.inter_fabric, leaders, "--fit-inter", o.fit_inter_path);
+  }
   warnings.insert(warnings.end(), notes.warnings.begin(), notes.warnings.end());
   report.prediction = predict_step(profile, report.options);
   StepOptions ring = report.options, tree = report.options;
@@ -919,6 +990,7 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
                           .rank = 0,
                           .skip_steps = o.skip_steps,
                           .peers = false});
+    warnings.insert(warnings.end(), base.warnings.begin(), base.warnings.end());
     if (base.measured && base.measured->world_size > 1) {
       fail(
           "--baseline-profile {}: a trace of {} ranks; the baseline is one plain process (a "
@@ -928,6 +1000,25 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
     if (base.numel() != profile.numel()) {
       fail("--baseline-profile {}: {} parameters, but --profile {} has {}: not the same model",
            o.baseline_path, base.numel(), o.profile_path, profile.numel());
+    }
+    // The same batch per rank: weak scaling compares the same per-GPU work. Traces record it
+    // since nanoddp-train writes a "run_config" event; older ones cannot be checked.
+    if (base.batch && profile.batch && *base.batch != *profile.batch) {
+      fail(
+          "--baseline-profile {}: traced at batch {} per rank, but --profile {} at batch {}; the "
+          "baseline is the same model at the same batch per rank: trace the 1-rank run with "
+          "--batch {}",
+          o.baseline_path, *base.batch, o.profile_path, *profile.batch, *profile.batch);
+    }
+    if (!base.batch || !profile.batch) {
+      warnings.push_back(fmt::format(
+          "--baseline-profile {}: the batch of {} is not recorded (a trace from before "
+          "nanoddp-train recorded it), so it cannot be checked against the other's; the baseline "
+          "must be traced at the same batch per rank",
+          o.baseline_path,
+          !base.batch && !profile.batch ? "either trace"
+          : !base.batch                 ? fmt::format("--baseline-profile {}", o.baseline_path)
+                                        : fmt::format("--profile {}", o.profile_path)));
     }
     const double base_ms = plain_step_ms(base, o.compute_scale);
     for (StepPrediction* p : {&report.prediction, &ring_step, &tree_step}) {

@@ -114,6 +114,15 @@ void check_fabric(const Fabric& fabric, const Cluster& cluster) {
 double ring_allreduce_ms(const Cluster& cluster, const Fabric& fabric, double bytes) {
   const int n = cluster.world_size();
   if (n <= 1) return 0.0;
+  // A fitted fabric below its window: the measured times, not the line's intercept.
+  const auto& points = fabric.small_ms;
+  if (!points.empty() && n == fabric.measured_ranks && bytes < points.back().first) {
+    if (bytes <= points.front().first) return points.front().second;
+    const auto hi = std::upper_bound(points.begin(), points.end(), bytes,
+                                     [](double b, const auto& point) { return b < point.first; });
+    const auto lo = hi - 1;
+    return lo->second + (hi->second - lo->second) * (bytes - lo->first) / (hi->first - lo->first);
+  }
   const int nodes = cluster.nodes;
   const int g = cluster.gpus_per_node;
   const int steps = 2 * (n - 1);
@@ -158,6 +167,11 @@ CollectiveTime allreduce_time(const Cluster& cluster, const Fabric& fabric, Algo
     case Algorithm::kTree:
       return {tree_allreduce_ms(cluster, fabric, bytes), Algorithm::kTree};
     case Algorithm::kAuto: {
+      // A fitted fabric is one measured transport, read as a ring: a tree of its alpha and B
+      // was never measured (with a fitted alpha of 0 it made the sync all-reduce free).
+      if (fabric.measured_ranks > 0) {
+        return {ring_allreduce_ms(cluster, fabric, bytes), Algorithm::kRing};
+      }
       const double ring = ring_allreduce_ms(cluster, fabric, bytes);
       const double tree = tree_allreduce_ms(cluster, fabric, bytes);
       return tree < ring ? CollectiveTime{tree, Algorithm::kTree}

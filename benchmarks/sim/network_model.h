@@ -8,7 +8,8 @@
 // not the line rate). beta = 1/B.
 //
 // Ring (reduce-scatter then all-gather; 2(n-1) steps, each rank sends 2(n-1)/n * S):
-//   T_ring = launch + 2(n-N) alpha_intra + 2N alpha_inter + 2(n-1)/n * S / B_ring
+//   T_ring = launch + 2(n-1-N) alpha_intra + 2N alpha_inter + 2(n-1)/n * S / B_ring  (N > 1;
+//            with G = 1 the 2(n-1) steps all cross nodes; on one node all 2(n-1) are intra)
 //   B_ring = B_intra on one node; min(B_intra, G * B_nic) on several. The slowest link bounds
 //   the ring: NCCL runs one ring (channel) per NIC, so the node's G NICs together carry what
 //   leaves the node. The latency counts hops along the pipelined ring as NCCL's tuner does
@@ -22,12 +23,15 @@
 //   data, and a node that is interior in one tree and a leaf in the other sends V = 2S (N >= 3);
 //   with N = 2 each node is the root of one tree and the leaf of the other: V = S. That is why
 //   NCCL's tree beats the ring on two nodes when the NICs are the bottleneck.
-// Auto: the faster of the two for each message, as NCCL's tuner picks per size.
+// Auto: the faster of the two for each message, as NCCL's tuner picks per size; on a fitted
+//   fabric (one measured transport, read as a ring) the ring.
 // Hierarchical (nanoddp's CPU all-reduce across hosts, comm/hierarchical_allreduce.cpp): see
 //   hierarchical_allreduce() below.
 // n = 1: no communication, cost 0.
+// Fitted fabrics: below the fitted window the ring is the measured times (Fabric::small_ms).
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace nanoddp::sim {
@@ -54,6 +58,15 @@ struct Fabric {
   // GPUs per node in the systems the fabric shipped in (its NVSwitch domain); 0: not known
   // (custom values). More GPUs per node on a named fabric are refused (checks.h).
   int node_gpus = 0;
+  // A fitted fabric (allreduce_fit.h): its line holds over the sizes it was fitted to, but a
+  // small collective (the per-step sync of 2n floats, the hierarchical status flag) lies far
+  // below them, where the line's intercept over-prices it 10x. `small_ms` holds the file's
+  // measured times below the fitted window (median per size, ascending) and, last, the line at
+  // the window's smallest size: a ring all-reduce of fewer bytes, at `measured_ranks` ranks, is
+  // interpolated between them (the smallest size's time below it). Empty: the formulas alone.
+  std::vector<std::pair<double, double>> small_ms;  // (bytes, ms)
+  int measured_ranks = 0;
+  double measured_min_bytes = 0;  // the smallest size the file measured; 0: not fitted
 };
 
 // The named fabrics (nvlink4-ib400, ...), with the sources of their numbers in docs/simulator.md.

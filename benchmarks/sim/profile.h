@@ -67,6 +67,11 @@ struct ComputeProfile {
   // run (this one included) had produced it, from this rank's backward start, on the ranks'
   // common clock (median over the steps of the per-step latest). Empty otherwise.
   std::vector<double> peers_ready_ms;
+  // The traced run's batch per rank, from the trace's "run_config" event (nanoddp-train writes it
+  // since it records one); unset for older traces and the FLOP model.
+  std::optional<std::int64_t> batch;
+  // What the profile could not check (an older trace's shape, its batch): the report warns.
+  std::vector<std::string> warnings;
 
   double backward_ms() const;  // sum of work + tail
   std::int64_t numel() const;

@@ -24,6 +24,12 @@ std::string fabric_line(const Fabric& f, const Cluster& c) {
   return line;
 }
 
+// A fabric fitted to a measured transport (shared memory, a TCP ring): one algorithm, no NVLink,
+// no NVSwitch. The ring-vs-tree band and the NVLink SHARP caveat describe NCCL on GPUs only.
+bool fitted(const Fabric& f) {
+  return f.measured_ranks > 0;
+}
+
 double pct(double part, double whole) {
   return whole > 0 ? 100.0 * part / whole : 0.0;
 }
@@ -155,7 +161,8 @@ std::string format_report(const SimReport& r) {
                            : std::string("batch per GPU fixed"));
   }
   out += fmt::format("                                 1-GPU step = {}\n", r.baseline);
-  if (p.world_size > 1 && !r.no_efficiency && o.algorithm != Algorithm::kHierarchical) {
+  if (p.world_size > 1 && !r.no_efficiency && o.algorithm != Algorithm::kHierarchical &&
+      !fitted(o.fabric)) {
     const AlgorithmBand& band = r.band;
     out += fmt::format(
         "algorithm band       ring {:.3f} ms ({:.1f} %) .. tree {:.3f} ms ({:.1f} %): the "
@@ -164,7 +171,7 @@ std::string format_report(const SimReport& r) {
         band.tree_efficiency * 100.0,
         std::abs(band.ring_efficiency - band.tree_efficiency) * 100.0);
   }
-  out += fmt::format("caveat: {}\n", kNvlsCaveat);
+  if (!fitted(o.fabric)) out += fmt::format("caveat: {}\n", kNvlsCaveat);
   for (const std::string& w : r.warnings) out += fmt::format("warning: {}\n", w);
   if (prof.measured) {
     const MeasuredStep& m = *prof.measured;
@@ -318,10 +325,14 @@ nlohmann::json report_json(const SimReport& r) {
                {"baseline", r.baseline},
                {"scaling", r.global_batch > 0 ? "strong" : "weak"},
                {"scaling_efficiency", efficiency(p.scaling_efficiency)}};
-  j["algorithm_band"] = {{"ring_step_ms", r.band.ring_step_ms},
-                         {"ring_efficiency", efficiency(r.band.ring_efficiency)},
-                         {"tree_step_ms", r.band.tree_step_ms},
-                         {"tree_efficiency", efficiency(r.band.tree_efficiency)}};
+  if (fitted(o.fabric)) {
+    j["algorithm_band"] = nullptr;  // one measured transport: no choice of algorithm
+  } else {
+    j["algorithm_band"] = {{"ring_step_ms", r.band.ring_step_ms},
+                           {"ring_efficiency", efficiency(r.band.ring_efficiency)},
+                           {"tree_step_ms", r.band.tree_step_ms},
+                           {"tree_efficiency", efficiency(r.band.tree_efficiency)}};
+  }
   if (r.memory) {
     const MemoryEstimate& m = *r.memory;
     j["memory"] = {{"parameters_bytes", m.parameters},
@@ -346,7 +357,7 @@ nlohmann::json report_json(const SimReport& r) {
     }
     j["parameter_sweep"] = {{"flag", r.parameter_sweep_flag}, {"rows", rows}};
   }
-  j["caveats"] = json::array({kNvlsCaveat});
+  j["caveats"] = fitted(o.fabric) ? json::array() : json::array({kNvlsCaveat});
   j["warnings"] = r.warnings;
   if (!r.sweep.empty()) {
     json rows = json::array();
@@ -410,7 +421,7 @@ std::string format_busbw(const Cluster& cluster, const Fabric& fabric,
       "nanoddp-sim: all-reduce model, {} node(s) x {} GPU(s), fabric {}\n"
       "busbw = bytes / time * 2(n-1)/n (nccl-tests' definition)\n",
       cluster.nodes, cluster.gpus_per_node, fabric_line(fabric, cluster));
-  out += fmt::format("caveat: {}\n", kNvlsCaveat);
+  if (!fitted(fabric)) out += fmt::format("caveat: {}\n", kNvlsCaveat);
   out += fmt::format("{:>14} {:>12} {:>12} {:>12} {:>12}\n", "size (B)", "ring us", "ring busbw",
                      "tree us", "tree busbw");
   for (const BusbwRow& r : rows) {

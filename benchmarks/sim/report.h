@@ -51,7 +51,7 @@ struct SimReport {
   nlohmann::ordered_json provenance;  // common::provenance()
 };
 
-// Printed by every run: NVLink SHARP is not in the model.
+// Printed by every run on a named fabric (not a fitted one): NVLink SHARP is not in the model.
 extern const char* const kNvlsCaveat;
 
 std::string format_report(const SimReport& report);

@@ -17,5 +17,7 @@ struct Line {
 // relative error, so small messages (microseconds) count as much as large ones (milliseconds).
 // Throws SimError with fewer than two distinct x.
 Line fit_line_relative(const std::vector<double>& x, const std::vector<double>& y);
+// The same least squares with the intercept held at 0: y = slope * x.
+Line fit_line_relative_through_origin(const std::vector<double>& x, const std::vector<double>& y);
 
 }  // namespace nanoddp::sim

@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -39,14 +40,65 @@ struct Span {
   bool is_backward_node() const { return tid == kComputeTrack && name.rfind("backward ", 0) == 0; }
 };
 
+// A bound on one marker's `numel` and a span's `elements`, and on their sums: 2^40 elements
+// (4 TiB of fp32 gradients) is past any model nanoddp-train trains, and keeps every sum of them far
+// from wrapping an int64.
+constexpr std::int64_t kMaxTraceElements = std::int64_t{1} << 40;
+// A span, or a step, longer than a day (in the trace's microseconds) is no traced training step:
+// nanoddp-train traces its first steps, milliseconds to seconds each.
+constexpr double kMaxSpanUs = 86400e6;
+// Fewer kept steps than this: a median of almost nothing, warned about.
+constexpr std::size_t kFewSteps = 5;
+
+// A whole number from 0 to kMaxTraceElements: nanoddp-train writes a decimal string; a JSON
+// integer is taken too. A fraction (8.5), a float, or a string with anything after the digits is
+// no element count.
 std::int64_t integer_arg(const json& event, const char* key, const std::string& name,
                          std::size_t index, const std::string& event_name) {
   const json& value = event["args"][key];
-  try {
-    return value.is_string() ? std::stoll(value.get<std::string>()) : value.get<std::int64_t>();
-  } catch (const std::exception&) {
-    fail("{}: event {} ('{}') has an unreadable \"{}\" argument", name, index, event_name, key);
+  const auto digits = [](const std::string& t) {
+    return !t.empty() &&
+           std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  // Saturated at kMaxTraceElements + 1: a larger count is refused below, never wrapped.
+  constexpr std::int64_t kPast = kMaxTraceElements + 1;
+  std::optional<std::int64_t> n;
+  if (value.is_number_unsigned()) {
+    n = static_cast<std::int64_t>(
+        std::min<std::uint64_t>(value.get<std::uint64_t>(), static_cast<std::uint64_t>(kPast)));
+  } else if (value.is_number_integer()) {
+    n = value.get<std::int64_t>();  // negative: the caller says what it needed
+  } else if (value.is_string() && digits(value.get_ref<const std::string&>())) {
+    const std::string& text = value.get_ref<const std::string&>();
+    n = text.size() > 15 ? kPast : std::min<std::int64_t>(std::stoll(text), kPast);
   }
+  if (!n) {
+    fail(
+        "{}: event {} ('{}') has \"{}\": {}, not a whole number of elements; expected a trace "
+        "written by nanoddp-train --trace",
+        name, index, event_name, key, value.dump());
+  }
+  if (*n > kMaxTraceElements) {
+    fail(
+        "{}: event {} ('{}') has \"{}\": {}, more than 2^40 ({}) elements (4 TiB of fp32 "
+        "gradients in one tensor); no model nanoddp-train runs has such a parameter",
+        name, index, event_name, key, value.dump(), kMaxTraceElements);
+  }
+  return *n;
+}
+
+// The sum of the parameters' elements, refused past kMaxTraceElements (`what` names them).
+std::int64_t checked_numel(const std::vector<ParameterInfo>& params, const std::string& what) {
+  std::int64_t total = 0;
+  for (const ParameterInfo& p : params) {
+    if (__builtin_add_overflow(total, p.numel, &total) || total > kMaxTraceElements) {
+      fail(
+          "{}: more than 2^40 ({}) gradient elements in all (4 TiB of fp32 gradients); the trace "
+          "is not one of a model nanoddp-train runs",
+          what, kMaxTraceElements);
+    }
+  }
+  return total;
 }
 
 // The gradients of one step, in layout order, with the moment each became final (trace clock).
@@ -106,13 +158,13 @@ StepGrads linear_grads(const std::vector<Span>& spans, std::size_t first, std::s
 std::string list_parameters(const std::vector<ParameterInfo>& params) {
   constexpr std::size_t kShown = 8;
   std::vector<std::string> items;
-  std::int64_t numel = 0;
+  double numel = 0;  // a message: a sum that cannot wrap (exact up to 2^53)
   for (const ParameterInfo& p : params) {
-    numel += p.numel;
+    numel += static_cast<double>(p.numel);
     if (items.size() < kShown) items.push_back(fmt::format("{} {}", p.name, p.numel));
   }
   if (params.size() > kShown) items.push_back(fmt::format("... {} more", params.size() - kShown));
-  return fmt::format("{} parameters, {} elements: {}", params.size(), numel,
+  return fmt::format("{} parameters, {:.0f} elements: {}", params.size(), numel,
                      fmt::join(items, ", "));
 }
 
@@ -300,6 +352,7 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   }
 
   std::set<int> ranks;
+  std::optional<std::int64_t> batch_per_rank;
   std::map<int, std::vector<Span>> by_rank;  // only options.rank's unless the peers are wanted
   const json& events = doc["traceEvents"];
   for (std::size_t i = 0; i < events.size(); ++i) {
@@ -312,6 +365,13 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     const int pid = e["pid"].get<int>();
     ranks.insert(pid);
     const std::string ph = e["ph"].get<std::string>();
+    // nanoddp-train's own metadata: the run's batch per rank.
+    if (ph == "M" && e.contains("name") && e["name"] == "run_config" && e.contains("args") &&
+        e["args"].is_object() && e["args"].contains("batch")) {
+      const std::int64_t batch = integer_arg(e, "batch", name, i, "run_config");
+      if (batch < 1) fail("{}: event {} ('run_config') has batch {}", name, i, batch);
+      batch_per_rank = batch;
+    }
     // A --zero run (comm/zero.cpp, comm/reducer_timeline.cpp) reduce-scatters its buckets and
     // all-gathers the parameters after the optimizer step: read as DDP, its comm would be 0 and
     // the all-gather optimizer time, and the step predicted as an all-reduce. Refused: the model
@@ -347,8 +407,18 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     } else {
       s.dur_us = number(e, "dur", name, i);
       if (s.dur_us < 0) fail("{}: event {} ('{}') has a negative duration", name, i, s.name);
+      if (s.dur_us > kMaxSpanUs) {
+        fail(
+            "{}: event {} ('{}') lasts {:g} us, more than a day ({:g} us); no traced training "
+            "step has such a span (a duration in another unit than microseconds?)",
+            name, i, s.name, s.dur_us, kMaxSpanUs);
+      }
       if (has_args && e["args"].contains("elements")) {
         s.elements = integer_arg(e, "elements", name, i, s.name);
+        if (s.elements < 0) {
+          fail("{}: event {} ('{}') has \"elements\": {}; a count of elements is >= 0", name, i,
+               s.name, s.elements);
+        }
       }
     }
     by_rank[pid].push_back(std::move(s));
@@ -369,8 +439,10 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   if (forwards.size() <= skip) {
     fail(
         "--profile {}: rank {} has {} \"forward\" span(s); with --skip-steps {} no step remains. "
-        "Trace more steps (nanoddp-train --trace-steps N with N > {}).",
-        name, options.rank, forwards.size(), options.skip_steps, options.skip_steps + 1);
+        "Trace more steps (nanoddp-train --trace-steps N with N > {}; {} or more for medians "
+        "worth the name).",
+        name, options.rank, forwards.size(), options.skip_steps, options.skip_steps,
+        options.skip_steps + kFewSteps);
   }
 
   // The parameters: from the "grad" markers when the trace has them (checked against the
@@ -403,10 +475,11 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
       model = describe(*options.shape);
     } else {
       params = first.layout;
-      std::int64_t numel = 0;
-      for (const ParameterInfo& p : params) numel += p.numel;
       model = fmt::format("{} parameters ({} elements) from the trace's \"grad\" markers",
-                          params.size(), numel);
+                          params.size(),
+                          checked_numel(params, fmt::format("{}: the \"grad\" markers of rank {}, "
+                                                            "step {}",
+                                                            name, options.rank, f + 1)));
     }
   } else {
     params = mlp_parameters(shape);
@@ -510,6 +583,12 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     s.data_ms = data != nullptr ? data->dur_us / 1000.0 : 0.0;
     const double step_start_us = data != nullptr ? data->ts_us : forward.ts_us;
     s.step_ms = (optimizer_end_us - step_start_us) / 1000.0 - s.data_ms;
+    if (s.step_ms > kMaxSpanUs / 1000.0) {
+      fail(
+          "{}: step {} of rank {} runs {:g} ms from its data to the end of its optimizer step, "
+          "more than a day; the trace's times are not those of a training step",
+          name, step_number, options.rank, s.step_ms);
+    }
     samples.push_back(std::move(s));
   }
 
@@ -542,6 +621,14 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   // "Other" closes the books: the median step minus the medians of its parts, so that the
   // profile replayed on the traced run's own world reproduces its median step.
   const double step_ms = median_of([](const StepSample& s) { return s.step_ms; });
+  // Every span of zero length and at one moment (a clock that did not run, a hand-made file):
+  // an efficiency or a speed-up against a step of no time is meaningless.
+  if (!(step_ms > 0)) {
+    fail(
+        "--profile {}: the median step of rank {} lasts {:g} ms (from its data to the end of its "
+        "optimizer step, data excluded); a step takes time: the trace's times are not a run's",
+        name, options.rank, step_ms);
+  }
   const double wait_ms = median_of([](const StepSample& s) { return s.wait_ms; });
   profile.other_ms =
       std::max(0.0, step_ms - profile.forward_ms - backward_end - wait_ms - profile.optimizer_ms);
@@ -556,14 +643,17 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     std::int64_t elements = 0;
     for (const auto& [index, bucket] : last.buckets) {
       measured.bucket_numel.push_back(bucket.first);
-      elements += bucket.first;
+      if (__builtin_add_overflow(elements, bucket.first, &elements) ||
+          elements > kMaxTraceElements) {
+        fail("{}: the all-reduce spans of rank {} cover more than 2^40 ({}) elements in all", name,
+             options.rank, kMaxTraceElements);
+      }
       measured.bucket_allreduce_ms.push_back(median_of([index](const StepSample& s) {
         const auto it = s.buckets.find(index);
         return it == s.buckets.end() ? 0.0 : it->second.second;
       }));
     }
-    std::int64_t numel = 0;
-    for (const ParameterInfo& p : params) numel += p.numel;
+    const std::int64_t numel = checked_numel(params, name);
     if (elements != numel) {
       fail(
           "{}: the all-reduce spans of rank {} cover {} gradient elements, but {} has {}. Pass "
@@ -593,11 +683,32 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     });
   }
   profile.measured = measured;
+  profile.batch = batch_per_rank;
+  // Without markers only the number of Linear layers is checked (by the "backward linear"
+  // spans); a DDP trace's all-reduce spans check the element count too. A 1-rank one has none:
+  // a --hidden other than the traced run's would price the wrong gradients without a word.
+  if (samples.size() < kFewSteps) {
+    profile.warnings.push_back(fmt::format(
+        "--profile {}: {} step(s) of rank {} kept after --skip-steps {}; a median of so few is "
+        "one step's noise: trace {} or more (nanoddp-train --trace-steps)",
+        name, samples.size(), options.rank, options.skip_steps, options.skip_steps + kFewSteps));
+  }
+  if (!markers && last.buckets.empty()) {
+    profile.warnings.push_back(fmt::format(
+        "--profile {}: an older trace (no \"grad\" markers, no all-reduce spans): the "
+        "parameter sizes come from {} ({}) and cannot be checked against it, only the number of "
+        "Linear layers; pass the --in/--out/--hidden/--layers of the traced run",
+        name,
+        options.shape ? "the shape flags" : "nanoddp-train's default shape (no shape flag given)",
+        describe(shape)));
+  }
+
   profile.other_includes_sync = ranks.size() > 1;
-  profile.source =
-      fmt::format("trace {} (rank {} of {}; medians of {} steps, {} warm-up step(s) skipped{}); {}",
-                  name, options.rank, ranks.size(), samples.size(), options.skip_steps,
-                  options.peers ? "; with the slowest rank's gradient times" : "", model);
+  profile.source = fmt::format(
+      "trace {} (rank {} of {}; medians of {} steps, {} warm-up step(s) skipped{}{}); {}", name,
+      options.rank, ranks.size(), samples.size(), options.skip_steps,
+      options.peers ? "; with the slowest rank's gradient times" : "",
+      batch_per_rank ? fmt::format("; batch {} per rank", *batch_per_rank) : "", model);
   return profile;
 }
 

@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -33,9 +34,16 @@ std::vector<nlohmann::json> rows_of(const std::string& path) {
   return rows;
 }
 
-void write_rows(const std::string& path, const std::vector<nlohmann::json>& rows) {
+// Writes the rows; a row whose time_us a test changed gets the algbw_gbps that goes with it, as
+// nanoddp-bench-allreduce writes it (the simulator refuses a row that contradicts itself).
+void write_rows(const std::string& path, std::vector<nlohmann::json> rows) {
   std::ofstream out(path);
-  for (const auto& row : rows) out << row.dump() << "\n";
+  for (auto& row : rows) {
+    if (row.contains("algbw_gbps")) {
+      row["algbw_gbps"] = row["bytes"].get<double>() / (row["time_us"].get<double>() * 1e3);
+    }
+    out << row.dump() << "\n";
+  }
 }
 
 // nanoddp-bench-allreduce on 2 ranks, 64K..4M in steps of 4 (4 sizes), launched twice: each
@@ -329,4 +337,185 @@ TEST_CASE("fit inputs: the SHA-256 of the inputs matches FIPS 180-4's test vecto
         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   CHECK(sha256_hex(std::string(1000000, 'a')) ==
         "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST_CASE("fit inputs: rows and fitted lines outside physics are refused, naming file and line") {
+  TempDir dir;
+  const std::string shm = dir.file("shm.jsonl");
+  bench(shm, true, {});  // 4 sizes, one row each: 64K..4M on the line 20 us + S / 4000 B/us
+  const auto fit = [&](const std::vector<nlohmann::json>& rows) {
+    const std::string path = dir.file("edited.jsonl");
+    std::ofstream out(path);
+    for (const auto& row : rows) out << row.dump() << "\n";
+    out.close();
+    return sim(model({"--gpus-per-node", "2", "--fit-allreduce", path, "--fit-min-bytes", "1"}));
+  };
+  const auto scaled = [&](double factor, bool keep_algbw) {
+    auto rows = rows_of(shm);
+    for (auto& row : rows) {
+      row["time_us"] = row["time_us"].get<double>() * factor;
+      if (!keep_algbw) {
+        row["algbw_gbps"] = row["bytes"].get<double>() / (row["time_us"].get<double>() * 1e3);
+      }
+    }
+    return rows;
+  };
+  // Times written in ps (1e-6 of the real ones): 3 PB/s fitted, where --intra-bw-gbs 3e6 is
+  // refused. The first in-place row already goes past 100 TB/s.
+  const ProcessResult ps = fit(scaled(1e-6, false));
+  CAPTURE(ps.output);
+  CHECK(ps.exit_code == 2);
+  CHECK(has(ps, "edited.jsonl: line 2 has 65536 bytes in time_us"));
+  CHECK(has(ps, "more than 100000 GB/s per rank"));
+  // The same with the rows' own algbw_gbps left as measured: the row contradicts itself.
+  const ProcessResult edited = fit(scaled(1e-3, true));
+  CAPTURE(edited.output);
+  CHECK(edited.exit_code == 2);
+  CHECK(has(edited, "edited.jsonl: line 2 has algbw_gbps"));
+  CHECK(has(edited, "the row contradicts itself"));
+  // Every row past an hour: named, with the file and line, not "need two sizes (got 4)".
+  auto forever = rows_of(shm);
+  for (auto& row : forever) {
+    row["time_us"] = 1e300;
+    row.erase("algbw_gbps");
+  }
+  const ProcessResult hour = fit(forever);
+  CAPTURE(hour.output);
+  CHECK(hour.exit_code == 2);
+  CHECK(has(hour, "--fit-allreduce " + dir.file("edited.jsonl") +
+                      ": line 2 has time_us 1e+300, more than an hour"));
+  // Rows each within bounds whose line is not: almost the same time at every size (slope ~0).
+  auto flat = rows_of(shm);
+  for (auto& row : flat) {
+    row["time_us"] = 100.0 + row["bytes"].get<double>() * 1e-12;
+    row.erase("algbw_gbps");
+  }
+  const ProcessResult line = fit(flat);
+  CAPTURE(line.output);
+  CHECK(line.exit_code == 2);
+  CHECK(has(line, "the line fitted to its rows gives intra-bw-gbs"));
+  CHECK(has(line, "more than 100000 GB/s per GPU"));
+  // Rounded by hand to 3 digits: within the slack.
+  auto rounded = rows_of(shm);
+  for (auto& row : rounded) {
+    const double algbw = row["bytes"].get<double>() / (row["time_us"].get<double>() * 1e3);
+    row["algbw_gbps"] = std::round(algbw * 1000) / 1000;
+  }
+  const ProcessResult ok = fit(rounded);
+  CHECK_MESSAGE(ok.exit_code == 0, ok.output);
+}
+
+TEST_CASE("fit inputs: collectives below the fitted window are priced from the measured rows") {
+  TempDir dir;
+  // 2 ranks: 1 KiB in 10 us and 4 KiB in 12 us measured; the bucket sizes 2..8 MiB on the line
+  // 200 us + S / 1000 B/us. The line's intercept (200 us) used to price the sync all-reduce of
+  // 16 bytes: 20x the 10 us measured at 1 KiB.
+  const std::string path = dir.file("fit.jsonl");
+  {
+    std::ofstream out(path);
+    for (const auto& [bytes, us] :
+         std::vector<std::pair<double, double>>{{1024, 10.0},
+                                                {4096, 12.0},
+                                                {2097152, 200.0 + 2097.152},
+                                                {4194304, 200.0 + 4194.304},
+                                                {8388608, 200.0 + 8388.608}}) {
+      out << nlohmann::json{{"ranks", 2}, {"bytes", bytes}, {"time_us", us}}.dump() << "\n";
+    }
+  }
+  const std::string json = dir.file("sim.json");
+  const ProcessResult r = sim(model(
+      {"--gpus-per-node", "2", "--fit-allreduce", path, "--fit-min-bytes", "1M", "--json", json}));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  std::ifstream in(json);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  // Below the smallest measured size: that size's time, and a warning that says so.
+  CHECK(j["step"]["sync_ms"].get<double>() == doctest::Approx(0.010));
+  CHECK(has(r,
+            "the per-step sync all-reduce (16 bytes) is smaller than the smallest size it "
+            "measured (1024 bytes): priced at 10.0 us, that size's measured time"));
+  // A bucket between 4 KiB and the window: on the straight line from 4 KiB's time to the
+  // fitted line's value at 2 MiB.
+  REQUIRE(j["buckets"].size() == 1);
+  const double s = j["buckets"][0]["bytes"].get<double>();
+  REQUIRE(s > 4096);
+  REQUIRE(s < 2097152);
+  const double expected_us = 12.0 + (2297.152 - 12.0) * (s - 4096) / (2097152 - 4096);
+  CHECK(j["buckets"][0]["allreduce_ms"].get<double>() ==
+        doctest::Approx(expected_us / 1000.0).epsilon(1e-6));
+  CHECK(has(r, "below 2097152 bytes the measured times (2 size(s) from 1024 bytes)"));
+  // Measured down to 8 bytes: nothing extrapolated, nothing warned.
+  {
+    std::ofstream out(path, std::ios::app);
+    out << nlohmann::json{{"ranks", 2}, {"bytes", 8}, {"time_us", 9.0}}.dump() << "\n";
+  }
+  const ProcessResult small = sim(model(
+      {"--gpus-per-node", "2", "--fit-allreduce", path, "--fit-min-bytes", "1M", "--json", "-"}));
+  REQUIRE_MESSAGE(small.exit_code == 0, small.output);
+  const auto k = nlohmann::json::parse(small.output.substr(small.output.find("\n{") + 1));
+  CHECK(k["step"]["sync_ms"].get<double>() ==
+        doctest::Approx((9.0 + (10.0 - 9.0) * 8 / 1016) / 1000));
+  CHECK(!has(small, "smaller than the smallest size"));
+
+  // A line through the origin (alpha 0): --algo auto used to price the sync as a tree of the
+  // fitted transport, 2S/B, nearly free; the fit is one measured transport, read as a ring.
+  {
+    std::ofstream out(path);
+    for (const auto& [bytes, us] : std::vector<std::pair<double, double>>{
+             {1024, 10.0}, {2097152, 2097.152}, {4194304, 4194.304}, {8388608, 8388.608}}) {
+      out << nlohmann::json{{"ranks", 2}, {"bytes", bytes}, {"time_us", us}}.dump() << "\n";
+    }
+  }
+  const ProcessResult origin = sim(model(
+      {"--gpus-per-node", "2", "--fit-allreduce", path, "--fit-min-bytes", "1M", "--json", "-"}));
+  REQUIRE_MESSAGE(origin.exit_code == 0, origin.output);
+  const auto o = nlohmann::json::parse(origin.output.substr(origin.output.find("\n{") + 1));
+  CHECK(o["step"]["sync_ms"].get<double>() == doctest::Approx(0.010));
+  for (const auto& b : o["buckets"]) CHECK(b["algo"] == "ring");
+  // Nor can a tree of it be asked for.
+  const ProcessResult tree =
+      sim(model({"--gpus-per-node", "2", "--fit-allreduce", path, "--algo", "tree"}));
+  CHECK(tree.exit_code == 2);
+  CHECK(has(tree, "--algo tree with --fit-allreduce"));
+}
+
+TEST_CASE("fit inputs: a negative intercept refits the line through the origin, and says so") {
+  TempDir dir;
+  // Exactly on T = -50 us + S / 1000 B/us: no ring has a negative latency. Clamping the
+  // intercept to 0 kept the slope, and reported that line's error (and warned of rows on no
+  // line) for a line nobody fitted.
+  const std::string path = dir.file("fit.jsonl");
+  std::vector<double> x, y;
+  {
+    std::ofstream out(path);
+    for (const double bytes : {1048576.0, 2097152.0, 4194304.0, 8388608.0}) {
+      const double us = -50.0 + bytes / 1000.0;
+      x.push_back(bytes);
+      y.push_back(us);
+      out << nlohmann::json{{"ranks", 2}, {"bytes", bytes}, {"time_us", us}}.dump() << "\n";
+    }
+  }
+  const ProcessResult r = sim(model(
+      {"--gpus-per-node", "2", "--fit-allreduce", path, "--fit-min-bytes", "1", "--json", "-"}));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.find("\n{") + 1));
+  // Least squares of the relative error with a = 0: b = sum(x/y) / sum((x/y)^2).
+  double sr = 0, srr = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    sr += x[i] / y[i];
+    srr += (x[i] / y[i]) * (x[i] / y[i]);
+  }
+  const double b = sr / srr;
+  double max_error = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    max_error = std::max(max_error, std::fabs(b * x[i] - y[i]) / y[i]);
+  }
+  const auto& file = j["inputs"]["files"][0];
+  CHECK(file["through_origin"] == true);
+  CHECK(file["max_error"].get<double>() == doctest::Approx(max_error));
+  CHECK(j["fabric"]["intra_lat_us"].get<double>() == 0.0);
+  // 2 ranks: B = 2(n-1)/n / b = 1 / b bytes/us.
+  CHECK(j["fabric"]["intra_bw_gbs"].get<double>() == doctest::Approx(1.0 / b / 1000.0));
+  CHECK(j["fabric"]["description"].get<std::string>().find(
+            "(fitted through the origin: the free line's intercept was -50.0 us") !=
+        std::string::npos);
 }

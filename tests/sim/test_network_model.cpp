@@ -58,6 +58,10 @@ TEST_CASE("network: the slowest link bounds the ring across nodes") {
   // 2*7/8 * 4e8 B / 40e9 B/s = 17.5 ms.
   CHECK(ring_allreduce_ms({.nodes = 2, .gpus_per_node = 4}, f, 4e8) ==
         doctest::Approx(0.130 + 17.5).epsilon(1e-12));
+  // docs/simulator.md's formula, term by term: 2(n-1-N) intra hops (it once said 2(n-N)).
+  const int n = 8, nodes = 2;
+  CHECK(ring_allreduce_ms({.nodes = nodes, .gpus_per_node = 4}, f, 0.0) ==
+        doctest::Approx((2 * (n - 1 - nodes) * 5.0 + 2 * nodes * 20.0) / 1000.0).epsilon(1e-12));
   // With fast NICs the NVLink side is the bound: min(100, 4 * 40) = 100 GB/s -> 7 ms.
   Fabric fast = f;
   fast.inter_bw_gbs = 40.0;

@@ -71,7 +71,19 @@ TEST_CASE("refusals: absurd network values and worlds exit 2 naming the flag") {
       {{"--launch-us", "1e30"}, "--launch-us 1e+30: more than a second"},
       {{"--intra-lat-us", "2e6"}, "--intra-lat-us 2e+06: more than a second"},
       {{"--nodes", "2", "--inter-lat-us", "1e7"}, "--inter-lat-us 1e+07: more than a second"},
-      {{"--intra-bw-gbs", "1e9"}, "--intra-bw-gbs 1e+09: more than 100000 GB/s"},
+      {{"--intra-bw-gbs", "1e9"},
+       "--intra-bw-gbs: '1e9' is out of range: a bandwidth is from "
+       "0.001 GB/s (1 MB/s) to 100000 GB/s"},
+      // No lower bound used to let 1e-30 GB/s through (a step of 1.6e29 ms); and 1e-300 was
+      // told the range of a float, "0, or a magnitude from 1.2e-38", where 0 is refused.
+      {{"--intra-bw-gbs", "1e-30"},
+       "--intra-bw-gbs: '1e-30' is out of range: a bandwidth is "
+       "from 0.001 GB/s (1 MB/s)"},
+      {{"--intra-bw-gbs", "1e-300"}, "--intra-bw-gbs: '1e-300' is out of range: a bandwidth"},
+      {{"--nodes", "2", "--inter-bw-gbs", "0.0005"}, "--inter-bw-gbs: '0.0005' is out of range"},
+      {{"--nodes", "2", "--inter-bw-gbs", "0"}, "--inter-bw-gbs: '0' is out of range"},
+      {{"--nodes", "2", "--sweep", "inter-bw-gbs=10,0.0001"},
+       "'0.0001' is not a number in [0.001, 100000]"},
       {{"--nodes", "1048576"}, "--nodes 1048576 x --gpus-per-node 8 = 8388608 GPUs: at most 65536"},
       {{"--nodes", "1048576", "--gpus-per-node", "4096"}, "= 4294967296 GPUs"},
   };
@@ -140,7 +152,8 @@ TEST_CASE("refusals: a GPU on a fabric it never shipped with is warned about") {
   CHECK(sim_json({"--model", "mlp", "--gpu", "h200"})["warnings"].empty());
 }
 
-TEST_CASE("refusals: every run prints the ring/tree band and the NVLink SHARP caveat") {
+TEST_CASE(
+    "refusals: every run on a named fabric prints the ring/tree band and the NVLink SHARP caveat") {
   ProcessResult r;
   const nlohmann::json j =
       sim_json({"--model", "mlp", "--hidden", "4096", "--layers", "4", "--nodes", "128"}, &r);
@@ -193,4 +206,34 @@ TEST_CASE("refusals: the JSON stores the inputs as structured fields and the pro
   CHECK(std::regex_match(p["commit"].get<std::string>(), std::regex("[0-9a-f]{40}|unknown")));
   CHECK(p["load_average"].size() == 3);
   CHECK(p["environment"].is_object());
+}
+
+TEST_CASE("refusals: a fitted CPU transport gets neither the ring/tree band nor the NVLS caveat") {
+  // One measured transport (shared memory, a TCP ring) has no tree to choose and no NVLink:
+  // both used to be printed (and put in the JSON) for it.
+  TempDir dir;
+  const std::string fit = dir.file("fit.jsonl");
+  {
+    std::ofstream out(fit);
+    for (const double bytes : {65536.0, 262144.0, 1048576.0, 4194304.0}) {
+      out << nlohmann::json{{"ranks", 2}, {"bytes", bytes}, {"time_us", 20.0 + bytes / 3000.0}}
+                 .dump()
+          << "\n";
+    }
+  }
+  ProcessResult r;
+  const nlohmann::json j =
+      sim_json({"--model", "mlp", "--gpus-per-node", "2", "--fit-allreduce", fit}, &r);
+  CHECK_FALSE(has(r, "algorithm band"));
+  CHECK_FALSE(has(r, "caveat:"));
+  CHECK(j["algorithm_band"].is_null());
+  CHECK(j["caveats"].empty());
+  const ProcessResult busbw = sim({"--busbw", "--gpus-per-node", "2", "--fit-allreduce", fit});
+  REQUIRE_MESSAGE(busbw.exit_code == 0, busbw.output);
+  CHECK_FALSE(has(busbw, "caveat:"));
+  // A named fabric keeps both (the case above).
+  ProcessResult named;
+  sim_json({"--model", "mlp", "--gpus-per-node", "2"}, &named);
+  CHECK(has(named, "algorithm band"));
+  CHECK(has(named, "caveat: NVLink SHARP"));
 }

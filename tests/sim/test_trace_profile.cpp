@@ -6,6 +6,10 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "benchmarks/sim/buckets.h"
 #include "benchmarks/sim/error.h"
 #include "benchmarks/sim/step_model.h"
@@ -101,6 +105,11 @@ TEST_CASE("trace profile: one rank's trace, per parameter, replays its own media
                        doctest::Contains("holds ranks 0"), SimError);
   CHECK_THROWS_WITH_AS(profile_from_trace(trace, {.shape = kShape, .skip_steps = 8}),
                        doctest::Contains("no step remains"), SimError);
+  // The rule the message states: more traced steps than skipped ones (it said N > 9 here).
+  CHECK_THROWS_WITH_AS(profile_from_trace(trace, {.shape = kShape, .skip_steps = 8}),
+                       doctest::Contains("--trace-steps N with N > 8; 13 or more"), SimError);
+  CHECK(profile_from_trace(trace, {.shape = kShape, .skip_steps = 7}).warnings.size() == 1);
+  CHECK(profile_from_trace(trace, {.shape = kShape, .skip_steps = 3}).warnings.empty());
   // One rank has no peers to wait for.
   CHECK_THROWS_WITH_AS(profile_from_trace(trace, {.shape = kShape, .peers = true}),
                        doctest::Contains("holds one rank"), SimError);
@@ -416,4 +425,162 @@ TEST_CASE("trace profile: files that are not nanoddp traces are refused with a r
   CHECK_THROWS_WITH_AS(
       profile_from_trace_text(R"({"traceEvents": [)" + in_backward + "]}", "t.json", o),
       doctest::Contains("traced with --optimizer-in-backward"), SimError);
+}
+
+namespace {
+// `text` with every occurrence of `from` replaced by `to`.
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  for (std::size_t at = text.find(from); at != std::string::npos;
+       at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+}  // namespace
+
+TEST_CASE("trace profile: element counts are whole, bounded and summed without wrapping") {
+  const std::string trace = marker_trace({});
+  // 2^62 and 2^63 - 1 used to wrap the parameter count (0 or -8 elements, an absurd step).
+  for (const char* huge : {R"("4611686018427387904")", "9223372036854775807",
+                           R"("99999999999999999999999")", "18446744073709551615"}) {
+    CAPTURE(huge);
+    const std::string message =
+        "('grad head.proj') has \"numel\": " + std::string(huge) + ", more than 2^40";
+    CHECK_THROWS_WITH_AS(
+        profile_from_trace_text(
+            replaced(trace, R"("numel":"1000")", fmt::format(R"("numel":{})", huge)), "m.json", {}),
+        doctest::Contains(message.c_str()), SimError);
+  }
+  // A fraction (or any float) is no element count; nor is text after the digits.
+  for (const char* bad : {"8.5", "1000.0", "2e+18", R"("1000x")", R"("-3")", "null"}) {
+    CAPTURE(bad);
+    const std::string message = std::string("has \"numel\": ") + bad + ", not a whole number";
+    CHECK_THROWS_WITH_AS(
+        profile_from_trace_text(
+            replaced(trace, R"("numel":"1000")", fmt::format(R"("numel":{})", bad)), "m.json", {}),
+        doctest::Contains(message.c_str()), SimError);
+  }
+  // A JSON integer is read as the string nanoddp-train writes.
+  CHECK(
+      profile_from_trace_text(replaced(trace, R"("numel":"1000")", R"("numel":1000)"), "m.json", {})
+          .numel() == 1015);
+  // Each marker within the bound, their sum past it: refused, not wrapped.
+  const std::string each = std::to_string(std::int64_t{1} << 40);
+  const std::string big =
+      replaced(replaced(replaced(trace, R"("numel":"1000")", R"("numel":")" + each + "\""),
+                        R"("numel":"10")", R"("numel":")" + each + "\""),
+               R"("numel":"5")", R"("numel":")" + each + "\"");
+  CHECK_THROWS_WITH_AS(profile_from_trace_text(big, "m.json", {}),
+                       doctest::Contains("more than 2^40 (1099511627776) gradient elements in all"),
+                       SimError);
+  // An all-reduce span's elements: the same bound, and not negative.
+  CHECK_THROWS_WITH_AS(
+      profile_from_trace_text(
+          replaced(marker_trace({15, 1000}), R"("elements":"1000")", R"("elements":"-1000")"),
+          "m.json", {}),
+      doctest::Contains("\"elements\": \"-1000\", not a whole number"), SimError);
+}
+
+TEST_CASE("trace profile: a span longer than a day, or steps of no time, are no run's") {
+  // dur 1e300 us used to print a 300-digit step.
+  CHECK_THROWS_WITH_AS(
+      profile_from_trace_text(replaced(marker_trace({}), R"("dur":100})", R"("dur":1e300})"),
+                              "m.json", {}),
+      doctest::Contains("('forward') lasts 1e+300 us, more than a day (8.64e+10 us)"), SimError);
+  // Spans of sane length, but a step that ends 1e18 us after it starts.
+  CHECK_THROWS_WITH_AS(
+      profile_from_trace_text(replaced(marker_trace({}), R"("ts":2500,)", R"("ts":1e18,)"),
+                              "m.json", {}),
+      doctest::Contains("step 3 of rank 0 runs 1e+15 ms"), SimError);
+  // Every event at one moment and of no length: step 0 ms, efficiency 0 % on one GPU before.
+  nlohmann::json zero = nlohmann::json::parse(marker_trace({15, 1000}));
+  for (auto& e : zero["traceEvents"]) {
+    e["ts"] = 1.0;
+    if (e.contains("dur")) e["dur"] = 0.0;
+  }
+  CHECK_THROWS_WITH_AS(profile_from_trace_text(zero.dump(), "zero.json", {}),
+                       doctest::Contains("the median step of rank 0 lasts 0 ms"), SimError);
+}
+
+TEST_CASE(
+    "trace profile: the trace records its batch, and a baseline of another batch is refused") {
+  TempDir dir;
+  const auto traced = [&](const std::string& file, const std::string& batch) {
+    std::vector<std::string> args = train_args(dir.file(file));
+    const auto at = std::find(args.begin(), args.end(), "--batch");
+    REQUIRE(at != args.end());
+    *(at + 1) = batch;
+    const ProcessResult run = run_process(args, quick());
+    REQUIRE_MESSAGE(run.exit_code == 0, run.output);
+    return dir.file(file);
+  };
+  const std::string b16 = traced("b16.json", "16"), b8 = traced("b8.json", "8");
+  const ComputeProfile p = profile_from_trace(b16, {});
+  REQUIRE(p.batch.has_value());
+  CHECK(*p.batch == 16);
+  CHECK(p.source.find("batch 16 per rank") != std::string::npos);
+  CHECK(p.warnings.empty());
+  const auto simulate = [&](const std::string& baseline) {
+    return run_process({bin_path("nanoddp-sim"), "--profile", b16, "--baseline-profile", baseline,
+                        "--gpus-per-node", "2"});
+  };
+  // Batch 8 as the baseline of a batch-16 profile was taken silently (another efficiency).
+  const ProcessResult other = simulate(b8);
+  CAPTURE(other.output);
+  CHECK(other.exit_code == 2);
+  CHECK(other.output.find("--baseline-profile " + b8 +
+                          ": traced at batch 8 per rank, but "
+                          "--profile " +
+                          b16 + " at batch 16") != std::string::npos);
+  const ProcessResult same = simulate(b16);
+  CHECK_MESSAGE(same.exit_code == 0, same.output);
+  CHECK(same.output.find("cannot be checked") == std::string::npos);
+  // A trace from before the record: taken, with a warning that the batch is unchecked.
+  nlohmann::json old;
+  {
+    std::ifstream in(b8);
+    old = nlohmann::json::parse(in);
+  }
+  auto& events = old["traceEvents"];
+  events.erase(std::remove_if(events.begin(), events.end(),
+                              [](const nlohmann::json& e) { return e["name"] == "run_config"; }),
+               events.end());
+  const std::string unrecorded = dir.file("old.json");
+  std::ofstream(unrecorded) << old.dump();
+  const ProcessResult warned = simulate(unrecorded);
+  CHECK_MESSAGE(warned.exit_code == 0, warned.output);
+  CHECK(warned.output.find("warning: --baseline-profile " + unrecorded +
+                           ": the batch of "
+                           "--baseline-profile " +
+                           unrecorded + " is not recorded") != std::string::npos);
+}
+
+TEST_CASE("trace profile: an older 1-rank trace says its shape cannot be checked") {
+  // No markers, no all-reduce spans: only the count of "backward linear" spans checks the flags.
+  std::string events;
+  for (int step = 0; step < 6; ++step) {
+    const double t0 = step * 1000.0;
+    const auto add = [&](const std::string& name, double ts, double dur) {
+      if (!events.empty()) events += ",";
+      events += fmt::format(R"({{"name":"{}","ph":"X","pid":0,"tid":0,"ts":{},"dur":{}}})", name,
+                            t0 + ts, dur);
+    };
+    add("forward", 10, 100);
+    for (int k = 0; k < 3; ++k) add("backward linear", 110 + 100 * k, 90);
+    add("optimizer step", 500, 100);
+  }
+  const std::string trace = R"({"traceEvents": [)" + events + "]}";
+  const ComputeProfile p = profile_from_trace_text(trace, "old.json", {.shape = kShape});
+  REQUIRE(p.warnings.size() == 1);
+  CHECK(p.warnings[0].find("--profile old.json: an older trace (no \"grad\" markers, no "
+                           "all-reduce spans)") != std::string::npos);
+  CHECK(p.warnings[0].find("hidden=96") != std::string::npos);
+  // With markers the parameters are the trace's own: nothing to warn about (but 2 kept steps).
+  const auto warnings = profile_from_trace_text(marker_trace({}), "m.json", {}).warnings;
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("older trace") == std::string::npos);
+  CHECK(warnings[0].find("--profile m.json: 2 step(s) of rank 0 kept after --skip-steps 1") !=
+        std::string::npos);
+  CHECK(profile_from_trace_text(marker_trace({}), "m.json", {.skip_steps = 0}).warnings.size() ==
+        1);
 }

@@ -1051,6 +1051,27 @@ TEST_CASE("outputs: a --save, --trace and --metrics folder removed during the ru
   CHECK(std::count(std::istreambuf_iterator<char>(metrics), {}, '\n') == 51);
 }
 
+TEST_CASE("outputs: a --metrics file emptied during the run gets whole lines, no NUL bytes") {
+  // An outside adversary's `: > m.jsonl` mid-run: the file was not in append mode, and the next
+  // line landed at the old offset after a hole of NUL bytes.
+  TempDir dir;
+  BackgroundProcess trainer(
+      train_argv({"--steps", "100000", "--log-every", "2000", "--metrics", dir.file("m.jsonl")}));
+  REQUIRE(trainer.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
+                                  std::chrono::seconds(30)));
+  trainer.send(SIGSTOP);
+  fs::resize_file(dir.file("m.jsonl"), 0);
+  trainer.send(SIGCONT);
+  const auto status = trainer.wait(std::chrono::seconds(60));
+  INFO(status_text(status), "\n", trainer.output());
+  CHECK(exited_with(status, 0));
+  std::ifstream in(dir.file("m.jsonl"));
+  const std::string text(std::istreambuf_iterator<char>(in), {});
+  CHECK(text.find('\0') == std::string::npos);
+  CHECK(text.starts_with("{"));
+  CHECK(text.ends_with("}\n"));
+}
+
 TEST_CASE("outputs: a --metrics file renamed during the run is left to its new name") {
   TempDir dir;
   BackgroundProcess trainer(

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -239,6 +240,49 @@ inline FileLock lock_file(const std::string& path, bool* busy = nullptr,
   }
   if (problem != nullptr) *problem = "the file kept being replaced";
   return {};
+}
+
+// Locks the folder `dir` itself (flock on its descriptor; nothing is created in it): two runs
+// writing one --checkpoint-dir would resume from each other's checkpoints. As lock_file:
+// `busy` when another process holds it, `problem` when it cannot be taken at all (some network
+// file systems), then nothing is held.
+inline FileLock lock_folder(const std::string& dir, bool* busy, std::string* problem) {
+  *busy = false;
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    *problem = std::strerror(errno);
+    return {};
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    *busy = error == EWOULDBLOCK;
+    if (!*busy) *problem = std::strerror(error);
+    ::close(fd);
+    return {};
+  }
+  return FileLock(fd, {});
+}
+
+// What a path named when a run checked it, to tell before the run replaces it whether another
+// process wrote it meanwhile: two jobs given the same --save both said "parameters saved", and
+// the second to end had replaced the first's without a word.
+struct FileState {
+  bool exists = false;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = 0;
+  std::int64_t mtime_ns = 0;
+  friend bool operator==(const FileState&, const FileState&) = default;
+};
+
+inline FileState file_state(const std::string& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) return {};
+  return {.exists = true,
+          .dev = info.st_dev,
+          .ino = info.st_ino,
+          .size = info.st_size,
+          .mtime_ns = std::int64_t{info.st_mtim.tv_sec} * 1'000'000'000 + info.st_mtim.tv_nsec};
 }
 
 }  // namespace nanoddp::common

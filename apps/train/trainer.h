@@ -202,6 +202,10 @@ class Trainer {
   // Before metrics_lock_, so destroyed after it: a --metrics file it created goes first.
   common::CreatedFolders created_folders_;  // by check_output_paths; kept once the run starts
   common::FileLock metrics_lock_;    // held on --metrics while this run writes it (released last)
+  common::FileLock checkpoint_lock_;  // on --checkpoint-dir itself, while this run writes there
+  // What --save and --trace named at their check (rank 0): a file another job wrote there since
+  // is not replaced (write_final_output).
+  common::FileState save_checked_, trace_checked_;
   std::ofstream metrics_file_;       // --metrics, when it names a file or a device
   std::ostream* metrics_ = nullptr;  // where the lines go: metrics_file_, std::cout or std::cerr
 

@@ -301,9 +301,10 @@ std::string Trainer::save_parameters() {
                                             {"activation", o_.activation},
                                             {"task", task_description()},
                                             {"model", model_->describe()}};
-  return write_final_output("--save", o_.save_path, [&](const std::string& path) {
-    nn::write_safetensors(path, entries, metadata);
-  });
+  return write_final_output(
+      "--save", o_.save_path,
+      [&](const std::string& path) { nn::write_safetensors(path, entries, metadata); },
+      &save_checked_);
 }
 
 }  // namespace nanoddp::train

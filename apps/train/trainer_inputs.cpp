@@ -137,6 +137,25 @@ void Trainer::check_output_paths() {
   }
   if (o_.checkpoint_every > 0) {
     check_dir_writable("--checkpoint-dir", o_.checkpoint_dir, created_folders_);
+    // Before looking at what it holds: a second run, even a --resume, on a folder a running job
+    // writes would take that job's checkpoints for its own (an outside adversary's two jobs
+    // failed only later, at a name clash, or resumed from each other).
+    bool busy = false;
+    std::string problem;
+    checkpoint_lock_ = common::lock_folder(o_.checkpoint_dir, &busy, &problem);
+    if (busy) {
+      fail(
+          "--checkpoint-dir '{}' is in use by another run (it holds the folder's lock); wait for "
+          "it to end, or give this run a folder of its own",
+          o_.checkpoint_dir);
+    }
+    if (!problem.empty()) {
+      fmt::print(stderr,
+                 "nanoddp-train: warning: --checkpoint-dir '{}' cannot be locked ({}): another "
+                 "run writing the same folder would not be noticed\n",
+                 o_.checkpoint_dir, problem);
+      std::fflush(stderr);
+    }
     // Another run's checkpoints: this run would write beside them (a later --resume takes the
     // newest of either run) and could meet one of the same step. Refused rather than guessed.
     const std::vector<std::string> earlier = nn::list_checkpoints(o_.checkpoint_dir);
@@ -157,8 +176,12 @@ void Trainer::check_output_paths() {
            o_.save_path);
     }
     check_output_file("--save", o_.save_path, created_folders_);
+    save_checked_ = common::file_state(common::resolved_path(o_.save_path).string());
   }
-  if (!o_.trace_path.empty()) check_output_file("--trace", o_.trace_path, created_folders_);
+  if (!o_.trace_path.empty()) {
+    check_output_file("--trace", o_.trace_path, created_folders_);
+    trace_checked_ = common::file_state(common::resolved_path(o_.trace_path).string());
+  }
   if (o_.metrics_path.empty() || common::standard_stream(o_.metrics_path) != 0) {
     // Nothing, or /dev/stdout and the like: written through the program's own stream.
   } else if (common::names_a_device(o_.metrics_path)) {

@@ -85,7 +85,8 @@ std::string file_fingerprint(const std::string& path) {
 }
 
 std::string write_final_output(const char* flag, const std::string& path,
-                               const std::function<void(const std::string&)>& write) {
+                               const std::function<void(const std::string&)>& write,
+                               const common::FileState* checked) {
   namespace fs = std::filesystem;
   const fs::path target = common::resolved_path(path);  // a symlink's target; the link stays
   const fs::path folder = target.parent_path();
@@ -101,12 +102,19 @@ std::string write_final_output(const char* flag, const std::string& path,
     std::fflush(stderr);
   }
   std::string problem;
-  try {
-    write(target.string());
-    return {};
-  } catch (const std::exception& e) {
-    problem = e.what();
-    while (problem.ends_with('.')) problem.pop_back();  // it is quoted in a sentence below
+  if (checked != nullptr && common::file_state(target.string()) != *checked) {
+    problem = fmt::format(
+        "'{}' was written by another process during this run (another job given the same {}?) "
+        "and is left as it is",
+        target.string(), flag);
+  } else {
+    try {
+      write(target.string());
+      return {};
+    } catch (const std::exception& e) {
+      problem = e.what();
+      while (problem.ends_with('.')) problem.pop_back();  // it is quoted in a sentence below
+    }
   }
   // Not beside the target (its disk may be the full one) but where temporary files go.
   const char* tmpdir = std::getenv("TMPDIR");

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "common/output_files.h"
 #include "nanoddp/engine/tensor.h"
 
 namespace nanoddp::train {
@@ -39,7 +40,10 @@ std::string file_fingerprint(const std::string& path);
 // (a full disk, the folder replaced by a file) goes to a rescue file in $TMPDIR (else /tmp), so
 // that hours of training are not lost with the process. Returns "" when written where asked,
 // else the error to stop with, naming where the output went.
+// `checked`: what the path named at its check before step 1; a file there that has changed
+// since (another job given the same path wrote it) is left as it is, and the output rescued.
 std::string write_final_output(const char* flag, const std::string& path,
-                               const std::function<void(const std::string&)>& write);
+                               const std::function<void(const std::string&)>& write,
+                               const common::FileState* checked = nullptr);
 
 }  // namespace nanoddp::train

@@ -379,7 +379,8 @@ std::string Trainer::write_trace() {
                          o_.batch, o_.grad_accum));
   // Through a symlink (even to a file not written yet) its target; the link stays.
   std::string problem = write_final_output(
-      "--trace", o_.trace_path, [&](const std::string& path) { Tracer::write_file(path, all); });
+      "--trace", o_.trace_path, [&](const std::string& path) { Tracer::write_file(path, all); },
+      &trace_checked_);
   if (problem.empty() && !o_.quiet) fmt::print("trace written to {}\n", o_.trace_path);
   return problem;
 }

@@ -1072,6 +1072,68 @@ TEST_CASE("outputs: a --metrics file emptied during the run gets whole lines, no
   CHECK(text.ends_with("}\n"));
 }
 
+TEST_CASE("outputs: two jobs given one --save: the second to end does not replace the first's") {
+  // An outside adversary's: both said "parameters saved to X", and X held one job's parameters.
+  TempDir dir;
+  const std::string rescue = dir.file("rescue");
+  fs::create_directories(rescue);
+  const std::string save = dir.file("final.st");
+  BackgroundProcess second(
+      with_env({{"TMPDIR", rescue}},
+               train_argv({"--steps", "100000", "--log-every", "2000", "--seed", "2", "--save",
+                           save, "--trace", dir.file("t.json"), "--trace-steps", "1"})));
+  REQUIRE(second.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
+                                 std::chrono::seconds(30)));
+  second.send(SIGSTOP);
+  const ProcessResult first =
+      train({"--steps", "20", "--seed", "1", "--save", save, "--trace", dir.file("t.json")});
+  second.send(SIGCONT);
+  REQUIRE(first.exit_code == 0);
+  const auto status = second.wait(std::chrono::seconds(60));
+  INFO(status_text(status), "\n", second.output());
+  CHECK(exited_with(status, 1));
+  CHECK(contains(second.output(),
+                 "'" + save +
+                     "' was written by another process during this "
+                     "run (another job given the same --save?) and is left as it is"));
+  CHECK(contains(second.output(), "(another job given the same --trace?)"));
+  CHECK(nanoddp::nn::read_safetensors(save).metadata().at("seed") == "1");
+  const std::string rescued =
+      rescue + "/nanoddp-rescue-" + std::to_string(second.pid()) + "-final.st";
+  CHECK(nanoddp::nn::read_safetensors(rescued).metadata().at("seed") == "2");
+}
+
+TEST_CASE("outputs: a --checkpoint-dir a running job writes is refused to a second run") {
+  TempDir dir;
+  const std::string ckpt = dir.file("ck");
+  BackgroundProcess running(train_argv({"--steps", "100000", "--log-every", "2000",
+                                        "--checkpoint-dir", ckpt, "--checkpoint-every", "50000"}));
+  REQUIRE(running.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
+                                  std::chrono::seconds(30)));
+  running.send(SIGSTOP);
+  for (const bool resume : {false, true}) {
+    CAPTURE(resume);
+    std::vector<std::string> args = {
+        "--steps", "10", "--checkpoint-dir", ckpt, "--checkpoint-every", "5"};
+    if (resume) args.push_back("--resume");
+    const ProcessResult second = train(args);
+    INFO(second.output);
+    CHECK(second.exit_code == 2);
+    CHECK(contains(second.output, "--checkpoint-dir '" + ckpt +
+                                      "' is in use by another run (it holds the folder's lock)"));
+  }
+  running.send(SIGCONT);
+  const auto status = running.wait(std::chrono::seconds(60));
+  INFO(status_text(status), "\n", running.output());
+  CHECK(exited_with(status, 0));
+  CHECK(nanoddp::nn::list_checkpoints(ckpt).size() == 2);
+  // Once it has ended, the folder is free: a resume takes it.
+  const ProcessResult resumed = train({"--steps", "100001", "--checkpoint-dir", ckpt,
+                                       "--checkpoint-every", "50000", "--resume", "--quiet"});
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+}
+
 TEST_CASE("outputs: a --metrics file renamed during the run is left to its new name") {
   TempDir dir;
   BackgroundProcess trainer(

@@ -189,8 +189,12 @@ void Tracer::write_file(const std::string& requested,
   // is removed and `path` is as it was.
   const std::string temporary = fmt::format("{}.tmp.{}", path, ::getpid());
   {
+    errno = 0;
     std::ofstream out(temporary, std::ios::trunc);
-    if (!out) fail("cannot open the trace file '{}' for writing", temporary);
+    if (!out) {
+      fail("cannot open the trace file '{}' for writing: {}", temporary,
+           errno != 0 ? std::strerror(errno) : "unknown error");
+    }
     out << R"({"displayTimeUnit":"ms","traceEvents":[)";
     bool first = true;
     for (const std::string& events : ranks_events) {
@@ -200,11 +204,13 @@ void Tracer::write_file(const std::string& requested,
       first = false;
     }
     out << "]}\n";
+    errno = 0;
     out.close();
     if (!out) {
+      const int error = errno;
       std::remove(temporary.c_str());
-      fail("writing the trace file '{}' failed (disk full?); '{}' was left as it was", temporary,
-           path);
+      fail("writing the trace file '{}' failed: {}; '{}' was left as it was", temporary,
+           error != 0 ? std::strerror(error) : "unknown error (a full disk?)", path);
     }
   }
   if (std::rename(temporary.c_str(), path.c_str()) != 0) {

@@ -252,6 +252,18 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
     failure = std::current_exception();
     outcome = e.what();
     if (outcome == "ok" || outcome.empty()) outcome = "(no message)";
+    // The run stops here; the steps since the last good checkpoint are not lost with it.
+    const std::string rescue = rescue_path("checkpoints");
+    try {
+      const std::string written = nn::save_checkpoint(rescue, *model_, *optimizer_, state, 1,
+                                                      full_state ? &*full_state : nullptr);
+      outcome += fmt::format(
+          ". This checkpoint was written to '{}' instead: move it into --checkpoint-dir, then "
+          "--resume",
+          written);
+    } catch (const std::exception& again) {
+      outcome += fmt::format(", nor could it be written to '{}' ({})", rescue, again.what());
+    }
   }
   if (distributed_) {
     try {
@@ -263,7 +275,7 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
       // The store is gone: the others find out through it too; this rank's own error comes next.
     }
   }
-  if (failure) std::rethrow_exception(failure);
+  if (failure) fail("{}", outcome);
 }
 
 // The loss and the gradients can be finite while the update itself overflows (a huge --lr):

@@ -84,6 +84,16 @@ std::string file_fingerprint(const std::string& path) {
   }
 }
 
+std::string rescue_path(const std::string& name) {
+  // Not beside the output (its disk may be the full one) but where temporary files go.
+  std::error_code ec;
+  const char* tmpdir = std::getenv("TMPDIR");
+  const std::filesystem::path folder =
+      tmpdir != nullptr && *tmpdir != '\0' && std::filesystem::is_directory(tmpdir, ec) ? tmpdir
+                                                                                        : "/tmp";
+  return (folder / fmt::format("nanoddp-rescue-{}-{}", ::getpid(), name)).string();
+}
+
 std::string write_final_output(const char* flag, const std::string& path,
                                const std::function<void(const std::string&)>& write,
                                const common::FileState* checked) {
@@ -116,22 +126,17 @@ std::string write_final_output(const char* flag, const std::string& path,
       while (problem.ends_with('.')) problem.pop_back();  // it is quoted in a sentence below
     }
   }
-  // Not beside the target (its disk may be the full one) but where temporary files go.
-  const char* tmpdir = std::getenv("TMPDIR");
-  const fs::path rescue_folder =
-      tmpdir != nullptr && *tmpdir != '\0' && fs::is_directory(tmpdir, ec) ? tmpdir : "/tmp";
-  const fs::path rescue =
-      rescue_folder / fmt::format("nanoddp-rescue-{}-{}", ::getpid(), target.filename().string());
+  const std::string rescue = rescue_path(target.filename().string());
   try {
-    write(rescue.string());
+    write(rescue);
   } catch (const std::exception& e) {
     return fmt::format("{} '{}' could not be written ({}), nor its rescue copy '{}' ({})", flag,
-                       path, problem, rescue.string(), e.what());
+                       path, problem, rescue, e.what());
   }
   return fmt::format(
       "{} '{}' could not be written ({}). It was written to '{}' instead: move it where it "
       "belongs",
-      flag, path, problem, rescue.string());
+      flag, path, problem, rescue);
 }
 
 }  // namespace nanoddp::train

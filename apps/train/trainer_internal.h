@@ -34,6 +34,10 @@ std::string model_difference(const std::string& recorded, const std::string& cur
 // every rank fails together instead of one failing alone and the others waiting).
 std::string file_fingerprint(const std::string& path);
 
+// Where an output that cannot be written where asked goes instead: $TMPDIR (else /tmp)
+// /nanoddp-rescue-PID-NAME.
+std::string rescue_path(const std::string& name);
+
 // Writes one of the run's final outputs (--save, --trace) with `write(path)`, after training,
 // when the world may have changed since its check before step 1: a folder removed during the run
 // (a clean-up job, a user tidying up) is made again, with a warning; a write that still fails

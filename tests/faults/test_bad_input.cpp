@@ -588,6 +588,12 @@ void check_checkpoint_failure_ends_both(const std::string& rank0, const std::str
                             ", so every rank stops: cannot write '" + dir + "/step-"));
   CHECK(contains(rank1, cause));
   CHECK_FALSE(contains(rank1, "Gloo"));  // not a collective's timeout or lost peer
+  // The run stops, but this checkpoint is kept: written where temporary files go, and named.
+  std::smatch rescued;
+  REQUIRE(std::regex_search(rank0, rescued,
+                            std::regex("This checkpoint was written to '([^']+)' instead: move "
+                                       "it into --checkpoint-dir, then --resume")));
+  CHECK(nanoddp::nn::read_safetensors(rescued[1].str()).metadata().at("step") == m[1].str());
 }
 
 TEST_CASE("bad input: a full disk under rank 0's checkpoint write ends every rank, naming it") {
@@ -596,8 +602,9 @@ TEST_CASE("bad input: a full disk under rank 0's checkpoint write ends every ran
   if (!disk.mounted) return;
   const std::string& mnt = disk.path;
   const std::vector<std::string> argv =
-      train_argv({"--hidden", "120", "--steps", "30", "--checkpoint-every", "1", "--keep", "100",
-                  "--checkpoint-dir", mnt, "--quiet"});
+      with_env({{"TMPDIR", dir.path()}},
+               train_argv({"--hidden", "120", "--steps", "30", "--checkpoint-every", "1", "--keep",
+                           "100", "--checkpoint-dir", mnt, "--quiet"}));
   const auto results = two_ranks(argv, argv);
   for (const auto& r : results) {
     CHECK_FALSE(r.timed_out);
@@ -614,7 +621,7 @@ TEST_CASE("bad input: a checkpoint folder turned read-only mid-run ends every ra
   const std::string& mnt = disk.path;
   auto ranks = start_ranks(train_argv({"--steps", "100000000", "--checkpoint-every", "1", "--keep",
                                        "2", "--checkpoint-dir", mnt, "--log-every", "1000"}),
-                           2, {{"NANODDP_TIMEOUT_S", "5"}});
+                           2, {{"NANODDP_TIMEOUT_S", "5"}, {"TMPDIR", dir.path()}});
   REQUIRE_MESSAGE(
       ranks[0]->wait_for_output([](const std::string& out) { return contains(out, "loss "); }, 60s),
       ranks[0]->output());
@@ -643,8 +650,9 @@ TEST_CASE("bad input: a disk that fills up during a checkpoint write names the p
   if (!disk.mounted) return;
   const std::string& mnt = disk.path;
   const ProcessResult r =
-      run_process(train_argv({"--hidden", "120", "--steps", "30", "--checkpoint-every", "1",
-                              "--keep", "100", "--checkpoint-dir", mnt, "--quiet"}));
+      run_process(with_env({{"TMPDIR", dir.path()}},
+                           train_argv({"--hidden", "120", "--steps", "30", "--checkpoint-every",
+                                       "1", "--keep", "100", "--checkpoint-dir", mnt, "--quiet"})));
   INFO(r.output);
   CHECK(r.exit_code == 1);
   CHECK(contains(r.output, "No space left on device"));
@@ -672,11 +680,17 @@ TEST_CASE("bad input: a full disk under the --trace write leaves the old trace w
   const std::string& mnt = disk.path;
   const std::string trace = mnt + "/trace.json";
   { std::ofstream(trace) << "{\"traceEvents\":[]}\n"; }
-  const ProcessResult r = run_process(
-      train_argv({"--steps", "300", "--trace", trace, "--trace-steps", "300", "--quiet"}));
+  const ProcessResult r = run_process(with_env(
+      {{"TMPDIR", dir.path()}},
+      train_argv({"--steps", "300", "--trace", trace, "--trace-steps", "300", "--quiet"})));
   INFO(r.output);
   CHECK(r.exit_code == 1);
-  CHECK(contains(r.output, "disk full?"));
+  CHECK(contains(r.output, "No space left on device"));
+  // Rescued where temporary files go, whole.
+  std::smatch rescued;
+  REQUIRE(std::regex_search(r.output, rescued,
+                            std::regex("It was written to '([^']+-trace\\.json)' instead")));
+  CHECK(fs::file_size(rescued[1].str()) > 1000);
   CHECK(contains(r.output, "'" + trace + "' was left as it was"));
   std::ifstream in(trace);
   const std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

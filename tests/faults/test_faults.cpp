@@ -106,6 +106,26 @@ TEST_CASE("SIGSTOP of a rank (a hang) makes the others time out and exit") {
   kill_one_rank(3, 2, SIGSTOP);
 }
 
+// An outside adversary's: with rank 0 (the store's host) stopped, rank 1 printed its error after
+// one timeout, then spent a second whole timeout checking out of the frozen store.
+TEST_CASE("SIGSTOP of rank 0 (the store host): the other rank exits about one timeout after") {
+  constexpr int kTimeout = 8;
+  auto ranks = start_ranks(train_argv({"--steps", "100000000", "--log-every", "1000"}), 2,
+                           {{"NANODDP_TIMEOUT_S", std::to_string(kTimeout)}});
+  REQUIRE_MESSAGE(ranks[0]->wait_for_output(has_progress, 30s), ranks[0]->output());
+  ranks[0]->send(SIGSTOP);
+  const auto start = Clock::now();
+  const auto status = ranks[1]->wait(std::chrono::seconds(4 * kTimeout));
+  const double took = seconds_since(start);
+  INFO(status_text(status), " after ", took, " s\n", ranks[1]->output());
+  CHECK(exited_with(status, 1));
+  CHECK(contains(ranks[1]->output(), "rank 0 did not report reaching this op"));
+  // One timeout, then at most 2 s of check-out and the teardown: not two timeouts.
+  CHECK(took < kTimeout + 5);
+  ranks[0]->send(SIGKILL);
+  CHECK(ranks[0]->wait(10s).has_value());
+}
+
 TEST_CASE("under nanoddp-run a killed rank is named first in the launcher's summary") {
   TempDir dir;
   std::vector<std::string> argv = {

@@ -159,8 +159,7 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code,
   app.add_option("--init", o.init_path,
                  "start from the parameters in a safetensors FILE (as --save writes them, or "
                  "PyTorch's state_dict of the same model); rank 0 reads it and DDP broadcasts it")
-      ->check(cli::non_empty_path())
-      ->check(CLI::ExistingFile);
+      ->check(cli::non_empty_path());  // its existence: checked when read (not on a resume)
   app.add_option("--threads", o.threads, "Eigen GEMM threads (CPU)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();

@@ -155,6 +155,7 @@ class Trainer {
   void require_finite_parameters(std::int64_t step, const char* what);
   std::string npy_checksums_;  // of --data and --targets, for data_description()
   void read_inputs();          // --init's header and the data set
+  bool init_superseded_ = false;  // --resume will find a checkpoint: --init is not read
   // Every rank learns whether each read its inputs; any failure stops every rank, naming it.
   void agree_inputs_read(const std::string& problem);
   void load_npy_dataset();

@@ -45,7 +45,11 @@ void Trainer::resume() {
   } catch (const Error& e) {
     // The loader names the file and what differs in the library's terms; the flags that set
     // the optimizer's kind and state are this program's.
-    fail("--resume: {} (the optimizer's settings come from --optimizer and --momentum)", e.what());
+    const std::string what = e.what();
+    fail("--resume: {}{}", what,
+         what.find("optimizer") != std::string::npos
+             ? " (the optimizer's settings come from --optimizer and --momentum)"
+             : "");
   }
   if (count_nonfinite(params_->values()) > 0) {
     fail("--resume: checkpoint '{}' holds NaN/Inf parameters; resume from an earlier one", path);

@@ -348,7 +348,7 @@ void Trainer::check_same_inputs() {
     add("--data", o_.data_path);
     add("--targets", o_.targets_path);
   }
-  if (!o_.init_path.empty()) add("--init", o_.init_path);
+  if (!o_.init_path.empty() && !init_superseded_) add("--init", o_.init_path);
   check_same_files("train/inputs", items, paths);
 }
 

@@ -82,6 +82,15 @@ void Trainer::set_up() {
                                                              : GemmBackend::kHand);
   kernels::cpu::set_gemm_threads(o_.threads);
 
+  // A resume that will find a checkpoint starts from it, not from --init: the file is not read
+  // (under --max-restarts an --init removed since the first attempt, a cleaned /tmp, used to
+  // fail every restart with exit 2, which launchers do not restart).
+  init_superseded_ =
+      o_.resume && !o_.init_path.empty() && !nn::list_checkpoints(o_.checkpoint_dir).empty();
+  if (init_superseded_ && world_.rank == 0 && !o_.quiet) {
+    fmt::print("init: --init '{}' not read: --resume continues from a checkpoint in {}\n",
+               o_.init_path, o_.checkpoint_dir);
+  }
   // Rank 0 writes every output: find out now, not after hours of training, that it cannot.
   // (Before the process group: a launcher then stops the other ranks at once.)
   if (world_.rank == 0) check_output_paths();
@@ -186,7 +195,7 @@ void Trainer::set_up() {
   // above), so a bad file stops every rank at once instead of rank 0 alone while the others
   // wait for it; DDP's constructor then broadcasts rank 0's parameters. A checkpoint found by
   // --resume comes after it.
-  if (!o_.init_path.empty()) {
+  if (!o_.init_path.empty() && !init_superseded_) {
     try {
       check_init_model();
     } catch (const Error& e) {
@@ -315,7 +324,7 @@ void Trainer::check_same_settings() {
 void Trainer::read_inputs() {
   // --init's header (its tensors' shapes, and that the file holds all their bytes) before the
   // data, which may take seconds to read: a truncated file is refused at once.
-  if (!o_.init_path.empty()) {
+  if (!o_.init_path.empty() && !init_superseded_) {
     try {
       nn::read_safetensors_shapes(o_.init_path);
     } catch (const Error& e) {

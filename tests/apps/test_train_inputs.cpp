@@ -449,6 +449,53 @@ TEST_CASE(
                  "(--activation)"));
 }
 
+TEST_CASE(
+    "inputs: a --resume that finds a checkpoint does not read --init (a restart without it)") {
+  // An outside adversary's: --init removed during the run (a cleaned /tmp), then a worker killed
+  // under --max-restarts --resume; every restart exited 2 on the missing --init, which the
+  // checkpoint it resumed from made irrelevant.
+  TempDir dir;
+  const std::string init = dir.file("init.st");
+  REQUIRE(train({"--steps", "3", "--save", init, "--quiet"}).exit_code == 0);
+  const std::vector<std::string> args = {"--steps",
+                                         "10",
+                                         "--init",
+                                         init,
+                                         "--checkpoint-dir",
+                                         dir.file("ck"),
+                                         "--checkpoint-every",
+                                         "5",
+                                         "--resume",
+                                         "--save",
+                                         dir.file("a.st")};
+  ProcessResult first = train({"--steps", "5", "--init", init, "--checkpoint-dir", dir.file("ck"),
+                               "--checkpoint-every", "5", "--resume"});
+  REQUIRE_MESSAGE(first.exit_code == 0, first.output);
+  const ProcessResult with_init = train(args);
+  REQUIRE_MESSAGE(with_init.exit_code == 0, with_init.output);
+  fs::rename(dir.file("a.st"), dir.file("with_init.st"));
+  fs::remove(init);
+  fs::remove(dir.file("ck/step-000000010.safetensors"));  // resume from step 5 again
+  const ProcessResult without = train(args);
+  INFO(without.output);
+  CHECK(without.exit_code == 0);
+  CHECK(contains(without.output, "init: --init '" + init +
+                                     "' not read: --resume continues from a "
+                                     "checkpoint in " +
+                                     dir.file("ck")));
+  const auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  CHECK(bytes(dir.file("a.st")) == bytes(dir.file("with_init.st")));  // the same training
+  // Without a checkpoint to resume, the missing --init is still refused.
+  const ProcessResult fresh = train({"--steps", "10", "--init", init, "--checkpoint-dir",
+                                     dir.file("empty"), "--checkpoint-every", "5", "--resume"});
+  INFO(fresh.output);
+  CHECK(fresh.exit_code == 2);
+  CHECK(contains(fresh.output, "--init"));
+}
+
 TEST_CASE("inputs: --init compares the file's activation key whatever its model key says") {
   // An outside tester's file: another activation under "activation" beside a "model" that
   // matches this run (or none) was accepted.

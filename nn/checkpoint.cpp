@@ -177,6 +177,10 @@ std::string save_checkpoint(const std::string& dir, const Module& model, const O
       (fs::path(dir) / fmt::format("step-{:09}.safetensors", state.step)).string();
   // (Checked here, not atomically with the rename: this guards against another run's file that
   // is already there, not against two writers racing for the same name.)
+  if (fs::is_directory(path, ec)) {
+    fail("cannot write checkpoint '{}': a folder of that name is in the way; remove or rename it",
+         path);
+  }
   if (fs::exists(path, ec)) {
     fail(
         "cannot write checkpoint '{}': the file already exists (another run's checkpoint of the "
@@ -204,7 +208,15 @@ std::string save_checkpoint(const std::string& dir, const Module& model, const O
       }
     }
     const std::size_t keep_earlier = static_cast<std::size_t>(keep - 1);
-    for (std::size_t i = 0; i + keep_earlier < earlier.size(); ++i) fs::remove(earlier[i], ec);
+    for (std::size_t i = 0; i + keep_earlier < earlier.size(); ++i) {
+      // Not fatal (the new checkpoint is written), but not silent: the folder keeps growing.
+      if (!fs::remove(earlier[i], ec) && ec) {
+        fmt::print(stderr,
+                   "nanoddp: warning: could not remove the old checkpoint '{}' (--keep {}): {}\n",
+                   earlier[i], keep, ec.message());
+        std::fflush(stderr);
+      }
+    }
   }
   return path;
 }
@@ -218,6 +230,9 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return {};
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    // A folder (or a FIFO) with a checkpoint's name is not one: it is said when it is in the way.
+    std::error_code kind;
+    if (!entry.is_regular_file(kind)) continue;
     if (auto step = step_of(entry.path())) found.emplace_back(*step, entry.path().string());
   }
   std::sort(found.begin(), found.end());

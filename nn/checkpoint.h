@@ -47,7 +47,7 @@ std::string save_checkpoint(const std::string& dir, const Module& model, const O
                             const TrainingState& state, int keep,
                             const std::vector<NamedTensor>* optimizer_state = nullptr);
 
-// All step-*.safetensors files in `dir`, oldest first (by step number).
+// All step-*.safetensors regular files in `dir`, oldest first (by step number).
 std::vector<std::string> list_checkpoints(const std::string& dir);
 // The step a checkpoint file name says ("step-000000020.safetensors" -> 20); none for another
 // name.

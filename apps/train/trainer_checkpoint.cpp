@@ -8,6 +8,7 @@
 #include <charconv>
 #include <exception>
 #include <filesystem>
+#include <regex>
 
 #include "nanoddp/comm/consistency.h"
 #include "nanoddp/config.h"
@@ -71,8 +72,19 @@ void Trainer::resume() {
   // data was. (Checkpoints written before this key existed have none to compare.)
   const auto data = state.info.find("data");
   if (data != state.info.end() && data->second != data_description()) {
-    fail("checkpoint '{}' was trained on other data: {}; this run: {}. Resume with the same data",
-         path, data->second, data_description());
+    // "checksums D / T": of --data, then --targets; say which file changed.
+    const std::regex sums("checksums ([0-9a-f]+) / ([0-9a-f]+)");
+    std::smatch then, now;
+    const std::string current = data_description();
+    std::string which;
+    if (std::regex_search(data->second, then, sums) && std::regex_search(current, now, sums)) {
+      which = then[1] != now[1] && then[2] != now[2] ? " (--data and --targets differ)"
+              : then[1] != now[1]                    ? " (--data differs)"
+              : then[2] != now[2]                    ? " (--targets differs)"
+                                                     : "";
+    }
+    fail("checkpoint '{}' was trained on other data{}: {}; this run: {}. Resume with the same data",
+         path, which, data->second, current);
   }
   start_step_ = state.epoch * steps_per_epoch_ + state.epoch_samples / global_batch;
   if (state.step != start_step_) {

@@ -1350,8 +1350,37 @@ TEST_CASE("inputs: --resume refuses .npy data of the same shape but other values
   INFO(other.output);
   CHECK(other.exit_code == 2);
   CHECK(contains(other.output, "checksums"));
+  CHECK(contains(other.output, "was trained on other data (--data differs)"));  // which file
   const ProcessResult same = with({"--data", dir.file("X.npy"), "--steps", "12", "--resume"});
   CHECK_MESSAGE(same.exit_code == 0, same.output);
+}
+
+TEST_CASE("outputs: checkpoint housekeeping that cannot remove, or a folder in the way, is said") {
+  // An outside adversary's: an old checkpoint that could not be removed (--keep 1) was kept
+  // without a word, and a folder at the next checkpoint's name was called "the file".
+  TempDir dir;
+  const std::string ck = dir.file("ck");
+  REQUIRE(train({"--steps", "2", "--checkpoint-dir", ck, "--checkpoint-every", "2", "--quiet"})
+              .exit_code == 0);
+  const std::string old = ck + "/step-000000002.safetensors";
+  if (run_process({"/usr/bin/chattr", "+i", old}).exit_code != 0) {
+    MESSAGE("SKIPPED the housekeeping part: chattr +i is not supported here");
+  } else {
+    const ProcessResult r = train({"--steps", "4", "--checkpoint-dir", ck, "--checkpoint-every",
+                                   "2", "--keep", "1", "--resume", "--quiet"});
+    run_process({"/usr/bin/chattr", "-i", old});
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.output,
+                   "warning: could not remove the old checkpoint '" + old + "' (--keep 1)"));
+    CHECK(fs::exists(ck + "/step-000000004.safetensors"));
+  }
+  fs::create_directories(ck + "/step-000000006.safetensors");
+  const ProcessResult r = train(
+      {"--steps", "6", "--checkpoint-dir", ck, "--checkpoint-every", "2", "--resume", "--quiet"});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(contains(r.output, "step-000000006.safetensors': a folder of that name is in the way"));
 }
 
 TEST_CASE("inputs: a second job on the same --master-port fails alone, the first trains on") {

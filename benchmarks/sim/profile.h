@@ -45,6 +45,9 @@ struct GradientWork {
 struct MeasuredStep {
   int world_size = 1;
   double step_ms = 0;          // median, data preparation excluded (as nanoddp-train reports)
+  double step_p10_ms = 0;      // the spread of the kept steps around it: the input's noise,
+  double step_p90_ms = 0;      // which no prediction from it can be more precise than
+  int steps = 0;               // kept (after --skip-steps)
   double exposed_comm_ms = 0;  // median "wait for all-reduce"
   double comm_ms = 0;          // median sum of the buckets' all-reduce spans
   std::vector<std::int64_t> bucket_numel;   // from the all-reduce spans

@@ -175,8 +175,10 @@ std::string format_report(const SimReport& r) {
   for (const std::string& w : r.warnings) out += fmt::format("warning: {}\n", w);
   if (prof.measured) {
     const MeasuredStep& m = *prof.measured;
-    out += fmt::format("traced run           {:>10.3f} ms  measured with {} rank(s)", m.step_ms,
-                       m.world_size);
+    out += fmt::format(
+        "traced run           {:>10.3f} ms  measured with {} rank(s), median of {} steps "
+        "(p10 {:.3f}, p90 {:.3f})",
+        m.step_ms, m.world_size, m.steps, m.step_p10_ms, m.step_p90_ms);
     if (m.world_size > 1) {
       out += fmt::format(": comm {:.3f} ms, exposed {:.3f} ms", m.comm_ms, m.exposed_comm_ms);
     }
@@ -255,10 +257,15 @@ nlohmann::json report_json(const SimReport& r) {
   if (!prof.peers_ready_ms.empty()) j["profile"]["peers_ready_ms"] = prof.peers_ready_ms;
   if (prof.measured) {
     const MeasuredStep& m = *prof.measured;
-    j["profile"]["measured"] = {
-        {"world_size", m.world_size},     {"step_ms", m.step_ms},
-        {"comm_ms", m.comm_ms},           {"exposed_comm_ms", m.exposed_comm_ms},
-        {"bucket_numel", m.bucket_numel}, {"bucket_allreduce_ms", m.bucket_allreduce_ms}};
+    j["profile"]["measured"] = {{"world_size", m.world_size},
+                                {"step_ms", m.step_ms},
+                                {"steps", m.steps},
+                                {"step_p10_ms", m.step_p10_ms},
+                                {"step_p90_ms", m.step_p90_ms},
+                                {"comm_ms", m.comm_ms},
+                                {"exposed_comm_ms", m.exposed_comm_ms},
+                                {"bucket_numel", m.bucket_numel},
+                                {"bucket_allreduce_ms", m.bucket_allreduce_ms}};
   }
   j["cluster"] = {{"nodes", o.cluster.nodes},
                   {"gpus_per_node", o.cluster.gpus_per_node},

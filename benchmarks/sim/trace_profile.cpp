@@ -15,6 +15,7 @@
 
 #include "benchmarks/sim/error.h"
 #include "benchmarks/sim/stats.h"
+#include "common/stats.h"
 
 namespace nanoddp::sim {
 
@@ -637,6 +638,13 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   MeasuredStep measured;
   measured.world_size = static_cast<int>(ranks.size());
   measured.step_ms = step_ms;
+  {
+    std::vector<double> steps;
+    for (const StepSample& s : samples) steps.push_back(s.step_ms);
+    measured.step_p10_ms = common::quantile(steps, 0.1);
+    measured.step_p90_ms = common::quantile(steps, 0.9);
+    measured.steps = static_cast<int>(steps.size());
+  }
   measured.exposed_comm_ms = wait_ms;
   const StepSample& last = samples.back();
   if (!last.buckets.empty()) {

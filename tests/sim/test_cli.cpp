@@ -2,6 +2,7 @@
 // names the flag for bad input.
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -167,6 +168,13 @@ TEST_CASE("cli: --cores and --peers on a two-rank trace") {
   CHECK(out["rates"]["comm_alone"].get<double>() == doctest::Approx(0.5));
   CHECK(out["rates"]["comm_shared"].get<double>() == doctest::Approx(0.25));
   CHECK(out["profile"]["peers_ready_ms"].size() == 6);
+  // The traced steps' spread beside their median (an outside researcher found medians only).
+  const auto& measured = out["profile"]["measured"];
+  CHECK(measured["steps"].get<int>() >= 1);
+  CHECK(measured["step_p10_ms"].get<double>() <= measured["step_ms"].get<double>());
+  CHECK(measured["step_ms"].get<double>() <= measured["step_p90_ms"].get<double>());
+  CHECK(r.output.find(fmt::format("median of {} steps (p10 ", measured["steps"].get<int>())) !=
+        std::string::npos);
   for (const auto& b : out["buckets"]) {
     CHECK(b["start_ms"].get<double>() >= b["peers_ready_ms"].get<double>() - 1e-9);
   }

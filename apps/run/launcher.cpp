@@ -39,8 +39,8 @@ using Clock = std::chrono::steady_clock;
 
 template <typename... Args>
 void say(fmt::format_string<Args...> format, Args&&... args) {
-  write_all(STDERR_FILENO,
-            "nanoddp-run: " + fmt::format(format, std::forward<Args>(args)...) + "\n");
+  Console::err().write("nanoddp-run: " + fmt::format(format, std::forward<Args>(args)...) + "\n",
+                       false);
 }
 
 bool failed(const WorkerResult& r) {
@@ -172,8 +172,8 @@ void Attempt::start_worker(int local_rank) {
                                    ? std::string()
                                    : fmt::format("{}/rank_{}.log", options_.log_dir, rank);
   const auto log_failed = std::make_shared<bool>(false);  // one warning for both sinks
-  w.out = std::make_unique<LineSink>(STDOUT_FILENO, prefix, w.log_fd.get(), log_name, log_failed);
-  w.err = std::make_unique<LineSink>(STDERR_FILENO, prefix, w.log_fd.get(), log_name, log_failed);
+  w.out = std::make_unique<LineSink>(Console::out(), prefix, w.log_fd.get(), log_name, log_failed);
+  w.err = std::make_unique<LineSink>(Console::err(), prefix, w.log_fd.get(), log_name, log_failed);
 }
 
 // Signals every worker's process group, including groups whose leader already exited: the
@@ -373,7 +373,7 @@ AttemptOutcome Attempt::finish(Clock::time_point started) {
 
   if (launcher_signal_ != 0) {
     if (first_failed_ >= 0) results[static_cast<std::size_t>(first_failed_)].failed_first = true;
-    write_all(STDERR_FILENO, result_table(results));
+    Console::err().write(result_table(results), false);
     say("stopped by {} after {:.1f} s: exiting with code {}", signal_name(launcher_signal_),
         seconds, 128 + launcher_signal_);
     return {Outcome::kInterrupted, 128 + launcher_signal_, {}};
@@ -382,13 +382,13 @@ AttemptOutcome Attempt::finish(Clock::time_point started) {
     WorkerResult& first = results[static_cast<std::size_t>(first_failed_)];
     first.failed_first = true;
     say("{} failed after {:.1f} s", round_.label, seconds);
-    write_all(STDERR_FILENO, result_table(results));
+    Console::err().write(result_table(results), false);
     say("rank {} (pid {}) failed first: {}", first.rank, first.pid, describe(first));
     return {Outcome::kFailed, exit_code_of(first), {}};
   }
   if (ended_) {
     say("{} ended after {:.1f} s: {}", round_.label, seconds, *ended_);
-    write_all(STDERR_FILENO, result_table(results));
+    Console::err().write(result_table(results), false);
     return {Outcome::kEnded, 1, *ended_};
   }
   say("all {} workers exited 0 ({}, {:.1f} s)", results.size(), round_.label, seconds);

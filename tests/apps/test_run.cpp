@@ -1451,3 +1451,38 @@ TEST_CASE("nanoddp-run: a PROGRAM that is missing or not executable fails before
     CHECK(contains(r.output, "[rank 0] hello\n"));
   }
 }
+// An outside tester: `nanoddp-run ... | (sleep 30; cat)` lost a healthy job. The launcher blocked
+// writing to its full stdout, stopped reading the workers' pipes, rank 0 blocked on its next
+// line and its peer timed out blaming it. Now the launcher queues a bounded amount and drops
+// worker lines beyond it (the log files keep them), saying how many once the reader is back.
+TEST_CASE("nanoddp-run: a reader that stops reading its output does not block the workers") {
+  TempDir dir;
+  const std::string logs = dir.file("logs");
+  const int lines = 150000;  // 9 MB: beyond the launcher's 4 MiB queue and the pipes
+  const std::string worker = fmt::format(
+      "yes 0123456789012345678901234567890123456789012345678901234 | head -n {}; "
+      "touch {}/done",
+      lines, dir.path());
+  BackgroundProcess launcher({bin_path("nanoddp-run"), "--log-dir", logs, "/bin/sh", "-c", worker});
+  // Nothing is read from the launcher meanwhile: its stdout pipe is full at once.
+  bool done = false;
+  for (const auto deadline = Clock::now() + 20s; !done && Clock::now() < deadline;) {
+    std::this_thread::sleep_for(50ms);
+    done = std::filesystem::exists(dir.file("done"));
+  }
+  CHECK_MESSAGE(done, "the worker was blocked by the launcher's unread output");
+  const std::optional<int> status = launcher.wait(20s);
+  const std::string& out = launcher.output();
+  REQUIRE(status.has_value());
+  CHECK(WIFEXITED(*status));
+  CHECK(WEXITSTATUS(*status) == 0);
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m,
+                            std::regex(R"(\[nanoddp-run: ([0-9]+) lines of output dropped while )"
+                                       R"(stdout was blocked \(over 4 MiB waiting\); the )"
+                                       R"(--log-dir files have every line\])")));
+  const std::size_t printed = count(out, "[rank 0] 0123");
+  CHECK(printed + std::stoul(m[1].str()) == lines);
+  CHECK(printed < lines);
+  CHECK(count(read_file(logs + "/rank_0.log"), "\n0123") == lines);
+}

@@ -335,6 +335,12 @@ void Attempt::remove_shm_segments() {
 
 AttemptOutcome Attempt::run() {
   const auto started = Clock::now();
+  // Ctrl-Z stops the launcher's process group only: the workers run in groups of their own.
+  signals_.set_job_control([this](int signo) { signal_groups(signo); });
+  struct Reset {
+    SignalInbox& signals;
+    ~Reset() { signals.set_job_control(nullptr); }
+  } reset{signals_};
   for (int i = 0; i < options_.nproc_per_node && !stopping_; ++i) {
     start_worker(i);
     if (workers_[static_cast<std::size_t>(i)].result.pid < 0) {

@@ -1486,3 +1486,58 @@ TEST_CASE("nanoddp-run: a reader that stops reading its output does not block th
   CHECK(printed < lines);
   CHECK(count(read_file(logs + "/rank_0.log"), "\n0123") == lines);
 }
+
+namespace {
+
+// The state letter of /proc/PID/stat ('T': stopped), or '?' when it is gone.
+char process_state(int pid) {
+  const std::string stat = read_file(fmt::format("/proc/{}/stat", pid));
+  const auto paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? '?' : stat[paren + 2];
+}
+
+bool state_becomes(const std::vector<int>& pids, bool stopped) {
+  for (const auto deadline = Clock::now() + 5s; Clock::now() < deadline;) {
+    if (std::all_of(pids.begin(), pids.end(),
+                    [&](int pid) { return (process_state(pid) == 'T') == stopped; })) {
+      return true;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+}  // namespace
+
+// An outside tester: Ctrl-Z stopped the launcher alone (its workers run in process groups of
+// their own): the workers ran on until their pipes filled, and a stop longer than their timeout
+// ended the job. Now the workers stop with the launcher and continue with it. (Progress, not
+// /proc's state letter, tells: a shell waiting in vfork() for a stopped child shows 'D'.)
+TEST_CASE("nanoddp-run: Ctrl-Z (SIGTSTP) stops the workers too, SIGCONT continues them") {
+  TempDir dir;
+  BackgroundProcess launcher(
+      run_argv({"--nproc-per-node", "2", "--grace-period", "1"},
+               fmt::format("echo ready; while :; do echo tick >> {}/ticks_$RANK; sleep 0.02; done",
+                           dir.path())));
+  REQUIRE(launcher.wait_for_output([](const std::string& out) { return count(out, "ready") == 2; },
+                                   10s));
+  const auto ticks = [&] {
+    return read_file(dir.file("ticks_0")).size() + read_file(dir.file("ticks_1")).size();
+  };
+  launcher.send(SIGTSTP);
+  CHECK(state_becomes({launcher.pid()}, true));
+  std::this_thread::sleep_for(200ms);  // a tick under way ends
+  const std::size_t stopped_at = ticks();
+  std::this_thread::sleep_for(500ms);
+  CHECK(ticks() == stopped_at);
+  launcher.send(SIGCONT);
+  CHECK(state_becomes({launcher.pid()}, false));
+  std::this_thread::sleep_for(500ms);
+  CHECK(ticks() > stopped_at);
+  launcher.send(SIGTERM);
+  const std::optional<int> status = launcher.wait(10s);
+  INFO(launcher.output());
+  REQUIRE(status.has_value());
+  CHECK(WIFEXITED(*status));
+  CHECK(WEXITSTATUS(*status) == 128 + SIGTERM);
+}

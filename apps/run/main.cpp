@@ -27,6 +27,7 @@
 #include "common/output_files.h"
 #include "elastic.h"
 #include "launcher.h"
+#include "log_files.h"
 #include "options.h"
 #include "output.h"
 #include "program_path.h"
@@ -49,6 +50,10 @@ int main(int argc, char** argv) {
     if (error) {
       std::cerr << fmt::format("nanoddp-run: error: --log-dir '{}': {}\n", options->log_dir,
                                error.message());
+      return 2;
+    }
+    if (const auto problem = unusable_log_entry(options->log_dir)) {
+      std::cerr << "nanoddp-run: error: " << *problem << "\n";
       return 2;
     }
     Console::out().set_drop_hint("; the --log-dir files have every line");

@@ -1451,6 +1451,108 @@ TEST_CASE("nanoddp-run: a PROGRAM that is missing or not executable fails before
     CHECK(contains(r.output, "[rank 0] hello\n"));
   }
 }
+
+// An outside tester: a --log-dir whose rank_0.log was a FIFO without a reader hung the launcher
+// in open() for ever, with SIGINT/SIGTERM in its signalfd, so that neither Ctrl-C nor `timeout`
+// could end it. At start it is refused before any worker; at a restart (the file replaced by a
+// FIFO during the run) the job goes on, that rank's lines going to the console only.
+TEST_CASE("nanoddp-run --log-dir: a FIFO for a rank's log never blocks the launcher") {
+  TempDir dir;
+  const std::string logs = dir.file("logs");
+  std::filesystem::create_directories(logs);
+  SUBCASE("at start: refused, exit 2, before any worker") {
+    REQUIRE(mkfifo((logs + "/rank_0.log").c_str(), 0644) == 0);
+    const auto start = Clock::now();
+    const ProcessResult r = launch({"--nproc-per-node", "2", "--log-dir", logs, "echo", "hi"});
+    INFO(r.output);
+    CHECK(seconds_since(start) < 5.0);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "--log-dir: '" + logs + "/rank_0.log' is a FIFO, not a regular file"));
+    CHECK_FALSE(contains(r.output, "[rank"));
+  }
+  SUBCASE("at a restart: a warning, and the job goes on") {
+    // Attempt 1: rank 0 replaces its log by a FIFO and fails; attempt 2 succeeds.
+    const std::string worker = fmt::format(
+        "echo line-$RANK-$NANODDP_RESTART_COUNT; "
+        "if [ $RANK = 0 ] && [ $NANODDP_RESTART_COUNT = 0 ]; then "
+        "rm {0}/rank_0.log; mkfifo {0}/rank_0.log; exit 1; fi",
+        logs);
+    ProcessOptions options;
+    options.env["TMPDIR"] = dir.path();
+    const ProcessResult r = launch({"--nproc-per-node", "2", "--max-restarts", "1", "--log-dir",
+                                    logs, "/bin/sh", "-c", worker},
+                                   options);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.output, "[rank 0] line-0-1\n"));
+    CHECK(contains(r.output, "--log-dir: '" + logs +
+                                 "/rank_0.log' is a FIFO, not a regular file: rank 0's lines of "
+                                 "attempt 2 of 2 go to the console only"));
+    // Attempt 1's log lost its name to the FIFO: rescued whole, the FIFO left as it is.
+    std::smatch m;
+    REQUIRE(std::regex_search(r.output, m, std::regex("rank 0's whole log is in '([^']+)'")));
+    CHECK(contains(read_file(m[1].str()), "\nline-0-0\n"));
+    CHECK(contains(read_file(logs + "/rank_1.log"), "\nline-1-1\n"));
+  }
+}
+
+// An outside tester: a --log-dir removed during an attempt (its lines went on into files no name
+// reached) lost them without a word, even the failed rank's last lines before a restart.
+TEST_CASE("nanoddp-run --log-dir: a log removed or renamed during an attempt stays reachable") {
+  TempDir dir;
+  const std::string logs = dir.file("logs");
+  ProcessOptions options;
+  options.env["TMPDIR"] = dir.path();
+  SUBCASE("the folder removed: written again whole, and a restart appends to it") {
+    const std::string worker = fmt::format(
+        "echo before-$RANK-$NANODDP_RESTART_COUNT; "
+        "if [ $RANK = 0 ] && [ $NANODDP_RESTART_COUNT = 0 ]; then rm -rf {0}; "
+        "echo after-0; exit 1; fi; sleep 0.5; echo after-$RANK-$NANODDP_RESTART_COUNT",
+        logs);
+    const ProcessResult r = launch({"--nproc-per-node", "2", "--max-restarts", "1", "--log-dir",
+                                    logs, "/bin/sh", "-c", worker},
+                                   options);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(count(r.output,
+                "was removed during the attempt with its folder, made again: written "
+                "again, whole") == 1);
+    CHECK(count(r.output, "was removed during the attempt: written again, whole") == 1);
+    const std::string log0 = read_file(logs + "/rank_0.log");
+    INFO(log0);
+    CHECK(contains(log0, "\nbefore-0-0\nafter-0\n"));
+    CHECK(contains(log0, "\nbefore-0-1\nafter-0-1\n"));
+    CHECK(count(log0, "===== nanoddp-run: attempt") == 2);
+    CHECK(contains(read_file(logs + "/rank_1.log"), "\nbefore-1-0\n"));
+  }
+  SUBCASE("the name taken by another file: that file is left, the log rescued to $TMPDIR") {
+    const std::string worker = fmt::format(
+        "echo before; rm {0}/rank_0.log; echo someone else > {0}/rank_0.log; echo after", logs);
+    const ProcessResult r = launch({"--log-dir", logs, "/bin/sh", "-c", worker}, options);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(read_file(logs + "/rank_0.log") == "someone else\n");
+    std::smatch m;
+    REQUIRE(std::regex_search(
+        r.output, m,
+        std::regex("its name now holds another file, left as it is: rank 0's whole log is in "
+                   "'([^']+/nanoddp-rescue-[0-9]+-rank_0.log)'")));
+    CHECK(m[1].str().starts_with(dir.path() + "/"));
+    CHECK(contains(read_file(m[1].str()), "\nbefore\nafter\n"));
+  }
+  SUBCASE("renamed: the warning gives its new name") {
+    const std::string worker =
+        fmt::format("echo before; mv {0}/rank_0.log {0}/old.log; echo after", logs);
+    const ProcessResult r = launch({"--log-dir", logs, "/bin/sh", "-c", worker}, options);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.output, "rank 0's lines went on into it under its new name, '" +
+                                 std::filesystem::canonical(logs).string() + "/old.log'"));
+    CHECK(contains(read_file(logs + "/old.log"), "\nbefore\nafter\n"));
+    CHECK_FALSE(std::filesystem::exists(logs + "/rank_0.log"));
+  }
+}
+
 // An outside tester: `nanoddp-run ... | (sleep 30; cat)` lost a healthy job. The launcher blocked
 // writing to its full stdout, stopped reading the workers' pipes, rank 0 blocked on its next
 // line and its peer timed out blaming it. Now the launcher queues a bounded amount and drops

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -74,8 +75,15 @@ void Console::flush() {
 }
 
 void Console::run() {
-  // Pieces of at most 64 KiB, so that the queue's size follows what the reader has taken.
-  constexpr std::size_t kPiece = 64 * 1024;
+  // Whole lines, at most PIPE_BUF bytes a write() where they fit: such a write to a pipe is
+  // atomic, so that stdout's and stderr's lines do not interleave mid-line when both go to one
+  // pipe (`2>&1 | tee`). A longer line goes out alone.
+  const auto piece = [](std::string_view rest) {
+    const std::size_t end = rest.substr(0, PIPE_BUF).rfind('\n');
+    if (end != std::string_view::npos) return end + 1;
+    const std::size_t line_end = rest.find('\n');
+    return line_end == std::string_view::npos ? rest.size() : line_end + 1;
+  };
   std::unique_lock lock(mutex_);
   for (;;) {
     wake_.wait(lock, [this] { return !pending_.empty(); });
@@ -85,7 +93,7 @@ void Console::run() {
     lock.unlock();
     std::string_view rest(batch);
     while (!rest.empty()) {
-      const ssize_t n = ::write(fd_, rest.data(), std::min(rest.size(), kPiece));
+      const ssize_t n = ::write(fd_, rest.data(), piece(rest));
       if (n > 0) {
         rest.remove_prefix(static_cast<std::size_t>(n));
         const std::lock_guard progress(mutex_);

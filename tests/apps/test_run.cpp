@@ -1586,6 +1586,12 @@ TEST_CASE("nanoddp-run: a reader that stops reading its output does not block th
   const std::size_t printed = count(out, "[rank 0] 0123");
   CHECK(printed + std::stoul(m[1].str()) == lines);
   CHECK(printed < lines);
+  // Whole lines only, though stdout and stderr share one pipe here (the writes were 64 KiB
+  // pieces, which interleaved mid-line with stderr's).
+  for (const std::string& line : lines_of(out)) {
+    if (!line.starts_with("[rank 0] ")) continue;
+    CHECK_MESSAGE(line == "[rank 0] 0123456789012345678901234567890123456789012345678901234", line);
+  }
   CHECK(count(read_file(logs + "/rank_0.log"), "\n0123") == lines);
 }
 

@@ -1504,11 +1504,14 @@ TEST_CASE("nanoddp-run --log-dir: a log removed or renamed during an attempt sta
   ProcessOptions options;
   options.env["TMPDIR"] = dir.path();
   SUBCASE("the folder removed: written again whole, and a restart appends to it") {
+    // Rank 0 removes the folder once rank 1 has printed its first line (it is stopped when rank 0
+    // fails), then fails; attempt 2 succeeds.
     const std::string worker = fmt::format(
-        "echo before-$RANK-$NANODDP_RESTART_COUNT; "
-        "if [ $RANK = 0 ] && [ $NANODDP_RESTART_COUNT = 0 ]; then rm -rf {0}; "
+        "echo before-$RANK-$NANODDP_RESTART_COUNT; touch {1}/printed_$RANK; "
+        "if [ $RANK = 0 ] && [ $NANODDP_RESTART_COUNT = 0 ]; then "
+        "while [ ! -e {1}/printed_1 ]; do sleep 0.01; done; rm -rf {0}; "
         "echo after-0; exit 1; fi; sleep 0.5; echo after-$RANK-$NANODDP_RESTART_COUNT",
-        logs);
+        logs, dir.path());
     const ProcessResult r = launch({"--nproc-per-node", "2", "--max-restarts", "1", "--log-dir",
                                     logs, "/bin/sh", "-c", worker},
                                    options);

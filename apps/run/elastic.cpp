@@ -40,8 +40,8 @@ using namespace std::chrono_literals;
 
 template <typename... Args>
 void say(fmt::format_string<Args...> format, Args&&... args) {
-  write_all(STDERR_FILENO,
-            "nanoddp-run: " + fmt::format(format, std::forward<Args>(args)...) + "\n");
+  Console::err().write("nanoddp-run: " + fmt::format(format, std::forward<Args>(args)...) + "\n",
+                       false);
 }
 
 std::chrono::milliseconds millis(double seconds) {

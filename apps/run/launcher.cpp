@@ -17,11 +17,13 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <memory>
 #include <set>
 #include <stdexcept>
 
 #include "free_port.h"
+#include "log_files.h"
 #include "output.h"
 #include "report.h"
 #include "shm_cleanup.h"
@@ -39,8 +41,8 @@ using Clock = std::chrono::steady_clock;
 
 template <typename... Args>
 void say(fmt::format_string<Args...> format, Args&&... args) {
-  write_all(STDERR_FILENO,
-            "nanoddp-run: " + fmt::format(format, std::forward<Args>(args)...) + "\n");
+  Console::err().write("nanoddp-run: " + fmt::format(format, std::forward<Args>(args)...) + "\n",
+                       false);
 }
 
 bool failed(const WorkerResult& r) {
@@ -54,6 +56,7 @@ struct Worker {
   UniqueFd out_fd;
   UniqueFd err_fd;
   UniqueFd log_fd;
+  std::string log_name;  // its path, when --log-dir is set
   std::unique_ptr<LineSink> out;
   std::unique_ptr<LineSink> err;
 };
@@ -97,6 +100,7 @@ class Attempt {
   AttemptOutcome run();
 
  private:
+  void open_logs();
   void start_worker(int local_rank);
   void begin_stop(int signo);
   void signal_groups(int signo);
@@ -108,6 +112,7 @@ class Attempt {
   void poll_once();
   void reap();
   void drain_and_close();
+  void keep_logs_reachable();
   void remove_shm_segments();
   AttemptOutcome finish(Clock::time_point started);
 
@@ -157,23 +162,47 @@ void Attempt::start_worker(int local_rank) {
   w.out_fd = std::move(process.out);
   w.err_fd = std::move(process.err);
 
-  if (!options_.log_dir.empty()) {
-    const std::string path = fmt::format("{}/rank_{}.log", options_.log_dir, rank);
-    w.log_fd.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
-    if (w.log_fd) {
-      write_all(w.log_fd.get(), fmt::format("===== nanoddp-run: {}, rank {}, pid {}, {} =====\n",
-                                            round_.label, rank, process.pid, utc_now()));
-    } else {
-      say("warning: cannot write {}: {}", path, std::strerror(errno));
-    }
+  if (w.log_fd) {
+    write_all(w.log_fd.get(), fmt::format("===== nanoddp-run: {}, rank {}, pid {}, {} =====\n",
+                                          round_.label, rank, process.pid, utc_now()));
   }
   const std::string prefix = fmt::format("[rank {}] ", rank);
-  const std::string log_name = options_.log_dir.empty()
-                                   ? std::string()
-                                   : fmt::format("{}/rank_{}.log", options_.log_dir, rank);
   const auto log_failed = std::make_shared<bool>(false);  // one warning for both sinks
-  w.out = std::make_unique<LineSink>(STDOUT_FILENO, prefix, w.log_fd.get(), log_name, log_failed);
-  w.err = std::make_unique<LineSink>(STDERR_FILENO, prefix, w.log_fd.get(), log_name, log_failed);
+  w.out =
+      std::make_unique<LineSink>(Console::out(), prefix, w.log_fd.get(), w.log_name, log_failed);
+  w.err =
+      std::make_unique<LineSink>(Console::err(), prefix, w.log_fd.get(), w.log_name, log_failed);
+}
+
+// Before any worker starts. At start main() refused a --log-dir whose rank_*.log is not a
+// regular file; what changed since (a restart after the folder was removed, a log replaced by a
+// FIFO) costs a warning, not the job: its lines still reach the console.
+void Attempt::open_logs() {
+  if (options_.log_dir.empty()) return;
+  std::error_code ec;
+  if (!std::filesystem::exists(options_.log_dir, ec)) {
+    std::filesystem::create_directories(options_.log_dir, ec);
+    if (ec) {
+      say("warning: --log-dir '{}' is gone and cannot be made again ({}): the lines of {} go to "
+          "the console only",
+          options_.log_dir, ec.message(), round_.label);
+    } else {
+      say("warning: --log-dir '{}' was removed: made it again for {}", options_.log_dir,
+          round_.label);
+    }
+  }
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    Worker& w = workers_[i];
+    const int rank = round_.rank_offset + static_cast<int>(i);
+    w.log_name = log_path(options_.log_dir, rank);
+    OpenedLog log = open_log(w.log_name);
+    if (!log.fd) {
+      say("warning: --log-dir: '{}' {}: rank {}'s lines of {} go to the console only (the job "
+          "goes on; remove it, and the next attempt writes there again)",
+          w.log_name, log.error, rank, round_.label);
+    }
+    w.log_fd = std::move(log.fd);
+  }
 }
 
 // Signals every worker's process group, including groups whose leader already exited: the
@@ -317,6 +346,19 @@ void Attempt::drain_and_close() {
   }
 }
 
+// Once every worker has ended: a log whose name was removed (the folder with it, c16 of an outside
+// tester) or renamed during the attempt held lines no name reached, lost without a word.
+void Attempt::keep_logs_reachable() {
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    const Worker& w = workers_[i];
+    if (!w.log_fd) continue;
+    if (auto warning = keep_log_reachable(w.log_fd.get(), w.log_name,
+                                          round_.rank_offset + static_cast<int>(i))) {
+      say("{}", *warning);
+    }
+  }
+}
+
 // Once every worker has ended: the shared-memory segments they left (see shm_cleanup.h), named
 // after the worker's pid, or an orphan's when PROGRAM is a wrapper that forked the real rank.
 void Attempt::remove_shm_segments() {
@@ -335,6 +377,13 @@ void Attempt::remove_shm_segments() {
 
 AttemptOutcome Attempt::run() {
   const auto started = Clock::now();
+  open_logs();
+  // Ctrl-Z stops the launcher's process group only: the workers run in groups of their own.
+  signals_.set_job_control([this](int signo) { signal_groups(signo); });
+  struct Reset {
+    SignalInbox& signals;
+    ~Reset() { signals.set_job_control(nullptr); }
+  } reset{signals_};
   for (int i = 0; i < options_.nproc_per_node && !stopping_; ++i) {
     start_worker(i);
     if (workers_[static_cast<std::size_t>(i)].result.pid < 0) {
@@ -362,6 +411,7 @@ AttemptOutcome Attempt::run() {
     }
   }
   drain_and_close();
+  keep_logs_reachable();
   remove_shm_segments();
   return finish(started);
 }
@@ -373,7 +423,7 @@ AttemptOutcome Attempt::finish(Clock::time_point started) {
 
   if (launcher_signal_ != 0) {
     if (first_failed_ >= 0) results[static_cast<std::size_t>(first_failed_)].failed_first = true;
-    write_all(STDERR_FILENO, result_table(results));
+    Console::err().write(result_table(results), false);
     say("stopped by {} after {:.1f} s: exiting with code {}", signal_name(launcher_signal_),
         seconds, 128 + launcher_signal_);
     return {Outcome::kInterrupted, 128 + launcher_signal_, {}};
@@ -382,13 +432,13 @@ AttemptOutcome Attempt::finish(Clock::time_point started) {
     WorkerResult& first = results[static_cast<std::size_t>(first_failed_)];
     first.failed_first = true;
     say("{} failed after {:.1f} s", round_.label, seconds);
-    write_all(STDERR_FILENO, result_table(results));
+    Console::err().write(result_table(results), false);
     say("rank {} (pid {}) failed first: {}", first.rank, first.pid, describe(first));
     return {Outcome::kFailed, exit_code_of(first), {}};
   }
   if (ended_) {
     say("{} ended after {:.1f} s: {}", round_.label, seconds, *ended_);
-    write_all(STDERR_FILENO, result_table(results));
+    Console::err().write(result_table(results), false);
     return {Outcome::kEnded, 1, *ended_};
   }
   say("all {} workers exited 0 ({}, {:.1f} s)", results.size(), round_.label, seconds);

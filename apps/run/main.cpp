@@ -27,7 +27,9 @@
 #include "common/output_files.h"
 #include "elastic.h"
 #include "launcher.h"
+#include "log_files.h"
 #include "options.h"
+#include "output.h"
 #include "program_path.h"
 
 int main(int argc, char** argv) {
@@ -50,6 +52,15 @@ int main(int argc, char** argv) {
                                error.message());
       return 2;
     }
+    if (const auto problem = unusable_log_entry(options->log_dir)) {
+      std::cerr << "nanoddp-run: error: " << *problem << "\n";
+      return 2;
+    }
+    Console::out().set_drop_hint("; the --log-dir files have every line");
+    Console::err().set_drop_hint("; the --log-dir files have every line");
+  } else {
+    Console::out().set_drop_hint("; --log-dir keeps every line in files");
+    Console::err().set_drop_hint("; --log-dir keeps every line in files");
   }
   LaunchPlan plan;
   plan.program_path = program.path;
@@ -66,9 +77,14 @@ int main(int argc, char** argv) {
   }
   plan.options = std::move(*options);
   try {
-    return plan.options.rdzv_endpoint.empty() ? run_launcher(plan) : run_elastic(plan);
+    exit_code = plan.options.rdzv_endpoint.empty() ? run_launcher(plan) : run_elastic(plan);
   } catch (const std::exception& e) {
-    std::cerr << "nanoddp-run: error: " << e.what() << "\n";
-    return 2;
+    Console::err().write(fmt::format("nanoddp-run: error: {}\n", e.what()), false);
+    exit_code = 2;
   }
+  // The launcher's signals are back at their defaults here (the SignalInbox is gone): a reader
+  // that never reads again cannot keep Ctrl-C or SIGTERM from ending this wait.
+  Console::out().flush();
+  Console::err().flush();
+  return exit_code;
 }

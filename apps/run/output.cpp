@@ -1,10 +1,17 @@
 #include "output.h"
 
+#include <poll.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <string>
+#include <thread>
+
+#include <fmt/format.h>
 
 namespace nanoddp::run {
 
@@ -17,6 +24,103 @@ int write_all(int fd, std::string_view data) {
     data.remove_prefix(static_cast<std::size_t>(n));
   }
   return 0;
+}
+
+Console::Console(int fd, std::string name) : fd_(fd), name_(std::move(name)) {}
+
+// Never destroyed: at exit their thread may still be blocked in write() on a paused reader.
+Console& Console::out() {
+  static Console* const console = new Console(STDOUT_FILENO, "stdout");
+  return *console;
+}
+
+Console& Console::err() {
+  static Console* const console = new Console(STDERR_FILENO, "stderr");
+  return *console;
+}
+
+void Console::set_drop_hint(std::string hint) {
+  const std::lock_guard lock(mutex_);
+  drop_hint_ = std::move(hint);
+}
+
+void Console::write(std::string_view data, bool droppable) {
+  const std::lock_guard lock(mutex_);
+  if (!started_) {
+    started_ = true;
+    // The writer thread blocks every signal: the launcher reads its own from a signalfd in the
+    // main thread (signals.h), and a signal left deliverable here would act by its default.
+    sigset_t all;
+    sigset_t previous;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &previous);
+    std::thread([this] { run(); }).detach();
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  }
+  const std::size_t queued = pending_.size() + in_flight_;
+  const std::size_t limit = droppable ? kMaxQueued : 2 * kMaxQueued;
+  if ((droppable && dropping_) || queued + data.size() > limit) {
+    dropping_ = true;
+    dropped_lines_ += std::max<std::size_t>(
+        1, static_cast<std::size_t>(std::count(data.begin(), data.end(), '\n')));
+    return;
+  }
+  pending_.append(data);
+  wake_.notify_one();
+}
+
+void Console::flush() {
+  std::unique_lock lock(mutex_);
+  idle_.wait(lock, [this] { return pending_.empty() && in_flight_ == 0; });
+}
+
+void Console::run() {
+  // Whole lines, at most PIPE_BUF bytes a write() where they fit: such a write to a pipe is
+  // atomic, so that stdout's and stderr's lines do not interleave mid-line when both go to one
+  // pipe (`2>&1 | tee`). A longer line goes out alone.
+  const auto piece = [](std::string_view rest) {
+    const std::size_t end = rest.substr(0, PIPE_BUF).rfind('\n');
+    if (end != std::string_view::npos) return end + 1;
+    const std::size_t line_end = rest.find('\n');
+    return line_end == std::string_view::npos ? rest.size() : line_end + 1;
+  };
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [this] { return !pending_.empty(); });
+    std::string batch;
+    batch.swap(pending_);
+    in_flight_ = batch.size();
+    lock.unlock();
+    std::string_view rest(batch);
+    while (!rest.empty()) {
+      const ssize_t n = ::write(fd_, rest.data(), piece(rest));
+      if (n > 0) {
+        rest.remove_prefix(static_cast<std::size_t>(n));
+        const std::lock_guard progress(mutex_);
+        in_flight_ = rest.size();
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && errno == EAGAIN) {  // inherited O_NONBLOCK: wait for room
+        pollfd writable{fd_, POLLOUT, 0};
+        ::poll(&writable, 1, -1);
+      } else {
+        break;  // EPIPE after `| head`, a closed terminal: drop it, the workers go on
+      }
+    }
+    lock.lock();
+    in_flight_ = 0;
+    // The reader has caught up (half the bound, so that a reader just keeping pace does not
+    // flip between dropping and keeping at every line): say what it missed.
+    if (dropping_ && pending_.size() <= kMaxQueued / 2) {
+      dropping_ = false;
+      pending_ += fmt::format(
+          "[nanoddp-run: {} line{} of output dropped while {} was blocked (over {} MiB "
+          "waiting){}]\n",
+          dropped_lines_, dropped_lines_ == 1 ? "" : "s", name_, kMaxQueued >> 20, drop_hint_);
+      dropped_lines_ = 0;
+    }
+    if (pending_.empty()) idle_.notify_all();
+  }
 }
 
 void LineSink::feed(std::string_view bytes) {
@@ -52,16 +156,19 @@ void LineSink::emit(std::string_view line) {
   std::string out;
   out.reserve(prefix_.size() + line.size() + 1);
   out.append(prefix_).append(line).push_back('\n');
-  write_all(out_fd_, out);
-  if (log_fd_ < 0 || *log_failed_) return;
-  if (const int error = write_all(log_fd_, std::string_view(out).substr(prefix_.size()))) {
-    // Said once per file; the launcher goes on supervising (and printing) the workers.
-    *log_failed_ = true;
-    write_all(STDERR_FILENO, "nanoddp-run: warning: writing '" + log_name_ + "' failed (" +
-                                 std::strerror(error) +
-                                 "): its last line is missing or cut short and no more lines "
-                                 "are written there\n");
+  // The log first: it gets every line, even those the console drops.
+  if (log_fd_ >= 0 && !*log_failed_) {
+    if (const int error = write_all(log_fd_, std::string_view(out).substr(prefix_.size()))) {
+      // Said once per file; the launcher goes on supervising (and printing) the workers.
+      *log_failed_ = true;
+      Console::err().write("nanoddp-run: warning: writing '" + log_name_ + "' failed (" +
+                               std::strerror(error) +
+                               "): its last line is missing or cut short and no more lines "
+                               "are written there\n",
+                           false);
+    }
   }
+  out_.write(out, true);
 }
 
 }  // namespace nanoddp::run

@@ -1,11 +1,18 @@
 #pragma once
 // Worker output, line by line: the bytes read from one worker pipe are cut into lines, and each
-// complete line goes out as "[rank R] line\n" in a single write(). The launcher is the only
-// writer of its stdout and stderr and writes whole lines, so lines of different ranks never
-// interleave mid-line, however the workers' writes were split by the pipes.
+// complete line goes out as "[rank R] line\n" in one piece. The launcher is the only writer of
+// its stdout and stderr and writes whole lines, so lines of different ranks never interleave
+// mid-line, however the workers' writes were split by the pipes.
+//
+// Its stdout and stderr are Consoles: a reader that pauses (a pager, a terminal's Ctrl-S, a
+// stalled log shipper) must not block the launcher. A blocked launcher stops reading the
+// workers' pipes, a worker then blocks on its next line, and its peers time out blaming it: an
+// outside tester lost a healthy job to `nanoddp-run ... | (sleep 30; cat)`.
 
+#include <condition_variable>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -13,10 +20,51 @@
 namespace nanoddp::run {
 
 // Writes all of `data` to `fd`, retrying after EINTR and short writes. Errors (a closed terminal,
-// EPIPE from `| head`, a full disk) drop the rest: the launcher must keep supervising its
-// workers even when nobody reads their output any more. Returns 0 when everything was written,
-// else the errno of the failure (ENOSPC for a write that made no progress on a full disk).
+// EPIPE from `| head`, a full disk) drop the rest. Returns 0 when everything was written, else
+// the errno of the failure (ENOSPC for a write that made no progress on a full disk). Blocks
+// while `fd` does: for files only, never for the launcher's stdout or stderr (Console).
 int write_all(int fd, std::string_view data);
+
+// The launcher's stdout or stderr. write() queues and returns at once; a thread of its own does
+// the writes, which may block as long as the reader pauses. Up to kMaxQueued bytes wait; beyond
+// that, worker lines are dropped (the --log-dir files still get them), and once the reader has
+// caught up one line says how many were dropped. The launcher's own messages are kept up to
+// twice that.
+class Console {
+ public:
+  static constexpr std::size_t kMaxQueued = 4 << 20;
+
+  static Console& out();  // STDOUT_FILENO
+  static Console& err();  // STDERR_FILENO
+
+  // `droppable`: a worker's line, which may be dropped while the reader is too far behind.
+  void write(std::string_view data, bool droppable);
+  // Waits until everything queued is written (or failed): before the launcher exits. Blocks as
+  // long as the reader pauses, as any program's last write does; call it with the launcher's
+  // signals at their defaults, so that SIGTERM and Ctrl-C still end the wait.
+  void flush();
+  // Where the dropped lines can still be read, for the note about them.
+  void set_drop_hint(std::string hint);
+
+  Console(const Console&) = delete;
+  Console& operator=(const Console&) = delete;
+
+ private:
+  Console(int fd, std::string name);
+  void run();  // the writer thread
+
+  const int fd_;
+  const std::string name_;
+  std::mutex mutex_;
+  std::condition_variable wake_;  // the writer: something to write
+  std::condition_variable idle_;  // flush(): everything written
+  std::string pending_;           // queued, not yet handed to write()
+  std::size_t in_flight_ = 0;     // handed to write(), not yet written
+  bool dropping_ = false;         // until the queue is down to half: no worker line is queued
+  std::size_t dropped_lines_ = 0;
+  std::string drop_hint_;
+  bool started_ = false;
+};
 
 class LineSink {
  public:
@@ -28,9 +76,9 @@ class LineSink {
   // a write there fails (a full disk), one warning naming `log_name` goes to stderr and the
   // log gets no more lines (a line cut short would look complete). Sinks sharing one log (a
   // rank's stdout and stderr) share `log_failed`, so that the warning comes once.
-  LineSink(int out_fd, std::string prefix, int log_fd = -1, std::string log_name = {},
+  LineSink(Console& out, std::string prefix, int log_fd = -1, std::string log_name = {},
            std::shared_ptr<bool> log_failed = std::make_shared<bool>(false))
-      : out_fd_(out_fd),
+      : out_(out),
         prefix_(std::move(prefix)),
         log_fd_(log_fd),
         log_name_(std::move(log_name)),
@@ -43,7 +91,7 @@ class LineSink {
  private:
   void emit(std::string_view line);  // without its '\n'
 
-  int out_fd_;
+  Console& out_;
   std::string prefix_;
   int log_fd_;
   std::string log_name_;

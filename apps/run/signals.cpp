@@ -23,7 +23,7 @@ SignalInbox::SignalInbox() {
   sigset_t set;
   sigemptyset(&set);
   sigemptyset(&worker_defaults_);
-  for (const int signo : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
+  for (const int signo : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGTSTP, SIGTTIN, SIGTTOU}) {
     if (signo != SIGCHLD && ignored(signo)) continue;  // ignored on entry: stays so
     sigaddset(&set, signo);
     sigaddset(&worker_defaults_, signo);
@@ -68,10 +68,29 @@ std::vector<int> SignalInbox::drain() {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     for (ssize_t i = 0; i < n / static_cast<ssize_t>(sizeof(signalfd_siginfo)); ++i) {
-      signals.push_back(static_cast<int>(records[i].ssi_signo));
+      const int signo = static_cast<int>(records[i].ssi_signo);
+      if (signo == SIGTSTP || signo == SIGTTIN || signo == SIGTTOU) {
+        stop_self(signo);
+      } else {
+        signals.push_back(signo);
+      }
     }
   }
   return signals;
+}
+
+void SignalInbox::stop_self(int signo) {
+  if (job_control_) job_control_(SIGSTOP);
+  // The signal was read from the signalfd: raise it again, and unblock it for a moment so that
+  // its default action stops the process here. The kernel discards it in an orphaned process
+  // group (no shell to continue it), and then this returns at once: the workers go on too.
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, signo);
+  ::raise(signo);
+  pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+  pthread_sigmask(SIG_BLOCK, &one, nullptr);
+  if (job_control_) job_control_(SIGCONT);
 }
 
 }  // namespace nanoddp::run

@@ -1,5 +1,6 @@
 #pragma once
-// SIGINT/SIGTERM/SIGHUP (to forward to the workers) and SIGCHLD (a worker ended) arrive as
+// SIGINT/SIGTERM/SIGHUP (to forward to the workers), SIGCHLD (a worker ended) and the stop
+// signals of job control (to pass on to the workers' own process groups) arrive as
 // records on a signalfd, so the launcher's one poll() loop sees them next to the workers'
 // output, and no code runs inside a signal handler.
 //
@@ -11,6 +12,7 @@
 
 #include <signal.h>
 
+#include <functional>
 #include <vector>
 
 #include "nanoddp/comm/unique_fd.h"
@@ -38,7 +40,20 @@ class SignalInbox {
   int fd() const { return fd_.get(); }
   // The signals received since the last call, in order (non-blocking). Like any signal, one
   // sent again before it is read arrives once.
+  //
+  // A stop signal (SIGTSTP from Ctrl-Z, or SIGTTIN/SIGTTOU sent to it) is not returned: drain()
+  // stops the workers through the job-control callback (SIGSTOP), stops the launcher itself by
+  // that signal's default action, and once continued (`fg`, `bg`, SIGCONT) continues them
+  // (SIGCONT). The workers run in process groups of their own, which a terminal's Ctrl-Z does
+  // not reach: stopping the launcher alone left them running until its pipes filled, and a long
+  // stop ended the job by their timeouts.
   std::vector<int> drain();
+
+  // Called with SIGSTOP before the launcher stops, with SIGCONT after it is continued; nullptr
+  // (no workers running) stops the launcher alone.
+  void set_job_control(std::function<void(int signo)> workers) {
+    job_control_ = std::move(workers);
+  }
 
   // The signals a worker must get back at their default disposition (posix_spawn's
   // POSIX_SPAWN_SETSIGDEF): those this launcher handles, and SIGPIPE unless it was ignored on
@@ -46,7 +61,10 @@ class SignalInbox {
   const sigset_t& worker_defaults() const { return worker_defaults_; }
 
  private:
+  void stop_self(int signo);
+
   UniqueFd fd_;
+  std::function<void(int)> job_control_;
   sigset_t previous_mask_;
   sigset_t worker_defaults_;
   struct sigaction previous_pipe_ {};

@@ -1451,3 +1451,204 @@ TEST_CASE("nanoddp-run: a PROGRAM that is missing or not executable fails before
     CHECK(contains(r.output, "[rank 0] hello\n"));
   }
 }
+
+// An outside tester: a --log-dir whose rank_0.log was a FIFO without a reader hung the launcher
+// in open() for ever, with SIGINT/SIGTERM in its signalfd, so that neither Ctrl-C nor `timeout`
+// could end it. At start it is refused before any worker; at a restart (the file replaced by a
+// FIFO during the run) the job goes on, that rank's lines going to the console only.
+TEST_CASE("nanoddp-run --log-dir: a FIFO for a rank's log never blocks the launcher") {
+  TempDir dir;
+  const std::string logs = dir.file("logs");
+  std::filesystem::create_directories(logs);
+  SUBCASE("at start: refused, exit 2, before any worker") {
+    REQUIRE(mkfifo((logs + "/rank_0.log").c_str(), 0644) == 0);
+    const auto start = Clock::now();
+    const ProcessResult r = launch({"--nproc-per-node", "2", "--log-dir", logs, "echo", "hi"});
+    INFO(r.output);
+    CHECK(seconds_since(start) < 5.0);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "--log-dir: '" + logs + "/rank_0.log' is a FIFO, not a regular file"));
+    CHECK_FALSE(contains(r.output, "[rank"));
+  }
+  SUBCASE("at a restart: a warning, and the job goes on") {
+    // Attempt 1: rank 0 replaces its log by a FIFO and fails; attempt 2 succeeds.
+    const std::string worker = fmt::format(
+        "echo line-$RANK-$NANODDP_RESTART_COUNT; "
+        "if [ $RANK = 0 ] && [ $NANODDP_RESTART_COUNT = 0 ]; then "
+        "rm {0}/rank_0.log; mkfifo {0}/rank_0.log; exit 1; fi",
+        logs);
+    ProcessOptions options;
+    options.env["TMPDIR"] = dir.path();
+    const ProcessResult r = launch({"--nproc-per-node", "2", "--max-restarts", "1", "--log-dir",
+                                    logs, "/bin/sh", "-c", worker},
+                                   options);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.output, "[rank 0] line-0-1\n"));
+    CHECK(contains(r.output, "--log-dir: '" + logs +
+                                 "/rank_0.log' is a FIFO, not a regular file: rank 0's lines of "
+                                 "attempt 2 of 2 go to the console only"));
+    // Attempt 1's log lost its name to the FIFO: rescued whole, the FIFO left as it is.
+    std::smatch m;
+    REQUIRE(std::regex_search(r.output, m, std::regex("rank 0's whole log is in '([^']+)'")));
+    CHECK(contains(read_file(m[1].str()), "\nline-0-0\n"));
+    CHECK(contains(read_file(logs + "/rank_1.log"), "\nline-1-1\n"));
+  }
+}
+
+// An outside tester: a --log-dir removed during an attempt (its lines went on into files no name
+// reached) lost them without a word, even the failed rank's last lines before a restart.
+TEST_CASE("nanoddp-run --log-dir: a log removed or renamed during an attempt stays reachable") {
+  TempDir dir;
+  const std::string logs = dir.file("logs");
+  ProcessOptions options;
+  options.env["TMPDIR"] = dir.path();
+  SUBCASE("the folder removed: written again whole, and a restart appends to it") {
+    // Rank 0 removes the folder once rank 1 has printed its first line (it is stopped when rank 0
+    // fails), then fails; attempt 2 succeeds.
+    const std::string worker = fmt::format(
+        "echo before-$RANK-$NANODDP_RESTART_COUNT; touch {1}/printed_$RANK; "
+        "if [ $RANK = 0 ] && [ $NANODDP_RESTART_COUNT = 0 ]; then "
+        "while [ ! -e {1}/printed_1 ]; do sleep 0.01; done; rm -rf {0}; "
+        "echo after-0; exit 1; fi; sleep 0.5; echo after-$RANK-$NANODDP_RESTART_COUNT",
+        logs, dir.path());
+    const ProcessResult r = launch({"--nproc-per-node", "2", "--max-restarts", "1", "--log-dir",
+                                    logs, "/bin/sh", "-c", worker},
+                                   options);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(count(r.output,
+                "was removed during the attempt with its folder, made again: written "
+                "again, whole") == 1);
+    CHECK(count(r.output, "was removed during the attempt: written again, whole") == 1);
+    const std::string log0 = read_file(logs + "/rank_0.log");
+    INFO(log0);
+    CHECK(contains(log0, "\nbefore-0-0\nafter-0\n"));
+    CHECK(contains(log0, "\nbefore-0-1\nafter-0-1\n"));
+    CHECK(count(log0, "===== nanoddp-run: attempt") == 2);
+    CHECK(contains(read_file(logs + "/rank_1.log"), "\nbefore-1-0\n"));
+  }
+  SUBCASE("the name taken by another file: that file is left, the log rescued to $TMPDIR") {
+    const std::string worker = fmt::format(
+        "echo before; rm {0}/rank_0.log; echo someone else > {0}/rank_0.log; echo after", logs);
+    const ProcessResult r = launch({"--log-dir", logs, "/bin/sh", "-c", worker}, options);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(read_file(logs + "/rank_0.log") == "someone else\n");
+    std::smatch m;
+    REQUIRE(std::regex_search(
+        r.output, m,
+        std::regex("its name now holds another file, left as it is: rank 0's whole log is in "
+                   "'([^']+/nanoddp-rescue-[0-9]+-rank_0.log)'")));
+    CHECK(m[1].str().starts_with(dir.path() + "/"));
+    CHECK(contains(read_file(m[1].str()), "\nbefore\nafter\n"));
+  }
+  SUBCASE("renamed: the warning gives its new name") {
+    const std::string worker =
+        fmt::format("echo before; mv {0}/rank_0.log {0}/old.log; echo after", logs);
+    const ProcessResult r = launch({"--log-dir", logs, "/bin/sh", "-c", worker}, options);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.output, "rank 0's lines went on into it under its new name, '" +
+                                 std::filesystem::canonical(logs).string() + "/old.log'"));
+    CHECK(contains(read_file(logs + "/old.log"), "\nbefore\nafter\n"));
+    CHECK_FALSE(std::filesystem::exists(logs + "/rank_0.log"));
+  }
+}
+
+// An outside tester: `nanoddp-run ... | (sleep 30; cat)` lost a healthy job. The launcher blocked
+// writing to its full stdout, stopped reading the workers' pipes, rank 0 blocked on its next
+// line and its peer timed out blaming it. Now the launcher queues a bounded amount and drops
+// worker lines beyond it (the log files keep them), saying how many once the reader is back.
+TEST_CASE("nanoddp-run: a reader that stops reading its output does not block the workers") {
+  TempDir dir;
+  const std::string logs = dir.file("logs");
+  const int lines = 150000;  // 9 MB: beyond the launcher's 4 MiB queue and the pipes
+  const std::string worker = fmt::format(
+      "yes 0123456789012345678901234567890123456789012345678901234 | head -n {}; "
+      "touch {}/done",
+      lines, dir.path());
+  BackgroundProcess launcher({bin_path("nanoddp-run"), "--log-dir", logs, "/bin/sh", "-c", worker});
+  // Nothing is read from the launcher meanwhile: its stdout pipe is full at once.
+  bool done = false;
+  for (const auto deadline = Clock::now() + 20s; !done && Clock::now() < deadline;) {
+    std::this_thread::sleep_for(50ms);
+    done = std::filesystem::exists(dir.file("done"));
+  }
+  CHECK_MESSAGE(done, "the worker was blocked by the launcher's unread output");
+  const std::optional<int> status = launcher.wait(20s);
+  const std::string& out = launcher.output();
+  REQUIRE(status.has_value());
+  CHECK(WIFEXITED(*status));
+  CHECK(WEXITSTATUS(*status) == 0);
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m,
+                            std::regex(R"(\[nanoddp-run: ([0-9]+) lines of output dropped while )"
+                                       R"(stdout was blocked \(over 4 MiB waiting\); the )"
+                                       R"(--log-dir files have every line\])")));
+  const std::size_t printed = count(out, "[rank 0] 0123");
+  CHECK(printed + std::stoul(m[1].str()) == lines);
+  CHECK(printed < lines);
+  // Whole lines only, though stdout and stderr share one pipe here (the writes were 64 KiB
+  // pieces, which interleaved mid-line with stderr's).
+  for (const std::string& line : lines_of(out)) {
+    if (!line.starts_with("[rank 0] ")) continue;
+    CHECK_MESSAGE(line == "[rank 0] 0123456789012345678901234567890123456789012345678901234", line);
+  }
+  CHECK(count(read_file(logs + "/rank_0.log"), "\n0123") == lines);
+}
+
+namespace {
+
+// The state letter of /proc/PID/stat ('T': stopped), or '?' when it is gone.
+char process_state(int pid) {
+  const std::string stat = read_file(fmt::format("/proc/{}/stat", pid));
+  const auto paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? '?' : stat[paren + 2];
+}
+
+bool state_becomes(const std::vector<int>& pids, bool stopped) {
+  for (const auto deadline = Clock::now() + 5s; Clock::now() < deadline;) {
+    if (std::all_of(pids.begin(), pids.end(),
+                    [&](int pid) { return (process_state(pid) == 'T') == stopped; })) {
+      return true;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+}  // namespace
+
+// An outside tester: Ctrl-Z stopped the launcher alone (its workers run in process groups of
+// their own): the workers ran on until their pipes filled, and a stop longer than their timeout
+// ended the job. Now the workers stop with the launcher and continue with it. (Progress, not
+// /proc's state letter, tells: a shell waiting in vfork() for a stopped child shows 'D'.)
+TEST_CASE("nanoddp-run: Ctrl-Z (SIGTSTP) stops the workers too, SIGCONT continues them") {
+  TempDir dir;
+  BackgroundProcess launcher(
+      run_argv({"--nproc-per-node", "2", "--grace-period", "1"},
+               fmt::format("echo ready; while :; do echo tick >> {}/ticks_$RANK; sleep 0.02; done",
+                           dir.path())));
+  REQUIRE(launcher.wait_for_output([](const std::string& out) { return count(out, "ready") == 2; },
+                                   10s));
+  const auto ticks = [&] {
+    return read_file(dir.file("ticks_0")).size() + read_file(dir.file("ticks_1")).size();
+  };
+  launcher.send(SIGTSTP);
+  CHECK(state_becomes({launcher.pid()}, true));
+  std::this_thread::sleep_for(200ms);  // a tick under way ends
+  const std::size_t stopped_at = ticks();
+  std::this_thread::sleep_for(500ms);
+  CHECK(ticks() == stopped_at);
+  launcher.send(SIGCONT);
+  CHECK(state_becomes({launcher.pid()}, false));
+  std::this_thread::sleep_for(500ms);
+  CHECK(ticks() > stopped_at);
+  launcher.send(SIGTERM);
+  const std::optional<int> status = launcher.wait(10s);
+  INFO(launcher.output());
+  REQUIRE(status.has_value());
+  CHECK(WIFEXITED(*status));
+  CHECK(WEXITSTATUS(*status) == 128 + SIGTERM);
+}

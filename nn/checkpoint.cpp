@@ -212,7 +212,7 @@ std::string save_checkpoint(const std::string& dir, const Module& model, const O
       // Not fatal (the new checkpoint is written), but not silent: the folder keeps growing.
       if (!fs::remove(earlier[i], ec) && ec) {
         fmt::print(stderr,
-                   "nanoddp: warning: could not remove the old checkpoint '{}' (--keep {}): {}\n",
+                   "nanoddp: warning: could not remove the old checkpoint '{}' (keeping {}): {}\n",
                    earlier[i], keep, ec.message());
         std::fflush(stderr);
       }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -108,10 +109,11 @@ inline bool names_a_device(const std::string& path) {
 // - each folder is made with mkdir, one component of the path as given at a time, and recorded
 //   (as spelled, with its device and inode) only when that mkdir made it, so "a/./b/../c" and a
 //   path through a symlink record the folders made, not a lexical guess at them;
-// - each is removed with rmdir, deepest first, only when lstat still finds a folder with that
-//   device and inode: never a file or a symlink put at its name meanwhile (rmdir cannot remove
-//   them, and a file removed by path was an outside tester's data loss), never a folder that has
-//   gained a file (another run's output: rmdir refuses it).
+// - each is removed with rmdir, deepest first, only when statx still finds a folder with that
+//   device, inode and birth time: never a file or a symlink put at its name meanwhile (rmdir
+//   cannot remove them, and a file removed by path was an outside tester's data loss), never a
+//   folder that has gained a file (another run's output: rmdir refuses it), nor one another job
+//   holds locked (its --checkpoint-dir).
 class CreatedFolders {
  public:
   CreatedFolders() = default;
@@ -119,11 +121,12 @@ class CreatedFolders {
   CreatedFolders& operator=(const CreatedFolders&) = delete;
   ~CreatedFolders() {
     for (auto it = made_.rbegin(); it != made_.rend(); ++it) {
-      struct stat now {};
-      if (::lstat(it->path.c_str(), &now) == 0 && S_ISDIR(now.st_mode) && now.st_dev == it->dev &&
-          now.st_ino == it->ino) {
-        ::rmdir(it->path.c_str());  // fails, harmlessly, when not empty
-      }
+      if (identity(it->path) != it->id) continue;  // not the folder made
+      // A folder another job took meanwhile and holds locked (its --checkpoint-dir) stays.
+      const int fd = ::open(it->path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0) continue;
+      if (::flock(fd, LOCK_EX | LOCK_NB) == 0) ::rmdir(it->path.c_str());  // fails when not empty
+      ::close(fd);
     }
   }
   // As `mkdir -p dir`: sets `ec` to the first failure (a component that is a file: ENOTDIR or
@@ -135,9 +138,8 @@ class CreatedFolders {
       prefix /= part;
       if (part == "." || part == ".." || part == prefix.root_path() || part.empty()) continue;
       if (::mkdir(prefix.c_str(), 0777) == 0) {
-        struct stat made {};
-        if (::lstat(prefix.c_str(), &made) == 0) {
-          made_.push_back({prefix.string(), made.st_dev, made.st_ino});
+        if (const std::optional<Identity> made = identity(prefix.string())) {
+          made_.push_back({prefix.string(), *made});
         }
       } else if (errno != EEXIST) {
         ec.assign(errno, std::generic_category());
@@ -149,10 +151,34 @@ class CreatedFolders {
   void keep() { made_.clear(); }
 
  private:
+  // A folder's device, inode and birth time: an inode number is reused at once after a removal
+  // (an outside adversary's `rm -rf out; mkdir -p out/run1` got the same numbers, and the folders
+  // were removed); the birth time tells a folder made again. File systems without one (statx's
+  // mask lacks STATX_BTIME) compare device and inode alone.
+  struct Identity {
+    std::uint64_t dev = 0, ino = 0;
+    std::int64_t btime_s = 0;
+    std::uint32_t btime_ns = 0;
+    bool operator==(const Identity&) const = default;
+  };
+  static std::optional<Identity> identity(const std::string& path) {
+    struct statx info {};
+    if (::statx(AT_FDCWD, path.c_str(), AT_SYMLINK_NOFOLLOW, STATX_TYPE | STATX_INO | STATX_BTIME,
+                &info) != 0 ||
+        !S_ISDIR(info.stx_mode)) {
+      return std::nullopt;
+    }
+    Identity id{.dev = (std::uint64_t{info.stx_dev_major} << 32) | info.stx_dev_minor,
+                .ino = info.stx_ino};
+    if ((info.stx_mask & STATX_BTIME) != 0) {
+      id.btime_s = info.stx_btime.tv_sec;
+      id.btime_ns = info.stx_btime.tv_nsec;
+    }
+    return id;
+  }
   struct Made {
     std::string path;
-    dev_t dev;
-    ino_t ino;
+    Identity id;
   };
   std::vector<Made> made_;  // in the order made: shallowest first
 };
@@ -272,6 +298,8 @@ struct FileState {
   ino_t ino = 0;
   off_t size = 0;
   std::int64_t mtime_ns = 0;
+  std::int64_t ctime_ns = 0;  // no one can set it back: a rewrite in place that restores the
+                              // size and mtime still changes it
   friend bool operator==(const FileState&, const FileState&) = default;
 };
 
@@ -282,7 +310,8 @@ inline FileState file_state(const std::string& path) {
           .dev = info.st_dev,
           .ino = info.st_ino,
           .size = info.st_size,
-          .mtime_ns = std::int64_t{info.st_mtim.tv_sec} * 1'000'000'000 + info.st_mtim.tv_nsec};
+          .mtime_ns = std::int64_t{info.st_mtim.tv_sec} * 1'000'000'000 + info.st_mtim.tv_nsec,
+          .ctime_ns = std::int64_t{info.st_ctim.tv_sec} * 1'000'000'000 + info.st_ctim.tv_nsec};
 }
 
 }  // namespace nanoddp::common

@@ -149,6 +149,8 @@ class Trainer {
   // files identical (by content), an --init file of the same model.
   void check_output_paths();  // also takes --metrics' lock (metrics_lock_)
   void lock_metrics();        // into metrics_lock_; held by another run: exit 2
+  void lock_checkpoint_dir();    // into checkpoint_lock_; held by another process: exit 2
+  void follow_checkpoint_dir();  // at each checkpoint: the folder the name reaches now, locked
   void check_paths_distinct() const;
   // --zero-overlap-gather: the last step's all-gathers done, before the parameters are read.
   void wait_for_parameters();

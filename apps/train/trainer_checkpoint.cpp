@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <charconv>
@@ -221,6 +222,30 @@ std::string Trainer::task_description() const {
   return classify() ? fmt::format("classify --classes {}", o_.classes) : std::string("regression");
 }
 
+// --checkpoint-dir removed, renamed or replaced during the run: the checkpoints go to what the
+// name reaches now (made again if missing), which is said once, and the lock moves with them,
+// so that the folder this run writes is the one it holds (an outside adversary's `rm -rf ck;
+// mkdir ck` went unnoticed, and a second run was then let in).
+void Trainer::follow_checkpoint_dir() {
+  if (!checkpoint_lock_.held()) return;
+  struct stat held {
+  }, named{};
+  if (::fstat(checkpoint_lock_.fd(), &held) == 0 &&
+      ::stat(o_.checkpoint_dir.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
+      held.st_ino == named.st_ino) {
+    return;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(o_.checkpoint_dir, ec);
+  fmt::print(stderr,
+             "nanoddp-train: warning: --checkpoint-dir '{}' is not the folder this run locked at "
+             "its start (removed, renamed or replaced during the run); checkpoints go to the "
+             "folder the name reaches now\n",
+             o_.checkpoint_dir);
+  std::fflush(stderr);
+  lock_checkpoint_dir();
+}
+
 void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_t step_in_epoch) {
   require_finite_parameters(step, "checkpoint");  // on every rank: they hold the same values
   // --zero: each rank holds a shard of the optimizer's state; every rank takes part in
@@ -262,6 +287,7 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
   std::string outcome = "ok";
   std::exception_ptr failure;
   try {
+    follow_checkpoint_dir();
     nn::save_checkpoint(o_.checkpoint_dir, *model_, *optimizer_, state, o_.keep,
                         full_state ? &*full_state : nullptr);
   } catch (const std::exception& e) {
@@ -269,17 +295,19 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
     outcome = e.what();
     if (outcome == "ok" || outcome.empty()) outcome = "(no message)";
     // The run stops here; the steps since the last good checkpoint are not lost with it.
-    const std::string rescue = rescue_path("checkpoints");
-    try {
-      const std::string written = nn::save_checkpoint(rescue, *model_, *optimizer_, state, 1,
-                                                      full_state ? &*full_state : nullptr);
-      outcome += fmt::format(
-          ". This checkpoint was written to '{}' instead: move it into --checkpoint-dir, then "
-          "--resume",
-          written);
-    } catch (const std::exception& again) {
-      outcome += fmt::format(", nor could it be written to '{}' ({})", rescue, again.what());
-    }
+    std::string written, again;
+    const std::string where = rescue(
+        [&](const std::string& folder) {
+          written = nn::save_checkpoint(folder, *model_, *optimizer_, state, 1,
+                                        full_state ? &*full_state : nullptr);
+        },
+        &again);
+    while (outcome.ends_with('.')) outcome.pop_back();
+    outcome += where.empty() ? fmt::format(", nor could it be rescued ({})", again)
+                             : fmt::format(
+                                   ". This checkpoint was written to '{}' instead: move it into "
+                                   "--checkpoint-dir, then --resume",
+                                   written);
   }
   if (distributed_) {
     try {
@@ -332,7 +360,7 @@ std::string Trainer::save_parameters() {
   return write_final_output(
       "--save", o_.save_path,
       [&](const std::string& path) { nn::write_safetensors(path, entries, metadata); },
-      &save_checked_);
+      save_checked_);
 }
 
 }  // namespace nanoddp::train

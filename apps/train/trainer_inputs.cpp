@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "classification.h"
 #include "common/output_files.h"
@@ -140,22 +142,7 @@ void Trainer::check_output_paths() {
     // Before looking at what it holds: a second run, even a --resume, on a folder a running job
     // writes would take that job's checkpoints for its own (an outside adversary's two jobs
     // failed only later, at a name clash, or resumed from each other).
-    bool busy = false;
-    std::string problem;
-    checkpoint_lock_ = common::lock_folder(o_.checkpoint_dir, &busy, &problem);
-    if (busy) {
-      fail(
-          "--checkpoint-dir '{}' is in use by another run (it holds the folder's lock); wait for "
-          "it to end, or give this run a folder of its own",
-          o_.checkpoint_dir);
-    }
-    if (!problem.empty()) {
-      fmt::print(stderr,
-                 "nanoddp-train: warning: --checkpoint-dir '{}' cannot be locked ({}): another "
-                 "run writing the same folder would not be noticed\n",
-                 o_.checkpoint_dir, problem);
-      std::fflush(stderr);
-    }
+    lock_checkpoint_dir();
     // Another run's checkpoints: this run would write beside them (a later --resume takes the
     // newest of either run) and could meet one of the same step. Refused rather than guessed.
     const std::vector<std::string> earlier = nn::list_checkpoints(o_.checkpoint_dir);
@@ -202,6 +189,31 @@ void Trainer::check_output_paths() {
   if (!o_.metrics_path.empty() && common::standard_stream(o_.metrics_path) == 0 &&
       !common::names_a_device(o_.metrics_path)) {
     lock_metrics();
+  }
+}
+
+void Trainer::lock_checkpoint_dir() {
+  bool busy = false;
+  std::string problem;
+  checkpoint_lock_ = common::lock_folder(o_.checkpoint_dir, &busy, &problem);
+  // A restarted worker may start while the one it replaces is still exiting (a launcher of
+  // another make): it waits for the lock a while rather than fail the restart.
+  for (int tries = 0; busy && world_.restart_count > 0 && tries < 100; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    checkpoint_lock_ = common::lock_folder(o_.checkpoint_dir, &busy, &problem);
+  }
+  if (busy) {
+    fail(
+        "--checkpoint-dir '{}' is locked by another process (another run writing checkpoints "
+        "there?); wait for it to end, or give this run a folder of its own",
+        o_.checkpoint_dir);
+  }
+  if (!problem.empty()) {
+    fmt::print(stderr,
+               "nanoddp-train: warning: --checkpoint-dir '{}' cannot be locked ({}): another run "
+               "writing the same folder would not be noticed\n",
+               o_.checkpoint_dir, problem);
+    std::fflush(stderr);
   }
 }
 

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <vector>
 
 #include "common/output_files.h"
 #include "nanoddp/engine/backend.h"
@@ -84,19 +88,118 @@ std::string file_fingerprint(const std::string& path) {
   }
 }
 
-std::string rescue_path(const std::string& name) {
-  // Not beside the output (its disk may be the full one) but where temporary files go.
-  std::error_code ec;
-  const char* tmpdir = std::getenv("TMPDIR");
-  const std::filesystem::path folder =
-      tmpdir != nullptr && *tmpdir != '\0' && std::filesystem::is_directory(tmpdir, ec) ? tmpdir
-                                                                                        : "/tmp";
-  return (folder / fmt::format("nanoddp-rescue-{}-{}", ::getpid(), name)).string();
+namespace {
+
+// An error's text quoted inside a sentence: without its final full stops.
+std::string quoted(std::string text) {
+  while (text.ends_with('.')) text.pop_back();
+  return text;
+}
+
+// A new empty file of ours beside the target (O_EXCL: never an existing file, link or FIFO) for
+// the writer to replace with the output. A short name, so that the writer's own temporary
+// beside it stays within the file system's name limit however long the target's name is.
+std::string stage(const std::filesystem::path& folder, std::string* problem) {
+  for (int k = 0; k < 100; ++k) {
+    const std::string name = (folder / fmt::format(".nanoddp-out.{}.{}", ::getpid(), k)).string();
+    const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+      ::close(fd);
+      return name;
+    }
+    if (errno != EEXIST) {
+      *problem = fmt::format("cannot create '{}': {}", name, std::strerror(errno));
+      return {};
+    }
+  }
+  *problem = fmt::format("no free name for a file in '{}'", folder.string());
+  return {};
+}
+
+// Puts `staged` at `target` unless another process wrote `target` since `checked` (what it was
+// at the check before step 1), in one step that cannot replace such a file: two jobs given one
+// --save that ended together both said "saved", one job's parameters gone. "" or why not.
+std::string install(const std::string& staged, const std::string& target,
+                    const common::FileState& checked, const char* flag) {
+  const std::string taken = fmt::format(
+      "'{}' was written by another process during this run (another job given the same {}?) and "
+      "is left as it is",
+      target, flag);
+  if (checked.exists) {
+    // Replacing the file that was there: under its lock, so that two jobs replacing it at once
+    // take turns, and the second finds the first's file.
+    const int fd = ::open(target.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd >= 0) {
+      for (int tries = 0; ::flock(fd, LOCK_EX | LOCK_NB) != 0 && tries < 3000; ++tries) {
+        ::usleep(10'000);  // another job's rename: moments (30 s at most, then it goes on)
+      }
+      struct stat held {};
+      const common::FileState now = common::file_state(target);
+      std::string result;
+      if (::fstat(fd, &held) != 0 || held.st_ino != now.ino || held.st_dev != now.dev ||
+          now != checked) {
+        result = taken;
+      } else if (::rename(staged.c_str(), target.c_str()) != 0) {
+        result =
+            fmt::format("cannot rename '{}' to '{}': {}", staged, target, std::strerror(errno));
+      }
+      ::close(fd);
+      return result;
+    }
+    if (errno != ENOENT) return fmt::format("cannot open '{}': {}", target, std::strerror(errno));
+    // The file that was there is gone (removed during the run): nobody's file is in the way.
+  }
+  if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) == 0) {
+    return {};
+  }
+  if (errno == EEXIST) return taken;
+  if (errno != EINVAL && errno != ENOSYS) {
+    return fmt::format("cannot rename '{}' to '{}': {}", staged, target, std::strerror(errno));
+  }
+  // A file system without RENAME_NOREPLACE: link() refuses an existing name too.
+  if (::link(staged.c_str(), target.c_str()) == 0) {
+    ::unlink(staged.c_str());
+    return {};
+  }
+  if (errno == EEXIST) return taken;
+  return fmt::format("cannot link '{}' to '{}': {}", staged, target, std::strerror(errno));
+}
+
+}  // namespace
+
+std::string rescue(const std::function<void(const std::string&)>& write, std::string* problem) {
+  std::vector<std::string> bases;
+  if (const char* tmpdir = std::getenv("TMPDIR"); tmpdir != nullptr && *tmpdir != '\0') {
+    bases.emplace_back(tmpdir);
+  }
+  if (bases.empty() || std::filesystem::path(bases[0]).lexically_normal() != "/tmp") {
+    bases.emplace_back("/tmp");
+  }
+  std::vector<std::string> failures;
+  for (const std::string& base : bases) {
+    std::string folder =
+        (std::filesystem::path(base) / fmt::format("nanoddp-rescue-{}-XXXXXX", ::getpid()))
+            .string();
+    if (::mkdtemp(folder.data()) == nullptr) {
+      failures.push_back(fmt::format("'{}': {}", folder, std::strerror(errno)));
+      continue;
+    }
+    try {
+      write(folder);
+      return folder;
+    } catch (const std::exception& e) {
+      failures.push_back(fmt::format("'{}': {}", folder, quoted(e.what())));
+      std::error_code ec;
+      std::filesystem::remove_all(folder, ec);  // ours alone: made just now, mode 0700
+    }
+  }
+  *problem = fmt::format("{}", fmt::join(failures, "; "));
+  return {};
 }
 
 std::string write_final_output(const char* flag, const std::string& path,
                                const std::function<void(const std::string&)>& write,
-                               const common::FileState* checked) {
+                               const common::FileState& checked) {
   namespace fs = std::filesystem;
   const fs::path target = common::resolved_path(path);  // a symlink's target; the link stays
   const fs::path folder = target.parent_path();
@@ -112,31 +215,29 @@ std::string write_final_output(const char* flag, const std::string& path,
     std::fflush(stderr);
   }
   std::string problem;
-  if (checked != nullptr && common::file_state(target.string()) != *checked) {
-    problem = fmt::format(
-        "'{}' was written by another process during this run (another job given the same {}?) "
-        "and is left as it is",
-        target.string(), flag);
-  } else {
+  const std::string staged = stage(folder.empty() ? fs::path(".") : folder, &problem);
+  if (!staged.empty()) {
     try {
-      write(target.string());
-      return {};
+      write(staged);
+      problem = install(staged, target.string(), checked, flag);
     } catch (const std::exception& e) {
-      problem = e.what();
-      while (problem.ends_with('.')) problem.pop_back();  // it is quoted in a sentence below
+      problem = quoted(e.what());
     }
+    if (problem.empty()) return {};
+    ::unlink(staged.c_str());
   }
-  const std::string rescue = rescue_path(target.filename().string());
-  try {
-    write(rescue);
-  } catch (const std::exception& e) {
-    return fmt::format("{} '{}' could not be written ({}), nor its rescue copy '{}' ({})", flag,
-                       path, problem, rescue, e.what());
+  const std::string name = target.filename().string();
+  std::string again;
+  const std::string where =
+      rescue([&](const std::string& dir) { write((fs::path(dir) / name).string()); }, &again);
+  if (where.empty()) {
+    return fmt::format("{} '{}' could not be written ({}), nor rescued ({})", flag, path, problem,
+                       again);
   }
   return fmt::format(
       "{} '{}' could not be written ({}). It was written to '{}' instead: move it where it "
       "belongs",
-      flag, path, problem, rescue);
+      flag, path, problem, (fs::path(where) / name).string());
 }
 
 }  // namespace nanoddp::train

@@ -319,15 +319,11 @@ void Trainer::keep_metrics() {
   }
   const std::span<const std::byte> whole(bytes);
   const std::string problem =
-      write_final_output("--metrics", o_.metrics_path, [&](const std::string& path) {
-        // Another file under the name now (the user's, or another run's) is not replaced.
-        std::error_code ec;
-        if (std::filesystem::exists(path, ec)) {
-          fail("it was removed during the run and '{}' now names another file, left as it is",
-               path);
-        }
-        nn::write_file_atomically(path, std::span(&whole, 1));
-      });
+      // Gone from its name: another file there now (the user's, another run's) is not replaced.
+      write_final_output(
+          "--metrics", o_.metrics_path,
+          [&](const std::string& path) { nn::write_file_atomically(path, std::span(&whole, 1)); },
+          common::FileState{});
   if (problem.empty()) {
     fmt::print(stderr,
                "nanoddp-train: warning: --metrics '{}' was removed during the run; written again "
@@ -380,7 +376,7 @@ std::string Trainer::write_trace() {
   // Through a symlink (even to a file not written yet) its target; the link stays.
   std::string problem = write_final_output(
       "--trace", o_.trace_path, [&](const std::string& path) { Tracer::write_file(path, all); },
-      &trace_checked_);
+      trace_checked_);
   if (problem.empty() && !o_.quiet) fmt::print("trace written to {}\n", o_.trace_path);
   return problem;
 }

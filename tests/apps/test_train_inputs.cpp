@@ -118,6 +118,19 @@ std::map<std::string, std::string> lonely_rank0_env(const char* timeout_s) {
           {"NANODDP_TIMEOUT_S", timeout_s}};
 }
 
+// The rescue file an error or warning names for the output `name` ("It was written to
+// '$TMPDIR/nanoddp-rescue-PID-XXXXXX/NAME' instead"), or "".
+std::string rescued_file(const std::string& output, const std::string& name) {
+  std::string escaped;
+  for (const char c : name) escaped += c == '.' ? std::string("\\.") : std::string(1, c);
+  std::smatch m;
+  return std::regex_search(output, m,
+                           std::regex("It was written to '([^']*/nanoddp-rescue-[0-9]+-[^/']+/" +
+                                      escaped + ")' instead"))
+             ? m[1].str()
+             : std::string();
+}
+
 }  // namespace
 
 TEST_CASE("inputs: every numeric flag refuses NaN, Inf and out-of-range values (exit 2, named)") {
@@ -970,6 +983,40 @@ TEST_CASE("outputs: the set-up clean-up removes only the empty folders it made, 
     CHECK(listing(dir.path()) == std::set<std::string>{"real", "L"});  // a, new, n2 gone
     CHECK(listing(dir.file("real")).empty());
   }
+  SUBCASE("a folder made again at the same name (an inode number reused) stays") {
+    BackgroundProcess run(with_env(
+        lonely_rank0_env("3"), train_argv({"--steps", "1", "--trace", dir.file("o/r/t.json")})));
+    for (int i = 0; i < 300 && !fs::exists(dir.file("o/r")); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    REQUIRE(fs::is_directory(dir.file("o/r")));
+    fs::remove_all(dir.file("o"));
+    fs::create_directories(dir.file("o/r"));  // ext4 hands out the same inode numbers at once
+    const auto status = run.wait(std::chrono::seconds(60));
+    INFO(status_text(status), "\n", run.output());
+    CHECK(exited_with(status, 1));
+    CHECK(fs::is_directory(dir.file("o/r")));
+  }
+  SUBCASE("a made folder another job holds locked as its --checkpoint-dir stays") {
+    BackgroundProcess run(with_env(
+        lonely_rank0_env("3"), train_argv({"--steps", "1", "--trace", dir.file("a/t/x.json")})));
+    for (int i = 0; i < 300 && !fs::exists(dir.file("a/t")); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    REQUIRE(fs::is_directory(dir.file("a/t")));
+    BackgroundProcess other(
+        train_argv({"--steps", "100000", "--log-every", "2000", "--checkpoint-dir", dir.file("a/t"),
+                    "--checkpoint-every", "1000000"}));
+    REQUIRE(other.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
+                                  std::chrono::seconds(30)));
+    other.send(SIGSTOP);
+    const auto status = run.wait(std::chrono::seconds(60));
+    INFO(status_text(status), "\n", run.output());
+    CHECK(exited_with(status, 1));
+    CHECK(fs::is_directory(dir.file("a/t")));
+    other.send(SIGCONT);
+    CHECK(exited_with(other.wait(std::chrono::seconds(60)), 0));
+  }
   SUBCASE("a folder another run relied on, removed while empty, is made again by that run") {
     // Run 1 makes sh/s and fails in its set-up; run 2, started on sh/s meanwhile, finds it gone
     // when it saves, and makes it again (write_final_output) instead of losing its parameters.
@@ -1145,8 +1192,8 @@ TEST_CASE("outputs: two jobs given one --save: the second to end does not replac
                      "run (another job given the same --save?) and is left as it is"));
   CHECK(contains(second.output(), "(another job given the same --trace?)"));
   CHECK(nanoddp::nn::read_safetensors(save).metadata().at("seed") == "1");
-  const std::string rescued =
-      rescue + "/nanoddp-rescue-" + std::to_string(second.pid()) + "-final.st";
+  const std::string rescued = rescued_file(second.output(), "final.st");
+  REQUIRE(rescued.starts_with(rescue + "/nanoddp-rescue-" + std::to_string(second.pid()) + "-"));
   CHECK(nanoddp::nn::read_safetensors(rescued).metadata().at("seed") == "2");
 }
 
@@ -1167,7 +1214,8 @@ TEST_CASE("outputs: a --checkpoint-dir a running job writes is refused to a seco
     INFO(second.output);
     CHECK(second.exit_code == 2);
     CHECK(contains(second.output, "--checkpoint-dir '" + ckpt +
-                                      "' is in use by another run (it holds the folder's lock)"));
+                                      "' is locked by another process (another run writing "
+                                      "checkpoints there?)"));
   }
   running.send(SIGCONT);
   const auto status = running.wait(std::chrono::seconds(60));
@@ -1179,6 +1227,126 @@ TEST_CASE("outputs: a --checkpoint-dir a running job writes is refused to a seco
                                        "--checkpoint-every", "50000", "--resume", "--quiet"});
   INFO(resumed.output);
   CHECK(resumed.exit_code == 0);
+}
+
+// A second outside adversary's, against the first version of the above: two jobs that ended at
+// the same moment both said "saved" (the check and the rename were two steps).
+TEST_CASE("outputs: two jobs given one --save that end together: one saves, one is rescued") {
+  TempDir dir;
+  const std::string rescue = dir.file("rescue");
+  fs::create_directories(rescue);
+  for (const bool existed : {false, true}) {
+    for (int pair = 0; pair < 4; ++pair) {
+      CAPTURE(existed);
+      CAPTURE(pair);
+      const std::string save = dir.file(fmt::format("m{}{}.st", existed, pair));
+      if (existed) std::ofstream(save) << "an older model";
+      // Both past their checks before step 1 (stopped there), then let go together: they end
+      // within moments of each other.
+      auto start = [&](const char* seed) {
+        return std::make_unique<BackgroundProcess>(
+            with_env({{"TMPDIR", rescue}}, train_argv({"--steps", "3000", "--log-every", "1000",
+                                                       "--seed", seed, "--save", save})));
+      };
+      auto a = start("1");
+      auto b = start("2");
+      for (auto* job : {a.get(), b.get()}) {
+        REQUIRE(job->wait_for_output([](const std::string& o) { return contains(o, "loss "); },
+                                     std::chrono::seconds(30)));
+        job->send(SIGSTOP);
+      }
+      a->send(SIGCONT);
+      b->send(SIGCONT);
+      const auto sa = a->wait(std::chrono::seconds(60)), sb = b->wait(std::chrono::seconds(60));
+      INFO(status_text(sa), " / ", status_text(sb), "\n", a->output(), "\n", b->output());
+      struct Result {
+        int exit_code;
+        std::string output;
+      };
+      const Result ra{exited_with(sa, 0) ? 0 : 1, a->output()};
+      const Result rb{exited_with(sb, 0) ? 0 : 1, b->output()};
+      // Never both "saved": the file holds one job's parameters, the other's are rescued.
+      CHECK(ra.exit_code + rb.exit_code == 1);
+      const Result& lost = ra.exit_code == 1 ? ra : rb;
+      const std::string kept_seed = ra.exit_code == 0 ? "1" : "2";
+      CHECK(nanoddp::nn::read_safetensors(save).metadata().at("seed") == kept_seed);
+      CHECK(contains(lost.output, "was written by another process during this run"));
+      CHECK_FALSE(rescued_file(lost.output, fs::path(save).filename()).empty());
+    }
+  }
+  // Nothing of theirs left beside the output.
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    CHECK_MESSAGE(!entry.path().filename().string().starts_with(".nanoddp-out"), entry.path());
+  }
+}
+
+TEST_CASE("outputs: a --save that existed before the run and was removed during it is written") {
+  // The adversary's: it was blamed on "another process" and rescued.
+  TempDir dir;
+  const std::string save = dir.file("m.st");
+  std::ofstream(save) << "an older model";
+  BackgroundProcess trainer(
+      train_argv({"--steps", "100000", "--log-every", "2000", "--save", save}));
+  REQUIRE(trainer.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
+                                  std::chrono::seconds(30)));
+  trainer.send(SIGSTOP);
+  fs::remove(save);
+  trainer.send(SIGCONT);
+  const auto status = trainer.wait(std::chrono::seconds(60));
+  INFO(status_text(status), "\n", trainer.output());
+  CHECK(exited_with(status, 0));
+  CHECK(nanoddp::nn::read_safetensors(save).metadata().at("step") == "100000");
+}
+
+TEST_CASE("outputs: links and FIFOs put at the writers' temporary names are never followed") {
+  // The adversary's: a symlink at the trace's temporary name (FILE.tmp.PID) made a root run
+  // write the trace into the file it pointed to; a FIFO there hung the run.
+  TempDir dir;
+  const std::string victim = dir.file("victim");
+  std::ofstream(victim) << "someone else's file\n";
+  const std::string out = dir.file("out");
+  fs::create_directories(out);
+  BackgroundProcess trainer(
+      train_argv({"--steps", "100000", "--log-every", "2000", "--trace", out + "/t.json",
+                  "--trace-steps", "2", "--save", out + "/m.st"}));
+  REQUIRE(trainer.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
+                                  std::chrono::seconds(30)));
+  trainer.send(SIGSTOP);
+  const std::string pid = std::to_string(trainer.pid());
+  for (int k = 0; k < 3; ++k) {
+    fs::create_symlink(victim, out + fmt::format("/.nanoddp-out.{}.{}", pid, k));
+    fs::create_symlink(victim, out + fmt::format("/t.json.tmp.{}.{}", pid, k));
+    REQUIRE(
+        ::mkfifo((out + fmt::format("/.nanoddp-out.{}.{}.tmp.{}.{}", pid, k + 3, pid, k)).c_str(),
+                 0600) == 0);
+  }
+  trainer.send(SIGCONT);
+  const auto status = trainer.wait(std::chrono::seconds(60));
+  INFO(status_text(status), "\n", trainer.output());
+  CHECK(exited_with(status, 0));
+  std::ifstream kept(victim);
+  CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "someone else's file\n");
+  CHECK(fs::file_size(out + "/t.json") > 100);
+  CHECK(nanoddp::nn::read_safetensors(out + "/m.st").metadata().at("step") == "100000");
+}
+
+TEST_CASE("outputs: --checkpoint-dir replaced during the run is said, and locked again") {
+  TempDir dir;
+  const std::string ck = dir.file("ck");
+  BackgroundProcess running(train_argv({"--steps", "100000", "--log-every", "2000",
+                                        "--checkpoint-dir", ck, "--checkpoint-every", "50000"}));
+  REQUIRE(running.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
+                                  std::chrono::seconds(30)));
+  running.send(SIGSTOP);
+  fs::remove_all(ck);
+  fs::create_directories(ck);
+  running.send(SIGCONT);
+  const auto status = running.wait(std::chrono::seconds(60));
+  INFO(status_text(status), "\n", running.output());
+  CHECK(exited_with(status, 0));
+  CHECK(contains(running.output(), "warning: --checkpoint-dir '" + ck +
+                                       "' is not the folder this run locked at its start"));
+  CHECK(nanoddp::nn::list_checkpoints(ck).size() == 2);
 }
 
 TEST_CASE("outputs: a --metrics file renamed during the run is left to its new name") {
@@ -1221,20 +1389,20 @@ TEST_CASE(
     std::ofstream(out) << "a user's file\n";
     trainer.send(SIGCONT);
     const auto status = trainer.wait(std::chrono::seconds(60));
-    const std::string pid = std::to_string(trainer.pid());
     INFO(status_text(status), "\n", trainer.output());
     CHECK(exited_with(status, 1));
-    const std::string saved = rescue + "/nanoddp-rescue-" + pid + "-m.safetensors";
     CHECK(contains(trainer.output(),
                    "error: --save '" + out + "/m.safetensors' could not be written"));
-    CHECK(contains(trainer.output(), "It was written to '" + saved + "' instead"));
     CHECK(contains(trainer.output(), "--trace '" + out + "/t.json' could not be written"));
+    // In a fresh folder of their own in $TMPDIR (mkdtemp), each under its own name.
+    const std::string saved = rescued_file(trainer.output(), "m.safetensors");
+    REQUIRE(saved.starts_with(rescue + "/nanoddp-rescue-" + std::to_string(trainer.pid()) + "-"));
     CHECK(nanoddp::nn::read_safetensors(saved).metadata().at("step") == "100000");
-    CHECK(fs::file_size(rescue + "/nanoddp-rescue-" + pid + "-t.json") > 100);
+    CHECK(fs::file_size(rescued_file(trainer.output(), "t.json")) > 100);
     // The metrics are a record, not the result: a warning, and rescued as well.
     CHECK(contains(trainer.output(),
                    "warning: --metrics '" + out + "/m.jsonl' could not be written"));
-    std::ifstream metrics(rescue + "/nanoddp-rescue-" + pid + "-m.jsonl");
+    std::ifstream metrics(rescued_file(trainer.output(), "m.jsonl"));
     CHECK(std::count(std::istreambuf_iterator<char>(metrics), {}, '\n') == 51);
     std::ifstream kept(out);
     CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "a user's file\n");
@@ -1249,11 +1417,9 @@ TEST_CASE(
     INFO(r.output);
     CHECK(r.exit_code == 1);
     CHECK(contains(r.output, "No space left on device"));
-    std::vector<std::string> rescued;
-    for (const auto& entry : fs::directory_iterator(rescue)) rescued.push_back(entry.path());
-    REQUIRE(rescued.size() == 1);
-    CHECK(contains(r.output, "It was written to '" + rescued[0] + "' instead"));
-    CHECK(nanoddp::nn::read_safetensors(rescued[0]).metadata().at("step") == "20");
+    const std::string saved = rescued_file(r.output, "m.safetensors");
+    REQUIRE(saved.starts_with(rescue + "/"));
+    CHECK(nanoddp::nn::read_safetensors(saved).metadata().at("step") == "20");
     CHECK(listing(disk.path).empty());  // no temporary left on the full disk
   }
 }
@@ -1372,7 +1538,7 @@ TEST_CASE("outputs: checkpoint housekeeping that cannot remove, or a folder in t
     INFO(r.output);
     CHECK(r.exit_code == 0);
     CHECK(contains(r.output,
-                   "warning: could not remove the old checkpoint '" + old + "' (--keep 1)"));
+                   "warning: could not remove the old checkpoint '" + old + "' (keeping 1)"));
     CHECK(fs::exists(ck + "/step-000000004.safetensors"));
   }
   fs::create_directories(ck + "/step-000000006.safetensors");

@@ -109,6 +109,8 @@ namespace {
 constexpr std::chrono::microseconds kSpin{20};
 // Longest single futex sleep: how often a waiter checks the deadline and the peer's process.
 constexpr std::chrono::milliseconds kPollSlice{50};
+// A slice this much longer than kPollSlice: the waiting process was not running meanwhile.
+constexpr std::chrono::seconds kNotRunning{1};
 // Elements per reduction block: the block's accumulator lives on the stack, in L1.
 constexpr std::size_t kBlock = 2048;
 
@@ -279,10 +281,21 @@ void ShmAllreduce::arrive() {
   }
 }
 
+void ShmAllreduce::still_running(std::chrono::steady_clock::time_point now,
+                                 std::chrono::steady_clock::time_point& deadline) {
+  // Within an op this process checks in every few milliseconds (a chunk's copy, a slice of
+  // sleep); a gap far longer means it did not run: stopped (Ctrl-Z under nanoddp-run stops
+  // every rank, and a stop longer than the timeout failed the job at once on SIGCONT, an
+  // outside tester's find) or starved. That time is not a peer's lateness: it moves the deadline.
+  if (now - checked_in_ > kPollSlice + kNotRunning) deadline += now - checked_in_ - kPollSlice;
+  checked_in_ = now;
+}
+
 void ShmAllreduce::wait_for_all(std::uint32_t target,
-                                std::chrono::steady_clock::time_point deadline, const char* phase,
+                                std::chrono::steady_clock::time_point& deadline, const char* phase,
                                 std::size_t chunk, std::size_t chunks) {
   using Clock = std::chrono::steady_clock;
+  still_running(Clock::now(), deadline);
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     RankLine& peer = segment_->line(p);
@@ -302,6 +315,8 @@ void ShmAllreduce::wait_for_all(std::uint32_t target,
     // Sleep in slices until the peer arrives, dies, or the deadline passes.
     while (!arrived) {
       const auto now = Clock::now();
+      still_running(now, deadline);
+      if (now >= deadline && reached(count.load(std::memory_order_acquire), target)) break;
       if (now >= deadline) {
         fail_waiting(
             target,
@@ -387,7 +402,8 @@ void ShmAllreduce::run(void* data, const void* input, std::size_t count, DType d
                        std::uint64_t seq) {
   if (!enabled()) fail("ShmAllreduce::run: the shared segment is not in use");
   if (count == 0) return;
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  checked_in_ = std::chrono::steady_clock::now();
+  auto deadline = checked_in_ + timeout_;  // moved by a stop (still_running)
   const std::uint32_t kind = op_kind(Collective::kAllreduce, dtype, op);
   publish_op(seq, count, kind);
 

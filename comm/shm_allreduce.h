@@ -109,11 +109,15 @@ class ShmAllreduce {
   void publish_op(std::uint64_t seq, std::uint64_t count, std::uint32_t kind);
   void check_same_op(std::uint64_t seq, std::uint64_t count, std::uint32_t kind);
   void arrive();
-  void wait_for_all(std::uint32_t target, std::chrono::steady_clock::time_point deadline,
+  // Moves `deadline` by the time since the last check-in when this process did not run.
+  void still_running(std::chrono::steady_clock::time_point now,
+                     std::chrono::steady_clock::time_point& deadline);
+  std::chrono::steady_clock::time_point checked_in_;
+  void wait_for_all(std::uint32_t target, std::chrono::steady_clock::time_point& deadline,
                     const char* phase, std::size_t chunk, std::size_t chunks);
   // Reduce-scatter's and all-gather's barrier after step `step`'s copy-in, with the op check at
   // the first step (and, for a single-step op, the extra barrier it needs: shm_collectives.cpp).
-  void wait_copied_in(std::chrono::steady_clock::time_point deadline, std::size_t step,
+  void wait_copied_in(std::chrono::steady_clock::time_point& deadline, std::size_t step,
                       std::size_t steps, std::uint64_t seq, std::uint64_t count,
                       std::uint32_t kind);
   [[noreturn]] void fail_waiting(std::uint32_t target, const std::string& what_happened,

@@ -46,7 +46,7 @@ namespace nanoddp::comm {
 
 using namespace shm;
 
-void ShmAllreduce::wait_copied_in(std::chrono::steady_clock::time_point deadline, std::size_t step,
+void ShmAllreduce::wait_copied_in(std::chrono::steady_clock::time_point& deadline, std::size_t step,
                                   std::size_t steps, std::uint64_t seq, std::uint64_t count,
                                   std::uint32_t kind) {
   wait_for_all(generation_, deadline, "copy-in", step, steps);
@@ -62,7 +62,8 @@ void ShmAllreduce::reduce_scatter(const void* input, void* output, std::size_t b
                                   ReduceOp op, std::uint64_t seq) {
   if (!enabled()) fail("ShmAllreduce::reduce_scatter: the shared segment is not in use");
   if (block == 0) return;
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  checked_in_ = std::chrono::steady_clock::now();
+  auto deadline = checked_in_ + timeout_;  // moved by a stop (still_running)
   const std::uint32_t kind = op_kind(Collective::kReduceScatter, dtype, op);
   publish_op(seq, block, kind);
 
@@ -113,7 +114,8 @@ void ShmAllreduce::allgather(const void* input, void* output, std::size_t block,
                              std::uint64_t seq) {
   if (!enabled()) fail("ShmAllreduce::allgather: the shared segment is not in use");
   if (block == 0) return;
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  checked_in_ = std::chrono::steady_clock::now();
+  auto deadline = checked_in_ + timeout_;  // moved by a stop (still_running)
   const std::uint32_t kind = op_kind(Collective::kAllgather, dtype, ReduceOp::kSum);
   publish_op(seq, block, kind);
 

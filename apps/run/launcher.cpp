@@ -183,6 +183,7 @@ void Attempt::open_logs() {
   if (!std::filesystem::exists(options_.log_dir, ec)) {
     std::filesystem::create_directories(options_.log_dir, ec);
     if (ec) {
+      Console::logs_incomplete();
       say("warning: --log-dir '{}' is gone and cannot be made again ({}): the lines of {} go to "
           "the console only",
           options_.log_dir, ec.message(), round_.label);
@@ -197,6 +198,7 @@ void Attempt::open_logs() {
     w.log_name = log_path(options_.log_dir, rank);
     OpenedLog log = open_log(w.log_name);
     if (!log.fd) {
+      Console::logs_incomplete();
       say("warning: --log-dir: '{}' {}: rank {}'s lines of {} go to the console only (the job "
           "goes on; remove it, and the next attempt writes there again)",
           w.log_name, log.error, rank, round_.label);

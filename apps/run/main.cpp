@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
@@ -84,7 +85,10 @@ int main(int argc, char** argv) {
   }
   // The launcher's signals are back at their defaults here (the SignalInbox is gone): a reader
   // that never reads again cannot keep Ctrl-C or SIGTERM from ending this wait.
-  Console::out().flush();
-  Console::err().flush();
+  // At most 10 s in all: the job's outcome is its exit code, and a reader that never reads
+  // again must not keep a finished launcher alive.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  Console::out().flush(until);
+  Console::err().flush(until);
   return exit_code;
 }

@@ -2,12 +2,14 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -69,10 +71,35 @@ void Console::write(std::string_view data, bool droppable) {
   wake_.notify_one();
 }
 
-void Console::flush() {
+bool Console::flush(std::chrono::steady_clock::time_point until) {
   std::unique_lock lock(mutex_);
-  idle_.wait(lock, [this] { return pending_.empty() && in_flight_ == 0; });
+  return idle_.wait_until(lock, until, [this] { return pending_.empty() && in_flight_ == 0; });
 }
+
+void Console::logs_incomplete() {
+  for (Console* console : {&out(), &err()}) {
+    console->set_drop_hint(
+        "; the --log-dir files have them up to the log failure warned about above, not after");
+  }
+}
+
+namespace {
+
+// Whether stdout and stderr are one file or pipe (`2>&1`): their writers then take turns with a
+// line longer than PIPE_BUF, which a pipe may cut and interleave with the other's writes (an
+// outside tester's lines over 4 KiB came out spliced into each other).
+std::mutex* shared_sink_mutex() {
+  static std::mutex* const shared = [] {
+    struct stat out {
+    }, err{};
+    const bool same = ::fstat(STDOUT_FILENO, &out) == 0 && ::fstat(STDERR_FILENO, &err) == 0 &&
+                      out.st_dev == err.st_dev && out.st_ino == err.st_ino;
+    return same ? new std::mutex : nullptr;
+  }();
+  return shared;
+}
+
+}  // namespace
 
 void Console::run() {
   // Whole lines, at most PIPE_BUF bytes a write() where they fit: such a write to a pipe is
@@ -93,7 +120,24 @@ void Console::run() {
     lock.unlock();
     std::string_view rest(batch);
     while (!rest.empty()) {
-      const ssize_t n = ::write(fd_, rest.data(), piece(rest));
+      const std::size_t size = piece(rest);
+      std::unique_lock<std::mutex> turn;
+      if (size > PIPE_BUF && shared_sink_mutex() != nullptr) {
+        turn = std::unique_lock(*shared_sink_mutex());
+      }
+      ssize_t n = ::write(fd_, rest.data(), size);
+      // A long line is written whole while holding the turn (a pipe takes it in pieces).
+      while (turn.owns_lock() && n > 0 && static_cast<std::size_t>(n) < size) {
+        const ssize_t more = ::write(fd_, rest.data() + n, size - static_cast<std::size_t>(n));
+        if (more < 0 && errno == EINTR) continue;
+        if (more < 0 && errno == EAGAIN) {
+          pollfd writable{fd_, POLLOUT, 0};
+          ::poll(&writable, 1, -1);
+          continue;
+        }
+        if (more <= 0) break;
+        n += more;
+      }
       if (n > 0) {
         rest.remove_prefix(static_cast<std::size_t>(n));
         const std::lock_guard progress(mutex_);
@@ -161,6 +205,7 @@ void LineSink::emit(std::string_view line) {
     if (const int error = write_all(log_fd_, std::string_view(out).substr(prefix_.size()))) {
       // Said once per file; the launcher goes on supervising (and printing) the workers.
       *log_failed_ = true;
+      Console::logs_incomplete();
       Console::err().write("nanoddp-run: warning: writing '" + log_name_ + "' failed (" +
                                std::strerror(error) +
                                "): its last line is missing or cut short and no more lines "

@@ -9,6 +9,7 @@
 // workers' pipes, a worker then blocks on its next line, and its peers time out blaming it: an
 // outside tester lost a healthy job to `nanoddp-run ... | (sleep 30; cat)`.
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <memory>
@@ -39,12 +40,16 @@ class Console {
 
   // `droppable`: a worker's line, which may be dropped while the reader is too far behind.
   void write(std::string_view data, bool droppable);
-  // Waits until everything queued is written (or failed): before the launcher exits. Blocks as
-  // long as the reader pauses, as any program's last write does; call it with the launcher's
-  // signals at their defaults, so that SIGTERM and Ctrl-C still end the wait.
-  void flush();
+  // Waits until everything queued is written (or failed), up to `until`: before the launcher
+  // exits. Returns whether it all went. Bounded: an outside tester's reader that never read
+  // again kept a finished job's launcher waiting for ever. Call it with the launcher's signals
+  // at their defaults, so that SIGTERM and Ctrl-C still end the wait.
+  bool flush(std::chrono::steady_clock::time_point until);
   // Where the dropped lines can still be read, for the note about them.
   void set_drop_hint(std::string hint);
+  // A rank's --log-dir file missed lines (a failed write, a log that could not be opened): the
+  // note about dropped lines no longer says the files have every line (both consoles).
+  static void logs_incomplete();
 
   Console(const Console&) = delete;
   Console& operator=(const Console&) = delete;

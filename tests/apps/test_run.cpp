@@ -1598,6 +1598,48 @@ TEST_CASE("nanoddp-run: a reader that stops reading its output does not block th
   CHECK(count(read_file(logs + "/rank_0.log"), "\n0123") == lines);
 }
 
+// A second outside tester's: with stdout and stderr on one pipe (`2>&1 | tee`), lines longer
+// than PIPE_BUF from the two streams came out spliced into each other.
+TEST_CASE("nanoddp-run: long lines on stdout and stderr of one pipe stay whole") {
+  const std::string worker =
+      "i=0; l=$(head -c 5000 /dev/zero | tr '\\0' x); while [ $i -lt 300 ]; do "
+      "echo \"o$i $l\"; echo \"e$i $l\" >&2; i=$((i+1)); done";
+  BackgroundProcess launcher(
+      {bin_path("nanoddp-run"), "--nproc-per-node", "2", "/bin/sh", "-c", worker});
+  const std::optional<int> status = launcher.wait(60s);
+  REQUIRE(status.has_value());
+  CHECK(WIFEXITED(*status));
+  const std::regex whole(R"(\[rank [01]\] [oe][0-9]+ x{5000})");
+  int checked = 0;
+  for (const std::string& line : lines_of(launcher.output())) {
+    if (!line.starts_with("[rank ")) continue;
+    ++checked;
+    CHECK_MESSAGE(std::regex_match(line, whole), line.substr(0, 120));
+  }
+  CHECK(checked == 2 * 2 * 300);
+}
+
+// ... and a finished job's launcher waited for ever for a reader that never read again.
+TEST_CASE(
+    "nanoddp-run: a reader that never reads again delays a finished job's exit 10 s at most") {
+  TempDir dir;
+  const std::string rc = dir.file("rc");
+  const std::string script = fmt::format(
+      "({} --nproc-per-node 1 /bin/sh -c 'yes 0123456789 | head -c 9000000'; echo $? > {}) "
+      "| sleep 25",
+      bin_path("nanoddp-run"), rc);
+  const auto start = std::chrono::system_clock::now();
+  ProcessOptions options;
+  options.timeout = 60s;
+  const ProcessResult r = run_process({"/bin/sh", "-c", script}, options);
+  INFO(r.output);
+  REQUIRE(std::filesystem::exists(rc));
+  CHECK(read_file(rc) == "0\n");  // the job's code, though its output was never read
+  const auto ended = std::filesystem::last_write_time(rc);
+  const auto took = std::chrono::file_clock::to_sys(ended) - start;
+  CHECK(took < 20s);  // 10 s of waiting for the reader, and the job's own moments
+}
+
 namespace {
 
 // The state letter of /proc/PID/stat ('T': stopped), or '?' when it is gone.

@@ -126,6 +126,30 @@ TEST_CASE("SIGSTOP of rank 0 (the store host): the other rank exits about one ti
   CHECK(ranks[0]->wait(10s).has_value());
 }
 
+// An outside tester's Ctrl-Z, held longer than NANODDP_TIMEOUT_S: nanoddp-run stopped every rank
+// with itself, yet at SIGCONT the shared-memory all-reduce counted the stop against its deadline
+// and failed the job at once ("rank 1 did not report reaching this op"). What the launcher does
+// on Ctrl-Z, done here to the ranks themselves (a launcher without a terminal is not stopped).
+TEST_CASE("every rank stopped longer than the timeout, then continued: the job goes on") {
+  for (int round = 0; round < 3; ++round) {
+    CAPTURE(round);
+    auto ranks = start_ranks(train_argv({"--steps", "40000", "--log-every", "1000"}), 2,
+                             {{"NANODDP_TIMEOUT_S", "2"}});
+    REQUIRE_MESSAGE(ranks[0]->wait_for_output(has_progress, 30s), ranks[0]->output());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 + 37 * round));
+    ranks[0]->send(SIGSTOP);
+    ranks[1]->send(SIGSTOP);
+    std::this_thread::sleep_for(4s);  // two timeouts
+    ranks[1]->send(SIGCONT);
+    ranks[0]->send(SIGCONT);
+    for (auto& rank : ranks) {
+      const auto status = rank->wait(60s);
+      INFO(status_text(status), "\n", rank->output());
+      CHECK(exited_with(status, 0));
+    }
+  }
+}
+
 TEST_CASE("under nanoddp-run a killed rank is named first in the launcher's summary") {
   TempDir dir;
   std::vector<std::string> argv = {

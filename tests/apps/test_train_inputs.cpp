@@ -118,6 +118,15 @@ std::map<std::string, std::string> lonely_rank0_env(const char* timeout_s) {
           {"NANODDP_TIMEOUT_S", timeout_s}};
 }
 
+// Waits for a trainer's first progress line, then stops it (SIGSTOP): past its checks before
+// step 1 and inside its training loop, so that a test can change the world under it and then
+// let it go on (SIGCONT) with no race against its end.
+void stop_when_training(BackgroundProcess& trainer) {
+  const auto training = [](const std::string& o) { return contains(o, "loss "); };
+  REQUIRE_MESSAGE(trainer.wait_for_output(training, std::chrono::seconds(30)), trainer.output());
+  trainer.send(SIGSTOP);
+}
+
 // The rescue file an error or warning names for the output `name` ("It was written to
 // '$TMPDIR/nanoddp-rescue-PID-XXXXXX/NAME' instead"), or "".
 std::string rescued_file(const std::string& output, const std::string& name) {
@@ -1007,9 +1016,7 @@ TEST_CASE("outputs: the set-up clean-up removes only the empty folders it made, 
     BackgroundProcess other(
         train_argv({"--steps", "100000", "--log-every", "2000", "--checkpoint-dir", dir.file("a/t"),
                     "--checkpoint-every", "1000000"}));
-    REQUIRE(other.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
-                                  std::chrono::seconds(30)));
-    other.send(SIGSTOP);
+    stop_when_training(other);
     const auto status = run.wait(std::chrono::seconds(60));
     INFO(status_text(status), "\n", run.output());
     CHECK(exited_with(status, 1));
@@ -1028,9 +1035,7 @@ TEST_CASE("outputs: the set-up clean-up removes only the empty folders it made, 
     REQUIRE(fs::is_directory(dir.file("sh/s")));
     BackgroundProcess second(
         train_argv({"--steps", "100000", "--log-every", "2000", "--save", dir.file("sh/s/b.st")}));
-    REQUIRE(second.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
-                                   std::chrono::seconds(30)));
-    second.send(SIGSTOP);
+    stop_when_training(second);
     const auto failed = first.wait(std::chrono::seconds(60));
     INFO(status_text(failed), "\n", first.output());
     CHECK(exited_with(failed, 1));
@@ -1123,10 +1128,7 @@ TEST_CASE("outputs: a --save, --trace and --metrics folder removed during the ru
   BackgroundProcess trainer(train_argv({"--steps", "100000", "--log-every", "2000", "--save",
                                         out + "/m.safetensors", "--trace", out + "/t.json",
                                         "--trace-steps", "2", "--metrics", out + "/m.jsonl"}));
-  REQUIRE_MESSAGE(trainer.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
-                                          std::chrono::seconds(30)),
-                  trainer.output());
-  trainer.send(SIGSTOP);  // so that the run cannot end before the folder is gone
+  stop_when_training(trainer);  // so that the run cannot end before the folder is gone
   CHECK(fs::remove_all(out) > 0);
   trainer.send(SIGCONT);
   const auto status = trainer.wait(std::chrono::seconds(60));
@@ -1151,9 +1153,7 @@ TEST_CASE("outputs: a --metrics file emptied during the run gets whole lines, no
   TempDir dir;
   BackgroundProcess trainer(
       train_argv({"--steps", "100000", "--log-every", "2000", "--metrics", dir.file("m.jsonl")}));
-  REQUIRE(trainer.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
-                                  std::chrono::seconds(30)));
-  trainer.send(SIGSTOP);
+  stop_when_training(trainer);
   fs::resize_file(dir.file("m.jsonl"), 0);
   trainer.send(SIGCONT);
   const auto status = trainer.wait(std::chrono::seconds(60));
@@ -1176,9 +1176,7 @@ TEST_CASE("outputs: two jobs given one --save: the second to end does not replac
       with_env({{"TMPDIR", rescue}},
                train_argv({"--steps", "100000", "--log-every", "2000", "--seed", "2", "--save",
                            save, "--trace", dir.file("t.json"), "--trace-steps", "1"})));
-  REQUIRE(second.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
-                                 std::chrono::seconds(30)));
-  second.send(SIGSTOP);
+  stop_when_training(second);
   const ProcessResult first =
       train({"--steps", "20", "--seed", "1", "--save", save, "--trace", dir.file("t.json")});
   second.send(SIGCONT);
@@ -1202,9 +1200,7 @@ TEST_CASE("outputs: a --checkpoint-dir a running job writes is refused to a seco
   const std::string ckpt = dir.file("ck");
   BackgroundProcess running(train_argv({"--steps", "100000", "--log-every", "2000",
                                         "--checkpoint-dir", ckpt, "--checkpoint-every", "50000"}));
-  REQUIRE(running.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
-                                  std::chrono::seconds(30)));
-  running.send(SIGSTOP);
+  stop_when_training(running);
   for (const bool resume : {false, true}) {
     CAPTURE(resume);
     std::vector<std::string> args = {
@@ -1251,9 +1247,7 @@ TEST_CASE("outputs: two jobs given one --save that end together: one saves, one 
       auto a = start("1");
       auto b = start("2");
       for (auto* job : {a.get(), b.get()}) {
-        REQUIRE(job->wait_for_output([](const std::string& o) { return contains(o, "loss "); },
-                                     std::chrono::seconds(30)));
-        job->send(SIGSTOP);
+        stop_when_training(*job);
       }
       a->send(SIGCONT);
       b->send(SIGCONT);
@@ -1287,9 +1281,7 @@ TEST_CASE("outputs: a --save that existed before the run and was removed during 
   std::ofstream(save) << "an older model";
   BackgroundProcess trainer(
       train_argv({"--steps", "100000", "--log-every", "2000", "--save", save}));
-  REQUIRE(trainer.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
-                                  std::chrono::seconds(30)));
-  trainer.send(SIGSTOP);
+  stop_when_training(trainer);
   fs::remove(save);
   trainer.send(SIGCONT);
   const auto status = trainer.wait(std::chrono::seconds(60));
@@ -1309,9 +1301,7 @@ TEST_CASE("outputs: links and FIFOs put at the writers' temporary names are neve
   BackgroundProcess trainer(
       train_argv({"--steps", "100000", "--log-every", "2000", "--trace", out + "/t.json",
                   "--trace-steps", "2", "--save", out + "/m.st"}));
-  REQUIRE(trainer.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
-                                  std::chrono::seconds(30)));
-  trainer.send(SIGSTOP);
+  stop_when_training(trainer);
   const std::string pid = std::to_string(trainer.pid());
   for (int k = 0; k < 3; ++k) {
     fs::create_symlink(victim, out + fmt::format("/.nanoddp-out.{}.{}", pid, k));
@@ -1335,9 +1325,7 @@ TEST_CASE("outputs: --checkpoint-dir replaced during the run is said, and locked
   const std::string ck = dir.file("ck");
   BackgroundProcess running(train_argv({"--steps", "100000", "--log-every", "2000",
                                         "--checkpoint-dir", ck, "--checkpoint-every", "50000"}));
-  REQUIRE(running.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
-                                  std::chrono::seconds(30)));
-  running.send(SIGSTOP);
+  stop_when_training(running);
   fs::remove_all(ck);
   fs::create_directories(ck);
   running.send(SIGCONT);
@@ -1353,9 +1341,7 @@ TEST_CASE("outputs: a --metrics file renamed during the run is left to its new n
   TempDir dir;
   BackgroundProcess trainer(
       train_argv({"--steps", "100000", "--log-every", "2000", "--metrics", dir.file("m.jsonl")}));
-  REQUIRE(trainer.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
-                                  std::chrono::seconds(30)));
-  trainer.send(SIGSTOP);
+  stop_when_training(trainer);
   fs::rename(dir.file("m.jsonl"), dir.file("moved.jsonl"));
   std::ofstream(dir.file("m.jsonl")) << "a user's file\n";
   trainer.send(SIGCONT);
@@ -1380,11 +1366,7 @@ TEST_CASE(
         {{"TMPDIR", rescue}}, train_argv({"--steps", "100000", "--log-every", "2000", "--save",
                                           out + "/m.safetensors", "--trace", out + "/t.json",
                                           "--trace-steps", "2", "--metrics", out + "/m.jsonl"})));
-    REQUIRE_MESSAGE(
-        trainer.wait_for_output([](const std::string& o) { return contains(o, "loss "); },
-                                std::chrono::seconds(30)),
-        trainer.output());
-    trainer.send(SIGSTOP);
+    stop_when_training(trainer);
     fs::remove_all(out);
     std::ofstream(out) << "a user's file\n";
     trainer.send(SIGCONT);

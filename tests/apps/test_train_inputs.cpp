@@ -1525,10 +1525,13 @@ TEST_CASE("outputs: checkpoint housekeeping that cannot remove, or a folder in t
   }
   fs::create_directories(ck + "/step-000000006.safetensors");
   const ProcessResult r = train(
-      {"--steps", "6", "--checkpoint-dir", ck, "--checkpoint-every", "2", "--resume", "--quiet"});
+      {"--steps", "6", "--checkpoint-dir", ck, "--checkpoint-every", "2", "--resume", "--quiet"},
+      {.env = {{"TMPDIR", dir.path()}}});
   INFO(r.output);
   CHECK(r.exit_code == 1);
   CHECK(contains(r.output, "step-000000006.safetensors': a folder of that name is in the way"));
+  // The checkpoint it could not write is kept where temporary files go, and named.
+  CHECK(contains(r.output, "This checkpoint was written to '" + dir.path() + "/nanoddp-rescue-"));
 }
 
 TEST_CASE("inputs: a second job on the same --master-port fails alone, the first trains on") {

@@ -12,7 +12,9 @@
 #include <cstring>
 #include <filesystem>
 #include <regex>
+#include <stdexcept>
 
+#include "common/rescue.h"
 #include "output.h"
 
 namespace nanoddp::run {
@@ -144,29 +146,28 @@ std::optional<std::string> keep_log_reachable(int fd, const std::string& path, i
         "the file the launcher held open",
         path, folder_gone ? " with its folder, made again" : "");
   }
-  const char* tmpdir = std::getenv("TMPDIR");
   const std::string why = error == EEXIST
                               ? "its name now holds another file, left as it is"
                               : fmt::format("it cannot be written again: {}", std::strerror(error));
-  // A later attempt's rescue of the same rank gets a name of its own: "-2", "-3", ...
-  std::string rescue;
-  int rescue_error = EEXIST;
-  for (int n = 1; n <= 100 && rescue_error == EEXIST; ++n) {
-    rescue = fmt::format("{}/nanoddp-rescue-{}-rank_{}{}.log",
-                         tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp", ::getpid(), rank,
-                         n == 1 ? std::string() : fmt::format("-{}", n));
-    rescue_error = copy_to_new_file(fd, rescue);
-  }
-  if (rescue_error != 0) {
+  const std::string name = fmt::format("rank_{}.log", rank);
+  std::string problem;
+  const std::string rescued = common::rescue(
+      [&](const std::string& dir) {
+        if (const int failed = copy_to_new_file(fd, dir + "/" + name)) {
+          throw std::runtime_error(std::strerror(failed));
+        }
+      },
+      &problem);
+  if (rescued.empty()) {
     return fmt::format(
-        "warning: --log-dir: '{}' was removed during the attempt and {}; writing rank {}'s log "
-        "to '{}' failed too ({}): its lines of this attempt are lost",
-        path, why, rank, rescue, std::strerror(rescue_error));
+        "warning: --log-dir: '{}' was removed during the attempt and {}; rescuing rank {}'s log "
+        "failed too ({}): its lines of this attempt are lost",
+        path, why, rank, problem);
   }
   return fmt::format(
       "warning: --log-dir: '{}' was removed during the attempt and {}: rank {}'s whole log is in "
-      "'{}'",
-      path, why, rank, rescue);
+      "'{}/{}'",
+      path, why, rank, rescued, name);
 }
 
 }  // namespace nanoddp::run

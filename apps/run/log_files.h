@@ -30,8 +30,8 @@ OpenedLog open_log(const std::string& path);
 // At the end of an attempt, once its workers have exited: when `path` no longer names the file
 // `fd` holds, makes its lines reachable again and returns one warning saying where they are.
 //   removed (no name left): `path` is written again, whole, its folder re-created; when the
-//     name now holds another file (or cannot be written), the copy goes to
-//     $TMPDIR/nanoddp-rescue-PID-rank_R.log instead (or /tmp);
+//     name now holds another file (or cannot be written), the copy goes to a rescue folder
+//     (common::rescue: nanoddp-rescue-PID-XXXXXX/rank_R.log in $TMPDIR, else /tmp);
 //   renamed: its lines went on into the file under its new name, which the warning gives.
 // nullopt when `path` still names it.
 std::optional<std::string> keep_log_reachable(int fd, const std::string& path, int rank);

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <regex>
 
+#include "common/rescue.h"
 #include "nanoddp/comm/consistency.h"
 #include "nanoddp/config.h"
 #include "nanoddp/kernels/error.h"
@@ -296,7 +297,7 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
     if (outcome == "ok" || outcome.empty()) outcome = "(no message)";
     // The run stops here; the steps since the last good checkpoint are not lost with it.
     std::string written, again;
-    const std::string where = rescue(
+    const std::string where = common::rescue(
         [&](const std::string& folder) {
           written = nn::save_checkpoint(folder, *model_, *optimizer_, state, 1,
                                         full_state ? &*full_state : nullptr);

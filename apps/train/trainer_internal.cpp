@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/output_files.h"
+#include "common/rescue.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/nn/file_io.h"
 #include "nanoddp/nn/safetensors.h"
@@ -167,36 +168,6 @@ std::string install(const std::string& staged, const std::string& target,
 
 }  // namespace
 
-std::string rescue(const std::function<void(const std::string&)>& write, std::string* problem) {
-  std::vector<std::string> bases;
-  if (const char* tmpdir = std::getenv("TMPDIR"); tmpdir != nullptr && *tmpdir != '\0') {
-    bases.emplace_back(tmpdir);
-  }
-  if (bases.empty() || std::filesystem::path(bases[0]).lexically_normal() != "/tmp") {
-    bases.emplace_back("/tmp");
-  }
-  std::vector<std::string> failures;
-  for (const std::string& base : bases) {
-    std::string folder =
-        (std::filesystem::path(base) / fmt::format("nanoddp-rescue-{}-XXXXXX", ::getpid()))
-            .string();
-    if (::mkdtemp(folder.data()) == nullptr) {
-      failures.push_back(fmt::format("'{}': {}", folder, std::strerror(errno)));
-      continue;
-    }
-    try {
-      write(folder);
-      return folder;
-    } catch (const std::exception& e) {
-      failures.push_back(fmt::format("'{}': {}", folder, quoted(e.what())));
-      std::error_code ec;
-      std::filesystem::remove_all(folder, ec);  // ours alone: made just now, mode 0700
-    }
-  }
-  *problem = fmt::format("{}", fmt::join(failures, "; "));
-  return {};
-}
-
 std::string write_final_output(const char* flag, const std::string& path,
                                const std::function<void(const std::string&)>& write,
                                const common::FileState& checked) {
@@ -228,8 +199,8 @@ std::string write_final_output(const char* flag, const std::string& path,
   }
   const std::string name = target.filename().string();
   std::string again;
-  const std::string where =
-      rescue([&](const std::string& dir) { write((fs::path(dir) / name).string()); }, &again);
+  const std::string where = common::rescue(
+      [&](const std::string& dir) { write((fs::path(dir) / name).string()); }, &again);
   if (where.empty()) {
     return fmt::format("{} '{}' could not be written ({}), nor rescued ({})", flag, path, problem,
                        again);

@@ -34,12 +34,6 @@ std::string model_difference(const std::string& recorded, const std::string& cur
 // every rank fails together instead of one failing alone and the others waiting).
 std::string file_fingerprint(const std::string& path);
 
-// Where an output that cannot be written where asked goes instead: `write(folder)` in a fresh
-// folder (mkdtemp: a new name, mode 0700, never a file, folder or link someone put at a name
-// that is easy to guess) in $TMPDIR, else /tmp (also when $TMPDIR is full or read-only). Returns
-// the folder, or "" with `problem` set (each attempt's error).
-std::string rescue(const std::function<void(const std::string&)>& write, std::string* problem);
-
 // Writes one of the run's final outputs (--save, --trace) with `write(path)`, after training,
 // when the world may have changed since its check before step 1:
 // - a folder removed during the run (a clean-up job, a user tidying up) is made again, with a
@@ -48,7 +42,7 @@ std::string rescue(const std::function<void(const std::string&)>& write, std::st
 //   does not replace a file another process wrote there since `checked` (what the path named at
 //   its check; another job given the same path);
 // - a write that fails (a full disk, the folder replaced by a file) or finds such a file goes to
-//   rescue(), so that hours of training are not lost with the process.
+//   common::rescue(), so that hours of training are not lost with the process.
 // Returns "" when written where asked, else the error to stop with, naming where it went.
 std::string write_final_output(const char* flag, const std::string& path,
                                const std::function<void(const std::string&)>& write,

@@ -85,8 +85,8 @@ void Console::logs_incomplete() {
 
 namespace {
 
-// Whether stdout and stderr are one file or pipe (`2>&1`): their writers then take turns with a
-// line longer than PIPE_BUF, which a pipe may cut and interleave with the other's writes (an
+// Whether stdout and stderr are one file or pipe (`2>&1`): their writers then take turns, as a
+// line longer than PIPE_BUF is written in pieces that the other's writes could land between (an
 // outside tester's lines over 4 KiB came out spliced into each other).
 std::mutex* shared_sink_mutex() {
   static std::mutex* const shared = [] {
@@ -121,10 +121,10 @@ void Console::run() {
     std::string_view rest(batch);
     while (!rest.empty()) {
       const std::size_t size = piece(rest);
+      // Every write takes the turn, short ones too: a short line written while the other stream
+      // is part-way through a long one lands inside it (the summary line did, under ASan).
       std::unique_lock<std::mutex> turn;
-      if (size > PIPE_BUF && shared_sink_mutex() != nullptr) {
-        turn = std::unique_lock(*shared_sink_mutex());
-      }
+      if (shared_sink_mutex() != nullptr) turn = std::unique_lock(*shared_sink_mutex());
       ssize_t n = ::write(fd_, rest.data(), size);
       // A long line is written whole while holding the turn (a pipe takes it in pieces).
       while (turn.owns_lock() && n > 0 && static_cast<std::size_t>(n) < size) {

@@ -118,6 +118,19 @@ std::map<std::string, std::string> lonely_rank0_env(const char* timeout_s) {
           {"NANODDP_TIMEOUT_S", timeout_s}};
 }
 
+// A run long enough to be stopped (stop_when_training) well before its end in any build. A step
+// under the sanitizers is 10-20 times slower, so there a fifth of the steps gives the same margin
+// without a minute of test time per run (CI once saw a 100,000-step run pass its wait under TSan).
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr int kLongRunSteps = 20000;
+#else
+constexpr int kLongRunSteps = 100000;
+#endif
+const std::string kLongRun = std::to_string(kLongRunSteps);
+const std::string kHalfLongRun = std::to_string(kLongRunSteps / 2);
+// How long a long run is given to end once let go: a guard against a hang, not a timing.
+constexpr auto kLongRunEnd = std::chrono::seconds(120);
+
 // Waits for a trainer's first progress line, then stops it (SIGSTOP): past its checks before
 // step 1 and inside its training loop, so that a test can change the world under it and then
 // let it go on (SIGCONT) with no race against its end.
@@ -1001,7 +1014,7 @@ TEST_CASE("outputs: the set-up clean-up removes only the empty folders it made, 
     REQUIRE(fs::is_directory(dir.file("o/r")));
     fs::remove_all(dir.file("o"));
     fs::create_directories(dir.file("o/r"));  // ext4 hands out the same inode numbers at once
-    const auto status = run.wait(std::chrono::seconds(60));
+    const auto status = run.wait(kLongRunEnd);
     INFO(status_text(status), "\n", run.output());
     CHECK(exited_with(status, 1));
     CHECK(fs::is_directory(dir.file("o/r")));
@@ -1014,15 +1027,15 @@ TEST_CASE("outputs: the set-up clean-up removes only the empty folders it made, 
     }
     REQUIRE(fs::is_directory(dir.file("a/t")));
     BackgroundProcess other(
-        train_argv({"--steps", "100000", "--log-every", "2000", "--checkpoint-dir", dir.file("a/t"),
+        train_argv({"--steps", kLongRun, "--log-every", "2000", "--checkpoint-dir", dir.file("a/t"),
                     "--checkpoint-every", "1000000"}));
     stop_when_training(other);
-    const auto status = run.wait(std::chrono::seconds(60));
+    const auto status = run.wait(kLongRunEnd);
     INFO(status_text(status), "\n", run.output());
     CHECK(exited_with(status, 1));
     CHECK(fs::is_directory(dir.file("a/t")));
     other.send(SIGCONT);
-    CHECK(exited_with(other.wait(std::chrono::seconds(60)), 0));
+    CHECK(exited_with(other.wait(kLongRunEnd), 0));
   }
   SUBCASE("a folder another run relied on, removed while empty, is made again by that run") {
     // Run 1 makes sh/s and fails in its set-up; run 2, started on sh/s meanwhile, finds it gone
@@ -1034,14 +1047,14 @@ TEST_CASE("outputs: the set-up clean-up removes only the empty folders it made, 
     }
     REQUIRE(fs::is_directory(dir.file("sh/s")));
     BackgroundProcess second(
-        train_argv({"--steps", "100000", "--log-every", "2000", "--save", dir.file("sh/s/b.st")}));
+        train_argv({"--steps", kLongRun, "--log-every", "2000", "--save", dir.file("sh/s/b.st")}));
     stop_when_training(second);
-    const auto failed = first.wait(std::chrono::seconds(60));
+    const auto failed = first.wait(kLongRunEnd);
     INFO(status_text(failed), "\n", first.output());
     CHECK(exited_with(failed, 1));
     CHECK_FALSE(fs::exists(dir.file("sh")));  // run 1 made both, and both were still empty
     second.send(SIGCONT);
-    const auto status = second.wait(std::chrono::seconds(60));
+    const auto status = second.wait(kLongRunEnd);
     INFO(status_text(status), "\n", second.output());
     CHECK(exited_with(status, 0));
     CHECK(contains(second.output(), "was removed during the run; made it again"));
@@ -1125,13 +1138,13 @@ TEST_CASE("outputs: --trace and --save through a symlink write the file it point
 TEST_CASE("outputs: a --save, --trace and --metrics folder removed during the run is made again") {
   TempDir dir;
   const std::string out = dir.file("out");
-  BackgroundProcess trainer(train_argv({"--steps", "100000", "--log-every", "2000", "--save",
+  BackgroundProcess trainer(train_argv({"--steps", kLongRun, "--log-every", "2000", "--save",
                                         out + "/m.safetensors", "--trace", out + "/t.json",
                                         "--trace-steps", "2", "--metrics", out + "/m.jsonl"}));
   stop_when_training(trainer);  // so that the run cannot end before the folder is gone
   CHECK(fs::remove_all(out) > 0);
   trainer.send(SIGCONT);
-  const auto status = trainer.wait(std::chrono::seconds(60));
+  const auto status = trainer.wait(kLongRunEnd);
   INFO(status_text(status), "\n", trainer.output());
   CHECK(exited_with(status, 0));
   CHECK(
@@ -1152,11 +1165,11 @@ TEST_CASE("outputs: a --metrics file emptied during the run gets whole lines, no
   // line landed at the old offset after a hole of NUL bytes.
   TempDir dir;
   BackgroundProcess trainer(
-      train_argv({"--steps", "100000", "--log-every", "2000", "--metrics", dir.file("m.jsonl")}));
+      train_argv({"--steps", kLongRun, "--log-every", "2000", "--metrics", dir.file("m.jsonl")}));
   stop_when_training(trainer);
   fs::resize_file(dir.file("m.jsonl"), 0);
   trainer.send(SIGCONT);
-  const auto status = trainer.wait(std::chrono::seconds(60));
+  const auto status = trainer.wait(kLongRunEnd);
   INFO(status_text(status), "\n", trainer.output());
   CHECK(exited_with(status, 0));
   std::ifstream in(dir.file("m.jsonl"));
@@ -1174,14 +1187,14 @@ TEST_CASE("outputs: two jobs given one --save: the second to end does not replac
   const std::string save = dir.file("final.st");
   BackgroundProcess second(
       with_env({{"TMPDIR", rescue}},
-               train_argv({"--steps", "100000", "--log-every", "2000", "--seed", "2", "--save",
+               train_argv({"--steps", kLongRun, "--log-every", "2000", "--seed", "2", "--save",
                            save, "--trace", dir.file("t.json"), "--trace-steps", "1"})));
   stop_when_training(second);
   const ProcessResult first =
       train({"--steps", "20", "--seed", "1", "--save", save, "--trace", dir.file("t.json")});
   second.send(SIGCONT);
   REQUIRE(first.exit_code == 0);
-  const auto status = second.wait(std::chrono::seconds(60));
+  const auto status = second.wait(kLongRunEnd);
   INFO(status_text(status), "\n", second.output());
   CHECK(exited_with(status, 1));
   CHECK(contains(second.output(),
@@ -1198,8 +1211,9 @@ TEST_CASE("outputs: two jobs given one --save: the second to end does not replac
 TEST_CASE("outputs: a --checkpoint-dir a running job writes is refused to a second run") {
   TempDir dir;
   const std::string ckpt = dir.file("ck");
-  BackgroundProcess running(train_argv({"--steps", "100000", "--log-every", "2000",
-                                        "--checkpoint-dir", ckpt, "--checkpoint-every", "50000"}));
+  BackgroundProcess running(
+      train_argv({"--steps", kLongRun, "--log-every", "2000", "--checkpoint-dir", ckpt,
+                  "--checkpoint-every", kHalfLongRun}));
   stop_when_training(running);
   for (const bool resume : {false, true}) {
     CAPTURE(resume);
@@ -1214,13 +1228,14 @@ TEST_CASE("outputs: a --checkpoint-dir a running job writes is refused to a seco
                                       "checkpoints there?)"));
   }
   running.send(SIGCONT);
-  const auto status = running.wait(std::chrono::seconds(60));
+  const auto status = running.wait(kLongRunEnd);
   INFO(status_text(status), "\n", running.output());
   CHECK(exited_with(status, 0));
   CHECK(nanoddp::nn::list_checkpoints(ckpt).size() == 2);
   // Once it has ended, the folder is free: a resume takes it.
-  const ProcessResult resumed = train({"--steps", "100001", "--checkpoint-dir", ckpt,
-                                       "--checkpoint-every", "50000", "--resume", "--quiet"});
+  const ProcessResult resumed =
+      train({"--steps", std::to_string(kLongRunSteps + 1), "--checkpoint-dir", ckpt,
+             "--checkpoint-every", kHalfLongRun, "--resume", "--quiet"});
   INFO(resumed.output);
   CHECK(resumed.exit_code == 0);
 }
@@ -1253,7 +1268,7 @@ TEST_CASE("outputs: two jobs given one --save that end together: one saves, one 
       }
       a->send(SIGCONT);
       b->send(SIGCONT);
-      const auto sa = a->wait(std::chrono::seconds(60)), sb = b->wait(std::chrono::seconds(60));
+      const auto sa = a->wait(kLongRunEnd), sb = b->wait(kLongRunEnd);
       INFO(status_text(sa), " / ", status_text(sb), "\n", a->output(), "\n", b->output());
       struct Result {
         int exit_code;
@@ -1282,14 +1297,14 @@ TEST_CASE("outputs: a --save that existed before the run and was removed during 
   const std::string save = dir.file("m.st");
   std::ofstream(save) << "an older model";
   BackgroundProcess trainer(
-      train_argv({"--steps", "100000", "--log-every", "2000", "--save", save}));
+      train_argv({"--steps", kLongRun, "--log-every", "2000", "--save", save}));
   stop_when_training(trainer);
   fs::remove(save);
   trainer.send(SIGCONT);
-  const auto status = trainer.wait(std::chrono::seconds(60));
+  const auto status = trainer.wait(kLongRunEnd);
   INFO(status_text(status), "\n", trainer.output());
   CHECK(exited_with(status, 0));
-  CHECK(nanoddp::nn::read_safetensors(save).metadata().at("step") == "100000");
+  CHECK(nanoddp::nn::read_safetensors(save).metadata().at("step") == kLongRun);
 }
 
 TEST_CASE("outputs: links and FIFOs put at the writers' temporary names are never followed") {
@@ -1301,7 +1316,7 @@ TEST_CASE("outputs: links and FIFOs put at the writers' temporary names are neve
   const std::string out = dir.file("out");
   fs::create_directories(out);
   BackgroundProcess trainer(
-      train_argv({"--steps", "100000", "--log-every", "2000", "--trace", out + "/t.json",
+      train_argv({"--steps", kLongRun, "--log-every", "2000", "--trace", out + "/t.json",
                   "--trace-steps", "2", "--save", out + "/m.st"}));
   stop_when_training(trainer);
   const std::string pid = std::to_string(trainer.pid());
@@ -1313,25 +1328,26 @@ TEST_CASE("outputs: links and FIFOs put at the writers' temporary names are neve
                  0600) == 0);
   }
   trainer.send(SIGCONT);
-  const auto status = trainer.wait(std::chrono::seconds(60));
+  const auto status = trainer.wait(kLongRunEnd);
   INFO(status_text(status), "\n", trainer.output());
   CHECK(exited_with(status, 0));
   std::ifstream kept(victim);
   CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "someone else's file\n");
   CHECK(fs::file_size(out + "/t.json") > 100);
-  CHECK(nanoddp::nn::read_safetensors(out + "/m.st").metadata().at("step") == "100000");
+  CHECK(nanoddp::nn::read_safetensors(out + "/m.st").metadata().at("step") == kLongRun);
 }
 
 TEST_CASE("outputs: --checkpoint-dir replaced during the run is said, and locked again") {
   TempDir dir;
   const std::string ck = dir.file("ck");
-  BackgroundProcess running(train_argv({"--steps", "100000", "--log-every", "2000",
-                                        "--checkpoint-dir", ck, "--checkpoint-every", "50000"}));
+  BackgroundProcess running(
+      train_argv({"--steps", kLongRun, "--log-every", "2000", "--checkpoint-dir", ck,
+                  "--checkpoint-every", kHalfLongRun}));
   stop_when_training(running);
   fs::remove_all(ck);
   fs::create_directories(ck);
   running.send(SIGCONT);
-  const auto status = running.wait(std::chrono::seconds(60));
+  const auto status = running.wait(kLongRunEnd);
   INFO(status_text(status), "\n", running.output());
   CHECK(exited_with(status, 0));
   CHECK(contains(running.output(), "warning: --checkpoint-dir '" + ck +
@@ -1342,12 +1358,12 @@ TEST_CASE("outputs: --checkpoint-dir replaced during the run is said, and locked
 TEST_CASE("outputs: a --metrics file renamed during the run is left to its new name") {
   TempDir dir;
   BackgroundProcess trainer(
-      train_argv({"--steps", "100000", "--log-every", "2000", "--metrics", dir.file("m.jsonl")}));
+      train_argv({"--steps", kLongRun, "--log-every", "2000", "--metrics", dir.file("m.jsonl")}));
   stop_when_training(trainer);
   fs::rename(dir.file("m.jsonl"), dir.file("moved.jsonl"));
   std::ofstream(dir.file("m.jsonl")) << "a user's file\n";
   trainer.send(SIGCONT);
-  const auto status = trainer.wait(std::chrono::seconds(60));
+  const auto status = trainer.wait(kLongRunEnd);
   INFO(status_text(status), "\n", trainer.output());
   CHECK(exited_with(status, 0));
   CHECK(contains(trainer.output(), "no longer names this run's metrics file"));
@@ -1365,14 +1381,14 @@ TEST_CASE(
   SUBCASE("the folder replaced by a file during the run") {
     const std::string out = dir.file("out");
     BackgroundProcess trainer(with_env(
-        {{"TMPDIR", rescue}}, train_argv({"--steps", "100000", "--log-every", "2000", "--save",
+        {{"TMPDIR", rescue}}, train_argv({"--steps", kLongRun, "--log-every", "2000", "--save",
                                           out + "/m.safetensors", "--trace", out + "/t.json",
                                           "--trace-steps", "2", "--metrics", out + "/m.jsonl"})));
     stop_when_training(trainer);
     fs::remove_all(out);
     std::ofstream(out) << "a user's file\n";
     trainer.send(SIGCONT);
-    const auto status = trainer.wait(std::chrono::seconds(60));
+    const auto status = trainer.wait(kLongRunEnd);
     INFO(status_text(status), "\n", trainer.output());
     CHECK(exited_with(status, 1));
     CHECK(contains(trainer.output(),
@@ -1381,7 +1397,7 @@ TEST_CASE(
     // In a fresh folder of their own in $TMPDIR (mkdtemp), each under its own name.
     const std::string saved = rescued_file(trainer.output(), "m.safetensors");
     REQUIRE(saved.starts_with(rescue + "/nanoddp-rescue-" + std::to_string(trainer.pid()) + "-"));
-    CHECK(nanoddp::nn::read_safetensors(saved).metadata().at("step") == "100000");
+    CHECK(nanoddp::nn::read_safetensors(saved).metadata().at("step") == kLongRun);
     CHECK(fs::file_size(rescued_file(trainer.output(), "t.json")) > 100);
     // The metrics are a record, not the result: a warning, and rescued as well.
     CHECK(contains(trainer.output(),

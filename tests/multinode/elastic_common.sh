@@ -3,8 +3,9 @@
 # made to fail.
 
 # --global-batch 32: 16 per rank at world 2, 8 at world 4, the same samples per step.
-elastic_train=(--in 16 --out 4 --hidden 32 --layers 2 --global-batch 32 --steps 250
-  --log-every 125 --optimizer sgd --lr 0.05)
+elastic_steps=1000
+elastic_train=(--in 16 --out 4 --hidden 32 --layers 2 --global-batch 32 --steps "$elastic_steps"
+  --log-every 500 --optimizer sgd --lr 0.05)
 elastic_every=25
 export NANODDP_TIMEOUT_S=30
 
@@ -16,16 +17,35 @@ elastic_reference() {  # BIN_DIR
 }
 
 # Waits (up to 90 s of wall time: torchrun's start, two Python imports of torch, takes tens of
-# seconds on a loaded 2-core machine, and CI once saw 60 s pass) for the third checkpoint in
-# DIR, so the kill comes mid-run with a checkpoint to resume from.
-wait_for_checkpoint() {  # DIR
-  local file deadline=$((SECONDS + 90))
-  file="$1/step-$(printf %09d $((3 * elastic_every))).safetensors"
+# seconds on a loaded 2-core machine, and CI once saw 60 s pass) for a checkpoint of step 75 or
+# later in DIR, while the job still runs, so the kill comes mid-run with a checkpoint to resume
+# from. Any later one will do: only the newest three are kept, and under load the job can write
+# step 150 before this poll runs again (CI once missed step 75 so, and waited for it in vain).
+# Without one the test cannot go on: it prints the nodes' logs and fails at once (the EXIT trap
+# ends the nodes), instead of waiting for a job nobody will kill until ctest's timeout.
+wait_for_checkpoint() {  # DIR LOG...
+  local dir=$1 file log step newest deadline=$((SECONDS + 90)) why="none within 90 s"
+  shift
   while [ "$SECONDS" -lt "$deadline" ]; do
-    [ -e "$file" ] && return 0
+    newest=0
+    for file in "$dir"/step-*.safetensors; do
+      [ -e "$file" ] || continue
+      step=$(basename "$file" .safetensors); step=$((10#${step#step-}))
+      [ "$step" -gt "$newest" ] && newest=$step
+    done
+    if [ "$newest" -ge "$elastic_steps" ]; then
+      why="the job ended before the test saw one"; break
+    fi
+    [ "$newest" -ge $((3 * elastic_every)) ] && return 0
     sleep 0.01
   done
-  echo "FAILED: no checkpoint of step $((3 * elastic_every)) within 90 s"; status=1; return 1
+  echo "FAILED: no checkpoint of step $((3 * elastic_every)) or later: $why; in its folder:" \
+    "$(ls "$dir" 2>&1 | tr '\n' ' ')"
+  for log in "$@"; do
+    echo "---- the last 40 lines of $log"
+    tail -n 40 "$log"
+  done
+  exit 1
 }
 
 # Every process of the node: its launcher (agent) and its workers, at once.

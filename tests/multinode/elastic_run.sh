@@ -76,7 +76,7 @@ if ! grep -q "job 'lost': serving the rendezvous store on $addr_a:29661" "$work/
   echo "FAILED: the start-up lines do not say which launcher serves the store"
   head -3 "$work"/lost-*.log; status=1
 fi
-wait_for_checkpoint "$work/ckpt-lost" && kill_node "$ns_b"
+wait_for_checkpoint "$work/ckpt-lost" "$work"/lost-?.log && kill_node "$ns_b"
 t0=$(date +%s.%N)
 detect=$(time_until "$t0" "$work/lost-0.log" "round 0 ended")
 round=$(time_until "$t0" "$work/lost-0.log" "round 1: node 0 of 1")
@@ -102,7 +102,7 @@ for node in 0 1; do
   run_on $node crash --nnodes 2:2 --max-restarts 1 $(job crash)
   pids[$node]=$started
 done
-wait_for_checkpoint "$work/ckpt-crash" && kill_one_worker "$ns_b"
+wait_for_checkpoint "$work/ckpt-crash" "$work"/crash-?.log && kill_one_worker "$ns_b"
 t0=$(date +%s.%N)
 detect=$(time_until "$t0" "$work/crash-0.log" "round 0 ended")
 rc=0
@@ -134,7 +134,7 @@ timeout 60 ip netns exec "$ns_a" "$bin/nanoddp-run" --nproc-per-node 2 \
   --rdzv-last-call 1 --nnodes 2:2 --rdzv-join-timeout 50 $(job fixed) >"$work/standby.log" 2>&1 &
 standby=$!
 time_until "$(date +%s.%N)" "$work/standby.log" "waits as a standby" >/dev/null
-wait_for_checkpoint "$work/ckpt-fixed" && kill_node "$ns_b"
+wait_for_checkpoint "$work/ckpt-fixed" "$work"/fixed-?.log && kill_node "$ns_b"
 t0=$(date +%s.%N)
 wait "${pids[0]}"; rc=$?
 took=$(elapsed "$t0" "$(date +%s.%N)")
@@ -167,7 +167,7 @@ for node in 0 1; do
   run_on $node cut --nnodes 1:2 --max-restarts 3 $(job cut)
   pids[$node]=$started
 done
-wait_for_checkpoint "$work/ckpt-cut" && ip -n "$ns_a" link set "$veth_a" down
+wait_for_checkpoint "$work/ckpt-cut" "$work"/cut-?.log && ip -n "$ns_a" link set "$veth_a" down
 t0=$(date +%s.%N)
 detect=$(time_until "$t0" "$work/cut-0.log" "round 0 ended")
 resumed=$(time_until "$t0" "$work/cut-0.log" "resume: loaded .*step-0+[1-9]")

@@ -67,7 +67,7 @@ for node in 0 1; do
     --save "$work/lost.safetensors"
   pids[$node]=$started
 done
-wait_for_checkpoint "$work/ckpt" && kill_node "$ns_b"
+wait_for_checkpoint "$work/ckpt" "$work"/lost-?.log && kill_node "$ns_b"
 t_killed=$(date +%s.%N)
 resumed=$(time_until "$t_killed" "$work/lost-0.log" "resume: loaded .*step-0+[1-9]")
 wait "${pids[0]}"; rc=$?
@@ -94,7 +94,7 @@ for node in 0 1; do
     --checkpoint-every "$elastic_every" --resume --save "$work/crash.safetensors"
   pids[$node]=$started
 done
-wait_for_checkpoint "$work/ckpt" && kill_one_worker "$ns_b"
+wait_for_checkpoint "$work/ckpt" "$work"/crash-?.log && kill_one_worker "$ns_b"
 rc=0
 for node in 0 1; do wait "${pids[$node]}" || rc=$?; done
 if [ "$rc" -ne 0 ]; then
@@ -131,43 +131,40 @@ done
 workers_in() {  # NAMESPACE
   ip netns pids "$1" | xargs -r -I{} cat /proc/{}/comm 2>/dev/null | grep -cx nanoddp-train
 }
-if wait_for_checkpoint "$work/ckpt"; then
-  before=$(workers_in "$ns_a")
-  kill_node "$ns_b"
-  t_killed=$(date +%s.%N)
-  # The workers of node 0 fail on the lost peer and exit (or are stopped by the agent).
-  workers_left=-
-  for i in $(seq 100); do
-    if [ "$(workers_in "$ns_a")" -eq 0 ]; then
-      workers_left=$(elapsed "$t_killed" "$(date +%s.%N)"); break
-    fi
-    sleep 0.1
-  done
-  wait "${pids[0]}"; rc=$?
-  t_done=$(date +%s.%N)
-  wait "${pids[1]}"
-  took=$(elapsed "$t_killed" "$t_done")
-  if [ "$before" -ne 2 ]; then
-    echo "FAILED: $before workers seen on node 0 before the kill, not 2"; status=1
-  elif [ "$workers_left" = - ]; then
-    echo "FAILED: node 0's workers still ran 10 s after node 1 was lost"; status=1
-  elif [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-    echo "FAILED: node 0's torchrun exited $rc (0: no failure reported; 124/137: its time limit)" \
-      "after node 1 was lost"; tail -30 "$work/gone-0.log"; status=1
-  elif awk -v t="$took" -v b="$barrier" 'BEGIN { exit !(t > b + 30) }'; then
-    echo "FAILED: node 0's torchrun took $took s to exit, over exit_barrier_timeout $barrier s" \
-      "+ 30 s"; status=1
-  elif ! grep -q "nanoddp-train: error: .*lost the connection to rank [23].*\[$addr_b\]" \
-    "$work/gone-0.log"; then
-    echo "FAILED: node 0's torchrun log does not name the lost node 1 ($addr_b)"
-    tail -30 "$work/gone-0.log"; status=1
-  else
-    echo "ok: torchrun --nnodes 2:2 --max_restarts 0 lost node 1: node 0's workers were gone" \
-      "$workers_left s after the kill, their error naming $addr_b; its torchrun exited $rc" \
-      "after $took s (exit barrier ${barrier} s:" \
-      "$(grep -oE "Error waiting on exit barrier. Elapsed: [0-9.]{1,5}" "$work/gone-0.log"))"
+wait_for_checkpoint "$work/ckpt" "$work"/gone-?.log
+before=$(workers_in "$ns_a")
+kill_node "$ns_b"
+t_killed=$(date +%s.%N)
+# The workers of node 0 fail on the lost peer and exit (or are stopped by the agent).
+workers_left=-
+for i in $(seq 100); do
+  if [ "$(workers_in "$ns_a")" -eq 0 ]; then
+    workers_left=$(elapsed "$t_killed" "$(date +%s.%N)"); break
   fi
+  sleep 0.1
+done
+wait "${pids[0]}"; rc=$?
+t_done=$(date +%s.%N)
+wait "${pids[1]}"
+took=$(elapsed "$t_killed" "$t_done")
+if [ "$before" -ne 2 ]; then
+  echo "FAILED: $before workers seen on node 0 before the kill, not 2"; status=1
+elif [ "$workers_left" = - ]; then
+  echo "FAILED: node 0's workers still ran 10 s after node 1 was lost"; status=1
+elif [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+  echo "FAILED: node 0's torchrun exited $rc (0: no failure reported; 124/137: its time limit)" \
+    "after node 1 was lost"; tail -30 "$work/gone-0.log"; status=1
+elif awk -v t="$took" -v b="$barrier" 'BEGIN { exit !(t > b + 30) }'; then
+  echo "FAILED: node 0's torchrun took $took s to exit, over exit_barrier_timeout $barrier s" \
+    "+ 30 s"; status=1
+elif ! grep -q "nanoddp-train: error: .*lost the connection to rank [23].*\[$addr_b\]" \
+  "$work/gone-0.log"; then
+  echo "FAILED: node 0's torchrun log does not name the lost node 1 ($addr_b)"
+  tail -30 "$work/gone-0.log"; status=1
 else
-  kill_node "$ns_a"; kill_node "$ns_b"
+  echo "ok: torchrun --nnodes 2:2 --max_restarts 0 lost node 1: node 0's workers were gone" \
+    "$workers_left s after the kill, their error naming $addr_b; its torchrun exited $rc" \
+    "after $took s (exit barrier ${barrier} s:" \
+    "$(grep -oE "Error waiting on exit barrier. Elapsed: [0-9.]{1,5}" "$work/gone-0.log"))"
 fi
 exit $status

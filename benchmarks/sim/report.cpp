@@ -41,6 +41,23 @@ const char* const kNvlsCaveat =
     "NCCL's default all-reduce reaches ~480 GB/s busbw where this model's ring reaches ~370, so "
     "communication inside a node is up to ~23 % pessimistic (docs/simulator.md)";
 
+// The sweeps' "ring" and "tree" columns: the efficiency with that algorithm forced. A fitted
+// transport is one measured algorithm (a fit is a ring), so there the columns are "-" (null in
+// JSON) rather than a fit relabelled as two algorithms.
+std::string algorithm_column(const StepOptions& o, double efficiency) {
+  return fitted(o.fabric) ? std::string("-") : fmt::format("{:.1f}%", efficiency * 100.0);
+}
+
+nlohmann::json algorithm_value(const StepOptions& o, double efficiency) {
+  return fitted(o.fabric) ? nlohmann::json(nullptr) : nlohmann::json(efficiency);
+}
+
+std::string algorithm_columns_note(const StepOptions& o) {
+  return fitted(o.fabric) ? "(ring, tree: not modelled apart for a fitted transport; a fit is the "
+                            "one algorithm it measured)\n"
+                          : "(ring, tree: the efficiency with that algorithm forced)\n";
+}
+
 std::string format_report(const SimReport& r) {
   const ComputeProfile& prof = *r.profile;
   const StepOptions& o = r.options;
@@ -208,13 +225,13 @@ std::string format_report(const SimReport& r) {
                        "step ms", "comm ms", "exposed ms", "efficiency", "ring", "tree");
     for (std::size_t i = 0; i < r.scaling.size(); ++i) {
       const ScalingRow& s = r.scaling[i];
-      out +=
-          fmt::format("{:>6} {:>6} {:>10.3f} {:>10.3f} {:>11.3f} {:>10.1f}% {:>8.1f}% {:>8.1f}%\n",
-                      s.nodes, s.world_size, s.step_ms, s.comm_ms, s.exposed_comm_ms,
-                      s.scaling_efficiency * 100.0, r.scaling_ring.at(i).scaling_efficiency * 100.0,
-                      r.scaling_tree.at(i).scaling_efficiency * 100.0);
+      out += fmt::format("{:>6} {:>6} {:>10.3f} {:>10.3f} {:>11.3f} {:>10.1f}% {:>9} {:>9}\n",
+                         s.nodes, s.world_size, s.step_ms, s.comm_ms, s.exposed_comm_ms,
+                         s.scaling_efficiency * 100.0,
+                         algorithm_column(o, r.scaling_ring.at(i).scaling_efficiency),
+                         algorithm_column(o, r.scaling_tree.at(i).scaling_efficiency));
     }
-    out += "(ring, tree: the efficiency with that algorithm forced)\n";
+    out += algorithm_columns_note(o);
   }
   if (!r.parameter_sweep.empty()) {
     out += fmt::format("\n{} sweep (the rest of the command line unchanged)\n",
@@ -224,11 +241,12 @@ std::string format_report(const SimReport& r) {
                        "efficiency", "ring", "tree", "memory GB");
     for (const ParameterSweepRow& s : r.parameter_sweep) {
       out += fmt::format(
-          "{:>12g} {:>14} {:>10.3f} {:>10.3f} {:>11.3f} {:>10.1f}% {:>8.1f}% {:>8.1f}% {:>10.3g}\n",
+          "{:>12g} {:>14} {:>10.3f} {:>10.3f} {:>11.3f} {:>10.1f}% {:>9} {:>9} {:>10.3g}\n",
           s.value, s.parameters, s.step_ms, s.comm_ms, s.exposed_comm_ms,
-          s.scaling_efficiency * 100.0, s.ring_efficiency * 100.0, s.tree_efficiency * 100.0,
-          s.memory_bytes / 1e9);
+          s.scaling_efficiency * 100.0, algorithm_column(o, s.ring_efficiency),
+          algorithm_column(o, s.tree_efficiency), s.memory_bytes / 1e9);
     }
+    out += algorithm_columns_note(o);
   }
   return out;
 }
@@ -358,8 +376,8 @@ nlohmann::json report_json(const SimReport& r) {
                       {"comm_ms", s.comm_ms},
                       {"exposed_comm_ms", s.exposed_comm_ms},
                       {"scaling_efficiency", s.scaling_efficiency},
-                      {"ring_efficiency", s.ring_efficiency},
-                      {"tree_efficiency", s.tree_efficiency},
+                      {"ring_efficiency", algorithm_value(o, s.ring_efficiency)},
+                      {"tree_efficiency", algorithm_value(o, s.tree_efficiency)},
                       {"memory_bytes", s.memory_bytes}});
     }
     j["parameter_sweep"] = {{"flag", r.parameter_sweep_flag}, {"rows", rows}};
@@ -387,8 +405,10 @@ nlohmann::json report_json(const SimReport& r) {
                       {"comm_ms", s.comm_ms},
                       {"exposed_comm_ms", s.exposed_comm_ms},
                       {"scaling_efficiency", s.scaling_efficiency},
-                      {"ring_efficiency", r.scaling_ring.at(rows.size()).scaling_efficiency},
-                      {"tree_efficiency", r.scaling_tree.at(rows.size()).scaling_efficiency}});
+                      {"ring_efficiency",
+                       algorithm_value(o, r.scaling_ring.at(rows.size()).scaling_efficiency)},
+                      {"tree_efficiency",
+                       algorithm_value(o, r.scaling_tree.at(rows.size()).scaling_efficiency)}});
     }
     j["scaling"] = rows;
   }

@@ -128,6 +128,8 @@ constexpr int kLongRunSteps = 100000;
 #endif
 const std::string kLongRun = std::to_string(kLongRunSteps);
 const std::string kHalfLongRun = std::to_string(kLongRunSteps / 2);
+// The lines a long run's --metrics file holds with --log-every 2000: step 1, then every 2000th.
+constexpr long kLongRunMetricLines = kLongRunSteps / 2000 + 1;
 // How long a long run is given to end once let go: a guard against a hang, not a timing.
 constexpr auto kLongRunEnd = std::chrono::seconds(120);
 
@@ -1157,7 +1159,7 @@ TEST_CASE("outputs: a --save, --trace and --metrics folder removed during the ru
       contains(trainer.output(),
                "--metrics '" + out + "/m.jsonl' was removed during the run; written again whole"));
   std::ifstream metrics(out + "/m.jsonl");
-  CHECK(std::count(std::istreambuf_iterator<char>(metrics), {}, '\n') == 51);
+  CHECK(std::count(std::istreambuf_iterator<char>(metrics), {}, '\n') == kLongRunMetricLines);
 }
 
 TEST_CASE("outputs: a --metrics file emptied during the run gets whole lines, no NUL bytes") {
@@ -1368,7 +1370,7 @@ TEST_CASE("outputs: a --metrics file renamed during the run is left to its new n
   CHECK(exited_with(status, 0));
   CHECK(contains(trainer.output(), "no longer names this run's metrics file"));
   std::ifstream moved(dir.file("moved.jsonl")), kept(dir.file("m.jsonl"));
-  CHECK(std::count(std::istreambuf_iterator<char>(moved), {}, '\n') == 51);
+  CHECK(std::count(std::istreambuf_iterator<char>(moved), {}, '\n') == kLongRunMetricLines);
   CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "a user's file\n");
 }
 
@@ -1403,7 +1405,7 @@ TEST_CASE(
     CHECK(contains(trainer.output(),
                    "warning: --metrics '" + out + "/m.jsonl' could not be written"));
     std::ifstream metrics(rescued_file(trainer.output(), "m.jsonl"));
-    CHECK(std::count(std::istreambuf_iterator<char>(metrics), {}, '\n') == 51);
+    CHECK(std::count(std::istreambuf_iterator<char>(metrics), {}, '\n') == kLongRunMetricLines);
     std::ifstream kept(out);
     CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "a user's file\n");
   }

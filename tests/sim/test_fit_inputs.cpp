@@ -519,3 +519,36 @@ TEST_CASE("fit inputs: a negative intercept refits the line through the origin, 
             "(fitted through the origin: the free line's intercept was -50.0 us") !=
         std::string::npos);
 }
+
+TEST_CASE("fit inputs: a --sweep on a fit leaves the ring and tree columns empty, not the fit") {
+  // A researcher's: with --fit-allreduce the sweep's "ring" and "tree" columns both showed the
+  // fitted transport's efficiency, as if two algorithms had been modelled.
+  TempDir dir;
+  const std::string tcp = dir.file("ar_tcp.jsonl"), json = dir.file("s.json");
+  bench(tcp, false);
+  const ProcessResult r =
+      sim({"--model", "mlp", "--hidden", "256", "--layers", "2", "--gpus-per-node", "2",
+           "--fit-allreduce", tcp, "--sweep", "hidden=128,512", "--json", json});
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(has(r, "(ring, tree: not modelled apart for a fitted transport"));
+  std::ifstream in(json);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  const auto& rows = j["parameter_sweep"]["rows"];
+  REQUIRE(rows.size() == 2);
+  for (const auto& row : rows) {
+    CHECK(row["ring_efficiency"].is_null());
+    CHECK(row["tree_efficiency"].is_null());
+    CHECK(row["scaling_efficiency"].get<double>() > 0.0);
+  }
+  // On a named fabric the columns are the two algorithms, as before.
+  const ProcessResult named = sim({"--model", "mlp", "--hidden", "256", "--layers", "2", "--nodes",
+                                   "2", "--sweep", "hidden=128,512", "--json", json});
+  REQUIRE_MESSAGE(named.exit_code == 0, named.output);
+  CHECK(has(named, "(ring, tree: the efficiency with that algorithm forced)"));
+  std::ifstream again(json);
+  const nlohmann::json k = nlohmann::json::parse(again);
+  for (const auto& row : k["parameter_sweep"]["rows"]) {
+    CHECK(row["ring_efficiency"].get<double>() > 0.0);
+    CHECK(row["tree_efficiency"].get<double>() > 0.0);
+  }
+}

@@ -168,10 +168,10 @@ void Attempt::start_worker(int local_rank) {
   }
   const std::string prefix = fmt::format("[rank {}] ", rank);
   const auto log_failed = std::make_shared<bool>(false);  // one warning for both sinks
-  w.out =
-      std::make_unique<LineSink>(Console::out(), prefix, w.log_fd.get(), w.log_name, log_failed);
-  w.err =
-      std::make_unique<LineSink>(Console::err(), prefix, w.log_fd.get(), w.log_name, log_failed);
+  w.out = std::make_unique<LineSink>(Console::out(), prefix, fmt::format("rank {}'s stdout", rank),
+                                     w.log_fd.get(), w.log_name, log_failed);
+  w.err = std::make_unique<LineSink>(Console::err(), prefix, fmt::format("rank {}'s stderr", rank),
+                                     w.log_fd.get(), w.log_name, log_failed);
 }
 
 // Before any worker starts. At start main() refused a --log-dir whose rank_*.log is not a

@@ -88,7 +88,15 @@ int main(int argc, char** argv) {
   // At most 10 s in all: the job's outcome is its exit code, and a reader that never reads
   // again must not keep a finished launcher alive.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  Console::out().flush(until);
-  Console::err().flush(until);
+  const bool out_written = Console::out().flush(until);
+  const bool err_written = Console::err().flush(until);
+  // A reader that stopped for good: what it missed is said on the other stream, when that one
+  // still takes lines (not when both are one stuck pipe), rather than lost without a word.
+  if (out_written != err_written) {
+    Console& stuck = out_written ? Console::err() : Console::out();
+    Console& other = out_written ? Console::out() : Console::err();
+    other.write(stuck.unwritten_note(), false);
+    other.flush(std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  }
   return exit_code;
 }

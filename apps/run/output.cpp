@@ -76,6 +76,18 @@ bool Console::flush(std::chrono::steady_clock::time_point until) {
   return idle_.wait_until(lock, until, [this] { return pending_.empty() && in_flight_ == 0; });
 }
 
+std::string Console::unwritten_note() {
+  const std::lock_guard lock(mutex_);
+  const std::size_t bytes = pending_.size() + in_flight_;
+  if (bytes == 0 && dropped_lines_ == 0) return {};
+  return fmt::format(
+      "nanoddp-run: {} stopped reading: {} bytes of its output, the last lines and any summary "
+      "among them, {}were not written when the launcher exited after waiting 10 s{}\n",
+      name_ == "stdout" ? "whatever reads stdout" : "whatever reads stderr", bytes,
+      dropped_lines_ > 0 ? fmt::format("and {} lines dropped before them, ", dropped_lines_) : "",
+      drop_hint_);
+}
+
 void Console::logs_incomplete() {
   for (Console* console : {&out(), &err()}) {
     console->set_drop_hint(
@@ -172,9 +184,18 @@ void LineSink::feed(std::string_view bytes) {
     const std::size_t newline = bytes.find('\n');
     if (newline == std::string_view::npos) {
       partial_.append(bytes);
-      // Cut an overlong line at kMaxLine so memory stays bounded.
-      while (partial_.size() >= kMaxLine) {
-        emit(std::string_view(partial_).substr(0, kMaxLine));
+      // Cut an overlong line at kMaxLine so memory stays bounded; visibly (kCutMark).
+      while (partial_.size() > kMaxLine) {
+        if (!cut_announced_) {
+          cut_announced_ = true;
+          Console::err().write(
+              fmt::format("nanoddp-run: warning: {} has a line longer than {} MiB: lines are "
+                          "kept whole up to that size, so it is written in pieces, each but "
+                          "the last ending in '{}'\n",
+                          source_, kMaxLine >> 20, kCutMark.substr(1)),
+              false);
+        }
+        emit(std::string_view(partial_).substr(0, kMaxLine), kCutMark);
         partial_.erase(0, kMaxLine);
       }
       return;
@@ -196,10 +217,10 @@ void LineSink::flush() {
   partial_.clear();
 }
 
-void LineSink::emit(std::string_view line) {
+void LineSink::emit(std::string_view line, std::string_view mark) {
   std::string out;
-  out.reserve(prefix_.size() + line.size() + 1);
-  out.append(prefix_).append(line).push_back('\n');
+  out.reserve(prefix_.size() + line.size() + mark.size() + 1);
+  out.append(prefix_).append(line).append(mark).push_back('\n');
   // The log first: it gets every line, even those the console drops.
   if (log_fd_ >= 0 && !*log_failed_) {
     if (const int error = write_all(log_fd_, std::string_view(out).substr(prefix_.size()))) {

@@ -45,6 +45,9 @@ class Console {
   // again kept a finished job's launcher waiting for ever. Call it with the launcher's signals
   // at their defaults, so that SIGTERM and Ctrl-C still end the wait.
   bool flush(std::chrono::steady_clock::time_point until);
+  // What a flush() that timed out left unwritten, as a note for the other console ("N bytes of
+  // stdout, the last lines and the summary among them, ..."); empty when nothing is left.
+  std::string unwritten_note();
   // Where the dropped lines can still be read, for the note about them.
   void set_drop_hint(std::string hint);
   // A rank's --log-dir file missed lines (a failed write, a log that could not be opened): the
@@ -73,18 +76,25 @@ class Console {
 
 class LineSink {
  public:
-  // A line longer than this is written in pieces of this size (each with the prefix and a
-  // newline), so a worker that never prints a newline cannot grow the launcher's memory.
-  static constexpr std::size_t kMaxLine = 64 * 1024;
+  // Lines up to this long are written whole. A longer one is written in pieces of this size,
+  // so that a worker that never prints a newline cannot grow the launcher's memory; each piece
+  // but the last ends in kCutMark (console and log alike), and the first cut of a sink is
+  // announced on stderr: a reader must never take a piece for a whole line (an outside tester
+  // found 64 KiB pieces passed off as lines).
+  static constexpr std::size_t kMaxLine = 1 << 20;
+  static constexpr std::string_view kCutMark = " [nanoddp-run: cut at 1 MiB, continued]";
 
   // `log_fd` < 0: no log file. Otherwise lines are also written there, without the prefix. When
   // a write there fails (a full disk), one warning naming `log_name` goes to stderr and the
   // log gets no more lines (a line cut short would look complete). Sinks sharing one log (a
-  // rank's stdout and stderr) share `log_failed`, so that the warning comes once.
-  LineSink(Console& out, std::string prefix, int log_fd = -1, std::string log_name = {},
+  // rank's stdout and stderr) share `log_failed`, so that the warning comes once. `source`
+  // names the stream in messages: "rank 1's stdout".
+  LineSink(Console& out, std::string prefix, std::string source, int log_fd = -1,
+           std::string log_name = {},
            std::shared_ptr<bool> log_failed = std::make_shared<bool>(false))
       : out_(out),
         prefix_(std::move(prefix)),
+        source_(std::move(source)),
         log_fd_(log_fd),
         log_name_(std::move(log_name)),
         log_failed_(std::move(log_failed)) {}
@@ -94,10 +104,12 @@ class LineSink {
   void flush();
 
  private:
-  void emit(std::string_view line);  // without its '\n'
+  void emit(std::string_view line, std::string_view mark = {});  // without its '\n'
 
   Console& out_;
   std::string prefix_;
+  std::string source_;
+  bool cut_announced_ = false;
   int log_fd_;
   std::string log_name_;
   std::shared_ptr<bool> log_failed_;

@@ -12,7 +12,8 @@
 #                         benchmarks/vs-pytorch.sh compare against a crippled PyTorch
 #   NANODDP_WITH_MPI=1    openmpi-bin (mpirun; 17 packages): the mpirun test
 #   NANODDP_WITH_GDB=1    gdb: a test that gives up on a program prints its threads' stacks
-#                         (tests/support/process_snapshot.h; without gdb, /proc's view only)
+#                         (tests/support/process_snapshot.h; without gdb, /proc's view only);
+#                         and strace, whose fault injection widens a race window in one test
 # .ci/run sets all three, so CI runs those tests and says where a stuck program was.
 set -euo pipefail
 
@@ -24,7 +25,7 @@ packages=(
 )
 if [ "${NANODDP_WITH_TORCH:-0}" = 1 ]; then packages+=(python3-torch libopenblas0-pthread); fi
 if [ "${NANODDP_WITH_MPI:-0}" = 1 ]; then packages+=(openmpi-bin); fi
-if [ "${NANODDP_WITH_GDB:-0}" = 1 ]; then packages+=(gdb); fi
+if [ "${NANODDP_WITH_GDB:-0}" = 1 ]; then packages+=(gdb strace); fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -229,12 +229,14 @@ int Trainer::run_steps() {
     window = Window{};
   }
 
+  // The run's time, not the final outputs' (a wait for another job's lock is not training).
+  const double run_seconds = ms_since(run_start) / 1000.0;
   if (!o_.save_path.empty()) require_finite_parameters(steps_, "--save");
   std::vector<std::string> unwritten = {save_parameters(), write_trace()};  // in this order
   std::erase(unwritten, "");
   keep_metrics();
   if (!unwritten.empty()) fail("{}", fmt::join(unwritten, "; "));
-  print_summary(ms_since(run_start) / 1000.0, first_loss, last_loss, last_accuracy);
+  print_summary(run_seconds, first_loss, last_loss, last_accuracy);
   return 0;
 }
 

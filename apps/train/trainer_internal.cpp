@@ -6,17 +6,21 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <vector>
 
 #include "common/output_files.h"
 #include "common/rescue.h"
+#include "nanoddp/comm/rendezvous.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/nn/file_io.h"
 #include "nanoddp/nn/safetensors.h"
@@ -117,6 +121,93 @@ std::string stage(const std::filesystem::path& folder, std::string* problem) {
   return {};
 }
 
+// The process holding a lock on the file `st` describes, from /proc/locks ("1: FLOCK  ADVISORY
+// WRITE 4242 08:01:131 0 EOF"; a waiter's line has "->"); 0 when none is found.
+pid_t lock_holder(const struct stat& st) {
+  std::FILE* locks = std::fopen("/proc/locks", "re");
+  if (locks == nullptr) return 0;
+  const std::string file =
+      fmt::format("{:02x}:{:02x}:{}", major(st.st_dev), minor(st.st_dev), st.st_ino);
+  pid_t holder = 0;
+  char line[256];
+  while (holder == 0 && std::fgets(line, sizeof line, locks) != nullptr) {
+    char kind[16], mode[16], access[16], where[64];
+    long pid = 0;
+    if (std::strstr(line, "->") == nullptr &&
+        std::sscanf(line, "%*d: %15s %15s %15s %ld %63s", kind, mode, access, &pid, where) == 5 &&
+        file == where) {
+      holder = static_cast<pid_t>(pid);
+    }
+  }
+  std::fclose(locks);
+  return holder;
+}
+
+// Takes the lock on `fd`, the output file `target` that was there before step 1, waiting for
+// another job's install (moments) but not for ever: NANODDP_TIMEOUT_S, at most 30 s, said after
+// the first second. A lock held longer (a job stalled inside its install, a foreign `flock`)
+// leaves the file to its holder: the caller rescues this run's output (an outside tester's job
+// waited 30 s without a word, then replaced the file the holder went on to replace too, and one
+// of the two outputs was lost though both jobs said "saved"). "" or why not.
+std::string take_lock(int fd, const std::string& target, const char* flag) {
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return {};
+  using Clock = std::chrono::steady_clock;
+  const auto bound = std::min<Clock::duration>(std::chrono::seconds(30), comm::default_timeout());
+  const auto start = Clock::now();
+  bool said = false;
+  struct stat st {};
+  ::fstat(fd, &st);
+  const auto holder = [&] {
+    const pid_t pid = lock_holder(st);
+    return pid > 0 ? fmt::format("process {}", pid) : std::string("another process");
+  };
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const auto waited = Clock::now() - start;
+    if (waited >= bound) {
+      return fmt::format(
+          "'{}' is locked by {} (another job writing the same {}?), still after {} s; it is left "
+          "as it is",
+          target, holder(), flag, std::chrono::duration_cast<std::chrono::seconds>(bound).count());
+    }
+    if (!said && waited >= std::chrono::seconds(1)) {
+      said = true;
+      fmt::print(stderr,
+                 "nanoddp-train: waiting for the lock on {} '{}', held by {} (another job writing "
+                 "it?): at most {} s, then this run's output goes to a rescue folder\n",
+                 flag, target, holder(),
+                 std::chrono::duration_cast<std::chrono::seconds>(bound).count());
+      std::fflush(stderr);
+    }
+    ::usleep(10'000);
+  }
+  return {};
+}
+
+// Replaces `target` by `staged` in one step that also hands back what it replaced
+// (RENAME_EXCHANGE), so that a file another process put at the name after our check is found
+// and swapped back rather than lost (the window a plain rename() leaves). `held` is the file
+// checked under its lock. "" or why not.
+std::string replace_checked(const std::string& staged, const std::string& target,
+                            const struct stat& held, const std::string& taken) {
+  if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
+    if (errno != EINVAL && errno != ENOSYS) {
+      return fmt::format("cannot rename '{}' to '{}': {}", staged, target, std::strerror(errno));
+    }
+    // A file system without RENAME_EXCHANGE: the plain rename, its window and all.
+    if (::rename(staged.c_str(), target.c_str()) == 0) return {};
+    return fmt::format("cannot rename '{}' to '{}': {}", staged, target, std::strerror(errno));
+  }
+  struct stat replaced {};
+  if (::lstat(staged.c_str(), &replaced) == 0 && replaced.st_ino == held.st_ino &&
+      replaced.st_dev == held.st_dev) {
+    ::unlink(staged.c_str());  // the old output, now under the staged name
+    return {};
+  }
+  // Another process's file was at the name: give it its place back.
+  ::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE);
+  return taken;
+}
+
 // Puts `staged` at `target` unless another process wrote `target` since `checked` (what it was
 // at the check before step 1), in one step that cannot replace such a file: two jobs given one
 // --save that ended together both said "saved", one job's parameters gone. "" or why not.
@@ -131,18 +222,16 @@ std::string install(const std::string& staged, const std::string& target,
     // take turns, and the second finds the first's file.
     const int fd = ::open(target.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd >= 0) {
-      for (int tries = 0; ::flock(fd, LOCK_EX | LOCK_NB) != 0 && tries < 3000; ++tries) {
-        ::usleep(10'000);  // another job's rename: moments (30 s at most, then it goes on)
-      }
+      std::string result = take_lock(fd, target, flag);
       struct stat held {};
       const common::FileState now = common::file_state(target);
-      std::string result;
-      if (::fstat(fd, &held) != 0 || held.st_ino != now.ino || held.st_dev != now.dev ||
-          now != checked) {
+      if (!result.empty()) {
+        // left as it is
+      } else if (::fstat(fd, &held) != 0 || held.st_ino != now.ino || held.st_dev != now.dev ||
+                 now != checked) {
         result = taken;
-      } else if (::rename(staged.c_str(), target.c_str()) != 0) {
-        result =
-            fmt::format("cannot rename '{}' to '{}': {}", staged, target, std::strerror(errno));
+      } else {
+        result = replace_checked(staged, target, held, taken);
       }
       ::close(fd);
       return result;
@@ -197,7 +286,9 @@ std::string write_final_output(const char* flag, const std::string& path,
     if (problem.empty()) return {};
     ::unlink(staged.c_str());
   }
-  const std::string name = target.filename().string();
+  // Named as the user named it: a --save replaced by a symlink during the run is rescued as
+  // m.st, not under the name of whatever the link points at.
+  const std::string name = fs::path(path).filename().string();
   std::string again;
   const std::string where = common::rescue(
       [&](const std::string& dir) { write((fs::path(dir) / name).string()); }, &again);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "support/files.h"
 #include "support/subprocess.h"
 #include "support/world.h"
 
@@ -45,11 +46,6 @@ std::vector<std::string> train(const std::vector<std::string>& extra) {
 
 bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 }  // namespace

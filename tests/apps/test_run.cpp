@@ -28,6 +28,7 @@
 
 #include "nanoddp/comm/store.h"
 #include "support/background_process.h"
+#include "support/files.h"
 #include "support/subprocess.h"
 #include "support/world.h"
 
@@ -35,6 +36,7 @@ using nanoddp::testing::BackgroundProcess;
 using nanoddp::testing::bin_path;
 using nanoddp::testing::ProcessOptions;
 using nanoddp::testing::ProcessResult;
+using nanoddp::testing::read_file;
 using nanoddp::testing::run_process;
 using nanoddp::testing::TempDir;
 using namespace std::chrono_literals;
@@ -72,13 +74,6 @@ std::size_t count(const std::string& text, const std::string& what) {
   std::size_t n = 0;
   for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
   return n;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
 }
 
 // True once no process has this pid (allowing a moment for a zombie to be reaped).

@@ -33,6 +33,7 @@
 #include "nanoddp/nn/npy.h"
 #include "nanoddp/nn/safetensors.h"
 #include "support/background_process.h"
+#include "support/files.h"
 #include "support/small_disk.h"
 
 using namespace nanoddp::testing;
@@ -1290,6 +1291,88 @@ TEST_CASE("outputs: two jobs given one --save that end together: one saves, one 
   // Nothing of theirs left beside the output.
   for (const auto& entry : fs::directory_iterator(dir.path())) {
     CHECK_MESSAGE(!entry.path().filename().string().starts_with(".nanoddp-out"), entry.path());
+  }
+}
+
+// An outside adversary's: a job waited 30 s without a word for a lock held on its --save (a
+// foreign `flock`, or another job stalled inside its install), then replaced the file anyway,
+// the holder replaced it in turn, and one of the two outputs was lost though both said "saved".
+TEST_CASE("outputs: a --save locked past the bound is left to its holder, the output rescued") {
+  TempDir dir;
+  const std::string rescue = dir.file("rescue");
+  fs::create_directories(rescue);
+  const std::string save = dir.file("m.st");
+  std::ofstream(save) << "an older model";
+  BackgroundProcess holder({"/usr/bin/flock", save, "/bin/sleep", "60"});
+  bool held = false;
+  for (int i = 0; i < 500 && !held; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    held = contains(read_file("/proc/locks"), fmt::format(" {} ", holder.pid()));
+  }
+  REQUIRE(held);
+  const ProcessResult r =
+      run_process(with_env({{"TMPDIR", rescue}, {"NANODDP_TIMEOUT_S", "3"}},
+                           train_argv({"--steps", "20", "--quiet", "--save", save})),
+                  {.timeout = std::chrono::seconds(60)});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  const std::string by = fmt::format("process {}", holder.pid());
+  CHECK(contains(r.output,
+                 "nanoddp-train: waiting for the lock on --save '" + save + "', held by " + by));
+  CHECK(contains(r.output, "'" + save + "' is locked by " + by +
+                               " (another job writing the same --save?), still after 3 s"));
+  CHECK(read_file(save) == "an older model");  // the holder's to replace, not this job's
+  const std::string rescued = rescued_file(r.output, "m.st");
+  REQUIRE_FALSE(rescued.empty());
+  CHECK(nanoddp::nn::read_safetensors(rescued).metadata().at("step") == "20");
+}
+
+// ... and a file another process moved onto the --save between the trainer's check (under the
+// lock) and its rename was replaced: the install now exchanges the two names and swaps back a
+// file that is not the one it checked. strace widens the window to 3 s.
+TEST_CASE("outputs: a file moved onto the --save just before the install is kept, not replaced") {
+  if (std::system("strace -V > /dev/null 2>&1") != 0) {
+    MESSAGE("SKIPPED: strace is not installed (scripts/install-deps.sh with NANODDP_WITH_GDB=1)");
+    return;
+  }
+  TempDir dir;
+  const std::string rescue = dir.file("rescue");
+  fs::create_directories(rescue);
+  fs::create_directories(dir.file("out"));
+  const std::string save = dir.file("out/m.st");
+  std::ofstream(save) << "an older model";
+  std::vector<std::string> argv = {"strace", "-f",
+                                   "-o",     "/dev/null",
+                                   "-e",     "trace=renameat2",
+                                   "-e",     "inject=renameat2:delay_enter=3000000:when=1"};
+  const auto train = train_argv({"--steps", "20", "--quiet", "--save", save});
+  argv.insert(argv.end(), train.begin(), train.end());
+  BackgroundProcess trainer(with_env({{"TMPDIR", rescue}}, argv));
+  // The output staged beside the target, whole (its writer renamed it in): the install is next.
+  bool staged = false;
+  for (int i = 0; i < 3000 && !staged; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (const auto& entry : fs::directory_iterator(dir.file("out"))) {
+      const std::string name = entry.path().filename().string();
+      std::error_code ec;
+      staged = staged ||
+               (name.starts_with(".nanoddp-out.") && !name.ends_with(".tmp") &&
+                name.find(".tmp.") == std::string::npos && fs::file_size(entry.path(), ec) > 100);
+    }
+  }
+  REQUIRE(staged);
+  std::ofstream(dir.file("other")) << "another job's model";
+  fs::rename(dir.file("other"), save);
+  const auto status = trainer.wait(std::chrono::seconds(60));
+  INFO(status_text(status), "\n", trainer.output());
+  CHECK(exited_with(status, 1));
+  CHECK(read_file(save) == "another job's model");
+  CHECK(contains(trainer.output(), "was written by another process during this run"));
+  const std::string rescued = rescued_file(trainer.output(), "m.st");
+  REQUIRE_FALSE(rescued.empty());
+  CHECK(nanoddp::nn::read_safetensors(rescued).metadata().at("step") == "20");
+  for (const auto& entry : fs::directory_iterator(dir.file("out"))) {
+    CHECK_MESSAGE(entry.path().filename() == "m.st", entry.path());  // no temporary left
   }
 }
 

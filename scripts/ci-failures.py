@@ -10,7 +10,8 @@ a retry lets the run pass, it does not hide the failure.
 
 Usage: scripts/ci-failures.py [--lines N] [--since EPOCH] BUILD_DIR...
 A directory whose LastTest.log is older than --since (or missing) is from an earlier run and is
-skipped. Exit status 1 when a test failed for good, else 0.
+skipped. Then, per directory, its slowest tests (--slowest N, 10 by default; 0: none). Exit
+status 1 when a test failed for good, else 0.
 """
 import argparse
 import os
@@ -20,11 +21,12 @@ import sys
 # One attempt of one test in LastTest.log: "N/M Testing: <name>", ..., "Output:", a dashed rule,
 # the output, "<end of output>", ..., "Test Passed." or "Test Failed." (or another status line).
 ATTEMPT = re.compile(r"^\d+/\d+ Testing: ([^\n]*)\n.*?\nOutput:\n-{20,}\n(.*?)<end of output>\n"
-                     r"Test time[^\n]*\n-{20,}\n([^\n]*)$", re.S | re.M)
+                     r"Test time =\s*([0-9.]+)[^\n]*\n-{20,}\n([^\n]*)$", re.S | re.M)
 
 
 def attempts(build_dir, since):
-    """[(name, output, passed)] in the order ctest ran them; [] for a log from an earlier run."""
+    """[(name, output, passed, seconds)] in the order ctest ran them; [] for a log from an earlier
+    run."""
     path = os.path.join(build_dir, "Testing", "Temporary", "LastTest.log")
     try:
         if os.path.getmtime(path) < since:
@@ -33,7 +35,7 @@ def attempts(build_dir, since):
             text = f.read()
     except OSError:
         return []
-    return [(m.group(1), m.group(2), m.group(3).strip() != "Test Failed.")
+    return [(m.group(1), m.group(2), m.group(4).strip() != "Test Failed.", float(m.group(3)))
             for m in ATTEMPT.finditer(text)]
 
 
@@ -46,6 +48,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--lines", type=int, default=25)
     parser.add_argument("--since", type=float, default=0.0)
+    parser.add_argument("--slowest", type=int, default=10,
+                        help="also list this many of the slowest tests of each directory")
     parser.add_argument("dirs", nargs="+")
     args = parser.parse_args()
     any_failed = False
@@ -53,7 +57,9 @@ def main():
         runs = attempts(build_dir, args.since)
         last = {}  # name -> passed, from the name's last attempt
         first_failure = {}  # name -> the output of its first failed attempt
-        for name, output, passed in runs:
+        spent = {}  # name -> seconds, over all its attempts
+        for name, output, passed, seconds in runs:
+            spent[name] = spent.get(name, 0.0) + seconds
             last[name] = passed
             if not passed:
                 first_failure.setdefault(name, output)
@@ -71,6 +77,12 @@ def main():
                 for line in lines:
                     print(f"  | {line[:300]}")
         any_failed = any_failed or bool(failed)
+        # Where the time went: a run that ends at CI's limit says which tests to look at.
+        if runs and args.slowest > 0:
+            print(f"==== {build_dir}: {len(spent)} tests, {sum(spent.values()):.0f} s of test "
+                  f"time; the slowest {min(args.slowest, len(spent))}:")
+            for name, seconds in sorted(spent.items(), key=lambda kv: -kv[1])[:args.slowest]:
+                print(f"  {seconds:8.1f} s  {name[:110]}")
     return 1 if any_failed else 0
 
 

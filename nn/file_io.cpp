@@ -81,8 +81,10 @@ std::string this_host() {
 }
 
 std::optional<TemporaryWriter> temporary_writer(const std::string& filename) {
-  // ".<target>.tmp.<host>.<pid>.<k>": the host may hold dots, so pid and k are read from the end.
-  const auto mark = filename.find(kTemporaryMark);
+  // ".<target>.tmp.<host>.<pid>.<k>": the host may hold dots, so pid and k are read from the end,
+  // and the target may hold ".tmp." (a --save x.tmp.st; a staged output's own name does), so the
+  // mark is the last one.
+  const auto mark = filename.rfind(kTemporaryMark);
   if (!filename.starts_with('.') || mark == std::string::npos) return std::nullopt;
   const std::string_view rest = std::string_view(filename).substr(mark + kTemporaryMark.size());
   const auto last_dot = rest.rfind('.');

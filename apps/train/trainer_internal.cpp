@@ -4,12 +4,14 @@
 #include <fmt/ranges.h>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -101,12 +103,44 @@ std::string quoted(std::string text) {
   return text;
 }
 
+// The staged outputs' names: ".nanoddp-out.tmp.<host>.<pid>.<k>", and the writers' own
+// temporaries beside them start with the same name after one more dot.
+constexpr std::string_view kStagedMark = ".nanoddp-out.tmp.";
+
+// What a run killed during its final write left in `folder` (an outside adversary's SIGKILL
+// left two files there for good): staged outputs of this host whose process is gone, and their
+// writers' temporaries. Another host's are left alone (its pids mean nothing here), and so are
+// a live process's.
+void remove_stale_staged(const std::filesystem::path& folder) {
+  const std::string mine = fmt::format("{}{}.", kStagedMark, nn::this_host());
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+    const std::string filename = entry.path().filename().string();
+    std::string_view name = filename;
+    if (name.starts_with("..")) name.remove_prefix(1);
+    if (!name.starts_with(mine)) continue;
+    name.remove_prefix(mine.size());
+    long pid = 0;
+    const auto [end, error] = std::from_chars(name.data(), name.data() + name.size(), pid);
+    if (error != std::errc() || end == name.data() || *end != '.' || pid <= 0 ||
+        pid == static_cast<long>(::getpid())) {
+      continue;
+    }
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::error_code ignored;
+      std::filesystem::remove(entry.path(), ignored);
+    }
+  }
+}
+
 // A new empty file of ours beside the target (O_EXCL: never an existing file, link or FIFO) for
 // the writer to replace with the output. A short name, so that the writer's own temporary
 // beside it stays within the file system's name limit however long the target's name is.
 std::string stage(const std::filesystem::path& folder, std::string* problem) {
+  remove_stale_staged(folder);
   for (int k = 0; k < 100; ++k) {
-    const std::string name = (folder / fmt::format(".nanoddp-out.{}.{}", ::getpid(), k)).string();
+    const std::string name =
+        (folder / fmt::format("{}{}.{}.{}", kStagedMark, nn::this_host(), ::getpid(), k)).string();
     const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd >= 0) {
       ::close(fd);

@@ -1355,9 +1355,9 @@ TEST_CASE("outputs: a file moved onto the --save just before the install is kept
     for (const auto& entry : fs::directory_iterator(dir.file("out"))) {
       const std::string name = entry.path().filename().string();
       std::error_code ec;
+      // ".nanoddp-out.tmp.HOST.PID.K", not its writer's "..nanoddp-out.tmp.HOST.PID.K.tmp...."
       staged = staged ||
-               (name.starts_with(".nanoddp-out.") && !name.ends_with(".tmp") &&
-                name.find(".tmp.") == std::string::npos && fs::file_size(entry.path(), ec) > 100);
+               (name.starts_with(".nanoddp-out.tmp.") && fs::file_size(entry.path(), ec) > 100);
     }
   }
   REQUIRE(staged);
@@ -1374,6 +1374,33 @@ TEST_CASE("outputs: a file moved onto the --save just before the install is kept
   for (const auto& entry : fs::directory_iterator(dir.file("out"))) {
     CHECK_MESSAGE(entry.path().filename() == "m.st", entry.path());  // no temporary left
   }
+}
+
+// An outside adversary's SIGKILL during the final write left the staged output and its writer's
+// temporary beside the --save for good; the next run now removes those of a dead process of
+// this host, and leaves a live process's and another host's alone.
+TEST_CASE("outputs: what a run killed in its final write left beside the --save is removed") {
+  TempDir dir;
+  BackgroundProcess gone_process({"/bin/true"});
+  REQUIRE(gone_process.wait(std::chrono::seconds(10)).has_value());
+  const auto dead = gone_process.pid(), alive = ::getpid();
+  const std::string host = nanoddp::nn::this_host();
+  const std::vector<std::string> stale = {
+      fmt::format(".nanoddp-out.tmp.{}.{}.0", host, dead),
+      fmt::format("..nanoddp-out.tmp.{0}.{1}.1.tmp.{0}.{1}.0", host, dead)};
+  const std::vector<std::string> kept = {
+      fmt::format(".nanoddp-out.tmp.{}.{}.0", host, alive),
+      fmt::format(".nanoddp-out.tmp.{}x.{}.0", host, dead),   // another host's
+      fmt::format(".nanoddp-out.tmp.{}.{}x.0", host, dead)};  // not ours
+  for (const auto& name : stale) std::ofstream(dir.file(name)) << "left behind";
+  for (const auto& name : kept) std::ofstream(dir.file(name)) << "someone's";
+  const ProcessResult r =
+      run_process(train_argv({"--steps", "5", "--quiet", "--save", dir.file("m.st")}));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  for (const auto& name : stale) CHECK_MESSAGE(!fs::exists(dir.file(name)), name);
+  for (const auto& name : kept) CHECK_MESSAGE(fs::exists(dir.file(name)), name);
+  CHECK(nanoddp::nn::read_safetensors(dir.file("m.st")).metadata().at("step") == "5");
 }
 
 TEST_CASE("outputs: a --save that existed before the run and was removed during it is written") {
@@ -1405,12 +1432,14 @@ TEST_CASE("outputs: links and FIFOs put at the writers' temporary names are neve
                   "--trace-steps", "2", "--save", out + "/m.st"}));
   stop_when_training(trainer);
   const std::string pid = std::to_string(trainer.pid());
+  const std::string host = nanoddp::nn::this_host();
   for (int k = 0; k < 3; ++k) {
-    fs::create_symlink(victim, out + fmt::format("/.nanoddp-out.{}.{}", pid, k));
+    fs::create_symlink(victim, out + fmt::format("/.nanoddp-out.tmp.{}.{}.{}", host, pid, k));
     fs::create_symlink(victim, out + fmt::format("/t.json.tmp.{}.{}", pid, k));
-    REQUIRE(
-        ::mkfifo((out + fmt::format("/.nanoddp-out.{}.{}.tmp.{}.{}", pid, k + 3, pid, k)).c_str(),
-                 0600) == 0);
+    REQUIRE(::mkfifo((out + fmt::format("/..nanoddp-out.tmp.{0}.{1}.{2}.tmp.{0}.{1}.{3}", host, pid,
+                                        k + 3, k))
+                         .c_str(),
+                     0600) == 0);
   }
   trainer.send(SIGCONT);
   const auto status = trainer.wait(kLongRunEnd);

@@ -160,7 +160,24 @@ void Console::run() {
         pollfd writable{fd_, POLLOUT, 0};
         ::poll(&writable, 1, -1);
       } else {
-        break;  // EPIPE after `| head`, a closed terminal: drop it, the workers go on
+        // EPIPE after `| head`: the reader chose to stop, the rest is dropped without a word.
+        // Anything else (a full disk, /dev/full, an I/O error) is said once, on the other
+        // stream, so that lines missing from a file do not go unnoticed.
+        const int error = errno;
+        if (n < 0 && error != EPIPE && !write_failed_) {
+          write_failed_ = true;
+          std::string hint;
+          {
+            const std::lock_guard read(mutex_);
+            hint = drop_hint_;
+          }
+          Console& other = this == &out() ? err() : out();
+          other.write(fmt::format("nanoddp-run: warning: writing to {} failed ({}): its lines are "
+                                  "dropped from here on{}\n",
+                                  name_, std::strerror(error), hint),
+                      false);
+        }
+        break;  // the workers go on
       }
     }
     lock.lock();

@@ -72,6 +72,7 @@ class Console {
   std::size_t dropped_lines_ = 0;
   std::string drop_hint_;
   bool started_ = false;
+  bool write_failed_ = false;  // the writer thread's: a failed write has been said
 };
 
 class LineSink {

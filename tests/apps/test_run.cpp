@@ -1649,6 +1649,27 @@ TEST_CASE("nanoddp-run: lines up to 1 MiB stay whole, a longer one is cut visibl
   CHECK(count(read_file(logs + "/rank_1.log"), "short ") == 2000);
 }
 
+// An outside tester's: with stdout on a full disk (/dev/full) every worker line was dropped
+// without a word. A pipe closed by its reader (`| head`) stays quiet: that reader chose to stop.
+TEST_CASE("nanoddp-run: a stdout that cannot be written is said once on stderr") {
+  const ProcessResult r =
+      run_process({"/bin/sh", "-c",
+                   fmt::format("{} --nproc-per-node 2 /bin/sh -c 'echo one; echo two' > /dev/full",
+                               bin_path("nanoddp-run"))},
+                  {.timeout = 20s});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);  // the job's code: the workers went on
+  CHECK(count(r.output,
+              "nanoddp-run: warning: writing to stdout failed (No space left on "
+              "device): its lines are dropped from here on") == 1);
+  const ProcessResult quiet = run_process(
+      {"/bin/sh", "-c",
+       fmt::format("{} --nproc-per-node 1 /bin/sh -c 'yes | head -n 100000' | head -n 1",
+                   bin_path("nanoddp-run"))},
+      {.timeout = 20s});
+  CHECK_FALSE(contains(quiet.output, "warning: writing to stdout failed"));
+}
+
 // ... and a finished job's launcher waited for ever for a reader that never read again.
 TEST_CASE(
     "nanoddp-run: a reader that never reads again delays a finished job's exit 10 s at most") {

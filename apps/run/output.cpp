@@ -81,8 +81,9 @@ std::string Console::unwritten_note() {
   const std::size_t bytes = pending_.size() + in_flight_;
   if (bytes == 0 && dropped_lines_ == 0) return {};
   return fmt::format(
-      "nanoddp-run: {} stopped reading: {} bytes of its output, the last lines and any summary "
-      "among them, {}were not written when the launcher exited after waiting 10 s{}\n",
+      "nanoddp-run: {} stopped reading: up to {} bytes of its output (a line being written may "
+      "have gone in part), the last lines and any summary among them, {}were not written when "
+      "the launcher exited after waiting 10 s{}\n",
       name_ == "stdout" ? "whatever reads stdout" : "whatever reads stderr", bytes,
       dropped_lines_ > 0 ? fmt::format("and {} lines dropped before them, ", dropped_lines_) : "",
       drop_hint_);
@@ -199,33 +200,33 @@ void Console::run() {
 void LineSink::feed(std::string_view bytes) {
   while (!bytes.empty()) {
     const std::size_t newline = bytes.find('\n');
-    if (newline == std::string_view::npos) {
-      partial_.append(bytes);
-      // Cut an overlong line at kMaxLine so memory stays bounded; visibly (kCutMark).
-      while (partial_.size() > kMaxLine) {
-        if (!cut_announced_) {
-          cut_announced_ = true;
-          Console::err().write(
-              fmt::format("nanoddp-run: warning: {} has a line longer than {} MiB: lines are "
-                          "kept whole up to that size, so it is written in pieces, each but "
-                          "the last ending in '{}'\n",
-                          source_, kMaxLine >> 20, kCutMark.substr(1)),
-              false);
-        }
-        emit(std::string_view(partial_).substr(0, kMaxLine), kCutMark);
-        partial_.erase(0, kMaxLine);
-      }
-      return;
-    }
-    if (partial_.empty()) {
-      emit(bytes.substr(0, newline));
+    const std::string_view piece = bytes.substr(0, newline);
+    if (newline != std::string_view::npos && partial_.empty() && piece.size() <= kMaxLine) {
+      emit(piece);  // the usual case: a whole line within one read
     } else {
-      partial_.append(bytes.substr(0, newline));
+      partial_.append(piece);
+      // Cut an overlong line at kMaxLine so memory stays bounded; visibly (kCutMark). Exactly
+      // there, however the reads split it (a line of 1 MiB + 1 that came in one read was kept).
+      while (partial_.size() > kMaxLine) cut();
+      if (newline == std::string_view::npos) return;
       emit(partial_);
       partial_.clear();
     }
     bytes.remove_prefix(newline + 1);
   }
+}
+
+void LineSink::cut() {
+  if (!cut_announced_) {
+    cut_announced_ = true;
+    Console::err().write(fmt::format("nanoddp-run: warning: {} has a line longer than {} MiB: "
+                                     "lines are kept whole up to that size, so it is written in "
+                                     "pieces, each but the last ending in '{}'\n",
+                                     source_, kMaxLine >> 20, kCutMark.substr(1)),
+                         false);
+  }
+  emit(std::string_view(partial_).substr(0, kMaxLine), kCutMark);
+  partial_.erase(0, kMaxLine);
 }
 
 void LineSink::flush() {

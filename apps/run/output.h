@@ -106,6 +106,7 @@ class LineSink {
 
  private:
   void emit(std::string_view line, std::string_view mark = {});  // without its '\n'
+  void cut();  // writes partial_'s first kMaxLine bytes as a marked piece
 
   Console& out_;
   std::string prefix_;

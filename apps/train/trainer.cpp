@@ -232,10 +232,24 @@ int Trainer::run_steps() {
   // The run's time, not the final outputs' (a wait for another job's lock is not training).
   const double run_seconds = ms_since(run_start) / 1000.0;
   if (!o_.save_path.empty()) require_finite_parameters(steps_, "--save");
-  std::vector<std::string> unwritten = {save_parameters(), write_trace()};  // in this order
-  std::erase(unwritten, "");
+  const std::string save_problem = save_parameters();  // in this order
+  const std::string trace_problem = write_trace();
   keep_metrics();
-  if (!unwritten.empty()) fail("{}", fmt::join(unwritten, "; "));
+  if (!save_problem.empty() || !trace_problem.empty()) {
+    // What did go where it belongs is said too: the error alone left a user unsure whether the
+    // parameters were saved when only the trace could not be written.
+    std::vector<std::string> parts;
+    for (const std::string& problem : {save_problem, trace_problem}) {
+      if (!problem.empty()) parts.push_back(problem);
+    }
+    if (save_problem.empty() && !o_.save_path.empty()) {
+      parts.push_back(fmt::format("the parameters were saved to {}", o_.save_path));
+    }
+    if (trace_problem.empty() && !o_.trace_path.empty() && is_main()) {
+      parts.push_back(fmt::format("the trace was written to {}", o_.trace_path));
+    }
+    fail("{}", fmt::join(parts, "; "));
+  }
   print_summary(run_seconds, first_loss, last_loss, last_accuracy);
   return 0;
 }

@@ -187,6 +187,7 @@ std::string take_lock(int fd, const std::string& target, const char* flag) {
   if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return {};
   using Clock = std::chrono::steady_clock;
   const auto bound = std::min<Clock::duration>(std::chrono::seconds(30), comm::default_timeout());
+  const double bound_s = std::chrono::duration<double>(bound).count();
   const auto start = Clock::now();
   bool said = false;
   struct stat st {};
@@ -199,17 +200,16 @@ std::string take_lock(int fd, const std::string& target, const char* flag) {
     const auto waited = Clock::now() - start;
     if (waited >= bound) {
       return fmt::format(
-          "'{}' is locked by {} (another job writing the same {}?), still after {} s; it is left "
-          "as it is",
-          target, holder(), flag, std::chrono::duration_cast<std::chrono::seconds>(bound).count());
+          "'{}' is locked by {} (another job writing the same {}?), still after {:g} s; it is "
+          "left as it is",
+          target, holder(), flag, bound_s);
     }
-    if (!said && waited >= std::chrono::seconds(1)) {
+    if (!said && waited >= std::min<Clock::duration>(bound / 2, std::chrono::seconds(1))) {
       said = true;
       fmt::print(stderr,
                  "nanoddp-train: waiting for the lock on {} '{}', held by {} (another job writing "
-                 "it?): at most {} s, then this run's output goes to a rescue folder\n",
-                 flag, target, holder(),
-                 std::chrono::duration_cast<std::chrono::seconds>(bound).count());
+                 "it?): at most {:g} s, then this run's output goes to a rescue folder\n",
+                 flag, target, holder(), bound_s);
       std::fflush(stderr);
     }
     ::usleep(10'000);
@@ -224,20 +224,32 @@ std::string take_lock(int fd, const std::string& target, const char* flag) {
 std::string replace_checked(const std::string& staged, const std::string& target,
                             const struct stat& held, const std::string& taken) {
   if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
-    if (errno != EINVAL && errno != ENOSYS) {
-      return fmt::format("cannot rename '{}' to '{}': {}", staged, target, std::strerror(errno));
+    if (errno == ENOENT && ::access(staged.c_str(), F_OK) == 0) {
+      // The file went since the check (removed, renamed away): nobody's file is in the way, as
+      // for a file removed earlier in the run; one that appears meanwhile is not replaced.
+      if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) == 0) {
+        return {};
+      }
+      if (errno == EEXIST) return taken;
+    } else if (errno == EINVAL || errno == ENOSYS) {
+      // A file system without RENAME_EXCHANGE: the plain rename, its window and all.
+      if (::rename(staged.c_str(), target.c_str()) == 0) return {};
     }
-    // A file system without RENAME_EXCHANGE: the plain rename, its window and all.
-    if (::rename(staged.c_str(), target.c_str()) == 0) return {};
     return fmt::format("cannot rename '{}' to '{}': {}", staged, target, std::strerror(errno));
   }
+  // What the exchange handed back must be the file checked, unchanged: the same inode, and no
+  // write, touch or chmod since (its change time moved with the rename itself, so the other
+  // fields say it; an adversary's append in this window was lost).
   struct stat replaced {};
   if (::lstat(staged.c_str(), &replaced) == 0 && replaced.st_ino == held.st_ino &&
-      replaced.st_dev == held.st_dev) {
+      replaced.st_dev == held.st_dev && replaced.st_size == held.st_size &&
+      replaced.st_mode == held.st_mode && replaced.st_uid == held.st_uid &&
+      replaced.st_gid == held.st_gid && replaced.st_mtim.tv_sec == held.st_mtim.tv_sec &&
+      replaced.st_mtim.tv_nsec == held.st_mtim.tv_nsec) {
     ::unlink(staged.c_str());  // the old output, now under the staged name
     return {};
   }
-  // Another process's file was at the name: give it its place back.
+  // Another process's file, or one changed since the check: give it its place back.
   ::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE);
   return taken;
 }
@@ -310,15 +322,34 @@ std::string write_final_output(const char* flag, const std::string& path,
   }
   std::string problem;
   const std::string staged = stage(folder.empty() ? fs::path(".") : folder, &problem);
+  bool staged_whole = false;  // `staged` holds the whole output, not installed
   if (!staged.empty()) {
     try {
       write(staged);
-      problem = install(staged, target.string(), checked, flag);
+      staged_whole = true;
+      // The name as the user gave it must still lead where this run writes: a symlink
+      // re-pointed (or replaced) since is another party's, as a file written there would be.
+      problem = common::resolved_path(path) == target
+                    ? install(staged, target.string(), checked, flag)
+                    : fmt::format(
+                          "'{}' was changed during this run to lead elsewhere than '{}' "
+                          "and is left as it is",
+                          path, target.string());
     } catch (const std::exception& e) {
       problem = quoted(e.what());
     }
-    if (problem.empty()) return {};
-    ::unlink(staged.c_str());
+    if (problem.empty()) {
+      // ... and still after the install: re-pointed in the moment before it, the name no longer
+      // shows the output, which is not to be called saved there.
+      if (common::resolved_path(path) != target) {
+        return fmt::format(
+            "{} '{}' was changed while the output was installed and no longer "
+            "leads to it: the output is in '{}'",
+            flag, path, target.string());
+      }
+      return {};
+    }
+    if (!staged_whole) ::unlink(staged.c_str());
   }
   // Named as the user named it: a --save replaced by a symlink during the run is rescued as
   // m.st, not under the name of whatever the link points at.
@@ -326,6 +357,21 @@ std::string write_final_output(const char* flag, const std::string& path,
   std::string again;
   const std::string where = common::rescue(
       [&](const std::string& dir) { write((fs::path(dir) / name).string()); }, &again);
+  if (where.empty() && staged_whole) {
+    // No rescue folder could be written, but the whole output sits beside the target: keep it
+    // under a plain name there rather than lose it (an adversary's, with $TMPDIR and /tmp both
+    // read-only). Not under the staged name, which the next run removes.
+    const std::string kept = ((folder.empty() ? fs::path(".") : folder) /
+                              fmt::format("{}.nanoddp-rescued.{}", name, ::getpid()))
+                                 .string();
+    if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, kept.c_str(), RENAME_NOREPLACE) == 0) {
+      return fmt::format(
+          "{} '{}' could not be written ({}), nor rescued to a temporary folder ({}). It was kept "
+          "as '{}' instead: move it where it belongs",
+          flag, path, problem, again, kept);
+    }
+  }
+  if (staged_whole) ::unlink(staged.c_str());
   if (where.empty()) {
     return fmt::format("{} '{}' could not be written ({}), nor rescued ({})", flag, path, problem,
                        again);

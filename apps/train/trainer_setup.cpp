@@ -11,6 +11,7 @@
 
 #include "classification.h"
 #include "nanoddp/comm/consistency.h"
+#include "nanoddp/comm/rendezvous.h"
 #include "nanoddp/config.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/cuda_device.h"
@@ -99,6 +100,9 @@ void Trainer::set_up() {
   run_id_ = fmt::format("{}-{}-{}", nn::this_host(), ::getpid(),
                         std::chrono::system_clock::now().time_since_epoch().count());
 
+  // A single process reads NANODDP_TIMEOUT_S only for its final outputs' lock wait: a bad
+  // value stops it now, not after the training (an adversary's run trained, then failed).
+  if (!distributed_) comm::default_timeout();
   if (distributed_) {
     // The options first: their NANODDP_TIMEOUT_S is read here, and a bad value is this rank's
     // failure before it joins.

@@ -17,9 +17,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -157,6 +159,21 @@ std::string rescued_file(const std::string& output, const std::string& name) {
 }
 
 }  // namespace
+
+// An adversary's: one process read NANODDP_TIMEOUT_S only for its final outputs' lock wait, so a
+// bad value went unnoticed through the training and failed the run at its end.
+TEST_CASE("inputs: a bad NANODDP_TIMEOUT_S stops even a single process at its start") {
+  for (const char* value : {"abc", "0", "-1", "inf"}) {
+    CAPTURE(value);
+    ProcessOptions options;
+    options.env = {{"NANODDP_TIMEOUT_S", value}};
+    const ProcessResult r = run_process(train_argv({"--steps", "3"}), options);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, fmt::format("NANODDP_TIMEOUT_S={} is not a positive number", value)));
+    CHECK_FALSE(contains(r.output, "step "));
+  }
+}
 
 TEST_CASE("inputs: every numeric flag refuses NaN, Inf and out-of-range values (exit 2, named)") {
   // CLI11 read "nan" into a float (NaN passes every range check), "-1" into an unsigned flag as
@@ -1327,53 +1344,119 @@ TEST_CASE("outputs: a --save locked past the bound is left to its holder, the ou
   CHECK(nanoddp::nn::read_safetensors(rescued).metadata().at("step") == "20");
 }
 
-// ... and a file another process moved onto the --save between the trainer's check (under the
-// lock) and its rename was replaced: the install now exchanges the two names and swaps back a
-// file that is not the one it checked. strace widens the window to 3 s.
-TEST_CASE("outputs: a file moved onto the --save just before the install is kept, not replaced") {
+// What another process does to the --save in the moment between the trainer's check (under the
+// lock) and its install: strace holds the install's renameat2 for 3 s, and the test acts then.
+// Adversaries found a file moved there replaced (plain rename), an append lost, a removed file
+// blamed, and a re-pointed symlink called saved.
+struct InstallWindow {
+  nanoddp::testing::TempDir dir;
+  std::string save = dir.file("out/m.st");
+  std::string rescue = dir.file("rescue");
+  std::string output;
+  std::optional<int> status;
+
+  // Runs a 20-step job saving to `save` (made by `prepare`), and `act` once its output is staged.
+  void run(const std::function<void()>& prepare, const std::function<void()>& act) {
+    fs::create_directories(rescue);
+    fs::create_directories(dir.file("out"));
+    prepare();
+    std::vector<std::string> argv = {"strace", "-f",
+                                     "-o",     "/dev/null",
+                                     "-e",     "trace=renameat2",
+                                     "-e",     "inject=renameat2:delay_enter=3000000:when=1"};
+    const auto train = train_argv({"--steps", "20", "--quiet", "--save", save});
+    argv.insert(argv.end(), train.begin(), train.end());
+    BackgroundProcess trainer(with_env({{"TMPDIR", rescue}}, argv));
+    // The output staged beside the target, whole (its writer renamed it in): the install is next.
+    bool staged = false;
+    for (int i = 0; i < 3000 && !staged; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      for (const auto& entry : fs::directory_iterator(dir.file("out"))) {
+        const std::string name = entry.path().filename().string();
+        std::error_code ec;
+        // ".nanoddp-out.tmp.HOST.PID.K", not its writer's "..nanoddp-out.tmp.HOST.PID.K.tmp...."
+        staged = staged ||
+                 (name.starts_with(".nanoddp-out.tmp.") && fs::file_size(entry.path(), ec) > 100);
+      }
+    }
+    REQUIRE(staged);
+    act();
+    status = trainer.wait(std::chrono::seconds(60));
+    output = trainer.output();
+  }
+  // The staged output is never left behind, whatever happened.
+  void check_no_temporary() {
+    for (const auto& entry : fs::directory_iterator(dir.file("out"))) {
+      CHECK_MESSAGE(!entry.path().filename().string().starts_with(".nanoddp-out"), entry.path());
+    }
+  }
+};
+
+TEST_CASE("outputs: what happens to the --save just before the install is never overwritten") {
   if (std::system("strace -V > /dev/null 2>&1") != 0) {
     MESSAGE("SKIPPED: strace is not installed (scripts/install-deps.sh with NANODDP_WITH_GDB=1)");
     return;
   }
-  TempDir dir;
-  const std::string rescue = dir.file("rescue");
-  fs::create_directories(rescue);
-  fs::create_directories(dir.file("out"));
-  const std::string save = dir.file("out/m.st");
-  std::ofstream(save) << "an older model";
-  std::vector<std::string> argv = {"strace", "-f",
-                                   "-o",     "/dev/null",
-                                   "-e",     "trace=renameat2",
-                                   "-e",     "inject=renameat2:delay_enter=3000000:when=1"};
-  const auto train = train_argv({"--steps", "20", "--quiet", "--save", save});
-  argv.insert(argv.end(), train.begin(), train.end());
-  BackgroundProcess trainer(with_env({{"TMPDIR", rescue}}, argv));
-  // The output staged beside the target, whole (its writer renamed it in): the install is next.
-  bool staged = false;
-  for (int i = 0; i < 3000 && !staged; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    for (const auto& entry : fs::directory_iterator(dir.file("out"))) {
-      const std::string name = entry.path().filename().string();
-      std::error_code ec;
-      // ".nanoddp-out.tmp.HOST.PID.K", not its writer's "..nanoddp-out.tmp.HOST.PID.K.tmp...."
-      staged = staged ||
-               (name.starts_with(".nanoddp-out.tmp.") && fs::file_size(entry.path(), ec) > 100);
-    }
+  InstallWindow w;
+  const auto older = [&] { std::ofstream(w.save) << "an older model"; };
+  const auto rescued_step = [&] {
+    const std::string rescued = rescued_file(w.output, "m.st");
+    REQUIRE_FALSE(rescued.empty());
+    return nanoddp::nn::read_safetensors(rescued).metadata().at("step");
+  };
+  SUBCASE("a file moved onto it is kept, the output rescued") {
+    w.run(older, [&] {
+      std::ofstream(w.dir.file("other")) << "another job's model";
+      fs::rename(w.dir.file("other"), w.save);
+    });
+    INFO(status_text(w.status), "\n", w.output);
+    CHECK(exited_with(w.status, 1));
+    CHECK(read_file(w.save) == "another job's model");
+    CHECK(contains(w.output, "was written by another process during this run"));
+    CHECK(rescued_step() == "20");
   }
-  REQUIRE(staged);
-  std::ofstream(dir.file("other")) << "another job's model";
-  fs::rename(dir.file("other"), save);
-  const auto status = trainer.wait(std::chrono::seconds(60));
-  INFO(status_text(status), "\n", trainer.output());
-  CHECK(exited_with(status, 1));
-  CHECK(read_file(save) == "another job's model");
-  CHECK(contains(trainer.output(), "was written by another process during this run"));
-  const std::string rescued = rescued_file(trainer.output(), "m.st");
-  REQUIRE_FALSE(rescued.empty());
-  CHECK(nanoddp::nn::read_safetensors(rescued).metadata().at("step") == "20");
-  for (const auto& entry : fs::directory_iterator(dir.file("out"))) {
-    CHECK_MESSAGE(entry.path().filename() == "m.st", entry.path());  // no temporary left
+  SUBCASE("an append to it is kept, the output rescued") {
+    w.run(older, [&] { std::ofstream(w.save, std::ios::app) << ", and more"; });
+    INFO(status_text(w.status), "\n", w.output);
+    CHECK(exited_with(w.status, 1));
+    CHECK(read_file(w.save) == "an older model, and more");
+    CHECK(rescued_step() == "20");
   }
+  SUBCASE("a chmod of it counts as a change: the output rescued") {
+    w.run(older, [&] { fs::permissions(w.save, fs::perms::owner_read | fs::perms::owner_write); });
+    INFO(status_text(w.status), "\n", w.output);
+    CHECK(exited_with(w.status, 1));
+    CHECK(read_file(w.save) == "an older model");
+    CHECK(rescued_step() == "20");
+  }
+  SUBCASE("removed: the output is written, as for a file removed earlier in the run") {
+    w.run(older, [&] { fs::remove(w.save); });
+    INFO(status_text(w.status), "\n", w.output);
+    CHECK(exited_with(w.status, 0));
+    CHECK(nanoddp::nn::read_safetensors(w.save).metadata().at("step") == "20");
+  }
+  SUBCASE("a symlink re-pointed: not called saved, and where the output is, is said") {
+    const std::string t1 = w.dir.file("out/t1.st"), t2 = w.dir.file("out/t2.st");
+    w.run(
+        [&] {
+          std::ofstream(t1) << "an older model";
+          std::ofstream(t2) << "someone's model";
+          fs::create_symlink("t1.st", w.save);
+        },
+        [&] {
+          fs::create_symlink("t2.st", w.dir.file("out/new-link"));
+          fs::rename(w.dir.file("out/new-link"), w.save);
+        });
+    INFO(status_text(w.status), "\n", w.output);
+    CHECK(exited_with(w.status, 1));
+    CHECK(contains(w.output, "--save '" + w.save +
+                                 "' was changed while the output was installed and no longer "
+                                 "leads to it: the output is in '" +
+                                 t1 + "'"));
+    CHECK(nanoddp::nn::read_safetensors(t1).metadata().at("step") == "20");
+    CHECK(read_file(t2) == "someone's model");
+  }
+  w.check_no_temporary();
 }
 
 // An outside adversary's SIGKILL during the final write left the staged output and its writer's

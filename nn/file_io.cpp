@@ -77,7 +77,10 @@ void write_all(int fd, const std::byte* data, std::size_t size, const std::files
 std::string this_host() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
-  return name;
+  // Part of file names: a '/' (which only sethostname() lets in) would make them paths.
+  std::string host = name;
+  std::replace(host.begin(), host.end(), '/', '_');
+  return host;
 }
 
 std::optional<TemporaryWriter> temporary_writer(const std::string& filename) {

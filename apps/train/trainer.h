@@ -209,6 +209,7 @@ class Trainer {
   // What --save and --trace named at their check (rank 0): a file another job wrote there since
   // is not replaced (write_final_output).
   common::FileState save_checked_, trace_checked_;
+  std::string save_target_, trace_target_;  // where each path led at its check (links followed)
   std::ofstream metrics_file_;       // --metrics, when it names a file or a device
   std::ostream* metrics_ = nullptr;  // where the lines go: metrics_file_, std::cout or std::cerr
 

@@ -12,6 +12,7 @@
 #include <regex>
 
 #include "common/rescue.h"
+#include "final_output.h"
 #include "nanoddp/comm/consistency.h"
 #include "nanoddp/config.h"
 #include "nanoddp/kernels/error.h"
@@ -361,7 +362,7 @@ std::string Trainer::save_parameters() {
   return write_final_output(
       "--save", o_.save_path,
       [&](const std::string& path) { nn::write_safetensors(path, entries, metadata); },
-      save_checked_);
+      save_checked_, save_target_);
 }
 
 }  // namespace nanoddp::train

@@ -163,11 +163,13 @@ void Trainer::check_output_paths() {
            o_.save_path);
     }
     check_output_file("--save", o_.save_path, created_folders_);
-    save_checked_ = common::file_state(common::resolved_path(o_.save_path).string());
+    save_target_ = common::resolved_path(o_.save_path).string();
+    save_checked_ = common::file_state(save_target_);
   }
   if (!o_.trace_path.empty()) {
     check_output_file("--trace", o_.trace_path, created_folders_);
-    trace_checked_ = common::file_state(common::resolved_path(o_.trace_path).string());
+    trace_target_ = common::resolved_path(o_.trace_path).string();
+    trace_checked_ = common::file_state(trace_target_);
   }
   if (o_.metrics_path.empty() || common::standard_stream(o_.metrics_path) != 0) {
     // Nothing, or /dev/stdout and the like: written through the program's own stream.

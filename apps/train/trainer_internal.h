@@ -34,18 +34,4 @@ std::string model_difference(const std::string& recorded, const std::string& cur
 // every rank fails together instead of one failing alone and the others waiting).
 std::string file_fingerprint(const std::string& path);
 
-// Writes one of the run's final outputs (--save, --trace) with `write(path)`, after training,
-// when the world may have changed since its check before step 1:
-// - a folder removed during the run (a clean-up job, a user tidying up) is made again, with a
-//   warning;
-// - it is written beside the target under a name of its own, then put in place in one step that
-//   does not replace a file another process wrote there since `checked` (what the path named at
-//   its check; another job given the same path);
-// - a write that fails (a full disk, the folder replaced by a file) or finds such a file goes to
-//   common::rescue(), so that hours of training are not lost with the process.
-// Returns "" when written where asked, else the error to stop with, naming where it went.
-std::string write_final_output(const char* flag, const std::string& path,
-                               const std::function<void(const std::string&)>& write,
-                               const common::FileState& checked);
-
 }  // namespace nanoddp::train

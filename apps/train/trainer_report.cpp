@@ -24,6 +24,7 @@
 
 #include "common/memory_report.h"
 #include "common/output_files.h"
+#include "final_output.h"
 #include "nanoddp/config.h"
 #include "nanoddp/engine/host_sync.h"
 #include "nanoddp/nn/checkpoint.h"
@@ -376,7 +377,7 @@ std::string Trainer::write_trace() {
   // Through a symlink (even to a file not written yet) its target; the link stays.
   std::string problem = write_final_output(
       "--trace", o_.trace_path, [&](const std::string& path) { Tracer::write_file(path, all); },
-      trace_checked_);
+      trace_checked_, trace_target_);
   if (problem.empty() && !o_.quiet) fmt::print("trace written to {}\n", o_.trace_path);
   return problem;
 }

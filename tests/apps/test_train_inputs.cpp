@@ -1077,7 +1077,7 @@ TEST_CASE("outputs: the set-up clean-up removes only the empty folders it made, 
     const auto status = second.wait(kLongRunEnd);
     INFO(status_text(status), "\n", second.output());
     CHECK(exited_with(status, 0));
-    CHECK(contains(second.output(), "was removed during the run; made it again"));
+    CHECK(contains(second.output(), "was removed or renamed during the run; made it again"));
     CHECK(fs::file_size(dir.file("sh/s/b.st")) > 100);
   }
 }
@@ -1167,9 +1167,9 @@ TEST_CASE("outputs: a --save, --trace and --metrics folder removed during the ru
   const auto status = trainer.wait(kLongRunEnd);
   INFO(status_text(status), "\n", trainer.output());
   CHECK(exited_with(status, 0));
-  CHECK(
-      contains(trainer.output(), "warning: the folder '" + out + "' of --save '" + out +
-                                     "/m.safetensors' was removed during the run; made it again"));
+  CHECK(contains(trainer.output(),
+                 "warning: the folder '" + out + "' of --save '" + out +
+                     "/m.safetensors' was removed or renamed during the run; made it again"));
   CHECK(nanoddp::nn::read_safetensors(out + "/m.safetensors").names().size() > 0);
   CHECK(fs::file_size(out + "/t.json") > 100);
   // The metrics lines went on into the removed file; all 50 are written again under its name.
@@ -1414,6 +1414,22 @@ TEST_CASE("outputs: what happens to the --save just before the install is never 
     CHECK(read_file(w.save) == "another job's model");
     CHECK(contains(w.output, "was written by another process during this run"));
     CHECK(rescued_step() == "20");
+    w.check_no_temporary();
+  }
+  SUBCASE("the staged output replaced by another process: not installed, the output rescued") {
+    w.run(older, [&] {
+      for (const auto& entry : fs::directory_iterator(w.dir.file("out"))) {
+        if (!entry.path().filename().string().starts_with(".nanoddp-out.tmp.")) continue;
+        std::ofstream(w.dir.file("foreign")) << "FOREIGN";
+        fs::rename(w.dir.file("foreign"), entry.path());
+      }
+    });
+    INFO(status_text(w.status), "\n", w.output);
+    CHECK(exited_with(w.status, 1));
+    CHECK(read_file(w.save) == "an older model");
+    CHECK(contains(w.output, "was replaced by another process before it was installed; '" + w.save +
+                                 "' is left as it was"));
+    CHECK(rescued_step() == "20");
   }
   SUBCASE("an append to it is kept, the output rescued") {
     w.run(older, [&] { std::ofstream(w.save, std::ios::app) << ", and more"; });
@@ -1421,6 +1437,7 @@ TEST_CASE("outputs: what happens to the --save just before the install is never 
     CHECK(exited_with(w.status, 1));
     CHECK(read_file(w.save) == "an older model, and more");
     CHECK(rescued_step() == "20");
+    w.check_no_temporary();
   }
   SUBCASE("a chmod of it counts as a change: the output rescued") {
     w.run(older, [&] { fs::permissions(w.save, fs::perms::owner_read | fs::perms::owner_write); });
@@ -1428,12 +1445,14 @@ TEST_CASE("outputs: what happens to the --save just before the install is never 
     CHECK(exited_with(w.status, 1));
     CHECK(read_file(w.save) == "an older model");
     CHECK(rescued_step() == "20");
+    w.check_no_temporary();
   }
   SUBCASE("removed: the output is written, as for a file removed earlier in the run") {
     w.run(older, [&] { fs::remove(w.save); });
     INFO(status_text(w.status), "\n", w.output);
     CHECK(exited_with(w.status, 0));
     CHECK(nanoddp::nn::read_safetensors(w.save).metadata().at("step") == "20");
+    w.check_no_temporary();
   }
   SUBCASE("a symlink re-pointed: not called saved, and where the output is, is said") {
     const std::string t1 = w.dir.file("out/t1.st"), t2 = w.dir.file("out/t2.st");
@@ -1455,8 +1474,8 @@ TEST_CASE("outputs: what happens to the --save just before the install is never 
                                  t1 + "'"));
     CHECK(nanoddp::nn::read_safetensors(t1).metadata().at("step") == "20");
     CHECK(read_file(t2) == "someone's model");
+    w.check_no_temporary();
   }
-  w.check_no_temporary();
 }
 
 // An outside adversary's SIGKILL during the final write left the staged output and its writer's
@@ -1470,20 +1489,88 @@ TEST_CASE("outputs: what a run killed in its final write left beside the --save 
   const std::string host = nanoddp::nn::this_host();
   const std::vector<std::string> stale = {
       fmt::format(".nanoddp-out.tmp.{}.{}.0", host, dead),
-      fmt::format("..nanoddp-out.tmp.{0}.{1}.1.tmp.{0}.{1}.0", host, dead)};
+      fmt::format("..nanoddp-out.tmp.{0}.{1}.1.tmp.{0}.{1}.0", host, dead),  // its writer's
+      fmt::format(".nanoddp-out.tmp.{0}.{1}.2.tmp.{1}.0", host, dead)};      // the trace's
+  // Look-alikes: only names exactly as the program makes them are removed (a second adversary's
+  // were removed without a word).
   const std::vector<std::string> kept = {
       fmt::format(".nanoddp-out.tmp.{}.{}.0", host, alive),
-      fmt::format(".nanoddp-out.tmp.{}x.{}.0", host, dead),   // another host's
-      fmt::format(".nanoddp-out.tmp.{}.{}x.0", host, dead)};  // not ours
+      fmt::format(".nanoddp-out.tmp.{}x.{}.0", host, dead),  // another host's
+      fmt::format(".nanoddp-out.tmp.{}.{}x.0", host, dead),
+      fmt::format(".nanoddp-out.tmp.{}.{}.5 extra", host, dead),
+      fmt::format(".nanoddp-out.tmp.{}.0{}.0", host, dead),
+      fmt::format("..nanoddp-out.tmp.{0}.{1}.0.tmp.{0}.{2}.0", host, dead, alive),
+      fmt::format(".nanoddp-out.tmp.{}.99999999999.0", host)};
   for (const auto& name : stale) std::ofstream(dir.file(name)) << "left behind";
   for (const auto& name : kept) std::ofstream(dir.file(name)) << "someone's";
   const ProcessResult r =
       run_process(train_argv({"--steps", "5", "--quiet", "--save", dir.file("m.st")}));
   INFO(r.output);
   CHECK(r.exit_code == 0);
-  for (const auto& name : stale) CHECK_MESSAGE(!fs::exists(dir.file(name)), name);
+  for (const auto& name : stale) {
+    CHECK_MESSAGE(!fs::exists(dir.file(name)), name);
+    CHECK(contains(r.output, fmt::format("nanoddp-train: removed '{}', left by process {} of this "
+                                         "host (gone) in a final write it did not finish",
+                                         dir.file(name), dead)));
+  }
   for (const auto& name : kept) CHECK_MESSAGE(fs::exists(dir.file(name)), name);
   CHECK(nanoddp::nn::read_safetensors(dir.file("m.st")).metadata().at("step") == "5");
+}
+
+// A second adversary's: a symlink to a path that does not exist, put at the --save during the
+// run, had the run make that path's folder ("was removed during the run; made it again") and
+// write there, exit 0: another user could send root's output anywhere.
+TEST_CASE("outputs: a --save that leads elsewhere than at its check is left, the output rescued") {
+  TempDir dir;
+  const std::string rescue = dir.file("rescue");
+  fs::create_directories(rescue);
+  const std::string save = dir.file("m.st");
+  BackgroundProcess trainer(
+      with_env({{"TMPDIR", rescue}},
+               train_argv({"--steps", kLongRun, "--log-every", "2000", "--save", save})));
+  stop_when_training(trainer);
+  fs::create_symlink(dir.file("elsewhere/x.st"), save);
+  trainer.send(SIGCONT);
+  const auto status = trainer.wait(kLongRunEnd);
+  INFO(status_text(status), "\n", trainer.output());
+  CHECK(exited_with(status, 1));
+  CHECK(contains(trainer.output(), "'" + save + "' was changed during this run to lead to '" +
+                                       dir.file("elsewhere/x.st") + "', not '" + save + "'"));
+  CHECK_FALSE(fs::exists(dir.file("elsewhere")));
+  CHECK(fs::is_symlink(save));
+  const std::string rescued = rescued_file(trainer.output(), "m.st");
+  REQUIRE_FALSE(rescued.empty());
+  CHECK(nanoddp::nn::read_safetensors(rescued).metadata().at("step") == kLongRun);
+}
+
+// ... and Ctrl-C while the run waited for the lock on its --save ended it at once, its output
+// left in a hidden staged file that the next run removed.
+TEST_CASE("outputs: a signal during the wait for the --save's lock rescues the output") {
+  TempDir dir;
+  const std::string rescue = dir.file("rescue");
+  fs::create_directories(rescue);
+  const std::string save = dir.file("m.st");
+  std::ofstream(save) << "an older model";
+  BackgroundProcess holder({"/usr/bin/flock", save, "/bin/sleep", "60"});
+  bool held = false;
+  for (int i = 0; i < 500 && !held; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    held = contains(read_file("/proc/locks"), fmt::format(" {} ", holder.pid()));
+  }
+  REQUIRE(held);
+  BackgroundProcess trainer(with_env({{"TMPDIR", rescue}, {"NANODDP_TIMEOUT_S", "30"}},
+                                     train_argv({"--steps", "20", "--quiet", "--save", save})));
+  const auto waiting = [](const std::string& o) { return contains(o, "waiting for the lock"); };
+  REQUIRE_MESSAGE(trainer.wait_for_output(waiting, std::chrono::seconds(60)), trainer.output());
+  trainer.send(SIGINT);
+  const auto status = trainer.wait(std::chrono::seconds(20));
+  INFO(status_text(status), "\n", trainer.output());
+  CHECK(exited_with(status, 1));
+  CHECK(contains(trainer.output(), "the wait for the lock on '" + save + "' was stopped by"));
+  CHECK(read_file(save) == "an older model");
+  const std::string rescued = rescued_file(trainer.output(), "m.st");
+  REQUIRE_FALSE(rescued.empty());
+  CHECK(nanoddp::nn::read_safetensors(rescued).metadata().at("step") == "20");
 }
 
 TEST_CASE("outputs: a --save that existed before the run and was removed during it is written") {

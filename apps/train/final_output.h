@@ -1,0 +1,31 @@
+#pragma once
+// The run's final outputs (--save, --trace; --metrics when it has to be written again): written
+// after training, when the world may have changed since their check before step 1. Nothing is
+// lost and nothing of someone else's is replaced:
+// - a folder removed during the run (a clean-up job, a user tidying up) is made again, with a
+//   warning;
+// - the output is written beside the target under a name of its own (staged), then put in place
+//   in one step that does not replace a file another process wrote, touched, moved there or
+//   re-pointed since `checked` (what the path named at its check; another job given the same
+//   path), and that is checked afterwards to have put this run's own file there;
+// - a write that fails (a full disk, the folder replaced by a file) or finds such a change goes
+//   to common::rescue(), so that hours of training are not lost with the process; with no rescue
+//   folder, the staged output is kept beside the target under a plain name.
+// docs/reliability.md (row 71) lists what outside adversaries tried against it.
+
+#include <functional>
+#include <string>
+
+#include "common/output_files.h"
+
+namespace nanoddp::train {
+
+// Writes the output with `write(path)`. `checked_target`: where the path led at its check (a
+// symlink's target), "" when nothing was checked (--metrics). Returns "" when written where
+// asked, else the error to stop with, naming where the output went.
+std::string write_final_output(const char* flag, const std::string& path,
+                               const std::function<void(const std::string&)>& write,
+                               const common::FileState& checked,
+                               const std::string& checked_target = {});
+
+}  // namespace nanoddp::train

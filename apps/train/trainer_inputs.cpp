@@ -97,9 +97,9 @@ void check_output_file(const std::string& flag, const std::string& path,
     check_dir_writable(fmt::format("the folder of {}'s link target", flag), target_folder.string(),
                        created);
   }
-  // The writers' temporary names are longer than the file's (--save writes
-  // ".NAME.tmp.HOST.PID.K" and renames it): a name that fits while its temporary does not would
-  // fail after training, with the output lost.
+  // A rescue copy, should the output need one, is written under the file's own name through a
+  // temporary ".NAME.tmp.HOST.PID.K" (the install itself stages it under a short name of its
+  // own): a name that fits while that temporary does not would fail the rescue after training.
   // Through a symlink the file written is its target (a third tester's link to a long name).
   const std::filesystem::path target = common::resolved_path(path);
   const std::string given_name = std::filesystem::path(path).filename().string();
@@ -111,9 +111,9 @@ void check_output_file(const std::string& flag, const std::string& path,
   const std::size_t extra = 1 + 5 + nn::this_host().size() + 1 + 10 + 1 + 10;
   if (name.size() + extra > name_max) {
     fail(
-        "{} '{}': the file name is too long to write safely: it is written as a temporary "
-        "'.{}.tmp.{}.PID.K' first, which would pass the file system's limit of {} bytes. Use a "
-        "name of at most {} bytes",
+        "{} '{}': the file name is too long to write safely: a rescue copy, should one be "
+        "needed, is written as a temporary '.{}.tmp.{}.PID.K' first, which would pass the file "
+        "system's limit of {} bytes. Use a name of at most {} bytes",
         flag, path, name.size() > 40 ? name.substr(0, 40) + "..." : name, nn::this_host(), name_max,
         name_max > extra ? name_max - extra : 0);
   }

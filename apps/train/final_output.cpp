@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <optional>
 
@@ -22,6 +23,48 @@
 #include "nanoddp/nn/file_io.h"
 
 namespace nanoddp::train {
+
+namespace {
+
+// The signal that arrived while HeldSignals held them (0: none), and how many are alive.
+volatile sig_atomic_t g_arrived = 0;
+int g_depth = 0;
+constexpr int kHeld[] = {SIGINT, SIGTERM, SIGHUP};
+struct sigaction g_previous[3] = {};
+
+void note_signal(int signal_number) {
+  g_arrived = signal_number;
+}
+
+}  // namespace
+
+HeldSignals::HeldSignals() {
+  if (g_depth++ > 0) return;
+  struct sigaction note {};
+  note.sa_handler = note_signal;
+  sigemptyset(&note.sa_mask);
+  g_arrived = 0;
+  for (int i = 0; i < 3; ++i) ::sigaction(kHeld[i], &note, &g_previous[i]);
+}
+
+HeldSignals::~HeldSignals() {
+  if (--g_depth > 0) return;
+  for (int i = 0; i < 3; ++i) ::sigaction(kHeld[i], &g_previous[i], nullptr);
+  const int signal_number = g_arrived;
+  if (signal_number == 0) return;
+  fmt::print(stderr,
+             "nanoddp-train: {} arrived while the outputs were written; they were finished (or "
+             "rescued) first\n",
+             strsignal(signal_number));
+  std::fflush(stderr);
+  // Acts now as it would have: unless an error is on its way out, whose message and exit code
+  // say more.
+  if (std::uncaught_exceptions() == 0) ::raise(signal_number);
+}
+
+int HeldSignals::arrived() {
+  return g_arrived;
+}
 
 namespace {
 
@@ -63,11 +106,12 @@ bool take(std::string_view& s, std::string_view prefix) {
   return true;
 }
 
-// The process and staged name of one of this host's staged outputs or writer temporaries, named
-// exactly as this program names them (an adversary's look-alikes were removed); nullopt else.
+// The process and staged name of one of this host's staged outputs, writer temporaries or run
+// lock files, named exactly as this program names them (an adversary's look-alikes were
+// removed); nullopt else.
 struct Staged {
   long pid = 0;
-  std::string staged_name;  // the staged output's own name
+  std::string staged_name;  // the staged output's own name ("" for a run's lock file)
 };
 std::optional<Staged> parse_staged(std::string_view name, const std::string& host) {
   const bool writer = name.starts_with("..");
@@ -75,10 +119,11 @@ std::optional<Staged> parse_staged(std::string_view name, const std::string& hos
   const std::string_view whole = name;
   long pid = 0, k = 0, pid2 = 0, k2 = 0;
   if (!take(name, kStagedMark) || !take(name, host) || !take(name, ".") ||
-      !take_number(name, kPidMax, &pid) || pid < 1 || !take(name, ".") ||
-      !take_number(name, 1'000'000, &k)) {
+      !take_number(name, kPidMax, &pid) || pid < 1) {
     return std::nullopt;
   }
+  if (!writer && name == ".lock") return Staged{.pid = pid};
+  if (!take(name, ".") || !take_number(name, 1'000'000, &k)) return std::nullopt;
   Staged staged{.pid = pid,
                 .staged_name = std::string(whole.substr(0, whole.size() - name.size()))};
   if (name.empty()) return writer ? std::nullopt : std::optional(staged);
@@ -91,10 +136,15 @@ std::optional<Staged> parse_staged(std::string_view name, const std::string& hos
   return staged;
 }
 
-// Whether a staged output is held by its run (which locks it from its write to its install):
-// a process in another pid namespace of this host shows no pid here, but its lock does.
-bool staged_in_use(const fs::path& staged) {
-  const int fd = ::open(staged.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+// The file a run holds locked in a folder for the whole of its final write there: a run in
+// another pid namespace of this host shows no pid here, but its lock does (a third adversary's
+// clean-up removed such a run's output while it was still being written).
+std::string run_lock_name(const std::string& host, long pid) {
+  return fmt::format("{}{}.{}.lock", kStagedMark, host, pid);
+}
+
+bool locked_by_someone(const fs::path& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return false;
   const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0;
   ::close(fd);
@@ -102,9 +152,9 @@ bool staged_in_use(const fs::path& staged) {
 }
 
 // What a run killed during its final write left in `folder` (an outside adversary's SIGKILL
-// left two files there for good): this host's staged outputs and writer temporaries whose
-// process is gone and whose staged output no run holds. Another host's are left alone (its pids
-// mean nothing here); each removal is said.
+// left two files there for good): this host's staged outputs, writer temporaries and lock files,
+// regular files only, whose process is gone and whose run lock (or staged output) no one holds.
+// Another host's are left alone (its pids mean nothing here); each removal is said.
 void remove_stale_staged(const fs::path& folder) {
   const std::string host = nn::this_host();
   std::error_code ec;
@@ -112,8 +162,11 @@ void remove_stale_staged(const fs::path& folder) {
     const std::string name = entry.path().filename().string();
     const std::optional<Staged> staged = parse_staged(name, host);
     if (!staged || staged->pid == static_cast<long>(::getpid())) continue;
+    std::error_code status;
+    if (!entry.is_regular_file(status) || entry.is_symlink(status)) continue;
     if (::kill(static_cast<pid_t>(staged->pid), 0) == 0 || errno != ESRCH) continue;
-    if (staged_in_use(folder / staged->staged_name)) continue;
+    if (locked_by_someone(folder / run_lock_name(host, staged->pid))) continue;
+    if (!staged->staged_name.empty() && locked_by_someone(folder / staged->staged_name)) continue;
     std::error_code removed;
     if (fs::remove(entry.path(), removed)) {
       fmt::print(stderr,
@@ -124,6 +177,31 @@ void remove_stale_staged(const fs::path& folder) {
   }
   std::fflush(stderr);
 }
+
+// Holds this run's lock file in `folder` while it lives (see run_lock_name); best effort: without
+// it the clean-up of other runs goes by the pid alone.
+class RunLock {
+ public:
+  explicit RunLock(const fs::path& folder)
+      : path_((folder / run_lock_name(nn::this_host(), ::getpid())).string()) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0666);
+    if (fd_ >= 0 && ::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~RunLock() {
+    if (fd_ < 0) return;
+    ::unlink(path_.c_str());
+    ::close(fd_);
+  }
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 
 // A new empty file of ours beside the target (O_EXCL: never an existing file, link or FIFO) for
 // the writer to replace with the output. A short name, so that the writer's own temporary
@@ -171,15 +249,6 @@ pid_t lock_holder(const struct stat& st) {
   return holder;
 }
 
-// A signal that arrived while the lock was waited for (0: none). Set by a handler installed for
-// the wait only: Ctrl-C there used to end the process at once, its finished output left in a
-// hidden staged file that the next run removed.
-volatile sig_atomic_t g_stop_signal = 0;
-
-void note_stop_signal(int signal_number) {
-  g_stop_signal = signal_number;
-}
-
 // Takes the lock on `fd`, the output file `target` that was there before step 1, waiting for
 // another job's install (moments) but not for ever: NANODDP_TIMEOUT_S, at most 30 s, said after
 // the first second. A lock held longer (a job stalled inside its install, a foreign `flock`), or
@@ -202,20 +271,14 @@ std::string take_lock(int fd, const std::string& target, const char* flag) {
     }
     return fmt::format("process {}", pid);
   };
-  const int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
-  struct sigaction previous[3] = {};
-  struct sigaction note {};
-  note.sa_handler = note_stop_signal;
-  sigemptyset(&note.sa_mask);
-  g_stop_signal = 0;
-  for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], &note, &previous[i]);
+  const HeldSignals held;  // a signal ends the wait, not the process
   std::string result;
   bool said = false;
   for (const auto start = Clock::now(); ::flock(fd, LOCK_EX | LOCK_NB) != 0;) {
     const auto waited = Clock::now() - start;
-    if (g_stop_signal != 0) {
+    if (const int signal_number = HeldSignals::arrived(); signal_number != 0) {
       result = fmt::format("the wait for the lock on '{}' was stopped by {}; it is left as it is",
-                           target, strsignal(g_stop_signal));
+                           target, strsignal(signal_number));
       break;
     }
     if (waited >= bound) {
@@ -235,7 +298,6 @@ std::string take_lock(int fd, const std::string& target, const char* flag) {
     }
     ::usleep(10'000);
   }
-  for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], &previous[i], nullptr);
   return result;
 }
 
@@ -293,7 +355,9 @@ std::string replace_checked(const std::string& staged, const std::string& target
                              replaced.st_mtim.tv_nsec == held.st_mtim.tv_nsec;
   const bool placed = ours_in_place(target, ours);
   if (old_unchanged && placed) {
-    ::unlink(staged.c_str());  // the old output, now under the staged name
+    // The old output, now under the staged name (checked again: not a file moved there since).
+    struct stat again {};
+    if (::lstat(staged.c_str(), &again) == 0 && same_inode(again, held)) ::unlink(staged.c_str());
     return {};
   }
   // Give the other file its place back.
@@ -373,12 +437,18 @@ std::string keep_beside(const std::string& staged, const fs::path& folder,
 
 }  // namespace
 
+bool is_staged_name(const std::string& filename) {
+  return filename.starts_with(kStagedMark) || filename.starts_with(fmt::format(".{}", kStagedMark));
+}
+
 std::string write_final_output(const char* flag, const std::string& path,
                                const std::function<void(const std::string&)>& write,
                                const common::FileState& checked,
                                const std::string& checked_target) {
   const fs::path target = common::resolved_path(path);  // a symlink's target; the link stays
   const fs::path folder = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  const HeldSignals held;  // a signal waits until the output is in place or rescued
+  std::optional<RunLock> run_lock;
   std::string problem;
   std::string staged;
   bool staged_whole = false;  // `staged` held the whole output, not installed
@@ -409,6 +479,7 @@ std::string write_final_output(const char* flag, const std::string& path,
                  folder.string(), flag, path);
       std::fflush(stderr);
     }
+    run_lock.emplace(folder);
     staged = stage(folder, &problem);
   }
   if (!staged.empty()) {
@@ -425,7 +496,7 @@ std::string write_final_output(const char* flag, const std::string& path,
         problem = install(staged, target.string(), checked, ours, flag);
       }
     } catch (const std::exception& e) {
-      problem = quoted(e.what());
+      problem = fmt::format("{}; '{}' is left as it was", quoted(e.what()), path);
     }
     if (problem.empty()) {
       if (lock_fd >= 0) ::close(lock_fd);

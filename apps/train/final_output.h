@@ -20,6 +20,23 @@
 
 namespace nanoddp::train {
 
+// While one lives, SIGINT, SIGTERM and SIGHUP wait: the final outputs are finished, or rescued,
+// and then the signal acts as it would have (unless an error is already on its way out). A
+// scheduler's SIGTERM during a long --save write used to end the process silently, its output in
+// a hidden staged file that the next run removed. A wait for a lock ends at once on one.
+class HeldSignals {
+ public:
+  HeldSignals();
+  ~HeldSignals();
+  HeldSignals(const HeldSignals&) = delete;
+  HeldSignals& operator=(const HeldSignals&) = delete;
+  static int arrived();  // the signal that arrived meanwhile, or 0
+};
+
+// Whether `filename` is a name write_final_output gives its own files (".nanoddp-out.tmp.*",
+// "..nanoddp-out.tmp.*"): an output named so would be taken for a killed run's leftover.
+bool is_staged_name(const std::string& filename);
+
 // Writes the output with `write(path)`. `checked_target`: where the path led at its check (a
 // symlink's target), "" when nothing was checked (--metrics). Returns "" when written where
 // asked, else the error to stop with, naming where the output went.

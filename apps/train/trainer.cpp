@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "final_output.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/functional.h"
 #include "nanoddp/engine/host_sync.h"
@@ -232,6 +233,7 @@ int Trainer::run_steps() {
   // The run's time, not the final outputs' (a wait for another job's lock is not training).
   const double run_seconds = ms_since(run_start) / 1000.0;
   if (!o_.save_path.empty()) require_finite_parameters(steps_, "--save");
+  const HeldSignals held;  // a SIGTERM now waits until the outputs are in place (or rescued)
   const std::string save_problem = save_parameters();  // in this order
   const std::string trace_problem = write_trace();
   keep_metrics();

@@ -16,6 +16,7 @@
 
 #include "classification.h"
 #include "common/output_files.h"
+#include "final_output.h"
 #include "nanoddp/comm/consistency.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/kernels/error.h"
@@ -267,6 +268,20 @@ void Trainer::check_paths_distinct() const {
              *all[j].path,
              all[j].output ? "one output would overwrite the other; give each its own file"
                            : "the output would overwrite the input; write it elsewhere");
+      }
+    }
+  }
+  // Nor a name the final outputs' writer gives its own files: the next run would take the output
+  // for a killed run's leftover and remove it (a third adversary's --save did).
+  for (const Named& output : all) {
+    if (!output.output || output.path->empty()) continue;
+    for (const std::string& name : {std::filesystem::path(*output.path).filename().string(),
+                                    common::resolved_path(*output.path).filename().string()}) {
+      if (is_staged_name(name)) {
+        fail(
+            "{} '{}' takes a name nanoddp-train gives its staged outputs (.nanoddp-out.tmp.*), "
+            "which a later run may remove as a leftover: name it otherwise",
+            output.flag, *output.path);
       }
     }
   }

@@ -134,9 +134,16 @@ TEST_CASE("SIGSTOP of rank 0 (the store host): the other rank exits about one ti
 // and failed the job at once ("rank 1 did not report reaching this op"). What the launcher does
 // on Ctrl-Z, done here to the ranks themselves (a launcher without a terminal is not stopped).
 TEST_CASE("every rank stopped longer than the timeout, then continued: the job goes on") {
+  // Long enough to be stopped mid-run in any build; under TSan a step is ten times slower, and
+  // 40,000 steps took three rounds past the test's 300 s (a CI rehearsal).
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  const std::string steps = "6000";
+#else
+  const std::string steps = "40000";
+#endif
   for (int round = 0; round < 3; ++round) {
     CAPTURE(round);
-    auto ranks = start_ranks(train_argv({"--steps", "40000", "--log-every", "1000"}), 2,
+    auto ranks = start_ranks(train_argv({"--steps", steps, "--log-every", "1000"}), 2,
                              {{"NANODDP_TIMEOUT_S", "2"}});
     REQUIRE_MESSAGE(ranks[0]->wait_for_output(has_progress, 30s), ranks[0]->output());
     std::this_thread::sleep_for(std::chrono::milliseconds(100 + 37 * round));

@@ -28,7 +28,7 @@ CMAKE
 cmake -S "$tmp/src" -B "$tmp/build" >/dev/null || fail "configure"
 start=$(date +%s)
 ctest --test-dir "$tmp/build" --repeat until-pass:2 >/dev/null 2>&1
-python3 "$root/scripts/ci-failures.py" --lines 2 --since "$start" "$tmp/build" >"$tmp/recap"
+python3 "$root/scripts/ci-failures.py" --lines 2 --slowest 0 --since "$start" "$tmp/build" >"$tmp/recap"
 rc=$?
 ((rc == 1)) || fail "exit status $rc, expected 1"
 grep -q "^==== failed in $tmp/build: 1$" "$tmp/recap" || fail "no 'failed: 1' section"
@@ -40,6 +40,11 @@ grep -q "^  | line 5$" "$tmp/recap" || fail "the failed test's last line is miss
 grep -q "^  | line 3$" "$tmp/recap" && fail "more than --lines 2 lines printed"
 grep -q "^  | first attempt failed$" "$tmp/recap" || fail "the flaky test's failed output is missing"
 grep -q "passes\|skipped" "$tmp/recap" && fail "a passed or skipped test is listed"
+# Where the time went: every test of the run, slowest first, with the total (the default).
+python3 "$root/scripts/ci-failures.py" --since "$start" "$tmp/build" >"$tmp/recap"
+grep -q "^==== $tmp/build: 4 tests, [0-9]* s of test time; the slowest 4:$" "$tmp/recap" ||
+  fail "no slowest-tests section"
+grep -q "^ *[0-9.]* s  passes$" "$tmp/recap" || fail "a test is missing from the slowest list"
 python3 "$root/scripts/ci-failures.py" --since "$((start + 3600))" "$tmp/build" >"$tmp/recap"
 rc=$?
 ((rc == 0)) && [[ ! -s "$tmp/recap" ]] || fail "a log from before --since was read (exit $rc)"

@@ -23,6 +23,7 @@
 #include <future>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 #include <regex>
 #include <set>
@@ -1327,6 +1328,19 @@ TEST_CASE("outputs: two jobs given one --save that end together: one saves, one 
   }
 }
 
+// Another process holding a flock on `path` (util-linux's flock(1)), once /proc/locks shows it.
+std::unique_ptr<BackgroundProcess> hold_flock(const std::string& path) {
+  auto holder = std::make_unique<BackgroundProcess>(
+      std::vector<std::string>{"/usr/bin/flock", path, "/bin/sleep", "60"});
+  bool held = false;
+  for (int i = 0; i < 500 && !held; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    held = contains(read_file("/proc/locks"), fmt::format(" {} ", holder->pid()));
+  }
+  REQUIRE(held);
+  return holder;
+}
+
 // An outside adversary's: a job waited 30 s without a word for a lock held on its --save (a
 // foreign `flock`, or another job stalled inside its install), then replaced the file anyway,
 // the holder replaced it in turn, and one of the two outputs was lost though both said "saved".
@@ -1336,13 +1350,8 @@ TEST_CASE("outputs: a --save locked past the bound is left to its holder, the ou
   fs::create_directories(rescue);
   const std::string save = dir.file("m.st");
   std::ofstream(save) << "an older model";
-  BackgroundProcess holder({"/usr/bin/flock", save, "/bin/sleep", "60"});
-  bool held = false;
-  for (int i = 0; i < 500 && !held; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    held = contains(read_file("/proc/locks"), fmt::format(" {} ", holder.pid()));
-  }
-  REQUIRE(held);
+  const auto holding = hold_flock(save);
+  const BackgroundProcess& holder = *holding;
   const ProcessResult r =
       run_process(with_env({{"TMPDIR", rescue}, {"NANODDP_TIMEOUT_S", "3"}},
                            train_argv({"--steps", "20", "--quiet", "--save", save})),
@@ -1590,13 +1599,7 @@ TEST_CASE("outputs: a signal during the wait for the --save's lock rescues the o
   fs::create_directories(rescue);
   const std::string save = dir.file("m.st");
   std::ofstream(save) << "an older model";
-  BackgroundProcess holder({"/usr/bin/flock", save, "/bin/sleep", "60"});
-  bool held = false;
-  for (int i = 0; i < 500 && !held; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    held = contains(read_file("/proc/locks"), fmt::format(" {} ", holder.pid()));
-  }
-  REQUIRE(held);
+  const auto holding = hold_flock(save);
   BackgroundProcess trainer(with_env({{"TMPDIR", rescue}, {"NANODDP_TIMEOUT_S", "30"}},
                                      train_argv({"--steps", "20", "--quiet", "--save", save})));
   const auto waiting = [](const std::string& o) { return contains(o, "waiting for the lock"); };

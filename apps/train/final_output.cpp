@@ -372,7 +372,8 @@ std::string replace_checked(const std::string& staged, const std::string& target
 std::string install(const std::string& staged, const std::string& target,
                     const common::FileState& checked, const struct stat& ours, const char* flag) {
   const std::string taken = fmt::format(
-      "'{}' was written by another process during this run (another job given the same {}?) and "
+      "'{}' was written or changed by another process during this run (another job given the same "
+      "{}?) and "
       "is left as it is",
       target, flag);
   if (checked.exists) {

@@ -1228,7 +1228,7 @@ TEST_CASE("outputs: two jobs given one --save: the second to end does not replac
   CHECK(exited_with(status, 1));
   CHECK(contains(second.output(),
                  "'" + save +
-                     "' was written by another process during this "
+                     "' was written or changed by another process during this "
                      "run (another job given the same --save?) and is left as it is"));
   CHECK(contains(second.output(), "(another job given the same --trace?)"));
   CHECK(nanoddp::nn::read_safetensors(save).metadata().at("seed") == "1");
@@ -1318,7 +1318,7 @@ TEST_CASE("outputs: two jobs given one --save that end together: one saves, one 
       const Result& lost = ra.exit_code == 1 ? ra : rb;
       const std::string kept_seed = ra.exit_code == 0 ? "1" : "2";
       CHECK(nanoddp::nn::read_safetensors(save).metadata().at("seed") == kept_seed);
-      CHECK(contains(lost.output, "was written by another process during this run"));
+      CHECK(contains(lost.output, "was written or changed by another process during this run"));
       CHECK_FALSE(rescued_file(lost.output, fs::path(save).filename()).empty());
     }
   }
@@ -1446,7 +1446,7 @@ TEST_CASE("outputs: what happens to the --save just before the install is never 
     INFO(status_text(w.status), "\n", w.output);
     CHECK(exited_with(w.status, 1));
     CHECK(read_file(w.save) == "another job's model");
-    CHECK(contains(w.output, "was written by another process during this run"));
+    CHECK(contains(w.output, "was written or changed by another process during this run"));
     CHECK(rescued_step() == "20");
     w.check_no_temporary();
   }

@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -233,7 +234,10 @@ int Trainer::run_steps() {
   // The run's time, not the final outputs' (a wait for another job's lock is not training).
   const double run_seconds = ms_since(run_start) / 1000.0;
   if (!o_.save_path.empty()) require_finite_parameters(steps_, "--save");
-  const HeldSignals held;  // a SIGTERM now waits until the outputs are in place (or rescued)
+  // On rank 0, which writes them, a SIGTERM now waits until the outputs are in place (or
+  // rescued); the other ranks only hand over their trace and stay stoppable at once.
+  std::optional<HeldSignals> held;
+  if (is_main()) held.emplace();
   const std::string save_problem = save_parameters();  // in this order
   const std::string trace_problem = write_trace();
   keep_metrics();

@@ -1004,7 +1004,8 @@ TEST_CASE("outputs: the set-up clean-up removes only the empty folders it made, 
     BackgroundProcess run(with_env(lonely_rank0_env("3"),
                                    train_argv({"--steps", "1", "--trace", dir.file("t/x/t.json"),
                                                "--save", dir.file("s/p.st")})));
-    for (int i = 0; i < 300 && !fs::exists(dir.file("s")); ++i) {
+    // Both made (--save's folder first, then --trace's: waiting for one alone failed once).
+    for (int i = 0; i < 300 && !(fs::exists(dir.file("s")) && fs::exists(dir.file("t/x"))); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     REQUIRE(fs::is_directory(dir.file("t/x")));

@@ -165,10 +165,25 @@ void remove_stale_staged(const fs::path& folder) {
     std::error_code status;
     if (!entry.is_regular_file(status) || entry.is_symlink(status)) continue;
     if (::kill(static_cast<pid_t>(staged->pid), 0) == 0 || errno != ESRCH) continue;
-    if (locked_by_someone(folder / run_lock_name(host, staged->pid))) continue;
-    if (!staged->staged_name.empty() && locked_by_someone(folder / staged->staged_name)) continue;
-    std::error_code removed;
-    if (fs::remove(entry.path(), removed)) {
+    bool removed = false;
+    if (staged->staged_name.empty()) {
+      // A run lock: removed only while this run holds it, so that its owner, between creating
+      // and locking it, finds it gone and makes it again (see RunLock).
+      const int fd = ::open(entry.path().c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+      if (fd < 0) continue;
+      struct stat held {};
+      struct stat named {};
+      removed = ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &held) == 0 &&
+                ::lstat(entry.path().c_str(), &named) == 0 && same_inode(held, named) &&
+                ::unlink(entry.path().c_str()) == 0;
+      ::close(fd);
+    } else {
+      if (locked_by_someone(folder / run_lock_name(host, staged->pid))) continue;
+      if (locked_by_someone(folder / staged->staged_name)) continue;
+      std::error_code error;
+      removed = fs::remove(entry.path(), error);
+    }
+    if (removed) {
       fmt::print(stderr,
                  "nanoddp-train: removed '{}', left by process {} of this host (gone) in a final "
                  "write it did not finish\n",
@@ -184,11 +199,23 @@ class RunLock {
  public:
   explicit RunLock(const fs::path& folder)
       : path_((folder / run_lock_name(nn::this_host(), ::getpid())).string()) {
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0666);
-    if (fd_ >= 0 && ::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    // Between its creation and its lock another run's clean-up may remove the file (it looks
+    // like a dead run's then): locked, it must still be the one under its name, else again
+    // (a fourth adversary's namespaced run locked a removed file and lost its staged output).
+    for (int tries = 0; tries < 10; ++tries) {
+      fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0666);
+      if (fd_ < 0) return;
+      if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) break;
+      struct stat held {};
+      struct stat named {};
+      if (::fstat(fd_, &held) == 0 && held.st_nlink > 0 && ::lstat(path_.c_str(), &named) == 0 &&
+          same_inode(held, named)) {
+        return;
+      }
       ::close(fd_);
-      fd_ = -1;
     }
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
   }
   ~RunLock() {
     if (fd_ < 0) return;

@@ -39,6 +39,19 @@ class CommError : public Error {
   using Error::Error;
 };
 
+// This rank stops because another rank failed and said so through the store (a checkpoint rank
+// 0 could not write, a set-up step that rank could not finish). Not a CommError: the peer is
+// alive and answered. Launchers are told which rank it was (apps/common/error_file.h), so that
+// they name that rank as the one that failed first, not this one, which may exit sooner.
+class PeerFailedError : public Error {
+ public:
+  PeerFailedError(int rank, const std::string& what) : Error(what), rank_(rank) {}
+  int rank() const { return rank_; }
+
+ private:
+  int rank_;
+};
+
 // What ranks compare about an op (the fingerprint): its kind, element count and dtype, and its
 // sequence number.
 enum class OpKind : std::uint8_t {

@@ -141,8 +141,9 @@ void ShmAllreduce::set_up(Store& store, const std::string& prefix) {
   for (int r = 0; r < size_; ++r) {
     const Bytes bytes = store.get(prefix + "hello/" + std::to_string(r));
     if (!bytes.empty() && bytes[0] == '!') {
-      fail("rank {} stopped setting up shared memory, so every rank stops: {}", r,
-           std::string(bytes.begin() + 1, bytes.end()));
+      throw PeerFailedError(
+          r, fmt::format("rank {} stopped setting up shared memory, so every rank stops: {}", r,
+                         std::string(bytes.begin() + 1, bytes.end())));
     }
     std::istringstream in(std::string(bytes.begin(), bytes.end()));
     int peer_wants = 0;

@@ -7,6 +7,8 @@
 //   ├── CudaError         a CUDA or cuBLAS call failed (kernels/cuda/check.h: call, file, line)
 //   ├── CommError         a collective failed or timed out (comm/process_group.h)
 //   │   └── ShmError      the shared-memory all-reduce could not be set up (comm/shm_allreduce.h)
+//   ├── PeerFailedError   another rank failed and said so: this one stops too
+//   │                     (comm/process_group.h)
 //   └── StoreError        the rendezvous store is unreachable, refused us, or timed out
 //                         (comm/store.h)
 //

@@ -22,6 +22,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "common/error_file.h"
 #include "free_port.h"
 #include "log_files.h"
 #include "output.h"
@@ -80,6 +81,66 @@ void pump(UniqueFd& fd, LineSink& sink) {
   }
 }
 
+// A private folder for the workers' error files (common/error_file.h), removed with the attempt.
+// Without one (no writable $TMPDIR or /tmp) the workers get none, and the launcher names the
+// first worker to exit.
+class ErrorFolder {
+ public:
+  ErrorFolder() {
+    std::string problem;
+    for (const char* base : {static_cast<const char*>(std::getenv("TMPDIR")), "/tmp"}) {
+      if (base == nullptr || *base == '\0') continue;
+      std::string name = fmt::format("{}/nanoddp-run-errors-{}-XXXXXX", base, ::getpid());
+      if (::mkdtemp(name.data()) != nullptr) {
+        path_ = name;
+        return;
+      }
+      problem += fmt::format("{}'{}': {}", problem.empty() ? "" : "; ", base, std::strerror(errno));
+    }
+    Console::err().write(
+        fmt::format("nanoddp-run: warning: cannot make a folder for the workers' error files "
+                    "({}): a failed attempt names the first worker to exit as the one that failed "
+                    "first\n",
+                    problem),
+        false);
+  }
+  ErrorFolder(const ErrorFolder&) = delete;
+  ErrorFolder& operator=(const ErrorFolder&) = delete;
+  ~ErrorFolder() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(int rank) const {
+    return path_.empty() ? std::string() : fmt::format("{}/rank-{}.json", path_, rank);
+  }
+
+ private:
+  std::string path_;
+};
+
+// A worker's message for the launcher's summary: one line, bounded (the whole of it is in the
+// worker's own output above).
+std::string one_line(const std::string& message) {
+  constexpr std::size_t kMax = 500;
+  std::string out;
+  for (const char c : message) {
+    const auto u = static_cast<unsigned char>(c);
+    out += (u < 0x20 || u == 0x7f) ? ' ' : c;
+  }
+  if (out.size() > kMax) {
+    std::size_t cut = kMax;
+    while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xC0) == 0x80) --cut;  // UTF-8
+    out = out.substr(0, cut) + " [...]";
+  }
+  return out;
+}
+
+std::int64_t realtime_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -95,7 +156,8 @@ class Attempt {
         round_(round),
         restart_count_(round.restart_count),
         signals_(signals),
-        workers_(static_cast<std::size_t>(plan.options.nproc_per_node)) {}
+        workers_(static_cast<std::size_t>(plan.options.nproc_per_node)),
+        records_(workers_.size()) {}
 
   AttemptOutcome run();
 
@@ -108,9 +170,14 @@ class Attempt {
   bool groups_empty() const;
   // How long a stop waits after the SIGKILL for the groups to empty before it gives up on them.
   static constexpr std::chrono::seconds kKillWait{2};
+  // How long a worker that failed because another rank did waits, at most, for the rank that
+  // failed first to exit on its own (consider_failures()).
+  static constexpr std::chrono::seconds kSettle{3};
   void handle_signals();
   void poll_once();
   void reap();
+  void consider_failures();
+  bool any_running() const;
   void drain_and_close();
   void keep_logs_reachable();
   void remove_shm_segments();
@@ -129,6 +196,12 @@ class Attempt {
   Clock::time_point deadline_;        // of the grace period, while stopping
   int launcher_signal_ = 0;           // the first SIGINT/SIGTERM/SIGHUP the launcher got
   int first_failed_ = -1;             // index into workers_
+  // Workers that failed on their own (not stopped by this launcher), in the order they were
+  // reaped, until one is named as the first to fail; with their error files and exit times.
+  ErrorFolder errors_;
+  std::vector<int> failed_;
+  std::vector<std::optional<common::FailureRecord>> records_;
+  Clock::time_point settle_until_;    // see consider_failures()
   std::optional<std::string> ended_;  // round_.stop's reason, once it ended the round
   std::set<pid_t> orphans_;           // workers' children that ended after their parent (reap())
 };
@@ -148,7 +221,8 @@ void Attempt::start_worker(int local_rank) {
                                 .master_port = round_.master_port,
                                 .restart_count = restart_count_,
                                 .launcher_pid = static_cast<int>(::getpid()),
-                                .store_token = round_.store_token};
+                                .store_token = round_.store_token,
+                                .error_file = errors_.file(rank)};
   SpawnedProcess process =
       spawn_process(plan_.program_path, options_.command, worker_environment(identity, environ),
                     signals_.worker_defaults());
@@ -280,16 +354,55 @@ void Attempt::reap() {
     w.result.wait_status = status;
     if (failed(w.result) && !w.result.stopped_by_launcher && first_failed_ < 0 &&
         launcher_signal_ == 0) {
-      first_failed_ = static_cast<int>(it - workers_.begin());
-      say("rank {} (pid {}) failed: {}; stopping the other workers (SIGTERM, SIGKILL after {} s)",
-          w.result.rank, w.result.pid, describe(w.result), options_.grace_period_s);
-      if (round_.on_failure) {
-        round_.on_failure(fmt::format("rank {} failed: {}", w.result.rank, describe(w.result)),
-                          exit_code_of(w.result));
+      const auto i = static_cast<std::size_t>(it - workers_.begin());
+      auto record = common::read_failure_record(errors_.file(w.result.rank));
+      if (!record) {
+        record = common::FailureRecord{.time_ns = realtime_ns()};  // when it was seen to exit
+      } else if (record->caused_by_peer) {
+        w.result.cause = record->peer_rank
+                             ? fmt::format("because rank {} failed", *record->peer_rank)
+                             : std::string("after a communication failure");
+        if (failed_.empty()) settle_until_ = Clock::now() + kSettle;
       }
-      begin_stop(SIGTERM);
+      w.result.message = record->message;
+      records_[i] = std::move(record);
+      failed_.push_back(static_cast<int>(i));
     }
   }
+}
+
+bool Attempt::any_running() const {
+  return std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
+}
+
+// Names the worker that failed first and stops the others. That is the earliest failure of a
+// worker's own: a worker whose error file says another rank's failure caused its own often exits
+// first (after rank 0 failed to write a checkpoint, rank 1 was told through the store and
+// exited while rank 0 was still saying why). So while only such workers have failed, the
+// others are given up to kSettle to end on their own before they are stopped; the first of them
+// is named only when none did.
+void Attempt::consider_failures() {
+  if (first_failed_ >= 0 || failed_.empty() || launcher_signal_ != 0) return;
+  int named = -1;
+  for (const int i : failed_) {
+    const auto& r = records_[static_cast<std::size_t>(i)];
+    if (!r->caused_by_peer &&
+        (named < 0 || r->time_ns < records_[static_cast<std::size_t>(named)]->time_ns)) {
+      named = i;
+    }
+  }
+  if (named < 0) {
+    if (!stopping_ && any_running() && Clock::now() < settle_until_) return;
+    named = failed_.front();
+  }
+  first_failed_ = named;
+  const WorkerResult& w = workers_[static_cast<std::size_t>(named)].result;
+  say("rank {} (pid {}) failed: {}; stopping the other workers (SIGTERM, SIGKILL after {} s)",
+      w.rank, w.pid, describe(w), options_.grace_period_s);
+  if (round_.on_failure) {
+    round_.on_failure(fmt::format("rank {} failed: {}", w.rank, describe(w)), exit_code_of(w));
+  }
+  begin_stop(SIGTERM);
 }
 
 void Attempt::poll_once() {
@@ -308,7 +421,9 @@ void Attempt::poll_once() {
   // SIGCHLD wakes the poll; the timeout is a backstop. While stopping, a worker's grandchildren
   // can outlive it without any notification, so their groups are re-checked every 50 ms.
   int timeout_ms = 1000;
-  if (stopping_) {
+  if (!failed_.empty() && first_failed_ < 0) {
+    timeout_ms = 50;  // settling: consider_failures() decides when the time is up
+  } else if (stopping_) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
     timeout_ms = static_cast<int>(std::clamp<long long>(left, 5, 50));
@@ -396,6 +511,7 @@ AttemptOutcome Attempt::run() {
   for (;;) {
     poll_once();
     reap();
+    consider_failures();
     const bool any_running =
         std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
     if (!stopping_ && !any_running) break;
@@ -435,7 +551,8 @@ AttemptOutcome Attempt::finish(Clock::time_point started) {
     first.failed_first = true;
     say("{} failed after {:.1f} s", round_.label, seconds);
     Console::err().write(result_table(results), false);
-    say("rank {} (pid {}) failed first: {}", first.rank, first.pid, describe(first));
+    say("rank {} (pid {}) failed first: {}{}", first.rank, first.pid, describe(first),
+        first.message.empty() ? std::string() : ": " + one_line(first.message));
     return {Outcome::kFailed, exit_code_of(first), {}};
   }
   if (ended_) {

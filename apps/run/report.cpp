@@ -71,6 +71,7 @@ std::string result_table(const std::vector<WorkerResult>& results) {
   for (const WorkerResult& r : results) {
     std::string what = describe(r);
     if (r.stopped_by_launcher) what = fmt::format("stopped by launcher ({})", what);
+    if (!r.cause.empty()) what += ", " + r.cause;
     if (r.failed_first) what += "  <- failed first";
     table += fmt::format("  {:>5}  {:>5}  {:>8}  {}\n", r.rank, r.local_rank,
                          r.pid < 0 ? std::string("-") : std::to_string(r.pid), what);

@@ -17,6 +17,8 @@ struct WorkerResult {
   int spawn_error = 0;               // errno from posix_spawn, when not started
   bool stopped_by_launcher = false;  // still running when the launcher began stopping the group
   bool failed_first = false;
+  std::string message;  // why it failed, from its error file (common/error_file.h), if any
+  std::string cause;    // "because rank 0 failed", when its error file says so
 };
 
 // "SIGKILL", "SIGSEGV", ...; "signal N" for one without a common name.

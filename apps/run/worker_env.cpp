@@ -23,6 +23,13 @@ std::vector<std::string> worker_environment(const WorkerIdentity& w, char** base
   env["NANODDP_LAUNCHER_PID"] = std::to_string(w.launcher_pid);
   env.emplace("OMP_NUM_THREADS", "1");  // only when unset
   if (!w.store_token.empty()) env["NANODDP_STORE_TOKEN"] = w.store_token;
+  for (const char* name : {"NANODDP_ERROR_FILE", "TORCHELASTIC_ERROR_FILE"}) {
+    if (w.error_file.empty()) {
+      env.erase(name);
+    } else {
+      env[name] = w.error_file;
+    }
+  }
 
   std::vector<std::string> out;
   out.reserve(env.size());

@@ -18,6 +18,10 @@ struct WorkerIdentity {
   int restart_count = 0;  // 0 on the first attempt
   int launcher_pid = 0;   // this nanoddp-run's pid
   std::string store_token;  // NANODDP_STORE_TOKEN when non-empty (replaces an inherited one)
+  // Where the worker says why it failed (common/error_file.h): NANODDP_ERROR_FILE and
+  // TORCHELASTIC_ERROR_FILE when non-empty (replacing inherited ones, which name another
+  // launcher's file); both removed when empty.
+  std::string error_file;
 };
 
 // `base` is a null-terminated "NAME=value" array (environ). RANK, WORLD_SIZE, LOCAL_RANK,

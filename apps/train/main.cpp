@@ -11,9 +11,26 @@
 #include <memory>
 #include <string>
 
+#include "common/error_file.h"
 #include "common/output_files.h"
+#include "nanoddp/comm/process_group.h"
 #include "options.h"
 #include "trainer.h"
+
+namespace {
+
+// Tells the launcher why this rank failed, and whether another rank's failure caused it
+// (common/error_file.h): it then names the rank that failed first, not the first to exit.
+void record(const std::exception& e) {
+  if (const auto* peer = dynamic_cast<const nanoddp::comm::PeerFailedError*>(&e)) {
+    nanoddp::common::record_failure(e.what(), true, peer->rank());
+  } else {
+    // A peer that died or stopped answering: which one, the message says.
+    nanoddp::common::record_failure(e.what(), nanoddp::comm::is_communication_failure(e));
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace nanoddp::train;
@@ -30,6 +47,8 @@ int main(int argc, char** argv) {
     // A rank with a bad flag: the others are told, or they would wait their whole timeout for it.
     if (exit_code != 0) {
       std::fflush(stderr);
+      nanoddp::common::record_failure(
+          problem.empty() ? "its command line was refused (see its output)" : problem, false);
       nanoddp::comm::tell_peers_setup_failed(
           problem.empty() ? "its command line was refused (see its output)" : problem);
     }
@@ -40,6 +59,7 @@ int main(int argc, char** argv) {
     trainer = std::make_unique<Trainer>(*options);
   } catch (const std::exception& e) {
     fmt::print(stderr, "nanoddp-train: error: {}\n", e.what());
+    record(e);
     if (dynamic_cast<const FailedBeforeJoining*>(&e) != nullptr) {
       std::fflush(stderr);
       nanoddp::comm::tell_peers_setup_failed(e.what());
@@ -52,6 +72,7 @@ int main(int argc, char** argv) {
     return trainer->run();
   } catch (const std::exception& e) {
     fmt::print(stderr, "nanoddp-train: error: {}\n", e.what());
+    record(e);
     return 1;
   }
 }

@@ -14,6 +14,7 @@
 #include "common/rescue.h"
 #include "final_output.h"
 #include "nanoddp/comm/consistency.h"
+#include "nanoddp/comm/process_group.h"
 #include "nanoddp/config.h"
 #include "nanoddp/kernels/error.h"
 #include "nanoddp/nn/checkpoint.h"
@@ -264,7 +265,9 @@ void Trainer::save_checkpoint(std::int64_t step, std::int64_t epoch, std::int64_
   if (!is_main()) {
     const std::string outcome = dist_->store->get_string(key(step));
     if (outcome != "ok") {
-      fail("rank 0 failed writing a checkpoint at step {}, so every rank stops: {}", step, outcome);
+      throw comm::PeerFailedError(
+          0, fmt::format("rank 0 failed writing a checkpoint at step {}, so every rank stops: {}",
+                         step, outcome));
     }
     return;
   }

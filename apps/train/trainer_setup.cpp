@@ -11,6 +11,7 @@
 
 #include "classification.h"
 #include "nanoddp/comm/consistency.h"
+#include "nanoddp/comm/process_group.h"
 #include "nanoddp/comm/rendezvous.h"
 #include "nanoddp/config.h"
 #include "nanoddp/engine/backend.h"
@@ -358,8 +359,10 @@ void Trainer::agree_inputs_read(const std::string& problem) {
   if (!problem.empty()) fail("{}", problem);  // as a rank alone would say it
   for (int r = 0; r < world_size_; ++r) {
     const std::string& theirs = problems[static_cast<std::size_t>(r)];
-    if (!theirs.empty())
-      fail("rank {} could not read its inputs, so every rank stops: {}", r, theirs);
+    if (!theirs.empty()) {
+      throw comm::PeerFailedError(
+          r, fmt::format("rank {} could not read its inputs, so every rank stops: {}", r, theirs));
+    }
   }
 }
 

@@ -282,6 +282,110 @@ TEST_CASE("nanoddp-run exit codes: 0 when all succeed, else the first failure's"
   }
 }
 
+namespace {
+
+// A shell line that writes nanoddp's error record of a failure caused by rank `peer`.
+std::string peer_failure_record(const std::string& message, int peer) {
+  return fmt::format(
+      R"(printf '{{"message":{{"message":"{}","extraInfo":{{"timestamp":"0"}}}},)"
+      R"x("nanoddp":{{"time_ns":%s,"caused_by_peer":true,"peer_rank":{}}}}}' "$(date +%s%N)" )x"
+      R"(> "$NANODDP_ERROR_FILE")",
+      message, peer);
+}
+
+}  // namespace
+
+TEST_CASE("nanoddp-run names the rank that failed first from the workers' error files") {
+  // After rank 0 failed to write a checkpoint, rank 1 (told through the store) often exited
+  // first, and the launcher named rank 1. Rank 1 here says so at once; rank 0 fails on its own
+  // half a second later.
+  SUBCASE("a worker stopped by another's failure exits first") {
+    const std::string worker =
+        "if [ $RANK = 1 ]; then " + peer_failure_record("rank 0 failed, so every rank stops", 0) +
+        "; exit 1; fi; sleep 0.5; printf '{\"message\": \"disk full\", \"timestamp\": 1}' > "
+        "\"$NANODDP_ERROR_FILE\"; exit 5";
+    const ProcessResult r = launch({"--nproc-per-node", "2", "/bin/sh", "-c", worker});
+    INFO(r.output);
+    CHECK(r.exit_code == 5);
+    CHECK(std::regex_search(
+        r.output,
+        std::regex(R"(nanoddp-run: rank 0 \(pid [0-9]+\) failed first: exit code 5: disk full)")));
+    CHECK(std::regex_search(r.output,
+                            std::regex(R"(\n +0 +0 +[0-9]+ +exit code 5  <- failed first)")));
+    CHECK(std::regex_search(
+        r.output, std::regex(R"(\n +1 +1 +[0-9]+ +exit code 1, because rank 0 failed\n)")));
+    CHECK_FALSE(contains(r.output, "stopped by launcher"));
+  }
+  SUBCASE("the rank that failed never ends: the first to exit is named after a short wait") {
+    const std::string worker = "if [ $RANK = 1 ]; then " +
+                               peer_failure_record("rank 0 did not answer", 0) +
+                               "; exit 1; fi; exec sleep 60";
+    const auto start = Clock::now();
+    const ProcessResult r = launch({"--nproc-per-node", "2", "/bin/sh", "-c", worker});
+    INFO(r.output);
+    CHECK(seconds_since(start) < 15.0);
+    CHECK(r.exit_code == 1);
+    CHECK(std::regex_search(
+        r.output,
+        std::regex(R"(rank 1 \(pid [0-9]+\) failed first: exit code 1: rank 0 did not)")));
+    CHECK(contains(r.output, "stopped by launcher (killed by SIGTERM)"));
+  }
+  SUBCASE("PyTorch's record() format, from a program that is not nanoddp's") {
+    const ProcessResult r = launch(
+        {"--nproc-per-node", "2", "/bin/sh", "-c",
+         "[ $RANK = 1 ] || exec sleep 60; printf '{\"message\": {\"message\": \"ValueError: bad "
+         "batch\", \"extraInfo\": {\"py_callstack\": \"Traceback...\", \"timestamp\": "
+         "\"1\"}}}' > \"$TORCHELASTIC_ERROR_FILE\"; exit 1"});
+    INFO(r.output);
+    CHECK(r.exit_code == 1);
+    CHECK(std::regex_search(
+        r.output,
+        std::regex(R"(rank 1 \(pid [0-9]+\) failed first: exit code 1: ValueError: bad batch\n)")));
+  }
+  SUBCASE("a message is shown on one line, bounded") {
+    const ProcessResult r = launch(
+        {"--nproc-per-node", "2", "/bin/sh", "-c",
+         "[ $RANK = 0 ] || exec sleep 60; printf '{\"message\": \"a\\\\u001b[31mb\\\\nc%0600d\"}' "
+         "0 > \"$NANODDP_ERROR_FILE\"; exit 3"});
+    INFO(r.output);
+    CHECK(r.exit_code == 3);
+    CHECK(std::regex_search(r.output,
+                            std::regex(R"(failed first: exit code 3: a \[31mb c0+ \[\.\.\.\]\n)")));
+    CHECK_FALSE(contains(r.output, "\x1b[31m"));
+  }
+  SUBCASE("a file that is not a record is ignored") {
+    const ProcessResult r = launch(
+        {"--nproc-per-node", "2", "/bin/sh", "-c",
+         "[ $RANK = 0 ] || exec sleep 60; echo 'not json' > \"$NANODDP_ERROR_FILE\"; exit 4"});
+    INFO(r.output);
+    CHECK(r.exit_code == 4);
+    CHECK(std::regex_search(r.output, std::regex(R"(failed first: exit code 4\n)")));
+  }
+  SUBCASE("each worker gets a file of its own in a folder the launcher removes") {
+    TempDir dir;
+    ProcessOptions options;
+    options.env["TORCHELASTIC_ERROR_FILE"] = dir.file("inherited.json");
+    const ProcessResult r = launch({"--nproc-per-node", "2", "/bin/sh", "-c",
+                                    "echo \"files $NANODDP_ERROR_FILE $TORCHELASTIC_ERROR_FILE\""},
+                                   options);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    std::set<std::string> files;
+    std::smatch m;
+    const std::regex line(R"(\[rank [01]\] files (\S+) (\S+)\n)");
+    for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), line);
+         it != std::sregex_iterator(); ++it) {
+      CHECK((*it)[1].str() == (*it)[2].str());
+      files.insert((*it)[1].str());
+    }
+    REQUIRE(files.size() == 2);
+    for (const std::string& f : files) {
+      CHECK(f != dir.file("inherited.json"));
+      CHECK_FALSE(std::filesystem::exists(std::filesystem::path(f).parent_path()));
+    }
+  }
+}
+
 TEST_CASE("nanoddp-run stops the other workers (and their children) when one fails") {
   TempDir dir;
   // Ranks 0 and 1 start a child and wait; rank 2 fails once both are waiting.

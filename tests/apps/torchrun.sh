@@ -6,7 +6,10 @@
 #   each ends with the same parameters, bit for bit, as the same run under nanoddp-run;
 #   4. --max_restarts 1: rank 1 is killed after the checkpoint of step 400; the agent restarts
 #   the workers (TORCHELASTIC_RESTART_COUNT=1), which resume from the newest checkpoint and end
-#   bit for bit where an uninterrupted run ends.
+#   bit for bit where an uninterrupted run ends;
+#   5. rank 0 cannot write a checkpoint and rank 1, told through the store, exits first: the
+#   error file rank 0 leaves (TORCHELASTIC_ERROR_FILE) makes torchrun's summary name rank 0 as
+#   the root cause, with its message.
 # torch 1.13's torchrun on Python 3.11 starts no worker without --redirects/--tee (its
 # Std.from_str returns None there): every command passes --redirects 2 --tee 2.
 # The static run fails without TorchStore: rank 0 cannot bind MASTER_PORT, the agent's store.
@@ -97,5 +100,31 @@ elif ! cmp -s "$work/reference.safetensors" "$work/restart.safetensors"; then
   echo "FAILED: the restarted run's parameters differ from the uninterrupted run's"; status=1
 else
   echo "ok: restarted by torchrun's agent, resumed from $(grep -oE 'step-[0-9]+' "$work/restart.log" | head -1), bit for bit"
+fi
+
+# 5. The root cause. Rank 0's wrapper waits a second after the trainer, so rank 1 always ends
+# first; TMPDIR takes the checkpoint rank 0 rescues.
+fail_dir="$work/fail-ckpt"
+TMPDIR="$work" torchrun ckfail --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 \
+  --master_port "$(free_port)" --no_python /bin/sh -c \
+  '"$0" "$@"; rc=$?; [ "$RANK" = 0 ] && sleep 1; exit $rc' "$bin/nanoddp-train" \
+  --in 16 --out 4 --hidden 32 --layers 2 --batch 8 --steps 10000000 --log-every 100000 \
+  --checkpoint-dir "$fail_dir" --checkpoint-every 100 >"$work/ckfail.log" 2>&1 &
+job=$!
+for _ in $(seq 3000); do
+  ls "$fail_dir"/step-*.safetensors >/dev/null 2>&1 && break
+  sleep 0.01
+done
+rm -rf "$fail_dir" && echo "not a folder" >"$fail_dir"
+wait "$job"; rc=$?
+root=$(sed -n '/Root Cause/,/^=====/p' "$work/ckfail.log")
+if [ "$rc" -eq 0 ]; then
+  echo "FAILED: torchrun exited 0 after rank 0's checkpoint failed"; cat "$work/ckfail.log"; status=1
+elif ! grep -q "rank *: 0 (local_rank: 0)" <<<"$root" ||
+     ! grep -q "cannot create the checkpoint directory" <<<"$root"; then
+  echo "FAILED: torchrun's root cause is not rank 0 with its message:"; cat "$work/ckfail.log"
+  status=1
+else
+  echo "ok: torchrun names rank 0 as the root cause, with its message"
 fi
 exit $status

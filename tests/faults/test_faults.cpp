@@ -186,6 +186,55 @@ TEST_CASE("under nanoddp-run a killed rank is named first in the launcher's summ
                           std::regex(R"(\n +1 +1 +[0-9]+ +killed by SIGKILL  <- failed first)")));
 }
 
+TEST_CASE(
+    "under nanoddp-run the rank whose checkpoint failed is named first, not the rank it stopped") {
+  // Rank 0 cannot write a checkpoint (its folder replaced by a file mid-run) and tells rank 1
+  // through the store; rank 1 exits at once, often before rank 0 has finished saying why, and
+  // the launcher used to name rank 1. Rank 0's wrapper waits a second more, so that rank 1 is
+  // always first to exit: the workers' error files decide.
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  std::vector<std::string> argv = {bin_path("nanoddp-run"),
+                                   "--nproc-per-node",
+                                   "2",
+                                   "--grace-period",
+                                   "5",
+                                   "/bin/sh",
+                                   "-c",
+                                   R"("$0" "$@"; rc=$?; [ "$RANK" = 0 ] && sleep 1; exit $rc)"};
+  for (const auto& a : train_argv({"--steps", "10000000", "--log-every", "1000", "--checkpoint-dir",
+                                   ckpt, "--checkpoint-every", "100"})) {
+    argv.push_back(a);
+  }
+  std::map<std::string, std::string> env = fault_env();
+  env["TMPDIR"] = dir.path();  // where rank 0 rescues the checkpoint it could not write
+  BackgroundProcess launcher(with_env(env, argv));
+  const auto has_checkpoint = [&] {
+    std::error_code ec;
+    for (auto it = fs::directory_iterator(ckpt, ec); !ec && it != fs::directory_iterator(); ++it) {
+      if (it->path().extension() == ".safetensors") return true;
+    }
+    return false;
+  };
+  const auto start = Clock::now();
+  while (!has_checkpoint() && seconds_since(start) < 30.0) std::this_thread::sleep_for(10ms);
+  REQUIRE_MESSAGE(has_checkpoint(), launcher.output());
+  fs::remove_all(ckpt);
+  std::ofstream(ckpt) << "not a folder";
+  const auto status = launcher.wait(30s);
+  INFO(status_text(status), "\n", launcher.output());
+  REQUIRE(status.has_value());
+  CHECK(exited_with(status, 1));
+  CHECK(std::regex_search(
+      launcher.output(),
+      std::regex(R"(nanoddp-run: rank 0 \(pid [0-9]+\) failed first: exit code 1: cannot create )"
+                 R"(the checkpoint directory)")));
+  CHECK(std::regex_search(launcher.output(),
+                          std::regex(R"(\n +0 +0 +[0-9]+ +exit code 1  <- failed first\n)")));
+  CHECK(std::regex_search(launcher.output(),
+                          std::regex(R"(\n +1 +1 +[0-9]+ +exit code 1, because rank 0 failed\n)")));
+}
+
 namespace {
 
 // Whether a process with this pid still exists (a zombie, awaiting its reaper, counts as gone).

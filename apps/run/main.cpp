@@ -18,6 +18,9 @@
 
 #include <fmt/format.h>
 
+#include <signal.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -32,6 +35,36 @@
 #include "options.h"
 #include "output.h"
 #include "program_path.h"
+#include "report.h"
+
+namespace {
+
+using nanoddp::run::Console;
+
+// Waits until both consoles have written what they hold, or until `until`, or until a SIGINT,
+// SIGTERM or SIGHUP arrives: returns that signal, still blocked, else 0 with the signals as
+// they were. The consoles' writer threads block every signal, so this thread is the one that
+// takes them.
+int wait_for_consoles(std::chrono::steady_clock::time_point until) {
+  sigset_t stops;
+  sigset_t previous;
+  sigemptyset(&stops);
+  for (const int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stops, s);
+  ::pthread_sigmask(SIG_BLOCK, &stops, &previous);
+  for (;;) {
+    const auto now = std::chrono::steady_clock::now();
+    const auto slice = std::min(until, now + std::chrono::milliseconds(50));
+    const bool written = Console::out().flush(slice) && Console::err().flush(slice);
+    const timespec zero{};
+    const int signo = ::sigtimedwait(&stops, nullptr, &zero);
+    if (signo > 0) return signo;
+    if (written || std::chrono::steady_clock::now() >= until) break;
+  }
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace nanoddp::run;
@@ -83,20 +116,37 @@ int main(int argc, char** argv) {
     Console::err().write(fmt::format("nanoddp-run: error: {}\n", e.what()), false);
     exit_code = 2;
   }
-  // The launcher's signals are back at their defaults here (the SignalInbox is gone): a reader
-  // that never reads again cannot keep Ctrl-C or SIGTERM from ending this wait.
   // At most 10 s in all: the job's outcome is its exit code, and a reader that never reads
-  // again must not keep a finished launcher alive.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  const bool out_written = Console::out().flush(until);
-  const bool err_written = Console::err().flush(until);
+  // again must not keep a finished launcher alive. A SIGINT, SIGTERM or SIGHUP ends the wait at
+  // once, as it ends the launcher, but after the note on what was not written: it used to end
+  // the launcher with no word of the lines it dropped.
+  const int signo = wait_for_consoles(std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  if (signo != 0) {
+    Console::err().write(
+        fmt::format("nanoddp-run: got {} while writing the last of the output: exiting now\n",
+                    signal_name(signo)),
+        false);
+  }
+  const bool out_written = Console::out().flush(std::chrono::steady_clock::now());
+  const bool err_written = Console::err().flush(std::chrono::steady_clock::now());
   // A reader that stopped for good: what it missed is said on the other stream, when that one
   // still takes lines (not when both are one stuck pipe), rather than lost without a word.
   if (out_written != err_written) {
     Console& stuck = out_written ? Console::err() : Console::out();
     Console& other = out_written ? Console::out() : Console::err();
-    other.write(stuck.unwritten_note(), false);
+    other.write(stuck.unwritten_note(signo != 0 ? "on " + signal_name(signo)
+                                                : std::string("after waiting 10 s")),
+                false);
     other.flush(std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  }
+  if (signo != 0) {
+    // Ended by the signal, as the caller expects of it (a shell sees 128 + S).
+    ::signal(signo, SIG_DFL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, signo);
+    ::pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    ::raise(signo);
   }
   return exit_code;
 }

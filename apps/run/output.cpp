@@ -76,17 +76,17 @@ bool Console::flush(std::chrono::steady_clock::time_point until) {
   return idle_.wait_until(lock, until, [this] { return pending_.empty() && in_flight_ == 0; });
 }
 
-std::string Console::unwritten_note() {
+std::string Console::unwritten_note(const std::string& how) {
   const std::lock_guard lock(mutex_);
   const std::size_t bytes = pending_.size() + in_flight_;
   if (bytes == 0 && dropped_lines_ == 0) return {};
   return fmt::format(
       "nanoddp-run: {} stopped reading: up to {} bytes of its output (a line being written may "
       "have gone in part), the last lines and any summary among them, {}were not written when "
-      "the launcher exited after waiting 10 s{}\n",
+      "the launcher exited {}{}\n",
       name_ == "stdout" ? "whatever reads stdout" : "whatever reads stderr", bytes,
       dropped_lines_ > 0 ? fmt::format("and {} lines dropped before them, ", dropped_lines_) : "",
-      drop_hint_);
+      how, drop_hint_);
 }
 
 void Console::logs_incomplete() {

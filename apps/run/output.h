@@ -42,12 +42,13 @@ class Console {
   void write(std::string_view data, bool droppable);
   // Waits until everything queued is written (or failed), up to `until`: before the launcher
   // exits. Returns whether it all went. Bounded: an outside tester's reader that never read
-  // again kept a finished job's launcher waiting for ever. Call it with the launcher's signals
-  // at their defaults, so that SIGTERM and Ctrl-C still end the wait.
+  // again kept a finished job's launcher waiting for ever. main() waits in slices, so that
+  // SIGTERM and Ctrl-C still end the wait.
   bool flush(std::chrono::steady_clock::time_point until);
   // What a flush() that timed out left unwritten, as a note for the other console ("N bytes of
-  // stdout, the last lines and the summary among them, ..."); empty when nothing is left.
-  std::string unwritten_note();
+  // stdout, the last lines and the summary among them, ...") that says how the launcher exited
+  // (`how`: "after waiting 10 s"); empty when nothing is left.
+  std::string unwritten_note(const std::string& how);
   // Where the dropped lines can still be read, for the note about them.
   void set_drop_hint(std::string hint);
   // A rank's --log-dir file missed lines (a failed write, a log that could not be opened): the

@@ -1807,6 +1807,41 @@ TEST_CASE(
   CHECK(took < 20s);  // 10 s of waiting for the reader, and the job's own moments
 }
 
+// ... and a SIGTERM during that wait ended the launcher with no word of what it dropped.
+TEST_CASE(
+    "nanoddp-run: a SIGTERM during the exit wait ends it at once, saying what was not written") {
+  TempDir dir;
+  const std::string rc = dir.file("rc"), pid = dir.file("pid"), done = dir.file("done");
+  const std::string script = fmt::format(
+      "(/bin/sh -c 'echo $$ > {}; exec \"$0\" \"$@\"' {} --nproc-per-node 1 /bin/sh -c "
+      "'yes 0123456789 | head -c 9000000; touch {}'; echo $? > {}) | sleep 25",
+      pid, bin_path("nanoddp-run"), done, rc);
+  BackgroundProcess job({"/bin/sh", "-c", script});
+  const auto appears = [](const std::string& path) {
+    for (const auto deadline = Clock::now() + 20s; Clock::now() < deadline;) {
+      if (std::filesystem::exists(path)) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  };
+  REQUIRE_MESSAGE(appears(done), job.output());
+  std::this_thread::sleep_for(1s);  // the worker ends; the launcher waits for its reader
+  const int launcher = std::stoi(read_file(pid));
+  REQUIRE(::kill(launcher, SIGTERM) == 0);
+  const auto signalled = Clock::now();
+  REQUIRE_MESSAGE(appears(rc), job.output());
+  const double took = seconds_since(signalled);
+  ::kill(-job.pid(), SIGKILL);  // and the sleep 25 that never reads
+  job.wait(5s);
+  INFO(job.output());
+  CHECK(took < 5.0);  // the note's own second at most, not the rest of the 10 s
+  CHECK(read_file(rc) == "143\n");
+  CHECK(contains(job.output(), "nanoddp-run: got SIGTERM while writing the last of the output"));
+  CHECK(std::regex_search(job.output(),
+                          std::regex(R"(whatever reads stdout stopped reading: up to [0-9]+ )"
+                                     R"(bytes of its output.* the launcher exited on SIGTERM)")));
+}
+
 namespace {
 
 // The state letter of /proc/PID/stat ('T': stopped), or '?' when it is gone.

@@ -23,8 +23,9 @@ namespace nanoddp::common {
 
 // The file `path` names, as an absolute path with every symlink followed that can be: the
 // existing part resolved by weakly_canonical, then a dangling symlink's target (weakly_canonical
-// leaves it as is), so that "x", "./x" and a link to a file not yet written all resolve to one
-// path before anything is written.
+// stops there and leaves the rest as it is), whether it is the last component (a link to a file
+// not yet written) or a folder (a folder replaced by a link to one that does not exist), so
+// that "x", "./x" and such links all resolve to one path before anything is written.
 inline std::filesystem::path resolved_path(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -33,10 +34,23 @@ inline std::filesystem::path resolved_path(const std::string& path) {
   for (int hops = 0; hops < 40; ++hops) {  // 40: the kernel's own limit on a chain of links
     const fs::path c = fs::weakly_canonical(p, ec);
     if (ec) return p.lexically_normal();
-    if (!fs::is_symlink(fs::symlink_status(c, ec))) return c;
-    const fs::path target = fs::read_symlink(c, ec);
+    // Every link on c's resolved part is followed: a component that is still a link dangles.
+    fs::path prefix;
+    fs::path rest;
+    bool dangling = false;
+    for (const fs::path& part : c) {
+      if (dangling) {
+        rest /= part;
+        continue;
+      }
+      prefix /= part;
+      dangling = prefix != prefix.root_path() && fs::is_symlink(fs::symlink_status(prefix, ec));
+    }
+    if (!dangling) return c;
+    const fs::path target = fs::read_symlink(prefix, ec);
     if (ec) return c;
-    p = target.is_absolute() ? target : c.parent_path() / target;
+    const fs::path next = target.is_absolute() ? target : prefix.parent_path() / target;
+    p = rest.empty() ? next : next / rest;
   }
   return p.lexically_normal();
 }

@@ -1569,24 +1569,39 @@ TEST_CASE("outputs: what a run killed in its final write left beside the --save 
 // A second adversary's: a symlink to a path that does not exist, put at the --save during the
 // run, had the run make that path's folder ("was removed during the run; made it again") and
 // write there, exit 0: another user could send root's output anywhere.
+// A later one's: its folder replaced by a link to a folder that does not exist failed with
+// "cannot create '.../.nanoddp-out.tmp...': No such file or directory", not this message.
 TEST_CASE("outputs: a --save that leads elsewhere than at its check is left, the output rescued") {
   TempDir dir;
   const std::string rescue = dir.file("rescue");
   fs::create_directories(rescue);
-  const std::string save = dir.file("m.st");
+  fs::create_directories(dir.file("out"));
+  std::string save;
+  std::string link;   // what the test replaces by a dangling symlink during the run
+  std::string leads;  // where the --save then leads
+  SUBCASE("the --save itself") {
+    save = link = dir.file("m.st");
+    leads = dir.file("elsewhere/x.st");
+  }
+  SUBCASE("its folder") {
+    save = dir.file("out/m.st");
+    link = dir.file("out");
+    leads = dir.file("elsewhere/x.st/m.st");
+  }
   BackgroundProcess trainer(
       with_env({{"TMPDIR", rescue}},
                train_argv({"--steps", kLongRun, "--log-every", "2000", "--save", save})));
   stop_when_training(trainer);
-  fs::create_symlink(dir.file("elsewhere/x.st"), save);
+  fs::remove_all(link);
+  fs::create_symlink(dir.file("elsewhere/x.st"), link);
   trainer.send(SIGCONT);
   const auto status = trainer.wait(kLongRunEnd);
   INFO(status_text(status), "\n", trainer.output());
   CHECK(exited_with(status, 1));
   CHECK(contains(trainer.output(), "'" + save + "' was changed during this run to lead to '" +
-                                       dir.file("elsewhere/x.st") + "', not '" + save + "'"));
+                                       leads + "', not '" + save + "'"));
   CHECK_FALSE(fs::exists(dir.file("elsewhere")));
-  CHECK(fs::is_symlink(save));
+  CHECK(fs::is_symlink(link));
   const std::string rescued = rescued_file(trainer.output(), "m.st");
   REQUIRE_FALSE(rescued.empty());
   CHECK(nanoddp::nn::read_safetensors(rescued).metadata().at("step") == kLongRun);

@@ -4,6 +4,9 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +16,7 @@
 #include <filesystem>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "classification.h"
 #include "common/output_files.h"
@@ -50,9 +54,57 @@ void check_dir_writable(const std::string& flag, const std::string& dir,
            std::strerror(errno));
     }
     ::close(fd);
-    ::unlink(probe.c_str());
+    // Outputs are put in place by rename, and a staged file is removed when its write fails: a
+    // folder that takes new files but lets none be renamed or removed (chattr +a) would fail
+    // only after the last step.
+    const std::string renamed = probe.string() + ".renamed";
+    if (::rename(probe.c_str(), renamed.c_str()) != 0) {
+      const int err = errno;
+      const bool removed = ::unlink(probe.c_str()) == 0;
+      fail(
+          "{} '{}' lets files be created but not renamed (renaming '{}': {}), and outputs are put "
+          "in place by rename: an append-only folder (chattr +a)? Remove the attribute or name "
+          "another folder{}",
+          flag, dir, probe.string(), std::strerror(err),
+          removed ? "" : fmt::format(" (the probe '{}' is left there)", probe.string()));
+    }
+    if (::unlink(renamed.c_str()) != 0) {
+      fail(
+          "{} '{}' lets files be created but not removed (removing '{}': {}), as the run does "
+          "with a staged file whose write failed: an append-only folder (chattr +a)? Remove the "
+          "attribute or name another folder (the probe '{}' is left there)",
+          flag, dir, renamed, std::strerror(errno), renamed);
+    }
     return;
   }
+}
+
+// Why an existing file cannot be replaced by rename though it opens for writing (what it is,
+// what to do), if so: an append-only or immutable file (chattr +a, +i: EPERM), or a mount point
+// (a file bind-mounted there: EBUSY). Both passed the checks before step 1 and failed the
+// install after the last.
+std::optional<std::pair<std::string, std::string>> not_replaceable(const std::string& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd >= 0) {
+    int attributes = 0;
+    const bool got = ::ioctl(fd, FS_IOC_GETFLAGS, &attributes) == 0;
+    ::close(fd);
+    if (got && (attributes & (FS_APPEND_FL | FS_IMMUTABLE_FL)) != 0) {
+      const bool append = (attributes & FS_APPEND_FL) != 0;
+      return std::pair{fmt::format("is {} (chattr +{})", append ? "append-only" : "immutable",
+                                   append ? 'a' : 'i'),
+                       fmt::format("Remove the attribute (chattr -{} '{}') or give another name",
+                                   append ? 'a' : 'i', file)};
+    }
+  }
+  struct statx info {};
+  if (::statx(AT_FDCWD, file.c_str(), AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS, &info) == 0 &&
+      (info.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0 &&
+      (info.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0) {
+    return std::pair{std::string("is a mount point (a file mounted there, e.g. a bind mount)"),
+                     std::string("Give a name nothing is mounted on")};
+  }
+  return std::nullopt;
 }
 
 // An output FILE given by `flag`, checked before step 1 instead of failing after the last one:
@@ -124,6 +176,12 @@ void check_output_file(const std::string& flag, const std::string& path,
     const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) fail("{} '{}' exists and is not writable: {}", flag, path, std::strerror(errno));
     ::close(fd);
+    if (const auto why = not_replaceable(target.string())) {
+      fail(
+          "{} '{}' {}, and the output is put in place after training by a rename over it, "
+          "which that refuses. {}",
+          flag, path, why->first, why->second);
+    }
   }
 }
 

@@ -309,6 +309,57 @@ TEST_CASE("inputs: output paths that cannot be written are refused before step 1
   CHECK(text == "mine");
 }
 
+// An outside adversary's: a file that opens for writing but that no rename can replace passed
+// every check before step 1, and the output was rescued only after the last step.
+TEST_CASE("inputs: an output that a rename cannot replace is refused before step 1 (exit 2)") {
+  TempDir dir;
+  const auto sh = [](const std::string& command) {
+    return run_process({"/bin/sh", "-c", command}, {.timeout = std::chrono::seconds(10)});
+  };
+  const std::string file = dir.file("m.st");
+  std::ofstream(file) << "earlier";
+  const std::string folder = dir.file("folder");
+  fs::create_directories(folder);
+  struct Case {
+    std::string name, set_up, undo, save, expected;
+  };
+  const std::vector<Case> cases = {
+      {"append-only file", "chattr +a '" + file + "'", "chattr -a '" + file + "'", file,
+       "--save '" + file +
+           "' is append-only (chattr +a), and the output is put in place after "
+           "training by a rename over it, which that refuses. Remove the attribute (chattr -a '" +
+           file + "')"},
+      {"immutable file", "chattr +i '" + file + "'", "chattr -i '" + file + "'", file,
+       "--save '" + file + "' exists and is not writable: Operation not permitted"},
+      {"bind-mounted file",
+       "touch '" + dir.file("other") + "' && mount --bind '" + dir.file("other") + "' '" + file +
+           "'",
+       "umount '" + file + "'", file,
+       "--save '" + file + "' is a mount point (a file mounted there, e.g. a bind mount)"},
+      {"append-only folder", "chattr +a '" + folder + "'", "chattr -a '" + folder + "'",
+       folder + "/m.st",
+       "the folder of --save '" + folder + "' lets files be created but not renamed"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    const ProcessResult set_up = sh(c.set_up);
+    if (set_up.exit_code != 0) {
+      // chattr needs CAP_LINUX_IMMUTABLE and a file system that keeps the flags (ext4, xfs);
+      // mount needs CAP_SYS_ADMIN.
+      MESSAGE("SKIPPED: '", c.set_up, "' is not possible here: ", set_up.output);
+      continue;
+    }
+    const ProcessResult r = train({"--steps", "50", "--save", c.save});
+    const ProcessResult undo = sh(c.undo);
+    INFO(r.output);
+    CHECK(undo.exit_code == 0);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, c.expected));
+    CHECK_FALSE(contains(r.output, "step  1/"));  // no step ran
+    CHECK(read_file(file) == "earlier");
+  }
+}
+
 TEST_CASE("inputs: a full disk under --metrics is one warning naming the file, training goes on") {
   TempDir dir;
   SmallDisk disk(dir.file("small"), "64k");

@@ -5,6 +5,7 @@
 
 #include <map>
 
+#include "nanoddp/comm/process_group.h"
 #include "nanoddp/kernels/error.h"
 
 namespace nanoddp::comm {
@@ -62,10 +63,19 @@ void check_same_on_all_ranks(Store& store, int rank, int size, const std::string
       parts.push_back(
           fmt::format("{} {} {}", ranks_text(ranks), ranks.size() == 1 ? "has" : "have", value));
     }
-    fail(
+    const std::string message = fmt::format(
         "the ranks disagree on {} #{} (of {} on rank 0): {}. Every rank must run the same model "
         "and settings; this is rank {}.",
         what, i, all[0].size(), fmt::join(parts, "; "), rank);
+    // One rank against all the others (of three or more) is the odd one: on every other rank
+    // this failure is that rank's, so that a launcher names it as the one that failed first.
+    if (holders.size() == 2 && size >= 3) {
+      for (const auto& [value, ranks] : holders) {
+        if (ranks.size() == 1 && ranks.front() != rank)
+          throw PeerFailedError(ranks.front(), message);
+      }
+    }
+    fail("{}", message);
   }
 }
 

@@ -42,14 +42,12 @@ std::string warn_text(const std::string& path, const char* what) {
 void record_failure(const std::string& message, bool caused_by_peer, std::optional<int> peer_rank) {
   const char* ours = std::getenv("NANODDP_ERROR_FILE");
   const char* torchrun = std::getenv("TORCHELASTIC_ERROR_FILE");
-  std::string path;
-  if (ours != nullptr && *ours != '\0') {
-    path = ours;
-  } else if (torchrun != nullptr && *torchrun != '\0' && !caused_by_peer) {
-    path = torchrun;
-  } else {
-    return;
-  }
+  if (torchrun == nullptr || *torchrun == '\0') return;
+  // nanoddp-run sets both to one path. A NANODDP_ERROR_FILE that differs was inherited from
+  // elsewhere (torchrun started from a shell or job that had it): torchrun's own file wins.
+  const bool under_nanoddp_run = ours != nullptr && std::string(ours) == torchrun;
+  if (caused_by_peer && !under_nanoddp_run) return;
+  const std::string path = torchrun;
   const auto now = std::chrono::system_clock::now().time_since_epoch();
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now).count();
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(now).count();

@@ -24,11 +24,11 @@ struct FailureRecord {
   std::int64_t time_ns = 0;      // CLOCK_REALTIME: comparable across the workers of one host
 };
 
-// Writes `record` (time_ns: now) where the launcher asked for it. Under torchrun alone
-// (TORCHELASTIC_ERROR_FILE without NANODDP_ERROR_FILE) a failure caused by a peer writes
-// nothing: torchrun compares whole seconds and names the lower rank on a tie, and without a
-// file the time it noticed the exit ranks it after the rank that failed first. Never throws: a
-// file that cannot be written costs a warning on stderr.
+// Writes the record (time: now) to TORCHELASTIC_ERROR_FILE, where the launcher asked for it.
+// Under torchrun (NANODDP_ERROR_FILE unset, or not the same path: inherited from elsewhere) a
+// failure caused by a peer writes nothing: torchrun compares whole seconds and names the lower
+// rank on a tie, and without a file the time it noticed the exit ranks it after the rank that
+// failed first. Never throws: a file that cannot be written costs a warning on stderr.
 void record_failure(const std::string& message, bool caused_by_peer,
                     std::optional<int> peer_rank = std::nullopt);
 

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -133,6 +134,15 @@ std::string one_line(const std::string& message) {
     out = out.substr(0, cut) + " [...]";
   }
   return out;
+}
+
+// The state letter of /proc/PID/stat ('T': stopped), or '?'.
+char process_state(pid_t pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  std::getline(stat, line);
+  const auto paren = line.rfind(')');  // the name in parentheses may hold anything
+  return paren == std::string::npos || paren + 2 >= line.size() ? '?' : line[paren + 2];
 }
 
 std::int64_t realtime_ns() {
@@ -306,9 +316,20 @@ void Attempt::begin_stop(int signo) {
     stopping_ = true;
     deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                    std::chrono::duration<double>(options_.grace_period_s));
-    for (Worker& w : workers_) w.result.stopped_by_launcher = w.running;
+    for (Worker& w : workers_) {
+      w.result.stopped_by_launcher = w.running;
+      // A worker suspended (SIGSTOP) while the others failed is likely why they did: their
+      // collectives waited for it until their timeout. Said in the table, as nothing else
+      // points at it (an outside tester's).
+      if (w.running && launcher_signal_ == 0 && process_state(w.result.pid) == 'T') {
+        w.result.cause = "it was suspended (SIGSTOP) when the others failed";
+      }
+    }
   }
   signal_groups(signo);
+  // A suspended worker acts on the signal only once continued: it would otherwise wait out the
+  // whole grace period for its SIGKILL (as systemd does, SIGCONT follows).
+  signal_groups(SIGCONT);
 }
 
 void Attempt::handle_signals() {
@@ -379,8 +400,9 @@ bool Attempt::any_running() const {
 // worker's own: a worker whose error file says another rank's failure caused its own often exits
 // first (after rank 0 failed to write a checkpoint, rank 1 was told through the store and
 // exited while rank 0 was still saying why). So while only such workers have failed, the
-// others are given up to kSettle to end on their own before they are stopped; the first of them
-// is named only when none did.
+// others are given up to kSettle to end on their own before they are stopped (and, in elastic
+// rounds, another node up to kSettle to end the round with its verdict); the first of them is
+// named only when none did.
 void Attempt::consider_failures() {
   if (first_failed_ >= 0 || failed_.empty() || launcher_signal_ != 0) return;
   int named = -1;
@@ -392,14 +414,20 @@ void Attempt::consider_failures() {
     }
   }
   if (named < 0) {
-    if (!stopping_ && any_running() && Clock::now() < settle_until_) return;
+    // Another node's verdict ended the round (elastic): the rank that failed first is named
+    // there, and every local failure so far was caused by it.
+    if (ended_) return;
+    // Elastic rounds wait even with no local worker left: the node of the rank that failed
+    // first may still end the round with its verdict.
+    const bool others_may_say = any_running() || round_.stop != nullptr;
+    if (!stopping_ && others_may_say && Clock::now() < settle_until_) return;
     named = failed_.front();
   }
   first_failed_ = named;
   const WorkerResult& w = workers_[static_cast<std::size_t>(named)].result;
   say("rank {} (pid {}) failed: {}; stopping the other workers (SIGTERM, SIGKILL after {} s)",
       w.rank, w.pid, describe(w), options_.grace_period_s);
-  if (round_.on_failure) {
+  if (round_.on_failure && !ended_) {
     round_.on_failure(fmt::format("rank {} failed: {}", w.rank, describe(w)), exit_code_of(w));
   }
   begin_stop(SIGTERM);
@@ -514,7 +542,9 @@ AttemptOutcome Attempt::run() {
     consider_failures();
     const bool any_running =
         std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
-    if (!stopping_ && !any_running) break;
+    // Not while a failure waits to be named (consider_failures()): an elastic round's last
+    // worker that failed because of another node's rank waits for that node's verdict.
+    if (!stopping_ && !any_running && (failed_.empty() || first_failed_ >= 0)) break;
     // After the SIGKILL too, until the groups are empty: a killed worker's child takes a moment
     // to die and be reaped (by this launcher, its subreaper); leaving before would hand it to
     // init alive. Bounded: a process in an uninterruptible wait dies only when that wait ends.
@@ -551,7 +581,8 @@ AttemptOutcome Attempt::finish(Clock::time_point started) {
     first.failed_first = true;
     say("{} failed after {:.1f} s", round_.label, seconds);
     Console::err().write(result_table(results), false);
-    say("rank {} (pid {}) failed first: {}{}", first.rank, first.pid, describe(first),
+    say("rank {} (pid {}) failed first: {}{}{}", first.rank, first.pid, describe(first),
+        first.cause.empty() ? std::string() : ", " + first.cause,
         first.message.empty() ? std::string() : ": " + one_line(first.message));
     return {Outcome::kFailed, exit_code_of(first), {}};
   }
@@ -559,6 +590,10 @@ AttemptOutcome Attempt::finish(Clock::time_point started) {
     say("{} ended after {:.1f} s: {}", round_.label, seconds, *ended_);
     Console::err().write(result_table(results), false);
     return {Outcome::kEnded, 1, *ended_};
+  }
+  if (std::any_of(results.begin(), results.end(), failed)) {
+    // Unreachable by the loop above; a failure must never be reported as a success.
+    throw std::logic_error(fmt::format("{}: a worker failed, but none was named", round_.label));
   }
   say("all {} workers exited 0 ({}, {:.1f} s)", results.size(), round_.label, seconds);
   return {Outcome::kSucceeded, 0, {}};

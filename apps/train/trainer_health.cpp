@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "nanoddp/comm/process_group.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/trace.h"
 #include "nanoddp/kernels/error.h"
@@ -54,7 +55,15 @@ float Trainer::apply_health(const StepHealth& health, std::int64_t step) {
           what);
     }
     if (!o_.skip_nonfinite) {
-      fail("{}. Lower --lr, check the data, or pass --skip-nonfinite to skip such steps.", what);
+      const std::string message = fmt::format(
+          "{}. Lower --lr, check the data, or pass --skip-nonfinite to skip such steps.", what);
+      // Where the loss is finite here, the failure is the first bad rank's: a launcher names
+      // that rank as the one that failed first, not whichever rank exits first.
+      if (!bad_ranks.empty() &&
+          std::find(bad_ranks.begin(), bad_ranks.end(), rank_) == bad_ranks.end()) {
+        throw comm::PeerFailedError(bad_ranks.front(), message);
+      }
+      fail("{}", message);
     }
     ++skipped_steps_;
     if (is_main()) {

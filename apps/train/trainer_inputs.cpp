@@ -452,7 +452,12 @@ void Trainer::check_same_files(const std::string& key, const std::vector<std::st
     for (std::size_t i = 0; i < items.size(); ++i) {
       if (what.find(fmt::format("#{} ", i)) != std::string::npos) here = paths[i];
     }
-    fail("{}{}", what, here.empty() ? "" : fmt::format(" This rank read {}.", here));
+    const std::string message =
+        fmt::format("{}{}", what, here.empty() ? "" : fmt::format(" This rank read {}.", here));
+    if (const auto* peer = dynamic_cast<const comm::PeerFailedError*>(&e)) {
+      throw comm::PeerFailedError(peer->rank(), message);
+    }
+    fail("{}", message);
   }
 }
 

@@ -116,13 +116,40 @@ TEST_CASE("error file: under torchrun alone a failure caused by a peer writes no
   CHECK(r->message == "cannot create the checkpoint directory");
 }
 
+// An outside tester's: torchrun started from a shell that had NANODDP_ERROR_FILE (from an
+// earlier nanoddp-run job, say) had every rank write there, and torchrun's summary lost the
+// message.
+TEST_CASE("error file: under torchrun an inherited NANODDP_ERROR_FILE is not used") {
+  TempDir dir;
+  const std::string inherited = dir.file("inherited.json");
+  const std::string own = dir.file("attempt_0-1-error.json");
+  ScopedEnv ours("NANODDP_ERROR_FILE", inherited);
+  ScopedEnv torchrun("TORCHELASTIC_ERROR_FILE", own);
+  record_failure("rank 0 failed writing a checkpoint", true, 0);
+  CHECK_FALSE(std::filesystem::exists(own));
+  record_failure("cannot create the checkpoint directory", false);
+  const auto r = read_failure_record(own);
+  REQUIRE(r.has_value());
+  CHECK(r->message == "cannot create the checkpoint directory");
+  CHECK_FALSE(std::filesystem::exists(inherited));
+}
+
 TEST_CASE("error file: no launcher asked for one, or it cannot be written: nothing thrown") {
+  TempDir dir;
   {
     ScopedEnv ours("NANODDP_ERROR_FILE", std::nullopt);
     ScopedEnv torchrun("TORCHELASTIC_ERROR_FILE", std::nullopt);
     CHECK_NOTHROW(record_failure("x", false));
   }
+  {
+    // Set by hand without torchrun's: nothing to write to.
+    ScopedEnv ours("NANODDP_ERROR_FILE", dir.file("alone.json"));
+    ScopedEnv torchrun("TORCHELASTIC_ERROR_FILE", std::nullopt);
+    record_failure("x", false);
+    CHECK_FALSE(std::filesystem::exists(dir.file("alone.json")));
+  }
   ScopedEnv ours("NANODDP_ERROR_FILE", "/nonexistent-folder/rank-0.json");
+  ScopedEnv torchrun("TORCHELASTIC_ERROR_FILE", "/nonexistent-folder/rank-0.json");
   CHECK_NOTHROW(record_failure("x", false));
 }
 

@@ -642,6 +642,43 @@ TEST_CASE("nanoddp-run --nnodes 1:1: a standby of a job that finishes reads its 
 // beat there only once its workers had stopped, and with a grace period past T the round's
 // other nodes found it lost: with no restart left, a job with one crash failed. Its launcher
 // now beats in the next round as soon as that round has closed with it.
+// An outside tester's: in elastic rounds a rank told of another node's failure ended the round
+// first, and every node named it; the 3 s wait for the rank that failed on its own applied only
+// while a local worker still ran.
+TEST_CASE(
+    "nanoddp-run --nnodes 2:2: the round's verdict names the rank that failed first, not "
+    "the one it stopped on another node") {
+  TempDir dir;
+  const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());
+  // Rank 1 (node b) says at once that rank 0 failed; rank 0 (node a) fails a second later.
+  const std::string worker =
+      "echo round $NANODDP_RESTART_COUNT; if [ $RANK = 1 ]; then " +
+      peer_failure_record("rank 0 failed writing a checkpoint, so every rank stops", 0) +
+      "; exit 1; fi; sleep 1; printf '{\"message\": \"disk full\", \"timestamp\": 1}' > "
+      "\"$NANODDP_ERROR_FILE\"; exit 5";
+  const auto argv =
+      run_argv({"--nnodes", "2:2", "--rdzv-endpoint", endpoint, "--max-restarts", "0",
+                "--heartbeat-timeout", "5", "--grace-period", "1", "--rdzv-last-call", "1"},
+               worker);
+  BackgroundProcess a(named(argv, "a"));
+  REQUIRE(a.wait_for_output(
+      [](const std::string& out) { return contains(out, "serving the rendezvous store"); }, 20s));
+  BackgroundProcess b(named(argv, "b"));
+  const std::optional<int> status_a = a.wait(40s), status_b = b.wait(40s);
+  INFO(a.output(), "\n----\n", b.output());
+  REQUIRE(status_a.has_value());
+  REQUIRE(status_b.has_value());
+  CHECK(*status_a != 0);
+  CHECK(*status_b != 0);
+  for (const std::string& out : {a.output(), b.output()}) {
+    CHECK(contains(out, "round 0 ended: node 0 (127.0.0.1): rank 0 failed: exit code 5"));
+    CHECK_FALSE(contains(out, "rank 1 failed"));
+  }
+  CHECK(std::regex_search(b.output(),
+                          std::regex(R"(\n +1 +0 +[0-9]+ +exit code 1, because rank 0 failed\n)")));
+  CHECK_FALSE(contains(b.output(), "<- failed first"));
+}
+
 TEST_CASE("nanoddp-run --nnodes 2:2: a node stopping its workers for longer than T is not lost") {
   TempDir dir;
   const std::string endpoint = fmt::format("127.0.0.1:{}", nanoddp::testing::free_port());

@@ -235,6 +235,39 @@ TEST_CASE(
                           std::regex(R"(\n +1 +1 +[0-9]+ +exit code 1, because rank 0 failed\n)")));
 }
 
+// An outside tester's: with rank 0 suspended (SIGSTOP), the others timed out in their
+// collectives and one was named first, with nothing pointing at rank 0; and rank 0, still
+// suspended, took its SIGTERM only at the SIGKILL after the whole grace period.
+TEST_CASE(
+    "under nanoddp-run a suspended rank is pointed at, and stopped without its grace period") {
+  std::vector<std::string> argv = {bin_path("nanoddp-run"), "--nproc-per-node", "3",
+                                   "--grace-period", "30"};
+  for (const auto& a : train_argv({"--steps", "10000000", "--log-every", "1000"})) {
+    argv.push_back(a);
+  }
+  std::map<std::string, std::string> env = fault_env();
+  env["NANODDP_TIMEOUT_S"] = "3";
+  BackgroundProcess launcher(with_env(env, argv));
+  REQUIRE_MESSAGE(launcher.wait_for_output(has_progress, 30s), launcher.output());
+  pid_t victim = -1;
+  for (const pid_t child : children_of(launcher.pid())) {
+    if (environ_of(child, "RANK") == "0") victim = child;
+  }
+  REQUIRE(victim > 0);
+  REQUIRE(kill(victim, SIGSTOP) == 0);
+  const auto status = launcher.wait(25s);  // less than the grace period
+  INFO(status_text(status), "\n", launcher.output());
+  REQUIRE(status.has_value());
+  CHECK(exited_with(status, 1));
+  CHECK(std::regex_search(
+      launcher.output(),
+      std::regex(R"(\n +0 +0 +[0-9]+ +stopped by launcher \(killed by SIGTERM\), )"
+                 R"(it was suspended \(SIGSTOP\) when the others failed\n)")));
+  CHECK(
+      std::regex_search(launcher.output(),
+                        std::regex(R"(failed first: exit code 1, after a communication failure)")));
+}
+
 namespace {
 
 // Whether a process with this pid still exists (a zombie, awaiting its reaper, counts as gone).
@@ -621,6 +654,40 @@ TEST_CASE("an Inf loss on one rank only stops every rank at that step, naming th
     CHECK(r.exit_code == 1);
     CHECK(contains(r.output, "the loss became inf at step 3 on rank 1."));
   }
+}
+
+// An outside tester's: every rank reported the Inf as its own failure, and nanoddp-run named
+// whichever exited first (rank 0 in 7 of 15 runs). Rank 1's wrapper waits a second after the
+// trainer, so rank 0 always exits first.
+TEST_CASE("under nanoddp-run an Inf loss on rank 1 names rank 1 first, whoever exits first") {
+  TempDir dir;
+  write_poisoned_data(dir, 21);
+  std::vector<std::string> argv = {bin_path("nanoddp-run"),
+                                   "--nproc-per-node",
+                                   "2",
+                                   "/bin/sh",
+                                   "-c",
+                                   R"("$0" "$@"; rc=$?; [ "$RANK" = 1 ] && sleep 1; exit $rc)",
+                                   bin_path("nanoddp-train"),
+                                   "--data",
+                                   dir.file("x.npy"),
+                                   "--targets",
+                                   dir.file("y.npy"),
+                                   "--layers",
+                                   "0",
+                                   "--batch",
+                                   "4",
+                                   "--no-shuffle",
+                                   "--epochs",
+                                   "3",
+                                   "--quiet"};
+  const ProcessResult r = run_process(argv, {.env = fault_env(), .timeout = 60s});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(std::regex_search(r.output, std::regex(R"(rank 1 \(pid [0-9]+\) failed first: exit code )"
+                                               R"(1: the loss became inf at step 3 on rank 1\.)")));
+  CHECK(std::regex_search(r.output,
+                          std::regex(R"(\n +0 +0 +[0-9]+ +exit code 1, because rank 1 failed\n)")));
 }
 
 TEST_CASE("--skip-nonfinite skips the poisoned step on every rank and keeps training") {

@@ -326,8 +326,8 @@ TEST_CASE("nanoddp-run names the rank that failed first from the workers' error 
     CHECK(seconds_since(start) < 15.0);
     CHECK(r.exit_code == 1);
     CHECK(std::regex_search(
-        r.output,
-        std::regex(R"(rank 1 \(pid [0-9]+\) failed first: exit code 1: rank 0 did not)")));
+        r.output, std::regex(R"(rank 1 \(pid [0-9]+\) failed first: exit code 1, because rank 0 )"
+                             R"(failed: rank 0 did not)")));
     CHECK(contains(r.output, "stopped by launcher (killed by SIGTERM)"));
   }
   SUBCASE("PyTorch's record() format, from a program that is not nanoddp's") {

@@ -1692,7 +1692,8 @@ TEST_CASE("outputs: a SIGTERM during the final write waits until the --save is i
   }
   TempDir dir;
   const std::string save = dir.file("m.st");
-  // The writer's rename of its temporary over the staged name, held 3 s.
+  // The writer's rename of its temporary over the staged name, held 3 s: the second rename of
+  // the run (the first is the write probe's, before step 1).
   std::vector<std::string> argv = {"/usr/bin/strace",
                                    "-f",
                                    "-o",
@@ -1700,7 +1701,7 @@ TEST_CASE("outputs: a SIGTERM during the final write waits until the --save is i
                                    "-e",
                                    "trace=rename",
                                    "-e",
-                                   "inject=rename:delay_enter=3000000:when=1"};
+                                   "inject=rename:delay_enter=3000000:when=2"};
   const auto train = train_argv({"--steps", "20", "--quiet", "--save", save});
   argv.insert(argv.end(), train.begin(), train.end());
   BackgroundProcess tracer(with_env(traced_env({}), argv));

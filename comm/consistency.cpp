@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <map>
 
 #include "nanoddp/comm/process_group.h"
@@ -67,12 +68,25 @@ void check_same_on_all_ranks(Store& store, int rank, int size, const std::string
         "the ranks disagree on {} #{} (of {} on rank 0): {}. Every rank must run the same model "
         "and settings; this is rank {}.",
         what, i, all[0].size(), fmt::join(parts, "; "), rank);
-    // One rank against all the others (of three or more) is the odd one: on every other rank
-    // this failure is that rank's, so that a launcher names it as the one that failed first.
-    if (holders.size() == 2 && size >= 3) {
-      for (const auto& [value, ranks] : holders) {
-        if (ranks.size() == 1 && ranks.front() != rank)
-          throw PeerFailedError(ranks.front(), message);
+    // The ranks outside the one largest group (of three or more ranks) are the odd ones: on a
+    // rank of that group this failure is theirs, so that a launcher names one of them as the
+    // one that failed first. A tie (1 against 1, 2 against 2) names no one.
+    const std::vector<int>* largest = nullptr;
+    bool tie = false;
+    for (const auto& entry : holders) {
+      const std::vector<int>& ranks = entry.second;
+      if (largest == nullptr || ranks.size() > largest->size()) {
+        largest = &ranks;
+        tie = false;
+      } else if (ranks.size() == largest->size()) {
+        tie = true;
+      }
+    }
+    if (!tie && std::find(largest->begin(), largest->end(), rank) != largest->end()) {
+      for (int r = 0; r < size; ++r) {
+        if (std::find(largest->begin(), largest->end(), r) == largest->end()) {
+          throw PeerFailedError(r, message);
+        }
       }
     }
     fail("{}", message);

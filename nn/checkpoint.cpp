@@ -143,7 +143,18 @@ std::string save_checkpoint(const std::string& dir, const Module& model, const O
   }
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) fail("cannot create the checkpoint directory '{}': {}", dir, ec.message());
+  if (ec) {
+    // A symbolic link to nothing (a folder replaced by one during the run) fails with "File
+    // exists", which names neither the link nor where it leads.
+    std::error_code link_ec;
+    if (fs::is_symlink(fs::symlink_status(dir, link_ec)) && !fs::exists(dir, link_ec)) {
+      fail(
+          "cannot create the checkpoint directory '{}': it is a symbolic link to '{}', which does "
+          "not exist",
+          dir, fs::read_symlink(dir, link_ec).string());
+    }
+    fail("cannot create the checkpoint directory '{}': {}", dir, ec.message());
+  }
   remove_stale_temporaries(dir);
 
   std::vector<HostTensor> tensors = gather(model, optimizer, optimizer_state);

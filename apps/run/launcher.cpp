@@ -187,6 +187,7 @@ class Attempt {
   void poll_once();
   void reap();
   void consider_failures();
+  std::string cause_text(const common::FailureRecord& record, int rank) const;
   bool any_running() const;
   void drain_and_close();
   void keep_logs_reachable();
@@ -212,6 +213,7 @@ class Attempt {
   std::vector<int> failed_;
   std::vector<std::optional<common::FailureRecord>> records_;
   Clock::time_point settle_until_;    // see consider_failures()
+  std::int64_t stopped_at_ns_ = 0;    // realtime_ns() when the stop began
   std::optional<std::string> ended_;  // round_.stop's reason, once it ended the round
   std::set<pid_t> orphans_;           // workers' children that ended after their parent (reap())
 };
@@ -314,6 +316,7 @@ bool Attempt::groups_empty() const {
 void Attempt::begin_stop(int signo) {
   if (!stopping_) {
     stopping_ = true;
+    stopped_at_ns_ = realtime_ns();
     deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                    std::chrono::duration<double>(options_.grace_period_s));
     for (Worker& w : workers_) {
@@ -373,23 +376,40 @@ void Attempt::reap() {
     Worker& w = *it;
     w.running = false;
     w.result.wait_status = status;
+    const auto i = static_cast<std::size_t>(it - workers_.begin());
     if (failed(w.result) && !w.result.stopped_by_launcher && first_failed_ < 0 &&
         launcher_signal_ == 0) {
-      const auto i = static_cast<std::size_t>(it - workers_.begin());
       auto record = common::read_failure_record(errors_.file(w.result.rank));
       if (!record) {
         record = common::FailureRecord{.time_ns = realtime_ns()};  // when it was seen to exit
       } else if (record->caused_by_peer) {
-        w.result.cause = record->peer_rank
-                             ? fmt::format("because rank {} failed", *record->peer_rank)
-                             : std::string("after a communication failure");
+        w.result.cause = cause_text(*record, w.result.rank);
         if (failed_.empty()) settle_until_ = Clock::now() + kSettle;
       }
       w.result.message = record->message;
       records_[i] = std::move(record);
       failed_.push_back(static_cast<int>(i));
+    } else if (failed(w.result) && w.result.stopped_by_launcher && w.result.cause.empty()) {
+      // Stopped by this launcher, but it had failed (or been told of a failure) before the stop
+      // reached it: its row says so, as its own output does (an outside tester's). A record
+      // written after the stop (a program that records its SIGTERM) is not.
+      const auto record = common::read_failure_record(errors_.file(w.result.rank));
+      if (record && record->time_ns < stopped_at_ns_) {
+        w.result.cause = record->caused_by_peer ? cause_text(*record, w.result.rank)
+                                                : std::string("it had failed on its own too");
+      }
     }
   }
+}
+
+// "because rank R failed", for a record that says another rank's failure caused this one. A
+// rank the record names that is not another rank of this round is not repeated.
+std::string Attempt::cause_text(const common::FailureRecord& record, int rank) const {
+  if (!record.peer_rank) return "after a communication failure";
+  if (*record.peer_rank == rank || *record.peer_rank >= round_.world_size) {
+    return "because another rank failed";
+  }
+  return fmt::format("because rank {} failed", *record.peer_rank);
 }
 
 bool Attempt::any_running() const {

@@ -2,8 +2,10 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <linux/fs.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -398,11 +400,18 @@ std::string replace_checked(const std::string& staged, const std::string& target
 // not.
 std::string install(const std::string& staged, const std::string& target,
                     const common::FileState& checked, const struct stat& ours, const char* flag) {
-  const std::string taken = fmt::format(
-      "'{}' was written or changed by another process during this run (another job given the same "
-      "{}?) and "
-      "is left as it is",
-      target, flag);
+  // A file made append-only, immutable or mounted over during the run changes too (its ctime),
+  // but no other job wrote it: said as it is (an outside tester's).
+  const auto unreplaceable = not_replaceable(target);
+  const std::string taken =
+      unreplaceable ? fmt::format(
+                          "'{}' {} since its check before step 1, which a rename over it cannot "
+                          "replace, and is left as it is",
+                          target, unreplaceable->what)
+                    : fmt::format(
+                          "'{}' was written or changed by another process during this run (another "
+                          "job given the same {}?) and is left as it is",
+                          target, flag);
   if (checked.exists) {
     // Replacing the file that was there: under its lock, so that two jobs replacing it at once
     // take turns, and the second finds the first's file. Opened for writing when it cannot be
@@ -467,6 +476,32 @@ std::string keep_beside(const std::string& staged, const fs::path& folder,
 
 bool is_staged_name(const std::string& filename) {
   return filename.starts_with(kStagedMark) || filename.starts_with(fmt::format(".{}", kStagedMark));
+}
+
+std::optional<NotReplaceable> not_replaceable(const std::string& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd >= 0) {
+    int attributes = 0;
+    const bool got = ::ioctl(fd, FS_IOC_GETFLAGS, &attributes) == 0;
+    ::close(fd);
+    if (got && (attributes & (FS_APPEND_FL | FS_IMMUTABLE_FL)) != 0) {
+      const char flag = (attributes & FS_APPEND_FL) != 0 ? 'a' : 'i';
+      return NotReplaceable{
+          .what =
+              fmt::format("is {} (chattr +{})", flag == 'a' ? "append-only" : "immutable", flag),
+          .fix = fmt::format("Remove the attribute (chattr -{} '{}') or give another name", flag,
+                             file)};
+    }
+  }
+  struct statx info {};
+  if (::statx(AT_FDCWD, file.c_str(), AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS, &info) == 0 &&
+      (info.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0 &&
+      (info.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0) {
+    return NotReplaceable{.what = "is a mount point (a file mounted there, e.g. a bind mount)",
+                          .fix = "Give a name nothing is mounted on",
+                          .mount_point = true};
+  }
+  return std::nullopt;
 }
 
 std::string write_final_output(const char* flag, const std::string& path,

@@ -14,6 +14,7 @@
 // docs/reliability.md (row 71) lists what outside adversaries tried against it.
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "common/output_files.h"
@@ -32,6 +33,16 @@ class HeldSignals {
   HeldSignals& operator=(const HeldSignals&) = delete;
   static int arrived();  // the signal that arrived meanwhile, or 0
 };
+
+// Why an existing file cannot be replaced by rename though it may open for writing: an
+// append-only or immutable file (chattr +a, +i: EPERM), or a mount point (a file bind-mounted
+// there: EBUSY). Both passed the checks before step 1 and failed the install after the last.
+struct NotReplaceable {
+  std::string what;  // "is append-only (chattr +a)"
+  std::string fix;   // what to do
+  bool mount_point = false;
+};
+std::optional<NotReplaceable> not_replaceable(const std::string& file);
 
 // Whether `filename` is a name write_final_output gives its own files (".nanoddp-out.tmp.*",
 // "..nanoddp-out.tmp.*"): an output named so would be taken for a killed run's leftover.

@@ -4,9 +4,6 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <linux/fs.h>
-#include <sys/ioctl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -79,39 +76,11 @@ void check_dir_writable(const std::string& flag, const std::string& dir,
   }
 }
 
-// Why an existing file cannot be replaced by rename though it opens for writing (what it is,
-// what to do), if so: an append-only or immutable file (chattr +a, +i: EPERM), or a mount point
-// (a file bind-mounted there: EBUSY). Both passed the checks before step 1 and failed the
-// install after the last.
-std::optional<std::pair<std::string, std::string>> not_replaceable(const std::string& file) {
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd >= 0) {
-    int attributes = 0;
-    const bool got = ::ioctl(fd, FS_IOC_GETFLAGS, &attributes) == 0;
-    ::close(fd);
-    if (got && (attributes & (FS_APPEND_FL | FS_IMMUTABLE_FL)) != 0) {
-      const bool append = (attributes & FS_APPEND_FL) != 0;
-      return std::pair{fmt::format("is {} (chattr +{})", append ? "append-only" : "immutable",
-                                   append ? 'a' : 'i'),
-                       fmt::format("Remove the attribute (chattr -{} '{}') or give another name",
-                                   append ? 'a' : 'i', file)};
-    }
-  }
-  struct statx info {};
-  if (::statx(AT_FDCWD, file.c_str(), AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS, &info) == 0 &&
-      (info.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0 &&
-      (info.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0) {
-    return std::pair{std::string("is a mount point (a file mounted there, e.g. a bind mount)"),
-                     std::string("Give a name nothing is mounted on")};
-  }
-  return std::nullopt;
-}
-
 // An output FILE given by `flag`, checked before step 1 instead of failing after the last one:
 // it must name a file (not a folder, no trailing '/'), its folder must be writable (a probe file
 // is created and removed there), and an existing file there must be writable.
 void check_output_file(const std::string& flag, const std::string& path,
-                       common::CreatedFolders& created) {
+                       common::CreatedFolders& created, bool renamed_over = true) {
   std::error_code ec;
   // Written by renaming a complete file over the name: over the file the shell redirected stdout
   // to, that would replace the whole log (an outside tester's `--trace /dev/stdout > log`).
@@ -176,11 +145,14 @@ void check_output_file(const std::string& flag, const std::string& path,
     const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) fail("{} '{}' exists and is not writable: {}", flag, path, std::strerror(errno));
     ::close(fd);
-    if (const auto why = not_replaceable(target.string())) {
-      fail(
-          "{} '{}' {}, and the output is put in place after training by a rename over it, "
-          "which that refuses. {}",
-          flag, path, why->first, why->second);
+    // --metrics without --resume is truncated in place (a file mounted there is fine); with it,
+    // rewritten whole and renamed over the old file, as the final outputs are.
+    if (const auto why = not_replaceable(target.string());
+        why && (renamed_over || !why->mount_point)) {
+      fail("{} '{}' {}, and {}, which that refuses. {}", flag, path, why->what,
+           renamed_over ? "the output is put in place by a rename over it"
+                        : "the run truncates it at its start",
+           why->fix);
     }
   }
 }
@@ -242,7 +214,7 @@ void Trainer::check_output_paths() {
     }
     ::close(fd);
   } else {
-    check_output_file("--metrics", o_.metrics_path, created_folders_);
+    check_output_file("--metrics", o_.metrics_path, created_folders_, o_.resume);
   }
   check_paths_distinct();
   // Last (it creates a missing file, so after every refusal): taken before a resumed run

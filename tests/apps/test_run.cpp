@@ -330,6 +330,22 @@ TEST_CASE("nanoddp-run names the rank that failed first from the workers' error 
                              R"(failed: rank 0 did not)")));
     CHECK(contains(r.output, "stopped by launcher (killed by SIGTERM)"));
   }
+  SUBCASE("a worker stopped by the launcher after it was told of the failure says so") {
+    const ProcessResult r =
+        launch({"--nproc-per-node", "3", "/bin/sh", "-c",
+                "if [ $RANK = 0 ]; then sleep 0.5; exit 5; fi; if [ $RANK = 1 ]; then " +
+                    peer_failure_record("rank 0 failed", 0) + "; else " +
+                    peer_failure_record("rank 7 failed", 7) + "; fi; exec sleep 60"});
+    INFO(r.output);
+    CHECK(r.exit_code == 5);
+    CHECK(std::regex_search(
+        r.output, std::regex(R"(\n +1 +1 +[0-9]+ +stopped by launcher \(killed by SIGTERM\), )"
+                             R"(because rank 0 failed\n)")));
+    // A rank that is not in the job is not repeated.
+    CHECK(std::regex_search(
+        r.output, std::regex(R"(\n +2 +2 +[0-9]+ +stopped by launcher \(killed by SIGTERM\), )"
+                             R"(because another rank failed\n)")));
+  }
   SUBCASE("PyTorch's record() format, from a program that is not nanoddp's") {
     const ProcessResult r = launch(
         {"--nproc-per-node", "2", "/bin/sh", "-c",

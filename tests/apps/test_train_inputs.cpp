@@ -326,8 +326,8 @@ TEST_CASE("inputs: an output that a rename cannot replace is refused before step
   const std::vector<Case> cases = {
       {"append-only file", "chattr +a '" + file + "'", "chattr -a '" + file + "'", file,
        "--save '" + file +
-           "' is append-only (chattr +a), and the output is put in place after "
-           "training by a rename over it, which that refuses. Remove the attribute (chattr -a '" +
+           "' is append-only (chattr +a), and the output is put in place by a rename over it, "
+           "which that refuses. Remove the attribute (chattr -a '" +
            file + "')"},
       {"immutable file", "chattr +i '" + file + "'", "chattr -i '" + file + "'", file,
        "--save '" + file + "' exists and is not writable: Operation not permitted"},
@@ -358,6 +358,49 @@ TEST_CASE("inputs: an output that a rename cannot replace is refused before step
     CHECK_FALSE(contains(r.output, "step  1/"));  // no step ran
     CHECK(read_file(file) == "earlier");
   }
+}
+
+// A second tester's: made so during the run, the file was blamed on "another process" writing
+// it; and an append-only --metrics was refused for a rename it does not get without --resume.
+TEST_CASE("outputs: a --save made append-only during the run is said so, and rescued") {
+  TempDir dir;
+  const std::string rescue = dir.file("rescue");
+  fs::create_directories(rescue);
+  const std::string save = dir.file("m.st");
+  std::ofstream(save) << "earlier";
+  BackgroundProcess trainer(
+      with_env({{"TMPDIR", rescue}},
+               train_argv({"--steps", kLongRun, "--log-every", "2000", "--save", save})));
+  stop_when_training(trainer);
+  const bool made = std::system(("chattr +a '" + save + "' 2>/dev/null").c_str()) == 0;
+  trainer.send(SIGCONT);
+  const auto status = trainer.wait(kLongRunEnd);
+  std::system(("chattr -a '" + save + "' 2>/dev/null").c_str());
+  if (!made) {
+    MESSAGE("SKIPPED: chattr +a is not possible here");
+    return;
+  }
+  INFO(status_text(status), "\n", trainer.output());
+  CHECK(exited_with(status, 1));
+  CHECK(contains(trainer.output(), "'" + save +
+                                       "' is append-only (chattr +a) since its check "
+                                       "before step 1, which a rename over it cannot "
+                                       "replace, and is left as it is"));
+  CHECK(read_file(save) == "earlier");
+  const std::string rescued = rescued_file(trainer.output(), "m.st");
+  REQUIRE_FALSE(rescued.empty());
+  CHECK(nanoddp::nn::read_safetensors(rescued).metadata().at("step") == kLongRun);
+
+  const std::string metrics = dir.file("m.jsonl");
+  std::ofstream(metrics) << "earlier\n";
+  REQUIRE(std::system(("chattr +a '" + metrics + "'").c_str()) == 0);
+  const ProcessResult r = train({"--steps", "5", "--metrics", metrics});
+  std::system(("chattr -a '" + metrics + "'").c_str());
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "--metrics '" + metrics +
+                               "' is append-only (chattr +a), and the run "
+                               "truncates it at its start, which that refuses"));
 }
 
 TEST_CASE("inputs: a full disk under --metrics is one warning naming the file, training goes on") {
@@ -1791,6 +1834,40 @@ TEST_CASE("outputs: --checkpoint-dir replaced during the run is said, and locked
   CHECK(contains(running.output(), "warning: --checkpoint-dir '" + ck +
                                        "' is not the folder this run locked at its start"));
   CHECK(nanoddp::nn::list_checkpoints(ck).size() == 2);
+}
+
+// A second tester's: replaced by a link to a folder that does not exist, the error was
+// "File exists", naming neither the link nor where it leads.
+TEST_CASE(
+    "outputs: --checkpoint-dir replaced by a dangling link: said so, the checkpoint rescued") {
+  TempDir dir;
+  const std::string ck = dir.file("ck");
+  const std::string rescue = dir.file("rescue");
+  fs::create_directories(rescue);
+  BackgroundProcess running(
+      with_env({{"TMPDIR", rescue}},
+               train_argv({"--steps", kLongRun, "--log-every", "2000", "--checkpoint-dir", ck,
+                           "--checkpoint-every", kHalfLongRun})));
+  stop_when_training(running);
+  fs::rename(ck, dir.file("ck.moved"));
+  fs::create_symlink("nowhere", ck);
+  running.send(SIGCONT);
+  const auto status = running.wait(kLongRunEnd);
+  INFO(status_text(status), "\n", running.output());
+  CHECK(exited_with(status, 1));
+  CHECK(contains(running.output(),
+                 "cannot create the checkpoint directory '" + ck +
+                     "': it is a symbolic link to 'nowhere', which does not exist"));
+  CHECK_FALSE(fs::exists(dir.file("nowhere")));
+  std::smatch m;
+  const std::string output = running.output();
+  REQUIRE(
+      std::regex_search(output, m,
+                        std::regex("This checkpoint was written to '([^']*/nanoddp-rescue-[^']+)' "
+                                   "instead")));
+  CHECK(m[1].str().starts_with(rescue + "/"));
+  CHECK(nanoddp::nn::read_safetensors(m[1].str()).metadata().at("step") ==
+        std::to_string(kLongRunSteps / 2));
 }
 
 TEST_CASE("outputs: a --metrics file renamed during the run is left to its new name") {

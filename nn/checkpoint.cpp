@@ -149,8 +149,8 @@ std::string save_checkpoint(const std::string& dir, const Module& model, const O
     std::error_code link_ec;
     if (fs::is_symlink(fs::symlink_status(dir, link_ec)) && !fs::exists(dir, link_ec)) {
       fail(
-          "cannot create the checkpoint directory '{}': it is a symbolic link to '{}', which does "
-          "not exist",
+          "cannot create the checkpoint directory '{}': it is a symbolic link to '{}', which "
+          "leads to no folder (a missing target, or a loop of links)",
           dir, fs::read_symlink(dir, link_ec).string());
     }
     fail("cannot create the checkpoint directory '{}': {}", dir, ec.message());

@@ -403,15 +403,21 @@ std::string install(const std::string& staged, const std::string& target,
   // A file made append-only, immutable or mounted over during the run changes too (its ctime),
   // but no other job wrote it: said as it is (an outside tester's).
   const auto unreplaceable = not_replaceable(target);
-  const std::string taken =
-      unreplaceable ? fmt::format(
-                          "'{}' {} since its check before step 1, which a rename over it cannot "
-                          "replace, and is left as it is",
-                          target, unreplaceable->what)
-                    : fmt::format(
-                          "'{}' was written or changed by another process during this run (another "
-                          "job given the same {}?) and is left as it is",
-                          target, flag);
+  std::string taken = fmt::format(
+      "'{}' was written or changed by another process during this run (another job given the "
+      "same {}?) and is left as it is",
+      target, flag);
+  if (unreplaceable && checked.exists) {
+    taken = fmt::format(
+        "'{}' {} since its check before step 1, which a rename over it cannot replace, and is "
+        "left as it is",
+        target, unreplaceable->what);
+  } else if (unreplaceable) {
+    taken = fmt::format(
+        "'{}' was created by another process during this run (another job given the same {}?) "
+        "and {}, which a rename over it cannot replace; it is left as it is",
+        target, flag, unreplaceable->what);
+  }
   if (checked.exists) {
     // Replacing the file that was there: under its lock, so that two jobs replacing it at once
     // take turns, and the second finds the first's file. Opened for writing when it cannot be

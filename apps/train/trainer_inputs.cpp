@@ -140,11 +140,6 @@ void check_output_file(const std::string& flag, const std::string& path,
         name_max > extra ? name_max - extra : 0);
   }
   if (std::filesystem::exists(path, ec)) {
-    // Opened without O_TRUNC and closed at once: the existing contents are kept.
-    // O_NONBLOCK: a FIFO without a reader would block the open (it fails with ENXIO instead).
-    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) fail("{} '{}' exists and is not writable: {}", flag, path, std::strerror(errno));
-    ::close(fd);
     // --metrics without --resume is truncated in place (a file mounted there is fine); with it,
     // rewritten whole and renamed over the old file, as the final outputs are.
     if (const auto why = not_replaceable(target.string());
@@ -154,6 +149,11 @@ void check_output_file(const std::string& flag, const std::string& path,
                         : "the run truncates it at its start",
            why->fix);
     }
+    // Opened without O_TRUNC and closed at once: the existing contents are kept.
+    // O_NONBLOCK: a FIFO without a reader would block the open (it fails with ENXIO instead).
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) fail("{} '{}' exists and is not writable: {}", flag, path, std::strerror(errno));
+    ::close(fd);
   }
 }
 

@@ -330,7 +330,10 @@ TEST_CASE("inputs: an output that a rename cannot replace is refused before step
            "which that refuses. Remove the attribute (chattr -a '" +
            file + "')"},
       {"immutable file", "chattr +i '" + file + "'", "chattr -i '" + file + "'", file,
-       "--save '" + file + "' exists and is not writable: Operation not permitted"},
+       "--save '" + file +
+           "' is immutable (chattr +i), and the output is put in place by a "
+           "rename over it, which that refuses. Remove the attribute (chattr -i '" +
+           file + "')"},
       {"bind-mounted file",
        "touch '" + dir.file("other") + "' && mount --bind '" + dir.file("other") + "' '" + file +
            "'",
@@ -390,6 +393,26 @@ TEST_CASE("outputs: a --save made append-only during the run is said so, and res
   const std::string rescued = rescued_file(trainer.output(), "m.st");
   REQUIRE_FALSE(rescued.empty());
   CHECK(nanoddp::nn::read_safetensors(rescued).metadata().at("step") == kLongRun);
+
+  // A third tester's: created by another process during the run, then made append-only: not
+  // "since its check", at which there was no file.
+  const std::string fresh = dir.file("fresh.st");
+  BackgroundProcess second(
+      with_env({{"TMPDIR", rescue}},
+               train_argv({"--steps", kLongRun, "--log-every", "2000", "--save", fresh})));
+  stop_when_training(second);
+  std::ofstream(fresh) << "another job's";
+  REQUIRE(std::system(("chattr +a '" + fresh + "'").c_str()) == 0);
+  second.send(SIGCONT);
+  const auto second_status = second.wait(kLongRunEnd);
+  std::system(("chattr -a '" + fresh + "'").c_str());
+  INFO(status_text(second_status), "\n", second.output());
+  CHECK(exited_with(second_status, 1));
+  CHECK(contains(second.output(), "'" + fresh +
+                                      "' was created by another process during this run "
+                                      "(another job given the same --save?) and is "
+                                      "append-only (chattr +a)"));
+  CHECK(read_file(fresh) == "another job's");
 
   const std::string metrics = dir.file("m.jsonl");
   std::ofstream(metrics) << "earlier\n";
@@ -1857,7 +1880,7 @@ TEST_CASE(
   CHECK(exited_with(status, 1));
   CHECK(contains(running.output(),
                  "cannot create the checkpoint directory '" + ck +
-                     "': it is a symbolic link to 'nowhere', which does not exist"));
+                     "': it is a symbolic link to 'nowhere', which leads to no folder"));
   CHECK_FALSE(fs::exists(dir.file("nowhere")));
   std::smatch m;
   const std::string output = running.output();

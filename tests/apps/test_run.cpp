@@ -1000,6 +1000,14 @@ TEST_CASE(
       }
     }
     for (const BackgroundProcess* node : by_rank) REQUIRE(node != nullptr);
+    // The round's node ranks follow the arrivals, and under load the store's own launcher (the
+    // first started) may arrive after others: killed as the victim, it takes the store with it,
+    // and every node rightly reports the store lost instead (seen once in a loaded run).
+    if (by_rank[victim] == nodes[0].get()) {
+      MESSAGE("this round made the store's launcher node ", victim,
+              ": that case is not this test's");
+      continue;
+    }
     // Every launcher has looked at every node (at its round's start and, with finish_early, when
     // node 2 finished), and the victim has beaten a few times since (I = 0.4 s): only its
     // watchers know its last beat. Killed right at the round's start instead, every launcher may

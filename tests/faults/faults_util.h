@@ -44,6 +44,17 @@ inline std::vector<std::string> train_argv(const std::vector<std::string>& extra
   return argv;
 }
 
+// `argv` run so that it exits a second later than it would on rank `rank` (RANK): the other ranks
+// then always exit first, which is what the launcher's naming of the rank that failed first must
+// see through.
+inline std::vector<std::string> exits_last(int rank, const std::vector<std::string>& argv) {
+  std::vector<std::string> out = {
+      "/bin/sh", "-c",
+      "\"$0\" \"$@\"; rc=$?; [ \"$RANK\" = " + std::to_string(rank) + " ] && sleep 1; exit $rc"};
+  out.insert(out.end(), argv.begin(), argv.end());
+  return out;
+}
+
 // `argv` under /usr/bin/env with `env` added: BackgroundProcess inherits the test's environment.
 inline std::vector<std::string> with_env(const std::map<std::string, std::string>& env,
                                          const std::vector<std::string>& argv) {

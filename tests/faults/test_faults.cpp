@@ -194,16 +194,11 @@ TEST_CASE(
   // always first to exit: the workers' error files decide.
   TempDir dir;
   const std::string ckpt = dir.file("ckpt");
-  std::vector<std::string> argv = {bin_path("nanoddp-run"),
-                                   "--nproc-per-node",
-                                   "2",
-                                   "--grace-period",
-                                   "5",
-                                   "/bin/sh",
-                                   "-c",
-                                   R"("$0" "$@"; rc=$?; [ "$RANK" = 0 ] && sleep 1; exit $rc)"};
-  for (const auto& a : train_argv({"--steps", "10000000", "--log-every", "1000", "--checkpoint-dir",
-                                   ckpt, "--checkpoint-every", "100"})) {
+  std::vector<std::string> argv = {bin_path("nanoddp-run"), "--nproc-per-node", "2",
+                                   "--grace-period", "5"};
+  for (const auto& a :
+       exits_last(0, train_argv({"--steps", "10000000", "--log-every", "1000", "--checkpoint-dir",
+                                 ckpt, "--checkpoint-every", "100"}))) {
     argv.push_back(a);
   }
   std::map<std::string, std::string> env = fault_env();
@@ -637,6 +632,25 @@ void write_poisoned_data(const TempDir& dir, std::int64_t poisoned) {
   nanoddp::nn::write_npy(dir.file("y.npy"), y_shape, y.data());
 }
 
+// nanoddp-train on write_poisoned_data's files, unshuffled, batch 4, 3 epochs, then `extra`.
+std::vector<std::string> poisoned_train_argv(const TempDir& dir,
+                                             const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {bin_path("nanoddp-train"),
+                                   "--data",
+                                   dir.file("x.npy"),
+                                   "--targets",
+                                   dir.file("y.npy"),
+                                   "--layers",
+                                   "0",
+                                   "--batch",
+                                   "4",
+                                   "--no-shuffle",
+                                   "--epochs",
+                                   "3"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
 }  // namespace
 
 TEST_CASE("an Inf loss on one rank only stops every rank at that step, naming the rank") {
@@ -644,10 +658,8 @@ TEST_CASE("an Inf loss on one rank only stops every rank at that step, naming th
   // No shuffle, 2 ranks x batch 4: global batch k is samples 8k..8k+7, rank 1 holds 8k+4..8k+7.
   // Sample 21 = global batch 2 (step 3), rank 1.
   write_poisoned_data(dir, 21);
-  const auto results = run_world(
-      {bin_path("nanoddp-train"), "--data", dir.file("x.npy"), "--targets", dir.file("y.npy"),
-       "--layers", "0", "--batch", "4", "--no-shuffle", "--epochs", "3", "--quiet"},
-      2, {.env = fault_env(), .timeout = 60s});
+  const auto results =
+      run_world(poisoned_train_argv(dir, {"--quiet"}), 2, {.env = fault_env(), .timeout = 60s});
   INFO(describe(results));
   for (const auto& r : results) {
     CHECK_FALSE(r.timed_out);
@@ -662,25 +674,8 @@ TEST_CASE("an Inf loss on one rank only stops every rank at that step, naming th
 TEST_CASE("under nanoddp-run an Inf loss on rank 1 names rank 1 first, whoever exits first") {
   TempDir dir;
   write_poisoned_data(dir, 21);
-  std::vector<std::string> argv = {bin_path("nanoddp-run"),
-                                   "--nproc-per-node",
-                                   "2",
-                                   "/bin/sh",
-                                   "-c",
-                                   R"("$0" "$@"; rc=$?; [ "$RANK" = 1 ] && sleep 1; exit $rc)",
-                                   bin_path("nanoddp-train"),
-                                   "--data",
-                                   dir.file("x.npy"),
-                                   "--targets",
-                                   dir.file("y.npy"),
-                                   "--layers",
-                                   "0",
-                                   "--batch",
-                                   "4",
-                                   "--no-shuffle",
-                                   "--epochs",
-                                   "3",
-                                   "--quiet"};
+  std::vector<std::string> argv = {bin_path("nanoddp-run"), "--nproc-per-node", "2"};
+  for (const auto& a : exits_last(1, poisoned_train_argv(dir, {"--quiet"}))) argv.push_back(a);
   const ProcessResult r = run_process(argv, {.env = fault_env(), .timeout = 60s});
   INFO(r.output);
   CHECK(r.exit_code == 1);
@@ -693,28 +688,10 @@ TEST_CASE("under nanoddp-run an Inf loss on rank 1 names rank 1 first, whoever e
 TEST_CASE("--skip-nonfinite skips the poisoned step on every rank and keeps training") {
   TempDir dir;
   write_poisoned_data(dir, 21);  // step 3 of each epoch, rank 1
-  const auto results = run_world({bin_path("nanoddp-train"),
-                                  "--data",
-                                  dir.file("x.npy"),
-                                  "--targets",
-                                  dir.file("y.npy"),
-                                  "--layers",
-                                  "0",
-                                  "--batch",
-                                  "4",
-                                  "--no-shuffle",
-                                  "--epochs",
-                                  "3",
-                                  "--log-every",
-                                  "1",
-                                  "--lr",
-                                  "0.01",
-                                  "--skip-nonfinite",
-                                  "--metrics",
-                                  dir.file("m.jsonl"),
-                                  "--save",
-                                  dir.file("params")},
-                                 2, {.env = fault_env(), .timeout = 60s});
+  const auto results = run_world(
+      poisoned_train_argv(dir, {"--log-every", "1", "--lr", "0.01", "--skip-nonfinite", "--metrics",
+                                dir.file("m.jsonl"), "--save", dir.file("params")}),
+      2, {.env = fault_env(), .timeout = 60s});
   INFO(describe(results));
   for (const auto& r : results) {
     CHECK_FALSE(r.timed_out);

@@ -44,13 +44,25 @@ std::vector<std::string> exchange_on_all_ranks(Store& store, int rank, int size,
 
 void check_same_on_all_ranks(Store& store, int rank, int size, const std::string& key,
                              const std::string& what, const std::vector<std::string>& items) {
-  std::vector<std::vector<std::string>> all;
-  for (const std::string& text :
-       exchange_on_all_ranks(store, rank, size, key, fmt::format("{}", fmt::join(items, "\n")))) {
-    all.push_back(split_lines(text));
+  const std::vector<std::string> texts =
+      exchange_on_all_ranks(store, rank, size, key, fmt::format("{}", fmt::join(items, "\n")));
+  // The ranks that hold the very same items as more than half the ranks are the job; the others
+  // are the odd ones out. Decided on the whole list, not on the first item that differs: one
+  // rank's other seed must not hide another rank's other learning rate.
+  std::map<std::string, std::vector<int>> by_text;
+  for (int r = 0; r < size; ++r) by_text[texts[static_cast<std::size_t>(r)]].push_back(r);
+  if (by_text.size() == 1) return;
+  const std::vector<int>* majority = nullptr;
+  for (const auto& entry : by_text) {
+    if (2 * entry.second.size() > static_cast<std::size_t>(size)) majority = &entry.second;
   }
+
+  std::vector<std::vector<std::string>> all;
+  for (const std::string& text : texts) all.push_back(split_lines(text));
   std::size_t longest = 0;
   for (const auto& v : all) longest = std::max(longest, v.size());
+  std::vector<std::size_t> differing;
+  std::string first;
   for (std::size_t i = 0; i < longest; ++i) {
     // Group the ranks by what they hold at position i.
     std::map<std::string, std::vector<int>> holders;
@@ -59,38 +71,46 @@ void check_same_on_all_ranks(Store& store, int rank, int size, const std::string
       holders[i < v.size() ? "'" + v[i] + "'" : "nothing"].push_back(r);
     }
     if (holders.size() == 1) continue;
+    differing.push_back(i);
+    if (differing.size() > 1) continue;
     std::vector<std::string> parts;
     for (const auto& [value, ranks] : holders) {
       parts.push_back(
           fmt::format("{} {} {}", ranks_text(ranks), ranks.size() == 1 ? "has" : "have", value));
     }
-    const std::string message = fmt::format(
-        "the ranks disagree on {} #{} (of {} on rank 0): {}. Every rank must run the same model "
-        "and settings; this is rank {}.",
-        what, i, all[0].size(), fmt::join(parts, "; "), rank);
-    // The ranks outside the one largest group (of three or more ranks) are the odd ones: on a
-    // rank of that group this failure is theirs, so that a launcher names one of them as the
-    // one that failed first. A tie (1 against 1, 2 against 2) names no one.
-    const std::vector<int>* largest = nullptr;
-    bool tie = false;
-    for (const auto& entry : holders) {
-      const std::vector<int>& ranks = entry.second;
-      if (largest == nullptr || ranks.size() > largest->size()) {
-        largest = &ranks;
-        tie = false;
-      } else if (ranks.size() == largest->size()) {
-        tie = true;
-      }
-    }
-    if (!tie && std::find(largest->begin(), largest->end(), rank) != largest->end()) {
-      for (int r = 0; r < size; ++r) {
-        if (std::find(largest->begin(), largest->end(), r) == largest->end()) {
-          throw PeerFailedError(r, message);
-        }
-      }
-    }
-    fail("{}", message);
+    first =
+        fmt::format("{} #{} (of {} on rank 0): {}", what, i, all[0].size(), fmt::join(parts, "; "));
   }
+  std::string more;
+  if (differing.size() > 1) {
+    std::vector<std::string> others;
+    for (std::size_t k = 1; k < differing.size(); ++k) {
+      others.push_back(fmt::format("#{}", differing[k]));
+    }
+    more = fmt::format(" ({} {} differ{} too)", what, fmt::join(others, ", "),
+                       others.size() == 1 ? "s" : "");
+  }
+  std::string odd_ones;
+  std::vector<int> outside;
+  if (majority != nullptr) {
+    for (int r = 0; r < size; ++r) {
+      if (std::find(majority->begin(), majority->end(), r) == majority->end()) outside.push_back(r);
+    }
+    odd_ones = fmt::format(" {} {} other {}s than most ranks.", ranks_text(outside),
+                           outside.size() == 1 ? "has" : "have", what);
+  }
+  const std::string message = fmt::format(
+      "the ranks disagree on {}{}.{} Every rank must run the same model and settings; this is "
+      "rank {}.",
+      first, more, odd_ones, rank);
+  // On a rank of the majority this failure is another's, so that a launcher names one of the odd
+  // ranks as the one that failed first. Without a majority (1 against 1, 2 against 2, or three
+  // ways) no one is named: every rank's failure is its own.
+  if (majority != nullptr &&
+      std::find(majority->begin(), majority->end(), rank) != majority->end()) {
+    throw PeerFailedError(outside.front(), message);
+  }
+  fail("{}", message);
 }
 
 }  // namespace nanoddp::comm

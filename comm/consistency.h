@@ -21,7 +21,11 @@ std::vector<std::string> exchange_on_all_ranks(Store& store, int rank, int size,
                                                const std::string& key, const std::string& value);
 
 // Publishes `items` under `key` for this rank, reads every rank's, and throws nanoddp::Error on
-// every rank if they differ. `what` names the items in the message ("parameter", "setting").
+// every rank if they differ. `what` names the items in the message ("parameter", "setting"): the
+// first item that differs with every rank's value, and the positions of the others. Where more
+// than half the ranks hold the same list, the others are named as the odd ones out, and the
+// ranks of that majority throw PeerFailedError (naming the lowest odd rank), the rest
+// nanoddp::Error.
 void check_same_on_all_ranks(Store& store, int rank, int size, const std::string& key,
                              const std::string& what, const std::vector<std::string>& items);
 

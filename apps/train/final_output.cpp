@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <linux/fs.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -19,6 +20,8 @@
 #include <exception>
 #include <filesystem>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "common/rescue.h"
 #include "nanoddp/comm/rendezvous.h"
@@ -478,6 +481,19 @@ std::string keep_beside(const std::string& staged, const fs::path& folder,
   return {};
 }
 
+// This run's own files in `folder` (staged outputs, writer temporaries, its run lock), sorted.
+std::vector<std::string> own_files(const fs::path& folder) {
+  const std::string host = nn::this_host();
+  std::vector<std::string> own;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(folder, ec)) {
+    const auto staged = parse_staged(entry.path().filename().string(), host);
+    if (staged && staged->pid == static_cast<long>(::getpid())) own.push_back(entry.path());
+  }
+  std::sort(own.begin(), own.end());
+  return own;
+}
+
 }  // namespace
 
 bool is_staged_name(const std::string& filename) {
@@ -496,7 +512,8 @@ std::optional<NotReplaceable> not_replaceable(const std::string& file) {
           .what =
               fmt::format("is {} (chattr +{})", flag == 'a' ? "append-only" : "immutable", flag),
           .fix = fmt::format("Remove the attribute (chattr -{} '{}') or give another name", flag,
-                             file)};
+                             file),
+          .attribute = flag};
     }
   }
   struct statx info {};
@@ -581,6 +598,21 @@ std::string write_final_output(const char* flag, const std::string& path,
     }
     if (!staged_whole) ::unlink(staged.c_str());
   }
+  // A folder made append-only or immutable during the run (it was refused so before step 1): a
+  // file can be created there but not renamed or removed, which is why the write failed; said
+  // so rather than the writer's rename error, and this run's files that stay there are named
+  // (an outside tester's).
+  std::optional<NotReplaceable> folder_locked;
+  if (!problem.empty()) {
+    folder_locked = not_replaceable(folder.string());
+    if (folder_locked && folder_locked->attribute == 0) folder_locked.reset();
+  }
+  if (folder_locked) {
+    problem = fmt::format(
+        "its folder '{}' {} since the check before step 1: a file can be created there but not "
+        "renamed or removed, so '{}' is left as it was",
+        folder.string(), folder_locked->what, target.string());
+  }
   // Named as the user named it: a --save replaced by a symlink during the run is rescued as
   // m.st, not under the name of whatever the link points at.
   const std::string name = fs::path(path).filename().string();
@@ -610,8 +642,16 @@ std::string write_final_output(const char* flag, const std::string& path,
     result = fmt::format("{} '{}' could not be written ({}), nor rescued ({}): the output is lost",
                          flag, path, problem, again);
   }
-  if (staged_whole && staged_is_ours() && ::unlink(staged.c_str()) != 0) {
+  if (staged_whole && staged_is_ours() && ::unlink(staged.c_str()) != 0 && !folder_locked) {
     result += fmt::format(" (a copy also stays as '{}': {})", staged, std::strerror(errno));
+  }
+  if (folder_locked) {
+    if (const std::vector<std::string> left = own_files(folder); !left.empty()) {
+      result += fmt::format(
+          ". This run's own files stay in '{}', as none can be removed: '{}' (after chattr -{} the "
+          "next run there removes them)",
+          folder.string(), fmt::join(left, "', '"), folder_locked->attribute);
+    }
   }
   if (lock_fd >= 0) ::close(lock_fd);
   return result;

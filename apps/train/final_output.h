@@ -41,6 +41,7 @@ struct NotReplaceable {
   std::string what;  // "is append-only (chattr +a)"
   std::string fix;   // what to do
   bool mount_point = false;
+  char attribute = 0;  // 'a' or 'i' for a chattr attribute
 };
 std::optional<NotReplaceable> not_replaceable(const std::string& file);
 

@@ -414,6 +414,36 @@ TEST_CASE("outputs: a --save made append-only during the run is said so, and res
                                       "append-only (chattr +a)"));
   CHECK(read_file(fresh) == "another job's");
 
+  // A third tester's: its folder made append-only: the writer's raw rename error, and three
+  // files left there unnamed.
+  const std::string folder = dir.file("folder");
+  fs::create_directories(folder);
+  const std::string inside = folder + "/m.st";
+  BackgroundProcess third(
+      with_env({{"TMPDIR", rescue}},
+               train_argv({"--steps", kLongRun, "--log-every", "2000", "--save", inside})));
+  stop_when_training(third);
+  REQUIRE(std::system(("chattr +a '" + folder + "'").c_str()) == 0);
+  third.send(SIGCONT);
+  const auto third_status = third.wait(kLongRunEnd);
+  std::system(("chattr -a '" + folder + "'").c_str());
+  INFO(status_text(third_status), "\n", third.output());
+  CHECK(exited_with(third_status, 1));
+  CHECK(contains(third.output(), "its folder '" + folder +
+                                     "' is append-only (chattr +a) since the check before step "
+                                     "1: a file can be created there but not renamed or removed"));
+  CHECK_FALSE(contains(third.output(), "Operation not permitted"));
+  const std::string kept = rescued_file(third.output(), "m.st");
+  REQUIRE_FALSE(kept.empty());
+  CHECK(nanoddp::nn::read_safetensors(kept).metadata().at("step") == kLongRun);
+  // Every file left there is named, and the next run there removes them.
+  const auto left = listing(folder);
+  CHECK_FALSE(left.empty());
+  for (const std::string& name : left) CHECK(contains(third.output(), folder + "/" + name));
+  const ProcessResult next = train({"--steps", "2", "--quiet", "--save", inside});
+  CHECK_MESSAGE(next.exit_code == 0, next.output);
+  CHECK(listing(folder) == std::set<std::string>{"m.st"});
+
   const std::string metrics = dir.file("m.jsonl");
   std::ofstream(metrics) << "earlier\n";
   REQUIRE(std::system(("chattr +a '" + metrics + "'").c_str()) == 0);

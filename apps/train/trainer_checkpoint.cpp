@@ -240,6 +240,9 @@ void Trainer::follow_checkpoint_dir() {
   }
   std::error_code ec;
   std::filesystem::create_directories(o_.checkpoint_dir, ec);
+  // Still no folder there (a dangling link, a file): the checkpoint's write says why, once; a
+  // warning that checkpoints go there, and one that it cannot be locked, would be wrong.
+  if (::stat(o_.checkpoint_dir.c_str(), &named) != 0 || !S_ISDIR(named.st_mode)) return;
   fmt::print(stderr,
              "nanoddp-train: warning: --checkpoint-dir '{}' is not the folder this run locked at "
              "its start (removed, renamed or replaced during the run); checkpoints go to the "

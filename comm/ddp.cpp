@@ -46,6 +46,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, nn::FlatPar
   if (options.zero_stage < 0 || options.zero_stage > 2) {
     fail("DdpOptions::zero_stage {}: expected 0, 1 or 2", options.zero_stage);
   }
+  params.require_parameters_of(module, "DistributedDataParallel");
   if (optimizer != nullptr && &optimizer->parameters() != &params) {
     fail(
         "the optimizer given to DistributedDataParallel updates another FlatParameters than the "

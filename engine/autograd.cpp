@@ -18,6 +18,8 @@ namespace {
 std::atomic<std::uint64_t> next_sequence_nr{0};
 // Nodes whose backward function has run in this thread's pass (see backward_nodes_run()).
 thread_local std::uint64_t tls_backward_nodes_run = 0;
+// The node whose backward function runs on this thread, for SavedTensor's message.
+thread_local const Node* tls_running_node = nullptr;
 // The TensorAccessObservers, process-wide; their number read without the lock (most
 // processes have none).
 std::atomic<int> g_access_observer_count{0};
@@ -44,6 +46,40 @@ Node::Node(std::string name, const std::vector<Tensor>& inputs, BackwardFn backw
     }
     edges_.push_back(std::move(edge));
   }
+}
+
+// A graph is a chain of nodes, each owning the next through its edges; released one destructor
+// inside another, a long one overflows the stack: a running total kept as a tensor across
+// 200,000 steps without a backward (`total = add(total, loss)`, PyTorch's classic `total_loss +=
+// loss`) crashed when it went out of scope. So the nodes this one alone owns are taken off
+// their edges and released here, one after another, each with nothing left to release deeply.
+Node::~Node() {
+  std::vector<std::shared_ptr<Node>> orphans;
+  const auto take_orphans = [&orphans](std::vector<Edge>& edges) {
+    for (Edge& edge : edges) {
+      if (edge.node && edge.node.use_count() == 1) orphans.push_back(std::move(edge.node));
+    }
+  };
+  take_orphans(edges_);
+  while (!orphans.empty()) {
+    std::shared_ptr<Node> node = std::move(orphans.back());
+    orphans.pop_back();
+    take_orphans(node->edges_);
+  }  // `node` dies here, its own orphans already taken
+}
+
+Tensor SavedTensor::unpack() const {
+  if (tensor_.defined() && tensor_.version() != version_) {
+    fail(
+        "backward through '{}': a tensor it saved for backward (shape {}) was written in place "
+        "after the forward used it (its version is {}, it was {} when saved), so its gradient "
+        "would be computed from values the forward did not see. Write into it after backward, "
+        "or clone() it before the write (PyTorch: 'one of the variables needed for gradient "
+        "computation has been modified by an inplace operation')",
+        tls_running_node != nullptr ? tls_running_node->name() : std::string("an op"),
+        shape_str(tensor_.shape()), tensor_.version(), version_);
+  }
+  return tensor_;
 }
 
 Tensor record(std::string name, Tensor output, const std::vector<Tensor>& inputs,
@@ -223,6 +259,10 @@ void BackwardPass::run(const Tensor& root) {
               tracer, "backward " + node->name(), TraceTrack::kCompute, root.device(),
               std::map<std::string, std::string>{{"node", std::to_string(node->sequence_nr())}});
         }
+        tls_running_node = node;
+        struct Reset {
+          ~Reset() { tls_running_node = nullptr; }
+        } reset;
         node->backward_(state.grad, *this);
       }
       ++tls_backward_nodes_run;

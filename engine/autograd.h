@@ -80,6 +80,10 @@ class Node {
   using BackwardFn = std::function<void(const Tensor& grad_output, GradSink& sink)>;
 
   Node(std::string name, const std::vector<Tensor>& inputs, BackwardFn backward);
+  // Frees the chain of nodes behind it without recursing (see autograd.cpp).
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
 
   const std::string& name() const { return name_; }
   std::uint64_t sequence_nr() const { return sequence_nr_; }
@@ -99,6 +103,26 @@ class Node {
   std::uint64_t sequence_nr_;
   std::vector<Edge> edges_;
   BackwardFn backward_;
+};
+
+// A tensor a backward function needs, with its version() at the moment it was saved
+// (PyTorch's SavedVariable). Ops capture their inputs (and outputs) this way, not as plain
+// handles: a handle is not a value, and a write into the tensor between the forward and the
+// backward (a refilled input buffer, a weight clipped under NoGrad, an optimizer step) would
+// otherwise be read by the backward function, which then computes a wrong gradient without a
+// word. unpack() refuses it instead, naming the op.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  explicit SavedTensor(const Tensor& tensor)
+      : tensor_(tensor.defined() ? tensor.detach() : Tensor()),
+        version_(tensor.defined() ? tensor.version() : 0) {}
+  // The saved tensor (no autograd history); an Error if it was written in place since.
+  Tensor unpack() const;
+
+ private:
+  Tensor tensor_;
+  std::uint64_t version_ = 0;
 };
 
 // Records `output` as produced by `name` from `inputs` with the given backward function, when

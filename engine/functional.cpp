@@ -112,50 +112,64 @@ Tensor binary(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
   Tensor out = Tensor::empty(shape, a.device());
   const std::int64_t n = out.numel();
   backend_of(a).binary(op, a.data(), pa, b.data(), pb, out.data(), n);
-  return record(name, out, {a, b},
-                [op, pa, pb, n, a = a.detach(), b = b.detach(), y = out.detach()](const Tensor& g,
-                                                                                  GradSink& sink) {
-                  Backend& be = backend_of(g);
-                  const Broadcast same{.div = 1, .mod = n};
-                  // d/da and d/db of a op b, as full-size tensors, then summed over broadcast
-                  // dimensions.
-                  if (sink.needs_grad(0)) {
-                    Tensor da = g;
-                    if (op == BinaryOp::kMul || op == BinaryOp::kDiv) {
-                      da = Tensor::empty_like(g);
-                      be.binary(op, g.data(), same, b.data(), pb, da.data(), n);  // g * b or g / b
-                    }
-                    give_reduced(sink, 0, da, pa, a.shape());
-                  }
-                  if (sink.needs_grad(1)) {
-                    Tensor db = g;
-                    if (op == BinaryOp::kSub) {
-                      db = Tensor::empty_like(g);
-                      be.unary(UnaryOp::kAffine, g.data(), -1.0f, 0.0f, db.data(), n);
-                    } else if (op == BinaryOp::kMul) {
-                      db = Tensor::empty_like(g);
-                      be.binary(BinaryOp::kMul, g.data(), same, a.data(), pa, db.data(), n);
-                    } else if (op == BinaryOp::kDiv) {
-                      // d(a / b)/db = -(a / b) / b = -y / b
-                      db = Tensor::empty_like(g);
-                      be.binary(BinaryOp::kMul, g.data(), same, y.data(), same, db.data(), n);
-                      be.binary(BinaryOp::kDiv, db.data(), same, b.data(), pb, db.data(), n);
-                      be.unary(UnaryOp::kAffine, db.data(), -1.0f, 0.0f, db.data(), n);
-                    }
-                    give_reduced(sink, 1, db, pb, b.shape());
-                  }
-                });
+  // Only what the gradient reads is saved: a (for mul's db), b (mul, div), the output (div's
+  // db). add and sub save nothing, so their operands may be written before backward.
+  const bool mul = op == BinaryOp::kMul, div = op == BinaryOp::kDiv;
+  return record(
+      name, out, {a, b},
+      [op, pa, pb, n, shape_a = a.shape(), shape_b = b.shape(),
+       sa = mul ? SavedTensor(a) : SavedTensor(), sb = mul || div ? SavedTensor(b) : SavedTensor(),
+       sy = div ? SavedTensor(out) : SavedTensor()](const Tensor& g, GradSink& sink) {
+        Backend& be = backend_of(g);
+        const Tensor lhs = sa.unpack(), rhs = sb.unpack(), y = sy.unpack();
+        const Broadcast same{.div = 1, .mod = n};
+        // d/da and d/db of a op b, as full-size tensors, then summed over broadcast
+        // dimensions.
+        if (sink.needs_grad(0)) {
+          Tensor da = g;
+          if (op == BinaryOp::kMul || op == BinaryOp::kDiv) {
+            da = Tensor::empty_like(g);
+            be.binary(op, g.data(), same, rhs.data(), pb, da.data(), n);  // g * b or g / b
+          }
+          give_reduced(sink, 0, da, pa, shape_a);
+        }
+        if (sink.needs_grad(1)) {
+          Tensor db = g;
+          if (op == BinaryOp::kSub) {
+            db = Tensor::empty_like(g);
+            be.unary(UnaryOp::kAffine, g.data(), -1.0f, 0.0f, db.data(), n);
+          } else if (op == BinaryOp::kMul) {
+            db = Tensor::empty_like(g);
+            be.binary(BinaryOp::kMul, g.data(), same, lhs.data(), pa, db.data(), n);
+          } else if (op == BinaryOp::kDiv) {
+            // d(a / b)/db = -(a / b) / b = -y / b
+            db = Tensor::empty_like(g);
+            be.binary(BinaryOp::kMul, g.data(), same, y.data(), same, db.data(), n);
+            be.binary(BinaryOp::kDiv, db.data(), same, rhs.data(), pb, db.data(), n);
+            be.unary(UnaryOp::kAffine, db.data(), -1.0f, 0.0f, db.data(), n);
+          }
+          give_reduced(sink, 1, db, pb, shape_b);
+        }
+      });
 }
 
 Tensor unary(const char* name, UnaryOp op, const Tensor& x, float a, float b) {
   check_f32(name, x, "the input");
   Tensor out = Tensor::empty_like(x);
   backend_of(x).unary(op, x.data(), a, b, out.data(), x.numel());
+  // Only what the gradient reads is saved: the input (log, pow, clamp), the output (exp, sqrt,
+  // tanh, sigmoid), or nothing (affine, division by a number).
+  const bool reads_x = op == UnaryOp::kLog || op == UnaryOp::kPow || op == UnaryOp::kClamp;
+  const bool reads_y = op == UnaryOp::kExp || op == UnaryOp::kSqrt || op == UnaryOp::kTanh ||
+                       op == UnaryOp::kSigmoid;
   return record(name, out, {x},
-                [op, a, b, x = x.detach(), y = out.detach()](const Tensor& g, GradSink& sink) {
+                [op, a, b, sx = reads_x ? SavedTensor(x) : SavedTensor(),
+                 sy = reads_y ? SavedTensor(out) : SavedTensor()](const Tensor& g, GradSink& sink) {
+                  const Tensor input = sx.unpack(), y = sy.unpack();
                   Tensor dx = Tensor::empty_like(g);
-                  backend_of(g).unary_backward(op, x.data(), y.data(), a, b, g.data(), dx.data(),
-                                               g.numel());
+                  backend_of(g).unary_backward(op, input.defined() ? input.data() : nullptr,
+                                               y.defined() ? y.data() : nullptr, a, b, g.data(),
+                                               dx.data(), g.numel());
                   sink.emit(0, dx);
                 });
 }
@@ -367,12 +381,15 @@ MaxResult max(const Tensor& x, std::int64_t dim, bool keepdim) {
   Tensor values = Tensor::empty(shape, x.device());
   Tensor indices = Tensor::empty(shape, x.device(), DType::kI64);
   backend_of(x).max_dim(x.data(), s.outer, s.d, s.inner, values.data(), indices.data_i64());
-  values = record("max", values, {x}, [s, indices](const Tensor& g, GradSink& sink) {
-    sink.accumulate(0, [&](Tensor& dx, float beta) {
-      backend_of(g).index_backward(g.data(), indices.data_i64(), s.outer, s.d, s.inner, beta,
-                                   dx.data());
-    });
-  });
+  // The indices are the caller's too (MaxResult): saved, not merely kept.
+  values = record("max", values, {x},
+                  [s, saved = SavedTensor(indices)](const Tensor& g, GradSink& sink) {
+                    const Tensor index = saved.unpack();
+                    sink.accumulate(0, [&](Tensor& dx, float beta) {
+                      backend_of(g).index_backward(g.data(), index.data_i64(), s.outer, s.d,
+                                                   s.inner, beta, dx.data());
+                    });
+                  });
   return MaxResult{.values = values, .indices = indices};
 }
 
@@ -386,7 +403,8 @@ Tensor softmax_impl(const char* name, const Tensor& x, std::int64_t dim, bool lo
   const Around s = around(x.shape(), dim);
   Tensor out = Tensor::empty_like(x);
   backend_of(x).softmax(x.data(), s.outer, s.d, s.inner, log, out.data());
-  return record(name, out, {x}, [s, log, y = out.detach()](const Tensor& g, GradSink& sink) {
+  return record(name, out, {x}, [s, log, sy = SavedTensor(out)](const Tensor& g, GradSink& sink) {
+    const Tensor y = sy.unpack();
     sink.accumulate(0, [&](Tensor& dx, float beta) {
       backend_of(g).softmax_backward(y.data(), g.data(), s.outer, s.d, s.inner, log, beta,
                                      dx.data());
@@ -439,10 +457,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
   const Broadcast one{.div = 1, .mod = 1};
   be.binary(BinaryOp::kDiv, total.data(), one, count.data(), one, out.data(), 1);
   return record("cross_entropy", out, {logits},
-                [x = logits.detach(), targets, lse, count, rows, classes, eps,
-                 ignore = options.ignore_index](const Tensor& g, GradSink& sink) {
+                [sx = SavedTensor(logits), st = SavedTensor(targets), lse, count, rows, classes,
+                 eps, ignore = options.ignore_index](const Tensor& g, GradSink& sink) {
+                  const Tensor x = sx.unpack(), labels = st.unpack();
                   sink.accumulate(0, [&](Tensor& dx, float beta) {
-                    backend_of(g).cross_entropy_backward(x.data(), targets.data_i64(), lse.data(),
+                    backend_of(g).cross_entropy_backward(x.data(), labels.data_i64(), lse.data(),
                                                          rows, classes, ignore, eps, g.data(),
                                                          count.data(), beta, dx.data());
                   });
@@ -475,10 +494,11 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Tensor out = Tensor::empty(shape, weight.device());
   backend_of(weight).embedding_forward(weight.data(), indices.data_i64(), n, rows, dim, out.data());
   return record("embedding", out, {weight},
-                [indices, n, rows, dim](const Tensor& g, GradSink& sink) {
+                [saved = SavedTensor(indices), n, rows, dim](const Tensor& g, GradSink& sink) {
+                  const Tensor index = saved.unpack();
                   sink.accumulate(0, [&](Tensor& dw, float beta) {
-                    backend_of(g).embedding_backward(g.data(), indices.data_i64(), n, rows, dim,
-                                                     beta, dw.data());
+                    backend_of(g).embedding_backward(g.data(), index.data_i64(), n, rows, dim, beta,
+                                                     dw.data());
                   });
                 });
 }
@@ -517,20 +537,22 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
                 bias.defined() ? bias.data() : nullptr, rows, cols, eps, y.data(), mean.data(),
                 rstd.data());
   return record("layer_norm", y, {x, weight, bias},
-                [x = x.detach(), w = weight.defined() ? weight.detach() : Tensor(), mean, rstd,
-                 rows, cols](const Tensor& g, GradSink& sink) {
+                [sx = SavedTensor(x), sw = SavedTensor(weight), mean, rstd, rows, cols](
+                    const Tensor& g, GradSink& sink) {
+                  const Tensor input = sx.unpack(), w = sw.unpack();
                   Backend& bb = backend_of(g);
                   sink.accumulate(0, [&](Tensor& dx, float beta) {
-                    bb.layer_norm_backward(x.data(), w.defined() ? w.data() : nullptr, mean.data(),
-                                           rstd.data(), g.data(), rows, cols, beta, dx.data());
+                    bb.layer_norm_backward(input.data(), w.defined() ? w.data() : nullptr,
+                                           mean.data(), rstd.data(), g.data(), rows, cols, beta,
+                                           dx.data());
                   });
                   sink.accumulate(1, [&](Tensor& dw, float beta) {
-                    bb.layer_norm_param_backward(x.data(), mean.data(), rstd.data(), g.data(), rows,
-                                                 cols, beta, dw.data(), nullptr);
+                    bb.layer_norm_param_backward(input.data(), mean.data(), rstd.data(), g.data(),
+                                                 rows, cols, beta, dw.data(), nullptr);
                   });
                   sink.accumulate(2, [&](Tensor& db, float beta) {
-                    bb.layer_norm_param_backward(x.data(), mean.data(), rstd.data(), g.data(), rows,
-                                                 cols, beta, nullptr, db.data());
+                    bb.layer_norm_param_backward(input.data(), mean.data(), rstd.data(), g.data(),
+                                                 rows, cols, beta, nullptr, db.data());
                   });
                 });
 }

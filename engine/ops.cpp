@@ -33,9 +33,10 @@ Tensor activation(const char* name, const Tensor& x, Activation act) {
   check_f32(name, x, "the input");
   Tensor y = x.detach().clone();  // the history is the activation, not a copy
   backend_of(x).bias_activation(y.data(), nullptr, 1, x.numel(), act, nullptr);
-  return record(name, y, {x}, [x = x.detach(), act](const Tensor& g, GradSink& sink) {
+  return record(name, y, {x}, [saved = SavedTensor(x), act](const Tensor& g, GradSink& sink) {
+    const Tensor input = saved.unpack();
     Tensor dx = Tensor::empty_like(g);
-    backend_of(g).activation_backward(act, x.data(), g.data(), dx.data(), g.numel());
+    backend_of(g).activation_backward(act, input.data(), g.data(), dx.data(), g.numel());
     sink.emit(0, dx);
   });
 }
@@ -53,19 +54,21 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor c = Tensor::empty({m, n}, a.device());
   backend_of(a).gemm(Transpose::kNo, Transpose::kNo, m, n, k, 1.0f, a.data(), b.data(), 0.0f,
                      c.data());
-  return record("matmul", c, {a, b},
-                [a = a.detach(), b = b.detach(), m, n, k](const Tensor& g, GradSink& sink) {
-                  Backend& be = backend_of(g);
-                  // dA[m,k] = G[m,n] B[k,n]^T ;  dB[k,n] = A[m,k]^T G[m,n]
-                  sink.accumulate(0, [&](Tensor& da, float beta) {
-                    be.gemm(Transpose::kNo, Transpose::kYes, m, k, n, 1.0f, g.data(), b.data(),
-                            beta, da.data());
-                  });
-                  sink.accumulate(1, [&](Tensor& db, float beta) {
-                    be.gemm(Transpose::kYes, Transpose::kNo, k, n, m, 1.0f, a.data(), g.data(),
-                            beta, db.data());
-                  });
-                });
+  return record(
+      "matmul", c, {a, b},
+      [sa = SavedTensor(a), sb = SavedTensor(b), m, n, k](const Tensor& g, GradSink& sink) {
+        const Tensor lhs = sa.unpack(), rhs = sb.unpack();
+        Backend& be = backend_of(g);
+        // dA[m,k] = G[m,n] B[k,n]^T ;  dB[k,n] = A[m,k]^T G[m,n]
+        sink.accumulate(0, [&](Tensor& da, float beta) {
+          be.gemm(Transpose::kNo, Transpose::kYes, m, k, n, 1.0f, g.data(), rhs.data(), beta,
+                  da.data());
+        });
+        sink.accumulate(1, [&](Tensor& db, float beta) {
+          be.gemm(Transpose::kYes, Transpose::kNo, k, n, m, 1.0f, lhs.data(), g.data(), beta,
+                  db.data());
+        });
+      });
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
@@ -96,8 +99,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 
   return record(
       "linear", y, {x, weight, bias},
-      [x = x.detach(), w = weight.detach(), z, act, batch, in, out](const Tensor& g,
-                                                                    GradSink& sink) {
+      [sx = SavedTensor(x), sw = SavedTensor(weight), z, act, batch, in, out](const Tensor& g,
+                                                                              GradSink& sink) {
+        // z is the op's own (nobody else can write it); x and the weight are the caller's.
+        const Tensor input = sx.unpack(), w = sw.unpack();
         Backend& bb = backend_of(g);
         // Through the activation first: dz = g * act'(z).
         Tensor dz = g;
@@ -112,7 +117,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
         });
         // dW[out,in] = dZ^T X, written straight into the weight's gradient buffer.
         sink.accumulate(1, [&](Tensor& dw, float beta) {
-          bb.gemm(Transpose::kYes, Transpose::kNo, out, in, batch, 1.0f, dz.data(), x.data(),
+          bb.gemm(Transpose::kYes, Transpose::kNo, out, in, batch, 1.0f, dz.data(), input.data(),
                   beta, dw.data());
         });
         // db[out] = column sums of dZ.
@@ -169,7 +174,9 @@ Tensor mse_loss(const Tensor& pred, const Tensor& target) {
   Tensor out = Tensor::empty({}, pred.device());
   backend_of(pred).mse_forward(pred.data(), target.data(), pred.numel(), out.data());
   return record("mse_loss", out, {pred, target},
-                [p = pred.detach(), t = target.detach()](const Tensor& g, GradSink& sink) {
+                [sp = SavedTensor(pred), st = SavedTensor(target)](const Tensor& g,
+                                                                   GradSink& sink) {
+                  const Tensor p = sp.unpack(), t = st.unpack();
                   sink.accumulate(0, [&](Tensor& dp, float beta) {
                     backend_of(g).mse_backward(p.data(), t.data(), p.numel(), g.data(), beta,
                                                dp.data());

@@ -54,6 +54,7 @@ Tensor Tensor::empty(const Shape& shape, Device device, DType dtype) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage =
       std::make_shared<Storage>(device, static_cast<std::size_t>(numel) * dtype_size(dtype));
+  impl->version = std::make_shared<std::atomic<std::uint64_t>>(0);
   impl->shape = shape;
   impl->dtype = dtype;
   return Tensor(std::move(impl));
@@ -213,6 +214,7 @@ Tensor alias(const Tensor& t, std::int64_t offset, const Shape& shape) {
   }
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = in.storage;
+  impl->version = in.version;  // a view's writes are its base's, and the other way round
   impl->offset = begin;
   impl->shape = shape;
   impl->dtype = in.dtype;
@@ -336,18 +338,29 @@ void Tensor::copy_from(const Tensor& source) {
         "or copy from source.detach()");
   }
   copy_values(*this, source);
+  increment_version();
 }
 
 void Tensor::fill(float value) {
   check_not_recorded("fill", *this);
   notify_tensor_access(*this, /*before=*/true);
   backend_for(device()).fill(data(), numel(), value);
+  increment_version();
 }
 
 void Tensor::zero() {
   check_not_recorded("zero", *this);
   notify_tensor_access(*this, /*before=*/true);
   backend_for(device()).fill(data(), numel(), 0.0f);
+  increment_version();
+}
+
+std::uint64_t Tensor::version() const {
+  return impl_->version->load(std::memory_order_relaxed);
+}
+
+void Tensor::increment_version() const {
+  impl_->version->fetch_add(1, std::memory_order_relaxed);
 }
 
 void Tensor::set_data(const Tensor& source) {
@@ -471,6 +484,7 @@ const std::string& Tensor::name() const {
 Tensor Tensor::detach() const {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = impl_->storage;
+  impl->version = impl_->version;
   impl->offset = impl_->offset;
   impl->shape = impl_->shape;
   impl->dtype = impl_->dtype;

@@ -8,6 +8,7 @@
 // Copying a Tensor copies the handle, not the data (like torch.Tensor in Python): two handles
 // to one tensor see each other's in-place updates and autograd state.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -137,8 +138,18 @@ class Tensor {
   void fill(float value);
   void zero();
   // Rebinds this tensor (every handle to it) to `source`'s storage and offset, keeping
-  // autograd state: how parameters are moved into a flat buffer (PyTorch's `p.data = ...`).
+  // autograd state and its version: how parameters are moved into a flat buffer (PyTorch's
+  // `p.data = ...`).
   void set_data(const Tensor& source);
+  // How many in-place writes this tensor's data has had (PyTorch's `_version`), counted by
+  // copy_from, fill, zero and the optimizers' steps, and shared with its views and detach()ed
+  // handles. An op that saves a tensor for backward notes it; backward refuses a saved tensor
+  // whose count has moved since (engine/autograd.h, SavedTensor): its gradient would come from
+  // values the forward never saw.
+  std::uint64_t version() const;
+  // Counts one in-place write the library does not see: one made through data() or raw_data(),
+  // or by a kernel of one's own (PyTorch's torch.autograd.graph.increment_version).
+  void increment_version() const;
 
   // ---- autograd ----
   bool requires_grad() const;
@@ -229,6 +240,10 @@ struct AutogradMeta {
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
+  // Tensor::version(): one counter for a tensor, its views and detached handles. Not per
+  // storage: the parameters are views of one flat buffer, and an update of one (the optimizer in
+  // backward) must not invalidate another's saved value.
+  std::shared_ptr<std::atomic<std::uint64_t>> version;
   std::int64_t offset = 0;  // elements
   Shape shape;
   DType dtype = DType::kF32;

@@ -141,6 +141,14 @@ std::string save_checkpoint(const std::string& dir, const Module& model, const O
         "save_checkpoint: the optimizer is sharded (ZeRO) and holds only its shard of the state; "
         "pass the whole state (comm::Zero::full_optimizer_state())");
   }
+  // What load_checkpoint refuses is not written: a file listed as the newest checkpoint that
+  // no resume can read (an outside tester's step -5).
+  if (state.step < 0 || state.epoch < 0 || state.epoch_samples < 0) {
+    fail(
+        "save_checkpoint: the training state has a negative count (step {}, epoch {}, "
+        "epoch_samples {}); each counts what is done, from 0",
+        state.step, state.epoch, state.epoch_samples);
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {

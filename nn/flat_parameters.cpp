@@ -28,6 +28,46 @@ FlatParameters::FlatParameters(const Module& module, Device device) {
   restore_gradient_buffer();
 }
 
+bool FlatParameters::current() const {
+  for (const ParameterSlot& slot : slots_) {
+    if (slot.param.storage() != values_.storage() ||
+        slot.param.storage_offset() != values_.storage_offset() + slot.offset) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void FlatParameters::require_current(const char* user) const {
+  for (const ParameterSlot& slot : slots_) {
+    if (slot.param.storage() != values_.storage() ||
+        slot.param.storage_offset() != values_.storage_offset() + slot.offset) {
+      fail(
+          "{} was built over a FlatParameters whose parameters have moved since ('{}' is no "
+          "longer in its buffer: another FlatParameters was built over the same model?), so it "
+          "would update a copy the model does not read. Build one FlatParameters per model, and "
+          "the optimizer and DDP over that one",
+          user, slot.name);
+    }
+  }
+}
+
+void FlatParameters::require_parameters_of(const Module& module, const char* user) const {
+  require_current(user);
+  const std::vector<NamedTensor> own = module.named_parameters();
+  bool same = own.size() == slots_.size();
+  for (std::size_t i = 0; same && i < own.size(); ++i) {
+    same = own[i].tensor.is_same(slots_[slots_.size() - 1 - i].param);  // slots are reversed
+  }
+  if (!same) {
+    fail(
+        "{}: the FlatParameters given holds other parameters than the model's ({} against the "
+        "model's {}: built over another model?). Build it over this model: "
+        "FlatParameters(model, device)",
+        user, slots_.size(), own.size());
+  }
+}
+
 const Tensor& FlatParameters::grads() const {
   if (!grads_.defined()) {
     fail(

@@ -65,6 +65,16 @@ class FlatParameters {
   void detach() { --attached_; }
   int attached() const { return attached_; }
 
+  // Whether the parameters still live in this object's buffer: a second FlatParameters over the
+  // same model moves them into its own, and an optimizer or DDP built over the first would then
+  // update and reduce a copy nobody reads, training nothing without a word (an outside
+  // tester's). An Error naming `user` ("SGD", "DistributedDataParallel") when they do not.
+  void require_current(const char* user) const;
+  bool current() const;
+  // And that they are `module`'s parameters, all of them: DDP given another model's
+  // FlatParameters would reduce that model's gradients.
+  void require_parameters_of(const Module& module, const char* user) const;
+
  private:
   Tensor values_;
   Tensor grads_;

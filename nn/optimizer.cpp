@@ -80,6 +80,7 @@ void Optimizer::step_shard() {
 
 void Optimizer::update(std::span<const std::size_t> slots) {
   NANODDP_CHECK(steps_ > 0, "optimizer update() before the first begin_step()");
+  if (!params_.current()) params_.require_current(describe().c_str());
   const std::vector<ParameterSlot>& all = params_.slots();
   // Runs of parameters that are neighbours in the flat buffers, all with a gradient and at the
   // same step, go to one kernel: with every parameter used, the whole model is one run.
@@ -100,6 +101,9 @@ void Optimizer::update(std::span<const std::size_t> slots) {
     // PyTorch: .grad is None, the parameter is skipped. (Under ZeRO-2 has_grad() holds for a
     // gradient that lives in the shard, its buffer gone.)
     if (!slot.param.has_grad()) continue;
+    // Written in place through the flat buffer: a forward that saved it before this step cannot
+    // be backpropagated any more (engine/autograd.h, SavedTensor).
+    slot.param.increment_version();
     const std::int64_t step = ++param_steps_[i];
     if (run_numel > 0 && (run_offset + run_numel != slot.offset || run_step != step)) flush();
     if (run_numel == 0) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "nanoddp/comm/ddp.h"
@@ -290,4 +291,30 @@ TEST_CASE("ddp: reconfigure between steps rebuilds the buckets and keeps the gra
   CHECK(reduced == 1);  // the bucket-reduced hook carried over: one bucket, one call
   t.ddp.reconfigure({.bucket_cap_mb = 0.0005, .first_bucket_mb = 0.0001});
   step_matches_twin();
+}
+
+// An outside tester's: DDP given another model's FlatParameters (or one whose parameters a
+// second FlatParameters took since) reduced gradients nobody reads, and training silently
+// changed nothing.
+TEST_CASE("ddp: a FlatParameters of another model, or whose parameters moved, is refused") {
+  comm::Distributed dist = world_of_one();
+  nn::Mlp model({.in_features = 4, .out_features = 2, .hidden = 8, .layers = 2});
+  nn::Mlp other({.in_features = 4, .out_features = 2, .hidden = 8, .layers = 2});
+  nn::FlatParameters params(model, Device::cpu());
+  nn::FlatParameters others(other, Device::cpu());
+  try {
+    comm::DistributedDataParallel ddp(model, others, dist.group, dist.store);
+    FAIL("another model's parameters were taken");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("the FlatParameters given holds other parameters than the "
+                                     "model's") != std::string::npos);
+  }
+  nn::FlatParameters again(model, Device::cpu());  // takes the parameters from `params`
+  try {
+    comm::DistributedDataParallel ddp(model, params, dist.group, dist.store);
+    FAIL("a FlatParameters whose parameters moved was taken");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("whose parameters have moved since") != std::string::npos);
+  }
+  comm::DistributedDataParallel ddp(model, again, dist.group, dist.store);  // the current one
 }

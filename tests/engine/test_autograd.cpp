@@ -852,3 +852,26 @@ TEST_CASE("hooks on an MLP fire in reverse layer order, in the middle of backwar
 }
 
 }  // namespace nanoddp
+
+namespace nanoddp {
+
+// An outside tester's: a running total kept as a tensor (`total = add(total, loss)`) and dropped
+// without a backward freed its graph one destructor inside another, and overflowed the stack.
+TEST_CASE("autograd: a graph 300,000 nodes deep is freed without a backward") {
+  Tensor w = Tensor::ones({1}).set_requires_grad(true);
+  {
+    Tensor total = mul(w, 1.0f);
+    for (int i = 0; i < 300000; ++i) total = add(total, w);
+    CHECK(total.item() == 300001.0f);
+  }  // the whole chain goes here
+  // And a shared tail survives a dropped head: the nodes another tensor still holds stay.
+  Tensor tail = mul(w, 2.0f);
+  {
+    Tensor head = tail;
+    for (int i = 0; i < 1000; ++i) head = add(head, w);
+  }
+  tail.backward();
+  CHECK(w.grad().item() == 2.0f);
+}
+
+}  // namespace nanoddp

@@ -258,6 +258,7 @@ const std::vector<std::pair<std::string, std::string>> kNoHistory{
     {"from_int64", "factory: reads host integers (indices carry no gradient)"},
     {"empty_like", "factory: reads only the other tensor's shape, device and dtype"},
     {"record", "autograd's recording itself: returns its output with the backward it is given"},
+    {"unpack", "SavedTensor: the tensor a backward function saved, a detached handle"},
 };
 
 // In-place writes of values: not differentiable, so refused into (or, for copy_from, from) a
@@ -275,9 +276,10 @@ const std::vector<InPlace> kInPlace{
 const std::set<std::string> kBookkeeping{
     "set_data",  // PyTorch's `p.data = ...`
     "set_grad_fn",      "set_grad", "zero_grad", "backward",
-    "release_grad",      // PyTorch's `p.grad = None`
-    "drop_grad_buffer",  // the gradient lives elsewhere (ZeRO-2's shard)
-    "set_grad_source"};  // where a leaf's gradient buffer comes from (ZeRO-2)
+    "release_grad",        // PyTorch's `p.grad = None`
+    "drop_grad_buffer",    // the gradient lives elsewhere (ZeRO-2's shard)
+    "set_grad_source",     // where a leaf's gradient buffer comes from (ZeRO-2)
+    "increment_version"};  // counts a write made through data(): writes nothing itself
 
 // The engine's source folder.
 fs::path engine_dir() {

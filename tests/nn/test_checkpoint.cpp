@@ -117,6 +117,19 @@ TEST_CASE("checkpoint: save then load restores parameters, optimizer state and p
   CHECK(b.params.values().to_vector() == a.params.values().to_vector());
 }
 
+// An outside tester's: step -5 was written and listed as a checkpoint that no load would take.
+TEST_CASE("checkpoint: a negative step, epoch or sample count is refused, nothing written") {
+  testing::TempDir dir;
+  Run a;
+  for (const nn::TrainingState& state :
+       {nn::TrainingState{.step = -5}, nn::TrainingState{.step = 1, .epoch = -1},
+        nn::TrainingState{.step = 1, .epoch_samples = -3}}) {
+    CHECK_THROWS_WITH_AS(nn::save_checkpoint(dir.path(), a.model, a.adam, state, 3),
+                         doctest::Contains("the training state has a negative count"), Error);
+  }
+  CHECK(nn::list_checkpoints(dir.path()).empty());
+}
+
 TEST_CASE("checkpoint: per-parameter step counts of skipped parameters survive a resume") {
   // A parameter without a gradient in a step is skipped by the optimizer, so its own step count
   // (AdamW's bias correction) falls behind; a resumed run must continue from the same counts.

@@ -403,3 +403,28 @@ TEST_CASE("a sharded optimizer updates its ranges only, as the whole one does, w
 
 }  // namespace
 }  // namespace nanoddp::nn
+
+namespace nanoddp::nn {
+
+// An outside tester's: a second FlatParameters over the same model took its parameters, and the
+// optimizer built over the first went on updating a copy nobody read: the loss never moved.
+TEST_CASE("an optimizer whose FlatParameters lost its parameters to another is refused") {
+  Mlp model({.in_features = 3, .out_features = 2, .hidden = 4, .layers = 2});
+  FlatParameters first(model, Device::cpu());
+  SGD stale(first, {.lr = 0.1f});
+  FlatParameters second(model, Device::cpu());
+  SGD current(second, {.lr = 0.1f});
+  mse_loss(model.forward(Tensor::ones({2, 3})), Tensor::zeros({2, 2})).backward();
+  try {
+    stale.step();
+    FAIL("the stale optimizer stepped");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("was built over a FlatParameters whose parameters have "
+                                     "moved since") != std::string::npos);
+  }
+  const std::vector<float> before = second.values().to_vector();
+  current.step();
+  CHECK(second.values().to_vector() != before);
+}
+
+}  // namespace nanoddp::nn

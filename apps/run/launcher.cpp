@@ -24,6 +24,7 @@
 #include <stdexcept>
 
 #include "common/error_file.h"
+#include "error_folder.h"
 #include "free_port.h"
 #include "log_files.h"
 #include "output.h"
@@ -81,43 +82,6 @@ void pump(UniqueFd& fd, LineSink& sink) {
     }
   }
 }
-
-// A private folder for the workers' error files (common/error_file.h), removed with the attempt.
-// Without one (no writable $TMPDIR or /tmp) the workers get none, and the launcher names the
-// first worker to exit.
-class ErrorFolder {
- public:
-  ErrorFolder() {
-    std::string problem;
-    for (const char* base : {static_cast<const char*>(std::getenv("TMPDIR")), "/tmp"}) {
-      if (base == nullptr || *base == '\0') continue;
-      std::string name = fmt::format("{}/nanoddp-run-errors-{}-XXXXXX", base, ::getpid());
-      if (::mkdtemp(name.data()) != nullptr) {
-        path_ = name;
-        return;
-      }
-      problem += fmt::format("{}'{}': {}", problem.empty() ? "" : "; ", base, std::strerror(errno));
-    }
-    Console::err().write(
-        fmt::format("nanoddp-run: warning: cannot make a folder for the workers' error files "
-                    "({}): a failed attempt names the first worker to exit as the one that failed "
-                    "first\n",
-                    problem),
-        false);
-  }
-  ErrorFolder(const ErrorFolder&) = delete;
-  ErrorFolder& operator=(const ErrorFolder&) = delete;
-  ~ErrorFolder() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(int rank) const {
-    return path_.empty() ? std::string() : fmt::format("{}/rank-{}.json", path_, rank);
-  }
-
- private:
-  std::string path_;
-};
 
 // A worker's message for the launcher's summary: one line, bounded (the whole of it is in the
 // worker's own output above).

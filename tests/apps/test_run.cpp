@@ -3,10 +3,12 @@
 
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -44,6 +46,7 @@ using namespace std::chrono_literals;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
 
 // nanoddp-run with `flags`, its workers running `shell_command` under /bin/sh.
 std::vector<std::string> run_argv(std::vector<std::string> flags,
@@ -400,6 +403,63 @@ TEST_CASE("nanoddp-run names the rank that failed first from the workers' error 
       CHECK_FALSE(std::filesystem::exists(std::filesystem::path(f).parent_path()));
     }
   }
+}
+
+// A launcher killed by SIGKILL left its error folder in /tmp for good, one per attempt. The next
+// launcher removes such folders: only those of dead launchers of this user, unlocked, a minute
+// old, holding nothing but error files.
+TEST_CASE("nanoddp-run removes the error folders that killed launchers left, and nothing else") {
+  TempDir tmp;
+  // A pid that names no process: a child that has exited and been reaped.
+  const pid_t dead = [] {
+    const pid_t pid = ::fork();
+    if (pid == 0) ::_exit(0);
+    ::waitpid(pid, nullptr, 0);
+    return pid;
+  }();
+  const auto folder = [&](const std::string& name, pid_t owner, bool old,
+                          const std::vector<std::string>& files) {
+    const std::string path = tmp.file(fmt::format("nanoddp-run-errors-{}-{}", owner, name));
+    fs::create_directories(path);
+    for (const std::string& f : files) std::ofstream(path + "/" + f) << "{}";
+    if (old) {
+      const timespec times[2] = {{.tv_sec = 1000, .tv_nsec = 0}, {.tv_sec = 1000, .tv_nsec = 0}};
+      REQUIRE(::utimensat(AT_FDCWD, path.c_str(), times, 0) == 0);
+    }
+    return path;
+  };
+  const std::string stale = folder("AAAAAA", dead, true, {"rank-0.json", "rank-1.json.77.tmp"});
+  const std::string empty = folder("BBBBBB", dead, true, {});
+  const std::string young = folder("CCCCCC", dead, false, {"rank-0.json"});
+  const std::string alive = folder("DDDDDD", ::getpid(), true, {});
+  const std::string foreign = folder("EEEEEE", dead, true, {"rank-0.json", "notes.txt"});
+  const std::string locked = folder("FFFFFF", dead, true, {});
+  const int lock_fd = ::open(locked.c_str(), O_RDONLY | O_DIRECTORY);
+  REQUIRE(::flock(lock_fd, LOCK_EX) == 0);  // a launcher in another pid namespace
+  const std::string other_name = tmp.file(fmt::format("nanoddp-run-errors-{}-GGGGG", dead));
+  fs::create_directories(other_name);  // not mkdtemp's six characters
+
+  ProcessOptions options;
+  options.env["TMPDIR"] = tmp.path();
+  const ProcessResult r = launch({"--nproc-per-node", "1", "/bin/true"}, options);
+  ::close(lock_fd);
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_FALSE(fs::exists(stale));
+  CHECK_FALSE(fs::exists(empty));
+  CHECK(contains(r.output, "nanoddp-run: removed 2 error folder(s) that killed launchers left in"));
+  for (const std::string& kept : {young, alive, foreign, locked, other_name}) {
+    CAPTURE(kept);
+    CHECK(fs::exists(kept));
+  }
+  CHECK(fs::exists(foreign + "/rank-0.json"));  // nothing taken from a folder that is not kept
+  // And this launcher's own folder went with it.
+  std::size_t left = 0;
+  for (const auto& entry : fs::directory_iterator(tmp.path())) {
+    (void)entry;
+    ++left;
+  }
+  CHECK(left == 5);
 }
 
 TEST_CASE("nanoddp-run stops the other workers (and their children) when one fails") {

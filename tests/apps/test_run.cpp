@@ -1059,6 +1059,9 @@ TEST_CASE(
         if (contains(out, fmt::format("round 0: node {} of 4", k))) by_rank[k] = node.get();
       }
     }
+    std::string arrivals;
+    for (const auto& node : nodes) arrivals += "---\n" + node->output();
+    INFO(arrivals);
     for (const BackgroundProcess* node : by_rank) REQUIRE(node != nullptr);
     // The round's node ranks follow the arrivals, and under load the store's own launcher (the
     // first started) may arrive after others: killed as the victim, it takes the store with it,

@@ -72,6 +72,16 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
+  // [*, in] as in PyTorch: the leading dimensions are one batch (a sequence model's [B, T, C]),
+  // through views, so the gradient flows back through them.
+  if (x.defined() && x.dtype() == DType::kF32 && x.dim() != 2 && weight.defined() &&
+      weight.dim() == 2) {
+    if (x.dim() == 0) fail("linear: the input must have at least one dimension, got a scalar");
+    Shape shape(x.shape().begin(), x.shape().end() - 1);  // the batch dimensions
+    const std::int64_t rows = shape_numel(shape);         // 1 for a single vector [in]
+    shape.push_back(weight.size(0));
+    return linear(x.reshape({rows, x.size(-1)}), weight, bias, act).reshape(shape);
+  }
   check_matrix("linear", x, "the input");
   check_matrix("linear", weight, "the weight");
   check_same_device("linear", x, weight);

@@ -13,8 +13,9 @@ using kernels::Activation;
 
 // [m, k] x [k, n] -> [m, n]
 Tensor matmul(const Tensor& a, const Tensor& b);
-// act(x W^T + b): x [batch, in], weight [out, in], bias [out] or undefined. The activation is
-// fused into the GEMM's epilogue; kNone gives PyTorch's F.linear.
+// act(x W^T + b): x [batch, in] (or [*, in], any leading dimensions, or [in], as PyTorch),
+// weight [out, in], bias [out] or undefined. The activation is fused into the GEMM's epilogue;
+// kNone gives PyTorch's F.linear.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
               Activation act = Activation::kNone);
 Tensor add(const Tensor& a, const Tensor& b);

@@ -71,13 +71,14 @@ Node::~Node() {
 Tensor SavedTensor::unpack() const {
   if (tensor_.defined() && tensor_.version() != version_) {
     fail(
-        "backward through '{}': a tensor it saved for backward (shape {}) was written in place "
+        "backward through '{}': a tensor it saved for backward ({}shape {}) was written in place "
         "after the forward used it (its version is {}, it was {} when saved), so its gradient "
         "would be computed from values the forward did not see. Write into it after backward, "
-        "or clone() it before the write (PyTorch: 'one of the variables needed for gradient "
-        "computation has been modified by an inplace operation')",
+        "or give the op a copy (op(x.clone())) when it must change before (PyTorch: 'one of the "
+        "variables needed for gradient computation has been modified by an inplace operation')",
         tls_running_node != nullptr ? tls_running_node->name() : std::string("an op"),
-        shape_str(tensor_.shape()), tensor_.version(), version_);
+        name_.empty() ? std::string() : "'" + name_ + "', ", shape_str(tensor_.shape()),
+        tensor_.version(), version_);
   }
   return tensor_;
 }
@@ -336,6 +337,7 @@ void BackwardPass::emit(std::size_t i, const Tensor& grad) {
     if (!meta.grad.defined() && meta.grad_source) meta.grad = leaf_buffer(edge);
     if (meta.grad_valid) {
       backend.axpy(grad.numel(), 1.0f, grad.data(), meta.grad.data());
+      meta.grad.increment_version();  // a saved handle to the gradient (a forward that read it)
     } else if (meta.grad.defined()) {
       meta.grad.copy_from(grad);  // reuse the (stale) buffer
     } else {
@@ -368,6 +370,7 @@ void BackwardPass::accumulate(std::size_t i, const Accumulator& write) {
       meta.grad = meta.grad_source ? leaf_buffer(edge) : Tensor::empty(edge.shape, edge.device);
     }
     write(meta.grad, meta.grad_valid ? 1.0f : 0.0f);
+    meta.grad.increment_version();  // a saved handle to the gradient (a forward that read it)
     meta.grad_valid = true;
     leaves_[edge.leaf.get()].received = true;
     return;

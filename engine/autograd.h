@@ -116,14 +116,24 @@ class SavedTensor {
   SavedTensor() = default;
   explicit SavedTensor(const Tensor& tensor)
       : tensor_(tensor.defined() ? tensor.detach() : Tensor()),
-        version_(tensor.defined() ? tensor.version() : 0) {}
+        version_(tensor.defined() ? tensor.version() : 0),
+        name_(tensor.defined() ? tensor.name() : std::string()) {}
   // The saved tensor (no autograd history); an Error if it was written in place since.
   Tensor unpack() const;
 
  private:
   Tensor tensor_;
   std::uint64_t version_ = 0;
+  std::string name_;  // a parameter's, for the message
 };
+
+// `tensor` saved only if `wanted` will get a gradient from this op (mul saves b for a's
+// gradient): PyTorch saves no more, so a tensor no gradient reads may be written before
+// backward. Empty otherwise (unpack() gives an undefined tensor).
+inline SavedTensor save_for_grad_of(const Tensor& wanted, const Tensor& tensor) {
+  return NoGrad::grad_enabled() && wanted.defined() && wanted.requires_grad() ? SavedTensor(tensor)
+                                                                              : SavedTensor();
+}
 
 // Records `output` as produced by `name` from `inputs` with the given backward function, when
 // grad mode is on and some input requires a gradient. Returns `output` for chaining:

@@ -112,14 +112,18 @@ Tensor binary(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
   Tensor out = Tensor::empty(shape, a.device());
   const std::int64_t n = out.numel();
   backend_of(a).binary(op, a.data(), pa, b.data(), pb, out.data(), n);
-  // Only what the gradient reads is saved: a (for mul's db), b (mul, div), the output (div's
-  // db). add and sub save nothing, so their operands may be written before backward.
+  // Only what a gradient that will be computed reads is saved: a for mul's db, b for mul's da
+  // and div's, the output for div's db. add and sub save nothing, so their operands may be
+  // written before backward.
   const bool mul = op == BinaryOp::kMul, div = op == BinaryOp::kDiv;
   return record(
       name, out, {a, b},
       [op, pa, pb, n, shape_a = a.shape(), shape_b = b.shape(),
-       sa = mul ? SavedTensor(a) : SavedTensor(), sb = mul || div ? SavedTensor(b) : SavedTensor(),
-       sy = div ? SavedTensor(out) : SavedTensor()](const Tensor& g, GradSink& sink) {
+       sa = mul ? save_for_grad_of(b, a) : SavedTensor(),
+       sb = mul   ? save_for_grad_of(a, b)
+            : div ? SavedTensor(b)
+                  : SavedTensor(),
+       sy = div ? save_for_grad_of(b, out) : SavedTensor()](const Tensor& g, GradSink& sink) {
         Backend& be = backend_of(g);
         const Tensor lhs = sa.unpack(), rhs = sb.unpack(), y = sy.unpack();
         const Broadcast same{.div = 1, .mod = n};
@@ -537,7 +541,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
                 bias.defined() ? bias.data() : nullptr, rows, cols, eps, y.data(), mean.data(),
                 rstd.data());
   return record("layer_norm", y, {x, weight, bias},
-                [sx = SavedTensor(x), sw = SavedTensor(weight), mean, rstd, rows, cols](
+                [sx = SavedTensor(x), sw = save_for_grad_of(x, weight), mean, rstd, rows, cols](
                     const Tensor& g, GradSink& sink) {
                   const Tensor input = sx.unpack(), w = sw.unpack();
                   Backend& bb = backend_of(g);

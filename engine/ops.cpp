@@ -56,7 +56,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                      c.data());
   return record(
       "matmul", c, {a, b},
-      [sa = SavedTensor(a), sb = SavedTensor(b), m, n, k](const Tensor& g, GradSink& sink) {
+      [sa = save_for_grad_of(b, a), sb = save_for_grad_of(a, b), m, n, k](const Tensor& g,
+                                                                          GradSink& sink) {
         const Tensor lhs = sa.unpack(), rhs = sb.unpack();
         Backend& be = backend_of(g);
         // dA[m,k] = G[m,n] B[k,n]^T ;  dB[k,n] = A[m,k]^T G[m,n]
@@ -109,8 +110,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 
   return record(
       "linear", y, {x, weight, bias},
-      [sx = SavedTensor(x), sw = SavedTensor(weight), z, act, batch, in, out](const Tensor& g,
-                                                                              GradSink& sink) {
+      [sx = save_for_grad_of(weight, x), sw = save_for_grad_of(x, weight), z, act, batch, in, out](
+          const Tensor& g, GradSink& sink) {
         // z is the op's own (nobody else can write it); x and the weight are the caller's.
         const Tensor input = sx.unpack(), w = sw.unpack();
         Backend& bb = backend_of(g);

@@ -215,6 +215,7 @@ Tensor alias(const Tensor& t, std::int64_t offset, const Shape& shape) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = in.storage;
   impl->version = in.version;  // a view's writes are its base's, and the other way round
+  impl->base_version = in.base_version;
   impl->offset = begin;
   impl->shape = shape;
   impl->dtype = in.dtype;
@@ -252,8 +253,9 @@ void copy_values(const Tensor& dst, const Tensor& source) {
   copy_bytes(dst.raw_data(), dst.device(), source.raw_data(), source.device(), dst.nbytes());
 }
 
-// An in-place write has no backward here (there are no version counters to notice that a
-// saved tensor changed), so, like PyTorch for a leaf, it is refused while autograd records.
+// An in-place write has no backward here (it is not an op autograd records; the version
+// counters only notice that a saved tensor changed), so, like PyTorch for a leaf, it is refused
+// while autograd records.
 void check_not_recorded(const char* op, const Tensor& dst) {
   if (!records_grad(dst)) return;
   fail(
@@ -356,7 +358,9 @@ void Tensor::zero() {
 }
 
 std::uint64_t Tensor::version() const {
-  return impl_->version->load(std::memory_order_relaxed);
+  // Both counters only grow, so the sum moves exactly when one of them does.
+  const std::uint64_t own = impl_->version->load(std::memory_order_relaxed);
+  return impl_->base_version ? own + impl_->base_version->load(std::memory_order_relaxed) : own;
 }
 
 void Tensor::increment_version() const {
@@ -375,6 +379,10 @@ void Tensor::set_data(const Tensor& source) {
   impl_->storage = source.impl_->storage;
   impl_->offset = source.impl_->offset;
   impl_->dtype = source.impl_->dtype;
+  // Writes through `source`'s buffer now reach this tensor: counted for it too. Its own counter
+  // stays its own, so that a write into one parameter of a flat buffer (the optimizer in
+  // backward) does not count for the others.
+  impl_->base_version = source.impl_->version;
 }
 
 // ---- autograd -----------------------------------------------------------------------------
@@ -485,6 +493,7 @@ Tensor Tensor::detach() const {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = impl_->storage;
   impl->version = impl_->version;
+  impl->base_version = impl_->base_version;
   impl->offset = impl_->offset;
   impl->shape = impl_->shape;
   impl->dtype = impl_->dtype;

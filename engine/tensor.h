@@ -142,10 +142,11 @@ class Tensor {
   // `p.data = ...`).
   void set_data(const Tensor& source);
   // How many in-place writes this tensor's data has had (PyTorch's `_version`), counted by
-  // copy_from, fill, zero and the optimizers' steps, and shared with its views and detach()ed
-  // handles. An op that saves a tensor for backward notes it; backward refuses a saved tensor
-  // whose count has moved since (engine/autograd.h, SavedTensor): its gradient would come from
-  // values the forward never saw.
+  // copy_from, fill, zero, backward's writes into a gradient and the optimizers' steps, shared
+  // with its views and detach()ed handles; a write through the buffer set_data() moved it into
+  // (FlatParameters' values()) counts too. An op that saves a tensor for backward notes it;
+  // backward refuses a saved tensor whose count has moved since (engine/autograd.h,
+  // SavedTensor): its gradient would come from values the forward never saw.
   std::uint64_t version() const;
   // Counts one in-place write the library does not see: one made through data() or raw_data(),
   // or by a kernel of one's own (PyTorch's torch.autograd.graph.increment_version).
@@ -244,6 +245,10 @@ struct TensorImpl {
   // storage: the parameters are views of one flat buffer, and an update of one (the optimizer in
   // backward) must not invalidate another's saved value.
   std::shared_ptr<std::atomic<std::uint64_t>> version;
+  // The counter of the buffer set_data moved the tensor into (FlatParameters' flat buffer), or
+  // null: a write through that buffer counts for the tensor too, and version() is the sum of
+  // both. Writes through the tensor count only for itself.
+  std::shared_ptr<std::atomic<std::uint64_t>> base_version;
   std::int64_t offset = 0;  // elements
   Shape shape;
   DType dtype = DType::kF32;

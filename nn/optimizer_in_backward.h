@@ -19,7 +19,8 @@
 // gradients, not for values: a parameter's hook runs after every node with an edge to it, so
 // no node that differentiates through it reads it afterwards; a node that captured a parameter
 // through .detach() (a view, no edge) and runs later would see the new value. nanoddp's ops
-// never do that; nanoddp has no version counters to catch it (PyTorch's would raise).
+// never do that, and the version counters catch it (engine/autograd.h, SavedTensor), as
+// PyTorch's do.
 //
 //   nn::OptimizerInBackward fused(optimizer, params, {.hook_parameters = true});
 //   for (...) {

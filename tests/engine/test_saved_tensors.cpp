@@ -118,6 +118,70 @@ TEST_CASE("saved tensors: what an op does not save may be written, and the gradi
   CHECK(g[1] == doctest::Approx(1.0 + std::exp(-1.0)));
 }
 
+// A second outside tester's: a write through the flat buffer (FlatParameters::values(), or a
+// view of it) reached the parameters' values but not their counters; backward's own writes into
+// a gradient buffer were not counted either; and operands no gradient reads were refused.
+TEST_CASE("saved tensors: writes through the flat buffer and into gradients count, names given") {
+  struct One : nn::Module {
+    Generator generator{2};
+    std::shared_ptr<nn::Linear> layer =
+        register_module("layer", std::make_shared<nn::Linear>(3, 2, generator));
+    std::string describe() const override { return "One"; }
+  } model;
+  nn::FlatParameters params(model, Device::cpu());
+  const Tensor x = Tensor::ones({4, 3}).set_requires_grad(true);
+  for (const int how : {0, 1, 2}) {
+    CAPTURE(how);
+    const Tensor loss = sum(model.layer->forward(x));
+    {
+      NoGrad no_grad;
+      Tensor values = params.values();
+      if (how == 0) values.fill(3.0f);
+      if (how == 1) values.view(0, {2}).zero();  // the bias's slice (first in layout)
+      if (how == 2) {
+        values.data()[7] = 1.0f;
+        values.increment_version();
+      }
+    }
+    const std::string error = backward_error(loss);
+    INFO(error);
+    CHECK(refused(error, "linear"));
+    CHECK(error.find("('layer.weight', shape [2, 3])") != std::string::npos);
+  }
+
+  // w.grad() read by the next forward, then accumulated into by its backward (no zero_grad).
+  Tensor w = leaf({1, 2, 3});
+  sum(mul(w, 2.0f)).backward();
+  const Tensor v = leaf({5, 6, 7});
+  const Tensor reads_grad = sum(mul(v, w.grad()));
+  const Tensor adds_to_grad = sum(mul(w, 2.0f));  // newer: its backward runs first
+  CHECK(refused(backward_error(add(reads_grad, adds_to_grad)), "mul"));
+}
+
+TEST_CASE("saved tensors: an operand whose partner gets no gradient is not saved, as in PyTorch") {
+  Tensor a = Tensor::from_vector(std::vector<float>{1, 2}, {2});
+  Tensor b = leaf({3, 4});
+  const Tensor loss = sum(mul(b, a));  // b's gradient reads a, a's would read b: only a saved
+  Tensor m = Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2});
+  Tensor k = leaf({1, 0, 0, 1});
+  const Tensor product = sum(matmul(m, k.reshape({2, 2})));
+  Tensor x = Tensor::ones({2, 2});
+  Tensor weight = leaf({1, 2, 3, 4});
+  const Tensor layer = sum(linear(x, weight.reshape({2, 2}), Tensor()));
+  {
+    NoGrad no_grad;
+    b.fill(9);       // read by no gradient: a gets none
+    k.fill(9);       // the same for matmul's right operand
+    weight.fill(9);  // and a first layer's weight (its input gets no gradient)
+  }
+  CHECK(backward_error(loss).empty());
+  CHECK(b.grad().to_vector() == std::vector<float>{1, 2});
+  CHECK(backward_error(product).empty());
+  CHECK(k.grad().to_vector() == std::vector<float>{4, 4, 6, 6});
+  CHECK(backward_error(layer).empty());
+  CHECK(weight.grad().to_vector() == std::vector<float>{2, 2, 2, 2});
+}
+
 TEST_CASE("saved tensors: parameters in one flat buffer keep their own versions") {
   // Writing one parameter (the optimizer in backward updates a layer while earlier layers'
   // nodes still hold their weights) must not invalidate another's saved value.
@@ -142,9 +206,10 @@ TEST_CASE("saved tensors: parameters in one flat buffer keep their own versions"
 
   SUBCASE("an optimizer step between the forward and the backward is refused") {
     nn::SGD sgd(params, {.lr = 0.1f});
-    const Tensor next = sum(first.forward(x));
+    // The second layer saves its weight (its input gets a gradient); the first does not.
+    const Tensor next = sum(second.forward(first.forward(x)));
     next.backward();
-    const Tensor stale = sum(first.forward(x));
+    const Tensor stale = sum(second.forward(first.forward(x)));
     sgd.step();  // updates every parameter that has a gradient
     CHECK(refused(backward_error(stale), "linear"));
   }

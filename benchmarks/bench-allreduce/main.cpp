@@ -61,6 +61,7 @@
 #include "common/load.h"
 #include "common/machine_info.h"
 #include "common/provenance.h"
+#include "common/results_file.h"
 #include "common/stats.h"
 #include "launches.h"
 #include "nanoddp/comm/gloo_context.h"
@@ -348,13 +349,10 @@ int run(int argc, char** argv) {
   }
   // The results file is opened (on rank 0) before the process group forms: a path that cannot
   // be written is a usage error now, not a failure after the connections are up.
-  std::optional<std::ofstream> json;
+  nanoddp::common::ResultsFile json("nanoddp-bench-allreduce", "--json");
   if (world_env.rank == 0 && !opt.json_path.empty()) {
-    json.emplace(opt.json_path, std::ios::trunc);
-    if (!*json) {
-      return nanoddp::cli::usage_error(
-          "nanoddp-bench-allreduce",
-          fmt::format("--json {}: cannot open the file for writing", opt.json_path));
+    if (const std::string problem = json.open(opt.json_path); !problem.empty()) {
+      return nanoddp::cli::usage_error("nanoddp-bench-allreduce", problem);
     }
   }
   nlohmann::ordered_json provenance = nanoddp::common::provenance(argc, argv);
@@ -682,7 +680,7 @@ int run(int argc, char** argv) {
                    100.0 * us / engine_us, wrong_text(2));
       }
       fmt::print("\n");
-      if (json) {
+      if (json.is_open()) {
         // The load around this size, as bench-ddp records it around a point (common/load.h):
         // this node's ranks count in the load at the end.
         const double load_end = nanoddp::common::load_1m();
@@ -723,10 +721,9 @@ int run(int argc, char** argv) {
               {"machine", machine},
               {"provenance", provenance}};
           nanoddp::common::redact_strings(line);
-          *json << line.dump() << '\n';
+          json.write_line(line.dump());
         }
-        json->flush();
-        if (!*json) nanoddp::fail("--json {}: writing the results failed", opt.json_path);
+        if (!json.flush()) return 1;
       }
     }
     std::fflush(stdout);
@@ -737,11 +734,7 @@ int run(int argc, char** argv) {
                busbw_count > 0 ? busbw_sum / busbw_count : 0.0);
     fmt::print("#\n");
   }
-  if (json) {
-    json->close();
-    if (json->fail()) nanoddp::fail("--json {}: writing the results failed", opt.json_path);
-  }
-  return 0;
+  return json.close() ? 0 : 1;
 }
 
 }  // namespace

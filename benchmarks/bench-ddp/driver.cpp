@@ -11,13 +11,13 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
-#include <tuple>
 
+#include "common/cli.h"
 #include "common/load.h"
 #include "common/machine_info.h"
 #include "common/output_files.h"
 #include "common/provenance.h"
+#include "common/results_file.h"
 #include "common/stats.h"
 #include "launch.h"
 #include "nanoddp/kernels/error.h"
@@ -253,53 +253,40 @@ class Sweep {
     bool all_ok = true;
     for (const Point& p : expand(o_)) {
       all_ok &= run_point(p);
-      if (write_failed_) break;
+      if (write_failed()) break;
     }
     if (!close_outputs()) return 1;
     return all_ok ? 0 : 1;
   }
 
-  // The flag naming a file that cannot be written, or "" (checked before any job runs).
+  // The problem with a file that cannot be written, or "" (checked before any job runs).
   std::string open_outputs() {
     std::error_code ec;
     if (!o_.json_path.empty()) provenance_["json"] = fs::absolute(o_.json_path, ec).string();
     if (!o_.csv_path.empty()) provenance_["csv"] = fs::absolute(o_.csv_path, ec).string();
     if (!o_.json_path.empty()) {
-      json_.open(o_.json_path, std::ios::trunc);
-      if (!json_.is_open()) return "--json " + o_.json_path;
+      if (std::string problem = json_.open(o_.json_path); !problem.empty()) return problem;
     }
     if (!o_.csv_path.empty()) {
-      csv_.open(o_.csv_path, std::ios::trunc);
-      if (!csv_.is_open()) return "--csv " + o_.csv_path;
-      csv_ << csv_header() << "\n";
+      if (std::string problem = csv_.open(o_.csv_path); !problem.empty()) return problem;
+      csv_.write_line(csv_header());
     }
     return {};
   }
 
   // The results are only as good as their files: a write that failed (a full disk, /dev/full)
-  // is an error naming the file, found after every flush and at the close.
+  // is an error naming the file (common/results_file.h), found after every row and at the close.
   bool check_outputs() {
-    if (json_.is_open() && !json_.flush()) report_write_failure("--json", o_.json_path);
-    if (csv_.is_open() && !csv_.flush()) report_write_failure("--csv", o_.csv_path);
-    return !write_failed_;
+    const bool json_ok = json_.flush();
+    const bool csv_ok = csv_.flush();
+    return json_ok && csv_ok;
   }
   bool close_outputs() {
-    check_outputs();
-    for (auto [file, flag, path] :
-         {std::tuple{&json_, "--json", &o_.json_path}, std::tuple{&csv_, "--csv", &o_.csv_path}}) {
-      if (!file->is_open()) continue;
-      file->close();
-      if (file->fail()) report_write_failure(flag, *path);
-    }
-    return !write_failed_;
+    const bool json_ok = json_.close();
+    const bool csv_ok = csv_.close();
+    return json_ok && csv_ok;
   }
-  void report_write_failure(const char* flag, const std::string& path) {
-    if (reported_.insert(flag).second) {
-      fmt::print(stderr, "nanoddp-bench-ddp: error: {} {}: writing the results failed\n", flag,
-                 path);
-    }
-    write_failed_ = true;
-  }
+  bool write_failed() const { return json_.failed() || csv_.failed(); }
 
  private:
   // Runs one job (world ranks per node; multi-node flags when `multinode`); returns rank 0's
@@ -483,8 +470,8 @@ class Sweep {
     record["provenance"] = provenance_;
     common::redact_strings(record);
     if (!o_.quiet) print_row(record);
-    if (json_.is_open()) json_ << record.dump() << "\n";
-    if (csv_.is_open()) csv_ << csv_row(record) << "\n";
+    json_.write_line(record.dump());
+    csv_.write_line(csv_row(record));
     check_outputs();
   }
 
@@ -535,14 +522,12 @@ class Sweep {
   const Options& o_;
   Paths paths_;
   nlohmann::ordered_json provenance_;
-  std::ofstream json_;
-  std::ofstream csv_;
+  common::ResultsFile json_{"nanoddp-bench-ddp", "--json"};
+  common::ResultsFile csv_{"nanoddp-bench-ddp", "--csv"};
   std::map<std::string, std::optional<nlohmann::ordered_json>> baselines_;
   int jobs_ = 0;
   int cores_ = 1;
   std::string last_problem_;
-  bool write_failed_ = false;
-  std::set<std::string> reported_;
 };
 
 }  // namespace
@@ -556,9 +541,8 @@ int run_driver(const Options& options, const nlohmann::ordered_json& provenance)
     return 2;
   }
   Sweep sweep(options, find_paths(), provenance);
-  if (const std::string flag = sweep.open_outputs(); !flag.empty()) {
-    fmt::print(stderr, "nanoddp-bench-ddp: error: {}: cannot open the file for writing\n", flag);
-    return 2;
+  if (const std::string problem = sweep.open_outputs(); !problem.empty()) {
+    return cli::usage_error("nanoddp-bench-ddp", problem);
   }
   return sweep.run();
 }

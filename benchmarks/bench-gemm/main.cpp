@@ -29,7 +29,6 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -41,6 +40,7 @@
 #include "common/cli.h"
 #include "common/machine_info.h"
 #include "common/provenance.h"
+#include "common/results_file.h"
 #include "common/stats.h"
 #include "nanoddp/config.h"
 #include "nanoddp/engine/allocator.h"
@@ -322,6 +322,15 @@ int main(int argc, char** argv) {
   shapes.push_back({"mlp-input-grad", Transpose::kNo, Transpose::kNo, b, h, h});
   shapes.push_back({"mlp-weight-grad", Transpose::kYes, Transpose::kNo, h, h, b});
 
+  // Opened before anything is measured: a path that cannot be written is a usage error now, not
+  // after the run; every write is checked (common/results_file.h).
+  nanoddp::common::ResultsFile json("nanoddp-bench-gemm", "--json");
+  if (!opt.json_path.empty()) {
+    if (const std::string problem = json.open(opt.json_path); !problem.empty()) {
+      return nanoddp::cli::usage_error("nanoddp-bench-gemm", problem);
+    }
+  }
+
   const bool cuda = nanoddp::cuda_device_count() > 0;
   fmt::print("nanoddp {} on {}, {}, CPU GEMM threads {}\n", NANODDP_VERSION,
              nanoddp::common::hostname(), nanoddp::common::compiler(),
@@ -355,14 +364,6 @@ int main(int argc, char** argv) {
   const nlohmann::ordered_json provenance = nanoddp::common::provenance(argc, argv);
   const nlohmann::ordered_json machine = nanoddp::common::machine_info();
   fmt::print("# {}\n", nanoddp::common::provenance_line(provenance));
-  std::optional<std::ofstream> json;
-  if (!opt.json_path.empty()) {
-    json.emplace(opt.json_path);
-    if (!*json) {
-      fmt::print(stderr, "error: cannot open --json file {}\n", opt.json_path);
-      return 1;
-    }
-  }
   double eigen_gflops = 0.0;
   double eigen_step_ms = 0.0;
   for (const auto& r : rows) {
@@ -376,7 +377,7 @@ int main(int argc, char** argv) {
     fmt::print("{:<13} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10.3f} {:>9.1f} {:>8.2f}x\n", r.backend,
                r.shape.name, r.shape.layout(), r.shape.m, r.shape.n, r.shape.k, r.median_ms,
                r.gflops(), ratio);
-    if (json) {
+    if (json.is_open()) {
       const nlohmann::json line = {{"benchmark", "gemm"},
                                    {"backend", r.backend},
                                    {"shape", r.shape.name},
@@ -406,9 +407,10 @@ int main(int argc, char** argv) {
         out["isolated_ms"] = isolated_step_ms[r.backend];
         out["ratio_to_isolated"] = isolated_step_ms[r.backend] / r.median_ms;
       }
-      *json << out.dump() << '\n';
+      json.write_line(out.dump());
     }
   }
+  if (!json.flush()) return 1;
   fmt::print(
       "\nmlp-step: the {} GEMMs of one training step of {} x Linear({}, {}) at batch {}, in "
       "training order over per-layer buffers (cold caches, as in nanoddp-train), against the same "
@@ -432,5 +434,5 @@ int main(int argc, char** argv) {
         warm("mlp-forward"), opt.linears > 1 ? kinds.input_grad_ms / (l - 1) : 0.0,
         warm("mlp-input-grad"), kinds.weight_grad_ms / l, warm("mlp-weight-grad"));
   }
-  return 0;
+  return json.close() ? 0 : 1;
 }

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <iostream>
 
 #include "benchmarks/sim/allreduce_fit.h"
@@ -21,6 +20,7 @@
 #include "common/cli.h"
 #include "common/output_files.h"
 #include "common/provenance.h"
+#include "common/results_file.h"
 
 namespace nanoddp::sim {
 
@@ -580,19 +580,20 @@ std::vector<ScalingRow> sweep_nodes_strong(const GpuSpec& gpu, FlopModelOptions 
   return rows;
 }
 
-void emit(const CliOptions& o, const std::string& table, const nlohmann::json& json) {
+// Prints the table (or, with --json -, the JSON) and writes --json FILE. Returns the exit code:
+// 1 when the file could not be written (said by common::ResultsFile, as every benchmark says it).
+int emit(const CliOptions& o, const std::string& table, const nlohmann::json& json) {
   if (o.json_path == "-") {
     std::cout << json.dump(2) << "\n";
-    return;
+    return 0;
   }
   std::cout << table;
-  if (!o.json_path.empty()) {
-    std::ofstream out(o.json_path, std::ios::trunc);
-    if (!out) fail("--json {}: cannot open the file for writing", o.json_path);
-    out << json.dump(2) << "\n";
-    out.close();  // a full disk shows at the last flush
-    if (out.fail()) fail("--json {}: writing failed", o.json_path);
-  }
+  if (o.json_path.empty()) return 0;
+  common::ResultsFile out("nanoddp-sim", "--json");
+  if (const std::string problem = out.open(o.json_path); !problem.empty()) fail("{}", problem);
+  out.write_line(json.dump(2));
+  std::cout.flush();  // the table before the error, if any
+  return out.close() ? 0 : 1;
 }
 
 // What the fits read and found, for the report: warnings, and each input file's identity.
@@ -745,7 +746,7 @@ namespace {
 void set_swept(CliOptions& o, const std::string& flag, double value);
 }  // namespace
 
-void run_cli(const CliOptions& o) {
+int run_cli(const CliOptions& o) {
   const Cluster cluster{.nodes = o.nodes, .gpus_per_node = o.gpus_per_node};
   check_limits(cluster, Fabric{});  // the world size, before anything multiplies it
   if (o.busbw) {
@@ -774,8 +775,7 @@ void run_cli(const CliOptions& o) {
         std::cerr << "nanoddp-sim: warning: " << w << "\n";
       }
     }
-    emit(o, table, json);
-    return;
+    return emit(o, table, json);
   }
   ComputeProfile profile;
   SimReport report = simulate(o, profile);
@@ -818,7 +818,7 @@ void run_cli(const CliOptions& o) {
       std::cerr << "nanoddp-sim: warning: " << w << "\n";
     }
   }
-  emit(o, format_report(report), report_json(report));
+  return emit(o, format_report(report), report_json(report));
 }
 
 namespace {

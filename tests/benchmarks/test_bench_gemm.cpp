@@ -2,6 +2,8 @@
 // GFLOP/s consistent with the shapes and times it reports. No timing assertions.
 
 #include <doctest/doctest.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -13,6 +15,29 @@
 #include "support/subprocess.h"
 
 using namespace nanoddp::testing;
+
+namespace {
+
+// The smallest run: one square, tiny MLP shapes, one timed call each.
+std::vector<std::string> tiny_gemm(const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {bin_path("nanoddp-bench-gemm"),
+                                   "--sizes",
+                                   "8",
+                                   "--batch",
+                                   "2",
+                                   "--hidden",
+                                   "8",
+                                   "--linears",
+                                   "1",
+                                   "--repeats",
+                                   "1",
+                                   "--warmup",
+                                   "0"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+}  // namespace
 
 TEST_CASE("bench-gemm: every shape has an Eigen row and both nanoddp rows, GFLOP/s match") {
   TempDir dir;
@@ -84,4 +109,24 @@ TEST_CASE("bench-gemm: a bad flag exits 2 and names it") {
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("--repeats") != std::string::npos);
+}
+
+TEST_CASE("bench-gemm: a results file that cannot be written is an error naming it") {
+  // As bench-allreduce, bench-ddp and the simulator say it (common/results_file.h): before, the
+  // rows were lost to a full disk and the run ended with code 0.
+  TempDir dir;
+  const ProcessResult missing = run_process(tiny_gemm({"--json", dir.file("no/such/g.jsonl")}));
+  INFO(missing.output);
+  CHECK(missing.exit_code == 2);
+  CHECK(missing.output.find("cannot open the file for writing") != std::string::npos);
+  CHECK(missing.output.find("median ms") == std::string::npos);  // refused before measuring
+  if (::access("/dev/full", W_OK) != 0) {
+    MESSAGE("no writable /dev/full here: the write-failure case is skipped");
+    return;
+  }
+  const ProcessResult full = run_process(tiny_gemm({"--json", "/dev/full"}));
+  INFO(full.output);
+  CHECK(full.exit_code == 1);
+  CHECK(full.output.find("nanoddp-bench-gemm: error: --json /dev/full: writing the results "
+                         "failed") != std::string::npos);
 }

@@ -221,7 +221,8 @@ int run(int argc, char** argv) {
                  "reduce_scatter_perf, all_gather_perf)");
   app.add_option("--dtype", opt.dtype, "float or bf16")->check(CLI::IsMember({"float", "bf16"}));
   app.add_option("--backend", opt.backend, "gloo or nccl")->check(CLI::IsMember({"gloo", "nccl"}));
-  app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE");
+  app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE")
+      ->check(nanoddp::cli::non_empty_path());
   app.add_option("-r,--rounds", opt.rounds,
                  "timed rounds of -n ops per size; the median round is reported (default 1, "
                  "5 with --vs-raw)")

@@ -306,7 +306,8 @@ int main(int argc, char** argv) {
   app.add_option("--linears", opt.linears,
                  "Linear layers of the mlp-step row (nanoddp-train --layers L has L+1)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE");
+  app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE")
+      ->check(nanoddp::cli::non_empty_path());
   if (const std::optional<int> code = nanoddp::cli::parse(app, argc, argv, "nanoddp-bench-gemm")) {
     return *code;
   }

@@ -437,8 +437,8 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
                  "hidden=1024,4096 | layers=... | batch=... | inter-bw-gbs=... | "
                  "intra-bw-gbs=...");
   app.add_flag("--sweep-nodes", o.sweep_nodes, "also predict 1, 2, 4, ... --nodes nodes");
-  app.add_option("--json", o.json_path,
-                 "also write the figures as JSON to FILE ('-': stdout only)");
+  app.add_option("--json", o.json_path, "also write the figures as JSON to FILE ('-': stdout only)")
+      ->check(cli::non_empty_path("a file name or '-'"));
   app.add_flag("--busbw", o.busbw, "print the all-reduce model's time and busbw per size, alone");
   app.add_option("--busbw-min", o.busbw_min, "--busbw: smallest size")->capture_default_str();
   app.add_option("--busbw-max", o.busbw_max, "--busbw: largest size")->capture_default_str();

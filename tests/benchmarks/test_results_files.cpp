@@ -206,6 +206,27 @@ TEST_CASE(
   CHECK(rep.output.find("--json /dev/full: writing the results failed") != std::string::npos);
 }
 
+TEST_CASE("results files: an empty --json (or --csv) path is refused, exit 2, naming the flag") {
+  // `--json "$OUT"` with OUT unset: before, every tool ran, wrote nothing and exited 0.
+  struct Case {
+    std::string flag;
+    std::vector<std::string> argv;
+  };
+  const std::vector<Case> cases = {
+      {"--json", with({bin_path("nanoddp-bench-allreduce"), "--json", ""}, kTinyAllreduce)},
+      {"--json", with({bin_path("nanoddp-bench-ddp"), "--world", "1", "--json", ""}, kTinyDdp)},
+      {"--csv", with({bin_path("nanoddp-bench-ddp"), "--world", "1", "--csv", ""}, kTinyDdp)},
+      {"--json", {bin_path("nanoddp-bench-gemm"), "--sizes", "8", "--json", ""}},
+      {"--json", {bin_path("nanoddp-sim"), "--model", "mlp", "--gpu", "h100", "--json", ""}}};
+  for (const Case& c : cases) {
+    const ProcessResult r = run_process(c.argv, quick());
+    INFO(c.argv[0] << " " << c.flag);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(c.flag + ": an empty path") != std::string::npos);
+  }
+}
+
 TEST_CASE("results files: two outputs are compared by the file they resolve to, before writing") {
   // A tester's finding: "--json x.jsonl --csv ./x.jsonl" (and a symlink to a file not written
   // yet) passed the check while the file did not exist, and the CSV overwrote the JSON lines.

@@ -462,7 +462,7 @@ TEST_CASE("results files: bench-ddp's confidence intervals: one meaning per colu
   CHECK(l["step_ms_ci95_steps"].size() == 2);
   // Two launches: no interval over launches (it would only be their min and max), and why.
   CHECK(l["step_ms_ci95_launches"].is_null());
-  CHECK(l["ci95_launches_note"].get<std::string>().find("--repeats 5 or more") !=
+  CHECK(l["ci95_launches_note"].get<std::string>().find("--repeats 6 or more") !=
         std::string::npos);
   CHECK(l["load_average_1m"].size() == 2);
   const auto csv = lines_of(slurp(dir.file("d.csv")));
@@ -473,6 +473,6 @@ TEST_CASE("results files: bench-ddp's confidence intervals: one meaning per colu
         ",environment"}) {
     CHECK_MESSAGE(csv[0].find(column) != std::string::npos, column);
   }
-  CHECK(csv[1].find("--repeats 5 or more") != std::string::npos);
+  CHECK(csv[1].find("--repeats 6 or more") != std::string::npos);
   CHECK(csv[1].find("NANODDP_TIMEOUT_S") != std::string::npos);  // the environment column
 }

@@ -245,12 +245,10 @@ class Sweep {
   Sweep& operator=(const Sweep&) = delete;
 
   int run() {
-    const auto machine = common::machine_info();
-    const auto build = common::build_info();
-    cores_ = machine["cores"].get<int>();
+    cores_ = machine_["cores"].get<int>();
     for (const std::string& note : o_.notes)
       fmt::print(stderr, "nanoddp-bench-ddp: note: {}\n", note);
-    if (!o_.quiet) print_header(o_, machine, build, provenance_);
+    if (!o_.quiet) print_header(o_, machine_, build_, provenance_);
     bool all_ok = true;
     for (const Point& p : expand(o_)) {
       all_ok &= run_point(p);
@@ -502,7 +500,8 @@ class Sweep {
     }
     config["threads"] = p.threads;
     nlohmann::ordered_json record = {
-        {"bench", "ddp"},      {"config", config},
+        {"bench", "ddp"},      {"machine", machine_},
+        {"build", build_},     {"config", config},
         {"baseline", plain},   {"steps", o_.steps},
         {"warmup", o_.warmup}, {"repeats", o_.repeats},
         {"error", problem},    {"warnings", nlohmann::ordered_json::array()}};
@@ -523,6 +522,9 @@ class Sweep {
   const Options& o_;
   Paths paths_;
   nlohmann::ordered_json provenance_;
+  // Where the sweep runs: in every row, a failed point's too (its CSV columns are not left empty).
+  const nlohmann::ordered_json machine_ = common::machine_info();
+  const nlohmann::ordered_json build_ = common::build_info();
   common::ResultsFile json_{"nanoddp-bench-ddp", "--json"};
   common::ResultsFile csv_{"nanoddp-bench-ddp", "--csv"};
   std::map<std::string, std::optional<nlohmann::ordered_json>> baselines_;

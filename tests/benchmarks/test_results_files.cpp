@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -475,4 +476,56 @@ TEST_CASE("results files: bench-ddp's confidence intervals: one meaning per colu
   }
   CHECK(csv[1].find("--repeats 6 or more") != std::string::npos);
   CHECK(csv[1].find("NANODDP_TIMEOUT_S") != std::string::npos);  // the environment column
+}
+
+TEST_CASE("results files: bench-ddp's CSV holds the machine and build columns its JSON has") {
+  // The README says the CSV holds the JSON's columns flat; the machine (host, CPU, cores, OS)
+  // and the build (compiler, build type, -march=native) were missing.
+  TempDir dir;
+  const ProcessResult r = run_process(with({bin_path("nanoddp-bench-ddp"), "--world", "1", "--json",
+                                            dir.file("d.jsonl"), "--csv", dir.file("d.csv")},
+                                           kTinyDdp),
+                                      quick());
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const json l = read_lines(dir.file("d.jsonl")).at(0);
+  const auto csv = lines_of(slurp(dir.file("d.csv")));
+  REQUIRE(csv.size() == 2);
+  // Split on commas outside quotes; "" inside quotes is one quote.
+  const auto cells = [](const std::string& line) {
+    std::vector<std::string> out(1);
+    bool quoted = false;
+    for (std::size_t i = 0; i < line.size(); ++i) {
+      const char c = line[i];
+      if (c == '"' && quoted && i + 1 < line.size() && line[i + 1] == '"') {
+        out.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = !quoted;
+      } else if (c == ',' && !quoted) {
+        out.emplace_back();
+      } else {
+        out.back() += c;
+      }
+    }
+    return out;
+  };
+  const std::vector<std::string> header = cells(csv[0]), row = cells(csv[1]);
+  REQUIRE(header.size() == row.size());
+  const auto column = [&](const std::string& name) -> std::string {
+    const auto at = std::find(header.begin(), header.end(), name);
+    return at == header.end() ? "<missing>" : row[static_cast<std::size_t>(at - header.begin())];
+  };
+  for (const char* object : {"machine", "build"}) {
+    REQUIRE(l.contains(object));
+    for (const auto& [key, value] : l[object].items()) {
+      const std::string name =
+          key.rfind(std::string(object) + "_", 0) == 0 ? key : std::string(object) + "_" + key;
+      CAPTURE(name);
+      CHECK(column(name) == (value.is_string() ? value.get<std::string>() : value.dump()));
+    }
+  }
+  for (const char* name : {"machine_hostname", "machine_cpu", "machine_cores", "machine_os",
+                           "build_compiler", "build_type", "build_native"}) {
+    CHECK_MESSAGE(column(name) != "<missing>", name);
+  }
 }

@@ -284,6 +284,14 @@ int run(int argc, char** argv) {
   } catch (const nanoddp::Error& e) {
     return nanoddp::cli::usage_error("nanoddp-bench-allreduce", e.what());
   }
+  // Said here, in this program's flags (the library's message would name nanoddp-train's), and
+  // before --nproc-per-node launches ranks that would each fail on it.
+  if (opt.backend == "nccl" && nanoddp::cuda_device_count() == 0) {
+    return nanoddp::cli::usage_error(
+        "nanoddp-bench-allreduce",
+        fmt::format("--backend nccl needs a CUDA GPU per rank, but {}; use --backend gloo",
+                    nanoddp::cuda_status()));
+  }
   if (opt.nproc > 0) {
     if (std::getenv("NANODDP_LAUNCHER_PID") != nullptr || std::getenv("RANK") != nullptr) {
       return nanoddp::cli::usage_error(
@@ -337,16 +345,6 @@ int run(int argc, char** argv) {
             : fmt::format("-b {} -e {}: no size holds one {} element per rank ({} ranks: {} "
                           "bytes); give -e {} or more",
                           opt.min_bytes, opt.max_bytes, opt.dtype, blocks, unit, unit));
-  }
-  if (opt.backend == "nccl") {
-    // Said here, in this program's flags (the library's message would name nanoddp-train's).
-    const int gpus = nanoddp::cuda_device_count();
-    if (gpus == 0) {
-      return nanoddp::cli::usage_error(
-          "nanoddp-bench-allreduce",
-          fmt::format("--backend nccl needs a CUDA GPU per rank, but {}; use --backend gloo",
-                      nanoddp::cuda_status()));
-    }
   }
   // The results file is opened (on rank 0) before the process group forms: a path that cannot
   // be written is a usage error now, not a failure after the connections are up.

@@ -302,6 +302,23 @@ TEST_CASE("bench-allreduce: --backend nccl without a GPU is a usage error in its
   CHECK(r.output.find("--device") == std::string::npos);  // a flag this program does not have
 }
 
+TEST_CASE("bench-allreduce: --backend nccl without a GPU is refused before anything launches") {
+  // Before, --nproc-per-node 2 started two ranks that each failed on it (exit 1); as documented,
+  // the driver says it once, at once (exit 2).
+  const ProcessResult r = run_process({bin_path("nanoddp-bench-allreduce"), "--nproc-per-node", "2",
+                                       "--backend", "nccl", "-b", "8", "-e", "64"},
+                                      quick());
+  INFO(r.output);
+  if (r.output.find("needs a CUDA GPU") == std::string::npos && r.exit_code == 0) {
+    MESSAGE("a GPU is present: nothing to check here");
+    return;
+  }
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("--backend nccl needs a CUDA GPU per rank") != std::string::npos);
+  CHECK(r.output.find("# launch 1 of") == std::string::npos);
+  CHECK(r.output.find("[rank") == std::string::npos);
+}
+
 TEST_CASE("bench-allreduce: bad flags exit 2 with a message naming them") {
   struct Case {
     std::vector<std::string> args;

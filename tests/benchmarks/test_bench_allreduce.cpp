@@ -319,6 +319,25 @@ TEST_CASE("bench-allreduce: --backend nccl without a GPU is refused before anyth
   CHECK(r.output.find("[rank") == std::string::npos);
 }
 
+TEST_CASE("bench-allreduce: sizes take the T suffix, up to 1T as documented") {
+  // "-e 1T" was "not a size" while the docs and "-e 1025G" ("more than 1T") said 1T was the
+  // limit. The check after the sizes' (--raw is Gloo's) proves 1T was read; nothing is allocated.
+  const ProcessResult one = run_process(
+      {bin_path("nanoddp-bench-allreduce"), "-b", "1T", "-e", "1t", "--raw", "--backend", "nccl"},
+      quick());
+  INFO(one.output);
+  CHECK(one.exit_code == 2);
+  CHECK(one.output.find("--raw and --vs-raw are for the gloo backend only") != std::string::npos);
+  for (const char* size : {"2T", "1025G", "1.5T"}) {
+    CAPTURE(size);
+    const ProcessResult over =
+        run_process({bin_path("nanoddp-bench-allreduce"), "-e", size}, quick());
+    INFO(over.output);
+    CHECK(over.exit_code == 2);
+    CHECK(over.output.find(std::string("'") + size + "' is more than 1T") != std::string::npos);
+  }
+}
+
 TEST_CASE("bench-allreduce: bad flags exit 2 with a message naming them") {
   struct Case {
     std::vector<std::string> args;

@@ -93,6 +93,12 @@ std::string check(const CliOptions& o, const CLI::App& app) {
     if (!o.profile_path.empty() || !o.model.empty()) {
       return "--busbw prints the network model alone: drop --profile/--model";
     }
+    // One rank reduces with no one: its table was all 0.0 us and 0.0 GB/s, without a word.
+    if (static_cast<std::int64_t>(o.nodes) * o.gpus_per_node == 1) {
+      return "--busbw with one GPU in all (--nodes 1 --gpus-per-node 1): one rank runs no "
+             "all-reduce, so there is no time or busbw to model; give --gpus-per-node or --nodes "
+             "2 or more";
+    }
     // The table is the one-level ring and tree (named fabric or --fit-allreduce); nanoddp's
     // hierarchical all-reduce and its two fits are not in it.
     if (app.count("--algo") > 0 || !o.fit_intra_path.empty() || !o.fit_inter_path.empty()) {

@@ -288,33 +288,60 @@ void run_cuda(const Shape& s, const Options& opt, std::vector<Row>& rows) {
   backend.set_gemm_backend(before);
 }
 
-}  // namespace
+// The host memory the run's buffers need, checked against what the machine has: each shape's
+// three operands and the mlp-step row's per-layer buffers, all summed, because nanoddp's caching
+// allocator keeps every buffer it served (a block is reused only for the same size). "" when it
+// fits (or the machine does not say), else the problem, naming the flags.
+std::string memory_problem(const Options& opt, const std::vector<Shape>& shapes) {
+  double floats = 0;
+  for (const Shape& s : shapes) {
+    const double m = double(s.m), n = double(s.n), k = double(s.k);
+    floats += m * k + k * n + m * n;
+  }
+  const double b = double(opt.batch), h = double(opt.hidden), layers = double(opt.linears);
+  floats += layers * (2 * b * h + 2 * h * h) + 2 * b * h;  // mlp-step: see run_mlp_step_gemms
+  const double need = floats * sizeof(float);
+  const double available = nanoddp::common::available_memory_bytes();
+  if (available < 0 || need <= available) return {};
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  std::string sizes;
+  for (const std::int64_t n : opt.sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(n);
+  return fmt::format(
+      "--sizes {} --batch {} --hidden {} --linears {}: the buffers need {:.1f} GiB of host "
+      "memory, more than the {:.1f} GiB this machine has available (MemAvailable); give smaller "
+      "sizes",
+      sizes, opt.batch, opt.hidden, opt.linears, need / gib, available / gib);
+}
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   Options opt;
   CLI::App app{"nanoddp-bench-gemm: GFLOP/s of Eigen, the CPU backend and the CUDA GEMMs"};
-  app.add_option("--sizes", opt.sizes, "square sizes m = n = k")->delimiter(',');
+  // Bounds as nanoddp-bench-ddp's (widths up to 2^20, batches up to 2^24, 1024 threads): past
+  // them a size is a typo (a 0 or a negative size gave 0 or negative GFLOP/s, --threads 100000
+  // crashed); within them the buffers must still fit in memory, checked below.
+  const std::int64_t max_width = std::int64_t{1} << 20;
+  app.add_option("--sizes", opt.sizes, "square sizes m = n = k")
+      ->delimiter(',')
+      ->check(CLI::Range(std::int64_t{1}, max_width));
   app.add_option("--batch", opt.batch, "MLP batch size B (its shapes: B,H,H and H,H,B)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--hidden", opt.hidden, "MLP hidden size H")->check(CLI::PositiveNumber);
-  app.add_option("--repeats", opt.repeats, "timed calls per row (the median is reported)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
+  app.add_option("--hidden", opt.hidden, "MLP hidden size H")
+      ->check(CLI::Range(std::int64_t{1}, max_width));
+  app.add_option("--repeats", opt.repeats,
+                 "timed calls per row (the median is reported)")
+      ->check(CLI::Range(1, 1000000));
   app.add_option("--warmup", opt.warmup, "untimed calls before timing")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", opt.threads, "Eigen threads for the CPU rows")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--threads", opt.threads, "GEMM threads for the CPU rows (Eigen's and nanoddp's)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--linears", opt.linears,
                  "Linear layers of the mlp-step row (nanoddp-train --layers L has L+1)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000}));
   app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE")
       ->check(nanoddp::cli::non_empty_path());
   if (const std::optional<int> code = nanoddp::cli::parse(app, argc, argv, "nanoddp-bench-gemm")) {
     return *code;
   }
-
-  // Both calls: the library's Eigen and this file's Eigen each keep a thread setting.
-  Eigen::setNbThreads(opt.threads);
-  nanoddp::kernels::cpu::set_gemm_threads(opt.threads);
 
   std::vector<Shape> shapes;
   for (auto n : opt.sizes) shapes.push_back({"square", Transpose::kNo, Transpose::kNo, n, n, n});
@@ -322,6 +349,23 @@ int main(int argc, char** argv) {
   shapes.push_back({"mlp-forward", Transpose::kNo, Transpose::kYes, b, h, h});
   shapes.push_back({"mlp-input-grad", Transpose::kNo, Transpose::kNo, b, h, h});
   shapes.push_back({"mlp-weight-grad", Transpose::kYes, Transpose::kNo, h, h, b});
+  // Refused before anything runs: an allocation that fails mid-run ended in an uncaught error.
+  if (const std::string problem = memory_problem(opt, shapes); !problem.empty()) {
+    return nanoddp::cli::usage_error("nanoddp-bench-gemm", problem);
+  }
+  const nlohmann::ordered_json machine = nanoddp::common::machine_info();
+  std::vector<std::string> warnings;
+  if (const int cores = machine["cores"].get<int>(); opt.threads > cores) {
+    warnings.push_back(fmt::format(
+        "--threads {} on {} core(s): more GEMM threads than cores, the threads time-share and the "
+        "GFLOP/s understate what the cores can do",
+        opt.threads, cores));
+  }
+  for (const std::string& w : warnings) fmt::print(stderr, "nanoddp-bench-gemm: warning: {}\n", w);
+
+  // Both calls: the library's Eigen and this file's Eigen each keep a thread setting.
+  Eigen::setNbThreads(opt.threads);
+  nanoddp::kernels::cpu::set_gemm_threads(opt.threads);
 
   // Opened before anything is measured: a path that cannot be written is a usage error now, not
   // after the run; every write is checked (common/results_file.h).
@@ -363,7 +407,6 @@ int main(int argc, char** argv) {
   fmt::print("\n{:<13} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10} {:>9} {:>9}\n", "backend", "shape",
              "layout", "m", "n", "k", "median ms", "GFLOP/s", "vs eigen");
   const nlohmann::ordered_json provenance = nanoddp::common::provenance(argc, argv);
-  const nlohmann::ordered_json machine = nanoddp::common::machine_info();
   fmt::print("# {}\n", nanoddp::common::provenance_line(provenance));
   double eigen_gflops = 0.0;
   double eigen_step_ms = 0.0;
@@ -398,6 +441,7 @@ int main(int argc, char** argv) {
                                    {"with_cuda", bool(NANODDP_WITH_CUDA)},
                                    {"gemms", r.shape.gemms}};
       nlohmann::json out = line;
+      out["warnings"] = warnings;
       out["provenance"] = provenance;
       out["machine"] = machine;
       if (r.kinds) {
@@ -436,4 +480,17 @@ int main(int argc, char** argv) {
         warm("mlp-input-grad"), kinds.weight_grad_ms / l, warm("mlp-weight-grad"));
   }
   return json.close() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Whatever the library throws (an allocation that fails, a CUDA error) is said, and the exit
+  // code is 1; it ended in std::terminate (exit 134) before.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "nanoddp-bench-gemm: error: {}\n", e.what());
+    return 1;
+  }
 }

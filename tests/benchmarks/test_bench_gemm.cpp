@@ -130,3 +130,53 @@ TEST_CASE("bench-gemm: a results file that cannot be written is an error naming 
   CHECK(full.output.find("nanoddp-bench-gemm: error: --json /dev/full: writing the results "
                          "failed") != std::string::npos);
 }
+
+TEST_CASE("bench-gemm: sizes, widths and threads out of range exit 2 naming the flag and range") {
+  // An outside tester's findings: --sizes 0 / -5 wrote zero or negative GFLOP/s with exit 0,
+  // --threads 100000 crashed (139), --sizes 100000000 and --hidden 1000000000 ended in an
+  // uncaught error (134). Each is refused before anything runs.
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{"--sizes", "0"}, "--sizes: '0' is out of range: it must be from 1 to 1048576"},
+      {{"--sizes", "64,-5"}, "--sizes: '-5' is out of range: it must be from 1 to 1048576"},
+      {{"--sizes", "100000000"}, "--sizes: '100000000' is out of range: it must be from 1 to"},
+      {{"--hidden", "1000000000"}, "--hidden: '1000000000' is out of range: it must be from 1 to"},
+      {{"--threads", "100000"}, "--threads: '100000' is out of range: it must be from 1 to 1024"},
+      {{"--linears", "5000"}, "--linears: '5000' is out of range: it must be from 1 to 1000"},
+      // Within the range, but not within this machine's memory (about 11 TiB of operands).
+      {{"--sizes", "1000000"}, "GiB this machine has available (MemAvailable)"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {bin_path("nanoddp-bench-gemm")};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    const ProcessResult r = run_process(argv);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(c.expected) != std::string::npos);
+    CHECK(r.output.find("median ms") == std::string::npos);  // nothing was measured
+  }
+}
+
+TEST_CASE("bench-gemm: more threads than cores is a warning, in the JSON too") {
+  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores + 1 > 1024) {
+    MESSAGE("more than 1023 cores: --threads cannot exceed them");
+    return;
+  }
+  TempDir dir;
+  const ProcessResult r = run_process(
+      tiny_gemm({"--threads", std::to_string(cores + 1), "--json", dir.file("g.jsonl")}));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("warning: --threads " + std::to_string(cores + 1)) != std::string::npos);
+  std::ifstream in(dir.file("g.jsonl"));
+  std::string text;
+  REQUIRE(std::getline(in, text));
+  const auto l = nlohmann::json::parse(text);
+  REQUIRE(l.at("warnings").size() == 1);
+  CHECK(l.at("warnings")[0].get<std::string>().find("more GEMM threads than cores") !=
+        std::string::npos);
+}

@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -77,9 +78,10 @@ struct StepKinds {
 struct Row {
   std::string backend;
   Shape shape;
-  double median_ms = 0.0;
+  nanoddp::common::Spread ms;      // over the --repeats timed calls (steps, for mlp-step)
   std::optional<StepKinds> kinds;  // the mlp-step row only
-  double gflops() const { return shape.gflop() / (median_ms * 1e-3); }
+  double median_ms() const { return ms.median; }
+  double gflops() const { return shape.gflop() / (ms.median * 1e-3); }
 };
 
 struct Options {
@@ -94,8 +96,9 @@ struct Options {
 };
 
 // Host timing of a synchronous call: warm-up (page faults, packing buffers, OpenMP pool),
-// then the median of `repeats` individually timed calls (robust to a noisy shared machine).
-double time_cpu_ms(const std::function<void()>& call, const Options& opt) {
+// then `repeats` individually timed calls: their median (robust to a noisy shared machine) and
+// spread.
+nanoddp::common::Spread time_cpu_ms(const std::function<void()>& call, const Options& opt) {
   for (int i = 0; i < opt.warmup; ++i) call();
   std::vector<double> ms;
   for (int i = 0; i < opt.repeats; ++i) {
@@ -104,7 +107,7 @@ double time_cpu_ms(const std::function<void()>& call, const Options& opt) {
     const auto t1 = std::chrono::steady_clock::now();
     ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
-  return nanoddp::common::median(ms);
+  return nanoddp::common::spread(ms);
 }
 
 // A buffer from nanoddp's caching allocator for `device`, returned on scope exit. Host operands
@@ -248,7 +251,11 @@ Row run_mlp_step_gemms(const Options& opt, const char* name, nanoddp::GemmBacken
                         .weight_grad_ms = (lower[2] + upper[2]) / 2};
   Shape shape = unit;
   shape.gemms = 3 * layers - 1;
-  return {name, shape, kinds.forward_ms + kinds.input_grad_ms + kinds.weight_grad_ms, kinds};
+  std::vector<double> step_ms;
+  for (const auto& s : steps) step_ms.push_back(sum(s));
+  nanoddp::common::Spread spread = nanoddp::common::spread(step_ms);
+  spread.median = kinds.forward_ms + kinds.input_grad_ms + kinds.weight_grad_ms;  // the same step
+  return {name, shape, spread, kinds};
 }
 
 // Device timing with events on the backend's stream: the host only enqueues, so each call is
@@ -283,7 +290,7 @@ void run_cuda(const Shape& s, const Options& opt, std::vector<Row>& rows) {
       stops[i].synchronize();
       ms.push_back(starts[i].elapsed_ms(stops[i]));
     }
-    rows.push_back({name, s, nanoddp::common::median(ms)});
+    rows.push_back({name, s, nanoddp::common::spread(ms)});
   }
   backend.set_gemm_backend(before);
 }
@@ -328,7 +335,7 @@ int run(int argc, char** argv) {
   app.add_option("--hidden", opt.hidden, "MLP hidden size H")
       ->check(CLI::Range(std::int64_t{1}, max_width));
   app.add_option("--repeats", opt.repeats,
-                 "timed calls per row (the median is reported)")
+                 "timed calls per row (the median and spread are reported)")
       ->check(CLI::Range(1, 1000000));
   app.add_option("--warmup", opt.warmup, "untimed calls before timing")
       ->check(CLI::Range(0, 1000000));
@@ -377,9 +384,11 @@ int run(int argc, char** argv) {
   }
 
   const bool cuda = nanoddp::cuda_device_count() > 0;
-  fmt::print("nanoddp {} on {}, {}, CPU GEMM threads {}\n", NANODDP_VERSION,
-             nanoddp::common::hostname(), nanoddp::common::compiler(),
-             nanoddp::kernels::cpu::gemm_threads());
+  fmt::print(
+      "nanoddp {} on {}, {}, CPU GEMM threads {}; per row {} timed call(s) after {} warm-up "
+      "call(s): their median, min, p10, p90 and max\n",
+      NANODDP_VERSION, nanoddp::common::hostname(), nanoddp::common::compiler(),
+      nanoddp::kernels::cpu::gemm_threads(), opt.repeats, opt.warmup);
 #if !defined(__AVX2__)
   fmt::print(
       "note: this benchmark was compiled without -march=native, so the `eigen` "
@@ -396,31 +405,38 @@ int run(int argc, char** argv) {
   std::map<std::string, double> isolated_step_ms;
   for (const auto& r : rows) {
     if (r.shape.name == "mlp-forward" || r.shape.name == "mlp-weight-grad") {
-      isolated_step_ms[r.backend] += static_cast<double>(opt.linears) * r.median_ms;
+      isolated_step_ms[r.backend] += static_cast<double>(opt.linears) * r.median_ms();
     } else if (r.shape.name == "mlp-input-grad") {
-      isolated_step_ms[r.backend] += static_cast<double>(opt.linears - 1) * r.median_ms;
+      isolated_step_ms[r.backend] += static_cast<double>(opt.linears - 1) * r.median_ms();
     }
   }
   for (const auto& [name, which] : kCpuBackends)
     rows.push_back(run_mlp_step_gemms(opt, name, which));
 
-  fmt::print("\n{:<13} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10} {:>9} {:>9}\n", "backend", "shape",
-             "layout", "m", "n", "k", "median ms", "GFLOP/s", "vs eigen");
-  const nlohmann::ordered_json provenance = nanoddp::common::provenance(argc, argv);
+  fmt::print("\n{:<13} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+             "backend", "shape", "layout", "m", "n", "k", "median ms", "GFLOP/s", "vs eigen",
+             "min ms", "p10 ms", "p90 ms", "max ms");
+  nlohmann::ordered_json provenance = nanoddp::common::provenance(argc, argv);
+  if (!opt.json_path.empty()) {
+    std::error_code ec;
+    provenance["json"] = std::filesystem::absolute(opt.json_path, ec).string();
+  }
   fmt::print("# {}\n", nanoddp::common::provenance_line(provenance));
   double eigen_gflops = 0.0;
   double eigen_step_ms = 0.0;
   for (const auto& r : rows) {
-    if (r.backend == "nanoddp-eigen" && r.shape.name == "mlp-step") eigen_step_ms = r.median_ms;
+    if (r.backend == "nanoddp-eigen" && r.shape.name == "mlp-step") eigen_step_ms = r.median_ms();
   }
   for (const auto& r : rows) {
     if (r.backend == "eigen") eigen_gflops = r.gflops();  // rows come eigen-first per shape
     double ratio = eigen_gflops > 0 ? r.gflops() / eigen_gflops : 0.0;
     // The step rows have no raw-Eigen row: theirs is the backend run with Eigen's GEMM.
-    if (r.shape.name == "mlp-step") ratio = eigen_step_ms / r.median_ms;
-    fmt::print("{:<13} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10.3f} {:>9.1f} {:>8.2f}x\n", r.backend,
-               r.shape.name, r.shape.layout(), r.shape.m, r.shape.n, r.shape.k, r.median_ms,
-               r.gflops(), ratio);
+    if (r.shape.name == "mlp-step") ratio = eigen_step_ms / r.median_ms();
+    fmt::print(
+        "{:<13} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10.3f} {:>9.1f} {:>8.2f}x {:>9.3f} {:>9.3f} "
+        "{:>9.3f} {:>9.3f}\n",
+        r.backend, r.shape.name, r.shape.layout(), r.shape.m, r.shape.n, r.shape.k, r.median_ms(),
+        r.gflops(), ratio, r.ms.min, r.ms.p10, r.ms.p90, r.ms.max);
     if (json.is_open()) {
       const nlohmann::json line = {{"benchmark", "gemm"},
                                    {"backend", r.backend},
@@ -429,7 +445,11 @@ int run(int argc, char** argv) {
                                    {"m", r.shape.m},
                                    {"n", r.shape.n},
                                    {"k", r.shape.k},
-                                   {"median_ms", r.median_ms},
+                                   {"median_ms", r.median_ms()},
+                                   {"min_ms", r.ms.min},
+                                   {"p10_ms", r.ms.p10},
+                                   {"p90_ms", r.ms.p90},
+                                   {"max_ms", r.ms.max},
                                    {"gflops", r.gflops()},
                                    {"ratio_to_eigen", ratio},
                                    {"repeats", opt.repeats},
@@ -450,7 +470,7 @@ int run(int argc, char** argv) {
         out["weight_grad_ms"] = r.kinds->weight_grad_ms;
         // forward/input_grad/weight_grad_ms are the step's totals per kind (all layers).
         out["isolated_ms"] = isolated_step_ms[r.backend];
-        out["ratio_to_isolated"] = isolated_step_ms[r.backend] / r.median_ms;
+        out["ratio_to_isolated"] = isolated_step_ms[r.backend] / r.median_ms();
       }
       json.write_line(out.dump());
     }
@@ -467,7 +487,7 @@ int run(int argc, char** argv) {
     if (step.shape.name != "mlp-step") continue;
     auto warm = [&](const char* shape) {
       for (const auto& r : rows) {
-        if (r.backend == step.backend && r.shape.name == shape) return r.median_ms;
+        if (r.backend == step.backend && r.shape.name == shape) return r.median_ms();
       }
       return 0.0;
     };
@@ -475,7 +495,7 @@ int run(int argc, char** argv) {
     fmt::print(
         "  {:<13} {:.3f} ms ({:.3f} warm): forward {:.3f} ({:.3f}), input grad {:.3f} ({:.3f}), "
         "weight grad {:.3f} ({:.3f})\n",
-        step.backend, step.median_ms, isolated_step_ms[step.backend], kinds.forward_ms / l,
+        step.backend, step.median_ms(), isolated_step_ms[step.backend], kinds.forward_ms / l,
         warm("mlp-forward"), opt.linears > 1 ? kinds.input_grad_ms / (l - 1) : 0.0,
         warm("mlp-input-grad"), kinds.weight_grad_ms / l, warm("mlp-weight-grad"));
   }

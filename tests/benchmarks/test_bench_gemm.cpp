@@ -180,3 +180,33 @@ TEST_CASE("bench-gemm: more threads than cores is a warning, in the JSON too") {
   CHECK(l.at("warnings")[0].get<std::string>().find("more GEMM threads than cores") !=
         std::string::npos);
 }
+
+TEST_CASE("bench-gemm: every row has the spread of its timed calls, as the other benchmarks") {
+  // Only median_ms was reported: no min, p10, p90, max, and the table did not say how many calls.
+  TempDir dir;
+  const ProcessResult r = run_process({bin_path("nanoddp-bench-gemm"), "--sizes", "16", "--batch",
+                                       "4", "--hidden", "16", "--linears", "2", "--repeats", "5",
+                                       "--warmup", "2", "--json", dir.file("g.jsonl")});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("per row 5 timed call(s) after 2 warm-up call(s)") != std::string::npos);
+  for (const char* column : {"min ms", "p10 ms", "p90 ms", "max ms"}) {
+    CHECK_MESSAGE(r.output.find(column) != std::string::npos, column);
+  }
+  std::ifstream in(dir.file("g.jsonl"));
+  int lines = 0;
+  for (std::string text; std::getline(in, text); ++lines) {
+    const auto l = nlohmann::json::parse(text);
+    CAPTURE(text);
+    const double lo = l.at("min_ms"), p10 = l.at("p10_ms"), median = l.at("median_ms"),
+                 p90 = l.at("p90_ms"), hi = l.at("max_ms");
+    CHECK(lo > 0);
+    CHECK(lo <= p10);
+    CHECK(p10 <= median * (1 + 1e-12));
+    CHECK(median <= p90 * (1 + 1e-12));
+    CHECK(p90 <= hi);
+    CHECK(l.at("repeats") == 5);
+    CHECK(l.at("warmup") == 2);
+  }
+  CHECK(lines >= 14);  // 3 CPU rows per shape x 4 shapes, and 2 mlp-step rows
+}

@@ -360,6 +360,7 @@ int run(int argc, char** argv) {
     provenance["json"] = std::filesystem::absolute(opt.json_path, ec).string();
   }
   const nlohmann::ordered_json machine = nanoddp::common::machine_info();
+  const nlohmann::ordered_json build = nanoddp::common::build_info();
 
   Runner runner;
   runner.world = world_env;
@@ -718,6 +719,7 @@ int run(int argc, char** argv) {
               {"load_average_1m", {load_start, load_end}},
               {"warnings", line_warnings},
               {"machine", machine},
+              {"build", build},
               {"provenance", provenance}};
           nanoddp::common::redact_strings(line);
           json.write_line(line.dump());

@@ -421,6 +421,7 @@ int run(int argc, char** argv) {
     std::error_code ec;
     provenance["json"] = std::filesystem::absolute(opt.json_path, ec).string();
   }
+  const nlohmann::ordered_json build = nanoddp::common::build_info();
   fmt::print("# {}\n", nanoddp::common::provenance_line(provenance));
   double eigen_gflops = 0.0;
   double eigen_step_ms = 0.0;
@@ -464,6 +465,7 @@ int run(int argc, char** argv) {
       out["warnings"] = warnings;
       out["provenance"] = provenance;
       out["machine"] = machine;
+      out["build"] = build;
       if (r.kinds) {
         out["forward_ms"] = r.kinds->forward_ms;
         out["input_grad_ms"] = r.kinds->input_grad_ms;

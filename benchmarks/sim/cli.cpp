@@ -18,6 +18,7 @@
 #include "benchmarks/sim/step_model.h"
 #include "benchmarks/sim/trace_profile.h"
 #include "common/cli.h"
+#include "common/machine_info.h"
 #include "common/output_files.h"
 #include "common/provenance.h"
 #include "common/results_file.h"
@@ -771,6 +772,7 @@ int run_cli(const CliOptions& o) {
     nlohmann::json json = busbw_json(cluster, fabric, rows);
     for (auto& row : json) {
       row["provenance"] = nlohmann::json(o.provenance);
+      row["build"] = nlohmann::json(common::build_info());
       row["input_files"] = nlohmann::json(notes.files);
       row["warnings"] = notes.warnings;
     }
@@ -900,6 +902,7 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
   report.memory = memory;
   report.inputs = inputs_json(o);
   report.provenance = o.provenance;
+  report.build = common::build_info();
   const bool hier_fitted = !o.fit_intra_path.empty();
   const Cluster host{.nodes = 1, .gpus_per_node = cluster.gpus_per_node};
   const Cluster leaders{.nodes = cluster.nodes, .gpus_per_node = 1};

@@ -529,3 +529,38 @@ TEST_CASE("results files: bench-ddp's CSV holds the machine and build columns it
     CHECK_MESSAGE(column(name) != "<missing>", name);
   }
 }
+
+TEST_CASE("results files: every benchmark's JSON carries the same build block") {
+  // bench-ddp recorded {version, compiler, build_type, cuda, native}; bench-allreduce and the
+  // simulator recorded none, bench-gemm only the compiler. One helper (common::build_info) now.
+  TempDir dir;
+  std::vector<json> builds;
+  const ProcessResult ar = run_process(
+      with({bin_path("nanoddp-bench-allreduce"), "--json", dir.file("a.jsonl")}, kTinyAllreduce),
+      quick());
+  REQUIRE_MESSAGE(ar.exit_code == 0, ar.output);
+  for (const json& l : read_lines(dir.file("a.jsonl"))) builds.push_back(l.at("build"));
+  const ProcessResult gemm = run_process(
+      {bin_path("nanoddp-bench-gemm"), "--sizes", "8", "--batch", "2", "--hidden", "8", "--linears",
+       "1", "--repeats", "1", "--warmup", "0", "--json", dir.file("g.jsonl")},
+      quick());
+  REQUIRE_MESSAGE(gemm.exit_code == 0, gemm.output);
+  for (const json& l : read_lines(dir.file("g.jsonl"))) builds.push_back(l.at("build"));
+  const ProcessResult sim = run_process(
+      {bin_path("nanoddp-sim"), "--model", "mlp", "--gpu", "h100", "--json", dir.file("s.json")},
+      quick());
+  REQUIRE_MESSAGE(sim.exit_code == 0, sim.output);
+  builds.push_back(json::parse(slurp(dir.file("s.json"))).at("build"));
+  const ProcessResult busbw = run_process(
+      {bin_path("nanoddp-sim"), "--busbw", "--gpus-per-node", "8", "--json", dir.file("b.json")},
+      quick());
+  REQUIRE_MESSAGE(busbw.exit_code == 0, busbw.output);
+  for (const json& row : json::parse(slurp(dir.file("b.json")))) builds.push_back(row.at("build"));
+  REQUIRE(builds.size() > 4);
+  for (const json& b : builds) {
+    CHECK(b == builds.front());
+    for (const char* key : {"version", "compiler", "build_type", "cuda", "native"}) {
+      CHECK_MESSAGE(b.contains(key), key);
+    }
+  }
+}

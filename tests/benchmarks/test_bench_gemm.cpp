@@ -160,6 +160,24 @@ TEST_CASE("bench-gemm: sizes, widths and threads out of range exit 2 naming the 
   }
 }
 
+TEST_CASE("bench-gemm: an error from the library is said, exit 1, never terminate()") {
+  // Under an address-space limit the first 324 MB operand cannot be allocated although the
+  // machine's memory (the check before the run) has room: the allocator's nanoddp::Error ended
+  // in std::terminate (exit 134) before.
+  const ProcessResult r = run_process(
+      {"/bin/sh", "-c", "ulimit -v 900000 && exec \"$0\" --sizes 9000 --repeats 1 --warmup 0",
+       bin_path("nanoddp-bench-gemm")});
+  INFO(r.output);
+  if (r.output.find("CPU GEMM threads") == std::string::npos) {
+    MESSAGE("the benchmark did not start under the address-space limit here: skipped");
+    return;
+  }
+  CHECK(!r.signaled);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("nanoddp-bench-gemm: error: ") != std::string::npos);
+  CHECK(r.output.find("out of memory") != std::string::npos);
+}
+
 TEST_CASE("bench-gemm: more threads than cores is a warning, in the JSON too") {
   const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
   if (cores + 1 > 1024) {

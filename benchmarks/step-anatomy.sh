@@ -16,12 +16,16 @@
 set -euo pipefail
 
 hidden=1024 batch=64 layers=3 steps=400
+given=" "  # the flags seen: a second --hidden would silently replace the first
 while (($#)); do
   case $1 in
-    --hidden) hidden=$2; shift 2 ;;
-    --batch) batch=$2; shift 2 ;;
-    --layers) layers=$2; shift 2 ;;
-    --steps) steps=$2; shift 2 ;;
+    --hidden | --batch | --layers | --steps)
+      (($# >= 2)) || { echo "step-anatomy.sh: $1 needs a value (see --help)" >&2; exit 2; }
+      [[ $given != *" $1 "* ]] ||
+        { echo "step-anatomy.sh: $1 is given twice: give it once" >&2; exit 2; }
+      given+="$1 "
+      printf -v "${1#--}" '%s' "$2"
+      shift 2 ;;
     -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "step-anatomy.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac

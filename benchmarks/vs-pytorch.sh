@@ -17,7 +17,9 @@
 # and prints one table: the median step time of the W+1-th to W+N-th steps (PyTorch: the
 # slowest rank's, per step; nanoddp: rank 0's; neither counts making the batch), the 10th and
 # 90th percentiles, samples per second over all ranks and the speed relative to PyTorch.
-# --json FILE writes the same rows as JSON lines.
+# --json FILE writes the same rows as JSON lines, each with the steps, warm-up and threads, the
+# load average at the start and the end, and the "provenance", "machine" and "build" objects the
+# C++ benchmarks write (from nanoddp-provenance: commit, command, UTC time, ...).
 #
 # Needs PyTorch for Debian's python (exit 3 with the command to install it otherwise):
 #   apt-get install -y python3-torch libopenblas0-pthread
@@ -25,21 +27,26 @@
 # Measure on an idle machine: the dev VM's two vCPUs vary +-5% from run to run.
 set -euo pipefail
 
+command=("$0" "$@")  # what the user typed, for the provenance
 hidden=1024 linears=4 batch=64 steps=200 warmup=20 ranks=1,2 json="" bf16=0
+given=" "  # the flags seen: a second --hidden would silently replace the first
 while (($#)); do
   case $1 in
-    --hidden) hidden=$2; shift 2 ;;
-    --linears) linears=$2; shift 2 ;;
-    --batch) batch=$2; shift 2 ;;
-    --steps) steps=$2; shift 2 ;;
-    --warmup) warmup=$2; shift 2 ;;
-    --ranks) ranks=$2; shift 2 ;;
-    --json) json=$2; shift 2 ;;
+    --hidden | --linears | --batch | --steps | --warmup | --ranks | --json)
+      (($# >= 2)) || { echo "vs-pytorch.sh: $1 needs a value (see --help)" >&2; exit 2; }
+      [[ $given != *" $1 "* ]] ||
+        { echo "vs-pytorch.sh: $1 is given twice: give it once" >&2; exit 2; }
+      given+="$1 "
+      printf -v "${1#--}" '%s' "$2"
+      shift 2 ;;
     --bf16) bf16=1; shift ;;
-    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "vs-pytorch.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+# `--json "$OUT"` with OUT unset would measure for minutes and write nothing.
+[[ $given != *" --json "* || -n $json ]] ||
+  { echo "vs-pytorch.sh: --json: an empty path; give a file name, or leave the flag out" >&2; exit 2; }
 for value in "$hidden" "$linears" "$batch" "$steps" "$warmup"; do
   [[ $value =~ ^[0-9]+$ ]] || { echo "vs-pytorch.sh: '$value' is not a whole number" >&2; exit 2; }
 done
@@ -51,7 +58,7 @@ done
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${NANODDP_BIN_DIR:-$root/build/bin}
-for exe in nanoddp-train nanoddp-run; do
+for exe in nanoddp-train nanoddp-run nanoddp-provenance; do
   [[ -x $bin/$exe ]] || { echo "vs-pytorch.sh: $bin/$exe not found: build first" >&2; exit 2; }
 done
 python=${NANODDP_PYTHON:-/usr/bin/python3}
@@ -79,6 +86,11 @@ if [[ $blas == */blas/libblas.so* ]] || ! awk -v g="$gflops" 'BEGIN { exit !(g >
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# Before measuring: its time and load average are the run's start.
+provenance_args=()
+[[ -z $json ]] || provenance_args=(--json "$json")
+"$bin/nanoddp-provenance" ${provenance_args[@]+"${provenance_args[@]}"} -- "${command[@]}" \
+  >"$work/provenance.json"
 
 total=$((warmup + steps))
 # nanoddp-train counts hidden layers: L Linear modules are L-1 hidden layers.
@@ -146,8 +158,15 @@ for row in rows:
 print("\nstep ms: median per step (PyTorch: the slowest rank; nanoddp: rank 0; without making the "
       "batch); vs PyTorch: its step time over this row's (above 1: faster)")
 if json_path:
+    # As the C++ benchmarks record a measurement (nanoddp-provenance wrote these objects).
+    recorded = json.load(open(f"{work}/provenance.json"))
+    load_start = recorded["provenance"]["load_average"][0] if recorded["provenance"].get(
+        "load_average") else None
     with open(json_path, "w") as f:
         for row in rows:
             f.write(json.dumps({"torch": version, "hidden": int(hidden), "linears": int(linears),
-                                "batch_per_rank": batch, **row}) + "\n")
+                                "batch_per_rank": batch, **row, "steps": steps,
+                                "warmup": warmup, "threads": 1,
+                                "load_average_1m": [load_start, os.getloadavg()[0]],
+                                **recorded}) + "\n")
 EOF

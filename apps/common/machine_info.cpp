@@ -4,6 +4,7 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -33,6 +34,13 @@ std::string file_field(const std::string& path, const std::string& key, char sep
 }
 
 }  // namespace
+
+double available_memory_bytes() {
+  // "MemAvailable:   12345678 kB"
+  const std::string kb = file_field("/proc/meminfo", "MemAvailable", ':');
+  if (kb.empty()) return -1;
+  return std::strtod(kb.c_str(), nullptr) * 1024.0;
+}
 
 std::string hostname() {
   char host[256] = {};

@@ -10,6 +10,10 @@ namespace nanoddp::common {
 // {"hostname", "cpu" (model name from /proc/cpuinfo), "cores" (online CPUs), "os"}.
 nlohmann::ordered_json machine_info();
 
+// The memory the kernel can give new allocations without swapping (MemAvailable), in bytes; -1
+// when it does not say.
+double available_memory_bytes();
+
 // This host's name ("unknown" when it cannot be read).
 std::string hostname();
 

@@ -13,12 +13,13 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "common/cli.h"
 #include "common/provenance.h"
+#include "common/results_file.h"
 #include "common/stats.h"
 
 namespace nanoddp::bench_allreduce {
@@ -108,13 +109,10 @@ int run_launches(int argc, char** argv, int nproc, int repeats, const std::strin
                launcher);
     return 2;
   }
-  std::optional<std::ofstream> json;
+  common::ResultsFile json("nanoddp-bench-allreduce", "--json");
   if (!json_path.empty()) {
-    json.emplace(json_path, std::ios::trunc);
-    if (!*json) {
-      fmt::print(stderr, "nanoddp-bench-allreduce: error: --json {}: cannot open the file\n",
-                 json_path);
-      return 2;
+    if (const std::string problem = json.open(json_path); !problem.empty()) {
+      return cli::usage_error("nanoddp-bench-allreduce", problem);
     }
   }
   std::string scratch = (fs::temp_directory_path() / "nanoddp-bench-allreduce.XXXXXX").string();
@@ -165,22 +163,11 @@ int run_launches(int argc, char** argv, int nproc, int repeats, const std::strin
       common::redact_strings(line);
       times[{line["placement"], line["mode"], line["bytes"].get<std::int64_t>()}].push_back(
           line["time_us"].get<double>());
-      if (json) *json << line.dump() << '\n';
+      json.write_line(line.dump());
     }
-    if (json && !json->flush()) {
-      fmt::print(stderr, "nanoddp-bench-allreduce: error: --json {}: writing the results failed\n",
-                 json_path);
-      code = 1;
-    }
+    if (!json.flush()) code = 1;
   }
-  if (json && code == 0) {
-    json->close();
-    if (json->fail()) {
-      fmt::print(stderr, "nanoddp-bench-allreduce: error: --json {}: writing the results failed\n",
-                 json_path);
-      code = 1;
-    }
-  }
+  if (code == 0 && !json.close()) code = 1;
   std::error_code ec;
   fs::remove_all(scratch, ec);
   if (code != 0) return code;

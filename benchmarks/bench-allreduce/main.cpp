@@ -61,6 +61,7 @@
 #include "common/load.h"
 #include "common/machine_info.h"
 #include "common/provenance.h"
+#include "common/results_file.h"
 #include "common/stats.h"
 #include "launches.h"
 #include "nanoddp/comm/gloo_context.h"
@@ -220,7 +221,8 @@ int run(int argc, char** argv) {
                  "reduce_scatter_perf, all_gather_perf)");
   app.add_option("--dtype", opt.dtype, "float or bf16")->check(CLI::IsMember({"float", "bf16"}));
   app.add_option("--backend", opt.backend, "gloo or nccl")->check(CLI::IsMember({"gloo", "nccl"}));
-  app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE");
+  app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE")
+      ->check(nanoddp::cli::non_empty_path());
   app.add_option("-r,--rounds", opt.rounds,
                  "timed rounds of -n ops per size; the median round is reported (default 1, "
                  "5 with --vs-raw)")
@@ -282,6 +284,14 @@ int run(int argc, char** argv) {
   } catch (const nanoddp::Error& e) {
     return nanoddp::cli::usage_error("nanoddp-bench-allreduce", e.what());
   }
+  // Said here, in this program's flags (the library's message would name nanoddp-train's), and
+  // before --nproc-per-node launches ranks that would each fail on it.
+  if (opt.backend == "nccl" && nanoddp::cuda_device_count() == 0) {
+    return nanoddp::cli::usage_error(
+        "nanoddp-bench-allreduce",
+        fmt::format("--backend nccl needs a CUDA GPU per rank, but {}; use --backend gloo",
+                    nanoddp::cuda_status()));
+  }
   if (opt.nproc > 0) {
     if (std::getenv("NANODDP_LAUNCHER_PID") != nullptr || std::getenv("RANK") != nullptr) {
       return nanoddp::cli::usage_error(
@@ -336,25 +346,12 @@ int run(int argc, char** argv) {
                           "bytes); give -e {} or more",
                           opt.min_bytes, opt.max_bytes, opt.dtype, blocks, unit, unit));
   }
-  if (opt.backend == "nccl") {
-    // Said here, in this program's flags (the library's message would name nanoddp-train's).
-    const int gpus = nanoddp::cuda_device_count();
-    if (gpus == 0) {
-      return nanoddp::cli::usage_error(
-          "nanoddp-bench-allreduce",
-          fmt::format("--backend nccl needs a CUDA GPU per rank, but {}; use --backend gloo",
-                      nanoddp::cuda_status()));
-    }
-  }
   // The results file is opened (on rank 0) before the process group forms: a path that cannot
   // be written is a usage error now, not a failure after the connections are up.
-  std::optional<std::ofstream> json;
+  nanoddp::common::ResultsFile json("nanoddp-bench-allreduce", "--json");
   if (world_env.rank == 0 && !opt.json_path.empty()) {
-    json.emplace(opt.json_path, std::ios::trunc);
-    if (!*json) {
-      return nanoddp::cli::usage_error(
-          "nanoddp-bench-allreduce",
-          fmt::format("--json {}: cannot open the file for writing", opt.json_path));
+    if (const std::string problem = json.open(opt.json_path); !problem.empty()) {
+      return nanoddp::cli::usage_error("nanoddp-bench-allreduce", problem);
     }
   }
   nlohmann::ordered_json provenance = nanoddp::common::provenance(argc, argv);
@@ -363,6 +360,7 @@ int run(int argc, char** argv) {
     provenance["json"] = std::filesystem::absolute(opt.json_path, ec).string();
   }
   const nlohmann::ordered_json machine = nanoddp::common::machine_info();
+  const nlohmann::ordered_json build = nanoddp::common::build_info();
 
   Runner runner;
   runner.world = world_env;
@@ -682,7 +680,7 @@ int run(int argc, char** argv) {
                    100.0 * us / engine_us, wrong_text(2));
       }
       fmt::print("\n");
-      if (json) {
+      if (json.is_open()) {
         // The load around this size, as bench-ddp records it around a point (common/load.h):
         // this node's ranks count in the load at the end.
         const double load_end = nanoddp::common::load_1m();
@@ -721,12 +719,12 @@ int run(int argc, char** argv) {
               {"load_average_1m", {load_start, load_end}},
               {"warnings", line_warnings},
               {"machine", machine},
+              {"build", build},
               {"provenance", provenance}};
           nanoddp::common::redact_strings(line);
-          *json << line.dump() << '\n';
+          json.write_line(line.dump());
         }
-        json->flush();
-        if (!*json) nanoddp::fail("--json {}: writing the results failed", opt.json_path);
+        if (!json.flush()) return 1;
       }
     }
     std::fflush(stdout);
@@ -737,11 +735,7 @@ int run(int argc, char** argv) {
                busbw_count > 0 ? busbw_sum / busbw_count : 0.0);
     fmt::print("#\n");
   }
-  if (json) {
-    json->close();
-    if (json->fail()) nanoddp::fail("--json {}: writing the results failed", opt.json_path);
-  }
-  return 0;
+  return json.close() ? 0 : 1;
 }
 
 }  // namespace

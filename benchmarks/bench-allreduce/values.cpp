@@ -14,14 +14,14 @@ using kernels::bf16_to_float;
 using kernels::float_to_bf16;
 
 std::int64_t parse_bytes(const std::string& text) {
-  // nccl-tests style: 8, 1K, 16M, 1G (powers of 1024). The number is read as every number flag
-  // is (common/cli.h): decimal only, so "-8", "0x10" and " 16" are refused.
-  const std::size_t number_end = text.find_first_of("KkMmGg");
+  // nccl-tests style: 8, 1K, 16M, 1G, 1T (powers of 1024). The number is read as every number
+  // flag is (common/cli.h): decimal only, so "-8", "0x10" and " 16" are refused.
+  const std::size_t number_end = text.find_first_of("KkMmGgTt");
   const std::string number = text.substr(0, number_end);
   if (number.empty() || number.find_first_not_of("0123456789.eE+") != std::string::npos ||
       !cli::detail::check_finite(number).empty() ||
       (number_end != std::string::npos && number_end + 1 != text.size())) {
-    fail("'{}' is not a size (e.g. 8, 1K, 16M, 1G)", text);
+    fail("'{}' is not a size (e.g. 8, 1K, 16M, 1G, 1T)", text);
   }
   const double value = std::strtod(number.c_str(), nullptr);
   const std::string suffix = number_end == std::string::npos ? "" : text.substr(number_end);
@@ -32,8 +32,10 @@ std::int64_t parse_bytes(const std::string& text) {
     scale = 1024.0 * 1024;
   else if (suffix == "G" || suffix == "g")
     scale = 1024.0 * 1024 * 1024;
+  else if (suffix == "T" || suffix == "t")
+    scale = 1024.0 * 1024 * 1024 * 1024;
   else if (!suffix.empty())
-    fail("'{}' is not a size (e.g. 8, 1K, 16M, 1G)", text);
+    fail("'{}' is not a size (e.g. 8, 1K, 16M, 1G, 1T)", text);
   // 1 TiB: past any buffer this benchmark can allocate, and within int64 whatever was typed.
   if (value * scale > 1099511627776.0) {
     fail("'{}' is more than 1T (1099511627776 bytes)", text);

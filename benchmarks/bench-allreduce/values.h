@@ -13,7 +13,7 @@ namespace nanoddp::bench_allreduce {
 
 using comm::ReduceOp;
 
-// nccl-tests style sizes: 8, 1K, 16M, 1G (powers of 1024, decimal, up to 1T).
+// nccl-tests style sizes: 8, 1K, 16M, 1G, 1T (powers of 1024, decimal, at most 1T).
 std::int64_t parse_bytes(const std::string& text);
 // sum, avg, max, min (a collective's name is refused, pointing at --collective).
 ReduceOp parse_op(const std::string& op);

@@ -11,13 +11,13 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
-#include <tuple>
 
+#include "common/cli.h"
 #include "common/load.h"
 #include "common/machine_info.h"
 #include "common/output_files.h"
 #include "common/provenance.h"
+#include "common/results_file.h"
 #include "common/stats.h"
 #include "launch.h"
 #include "nanoddp/kernels/error.h"
@@ -149,10 +149,11 @@ nlohmann::ordered_json numbers(const std::vector<double>& v) {
   return nlohmann::ordered_json(v);
 }
 
-// Fewer launches than this and no confidence interval over launches is reported: a percentile
-// bootstrap of the median of 2, 3 or 4 values can only return values among them (with 2 or 3,
-// exactly [min, max]), which reads as a 95% interval but is not one.
-constexpr std::size_t kMinLaunchesForCi = 5;
+// Fewer launches than this and no confidence interval over launches is reported: below it a
+// percentile bootstrap's 95 % interval of their median is exactly their min and max, which reads
+// as an interval but is only the range (common::min_values_for_median_ci: 6; with 5 launches the
+// resampled median is the fastest launch 5.8 % of the time, more than the 2.5 % tail).
+const std::size_t kMinLaunchesForCi = common::min_values_for_median_ci(0.95);
 
 // One record from the records of `repeats` separate launches of a point: the launch with the
 // median step time (the lower middle one) gives the breakdown (its median step's parts, which
@@ -189,7 +190,7 @@ nlohmann::ordered_json combine_repeats(const std::vector<nlohmann::ordered_json>
     out["step_ms_ci95_launches"] = nullptr;
     out["ci95_launches_note"] = fmt::format(
         "{} launch(es): a bootstrap interval over launches needs --repeats {} or more (with "
-        "fewer it is only their min and max); see repeat_step_ms_median",
+        "fewer its 95 % interval is only their min and max); see repeat_step_ms_median",
         runs.size(), kMinLaunchesForCi);
   }
   // samples/s and GFLOP/s follow the pooled median (they were the median launch's).
@@ -244,62 +245,47 @@ class Sweep {
   Sweep& operator=(const Sweep&) = delete;
 
   int run() {
-    const auto machine = common::machine_info();
-    const auto build = common::build_info();
-    cores_ = machine["cores"].get<int>();
+    cores_ = machine_["cores"].get<int>();
     for (const std::string& note : o_.notes)
       fmt::print(stderr, "nanoddp-bench-ddp: note: {}\n", note);
-    if (!o_.quiet) print_header(o_, machine, build, provenance_);
+    if (!o_.quiet) print_header(o_, machine_, build_, provenance_);
     bool all_ok = true;
     for (const Point& p : expand(o_)) {
       all_ok &= run_point(p);
-      if (write_failed_) break;
+      if (write_failed()) break;
     }
     if (!close_outputs()) return 1;
     return all_ok ? 0 : 1;
   }
 
-  // The flag naming a file that cannot be written, or "" (checked before any job runs).
+  // The problem with a file that cannot be written, or "" (checked before any job runs).
   std::string open_outputs() {
     std::error_code ec;
     if (!o_.json_path.empty()) provenance_["json"] = fs::absolute(o_.json_path, ec).string();
     if (!o_.csv_path.empty()) provenance_["csv"] = fs::absolute(o_.csv_path, ec).string();
     if (!o_.json_path.empty()) {
-      json_.open(o_.json_path, std::ios::trunc);
-      if (!json_.is_open()) return "--json " + o_.json_path;
+      if (std::string problem = json_.open(o_.json_path); !problem.empty()) return problem;
     }
     if (!o_.csv_path.empty()) {
-      csv_.open(o_.csv_path, std::ios::trunc);
-      if (!csv_.is_open()) return "--csv " + o_.csv_path;
-      csv_ << csv_header() << "\n";
+      if (std::string problem = csv_.open(o_.csv_path); !problem.empty()) return problem;
+      csv_.write_line(csv_header());
     }
     return {};
   }
 
   // The results are only as good as their files: a write that failed (a full disk, /dev/full)
-  // is an error naming the file, found after every flush and at the close.
+  // is an error naming the file (common/results_file.h), found after every row and at the close.
   bool check_outputs() {
-    if (json_.is_open() && !json_.flush()) report_write_failure("--json", o_.json_path);
-    if (csv_.is_open() && !csv_.flush()) report_write_failure("--csv", o_.csv_path);
-    return !write_failed_;
+    const bool json_ok = json_.flush();
+    const bool csv_ok = csv_.flush();
+    return json_ok && csv_ok;
   }
   bool close_outputs() {
-    check_outputs();
-    for (auto [file, flag, path] :
-         {std::tuple{&json_, "--json", &o_.json_path}, std::tuple{&csv_, "--csv", &o_.csv_path}}) {
-      if (!file->is_open()) continue;
-      file->close();
-      if (file->fail()) report_write_failure(flag, *path);
-    }
-    return !write_failed_;
+    const bool json_ok = json_.close();
+    const bool csv_ok = csv_.close();
+    return json_ok && csv_ok;
   }
-  void report_write_failure(const char* flag, const std::string& path) {
-    if (reported_.insert(flag).second) {
-      fmt::print(stderr, "nanoddp-bench-ddp: error: {} {}: writing the results failed\n", flag,
-                 path);
-    }
-    write_failed_ = true;
-  }
+  bool write_failed() const { return json_.failed() || csv_.failed(); }
 
  private:
   // Runs one job (world ranks per node; multi-node flags when `multinode`); returns rank 0's
@@ -483,8 +469,8 @@ class Sweep {
     record["provenance"] = provenance_;
     common::redact_strings(record);
     if (!o_.quiet) print_row(record);
-    if (json_.is_open()) json_ << record.dump() << "\n";
-    if (csv_.is_open()) csv_ << csv_row(record) << "\n";
+    json_.write_line(record.dump());
+    csv_.write_line(csv_row(record));
     check_outputs();
   }
 
@@ -514,7 +500,8 @@ class Sweep {
     }
     config["threads"] = p.threads;
     nlohmann::ordered_json record = {
-        {"bench", "ddp"},      {"config", config},
+        {"bench", "ddp"},      {"machine", machine_},
+        {"build", build_},     {"config", config},
         {"baseline", plain},   {"steps", o_.steps},
         {"warmup", o_.warmup}, {"repeats", o_.repeats},
         {"error", problem},    {"warnings", nlohmann::ordered_json::array()}};
@@ -535,14 +522,15 @@ class Sweep {
   const Options& o_;
   Paths paths_;
   nlohmann::ordered_json provenance_;
-  std::ofstream json_;
-  std::ofstream csv_;
+  // Where the sweep runs: in every row, a failed point's too (its CSV columns are not left empty).
+  const nlohmann::ordered_json machine_ = common::machine_info();
+  const nlohmann::ordered_json build_ = common::build_info();
+  common::ResultsFile json_{"nanoddp-bench-ddp", "--json"};
+  common::ResultsFile csv_{"nanoddp-bench-ddp", "--csv"};
   std::map<std::string, std::optional<nlohmann::ordered_json>> baselines_;
   int jobs_ = 0;
   int cores_ = 1;
   std::string last_problem_;
-  bool write_failed_ = false;
-  std::set<std::string> reported_;
 };
 
 }  // namespace
@@ -556,9 +544,8 @@ int run_driver(const Options& options, const nlohmann::ordered_json& provenance)
     return 2;
   }
   Sweep sweep(options, find_paths(), provenance);
-  if (const std::string flag = sweep.open_outputs(); !flag.empty()) {
-    fmt::print(stderr, "nanoddp-bench-ddp: error: {}: cannot open the file for writing\n", flag);
-    return 2;
+  if (const std::string problem = sweep.open_outputs(); !problem.empty()) {
+    return cli::usage_error("nanoddp-bench-ddp", problem);
   }
   return sweep.run();
 }

@@ -363,8 +363,10 @@ std::optional<Options> parse_options(int argc, const char* const* argv, int& exi
                  "is reported beside the steps' (p10/p90, a bootstrap CI of the median)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  app.add_option("--json", o.json_path, "write one JSON line per point to FILE (truncated)");
-  app.add_option("--csv", o.csv_path, "write one CSV row per point to FILE (truncated)");
+  app.add_option("--json", o.json_path, "write one JSON line per point to FILE (truncated)")
+      ->check(cli::non_empty_path());
+  app.add_option("--csv", o.csv_path, "write one CSV row per point to FILE (truncated)")
+      ->check(cli::non_empty_path());
   app.add_flag("--quiet", o.quiet, "print nothing but errors");
   // The worker role: started by the driver through nanoddp-run, one point per job.
   app.add_flag("--worker", o.worker)->group("");

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "common/machine_info.h"
 #include "common/provenance.h"
 
 namespace nanoddp::bench_ddp {
@@ -191,6 +193,27 @@ constexpr const char* kRecordColumns[] = {"baseline",
                                           "averaged_gradient_bytes",
                                           "optimizer_state_bytes"};
 
+// The machine and build a row was measured on, flat: one column per key of the JSON's "machine"
+// and "build" objects, taken from the helpers that fill them (common/machine_info.h), so the CSV
+// follows whatever they record. Named machine_<key> and build_<key> ("build_type" as it is).
+struct FlatColumn {
+  std::string object, key, name;
+};
+const std::vector<FlatColumn>& machine_build_columns() {
+  static const std::vector<FlatColumn> columns = [] {
+    std::vector<FlatColumn> out;
+    for (const auto& [object, value] : {std::pair{std::string("machine"), common::machine_info()},
+                                        std::pair{std::string("build"), common::build_info()}}) {
+      for (const auto& item : value.items()) {
+        const std::string& key = item.key();
+        out.push_back({object, key, key.starts_with(object + "_") ? key : object + "_" + key});
+      }
+    }
+    return out;
+  }();
+  return columns;
+}
+
 }  // namespace
 
 std::string csv_header() {
@@ -202,6 +225,7 @@ std::string csv_header() {
       "step_ms_ci95_launches_hi,ci95_launches_note,scaling_efficiency_min,scaling_efficiency_max,"
       "load_average_1m_start,load_average_1m_end,warnings,error,commit,dirty,utc,"
       "load_average_1m,command,cwd,environment";
+  for (const FlatColumn& c : machine_build_columns()) out += "," + c.name;
   return out;
 }
 
@@ -257,6 +281,9 @@ std::string csv_row(const nlohmann::ordered_json& r) {
   add(at({"provenance", "cwd"}));
   // The environment as one JSON object (the per-step samples stay in the JSON only).
   add(at({"provenance", "environment"}));
+  for (const FlatColumn& flat : machine_build_columns()) {
+    add(at({flat.object.c_str(), flat.key.c_str()}));
+  }
   return out;
 }
 

@@ -29,7 +29,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <fstream>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -41,6 +41,7 @@
 #include "common/cli.h"
 #include "common/machine_info.h"
 #include "common/provenance.h"
+#include "common/results_file.h"
 #include "common/stats.h"
 #include "nanoddp/config.h"
 #include "nanoddp/engine/allocator.h"
@@ -77,9 +78,10 @@ struct StepKinds {
 struct Row {
   std::string backend;
   Shape shape;
-  double median_ms = 0.0;
+  nanoddp::common::Spread ms;      // over the --repeats timed calls (steps, for mlp-step)
   std::optional<StepKinds> kinds;  // the mlp-step row only
-  double gflops() const { return shape.gflop() / (median_ms * 1e-3); }
+  double median_ms() const { return ms.median; }
+  double gflops() const { return shape.gflop() / (ms.median * 1e-3); }
 };
 
 struct Options {
@@ -94,8 +96,9 @@ struct Options {
 };
 
 // Host timing of a synchronous call: warm-up (page faults, packing buffers, OpenMP pool),
-// then the median of `repeats` individually timed calls (robust to a noisy shared machine).
-double time_cpu_ms(const std::function<void()>& call, const Options& opt) {
+// then `repeats` individually timed calls: their median (robust to a noisy shared machine) and
+// spread.
+nanoddp::common::Spread time_cpu_ms(const std::function<void()>& call, const Options& opt) {
   for (int i = 0; i < opt.warmup; ++i) call();
   std::vector<double> ms;
   for (int i = 0; i < opt.repeats; ++i) {
@@ -104,7 +107,7 @@ double time_cpu_ms(const std::function<void()>& call, const Options& opt) {
     const auto t1 = std::chrono::steady_clock::now();
     ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
-  return nanoddp::common::median(ms);
+  return nanoddp::common::spread(ms);
 }
 
 // A buffer from nanoddp's caching allocator for `device`, returned on scope exit. Host operands
@@ -248,7 +251,11 @@ Row run_mlp_step_gemms(const Options& opt, const char* name, nanoddp::GemmBacken
                         .weight_grad_ms = (lower[2] + upper[2]) / 2};
   Shape shape = unit;
   shape.gemms = 3 * layers - 1;
-  return {name, shape, kinds.forward_ms + kinds.input_grad_ms + kinds.weight_grad_ms, kinds};
+  std::vector<double> step_ms;
+  for (const auto& s : steps) step_ms.push_back(sum(s));
+  nanoddp::common::Spread spread = nanoddp::common::spread(step_ms);
+  spread.median = kinds.forward_ms + kinds.input_grad_ms + kinds.weight_grad_ms;  // the same step
+  return {name, shape, spread, kinds};
 }
 
 // Device timing with events on the backend's stream: the host only enqueues, so each call is
@@ -283,37 +290,65 @@ void run_cuda(const Shape& s, const Options& opt, std::vector<Row>& rows) {
       stops[i].synchronize();
       ms.push_back(starts[i].elapsed_ms(stops[i]));
     }
-    rows.push_back({name, s, nanoddp::common::median(ms)});
+    rows.push_back({name, s, nanoddp::common::spread(ms)});
   }
   backend.set_gemm_backend(before);
 }
 
-}  // namespace
+// The host memory the run's buffers need, checked against what the machine has: each shape's
+// three operands and the mlp-step row's per-layer buffers, all summed, because nanoddp's caching
+// allocator keeps every buffer it served (a block is reused only for the same size). "" when it
+// fits (or the machine does not say), else the problem, naming the flags.
+std::string memory_problem(const Options& opt, const std::vector<Shape>& shapes) {
+  double floats = 0;
+  for (const Shape& s : shapes) {
+    const double m = double(s.m), n = double(s.n), k = double(s.k);
+    floats += m * k + k * n + m * n;
+  }
+  const double b = double(opt.batch), h = double(opt.hidden), layers = double(opt.linears);
+  floats += layers * (2 * b * h + 2 * h * h) + 2 * b * h;  // mlp-step: see run_mlp_step_gemms
+  const double need = floats * sizeof(float);
+  const double available = nanoddp::common::available_memory_bytes();
+  if (available < 0 || need <= available) return {};
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  std::string sizes;
+  for (const std::int64_t n : opt.sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(n);
+  return fmt::format(
+      "--sizes {} --batch {} --hidden {} --linears {}: the buffers need {:.1f} GiB of host "
+      "memory, more than the {:.1f} GiB this machine has available (MemAvailable); give smaller "
+      "sizes",
+      sizes, opt.batch, opt.hidden, opt.linears, need / gib, available / gib);
+}
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   Options opt;
   CLI::App app{"nanoddp-bench-gemm: GFLOP/s of Eigen, the CPU backend and the CUDA GEMMs"};
-  app.add_option("--sizes", opt.sizes, "square sizes m = n = k")->delimiter(',');
+  // Bounds as nanoddp-bench-ddp's (widths up to 2^20, batches up to 2^24, 1024 threads): past
+  // them a size is a typo (a 0 or a negative size gave 0 or negative GFLOP/s, --threads 100000
+  // crashed); within them the buffers must still fit in memory, checked below.
+  const std::int64_t max_width = std::int64_t{1} << 20;
+  app.add_option("--sizes", opt.sizes, "square sizes m = n = k")
+      ->delimiter(',')
+      ->check(CLI::Range(std::int64_t{1}, max_width));
   app.add_option("--batch", opt.batch, "MLP batch size B (its shapes: B,H,H and H,H,B)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--hidden", opt.hidden, "MLP hidden size H")->check(CLI::PositiveNumber);
-  app.add_option("--repeats", opt.repeats, "timed calls per row (the median is reported)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
+  app.add_option("--hidden", opt.hidden, "MLP hidden size H")
+      ->check(CLI::Range(std::int64_t{1}, max_width));
+  app.add_option("--repeats", opt.repeats,
+                 "timed calls per row (the median and spread are reported)")
+      ->check(CLI::Range(1, 1000000));
   app.add_option("--warmup", opt.warmup, "untimed calls before timing")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", opt.threads, "Eigen threads for the CPU rows")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--threads", opt.threads, "GEMM threads for the CPU rows (Eigen's and nanoddp's)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--linears", opt.linears,
                  "Linear layers of the mlp-step row (nanoddp-train --layers L has L+1)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE");
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000}));
+  app.add_option("--json", opt.json_path, "also write one JSON object per row to FILE")
+      ->check(nanoddp::cli::non_empty_path());
   if (const std::optional<int> code = nanoddp::cli::parse(app, argc, argv, "nanoddp-bench-gemm")) {
     return *code;
   }
-
-  // Both calls: the library's Eigen and this file's Eigen each keep a thread setting.
-  Eigen::setNbThreads(opt.threads);
-  nanoddp::kernels::cpu::set_gemm_threads(opt.threads);
 
   std::vector<Shape> shapes;
   for (auto n : opt.sizes) shapes.push_back({"square", Transpose::kNo, Transpose::kNo, n, n, n});
@@ -321,11 +356,39 @@ int main(int argc, char** argv) {
   shapes.push_back({"mlp-forward", Transpose::kNo, Transpose::kYes, b, h, h});
   shapes.push_back({"mlp-input-grad", Transpose::kNo, Transpose::kNo, b, h, h});
   shapes.push_back({"mlp-weight-grad", Transpose::kYes, Transpose::kNo, h, h, b});
+  // Refused before anything runs: an allocation that fails mid-run ended in an uncaught error.
+  if (const std::string problem = memory_problem(opt, shapes); !problem.empty()) {
+    return nanoddp::cli::usage_error("nanoddp-bench-gemm", problem);
+  }
+  const nlohmann::ordered_json machine = nanoddp::common::machine_info();
+  std::vector<std::string> warnings;
+  if (const int cores = machine["cores"].get<int>(); opt.threads > cores) {
+    warnings.push_back(fmt::format(
+        "--threads {} on {} core(s): more GEMM threads than cores, the threads time-share and the "
+        "GFLOP/s understate what the cores can do",
+        opt.threads, cores));
+  }
+  for (const std::string& w : warnings) fmt::print(stderr, "nanoddp-bench-gemm: warning: {}\n", w);
+
+  // Both calls: the library's Eigen and this file's Eigen each keep a thread setting.
+  Eigen::setNbThreads(opt.threads);
+  nanoddp::kernels::cpu::set_gemm_threads(opt.threads);
+
+  // Opened before anything is measured: a path that cannot be written is a usage error now, not
+  // after the run; every write is checked (common/results_file.h).
+  nanoddp::common::ResultsFile json("nanoddp-bench-gemm", "--json");
+  if (!opt.json_path.empty()) {
+    if (const std::string problem = json.open(opt.json_path); !problem.empty()) {
+      return nanoddp::cli::usage_error("nanoddp-bench-gemm", problem);
+    }
+  }
 
   const bool cuda = nanoddp::cuda_device_count() > 0;
-  fmt::print("nanoddp {} on {}, {}, CPU GEMM threads {}\n", NANODDP_VERSION,
-             nanoddp::common::hostname(), nanoddp::common::compiler(),
-             nanoddp::kernels::cpu::gemm_threads());
+  fmt::print(
+      "nanoddp {} on {}, {}, CPU GEMM threads {}; per row {} timed call(s) after {} warm-up "
+      "call(s): their median, min, p10, p90 and max\n",
+      NANODDP_VERSION, nanoddp::common::hostname(), nanoddp::common::compiler(),
+      nanoddp::kernels::cpu::gemm_threads(), opt.repeats, opt.warmup);
 #if !defined(__AVX2__)
   fmt::print(
       "note: this benchmark was compiled without -march=native, so the `eigen` "
@@ -342,41 +405,40 @@ int main(int argc, char** argv) {
   std::map<std::string, double> isolated_step_ms;
   for (const auto& r : rows) {
     if (r.shape.name == "mlp-forward" || r.shape.name == "mlp-weight-grad") {
-      isolated_step_ms[r.backend] += static_cast<double>(opt.linears) * r.median_ms;
+      isolated_step_ms[r.backend] += static_cast<double>(opt.linears) * r.median_ms();
     } else if (r.shape.name == "mlp-input-grad") {
-      isolated_step_ms[r.backend] += static_cast<double>(opt.linears - 1) * r.median_ms;
+      isolated_step_ms[r.backend] += static_cast<double>(opt.linears - 1) * r.median_ms();
     }
   }
   for (const auto& [name, which] : kCpuBackends)
     rows.push_back(run_mlp_step_gemms(opt, name, which));
 
-  fmt::print("\n{:<13} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10} {:>9} {:>9}\n", "backend", "shape",
-             "layout", "m", "n", "k", "median ms", "GFLOP/s", "vs eigen");
-  const nlohmann::ordered_json provenance = nanoddp::common::provenance(argc, argv);
-  const nlohmann::ordered_json machine = nanoddp::common::machine_info();
-  fmt::print("# {}\n", nanoddp::common::provenance_line(provenance));
-  std::optional<std::ofstream> json;
+  fmt::print("\n{:<13} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+             "backend", "shape", "layout", "m", "n", "k", "median ms", "GFLOP/s", "vs eigen",
+             "min ms", "p10 ms", "p90 ms", "max ms");
+  nlohmann::ordered_json provenance = nanoddp::common::provenance(argc, argv);
   if (!opt.json_path.empty()) {
-    json.emplace(opt.json_path);
-    if (!*json) {
-      fmt::print(stderr, "error: cannot open --json file {}\n", opt.json_path);
-      return 1;
-    }
+    std::error_code ec;
+    provenance["json"] = std::filesystem::absolute(opt.json_path, ec).string();
   }
+  const nlohmann::ordered_json build = nanoddp::common::build_info();
+  fmt::print("# {}\n", nanoddp::common::provenance_line(provenance));
   double eigen_gflops = 0.0;
   double eigen_step_ms = 0.0;
   for (const auto& r : rows) {
-    if (r.backend == "nanoddp-eigen" && r.shape.name == "mlp-step") eigen_step_ms = r.median_ms;
+    if (r.backend == "nanoddp-eigen" && r.shape.name == "mlp-step") eigen_step_ms = r.median_ms();
   }
   for (const auto& r : rows) {
     if (r.backend == "eigen") eigen_gflops = r.gflops();  // rows come eigen-first per shape
     double ratio = eigen_gflops > 0 ? r.gflops() / eigen_gflops : 0.0;
     // The step rows have no raw-Eigen row: theirs is the backend run with Eigen's GEMM.
-    if (r.shape.name == "mlp-step") ratio = eigen_step_ms / r.median_ms;
-    fmt::print("{:<13} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10.3f} {:>9.1f} {:>8.2f}x\n", r.backend,
-               r.shape.name, r.shape.layout(), r.shape.m, r.shape.n, r.shape.k, r.median_ms,
-               r.gflops(), ratio);
-    if (json) {
+    if (r.shape.name == "mlp-step") ratio = eigen_step_ms / r.median_ms();
+    fmt::print(
+        "{:<13} {:<16} {:<6} {:>6} {:>6} {:>6} {:>10.3f} {:>9.1f} {:>8.2f}x {:>9.3f} {:>9.3f} "
+        "{:>9.3f} {:>9.3f}\n",
+        r.backend, r.shape.name, r.shape.layout(), r.shape.m, r.shape.n, r.shape.k, r.median_ms(),
+        r.gflops(), ratio, r.ms.min, r.ms.p10, r.ms.p90, r.ms.max);
+    if (json.is_open()) {
       const nlohmann::json line = {{"benchmark", "gemm"},
                                    {"backend", r.backend},
                                    {"shape", r.shape.name},
@@ -384,7 +446,11 @@ int main(int argc, char** argv) {
                                    {"m", r.shape.m},
                                    {"n", r.shape.n},
                                    {"k", r.shape.k},
-                                   {"median_ms", r.median_ms},
+                                   {"median_ms", r.median_ms()},
+                                   {"min_ms", r.ms.min},
+                                   {"p10_ms", r.ms.p10},
+                                   {"p90_ms", r.ms.p90},
+                                   {"max_ms", r.ms.max},
                                    {"gflops", r.gflops()},
                                    {"ratio_to_eigen", ratio},
                                    {"repeats", opt.repeats},
@@ -396,19 +462,22 @@ int main(int argc, char** argv) {
                                    {"with_cuda", bool(NANODDP_WITH_CUDA)},
                                    {"gemms", r.shape.gemms}};
       nlohmann::json out = line;
+      out["warnings"] = warnings;
       out["provenance"] = provenance;
       out["machine"] = machine;
+      out["build"] = build;
       if (r.kinds) {
         out["forward_ms"] = r.kinds->forward_ms;
         out["input_grad_ms"] = r.kinds->input_grad_ms;
         out["weight_grad_ms"] = r.kinds->weight_grad_ms;
         // forward/input_grad/weight_grad_ms are the step's totals per kind (all layers).
         out["isolated_ms"] = isolated_step_ms[r.backend];
-        out["ratio_to_isolated"] = isolated_step_ms[r.backend] / r.median_ms;
+        out["ratio_to_isolated"] = isolated_step_ms[r.backend] / r.median_ms();
       }
-      *json << out.dump() << '\n';
+      json.write_line(out.dump());
     }
   }
+  if (!json.flush()) return 1;
   fmt::print(
       "\nmlp-step: the {} GEMMs of one training step of {} x Linear({}, {}) at batch {}, in "
       "training order over per-layer buffers (cold caches, as in nanoddp-train), against the same "
@@ -420,7 +489,7 @@ int main(int argc, char** argv) {
     if (step.shape.name != "mlp-step") continue;
     auto warm = [&](const char* shape) {
       for (const auto& r : rows) {
-        if (r.backend == step.backend && r.shape.name == shape) return r.median_ms;
+        if (r.backend == step.backend && r.shape.name == shape) return r.median_ms();
       }
       return 0.0;
     };
@@ -428,9 +497,22 @@ int main(int argc, char** argv) {
     fmt::print(
         "  {:<13} {:.3f} ms ({:.3f} warm): forward {:.3f} ({:.3f}), input grad {:.3f} ({:.3f}), "
         "weight grad {:.3f} ({:.3f})\n",
-        step.backend, step.median_ms, isolated_step_ms[step.backend], kinds.forward_ms / l,
+        step.backend, step.median_ms(), isolated_step_ms[step.backend], kinds.forward_ms / l,
         warm("mlp-forward"), opt.linears > 1 ? kinds.input_grad_ms / (l - 1) : 0.0,
         warm("mlp-input-grad"), kinds.weight_grad_ms / l, warm("mlp-weight-grad"));
   }
-  return 0;
+  return json.close() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Whatever the library throws (an allocation that fails, a CUDA error) is said, and the exit
+  // code is 1; it ended in std::terminate (exit 134) before.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "nanoddp-bench-gemm: error: {}\n", e.what());
+    return 1;
+  }
 }

@@ -2,6 +2,8 @@
 (the `eigen` yardstick, nanoddp's CPU backend with its own kernels and with Eigen, the CUDA GEMMs
 where they ran), and a bar chart
 of the MLP's own GEMM shapes (forward, input grad, weight grad, and the cold-cache step row).
+Error bars: the slowest to the fastest timed call of each row (min_ms, max_ms; lines written
+before the benchmark recorded them get none).
 """
 
 import figure
@@ -45,6 +47,21 @@ def _colour(key, keys):
     return figure.COLORS[index % len(figure.COLORS)]
 
 
+def _gflops_error(records):
+    """Error bars (below, above) of GFLOP/s from the spread of the timed calls: the fastest call
+    (min_ms) gives the highest rate, the slowest (max_ms) the lowest. None when a record predates
+    the spread fields (then no bar is drawn for any)."""
+    below, above = [], []
+    for r in records:
+        if not all(isinstance(r.get(k), (int, float)) and r[k] > 0
+                   for k in ("median_ms", "min_ms", "max_ms")):
+            return None
+        # max(0, ...): one call, or a median equal to an extreme, differs only by rounding.
+        below.append(max(0.0, r["gflops"] - r["gflops"] * r["median_ms"] / r["max_ms"]))
+        above.append(max(0.0, r["gflops"] * r["median_ms"] / r["min_ms"] - r["gflops"]))
+    return [below, above]
+
+
 def _host_text(records):
     hosts = sorted({r.get("hostname", "") for r, _ in records} - {""})
     compilers = sorted({r.get("compiler", "") for r, _ in records} - {""})
@@ -73,16 +90,20 @@ def plot_squares(records, out_dir, written):
     ax = axes[0][0]
     for key in keys:
         points = sorted(series[key].items())
-        ax.plot([n for n, _ in points], [r["gflops"] for _, (r, _) in points],
-                marker="o" if key[0] == "eigen" else "s", markersize=4,
+        xs, ys = [n for n, _ in points], [r["gflops"] for _, (r, _) in points]
+        ax.plot(xs, ys, marker="o" if key[0] == "eigen" else "s", markersize=4,
                 color=_colour(key, keys), linestyle=LINESTYLES.get(key[0], "-"),
                 label=label_of(key, threads_vary))
+        error = _gflops_error([r for _, (r, _) in points])
+        if error is not None:
+            ax.errorbar(xs, ys, yerr=error, fmt="none", ecolor=_colour(key, keys), capsize=2,
+                        linewidth=0.8)
     ax.set_xscale("log", base=2)
     sizes = sorted({r["n"] for r, _ in squares})
     ax.set_xticks(sizes)
     ax.set_xticklabels([str(n) for n in sizes])
     ax.set_xlabel("matrix size n (C = A·B, all n × n, float32)")
-    ax.set_ylabel("GFLOP/s (2n³ flops / median time)")
+    ax.set_ylabel("GFLOP/s (2n³ flops / median time; bars: slowest to fastest call)")
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
@@ -114,16 +135,18 @@ def plot_mlp(records, out_dir, written):
     ax = axes[0][0]
     width = 0.8 / len(keys)
     for i, key in enumerate(keys):
-        xs, ys = [], []
+        xs, ys, drawn = [], [], []
         for j, shape in enumerate(shapes):
             record = values.get((key, shape))
             if record is None:
                 continue
             xs.append(j - 0.4 + width * (i + 0.5))
             ys.append(record["gflops"])
+            drawn.append(record)
         bars = ax.bar(xs, ys, width=width * 0.95, color=_colour(key, keys),
                       hatch={"eigen": "//", "nanoddp-eigen": ".."}.get(key[0]), edgecolor="white",
-                      label=label_of(key, threads_vary))
+                      label=label_of(key, threads_vary), yerr=_gflops_error(drawn),
+                      error_kw={"capsize": 2, "linewidth": 0.8})
         ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=1)
     labels = []
     for shape in shapes:

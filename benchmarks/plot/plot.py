@@ -1,7 +1,9 @@
 #!/usr/bin/python3
-"""Charts (PNG) from the JSON lines of nanoddp's benchmarks.
+"""Charts (PNG and SVG) from the JSON lines of nanoddp's benchmarks.
 
   benchmarks/plot/plot.py --out DIR FILE.jsonl [FILE.jsonl ...]
+
+--out is required (there is no default folder): the charts go where the command says.
 
 Each line says which benchmark wrote it, and the charts follow from what the files hold; lines of
 one benchmark from several files share its charts (e.g. runs with and without --raw):
@@ -37,8 +39,10 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog=PROG, description="PNG charts from nanoddp benchmark JSON lines "
         "(nanoddp-bench-ddp, nanoddp-bench-allreduce, nanoddp-bench-gemm --json FILE).")
-    parser.add_argument("--out", default=".", metavar="DIR",
-                        help="directory for the PNG files (created if missing; default: .)")
+    # Required: a default of "." wrote charts into whatever folder the script ran from (an outside
+    # tester's source tree).
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="directory for the PNG and SVG files (created if missing; required)")
     parser.add_argument("--allow-mixed-builds", action="store_true",
                         help="draw records of different commits, dirty trees or hosts as "
                         "separate, labelled series (refused without it)")

@@ -33,6 +33,7 @@ BenchAllreduceRows read_bench_allreduce_rows(const std::string& path, int expect
   std::vector<AllreduceSample>& samples = rows.samples;
   // The first row's transport and mode, and its line: every other row must match them.
   int first_line = 0;
+  int out_of_place = 0;  // rows skipped: an empty fit says why
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -71,7 +72,10 @@ BenchAllreduceRows read_bench_allreduce_rows(const std::string& path, int expect
     }
     // DDP's buckets are reduced in place: nanoddp-bench-allreduce's out-of-place lines (a copy
     // more) describe another operation.
-    if (row.contains("placement") && row["placement"] == "out-of-place") continue;
+    if (row.contains("placement") && row["placement"] == "out-of-place") {
+      ++out_of_place;
+      continue;
+    }
     // One fit, one transport and one mode: rows of shared memory and a TCP ring (two files
     // concatenated) or of raw Gloo beside nanoddp's process group lie on no common line.
     const std::string algorithm = row.contains("algorithm") && row["algorithm"].is_string()
@@ -139,6 +143,13 @@ BenchAllreduceRows read_bench_allreduce_rows(const std::string& path, int expect
       }
     }
     samples.push_back({bytes, us / 1000.0});
+  }
+  if (samples.empty() && out_of_place > 0) {
+    fail(
+        "{} {}: no in-place rows: only \"placement\": \"in-place\" rows are fitted (DDP reduces "
+        "its buckets in place), and the file's {} row(s) are out of place; fit a file of "
+        "nanoddp-bench-allreduce, which writes both",
+        flag, path, out_of_place);
   }
   if (samples.empty()) fail("{} {}: no rows", flag, path);
   return rows;

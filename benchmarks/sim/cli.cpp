@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <iostream>
 
 #include "benchmarks/sim/allreduce_fit.h"
@@ -19,8 +18,10 @@
 #include "benchmarks/sim/step_model.h"
 #include "benchmarks/sim/trace_profile.h"
 #include "common/cli.h"
+#include "common/machine_info.h"
 #include "common/output_files.h"
 #include "common/provenance.h"
+#include "common/results_file.h"
 
 namespace nanoddp::sim {
 
@@ -92,6 +93,12 @@ std::string check(const CliOptions& o, const CLI::App& app) {
   if (o.busbw) {
     if (!o.profile_path.empty() || !o.model.empty()) {
       return "--busbw prints the network model alone: drop --profile/--model";
+    }
+    // One rank reduces with no one: its table was all 0.0 us and 0.0 GB/s, without a word.
+    if (static_cast<std::int64_t>(o.nodes) * o.gpus_per_node == 1) {
+      return "--busbw with one GPU in all (--nodes 1 --gpus-per-node 1): one rank runs no "
+             "all-reduce, so there is no time or busbw to model; give --gpus-per-node or --nodes "
+             "2 or more";
     }
     // The table is the one-level ring and tree (named fabric or --fit-allreduce); nanoddp's
     // hierarchical all-reduce and its two fits are not in it.
@@ -437,8 +444,8 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
                  "hidden=1024,4096 | layers=... | batch=... | inter-bw-gbs=... | "
                  "intra-bw-gbs=...");
   app.add_flag("--sweep-nodes", o.sweep_nodes, "also predict 1, 2, 4, ... --nodes nodes");
-  app.add_option("--json", o.json_path,
-                 "also write the figures as JSON to FILE ('-': stdout only)");
+  app.add_option("--json", o.json_path, "also write the figures as JSON to FILE ('-': stdout only)")
+      ->check(cli::non_empty_path("a file name or '-'"));
   app.add_flag("--busbw", o.busbw, "print the all-reduce model's time and busbw per size, alone");
   app.add_option("--busbw-min", o.busbw_min, "--busbw: smallest size")->capture_default_str();
   app.add_option("--busbw-max", o.busbw_max, "--busbw: largest size")->capture_default_str();
@@ -580,19 +587,20 @@ std::vector<ScalingRow> sweep_nodes_strong(const GpuSpec& gpu, FlopModelOptions 
   return rows;
 }
 
-void emit(const CliOptions& o, const std::string& table, const nlohmann::json& json) {
+// Prints the table (or, with --json -, the JSON) and writes --json FILE. Returns the exit code:
+// 1 when the file could not be written (said by common::ResultsFile, as every benchmark says it).
+int emit(const CliOptions& o, const std::string& table, const nlohmann::json& json) {
   if (o.json_path == "-") {
     std::cout << json.dump(2) << "\n";
-    return;
+    return 0;
   }
   std::cout << table;
-  if (!o.json_path.empty()) {
-    std::ofstream out(o.json_path, std::ios::trunc);
-    if (!out) fail("--json {}: cannot open the file for writing", o.json_path);
-    out << json.dump(2) << "\n";
-    out.close();  // a full disk shows at the last flush
-    if (out.fail()) fail("--json {}: writing failed", o.json_path);
-  }
+  if (o.json_path.empty()) return 0;
+  common::ResultsFile out("nanoddp-sim", "--json");
+  if (const std::string problem = out.open(o.json_path); !problem.empty()) fail("{}", problem);
+  out.write_line(json.dump(2));
+  std::cout.flush();  // the table before the error, if any
+  return out.close() ? 0 : 1;
 }
 
 // What the fits read and found, for the report: warnings, and each input file's identity.
@@ -745,7 +753,7 @@ namespace {
 void set_swept(CliOptions& o, const std::string& flag, double value);
 }  // namespace
 
-void run_cli(const CliOptions& o) {
+int run_cli(const CliOptions& o) {
   const Cluster cluster{.nodes = o.nodes, .gpus_per_node = o.gpus_per_node};
   check_limits(cluster, Fabric{});  // the world size, before anything multiplies it
   if (o.busbw) {
@@ -764,6 +772,7 @@ void run_cli(const CliOptions& o) {
     nlohmann::json json = busbw_json(cluster, fabric, rows);
     for (auto& row : json) {
       row["provenance"] = nlohmann::json(o.provenance);
+      row["build"] = nlohmann::json(common::build_info());
       row["input_files"] = nlohmann::json(notes.files);
       row["warnings"] = notes.warnings;
     }
@@ -774,8 +783,7 @@ void run_cli(const CliOptions& o) {
         std::cerr << "nanoddp-sim: warning: " << w << "\n";
       }
     }
-    emit(o, table, json);
-    return;
+    return emit(o, table, json);
   }
   ComputeProfile profile;
   SimReport report = simulate(o, profile);
@@ -818,7 +826,7 @@ void run_cli(const CliOptions& o) {
       std::cerr << "nanoddp-sim: warning: " << w << "\n";
     }
   }
-  emit(o, format_report(report), report_json(report));
+  return emit(o, format_report(report), report_json(report));
 }
 
 namespace {
@@ -894,6 +902,7 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
   report.memory = memory;
   report.inputs = inputs_json(o);
   report.provenance = o.provenance;
+  report.build = common::build_info();
   const bool hier_fitted = !o.fit_intra_path.empty();
   const Cluster host{.nodes = 1, .gpus_per_node = cluster.gpus_per_node};
   const Cluster leaders{.nodes = cluster.nodes, .gpus_per_node = 1};

@@ -79,8 +79,9 @@ nlohmann::ordered_json inputs_json(const CliOptions& options);
 // value prints a message naming the flag and returns nullopt with exit_code 2.
 std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code);
 
-// Runs the simulation and prints it. Throws SimError for bad input (exit code 2).
-void run_cli(const CliOptions& options);
+// Runs the simulation and prints it; returns the exit code (1: the --json file could not be
+// written). Throws SimError for bad input (exit code 2).
+int run_cli(const CliOptions& options);
 
 // One prediction (the report run_cli prints, without --sweep's rows); `profile` holds the
 // compute profile the report points to. Throws SimError for bad input.

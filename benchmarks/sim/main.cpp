@@ -3,7 +3,8 @@
 // Reducer's buckets, an alpha-beta model of ring and tree all-reduce, and a replay of backward
 // overlapped with the bucketed all-reduces. See docs/simulator.md.
 //
-// Exit codes: 0 done; 2 bad flags, values or input files; 1 anything unexpected.
+// Exit codes: 0 done; 2 bad flags, values or input files; 1 a results file that could not be
+// written, or anything unexpected.
 
 #include <fmt/format.h>
 
@@ -16,7 +17,7 @@ int main(int argc, char** argv) {
   const std::optional<CliOptions> options = parse_cli(argc, argv, exit_code);
   if (!options) return exit_code;
   try {
-    run_cli(*options);
+    return run_cli(*options);
   } catch (const SimError& e) {
     fmt::print(stderr, "nanoddp-sim: error: {}\n", e.what());
     return 2;
@@ -24,5 +25,4 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "nanoddp-sim: internal error: {}\n", e.what());
     return 1;
   }
-  return 0;
 }

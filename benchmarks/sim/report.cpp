@@ -259,6 +259,7 @@ nlohmann::json report_json(const SimReport& r) {
   const auto efficiency = [&](double e) { return r.no_efficiency ? json(nullptr) : json(e); };
   json j;
   if (!r.provenance.is_null()) j["provenance"] = r.provenance;
+  if (!r.build.is_null()) j["build"] = r.build;
   if (!r.inputs.is_null()) j["inputs"] = r.inputs;
   j["profile"] = {{"source", prof.source},
                   {"parameters", prof.numel()},

@@ -49,6 +49,7 @@ struct SimReport {
   bool no_efficiency = false;
   nlohmann::ordered_json inputs;      // the command line as structured fields
   nlohmann::ordered_json provenance;  // common::provenance()
+  nlohmann::ordered_json build;       // common::build_info(): the simulator's own build
 };
 
 // Printed by every run on a named fabric (not a fitted one): NVLink SHARP is not in the model.

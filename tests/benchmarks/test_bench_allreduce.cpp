@@ -302,6 +302,42 @@ TEST_CASE("bench-allreduce: --backend nccl without a GPU is a usage error in its
   CHECK(r.output.find("--device") == std::string::npos);  // a flag this program does not have
 }
 
+TEST_CASE("bench-allreduce: --backend nccl without a GPU is refused before anything launches") {
+  // Before, --nproc-per-node 2 started two ranks that each failed on it (exit 1); as documented,
+  // the driver says it once, at once (exit 2).
+  const ProcessResult r = run_process({bin_path("nanoddp-bench-allreduce"), "--nproc-per-node", "2",
+                                       "--backend", "nccl", "-b", "8", "-e", "64"},
+                                      quick());
+  INFO(r.output);
+  if (r.output.find("needs a CUDA GPU") == std::string::npos && r.exit_code == 0) {
+    MESSAGE("a GPU is present: nothing to check here");
+    return;
+  }
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("--backend nccl needs a CUDA GPU per rank") != std::string::npos);
+  CHECK(r.output.find("# launch 1 of") == std::string::npos);
+  CHECK(r.output.find("[rank") == std::string::npos);
+}
+
+TEST_CASE("bench-allreduce: sizes take the T suffix, up to 1T as documented") {
+  // "-e 1T" was "not a size" while the docs and "-e 1025G" ("more than 1T") said 1T was the
+  // limit. The check after the sizes' (--raw is Gloo's) proves 1T was read; nothing is allocated.
+  const ProcessResult one = run_process(
+      {bin_path("nanoddp-bench-allreduce"), "-b", "1T", "-e", "1t", "--raw", "--backend", "nccl"},
+      quick());
+  INFO(one.output);
+  CHECK(one.exit_code == 2);
+  CHECK(one.output.find("--raw and --vs-raw are for the gloo backend only") != std::string::npos);
+  for (const char* size : {"2T", "1025G", "1.5T"}) {
+    CAPTURE(size);
+    const ProcessResult over =
+        run_process({bin_path("nanoddp-bench-allreduce"), "-e", size}, quick());
+    INFO(over.output);
+    CHECK(over.exit_code == 2);
+    CHECK(over.output.find(std::string("'") + size + "' is more than 1T") != std::string::npos);
+  }
+}
+
 TEST_CASE("bench-allreduce: bad flags exit 2 with a message naming them") {
   struct Case {
     std::vector<std::string> args;

@@ -38,6 +38,36 @@ TEST_CASE(
   CHECK(again.hi == b.hi);
 }
 
+TEST_CASE("common: below min_values_for_median_ci the bootstrap interval is only the range") {
+  // An outside tester's finding: with --repeats 5, bench-ddp's step_ms_ci95_launches was exactly
+  // [min, max] of the launch medians (the median of 5 draws is the smallest value 5.8 % of the
+  // time, more than the 2.5 % tail), yet the threshold was 5.
+  const std::size_t n = nanoddp::common::min_values_for_median_ci(0.95);
+  CHECK(n == 6);
+  const std::vector<double> five = {10.0, 11.0, 12.0, 13.0, 14.0};
+  const auto range = bootstrap_median_ci(five);
+  CHECK(range.lo == 10.0);
+  CHECK(range.hi == 14.0);
+  const std::vector<double> six = {10.0, 11.0, 12.0, 13.0, 14.0, 15.0};
+  const auto interval = bootstrap_median_ci(six);
+  CHECK(interval.lo > 10.0);
+  CHECK(interval.hi < 15.0);
+  // A wider interval asks for more values: at 99 % the tail is 0.5 %.
+  CHECK(nanoddp::common::min_values_for_median_ci(0.99) > n);
+}
+
+TEST_CASE("common: spread is the median, min, p10, p90 and max of the values") {
+  const auto s = nanoddp::common::spread({5.0, 1.0, 4.0, 2.0, 3.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0});
+  CHECK(s.median == 6.0);
+  CHECK(s.min == 1.0);
+  CHECK(s.p10 == 2.0);
+  CHECK(s.p90 == 10.0);
+  CHECK(s.max == 11.0);
+  const auto empty = nanoddp::common::spread({});
+  CHECK(empty.median == 0.0);
+  CHECK(empty.max == 0.0);
+}
+
 TEST_CASE(
     "common: provenance holds the command, the UTC time and only the NANODDP_/OMP_/NCCL_ "
     "variables") {

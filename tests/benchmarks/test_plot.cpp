@@ -716,3 +716,19 @@ TEST_CASE("plot scripts: bad input exits 2 naming the file and the line") {
     CHECK(contains(r.output, "plot_trace.py: error: " + c.expected));
   }
 }
+
+TEST_CASE("plot.py: --out is required, without it nothing is written where it runs") {
+  // Before, the default "." wrote the charts into whatever folder plot.py ran from (an outside
+  // tester's source tree).
+  const std::string py = python();
+  TempDir dir;
+  ProcessOptions in_dir = quick();
+  in_dir.working_directory = dir.path();
+  const ProcessResult r = run_process(
+      {py, script("plot.py"), source_dir() + "/tests/benchmarks/data/bench_ddp_sample.jsonl"},
+      in_dir);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "the following arguments are required: --out"));
+  CHECK(fs::is_empty(dir.path()));
+}

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -204,6 +205,27 @@ TEST_CASE(
                   quick());
   CHECK(rep.exit_code == 1);
   CHECK(rep.output.find("--json /dev/full: writing the results failed") != std::string::npos);
+}
+
+TEST_CASE("results files: an empty --json (or --csv) path is refused, exit 2, naming the flag") {
+  // `--json "$OUT"` with OUT unset: before, every tool ran, wrote nothing and exited 0.
+  struct Case {
+    std::string flag;
+    std::vector<std::string> argv;
+  };
+  const std::vector<Case> cases = {
+      {"--json", with({bin_path("nanoddp-bench-allreduce"), "--json", ""}, kTinyAllreduce)},
+      {"--json", with({bin_path("nanoddp-bench-ddp"), "--world", "1", "--json", ""}, kTinyDdp)},
+      {"--csv", with({bin_path("nanoddp-bench-ddp"), "--world", "1", "--csv", ""}, kTinyDdp)},
+      {"--json", {bin_path("nanoddp-bench-gemm"), "--sizes", "8", "--json", ""}},
+      {"--json", {bin_path("nanoddp-sim"), "--model", "mlp", "--gpu", "h100", "--json", ""}}};
+  for (const Case& c : cases) {
+    const ProcessResult r = run_process(c.argv, quick());
+    INFO(c.argv[0] << " " << c.flag);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(c.flag + ": an empty path") != std::string::npos);
+  }
 }
 
 TEST_CASE("results files: two outputs are compared by the file they resolve to, before writing") {
@@ -441,7 +463,7 @@ TEST_CASE("results files: bench-ddp's confidence intervals: one meaning per colu
   CHECK(l["step_ms_ci95_steps"].size() == 2);
   // Two launches: no interval over launches (it would only be their min and max), and why.
   CHECK(l["step_ms_ci95_launches"].is_null());
-  CHECK(l["ci95_launches_note"].get<std::string>().find("--repeats 5 or more") !=
+  CHECK(l["ci95_launches_note"].get<std::string>().find("--repeats 6 or more") !=
         std::string::npos);
   CHECK(l["load_average_1m"].size() == 2);
   const auto csv = lines_of(slurp(dir.file("d.csv")));
@@ -452,6 +474,93 @@ TEST_CASE("results files: bench-ddp's confidence intervals: one meaning per colu
         ",environment"}) {
     CHECK_MESSAGE(csv[0].find(column) != std::string::npos, column);
   }
-  CHECK(csv[1].find("--repeats 5 or more") != std::string::npos);
+  CHECK(csv[1].find("--repeats 6 or more") != std::string::npos);
   CHECK(csv[1].find("NANODDP_TIMEOUT_S") != std::string::npos);  // the environment column
+}
+
+TEST_CASE("results files: bench-ddp's CSV holds the machine and build columns its JSON has") {
+  // The README says the CSV holds the JSON's columns flat; the machine (host, CPU, cores, OS)
+  // and the build (compiler, build type, -march=native) were missing.
+  TempDir dir;
+  const ProcessResult r = run_process(with({bin_path("nanoddp-bench-ddp"), "--world", "1", "--json",
+                                            dir.file("d.jsonl"), "--csv", dir.file("d.csv")},
+                                           kTinyDdp),
+                                      quick());
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const json l = read_lines(dir.file("d.jsonl")).at(0);
+  const auto csv = lines_of(slurp(dir.file("d.csv")));
+  REQUIRE(csv.size() == 2);
+  // Split on commas outside quotes; "" inside quotes is one quote.
+  const auto cells = [](const std::string& line) {
+    std::vector<std::string> out(1);
+    bool quoted = false;
+    for (std::size_t i = 0; i < line.size(); ++i) {
+      const char c = line[i];
+      if (c == '"' && quoted && i + 1 < line.size() && line[i + 1] == '"') {
+        out.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = !quoted;
+      } else if (c == ',' && !quoted) {
+        out.emplace_back();
+      } else {
+        out.back() += c;
+      }
+    }
+    return out;
+  };
+  const std::vector<std::string> header = cells(csv[0]), row = cells(csv[1]);
+  REQUIRE(header.size() == row.size());
+  const auto column = [&](const std::string& name) -> std::string {
+    const auto at = std::find(header.begin(), header.end(), name);
+    return at == header.end() ? "<missing>" : row[static_cast<std::size_t>(at - header.begin())];
+  };
+  for (const char* object : {"machine", "build"}) {
+    REQUIRE(l.contains(object));
+    for (const auto& [key, value] : l[object].items()) {
+      const std::string name =
+          key.rfind(std::string(object) + "_", 0) == 0 ? key : std::string(object) + "_" + key;
+      CAPTURE(name);
+      CHECK(column(name) == (value.is_string() ? value.get<std::string>() : value.dump()));
+    }
+  }
+  for (const char* name : {"machine_hostname", "machine_cpu", "machine_cores", "machine_os",
+                           "build_compiler", "build_type", "build_native"}) {
+    CHECK_MESSAGE(column(name) != "<missing>", name);
+  }
+}
+
+TEST_CASE("results files: every benchmark's JSON carries the same build block") {
+  // bench-ddp recorded {version, compiler, build_type, cuda, native}; bench-allreduce and the
+  // simulator recorded none, bench-gemm only the compiler. One helper (common::build_info) now.
+  TempDir dir;
+  std::vector<json> builds;
+  const ProcessResult ar = run_process(
+      with({bin_path("nanoddp-bench-allreduce"), "--json", dir.file("a.jsonl")}, kTinyAllreduce),
+      quick());
+  REQUIRE_MESSAGE(ar.exit_code == 0, ar.output);
+  for (const json& l : read_lines(dir.file("a.jsonl"))) builds.push_back(l.at("build"));
+  const ProcessResult gemm = run_process(
+      {bin_path("nanoddp-bench-gemm"), "--sizes", "8", "--batch", "2", "--hidden", "8", "--linears",
+       "1", "--repeats", "1", "--warmup", "0", "--json", dir.file("g.jsonl")},
+      quick());
+  REQUIRE_MESSAGE(gemm.exit_code == 0, gemm.output);
+  for (const json& l : read_lines(dir.file("g.jsonl"))) builds.push_back(l.at("build"));
+  const ProcessResult sim = run_process(
+      {bin_path("nanoddp-sim"), "--model", "mlp", "--gpu", "h100", "--json", dir.file("s.json")},
+      quick());
+  REQUIRE_MESSAGE(sim.exit_code == 0, sim.output);
+  builds.push_back(json::parse(slurp(dir.file("s.json"))).at("build"));
+  const ProcessResult busbw = run_process(
+      {bin_path("nanoddp-sim"), "--busbw", "--gpus-per-node", "8", "--json", dir.file("b.json")},
+      quick());
+  REQUIRE_MESSAGE(busbw.exit_code == 0, busbw.output);
+  for (const json& row : json::parse(slurp(dir.file("b.json")))) builds.push_back(row.at("build"));
+  REQUIRE(builds.size() > 4);
+  for (const json& b : builds) {
+    CHECK(b == builds.front());
+    for (const char* key : {"version", "compiler", "build_type", "cuda", "native"}) {
+      CHECK_MESSAGE(b.contains(key), key);
+    }
+  }
 }

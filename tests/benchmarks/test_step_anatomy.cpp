@@ -73,3 +73,18 @@ TEST_CASE("step-anatomy.sh: a bad argument is refused with exit code 2") {
     CHECK(r.output.find("step-anatomy.sh:") != std::string::npos);
   }
 }
+
+TEST_CASE("step-anatomy.sh: a flag without its value, or given twice, is refused with exit 2") {
+  // Before: "--hidden" last died with bash's "$2: unbound variable", and "--hidden 32 --hidden
+  // 64" measured 64 without a word.
+  const ProcessResult bare = anatomy({"--batch", "8", "--hidden"});
+  INFO(bare.output);
+  CHECK(bare.exit_code == 2);
+  CHECK(bare.output.find("step-anatomy.sh: --hidden needs a value") != std::string::npos);
+  CHECK(bare.output.find("unbound variable") == std::string::npos);
+  const ProcessResult twice = anatomy({"--hidden", "32", "--batch", "8", "--hidden", "64"});
+  INFO(twice.output);
+  CHECK(twice.exit_code == 2);
+  CHECK(twice.output.find("step-anatomy.sh: --hidden is given twice") != std::string::npos);
+  CHECK(twice.output.find("GEMMs of one step") == std::string::npos);  // nothing ran
+}

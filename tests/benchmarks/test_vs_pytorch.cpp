@@ -36,7 +36,12 @@ TEST_CASE("vs-pytorch.sh: a bad argument is refused with exit code 2") {
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--hidden", "wide"}, std::vector<std::string>{"--frobnicate"},
         std::vector<std::string>{"--steps", "2"}, std::vector<std::string>{"--ranks", "1,,2"},
-        std::vector<std::string>{"--ranks", "0"}, std::vector<std::string>{"--linears", "0"}}) {
+        std::vector<std::string>{"--ranks", "0"}, std::vector<std::string>{"--linears", "0"},
+        // A flag without its value (bash's "unbound variable" before), given twice (the last
+        // value won silently), an empty --json (nothing was written after minutes).
+        std::vector<std::string>{"--steps", "10", "--hidden"},
+        std::vector<std::string>{"--hidden", "32", "--hidden", "64"},
+        std::vector<std::string>{"--json", ""}}) {
     const ProcessResult r = vs_pytorch(args);
     INFO(r.output);
     CHECK(r.exit_code == 2);

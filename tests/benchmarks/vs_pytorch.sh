@@ -16,7 +16,7 @@ NANODDP_BIN_DIR=$bin_dir timeout 240 "$root/benchmarks/vs-pytorch.sh" --hidden 3
 cat "$work/table.txt"
 grep -q "3 x Linear(32, 32), batch 4 per rank" "$work/table.txt"
 
-"$python" - "$work/rows.jsonl" "$work/table.txt" <<'PY'
+"$python" - "$work/rows.jsonl" "$work/table.txt" "$root/benchmarks/vs-pytorch.sh" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 table = open(sys.argv[2]).read()
@@ -30,5 +30,14 @@ for r in rows:
     base = next(x for x in rows if x["ranks"] == r["ranks"] and x["engine"].startswith("pytorch"))
     assert abs(r["vs_pytorch"] - base["step_ms"] / r["step_ms"]) <= 1e-3 * r["vs_pytorch"] + 1e-3, r
     assert f"{r['engine']:<18} {r['step_ms']:>8.3f}" in table, f"row {r} not in the table"
+    # The provenance the C++ benchmarks write (nanoddp-provenance), and what was measured.
+    p = r["provenance"]
+    assert p["command"].startswith(sys.argv[3]) and "--steps 10" in p["command"], p["command"]
+    assert p["json"] == sys.argv[1] and p["utc"].endswith("Z") and p["dirty"] in ("yes", "no", "unknown"), p
+    assert len(p["commit"]) == 40 or p["commit"] == "unknown", p["commit"]
+    assert r["machine"]["cores"] >= 1 and r["machine"]["hostname"], r["machine"]
+    assert r["build"]["compiler"] and "native" in r["build"], r["build"]
+    assert (r["steps"], r["warmup"], r["threads"]) == (10, 2, 1), r
+    assert len(r["load_average_1m"]) == 2, r
 print(f"vs_pytorch.sh: {len(rows)} rows consistent")
 PY

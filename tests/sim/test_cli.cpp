@@ -93,6 +93,42 @@ TEST_CASE("cli: --busbw prints the network model alone") {
   }
 }
 
+TEST_CASE("cli: --busbw on one GPU and a fit of out-of-place rows only say why they cannot be") {
+  // An outside tester's findings: --busbw --gpus-per-node 1 printed a table of 0.0 us and 0.0
+  // GB/s without a note, and a file of out-of-place rows only was "no rows".
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--busbw", "--gpus-per-node", "1"},
+        std::vector<std::string>{"--busbw", "--nodes", "1", "--gpus-per-node", "1", "--json",
+                                 "-"}}) {
+    const ProcessResult r = sim(args);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("one rank runs no all-reduce") != std::string::npos);
+    CHECK(r.output.find("0.0") == std::string::npos);  // no table
+  }
+  TempDir dir;
+  const std::string fit = dir.file("oop.jsonl");
+  {
+    std::ofstream out(fit);
+    for (const int bytes : {1 << 20, 1 << 22}) {
+      out << nlohmann::json{{"benchmark", "allreduce"},
+                            {"mode", "nanoddp"},
+                            {"placement", "out-of-place"},
+                            {"ranks", 2},
+                            {"bytes", bytes},
+                            {"time_us", bytes / 1000.0}}
+                 .dump()
+          << "\n";
+    }
+  }
+  const ProcessResult r = sim(model({"--gpus-per-node", "2", "--fit-allreduce", fit}));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("no in-place rows: only \"placement\": \"in-place\" rows are fitted") !=
+        std::string::npos);
+  CHECK(r.output.find("2 row(s) are out of place") != std::string::npos);
+}
+
 TEST_CASE("cli: bad input exits 2 and names the flag") {
   struct Case {
     std::vector<std::string> args;

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "common/cli.h"
+#include "common/machine_info.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/engine/device.h"
 
@@ -241,6 +242,40 @@ void check_relations(const Options& o) {
               "evenly over {} ranks (--world {} x --nnodes {}); give a --batch that "
               "every world size divides",
               batch, batch, ranks, w, o.nnodes);
+        }
+      }
+    }
+  }
+  // Points whose model cannot fit in this machine's memory: refused before any job runs, as
+  // nanoddp-bench-gemm does (an outside tester's --hidden 65536 ran a point that needed twice
+  // the memory until its timeout). Per rank: the parameters, their gradients and AdamW's two
+  // moments, and each layer's activation and its gradient; the node holds --world ranks.
+  if (!o.worker) {
+    const double available = nanoddp::common::available_memory_bytes();
+    for (const std::int64_t hidden : o.hidden) {
+      for (const std::int64_t layers : o.layers) {
+        for (const std::int64_t batch : o.batch) {
+          for (const int w : o.world) {
+            const double h = double(hidden);
+            const double in =
+                o.in.empty() ? h : double(*std::max_element(o.in.begin(), o.in.end()));
+            const double out =
+                o.out.empty() ? h : double(*std::max_element(o.out.begin(), o.out.end()));
+            const double linears = double(std::max<std::int64_t>(layers, 1));
+            const double params = in * h + double(std::max<std::int64_t>(layers - 1, 0)) * h * h +
+                                  h * out + linears * h + out;
+            const double per_rank = 4.0 * (4.0 * params + 2.0 * double(batch) * h * (linears + 1));
+            const double need = per_rank * double(w);
+            if (available > 0 && need > available) {
+              const double gib = 1024.0 * 1024.0 * 1024.0;
+              usage_error(
+                  "--hidden {} --layers {} --batch {} at --world {}: the parameters, gradients, "
+                  "optimizer state and activations need about {:.1f} GiB ({:.1f} GiB per rank), "
+                  "more than the {:.1f} GiB this machine has available (MemAvailable); give a "
+                  "smaller model",
+                  hidden, layers, batch, w, need / gib, per_rank / gib, available / gib);
+            }
+          }
         }
       }
     }

@@ -582,6 +582,10 @@ TEST_CASE("bench-ddp: bad flags exit 2 with a message naming the flag") {
       {{"--zero", ""}, "--zero ''"},
       {{"--zero", "0,1", "--optimizer-in-backward", "off,on"},
        "--zero 0,1 cannot be combined with --optimizer-in-backward on"},
+      // An outside tester's: a model twice the machine's memory ran until its timeout.
+      {{"--world", "2", "--hidden", "1048576", "--layers", "2", "--batch", "4"},
+       "--hidden 1048576 --layers 2 --batch 4 at --world 2: the parameters, gradients, optimizer "
+       "state and activations need about"},
   };
   for (const Case& c : cases) {
     const ProcessResult r = bench(c.flags);

@@ -39,7 +39,10 @@ while (($#)); do
       given+="$1 "
       printf -v "${1#--}" '%s' "$2"
       shift 2 ;;
-    --bf16) bf16=1; shift ;;
+    --bf16)
+      [[ $given != *" --bf16 "* ]] ||
+        { echo "vs-pytorch.sh: --bf16 is given twice: give it once" >&2; exit 2; }
+      given+="--bf16 "; bf16=1; shift ;;
     -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "vs-pytorch.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -49,6 +52,9 @@ done
   { echo "vs-pytorch.sh: --json: an empty path; give a file name, or leave the flag out" >&2; exit 2; }
 for value in "$hidden" "$linears" "$batch" "$steps" "$warmup"; do
   [[ $value =~ ^[0-9]+$ ]] || { echo "vs-pytorch.sh: '$value' is not a whole number" >&2; exit 2; }
+  # Past 2^20 a value is a typo, and bash's arithmetic (or PyTorch's) would fail on it later.
+  ((${#value} <= 7 && 10#$value <= 1048576)) ||
+    { echo "vs-pytorch.sh: '$value' is more than 1048576 (2^20)" >&2; exit 2; }
 done
 ((hidden >= 1 && linears >= 1 && batch >= 1)) ||
   { echo "vs-pytorch.sh: --hidden, --linears and --batch must be at least 1" >&2; exit 2; }

@@ -48,6 +48,9 @@ def parse_args(argv):
                         "separate, labelled series (refused without it)")
     parser.add_argument("files", nargs="+", metavar="FILE.jsonl",
                         help="JSON-lines files written by the benchmarks' --json")
+    # argparse keeps the last of a repeated option without a word; the benchmarks refuse repeats.
+    if sum(1 for a in argv if a == "--out" or a.startswith("--out=")) > 1:
+        parser.error("--out is given twice: give it once")
     return parser.parse_args(argv)
 
 

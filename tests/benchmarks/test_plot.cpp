@@ -731,4 +731,13 @@ TEST_CASE("plot.py: --out is required, without it nothing is written where it ru
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "the following arguments are required: --out"));
   CHECK(fs::is_empty(dir.path()));
+  // Given twice, the last used to win without a word.
+  const ProcessResult twice =
+      run_process({py, script("plot.py"), "--out", dir.file("a"), "--out", dir.file("b"),
+                   source_dir() + "/tests/benchmarks/data/bench_ddp_sample.jsonl"},
+                  in_dir);
+  INFO(twice.output);
+  CHECK(twice.exit_code == 2);
+  CHECK(contains(twice.output, "--out is given twice"));
+  CHECK(fs::is_empty(dir.path()));
 }

@@ -41,7 +41,10 @@ TEST_CASE("vs-pytorch.sh: a bad argument is refused with exit code 2") {
         // value won silently), an empty --json (nothing was written after minutes).
         std::vector<std::string>{"--steps", "10", "--hidden"},
         std::vector<std::string>{"--hidden", "32", "--hidden", "64"},
-        std::vector<std::string>{"--json", ""}}) {
+        std::vector<std::string>{"--json", ""},
+        // A second tester's: a repeated --bf16 ran, and a huge batch reached PyTorch.
+        std::vector<std::string>{"--bf16", "--bf16"},
+        std::vector<std::string>{"--batch", "99999999999999999999"}}) {
     const ProcessResult r = vs_pytorch(args);
     INFO(r.output);
     CHECK(r.exit_code == 2);

@@ -272,8 +272,16 @@ int run(int argc, char** argv) {
           "--collective {}",
           opt.collective);
     }
-    min_bytes = parse_bytes(opt.min_bytes);
-    max_bytes = parse_bytes(opt.max_bytes);
+    // Each size error names its flag (an outside tester's -b 2T -e 2T named neither).
+    const auto bytes_of = [](const char* flag, const std::string& text) {
+      try {
+        return parse_bytes(text);
+      } catch (const nanoddp::Error& e) {
+        nanoddp::fail("{}: {}", flag, e.what());
+      }
+    };
+    min_bytes = bytes_of("-b/--minbytes", opt.min_bytes);
+    max_bytes = bytes_of("-e/--maxbytes", opt.max_bytes);
     if (min_bytes < 1 || max_bytes < min_bytes) {
       nanoddp::fail("-b {} -e {}: need 1 <= minbytes <= maxbytes", opt.min_bytes, opt.max_bytes);
     }

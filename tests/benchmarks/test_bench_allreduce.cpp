@@ -334,8 +334,14 @@ TEST_CASE("bench-allreduce: sizes take the T suffix, up to 1T as documented") {
         run_process({bin_path("nanoddp-bench-allreduce"), "-e", size}, quick());
     INFO(over.output);
     CHECK(over.exit_code == 2);
-    CHECK(over.output.find(std::string("'") + size + "' is more than 1T") != std::string::npos);
+    CHECK(over.output.find(std::string("-e/--maxbytes: '") + size + "' is more than 1T") !=
+          std::string::npos);
   }
+  const ProcessResult low =
+      run_process({bin_path("nanoddp-bench-allreduce"), "-b", "2T", "-e", "1K"}, quick());
+  INFO(low.output);
+  CHECK(low.exit_code == 2);
+  CHECK(low.output.find("-b/--minbytes: '2T' is more than 1T") != std::string::npos);
 }
 
 TEST_CASE("bench-allreduce: bad flags exit 2 with a message naming them") {

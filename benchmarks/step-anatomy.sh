@@ -26,7 +26,7 @@ while (($#)); do
       given+="$1 "
       printf -v "${1#--}" '%s' "$2"
       shift 2 ;;
-    -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "step-anatomy.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -34,6 +34,13 @@ for value in "$hidden" "$batch" "$layers" "$steps"; do
   [[ $value =~ ^[0-9]+$ ]] || { echo "step-anatomy.sh: '$value' is not a whole number" >&2; exit 2; }
 done
 ((steps >= 20)) || { echo "step-anatomy.sh: --steps must be at least 20" >&2; exit 2; }
+# Checked here, by their own names: bench-gemm would refuse them as its --sizes or --linears.
+for limit in hidden:1048576 batch:16777216 layers:999; do
+  flag=${limit%%:*} max=${limit#*:}
+  value=${!flag}
+  ((${#value} <= 8 && 10#$value >= 1 && 10#$value <= max)) ||
+    { echo "step-anatomy.sh: --$flag $value is out of range (1 to $max)" >&2; exit 2; }
+done
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${NANODDP_BIN_DIR:-$root/build/bin}

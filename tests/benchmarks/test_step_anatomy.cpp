@@ -7,6 +7,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/subprocess.h"
@@ -87,4 +88,21 @@ TEST_CASE("step-anatomy.sh: a flag without its value, or given twice, is refused
   CHECK(twice.exit_code == 2);
   CHECK(twice.output.find("step-anatomy.sh: --hidden is given twice") != std::string::npos);
   CHECK(twice.output.find("GEMMs of one step") == std::string::npos);  // nothing ran
+}
+
+// A second tester's: --hidden 0 was refused as bench-gemm's --sizes, a flag nobody typed; and
+// --help printed a line of the script.
+TEST_CASE("step-anatomy.sh: a size out of range is refused by its own name, and --help is clean") {
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--hidden", "0"}, {"--layers", "1000"}, {"--batch", "99999999999"}}) {
+    const ProcessResult r = anatomy({flag, value});
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("step-anatomy.sh: " + flag + " " + value + " is out of range") !=
+          std::string::npos);
+    CHECK(r.output.find("--sizes") == std::string::npos);
+  }
+  const ProcessResult help = anatomy({"--help"});
+  CHECK(help.exit_code == 0);
+  CHECK(help.output.find("set -euo") == std::string::npos);
 }

@@ -201,6 +201,8 @@ TEST_CASE("inputs: every numeric flag refuses NaN, Inf and out-of-range values (
         INFO(flag, " ", value, " (", type, "): ", r.output);
         CHECK(r.exit_code == 2);
         CHECK(contains(r.output, flag));
+        // Not the 64-bit range, which suggested a negative count would pass.
+        CHECK_FALSE(contains(r.output, "from -9223372036854775808"));
       }
     }
   }

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -193,6 +194,18 @@ inline CLI::Validator non_empty_path(const char* what = "a file name") {
 inline int usage_error(const char* program, const std::string& problem) {
   std::cerr << program << ": error: " << problem << "\n";
   return 2;
+}
+
+// A program's main: whatever `run` throws (an allocation that fails, a CUDA error) is said as
+// "<program>: error: ..." and the exit code is 1, never std::terminate (exit 134).
+template <typename Run>
+int run_reporting_errors(const char* program, Run&& run) {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::cerr << program << ": error: " << e.what() << "\n";
+    return 1;
+  }
 }
 
 }  // namespace nanoddp::cli

@@ -749,10 +749,6 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "nanoddp-bench-allreduce: error: {}\n", e.what());
-    return 1;
-  }
+  return nanoddp::cli::run_reporting_errors("nanoddp-bench-allreduce",
+                                            [&] { return run(argc, argv); });
 }

@@ -507,12 +507,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Whatever the library throws (an allocation that fails, a CUDA error) is said, and the exit
-  // code is 1; it ended in std::terminate (exit 134) before.
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "nanoddp-bench-gemm: error: {}\n", e.what());
-    return 1;
-  }
+  return nanoddp::cli::run_reporting_errors("nanoddp-bench-gemm", [&] { return run(argc, argv); });
 }

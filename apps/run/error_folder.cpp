@@ -32,6 +32,7 @@ pid_t folder_owner(std::string_view name) {
   name.remove_prefix(kPrefix.size());
   const std::size_t dash = name.find('-');
   if (dash == 0 || dash == std::string_view::npos || name.size() - dash - 1 != 6) return 0;
+  if (name[0] == '0') return 0;  // the launcher writes no leading zero: not its folder
   pid_t pid = 0;
   const auto [end, error] = std::from_chars(name.data(), name.data() + dash, pid);
   return error == std::errc() && end == name.data() + dash && pid > 0 ? pid : 0;
@@ -43,6 +44,7 @@ bool is_error_file_name(std::string_view name) {
   name.remove_prefix(5);
   const std::size_t digits = name.find_first_not_of("0123456789");
   if (digits == 0 || digits == std::string_view::npos) return false;
+  if (name[0] == '0' && digits > 1) return false;  // "rank-00.json" is no worker's
   name.remove_prefix(digits);
   if (name == ".json") return true;
   if (!name.starts_with(".json.") || !name.ends_with(".tmp")) return false;

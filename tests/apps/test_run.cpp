@@ -438,6 +438,13 @@ TEST_CASE("nanoddp-run removes the error folders that killed launchers left, and
   REQUIRE(::flock(lock_fd, LOCK_EX) == 0);  // a launcher in another pid namespace
   const std::string other_name = tmp.file(fmt::format("nanoddp-run-errors-{}-GGGGG", dead));
   fs::create_directories(other_name);  // not mkdtemp's six characters
+  // A third tester's: names the launcher never writes (a leading zero) are not its own.
+  const std::string zero_pid = tmp.file(fmt::format("nanoddp-run-errors-0{}-HHHHHH", dead));
+  fs::create_directories(zero_pid);
+  std::ofstream(zero_pid + "/rank-0.json") << "{}";
+  const timespec long_ago[2] = {{.tv_sec = 1000, .tv_nsec = 0}, {.tv_sec = 1000, .tv_nsec = 0}};
+  REQUIRE(::utimensat(AT_FDCWD, zero_pid.c_str(), long_ago, 0) == 0);
+  const std::string zero_rank = folder("IIIIII", dead, true, {"rank-00.json"});
 
   ProcessOptions options;
   options.env["TMPDIR"] = tmp.path();
@@ -448,7 +455,7 @@ TEST_CASE("nanoddp-run removes the error folders that killed launchers left, and
   CHECK_FALSE(fs::exists(stale));
   CHECK_FALSE(fs::exists(empty));
   CHECK(contains(r.output, "nanoddp-run: removed 2 error folder(s) that killed launchers left in"));
-  for (const std::string& kept : {young, alive, foreign, locked, other_name}) {
+  for (const std::string& kept : {young, alive, foreign, locked, other_name, zero_pid, zero_rank}) {
     CAPTURE(kept);
     CHECK(fs::exists(kept));
   }
@@ -459,7 +466,7 @@ TEST_CASE("nanoddp-run removes the error folders that killed launchers left, and
     (void)entry;
     ++left;
   }
-  CHECK(left == 5);
+  CHECK(left == 7);
 }
 
 TEST_CASE("nanoddp-run stops the other workers (and their children) when one fails") {

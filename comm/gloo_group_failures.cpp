@@ -43,6 +43,27 @@ std::string GlooProcessGroup::Impl::explain(const std::string& description, std:
   const int peer = gloo_peer_from_message(gloo_message, connection.addresses, &address);
   const bool timed_out = gloo_message.find("Timed out") != std::string::npos ||
                          gloo_message.find("timeout") != std::string::npos;
+  return explain_failure(description, seq, peer, address, timed_out,
+                         fmt::format("Gloo: \"{}\"", gloo_message));
+}
+
+std::string GlooProcessGroup::Impl::explain_ring(const std::string& description, std::uint64_t seq,
+                                                 const TcpRingError& e) const {
+  if (e.kind() == TcpRingError::Kind::kMismatch) {
+    return fmt::format(
+        "Gloo {} failed on rank {} of {} (TCP ring): {}. Hint: ops must be issued in the same "
+        "order, with the same sizes, on every rank",
+        description, rank, size, e.what());
+  }
+  return explain_failure(description, seq, e.peer(), e.address(),
+                         e.kind() == TcpRingError::Kind::kTimedOut,
+                         fmt::format("TCP ring: \"{}\"", e.what()));
+}
+
+std::string GlooProcessGroup::Impl::explain_failure(const std::string& description,
+                                                    std::uint64_t seq, int peer,
+                                                    const std::string& address, bool timed_out,
+                                                    const std::string& quoted) const {
   std::string who = peer >= 0 ? fmt::format("rank {}", peer) : std::string("another rank");
   std::string cause;
   if (timed_out) {
@@ -56,9 +77,12 @@ std::string GlooProcessGroup::Impl::explain(const std::string& description, std:
           "in it reports so through the store)",
           who);
     }
+  } else if (peer < 0) {
+    cause = "lost the connection to a peer";
+  } else if (address.empty()) {
+    cause = fmt::format("lost the connection to rank {}", peer);
   } else {
-    cause = peer >= 0 ? fmt::format("lost the connection to rank {} ({})", peer, address)
-                      : std::string("lost the connection to a peer");
+    cause = fmt::format("lost the connection to rank {} ({})", peer, address);
   }
   // A closed connection names the peer at its other end, which may itself have exited on a
   // failure that began elsewhere (a knock-on): say so rather than blame it outright.
@@ -68,9 +92,9 @@ std::string GlooProcessGroup::Impl::explain(const std::string& description, std:
                       "may have crashed, or exited on a failure of its own (then the "
                       "first rank to fail says more)");
   return fmt::format(
-      "Gloo {} failed on rank {} of {}: {} (Gloo: \"{}\"). Hint: {} {}; ops must be issued in "
+      "Gloo {} failed on rank {} of {}: {} ({}). Hint: {} {}; ops must be issued in "
       "the same order on every rank",
-      description, rank, size, cause, gloo_message, who, what_then);
+      description, rank, size, cause, quoted, who, what_then);
 }
 
 std::string GlooProcessGroup::Impl::explain_shm(const std::string& description,

@@ -21,6 +21,7 @@
 #include "nanoddp/comm/gloo_process_group.h"
 #include "nanoddp/comm/hierarchical_allreduce.h"
 #include "nanoddp/comm/shm_allreduce.h"
+#include "nanoddp/comm/tcp_ring.h"
 
 namespace nanoddp::comm {
 
@@ -98,6 +99,9 @@ struct GlooProcessGroup::Impl {
   // Several hosts, some with several ranks: shared memory within each, TCP across them
   // (hierarchical_allreduce.h). When enabled, `shm` is not made (it would span hosts).
   std::unique_ptr<HierarchicalAllreduce> hier;
+  // Neither: allreduce goes around nanoddp's own TCP ring (tcp_ring.h) unless a rank opted out
+  // ($NANODDP_TCP_RING=0), then around Gloo's.
+  std::unique_ptr<TcpRing> ring;
   std::shared_ptr<Store> diagnostics;  // "<name>/gloo/diag/...": timeout reports only
 
   std::mutex mutex;  // guards everything below
@@ -155,6 +159,15 @@ struct GlooProcessGroup::Impl {
 
   std::string explain(const std::string& description, std::uint64_t seq,
                       const std::string& what) const;
+
+  std::string explain_ring(const std::string& description, std::uint64_t seq,
+                           const TcpRingError& e) const;
+  // What explain and explain_ring share: `peer` (-1: unknown) at `address` ("" : unknown) lost
+  // its connection, or the op timed out (then the ranks that did not report reaching it are
+  // named instead). `quoted` is the transport's own message, with its name.
+  std::string explain_failure(const std::string& description, std::uint64_t seq, int peer,
+                              const std::string& address, bool timed_out,
+                              const std::string& quoted) const;
 
   // The shared-memory path knows exactly who is missing (their arrival counters are behind,
   // or their process is gone), so no store round is needed to find out.

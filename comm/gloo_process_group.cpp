@@ -58,6 +58,18 @@ void ignore_sigpipe_unless_handled() {
     signal(SIGPIPE, SIG_IGN);
   }
 }
+// The IP this rank's Gloo pairs use (its own end of a pair, "[ip]:port"): the ring listens there
+// too, so it follows $NANODDP_SOCKET_IFNAME and MASTER_ADDR's route alike.
+std::string own_ip(const GlooConnection& connection, int rank) {
+  const auto& mine = connection.addresses.at(static_cast<std::size_t>(rank));
+  for (const std::string& address : mine) {
+    const std::size_t close = address.rfind(']');
+    if (!address.empty() && address[0] == '[' && close != std::string::npos) {
+      return address.substr(1, close - 1);
+    }
+  }
+  fail("Gloo group: no address of this rank's own to open the TCP ring on");
+}
 }  // namespace
 
 // ---- the group ----------------------------------------------------------------------------
@@ -102,6 +114,9 @@ void GlooProcessGroup::Impl::worker_loop() {
       } catch (const ShmError& e) {
         first_failure = job.description + " failed";
         error = explain_shm(job.description, e);
+      } catch (const TcpRingError& e) {
+        first_failure = job.description + " failed";
+        error = explain_ring(job.description, job.work->sequence_number(), e);
       } catch (const HierarchicalError& e) {
         first_failure = job.description + " failed";
         error = fmt::format("Gloo {} failed on rank {} of {} (hierarchical): {}", job.description,
@@ -133,6 +148,11 @@ void GlooProcessGroup::Impl::run_allreduce(void* data, std::size_t n, DType dtyp
   }
   if (shm != nullptr && shm->enabled()) {
     shm->run(data, input, n, dtype, op, seq);  // divides once itself for avg
+    return;
+  }
+  if (ring != nullptr && ring->enabled()) {
+    ring->allreduce(data, input, n, dtype, op, seq);
+    if (op == ReduceOp::kAvg) divide_by(data, dtype, n, size);
     return;
   }
   auto opts = std::make_unique<gloo::AllreduceOptions>(connection.context);
@@ -168,6 +188,10 @@ GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int s
   impl_->hier = std::make_unique<HierarchicalAllreduce>(store, rank, size, options);
   if (!impl_->hier->enabled()) {
     impl_->shm = std::make_unique<ShmAllreduce>(*store, rank, size, options.timeout, options.name);
+  }
+  if (size > 1 && !impl_->hier->enabled() && !impl_->shm->enabled()) {
+    impl_->ring = std::make_unique<TcpRing>(*store, rank, size, options.timeout, options.name,
+                                            own_ip(impl_->connection, rank));
   }
   impl_->worker = std::thread([impl = impl_.get()] { impl->worker_loop(); });
   debug_log(DebugLevel::kInfo, "gloo group '{}': rank {} of {}, allreduce over {}", options.name,
@@ -206,7 +230,12 @@ std::string GlooProcessGroup::allreduce_transport() const {
   }
   std::string why;
   if (impl_->shm != nullptr && size() > 1) why = "; " + impl_->shm->fallback_reason();
-  return fmt::format("TCP ring ({}{})", impl_->connection.device_description, why);
+  if (impl_->ring != nullptr && impl_->ring->enabled()) {
+    return fmt::format("TCP ring ({}; {}{})", impl_->connection.device_description,
+                       impl_->ring->describe(), why);
+  }
+  if (impl_->ring != nullptr && size() > 1) why += "; " + impl_->ring->fallback_reason();
+  return fmt::format("Gloo's TCP ring ({}{})", impl_->connection.device_description, why);
 }
 
 const std::string& GlooProcessGroup::device_description() const {

@@ -5,8 +5,9 @@
 // must end every process with a message that names the op, its sequence number and the rank.
 //
 // Two transports: on one host allreduce goes through shared memory (backend "gloo+shm"), and
-// with NANODDP_SHM=0 over Gloo's TCP ring (backend "gloo"). Every scenario runs on both, and
-// both must agree with the same closed-form values.
+// with NANODDP_SHM=0 over TCP (backend "gloo"): around nanoddp's own TCP ring (comm/tcp_ring.h),
+// or with NANODDP_TCP_RING=0 around Gloo's. Every scenario runs on shared memory and nanoddp's
+// ring, some on Gloo's ring too, and all must agree with the same closed-form values.
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -48,6 +49,8 @@ struct Launch {
 
 const std::map<std::string, std::string> kTcp = {{"NANODDP_SHM", "0"}};
 const std::map<std::string, std::string> kShm = {};
+const std::map<std::string, std::string> kGlooTcp = {{"NANODDP_SHM", "0"},
+                                                     {"NANODDP_TCP_RING", "0"}};
 
 std::map<std::string, std::string> with(std::map<std::string, std::string> env,
                                         const std::map<std::string, std::string>& more) {
@@ -140,6 +143,20 @@ TEST_CASE("gloo: ranks that disagree about NANODDP_SHM all use TCP") {
   CHECK(results[0].output.find("NANODDP_SHM=0 on rank 2") != std::string::npos);
 }
 
+TEST_CASE("gloo: 3 processes, every collective (Gloo's own TCP ring, NANODDP_TCP_RING=0)") {
+  const auto results = launch({.world = 3, .env = kGlooTcp});
+  require_all_ok(results, "gloo");
+  CHECK(results[0].output.find("allreduce goes around Gloo's TCP ring, not nanoddp's: "
+                               "NANODDP_TCP_RING=0 on rank 0") != std::string::npos);
+}
+
+TEST_CASE("gloo: ranks that disagree about NANODDP_TCP_RING all use Gloo's ring") {
+  const auto results =
+      launch({.world = 3, .env = kTcp, .rank_env = {{1, {{"NANODDP_TCP_RING", "0"}}}}});
+  require_all_ok(results, "gloo");
+  CHECK(results[0].output.find("NANODDP_TCP_RING=0 on rank 1") != std::string::npos);
+}
+
 TEST_CASE("gloo: a rank that never joins fails the others within the timeout") {
   const auto start = std::chrono::steady_clock::now();
   const auto results = launch({.world = 3, .started = 2, .env = {{"NANODDP_TIMEOUT_S", "2"}}});
@@ -197,6 +214,10 @@ TEST_CASE("gloo: a rank that crashes mid-way fails the peers' next op, naming op
 
 TEST_CASE("gloo: a rank that crashes mid-way fails the peers' next op, naming op and rank (TCP)") {
   check_crash(kTcp);
+}
+
+TEST_CASE("gloo: a rank that crashes mid-way fails the peers' next op (Gloo's TCP ring)") {
+  check_crash(kGlooTcp);
 }
 
 namespace {

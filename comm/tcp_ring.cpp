@@ -1,0 +1,460 @@
+#include "nanoddp/comm/tcp_ring.h"
+
+#include <fmt/format.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include <sys/uio.h>
+
+#include "nanoddp/comm/reduce_ops.h"
+#include "nanoddp/engine/env.h"
+#include "nanoddp/kernels/bf16.h"
+
+namespace nanoddp::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::uint32_t kMagic = 0x6e646472;  // "nddr": the first bytes of every message
+
+struct Hello {
+  std::uint32_t magic;
+  std::int32_t rank;
+  std::uint64_t nonce;
+};
+
+// Before each chunk: which op and step it belongs to, and its size.
+struct Header {
+  std::uint32_t magic;
+  std::uint32_t step;
+  std::uint64_t seq;
+  std::uint64_t nbytes;
+};
+
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
+
+// Gloo's spelling ("[ip]:port"), so that errors name peers alike on both paths.
+std::string address_text(const sockaddr_storage& a) {
+  char host[INET6_ADDRSTRLEN] = {};
+  int port = 0;
+  if (a.ss_family == AF_INET) {
+    const auto& v4 = reinterpret_cast<const sockaddr_in&>(a);
+    inet_ntop(AF_INET, &v4.sin_addr, host, sizeof(host));
+    port = ntohs(v4.sin_port);
+  } else {
+    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(a);
+    inet_ntop(AF_INET6, &v6.sin6_addr, host, sizeof(host));
+    port = ntohs(v6.sin6_port);
+  }
+  return fmt::format("[{}]:{}", host, port);
+}
+
+int remaining_ms(Clock::time_point deadline) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
+}
+
+void set_nonblocking(int fd) {
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+void tune(int fd) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // As large as the kernel allows (net.core.[rw]mem_max caps it): a whole small bucket then
+  // leaves in one write.
+  const int bytes = 8 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+}
+
+// Reads exactly `n` bytes from a blocking-style poll loop (set-up only). False on EOF/timeout.
+bool read_exactly(int fd, void* out, std::size_t n, Clock::time_point deadline) {
+  auto* p = static_cast<std::uint8_t*>(out);
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t k = ::recv(fd, p + got, n - got, MSG_DONTWAIT);
+    if (k > 0) {
+      got += static_cast<std::size_t>(k);
+      continue;
+    }
+    if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return false;
+    pollfd pfd{fd, POLLIN, 0};
+    if (::poll(&pfd, 1, remaining_ms(deadline)) == 0) return false;
+  }
+  return true;
+}
+
+bool write_exactly(int fd, const void* data, std::size_t n, Clock::time_point deadline) {
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  std::size_t sent = 0;
+  while (sent < n) {
+    const ssize_t k = ::send(fd, p + sent, n - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (k > 0) {
+      sent += static_cast<std::size_t>(k);
+      continue;
+    }
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    pollfd pfd{fd, POLLOUT, 0};
+    if (::poll(&pfd, 1, remaining_ms(deadline)) == 0) return false;
+  }
+  return true;
+}
+
+addrinfo* resolve(const std::string& host, const std::string& port, bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+  addrinfo* result = nullptr;
+  const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &result);
+  if (rc != 0) fail("TCP ring: cannot use the address '{}': {}", host, gai_strerror(rc));
+  return result;
+}
+
+// One element-wise combine of `count` received elements into `dst` (the op's functor, as Gloo's
+// path and the shared-memory path use).
+template <typename Op>
+void combine(void* dst, const void* src, std::size_t count, DType dtype) {
+  if (dtype == DType::kF32) {
+    auto* d = static_cast<float*>(dst);
+    const auto* s = static_cast<const float*>(src);
+    for (std::size_t i = 0; i < count; ++i) d[i] = Op{}(d[i], s[i]);
+  } else {
+    auto* d = static_cast<std::uint16_t*>(dst);
+    const auto* s = static_cast<const std::uint16_t*>(src);
+    for (std::size_t i = 0; i < count; ++i) {
+      d[i] =
+          kernels::float_to_bf16(Op{}(kernels::bf16_to_float(d[i]), kernels::bf16_to_float(s[i])));
+    }
+  }
+}
+
+void combine(ReduceOp op, void* dst, const void* src, std::size_t count, DType dtype) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:  // summed here; the caller divides once
+      return combine<detail::Sum>(dst, src, count, dtype);
+    case ReduceOp::kMax:
+      return combine<detail::Max>(dst, src, count, dtype);
+    case ReduceOp::kMin:
+      return combine<detail::Min>(dst, src, count, dtype);
+  }
+}
+
+}  // namespace
+
+// ---- set-up ----------------------------------------------------------------------------------
+
+TcpRing::TcpRing(Store& store, int rank, int size, std::chrono::milliseconds timeout,
+                 const std::string& name, const std::string& bind_ip)
+    : rank_(rank), size_(size), timeout_(timeout) {
+  const std::string prefix = name + "/ring/";
+  const auto deadline = Clock::now() + timeout;
+  // 1. Take part or not, and say so.
+  std::string mine;
+  UniqueFd listener;
+  std::uint64_t nonce = std::random_device{}();
+  nonce = (nonce << 32) ^ std::random_device{}();
+  // A switch this rank does not understand is published in its place ("! reason"), so that the
+  // others stop with it rather than wait for this rank until their timeout.
+  bool wanted = true;
+  try {
+    wanted = env_switch("NANODDP_TCP_RING", /*default_on=*/true);
+  } catch (const Error& e) {
+    store.set(prefix + std::to_string(rank), std::string("! ") + e.what());
+    throw;
+  }
+  if (size < 2) {
+    mine = "0 a group of one rank needs no ring";
+  } else if (!wanted) {
+    mine = fmt::format("0 NANODDP_TCP_RING=0 on rank {}", rank);
+  } else {
+    addrinfo* ai = resolve(bind_ip, "0", true);
+    listener.reset(::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    const bool bound = listener && ::bind(listener.get(), ai->ai_addr, ai->ai_addrlen) == 0 &&
+                       ::listen(listener.get(), 16) == 0;
+    const int bind_errno = errno;
+    freeaddrinfo(ai);
+    sockaddr_storage own{};
+    socklen_t len = sizeof(own);
+    if (!bound || getsockname(listener.get(), reinterpret_cast<sockaddr*>(&own), &len) != 0) {
+      mine =
+          fmt::format("0 rank {} cannot listen on {}: {}", rank, bind_ip, errno_text(bind_errno));
+      listener.reset();
+    } else {
+      set_nonblocking(listener.get());
+      const int port = own.ss_family == AF_INET
+                           ? ntohs(reinterpret_cast<sockaddr_in&>(own).sin_port)
+                           : ntohs(reinterpret_cast<sockaddr_in6&>(own).sin6_port);
+      mine = fmt::format("1 {} {} {}", bind_ip, port, nonce);
+    }
+  }
+  store.set(prefix + std::to_string(rank), mine);
+
+  // 2. Read everyone's; the ring is used only if every rank takes part.
+  std::vector<std::string> entries(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    entries[static_cast<std::size_t>(r)] =
+        r == rank ? mine : store.get_string(prefix + std::to_string(r));
+  }
+  for (int r = 0; r < size; ++r) {
+    const std::string& e = entries[static_cast<std::size_t>(r)];
+    if (e.rfind("! ", 0) == 0) {
+      throw CommError(fmt::format(
+          "rank {} stopped setting up the TCP ring, so every rank stops: {}", r, e.substr(2)));
+    }
+  }
+  for (const std::string& e : entries) {
+    if (e.rfind("1 ", 0) != 0) {
+      fallback_reason_ = e.size() > 2 ? e.substr(2) : std::string("a rank did not take part");
+      // Said once, by rank 0, as the shared-memory fallback is: a slower path is never silent.
+      if (rank == 0 && size > 1) {
+        fmt::print(stderr, "nanoddp: allreduce goes around Gloo's TCP ring, not nanoddp's: {}\n",
+                   fallback_reason_);
+      }
+      return;
+    }
+  }
+  auto field = [](const std::string& entry, int index) {
+    std::size_t start = 0;
+    for (int i = 0; i < index; ++i) start = entry.find(' ', start) + 1;
+    return entry.substr(start, entry.find(' ', start) - start);
+  };
+  const int next = (rank + 1) % size;
+  const int prev = (rank + size - 1) % size;
+  const std::string& next_entry = entries[static_cast<std::size_t>(next)];
+  const std::string& prev_entry = entries[static_cast<std::size_t>(prev)];
+  const std::uint64_t prev_nonce = std::strtoull(field(prev_entry, 3).c_str(), nullptr, 10);
+
+  // 3. Connect to the next rank and say hello. Its listener exists (it published after listen),
+  // so the connection completes in its backlog even before it accepts.
+  {
+    addrinfo* ai = resolve(field(next_entry, 1), field(next_entry, 2), false);
+    next_.reset(::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    const bool connected = next_ && ::connect(next_.get(), ai->ai_addr, ai->ai_addrlen) == 0;
+    const int connect_errno = errno;
+    next_address_ = fmt::format("[{}]:{}", field(next_entry, 1), field(next_entry, 2));
+    freeaddrinfo(ai);
+    const Hello hello{kMagic, rank, nonce};
+    if (!connected || !write_exactly(next_.get(), &hello, sizeof(hello), deadline)) {
+      throw CommError(fmt::format(
+          "TCP ring '{}': rank {} of {} cannot connect to rank {} at {}: {} (is a firewall "
+          "between them? NANODDP_TCP_RING=0 on every rank uses Gloo's ring instead)",
+          name, rank, size, next, next_address_,
+          connected ? std::string("it closed the connection") : errno_text(connect_errno)));
+    }
+  }
+  // 4. Accept the previous rank: the first connection whose hello is its rank and nonce.
+  while (!prev_) {
+    pollfd pfd{listener.get(), POLLIN, 0};
+    if (::poll(&pfd, 1, remaining_ms(deadline)) == 0) {
+      throw CommError(fmt::format(
+          "TCP ring '{}': rank {} of {} was not connected to by rank {} within {:.1f} s: rank {} "
+          "died or stalled during the set-up",
+          name, rank, size, prev, static_cast<double>(timeout.count()) / 1000.0, prev));
+    }
+    sockaddr_storage peer{};
+    socklen_t len = sizeof(peer);
+    UniqueFd fd(::accept4(listener.get(), reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC));
+    if (!fd) continue;
+    Hello hello{};
+    // A stranger that says nothing is given a second, not the whole timeout.
+    const auto hello_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+    if (read_exactly(fd.get(), &hello, sizeof(hello), hello_deadline) && hello.magic == kMagic &&
+        hello.rank == prev && hello.nonce == prev_nonce) {
+      prev_ = std::move(fd);
+      prev_address_ = address_text(peer);
+    }
+  }
+  for (int fd : {next_.get(), prev_.get()}) {
+    set_nonblocking(fd);
+    tune(fd);
+  }
+  enabled_ = true;
+}
+
+std::string TcpRing::describe() const {
+  return fmt::format("to rank {} at {}, from rank {} at {}", (rank_ + 1) % size_, next_address_,
+                     (rank_ + size_ - 1) % size_, prev_address_);
+}
+
+// ---- one step: send a chunk to the next rank while receiving one from the previous ----------
+
+struct TcpRing::Transfer {
+  Header out_header;
+  const std::uint8_t* out;
+  Header in_header;  // what the previous rank must send
+  std::uint8_t* in;
+  // Called with [from, to) byte offsets of `in` as whole elements arrive (may be empty).
+  std::size_t element_bytes;
+  std::function<void(std::size_t, std::size_t)> arrived;
+};
+
+void TcpRing::exchange(Transfer& t, Clock::time_point deadline) {
+  const int next = (rank_ + 1) % size_;
+  const int prev = (rank_ + size_ - 1) % size_;
+  const std::size_t out_total = sizeof(Header) + t.out_header.nbytes;
+  const std::size_t in_total = sizeof(Header) + t.in_header.nbytes;
+  std::size_t sent = 0;
+  std::size_t received = 0;
+  std::size_t handed = 0;  // payload bytes given to `arrived`
+  Header got{};
+  while (sent < out_total || received < in_total) {
+    bool progress = false;
+    if (sent < out_total) {
+      iovec iov[2];
+      int count = 0;
+      if (sent < sizeof(Header)) {
+        iov[count++] = {reinterpret_cast<std::uint8_t*>(&t.out_header) + sent,
+                        sizeof(Header) - sent};
+      }
+      const std::size_t payload_sent = sent > sizeof(Header) ? sent - sizeof(Header) : 0;
+      if (t.out_header.nbytes > payload_sent) {
+        iov[count++] = {const_cast<std::uint8_t*>(t.out) + payload_sent,
+                        t.out_header.nbytes - payload_sent};
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<std::size_t>(count);
+      const ssize_t k = ::sendmsg(next_.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (k > 0) {
+        sent += static_cast<std::size_t>(k);
+        progress = true;
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        throw TcpRingError(fmt::format("send to rank {}: {}", next, errno_text(errno)),
+                           TcpRingError::Kind::kConnectionLost, next, next_address_);
+      }
+    }
+    if (received < in_total) {
+      ssize_t k;
+      if (received < sizeof(Header)) {
+        k = ::recv(prev_.get(), reinterpret_cast<std::uint8_t*>(&got) + received,
+                   sizeof(Header) - received, MSG_DONTWAIT);
+      } else {
+        k = ::recv(prev_.get(), t.in + (received - sizeof(Header)), in_total - received,
+                   MSG_DONTWAIT);
+      }
+      if (k == 0) {
+        throw TcpRingError(fmt::format("rank {} closed the connection", prev),
+                           TcpRingError::Kind::kConnectionLost, prev, prev_address_);
+      }
+      if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        throw TcpRingError(fmt::format("receive from rank {}: {}", prev, errno_text(errno)),
+                           TcpRingError::Kind::kConnectionLost, prev, prev_address_);
+      }
+      if (k > 0) {
+        const bool header_was_partial = received < sizeof(Header);
+        received += static_cast<std::size_t>(k);
+        progress = true;
+        if (header_was_partial && received >= sizeof(Header)) {
+          if (got.magic != kMagic) {
+            throw TcpRingError(fmt::format("rank {} ({}) sent bytes that are not a ring message",
+                                           prev, prev_address_),
+                               TcpRingError::Kind::kMismatch, prev, prev_address_);
+          }
+          if (got.seq != t.in_header.seq || got.step != t.in_header.step) {
+            throw TcpRingError(
+                fmt::format("rank {} sent step {} of op #{} while this rank runs step {} of op "
+                            "#{}: the ranks issued different ops",
+                            prev, got.step, got.seq, t.in_header.step, t.in_header.seq),
+                TcpRingError::Kind::kMismatch, prev, prev_address_);
+          }
+          if (got.nbytes != t.in_header.nbytes) {
+            throw TcpRingError(
+                fmt::format("rank {} sent {} bytes for step {} of op #{}, this rank expected {}: "
+                            "the ranks all-reduce buffers of different sizes",
+                            prev, got.nbytes, got.step, got.seq, t.in_header.nbytes),
+                TcpRingError::Kind::kMismatch, prev, prev_address_);
+          }
+        }
+        if (t.arrived && received > sizeof(Header)) {
+          const std::size_t payload = received - sizeof(Header);
+          const std::size_t whole = payload - payload % t.element_bytes;
+          if (whole > handed) {
+            t.arrived(handed, whole);
+            handed = whole;
+          }
+        }
+      }
+    }
+    if (progress) continue;
+    pollfd fds[2] = {{next_.get(), static_cast<short>(sent < out_total ? POLLOUT : 0), 0},
+                     {prev_.get(), static_cast<short>(received < in_total ? POLLIN : 0), 0}};
+    if (::poll(fds, 2, remaining_ms(deadline)) == 0) {
+      // Waiting to receive blames the rank before; only a full send queue blames the next.
+      const bool on_receive = received < in_total;
+      const int peer = on_receive ? prev : next;
+      throw TcpRingError(fmt::format("Timed out after {:.1f} s waiting to {} rank {}",
+                                     static_cast<double>(timeout_.count()) / 1000.0,
+                                     on_receive ? "receive from" : "send to", peer),
+                         TcpRingError::Kind::kTimedOut, peer,
+                         on_receive ? prev_address_ : next_address_);
+    }
+  }
+}
+
+// ---- the all-reduce --------------------------------------------------------------------------
+
+void TcpRing::allreduce(void* data, const void* input, std::size_t n, DType dtype, ReduceOp op,
+                        std::uint64_t seq) {
+  const std::size_t elem = dtype_size(dtype);
+  auto* bytes = static_cast<std::uint8_t*>(data);
+  if (input != nullptr && input != data) std::memcpy(data, input, n * elem);
+  const auto deadline = Clock::now() + timeout_;
+  // Chunk c: elements [first(c), first(c + 1)); the first n % W chunks hold one more.
+  const std::size_t w = static_cast<std::size_t>(size_);
+  auto first = [&](std::size_t c) { return c * (n / w) + std::min(c, n % w); };
+  auto chunk_of = [&](int c) { return static_cast<std::size_t>(((c % size_) + size_) % size_); };
+  scratch_.resize(std::max(scratch_.size(), (n / w + 1) * elem));
+  std::uint32_t step = 0;
+  for (int s = 0; s < size_ - 1; ++s, ++step) {
+    const std::size_t send_c = chunk_of(rank_ - s);
+    const std::size_t recv_c = chunk_of(rank_ - s - 1);
+    std::uint8_t* target = bytes + first(recv_c) * elem;
+    const std::uint64_t recv_bytes = (first(recv_c + 1) - first(recv_c)) * elem;
+    Transfer t{
+        .out_header = {kMagic, step, seq, (first(send_c + 1) - first(send_c)) * elem},
+        .out = bytes + first(send_c) * elem,
+        .in_header = {kMagic, step, seq, recv_bytes},
+        .in = scratch_.data(),
+        .element_bytes = elem,
+        // Combine what arrived while it is in cache; the socket keeps filling meanwhile.
+        .arrived =
+            [&](std::size_t from, std::size_t to) {
+              combine(op, target + from, scratch_.data() + from, (to - from) / elem, dtype);
+            },
+    };
+    exchange(t, deadline);
+  }
+  for (int s = 0; s < size_ - 1; ++s, ++step) {
+    const std::size_t send_c = chunk_of(rank_ + 1 - s);
+    const std::size_t recv_c = chunk_of(rank_ - s);
+    Transfer t{
+        .out_header = {kMagic, step, seq, (first(send_c + 1) - first(send_c)) * elem},
+        .out = bytes + first(send_c) * elem,
+        .in_header = {kMagic, step, seq, (first(recv_c + 1) - first(recv_c)) * elem},
+        .in = bytes + first(recv_c) * elem,
+        .element_bytes = elem,
+        .arrived = nullptr,
+    };
+    exchange(t, deadline);
+  }
+}
+
+}  // namespace nanoddp::comm

@@ -1,0 +1,100 @@
+#pragma once
+// The flat all-reduce over TCP on nanoddp's own sockets: a ring, as NCCL's socket transport
+// runs one (internal, not installed).
+//
+// Why not Gloo's ring, which carried it before (and still does with $NANODDP_TCP_RING=0)?
+// Gloo's unbound buffers hand every message through its event-loop thread: the receiver
+// announces "ready to receive", the sender's loop thread sees that and writes, the receiver's
+// loop thread reads and wakes the op's thread. Each ring step is several hand-offs between
+// threads on each rank, and where cores are few those are wake-ups of threads that compete with
+// the training for them. Here the group's worker thread itself writes to the next rank and reads
+// from the previous one, on two non-blocking sockets, and reduces each piece as it arrives.
+// Gloo still connects the group and carries broadcast, barrier, all-gather and reduce-scatter.
+//
+// Set-up (a collective, right after Gloo connected; every rank constructs one at the same
+// point): each rank listens on the address its Gloo device uses and publishes "<name>/ring/<r>"
+// = its address and a random nonce (or why it does not take part). If every rank takes part,
+// rank r connects to rank r+1 and says hello (its rank and nonce); it accepts from rank r-1 and
+// drops any connection whose hello is not rank r-1's (a port scanner, a stray client). All
+// ranks decide from the same published entries, so all use the ring or none does.
+//
+// One all-reduce of n elements on W ranks: the buffer is cut into W chunks. Reduce-scatter:
+// W-1 steps; in step s rank r sends chunk (r - s) and receives chunk (r - s - 1) from rank r-1,
+// combining it into its own as the bytes arrive. Rank r then holds chunk (r + 1) reduced over
+// all ranks. All-gather: W-1 more steps pass the reduced chunks on. Each chunk is reduced
+// once, by one rank, and copied to the others, so every rank ends with the same bits.
+//
+// Every message starts with a header naming its op (sequence number), step and size: data of
+// another op, or of another size, is an error that says so, never summed in.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nanoddp/comm/process_group.h"
+#include "nanoddp/comm/store.h"
+#include "nanoddp/comm/unique_fd.h"
+#include "nanoddp/engine/dtype.h"
+
+namespace nanoddp::comm {
+
+// An op on the ring failed: a socket to `peer` failed (kConnectionLost), the op's time ran out
+// waiting for `peer` (kTimedOut), or `peer` sent data of another op or size (kMismatch). `peer`
+// is -1 when none is known; `address` is its end of the socket, as "[ip]:port".
+class TcpRingError : public CommError {
+ public:
+  enum class Kind { kConnectionLost, kTimedOut, kMismatch };
+  TcpRingError(const std::string& cause, Kind kind, int peer, std::string address)
+      : CommError(cause), kind_(kind), peer_(peer), address_(std::move(address)) {}
+  Kind kind() const { return kind_; }
+  int peer() const { return peer_; }
+  const std::string& address() const { return address_; }
+
+ private:
+  Kind kind_;
+  int peer_;
+  std::string address_;
+};
+
+class TcpRing {
+ public:
+  // Collective (see above). `bind_ip` is the address this rank's Gloo device uses; keys live
+  // under "<name>/ring/" in `store`. A rank that does not take part ($NANODDP_TCP_RING=0, one
+  // rank only) makes every rank fall back to Gloo (enabled() false). A ring that cannot be
+  // connected within `timeout` throws CommError naming the rank. `timeout` bounds every op.
+  TcpRing(Store& store, int rank, int size, std::chrono::milliseconds timeout,
+          const std::string& name, const std::string& bind_ip);
+  TcpRing(const TcpRing&) = delete;
+  TcpRing& operator=(const TcpRing&) = delete;
+
+  bool enabled() const { return enabled_; }
+  const std::string& fallback_reason() const { return fallback_reason_; }
+  // "to rank 1 at [127.0.0.1]:40123, from rank 1 at [127.0.0.1]:40124"
+  std::string describe() const;
+
+  // data = op over every rank's data (or `input`, when given: out of place), n elements of
+  // float32 or bfloat16. kAvg sums: the caller divides once (divide_by). Throws TcpRingError.
+  void allreduce(void* data, const void* input, std::size_t n, DType dtype, ReduceOp op,
+                 std::uint64_t seq);
+
+ private:
+  struct Transfer;
+  void exchange(Transfer& t, std::chrono::steady_clock::time_point deadline);
+
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  bool enabled_ = false;
+  std::string fallback_reason_;
+  UniqueFd next_;  // to rank + 1
+  UniqueFd prev_;  // from rank - 1
+  std::string next_address_;
+  std::string prev_address_;
+  std::vector<std::uint8_t> scratch_;  // one chunk, as it arrives in reduce-scatter
+};
+
+}  // namespace nanoddp::comm

@@ -1,0 +1,279 @@
+// nanoddp's own TCP ring (comm/tcp_ring.h), rank by rank as threads of this process over real
+// loopback sockets and a real TCP store: every size around the chunk boundaries on 2 to 5 ranks,
+// every op and dtype, the same bits on every rank; then what goes wrong: a stranger on the ring's
+// port, ranks in different ops or sizes, a rank that leaves, a rank that never comes.
+// The group-level paths (every collective, crashes, stalls, with processes) are in test_gloo.cpp.
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nanoddp/comm/store.h"
+#include "nanoddp/comm/tcp_ring.h"
+#include "nanoddp/kernels/bf16.h"
+
+using nanoddp::DType;
+using nanoddp::comm::ReduceOp;
+using nanoddp::comm::TcpRing;
+using nanoddp::comm::TcpRingError;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct LocalStore {
+  std::unique_ptr<nanoddp::comm::TcpStoreServer> server;
+  nanoddp::comm::TcpStoreOptions options;
+  LocalStore() {
+    options.host = "127.0.0.1";
+    options.port = 0;
+    options.timeout = 20s;
+    server = std::make_unique<nanoddp::comm::TcpStoreServer>(options);
+    options.port = server->port();
+  }
+  std::shared_ptr<nanoddp::comm::Store> client() const {
+    return std::make_shared<nanoddp::comm::TcpStore>(options);
+  }
+};
+
+// Runs body(rank, ring) on `world` threads, each with its own ring; returns each rank's result.
+template <typename Result>
+std::vector<Result> on_ranks(int world, std::chrono::milliseconds timeout,
+                             const std::function<Result(int, TcpRing&)>& body) {
+  LocalStore store;
+  std::vector<std::future<Result>> futures;
+  for (int r = 0; r < world; ++r) {
+    futures.push_back(std::async(std::launch::async, [&, r] {
+      auto client = store.client();
+      TcpRing ring(*client, r, world, timeout, "test", "127.0.0.1");
+      REQUIRE(ring.enabled());
+      return body(r, ring);
+    }));
+  }
+  std::vector<Result> results;
+  for (auto& f : futures) results.push_back(f.get());
+  return results;
+}
+
+float value(int rank, std::size_t i) {
+  return static_cast<float>((rank + 1) * 1000 + i % 997);
+}
+
+}  // namespace
+
+TEST_CASE("tcp ring: sum, average, max and min over 2 to 5 ranks, every size around the chunks") {
+  for (int world = 2; world <= 5; ++world) {
+    const std::vector<std::size_t> sizes = {1,
+                                            2,
+                                            static_cast<std::size_t>(world) - 1,
+                                            static_cast<std::size_t>(world) + 1,
+                                            1000,
+                                            (std::size_t{1} << 20) + 7};
+    const auto results =
+        on_ranks<std::vector<std::vector<float>>>(world, 20s, [&](int rank, TcpRing& ring) {
+          std::vector<std::vector<float>> out;
+          std::uint64_t seq = 0;
+          for (std::size_t n : sizes) {
+            for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+              std::vector<float> x(n);
+              for (std::size_t i = 0; i < n; ++i) x[i] = value(rank, i);
+              ring.allreduce(x.data(), nullptr, n, DType::kF32, op, ++seq);
+              out.push_back(std::move(x));
+            }
+          }
+          return out;
+        });
+    std::size_t k = 0;
+    for (std::size_t n : sizes) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+        INFO("world " << world << ", n " << n << ", op " << static_cast<int>(op));
+        bool right = true;
+        for (std::size_t i = 0; i < n && right; ++i) {
+          float want = 0;
+          for (int r = 0; r < world; ++r) want += value(r, i);  // integers: exact in any order
+          if (op == ReduceOp::kMax) want = value(world - 1, i);
+          if (op == ReduceOp::kMin) want = value(0, i);
+          right = results[0][k][i] == want;
+        }
+        CHECK(right);
+        for (int r = 1; r < world; ++r)
+          CHECK(results[static_cast<std::size_t>(r)][k] == results[0][k]);
+        ++k;
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "tcp ring: non-integer float32 and bfloat16 give every rank the same bits, out of place") {
+  const int world = 3;
+  const std::size_t n = 100003;
+  const auto results =
+      on_ranks<std::vector<std::uint32_t>>(world, 20s, [&](int rank, TcpRing& ring) {
+        std::vector<float> in(n), out(n, -1.0f);
+        for (std::size_t i = 0; i < n; ++i) in[i] = std::sin(static_cast<float>(i * (rank + 3)));
+        ring.allreduce(out.data(), in.data(), n, DType::kF32, ReduceOp::kSum, 1);
+        std::vector<std::uint16_t> h(n);
+        for (std::size_t i = 0; i < n; ++i) h[i] = nanoddp::kernels::float_to_bf16(in[i]);
+        ring.allreduce(h.data(), nullptr, n, DType::kBF16, ReduceOp::kSum, 2);
+        std::vector<std::uint32_t> bits(n);
+        std::memcpy(bits.data(), out.data(), n * 4);
+        for (std::size_t i = 0; i < n; ++i) bits.push_back(h[i]);
+        // Close to the float64 sum (each chunk is summed once, in ring order).
+        double worst = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          double want = 0;
+          for (int r = 0; r < world; ++r) want += std::sin(static_cast<float>(i * (r + 3)));
+          worst = std::max(worst, std::abs(out[i] - want));
+        }
+        CHECK(worst < 1e-5);
+        return bits;
+      });
+  CHECK(results[1] == results[0]);
+  CHECK(results[2] == results[0]);
+}
+
+TEST_CASE("tcp ring: a stranger's connection to a rank's port is dropped, the ring still forms") {
+  LocalStore store;
+  // The stranger connects to rank 1's port as soon as it is published, says nothing useful,
+  // and stays connected; rank 0's hello must still be the one rank 1 takes.
+  auto stranger = std::async(std::launch::async, [&] {
+    auto client = store.client();
+    const std::string entry = client->get_string("test/ring/1");
+    const std::size_t port_at = entry.find(' ', 2) + 1;
+    const int port = std::stoi(entry.substr(port_at, entry.find(' ', port_at) - port_at));
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool connected = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    const char garbage[] = "GET / HTTP/1.0\r\n\r\n";
+    if (connected) (void)!::write(fd, garbage, sizeof(garbage));
+    return fd;
+  });
+  std::vector<std::future<float>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      auto client = store.client();
+      if (r == 0) std::this_thread::sleep_for(300ms);  // let the stranger come first
+      TcpRing ring(*client, r, 2, 10s, "test", "127.0.0.1");
+      float x = static_cast<float>(r + 1);
+      ring.allreduce(&x, nullptr, 1, DType::kF32, ReduceOp::kSum, 1);
+      return x;
+    }));
+  }
+  CHECK(ranks[0].get() == 3.0f);
+  CHECK(ranks[1].get() == 3.0f);
+  ::close(stranger.get());
+}
+
+namespace {
+
+// Each rank's error (or none), with the time it took.
+struct Outcome {
+  std::optional<TcpRingError> error;
+  double seconds = 0;
+};
+
+Outcome attempt(const std::function<void()>& op) {
+  const auto start = std::chrono::steady_clock::now();
+  Outcome o;
+  try {
+    op();
+  } catch (const TcpRingError& e) {
+    o.error = e;
+  }
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("tcp ring: ranks in different ops or sizes fail, naming both, not summing them") {
+  SUBCASE("different ops") {
+    const auto out = on_ranks<Outcome>(2, 5s, [](int rank, TcpRing& ring) {
+      std::vector<float> x(64, 1.0f);
+      return attempt([&] {
+        ring.allreduce(x.data(), nullptr, 64, DType::kF32, ReduceOp::kSum, rank == 0 ? 7 : 8);
+      });
+    });
+    for (const Outcome& o : out) {
+      REQUIRE(o.error.has_value());
+      CHECK(o.error->kind() == TcpRingError::Kind::kMismatch);
+      CHECK(std::string(o.error->what()).find("the ranks issued different ops") !=
+            std::string::npos);
+    }
+    CHECK(std::string(out[0].error->what())
+              .find("step 0 of op #8 while this rank runs step 0 of op #7") != std::string::npos);
+  }
+  SUBCASE("different sizes") {
+    const auto out = on_ranks<Outcome>(2, 5s, [](int rank, TcpRing& ring) {
+      const std::size_t n = rank == 0 ? 64 : 66;
+      std::vector<float> x(n, 1.0f);
+      return attempt([&] { ring.allreduce(x.data(), nullptr, n, DType::kF32, ReduceOp::kSum, 1); });
+    });
+    for (const Outcome& o : out) {
+      REQUIRE(o.error.has_value());
+      CHECK(std::string(o.error->what()).find("buffers of different sizes") != std::string::npos);
+      CHECK(o.seconds < 4.0);  // found from the header, not by waiting out the timeout
+    }
+  }
+}
+
+TEST_CASE("tcp ring: a rank that leaves fails its neighbours at once, naming it and its address") {
+  const auto out = on_ranks<Outcome>(3, 10s, [](int rank, TcpRing& ring) {
+    std::vector<float> x(1000, 1.0f);
+    ring.allreduce(x.data(), nullptr, 1000, DType::kF32, ReduceOp::kSum, 1);
+    if (rank == 2) return Outcome{};  // leaves: its ring is destroyed, its sockets closed
+    return attempt(
+        [&] { ring.allreduce(x.data(), nullptr, 1000, DType::kF32, ReduceOp::kSum, 2); });
+  });
+  // Rank 0 receives from rank 2: it sees the close. Rank 1 then sees rank 0 go, or times out.
+  REQUIRE(out[0].error.has_value());
+  CHECK(out[0].error->kind() == TcpRingError::Kind::kConnectionLost);
+  CHECK(out[0].error->peer() == 2);
+  CHECK(out[0].error->address().rfind("[127.0.0.1]:", 0) == 0);
+  CHECK(out[0].seconds < 5.0);
+  REQUIRE(out[1].error.has_value());
+}
+
+TEST_CASE("tcp ring: a rank that never comes to the op times the others out within the timeout") {
+  const auto out = on_ranks<Outcome>(2, 700ms, [](int rank, TcpRing& ring) {
+    if (rank == 1) {
+      std::this_thread::sleep_for(1500ms);  // busy elsewhere, socket open
+      return Outcome{};
+    }
+    std::vector<float> x(1 << 20, 1.0f);
+    return attempt(
+        [&] { ring.allreduce(x.data(), nullptr, x.size(), DType::kF32, ReduceOp::kSum, 1); });
+  });
+  REQUIRE(out[0].error.has_value());
+  CHECK(out[0].error->kind() == TcpRingError::Kind::kTimedOut);
+  CHECK(out[0].error->peer() == 1);
+  CHECK(std::string(out[0].error->what()).find("Timed out after 0.7 s waiting to") !=
+        std::string::npos);
+  CHECK(out[0].seconds >= 0.6);
+  CHECK(out[0].seconds < 1.4);
+}
+
+TEST_CASE("tcp ring: a world of one needs no ring") {
+  LocalStore store;
+  auto client = store.client();
+  TcpRing one(*client, 0, 1, 5s, "one", "127.0.0.1");
+  CHECK_FALSE(one.enabled());
+  CHECK(one.fallback_reason() == "a group of one rank needs no ring");
+}

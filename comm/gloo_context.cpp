@@ -277,6 +277,17 @@ GlooConnection connect_gloo(std::shared_ptr<Store> store, int rank, int size,
   return connection;
 }
 
+std::string own_ip(const GlooConnection& connection, int rank) {
+  const auto& mine = connection.addresses.at(static_cast<std::size_t>(rank));
+  for (const std::string& address : mine) {
+    const std::size_t close = address.rfind(']');
+    if (!address.empty() && address[0] == '[' && close != std::string::npos) {
+      return address.substr(1, close - 1);
+    }
+  }
+  fail("Gloo group: rank {} has no address of its own to open another transport on", rank);
+}
+
 int gloo_peer_from_message(const std::string& message,
                            const std::vector<std::vector<std::string>>& addresses,
                            std::string* address) {

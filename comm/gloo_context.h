@@ -33,6 +33,11 @@ struct GlooConnection {
 GlooConnection connect_gloo(std::shared_ptr<Store> store, int rank, int size,
                             const ProcessGroupOptions& options);
 
+// The IP rank `rank`'s pairs use (its own end of a pair, "[ip]:port"), for another transport to
+// listen on beside Gloo: it then follows $NANODDP_SOCKET_IFNAME and MASTER_ADDR's route alike.
+// Needs a connected group of two or more.
+std::string own_ip(const GlooConnection& connection, int rank);
+
 // The rank whose address appears in a Gloo error message, or -1; `address` receives the
 // matched address.
 int gloo_peer_from_message(const std::string& message,

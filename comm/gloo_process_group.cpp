@@ -58,18 +58,6 @@ void ignore_sigpipe_unless_handled() {
     signal(SIGPIPE, SIG_IGN);
   }
 }
-// The IP this rank's Gloo pairs use (its own end of a pair, "[ip]:port"): the ring listens there
-// too, so it follows $NANODDP_SOCKET_IFNAME and MASTER_ADDR's route alike.
-std::string own_ip(const GlooConnection& connection, int rank) {
-  const auto& mine = connection.addresses.at(static_cast<std::size_t>(rank));
-  for (const std::string& address : mine) {
-    const std::size_t close = address.rfind(']');
-    if (!address.empty() && address[0] == '[' && close != std::string::npos) {
-      return address.substr(1, close - 1);
-    }
-  }
-  fail("Gloo group: no address of this rank's own to open the TCP ring on");
-}
 }  // namespace
 
 // ---- the group ----------------------------------------------------------------------------

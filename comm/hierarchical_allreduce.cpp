@@ -20,6 +20,7 @@
 #include "nanoddp/comm/gloo_helpers.h"
 #include "nanoddp/comm/reduce_ops.h"
 #include "nanoddp/comm/shm_allreduce.h"
+#include "nanoddp/comm/tcp_ring.h"
 #include "nanoddp/engine/debug_log.h"
 #include "nanoddp/kernels/bf16.h"
 #include "nanoddp/kernels/error.h"
@@ -131,6 +132,11 @@ struct HierarchicalAllreduce::Impl {
   std::vector<int> leaders;             // every host's leader, by host
   std::unique_ptr<ShmAllreduce> local;  // null when this host has one rank
   GlooConnection across;                // leaders only
+  // The leaders' all-reduce: nanoddp's TCP ring over them, as the flat group's (tcp_ring.h),
+  // unless a leader opted out ($NANODDP_TCP_RING=0); then Gloo's over `across`.
+  std::unique_ptr<TcpRing> across_ring;
+  int ring_peer = -1;        // the host at the other end of the ring's failed socket
+  std::string ring_address;  // and its address
   std::string fallback_reason;
   bool enabled = false;
 
@@ -226,6 +232,8 @@ void HierarchicalAllreduce::Impl::set_up(const std::shared_ptr<Store>& base) {
     across_options.name = options.name + "/hier/leaders";
     try {
       across = connect_gloo(base, host, hosts, across_options);
+      across_ring = std::make_unique<TcpRing>(*base, host, hosts, options.timeout,
+                                              across_options.name, own_ip(across, host), leaders);
     } catch (const std::exception& e) {
       report = e.what();
     }
@@ -286,6 +294,11 @@ std::string HierarchicalAllreduce::Impl::explain_across(const std::string& what)
   const std::string message = strip_gloo_location(what);
   std::string address;
   int peer = gloo_peer_from_message(message, across.addresses, &address);
+  const bool on_ring = across_ring != nullptr && across_ring->enabled();
+  if (peer < 0 && on_ring && ring_peer >= 0) {
+    peer = ring_peer;
+    address = ring_address;
+  }
   const bool timed_out = message.find("Timed out") != std::string::npos ||
                          message.find("timeout") != std::string::npos;
   // With two hosts the peer is known even when Gloo's message names no address (a timeout).
@@ -311,12 +324,23 @@ std::string HierarchicalAllreduce::Impl::explain_across(const std::string& what)
         what_happened, rank_list(others));
   }
   return fmt::format(
-      "the step across hosts (Gloo's ring among the leaders) failed on rank {}: {} (Gloo: \"{}\")",
-      rank, cause, message);
+      "the step across hosts ({} ring among the leaders) failed on rank {}: {} ({}: \"{}\")",
+      on_ring ? "the TCP" : "Gloo's", rank, cause, on_ring ? "TCP ring" : "Gloo", message);
 }
 
 void HierarchicalAllreduce::Impl::run_across(void* data, std::size_t count, DType dtype,
                                              ReduceOp op, std::uint64_t seq) {
+  if (across_ring != nullptr && across_ring->enabled()) {
+    try {
+      across_ring->allreduce(data, nullptr, count, dtype, op, seq);
+    } catch (const TcpRingError& e) {
+      // explain_across reads these after the ring's thread handed the failure over.
+      ring_peer = e.peer();
+      ring_address = e.address();
+      throw;
+    }
+    return;
+  }
   auto opts = std::make_unique<gloo::AllreduceOptions>(across.context);
   if (dtype == DType::kF32) {
     opts->setOutput(static_cast<float*>(data), count);
@@ -369,11 +393,12 @@ std::string HierarchicalAllreduce::describe() const {
   if (!enabled()) return "off";
   std::size_t chunk = 0;
   if (impl_->local != nullptr) chunk = impl_->local->chunk_bytes();
-  return fmt::format("{}; shared memory within a host{}, TCP ring across the leaders (ranks {}{})",
-                     impl_->layout.describe(),
-                     chunk > 0 ? fmt::format(" ({} KiB chunks)", chunk / 1024) : "",
-                     rank_list(impl_->leaders),
-                     impl_->leader() ? "; " + impl_->across.device_description : std::string());
+  const bool own = impl_->across_ring != nullptr && impl_->across_ring->enabled();
+  return fmt::format(
+      "{}; shared memory within a host{}, {} TCP ring across the leaders (ranks {}{})",
+      impl_->layout.describe(), own ? "nanoddp's" : "Gloo's",
+      chunk > 0 ? fmt::format(" ({} KiB chunks)", chunk / 1024) : "", rank_list(impl_->leaders),
+      impl_->leader() ? "; " + impl_->across.device_description : std::string());
 }
 
 namespace {

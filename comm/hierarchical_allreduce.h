@@ -8,9 +8,10 @@
 //
 //   1. reduce within each host: the host's ranks all-reduce through shared memory
 //      (ShmAllreduce, the same path one host uses alone); no socket on this step;
-//   2. all-reduce across hosts: one leader per host (its lowest rank) runs Gloo's ring among the
-//      leaders only; with H hosts each leader sends 2(H-1)/H of the buffer, and the other ranks
-//      send nothing;
+//   2. all-reduce across hosts: one leader per host (its lowest rank) runs a TCP ring among the
+//      leaders only (nanoddp's own, tcp_ring.h, as the flat group's; Gloo's when a leader sets
+//      $NANODDP_TCP_RING=0); with H hosts each leader sends 2(H-1)/H of the buffer, and the other
+//      ranks send nothing;
 //   3. broadcast within each host: the leader's result goes back to its host-mates through
 //      the same shared segment.
 // Large buffers are pipelined in 4 MiB pieces: the leader's ring runs on a thread of its own,
@@ -27,7 +28,7 @@
 // says why in one line on stderr. Every rank decides from the same published facts.
 //
 // Rounding. A sum is added up in another order than the flat ring's: within a host in local
-// rank order (each element once, by the shared-memory path), then across hosts by Gloo's ring
+// rank order (each element once, by the shared-memory path), then across hosts by the ring
 // (for 2 hosts one addition, which commutes). Each step is exact to float rounding, so the result
 // equals the flat ring's to within its rounding (test: tests/multinode/hierarchical.sh); every
 // rank ends with the same bits, because only the leaders' ring computes the final sum and the

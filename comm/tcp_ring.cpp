@@ -165,8 +165,11 @@ void combine(ReduceOp op, void* dst, const void* src, std::size_t count, DType d
 // ---- set-up ----------------------------------------------------------------------------------
 
 TcpRing::TcpRing(Store& store, int rank, int size, std::chrono::milliseconds timeout,
-                 const std::string& name, const std::string& bind_ip)
-    : rank_(rank), size_(size), timeout_(timeout) {
+                 const std::string& name, const std::string& bind_ip, std::vector<int> names)
+    : rank_(rank), size_(size), names_(std::move(names)), timeout_(timeout) {
+  if (!names_.empty() && names_.size() != static_cast<std::size_t>(size)) {
+    fail("TcpRing: {} names for a ring of {}", names_.size(), size);
+  }
   const std::string prefix = name + "/ring/";
   const auto deadline = Clock::now() + timeout;
   // 1. Take part or not, and say so.
@@ -186,7 +189,7 @@ TcpRing::TcpRing(Store& store, int rank, int size, std::chrono::milliseconds tim
   if (size < 2) {
     mine = "0 a group of one rank needs no ring";
   } else if (!wanted) {
-    mine = fmt::format("0 NANODDP_TCP_RING=0 on rank {}", rank);
+    mine = fmt::format("0 NANODDP_TCP_RING=0 on rank {}", rank_name(rank));
   } else {
     addrinfo* ai = resolve(bind_ip, "0", true);
     listener.reset(::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -197,8 +200,8 @@ TcpRing::TcpRing(Store& store, int rank, int size, std::chrono::milliseconds tim
     sockaddr_storage own{};
     socklen_t len = sizeof(own);
     if (!bound || getsockname(listener.get(), reinterpret_cast<sockaddr*>(&own), &len) != 0) {
-      mine =
-          fmt::format("0 rank {} cannot listen on {}: {}", rank, bind_ip, errno_text(bind_errno));
+      mine = fmt::format("0 rank {} cannot listen on {}: {}", rank_name(rank), bind_ip,
+                         errno_text(bind_errno));
       listener.reset();
     } else {
       set_nonblocking(listener.get());
@@ -219,8 +222,9 @@ TcpRing::TcpRing(Store& store, int rank, int size, std::chrono::milliseconds tim
   for (int r = 0; r < size; ++r) {
     const std::string& e = entries[static_cast<std::size_t>(r)];
     if (e.rfind("! ", 0) == 0) {
-      throw CommError(fmt::format(
-          "rank {} stopped setting up the TCP ring, so every rank stops: {}", r, e.substr(2)));
+      throw CommError(
+          fmt::format("rank {} stopped setting up the TCP ring, so every rank stops: {}",
+                      rank_name(r), e.substr(2)));
     }
   }
   for (const std::string& e : entries) {
@@ -259,7 +263,7 @@ TcpRing::TcpRing(Store& store, int rank, int size, std::chrono::milliseconds tim
       throw CommError(fmt::format(
           "TCP ring '{}': rank {} of {} cannot connect to rank {} at {}: {} (is a firewall "
           "between them? NANODDP_TCP_RING=0 on every rank uses Gloo's ring instead)",
-          name, rank, size, next, next_address_,
+          name, rank_name(rank), size, rank_name(next), next_address_,
           connected ? std::string("it closed the connection") : errno_text(connect_errno)));
     }
   }
@@ -270,7 +274,8 @@ TcpRing::TcpRing(Store& store, int rank, int size, std::chrono::milliseconds tim
       throw CommError(fmt::format(
           "TCP ring '{}': rank {} of {} was not connected to by rank {} within {:.1f} s: rank {} "
           "died or stalled during the set-up",
-          name, rank, size, prev, static_cast<double>(timeout.count()) / 1000.0, prev));
+          name, rank_name(rank), size, rank_name(prev),
+          static_cast<double>(timeout.count()) / 1000.0, rank_name(prev)));
     }
     sockaddr_storage peer{};
     socklen_t len = sizeof(peer);
@@ -293,8 +298,8 @@ TcpRing::TcpRing(Store& store, int rank, int size, std::chrono::milliseconds tim
 }
 
 std::string TcpRing::describe() const {
-  return fmt::format("to rank {} at {}, from rank {} at {}", (rank_ + 1) % size_, next_address_,
-                     (rank_ + size_ - 1) % size_, prev_address_);
+  return fmt::format("to rank {} at {}, from rank {} at {}", rank_name((rank_ + 1) % size_),
+                     next_address_, rank_name((rank_ + size_ - 1) % size_), prev_address_);
 }
 
 // ---- one step: send a chunk to the next rank while receiving one from the previous ----------
@@ -340,7 +345,7 @@ void TcpRing::exchange(Transfer& t, Clock::time_point deadline) {
         sent += static_cast<std::size_t>(k);
         progress = true;
       } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        throw TcpRingError(fmt::format("send to rank {}: {}", next, errno_text(errno)),
+        throw TcpRingError(fmt::format("send to rank {}: {}", rank_name(next), errno_text(errno)),
                            TcpRingError::Kind::kConnectionLost, next, next_address_);
       }
     }
@@ -354,12 +359,13 @@ void TcpRing::exchange(Transfer& t, Clock::time_point deadline) {
                    std::min(in_total - received, kPiece), MSG_DONTWAIT);
       }
       if (k == 0) {
-        throw TcpRingError(fmt::format("rank {} closed the connection", prev),
+        throw TcpRingError(fmt::format("rank {} closed the connection", rank_name(prev)),
                            TcpRingError::Kind::kConnectionLost, prev, prev_address_);
       }
       if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        throw TcpRingError(fmt::format("receive from rank {}: {}", prev, errno_text(errno)),
-                           TcpRingError::Kind::kConnectionLost, prev, prev_address_);
+        throw TcpRingError(
+            fmt::format("receive from rank {}: {}", rank_name(prev), errno_text(errno)),
+            TcpRingError::Kind::kConnectionLost, prev, prev_address_);
       }
       if (k > 0) {
         const bool header_was_partial = received < sizeof(Header);
@@ -368,21 +374,21 @@ void TcpRing::exchange(Transfer& t, Clock::time_point deadline) {
         if (header_was_partial && received >= sizeof(Header)) {
           if (got.magic != kMagic) {
             throw TcpRingError(fmt::format("rank {} ({}) sent bytes that are not a ring message",
-                                           prev, prev_address_),
+                                           rank_name(prev), prev_address_),
                                TcpRingError::Kind::kMismatch, prev, prev_address_);
           }
           if (got.seq != t.in_header.seq || got.step != t.in_header.step) {
             throw TcpRingError(
                 fmt::format("rank {} sent step {} of op #{} while this rank runs step {} of op "
                             "#{}: the ranks issued different ops",
-                            prev, got.step, got.seq, t.in_header.step, t.in_header.seq),
+                            rank_name(prev), got.step, got.seq, t.in_header.step, t.in_header.seq),
                 TcpRingError::Kind::kMismatch, prev, prev_address_);
           }
           if (got.nbytes != t.in_header.nbytes) {
             throw TcpRingError(
                 fmt::format("rank {} sent {} bytes for step {} of op #{}, this rank expected {}: "
                             "the ranks all-reduce buffers of different sizes",
-                            prev, got.nbytes, got.step, got.seq, t.in_header.nbytes),
+                            rank_name(prev), got.nbytes, got.step, got.seq, t.in_header.nbytes),
                 TcpRingError::Kind::kMismatch, prev, prev_address_);
           }
         }
@@ -405,7 +411,7 @@ void TcpRing::exchange(Transfer& t, Clock::time_point deadline) {
       const int peer = on_receive ? prev : next;
       throw TcpRingError(fmt::format("Timed out after {:.1f} s waiting to {} rank {}",
                                      static_cast<double>(timeout_.count()) / 1000.0,
-                                     on_receive ? "receive from" : "send to", peer),
+                                     on_receive ? "receive from" : "send to", rank_name(peer)),
                          TcpRingError::Kind::kTimedOut, peer,
                          on_receive ? prev_address_ : next_address_);
     }

@@ -66,8 +66,10 @@ class TcpRing {
   // under "<name>/ring/" in `store`. A rank that does not take part ($NANODDP_TCP_RING=0, one
   // rank only) makes every rank fall back to Gloo (enabled() false). A ring that cannot be
   // connected within `timeout` throws CommError naming the rank. `timeout` bounds every op.
+  // `names`: what messages call ring member i (rank names[i] of the whole group, for a ring
+  // of some of its ranks); empty: i itself. TcpRingError::peer() is always the ring's own index.
   TcpRing(Store& store, int rank, int size, std::chrono::milliseconds timeout,
-          const std::string& name, const std::string& bind_ip);
+          const std::string& name, const std::string& bind_ip, std::vector<int> names = {});
   TcpRing(const TcpRing&) = delete;
   TcpRing& operator=(const TcpRing&) = delete;
 
@@ -85,8 +87,11 @@ class TcpRing {
   struct Transfer;
   void exchange(Transfer& t, std::chrono::steady_clock::time_point deadline);
 
+  int rank_name(int i) const { return names_.empty() ? i : names_[static_cast<std::size_t>(i)]; }
+
   int rank_;
   int size_;
+  std::vector<int> names_;
   std::chrono::milliseconds timeout_;
   bool enabled_ = false;
   std::string fallback_reason_;

@@ -1,8 +1,9 @@
 // The Gloo group's reduce-scatter and all-gather (worker thread): shared memory when every rank
-// is on this host (shm_collectives.cpp), else over TCP — also for hierarchical groups, whose
-// leaders-only ring is an all-reduce's; these two take the flat path there.
+// is on this host (shm_collectives.cpp), else over TCP: around nanoddp's ring (tcp_ring.h) in a
+// flat group, or Gloo's when a rank set NANODDP_TCP_RING=0 — and for hierarchical groups, whose
+// leaders-only ring is an all-reduce's; these two take Gloo's flat path there.
 //
-// The TCP reduce-scatter is a ring on Gloo's unbound buffers — the transport under the
+// Gloo's TCP reduce-scatter is a ring on Gloo's unbound buffers — the transport under the
 // options-style functions, so it mixes with them on one context (the legacy algorithm classes
 // would not: gloo_process_group.h). With n ranks and blocks of B bytes, step s = 0 .. n-2 on
 // rank r:
@@ -67,6 +68,11 @@ void GlooProcessGroup::Impl::run_reduce_scatter(const void* input, void* output,
     shm->reduce_scatter(input, output, block, dtype, op, seq);  // divides once itself for avg
     return;
   }
+  if (ring != nullptr && ring->enabled()) {
+    ring->reduce_scatter(input, output, block, dtype, op, seq);
+    if (op == ReduceOp::kAvg) divide_by(output, dtype, block, size);
+    return;
+  }
   const auto deadline = std::chrono::steady_clock::now() + options.timeout;
   const auto mod = [n = size](int v) { return static_cast<std::size_t>(((v % n) + n) % n); };
   const int left = (rank - 1 + size) % size;
@@ -117,6 +123,10 @@ void GlooProcessGroup::Impl::run_allgather(const void* input, void* output, std:
   }
   if (shm != nullptr && shm->enabled()) {
     shm->allgather(input, output, block, dtype, seq);
+    return;
+  }
+  if (ring != nullptr && ring->enabled()) {
+    ring->allgather(input, output, block, dtype, seq);
     return;
   }
   auto opts = std::make_unique<gloo::AllgatherOptions>(connection.context);

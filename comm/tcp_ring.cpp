@@ -41,13 +41,46 @@ struct Hello {
   std::uint64_t nonce;
 };
 
-// Before each chunk: which op and step it belongs to, and its size.
+// Before each chunk: which op and step it belongs to, what the op is (collective, dtype,
+// reduction, whole element count) and the chunk's size. Ranks in different ops are told apart
+// by any field, not only by the sizes (a reduce-scatter and an all-gather of one size move
+// chunks of equal bytes).
 struct Header {
   std::uint32_t magic;
   std::uint32_t step;
   std::uint64_t seq;
   std::uint64_t nbytes;
+  std::uint64_t total;  // elements of the whole op
+  std::uint32_t kind;   // collective << 16 | dtype << 8 | reduction
+  std::uint32_t unused;
 };
+
+enum Collective : std::uint32_t { kAllreduce = 1, kReduceScatter = 2, kAllgather = 3 };
+constexpr std::uint32_t kNoReduction = 0xff;
+
+std::uint32_t kind_of(Collective collective, DType dtype, std::uint32_t reduction) {
+  return collective << 16 | static_cast<std::uint32_t>(dtype) << 8 | reduction;
+}
+
+// "reduce_scatter (sum, float32)" for a header's kind; numbers where a peer sent nonsense.
+std::string kind_text(std::uint32_t kind) {
+  const std::uint32_t collective = kind >> 16;
+  const std::uint32_t dtype = (kind >> 8) & 0xff;
+  const std::uint32_t reduction = kind & 0xff;
+  const char* names[] = {"?", "allreduce", "reduce_scatter", "allgather"};
+  const std::string name = collective <= 3 ? names[collective] : fmt::format("op {}", collective);
+  std::string dtype_text = fmt::format("dtype {}", dtype);
+  for (DType d : {DType::kF32, DType::kBF16}) {
+    if (static_cast<std::uint32_t>(d) == dtype) dtype_text = std::string(dtype_name(d));
+  }
+  std::string reduction_text;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    if (static_cast<std::uint32_t>(op) == reduction) {
+      reduction_text = std::string(reduce_op_name(op)) + ", ";
+    }
+  }
+  return fmt::format("{} ({}{})", name, reduction_text, dtype_text);
+}
 
 std::string errno_text(int e) {
   return std::strerror(e);
@@ -130,33 +163,36 @@ addrinfo* resolve(const std::string& host, const std::string& port, bool passive
   return result;
 }
 
-// One element-wise combine of `count` received elements into `dst` (the op's functor, as Gloo's
-// path and the shared-memory path use).
+// dst = a (op) b for `count` elements (dst may be a or b), with the op's functor, as Gloo's path
+// and the shared-memory path combine. bfloat16 is widened, combined and rounded at every step, as
+// gloo::allreduce does.
 template <typename Op>
-void combine(void* dst, const void* src, std::size_t count, DType dtype) {
+void combine(void* dst, const void* a, const void* b, std::size_t count, DType dtype) {
   if (dtype == DType::kF32) {
     auto* d = static_cast<float*>(dst);
-    const auto* s = static_cast<const float*>(src);
-    for (std::size_t i = 0; i < count; ++i) d[i] = Op{}(d[i], s[i]);
+    const auto* x = static_cast<const float*>(a);
+    const auto* y = static_cast<const float*>(b);
+    for (std::size_t i = 0; i < count; ++i) d[i] = Op{}(x[i], y[i]);
   } else {
     auto* d = static_cast<std::uint16_t*>(dst);
-    const auto* s = static_cast<const std::uint16_t*>(src);
+    const auto* x = static_cast<const std::uint16_t*>(a);
+    const auto* y = static_cast<const std::uint16_t*>(b);
     for (std::size_t i = 0; i < count; ++i) {
       d[i] =
-          kernels::float_to_bf16(Op{}(kernels::bf16_to_float(d[i]), kernels::bf16_to_float(s[i])));
+          kernels::float_to_bf16(Op{}(kernels::bf16_to_float(x[i]), kernels::bf16_to_float(y[i])));
     }
   }
 }
 
-void combine(ReduceOp op, void* dst, const void* src, std::size_t count, DType dtype) {
+void combine(ReduceOp op, void* dst, const void* a, const void* b, std::size_t count, DType dtype) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:  // summed here; the caller divides once
-      return combine<detail::Sum>(dst, src, count, dtype);
+      return combine<detail::Sum>(dst, a, b, count, dtype);
     case ReduceOp::kMax:
-      return combine<detail::Max>(dst, src, count, dtype);
+      return combine<detail::Max>(dst, a, b, count, dtype);
     case ReduceOp::kMin:
-      return combine<detail::Min>(dst, src, count, dtype);
+      return combine<detail::Min>(dst, a, b, count, dtype);
   }
 }
 
@@ -384,6 +420,22 @@ void TcpRing::exchange(Transfer& t, Clock::time_point deadline) {
                             rank_name(prev), got.step, got.seq, t.in_header.step, t.in_header.seq),
                 TcpRingError::Kind::kMismatch, prev, prev_address_);
           }
+          if (got.kind != t.in_header.kind) {
+            throw TcpRingError(
+                fmt::format("rank {} sent op #{} as {}, this rank runs it as {}: the ranks issued "
+                            "different ops",
+                            rank_name(prev), got.seq, kind_text(got.kind),
+                            kind_text(t.in_header.kind)),
+                TcpRingError::Kind::kMismatch, prev, prev_address_);
+          }
+          if (got.total != t.in_header.total) {
+            throw TcpRingError(
+                fmt::format("rank {} runs op #{}, {}, over {} elements, this rank over {}: the "
+                            "ranks ran it on buffers of different sizes",
+                            rank_name(prev), got.seq, kind_text(got.kind), got.total,
+                            t.in_header.total),
+                TcpRingError::Kind::kMismatch, prev, prev_address_);
+          }
           if (got.nbytes != t.in_header.nbytes) {
             throw TcpRingError(
                 fmt::format("rank {} sent {} bytes for step {} of op #{}, this rank expected {}: "
@@ -418,52 +470,125 @@ void TcpRing::exchange(Transfer& t, Clock::time_point deadline) {
   }
 }
 
-// ---- the all-reduce --------------------------------------------------------------------------
+// ---- the collectives ---------------------------------------------------------------------
 
-void TcpRing::allreduce(void* data, const void* input, std::size_t n, DType dtype, ReduceOp op,
-                        std::uint64_t seq) {
-  const std::size_t elem = dtype_size(dtype);
-  auto* bytes = static_cast<std::uint8_t*>(data);
-  if (input != nullptr && input != data) std::memcpy(data, input, n * elem);
-  const auto deadline = Clock::now() + timeout_;
-  // Chunk c: elements [first(c), first(c + 1)); the first n % W chunks hold one more.
-  const std::size_t w = static_cast<std::size_t>(size_);
-  auto first = [&](std::size_t c) { return c * (n / w) + std::min(c, n % w); };
-  auto chunk_of = [&](int c) { return static_cast<std::size_t>(((c % size_) + size_) % size_); };
-  scratch_.resize(std::max(scratch_.size(), (n / w + 1) * elem));
-  std::uint32_t step = 0;
+// Chunk c of n elements cut W ways: elements [first(c), first(c + 1)), n / W each, and the last
+// chunk also the n % W left over. So element i of an all-reduce lies in the chunk that holds it
+// in a reduce-scatter of the first W * (n / W) elements (ZeRO's, whose left-over elements are
+// all-reduced on their own, in the last chunk): both sum it in the same order, to the same bits.
+struct TcpRing::Chunks {
+  std::size_t n;
+  std::size_t w;
+  std::size_t elem;
+  std::uint32_t kind;  // the header's
+  Header header(std::uint32_t step, std::uint64_t seq, std::uint64_t nbytes) const {
+    return Header{.magic = kMagic,
+                  .step = step,
+                  .seq = seq,
+                  .nbytes = nbytes,
+                  .total = n,
+                  .kind = kind,
+                  .unused = 0};
+  }
+  std::size_t first(std::size_t c) const { return c == w ? n : c * (n / w); }
+  std::size_t bytes(std::size_t c) const { return (first(c + 1) - first(c)) * elem; }
+  std::size_t offset(std::size_t c) const { return first(c) * elem; }
+};
+
+std::size_t TcpRing::chunk(int c) const {
+  return static_cast<std::size_t>(((c % size_) + size_) % size_);
+}
+
+// W-1 steps; in step s this rank sends its partial of chunk (r-s-1) and receives the previous
+// rank's partial of chunk (r-s-2), combining it with its own input's as the bytes arrive: into
+// a partial for the next step, or at the last step (chunk r, now reduced over every rank) into
+// `out`. Chunk c is thus summed from rank c+1 round to rank c, the same order in the all-reduce
+// and in a reduce-scatter, so both give the same bits. `input` is only read (`out` may be its
+// chunk r: each element is read before it is written).
+void TcpRing::reduce_scatter_steps(const std::uint8_t* input, std::uint8_t* out,
+                                   const Chunks& chunks, DType dtype, ReduceOp op,
+                                   std::uint64_t seq, std::uint32_t& step,
+                                   Clock::time_point deadline) {
+  const std::size_t largest = chunks.bytes(chunks.w - 1);  // the last chunk holds the rest
+  // The received piece, and two partials: one being sent while the next is made.
+  scratch_.resize(std::max(scratch_.size(), (size_ > 2 ? 3 : 1) * largest));
+  std::uint8_t* received = scratch_.data();
   for (int s = 0; s < size_ - 1; ++s, ++step) {
-    const std::size_t send_c = chunk_of(rank_ - s);
-    const std::size_t recv_c = chunk_of(rank_ - s - 1);
-    std::uint8_t* target = bytes + first(recv_c) * elem;
-    const std::uint64_t recv_bytes = (first(recv_c + 1) - first(recv_c)) * elem;
+    const std::size_t send_c = chunk(rank_ - s - 1);
+    const std::size_t recv_c = chunk(rank_ - s - 2);
+    const std::uint8_t* sending =
+        s == 0 ? input + chunks.offset(send_c) : scratch_.data() + (1 + (s - 1) % 2) * largest;
+    std::uint8_t* target = s == size_ - 2 ? out : scratch_.data() + (1 + s % 2) * largest;
+    const std::uint8_t* own = input + chunks.offset(recv_c);
     Transfer t{
-        .out_header = {kMagic, step, seq, (first(send_c + 1) - first(send_c)) * elem},
-        .out = bytes + first(send_c) * elem,
-        .in_header = {kMagic, step, seq, recv_bytes},
-        .in = scratch_.data(),
-        .element_bytes = elem,
+        .out_header = chunks.header(step, seq, chunks.bytes(send_c)),
+        .out = sending,
+        .in_header = chunks.header(step, seq, chunks.bytes(recv_c)),
+        .in = received,
+        .element_bytes = chunks.elem,
         // Combine what arrived while it is in cache; the socket keeps filling meanwhile.
         .arrived =
             [&](std::size_t from, std::size_t to) {
-              combine(op, target + from, scratch_.data() + from, (to - from) / elem, dtype);
+              combine(op, target + from, received + from, own + from, (to - from) / chunks.elem,
+                      dtype);
             },
     };
     exchange(t, deadline);
   }
+}
+
+// W-1 steps: in step s this rank sends chunk (r-s) of `data` and receives chunk (r-s-1) into
+// place. Starts with this rank's own chunk r in place; ends with every chunk.
+void TcpRing::allgather_steps(std::uint8_t* data, const Chunks& chunks, std::uint64_t seq,
+                              std::uint32_t& step, Clock::time_point deadline) {
   for (int s = 0; s < size_ - 1; ++s, ++step) {
-    const std::size_t send_c = chunk_of(rank_ + 1 - s);
-    const std::size_t recv_c = chunk_of(rank_ - s);
+    const std::size_t send_c = chunk(rank_ - s);
+    const std::size_t recv_c = chunk(rank_ - s - 1);
     Transfer t{
-        .out_header = {kMagic, step, seq, (first(send_c + 1) - first(send_c)) * elem},
-        .out = bytes + first(send_c) * elem,
-        .in_header = {kMagic, step, seq, (first(recv_c + 1) - first(recv_c)) * elem},
-        .in = bytes + first(recv_c) * elem,
-        .element_bytes = elem,
+        .out_header = chunks.header(step, seq, chunks.bytes(send_c)),
+        .out = data + chunks.offset(send_c),
+        .in_header = chunks.header(step, seq, chunks.bytes(recv_c)),
+        .in = data + chunks.offset(recv_c),
+        .element_bytes = chunks.elem,
         .arrived = nullptr,
     };
     exchange(t, deadline);
   }
+}
+
+void TcpRing::allreduce(void* data, const void* input, std::size_t n, DType dtype, ReduceOp op,
+                        std::uint64_t seq) {
+  const Chunks chunks{n, static_cast<std::size_t>(size_), dtype_size(dtype),
+                      kind_of(kAllreduce, dtype, static_cast<std::uint32_t>(op))};
+  auto* bytes = static_cast<std::uint8_t*>(data);
+  const auto* source = static_cast<const std::uint8_t*>(input != nullptr ? input : data);
+  const auto deadline = Clock::now() + timeout_;
+  std::uint32_t step = 0;
+  // A reduce-scatter leaves chunk r, reduced, in its place; an all-gather passes them round.
+  reduce_scatter_steps(source, bytes + chunks.offset(chunk(rank_)), chunks, dtype, op, seq, step,
+                       deadline);
+  allgather_steps(bytes, chunks, seq, step, deadline);
+}
+
+void TcpRing::reduce_scatter(const void* input, void* output, std::size_t block, DType dtype,
+                             ReduceOp op, std::uint64_t seq) {
+  const Chunks chunks{block * static_cast<std::size_t>(size_), static_cast<std::size_t>(size_),
+                      dtype_size(dtype),
+                      kind_of(kReduceScatter, dtype, static_cast<std::uint32_t>(op))};
+  std::uint32_t step = 0;
+  reduce_scatter_steps(static_cast<const std::uint8_t*>(input), static_cast<std::uint8_t*>(output),
+                       chunks, dtype, op, seq, step, Clock::now() + timeout_);
+}
+
+void TcpRing::allgather(const void* input, void* output, std::size_t block, DType dtype,
+                        std::uint64_t seq) {
+  const Chunks chunks{block * static_cast<std::size_t>(size_), static_cast<std::size_t>(size_),
+                      dtype_size(dtype), kind_of(kAllgather, dtype, kNoReduction)};
+  auto* out = static_cast<std::uint8_t*>(output);
+  std::uint8_t* own = out + chunks.offset(chunk(rank_));
+  if (own != input) std::memmove(own, input, chunks.bytes(chunk(rank_)));
+  std::uint32_t step = 0;
+  allgather_steps(out, chunks, seq, step, Clock::now() + timeout_);
 }
 
 }  // namespace nanoddp::comm

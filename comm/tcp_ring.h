@@ -9,7 +9,8 @@
 // threads on each rank, and where cores are few those are wake-ups of threads that compete with
 // the training for them. Here the group's worker thread itself writes to the next rank and reads
 // from the previous one, on two non-blocking sockets, and reduces each piece as it arrives.
-// Gloo still connects the group and carries broadcast, barrier, all-gather and reduce-scatter.
+// It also carries reduce-scatter and all-gather (ZeRO); Gloo still connects the group and carries
+// broadcast and barrier.
 //
 // Set-up (a collective, right after Gloo connected; every rank constructs one at the same
 // point): each rank listens on the address its Gloo device uses and publishes "<name>/ring/<r>"
@@ -19,10 +20,11 @@
 // ranks decide from the same published entries, so all use the ring or none does.
 //
 // One all-reduce of n elements on W ranks: the buffer is cut into W chunks. Reduce-scatter:
-// W-1 steps; in step s rank r sends chunk (r - s) and receives chunk (r - s - 1) from rank r-1,
-// combining it into its own as the bytes arrive. Rank r then holds chunk (r + 1) reduced over
-// all ranks. All-gather: W-1 more steps pass the reduced chunks on. Each chunk is reduced
-// once, by one rank, and copied to the others, so every rank ends with the same bits.
+// W-1 steps; in step s rank r sends its partial of chunk (r - s - 1) and receives rank r-1's
+// partial of chunk (r - s - 2), combining it with its own as the bytes arrive. Rank r then holds
+// chunk r reduced over all ranks. All-gather: W-1 more steps pass the reduced chunks on. Each
+// chunk is reduced once, by one rank, and copied to the others, so every rank ends with the same
+// bits; and a reduce-scatter (ZeRO stage 2) sums in the same order as the all-reduce (stage 0).
 //
 // Every message starts with a header naming its op (sequence number), step and size: data of
 // another op, or of another size, is an error that says so, never summed in.
@@ -82,10 +84,24 @@ class TcpRing {
   // float32 or bfloat16. kAvg sums: the caller divides once (divide_by). Throws TcpRingError.
   void allreduce(void* data, const void* input, std::size_t n, DType dtype, ReduceOp op,
                  std::uint64_t seq);
+  // ProcessGroup's reduce_scatter and allgather over `block` elements per rank (`output` may
+  // be block `rank` of `input`, or the other way round). kAvg sums: the caller divides once.
+  void reduce_scatter(const void* input, void* output, std::size_t block, DType dtype, ReduceOp op,
+                      std::uint64_t seq);
+  void allgather(const void* input, void* output, std::size_t block, DType dtype,
+                 std::uint64_t seq);
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Transfer;
-  void exchange(Transfer& t, std::chrono::steady_clock::time_point deadline);
+  struct Chunks;
+  void exchange(Transfer& t, Clock::time_point deadline);
+  std::size_t chunk(int c) const;  // c mod size
+  void reduce_scatter_steps(const std::uint8_t* input, std::uint8_t* out, const Chunks& chunks,
+                            DType dtype, ReduceOp op, std::uint64_t seq, std::uint32_t& step,
+                            Clock::time_point deadline);
+  void allgather_steps(std::uint8_t* data, const Chunks& chunks, std::uint64_t seq,
+                       std::uint32_t& step, Clock::time_point deadline);
 
   int rank_name(int i) const { return names_.empty() ? i : names_[static_cast<std::size_t>(i)]; }
 
@@ -99,7 +115,7 @@ class TcpRing {
   UniqueFd prev_;  // from rank - 1
   std::string next_address_;
   std::string prev_address_;
-  std::vector<std::uint8_t> scratch_;  // one chunk, as it arrives in reduce-scatter
+  std::vector<std::uint8_t> scratch_;  // a received chunk, and two partials (3 ranks or more)
 };
 
 }  // namespace nanoddp::comm

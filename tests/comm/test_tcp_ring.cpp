@@ -226,12 +226,39 @@ TEST_CASE("tcp ring: ranks in different ops or sizes fail, naming both, not summ
       std::vector<float> x(n, 1.0f);
       return attempt([&] { ring.allreduce(x.data(), nullptr, n, DType::kF32, ReduceOp::kSum, 1); });
     });
-    for (const Outcome& o : out) {
+    for (std::size_t r = 0; r < out.size(); ++r) {
+      const Outcome& o = out[r];
       REQUIRE(o.error.has_value());
-      CHECK(std::string(o.error->what()).find("buffers of different sizes") != std::string::npos);
+      const std::string what = o.error->what();
+      CHECK(what.find("buffers of different sizes") != std::string::npos);
+      CHECK(what.find(r == 0 ? "over 66 elements, this rank over 64"
+                             : "over 64 elements, this rank over 66") != std::string::npos);
       CHECK(o.seconds < 4.0);  // found from the header, not by waiting out the timeout
     }
   }
+}
+
+TEST_CASE("tcp ring: a reduce-scatter against an all-gather of the same bytes fails, naming both") {
+  // Their chunks are of equal size and their sequence numbers equal: only the header's kind of
+  // op tells them apart (an outside-path test found the two summed into each other silently).
+  const auto out = on_ranks<Outcome>(2, 5s, [](int rank, TcpRing& ring) {
+    std::vector<float> big(16, 1.0f), small(8, 2.0f);
+    return attempt([&] {
+      if (rank == 0) {
+        ring.reduce_scatter(big.data(), small.data(), 8, DType::kF32, ReduceOp::kSum, 3);
+      } else {
+        ring.allgather(small.data(), big.data(), 8, DType::kF32, 3);
+      }
+    });
+  });
+  REQUIRE(out[0].error.has_value());
+  REQUIRE(out[1].error.has_value());
+  CHECK(std::string(out[0].error->what()) ==
+        "rank 1 sent op #3 as allgather (float32), this rank runs it as reduce_scatter (sum, "
+        "float32): the ranks issued different ops");
+  CHECK(std::string(out[1].error->what())
+            .find("as reduce_scatter (sum, float32), this rank runs "
+                  "it as allgather (float32)") != std::string::npos);
 }
 
 TEST_CASE("tcp ring: a rank that leaves fails its neighbours at once, naming it and its address") {
@@ -276,4 +303,66 @@ TEST_CASE("tcp ring: a world of one needs no ring") {
   TcpRing one(*client, 0, 1, 5s, "one", "127.0.0.1");
   CHECK_FALSE(one.enabled());
   CHECK(one.fallback_reason() == "a group of one rank needs no ring");
+}
+
+TEST_CASE("tcp ring: reduce-scatter and all-gather, in place and out of place, 2 to 4 ranks") {
+  for (int world = 2; world <= 4; ++world) {
+    const auto w = static_cast<std::size_t>(world);
+    for (std::size_t block : {std::size_t{1}, std::size_t{5}, std::size_t{1000}}) {
+      INFO("world " << world << ", block " << block);
+      const auto ok = on_ranks<bool>(world, 20s, [&](int rank, TcpRing& ring) {
+        const auto r = static_cast<std::size_t>(rank);
+        std::vector<float> in(block * w);
+        for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(rank, i);
+        bool right = true;
+        // Out of place, then in place (the output is this rank's block of the input).
+        std::vector<float> out(block, -1.0f);
+        ring.reduce_scatter(in.data(), out.data(), block, DType::kF32, ReduceOp::kSum, 1);
+        std::vector<float> in_place = in;
+        ring.reduce_scatter(in_place.data(), in_place.data() + r * block, block, DType::kF32,
+                            ReduceOp::kMax, 2);
+        for (std::size_t i = 0; i < block; ++i) {
+          float sum = 0;
+          for (int q = 0; q < world; ++q) sum += value(q, r * block + i);
+          right =
+              right && out[i] == sum && in_place[r * block + i] == value(world - 1, r * block + i);
+        }
+        // Every other block of the in-place input is untouched.
+        for (std::size_t i = 0; i < in.size(); ++i) {
+          if (i / block != r) right = right && in_place[i] == in[i];
+        }
+        std::vector<float> mine(block);
+        for (std::size_t i = 0; i < block; ++i) mine[i] = value(rank, i);
+        std::vector<float> gathered(block * w, -1.0f);
+        ring.allgather(mine.data(), gathered.data(), block, DType::kF32, 3);
+        std::vector<float> gathered_in_place(block * w, -1.0f);
+        std::copy(mine.begin(), mine.end(),
+                  gathered_in_place.begin() + static_cast<long>(r * block));
+        ring.allgather(gathered_in_place.data() + r * block, gathered_in_place.data(), block,
+                       DType::kF32, 4);
+        for (std::size_t i = 0; i < block * w; ++i) {
+          const float want = value(static_cast<int>(i / block), i % block);
+          right = right && gathered[i] == want && gathered_in_place[i] == want;
+        }
+        return right;
+      });
+      for (bool b : ok) CHECK(b);
+    }
+  }
+}
+
+TEST_CASE("tcp ring: a reduce-scatter sums in the all-reduce's order: the same bits (ZeRO 2 = 0)") {
+  const int world = 3;
+  const std::size_t block = 4099;
+  const auto same = on_ranks<bool>(world, 20s, [&](int rank, TcpRing& ring) {
+    const auto r = static_cast<std::size_t>(rank);
+    std::vector<float> x(block * world);
+    for (std::size_t i = 0; i < x.size(); ++i)
+      x[i] = std::sin(static_cast<float>(i) * 0.37f + rank);
+    std::vector<float> reduced(block);
+    ring.reduce_scatter(x.data(), reduced.data(), block, DType::kF32, ReduceOp::kSum, 1);
+    ring.allreduce(x.data(), nullptr, x.size(), DType::kF32, ReduceOp::kSum, 2);
+    return std::memcmp(reduced.data(), x.data() + r * block, block * sizeof(float)) == 0;
+  });
+  for (bool b : same) CHECK(b);
 }

@@ -35,6 +35,11 @@ constexpr std::uint32_t kMagic = 0x6e646472;  // "nddr": the first bytes of ever
 // runs dry while the other is served.
 constexpr std::size_t kPiece = std::size_t{256} << 10;
 
+// An op's waits are cut into slices this long, so that time this process did not run (a gap
+// between two waits much longer than a slice) can be told from a peer's lateness.
+constexpr int kPollSliceMs = 200;
+constexpr auto kNotRunning = std::chrono::seconds(1);
+
 struct Hello {
   std::uint32_t magic;
   std::int32_t rank;
@@ -348,9 +353,10 @@ struct TcpRing::Transfer {
   // Called with [from, to) byte offsets of `in` as whole elements arrive (may be empty).
   std::size_t element_bytes;
   std::function<void(std::size_t, std::size_t)> arrived;
+  bool ends_op;  // the op's last step: the next rank may leave once it has this rank's data
 };
 
-void TcpRing::exchange(Transfer& t, Clock::time_point deadline) {
+void TcpRing::exchange(Transfer& t, Clock::time_point& deadline) {
   const int next = (rank_ + 1) % size_;
   const int prev = (rank_ + size_ - 1) % size_;
   const std::size_t out_total = sizeof(Header) + t.out_header.nbytes;
@@ -455,9 +461,35 @@ void TcpRing::exchange(Transfer& t, Clock::time_point deadline) {
       }
     }
     if (progress) continue;
-    pollfd fds[2] = {{next_.get(), static_cast<short>(sent < out_total ? POLLOUT : 0), 0},
-                     {prev_.get(), static_cast<short>(received < in_total ? POLLIN : 0), 0}};
-    if (::poll(fds, 2, remaining_ms(deadline)) == 0) {
+    // The next rank never sends on its connection: readable there means it closed or reset.
+    // Watched always, so the rank before a dead one names it at once, instead of waiting on its
+    // own receive until the failure has gone round the ring and come back from the other side.
+    // Only where the next rank still needs this rank's data: after the op's last send it may
+    // have finished the op and exited, which is no failure.
+    const bool next_must_stay = sent < out_total || !t.ends_op;
+    pollfd fds[2] = {
+        {next_.get(),
+         static_cast<short>((next_must_stay ? POLLRDHUP : 0) | (sent < out_total ? POLLOUT : 0)),
+         0},
+        {prev_.get(), static_cast<short>(received < in_total ? POLLIN : 0), 0}};
+    const auto slice = std::min(remaining_ms(deadline), kPollSliceMs);
+    const auto before = Clock::now();
+    const int ready = ::poll(fds, 2, slice);
+    const auto slept = Clock::now() - before;
+    // A wait far longer than asked for means this process did not run (stopped: Ctrl-Z under
+    // nanoddp-run stops every rank; or starved): not a peer's lateness, so the deadline moves,
+    // as the shared-memory path's does.
+    if (slept > std::chrono::milliseconds(slice) + kNotRunning) {
+      deadline += slept - std::chrono::milliseconds(slice);
+    }
+    // What the previous rank sent is read first: a header that shows the ranks in different
+    // ops says more than the hang-up that follows it.
+    const bool can_read = (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+    if (!can_read && next_must_stay && (fds[0].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+      throw TcpRingError(fmt::format("rank {} closed the connection", rank_name(next)),
+                         TcpRingError::Kind::kConnectionLost, next, next_address_);
+    }
+    if (ready == 0 && Clock::now() >= deadline) {
       // Waiting to receive blames the rank before; only a full send queue blames the next.
       const bool on_receive = received < in_total;
       const int peer = on_receive ? prev : next;
@@ -508,7 +540,7 @@ std::size_t TcpRing::chunk(int c) const {
 void TcpRing::reduce_scatter_steps(const std::uint8_t* input, std::uint8_t* out,
                                    const Chunks& chunks, DType dtype, ReduceOp op,
                                    std::uint64_t seq, std::uint32_t& step,
-                                   Clock::time_point deadline) {
+                                   Clock::time_point& deadline, bool ends_op) {
   const std::size_t largest = chunks.bytes(chunks.w - 1);  // the last chunk holds the rest
   // The received piece, and two partials: one being sent while the next is made.
   scratch_.resize(std::max(scratch_.size(), (size_ > 2 ? 3 : 1) * largest));
@@ -532,6 +564,7 @@ void TcpRing::reduce_scatter_steps(const std::uint8_t* input, std::uint8_t* out,
               combine(op, target + from, received + from, own + from, (to - from) / chunks.elem,
                       dtype);
             },
+        .ends_op = ends_op && s == size_ - 2,
     };
     exchange(t, deadline);
   }
@@ -540,7 +573,7 @@ void TcpRing::reduce_scatter_steps(const std::uint8_t* input, std::uint8_t* out,
 // W-1 steps: in step s this rank sends chunk (r-s) of `data` and receives chunk (r-s-1) into
 // place. Starts with this rank's own chunk r in place; ends with every chunk.
 void TcpRing::allgather_steps(std::uint8_t* data, const Chunks& chunks, std::uint64_t seq,
-                              std::uint32_t& step, Clock::time_point deadline) {
+                              std::uint32_t& step, Clock::time_point& deadline) {
   for (int s = 0; s < size_ - 1; ++s, ++step) {
     const std::size_t send_c = chunk(rank_ - s);
     const std::size_t recv_c = chunk(rank_ - s - 1);
@@ -551,6 +584,7 @@ void TcpRing::allgather_steps(std::uint8_t* data, const Chunks& chunks, std::uin
         .in = data + chunks.offset(recv_c),
         .element_bytes = chunks.elem,
         .arrived = nullptr,
+        .ends_op = s == size_ - 2,
     };
     exchange(t, deadline);
   }
@@ -562,11 +596,11 @@ void TcpRing::allreduce(void* data, const void* input, std::size_t n, DType dtyp
                       kind_of(kAllreduce, dtype, static_cast<std::uint32_t>(op))};
   auto* bytes = static_cast<std::uint8_t*>(data);
   const auto* source = static_cast<const std::uint8_t*>(input != nullptr ? input : data);
-  const auto deadline = Clock::now() + timeout_;
+  auto deadline = Clock::now() + timeout_;
   std::uint32_t step = 0;
   // A reduce-scatter leaves chunk r, reduced, in its place; an all-gather passes them round.
   reduce_scatter_steps(source, bytes + chunks.offset(chunk(rank_)), chunks, dtype, op, seq, step,
-                       deadline);
+                       deadline, /*ends_op=*/false);
   allgather_steps(bytes, chunks, seq, step, deadline);
 }
 
@@ -576,8 +610,9 @@ void TcpRing::reduce_scatter(const void* input, void* output, std::size_t block,
                       dtype_size(dtype),
                       kind_of(kReduceScatter, dtype, static_cast<std::uint32_t>(op))};
   std::uint32_t step = 0;
+  auto deadline = Clock::now() + timeout_;
   reduce_scatter_steps(static_cast<const std::uint8_t*>(input), static_cast<std::uint8_t*>(output),
-                       chunks, dtype, op, seq, step, Clock::now() + timeout_);
+                       chunks, dtype, op, seq, step, deadline, /*ends_op=*/true);
 }
 
 void TcpRing::allgather(const void* input, void* output, std::size_t block, DType dtype,
@@ -588,7 +623,8 @@ void TcpRing::allgather(const void* input, void* output, std::size_t block, DTyp
   std::uint8_t* own = out + chunks.offset(chunk(rank_));
   if (own != input) std::memmove(own, input, chunks.bytes(chunk(rank_)));
   std::uint32_t step = 0;
-  allgather_steps(out, chunks, seq, step, Clock::now() + timeout_);
+  auto deadline = Clock::now() + timeout_;
+  allgather_steps(out, chunks, seq, step, deadline);
 }
 
 }  // namespace nanoddp::comm

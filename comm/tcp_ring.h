@@ -95,13 +95,13 @@ class TcpRing {
   using Clock = std::chrono::steady_clock;
   struct Transfer;
   struct Chunks;
-  void exchange(Transfer& t, Clock::time_point deadline);
+  void exchange(Transfer& t, Clock::time_point& deadline);
   std::size_t chunk(int c) const;  // c mod size
   void reduce_scatter_steps(const std::uint8_t* input, std::uint8_t* out, const Chunks& chunks,
                             DType dtype, ReduceOp op, std::uint64_t seq, std::uint32_t& step,
-                            Clock::time_point deadline);
+                            Clock::time_point& deadline, bool ends_op);
   void allgather_steps(std::uint8_t* data, const Chunks& chunks, std::uint64_t seq,
-                       std::uint32_t& step, Clock::time_point deadline);
+                       std::uint32_t& step, Clock::time_point& deadline);
 
   int rank_name(int i) const { return names_.empty() ? i : names_[static_cast<std::size_t>(i)]; }
 

@@ -161,12 +161,16 @@ struct HierarchicalAllreduce::Impl {
 
 void HierarchicalAllreduce::Impl::set_up(const std::shared_ptr<Store>& base) {
   // 1. Everyone publishes its settings and host; everyone reads everyone's.
+  // NANODDP_TCP_RING travels here too, only to be checked: every group of two or more ranks
+  // passes this point, so a value no rank understands stops every rank, naming it, even where
+  // no TCP ring would be made (one host, shared memory).
   const char* hier_env = std::getenv("NANODDP_HIER");
   const char* shm_env = std::getenv("NANODDP_SHM");
-  store->set(
-      fmt::format("hello/{}", rank),
-      fmt::format("{}\n{}\n{}", hier_env != nullptr ? hier_env : "",
-                  shm_env != nullptr && std::string(shm_env) == "0" ? 0 : 1, shm_host_identity()));
+  const char* ring_env = std::getenv("NANODDP_TCP_RING");
+  store->set(fmt::format("hello/{}", rank),
+             fmt::format("{}\n{}\n{}\n{}", hier_env != nullptr ? hier_env : "",
+                         shm_env != nullptr && std::string(shm_env) == "0" ? 0 : 1,
+                         ring_env != nullptr ? ring_env : "", shm_host_identity()));
   std::vector<std::string> identities(static_cast<std::size_t>(size));
   std::string hier_off;
   std::string shm_off;
@@ -174,7 +178,15 @@ void HierarchicalAllreduce::Impl::set_up(const std::shared_ptr<Store>& base) {
     const std::string hello = store->get_string(fmt::format("hello/{}", r));
     const std::size_t a = hello.find('\n');
     const std::size_t b = hello.find('\n', a + 1);
+    const std::size_t c = hello.find('\n', b + 1);
     const std::string hier_value = hello.substr(0, a);
+    const std::string ring_value = hello.substr(b + 1, c - b - 1);
+    if (!ring_value.empty() && ring_value != "0" && ring_value != "1") {
+      fail(
+          "NANODDP_TCP_RING='{}' is not understood: set it to 0 (off) or 1 (on), or unset it (set "
+          "on rank {})",
+          ring_value, r);
+    }
     bool wanted = true;
     try {
       wanted = hierarchical_wanted_from_env(hier_value.c_str());
@@ -186,7 +198,7 @@ void HierarchicalAllreduce::Impl::set_up(const std::shared_ptr<Store>& base) {
     if (hello.substr(a + 1, b - a - 1) == "0" && shm_off.empty()) {
       shm_off = fmt::format("NANODDP_SHM=0 on rank {}", r);
     }
-    identities[static_cast<std::size_t>(r)] = hello.substr(b + 1);
+    identities[static_cast<std::size_t>(r)] = hello.substr(c + 1);
   }
   layout = group_by_host(identities);
   const int hosts = static_cast<int>(layout.hosts.size());

@@ -20,6 +20,7 @@
 #include <sys/uio.h>
 
 #include "nanoddp/comm/reduce_ops.h"
+#include "nanoddp/engine/debug_log.h"
 #include "nanoddp/engine/env.h"
 #include "nanoddp/kernels/bf16.h"
 
@@ -122,23 +123,6 @@ void tune(int fd) {
   // No SO_SNDBUF / SO_RCVBUF: setting them turns off the kernel's autotuning of the buffers,
   // which grows them to net.ipv4.tcp_[rw]mem's maximum (MiBs), while an explicit size is capped
   // at net.core.[rw]mem_max (a few hundred KiB by default): a 64 MiB all-reduce took 1.5x as long.
-}
-
-// Reads exactly `n` bytes from a blocking-style poll loop (set-up only). False on EOF/timeout.
-bool read_exactly(int fd, void* out, std::size_t n, Clock::time_point deadline) {
-  auto* p = static_cast<std::uint8_t*>(out);
-  std::size_t got = 0;
-  while (got < n) {
-    const ssize_t k = ::recv(fd, p + got, n - got, MSG_DONTWAIT);
-    if (k > 0) {
-      got += static_cast<std::size_t>(k);
-      continue;
-    }
-    if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return false;
-    pollfd pfd{fd, POLLIN, 0};
-    if (::poll(&pfd, 1, remaining_ms(deadline)) == 0) return false;
-  }
-  return true;
 }
 
 bool write_exactly(int fd, const void* data, std::size_t n, Clock::time_point deadline) {
@@ -257,8 +241,15 @@ TcpRing::TcpRing(Store& store, int rank, int size, std::chrono::milliseconds tim
   // 2. Read everyone's; the ring is used only if every rank takes part.
   std::vector<std::string> entries(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
-    entries[static_cast<std::size_t>(r)] =
-        r == rank ? mine : store.get_string(prefix + std::to_string(r));
+    try {
+      entries[static_cast<std::size_t>(r)] =
+          r == rank ? mine : store.get_string(prefix + std::to_string(r));
+    } catch (const StoreError& e) {
+      throw CommError(fmt::format(
+          "TCP ring '{}': rank {} did not publish its ring address within {:.1f} s: it died or "
+          "stalled during the set-up (the store: {})",
+          name, rank_name(r), static_cast<double>(timeout.count()) / 1000.0, e.what()));
+    }
   }
   for (int r = 0; r < size; ++r) {
     const std::string& e = entries[static_cast<std::size_t>(r)];
@@ -290,45 +281,38 @@ TcpRing::TcpRing(Store& store, int rank, int size, std::chrono::milliseconds tim
   const std::string& prev_entry = entries[static_cast<std::size_t>(prev)];
   const std::uint64_t prev_nonce = std::strtoull(field(prev_entry, 3).c_str(), nullptr, 10);
 
-  // 3. Connect to the next rank and say hello. Its listener exists (it published after listen),
-  // so the connection completes in its backlog even before it accepts.
-  {
-    addrinfo* ai = resolve(field(next_entry, 1), field(next_entry, 2), false);
-    next_.reset(::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    const bool connected = next_ && ::connect(next_.get(), ai->ai_addr, ai->ai_addrlen) == 0;
-    const int connect_errno = errno;
-    next_address_ = fmt::format("[{}]:{}", field(next_entry, 1), field(next_entry, 2));
-    freeaddrinfo(ai);
-    const Hello hello{kMagic, rank, nonce};
-    if (!connected || !write_exactly(next_.get(), &hello, sizeof(hello), deadline)) {
-      throw CommError(fmt::format(
-          "TCP ring '{}': rank {} of {} cannot connect to rank {} at {}: {} (is a firewall "
-          "between them? NANODDP_TCP_RING=0 on every rank uses Gloo's ring instead)",
-          name, rank_name(rank), size, rank_name(next), next_address_,
-          connected ? std::string("it closed the connection") : errno_text(connect_errno)));
+  // 3. Connect to the next rank and accept the previous one. Either failure is published
+  // before it is thrown, and every rank then waits for every other's outcome (4): a rank whose
+  // own connections formed must not go on to the job's next store wait and time out there,
+  // blaming whoever that wait was for, while the rank that knows the cause is still waiting.
+  const std::string done_key = prefix + "done/";
+  try {
+    connect_ring(listener.get(), field(next_entry, 1), field(next_entry, 2), nonce, prev_nonce,
+                 name, deadline);
+  } catch (const std::exception& e) {
+    try {
+      store.set(done_key + std::to_string(rank), std::string("! ") + e.what());
+    } catch (const std::exception&) {
+      // The store is gone too: the others then time out below, naming this rank.
     }
+    throw;
   }
-  // 4. Accept the previous rank: the first connection whose hello is its rank and nonce.
-  while (!prev_) {
-    pollfd pfd{listener.get(), POLLIN, 0};
-    if (::poll(&pfd, 1, remaining_ms(deadline)) == 0) {
+  store.set(done_key + std::to_string(rank), std::string("ok"));
+  // 4. Everyone's outcome.
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    std::string outcome;
+    try {
+      outcome = store.get_string(done_key + std::to_string(r));
+    } catch (const StoreError& e) {
       throw CommError(fmt::format(
-          "TCP ring '{}': rank {} of {} was not connected to by rank {} within {:.1f} s: rank {} "
-          "died or stalled during the set-up",
-          name, rank_name(rank), size, rank_name(prev),
-          static_cast<double>(timeout.count()) / 1000.0, rank_name(prev)));
+          "TCP ring '{}': rank {} did not finish setting up its connections within {:.1f} s: it "
+          "died or stalled during the set-up (the store: {})",
+          name, rank_name(r), static_cast<double>(timeout.count()) / 1000.0, e.what()));
     }
-    sockaddr_storage peer{};
-    socklen_t len = sizeof(peer);
-    UniqueFd fd(::accept4(listener.get(), reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC));
-    if (!fd) continue;
-    Hello hello{};
-    // A stranger that says nothing is given a second, not the whole timeout.
-    const auto hello_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(1));
-    if (read_exactly(fd.get(), &hello, sizeof(hello), hello_deadline) && hello.magic == kMagic &&
-        hello.rank == prev && hello.nonce == prev_nonce) {
-      prev_ = std::move(fd);
-      prev_address_ = address_text(peer);
+    if (outcome.rfind("! ", 0) == 0) {
+      throw CommError(fmt::format("rank {} could not set up the TCP ring, so every rank stops: {}",
+                                  rank_name(r), outcome.substr(2)));
     }
   }
   for (int fd : {next_.get(), prev_.get()}) {
@@ -336,6 +320,90 @@ TcpRing::TcpRing(Store& store, int rank, int size, std::chrono::milliseconds tim
     tune(fd);
   }
   enabled_ = true;
+}
+
+void TcpRing::connect_ring(int listener, const std::string& next_ip, const std::string& next_port,
+                           std::uint64_t nonce, std::uint64_t prev_nonce, const std::string& name,
+                           Clock::time_point deadline) {
+  const int next = (rank_ + 1) % size_;
+  const int prev = (rank_ + size_ - 1) % size_;
+  // Connect to the next rank and say hello. Its listener exists (it published after listen), so
+  // the connection completes in its backlog even before it accepts.
+  {
+    addrinfo* ai = resolve(next_ip, next_port, false);
+    next_.reset(::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    const bool connected = next_ && ::connect(next_.get(), ai->ai_addr, ai->ai_addrlen) == 0;
+    const int connect_errno = errno;
+    next_address_ = fmt::format("[{}]:{}", next_ip, next_port);
+    freeaddrinfo(ai);
+    const Hello hello{kMagic, rank_, nonce};
+    if (!connected || !write_exactly(next_.get(), &hello, sizeof(hello), deadline)) {
+      throw CommError(fmt::format(
+          "TCP ring '{}': rank {} of {} cannot connect to rank {} at {}: {} (is a firewall "
+          "between them? NANODDP_TCP_RING=0 on every rank uses Gloo's ring instead)",
+          name, rank_name(rank_), size_, rank_name(next), next_address_,
+          connected ? std::string("it closed the connection") : errno_text(connect_errno)));
+    }
+  }
+  // Accept the previous rank: the connection whose hello is its rank and nonce. Connections are
+  // read side by side, so strangers (a port scanner, an idle client) cost nothing but a slot:
+  // the oldest is dropped when all are taken.
+  struct Pending {
+    UniqueFd fd;
+    sockaddr_storage peer{};
+    Hello hello{};
+    std::size_t got = 0;
+  };
+  constexpr std::size_t kMaxPending = 64;
+  std::vector<Pending> pending;
+  int dropped = 0;
+  while (!prev_) {
+    std::vector<pollfd> fds = {{listener, POLLIN, 0}};
+    for (const Pending& p : pending) fds.push_back({p.fd.get(), POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), remaining_ms(deadline)) == 0 && Clock::now() >= deadline) {
+      throw CommError(fmt::format(
+          "TCP ring '{}': rank {} of {} was not connected to by rank {} within {:.1f} s: rank {} "
+          "died or stalled during the set-up{}",
+          name, rank_name(rank_), size_, rank_name(prev),
+          static_cast<double>(timeout_.count()) / 1000.0, rank_name(prev),
+          dropped > 0 ? fmt::format(" ({} other connections to this rank's ring port were "
+                                    "dropped: they were not rank {}'s)",
+                                    dropped, rank_name(prev))
+                      : std::string()));
+    }
+    for (std::size_t i = pending.size(); i-- > 0;) {
+      Pending& p = pending[i];
+      if ((fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      const ssize_t k = ::recv(p.fd.get(), reinterpret_cast<std::uint8_t*>(&p.hello) + p.got,
+                               sizeof(Hello) - p.got, MSG_DONTWAIT);
+      if (k > 0) p.got += static_cast<std::size_t>(k);
+      const bool complete = p.got == sizeof(Hello);
+      const bool theirs = complete && p.hello.magic == kMagic && p.hello.rank == prev &&
+                          p.hello.nonce == prev_nonce;
+      if (theirs) {
+        prev_ = std::move(p.fd);
+        prev_address_ = address_text(p.peer);
+        break;
+      }
+      if (complete || k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+        debug_log(DebugLevel::kInfo, "TCP ring '{}': dropped a connection from {}: not rank {}'s",
+                  name, address_text(p.peer), rank_name(prev));
+        ++dropped;
+        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+    }
+    if (prev_ || (fds[0].revents & POLLIN) == 0) continue;
+    Pending p;
+    socklen_t len = sizeof(p.peer);
+    p.fd.reset(::accept4(listener, reinterpret_cast<sockaddr*>(&p.peer), &len,
+                         SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!p.fd) continue;
+    if (pending.size() == kMaxPending) {
+      ++dropped;
+      pending.erase(pending.begin());
+    }
+    pending.push_back(std::move(p));
+  }
 }
 
 std::string TcpRing::describe() const {

@@ -93,6 +93,10 @@ class TcpRing {
 
  private:
   using Clock = std::chrono::steady_clock;
+  // Set-up step 3: next_ and prev_ (CommError when either cannot be made by `deadline`).
+  void connect_ring(int listener, const std::string& next_ip, const std::string& next_port,
+                    std::uint64_t nonce, std::uint64_t prev_nonce, const std::string& name,
+                    Clock::time_point deadline);
   struct Transfer;
   struct Chunks;
   void exchange(Transfer& t, Clock::time_point& deadline);

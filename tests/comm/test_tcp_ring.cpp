@@ -38,10 +38,10 @@ namespace {
 struct LocalStore {
   std::unique_ptr<nanoddp::comm::TcpStoreServer> server;
   nanoddp::comm::TcpStoreOptions options;
-  LocalStore() {
+  explicit LocalStore(std::chrono::milliseconds timeout = 20s) {
     options.host = "127.0.0.1";
     options.port = 0;
-    options.timeout = 20s;
+    options.timeout = timeout;
     server = std::make_unique<nanoddp::comm::TcpStoreServer>(options);
     options.port = server->port();
   }
@@ -147,39 +147,125 @@ TEST_CASE(
   CHECK(results[2] == results[0]);
 }
 
-TEST_CASE("tcp ring: a stranger's connection to a rank's port is dropped, the ring still forms") {
+namespace {
+// A TCP connection to 127.0.0.1:port (-1 if refused).
+int connect_to(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The port in a ring entry "1 <ip> <port> <nonce>".
+int port_of(const std::string& entry) {
+  const std::size_t at = entry.find(' ', 2) + 1;
+  return std::stoi(entry.substr(at, entry.find(' ', at) - at));
+}
+}  // namespace
+
+TEST_CASE("tcp ring: strangers on a rank's port (garbage, idle) are dropped without delay") {
   LocalStore store;
-  // The stranger connects to rank 1's port as soon as it is published, says nothing useful,
-  // and stays connected; rank 0's hello must still be the one rank 1 takes.
+  // Before rank 0 comes, five strangers connect to rank 1's ring port: one sends garbage, four
+  // say nothing and stay. Rank 1 must take rank 0's hello as soon as it comes (an outside
+  // tester's: each idle stranger used to hold the set-up up for a second, one after another).
+  std::vector<int> strangers;
   auto stranger = std::async(std::launch::async, [&] {
     auto client = store.client();
-    const std::string entry = client->get_string("test/ring/1");
-    const std::size_t port_at = entry.find(' ', 2) + 1;
-    const int port = std::stoi(entry.substr(port_at, entry.find(' ', port_at) - port_at));
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<std::uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool connected = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    const char garbage[] = "GET / HTTP/1.0\r\n\r\n";
-    if (connected) (void)!::write(fd, garbage, sizeof(garbage));
-    return fd;
+    const int port = port_of(client->get_string("test/ring/1"));
+    for (int i = 0; i < 5; ++i) {
+      const int fd = connect_to(port);
+      if (fd >= 0 && i == 0) {
+        const char garbage[] = "GET / HTTP/1.0\r\n\r\n";
+        (void)!::write(fd, garbage, sizeof(garbage));
+      }
+      strangers.push_back(fd);
+    }
   });
-  std::vector<std::future<float>> ranks;
+  std::vector<std::future<std::pair<float, double>>> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.push_back(std::async(std::launch::async, [&, r] {
       auto client = store.client();
-      if (r == 0) std::this_thread::sleep_for(300ms);  // let the stranger come first
+      if (r == 0) stranger.wait();  // the strangers come first
+      const auto start = std::chrono::steady_clock::now();
       TcpRing ring(*client, r, 2, 10s, "test", "127.0.0.1");
       float x = static_cast<float>(r + 1);
       ring.allreduce(&x, nullptr, 1, DType::kF32, ReduceOp::kSum, 1);
-      return x;
+      return std::pair{
+          x, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
     }));
   }
-  CHECK(ranks[0].get() == 3.0f);
-  CHECK(ranks[1].get() == 3.0f);
-  ::close(stranger.get());
+  const auto [x0, seconds0] = ranks[0].get();
+  const auto [x1, seconds1] = ranks[1].get();
+  CHECK(x0 == 3.0f);
+  CHECK(x1 == 3.0f);
+  CHECK(seconds0 < 2.0);  // five strangers at a second each would be 5 s
+  for (int fd : strangers) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+TEST_CASE("tcp ring: a rank that never connects stops every rank with the reason, naming it") {
+  // Rank 2 publishes an address whose listener accepts (so rank 1's connection forms) but never
+  // connects to rank 0. Rank 0 times out waiting for it; rank 1, whose own connections formed,
+  // must not go on (to time out in the job's next store wait, blaming someone else): it stops
+  // with rank 0's reason (an outside tester's).
+  LocalStore store;
+  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(::listen(listener, 4) == 0);
+  socklen_t len = sizeof(a);
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  store.client()->set("test/ring/2", fmt::format("1 127.0.0.1 {} 42", ntohs(a.sin_port)));
+  std::vector<std::future<std::string>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      auto client = store.client();
+      try {
+        TcpRing ring(*client, r, 3, 1s, "test", "127.0.0.1");
+      } catch (const nanoddp::comm::CommError& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    }));
+  }
+  const std::string e0 = ranks[0].get();
+  const std::string e1 = ranks[1].get();
+  ::close(listener);
+  CHECK(e0 ==
+        "TCP ring 'test': rank 0 of 3 was not connected to by rank 2 within 1.0 s: rank 2 died or "
+        "stalled during the set-up");
+  CHECK(e1 == "rank 0 could not set up the TCP ring, so every rank stops: " + e0);
+}
+
+TEST_CASE("tcp ring: a rank that never publishes its address is named") {
+  LocalStore store(1s);
+  std::vector<std::future<std::string>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      auto client = store.client();
+      try {
+        TcpRing ring(*client, r, 3, 1s, "test", "127.0.0.1");
+      } catch (const nanoddp::comm::CommError& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    }));
+  }
+  for (auto& f : ranks) {
+    const std::string e = f.get();
+    INFO(e);
+    CHECK(e.find("TCP ring 'test': rank 2 did not publish its ring address within 1.0 s: it died "
+                 "or stalled during the set-up") == 0);
+  }
 }
 
 namespace {

@@ -208,6 +208,10 @@ bool GlooProcessGroup::uses_shared_memory() const {
   return impl_->shm != nullptr && impl_->shm->enabled();
 }
 
+bool GlooProcessGroup::uses_tcp_ring() const {
+  return impl_->ring != nullptr && impl_->ring->enabled();
+}
+
 std::string GlooProcessGroup::allreduce_transport() const {
   if (impl_->hier != nullptr && impl_->hier->enabled()) {
     return "hierarchical (" + impl_->hier->describe() + ")";
@@ -361,6 +365,10 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& input, Tens
 std::shared_ptr<Work> GlooProcessGroup::barrier() {
   Impl* impl = impl_.get();
   return impl->enqueue({.kind = OpKind::kBarrier}, "", [impl](std::uint64_t seq) {
+    if (impl->ring != nullptr && impl->ring->enabled()) {
+      impl->ring->barrier(seq);
+      return;
+    }
     auto opts = std::make_unique<gloo::BarrierOptions>(impl->connection.context);
     opts->setTag(impl->tag(seq));
     opts->setTimeout(impl->options.timeout);

@@ -67,8 +67,12 @@ class GlooProcessGroup final : public ProcessGroup {
   // rank is on this host and $NANODDP_SHM is not "0" (shm_allreduce.h). Broadcast and barrier
   // always use TCP.
   bool uses_shared_memory() const;
-  // How allreduce moves data, for benchmark headers: "shared memory (same host; ...)" or
-  // "TCP ring (address ...; why not shared memory)".
+  // Whether allreduce, reduce_scatter, allgather and barrier go around nanoddp's own TCP ring
+  // (tcp_ring.h): no shared memory, not hierarchical, and no rank set $NANODDP_TCP_RING=0.
+  bool uses_tcp_ring() const;
+  // How allreduce moves data, for benchmark headers: "shared memory (same host; ...)",
+  // "TCP ring (address ...; to rank ..., from rank ...; why not shared memory)" for nanoddp's
+  // ring, "Gloo's TCP ring (...)", or "hierarchical (...)".
   std::string allreduce_transport() const;
   // How the TCP device was bound, e.g. "address 127.0.0.1 (the route to 127.0.0.1)".
   const std::string& device_description() const;

@@ -61,7 +61,12 @@ struct Header {
   std::uint32_t unused;
 };
 
-enum Collective : std::uint32_t { kAllreduce = 1, kReduceScatter = 2, kAllgather = 3 };
+enum Collective : std::uint32_t {
+  kAllreduce = 1,
+  kReduceScatter = 2,
+  kAllgather = 3,
+  kBarrier = 4
+};
 constexpr std::uint32_t kNoReduction = 0xff;
 
 std::uint32_t kind_of(Collective collective, DType dtype, std::uint32_t reduction) {
@@ -73,8 +78,9 @@ std::string kind_text(std::uint32_t kind) {
   const std::uint32_t collective = kind >> 16;
   const std::uint32_t dtype = (kind >> 8) & 0xff;
   const std::uint32_t reduction = kind & 0xff;
-  const char* names[] = {"?", "allreduce", "reduce_scatter", "allgather"};
-  const std::string name = collective <= 3 ? names[collective] : fmt::format("op {}", collective);
+  const char* names[] = {"?", "allreduce", "reduce_scatter", "allgather", "barrier"};
+  const std::string name = collective <= 4 ? names[collective] : fmt::format("op {}", collective);
+  if (collective == kBarrier) return name;
   std::string dtype_text = fmt::format("dtype {}", dtype);
   for (DType d : {DType::kF32, DType::kBF16}) {
     if (static_cast<std::uint32_t>(d) == dtype) dtype_text = std::string(dtype_name(d));
@@ -656,6 +662,17 @@ void TcpRing::allgather_steps(std::uint8_t* data, const Chunks& chunks, std::uin
     };
     exchange(t, deadline);
   }
+}
+
+void TcpRing::barrier(std::uint64_t seq) {
+  // An all-gather of nothing: step s's receive completes only once rank r-1 has begun step s,
+  // so after W-1 steps every rank is known to have entered the barrier.
+  const Chunks chunks{0, static_cast<std::size_t>(size_), 1,
+                      kind_of(kBarrier, DType::kF32, kNoReduction)};
+  std::uint8_t nothing = 0;
+  auto deadline = Clock::now() + timeout_;
+  std::uint32_t step = 0;
+  allgather_steps(&nothing, chunks, seq, step, deadline);
 }
 
 void TcpRing::allreduce(void* data, const void* input, std::size_t n, DType dtype, ReduceOp op,

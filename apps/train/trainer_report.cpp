@@ -1,6 +1,8 @@
 // What a run reports: the log lines, the --metrics JSON lines and the --trace file.
 #include "trainer.h"
 
+#include "nanoddp/comm/gloo_process_group.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -394,10 +396,16 @@ void Trainer::print_banner() const {
                o_.grad_accum > 1 ? fmt::format(" x {} micro-batches", o_.grad_accum) : "", steps_,
                steps_per_epoch_);
     if (ddp_) {
+      // Plain "gloo" is TCP: say whose ring, as it changes the step's speed.
+      std::string backend = dist_->group->backend_name();
+      const auto* gloo = dynamic_cast<const comm::GlooProcessGroup*>(dist_->group.get());
+      if (gloo != nullptr && backend == "gloo" && world_size_ > 1) {
+        backend += gloo->uses_tcp_ring() ? " (nanoddp's TCP ring)" : " (Gloo's TCP ring)";
+      }
       fmt::print(
           "ddp: backend {} | {} buckets (first {} MiB, then {} MiB) | overlap {} | hook {}\n",
-          dist_->group->backend_name(), ddp_->reducer().buckets().size(), o_.first_bucket_mb,
-          o_.bucket_cap_mb, o_.overlap ? "on" : "off",
+          backend, ddp_->reducer().buckets().size(), o_.first_bucket_mb, o_.bucket_cap_mb,
+          o_.overlap ? "on" : "off",
           o_.zero == 2 ? o_.comm_hook + " (each bucket reduce-scattered: --zero 2)" : o_.comm_hook);
       if (ddp_->zero() != nullptr) fmt::print("{}\n", ddp_->zero()->describe());
     }

@@ -233,8 +233,8 @@ int run(int argc, char** argv) {
       "worker thread) to show the engine's overhead");
   app.add_flag("--vs-raw", opt.vs_raw,
                "Gloo only: the process group and raw gloo::allreduce in one run, alternating "
-               "rounds, with their ratio per size (set NANODDP_SHM=0 to compare the same TCP "
-               "transport)")
+               "rounds, with their ratio per size (set NANODDP_SHM=0 NANODDP_TCP_RING=0 to "
+               "compare the same TCP ring, Gloo's)")
       ->excludes(raw_flag);
   app.add_option("--nproc-per-node", opt.nproc,
                  "run the measurement itself as nanoddp-run jobs of W ranks (started without a "
@@ -440,19 +440,22 @@ int run(int argc, char** argv) {
                                              : "nanoddp ProcessGroup";
   std::string algorithm;
   if (opt.backend == "gloo" && opt.raw) {
-    algorithm = fmt::format("ring allreduce as used by gloo::allreduce; transport: TCP ring ({})",
-                            runner.transport);
+    algorithm =
+        fmt::format("ring allreduce as used by gloo::allreduce; transport: Gloo's TCP ring ({})",
+                    runner.transport);
   } else if (opt.backend == "gloo" && all_reduce) {
     // "shared memory (same host; ...)": copy in, each rank reduces 1/n, copy out (see
-    // comm/shm_allreduce.cpp); or "TCP ring (...)": gloo::allreduce.
+    // comm/shm_allreduce.cpp); "TCP ring (...)": nanoddp's (comm/tcp_ring.cpp); or
+    // "Gloo's TCP ring (...)": gloo::allreduce.
     algorithm = fmt::format("process group allreduce; transport: {}", runner.transport);
   } else if (opt.backend == "gloo") {
     // comm/shm_collectives.cpp on one host; else comm/gloo_collectives.cpp (flat, also in a
     // hierarchical group).
     const bool shm = runner.transport.rfind("shared memory", 0) == 0;
-    algorithm =
-        fmt::format("process group {}; transport: {}", opt.collective,
-                    shm ? runner.transport
+    const bool own_ring = runner.transport.rfind("TCP ring", 0) == 0;
+    algorithm = fmt::format(
+        "process group {}; transport: {}", opt.collective,
+        shm || own_ring ? runner.transport
                         : fmt::format("TCP ({}, flat)", collective == Collective::kReduceScatter
                                                             ? "ring on Gloo's unbound buffers"
                                                             : "gloo::allgather"));
@@ -465,8 +468,9 @@ int run(int argc, char** argv) {
         algo != nullptr ? algo : "auto", proto != nullptr ? proto : "auto");
   }
   // --vs-raw: the raw side's own description (its JSON lines carry it).
-  const std::string raw_algorithm = fmt::format(
-      "ring allreduce as used by gloo::allreduce; transport: TCP ring ({})", runner.raw_transport);
+  const std::string raw_algorithm =
+      fmt::format("ring allreduce as used by gloo::allreduce; transport: Gloo's TCP ring ({})",
+                  runner.raw_transport);
   const bool spread = opt.rounds > 1;  // min and max columns
   // Whatever a run records or prints passes redact(): a transport description or a command line
   // must not carry the store's token.
@@ -476,7 +480,12 @@ int run(int argc, char** argv) {
     warnings.push_back(
         "--vs-raw: the process group reduces through shared memory while raw Gloo runs its TCP "
         "ring, so busbw/raw compares two transports, not the engine's overhead; set "
-        "NANODDP_SHM=0 to compare the same TCP ring");
+        "NANODDP_SHM=0 NANODDP_TCP_RING=0 to compare the same TCP ring");
+  } else if (opt.vs_raw && runner.transport.rfind("TCP ring", 0) == 0) {
+    warnings.push_back(
+        "--vs-raw: the process group all-reduces around nanoddp's TCP ring while raw Gloo runs "
+        "Gloo's, so busbw/raw compares two rings, not the engine's overhead; set "
+        "NANODDP_TCP_RING=0 to compare the same ring");
   }
   if (runner.rank() == 0) {
     fmt::print(

@@ -93,6 +93,26 @@ TEST_CASE("ddp training: --grad-accum K under no_sync equals a K times larger ba
         1e-5);
 }
 
+TEST_CASE(
+    "ddp training: over TCP the ddp line says whose ring, and both rings end on the same bits") {
+  // An outside tester's: "backend gloo" was all a run said, for nanoddp's TCP ring and Gloo's.
+  TempDir dir;
+  std::vector<std::vector<float>> saved;
+  for (const char* own : {"1", "0"}) {
+    auto args = train_args({"--batch", "4", "--steps", "10", "--save", dir.file(own)});
+    std::erase(args, std::string("--quiet"));  // the banner holds the ddp line
+    const auto results =
+        run_world(args, 2, quick({{"NANODDP_SHM", "0"}, {"NANODDP_TCP_RING", own}}));
+    require_success(results);
+    INFO(results[0].output);
+    CHECK(results[0].output.find(std::string("ddp: backend gloo (") +
+                                 (std::string(own) == "1" ? "nanoddp's" : "Gloo's") +
+                                 " TCP ring) |") != std::string::npos);
+    saved.push_back(all_parameters(dir.file(own)));
+  }
+  CHECK(saved[0] == saved[1]);  // two ranks: one addition per element, whichever ring
+}
+
 TEST_CASE("ddp training: --optimizer-in-backward ends at the same bits as the step after it") {
   // Under DDP each bucket is updated as soon as its all-reduce completes, while later buckets
   // are still on the wire; the averaged gradients and the elementwise update are the same.

@@ -188,7 +188,7 @@ TEST_CASE("bench-allreduce: --vs-raw measures the engine and raw Gloo in one run
             .at("algorithm")
             .get<std::string>()
             .find("as used by gloo::allreduce; "
-                  "transport: TCP ring") != std::string::npos);
+                  "transport: Gloo's TCP ring") != std::string::npos);
   CHECK(results[0].output.find("busbw/raw") != std::string::npos);
 }
 

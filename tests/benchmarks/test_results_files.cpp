@@ -390,6 +390,36 @@ TEST_CASE("results files: bench-allreduce's table is nccl-tests' layout, without
   CHECK(rows == 2);
 }
 
+TEST_CASE("results files: --vs-raw over nanoddp's TCP ring says it compares two rings") {
+  // An outside tester's: the process group's all-reduce no longer runs Gloo's ring over TCP, so
+  // --vs-raw's ratio is ring against ring, not the engine's overhead, and both were called "TCP
+  // ring".
+  TempDir dir;
+  for (const char* own : {"1", "0"}) {
+    const ProcessResult r =
+        run_process(with({bin_path("nanoddp-run"), "--nproc-per-node", "2",
+                          bin_path("nanoddp-bench-allreduce"), "--vs-raw", "--json", dir.file(own)},
+                         kTinyAllreduce),
+                    quick({{"NANODDP_SHM", "0"}, {"NANODDP_TCP_RING", own}}));
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    const auto lines = read_lines(dir.file(own));
+    REQUIRE(!lines.empty());
+    const bool own_ring = std::string(own) == "1";
+    CHECK((r.output.find("# warning: --vs-raw: the process group all-reduces around nanoddp's "
+                         "TCP ring") != std::string::npos) == own_ring);
+    CHECK(r.output.find("# raw: ring allreduce as used by gloo::allreduce; transport: Gloo's TCP "
+                        "ring (") != std::string::npos);
+    CHECK(lines[0]["algorithm"].get<std::string>().find(
+              own_ring ? "transport: TCP ring (" : "transport: Gloo's TCP ring (") !=
+          std::string::npos);
+    if (own_ring) {
+      REQUIRE(!lines[0]["warnings"].empty());
+      CHECK(lines[0]["warnings"][0].get<std::string>().find("NANODDP_TCP_RING=0") !=
+            std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("results files: --vs-raw over shared memory says it compares two transports") {
   TempDir dir;
   const ProcessResult r = run_process(

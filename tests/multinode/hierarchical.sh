@@ -180,8 +180,8 @@ grep -q "ddp: backend gloo+shm+hier .* hook allreduce" "$work/train-hier-0.log" 
   fail "the hierarchical run's ddp: line does not say gloo+shm+hier"
 grep -q "ddp: backend gloo+shm+hier .* hook bf16" "$work/train-hier-bf16-0.log" ||
   fail "the hierarchical bf16 run's ddp: line does not say gloo+shm+hier"
-grep -q "ddp: backend gloo |" "$work/train-flat-0.log" ||
-  fail "the NANODDP_HIER=0 run's ddp: line does not say gloo"
+grep -q "ddp: backend gloo (nanoddp's TCP ring) |" "$work/train-flat-0.log" ||
+  fail "the NANODDP_HIER=0 run's ddp: line does not say gloo (nanoddp's TCP ring)"
 # Parameters: |hier - flat| / |flat| over all of them (the norm tests/apps/test_train_ddp.cpp
 # uses for DDP against one process).
 compare() {  # A B LIMIT

@@ -348,6 +348,30 @@ TEST_CASE("tcp ring: a reduce-scatter against an all-gather of the same bytes fa
                   "it as allgather (float32)") != std::string::npos);
 }
 
+TEST_CASE("tcp ring: a barrier against an all-reduce of the same op number fails at once") {
+  // An outside tester's: with the barrier on Gloo, the all-reduce waited out its timeout and then
+  // suggested a crash.
+  const auto out = on_ranks<Outcome>(3, 5s, [](int rank, TcpRing& ring) {
+    std::vector<float> x(100, 1.0f);
+    ring.barrier(1);
+    return attempt([&] {
+      if (rank == 1) {
+        ring.barrier(2);
+      } else {
+        ring.allreduce(x.data(), nullptr, x.size(), DType::kF32, ReduceOp::kSum, 2);
+      }
+    });
+  });
+  for (const Outcome& o : out) {
+    REQUIRE(o.error.has_value());
+    CHECK(o.seconds < 2.0);
+  }
+  // Rank 2 receives from rank 1, the one in the barrier.
+  CHECK(std::string(out[2].error->what()) ==
+        "rank 1 sent op #2 as barrier, this rank runs it as allreduce (sum, float32): the ranks "
+        "issued different ops");
+}
+
 TEST_CASE("tcp ring: a rank that leaves fails both its neighbours at once, naming it") {
   // Rank 2 leaves after op 1. Rank 0 receives from it and sees the close; rank 1 only sends to
   // it, and must name it too (it watches the connection for a hang-up), not the rank 0 whose

@@ -308,19 +308,27 @@ TEST_CASE("tcp ring: ranks in different ops or sizes fail, naming both, not summ
               .find("step 0 of op #8 while this rank runs step 0 of op #7") != std::string::npos);
   }
   SUBCASE("different sizes") {
-    const auto out = on_ranks<Outcome>(2, 5s, [](int rank, TcpRing& ring) {
-      const std::size_t n = rank == 0 ? 64 : 66;
-      std::vector<float> x(n, 1.0f);
-      return attempt([&] { ring.allreduce(x.data(), nullptr, n, DType::kF32, ReduceOp::kSum, 1); });
-    });
-    for (std::size_t r = 0; r < out.size(); ++r) {
-      const Outcome& o = out[r];
-      REQUIRE(o.error.has_value());
-      const std::string what = o.error->what();
-      CHECK(what.find("buffers of different sizes") != std::string::npos);
-      CHECK(what.find(r == 0 ? "over 66 elements, this rank over 64"
-                             : "over 64 elements, this rank over 66") != std::string::npos);
-      CHECK(o.seconds < 4.0);  // found from the header, not by waiting out the timeout
+    // Both ends must say so (an outside tester's: with 1 against 2 elements one end saw only the
+    // other hang up): the header carries the op's whole size, and every step has a header.
+    for (const auto& [a, b] :
+         std::vector<std::pair<std::size_t, std::size_t>>{{64, 66}, {1, 2}, {3, 4}, {0, 1}}) {
+      INFO(a << " against " << b << " elements");
+      const auto out = on_ranks<Outcome>(2, 5s, [&](int rank, TcpRing& ring) {
+        const std::size_t n = rank == 0 ? a : b;
+        std::vector<float> x(n + 1, 1.0f);
+        return attempt(
+            [&] { ring.allreduce(x.data(), nullptr, n, DType::kF32, ReduceOp::kSum, 1); });
+      });
+      for (std::size_t r = 0; r < out.size(); ++r) {
+        const Outcome& o = out[r];
+        REQUIRE(o.error.has_value());
+        const std::string what = o.error->what();
+        CHECK(what.find("buffers of different sizes") != std::string::npos);
+        CHECK(what.find(r == 0 ? fmt::format("over {} elements, this rank over {}", b, a)
+                               : fmt::format("over {} elements, this rank over {}", a, b)) !=
+              std::string::npos);
+        CHECK(o.seconds < 4.0);  // found from the header, not by waiting out the timeout
+      }
     }
   }
 }

@@ -157,6 +157,24 @@ TEST_CASE("gloo: ranks that disagree about NANODDP_TCP_RING all use Gloo's ring"
   CHECK(results[0].output.find("NANODDP_TCP_RING=0 on rank 1") != std::string::npos);
 }
 
+TEST_CASE("gloo: NANODDP_TCP_RING that one rank sets to nonsense stops every rank, shm or not") {
+  // An outside tester's: over shared memory the ring is never made, and the typo passed until
+  // the job first ran across hosts.
+  for (const auto& transport : {kShm, kTcp}) {
+    const auto results = launch({.world = 2,
+                                 .env = transport,
+                                 .rank_env = {{1, {{"NANODDP_TCP_RING", "false"}}}},
+                                 .timeout = 30s});
+    for (std::size_t r = 0; r < results.size(); ++r) {
+      INFO("rank " << r << " output:\n" << results[r].output);
+      CHECK_FALSE(results[r].timed_out);
+      CHECK(results[r].exit_code != 0);
+      CHECK(results[r].output.find("NANODDP_TCP_RING='false' is not understood: set it to 0 (off) "
+                                   "or 1 (on), or unset it (set on rank 1)") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("gloo: a rank that never joins fails the others within the timeout") {
   const auto start = std::chrono::steady_clock::now();
   const auto results = launch({.world = 3, .started = 2, .env = {{"NANODDP_TIMEOUT_S", "2"}}});

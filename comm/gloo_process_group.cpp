@@ -100,19 +100,18 @@ void GlooProcessGroup::Impl::worker_loop() {
       try {
         job.run(job.work->sequence_number());
       } catch (const ShmError& e) {
-        first_failure = job.description + " failed";
         error = explain_shm(job.description, e);
       } catch (const TcpRingError& e) {
-        first_failure = job.description + " failed";
         error = explain_ring(job.description, job.work->sequence_number(), e);
       } catch (const HierarchicalError& e) {
-        first_failure = job.description + " failed";
         error = fmt::format("Gloo {} failed on rank {} of {} (hierarchical): {}", job.description,
                             rank, size, e.what());
       } catch (const std::exception& e) {
         error = explain(job.description, job.work->sequence_number(), e.what());
-        first_failure = job.description + " failed";
       }
+      // Later ops fail fast and carry the first failure whole: a caller that waits only on a
+      // later op (a benchmark's last) still learns why (an outside tester's).
+      if (error) first_failure = *error;
     }
     timing.end = std::chrono::steady_clock::now();
     if (debug_enabled(DebugLevel::kDetail)) {

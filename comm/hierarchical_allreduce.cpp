@@ -174,6 +174,7 @@ void HierarchicalAllreduce::Impl::set_up(const std::shared_ptr<Store>& base) {
   std::vector<std::string> identities(static_cast<std::size_t>(size));
   std::string hier_off;
   std::string shm_off;
+  std::string ring_off;  // any rank's 0 puts the leaders on Gloo's ring, as it does a flat group
   for (int r = 0; r < size; ++r) {
     const std::string hello = store->get_string(fmt::format("hello/{}", r));
     const std::size_t a = hello.find('\n');
@@ -187,6 +188,8 @@ void HierarchicalAllreduce::Impl::set_up(const std::shared_ptr<Store>& base) {
           "on rank {})",
           ring_value, r);
     }
+    if (ring_value == "0" && ring_off.empty())
+      ring_off = fmt::format("NANODDP_TCP_RING=0 on rank {}", r);
     bool wanted = true;
     try {
       wanted = hierarchical_wanted_from_env(hier_value.c_str());
@@ -244,8 +247,16 @@ void HierarchicalAllreduce::Impl::set_up(const std::shared_ptr<Store>& base) {
     across_options.name = options.name + "/hier/leaders";
     try {
       across = connect_gloo(base, host, hosts, across_options);
-      across_ring = std::make_unique<TcpRing>(*base, host, hosts, options.timeout,
-                                              across_options.name, own_ip(across, host), leaders);
+      if (ring_off.empty()) {
+        across_ring = std::make_unique<TcpRing>(*base, host, hosts, options.timeout,
+                                                across_options.name, own_ip(across, host), leaders);
+      } else if (rank == 0) {
+        fmt::print(stderr,
+                   "nanoddp: the leaders' all-reduce goes around Gloo's TCP ring, not nanoddp's: "
+                   "{}\n",
+                   ring_off);
+        std::fflush(stderr);
+      }
     } catch (const std::exception& e) {
       report = e.what();
     }

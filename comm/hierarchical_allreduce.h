@@ -9,7 +9,7 @@
 //   1. reduce within each host: the host's ranks all-reduce through shared memory
 //      (ShmAllreduce, the same path one host uses alone); no socket on this step;
 //   2. all-reduce across hosts: one leader per host (its lowest rank) runs a TCP ring among the
-//      leaders only (nanoddp's own, tcp_ring.h, as the flat group's; Gloo's when a leader sets
+//      leaders only (nanoddp's own, tcp_ring.h, as the flat group's; Gloo's when any rank sets
 //      $NANODDP_TCP_RING=0); with H hosts each leader sends 2(H-1)/H of the buffer, and the other
 //      ranks send nothing;
 //   3. broadcast within each host: the leader's result goes back to its host-mates through

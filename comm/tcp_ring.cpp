@@ -474,14 +474,22 @@ void TcpRing::exchange(Transfer& t, Clock::time_point& deadline) {
         k = ::recv(prev_.get(), t.in + (received - sizeof(Header)),
                    std::min(in_total - received, kPiece), MSG_DONTWAIT);
       }
-      if (k == 0) {
-        throw TcpRingError(fmt::format("rank {} closed the connection", rank_name(prev)),
+      if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        const std::string how = k == 0 ? std::string("closed the connection") : errno_text(errno);
+        // A failure travels round the ring the way the data does, from a dead rank to the rank
+        // after it and on. So when the next rank has hung up as well, it is the likelier first
+        // (the previous rank then failed on the way round): name it. Seen in an all-gather's
+        // last step, where the next rank is no longer watched (an outside tester's).
+        pollfd next_fd{next_.get(), POLLRDHUP, 0};
+        if (next != prev && ::poll(&next_fd, 1, 0) > 0 &&
+            (next_fd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+          throw TcpRingError(fmt::format("rank {} closed the connection, and rank {} after it ({})",
+                                         rank_name(next), rank_name(prev), how),
+                             TcpRingError::Kind::kConnectionLost, next, next_address_);
+        }
+        throw TcpRingError(k == 0 ? fmt::format("rank {} closed the connection", rank_name(prev))
+                                  : fmt::format("receive from rank {}: {}", rank_name(prev), how),
                            TcpRingError::Kind::kConnectionLost, prev, prev_address_);
-      }
-      if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        throw TcpRingError(
-            fmt::format("receive from rank {}: {}", rank_name(prev), errno_text(errno)),
-            TcpRingError::Kind::kConnectionLost, prev, prev_address_);
       }
       if (k > 0) {
         const bool header_was_partial = received < sizeof(Header);

@@ -176,6 +176,12 @@ both_nodes train-hier-bf16 29646 "${train[@]}" --comm-hook bf16 \
   --save "$work/hier-bf16.safetensors" || fail "training (hier, bf16 hook)"
 NANODDP_HIER=0 both_nodes train-flat-bf16 29647 "${train[@]}" --comm-hook bf16 \
   --save "$work/flat-bf16.safetensors" || fail "training (flat, bf16 hook)"
+# NANODDP_TCP_RING=0: the leaders' step goes around Gloo's ring; with two leaders one addition,
+# which commutes: the same bits as nanoddp's ring.
+NANODDP_TCP_RING=0 both_nodes train-hier-gloo 29649 "${train[@]}" \
+  --save "$work/hier-gloo.safetensors" || fail "training (hier, Gloo's ring across)"
+grep -q "the leaders' all-reduce goes around Gloo's TCP ring, not nanoddp's: NANODDP_TCP_RING=0" \
+  "$work/train-hier-gloo-0.log" || fail "NANODDP_TCP_RING=0 under hier: rank 0 does not say so"
 grep -q "ddp: backend gloo+shm+hier .* hook allreduce" "$work/train-hier-0.log" ||
   fail "the hierarchical run's ddp: line does not say gloo+shm+hier"
 grep -q "ddp: backend gloo+shm+hier .* hook bf16" "$work/train-hier-bf16-0.log" ||
@@ -210,6 +216,10 @@ EOF
 if [ -s "$work/hier.safetensors" ] && [ -s "$work/flat.safetensors" ]; then
   compare "$work/hier.safetensors" "$work/flat.safetensors" 1e-5 ||
     fail "float32 training: hierarchical and flat parameters differ beyond rounding"
+fi
+if [ -s "$work/hier-gloo.safetensors" ] && [ -s "$work/hier.safetensors" ]; then
+  compare "$work/hier-gloo.safetensors" "$work/hier.safetensors" 0 ||
+    fail "hierarchical training: Gloo's ring across the leaders and nanoddp's end apart"
 fi
 if [ -s "$work/hier-bf16.safetensors" ] && [ -s "$work/flat-bf16.safetensors" ]; then
   # bf16 keeps 8 bits of each gradient; the two paths round their sums at different points.

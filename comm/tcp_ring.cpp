@@ -19,10 +19,9 @@
 
 #include <sys/uio.h>
 
-#include "nanoddp/comm/reduce_ops.h"
+#include "nanoddp/comm/gloo_helpers.h"
 #include "nanoddp/engine/debug_log.h"
 #include "nanoddp/engine/env.h"
-#include "nanoddp/kernels/bf16.h"
 
 namespace nanoddp::comm {
 namespace {
@@ -156,39 +155,6 @@ addrinfo* resolve(const std::string& host, const std::string& port, bool passive
   const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &result);
   if (rc != 0) fail("TCP ring: cannot use the address '{}': {}", host, gai_strerror(rc));
   return result;
-}
-
-// dst = a (op) b for `count` elements (dst may be a or b), with the op's functor, as Gloo's path
-// and the shared-memory path combine. bfloat16 is widened, combined and rounded at every step, as
-// gloo::allreduce does.
-template <typename Op>
-void combine(void* dst, const void* a, const void* b, std::size_t count, DType dtype) {
-  if (dtype == DType::kF32) {
-    auto* d = static_cast<float*>(dst);
-    const auto* x = static_cast<const float*>(a);
-    const auto* y = static_cast<const float*>(b);
-    for (std::size_t i = 0; i < count; ++i) d[i] = Op{}(x[i], y[i]);
-  } else {
-    auto* d = static_cast<std::uint16_t*>(dst);
-    const auto* x = static_cast<const std::uint16_t*>(a);
-    const auto* y = static_cast<const std::uint16_t*>(b);
-    for (std::size_t i = 0; i < count; ++i) {
-      d[i] =
-          kernels::float_to_bf16(Op{}(kernels::bf16_to_float(x[i]), kernels::bf16_to_float(y[i])));
-    }
-  }
-}
-
-void combine(ReduceOp op, void* dst, const void* a, const void* b, std::size_t count, DType dtype) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:  // summed here; the caller divides once
-      return combine<detail::Sum>(dst, a, b, count, dtype);
-    case ReduceOp::kMax:
-      return combine<detail::Max>(dst, a, b, count, dtype);
-    case ReduceOp::kMin:
-      return combine<detail::Min>(dst, a, b, count, dtype);
-  }
 }
 
 }  // namespace
@@ -627,6 +593,9 @@ void TcpRing::reduce_scatter_steps(const std::uint8_t* input, std::uint8_t* out,
   // The received piece, and two partials: one being sent while the next is made.
   scratch_.resize(std::max(scratch_.size(), (size_ > 2 ? 3 : 1) * largest));
   std::uint8_t* received = scratch_.data();
+  // The same element-wise reductions as Gloo's ring and the shared-memory path (bfloat16 widened,
+  // combined and rounded at every step, as gloo::allreduce does); average sums here.
+  const auto combine = gloo_reduce_function(op, dtype);
   for (int s = 0; s < size_ - 1; ++s, ++step) {
     const std::size_t send_c = chunk(rank_ - s - 1);
     const std::size_t recv_c = chunk(rank_ - s - 2);
@@ -643,8 +612,7 @@ void TcpRing::reduce_scatter_steps(const std::uint8_t* input, std::uint8_t* out,
         // Combine what arrived while it is in cache; the socket keeps filling meanwhile.
         .arrived =
             [&](std::size_t from, std::size_t to) {
-              combine(op, target + from, received + from, own + from, (to - from) / chunks.elem,
-                      dtype);
+              combine(target + from, received + from, own + from, (to - from) / chunks.elem);
             },
         .ends_op = ends_op && s == size_ - 2,
     };

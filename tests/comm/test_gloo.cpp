@@ -26,6 +26,7 @@
 #include "nanoddp/comm/store.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/kernels/error.h"
+#include "support/local_store.h"
 #include "support/subprocess.h"
 #include "support/world.h"
 
@@ -33,6 +34,7 @@ using nanoddp::Tensor;
 using nanoddp::comm::ReduceOp;
 using nanoddp::testing::ProcessResult;
 using namespace std::chrono_literals;
+using nanoddp::testing::LocalStore;
 
 namespace {
 
@@ -355,21 +357,6 @@ TEST_CASE("gloo: a peer killed mid-allreduce fails the survivors, not hangs them
 // ---- in one process ---------------------------------------------------------------------
 
 namespace {
-
-struct LocalStore {
-  std::unique_ptr<nanoddp::comm::TcpStoreServer> server;
-  nanoddp::comm::TcpStoreOptions options;
-  explicit LocalStore(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-    options.host = "127.0.0.1";
-    options.port = 0;
-    options.timeout = timeout;
-    server = std::make_unique<nanoddp::comm::TcpStoreServer>(options);
-    options.port = server->port();
-  }
-  std::shared_ptr<nanoddp::comm::Store> client() const {
-    return std::make_shared<nanoddp::comm::TcpStore>(options);
-  }
-};
 
 nanoddp::comm::ProcessGroupOptions group_options() {
   nanoddp::comm::ProcessGroupOptions options;

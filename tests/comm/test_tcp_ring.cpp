@@ -26,29 +26,16 @@
 #include "nanoddp/comm/store.h"
 #include "nanoddp/comm/tcp_ring.h"
 #include "nanoddp/kernels/bf16.h"
+#include "support/local_store.h"
 
 using nanoddp::DType;
 using nanoddp::comm::ReduceOp;
 using nanoddp::comm::TcpRing;
 using nanoddp::comm::TcpRingError;
 using namespace std::chrono_literals;
+using nanoddp::testing::LocalStore;
 
 namespace {
-
-struct LocalStore {
-  std::unique_ptr<nanoddp::comm::TcpStoreServer> server;
-  nanoddp::comm::TcpStoreOptions options;
-  explicit LocalStore(std::chrono::milliseconds timeout = 20s) {
-    options.host = "127.0.0.1";
-    options.port = 0;
-    options.timeout = timeout;
-    server = std::make_unique<nanoddp::comm::TcpStoreServer>(options);
-    options.port = server->port();
-  }
-  std::shared_ptr<nanoddp::comm::Store> client() const {
-    return std::make_shared<nanoddp::comm::TcpStore>(options);
-  }
-};
 
 // Runs body(rank, ring) on `world` threads, each with its own ring; returns each rank's result.
 template <typename Result>
@@ -167,6 +154,24 @@ int port_of(const std::string& entry) {
   const std::size_t at = entry.find(' ', 2) + 1;
   return std::stoi(entry.substr(at, entry.find(' ', at) - at));
 }
+// Ranks 0 .. started-1 of a ring of `world` set up as threads; each one's CommError, if any.
+std::vector<std::string> set_up_errors(const LocalStore& store, int started, int world) {
+  std::vector<std::future<std::string>> ranks;
+  for (int r = 0; r < started; ++r) {
+    ranks.push_back(std::async(std::launch::async, [&store, r, world] {
+      auto client = store.client();
+      try {
+        TcpRing ring(*client, r, world, 1s, "test", "127.0.0.1");
+      } catch (const nanoddp::comm::CommError& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    }));
+  }
+  std::vector<std::string> errors;
+  for (auto& f : ranks) errors.push_back(f.get());
+  return errors;
+}
 }  // namespace
 
 TEST_CASE("tcp ring: strangers on a rank's port (garbage, idle) are dropped without delay") {
@@ -225,20 +230,9 @@ TEST_CASE("tcp ring: a rank that never connects stops every rank with the reason
   socklen_t len = sizeof(a);
   REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) == 0);
   store.client()->set("test/ring/2", fmt::format("1 127.0.0.1 {} 42", ntohs(a.sin_port)));
-  std::vector<std::future<std::string>> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.push_back(std::async(std::launch::async, [&, r] {
-      auto client = store.client();
-      try {
-        TcpRing ring(*client, r, 3, 1s, "test", "127.0.0.1");
-      } catch (const nanoddp::comm::CommError& e) {
-        return std::string(e.what());
-      }
-      return std::string("no error");
-    }));
-  }
-  const std::string e0 = ranks[0].get();
-  const std::string e1 = ranks[1].get();
+  const auto errors = set_up_errors(store, 2, 3);
+  const std::string& e0 = errors[0];
+  const std::string& e1 = errors[1];
   ::close(listener);
   CHECK(e0 ==
         "TCP ring 'test': rank 0 of 3 was not connected to by rank 2 within 1.0 s: rank 2 died or "
@@ -248,20 +242,7 @@ TEST_CASE("tcp ring: a rank that never connects stops every rank with the reason
 
 TEST_CASE("tcp ring: a rank that never publishes its address is named") {
   LocalStore store(1s);
-  std::vector<std::future<std::string>> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.push_back(std::async(std::launch::async, [&, r] {
-      auto client = store.client();
-      try {
-        TcpRing ring(*client, r, 3, 1s, "test", "127.0.0.1");
-      } catch (const nanoddp::comm::CommError& e) {
-        return std::string(e.what());
-      }
-      return std::string("no error");
-    }));
-  }
-  for (auto& f : ranks) {
-    const std::string e = f.get();
+  for (const std::string& e : set_up_errors(store, 2, 3)) {
     INFO(e);
     CHECK(e.find("TCP ring 'test': rank 2 did not publish its ring address within 1.0 s: it died "
                  "or stalled during the set-up") == 0);

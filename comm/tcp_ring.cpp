@@ -396,6 +396,14 @@ struct TcpRing::Transfer {
   bool ends_op;  // the op's last step: the next rank may leave once it has this rank's data
 };
 
+void TcpRing::still_running(Clock::time_point& deadline) {
+  const auto now = Clock::now();
+  if (now - checked_in_ > std::chrono::milliseconds(kPollSliceMs) + kNotRunning) {
+    deadline += now - checked_in_ - std::chrono::milliseconds(kPollSliceMs);
+  }
+  checked_in_ = now;
+}
+
 void TcpRing::exchange(Transfer& t, Clock::time_point& deadline) {
   const int next = (rank_ + 1) % size_;
   const int prev = (rank_ + size_ - 1) % size_;
@@ -406,6 +414,7 @@ void TcpRing::exchange(Transfer& t, Clock::time_point& deadline) {
   std::size_t handed = 0;  // payload bytes given to `arrived`
   Header got{};
   while (sent < out_total || received < in_total) {
+    still_running(deadline);
     bool progress = false;
     if (sent < out_total) {
       iovec iov[2];
@@ -521,15 +530,12 @@ void TcpRing::exchange(Transfer& t, Clock::time_point& deadline) {
          0},
         {prev_.get(), static_cast<short>(received < in_total ? POLLIN : 0), 0}};
     const auto slice = std::min(remaining_ms(deadline), kPollSliceMs);
-    const auto before = Clock::now();
     const int ready = ::poll(fds, 2, slice);
-    const auto slept = Clock::now() - before;
-    // A wait far longer than asked for means this process did not run (stopped: Ctrl-Z under
-    // nanoddp-run stops every rank; or starved): not a peer's lateness, so the deadline moves,
-    // as the shared-memory path's does.
-    if (slept > std::chrono::milliseconds(slice) + kNotRunning) {
-      deadline += slept - std::chrono::milliseconds(slice);
-    }
+    // A gap between two check-ins far longer than a slice means this process did not run
+    // (stopped: Ctrl-Z under nanoddp-run stops every rank; or starved), in the wait or between
+    // waits: not a peer's lateness, so the deadline moves, as the shared-memory path's does.
+    still_running(deadline);
+    const auto now = checked_in_;
     // What the previous rank sent is read first: a header that shows the ranks in different
     // ops says more than the hang-up that follows it.
     const bool can_read = (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
@@ -537,7 +543,7 @@ void TcpRing::exchange(Transfer& t, Clock::time_point& deadline) {
       throw TcpRingError(fmt::format("rank {} closed the connection", rank_name(next)),
                          TcpRingError::Kind::kConnectionLost, next, next_address_);
     }
-    if (ready == 0 && Clock::now() >= deadline) {
+    if (ready == 0 && now >= deadline) {
       // Waiting to receive blames the rank before; only a full send queue blames the next.
       const bool on_receive = received < in_total;
       const int peer = on_receive ? prev : next;
@@ -647,6 +653,7 @@ void TcpRing::barrier(std::uint64_t seq) {
                       kind_of(kBarrier, DType::kF32, kNoReduction)};
   std::uint8_t nothing = 0;
   auto deadline = Clock::now() + timeout_;
+  checked_in_ = Clock::now();
   std::uint32_t step = 0;
   allgather_steps(&nothing, chunks, seq, step, deadline);
 }
@@ -658,6 +665,7 @@ void TcpRing::allreduce(void* data, const void* input, std::size_t n, DType dtyp
   auto* bytes = static_cast<std::uint8_t*>(data);
   const auto* source = static_cast<const std::uint8_t*>(input != nullptr ? input : data);
   auto deadline = Clock::now() + timeout_;
+  checked_in_ = Clock::now();
   std::uint32_t step = 0;
   // A reduce-scatter leaves chunk r, reduced, in its place; an all-gather passes them round.
   reduce_scatter_steps(source, bytes + chunks.offset(chunk(rank_)), chunks, dtype, op, seq, step,
@@ -672,6 +680,7 @@ void TcpRing::reduce_scatter(const void* input, void* output, std::size_t block,
                       kind_of(kReduceScatter, dtype, static_cast<std::uint32_t>(op))};
   std::uint32_t step = 0;
   auto deadline = Clock::now() + timeout_;
+  checked_in_ = Clock::now();
   reduce_scatter_steps(static_cast<const std::uint8_t*>(input), static_cast<std::uint8_t*>(output),
                        chunks, dtype, op, seq, step, deadline, /*ends_op=*/true);
 }
@@ -685,6 +694,7 @@ void TcpRing::allgather(const void* input, void* output, std::size_t block, DTyp
   if (own != input) std::memmove(own, input, chunks.bytes(chunk(rank_)));
   std::uint32_t step = 0;
   auto deadline = Clock::now() + timeout_;
+  checked_in_ = Clock::now();
   allgather_steps(out, chunks, seq, step, deadline);
 }
 

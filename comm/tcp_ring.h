@@ -103,6 +103,9 @@ class TcpRing {
   struct Transfer;
   struct Chunks;
   void exchange(Transfer& t, Clock::time_point& deadline);
+  // Checks in: a gap since the last check-in far longer than a wait slice was time this process
+  // did not run (stopped, starved), and moves `deadline` by it.
+  void still_running(Clock::time_point& deadline);
   std::size_t chunk(int c) const;  // c mod size
   void reduce_scatter_steps(const std::uint8_t* input, std::uint8_t* out, const Chunks& chunks,
                             DType dtype, ReduceOp op, std::uint64_t seq, std::uint32_t& step,
@@ -122,6 +125,7 @@ class TcpRing {
   UniqueFd prev_;  // from rank - 1
   std::string next_address_;
   std::string prev_address_;
+  Clock::time_point checked_in_;       // see still_running
   std::vector<std::uint8_t> scratch_;  // a received chunk, and two partials (3 ranks or more)
 };
 

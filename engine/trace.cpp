@@ -2,14 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <atomic>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <string_view>
 
 #include "nanoddp/kernels/error.h"
@@ -177,59 +172,15 @@ std::string Tracer::events_json() const {
   return out;
 }
 
-void Tracer::write_file(const std::string& requested,
-                        const std::vector<std::string>& ranks_events) {
-  // Through a symlink the file it points to is replaced and the link stays, as --save does (the
-  // rename below used to replace the link itself with the trace).
-  std::error_code ec;
-  const std::string path = std::filesystem::is_symlink(requested, ec)
-                               ? std::filesystem::weakly_canonical(requested, ec).string()
-                               : requested;
-  // Into a temporary file beside it, renamed over `path` only when whole: a full disk used to
-  // leave a truncated trace (unreadable JSON) in place of the old one. On failure the temporary
-  // is removed and `path` is as it was. The temporary is a new file (O_EXCL, never through a
-  // symlink or onto a FIFO put at its name: an outside adversary's link made a root run write
-  // the trace into another file, and a FIFO there hung it).
-  std::string temporary;
-  int fd = -1;
-  for (int k = 0; fd < 0; ++k) {
-    temporary = fmt::format("{}.tmp.{}.{}", path, ::getpid(), k);
-    fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-    if (fd < 0 && (errno != EEXIST || k >= 100)) {
-      fail("cannot create the trace file '{}': {}", temporary, std::strerror(errno));
-    }
-  }
-  const auto write_all = [fd](std::string_view bytes) {
-    while (!bytes.empty()) {
-      const ::ssize_t n = ::write(fd, bytes.data(), bytes.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return false;
-      bytes.remove_prefix(static_cast<std::size_t>(n));
-    }
-    return true;
-  };
-  errno = 0;
-  bool ok = write_all(R"({"displayTimeUnit":"ms","traceEvents":[)");
-  bool first = true;
+std::vector<std::string_view> Tracer::file_pieces(const std::vector<std::string>& ranks_events) {
+  std::vector<std::string_view> pieces = {R"({"displayTimeUnit":"ms","traceEvents":[)"};
   for (const std::string& events : ranks_events) {
-    if (!ok) break;
     if (events.empty()) continue;
-    ok = (first || write_all(",\n")) && write_all(events);
-    first = false;
+    if (pieces.size() > 1) pieces.push_back(",\n");
+    pieces.push_back(events);
   }
-  ok = ok && write_all("]}\n");
-  int error = ok ? 0 : (errno != 0 ? errno : ENOSPC);  // a write of 0 bytes: no room
-  if (::close(fd) != 0 && error == 0) error = errno;
-  if (error != 0) {
-    ::unlink(temporary.c_str());
-    fail("writing the trace file '{}' failed: {}; '{}' was left as it was", temporary,
-         std::strerror(error), path);
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    error = errno;
-    ::unlink(temporary.c_str());
-    fail("cannot rename the trace file '{}' to '{}': {}", temporary, path, std::strerror(error));
-  }
+  pieces.push_back("]}\n");
+  return pieces;
 }
 
 Tracer* active_tracer() {

@@ -20,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "nanoddp/engine/device.h"
@@ -56,8 +57,10 @@ class Tracer {
   // This rank's events as a JSON array body (comma-separated objects, no brackets), with the
   // metadata that names the process ("rank R") and its tracks. Waits for pending device spans.
   std::string events_json() const;
-  // Writes a complete trace file from several ranks' events_json() strings.
-  static void write_file(const std::string& path, const std::vector<std::string>& ranks_events);
+  // A complete trace file from several ranks' events_json() strings, as pieces to write one
+  // after another (views into `ranks_events`, which must outlive them). The writing itself is
+  // the caller's: the trainer writes atomically and checks which file it made.
+  static std::vector<std::string_view> file_pieces(const std::vector<std::string>& ranks_events);
 
   int rank() const { return rank_; }
   // Events recorded so far; device spans count once events_json() has resolved them.

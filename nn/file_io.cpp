@@ -261,8 +261,8 @@ std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
   return bytes;
 }
 
-void write_file_atomically(const std::filesystem::path& requested,
-                           std::span<const std::span<const std::byte>> chunks) {
+FileIdentity write_file_atomically(const std::filesystem::path& requested,
+                                   std::span<const std::span<const std::byte>> chunks) {
   if (requested.filename().empty()) {
     fail("cannot write '{}': the path names no file", requested.string());
   }
@@ -298,6 +298,8 @@ void write_file_atomically(const std::filesystem::path& requested,
   for (const std::span<const std::byte> chunk : chunks) {
     write_all(fd, chunk.data(), chunk.size(), temp, path);
   }
+  struct stat written {};
+  ::fstat(fd, &written);  // on an open descriptor: cannot fail
   if (::fsync(fd) != 0) {
     const int error = errno;
     ::unlink(temp.c_str());
@@ -333,6 +335,7 @@ void write_file_atomically(const std::filesystem::path& requested,
     fail("wrote '{}' but fsync of its directory '{}' failed: {}", path.string(), directory.string(),
          errno_text(error));
   }
+  return {.device = written.st_dev, .inode = written.st_ino};
 }
 
 }  // namespace nanoddp::nn

@@ -21,12 +21,22 @@ namespace nanoddp::nn {
 // The whole file as bytes. Throws nanoddp::Error naming the path and the system's reason.
 std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
 
-// Writes the concatenation of `chunks` to `path` atomically (see above). On any failure the
-// temporary file is removed, the old contents of `path` (if any) are untouched, and
-// nanoddp::Error names the path, the failing step and the system's reason (e.g. "No space left
-// on device", "Permission denied"). New files get mode 0666 minus the umask, like fopen.
-void write_file_atomically(const std::filesystem::path& path,
-                           std::span<const std::span<const std::byte>> chunks);
+// Which file a write made: its device and inode. A caller that later acts on the file by its
+// name (moves it into place) checks that the name still holds this file: another process may
+// have put its own there since the write.
+struct FileIdentity {
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+
+// Writes the concatenation of `chunks` to `path` atomically (see above), and says which file it
+// made. On any failure the temporary file is removed, the old contents of `path` (if any) are
+// untouched, and nanoddp::Error names the path, the failing step and the system's reason (e.g.
+// "No space left on device", "Permission denied"). New files get mode 0666 minus the umask,
+// like fopen.
+FileIdentity write_file_atomically(const std::filesystem::path& path,
+                                   std::span<const std::span<const std::byte>> chunks);
 
 // Who is writing a write_file_atomically temporary: its name is ".<target>.tmp.<host>.<pid>.<k>"
 // while it is written, and stays so when the writer is killed. A later writer may remove such a

@@ -150,8 +150,9 @@ std::size_t safetensors_dtype_size(std::string_view dtype) {
   return info->size;
 }
 
-void write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> entries,
-                       const SafetensorsMetadata& metadata) {
+FileIdentity write_safetensors(const std::filesystem::path& path,
+                               std::span<const SafetensorsEntry> entries,
+                               const SafetensorsMetadata& metadata) {
   const std::string file = path.string();
   struct Planned {
     const SafetensorsEntry* entry;
@@ -231,7 +232,7 @@ void write_safetensors(const std::filesystem::path& path, std::span<const Safete
   for (const Planned& p : planned) {
     chunks.emplace_back(static_cast<const std::byte*>(p.entry->data), p.bytes);
   }
-  write_file_atomically(path, chunks);
+  return write_file_atomically(path, chunks);
 }
 
 std::int64_t SafetensorsTensor::numel() const {

@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "nanoddp/nn/file_io.h"
+
 namespace nanoddp::nn {
 
 // One tensor to write. `data` holds product(shape) elements of `dtype`, little-endian.
@@ -37,9 +39,11 @@ std::size_t safetensors_dtype_size(std::string_view dtype);
 // by decreasing element size, then by name (the reference writer sorts by dtype, then name), so
 // that every tensor is aligned to its element size (the buffer starts at a multiple of 8). Throws
 // nanoddp::Error for duplicate or empty names, an unknown dtype, a negative dimension, and for I/O
-// errors (naming the path and the system's reason, e.g. "No space left on device").
-void write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> entries,
-                       const SafetensorsMetadata& metadata = {});
+// errors (naming the path and the system's reason, e.g. "No space left on device"). Returns
+// which file it made (write_file_atomically).
+FileIdentity write_safetensors(const std::filesystem::path& path,
+                               std::span<const SafetensorsEntry> entries,
+                               const SafetensorsMetadata& metadata = {});
 
 // A tensor inside a loaded file: a view into the file's bytes.
 struct SafetensorsTensor {

@@ -89,8 +89,8 @@ bool same_inode(const struct stat& a, const struct stat& b) {
 
 // A staged output is ".nanoddp-out.tmp.<host>.<pid>.<k>". Beside it while it is written: its
 // writer's temporary, "..nanoddp-out.tmp.<host>.<pid>.<k>.tmp.<host>.<pid>.<k2>"
-// (nn::write_file_atomically), or the trace writer's, ".nanoddp-out.tmp.<host>.<pid>.<k>.tmp.
-// <pid>.<k2>", both of the same process.
+// (nn::write_file_atomically), or, left by versions before 2026-12-05, the trace writer's own,
+// ".nanoddp-out.tmp.<host>.<pid>.<k>.tmp.<pid>.<k2>", both of the same process.
 constexpr std::string_view kStagedMark = ".nanoddp-out.tmp.";
 constexpr long kPidMax = 4194304;  // the kernel's PID_MAX_LIMIT
 
@@ -528,7 +528,7 @@ std::optional<NotReplaceable> not_replaceable(const std::string& file) {
 }
 
 std::string write_final_output(const char* flag, const std::string& path,
-                               const std::function<void(const std::string&)>& write,
+                               const std::function<nn::FileIdentity(const std::string&)>& write,
                                const common::FileState& checked,
                                const std::string& checked_target) {
   const fs::path target = common::resolved_path(path);  // a symlink's target; the link stays
@@ -570,12 +570,20 @@ std::string write_final_output(const char* flag, const std::string& path,
   }
   if (!staged.empty()) {
     try {
-      write(staged);
+      const nn::FileIdentity written = write(staged);
       staged_whole = true;
       lock_fd = ::open(staged.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
       if (lock_fd < 0 || ::fstat(lock_fd, &ours) != 0) {
         problem = fmt::format("cannot open '{}': {}", staged, std::strerror(errno));
         if (lock_fd >= 0) ::close(lock_fd);
+        lock_fd = -1;
+      } else if (written != nn::FileIdentity{.device = ours.st_dev, .inode = ours.st_ino}) {
+        // Another process put its own file at the staged name between the writer's rename and
+        // the open above (under load, a test's replacement was installed as the output and the
+        // run said "saved"): not this run's to install; the output is written to a rescue
+        // folder below.
+        problem = not_ours(staged, target.string());
+        ::close(lock_fd);
         lock_fd = -1;
       } else {
         ::flock(lock_fd, LOCK_EX | LOCK_NB);

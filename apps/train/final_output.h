@@ -18,6 +18,7 @@
 #include <string>
 
 #include "common/output_files.h"
+#include "nanoddp/nn/file_io.h"
 
 namespace nanoddp::train {
 
@@ -49,11 +50,12 @@ std::optional<NotReplaceable> not_replaceable(const std::string& file);
 // "..nanoddp-out.tmp.*"): an output named so would be taken for a killed run's leftover.
 bool is_staged_name(const std::string& filename);
 
-// Writes the output with `write(path)`. `checked_target`: where the path led at its check (a
-// symlink's target), "" when nothing was checked (--metrics). Returns "" when written where
-// asked, else the error to stop with, naming where the output went.
+// Writes the output with `write(path)`, which says which file it made (nn::FileIdentity).
+// `checked_target`: where the path led at its check (a symlink's target), "" when nothing was
+// checked (--metrics). Returns "" when written where asked, else the error to stop with, naming
+// where the output went.
 std::string write_final_output(const char* flag, const std::string& path,
-                               const std::function<void(const std::string&)>& write,
+                               const std::function<nn::FileIdentity(const std::string&)>& write,
                                const common::FileState& checked,
                                const std::string& checked_target = {});
 

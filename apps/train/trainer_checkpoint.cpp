@@ -367,7 +367,7 @@ std::string Trainer::save_parameters() {
                                             {"model", model_->describe()}};
   return write_final_output(
       "--save", o_.save_path,
-      [&](const std::string& path) { nn::write_safetensors(path, entries, metadata); },
+      [&](const std::string& path) { return nn::write_safetensors(path, entries, metadata); },
       save_checked_, save_target_);
 }
 

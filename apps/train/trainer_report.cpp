@@ -325,7 +325,9 @@ void Trainer::keep_metrics() {
       // Gone from its name: another file there now (the user's, another run's) is not replaced.
       write_final_output(
           "--metrics", o_.metrics_path,
-          [&](const std::string& path) { nn::write_file_atomically(path, std::span(&whole, 1)); },
+          [&](const std::string& path) {
+            return nn::write_file_atomically(path, std::span(&whole, 1));
+          },
           common::FileState{});
   if (problem.empty()) {
     fmt::print(stderr,
@@ -378,7 +380,14 @@ std::string Trainer::write_trace() {
                          o_.batch, o_.grad_accum));
   // Through a symlink (even to a file not written yet) its target; the link stays.
   std::string problem = write_final_output(
-      "--trace", o_.trace_path, [&](const std::string& path) { Tracer::write_file(path, all); },
+      "--trace", o_.trace_path,
+      [&](const std::string& path) {
+        std::vector<std::span<const std::byte>> chunks;
+        for (const std::string_view piece : Tracer::file_pieces(all)) {
+          chunks.push_back(std::as_bytes(std::span(piece)));
+        }
+        return nn::write_file_atomically(path, chunks);
+      },
       trace_checked_, trace_target_);
   if (problem.empty() && !o_.quiet) fmt::print("trace written to {}\n", o_.trace_path);
   return problem;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <csignal>
@@ -1144,6 +1145,17 @@ TEST_CASE("outputs: a run that fails in its set-up leaves no folder it created b
   CHECK(fs::is_directory(dir.file("ck/a/b")));
 }
 
+// Removes a folder the trainer is setting up: its writability probe comes and goes there, so
+// remove_all can find the folder not empty (it did in CI, under ASan); it is tried again.
+static void remove_under_probe(const std::string& folder) {
+  std::error_code failed;
+  for (int i = 0; i < 200 && (fs::remove_all(folder, failed), failed); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  INFO(folder, ": ", failed.message());
+  REQUIRE_FALSE(failed);
+}
+
 // An outside adversary's cases against the first version of the clean-up above, which removed by
 // path: a user's file put where a created folder was, and a folder another run relied on.
 TEST_CASE("outputs: the set-up clean-up removes only the empty folders it made, never a file") {
@@ -1159,9 +1171,9 @@ TEST_CASE("outputs: the set-up clean-up removes only the empty folders it made, 
     }
     REQUIRE(fs::is_directory(dir.file("t/x")));
     REQUIRE(fs::is_directory(dir.file("s")));
-    fs::remove(dir.file("t/x"));
+    remove_under_probe(dir.file("t/x"));
     std::ofstream(dir.file("t/x")) << "a user's file\n";
-    fs::remove(dir.file("s"));
+    remove_under_probe(dir.file("s"));
     fs::create_directory_symlink(dir.file("elsewhere"), dir.file("s"));
     const auto status = run.wait(std::chrono::seconds(60));
     INFO(status_text(status), "\n", run.output());
@@ -1191,7 +1203,7 @@ TEST_CASE("outputs: the set-up clean-up removes only the empty folders it made, 
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     REQUIRE(fs::is_directory(dir.file("o/r")));
-    fs::remove_all(dir.file("o"));
+    remove_under_probe(dir.file("o"));
     fs::create_directories(dir.file("o/r"));  // ext4 hands out the same inode numbers at once
     const auto status = run.wait(kLongRunEnd);
     INFO(status_text(status), "\n", run.output());
@@ -1539,15 +1551,22 @@ struct InstallWindow {
   std::string output;
   std::optional<int> status;
 
+  // Where the run is held for 3 s (strace): by default just before the install (its first
+  // renameat2); `kAfterStaging` just after the writer renamed the output in at the staged name
+  // (the run's second rename; the first is the folder's writability probe).
+  static constexpr std::array<const char*, 2> kBeforeInstall = {
+      "trace=renameat2", "inject=renameat2:delay_enter=3000000:when=1"};
+  static constexpr std::array<const char*, 2> kAfterStaging = {
+      "trace=rename", "inject=rename:delay_exit=3000000:when=2"};
+
   // Runs a 20-step job saving to `save` (made by `prepare`), and `act` once its output is staged.
-  void run(const std::function<void()>& prepare, const std::function<void()>& act) {
+  void run(const std::function<void()>& prepare, const std::function<void()>& act,
+           const std::array<const char*, 2>& hold = kBeforeInstall) {
     fs::create_directories(rescue);
     fs::create_directories(dir.file("out"));
     prepare();
-    std::vector<std::string> argv = {"strace", "-f",
-                                     "-o",     "/dev/null",
-                                     "-e",     "trace=renameat2",
-                                     "-e",     "inject=renameat2:delay_enter=3000000:when=1"};
+    std::vector<std::string> argv = {"strace", "-f",    "-o", "/dev/null",
+                                     "-e",     hold[0], "-e", hold[1]};
     const auto train = train_argv({"--steps", "20", "--quiet", "--save", save});
     argv.insert(argv.end(), train.begin(), train.end());
     BackgroundProcess trainer(with_env(traced_env({{"TMPDIR", rescue}}), argv));
@@ -1583,6 +1602,14 @@ TEST_CASE("outputs: what happens to the --save just before the install is never 
   }
   InstallWindow w;
   const auto older = [&] { std::ofstream(w.save) << "an older model"; };
+  // Another process's file moved onto the staged output.
+  const auto replace_staged = [&] {
+    for (const auto& entry : fs::directory_iterator(w.dir.file("out"))) {
+      if (!entry.path().filename().string().starts_with(".nanoddp-out.tmp.")) continue;
+      std::ofstream(w.dir.file("foreign")) << "FOREIGN";
+      fs::rename(w.dir.file("foreign"), entry.path());
+    }
+  };
   const auto rescued_step = [&] {
     const std::string rescued = rescued_file(w.output, "m.st");
     REQUIRE_FALSE(rescued.empty());
@@ -1601,13 +1628,18 @@ TEST_CASE("outputs: what happens to the --save just before the install is never 
     w.check_no_temporary();
   }
   SUBCASE("the staged output replaced by another process: not installed, the output rescued") {
-    w.run(older, [&] {
-      for (const auto& entry : fs::directory_iterator(w.dir.file("out"))) {
-        if (!entry.path().filename().string().starts_with(".nanoddp-out.tmp.")) continue;
-        std::ofstream(w.dir.file("foreign")) << "FOREIGN";
-        fs::rename(w.dir.file("foreign"), entry.path());
-      }
-    });
+    w.run(older, replace_staged);
+    INFO(status_text(w.status), "\n", w.output);
+    CHECK(exited_with(w.status, 1));
+    CHECK(read_file(w.save) == "an older model");
+    CHECK(contains(w.output, "was replaced by another process before it was installed; '" + w.save +
+                                 "' is left as it was"));
+    CHECK(rescued_step() == "20");
+  }
+  SUBCASE("the staged output replaced before the run looked at it: not installed, rescued") {
+    // Replaced in the moment between the writer's rename and the run's first look at the staged
+    // file: under load the replacement was installed as the output, and the run said "saved".
+    w.run(older, replace_staged, InstallWindow::kAfterStaging);
     INFO(status_text(w.status), "\n", w.output);
     CHECK(exited_with(w.status, 1));
     CHECK(read_file(w.save) == "an older model");

@@ -358,9 +358,9 @@ void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, 
 }
 
 // nanoddp defaults to ONE thread: a data-parallel job runs one process per core group, and
-// several ranks each using all cores would oversubscribe the machine. Eigen keeps its own
-// process-wide count, which defaults to every OpenMP thread; gemm_eigen() applies ours on every
-// call (setting an int), so the default holds without any initialisation order games.
+// several ranks each using all cores would oversubscribe the machine. gemm_eigen() shares its
+// slices among this many threads and keeps Eigen's own count at one on every call (setting an
+// int), so Eigen's default (every OpenMP thread) never applies.
 void set_gemm_threads(int threads) {
   gemm_thread_count.store(threads < 1 ? 1 : threads, std::memory_order_relaxed);
 }

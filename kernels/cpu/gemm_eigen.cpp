@@ -1,9 +1,15 @@
 // GEMM on the CPU through Eigen: the reference that nanoddp's own kernels (gemm.cpp) are tested
 // and benchmarked against, and the path for builds without AVX-512. Eigen's product kernel is a
 // packed, cache-blocked GEMM (the same GotoBLAS scheme as OpenBLAS), vectorised for whatever
-// -march we are compiled with, and parallelised with OpenMP when more than one thread is
-// allowed. We only describe the operands to it: our buffers are dense row-major, so each one is
-// an Eigen::Map with no copy.
+// -march we are compiled with. We only describe the operands to it: our buffers are dense
+// row-major, so each one is an Eigen::Map with no copy.
+//
+// Threads: not Eigen's own. Eigen sizes its blocks by its thread count (its depth block kc
+// shrinks as threads are added), and the depth blocks are the order in which each element of C
+// is summed: the same product on 1 and 3 threads differed in its last bits, so --threads
+// changed a training run. Here C is cut into slices fixed by the shape alone, each is one
+// single-threaded Eigen product, and threads only share out the slices, as the own kernels
+// share out their tiles: the bits are the same for every thread count.
 
 // GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 intrinsics
 // (_mm512_undefined_ps is *meant* to be uninitialised) when Eigen's kernel inlines them. The
@@ -42,6 +48,12 @@ void pull_into_cache(const float* p, std::int64_t n) {
 using RowMajorMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using ConstMatrixMap = Eigen::Map<const RowMajorMatrix>;
 using MatrixMap = Eigen::Map<RowMajorMatrix>;
+using SliceMap = Eigen::Map<RowMajorMatrix, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+// Rows (or columns) of C per slice. Large enough that re-packing the other operand for each
+// slice costs little against the slice's own work; small enough that a linear layer's GEMMs
+// (1024 wide) give every thread of a small machine a slice.
+constexpr std::int64_t kSlice = 256;
 
 // C = alpha * op(A) op(B) + beta * C for already-transposed expressions. Three cases so that
 // no temporary is ever made and, for beta == 0, C is never read (it may hold NaN garbage):
@@ -51,16 +63,35 @@ using MatrixMap = Eigen::Map<RowMajorMatrix>;
 // .noalias() promises Eigen that C does not overlap A or B, so it writes C directly instead of
 // evaluating into a temporary and copying.
 template <typename OpA, typename OpB>
-void gemm_into(const OpA& a, const OpB& b, float alpha, float beta, MatrixMap& c) {
+void gemm_into(const OpA& a, const OpB& b, float alpha, float beta, SliceMap c) {
   if (beta == 0.0f) {
     c.noalias() = (alpha * a) * b;
   } else {
-    if (beta != 1.0f) {
-      c *= beta;  // a sequential pass over C, so it also leaves C in cache
-    } else if (c.size() >= kPullIntoCacheFloats) {
-      pull_into_cache(c.data(), c.size());
-    }
+    if (beta != 1.0f) c *= beta;  // a sequential pass over C, so it also leaves C in cache
     c.noalias() += (alpha * a) * b;
+  }
+}
+
+// C (m x n, row-major) = alpha * a b + beta * C, slice by slice: along C's longer side, in
+// slices of kSlice (the last takes what is left), each on one thread.
+template <typename OpA, typename OpB>
+void gemm_sliced(const OpA& a, const OpB& b, float alpha, float beta, float* c, std::int64_t m,
+                 std::int64_t n, [[maybe_unused]] int threads) {  // (without OpenMP: unused)
+  if (beta == 1.0f && m * n >= kPullIntoCacheFloats) pull_into_cache(c, m * n);
+  const bool by_rows = m >= n;
+  const std::int64_t extent = by_rows ? m : n;
+  const std::int64_t slices = extent < 2 * kSlice ? 1 : (extent + kSlice - 1) / kSlice;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && slices > 1)
+  for (std::int64_t s = 0; s < slices; ++s) {
+    const std::int64_t first = s * kSlice;
+    const std::int64_t size = s + 1 == slices ? extent - first : kSlice;
+    if (by_rows) {
+      gemm_into(a.middleRows(first, size), b, alpha, beta,
+                SliceMap(c + first * n, size, n, Eigen::OuterStride<>(n)));
+    } else {
+      gemm_into(a, b.middleCols(first, size), alpha, beta,
+                SliceMap(c + first, m, size, Eigen::OuterStride<>(n)));
+    }
   }
 }
 
@@ -84,17 +115,18 @@ void gemm_eigen(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64
   // GEMM kernel packs either orientation into its panels at the same cost.
   const bool ta = trans_a == Transpose::kYes;
   const bool tb = trans_b == Transpose::kYes;
-  Eigen::setNbThreads(gemm_threads());
+  Eigen::setNbThreads(1);  // the slices are the threads' work (see the top of this file)
+  const int threads = gemm_threads();
   const ConstMatrixMap a_map(a, ta ? k : m, ta ? m : k);
   const ConstMatrixMap b_map(b, tb ? n : k, tb ? k : n);
   if (!ta && !tb) {
-    gemm_into(a_map, b_map, alpha, beta, c_map);
+    gemm_sliced(a_map, b_map, alpha, beta, c, m, n, threads);
   } else if (!ta && tb) {
-    gemm_into(a_map, b_map.transpose(), alpha, beta, c_map);
+    gemm_sliced(a_map, b_map.transpose(), alpha, beta, c, m, n, threads);
   } else if (ta && !tb) {
-    gemm_into(a_map.transpose(), b_map, alpha, beta, c_map);
+    gemm_sliced(a_map.transpose(), b_map, alpha, beta, c, m, n, threads);
   } else {
-    gemm_into(a_map.transpose(), b_map.transpose(), alpha, beta, c_map);
+    gemm_sliced(a_map.transpose(), b_map.transpose(), alpha, beta, c, m, n, threads);
   }
 }
 

@@ -35,8 +35,9 @@ void gemm_eigen(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64
                 std::int64_t k, float alpha, const float* a, const float* b, float beta, float* c);
 bool gemm_has_own_kernels();
 
-// Threads gemm and gemm_eigen may use (1 = the calling thread only). gemm's threads split the
-// tiles of C, never a sum, so its results are the same bits for every thread count.
+// Threads gemm and gemm_eigen may use (1 = the calling thread only). Both split C (gemm its
+// tiles, gemm_eigen fixed slices of it), never a sum, so the results are the same bits for
+// every thread count.
 void set_gemm_threads(int threads);
 int gemm_threads();
 

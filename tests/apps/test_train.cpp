@@ -174,6 +174,30 @@ TEST_CASE("nanoddp-train is deterministic: the same seed gives the same bits, an
   CHECK(a != c);
 }
 
+TEST_CASE("nanoddp-train --threads: 1, 2 and 3 threads give the same bits, with either GEMM") {
+  // Threads split C, never a sum. Widths of several Eigen slices: with --gemm eigen (and on a CPU
+  // without AVX-512, where every product is Eigen's) Eigen's own threads changed the bits.
+  TempDir dir;
+  for (const std::string gemm : {"hand", "eigen"}) {
+    CAPTURE(gemm);
+    auto run = [&](int threads) {
+      const std::string out = dir.file(fmt::format("{}-{}.st", gemm, threads));
+      const ProcessResult r =
+          train({"--in",        "600",    "--out",   "10", "--hidden",  "600",
+                 "--layers",    "1",      "--batch", "64", "--steps",   "4",
+                 "--optimizer", "adamw",  "--gemm",  gemm, "--threads", std::to_string(threads),
+                 "--quiet",     "--save", out});
+      REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+      return out;
+    };
+    const std::string one = run(1);
+    for (const int threads : {2, 3}) {
+      CAPTURE(threads);
+      nanoddp::testing::check_same_bits(one, run(threads));
+    }
+  }
+}
+
 TEST_CASE("nanoddp-train --optimizer-in-backward: the same bits, the updates inside backward") {
   TempDir dir;
   const std::vector<std::vector<std::string>> configs = {

@@ -198,17 +198,10 @@ TEST_CASE("cpu gemm: threads setting round-trips and multi-threaded results matc
   cpu::set_gemm_threads(before);
 }
 
-TEST_CASE("cpu gemm: the own kernels give the same bits on 1 and 3 threads") {
-  // Threads split the tiles of C, never a sum, so --threads must not change a single bit of a
-  // training run. Each linear-layer layout, at a batch of 64 and with partial tiles.
-  if (!cpu::gemm_has_own_kernels()) {
-    // Without AVX-512 every product is Eigen's, whose blocking (and so its sums) depends on its
-    // thread count: nothing of ours to test (found on an AMD EPYC without AVX-512).
-    MESSAGE(
-        "skipped: this build has no own GEMM kernels (no AVX-512); Eigen's bits depend on "
-        "its thread count");
-    return;
-  }
+TEST_CASE("cpu gemm: the own kernels and Eigen give the same bits on 1, 2 and 3 threads") {
+  // Threads split C, never a sum, so --threads must not change a single bit of a training run.
+  // Each linear-layer layout, at a batch of 64 and with partial tiles, and shapes of several
+  // Eigen slices (the path of a build without AVX-512: Eigen's own threads changed its bits).
   const int before = cpu::gemm_threads();
   struct Case {
     Transpose ta, tb;
@@ -217,19 +210,28 @@ TEST_CASE("cpu gemm: the own kernels give the same bits on 1 and 3 threads") {
   const Case cases[] = {{Transpose::kNo, Transpose::kYes, {64, 130, 300}},
                         {Transpose::kNo, Transpose::kNo, {64, 300, 130}},
                         {Transpose::kYes, Transpose::kNo, {130, 300, 64}},
-                        {Transpose::kNo, Transpose::kNo, {100, 1100, 250}}};
+                        {Transpose::kNo, Transpose::kNo, {100, 1100, 250}},
+                        {Transpose::kYes, Transpose::kYes, {900, 530, 700}},
+                        {Transpose::kNo, Transpose::kYes, {64, 1024, 1024}},
+                        {Transpose::kYes, Transpose::kNo, {1024, 1024, 64}}};
   for (const Case& c : cases) {
     CAPTURE(c.s.m);
     CAPTURE(c.s.n);
     CAPTURE(c.s.k);
     const auto a = random_floats(c.s.m * c.s.k, 21);
     const auto b = random_floats(c.s.k * c.s.n, 22);
-    std::vector<float> one(c.s.m * c.s.n), three(c.s.m * c.s.n);
-    cpu::set_gemm_threads(1);
-    cpu::gemm(c.ta, c.tb, c.s.m, c.s.n, c.s.k, 1.0f, a.data(), b.data(), 0.0f, one.data());
-    cpu::set_gemm_threads(3);
-    cpu::gemm(c.ta, c.tb, c.s.m, c.s.n, c.s.k, 1.0f, a.data(), b.data(), 0.0f, three.data());
-    CHECK(one == three);
+    for (const auto product : {cpu::gemm, cpu::gemm_eigen}) {
+      std::vector<float> one(c.s.m * c.s.n, 0.5f);
+      cpu::set_gemm_threads(1);
+      product(c.ta, c.tb, c.s.m, c.s.n, c.s.k, 1.0f, a.data(), b.data(), 1.0f, one.data());
+      for (const int threads : {2, 3}) {
+        CAPTURE(threads);
+        std::vector<float> more(c.s.m * c.s.n, 0.5f);
+        cpu::set_gemm_threads(threads);
+        product(c.ta, c.tb, c.s.m, c.s.n, c.s.k, 1.0f, a.data(), b.data(), 1.0f, more.data());
+        CHECK(one == more);
+      }
+    }
   }
   cpu::set_gemm_threads(before);
 }

@@ -419,8 +419,8 @@ std::string HierarchicalAllreduce::describe() const {
   const bool own = impl_->across_ring != nullptr && impl_->across_ring->enabled();
   return fmt::format(
       "{}; shared memory within a host{}, {} TCP ring across the leaders (ranks {}{})",
-      impl_->layout.describe(), own ? "nanoddp's" : "Gloo's",
-      chunk > 0 ? fmt::format(" ({} KiB chunks)", chunk / 1024) : "", rank_list(impl_->leaders),
+      impl_->layout.describe(), chunk > 0 ? fmt::format(" ({} KiB chunks)", chunk / 1024) : "",
+      own ? "nanoddp's" : "Gloo's", rank_list(impl_->leaders),
       impl_->leader() ? "; " + impl_->across.device_description : std::string());
 }
 

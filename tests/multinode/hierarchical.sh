@@ -59,6 +59,9 @@ fi
 if both_nodes vs-flat 29642 "$bin/nanoddp-test-comm-worker" --vs-flat; then
   grep -q "vs-flat: group backend gloo+shm+hier, flat backend gloo" "$work/vs-flat-0.log" ||
     fail "vs-flat did not compare gloo+shm+hier with gloo"
+  # What bench-allreduce records as the transport (its words were once out of order).
+  grep -Eq "vs-flat: group transport hierarchical \(2 hosts: ranks 0-1 \| 2-3; shared memory within a host \([0-9]+ KiB chunks\), nanoddp's TCP ring across the leaders \(ranks 0, 2; " \
+    "$work/vs-flat-0.log" || fail "vs-flat: the hierarchical transport is not described as it runs"
   grep "\] vs-flat float32 sum n=300007" "$work/vs-flat-0.log"
   echo "ok: hierarchical = flat ring within float rounding, same bits on every rank"
 else

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "nanoddp/comm/gloo_process_group.h"
 #include "nanoddp/comm/process_group.h"
 #include "nanoddp/engine/tensor.h"
 
@@ -178,6 +179,9 @@ int run_vs_flat(nanoddp::comm::Distributed& dist) {
   if (group.rank() == 0) {
     fmt::print("vs-flat: group backend {}, flat backend {}\n", group.backend_name(),
                flat->backend_name());
+    if (const auto* gloo = dynamic_cast<const nanoddp::comm::GlooProcessGroup*>(&group)) {
+      fmt::print("vs-flat: group transport {}\n", gloo->allreduce_transport());
+    }
   }
   int failures = 0;
   // Sizes across the shared-memory chunk (512 KiB) and the broadcast piece (1 MiB) boundaries.

@@ -13,7 +13,7 @@
 #      (nanoddp-train --hidden 2048 --layers 3 --batch 1), alone and 2 at once
 #   2. trace-1.json: a 1-rank nanoddp-train trace (the compute profile)
 #   3. shm-2.jsonl: nanoddp-bench-allreduce on 2 ranks on one host (shared memory)
-#   4. tcp-2.jsonl: nanoddp-bench-allreduce on 2 ranks, one per namespace (Gloo's TCP ring over
+#   4. tcp-2.jsonl: nanoddp-bench-allreduce on 2 ranks, one per namespace (nanoddp's TCP ring over
 #      the veth pair: what the leaders run in the hierarchical all-reduce's step 2)
 # and the measured runs: 5. nanoddp-train on 2 ranks (shm); 6. nanoddp-train on 2 x 2 (hier).
 # Measured = the median step_ms of rank 0's metrics (step 1 left out).

@@ -160,8 +160,38 @@ std::size_t read_at(int fd, const std::filesystem::path& path, std::uint64_t off
 }  // namespace
 
 std::string excerpt(std::string_view text, std::size_t max_chars) {
-  if (text.size() <= max_chars) return std::string(text);
-  return fmt::format("{}... ({} characters in all)", text.substr(0, max_chars), text.size());
+  if (text.size() <= max_chars) return escape_controls(text);
+  // Cut at a character's first byte, never inside a UTF-8 sequence.
+  std::size_t cut = max_chars;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return fmt::format("{}... ({} characters in all)", escape_controls(text.substr(0, cut)),
+                     text.size());
+}
+
+std::string escape_controls(std::string_view text, bool keep_newlines) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const auto next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0u;
+    if (c == '\n' && keep_newlines) {
+      out += '\n';
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7F) {
+      out += fmt::format("\\x{:02x}", c);
+    } else if (c == 0xC2 && next >= 0x80 && next <= 0x9F) {  // U+0080-U+009F in UTF-8
+      out += fmt::format("\\u{:04x}", next);
+      ++i;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
 }
 
 FileHead read_file_head(const std::filesystem::path& path, std::size_t max_bytes) {

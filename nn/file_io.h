@@ -50,9 +50,17 @@ std::optional<TemporaryWriter> temporary_writer(const std::string& filename);
 std::string this_host();  // gethostname(), or "localhost"
 
 // At most the first `max_chars` characters of untrusted `text` (a file's header, a metadata
-// value), with "... (N characters in all)" when cut: an error message must stay readable and
-// small however big the input is.
+// value), with "... (N characters in all)" when cut, and its control characters escaped
+// (escape_controls): an error message must stay readable and small however big the input is,
+// and say nothing the file's author wrote as a line of its own.
 std::string excerpt(std::string_view text, std::size_t max_chars = 200);
+
+// `text` with its control characters written as escapes: \n, \r, \t, or \xNN for the other
+// C0 bytes, DEL and the C1 controls (U+0080-U+009F, which some terminals obey as ESC sequences).
+// A crafted file's metadata printed raw in an error recoloured and retitled the terminal, and
+// its newline printed a line that read as the program's own ("nanoddp-train: all good").
+// `keep_newlines`: for a whole message a program prints, whose own lines are meant.
+std::string escape_controls(std::string_view text, bool keep_newlines = false);
 
 // The first `max_bytes` bytes of the file (fewer when it is shorter), and its whole size: what a
 // reader checks (magic bytes, header) before it trusts the size enough to read the rest.

@@ -20,6 +20,8 @@
 #include <optional>
 #include <string>
 
+#include "nanoddp/nn/file_io.h"
+
 namespace nanoddp::cli {
 
 namespace detail {
@@ -203,7 +205,8 @@ int run_reporting_errors(const char* program, Run&& run) {
   try {
     return run();
   } catch (const std::exception& e) {
-    std::cerr << program << ": error: " << e.what() << "\n";
+    // Escaped: a message may quote a file's text (nn::escape_controls).
+    std::cerr << program << ": error: " << nn::escape_controls(e.what(), true) << "\n";
     return 1;
   }
 }

@@ -32,6 +32,7 @@
 #include "elastic.h"
 #include "launcher.h"
 #include "log_files.h"
+#include "nanoddp/nn/file_io.h"
 #include "options.h"
 #include "output.h"
 #include "program_path.h"
@@ -113,7 +114,9 @@ int main(int argc, char** argv) {
   try {
     exit_code = plan.options.rdzv_endpoint.empty() ? run_launcher(plan) : run_elastic(plan);
   } catch (const std::exception& e) {
-    Console::err().write(fmt::format("nanoddp-run: error: {}\n", e.what()), false);
+    Console::err().write(
+        fmt::format("nanoddp-run: error: {}\n", nanoddp::nn::escape_controls(e.what(), true)),
+        false);
     exit_code = 2;
   }
   // At most 10 s in all: the job's outcome is its exit code, and a reader that never reads

@@ -14,6 +14,7 @@
 #include "common/error_file.h"
 #include "common/output_files.h"
 #include "nanoddp/comm/process_group.h"
+#include "nanoddp/nn/file_io.h"
 #include "options.h"
 #include "trainer.h"
 
@@ -58,7 +59,7 @@ int main(int argc, char** argv) {
   try {
     trainer = std::make_unique<Trainer>(*options);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "nanoddp-train: error: {}\n", e.what());
+    fmt::print(stderr, "nanoddp-train: error: {}\n", nanoddp::nn::escape_controls(e.what(), true));
     record(e);
     if (dynamic_cast<const FailedBeforeJoining*>(&e) != nullptr) {
       std::fflush(stderr);
@@ -71,7 +72,7 @@ int main(int argc, char** argv) {
   try {
     return trainer->run();
   } catch (const std::exception& e) {
-    fmt::print(stderr, "nanoddp-train: error: {}\n", e.what());
+    fmt::print(stderr, "nanoddp-train: error: {}\n", nanoddp::nn::escape_controls(e.what(), true));
     record(e);
     return 1;
   }

@@ -210,7 +210,7 @@ void Trainer::check_checkpoint_model(const std::string& path) const {
     fail(
         "--resume: checkpoint '{}' was trained with --task {}; this run has --task {}. Resume "
         "with the same --task and --classes",
-        path, task->second, task_description());
+        path, nn::excerpt(task->second), task_description());
   }
   if (const auto model = metadata.find("info.model"); model != metadata.end()) {
     const std::string difference = model_difference(model->second, model_->describe());

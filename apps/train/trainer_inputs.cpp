@@ -441,7 +441,7 @@ void Trainer::check_init_model() const {
   if (const auto task = metadata.find("task");
       task != metadata.end() && task->second != task_description()) {
     fail("--init '{}' was saved by a --task {} run; this run has --task {}", o_.init_path,
-         task->second, task_description());
+         nn::excerpt(task->second), task_description());
   }
   // The activation is invisible in the shapes: its own key is compared whenever the file has
   // one, whatever "model" says (an outside tester's file recorded another activation there
@@ -453,7 +453,7 @@ void Trainer::check_init_model() const {
         "--init '{}' was saved from another model: its metadata key 'activation' is '{}', this "
         "run's model uses '{}' (--activation). Pass --activation {}, or start from a file of "
         "this model",
-        o_.init_path, act->second, o_.activation, act->second);
+        o_.init_path, nn::excerpt(act->second), o_.activation, nn::excerpt(act->second));
   }
   const auto model = metadata.find("model");
   // Without "model" (files written before it was recorded, PyTorch's state_dict) the shapes
@@ -462,7 +462,7 @@ void Trainer::check_init_model() const {
   const std::string difference = model_difference(model->second, model_->describe());
   if (!difference.empty()) {
     fail("--init '{}' was saved from another model (metadata key 'model' is '{}'): {}",
-         o_.init_path, model->second, difference);
+         o_.init_path, nn::excerpt(model->second), difference);
   }
 }
 

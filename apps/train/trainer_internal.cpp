@@ -70,7 +70,7 @@ std::string model_difference(const std::string& recorded, const std::string& cur
     if (it == then.end() || it->second == value) continue;  // not recorded, or the same
     const std::string& before = it->second;
     const auto flag = kFlags.find(key);
-    parts.push_back(fmt::format("{} {} there, {} in this run ({})", key, before, value,
+    parts.push_back(fmt::format("{} {} there, {} in this run ({})", key, nn::excerpt(before), value,
                                 flag == kFlags.end() ? key : flag->second));
   }
   if (parts.empty()) {
@@ -81,7 +81,7 @@ std::string model_difference(const std::string& recorded, const std::string& cur
         !now.empty() && std::all_of(now.begin(), now.end(),
                                     [&](const auto& kv) { return then.contains(kv.first); });
     if (all_recorded) return {};
-    parts.push_back(fmt::format("{} there, {} in this run", recorded, current));
+    parts.push_back(fmt::format("{} there, {} in this run", nn::excerpt(recorded), current));
   }
   return fmt::format("{}", fmt::join(parts, "; "));
 }

@@ -18,6 +18,7 @@
 
 #include "common/provenance.h"
 #include "driver.h"
+#include "nanoddp/nn/file_io.h"
 #include "options.h"
 #include "worker.h"
 
@@ -36,9 +37,10 @@ int main(int argc, char** argv) {
     const char* rank = std::getenv("RANK");
     if (options->worker) {
       fmt::print(stderr, "nanoddp-bench-ddp: worker (rank {}): error: {}\n",
-                 rank != nullptr ? rank : "0", e.what());
+                 rank != nullptr ? rank : "0", nanoddp::nn::escape_controls(e.what(), true));
     } else {
-      fmt::print(stderr, "nanoddp-bench-ddp: error: {}\n", e.what());
+      fmt::print(stderr, "nanoddp-bench-ddp: error: {}\n",
+                 nanoddp::nn::escape_controls(e.what(), true));
     }
     return 1;
   }

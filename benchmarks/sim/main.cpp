@@ -10,6 +10,7 @@
 
 #include "benchmarks/sim/cli.h"
 #include "benchmarks/sim/error.h"
+#include "nanoddp/nn/file_io.h"
 
 int main(int argc, char** argv) {
   using namespace nanoddp::sim;
@@ -19,10 +20,11 @@ int main(int argc, char** argv) {
   try {
     return run_cli(*options);
   } catch (const SimError& e) {
-    fmt::print(stderr, "nanoddp-sim: error: {}\n", e.what());
+    fmt::print(stderr, "nanoddp-sim: error: {}\n", nanoddp::nn::escape_controls(e.what(), true));
     return 2;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "nanoddp-sim: internal error: {}\n", e.what());
+    fmt::print(stderr, "nanoddp-sim: internal error: {}\n",
+               nanoddp::nn::escape_controls(e.what(), true));
     return 1;
   }
 }

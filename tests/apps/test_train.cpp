@@ -623,6 +623,44 @@ TEST_CASE("nanoddp-train trains on .npy files and names a malformed one") {
   CHECK(broken.output.find("broken.npy") != std::string::npos);
 }
 
+TEST_CASE("nanoddp-train: a crafted file's text in a message is escaped, alone and launched") {
+  // An outside tester's file: metadata holding terminal controls (recolour, retitle) and a
+  // newline that printed a line reading as the program's own. Each key is checked in its turn.
+  TempDir dir;
+  const std::string saved = dir.file("m.st");
+  REQUIRE(train({"--steps", "1", "--quiet", "--save", saved}).exit_code == 0);
+  const nanoddp::nn::SafetensorsFile file = nanoddp::nn::read_safetensors(saved);
+  std::vector<std::vector<float>> values;
+  std::vector<nanoddp::nn::SafetensorsEntry> entries;
+  for (const std::string& name : file.names()) values.push_back(file.to_f32(name));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    entries.push_back({file.names()[i], "F32", file.at(file.names()[i]).shape, values[i].data()});
+  }
+  const std::string evil =
+      "\x1b[31mEVIL\x1b]0;title\x07\r\xc2\x9b"
+      "2J\nnanoddp-train: all good";
+  for (const std::string key : {"activation", "task", "model"}) {
+    CAPTURE(key);
+    nanoddp::nn::SafetensorsMetadata metadata(file.metadata().begin(), file.metadata().end());
+    metadata[key] = evil;
+    const std::string crafted = dir.file(key + ".st");
+    nanoddp::nn::write_safetensors(crafted, entries, metadata);
+    for (const bool launched : {false, true}) {
+      CAPTURE(launched);
+      std::vector<std::string> argv = {bin_path("nanoddp-train"), "--steps", "1", "--init",
+                                       crafted};
+      if (launched) argv.insert(argv.begin(), {bin_path("nanoddp-run"), "--nproc-per-node", "1"});
+      const ProcessResult r = run_process(argv);
+      INFO(r.output);
+      CHECK(r.exit_code == 2);
+      CHECK(has(r, "\\x1b[31mEVIL\\x1b]0;title\\x07\\r\\u009b2J\\nnanoddp-train: all good"));
+      CHECK(r.output.find_first_of("\x1b\x07\r") == std::string::npos);
+      CHECK(r.output.find("\xc2\x9b") == std::string::npos);
+      CHECK(r.output.find("\nnanoddp-train: all good") == std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("nanoddp-train --init starts from saved parameters, another model's file is refused") {
   nanoddp::testing::TempDir dir;
   const std::string saved = dir.file("narrow.safetensors");

@@ -394,3 +394,17 @@ TEST_CASE("safetensors: read_safetensors_metadata reads the header only") {
   CHECK(nanoddp::nn::read_safetensors_metadata(path) == md);
   error_message([&] { read_safetensors(path); }, {"outside"});
 }
+
+TEST_CASE("excerpt and escape_controls: a file's text cannot steer the terminal or add a line") {
+  using nanoddp::nn::escape_controls;
+  using nanoddp::nn::excerpt;
+  CHECK(escape_controls("plain, ünïcode ✓") == "plain, ünïcode ✓");
+  CHECK(escape_controls("a\x1b[2Jb\x07\x7f\t\r\n") == "a\\x1b[2Jb\\x07\\x7f\\t\\r\\n");
+  CHECK(escape_controls("one\ntwo", true) == "one\ntwo");
+  CHECK(escape_controls("csi \xc2\x9b"
+                        "2J, nbsp \xc2\xa0") == "csi \\u009b2J, nbsp \xc2\xa0");
+  CHECK(excerpt("x\ny") == "x\\ny");
+  // Cut before a character, not inside its UTF-8 bytes ("é" is 2 bytes).
+  CHECK(excerpt("aé", 2) == "a... (3 characters in all)");
+  CHECK(excerpt("\x1b\x1b\x1b", 2) == "\\x1b\\x1b... (3 characters in all)");
+}

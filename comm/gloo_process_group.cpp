@@ -169,9 +169,9 @@ GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int s
   impl_->diagnostics = std::make_shared<PrefixStore>(options.name + "/gloo/diag", store);
   ignore_sigpipe_unless_handled();
   impl_->connection = connect_gloo(store, rank, size, options);
-  // After the TCP connection (which still carries broadcast and barrier, and is
-  // the fallback): all ranks agree here whether allreduce goes hierarchical (several hosts),
-  // else whether they can share memory (one host).
+  // After the TCP connection (which carries every op that neither nanoddp's TCP ring nor shared
+  // memory does, and is the fallback): all ranks agree here whether allreduce goes hierarchical
+  // (several hosts), else whether they can share memory (one host).
   impl_->hier = std::make_unique<HierarchicalAllreduce>(store, rank, size, options);
   if (!impl_->hier->enabled()) {
     impl_->shm = std::make_unique<ShmAllreduce>(*store, rank, size, options.timeout, options.name);
@@ -305,6 +305,12 @@ std::shared_ptr<Work> GlooProcessGroup::broadcast(Tensor& tensor, int root) {
        .dtype = tensor.dtype()},
       fmt::format("root {}, {} x {}", root, tensor.numel(), dtype_name(tensor.dtype())),
       [impl, tensor, nbytes, root](std::uint64_t seq) {
+        if (impl->ring != nullptr && impl->ring->enabled()) {
+          // Even of nothing: the ring checks that every rank runs this op, from this root.
+          impl->ring->broadcast(tensor.raw_data(), static_cast<std::size_t>(tensor.numel()),
+                                tensor.dtype(), root, seq);
+          return;
+        }
         if (nbytes == 0) return;
         // Bytes are bytes: broadcast moves them as uint8 whatever the dtype.
         auto opts = std::make_unique<gloo::BroadcastOptions>(impl->connection.context);

@@ -30,8 +30,9 @@
 //
 //   1. local    ShmAllreduce over the host's L ranks (sum for sum and avg; max; min):
 //               every rank of the host now holds the host's partial result
-//   2. across   the leader only: Gloo's ring all-reduce among the H leaders, tag = the op's
-//               sequence number; avg divides once here, by the world size
+//   2. across   the leader only: the all-reduce among the H leaders around nanoddp's TCP ring
+//               (Gloo's with $NANODDP_TCP_RING=0), op number = the op's sequence number; avg
+//               divides once here, by the world size
 //   3. status   a 1-element shared-memory all-reduce (max): 0 = the leader succeeded, 1 = it
 //               failed and left its message in the store; nothing else would tell the
 //               host-mates, who otherwise wait in step 4 for a leader that never comes
@@ -43,7 +44,8 @@
 // group's worker thread while the leader's step 2 follows one piece behind on a thread of its
 // own (AcrossThread); steps 3 and 4 then go piece by piece as the ring finishes each. Every rank
 // runs the same shared-memory ops in the same order (step 1 for all pieces, then status and
-// back for each), so the pipelining changes no result, only what overlaps.
+// back for each), so the pipelining changes no result, only what overlaps. A leader alone on its
+// host runs step 2 in the same pieces, one after another: the leaders' ring ops must match.
 //
 // Step 4 reuses the all-reduce rather than adding a broadcast to the shared-memory path: the
 // host-mates read their -0.0 from one small buffer (kBackPieceBytes, reused piece by piece, so it
@@ -135,8 +137,9 @@ struct HierarchicalAllreduce::Impl {
   // The leaders' all-reduce: nanoddp's TCP ring over them, as the flat group's (tcp_ring.h),
   // unless a leader opted out ($NANODDP_TCP_RING=0); then Gloo's over `across`.
   std::unique_ptr<TcpRing> across_ring;
-  int ring_peer = -1;        // the host at the other end of the ring's failed socket
-  std::string ring_address;  // and its address
+  int ring_peer = -1;          // the host at the other end of the ring's failed socket
+  std::string ring_address;    // and its address
+  bool ring_mismatch = false;  // the failure was another op or size there, not a lost peer
   std::string fallback_reason;
   bool enabled = false;
 
@@ -318,6 +321,13 @@ std::string HierarchicalAllreduce::Impl::explain_across(const std::string& what)
   std::string address;
   int peer = gloo_peer_from_message(message, across.addresses, &address);
   const bool on_ring = across_ring != nullptr && across_ring->enabled();
+  if (on_ring && ring_mismatch) {
+    // Nobody crashed: the leaders issued different ops or sizes (their hosts' ranks did).
+    return fmt::format(
+        "the step across hosts (the TCP ring among the leaders) failed on rank {}: {}. Hint: ops "
+        "must be issued in the same order, with the same sizes, on every rank",
+        rank, message);
+  }
   if (peer < 0 && on_ring && ring_peer >= 0) {
     peer = ring_peer;
     address = ring_address;
@@ -360,6 +370,7 @@ void HierarchicalAllreduce::Impl::run_across(void* data, std::size_t count, DTyp
       // explain_across reads these after the ring's thread handed the failure over.
       ring_peer = e.peer();
       ring_address = e.address();
+      ring_mismatch = e.kind() == TcpRingError::Kind::kMismatch;
       throw;
     }
     return;
@@ -520,21 +531,23 @@ void HierarchicalAllreduce::run(void* data, const void* input, std::size_t count
     if (op == ReduceOp::kAvg) divide_by(out + first * elem, dtype, n, s.size);
   };
 
-  // A leader alone on its host: only the ring.
+  const std::size_t piece = kPipelinePieceBytes / elem;
+  const std::size_t pieces = (count + piece - 1) / piece;
+  const auto first_of = [&](std::size_t k) { return k * piece; };
+  const auto size_of = [&](std::size_t k) { return std::min(piece, count - k * piece); };
+
+  // A leader alone on its host: only the ring, in the same pieces as the other leaders' (one
+  // op of the whole buffer met their first piece's op: 2 + 1 ranks failed on every bucket over
+  // 4 MiB, an outside reader's).
   if (s.local == nullptr) {
     if (in != nullptr) std::memcpy(out, in, count * elem);
     try {
-      across(0, count);
+      for (std::size_t k = 0; k < pieces; ++k) across(first_of(k), size_of(k));
     } catch (const std::exception& e) {
       throw HierarchicalError(s.explain_across(e.what()));
     }
     return;
   }
-
-  const std::size_t piece = kPipelinePieceBytes / elem;
-  const std::size_t pieces = (count + piece - 1) / piece;
-  const auto first_of = [&](std::size_t k) { return k * piece; };
-  const auto size_of = [&](std::size_t k) { return std::min(piece, count - k * piece); };
 
   // 1. Within the host, piece by piece; the leader's ring (2) follows one piece behind.
   // (One piece has nothing to overlap: the leader runs it inline, without a thread.)

@@ -57,14 +57,15 @@ struct Header {
   std::uint64_t nbytes;
   std::uint64_t total;  // elements of the whole op
   std::uint32_t kind;   // collective << 16 | dtype << 8 | reduction
-  std::uint32_t unused;
+  std::uint32_t root;   // a broadcast's; 0 for the other collectives
 };
 
 enum Collective : std::uint32_t {
   kAllreduce = 1,
   kReduceScatter = 2,
   kAllgather = 3,
-  kBarrier = 4
+  kBarrier = 4,
+  kBroadcast = 5
 };
 constexpr std::uint32_t kNoReduction = 0xff;
 
@@ -77,11 +78,11 @@ std::string kind_text(std::uint32_t kind) {
   const std::uint32_t collective = kind >> 16;
   const std::uint32_t dtype = (kind >> 8) & 0xff;
   const std::uint32_t reduction = kind & 0xff;
-  const char* names[] = {"?", "allreduce", "reduce_scatter", "allgather", "barrier"};
-  const std::string name = collective <= 4 ? names[collective] : fmt::format("op {}", collective);
+  const char* names[] = {"?", "allreduce", "reduce_scatter", "allgather", "barrier", "broadcast"};
+  const std::string name = collective <= 5 ? names[collective] : fmt::format("op {}", collective);
   if (collective == kBarrier) return name;
   std::string dtype_text = fmt::format("dtype {}", dtype);
-  for (DType d : {DType::kF32, DType::kBF16}) {
+  for (DType d : {DType::kF32, DType::kBF16, DType::kI64}) {
     if (static_cast<std::uint32_t>(d) == dtype) dtype_text = std::string(dtype_name(d));
   }
   std::string reduction_text;
@@ -491,6 +492,14 @@ void TcpRing::exchange(Transfer& t, Clock::time_point& deadline) {
                             kind_text(t.in_header.kind)),
                 TcpRingError::Kind::kMismatch, prev, prev_address_);
           }
+          if (got.root != t.in_header.root) {
+            throw TcpRingError(
+                fmt::format("rank {} broadcasts op #{} from rank {}, this rank from rank {}: the "
+                            "ranks gave different roots",
+                            rank_name(prev), got.seq, rank_name(static_cast<int>(got.root)),
+                            rank_name(static_cast<int>(t.in_header.root))),
+                TcpRingError::Kind::kMismatch, prev, prev_address_);
+          }
           if (got.total != t.in_header.total) {
             throw TcpRingError(
                 fmt::format("rank {} runs op #{}, {}, over {} elements, this rank over {}: the "
@@ -567,6 +576,7 @@ struct TcpRing::Chunks {
   std::size_t w;
   std::size_t elem;
   std::uint32_t kind;  // the header's
+  std::uint32_t root = 0;
   Header header(std::uint32_t step, std::uint64_t seq, std::uint64_t nbytes) const {
     return Header{.magic = kMagic,
                   .step = step,
@@ -574,7 +584,7 @@ struct TcpRing::Chunks {
                   .nbytes = nbytes,
                   .total = n,
                   .kind = kind,
-                  .unused = 0};
+                  .root = root};
   }
   std::size_t first(std::size_t c) const { return c == w ? n : c * (n / w); }
   std::size_t bytes(std::size_t c) const { return (first(c + 1) - first(c)) * elem; }
@@ -683,6 +693,43 @@ void TcpRing::reduce_scatter(const void* input, void* output, std::size_t block,
   checked_in_ = Clock::now();
   reduce_scatter_steps(static_cast<const std::uint8_t*>(input), static_cast<std::uint8_t*>(output),
                        chunks, dtype, op, seq, step, deadline, /*ends_op=*/true);
+}
+
+// A scatter from the root along the ring, then the all-gather (as MPI's large broadcasts): each
+// link carries 2(W-1)/W of the buffer, where a chain carries all of it. Scatter, W-1 steps: with
+// d this rank's distance from the root, the chunk meant for distance t leaves the root at step
+// W-1-t and moves one rank a step, so all arrive at the last step; in step s this rank sends the
+// chunk meant for distance W-1+d-s (the root from step 0, the others from step d, once they hold
+// one that is not their own) and receives the one meant for W-2+d-s (from step d-1). A rank with
+// nothing to pass on in a step sends a header alone: every rank still checks that its neighbour
+// runs the same op, from the same root.
+void TcpRing::broadcast(void* data, std::size_t n, DType dtype, int root, std::uint64_t seq) {
+  const auto w = static_cast<std::size_t>(size_);
+  Chunks chunks{n, w, dtype_size(dtype), kind_of(kBroadcast, dtype, kNoReduction)};
+  chunks.root = static_cast<std::uint32_t>(root);
+  auto* bytes = static_cast<std::uint8_t*>(data);
+  const int d = (rank_ - root + size_) % size_;
+  const auto meant_for = [&](int t) { return chunk(root + t); };  // the chunk of distance t
+  auto deadline = Clock::now() + timeout_;
+  checked_in_ = Clock::now();
+  std::uint32_t step = 0;
+  for (int s = 0; s < size_ - 1; ++s, ++step) {
+    const bool sends = d == 0 || (s >= d && d < size_ - 1);
+    const bool receives = d >= 1 && s >= d - 1;
+    const std::size_t send_c = meant_for(size_ - 1 + d - s);
+    const std::size_t recv_c = meant_for(size_ - 2 + d - s);
+    Transfer t{
+        .out_header = chunks.header(step, seq, sends ? chunks.bytes(send_c) : 0),
+        .out = bytes + (sends ? chunks.offset(send_c) : 0),
+        .in_header = chunks.header(step, seq, receives ? chunks.bytes(recv_c) : 0),
+        .in = bytes + (receives ? chunks.offset(recv_c) : 0),
+        .element_bytes = chunks.elem,
+        .arrived = nullptr,
+        .ends_op = false,
+    };
+    exchange(t, deadline);
+  }
+  allgather_steps(bytes, chunks, seq, step, deadline);
 }
 
 void TcpRing::allgather(const void* input, void* output, std::size_t block, DType dtype,

@@ -9,8 +9,8 @@
 // threads on each rank, and where cores are few those are wake-ups of threads that compete with
 // the training for them. Here the group's worker thread itself writes to the next rank and reads
 // from the previous one, on two non-blocking sockets, and reduces each piece as it arrives.
-// It also carries reduce-scatter, all-gather (ZeRO) and barrier; Gloo still connects the group
-// and carries broadcast.
+// It also carries reduce-scatter, all-gather (ZeRO), broadcast and barrier; Gloo still connects
+// the group.
 //
 // Set-up (a collective, right after Gloo connected; every rank constructs one at the same
 // point): each rank listens on the address its Gloo device uses and publishes "<name>/ring/<r>"
@@ -90,6 +90,8 @@ class TcpRing {
                       std::uint64_t seq);
   void allgather(const void* input, void* output, std::size_t block, DType dtype,
                  std::uint64_t seq);
+  // `data` (n elements) of rank `root` to every rank. Throws TcpRingError.
+  void broadcast(void* data, std::size_t n, DType dtype, int root, std::uint64_t seq);
   // Returns once every rank has entered it (so a rank in a barrier and one in an all-reduce of
   // the same op number are told apart at once, not by the timeout).
   void barrier(std::uint64_t seq);

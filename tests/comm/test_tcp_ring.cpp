@@ -487,3 +487,70 @@ TEST_CASE("tcp ring: a reduce-scatter sums in the all-reduce's order: the same b
   });
   for (bool b : same) CHECK(b);
 }
+
+TEST_CASE("tcp ring: broadcast from every root, 2 to 5 ranks, every size around the chunks") {
+  for (int world = 2; world <= 5; ++world) {
+    CAPTURE(world);
+    const auto w = static_cast<std::size_t>(world);
+    const std::vector<std::size_t> sizes = {0, 1, w - 1, w + 1, 1237, (std::size_t{1} << 18) + 5};
+    // Every rank ends with the root's bytes, whatever it held, for each root, size and dtype
+    // (int64: bytes a float sum would change).
+    const auto results = on_ranks<int>(world, 20s, [&](int rank, TcpRing& ring) {
+      int wrong = 0;
+      std::uint64_t seq = 0;
+      for (int root = 0; root < world; ++root) {
+        for (std::size_t n : sizes) {
+          std::vector<std::int64_t> x(n), expected(n);
+          for (std::size_t i = 0; i < n; ++i) {
+            x[i] = static_cast<std::int64_t>(i * 7919) ^ (std::int64_t{rank} << 40);
+            expected[i] = static_cast<std::int64_t>(i * 7919) ^ (std::int64_t{root} << 40);
+          }
+          ring.broadcast(x.data(), n, DType::kI64, root, ++seq);
+          wrong += x != expected;
+          std::vector<float> f(n, static_cast<float>(rank) + 0.5f);
+          ring.broadcast(f.data(), n, DType::kF32, root, ++seq);
+          for (float v : f) wrong += v != static_cast<float>(root) + 0.5f;
+        }
+      }
+      return wrong;
+    });
+    for (int wrong : results) CHECK(wrong == 0);
+  }
+}
+
+TEST_CASE("tcp ring: a broadcast against another op, or from another root, fails at once") {
+  SUBCASE("another root") {
+    const auto out = on_ranks<Outcome>(3, 5s, [](int rank, TcpRing& ring) {
+      std::vector<float> x(100, 1.0f);
+      return attempt(
+          [&] { ring.broadcast(x.data(), x.size(), DType::kF32, rank == 2 ? 1 : 0, 4); });
+    });
+    for (const Outcome& o : out) {
+      REQUIRE(o.error.has_value());
+      CHECK(o.seconds < 2.0);
+    }
+    // Rank 0 receives from rank 2, the one with another root.
+    CHECK(std::string(out[0].error->what()) ==
+          "rank 2 broadcasts op #4 from rank 1, this rank from rank 0: the ranks gave different "
+          "roots");
+  }
+  SUBCASE("an all-reduce") {
+    const auto out = on_ranks<Outcome>(2, 5s, [](int rank, TcpRing& ring) {
+      std::vector<float> x(100, 1.0f);
+      return attempt([&] {
+        if (rank == 0) {
+          ring.broadcast(x.data(), x.size(), DType::kF32, 0, 2);
+        } else {
+          ring.allreduce(x.data(), nullptr, x.size(), DType::kF32, ReduceOp::kSum, 2);
+        }
+      });
+    });
+    for (const Outcome& o : out) {
+      REQUIRE(o.error.has_value());
+      CHECK(o.seconds < 2.0);
+    }
+    CHECK(std::string(out[0].error->what()) ==
+          "rank 1 sent op #2 as allreduce (sum, float32), this rank runs it as broadcast "
+          "(float32): the ranks issued different ops");
+  }
+}

@@ -467,6 +467,9 @@ int run(int argc, char** argv) {
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
     for (std::int64_t n : {0, 1, 1237}) check_allreduce(pg, n, op);
   }
+  // Over 8 MiB: three of the hierarchical all-reduce's 4 MiB pieces (a leader alone on its host
+  // once ran them as one op, which met the other leaders' first piece).
+  check_allreduce(pg, (std::int64_t{1} << 21) + 12345, ReduceOp::kSum);
   if (big) check_allreduce(pg, std::int64_t{16} << 20, ReduceOp::kSum);  // 64 MiB of float32
   check_chunk_boundaries(pg);
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {

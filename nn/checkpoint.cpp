@@ -371,7 +371,7 @@ TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer&
     fail(
         "checkpoint '{}' holds {} state, but this run uses {}; resume with the optimizer the "
         "checkpoint was written with",
-        path, file.metadata_at("optimizer_kind"), optimizer_kind(optimizer));
+        path, excerpt(file.metadata_at("optimizer_kind")), optimizer_kind(optimizer));
   }
 
   // Check everything before touching the model: names, shapes, dtype, checksum.
@@ -385,7 +385,7 @@ TrainingState load_checkpoint(const std::string& path, Module& model, Optimizer&
     fail(
         "checkpoint '{}' is corrupted: its tensors' checksum is {} but the file records {}. Use "
         "an earlier checkpoint.",
-        path, actual, file.metadata_at("checksum"));
+        path, actual, excerpt(file.metadata_at("checksum")));
   }
   for (const HostTensor& t : tensors) {
     const SafetensorsTensor* stored = file.find(t.name);

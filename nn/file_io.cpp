@@ -168,13 +168,56 @@ std::string excerpt(std::string_view text, std::size_t max_chars) {
                      text.size());
 }
 
+namespace {
+
+// The length of the well-formed UTF-8 character at text[i] (2 to 4 bytes; RFC 3629: no overlong
+// forms, no surrogates, nothing past U+10FFFF), or 0 when the bytes there are not one.
+std::size_t utf8_length(std::string_view text, std::size_t i) {
+  const auto at = [&](std::size_t k) {
+    return i + k < text.size() ? static_cast<unsigned char>(text[i + k]) : 0u;
+  };
+  const unsigned c = at(0);
+  const auto tail = [&](std::size_t k) { return (at(k) & 0xC0u) == 0x80u; };
+  if (c >= 0xC2 && c <= 0xDF) return tail(1) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF) {
+    const unsigned lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    return at(1) >= lo && at(1) <= hi && tail(2) ? 3 : 0;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    const unsigned lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    return at(1) >= lo && at(1) <= hi && tail(2) && tail(3) ? 4 : 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
 std::string escape_controls(std::string_view text, bool keep_newlines) {
   std::string out;
   out.reserve(text.size());
   for (std::size_t i = 0; i < text.size(); ++i) {
     const auto c = static_cast<unsigned char>(text[i]);
     const auto next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0u;
-    if (c == '\n' && keep_newlines) {
+    if (c >= 0x80) {
+      // A byte of a well-formed UTF-8 character passes (but not the C1 controls, U+0080-U+009F);
+      // any other (a lone 0x9b is the 8-bit CSI to a terminal not in UTF-8) is escaped.
+      // The line and paragraph separators and the bidirectional overrides (U+2028-U+202E,
+      // U+2066-U+2069: a line that reads in another order than it is) are escaped too.
+      const std::size_t length = utf8_length(text, i);
+      const unsigned point = length == 3 ? (c & 0x0Fu) << 12 | (next & 0x3Fu) << 6 |
+                                               (static_cast<unsigned char>(text[i + 2]) & 0x3Fu)
+                                         : 0u;
+      if (length == 0) {
+        out += fmt::format("\\x{:02x}", c);
+      } else if (c == 0xC2 && next <= 0x9F) {
+        out += fmt::format("\\u{:04x}", next);
+      } else if ((point >= 0x2028 && point <= 0x202E) || (point >= 0x2066 && point <= 0x2069)) {
+        out += fmt::format("\\u{:04x}", point);
+      } else {
+        out.append(text.substr(i, length));
+      }
+      if (length > 0) i += length - 1;
+    } else if (c == '\n' && keep_newlines) {
       out += '\n';
     } else if (c == '\n') {
       out += "\\n";
@@ -184,9 +227,6 @@ std::string escape_controls(std::string_view text, bool keep_newlines) {
       out += "\\t";
     } else if (c < 0x20 || c == 0x7F) {
       out += fmt::format("\\x{:02x}", c);
-    } else if (c == 0xC2 && next >= 0x80 && next <= 0x9F) {  // U+0080-U+009F in UTF-8
-      out += fmt::format("\\u{:04x}", next);
-      ++i;
     } else {
       out += static_cast<char>(c);
     }

@@ -55,8 +55,10 @@ std::string this_host();  // gethostname(), or "localhost"
 // and say nothing the file's author wrote as a line of its own.
 std::string excerpt(std::string_view text, std::size_t max_chars = 200);
 
-// `text` with its control characters written as escapes: \n, \r, \t, or \xNN for the other
-// C0 bytes, DEL and the C1 controls (U+0080-U+009F, which some terminals obey as ESC sequences).
+// `text` with its control characters written as escapes: \n, \r, \t, \xNN for the other C0
+// bytes, DEL and any byte that is not part of well-formed UTF-8 (a lone 0x9b is CSI to a
+// terminal not in UTF-8), \uNNNN for the C1 controls (U+0080-U+009F, which some terminals obey
+// as ESC sequences), the line separators and the bidirectional overrides.
 // A crafted file's metadata printed raw in an error recoloured and retitled the terminal, and
 // its newline printed a line that read as the program's own ("nanoddp-train: all good").
 // `keep_newlines`: for a whole message a program prints, whose own lines are meant.

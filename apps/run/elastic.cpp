@@ -27,6 +27,7 @@
 #include "free_port.h"
 #include "nanoddp/comm/store.h"
 #include "nanoddp/comm/unique_fd.h"
+#include "nanoddp/nn/file_io.h"
 #include "output.h"
 #include "report.h"
 #include "signals.h"
@@ -246,11 +247,6 @@ std::vector<Setting> decode_settings(const std::string& text) {
   return settings;
 }
 
-std::string excerpt(const std::string& text) {
-  return text.size() <= 300 ? text
-                            : text.substr(0, 300) + fmt::format("... ({} characters)", text.size());
-}
-
 // "--nnodes: the job has 1:2, this launcher 2:2; ..." for every setting that differs.
 std::string differences(const std::vector<Setting>& job, const std::vector<Setting>& mine) {
   std::string text;
@@ -260,7 +256,7 @@ std::string differences(const std::vector<Setting>& job, const std::vector<Setti
     const std::string theirs = it == job.end() ? std::string("(not recorded)") : it->value;
     if (it != job.end() && it->value == m.value) continue;
     text += fmt::format("{}{}: the job has {}, this launcher {}", text.empty() ? "" : "; ", m.flag,
-                        excerpt(theirs), excerpt(m.value));
+                        nn::excerpt(theirs, 300), nn::excerpt(m.value, 300));
   }
   return text;
 }

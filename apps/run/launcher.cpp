@@ -27,6 +27,7 @@
 #include "error_folder.h"
 #include "free_port.h"
 #include "log_files.h"
+#include "nanoddp/nn/file_io.h"
 #include "output.h"
 #include "report.h"
 #include "shm_cleanup.h"
@@ -83,15 +84,14 @@ void pump(UniqueFd& fd, LineSink& sink) {
   }
 }
 
-// A worker's message for the launcher's summary: one line, bounded (the whole of it is in the
-// worker's own output above).
-std::string one_line(const std::string& message) {
+// A worker's message for the launcher's summary: one line (its line breaks as spaces), its
+// controls escaped as the worker's own messages are (nn::escape_controls: the C1 controls and
+// stray bytes as well, an outside tester's), bounded (the whole of it is in the worker's own
+// output above).
+std::string one_line(std::string message) {
   constexpr std::size_t kMax = 500;
-  std::string out;
-  for (const char c : message) {
-    const auto u = static_cast<unsigned char>(c);
-    out += (u < 0x20 || u == 0x7f) ? ' ' : c;
-  }
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  std::string out = nn::escape_controls(message);
   if (out.size() > kMax) {
     std::size_t cut = kMax;
     while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xC0) == 0x80) --cut;  // UTF-8

@@ -88,7 +88,7 @@ void Trainer::resume() {
                                                      : "";
     }
     fail("checkpoint '{}' was trained on other data{}: {}; this run: {}. Resume with the same data",
-         path, which, data->second, current);
+         path, which, nn::excerpt(data->second), current);
   }
   start_step_ = state.epoch * steps_per_epoch_ + state.epoch_samples / global_batch;
   if (state.step != start_step_) {
@@ -102,7 +102,7 @@ void Trainer::resume() {
     const std::string& text = skipped->second;
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), skipped_steps_);
     if (ec != std::errc() || end != text.data() + text.size() || skipped_steps_ < 0) {
-      fail("checkpoint '{}': info 'skipped_steps' = '{}' is not a count", path, text);
+      fail("checkpoint '{}': info 'skipped_steps' = '{}' is not a count", path, nn::excerpt(text));
     }
   }
   if (start_step_ > steps_) {

@@ -362,15 +362,17 @@ TEST_CASE("nanoddp-run names the rank that failed first from the workers' error 
         std::regex(R"(rank 1 \(pid [0-9]+\) failed first: exit code 1: ValueError: bad batch\n)")));
   }
   SUBCASE("a message is shown on one line, bounded") {
-    const ProcessResult r = launch(
-        {"--nproc-per-node", "2", "/bin/sh", "-c",
-         "[ $RANK = 0 ] || exec sleep 60; printf '{\"message\": \"a\\\\u001b[31mb\\\\nc%0600d\"}' "
-         "0 > \"$NANODDP_ERROR_FILE\"; exit 3"});
+    const ProcessResult r = launch({"--nproc-per-node", "2", "/bin/sh", "-c",
+                                    "[ $RANK = 0 ] || exec sleep 60; printf '{\"message\": "
+                                    "\"a\\\\u001b[31mb\\\\u009b\\\\nc%0600d\"}' "
+                                    "0 > \"$NANODDP_ERROR_FILE\"; exit 3"});
     INFO(r.output);
     CHECK(r.exit_code == 3);
-    CHECK(std::regex_search(r.output,
-                            std::regex(R"(failed first: exit code 3: a \[31mb c0+ \[\.\.\.\]\n)")));
+    CHECK(std::regex_search(
+        r.output,
+        std::regex(R"(failed first: exit code 3: a\\x1b\[31mb\\u009b c0+ \[\.\.\.\]\n)")));
     CHECK_FALSE(contains(r.output, "\x1b[31m"));
+    CHECK_FALSE(contains(r.output, "\xc2\x9b"));
   }
   SUBCASE("a file that is not a record is ignored") {
     const ProcessResult r = launch(

@@ -661,6 +661,62 @@ TEST_CASE("nanoddp-train: a crafted file's text in a message is escaped, alone a
   }
 }
 
+TEST_CASE("nanoddp-train: a crafted .npy header and checkpoint metadata are escaped too") {
+  // A second outside tester's: a lone 0x9b byte (the 8-bit CSI) in a .npy header passed raw, and
+  // so did the newline of a checkpoint's checksum, optimizer kind or skipped-step count.
+  TempDir dir;
+  const std::string header =
+      "{'descr': '<f4\x9b"
+      "2J\nnanoddp-train: all good', "
+      "'fortran_order': False, 'shape': (8, 32), }";
+  std::string npy = std::string("\x93NUMPY\x01\x00", 8);
+  std::string padded = header;
+  while ((10 + padded.size() + 1) % 64 != 0) padded += ' ';
+  padded += '\n';
+  npy += static_cast<char>(padded.size() & 0xff);
+  npy += static_cast<char>(padded.size() >> 8);
+  npy += padded;
+  npy += std::string(8 * 32 * 4, '\0');
+  const std::string data = dir.file("x.npy");
+  std::ofstream(data, std::ios::binary) << npy;
+  const ProcessResult r = train({"--steps", "1", "--data", data, "--targets", data});
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(has(r, "<f4\\x9b2J\\nnanoddp-train: all good"));
+  CHECK(r.output.find('\x9b') == std::string::npos);
+
+  // A checkpoint whose optimizer kind is a crafted text.
+  const std::string ck = dir.file("ck");
+  REQUIRE(train({"--steps", "2", "--quiet", "--checkpoint-dir", ck, "--checkpoint-every", "2"})
+              .exit_code == 0);
+  std::string written;
+  for (const auto& e : std::filesystem::directory_iterator(ck)) {
+    if (e.path().extension() == ".safetensors") written = e.path().string();
+  }
+  REQUIRE_FALSE(written.empty());
+  const nanoddp::nn::SafetensorsFile file = nanoddp::nn::read_safetensors(written);
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<nanoddp::nn::SafetensorsEntry> entries;
+  for (const std::string& name : file.names()) {
+    const auto b = file.at(name).bytes;
+    bytes.emplace_back(b.begin(), b.end());
+  }
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    const auto& t = file.at(file.names()[i]);
+    entries.push_back({file.names()[i], t.dtype, t.shape, bytes[i].data()});
+  }
+  nanoddp::nn::SafetensorsMetadata metadata(file.metadata().begin(), file.metadata().end());
+  metadata["optimizer_kind"] = "\x1b[2J\nnanoddp-train: all good";
+  nanoddp::nn::write_safetensors(written, entries, metadata);
+  const ProcessResult resumed =
+      train({"--steps", "4", "--checkpoint-dir", ck, "--checkpoint-every", "2", "--resume"});
+  INFO(resumed.output);
+  CHECK(resumed.exit_code != 0);
+  CHECK(has(resumed, "\\x1b[2J\\nnanoddp-train: all good"));
+  CHECK(resumed.output.find('\x1b') == std::string::npos);
+  CHECK(resumed.output.find("\nnanoddp-train: all good") == std::string::npos);
+}
+
 TEST_CASE("nanoddp-train --init starts from saved parameters, another model's file is refused") {
   nanoddp::testing::TempDir dir;
   const std::string saved = dir.file("narrow.safetensors");

@@ -404,6 +404,13 @@ TEST_CASE("excerpt and escape_controls: a file's text cannot steer the terminal 
   CHECK(escape_controls("csi \xc2\x9b"
                         "2J, nbsp \xc2\xa0") == "csi \\u009b2J, nbsp \xc2\xa0");
   CHECK(excerpt("x\ny") == "x\\ny");
+  // Bytes that are not well-formed UTF-8 (a lone 8-bit CSI, an overlong form, a cut character,
+  // a surrogate), line separators and bidirectional overrides.
+  CHECK(escape_controls("a\x9b"
+                        "2J \xc0\xaf \xe2\x82 \xed\xa0\x80 \xff") ==
+        "a\\x9b2J \\xc0\\xaf \\xe2\\x82 \\xed\\xa0\\x80 \\xff");
+  CHECK(escape_controls("ab\u202ecd\u2028\u2066 \u20ac \U0001F600") ==
+        "ab\\u202ecd\\u2028\\u2066 \u20ac \U0001F600");
   // Cut before a character, not inside its UTF-8 bytes ("é" is 2 bytes).
   CHECK(excerpt("aé", 2) == "a... (3 characters in all)");
   CHECK(excerpt("\x1b\x1b\x1b", 2) == "\\x1b\\x1b... (3 characters in all)");

@@ -335,6 +335,25 @@ std::string take_lock(int fd, const std::string& target, const char* flag) {
 
 // ---- Putting the staged output in place ----
 
+// The whole output (or, after a failed install, the file that was there before) sitting at
+// `staged`, kept beside the target under a plain name rather than lost: "<name>.nanoddp-<what>.
+// PID" (an adversary's, with $TMPDIR and /tmp both read-only). Not under the staged name, which
+// the next run would remove. "" when it could not.
+std::string keep_beside(const std::string& staged, const fs::path& folder, const std::string& name,
+                        const char* what = "rescued") {
+  for (int k = 0; k < 100; ++k) {
+    const std::string kept =
+        (folder / (k == 0 ? fmt::format("{}.nanoddp-{}.{}", name, what, ::getpid())
+                          : fmt::format("{}.nanoddp-{}.{}.{}", name, what, ::getpid(), k)))
+            .string();
+    if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, kept.c_str(), RENAME_NOREPLACE) == 0) {
+      return kept;
+    }
+    if (errno != EEXIST) return {};
+  }
+  return {};
+}
+
 // After `staged` was put at `target`: whether what is there is this run's output (`ours`).
 // Another process may have put its own file at the staged name in the moment before (an
 // adversary's was installed as the output, and the run's parameters deleted).
@@ -350,6 +369,28 @@ std::string not_ours(const std::string& staged, const std::string& target) {
       staged, target);
 }
 
+// After the install `target` holds neither this run's output nor the file that was there:
+// another process put its own there, at the target or at the staged name, in that moment. Which
+// cannot be told, so it stays at the target (moved back to the staged name, an outside tester's
+// file was removed by the next run's clean-up); the file that was there before, handed back by
+// the exchange (`staged`, when it is not this run's output), is kept beside it and named.
+std::string replaced_in_install(const std::string& staged, const std::string& target,
+                                const struct stat& ours, bool exchanged = false) {
+  std::string previous;
+  struct stat now {};
+  if (exchanged && ::lstat(staged.c_str(), &now) == 0 && !same_inode(now, ours)) {
+    const fs::path path(target);
+    const std::string kept =
+        keep_beside(staged, path.parent_path(), path.filename().string(), "previous");
+    previous = kept.empty() ? fmt::format("; the file that was there before is at '{}'", staged)
+                            : fmt::format("; the file that was there before is kept as '{}'", kept);
+  }
+  return fmt::format(
+      "'{}' was replaced by another process while this run's output was installed (at it, or "
+      "at the staged name '{}'), and is left as it is{}",
+      target, staged, previous);
+}
+
 // Replaces the file `held` (checked, locked) at `target` by `staged` in one step that also hands
 // back what it replaced (RENAME_EXCHANGE): a file another process put at the name after the
 // check, or the old one written, touched or chmod-ed since, is swapped back rather than lost
@@ -362,15 +403,15 @@ std::string replace_checked(const std::string& staged, const std::string& target
       // The file went since the check (removed, renamed away): nobody's file is in the way, as
       // for a file removed earlier in the run; one that appears meanwhile is not replaced.
       if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) == 0) {
-        if (ours_in_place(target, ours)) return {};
-        ::renameat2(AT_FDCWD, target.c_str(), AT_FDCWD, staged.c_str(), RENAME_NOREPLACE);
-        return not_ours(staged, target);
+        return ours_in_place(target, ours) ? std::string()
+                                           : replaced_in_install(staged, target, ours);
       }
       if (errno == EEXIST) return taken;
     } else if (errno == EINVAL || errno == ENOSYS) {
       // A file system without RENAME_EXCHANGE: the plain rename, its window and all.
       if (::rename(staged.c_str(), target.c_str()) == 0) {
-        return ours_in_place(target, ours) ? std::string() : not_ours(staged, target);
+        return ours_in_place(target, ours) ? std::string()
+                                           : replaced_in_install(staged, target, ours);
       }
     }
     return fmt::format("cannot rename '{}' to '{}': {}", staged, target, std::strerror(errno));
@@ -392,9 +433,10 @@ std::string replace_checked(const std::string& staged, const std::string& target
     if (::lstat(staged.c_str(), &again) == 0 && same_inode(again, held)) ::unlink(staged.c_str());
     return {};
   }
-  // Give the other file its place back.
+  if (!placed) return replaced_in_install(staged, target, ours, /*exchanged=*/true);
+  // The old file was written, touched or chmod-ed just before: give it its place back.
   ::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE);
-  return placed ? taken : not_ours(staged, target);
+  return taken;
 }
 
 // Puts `staged` (`ours`) at `target` unless another process wrote `target` since `checked` (what
@@ -446,9 +488,7 @@ std::string install(const std::string& staged, const std::string& target,
     // The file that was there is gone (removed during the run): nobody's file is in the way.
   }
   if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) == 0) {
-    if (ours_in_place(target, ours)) return {};
-    ::renameat2(AT_FDCWD, target.c_str(), AT_FDCWD, staged.c_str(), RENAME_NOREPLACE);
-    return not_ours(staged, target);
+    return ours_in_place(target, ours) ? std::string() : replaced_in_install(staged, target, ours);
   }
   if (errno == EEXIST) return taken;
   if (errno != EINVAL && errno != ENOSYS) {
@@ -457,28 +497,10 @@ std::string install(const std::string& staged, const std::string& target,
   // A file system without RENAME_NOREPLACE: link() refuses an existing name too.
   if (::link(staged.c_str(), target.c_str()) == 0) {
     ::unlink(staged.c_str());
-    return ours_in_place(target, ours) ? std::string() : not_ours(staged, target);
+    return ours_in_place(target, ours) ? std::string() : replaced_in_install(staged, target, ours);
   }
   if (errno == EEXIST) return taken;
   return fmt::format("cannot link '{}' to '{}': {}", staged, target, std::strerror(errno));
-}
-
-// No rescue folder could be written, but the whole output sits beside the target as `staged`:
-// kept there under a plain name rather than lost (an adversary's, with $TMPDIR and /tmp both
-// read-only). Not under the staged name, which the next run would remove. "" when it could not.
-std::string keep_beside(const std::string& staged, const fs::path& folder,
-                        const std::string& name) {
-  for (int k = 0; k < 100; ++k) {
-    const std::string kept =
-        (folder / (k == 0 ? fmt::format("{}.nanoddp-rescued.{}", name, ::getpid())
-                          : fmt::format("{}.nanoddp-rescued.{}.{}", name, ::getpid(), k)))
-            .string();
-    if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, kept.c_str(), RENAME_NOREPLACE) == 0) {
-      return kept;
-    }
-    if (errno != EEXIST) return {};
-  }
-  return {};
 }
 
 // This run's own files in `folder` (staged outputs, writer temporaries, its run lock), sorted.

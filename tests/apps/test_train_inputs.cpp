@@ -1552,10 +1552,13 @@ struct InstallWindow {
   std::optional<int> status;
 
   // Where the run is held for 3 s (strace): by default just before the install (its first
-  // renameat2); `kAfterStaging` just after the writer renamed the output in at the staged name
-  // (the run's second rename; the first is the folder's writability probe).
+  // renameat2); `kAfterInstall` just after it; `kAfterStaging` just after the writer renamed the
+  // output in at the staged name (the run's second rename; the first is the folder's
+  // writability probe).
   static constexpr std::array<const char*, 2> kBeforeInstall = {
       "trace=renameat2", "inject=renameat2:delay_enter=3000000:when=1"};
+  static constexpr std::array<const char*, 2> kAfterInstall = {
+      "trace=renameat2", "inject=renameat2:delay_exit=3000000:when=1"};
   static constexpr std::array<const char*, 2> kAfterStaging = {
       "trace=rename", "inject=rename:delay_exit=3000000:when=2"};
 
@@ -1565,14 +1568,17 @@ struct InstallWindow {
     fs::create_directories(rescue);
     fs::create_directories(dir.file("out"));
     prepare();
+    const bool existed = fs::exists(save);
     std::vector<std::string> argv = {"strace", "-f",    "-o", "/dev/null",
                                      "-e",     hold[0], "-e", hold[1]};
     const auto train = train_argv({"--steps", "20", "--quiet", "--save", save});
     argv.insert(argv.end(), train.begin(), train.end());
     BackgroundProcess trainer(with_env(traced_env({{"TMPDIR", rescue}}), argv));
-    // The output staged beside the target, whole (its writer renamed it in): the install is next.
+    // The output staged beside the target, whole (its writer renamed it in): the install is next
+    // (or, for a target that did not exist, the target there: the install was).
     bool staged = false;
     for (int i = 0; i < 3000 && !staged; ++i) {
+      staged = !existed && fs::exists(save);
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       for (const auto& entry : fs::directory_iterator(dir.file("out"))) {
         const std::string name = entry.path().filename().string();
@@ -1627,14 +1633,51 @@ TEST_CASE("outputs: what happens to the --save just before the install is never 
     CHECK(rescued_step() == "20");
     w.check_no_temporary();
   }
-  SUBCASE("the staged output replaced by another process: not installed, the output rescued") {
+  SUBCASE("the staged output replaced in the install: nothing lost, each file named") {
+    // Replaced in the moment of the install, the other process's file lands at the target. Which
+    // of the two names it was put at cannot be told afterwards, so it stays there (moved back to
+    // the hidden staged name, a tester's file was removed by the next run), and the file that
+    // was there before is kept beside it, named.
     w.run(older, replace_staged);
     INFO(status_text(w.status), "\n", w.output);
     CHECK(exited_with(w.status, 1));
-    CHECK(read_file(w.save) == "an older model");
-    CHECK(contains(w.output, "was replaced by another process before it was installed; '" + w.save +
-                                 "' is left as it was"));
+    CHECK(read_file(w.save) == "FOREIGN");
+    std::string previous;  // "m.st.nanoddp-previous.PID", PID the trainer's (strace's child)
+    for (const auto& entry : fs::directory_iterator(w.dir.file("out"))) {
+      if (entry.path().filename().string().starts_with("m.st.nanoddp-previous.")) {
+        previous = entry.path().string();
+      }
+    }
+    REQUIRE_FALSE(previous.empty());
+    CHECK(read_file(previous) == "an older model");
+    CHECK(contains(w.output, "'" + w.save +
+                                 "' was replaced by another process while this run's "
+                                 "output was installed"));
+    CHECK(contains(w.output, "the file that was there before is kept as '" + previous + "'"));
     CHECK(rescued_step() == "20");
+    w.check_no_temporary();
+  }
+  SUBCASE("a file put at a new --save just after the install stays there, the output rescued") {
+    // No file before the run; held just after the install (an outside tester's: the other
+    // process's file was moved to the hidden staged name, and the next run removed it).
+    w.run([] {},
+          [&] {
+            // The install is the rename of the staged output away: then the file goes on top.
+            for (int i = 0; i < 500 && !fs::exists(w.save); ++i) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            }
+            std::ofstream(w.dir.file("foreign")) << "FOREIGN";
+            fs::rename(w.dir.file("foreign"), w.save);
+          },
+          InstallWindow::kAfterInstall);
+    INFO(status_text(w.status), "\n", w.output);
+    CHECK(exited_with(w.status, 1));
+    CHECK(read_file(w.save) == "FOREIGN");
+    CHECK(contains(w.output,
+                   "was replaced by another process while this run's output was "
+                   "installed"));
+    CHECK(rescued_step() == "20");
+    w.check_no_temporary();
   }
   SUBCASE("the staged output replaced before the run looked at it: not installed, rescued") {
     // Replaced in the moment between the writer's rename and the run's first look at the staged

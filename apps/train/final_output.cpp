@@ -616,6 +616,14 @@ std::string write_final_output(const char* flag, const std::string& path,
     }
     if (problem.empty()) {
       if (lock_fd >= 0) ::close(lock_fd);
+      // The install is a rename: durable once the folder is synced, as the writer's own rename.
+      if (const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
+        if (::fsync(dir) != 0 && errno != EINVAL) {
+          fmt::print(stderr, "nanoddp-train: warning: fsync of '{}' after writing {} failed: {}\n",
+                     folder.string(), flag, std::strerror(errno));
+        }
+        ::close(dir);
+      }
       // Still leading to it after the install: re-pointed in the moment before, the name no
       // longer shows the output, which is not to be called saved there.
       if (common::resolved_path(path) != target) {

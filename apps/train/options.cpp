@@ -160,7 +160,8 @@ std::optional<TrainOptions> parse_options(int argc, char** argv, int& exit_code,
                  "start from the parameters in a safetensors FILE (as --save writes them, or "
                  "PyTorch's state_dict of the same model); rank 0 reads it and DDP broadcasts it")
       ->check(cli::non_empty_path());  // its existence: checked when read (not on a resume)
-  app.add_option("--threads", o.threads, "Eigen GEMM threads (CPU)")
+  app.add_option("--threads", o.threads,
+                 "CPU GEMM threads (nanoddp's kernels and Eigen's; the bits do not depend on it)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "print only the summary");

@@ -34,6 +34,12 @@ repeat=()
 #   project against it with plain flags; an instrumented static library does not link there
 #   without the sanitizer runtime, and it tests packaging, not memory or thread safety.
 exclude_labels=install
+#   The tests whose subject is a program the sanitizers do not instrument, and which are among
+#   the slowest under them (about 190 s of each sanitizer's test time on the CI machine, whose
+#   run of 2026-12-04 reached CI's budget): PyTorch's torchrun and OpenMPI's mpirun starting
+#   nanoddp's programs (the same programs run under the sanitizers in every other launcher
+#   test), and scripts/gpu-check.sh (a shell script's time budget). They run in the normal suite.
+launcher_names="^apps: torchrun \\(static|^apps: mpirun -np 2 without|^multinode-elastic-torchrun$|^scripts: gpu-check.sh"
 # (Under TSan "comm:store: add is atomic across processes" used to be excluded: it forked from a
 # process whose store server thread was running, and a child now and then deadlocked inside
 # TSan's malloc. The test now forks before the server starts; 30 TSan runs, 0 hangs.)
@@ -46,11 +52,11 @@ for config in "${configs[@]}"; do
     # check confirms an object is readable through a pipe, which then fails, and it reports valid
     # objects (a ShmError, fmt's buffer) as "invalid vptr". It runs in the normal suite and
     # under TSan.
-    asan) sanitize=address,undefined openmp=ON exclude_names="no file descriptor left" ;;
+    asan) sanitize=address,undefined openmp=ON exclude_names="no file descriptor left|$launcher_names" ;;
     # No OpenMP under TSan: libgomp is not instrumented, so TSan cannot see its barriers and
     # reports races between Eigen's GEMM threads that are not there. nanoddp's GEMM runs one
     # thread unless --threads asks for more, and without OpenMP Eigen stays single-threaded.
-    tsan) sanitize=thread openmp=OFF exclude_names="" ;;
+    tsan) sanitize=thread openmp=OFF exclude_names="$launcher_names" ;;
     *) echo "test-sanitizers: unknown configuration '$config' (asan or tsan)" >&2; exit 2 ;;
   esac
   dir=build-$config

@@ -603,10 +603,16 @@ std::string write_final_output(const char* flag, const std::string& path,
         // Another process put its own file at the staged name between the writer's rename and
         // the open above (under load, a test's replacement was installed as the output and the
         // run said "saved"): not this run's to install; the output is written to a rescue
-        // folder below.
+        // folder below. The other file is moved off the staged name, which the next run's
+        // clean-up would remove, to a plain one beside the target, and named.
         problem = not_ours(staged, target.string());
         ::close(lock_fd);
         lock_fd = -1;
+        if (const std::string kept =
+                keep_beside(staged, folder, fs::path(path).filename().string(), "other");
+            !kept.empty()) {
+          problem += fmt::format("; the file put at the staged name is kept as '{}'", kept);
+        }
       } else {
         ::flock(lock_fd, LOCK_EX | LOCK_NB);
         problem = install(staged, target.string(), checked, ours, flag);

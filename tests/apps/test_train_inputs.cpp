@@ -1689,6 +1689,17 @@ TEST_CASE("outputs: what happens to the --save just before the install is never 
     CHECK(contains(w.output, "was replaced by another process before it was installed; '" + w.save +
                                  "' is left as it was"));
     CHECK(rescued_step() == "20");
+    // The other file is not left at the hidden name the next run's clean-up removes.
+    std::string other;
+    for (const auto& entry : fs::directory_iterator(w.dir.file("out"))) {
+      if (entry.path().filename().string().starts_with("m.st.nanoddp-other.")) {
+        other = entry.path().string();
+      }
+    }
+    REQUIRE_FALSE(other.empty());
+    CHECK(read_file(other) == "FOREIGN");
+    CHECK(contains(w.output, "the file put at the staged name is kept as '" + other + "'"));
+    w.check_no_temporary();
   }
   SUBCASE("an append to it is kept, the output rescued") {
     w.run(older, [&] { std::ofstream(w.save, std::ios::app) << ", and more"; });

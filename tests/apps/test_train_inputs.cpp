@@ -1616,6 +1616,22 @@ TEST_CASE("outputs: what happens to the --save just before the install is never 
       fs::rename(w.dir.file("foreign"), entry.path());
     }
   };
+  // The same once the run has checked the staged output and locked it, its last step before the
+  // install (acting earlier, the run's check before the install finds the other file instead:
+  // seen on a loaded machine).
+  const auto replace_checked_staged = [&] {
+    for (const auto& entry : fs::directory_iterator(w.dir.file("out"))) {
+      if (!entry.path().filename().string().starts_with(".nanoddp-out.tmp.")) continue;
+      struct stat st {};
+      REQUIRE(::stat(entry.path().c_str(), &st) == 0);
+      const std::string inode = fmt::format(":{} ", st.st_ino);  // /proc/locks: "MAJ:MIN:INO "
+      for (int i = 0; i < 1000 && !contains(read_file("/proc/locks"), inode); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      std::ofstream(w.dir.file("foreign")) << "FOREIGN";
+      fs::rename(w.dir.file("foreign"), entry.path());
+    }
+  };
   const auto rescued_step = [&] {
     const std::string rescued = rescued_file(w.output, "m.st");
     REQUIRE_FALSE(rescued.empty());
@@ -1638,7 +1654,7 @@ TEST_CASE("outputs: what happens to the --save just before the install is never 
     // of the two names it was put at cannot be told afterwards, so it stays there (moved back to
     // the hidden staged name, a tester's file was removed by the next run), and the file that
     // was there before is kept beside it, named.
-    w.run(older, replace_staged);
+    w.run(older, replace_checked_staged);
     INFO(status_text(w.status), "\n", w.output);
     CHECK(exited_with(w.status, 1));
     CHECK(read_file(w.save) == "FOREIGN");

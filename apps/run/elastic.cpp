@@ -984,6 +984,19 @@ void Monitor::loop() {
             lock, heartbeat_interval(o_),
             [this] { return quit_ || (pending_ && !published_) || (over_ && !over_written_); }) &&
         quit_) {
+      // The main thread moved on as soon as it saw the end, which this beat may have read
+      // before local_over() came: "over" is written now, or a node still waiting out its grace
+      // period finds this one silent and lost after T (seen once on a clean clone's run).
+      const bool write_over = over_ && !over_written_ && !over_published;
+      lock.unlock();
+      if (write_over) {
+        try {
+          store_.set(key(r, fmt::format("over/{}", me)), "1");
+          announce_change();
+        } catch (const std::exception&) {
+          // The store is gone: nobody is left to read it.
+        }
+      }
       return;
     }
   }

@@ -1061,8 +1061,13 @@ TEST_CASE(
     // Which launcher is node K: the round's line says so.
     std::vector<BackgroundProcess*> by_rank(4, nullptr);
     for (auto& node : nodes) {
-      REQUIRE(node->wait_for_output([](const std::string& out) { return contains(out, " runs"); },
-                                    30s));
+      // Both lines: the launcher's own and its worker's reach this test through two streams, in
+      // either order (the worker's came first once, and the node went unnamed: the flaky 4:4).
+      REQUIRE(node->wait_for_output(
+          [](const std::string& out) {
+            return contains(out, " runs") && contains(out, "round 0: node ");
+          },
+          30s));
       const std::string out = node->output();
       for (int k = 0; k < 4; ++k) {
         if (contains(out, fmt::format("round 0: node {} of 4", k))) by_rank[k] = node.get();

@@ -449,11 +449,16 @@ void Trainer::check_init_model() const {
   // (With --layers 0 the model is one Linear: no activation takes part.)
   if (const auto act = metadata.find("activation");
       act != metadata.end() && act->second != o_.activation && o_.layers > 0) {
+    // The flag to pass, when the file names an activation there is one for (a crafted file's
+    // text was offered as the flag's value, an outside tester's).
+    const bool known = act->second == "relu" || act->second == "gelu";
     fail(
         "--init '{}' was saved from another model: its metadata key 'activation' is '{}', this "
-        "run's model uses '{}' (--activation). Pass --activation {}, or start from a file of "
-        "this model",
-        o_.init_path, nn::excerpt(act->second), o_.activation, nn::excerpt(act->second));
+        "run's model uses '{}' (--activation). {}",
+        o_.init_path, nn::excerpt(act->second), o_.activation,
+        known ? fmt::format("Pass --activation {}, or start from a file of this model", act->second)
+              : std::string("No --activation runs that model (relu or gelu): start from a file "
+                            "of this model"));
   }
   const auto model = metadata.find("model");
   // Without "model" (files written before it was recorded, PyTorch's state_dict) the shapes

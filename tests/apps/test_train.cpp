@@ -657,6 +657,7 @@ TEST_CASE("nanoddp-train: a crafted file's text in a message is escaped, alone a
       CHECK(r.output.find_first_of("\x1b\x07\r") == std::string::npos);
       CHECK(r.output.find("\xc2\x9b") == std::string::npos);
       CHECK(r.output.find("\nnanoddp-train: all good") == std::string::npos);
+      if (key == "activation") CHECK_FALSE(has(r, "Pass --activation"));
     }
   }
 }

@@ -736,6 +736,7 @@ TEST_CASE("inputs: --init compares the file's activation key whatever its model 
     CHECK(contains(r.output, "--init '" + path +
                                  "' was saved from another model: its metadata "
                                  "key 'activation' is 'gelu', this run's model uses 'relu'"));
+    CHECK(contains(r.output, "Pass --activation gelu, or start from a file of this model"));
   }
   // The same activation, and no record at all (PyTorch's files): accepted.
   for (const auto& [name, metadata] :

@@ -167,10 +167,23 @@ void eigen_gemm(const Shape& s, const float* a, const float* b, float* c) {
   }
 }
 
+// Eigen's own threads for the yardstick only: set, then unset (0: Eigen asks OpenMP again), so
+// the library's Eigen rows, which keep each of their slices on one thread, see no setting.
+struct EigenThreads {
+  explicit EigenThreads(int threads) { Eigen::setNbThreads(threads); }
+  ~EigenThreads() { Eigen::setNbThreads(0); }
+  EigenThreads(const EigenThreads&) = delete;
+  EigenThreads& operator=(const EigenThreads&) = delete;
+};
+
 void run_cpu(const Shape& s, const Options& opt, std::vector<Row>& rows) {
   HostOperands ops(s);
-  rows.push_back({"eigen", s,
-                  time_cpu_ms([&] { eigen_gemm(s, ops.a.get(), ops.b.get(), ops.c.get()); }, opt)});
+  {
+    const EigenThreads eigen_threads(opt.threads);
+    rows.push_back(
+        {"eigen", s,
+         time_cpu_ms([&] { eigen_gemm(s, ops.a.get(), ops.b.get(), ops.c.get()); }, opt)});
+  }
   nanoddp::Backend& backend = nanoddp::cpu_backend();
   for (const auto& [name, which] : kCpuBackends) {
     backend.set_gemm_backend(which);
@@ -370,8 +383,6 @@ int run(int argc, char** argv) {
   }
   for (const std::string& w : warnings) fmt::print(stderr, "nanoddp-bench-gemm: warning: {}\n", w);
 
-  // Both calls: the library's Eigen and this file's Eigen each keep a thread setting.
-  Eigen::setNbThreads(opt.threads);
   nanoddp::kernels::cpu::set_gemm_threads(opt.threads);
 
   // Opened before anything is measured: a path that cannot be written is a usage error now, not

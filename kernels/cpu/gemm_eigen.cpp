@@ -19,6 +19,9 @@
 #endif
 
 #include <Eigen/Core>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #include <bit>
 #include <cstdint>
@@ -81,16 +84,26 @@ void gemm_sliced(const OpA& a, const OpB& b, float alpha, float beta, float* c, 
   const bool by_rows = m >= n;
   const std::int64_t extent = by_rows ? m : n;
   const std::int64_t slices = extent < 2 * kSlice ? 1 : (extent + kSlice - 1) / kSlice;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && slices > 1)
-  for (std::int64_t s = 0; s < slices; ++s) {
-    const std::int64_t first = s * kSlice;
-    const std::int64_t size = s + 1 == slices ? extent - first : kSlice;
-    if (by_rows) {
-      gemm_into(a.middleRows(first, size), b, alpha, beta,
-                SliceMap(c + first * n, size, n, Eigen::OuterStride<>(n)));
-    } else {
-      gemm_into(a, b.middleCols(first, size), alpha, beta,
-                SliceMap(c + first, m, size, Eigen::OuterStride<>(n)));
+#pragma omp parallel num_threads(threads) if (threads > 1 && slices > 1)
+  {
+#if defined(_OPENMP)
+    // Eigen threads a product by omp_get_max_threads(), which is this thread's own setting
+    // inside this region: 1 keeps every slice one single-threaded product, with no write to
+    // Eigen's process-wide thread count (Eigen::setNbThreads), which threads that run GEMMs
+    // side by side would race on. A program that sets that count itself overrides this.
+    omp_set_num_threads(1);
+#endif
+#pragma omp for schedule(static)
+    for (std::int64_t s = 0; s < slices; ++s) {
+      const std::int64_t first = s * kSlice;
+      const std::int64_t size = s + 1 == slices ? extent - first : kSlice;
+      if (by_rows) {
+        gemm_into(a.middleRows(first, size), b, alpha, beta,
+                  SliceMap(c + first * n, size, n, Eigen::OuterStride<>(n)));
+      } else {
+        gemm_into(a, b.middleCols(first, size), alpha, beta,
+                  SliceMap(c + first, m, size, Eigen::OuterStride<>(n)));
+      }
     }
   }
 }
@@ -115,7 +128,6 @@ void gemm_eigen(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64
   // GEMM kernel packs either orientation into its panels at the same cost.
   const bool ta = trans_a == Transpose::kYes;
   const bool tb = trans_b == Transpose::kYes;
-  Eigen::setNbThreads(1);  // the slices are the threads' work (see the top of this file)
   const int threads = gemm_threads();
   const ConstMatrixMap a_map(a, ta ? k : m, ta ? m : k);
   const ConstMatrixMap b_map(b, tb ? n : k, tb ? k : n);

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "kernels/cpu_test_util.h"
@@ -232,6 +233,42 @@ TEST_CASE("cpu gemm: the own kernels and Eigen give the same bits on 1, 2 and 3 
         CHECK(one == more);
       }
     }
+  }
+  cpu::set_gemm_threads(before);
+}
+
+TEST_CASE("cpu gemm: GEMMs run from several threads at once give the bits each gives alone") {
+  // A model may run its towers on threads of its own (an outside tester's did). Eigen's GEMM
+  // once set Eigen's process-wide thread count on every call: a data race (ThreadSanitizer's
+  // report in CI). One product of one slice and one of several, both GEMMs, 2 GEMM threads.
+  const int before = cpu::gemm_threads();
+  cpu::set_gemm_threads(2);
+  const Shape shapes[] = {{64, 130, 300}, {600, 70, 90}, {6, 16, 8}};
+  for (const auto product : {cpu::gemm, cpu::gemm_eigen}) {
+    std::vector<std::vector<float>> alone, together(3 * std::size(shapes));
+    std::vector<std::vector<float>> as, bs;
+    for (std::size_t i = 0; i < together.size(); ++i) {
+      const Shape& s = shapes[i % std::size(shapes)];
+      as.push_back(random_floats(s.m * s.k, 40 + static_cast<std::uint32_t>(i)));
+      bs.push_back(random_floats(s.k * s.n, 80 + static_cast<std::uint32_t>(i)));
+      alone.emplace_back(s.m * s.n, 0.0f);
+      product(Transpose::kNo, Transpose::kNo, s.m, s.n, s.k, 1.0f, as[i].data(), bs[i].data(), 0.0f,
+              alone[i].data());
+    }
+    {
+      std::vector<std::jthread> threads;
+      for (std::size_t i = 0; i < together.size(); ++i) {
+        threads.emplace_back([&, i] {
+          const Shape& s = shapes[i % std::size(shapes)];
+          together[i].assign(s.m * s.n, 0.0f);
+          for (int repeat = 0; repeat < 20; ++repeat) {
+            product(Transpose::kNo, Transpose::kNo, s.m, s.n, s.k, 1.0f, as[i].data(), bs[i].data(),
+                    0.0f, together[i].data());
+          }
+        });
+      }
+    }
+    CHECK(alone == together);
   }
   cpu::set_gemm_threads(before);
 }

@@ -27,6 +27,7 @@
 #include "nanoddp/comm/tcp_ring.h"
 #include "nanoddp/kernels/bf16.h"
 #include "support/local_store.h"
+#include "support/worst_error.h"
 
 using nanoddp::DType;
 using nanoddp::comm::ReduceOp;
@@ -125,7 +126,7 @@ TEST_CASE(
         for (std::size_t i = 0; i < n; ++i) {
           double want = 0;
           for (int r = 0; r < world; ++r) want += std::sin(static_cast<float>(i * (r + 3)));
-          worst = std::max(worst, std::abs(out[i] - want));
+          worst = nanoddp::test::worse(worst, std::abs(out[i] - want));
         }
         CHECK(worst < 1e-5);
         return bits;

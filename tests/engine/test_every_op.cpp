@@ -40,6 +40,7 @@
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/engine/tensor.h"
 #include "nanoddp/kernels/error.h"
+#include "support/worst_error.h"
 
 namespace nanoddp {
 namespace {
@@ -418,7 +419,7 @@ TEST_CASE("every public op: differentiable ones match finite differences, the re
         inputs[k].values[e] = saved;
         const double numeric = (f_plus - f_minus) / (static_cast<double>(plus) - minus);
         const double error = std::abs(numeric - analytic[e]);
-        worst = std::max(worst, error / (1.0 + std::abs(numeric)));
+        worst = nanoddp::test::worse(worst, error / (1.0 + std::abs(numeric)));
         CHECK_MESSAGE(error <= 1e-3 + 1e-3 * std::abs(numeric),
                       "element " << e << ": analytic " << analytic[e] << ", numeric " << numeric);
       }

@@ -19,6 +19,7 @@
 #include "nanoddp/engine/functional.h"
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/engine/tensor.h"
+#include "support/worst_error.h"
 
 using namespace nanoddp;
 
@@ -129,8 +130,8 @@ TEST_CASE("cuda functional ops match the CPU, forward and backward") {
       REQUIRE(cpu[k].size() == gpu[k].size());
       double worst = 0.0;
       for (std::size_t i = 0; i < cpu[k].size(); ++i) {
-        worst = std::max(worst, std::abs(static_cast<double>(cpu[k][i]) - gpu[k][i]) /
-                                    (1.0 + std::abs(static_cast<double>(cpu[k][i]))));
+        worst = nanoddp::test::worse(worst, std::abs(static_cast<double>(cpu[k][i]) - gpu[k][i]) /
+                                                (1.0 + std::abs(static_cast<double>(cpu[k][i]))));
       }
       CHECK(worst <= 1e-5);
     }

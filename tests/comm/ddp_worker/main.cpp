@@ -42,6 +42,7 @@
 #include "nanoddp/nn/flat_parameters.h"
 #include "nanoddp/nn/layers.h"
 #include "nanoddp/nn/optimizer.h"
+#include "support/worst_error.h"
 
 using namespace nanoddp;
 
@@ -608,7 +609,7 @@ int bf16(comm::Distributed& dist) {
          bf_last, f32_last);
   double max_diff = 0;
   for (std::size_t i = 0; i < f32_params.size(); ++i) {
-    max_diff = std::max(max_diff, static_cast<double>(std::fabs(f32_params[i] - bf_params[i])));
+    max_diff = nanoddp::test::worse(max_diff, std::fabs(f32_params[i] - bf_params[i]));
   }
   // bf16 keeps 8 bits of mantissa: gradients are off by up to ~0.4%; after 100 steps of lr 0.05
   // the parameters stay within 1e-2 of the float32 run.
@@ -661,11 +662,15 @@ Tensor tower_loss(const std::vector<Tensor>& out, const TowerBatch& data) {
 int two_tower(comm::Distributed& dist) {
   const int rank = dist.group->rank(), world = dist.group->size();
   constexpr int kSteps = 5;
+  constexpr float kTowerLr = 0.02f;
   Generator g(21);
   TwoTower model(g);
   nn::FlatParameters params(model, Device::cpu());
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store);
-  nn::SGD sgd(params, nn::SgdOptions{.lr = 0.1f, .momentum = 0.9f});
+  // A rate at which the loss falls: at 0.1 it grew to inf within 5 steps, and the parameters
+  // compared were 1e13 (an outside reader's finding).
+  const nn::SgdOptions sgd_options{.lr = kTowerLr, .momentum = 0.9f};
+  nn::SGD sgd(params, sgd_options);
   for (int step = 0; step < kSteps; ++step) {
     sgd.zero_grad();
     const TowerBatch data = tower_batch(rank, step);
@@ -676,7 +681,8 @@ int two_tower(comm::Distributed& dist) {
   Generator g1(21);
   TwoTower single(g1);
   nn::FlatParameters single_params(single, Device::cpu());
-  nn::SGD single_sgd(single_params, nn::SgdOptions{.lr = 0.1f, .momentum = 0.9f});
+  nn::SGD single_sgd(single_params, sgd_options);
+  std::vector<float> losses;
   for (int step = 0; step < kSteps; ++step) {
     single_sgd.zero_grad();
     std::vector<Tensor> a, b, similarity, classes;
@@ -694,20 +700,30 @@ int two_tower(comm::Distributed& dist) {
     }
     const TowerBatch data{cat(a), cat(b), cat(similarity),
                           Tensor::from_int64(all_classes, {6 * world})};
-    tower_loss(single(data.a, data.b), data).backward();
+    const Tensor loss = tower_loss(single(data.a, data.b), data);
+    losses.push_back(loss.item());
+    loss.backward();
     single_sgd.step();
   }
+  for (const float l : losses) EXPECT(std::isfinite(l), "a loss of {}", l);
+  EXPECT(losses.back() < losses.front() / 2, "the loss went from {} to {}", losses.front(),
+         losses.back());
   const std::vector<float> got = params.values().to_vector();
   const std::vector<float> want = single_params.values().to_vector();
   EXPECT(got.size() == want.size(), "{} vs {} parameters", got.size(), want.size());
   double worst = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
-    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]) /
-                                (1e-3 + std::fabs(static_cast<double>(want[i]))));
+    worst = nanoddp::test::worse(worst, std::fabs(static_cast<double>(got[i]) - want[i]) /
+                                            (1e-2 + std::fabs(static_cast<double>(want[i]))));
   }
-  EXPECT(worst <= 1e-5, "DDP and one process differ by {:.3g} (relative)", worst);
-  fmt::print("two-tower: {} ranks equal one process with {} rows to {:.2e} relative\n", world,
-             6 * world, worst);
+  // The one process sums 6 W rows where DDP sums 6 and then averages W partial gradients: the
+  // rounding differs, by up to 1e-7 after five steps. Relative to parameters of 0.01 and more,
+  // absolute below: a parameter near zero has only cancellation left. A parameter left out of
+  // the average follows its own rank's rows, and is off by far more.
+  EXPECT(worst <= 1e-4, "DDP and one process differ by {:.3g} (relative)", worst);
+  fmt::print(
+      "two-tower: {} ranks equal one process with {} rows to {:.2e} relative (loss {} -> {})\n",
+      world, 6 * world, worst, losses.front(), losses.back());
   return 0;
 }
 

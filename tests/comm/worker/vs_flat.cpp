@@ -25,6 +25,7 @@
 #include "nanoddp/comm/gloo_process_group.h"
 #include "nanoddp/comm/process_group.h"
 #include "nanoddp/engine/tensor.h"
+#include "support/worst_error.h"
 
 using nanoddp::DType;
 using nanoddp::Tensor;
@@ -138,9 +139,10 @@ int compare(ProcessGroup& group, ProcessGroup& flat, std::int64_t n, DType dtype
     const double x = element(a, i);
     const double y = element(b, i);
     if (x != y) ++differing;
-    if (x != y) worst = std::max(worst, std::fabs(x - y) / (2 * bound));
-    if (std::fabs(x - exact) > bound || std::fabs(y - exact) > bound ||
-        std::fabs(x - y) > 2 * bound) {
+    if (x != y) worst = nanoddp::test::worse(worst, std::fabs(x - y) / (2 * bound));
+    // Written as "not within", so that a NaN fails.
+    if (!(std::fabs(x - exact) <= bound) || !(std::fabs(y - exact) <= bound) ||
+        !(std::fabs(x - y) <= 2 * bound)) {
       if (failures++ < 3) {
         fmt::print(stderr, "rank {}: {} {} n={} element {}: group {} flat {} exact {} (bound {})\n",
                    rank, nanoddp::dtype_name(dtype), nanoddp::comm::reduce_op_name(op), n, i, x, y,

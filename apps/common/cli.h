@@ -19,6 +19,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "nanoddp/nn/file_io.h"
 
@@ -190,6 +191,46 @@ inline CLI::Validator non_empty_path(const char* what = "a file name") {
       std::string("an empty path; give ") + what + ", or leave the flag out";
   return CLI::Validator(
       [problem](std::string& text) { return text.empty() ? problem : std::string(); }, "");
+}
+
+// The items of a list flag ("--sizes 128,256"), into `items`; returns the problem, naming the
+// flag, or "". An empty item (a doubled or a trailing comma) is a typo, not a value to drop.
+inline std::string split_list(const std::string& flag, const std::string& text,
+                              std::vector<std::string>& items) {
+  items.clear();
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    items.push_back(text.substr(start, comma == std::string::npos ? comma : comma - start));
+    if (items.back().empty()) {
+      return flag + " '" + text + "': empty value in the list (expected e.g. " + flag + " 1,2,4)";
+    }
+    if (comma == std::string::npos) return "";
+    start = comma + 1;
+  }
+}
+
+// Keeps each value's first occurrence: a value given twice is measured once. Returns the note
+// that says so, or "".
+template <typename T>
+std::string deduplicate(const std::string& flag, const std::string& text, std::vector<T>& values) {
+  std::vector<T> kept;
+  bool repeated = false;
+  // Indexes, not find(): std::vector<bool> has no references to compare through.
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    bool seen = false;
+    for (std::size_t j = 0; j < kept.size(); ++j) seen = seen || kept[j] == values[i];
+    if (seen) {
+      repeated = true;
+    } else {
+      kept.push_back(values[i]);
+    }
+  }
+  values = std::move(kept);
+  return repeated ? flag + " " + text +
+                        ": a value is given more than once; each point runs once (use --repeats "
+                        "N to measure a point again)"
+                  : "";
 }
 
 // For checks after parsing: prints "<program>: error: <problem>" and returns 2.

@@ -300,7 +300,24 @@ int run(int argc, char** argv) {
         fmt::format("--backend nccl needs a CUDA GPU per rank, but {}; use --backend gloo",
                     nanoddp::cuda_status()));
   }
+  // Refused before any rank allocates: `-e 1T` passed every check and then failed in the
+  // ranks, out of memory (an outside tester's). Each rank on this host holds two host buffers of
+  // the largest size (the in-place one and out of place's send buffer).
+  const auto memory_problem = [&](int ranks_here) -> std::string {
+    const double need = 2.0 * static_cast<double>(max_bytes) * ranks_here;
+    const double available = nanoddp::common::available_memory_bytes();
+    if (available <= 0 || need <= available) return "";
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    return fmt::format(
+        "-e {}: {} rank(s) on this host each hold two buffers of the largest size, {:.1f} GiB "
+        "in all, more than the {:.1f} GiB this machine has available (MemAvailable); give a "
+        "smaller -e",
+        opt.max_bytes, ranks_here, need / kGiB, available / kGiB);
+  };
   if (opt.nproc > 0) {
+    if (const std::string problem = memory_problem(opt.nproc); !problem.empty()) {
+      return nanoddp::cli::usage_error("nanoddp-bench-allreduce", problem);
+    }
     if (std::getenv("NANODDP_LAUNCHER_PID") != nullptr || std::getenv("RANK") != nullptr) {
       return nanoddp::cli::usage_error(
           "nanoddp-bench-allreduce",
@@ -315,6 +332,10 @@ int run(int argc, char** argv) {
   const DType dtype = opt.dtype == "float" ? DType::kF32 : DType::kBF16;
   const std::size_t elem = nanoddp::dtype_size(dtype);
   const auto world_env = nanoddp::comm::world_from_env();
+  if (const std::string problem = memory_problem(std::max(world_env.local_world_size, 1));
+      !problem.empty()) {
+    return nanoddp::cli::usage_error("nanoddp-bench-allreduce", problem);
+  }
   const bool all_reduce = collective == Collective::kAllreduce;
   // reduce_scatter and allgather: the whole buffer is `ranks` blocks of equal size.
   const std::int64_t blocks = all_reduce ? 1 : std::max(world_env.world_size, 1);

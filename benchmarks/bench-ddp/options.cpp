@@ -35,15 +35,8 @@ template <typename... Args>
 
 std::vector<std::string> split(const std::string& flag, const std::string& text) {
   std::vector<std::string> items;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t comma = text.find(',', start);
-    items.push_back(text.substr(start, comma == std::string::npos ? comma : comma - start));
-    if (items.back().empty()) {
-      usage_error("{} '{}': empty value in the list (expected e.g. {} 1,2,4)", flag, text, flag);
-    }
-    if (comma == std::string::npos) break;
-    start = comma + 1;
+  if (const std::string problem = cli::split_list(flag, text, items); !problem.empty()) {
+    usage_error("{}", problem);
   }
   return items;
 }
@@ -91,21 +84,9 @@ std::vector<T> parse_list(const std::string& flag, const std::string& text, Pars
 template <typename T>
 void deduplicate(const std::string& flag, const std::string& text, std::vector<T>& values,
                  std::vector<std::string>& notes) {
-  std::vector<T> kept;
-  // Indexes, not find(): std::vector<bool> has no references to compare through.
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    bool seen = false;
-    for (std::size_t j = 0; j < kept.size(); ++j) seen = seen || kept[j] == values[i];
-    if (!seen) {
-      kept.push_back(values[i]);
-    } else {
-      notes.push_back(fmt::format(
-          "{} {}: a value is given more than once; each point runs once (use --repeats N to "
-          "measure a point again)",
-          flag, text));
-    }
+  if (std::string note = cli::deduplicate(flag, text, values); !note.empty()) {
+    notes.push_back(std::move(note));
   }
-  values = std::move(kept);
 }
 
 struct ListFlags {

@@ -26,6 +26,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -333,6 +334,28 @@ std::string memory_problem(const Options& opt, const std::vector<Shape>& shapes)
       sizes, opt.batch, opt.hidden, opt.linears, need / gib, available / gib);
 }
 
+// --sizes' items: decimal integers in [1, max]. Returns the problem, naming the flag, or "".
+std::string parse_sizes(const std::string& text, std::int64_t max, std::vector<std::int64_t>& out) {
+  std::vector<std::string> items;
+  if (std::string problem = nanoddp::cli::split_list("--sizes", text, items); !problem.empty()) {
+    return problem;
+  }
+  out.clear();
+  for (const std::string& item : items) {
+    if (const std::string problem = nanoddp::cli::detail::check_integer(item, true);
+        !problem.empty()) {
+      return "--sizes: " + problem;
+    }
+    std::int64_t value = 0;
+    std::from_chars(item.data(), item.data() + item.size(), value);
+    if (value < 1 || value > max) {
+      return fmt::format("--sizes: '{}' is out of range: it must be from 1 to {}", item, max);
+    }
+    out.push_back(value);
+  }
+  return "";
+}
+
 int run(int argc, char** argv) {
   Options opt;
   CLI::App app{"nanoddp-bench-gemm: GFLOP/s of Eigen, the CPU backend and the CUDA GEMMs"};
@@ -340,9 +363,11 @@ int run(int argc, char** argv) {
   // them a size is a typo (a 0 or a negative size gave 0 or negative GFLOP/s, --threads 100000
   // crashed); within them the buffers must still fit in memory, checked below.
   const std::int64_t max_width = std::int64_t{1} << 20;
-  app.add_option("--sizes", opt.sizes, "square sizes m = n = k")
-      ->delimiter(',')
-      ->check(CLI::Range(std::int64_t{1}, max_width));
+  // A list read as bench-ddp reads its lists (common/cli.h): CLI11's own delimiter dropped an
+  // empty item ("8,,16") and, given ",", took the next flag for a size.
+  std::string sizes_text = "128,256,512,1024,2048";
+  app.add_option("--sizes", sizes_text, "square sizes m = n = k, comma-separated")
+      ->capture_default_str();
   app.add_option("--batch", opt.batch, "MLP batch size B (its shapes: B,H,H and H,H,B)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
   app.add_option("--hidden", opt.hidden, "MLP hidden size H")
@@ -361,6 +386,13 @@ int run(int argc, char** argv) {
       ->check(nanoddp::cli::non_empty_path());
   if (const std::optional<int> code = nanoddp::cli::parse(app, argc, argv, "nanoddp-bench-gemm")) {
     return *code;
+  }
+  if (const std::string problem = parse_sizes(sizes_text, max_width, opt.sizes); !problem.empty()) {
+    return nanoddp::cli::usage_error("nanoddp-bench-gemm", problem);
+  }
+  if (const std::string note = nanoddp::cli::deduplicate("--sizes", sizes_text, opt.sizes);
+      !note.empty()) {
+    fmt::print(stderr, "nanoddp-bench-gemm: note: {}\n", note);
   }
 
   std::vector<Shape> shapes;

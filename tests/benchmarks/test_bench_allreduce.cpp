@@ -337,6 +337,24 @@ TEST_CASE("bench-allreduce: sizes take the T suffix, up to 1T as documented") {
   CHECK(low.output.find("-b/--minbytes: '2T' is more than 1T") != std::string::npos);
 }
 
+TEST_CASE("bench-allreduce: sizes past this machine's memory are refused before any rank runs") {
+  // -e 1T passed every check and then failed in the rank, out of memory (an outside tester's).
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{}, std::vector<std::string>{"--nproc-per-node", "2"}}) {
+    std::vector<std::string> argv = {bin_path("nanoddp-bench-allreduce"), "-b", "1T", "-e", "1T"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    const ProcessResult r = run_process(argv, quick());
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("-e 1T: ") != std::string::npos);
+    CHECK(r.output.find("each hold two buffers of the largest size") != std::string::npos);
+    CHECK(r.output.find("this machine has available (MemAvailable); give a smaller -e") !=
+          std::string::npos);
+    CHECK(r.output.find("# launch 1 of") == std::string::npos);  // nothing was started
+    CHECK(r.output.find("[rank") == std::string::npos);
+  }
+}
+
 TEST_CASE("bench-allreduce: bad flags exit 2 with a message naming them") {
   struct Case {
     std::vector<std::string> args;

@@ -147,6 +147,13 @@ TEST_CASE("bench-gemm: sizes, widths and threads out of range exit 2 naming the 
       {{"--hidden", "1000000000"}, "--hidden: '1000000000' is out of range: it must be from 1 to"},
       {{"--threads", "100000"}, "--threads: '100000' is out of range: it must be from 1 to 1024"},
       {{"--linears", "5000"}, "--linears: '5000' is out of range: it must be from 1 to 1000"},
+      // Lists as bench-ddp reads them: CLI11's own delimiter dropped the empty item and, given
+      // a lone ",", took the next flag for a size (an outside tester's).
+      {{"--sizes", "8,,16"},
+       "--sizes '8,,16': empty value in the list (expected e.g. --sizes 1,2,4)"},
+      {{"--sizes", "8,"}, "--sizes '8,': empty value in the list"},
+      {{"--sizes", ",", "--repeats", "1"}, "--sizes ',': empty value in the list"},
+      {{"--sizes", "8,010"}, "--sizes: '010' has a leading zero"},
       // Within the range, but not within this machine's memory (about 11 TiB of operands).
       {{"--sizes", "1000000"}, "GiB this machine has available (MemAvailable)"},
   };
@@ -159,6 +166,23 @@ TEST_CASE("bench-gemm: sizes, widths and threads out of range exit 2 naming the 
     CHECK(r.output.find(c.expected) != std::string::npos);
     CHECK(r.output.find("median ms") == std::string::npos);  // nothing was measured
   }
+}
+
+TEST_CASE("bench-gemm: a size given twice is measured once, and said so") {
+  const ProcessResult r =
+      run_process({bin_path("nanoddp-bench-gemm"), "--sizes", "8,16,8", "--repeats", "1",
+                   "--warmup", "0", "--batch", "2", "--hidden", "8", "--linears", "1"});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("note: --sizes 8,16,8: a value is given more than once; each point runs "
+                      "once") != std::string::npos);
+  std::size_t eights = 0;
+  for (std::size_t at = r.output.find("square"); at != std::string::npos;
+       at = r.output.find("square", at + 1)) {
+    const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+    if (line.find(" 8      8      8 ") != std::string::npos) ++eights;
+  }
+  CHECK(eights == 3);  // the eigen row and the two nanoddp rows, once each
 }
 
 TEST_CASE("bench-gemm: an error from the library is said, exit 1, never terminate()") {

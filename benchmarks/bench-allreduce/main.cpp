@@ -203,7 +203,19 @@ struct Runner {
   }
 };
 
-int run(int argc, char** argv) {
+// How far a run came before it ended: main tells the other ranks of a job started by hand
+// about a refusal before this rank joined (`refusal`: its text, empty for CLI11's own).
+struct Outcome {
+  std::string refusal;
+  bool joining = false;  // set-up started: its check-in tells the others itself
+};
+
+int run(int argc, char** argv, Outcome& outcome) {
+  // Every refusal below comes before this rank joins the job.
+  const auto refuse = [&](const std::string& why) {
+    outcome.refusal = why;
+    return nanoddp::cli::usage_error("nanoddp-bench-allreduce", why);
+  };
   Options opt;
   CLI::App app{"nanoddp-bench-allreduce: all-reduce time, algbw and busbw (nccl-tests style)"};
   app.add_option("-b,--minbytes", opt.min_bytes, "smallest size in bytes (8, 1K, 16M, ...)");
@@ -249,8 +261,7 @@ int run(int argc, char** argv) {
     return *code;
   }
   if (opt.repeats > 1 && opt.nproc == 0) {
-    return nanoddp::cli::usage_error(
-        "nanoddp-bench-allreduce",
+    return refuse(
         "--repeats N launches the job N times: give --nproc-per-node W too, and start "
         "nanoddp-bench-allreduce without a launcher");
   }
@@ -290,13 +301,12 @@ int run(int argc, char** argv) {
                     opt.backend);
     }
   } catch (const nanoddp::Error& e) {
-    return nanoddp::cli::usage_error("nanoddp-bench-allreduce", e.what());
+    return refuse(e.what());
   }
   // Said here, in this program's flags (the library's message would name nanoddp-train's), and
   // before --nproc-per-node launches ranks that would each fail on it.
   if (opt.backend == "nccl" && nanoddp::cuda_device_count() == 0) {
-    return nanoddp::cli::usage_error(
-        "nanoddp-bench-allreduce",
+    return refuse(
         fmt::format("--backend nccl needs a CUDA GPU per rank, but {}; use --backend gloo",
                     nanoddp::cuda_status()));
   }
@@ -316,11 +326,10 @@ int run(int argc, char** argv) {
   };
   if (opt.nproc > 0) {
     if (const std::string problem = memory_problem(opt.nproc); !problem.empty()) {
-      return nanoddp::cli::usage_error("nanoddp-bench-allreduce", problem);
+      return refuse(problem);
     }
     if (std::getenv("NANODDP_LAUNCHER_PID") != nullptr || std::getenv("RANK") != nullptr) {
-      return nanoddp::cli::usage_error(
-          "nanoddp-bench-allreduce",
+      return refuse(
           "--nproc-per-node starts its own nanoddp-run jobs: run it without a launcher (or drop "
           "--nproc-per-node and --repeats under one)");
     }
@@ -334,7 +343,7 @@ int run(int argc, char** argv) {
   const auto world_env = nanoddp::comm::world_from_env();
   if (const std::string problem = memory_problem(std::max(world_env.local_world_size, 1));
       !problem.empty()) {
-    return nanoddp::cli::usage_error("nanoddp-bench-allreduce", problem);
+    return refuse(problem);
   }
   const bool all_reduce = collective == Collective::kAllreduce;
   // reduce_scatter and allgather: the whole buffer is `ranks` blocks of equal size.
@@ -365,8 +374,7 @@ int run(int argc, char** argv) {
                dropped);
   }
   if (counts.empty()) {
-    return nanoddp::cli::usage_error(
-        "nanoddp-bench-allreduce",
+    return refuse(
         all_reduce
             ? fmt::format("-b {} -e {}: no size holds one {} element ({} bytes); give -e {} or "
                           "more",
@@ -380,7 +388,7 @@ int run(int argc, char** argv) {
   nanoddp::common::ResultsFile json("nanoddp-bench-allreduce", "--json");
   if (world_env.rank == 0 && !opt.json_path.empty()) {
     if (const std::string problem = json.open(opt.json_path); !problem.empty()) {
-      return nanoddp::cli::usage_error("nanoddp-bench-allreduce", problem);
+      return refuse(problem);
     }
   }
   nlohmann::ordered_json provenance = nanoddp::common::provenance(argc, argv);
@@ -394,6 +402,7 @@ int run(int argc, char** argv) {
   Runner runner;
   runner.world = world_env;
   const auto timeout = nanoddp::comm::default_timeout();
+  outcome.joining = true;
   if (opt.backend == "nccl") {
     // One GPU per local rank (modulo the visible devices), current before anything touches CUDA.
     runner.device =
@@ -427,7 +436,16 @@ int run(int argc, char** argv) {
     dopt.backend = opt.backend;
     dopt.device = runner.device;
     dopt.timeout = timeout;
-    runner.dist.emplace(nanoddp::comm::init_distributed(runner.world, dopt));
+    try {
+      runner.dist.emplace(nanoddp::comm::init_distributed(runner.world, dopt));
+    } catch (const std::exception& e) {
+      // The set-up refused (another rank's refusal, another WORLD_SIZE, a RANK given twice):
+      // bad input, exit 2, as nanoddp-train says it. A peer that died or did not answer is not.
+      if (nanoddp::comm::is_communication_failure(e)) throw;
+      fmt::print(stderr, "nanoddp-bench-allreduce: error: {}\n",
+                 nanoddp::nn::escape_controls(e.what(), true));
+      return 2;
+    }
     if (auto* gloo = dynamic_cast<nanoddp::comm::GlooProcessGroup*>(runner.dist->group.get())) {
       runner.transport = gloo->allreduce_transport();
     }
@@ -779,6 +797,17 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return nanoddp::cli::run_reporting_errors("nanoddp-bench-allreduce",
-                                            [&] { return run(argc, argv); });
+  Outcome outcome;
+  const int code = nanoddp::cli::run_reporting_errors("nanoddp-bench-allreduce",
+                                                      [&] { return run(argc, argv, outcome); });
+  // A refusal before this rank joined: a job started by hand (no launcher to stop the others)
+  // is told through its store, or the others would wait their whole timeout for this rank
+  // (reliability.md, row 12c).
+  if (code == 2 && !outcome.joining) {
+    std::fflush(stderr);
+    nanoddp::comm::tell_peers_setup_failed(outcome.refusal.empty()
+                                               ? "its command line was refused (see its output)"
+                                               : outcome.refusal);
+  }
+  return code;
 }

@@ -278,6 +278,48 @@ TEST_CASE("bad input: a rank that stops before it joins stops the others at once
   }
 }
 
+// Reliability row 12c for nanoddp-bench-allreduce (an outside tester's): only nanoddp-train told
+// the others, so a benchmark rank started by hand with a mistyped flag left the others waiting
+// their whole timeout, then saying that rank 0's store could not be reached or a rank never came.
+TEST_CASE("bad input: a bench-allreduce rank that stops before it joins stops the others at once") {
+  const std::vector<std::string> bench = {bin_path("nanoddp-bench-allreduce"), "-b", "1K", "-e",
+                                          "4K"};
+  auto bad_op = bench;
+  bad_op.insert(bad_op.end(), {"--op", "median"});
+  auto bad_flag = bench;
+  bad_flag.push_back("--no-such-flag");
+  struct Case {
+    std::string what;
+    std::vector<std::vector<std::string>> argvs;
+    int culprit;
+    std::string reason;  // as the others repeat it
+  };
+  const std::vector<Case> cases = {
+      {"rank 1 with a bad --op", {bench, bad_op, bench}, 1, "--op median: expected sum"},
+      {"rank 0 with a flag CLI11 refuses",
+       {bad_flag, bench, bench},
+       0,
+       "its command line was refused (see its output)"}};
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    const auto start = Clock::now();
+    const auto results = ranks_by_hand(c.argvs, {{{"RANK", "0"}, {"WORLD_SIZE", "3"}},
+                                                 {{"RANK", "1"}, {"WORLD_SIZE", "3"}},
+                                                 {{"RANK", "2"}, {"WORLD_SIZE", "3"}}});
+    INFO(describe(results));
+    CHECK(seconds_since(start) < 15.0);  // NANODDP_TIMEOUT_S is 60
+    for (std::size_t r = 0; r < results.size(); ++r) {
+      CAPTURE(r);
+      CHECK_FALSE(results[r].timed_out);
+      CHECK(results[r].exit_code == 2);
+      if (static_cast<int>(r) != c.culprit) {
+        CHECK(contains(results[r].output, fmt::format("rank {} (host ", c.culprit)));
+        CHECK(contains(results[r].output, "stopped before it joined the job: " + c.reason));
+      }
+    }
+  }
+}
+
 // An outside tester: a NANODDP_SHM value one rank did not understand stopped that rank, and the
 // others waited their whole timeout for its shared-memory hello, then exited 1.
 TEST_CASE("bad input: a shared-memory switch one rank cannot read stops every rank, naming it") {

@@ -1,7 +1,8 @@
 // The Gloo group's reduce-scatter and all-gather (worker thread): shared memory when every rank
 // is on this host (shm_collectives.cpp), else over TCP: around nanoddp's ring (tcp_ring.h) in a
-// flat group, or Gloo's when a rank set NANODDP_TCP_RING=0 — and for hierarchical groups, whose
-// leaders-only ring is an all-reduce's; these two take Gloo's flat path there.
+// flat group, or Gloo's when a rank set NANODDP_TCP_RING=0. A hierarchical group's leaders-only
+// ring is an all-reduce's: its reduce-scatter is its all-reduce, cut (below), and its all-gather
+// takes Gloo's flat path (copies only: no order to keep).
 //
 // Gloo's TCP reduce-scatter is a ring on Gloo's unbound buffers — the transport under the
 // options-style functions, so it mixes with them on one context (the legacy algorithm classes
@@ -62,6 +63,16 @@ void GlooProcessGroup::Impl::run_reduce_scatter(const void* input, void* output,
   const std::size_t bytes = block * dtype_size(dtype);
   if (size == 1) {
     if (output != input) std::memmove(output, input, bytes);
+    return;
+  }
+  if (hier != nullptr && hier->enabled()) {
+    // A hierarchical group: its all-reduce of the whole input, then this rank's block. Those are
+    // the sums the group's all-reduce makes, in its order, so ZeRO stage 2 ends on stage 0's bits
+    // here too (Gloo's flat ring summed in another order). The price: the whole buffer crosses
+    // the hosts where a reduce-scatter moves (n-1)/n of it, and a buffer of the input's size.
+    std::uint8_t* whole = scratch_bytes(bytes * static_cast<std::size_t>(size));
+    hier->run(whole, input, block * static_cast<std::size_t>(size), dtype, op, seq);
+    std::memcpy(output, whole + static_cast<std::size_t>(rank) * bytes, bytes);
     return;
   }
   if (shm != nullptr && shm->enabled()) {

@@ -177,10 +177,10 @@ struct GlooProcessGroup::Impl {
 
   void run_allreduce(void* data, std::size_t n, DType dtype, ReduceOp op, std::uint64_t seq,
                      const void* input = nullptr);
-  // gloo_collectives.cpp: shared memory when the group has it, else (TCP, and hierarchical
-  // groups, which use the flat path for these two) a ring reduce-scatter on Gloo's unbound
-  // buffers and gloo::allgather. `output` may alias block `rank` of `input` / the other way
-  // round.
+  // gloo_collectives.cpp: shared memory when the group has it; a hierarchical group's
+  // reduce-scatter is its all-reduce, cut; else (TCP) nanoddp's ring, or a ring reduce-scatter
+  // on Gloo's unbound buffers and gloo::allgather (also a hierarchical group's all-gather).
+  // `output` may alias block `rank` of `input` / the other way round.
   void run_reduce_scatter(const void* input, void* output, std::size_t block, DType dtype,
                           ReduceOp op, std::uint64_t seq);
   void run_allgather(const void* input, void* output, std::size_t block, DType dtype,

@@ -13,7 +13,7 @@
 #      an uneven layout (2 + 1 ranks: a host whose leader is alone) passes the suite too;
 #   5. nanoddp-train end to end: the hierarchical path's final parameters equal the flat ring's
 #      within float rounding (float32, then with the bf16 hook), and the `ddp:` line names the
-#      backend.
+#      backend; --zero 2 ends on the bits of --zero 0 (float32 and bf16).
 #
 # Usage: hierarchical.sh BIN_DIR
 # Needs root (ip netns); exits 77 (ctest: Skipped) where namespaces cannot be made.
@@ -184,6 +184,12 @@ both_nodes train-hier-bf16 29646 "${train[@]}" --comm-hook bf16 \
   --save "$work/hier-bf16.safetensors" || fail "training (hier, bf16 hook)"
 NANODDP_HIER=0 both_nodes train-flat-bf16 29647 "${train[@]}" --comm-hook bf16 \
   --save "$work/flat-bf16.safetensors" || fail "training (flat, bf16 hook)"
+# ZeRO stage 2: a hierarchical group's reduce-scatter is its all-reduce, cut, so the same bits
+# as stage 0 (its flat ring once summed in another order), float32 and bf16.
+both_nodes train-hier-zero2 29657 "${train[@]}" --zero 2 \
+  --save "$work/hier-zero2.safetensors" || fail "training (hier, --zero 2)"
+both_nodes train-hier-zero2-bf16 29658 "${train[@]}" --zero 2 --comm-hook bf16 \
+  --save "$work/hier-zero2-bf16.safetensors" || fail "training (hier, --zero 2, bf16 hook)"
 # NANODDP_TCP_RING=0: the leaders' step goes around Gloo's ring; with two leaders one addition,
 # which commutes: the same bits as nanoddp's ring.
 NANODDP_TCP_RING=0 both_nodes train-hier-gloo 29649 "${train[@]}" \
@@ -229,6 +235,12 @@ if [ -s "$work/hier-gloo.safetensors" ] && [ -s "$work/hier.safetensors" ]; then
   compare "$work/hier-gloo.safetensors" "$work/hier.safetensors" 0 ||
     fail "hierarchical training: Gloo's ring across the leaders and nanoddp's end apart"
 fi
+for hook in "" -bf16; do
+  if [ -s "$work/hier-zero2$hook.safetensors" ] && [ -s "$work/hier$hook.safetensors" ]; then
+    compare "$work/hier-zero2$hook.safetensors" "$work/hier$hook.safetensors" 0 ||
+      fail "hierarchical training: --zero 2 and --zero 0 end apart (hook '${hook#-}')"
+  fi
+done
 if [ -s "$work/hier-bf16.safetensors" ] && [ -s "$work/flat-bf16.safetensors" ]; then
   # bf16 keeps 8 bits of each gradient; the two paths round their sums at different points.
   compare "$work/hier-bf16.safetensors" "$work/flat-bf16.safetensors" 1e-3 ||

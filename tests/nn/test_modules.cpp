@@ -89,8 +89,8 @@ TEST_CASE("Linear initialisation lies within +-1/sqrt(fan_in) and is spread out"
     const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
     const std::vector<float> v = p.tensor.to_vector();
     const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
-    CHECK(*lo >= -bound);
-    CHECK(*hi <= bound);
+    // Each value in range (minmax_element passes over a NaN that does not come first).
+    CHECK(std::all_of(v.begin(), v.end(), [&](float x) { return x >= -bound && x <= bound; }));
     CHECK(*lo < *hi);  // not all equal
     // Spread over the interval: for a uniform draw of >= 4 values this is near certain, and
     // a wrong bound (e.g. 1/fan_in) would fail it.

@@ -76,6 +76,9 @@ void check_bits_equal(const std::vector<float>& a, const std::vector<float>& b,
     differ += std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i]);
   }
   CHECK_MESSAGE(differ == 0, what, ": ", differ, " of ", a.size(), " elements differ");
+  // Two runs that both went to NaN hold the same bits whatever either computed on the way.
+  const auto bad = std::find_if(a.begin(), a.end(), [](float v) { return !std::isfinite(v); });
+  CHECK_MESSAGE(bad == a.end(), what, ": element ", bad - a.begin(), " is not finite");
 }
 
 void check_same(const Run& plain, const Run& fused) {

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Compares two safetensors files of float32 tensors: the same names and shapes, and every
-tensor within a relative tolerance of the other (max |a - b| / max |a|). Exits 0 when they
-match, 1 with the worst tensor named when not. Only the standard library: no numpy needed.
+tensor within a relative tolerance of the other (max |a - b| / max |a|), every value finite.
+Exits 0 when they match, 1 with the worst tensor named when not. Only the standard library: no
+numpy needed.
 
     compare_parameters.py A B TOLERANCE
 """
 import json
+import math
 import struct
 import sys
 from array import array
@@ -38,9 +40,16 @@ def main():
     for name, (shape, values) in a.items():
         if b[name][0] != shape:
             sys.exit(f"{name}: shape {shape} vs {b[name][0]}")
+        # A NaN or an infinity is a mismatch, never a match: max() and `>` pass over a NaN
+        # (max(0.0, nan) is 0.0, nan > x is false), and inf - inf is a NaN.
+        for path, vs in ((a_path, values), (b_path, b[name][1])):
+            bad = next((v for v in vs if not math.isfinite(v)), None)
+            if bad is not None:
+                print(f"{path}: {name} holds {bad}")
+                sys.exit(1)
         scale = max(max(abs(v) for v in values), 1e-30)
         diff = max(abs(x - y) for x, y in zip(values, b[name][1])) / scale
-        if diff > worst:
+        if not diff <= worst:
             worst, worst_name = diff, name
     print(f"largest relative difference {worst:.3g} ({worst_name or 'none'})")
     sys.exit(0 if worst <= tolerance else 1)

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -25,7 +26,8 @@ inline std::vector<float> all_parameters(const std::string& path) {
 }
 
 // Two saved files hold the same tensors, bit for bit (for changes that must not change the
-// arithmetic: the optimizer in backward, prefetching).
+// arithmetic: the optimizer in backward, prefetching), and finite: two runs that both went to
+// NaN or inf hold the same bits whatever either computed on the way.
 inline void check_same_bits(const std::string& a_path, const std::string& b_path) {
   const auto a = nanoddp::nn::read_safetensors(a_path);
   const auto b = nanoddp::nn::read_safetensors(b_path);
@@ -35,6 +37,8 @@ inline void check_same_bits(const std::string& a_path, const std::string& b_path
     const auto x = a.to_f32(name), y = b.to_f32(name);
     REQUIRE(x.size() == y.size());
     CHECK(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+    const auto bad = std::find_if(x.begin(), x.end(), [](float v) { return !std::isfinite(v); });
+    CHECK_MESSAGE(bad == x.end(), a_path, " holds ", bad == x.end() ? 0.0f : *bad);
   }
 }
 

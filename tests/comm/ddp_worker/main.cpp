@@ -317,9 +317,11 @@ int reconfigure_recovers(comm::Distributed& dist) {
   nn::Mlp model({.in_features = 6, .out_features = 3, .hidden = 10, .layers = 2, .seed = 3});
   nn::FlatParameters params(model, Device::cpu());
   comm::DistributedDataParallel ddp(model, params, dist.group, dist.store);
+  // Compared as text across the ranks: "nan" equals "nan", so a NaN sum fails here instead.
   const auto grad_sum = [&] {
     double total = 0;
     for (const float g : params.grads().to_vector()) total += g;
+    EXPECT(std::isfinite(total) && total != 0, "rank {}: a gradient sum of {}", rank, total);
     return total;
   };
   const auto step = [&](int m) {
@@ -932,11 +934,15 @@ int zero(comm::Distributed& dist, bool adam, bool bf16, const std::string& loop)
            "stage {}: sizes differ", stage);
     const double dv = relative(values[0], values[stage]), ds = relative(state[0], state[stage]);
     // The bf16 hook's reduce-scatter sums in bf16 in another order than its all-reduce (each
-    // partial sum rounded to bf16): stage 2 is then a bf16 rounding away, not a float32 one.
-    const double tolerance = bf16 && stage == 2 ? 2e-3 : 1e-6;
-    EXPECT(dv <= tolerance && ds <= tolerance,
-           "stage {}: parameters {} and state {} away from stage 0 (tolerance {})", stage, dv, ds,
-           tolerance);
+    // partial sum rounded to bf16): stage 2 is then a bf16 rounding away, not a float32 one. In
+    // AdamW's second moment (the gradients squared) that is 1.4e-3 over Gloo's ring on 3 ranks;
+    // in the parameters 3.5e-6, of the 9e-3 that the 4 steps move them: a bound of 2e-3 there
+    // let a stage 2 whose left-over elements were not averaged (1.9e-3 away) pass.
+    const double state_tolerance = bf16 && stage == 2 ? 2e-3 : 1e-6;
+    const double tolerance = bf16 && stage == 2 ? 1e-4 : 1e-6;
+    EXPECT(dv <= tolerance && ds <= state_tolerance,
+           "stage {}: parameters {} (tolerance {}) and state {} (tolerance {}) away from stage 0",
+           stage, dv, tolerance, ds, state_tolerance);
     fmt::print("zero stage {} equals stage 0 (parameters {:.1e}, optimizer state {:.1e})\n", stage,
                dv, ds);
   }

@@ -258,11 +258,29 @@ GlooConnection connect_gloo(std::shared_ptr<Store> store, int rank, int size,
       try {
         list = prefixed->get_string(fmt::format("address/{}", r));
       } catch (const StoreError& e) {
-        // Its pairs connected, so it was there a moment ago: name it, not just the key.
+        // Its pairs connected, so it was there a moment ago: name it, not just the key. But it
+        // may be alive and still connecting to a rank that stalled (an outside tester's SIGSTOP
+        // named a live rank 0 so): name every rank whose addresses are missing.
+        std::string missing;
+        try {
+          for (int other = 0; other < size; ++other) {
+            if (other == rank || prefixed->check({fmt::format("address/{}", other)})) continue;
+            missing += (missing.empty() ? "" : ", ") + std::to_string(other);
+          }
+        } catch (const StoreError&) {
+          missing.clear();  // the store is gone too: say what is known
+        }
+        const std::string who =
+            missing.empty() || missing == std::to_string(r)
+                ? fmt::format("rank {} died or stalled during the set-up", r)
+                : fmt::format(
+                      "ranks {} have not published theirs: one of them died or stalled during "
+                      "the set-up, and the others may still be connecting to it",
+                      missing);
         throw CommError(fmt::format(
             "Gloo group '{}': rank {} of {} connected to rank {}, which then did not publish its "
-            "addresses: rank {} died or stalled during the set-up. Cause: {}",
-            options.name, rank, size, r, r, e.what()));
+            "addresses: {}. Cause: {}",
+            options.name, rank, size, r, who, e.what()));
       }
     }
     auto& out = connection.addresses[static_cast<std::size_t>(r)];

@@ -109,6 +109,10 @@ std::size_t host_huge_page_bytes(std::size_t nbytes) {
   return enabled && nbytes >= kHugePageBytes ? kHugePageBytes : 0;
 }
 
+void check_allocator_environment() {
+  host_huge_page_bytes(0);  // its switch is a static, read on the first call
+}
+
 Allocator& allocator_for(Device device) {
   if (device.is_cpu()) {
     static CachingAllocator host("cpu allocator", host_allocate, host_free);

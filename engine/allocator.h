@@ -87,5 +87,9 @@ inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 // The page size host_allocate aligns an `nbytes` buffer to: kHugePageBytes, or 0 for small
 // buffers (and with NANODDP_HUGEPAGES=0).
 std::size_t host_huge_page_bytes(std::size_t nbytes);
+// Reads NANODDP_HUGEPAGES now rather than at the first large allocation: a program calls it
+// before its rank joins a job, so that a value it cannot read stops the rank there, where the
+// other ranks are told, and not after they have waited for it at a collective.
+void check_allocator_environment();
 
 }  // namespace nanoddp

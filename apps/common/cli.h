@@ -170,6 +170,20 @@ inline std::optional<int> parse(CLI::App& app, int argc, const char* const* argv
                                 const char* program, std::string* problem = nullptr) {
   strict_numbers(app);
   try {
+    // "--name=" with nothing after the '=': CLI11 takes the *next* argument as its value, so
+    // "--json= --vs-raw" wrote the results to a file named "--vs-raw" and dropped the flag
+    // (an outside tester's). Only this program's own flags: a launcher's worker command is the
+    // worker's to parse.
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (arg == "--") break;
+      if (arg.size() > 3 && arg.rfind("--", 0) == 0 && arg.find('=') == arg.size() - 1 &&
+          app.get_option_no_throw(arg.substr(0, arg.size() - 1)) != nullptr) {
+        throw CLI::ParseError(
+            arg + ": no value after the '='; give one (" + arg + "VALUE), or leave the flag out",
+            CLI::ExitCodes::ArgumentMismatch);
+      }
+    }
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

@@ -14,6 +14,7 @@
 #include "nanoddp/comm/process_group.h"
 #include "nanoddp/comm/rendezvous.h"
 #include "nanoddp/config.h"
+#include "nanoddp/engine/allocator.h"
 #include "nanoddp/engine/backend.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/kernels/cpu/kernels.h"
@@ -65,6 +66,7 @@ Trainer::Trainer(const TrainOptions& options) : o_(options) {
 
 void Trainer::set_up() {
   world_ = comm::world_from_env();
+  check_allocator_environment();
   distributed_ = world_.launcher != "none";
   if (o_.global_batch) {
     // Elastic rounds: the same global batch at every world size that divides it.

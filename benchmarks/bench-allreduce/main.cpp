@@ -69,6 +69,7 @@
 #include "nanoddp/comm/init.h"
 #include "nanoddp/comm/rendezvous.h"
 #include "nanoddp/comm/store.h"
+#include "nanoddp/engine/allocator.h"
 #include "nanoddp/engine/cuda_device.h"
 #include "nanoddp/engine/stream.h"
 #include "nanoddp/engine/tensor.h"
@@ -203,6 +204,47 @@ struct Runner {
   }
 };
 
+// Every rank must measure the same thing. Ranks started by hand with different -e, -n or -w ran
+// different numbers of ops: the one with more waited out its timeout, and with -e the other
+// printed its rows and exited 0 (an outside tester's). Each rank publishes what it will measure
+// (sizes as bytes, so "1K" and "1024" agree) and compares every other rank's with its own, before
+// anything is measured. Returns the difference, naming both ranks, or "".
+std::string plan_mismatch(nanoddp::comm::Store& store, int rank, int size,
+                          const std::string& plan) {
+  store.set(fmt::format("bench-allreduce/plan/{}", rank), plan);
+  for (int other = 0; other < size; ++other) {
+    if (other == rank) continue;
+    const std::string theirs = store.get_string(fmt::format("bench-allreduce/plan/{}", other));
+    if (theirs != plan) {
+      // "FLAG VALUE" pairs: name only those that differ.
+      const auto pairs = [](const std::string& text) {
+        std::vector<std::string> words;
+        for (std::size_t at = 0; at < text.size();) {
+          const std::size_t end = std::min(text.find(' ', at), text.size());
+          words.push_back(text.substr(at, end - at));
+          at = end + 1;
+        }
+        return words;
+      };
+      const std::vector<std::string> a = pairs(plan), b = pairs(theirs);
+      std::string mine, their;
+      for (std::size_t i = 0; i + 1 < std::min(a.size(), b.size()); i += 2) {
+        if (a[i] == b[i] && a[i + 1] == b[i + 1]) continue;
+        mine += (mine.empty() ? "" : " ") + a[i] + " " + a[i + 1];
+        their += (their.empty() ? "" : " ") + b[i] + " " + b[i + 1];
+      }
+      if (mine.empty()) mine = plan, their = theirs;  // another build's plan: say it whole
+      const bool sizes = (" " + mine).find(" -b ") != std::string::npos ||
+                         (" " + mine).find(" -e ") != std::string::npos;
+      return fmt::format(
+          "the ranks disagree on what to measure: rank {} has {}, but rank {} has {}{}; give "
+          "every rank the same flags",
+          rank, mine, other, their, sizes ? " (sizes in bytes)" : "");
+    }
+  }
+  return "";
+}
+
 // How far a run came before it ended: main tells the other ranks of a job started by hand
 // about a refusal before this rank joined (`refusal`: its text, empty for CLI11's own).
 struct Outcome {
@@ -257,7 +299,7 @@ int run(int argc, char** argv, Outcome& outcome) {
                  "then the median and min-max over them")
       ->check(CLI::Range(1, 1000));
   if (const std::optional<int> code =
-          nanoddp::cli::parse(app, argc, argv, "nanoddp-bench-allreduce")) {
+          nanoddp::cli::parse(app, argc, argv, "nanoddp-bench-allreduce", &outcome.refusal)) {
     return *code;
   }
   if (opt.repeats > 1 && opt.nproc == 0) {
@@ -341,7 +383,14 @@ int run(int argc, char** argv, Outcome& outcome) {
   const DType dtype = opt.dtype == "float" ? DType::kF32 : DType::kBF16;
   const std::size_t elem = nanoddp::dtype_size(dtype);
   const auto world_env = nanoddp::comm::world_from_env();
-  if (const std::string problem = memory_problem(std::max(world_env.local_world_size, 1));
+  nanoddp::check_allocator_environment();
+  // The ranks on this host: as the launcher says. Started by hand without LOCAL_WORLD_SIZE, the
+  // world's default puts every rank on one host, which would refuse a job spread over several:
+  // this rank alone is counted then.
+  const bool local_given = std::getenv("LOCAL_WORLD_SIZE") != nullptr ||
+                           std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE") != nullptr;
+  if (const std::string problem =
+          memory_problem(local_given ? std::max(world_env.local_world_size, 1) : 1);
       !problem.empty()) {
     return refuse(problem);
   }
@@ -401,6 +450,22 @@ int run(int argc, char** argv, Outcome& outcome) {
 
   Runner runner;
   runner.world = world_env;
+  const std::string plan = fmt::format(
+      "-b {} -e {} -f {} -n {} -w {} --rounds {} -c {} --op {} --dtype {} --collective {} "
+      "--mode {}",
+      min_bytes, max_bytes, opt.factor, opt.iters, opt.warmup, opt.rounds, opt.check, opt.op,
+      opt.dtype, opt.collective,
+      opt.raw      ? "raw"
+      : opt.vs_raw ? "vs-raw"
+                   : "process-group");
+  // Checked as soon as the job's store is up, before any other connection waits for a rank
+  // that might be measuring something else. (A --raw rank beside a process-group one still
+  // waits out its timeout: they do not even share the store's keys.)
+  const auto disagrees = [&](nanoddp::comm::Store& store) {
+    const std::string problem = plan_mismatch(store, runner.rank(), runner.size(), plan);
+    if (!problem.empty()) fmt::print(stderr, "nanoddp-bench-allreduce: error: {}\n", problem);
+    return !problem.empty();  // bad input, after joining: nothing to tell (every rank finds it)
+  };
   const auto timeout = nanoddp::comm::default_timeout();
   outcome.joining = true;
   if (opt.backend == "nccl") {
@@ -425,6 +490,7 @@ int run(int argc, char** argv, Outcome& outcome) {
     runner.store = std::make_shared<nanoddp::comm::PrefixStore>(
         fmt::format("restart{}", runner.world.restart_count),
         std::make_shared<nanoddp::comm::TcpStore>(so));
+    if (disagrees(*runner.store)) return 2;
     nanoddp::comm::ProcessGroupOptions po;
     po.timeout = timeout;
     po.master_addr = runner.world.master_addr;
@@ -446,6 +512,7 @@ int run(int argc, char** argv, Outcome& outcome) {
                  nanoddp::nn::escape_controls(e.what(), true));
       return 2;
     }
+    if (disagrees(*runner.dist->store)) return 2;
     if (auto* gloo = dynamic_cast<nanoddp::comm::GlooProcessGroup*>(runner.dist->group.get())) {
       runner.transport = gloo->allreduce_transport();
     }
@@ -488,16 +555,20 @@ int run(int argc, char** argv, Outcome& outcome) {
     // "Gloo's TCP ring (...)": gloo::allreduce.
     algorithm = fmt::format("process group allreduce; transport: {}", runner.transport);
   } else if (opt.backend == "gloo") {
-    // comm/shm_collectives.cpp on one host; else comm/gloo_collectives.cpp (flat, also in a
-    // hierarchical group).
+    // comm/shm_collectives.cpp on one host; else comm/gloo_collectives.cpp: nanoddp's ring,
+    // Gloo's, or in a hierarchical group its all-reduce, cut (reduce-scatter), and
+    // gloo::allgather, flat (allgather).
     const bool shm = runner.transport.rfind("shared memory", 0) == 0;
     const bool own_ring = runner.transport.rfind("TCP ring", 0) == 0;
+    const bool hier = runner.transport.rfind("hierarchical", 0) == 0;
+    const bool scatter = collective == Collective::kReduceScatter;
     algorithm = fmt::format(
         "process group {}; transport: {}", opt.collective,
         shm || own_ring ? runner.transport
-                        : fmt::format("TCP ({}, flat)", collective == Collective::kReduceScatter
-                                                            ? "ring on Gloo's unbound buffers"
-                                                            : "gloo::allgather"));
+        : hier && scatter
+            ? runner.transport + ": its all-reduce of the whole buffer, then each rank's block"
+            : fmt::format("TCP ({}, flat)",
+                          scatter ? "ring on Gloo's unbound buffers" : "gloo::allgather"));
   } else {
     const char* algo = std::getenv("NCCL_ALGO");
     const char* proto = std::getenv("NCCL_PROTO");
@@ -798,8 +869,18 @@ int run(int argc, char** argv, Outcome& outcome) {
 
 int main(int argc, char** argv) {
   Outcome outcome;
-  const int code = nanoddp::cli::run_reporting_errors("nanoddp-bench-allreduce",
-                                                      [&] { return run(argc, argv, outcome); });
+  int code = 0;
+  try {
+    code = run(argc, argv, outcome);
+  } catch (const std::exception& e) {
+    // Escaped: a message may quote a file's text (nn::escape_controls).
+    fmt::print(stderr, "nanoddp-bench-allreduce: error: {}\n",
+               nanoddp::nn::escape_controls(e.what(), true));
+    // Before this rank joined it is bad input (a RANK outside the world, a NANODDP_TIMEOUT_S it
+    // cannot read): exit 2, which a launcher does not restart. After, it is a failure (exit 1).
+    code = outcome.joining ? 1 : 2;
+    if (!outcome.joining) outcome.refusal = e.what();
+  }
   // A refusal before this rank joined: a job started by hand (no launcher to stop the others)
   // is told through its store, or the others would wait their whole timeout for this rank
   // (reliability.md, row 12c).

@@ -14,14 +14,20 @@ using kernels::bf16_to_float;
 using kernels::float_to_bf16;
 
 std::int64_t parse_bytes(const std::string& text) {
-  // nccl-tests style: 8, 1K, 16M, 1G, 1T (powers of 1024). The number is read as every number
-  // flag is (common/cli.h): decimal only, so "-8", "0x10" and " 16" are refused.
+  // nccl-tests style: 8, 1K, 16M, 1G, 1T (powers of 1024), with a decimal fraction where it
+  // makes whole bytes (1.5K). Plain decimal only: "-8", "+8", "08", "0x10", "1e3" and " 16" are
+  // refused (an outside tester's "+8", "08" and "64E0" passed), as is a fraction of a byte
+  // ("4.9" measured 4 bytes).
   const std::size_t number_end = text.find_first_of("KkMmGgTt");
   const std::string number = text.substr(0, number_end);
-  if (number.empty() || number.find_first_not_of("0123456789.eE+") != std::string::npos ||
-      !cli::detail::check_finite(number).empty() ||
+  const std::size_t point = number.find('.');
+  const std::string whole = number.substr(0, point);
+  const std::string fraction = point == std::string::npos ? "1" : number.substr(point + 1);
+  if (whole.empty() || whole.find_first_not_of("0123456789") != std::string::npos ||
+      (whole.size() > 1 && whole[0] == '0') || fraction.empty() ||
+      fraction.find_first_not_of("0123456789") != std::string::npos ||
       (number_end != std::string::npos && number_end + 1 != text.size())) {
-    fail("'{}' is not a size (e.g. 8, 1K, 16M, 1G, 1T)", text);
+    fail("'{}' is not a size (e.g. 8, 1K, 1.5K, 16M, 1G, 1T)", text);
   }
   const double value = std::strtod(number.c_str(), nullptr);
   const std::string suffix = number_end == std::string::npos ? "" : text.substr(number_end);
@@ -40,7 +46,9 @@ std::int64_t parse_bytes(const std::string& text) {
   if (value * scale > 1099511627776.0) {
     fail("'{}' is more than 1T (1099511627776 bytes)", text);
   }
-  return static_cast<std::int64_t>(value * scale);
+  const double bytes = value * scale;
+  if (bytes != std::floor(bytes)) fail("'{}' is not a whole number of bytes", text);
+  return static_cast<std::int64_t>(bytes);
 }
 
 ReduceOp parse_op(const std::string& op) {

@@ -88,6 +88,9 @@ TEST_CASE("nanoddp-train refuses bad flags and values with exit code 2 and names
       // A repeated flag (an outside tester's case): said in plain words, not CLI11's.
       {{"--zero", "1", "--zero", "2"}, "--zero is given 2 times: give it once"},
       {{"--steps", "3", "--steps", "3"}, "--steps is given 2 times: give it once"},
+      // "--name=" with nothing after it: CLI11 took the next argument as the value (an outside
+      // tester's "--json= --vs-raw" wrote a results file named "--vs-raw").
+      {{"--metrics=", "--steps", "1"}, "--metrics=: no value after the '='"},
   };
   for (const Case& c : cases) {
     const ProcessResult r = train(c.args);

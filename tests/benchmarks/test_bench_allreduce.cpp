@@ -355,6 +355,24 @@ TEST_CASE("bench-allreduce: sizes past this machine's memory are refused before 
   }
 }
 
+TEST_CASE("bench-allreduce: a rank refused under nanoddp-run is not restarted") {
+  // A value no rank can read is bad input (exit 2): the launcher does not restart it. It was
+  // exit 1, and --max-restarts 2 ran the job three times (an outside tester's).
+  const ProcessResult r = run_process(
+      {bin_path("nanoddp-run"), "--nproc-per-node", "2", "--max-restarts", "2",
+       bin_path("nanoddp-bench-allreduce"), "-b", "8", "-e", "1K", "-n", "1", "-w", "0"},
+      [] {
+        ProcessOptions o = quick();
+        o.env["NANODDP_TIMEOUT_S"] = "abc";
+        return o;
+      }());
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("NANODDP_TIMEOUT_S=abc is not a positive number") != std::string::npos);
+  CHECK(r.output.find("not restarting") != std::string::npos);
+  CHECK(r.output.find("attempt 2") == std::string::npos);
+}
+
 TEST_CASE("bench-allreduce: bad flags exit 2 with a message naming them") {
   struct Case {
     std::vector<std::string> args;
@@ -372,6 +390,14 @@ TEST_CASE("bench-allreduce: bad flags exit 2 with a message naming them") {
       {{"--collective", "allgather", "--op", "max"}, "an allgather reduces nothing"},
       {{"--collective", "reduce_scatter", "--raw"}, "--raw and --vs-raw measure gloo::allreduce"},
       {{"--collective", "allgather", "--vs-raw"}, "--raw and --vs-raw measure gloo::allreduce"},
+      // An outside tester's: a fraction of a byte measured the whole bytes below it, and "+8",
+      // "08" and "64E0" were sizes; "--json= --vs-raw" wrote the results to a file named
+      // "--vs-raw" and measured without the comparison (exit 0).
+      {{"-b", "4.9", "-e", "1K"}, "-b/--minbytes: '4.9' is not a whole number of bytes"},
+      {{"-b", "+8", "-e", "1K"}, "-b/--minbytes: '+8' is not a size"},
+      {{"-e", "08"}, "-e/--maxbytes: '08' is not a size"},
+      {{"-e", "64E0"}, "-e/--maxbytes: '64E0' is not a size"},
+      {{"-b", "8", "-e", "64", "--json=", "--vs-raw"}, "--json=: no value after the '='"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {bin_path("nanoddp-bench-allreduce")};

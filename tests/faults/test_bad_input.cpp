@@ -13,10 +13,12 @@
 #include <fstream>
 #include <future>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <regex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "faults/faults_util.h"
 #include "nanoddp/nn/checkpoint.h"
@@ -248,6 +250,13 @@ TEST_CASE("bad input: a rank that stops before it joins stops the others at once
        {rank0, {{"RANK", "1"}, {"WORLD_SIZE", "3"}, {"NANODDP_TIMEOUT_S", "abc"}}, rank2},
        1,
        "NANODDP_TIMEOUT_S=abc is not a positive number of seconds"},
+      // Read at the first large allocation, after joining: rank 0 waited 30 s for rank 1's
+      // parameters (an outside tester's). Now read before joining.
+      {"rank 1 with a NANODDP_HUGEPAGES it cannot read",
+       {argv, argv, argv},
+       {rank0, {{"RANK", "1"}, {"WORLD_SIZE", "3"}, {"NANODDP_HUGEPAGES", "x"}}, rank2},
+       1,
+       "NANODDP_HUGEPAGES='x' is not understood"},
       // Rank 0 served its store for as many ranks as its own
       // WORLD_SIZE: a third rank was left to time out.
       {"rank 0 with a bad flag and another WORLD_SIZE",
@@ -293,19 +302,33 @@ TEST_CASE("bad input: a bench-allreduce rank that stops before it joins stops th
     std::vector<std::vector<std::string>> argvs;
     int culprit;
     std::string reason;  // as the others repeat it
+    std::map<std::string, std::string> culprit_env = {};
   };
   const std::vector<Case> cases = {
       {"rank 1 with a bad --op", {bench, bad_op, bench}, 1, "--op median: expected sum"},
       {"rank 0 with a flag CLI11 refuses",
        {bad_flag, bench, bench},
        0,
-       "its command line was refused (see its output)"}};
+       "The following argument was not expected: --no-such-flag"},
+      // An outside tester's: a bad value in a rank's environment was exit 1 and told nobody.
+      {"rank 2 with a NANODDP_TIMEOUT_S it cannot read",
+       {bench, bench, bench},
+       2,
+       "NANODDP_TIMEOUT_S=abc is not a positive number",
+       {{"NANODDP_TIMEOUT_S", "abc"}}},
+      {"rank 1 with a NANODDP_HUGEPAGES it cannot read",
+       {bench, bench, bench},
+       1,
+       "NANODDP_HUGEPAGES='x' is not understood",
+       {{"NANODDP_HUGEPAGES", "x"}}}};
   for (const Case& c : cases) {
     CAPTURE(c.what);
     const auto start = Clock::now();
-    const auto results = ranks_by_hand(c.argvs, {{{"RANK", "0"}, {"WORLD_SIZE", "3"}},
-                                                 {{"RANK", "1"}, {"WORLD_SIZE", "3"}},
-                                                 {{"RANK", "2"}, {"WORLD_SIZE", "3"}}});
+    std::vector<std::map<std::string, std::string>> envs = {{{"RANK", "0"}, {"WORLD_SIZE", "3"}},
+                                                            {{"RANK", "1"}, {"WORLD_SIZE", "3"}},
+                                                            {{"RANK", "2"}, {"WORLD_SIZE", "3"}}};
+    for (const auto& [k, v] : c.culprit_env) envs[static_cast<std::size_t>(c.culprit)][k] = v;
+    const auto results = ranks_by_hand(c.argvs, envs);
     INFO(describe(results));
     CHECK(seconds_since(start) < 15.0);  // NANODDP_TIMEOUT_S is 60
     for (std::size_t r = 0; r < results.size(); ++r) {
@@ -317,6 +340,41 @@ TEST_CASE("bad input: a bench-allreduce rank that stops before it joins stops th
         CHECK(contains(results[r].output, "stopped before it joined the job: " + c.reason));
       }
     }
+  }
+}
+
+// An outside tester: ranks started by hand with different -e, -n or -w ran different numbers of
+// ops; the one with more waited out its timeout, and with -e the other printed its rows and
+// exited 0. Now every rank compares what it will measure with the others' first.
+TEST_CASE("bad input: bench-allreduce ranks that would measure different things stop at once") {
+  const std::vector<std::string> bench = {
+      bin_path("nanoddp-bench-allreduce"), "-b", "8", "-e", "1K", "-n", "2", "-w", "1"};
+  auto more = bench;
+  more[4] = "4K";
+  auto raw = bench;
+  raw.push_back("--vs-raw");
+  for (const auto& [odd, mine, theirs] :
+       {std::tuple{more, "rank 0 has -e 1024, but rank 1 has -e 4096 (sizes in bytes)",
+                   "rank 1 has -e 4096, but rank 0 has -e 1024"},
+        std::tuple{raw,
+                   "rank 0 has --rounds 1 --mode process-group, but rank 1 has --rounds 5 "
+                   "--mode vs-raw",
+                   "rank 1 has --rounds 5 --mode vs-raw"}}) {
+    CAPTURE(mine);
+    const auto start = Clock::now();
+    const auto results =
+        ranks_by_hand(std::vector<std::vector<std::string>>{bench, odd},
+                      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}}, {{"RANK", "1"}, {"WORLD_SIZE", "2"}}});
+    INFO(describe(results));
+    CHECK(seconds_since(start) < 15.0);  // NANODDP_TIMEOUT_S is 60
+    for (const auto& r : results) {
+      CHECK(r.exit_code == 2);
+      CHECK(contains(r.output, "the ranks disagree on what to measure: "));
+      CHECK(contains(r.output, "give every rank the same flags"));
+      CHECK_FALSE(contains(r.output, "# Avg bus bandwidth"));  // nothing was measured
+    }
+    CHECK(contains(results[0].output, mine));
+    CHECK(contains(results[1].output, theirs));
   }
 }
 

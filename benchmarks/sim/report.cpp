@@ -102,8 +102,8 @@ std::string format_report(const SimReport& r) {
         "cores     {} CPU core(s) per node shared by {} compute + {} communication threads: "
         "speed x{:.3g} compute alone, x{:.3g} beside a collective; collective x{:.3g} alone, "
         "x{:.3g} beside backward\n",
-        o.cores, o.cluster.gpus_per_node, p.world_size > 1 ? o.cluster.gpus_per_node : 0,
-        q.compute_alone, q.compute_shared, q.comm_alone, q.comm_shared);
+        o.cores, o.cluster.gpus_per_node, p.world_size > 1 ? comm_threads(o) : 0, q.compute_alone,
+        q.compute_shared, q.comm_alone, q.comm_shared);
   }
   if (o.opt_contention) {
     out += fmt::format(

@@ -105,10 +105,18 @@ ReplayRates sharing_rates(const ComputeProfile& profile, const StepOptions& o) {
   const double profile_shared = p > 1 ? core_share(m, 2 * p) : profile_alone;
   const double network = o.network_ranks > 0 ? core_share(m, o.network_ranks) : 1.0;
   const double memory = contention(profile, o);
+  // Communication threads per node: each rank's worker, and under the hierarchical all-reduce
+  // the leaders' ring, which runs on a thread of its own beside its worker (one per host: the
+  // worker reduces piece k + 1 in shared memory while the ring carries piece k).
+  const int comm = comm_threads(o);
   return {.compute_alone = core_share(c, n) / profile_alone / memory,
-          .compute_shared = core_share(c, 2 * n) / profile_shared / memory,
-          .comm_alone = core_share(c, n) / network,
-          .comm_shared = core_share(c, 2 * n) / network};
+          .compute_shared = core_share(c, n + comm) / profile_shared / memory,
+          .comm_alone = core_share(c, comm) / network,
+          .comm_shared = core_share(c, n + comm) / network};
+}
+
+int comm_threads(const StepOptions& o) {
+  return o.cluster.gpus_per_node + (o.algorithm == Algorithm::kHierarchical ? 1 : 0);
 }
 
 CollectiveTime collective_time(const StepOptions& o, double bytes) {

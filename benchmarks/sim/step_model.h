@@ -90,6 +90,9 @@ struct StepOptions {
 double core_share(int cores, int threads);
 // The replay's rates for the options' world size (see "CPU time-sharing" above).
 ReplayRates sharing_rates(const ComputeProfile& profile, const StepOptions& options);
+// The communication threads of a node that share its cores (--cores): one per rank, and one
+// more under the hierarchical all-reduce (the leaders' ring).
+int comm_threads(const StepOptions& options);
 
 struct StepPrediction {
   int world_size = 1;

@@ -200,6 +200,19 @@ TEST_CASE("measured cores: inputs measured on the whole host, nodes of half its 
   CHECK(r.compute_shared == doctest::Approx(0.25));
   CHECK(r.comm_alone == doctest::Approx(0.5));
   CHECK(r.comm_shared == doctest::Approx(0.25));
+  // The hierarchical all-reduce keeps one more communication thread per node busy: the leaders'
+  // ring beside its worker (2 x 2 measured runs: buckets 3.2x their fits alone, 6.5x beside
+  // backward, where 2 threads per node predicted 2x and 4x). Alone: share(1, 3) = 1/3; beside
+  // backward, 2 compute + 3 communication threads: 1/5, for both.
+  o.algorithm = Algorithm::kHierarchical;
+  const ReplayRates h = sharing_rates(one_rank_profile(), o);
+  CHECK(comm_threads(o) == 3);
+  CHECK(h.compute_alone == doctest::Approx(0.5));
+  CHECK(h.compute_shared == doctest::Approx(0.2));
+  CHECK(h.comm_alone == doctest::Approx(1.0 / 3));
+  CHECK(h.comm_shared == doctest::Approx(0.2));
+  o.algorithm = StepOptions{}.algorithm;
+  CHECK(comm_threads(o) == 2);
   // Measured on the node's own core, the fit already ran at half a core: as fitted.
   o.measured_cores = 0;
   CHECK(sharing_rates(one_rank_profile(), o).comm_alone == doctest::Approx(1.0));

@@ -58,6 +58,14 @@ inline std::string check_integer(const std::string& text, bool is_signed) {
   return {};
 }
 
+// A signed decimal integer (check_integer's rules) into `value`; returns the problem, or "".
+// For values read after parsing (a list flag's items): the range is the caller's to check.
+inline std::string read_integer(const std::string& text, std::int64_t& value) {
+  if (std::string problem = check_integer(text, true); !problem.empty()) return problem;
+  std::from_chars(text.data(), text.data() + text.size(), value);
+  return "";
+}
+
 // A number written in decimal ("0.5", "-3", "1e-4") whose magnitude is 0 or fits a 32-bit
 // float. strtod alone would also take "nan", "inf" (which pass every CLI::Range check) and hex
 // ("0x10"); and a flag stored as a float turns 3.5e38 into inf and 1e-300 into 0 after every

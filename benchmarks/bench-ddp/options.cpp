@@ -5,7 +5,6 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <iostream>
 #include <stdexcept>
@@ -45,11 +44,10 @@ std::int64_t parse_int(const std::string& flag, const std::string& item, std::in
                        std::int64_t hi) {
   // Each element as a single-valued flag is read (common/cli.h): decimal, no leading zero, so
   // "--hidden 010" is refused here as in nanoddp-sim, never 10 in one tool and 8 in another.
-  if (const std::string problem = cli::detail::check_integer(item, true); !problem.empty()) {
+  std::int64_t value = 0;
+  if (const std::string problem = cli::detail::read_integer(item, value); !problem.empty()) {
     usage_error("{}: {}", flag, problem);
   }
-  std::int64_t value = 0;
-  std::from_chars(item.data(), item.data() + item.size(), value);
   if (value < lo || value > hi) usage_error("{}: {} is out of range [{}, {}]", flag, value, lo, hi);
   return value;
 }

@@ -26,7 +26,6 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -342,12 +341,11 @@ std::string parse_sizes(const std::string& text, std::int64_t max, std::vector<s
   }
   out.clear();
   for (const std::string& item : items) {
-    if (const std::string problem = nanoddp::cli::detail::check_integer(item, true);
+    std::int64_t value = 0;
+    if (const std::string problem = nanoddp::cli::detail::read_integer(item, value);
         !problem.empty()) {
       return "--sizes: " + problem;
     }
-    std::int64_t value = 0;
-    std::from_chars(item.data(), item.data() + item.size(), value);
     if (value < 1 || value > max) {
       return fmt::format("--sizes: '{}' is out of range: it must be from 1 to {}", item, max);
     }

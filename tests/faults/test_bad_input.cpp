@@ -204,6 +204,27 @@ TEST_CASE("bad input: a RANK given twice is refused, naming it, not blamed on a 
   for (const auto& r : results) CHECK_FALSE(contains(r.output, "never joined"));
 }
 
+// Every rank of a job whose rank `culprit` (its RANK as `culprit_rank`: it may be outside the
+// world) stopped before it joined ended well before its timeout with exit 2: the culprit saying
+// `reason`, the others repeating it and naming the culprit, none saying a rank "never joined".
+void check_told_at_once(const std::vector<ProcessResult>& results, Clock::time_point start,
+                        int culprit, const std::string& culprit_rank, const std::string& reason) {
+  INFO(describe(results));
+  CHECK(seconds_since(start) < 15.0);  // NANODDP_TIMEOUT_S is 60
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    CAPTURE(r);
+    CHECK_FALSE(results[r].timed_out);
+    CHECK(results[r].exit_code == 2);
+    if (static_cast<int>(r) == culprit) {
+      CHECK(contains(results[r].output, reason));
+    } else {
+      CHECK(contains(results[r].output, fmt::format("rank {} (host ", culprit_rank)));
+      CHECK(contains(results[r].output, "stopped before it joined the job: " + reason));
+      CHECK_FALSE(contains(results[r].output, "never joined"));
+    }
+  }
+}
+
 // An outside tester: a rank that stopped before it reached the store (a bad flag, an invalid
 // RANK, an output path rank 0 cannot write) left the others waiting their whole timeout, then
 // saying that it "never joined" (or that rank 0's store could not be reached). Now it tells them
@@ -267,23 +288,8 @@ TEST_CASE("bad input: a rank that stops before it joins stops the others at once
   for (const Case& c : cases) {
     CAPTURE(c.what);
     const auto start = Clock::now();
-    const auto results = ranks_by_hand(c.argvs, c.envs);
-    INFO(describe(results));
-    CHECK(seconds_since(start) < 15.0);  // NANODDP_TIMEOUT_S is 60
-    for (std::size_t r = 0; r < results.size(); ++r) {
-      CAPTURE(r);
-      CHECK_FALSE(results[r].timed_out);
-      CHECK(results[r].exit_code == 2);
-      if (static_cast<int>(r) == c.culprit) {
-        CHECK(contains(results[r].output, c.reason));
-      } else {
-        CHECK(contains(
-            results[r].output,
-            fmt::format("rank {} (host ", c.envs[static_cast<std::size_t>(c.culprit)].at("RANK"))));
-        CHECK(contains(results[r].output, "stopped before it joined the job: " + c.reason));
-        CHECK_FALSE(contains(results[r].output, "never joined"));
-      }
-    }
+    check_told_at_once(ranks_by_hand(c.argvs, c.envs), start, c.culprit,
+                       c.envs[static_cast<std::size_t>(c.culprit)].at("RANK"), c.reason);
   }
 }
 
@@ -328,18 +334,8 @@ TEST_CASE("bad input: a bench-allreduce rank that stops before it joins stops th
                                                             {{"RANK", "1"}, {"WORLD_SIZE", "3"}},
                                                             {{"RANK", "2"}, {"WORLD_SIZE", "3"}}};
     for (const auto& [k, v] : c.culprit_env) envs[static_cast<std::size_t>(c.culprit)][k] = v;
-    const auto results = ranks_by_hand(c.argvs, envs);
-    INFO(describe(results));
-    CHECK(seconds_since(start) < 15.0);  // NANODDP_TIMEOUT_S is 60
-    for (std::size_t r = 0; r < results.size(); ++r) {
-      CAPTURE(r);
-      CHECK_FALSE(results[r].timed_out);
-      CHECK(results[r].exit_code == 2);
-      if (static_cast<int>(r) != c.culprit) {
-        CHECK(contains(results[r].output, fmt::format("rank {} (host ", c.culprit)));
-        CHECK(contains(results[r].output, "stopped before it joined the job: " + c.reason));
-      }
-    }
+    check_told_at_once(ranks_by_hand(c.argvs, envs), start, c.culprit, std::to_string(c.culprit),
+                       c.reason);
   }
 }
 

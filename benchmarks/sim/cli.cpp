@@ -937,6 +937,8 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
   if (hier_fitted) {
     report.options.inter_fabric =
         level_fit(o, "--fit-inter", o.fit_inter_path, leaders, bucket_bytes, notes);
+    // Measured with one rank per host: its ring thread had the host's cores to itself.
+    report.options.inter_network_ranks = 1;
   }
   report.inputs["files"] = notes.files;
   warnings.insert(warnings.end(), profile.warnings.begin(), profile.warnings.end());

@@ -184,7 +184,7 @@ CollectiveTime allreduce_time(const Cluster& cluster, const Fabric& fabric, Algo
 }
 
 HierarchicalTime hierarchical_allreduce(const Cluster& cluster, const Fabric& intra,
-                                        const Fabric& inter, double bytes) {
+                                        const Fabric& inter, double bytes, double across_scale) {
   const int hosts = cluster.nodes;
   const int host_ranks = cluster.gpus_per_node;
   if (hosts < 2 || host_ranks < 2) {
@@ -197,7 +197,7 @@ HierarchicalTime hierarchical_allreduce(const Cluster& cluster, const Fabric& in
   const Cluster host{.nodes = 1, .gpus_per_node = host_ranks};
   const Cluster leaders{.nodes = hosts, .gpus_per_node = 1};
   const auto within = [&](double s) { return ring_allreduce_ms(host, intra, s); };
-  const auto across = [&](double s) { return ring_allreduce_ms(leaders, inter, s); };
+  const auto across = [&](double s) { return ring_allreduce_ms(leaders, inter, s) * across_scale; };
   HierarchicalTime t;
   if (!(bytes > 0)) return t;
   t.pieces = static_cast<int>(std::ceil(bytes / kHierPieceBytes));

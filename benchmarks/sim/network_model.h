@@ -100,6 +100,8 @@ CollectiveTime allreduce_time(const Cluster& cluster, const Fabric& fabric, Algo
 //   t_k = max(t_{k-1}, x_k) + status + back(s_k),  t_{-1} = w_last;  the time is t_last.
 // A host of one rank runs only across(S). Not modelled: the threads slowing each other while
 // they overlap (the pipeline is taken as perfectly parallel), avg's division by the world size.
+// `across_scale` multiplies every across(s): the step model's rates are the intra fit's, and a
+// leaders' fit measured under another CPU share is brought to them (step_model.h).
 struct HierarchicalTime {
   double within_ms = 0;  // step 1, all pieces
   double across_ms = 0;  // step 2, all pieces (the leaders' ring)
@@ -113,7 +115,8 @@ inline constexpr double kHierBackPieceBytes = 1024.0 * 1024;
 // Throws SimError for a cluster of one host or of one rank per host (nanoddp does not use the
 // hierarchical all-reduce there).
 HierarchicalTime hierarchical_allreduce(const Cluster& cluster, const Fabric& intra,
-                                        const Fabric& inter, double bytes);
+                                        const Fabric& inter, double bytes,
+                                        double across_scale = 1.0);
 
 // nccl-tests' bus bandwidth of an all-reduce: bytes / time * 2(n-1)/n, in GB/s.
 double bus_bandwidth_gbs(double bytes, double ms, int ranks);

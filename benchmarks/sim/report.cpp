@@ -104,6 +104,12 @@ std::string format_report(const SimReport& r) {
         "x{:.3g} beside backward\n",
         o.cores, o.cluster.gpus_per_node, p.world_size > 1 ? comm_threads(o) : 0, q.compute_alone,
         q.compute_shared, q.comm_alone, q.comm_shared);
+    if (o.algorithm == Algorithm::kHierarchical && across_scale(o) != 1) {
+      out += fmt::format(
+          "          the leaders' ring: x{:.3g} alone, x{:.3g} beside backward (its fit ran one "
+          "rank per host)\n",
+          q.comm_alone / across_scale(o), q.comm_shared / across_scale(o));
+    }
   }
   if (o.opt_contention) {
     out += fmt::format(
@@ -315,11 +321,18 @@ nlohmann::json report_json(const SimReport& r) {
                   {"measured_cores", o.measured_cores},
                   {"mem_contention", o.mem_contention},
                   {"network_ranks", o.network_ranks},
+                  {"inter_network_ranks", o.inter_network_ranks},
                   {"peers", o.peers ? "traced" : "identical"}};
   j["rates"] = {{"compute_alone", p.rates.compute_alone},
                 {"compute_shared", p.rates.compute_shared},
                 {"comm_alone", p.rates.comm_alone},
-                {"comm_shared", p.rates.comm_shared}};
+                {"comm_shared", p.rates.comm_shared},
+                {"comm_threads", p.world_size > 1 ? comm_threads(o) : 0}};
+  if (o.algorithm == Algorithm::kHierarchical) {
+    // The leaders' ring against its own fit (the rates above are the intra fit's).
+    j["rates"]["across_alone"] = p.rates.comm_alone / across_scale(o);
+    j["rates"]["across_shared"] = p.rates.comm_shared / across_scale(o);
+  }
   json buckets = json::array();
   for (std::size_t b = 0; b < p.buckets.size(); ++b) {
     const BucketTiming& t = p.timeline.buckets[b];

@@ -119,11 +119,18 @@ int comm_threads(const StepOptions& o) {
   return o.cluster.gpus_per_node + (o.algorithm == Algorithm::kHierarchical ? 1 : 0);
 }
 
+double across_scale(const StepOptions& o) {
+  if (o.network_ranks == 0 || o.inter_network_ranks == 0) return 1.0;
+  const int m = measured_cores(o);
+  return core_share(m, o.inter_network_ranks) / core_share(m, o.network_ranks);
+}
+
 CollectiveTime collective_time(const StepOptions& o, double bytes) {
   if (o.algorithm == Algorithm::kHierarchical) {
-    return {
-        hierarchical_allreduce(o.cluster, o.fabric, o.inter_fabric.value_or(o.fabric), bytes).ms,
-        Algorithm::kHierarchical};
+    return {hierarchical_allreduce(o.cluster, o.fabric, o.inter_fabric.value_or(o.fabric), bytes,
+                                   across_scale(o))
+                .ms,
+            Algorithm::kHierarchical};
   }
   return allreduce_time(o.cluster, o.fabric, o.algorithm, bytes);
 }
@@ -159,6 +166,9 @@ StepPrediction predict_step(const ComputeProfile& profile, const StepOptions& o)
   if (profile.grads.empty()) fail("the compute profile has no parameters");
   if (o.cores < 0) fail("--cores must be >= 0 (0 = unlimited), got {}", o.cores);
   if (o.network_ranks < 0) fail("network_ranks must be >= 0, got {}", o.network_ranks);
+  if (o.inter_network_ranks < 0) {
+    fail("inter_network_ranks must be >= 0, got {}", o.inter_network_ranks);
+  }
   if (o.peers) {
     if (profile.peers_ready_ms.empty()) {
       fail(

@@ -25,7 +25,8 @@
 //     without a measurement (the FLOP model) is taken as a dedicated core (share 1);
 //   - a network fitted to nanoddp-bench-allreduce with m ranks per node (`network_ranks`) ran
 //     its collectives at share(m) (communication threads alone); a named fabric is not CPU work
-//     (share 1).
+//     (share 1). Under --algo hier that is the intra fit; the leaders' fit, one rank per host,
+//     ran at share(1) (across_scale below).
 // So compute alone runs at share(n) / share(p), backward beside a collective at share(2n) /
 // share(2p), a collective alone at share(n) / share(m) and beside backward at share(2n) /
 // share(m). Simulating the traced world on the traced machine (n = p = m) leaves compute as
@@ -83,6 +84,9 @@ struct StepOptions {
   std::optional<double> opt_contention;
   // --algo hier: the leaders' network (step 2); unset: `fabric` for both levels.
   std::optional<Fabric> inter_fabric;
+  // Ranks per node the leaders' network was measured with (--fit-inter: 1, one per host);
+  // 0 = not CPU work (a named fabric).
+  int inter_network_ranks = 0;
 };
 
 // share(k) above: the share of a core each of k runnable threads gets on `cores` cores
@@ -93,6 +97,12 @@ ReplayRates sharing_rates(const ComputeProfile& profile, const StepOptions& opti
 // The communication threads of a node that share its cores (--cores): one per rank, and one
 // more under the hierarchical all-reduce (the leaders' ring).
 int comm_threads(const StepOptions& options);
+// --algo hier: the leaders' ring in the units of the rates above. The rates bring a collective
+// from its fit's core share, share(m) with m = network_ranks, to the simulated one; the leaders'
+// fit ran at share(inter_network_ranks) (one rank per host: a core of its own), so its phase
+// goes share(inter_network_ranks) / share(network_ranks) times the collective's time (1 when
+// either network is not CPU work).
+double across_scale(const StepOptions& options);
 
 struct StepPrediction {
   int world_size = 1;

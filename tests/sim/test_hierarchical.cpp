@@ -221,6 +221,41 @@ TEST_CASE("measured cores: inputs measured on the whole host, nodes of half its 
   CHECK_THROWS_WITH_AS(predict_step(one_rank_profile(), o), doctest::Contains("--cores"), SimError);
 }
 
+TEST_CASE("measured cores: the leaders' fit ran one rank per host, at a core of its own") {
+  // --cores 1 on 2 x 2 (an outside tester's case): the intra fit ran 2 ranks on the core
+  // (share 1/2), the leaders' fit 1 rank per host (share 1). Simulated, a collective alone runs
+  // 3 threads on the core (1/3): the within phases 1.5x their fit, the leaders' ring 3x its fit.
+  // One rate for the whole all-reduce gave the ring 1.5x: twice too fast.
+  StepOptions o{.cluster = kTwoByTwo,
+                .fabric = shm_fabric(),
+                .algorithm = Algorithm::kHierarchical,
+                .bucket_cap_mb = 25.0,
+                .first_bucket_mb = 25.0,
+                .overlap = false,
+                .sync_allreduce = false,
+                .cores = 1,
+                .network_ranks = 2};
+  o.inter_fabric = tcp_fabric();
+  o.inter_network_ranks = 1;
+  CHECK(across_scale(o) == doctest::Approx(2.0));
+  const StepPrediction p = predict_step(one_rank_profile(), o);
+  REQUIRE(p.buckets.size() == 1);
+  // One piece: the phases add up; the all-reduce runs alone after backward (overlap off).
+  const double fit_within = within(kMiB) + within(4) + within(kMiB);
+  CHECK(p.exposed_comm_ms == doctest::Approx(1.5 * fit_within + 3.0 * across(kMiB)).epsilon(1e-9));
+  CHECK(p.collectives[0].ms == doctest::Approx(fit_within + 2.0 * across(kMiB)).epsilon(1e-12));
+  // Both fits on cores enough for their threads (2 cores measured): one share, no scale.
+  o.measured_cores = 2;
+  CHECK(across_scale(o) == doctest::Approx(1.0));
+  // A named leaders' fabric is not CPU work: its time is not scaled either.
+  o.measured_cores = 0;
+  o.inter_network_ranks = 0;
+  CHECK(across_scale(o) == doctest::Approx(1.0));
+  o.inter_network_ranks = -1;
+  CHECK_THROWS_WITH_AS(predict_step(one_rank_profile(), o),
+                       doctest::Contains("inter_network_ranks"), SimError);
+}
+
 TEST_CASE("hierarchical cli: a fitted 2 x 2 prediction is the phases of the two lines") {
   TempDir dir;
   // Shared memory on 2 ranks: T = 10 us + S / 1000 bytes/us (1 GB/s, read as a 2-rank ring);
@@ -249,6 +284,37 @@ TEST_CASE("hierarchical cli: a fitted 2 x 2 prediction is the phases of the two 
           doctest::Approx(w(s) + x(s) + w(4) + w(s)).epsilon(1e-6));
   }
   CHECK(j["inter_fabric"]["name"] == "fitted");
+  CHECK(j["options"]["inter_network_ranks"] == 1);
+  CHECK(j["rates"]["comm_threads"] == 3);
+  // On one core per node: the intra fit ran 2 threads there, the leaders' fit 1; the simulated
+  // all-reduce runs 3. Each level's rate is against its own fit, printed and in the JSON.
+  // --cores needs a CPU profile: a 1-rank trace of the same model.
+  const std::string trace = dir.file("one.json");
+  ProcessOptions train_options;
+  train_options.timeout = std::chrono::seconds(120);
+  const ProcessResult train =
+      run_process({bin_path("nanoddp-train"), "--hidden", "256", "--layers", "3", "--steps", "4",
+                   "--trace", trace, "--trace-steps", "4", "--quiet"},
+                  train_options);
+  REQUIRE_MESSAGE(train.exit_code == 0, train.output);
+  const ProcessResult one_core =
+      sim({"--profile",       trace, "--hidden", "256",  "--layers",    "3",   "--nodes",     "2",
+           "--gpus-per-node", "2",   "--algo",   "hier", "--fit-intra", intra, "--fit-inter", inter,
+           "--fit-min-bytes", "1",   "--cores",  "1",    "--json",      out});
+  REQUIRE_MESSAGE(one_core.exit_code == 0, one_core.output);
+  CHECK_MESSAGE(one_core.output.find("the leaders' ring: x0.333 alone, x0.2 beside backward") !=
+                    std::string::npos,
+                one_core.output);
+  std::ifstream again(out);
+  const nlohmann::json k = nlohmann::json::parse(again);
+  CHECK(k["rates"]["comm_alone"].get<double>() == doctest::Approx(2.0 / 3));
+  CHECK(k["rates"]["across_alone"].get<double>() == doctest::Approx(1.0 / 3));
+  CHECK(k["rates"]["across_shared"].get<double>() == doctest::Approx(0.2));
+  for (const auto& b : k["buckets"]) {
+    const double s = b["bytes"].get<double>();
+    CHECK(b["allreduce_ms"].get<double>() ==
+          doctest::Approx(w(s) + 2 * x(s) + w(4) + w(s)).epsilon(1e-6));
+  }
 }
 
 TEST_CASE("hierarchical cli: topology and input refusals name the flag") {

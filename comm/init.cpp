@@ -375,6 +375,13 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
   if (world.world_size > 1) check_in(dist, options.timeout);
 
   // 4. The group.
+  if (options.make_group) create_group(dist, options);
+  return dist;
+}
+
+void create_group(Distributed& dist, const DistributedOptions& options) {
+  const std::string backend = resolve_backend(options.backend, options.device);
+  const WorldInfo& world = dist.world;
   ProcessGroupOptions group_options;
   group_options.timeout = options.timeout;
   group_options.interface = options.interface;
@@ -392,7 +399,6 @@ Distributed init_distributed(const WorldInfo& world, const DistributedOptions& o
     dist.abandon_setup();
     throw;
   }
-  return dist;
 }
 
 bool is_communication_failure(const std::exception& e) {

@@ -28,6 +28,11 @@ struct DistributedOptions {
   std::chrono::milliseconds timeout = default_timeout();
   // Gloo's network interface ("" = the one that reaches MASTER_ADDR).
   std::string interface;
+  // false: the store and the check-in only, no group (`group` stays null; create_group below
+  // makes it later). For a program that compares something through the job's store before the
+  // group connects, or builds its own connections (nanoddp-bench-allreduce and its --raw): it
+  // joins the job as every rank does, so its peers' check-in and refusals reach it.
+  bool make_group = true;
 };
 
 // Everything a distributed job holds on to. Members are destroyed in reverse order: the group
@@ -38,7 +43,7 @@ struct Distributed {
   WorldInfo world;
   std::unique_ptr<TcpStoreServer> server;  // rank 0 only
   std::shared_ptr<Store> store;            // this restart's namespace ("restart<N>/...")
-  std::shared_ptr<ProcessGroup> group;
+  std::shared_ptr<ProcessGroup> group;     // null with DistributedOptions::make_group = false
 
   Distributed() = default;
   Distributed(Distributed&&) = default;
@@ -77,6 +82,10 @@ bool is_communication_failure(const std::exception& e);
 // launcher's: SIGTERM when the launcher dies (Linux's parent-death signal), and an Error at once
 // if the launcher is gone already.
 Distributed init_distributed(const WorldInfo& world, const DistributedOptions& options = {});
+
+// Step 4 of init_distributed, for one made with `make_group = false`: the backend's process
+// group over `dist.store`. Throws as init_distributed does (and marks the set-up abandoned).
+void create_group(Distributed& dist, const DistributedOptions& options);
 
 // For a process of a multi-rank job that fails before it joins (init_distributed): a bad flag,
 // an output path it cannot write, an invalid RANK. It tells the job's store, so that the ranks

@@ -5,9 +5,10 @@
 //
 // Why: a training step allocates the same buffers every step (activations, temporaries,
 // gradients of intermediate tensors). Giving them back and asking again is slow everywhere
-// (cudaMalloc synchronizes the device) and on this VM the first touch of fresh host memory
-// costs about 3 ms per MiB in page faults. With the cache, the second step allocates nothing
-// new: `stats().system_allocations` stops growing after the first step (a test checks that).
+// (cudaMalloc synchronizes the device), and the first touch of fresh host memory takes a page
+// fault per page (docs/benchmarks.md has a figure). With the cache, the second step allocates
+// nothing new: `stats().system_allocations` stops growing after the first step (a test checks
+// that).
 
 #include <cstddef>
 #include <cstdint>
@@ -80,9 +81,9 @@ Allocator& allocator_for(Device device);
 // second-level TLB holds, so every pass pays page walks; on 2 MiB pages a 4 MiB weight takes
 // two TLB entries. Linux backs a region with huge pages when it is 2 MiB aligned and
 // madvise(MADV_HUGEPAGE) asks for it (the default THP mode, "madvise", serves only such
-// regions). PyTorch's CPU allocator does the same under THP_MEM_ALLOC_ENABLE=1. Measured on
-// the 2-vCPU dev VM, one SGD step of 4 x Linear(1024, 1024) at batch 64: 12.7 -> 12.2 ms.
-// The cost: such a buffer is rounded up to whole 2 MiB pages. NANODDP_HUGEPAGES=0 turns it off.
+// regions). PyTorch's CPU allocator does the same under THP_MEM_ALLOC_ENABLE=1 (the measured
+// gain: docs/benchmarks.md, one CPU training step). The cost: such a buffer is rounded up to whole
+// 2 MiB pages. NANODDP_HUGEPAGES=0 turns it off.
 inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 // The page size host_allocate aligns an `nbytes` buffer to: kHugePageBytes, or 0 for small
 // buffers (and with NANODDP_HUGEPAGES=0).

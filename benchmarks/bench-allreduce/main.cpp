@@ -48,6 +48,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -116,10 +117,8 @@ enum class Mode { kEngine, kRaw };
 struct Runner {
   nanoddp::comm::WorldInfo world;
   nanoddp::Device device = nanoddp::Device::cpu();
-  std::optional<nanoddp::comm::Distributed> dist;  // nanoddp mode (and --vs-raw)
-  // raw mode: our own store (the same steps as init_distributed) and a bare Gloo context
-  std::unique_ptr<nanoddp::comm::TcpStoreServer> server;
-  std::shared_ptr<nanoddp::comm::Store> store;
+  // The job: its store and check-in, and the process group except under --raw.
+  std::optional<nanoddp::comm::Distributed> dist;
   std::optional<RawGloo> raw;  // --raw (and --vs-raw: a second connection of its own)
   std::string transport;
   std::string raw_transport;
@@ -127,7 +126,8 @@ struct Runner {
   int rank() const { return world.rank; }
   int size() const { return world.world_size; }
   // The mode of plain runs: --raw, or the process group.
-  Mode default_mode() const { return dist ? Mode::kEngine : Mode::kRaw; }
+  Mode default_mode() const { return has_group() ? Mode::kEngine : Mode::kRaw; }
+  bool has_group() const { return dist && dist->group != nullptr; }
 
   // Issues `count` ops and waits for all (nanoddp: back to back, then wait in order). With
   // `input`: out of place, from `input` into `t`.
@@ -166,7 +166,7 @@ struct Runner {
     if (device.is_cuda()) nanoddp::Stream::compute(device).synchronize();
   }
   void barrier() {
-    if (!dist) {
+    if (!has_group()) {
       raw->barrier();
     } else {
       dist->group->barrier()->wait();
@@ -174,7 +174,7 @@ struct Runner {
   }
   std::int64_t sum_across(std::int64_t value) {
     Tensor t = Tensor::full({1}, static_cast<float>(value));
-    if (!dist) {
+    if (!has_group()) {
       raw->allreduce(t, ReduceOp::kSum);
     } else if (device.is_cuda()) {
       Tensor g = t.to(device);
@@ -189,7 +189,7 @@ struct Runner {
   std::vector<double> mean_across(const std::vector<double>& values) {
     Tensor t = Tensor::empty({static_cast<std::int64_t>(values.size())});
     for (std::size_t i = 0; i < values.size(); ++i) t.data()[i] = static_cast<float>(values[i]);
-    if (!dist) {
+    if (!has_group()) {
       raw->allreduce(t, ReduceOp::kSum);
     } else if (device.is_cuda()) {
       Tensor g = t.to(device);
@@ -450,6 +450,17 @@ int run(int argc, char** argv, Outcome& outcome) {
 
   Runner runner;
   runner.world = world_env;
+  // A failure after joining: rank 0 does not hold the store up for peers that may be dead
+  // (~Distributed), as nanoddp-train does; during the connections' set-up only briefly.
+  struct AbandonOnFailure {
+    Runner& runner;
+    bool connected = false;
+    int exceptions = std::uncaught_exceptions();
+    ~AbandonOnFailure() {
+      if (std::uncaught_exceptions() <= exceptions || !runner.dist) return;
+      connected ? runner.dist->abandon() : runner.dist->abandon_setup();
+    }
+  } on_failure{runner};
   const std::string plan = fmt::format(
       "-b {} -e {} -f {} -n {} -w {} --rounds {} -c {} --op {} --dtype {} --collective {} "
       "--mode {}",
@@ -458,9 +469,8 @@ int run(int argc, char** argv, Outcome& outcome) {
       opt.raw      ? "raw"
       : opt.vs_raw ? "vs-raw"
                    : "process-group");
-  // Checked as soon as the job's store is up, before any other connection waits for a rank
-  // that might be measuring something else. (A --raw rank beside a process-group one still
-  // waits out its timeout: they do not even share the store's keys.)
+  // Checked as soon as every rank has checked in, before any other connection waits for a
+  // rank that might be measuring something else (--raw against the process group included).
   const auto disagrees = [&](nanoddp::comm::Store& store) {
     const std::string problem = plan_mismatch(store, runner.rank(), runner.size(), plan);
     if (!problem.empty()) fmt::print(stderr, "nanoddp-bench-allreduce: error: {}\n", problem);
@@ -475,44 +485,37 @@ int run(int argc, char** argv, Outcome& outcome) {
             .device;
     nanoddp::set_current_device(runner.device);
   }
+  nanoddp::comm::DistributedOptions dopt;
+  dopt.backend = opt.backend;
+  dopt.device = runner.device;
+  dopt.timeout = timeout;
+  // Every mode joins the job (store, token, check-in) and compares plans before any
+  // connection: --raw then connects Gloo itself through connect_gloo, the very function the
+  // process group uses, so both modes talk over identically built connections, and a --raw
+  // rank beside a process-group one is told of the difference at once rather than both waiting
+  // out their timeouts in Gloo's connect.
+  dopt.make_group = false;
+  try {
+    runner.dist.emplace(nanoddp::comm::init_distributed(runner.world, dopt));
+    if (disagrees(*runner.dist->store)) return 2;
+    if (!opt.raw) nanoddp::comm::create_group(*runner.dist, dopt);
+  } catch (const std::exception& e) {
+    // The set-up refused (another rank's refusal, another WORLD_SIZE, a RANK given twice):
+    // bad input, exit 2, as nanoddp-train says it. A peer that died or did not answer is not.
+    if (nanoddp::comm::is_communication_failure(e)) throw;
+    fmt::print(stderr, "nanoddp-bench-allreduce: error: {}\n",
+               nanoddp::nn::escape_controls(e.what(), true));
+    return 2;
+  }
   if (opt.raw) {
-    // The steps of init_distributed, then connect_gloo — the very function the process group
-    // uses — so both modes talk over identically built connections.
-    nanoddp::comm::TcpStoreOptions so;
-    so.host = runner.world.master_addr;
-    so.port =
-        static_cast<std::uint16_t>(runner.world.world_size == 1 ? 0 : runner.world.master_port);
-    so.timeout = timeout;
-    if (runner.rank() == 0) {
-      runner.server = std::make_unique<nanoddp::comm::TcpStoreServer>(so);
-      so.port = runner.server->port();
-    }
-    runner.store = std::make_shared<nanoddp::comm::PrefixStore>(
-        fmt::format("restart{}", runner.world.restart_count),
-        std::make_shared<nanoddp::comm::TcpStore>(so));
-    if (disagrees(*runner.store)) return 2;
     nanoddp::comm::ProcessGroupOptions po;
     po.timeout = timeout;
     po.master_addr = runner.world.master_addr;
-    auto connection = nanoddp::comm::connect_gloo(runner.store, runner.rank(), runner.size(), po);
+    auto connection =
+        nanoddp::comm::connect_gloo(runner.dist->store, runner.rank(), runner.size(), po);
     runner.transport = connection.device_description;
     runner.raw.emplace(RawGloo{std::move(connection), timeout});
   } else {
-    nanoddp::comm::DistributedOptions dopt;
-    dopt.backend = opt.backend;
-    dopt.device = runner.device;
-    dopt.timeout = timeout;
-    try {
-      runner.dist.emplace(nanoddp::comm::init_distributed(runner.world, dopt));
-    } catch (const std::exception& e) {
-      // The set-up refused (another rank's refusal, another WORLD_SIZE, a RANK given twice):
-      // bad input, exit 2, as nanoddp-train says it. A peer that died or did not answer is not.
-      if (nanoddp::comm::is_communication_failure(e)) throw;
-      fmt::print(stderr, "nanoddp-bench-allreduce: error: {}\n",
-                 nanoddp::nn::escape_controls(e.what(), true));
-      return 2;
-    }
-    if (disagrees(*runner.dist->store)) return 2;
     if (auto* gloo = dynamic_cast<nanoddp::comm::GlooProcessGroup*>(runner.dist->group.get())) {
       runner.transport = gloo->allreduce_transport();
     }
@@ -529,6 +532,8 @@ int run(int argc, char** argv, Outcome& outcome) {
       runner.raw.emplace(RawGloo{std::move(connection), timeout});
     }
   }
+
+  on_failure.connected = true;
 
   const std::int64_t max_count = counts.back();
   // One buffer at the largest size, viewed for smaller ones (fresh memory is slow to touch), and
@@ -602,8 +607,8 @@ int run(int argc, char** argv, Outcome& outcome) {
         "# nanoddp-bench-allreduce{}: backend {} via {}, {} ranks, {} iters x {} round{}, {} "
         "warm-up\n",
         all_reduce ? "" : " --collective " + opt.collective,
-        runner.dist ? runner.dist->group->backend_name() : opt.backend, mode_text, runner.size(),
-        opt.iters, opt.rounds, opt.rounds > 1 ? "s" : "", opt.warmup);
+        runner.has_group() ? runner.dist->group->backend_name() : opt.backend, mode_text,
+        runner.size(), opt.iters, opt.rounds, opt.rounds > 1 ? "s" : "", opt.warmup);
     fmt::print("# algorithm: {}\n", algorithm);
     if (opt.vs_raw) fmt::print("# raw: {} (in place)\n", raw_algorithm);
     fmt::print("# {}; {}\n", nanoddp::common::provenance_line(provenance),
@@ -620,7 +625,7 @@ int run(int argc, char** argv, Outcome& outcome) {
                                " (min, max), then --vs-raw's raw Gloo columns"
                              : "");
     for (const std::string& w : warnings) fmt::print("# warning: {}\n", w);
-    if (!runner.dist) {
+    if (!runner.has_group()) {
       fmt::print("# out of place: gloo::allreduce from a send buffer into a receive buffer\n");
     } else if (!all_reduce) {
       fmt::print(

@@ -187,11 +187,14 @@ TEST_CASE("random fills: seed and stream change the numbers") {
   cpu::fill_uniform(a.data(), n, 1, 0, 0, 0.0f, 1.0f);
   cpu::fill_uniform(b.data(), n, 2, 0, 0, 0.0f, 1.0f);
   cpu::fill_uniform(c.data(), n, 1, 1, 0, 0.0f, 1.0f);
-  int same_seed = 0, same_stream = 0;
+  int same_seed = 0, same_stream = 0, outside = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     same_seed += a[i] == b[i];
     same_stream += a[i] == c[i];
+    // NaN compares unequal to everything: a NaN fill would pass the counts above.
+    for (const float v : {a[i], b[i], c[i]}) outside += !(v >= 0.0f && v < 1.0f);
   }
   CHECK(same_seed < 2);
   CHECK(same_stream < 2);
+  CHECK(outside == 0);
 }

@@ -180,6 +180,22 @@ Tensor Trainer::count_correct(const Tensor& logits) const {
   return count;
 }
 
+void Trainer::write_trace_now(std::int64_t last_traced_step) {
+  last_traced_step_ = last_traced_step;
+  // On rank 0, which writes it, a SIGTERM waits until the file is in place (or rescued), as at
+  // the end of the run.
+  std::optional<HeldSignals> held;
+  if (is_main()) held.emplace();
+  trace_outcome_ = write_trace();
+  if (!trace_outcome_->empty() && is_main()) {
+    fmt::print(stderr,
+               "nanoddp-train: warning: {}; training goes on, and the run ends with this error "
+               "after its other outputs\n",
+               *trace_outcome_);
+    std::fflush(stderr);
+  }
+}
+
 int Trainer::run() {
   try {
     return run_steps();
@@ -214,6 +230,10 @@ int Trainer::run_steps() {
     if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
       save_checkpoint(step, epoch, step_in_epoch + 1);
     }
+    if (tracing && (step - start_step_ == o_.trace_steps || step == steps_)) {
+      trace_scope.reset();
+      write_trace_now(step);
+    }
     const bool log_now = is_log_step(step);
     if (!log_now) continue;
     if (step == start_step_ + 1 || step == steps_) gather_memory_per_rank();
@@ -239,7 +259,9 @@ int Trainer::run_steps() {
   std::optional<HeldSignals> held;
   if (is_main()) held.emplace();
   const std::string save_problem = save_parameters();  // in this order
-  const std::string trace_problem = write_trace();
+  // Written after its last traced step; a run with no step left to train (resumed at its end)
+  // writes its empty trace here.
+  const std::string trace_problem = trace_outcome_ ? *trace_outcome_ : write_trace();
   keep_metrics();
   if (!save_problem.empty() || !trace_problem.empty()) {
     // What did go where it belongs is said too: the error alone left a user unsure whether the

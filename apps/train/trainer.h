@@ -141,7 +141,12 @@ class Trainer {
   // --resume under DDP: every rank's newest checkpoint in its own --checkpoint-dir (or none) must
   // be rank 0's; else every rank stops naming each one's host, folder and newest checkpoint.
   void check_same_newest_checkpoint(const std::string& newest);
-  std::string write_trace();  // --trace: every rank's events, written by rank 0
+  // --trace: every rank's events, written by rank 0, as soon as the traced steps are done (a
+  // run killed later keeps its trace). "" or the problem, kept for the end of the run.
+  std::string write_trace();
+  void write_trace_now(std::int64_t last_traced_step);
+  std::optional<std::string> trace_outcome_;  // set once the trace was written (or failed)
+  std::int64_t last_traced_step_ = 0;
   void check_same_settings();
   // --zero-overlap-gather with most of the parameters in the first layer's bucket: says so.
   void note_gather_overlap() const;

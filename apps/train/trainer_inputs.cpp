@@ -90,6 +90,20 @@ void check_output_file(const std::string& flag, const std::string& path,
         "would replace; give a file name",
         flag, path);
   }
+  // Written by rename: a device or FIFO of that name (through a link too) would itself be
+  // replaced, not written to; as root, --trace /dev/null replaced the system's /dev/null with a
+  // file (an outside tester's).
+  if (renamed_over) {
+    const std::filesystem::file_status status = std::filesystem::status(path, ec);
+    if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status) &&
+        !std::filesystem::is_directory(status)) {
+      fail(
+          "{} '{}' exists and is not a regular file (a device, FIFO or socket), which the file "
+          "written by rename would replace; name a regular file",
+          flag, path);
+    }
+    ec.clear();
+  }
   // A symlink loop fails only when the file is finally written, after training.
   (void)std::filesystem::status(path, ec);
   if (ec == std::errc::too_many_symbolic_link_levels) {
@@ -186,13 +200,6 @@ void Trainer::check_output_paths() {
     }
   }
   if (!o_.save_path.empty()) {
-    // Written by rename: a device or FIFO of that name would be replaced, not written to.
-    if (std::filesystem::exists(o_.save_path, ec) &&
-        !std::filesystem::is_regular_file(o_.save_path, ec) &&
-        !std::filesystem::is_directory(o_.save_path, ec)) {
-      fail("--save '{}' exists and is not a regular file (a device or FIFO); name a file",
-           o_.save_path);
-    }
     check_output_file("--save", o_.save_path, created_folders_);
     save_target_ = common::resolved_path(o_.save_path).string();
     save_checked_ = common::file_state(save_target_);

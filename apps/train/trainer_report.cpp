@@ -373,11 +373,15 @@ std::string Trainer::write_trace() {
     }
   }
   if (!is_main()) return {};
-  // What the events alone do not say: nanoddp-sim checks a scaling baseline's batch with it.
+  // What the events alone do not say: nanoddp-sim checks a scaling baseline's batch with it;
+  // the steps traced are the run's own numbers (a resumed or restarted run's first traced step
+  // is not step 1) and the launcher's attempt.
+  const std::int64_t first = start_step_ + 1;
+  const std::int64_t last = last_traced_step_ > 0 ? last_traced_step_ : start_step_;
   all.insert(all.begin(),
              fmt::format(R"({{"name":"run_config","ph":"M","pid":0,"args":{{"batch":{},)"
-                         R"("grad_accum":{}}}}})",
-                         o_.batch, o_.grad_accum));
+                         R"("grad_accum":{},"first_step":{},"last_step":{},"restart":{}}}}})",
+                         o_.batch, o_.grad_accum, first, last, world_.restart_count));
   // Through a symlink (even to a file not written yet) its target; the link stays.
   std::string problem = write_final_output(
       "--trace", o_.trace_path,
@@ -389,7 +393,10 @@ std::string Trainer::write_trace() {
         return nn::write_file_atomically(path, chunks);
       },
       trace_checked_, trace_target_);
-  if (problem.empty() && !o_.quiet) fmt::print("trace written to {}\n", o_.trace_path);
+  if (problem.empty() && !o_.quiet) {
+    fmt::print("trace written to {} (steps {} to {})\n", o_.trace_path, first, last);
+    std::fflush(stdout);
+  }
   return problem;
 }
 

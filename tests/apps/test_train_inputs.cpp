@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
 #include <set>
@@ -1087,6 +1089,40 @@ TEST_CASE(
   CHECK_FALSE(fs::exists(dir.file("f")));             // nothing written
 }
 
+// An outside tester, as root: --trace /dev/null (and a link to it) replaced the system's
+// /dev/null with a regular file; --save refused it, --trace had no such check. A device node of
+// the test's own (a copy of /dev/null's numbers) stands in for it, so that a regression replaces
+// nothing of the system's.
+TEST_CASE("inputs: --trace, --save and --metrics onto a device are refused before step 1") {
+  TempDir dir;
+  const std::string device = dir.file("null"), link = dir.file("link-to-null");
+  if (::mknod(device.c_str(), S_IFCHR | 0666, ::makedev(1, 3)) != 0) {
+    MESSAGE("skipped: mknod needs root (", std::strerror(errno), ")");
+    return;
+  }
+  fs::create_symlink(device, link);
+  const std::string fifo = dir.file("fifo");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  for (const auto& [flag, path] :
+       std::vector<std::pair<std::string, std::string>>{{"--trace", device},
+                                                        {"--trace", link},
+                                                        {"--trace", fifo},
+                                                        {"--save", device},
+                                                        {"--save", link}}) {
+    const ProcessResult r = train({flag, path, "--steps", "3"});
+    INFO(flag, " ", path, ": ", r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, fmt::format("{} '{}' exists and is not a regular file", flag, path)));
+    CHECK_FALSE(contains(r.output, "step  1/"));
+  }
+  // --metrics appends: a device is written to, never replaced.
+  const ProcessResult metrics = train({"--metrics", link, "--steps", "3"});
+  CHECK_MESSAGE(metrics.exit_code == 0, metrics.output);
+  CHECK(fs::is_character_file(device));
+  CHECK(fs::is_symlink(link));
+  CHECK(fs::is_fifo(fifo));
+}
+
 TEST_CASE("outputs: a run that fails in its set-up leaves no empty --metrics file behind") {
   // Found in session 15: the lock on --metrics creates the file, and a run that then failed
   // (here: rank 1 never joins) left it empty. An existing file is left as it was.
@@ -1327,13 +1363,66 @@ TEST_CASE("outputs: --trace and --save through a symlink write the file it point
 // The outputs written after training (--save, --trace) were checked before step 1; a run of hours
 // must not lose them to what changed since. An outside tester's --save folder, removed during a
 // 60,000-step run, cost the whole run ("The directory must exist").
-TEST_CASE("outputs: a --save, --trace and --metrics folder removed during the run is made again") {
+// An outside tester: the trace was written only at the end of the run, so a run killed (or
+// failing) after its traced steps lost them all, and a resumed run's trace said nothing of which
+// steps it held (a plot labelled steps 4501-4503 "step 1 of 3").
+TEST_CASE("outputs: --trace is written once its steps are done and names them") {
+  TempDir dir;
+  const auto run_config = [](const std::string& path) {
+    std::ifstream in(path);
+    const nlohmann::json trace = nlohmann::json::parse(in);
+    int optimizer_steps = 0;
+    nlohmann::json config;
+    for (const auto& e : trace.at("traceEvents")) {
+      optimizer_steps += e.at("name") == "optimizer step";
+      if (e.at("name") == "run_config") config = e.at("args");
+    }
+    config["optimizer_steps"] = optimizer_steps;
+    return config;
+  };
+  BackgroundProcess trainer(train_argv({"--steps", kLongRun, "--log-every", "2000", "--trace",
+                                        dir.file("t.json"), "--trace-steps", "3"}));
+  const auto written = [](const std::string& o) { return contains(o, "trace written to "); };
+  REQUIRE_MESSAGE(trainer.wait_for_output(written, std::chrono::seconds(60)), trainer.output());
+  trainer.send(SIGKILL);
+  (void)trainer.wait(kLongRunEnd);
+  CHECK(contains(trainer.output(), "trace written to " + dir.file("t.json") + " (steps 1 to 3)"));
+  const nlohmann::json first = run_config(dir.file("t.json"));
+  CHECK(first["first_step"] == 1);
+  CHECK(first["last_step"] == 3);
+  CHECK(first["restart"] == 0);
+  CHECK(first["optimizer_steps"] == 3);
+  // A resumed run traces its own next steps, and says which.
+  const std::string ckpt = dir.file("ck");
+  REQUIRE(train({"--steps", "8", "--checkpoint-dir", ckpt, "--checkpoint-every", "4"}).exit_code ==
+          0);
+  const ProcessResult resumed =
+      train({"--steps", "12", "--checkpoint-dir", ckpt, "--checkpoint-every", "4", "--resume",
+             "--trace", dir.file("r.json"), "--trace-steps", "2"});
+  REQUIRE_MESSAGE(resumed.exit_code == 0, resumed.output);
+  CHECK(contains(resumed.output, "(steps 9 to 10)"));
+  const nlohmann::json second = run_config(dir.file("r.json"));
+  CHECK(second["first_step"] == 9);
+  CHECK(second["last_step"] == 10);
+  CHECK(second["optimizer_steps"] == 2);
+  // Fewer steps left than --trace-steps: written after the last one.
+  const ProcessResult short_run =
+      train({"--steps", "2", "--trace", dir.file("s.json"), "--trace-steps", "5"});
+  REQUIRE_MESSAGE(short_run.exit_code == 0, short_run.output);
+  CHECK(run_config(dir.file("s.json"))["last_step"] == 2);
+}
+
+TEST_CASE("outputs: a --save and --metrics folder removed during the run is made again") {
   TempDir dir;
   const std::string out = dir.file("out");
+  // --trace-steps 1: the trace is written after step 1, before its progress line, so always
+  // before the folder goes (a trace is the user's once written, as a checkpoint is).
   BackgroundProcess trainer(train_argv({"--steps", kLongRun, "--log-every", "2000", "--save",
                                         out + "/m.safetensors", "--trace", out + "/t.json",
-                                        "--trace-steps", "2", "--metrics", out + "/m.jsonl"}));
+                                        "--trace-steps", "1", "--metrics", out + "/m.jsonl"}));
   stop_when_training(trainer);  // so that the run cannot end before the folder is gone
+  CHECK(trainer.output().find("trace written to " + out + "/t.json (steps 1 to 1)") <
+        trainer.output().find("step      1/"));
   CHECK(fs::remove_all(out) > 0);
   trainer.send(SIGCONT);
   const auto status = trainer.wait(kLongRunEnd);
@@ -1343,7 +1432,7 @@ TEST_CASE("outputs: a --save, --trace and --metrics folder removed during the ru
                  "warning: the folder '" + out + "' of --save '" + out +
                      "/m.safetensors' was removed or renamed during the run; made it again"));
   CHECK(nanoddp::nn::read_safetensors(out + "/m.safetensors").names().size() > 0);
-  CHECK(fs::file_size(out + "/t.json") > 100);
+  CHECK_FALSE(fs::exists(out + "/t.json"));  // written before, removed with the folder
   // The metrics lines went on into the removed file; all 50 are written again under its name.
   CHECK(
       contains(trainer.output(),
@@ -1377,13 +1466,13 @@ TEST_CASE("outputs: two jobs given one --save: the second to end does not replac
   const std::string rescue = dir.file("rescue");
   fs::create_directories(rescue);
   const std::string save = dir.file("final.st");
-  BackgroundProcess second(
-      with_env({{"TMPDIR", rescue}},
-               train_argv({"--steps", kLongRun, "--log-every", "2000", "--seed", "2", "--save",
-                           save, "--trace", dir.file("t.json"), "--trace-steps", "1"})));
+  // (--trace goes through the same writer, but is written once its steps are done: early in
+  // a long run, so two jobs on one trace do not meet at its end.)
+  BackgroundProcess second(with_env(
+      {{"TMPDIR", rescue}},
+      train_argv({"--steps", kLongRun, "--log-every", "2000", "--seed", "2", "--save", save})));
   stop_when_training(second);
-  const ProcessResult first =
-      train({"--steps", "20", "--seed", "1", "--save", save, "--trace", dir.file("t.json")});
+  const ProcessResult first = train({"--steps", "20", "--seed", "1", "--save", save});
   second.send(SIGCONT);
   REQUIRE(first.exit_code == 0);
   const auto status = second.wait(kLongRunEnd);
@@ -1393,7 +1482,6 @@ TEST_CASE("outputs: two jobs given one --save: the second to end does not replac
                  "'" + save +
                      "' was written or changed by another process during this "
                      "run (another job given the same --save?) and is left as it is"));
-  CHECK(contains(second.output(), "(another job given the same --trace?)"));
   CHECK(nanoddp::nn::read_safetensors(save).metadata().at("seed") == "1");
   const std::string rescued = rescued_file(second.output(), "final.st");
   REQUIRE(rescued.starts_with(rescue + "/nanoddp-rescue-" + std::to_string(second.pid()) + "-"));

@@ -5,12 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "benchmarks/sim/checks.h"
 #include "benchmarks/sim/error.h"
+#include "benchmarks/sim/input_file.h"
 
 namespace nanoddp::sim {
 
@@ -27,8 +28,7 @@ std::string transport_of(const std::string& algorithm) {
 
 BenchAllreduceRows read_bench_allreduce_rows(const std::string& path, int expected_ranks,
                                              const std::string& flag) {
-  std::ifstream in(path);
-  if (!in) fail("{} {}: cannot open the file", flag, path);
+  std::istringstream in(read_input_file(flag, path));
   BenchAllreduceRows rows;
   std::vector<AllreduceSample>& samples = rows.samples;
   // The first row's transport and mode, and its line: every other row must match them.

@@ -889,6 +889,17 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
       single_ms = plain_step_ms(profile_from_flops(*gpu, whole), o.compute_scale);
     }
   }
+  if (profile.comm_hook && *profile.comm_hook != o.comm_hook) {
+    // The profile is compute; its all-reduces are not replayed. But a user who traced a bf16
+    // run and predicts it without the flag gets 4-byte buckets without knowing (an outside
+    // tester's).
+    warnings.push_back(fmt::format(
+        "--profile {}: its all-reduces ran the comm hook '{}', but --comm-hook is '{}': the "
+        "buckets are priced at {} bytes per element; give --comm-hook {} to predict the traced "
+        "run",
+        o.profile_path, *profile.comm_hook, o.comm_hook, o.comm_hook == "bf16" ? 2 : 4,
+        *profile.comm_hook));
+  }
   const double grad_bytes = o.comm_hook == "bf16" ? 2.0 : 4.0;
   std::vector<std::int64_t> numels;
   for (const GradientWork& g : profile.grads) numels.push_back(g.numel);

@@ -3,10 +3,9 @@
 #include <fmt/format.h>
 
 #include <array>
-#include <fstream>
-#include <sstream>
 
 #include "benchmarks/sim/error.h"
+#include "benchmarks/sim/input_file.h"
 
 namespace nanoddp::sim {
 
@@ -82,11 +81,7 @@ std::string sha256_hex(const std::string& data) {
 }
 
 FileDigest digest_file(const std::string& path, const std::string& flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{} {}: cannot open the file", flag, path);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string data = text.str();
+  const std::string data = read_input_file(flag, path);
   return {.bytes = data.size(), .sha256 = sha256_hex(data)};
 }
 

@@ -73,6 +73,9 @@ struct ComputeProfile {
   // The traced run's batch per rank, from the trace's "run_config" event (nanoddp-train writes it
   // since it records one); unset for older traces and the FLOP model.
   std::optional<std::int64_t> batch;
+  // The communication hook the traced all-reduces ran ("allreduce", "bf16"; from their
+  // "comm_hook" argument), or unset (the FLOP model, a 1-rank trace).
+  std::optional<std::string> comm_hook;
   // What the profile could not check (an older trace's shape, its batch): the report warns.
   std::vector<std::string> warnings;
 

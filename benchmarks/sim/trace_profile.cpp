@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -14,6 +13,7 @@
 #include <sstream>
 
 #include "benchmarks/sim/error.h"
+#include "benchmarks/sim/input_file.h"
 #include "benchmarks/sim/stats.h"
 #include "common/stats.h"
 
@@ -48,6 +48,8 @@ constexpr std::int64_t kMaxTraceElements = std::int64_t{1} << 40;
 // A span, or a step, longer than a day (in the trace's microseconds) is no traced training step:
 // nanoddp-train traces its first steps, milliseconds to seconds each.
 constexpr double kMaxSpanUs = 86400e6;
+// A trace's "pid" is its rank.
+constexpr std::int64_t kMaxRank = std::numeric_limits<int>::max();
 // Fewer kept steps than this: a median of almost nothing, warned about.
 constexpr std::size_t kFewSteps = 5;
 
@@ -325,11 +327,7 @@ std::vector<double> peers_ready(const std::map<int, std::vector<Span>>& by_rank,
 }  // namespace
 
 ComputeProfile profile_from_trace(const std::string& path, const TraceProfileOptions& options) {
-  std::ifstream in(path);
-  if (!in) fail("--profile {}: cannot open the file", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return profile_from_trace_text(text.str(), path, options);
+  return profile_from_trace_text(read_input_file("--profile", path), path, options);
 }
 
 ComputeProfile profile_from_trace_text(const std::string& text, const std::string& name,
@@ -354,6 +352,7 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
 
   std::set<int> ranks;
   std::optional<std::int64_t> batch_per_rank;
+  std::optional<std::string> comm_hook;
   std::map<int, std::vector<Span>> by_rank;  // only options.rank's unless the peers are wanted
   const json& events = doc["traceEvents"];
   for (std::size_t i = 0; i < events.size(); ++i) {
@@ -363,7 +362,17 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
         !e["pid"].is_number_integer()) {
       fail("{}: event {} has no \"ph\" or integer \"pid\": not a Chrome trace", name, i);
     }
-    const int pid = e["pid"].get<int>();
+    // A rank: read as an int, a pid of 2^32 became rank 0 (an outside tester's).
+    const std::int64_t wide_pid =
+        e["pid"].is_number_unsigned() &&
+                e["pid"].get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxRank)
+            ? kMaxRank + 1
+            : e["pid"].get<std::int64_t>();
+    if (wide_pid < 0 || wide_pid > kMaxRank) {
+      fail("{}: event {} has \"pid\" {}, which is no rank (0 to {})", name, i, e["pid"].dump(),
+           kMaxRank);
+    }
+    const int pid = static_cast<int>(wide_pid);
     ranks.insert(pid);
     const std::string ph = e["ph"].get<std::string>();
     // nanoddp-train's own metadata: the run's batch per rank.
@@ -379,7 +388,9 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     // is DDP's all-reduce only.
     if (ph == "X" && e.contains("name") && e["name"].is_string()) {
       const std::string& span = e["name"].get_ref<const std::string&>();
-      if (span.rfind("reduce-scatter bucket ", 0) == 0 || span == "all-gather parameters") {
+      // Every span of ZeRO's collectives, --zero-overlap-gather's included ("all-gather bucket
+      // N", "wait for all-gather", "launch all-gathers": an outside tester's trace got through).
+      if (span.rfind("reduce-scatter", 0) == 0 || span.find("all-gather") != std::string::npos) {
         fail(
             "{}: a ZeRO trace (nanoddp-train --zero: event {} is '{}'); nanoddp-sim models DDP's "
             "all-reduce only, not reduce-scatter and all-gather: trace a run without --zero",
@@ -413,6 +424,17 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
             "{}: event {} ('{}') lasts {:g} us, more than a day ({:g} us); no traced training "
             "step has such a span (a duration in another unit than microseconds?)",
             name, i, s.name, s.dur_us, kMaxSpanUs);
+      }
+      if (has_args && e["args"].contains("comm_hook") && e["args"]["comm_hook"].is_string() &&
+          pid == options.rank) {
+        const std::string hook = e["args"]["comm_hook"].get<std::string>();
+        if (comm_hook && *comm_hook != hook) {
+          fail(
+              "{}: event {} ('{}') ran the comm hook '{}' where earlier all-reduces ran '{}'; "
+              "one run has one hook",
+              name, i, s.name, hook, *comm_hook);
+        }
+        comm_hook = hook;
       }
       if (has_args && e["args"].contains("elements")) {
         s.elements = integer_arg(e, "elements", name, i, s.name);
@@ -692,6 +714,7 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   }
   profile.measured = measured;
   profile.batch = batch_per_rank;
+  profile.comm_hook = comm_hook;
   // Without markers only the number of Linear layers is checked (by the "backward linear"
   // spans); a DDP trace's all-reduce spans check the element count too. A 1-rank one has none:
   // a --hidden other than the traced run's would price the wrong gradients without a word.

@@ -5,15 +5,19 @@
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "benchmarks/sim/buckets.h"
 #include "benchmarks/sim/error.h"
+#include "benchmarks/sim/input_file.h"
 #include "benchmarks/sim/step_model.h"
 #include "benchmarks/sim/trace_profile.h"
+#include "sim/sim_runs.h"
 #include "support/subprocess.h"
 
 using namespace nanoddp::sim;
@@ -117,10 +121,11 @@ TEST_CASE("trace profile: one rank's trace, per parameter, replays its own media
 
 namespace {
 // A real 2-rank DDP trace: nanoddp-run starting two nanoddp-train ranks with --trace.
-void write_two_rank_trace(const std::string& trace) {
+void write_two_rank_trace(const std::string& trace, const std::vector<std::string>& extra = {}) {
   std::vector<std::string> args = {bin_path("nanoddp-run"), "--nproc-per-node", "2"};
   const auto train = train_args(trace);
   args.insert(args.end(), train.begin(), train.end());
+  args.insert(args.end(), extra.begin(), extra.end());
   const ProcessResult run = run_process(args, quick());
   REQUIRE_MESSAGE(run.exit_code == 0, run.output);
 }
@@ -137,6 +142,7 @@ TEST_CASE("trace profile: a two-rank DDP trace has the simulator's buckets and i
     REQUIRE(p.measured.has_value());
     CHECK(p.measured->world_size == 2);
     CHECK(p.other_includes_sync);
+    CHECK(p.comm_hook == std::optional<std::string>("allreduce"));
     // The buckets the real Reducer reduced are the ones the simulator cuts.
     std::vector<std::int64_t> numels;
     for (const GradientWork& g : p.grads) numels.push_back(g.numel);
@@ -425,6 +431,81 @@ TEST_CASE("trace profile: files that are not nanoddp traces are refused with a r
   CHECK_THROWS_WITH_AS(
       profile_from_trace_text(R"({"traceEvents": [)" + in_backward + "]}", "t.json", o),
       doctest::Contains("traced with --optimizer-in-backward"), SimError);
+}
+
+// An outside tester: a trace of a --comm-hook bf16 run was predicted at 4 bytes per element
+// without a word. The profile is compute, so another hook is allowed, but said.
+TEST_CASE("trace profile: a bf16-hook trace predicted without the hook is said") {
+  TempDir dir;
+  const std::string trace = dir.file("bf16.json");
+  write_two_rank_trace(trace, {"--comm-hook", "bf16"});
+  CHECK(profile_from_trace(trace, {.shape = kShape}).comm_hook ==
+        std::optional<std::string>("bf16"));
+  const std::vector<std::string> args = {"--profile",       trace, "--in",     "16", "--out",   "4",
+                                         "--hidden",        "96",  "--layers", "2",  "--nodes", "1",
+                                         "--gpus-per-node", "2"};
+  const ProcessResult plain = sim(args);
+  REQUIRE_MESSAGE(plain.exit_code == 0, plain.output);
+  CHECK_MESSAGE(plain.output.find("its all-reduces ran the comm hook 'bf16', but --comm-hook is "
+                                  "'allreduce': the buckets are priced at 4 bytes per element") !=
+                    std::string::npos,
+                plain.output);
+  std::vector<std::string> hooked = args;
+  hooked.insert(hooked.end(), {"--comm-hook", "bf16"});
+  const ProcessResult same = sim(hooked);
+  REQUIRE_MESSAGE(same.exit_code == 0, same.output);
+  CHECK(same.output.find("ran the comm hook") == std::string::npos);
+}
+
+// An outside tester: /dev/zero was read until the machine ran out of memory, a FIFO blocked
+// the simulator for ever, a folder was "not valid JSON", and a pid of 2^32 was read as rank 0.
+TEST_CASE("trace profile: only a regular file of bounded size is read, pids are ranks") {
+  const TraceProfileOptions o{.shape = kShape};
+  TempDir dir;
+  const std::string fifo = dir.file("fifo"), big = dir.file("big.json");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  for (const auto& [path, kind] : std::vector<std::pair<std::string, std::string>>{
+           {"/dev/zero", "a character device"}, {fifo, "a FIFO"}, {dir.path(), "a folder"}}) {
+    CAPTURE(path);
+    CHECK_THROWS_WITH_AS(
+        profile_from_trace(path, o),
+        doctest::Contains(("--profile " + path + ": not a regular file (" + kind).c_str()),
+        SimError);
+  }
+  // A sparse file one byte past the bound: refused by its size, before a byte is read.
+  { std::ofstream(big) << "{"; }
+  std::filesystem::resize_file(big, kMaxInputBytes + 1);
+  CHECK_THROWS_WITH_AS(
+      profile_from_trace(big, o),
+      doctest::Contains(fmt::format("{} bytes, more than the", kMaxInputBytes + 1).c_str()),
+      SimError);
+  for (const char* pid : {"4294967296", "4294967297", "4611686018427387904", "-1"}) {
+    CAPTURE(pid);
+    CHECK_THROWS_WITH_AS(
+        profile_from_trace_text(fmt::format(R"({{"traceEvents": [{{"name": "forward", "ph": "X",)"
+                                            R"("pid": {}, "tid": 0, "ts": 0, "dur": 1}}]}})",
+                                            pid),
+                                "t.json", o),
+        doctest::Contains(fmt::format("has \"pid\" {}, which is no rank", pid).c_str()), SimError);
+  }
+}
+
+// The same spans with --zero-overlap-gather got through the ZeRO refusal (an outside tester's),
+// and the prediction took the gathers for "other" time.
+TEST_CASE("trace profile: every ZeRO span is refused, the overlapped all-gather's too") {
+  const TraceProfileOptions o{.shape = kShape};
+  for (const char* span : {"all-gather bucket 0", "wait for all-gather", "launch all-gathers",
+                           "all-gather parameters", "reduce-scatter bucket 1"}) {
+    CAPTURE(span);
+    CHECK_THROWS_WITH_AS(
+        profile_from_trace_text(fmt::format(R"({{"traceEvents": [{{"name": "{}", "ph": "X",)"
+                                            R"("pid": 0, "tid": 1, "ts": 0, "dur": 1}}]}})",
+                                            span),
+                                "t.json", o),
+        doctest::Contains(
+            fmt::format("a ZeRO trace (nanoddp-train --zero: event 0 is '{}')", span).c_str()),
+        SimError);
+  }
 }
 
 namespace {

@@ -425,6 +425,8 @@ void Trainer::print_banner() const {
           o_.zero == 2 ? o_.comm_hook + " (each bucket reduce-scattered: --zero 2)" : o_.comm_hook);
       if (ddp_->zero() != nullptr) fmt::print("{}\n", ddp_->zero()->describe());
     }
+    // Seen before step 1 through a pipe too (tee, a launcher): the run has passed its checks.
+    std::fflush(stdout);
   }
 }
 

@@ -151,6 +151,23 @@ void stop_when_training(BackgroundProcess& trainer) {
   trainer.send(SIGSTOP);
 }
 
+// The trace is written once its steps are done, early in a long run. A test that changes the
+// world under the trace's write uses a run whose 10 traced steps take a second or more (a
+// larger model), stopped at its banner, which it prints after its checks and before step 1.
+const std::vector<std::string> kSlowTrace = {"--hidden",    "1024", "--layers",      "4",
+                                             "--batch",     "256",  "--steps",       "30",
+                                             "--log-every", "10",   "--trace-steps", "10"};
+void stop_at_banner(BackgroundProcess& trainer) {
+  const auto checked = [](const std::string& o) { return contains(o, "data: "); };
+  REQUIRE_MESSAGE(trainer.wait_for_output(checked, std::chrono::seconds(30)), trainer.output());
+  trainer.send(SIGSTOP);
+  CHECK_FALSE(contains(trainer.output(), "trace written"));
+}
+std::vector<std::string> slow_trace(std::vector<std::string> extra) {
+  extra.insert(extra.end(), kSlowTrace.begin(), kSlowTrace.end());
+  return extra;
+}
+
 // The rescue file an error or warning names for the output `name` ("It was written to
 // '$TMPDIR/nanoddp-rescue-PID-XXXXXX/NAME' instead"), or "".
 std::string rescued_file(const std::string& output, const std::string& name) {
@@ -2041,9 +2058,8 @@ TEST_CASE("outputs: links and FIFOs put at the writers' temporary names are neve
   const std::string out = dir.file("out");
   fs::create_directories(out);
   BackgroundProcess trainer(
-      train_argv({"--steps", kLongRun, "--log-every", "2000", "--trace", out + "/t.json",
-                  "--trace-steps", "2", "--save", out + "/m.st"}));
-  stop_when_training(trainer);
+      train_argv(slow_trace({"--trace", out + "/t.json", "--save", out + "/m.st"})));
+  stop_at_banner(trainer);
   const std::string pid = std::to_string(trainer.pid());
   const std::string host = nanoddp::nn::this_host();
   for (int k = 0; k < 3; ++k) {
@@ -2061,7 +2077,7 @@ TEST_CASE("outputs: links and FIFOs put at the writers' temporary names are neve
   std::ifstream kept(victim);
   CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "someone else's file\n");
   CHECK(fs::file_size(out + "/t.json") > 100);
-  CHECK(nanoddp::nn::read_safetensors(out + "/m.st").metadata().at("step") == kLongRun);
+  CHECK(nanoddp::nn::read_safetensors(out + "/m.st").metadata().at("step") == "30");
 }
 
 TEST_CASE("outputs: --checkpoint-dir replaced during the run is said, and locked again") {
@@ -2144,11 +2160,11 @@ TEST_CASE(
   fs::create_directories(rescue);
   SUBCASE("the folder replaced by a file during the run") {
     const std::string out = dir.file("out");
-    BackgroundProcess trainer(with_env(
-        {{"TMPDIR", rescue}}, train_argv({"--steps", kLongRun, "--log-every", "2000", "--save",
-                                          out + "/m.safetensors", "--trace", out + "/t.json",
-                                          "--trace-steps", "2", "--metrics", out + "/m.jsonl"})));
-    stop_when_training(trainer);
+    BackgroundProcess trainer(
+        with_env({{"TMPDIR", rescue}},
+                 train_argv(slow_trace({"--save", out + "/m.safetensors", "--trace",
+                                        out + "/t.json", "--metrics", out + "/m.jsonl"}))));
+    stop_at_banner(trainer);
     fs::remove_all(out);
     std::ofstream(out) << "a user's file\n";
     trainer.send(SIGCONT);
@@ -2158,16 +2174,18 @@ TEST_CASE(
     CHECK(contains(trainer.output(),
                    "error: --save '" + out + "/m.safetensors' could not be written"));
     CHECK(contains(trainer.output(), "--trace '" + out + "/t.json' could not be written"));
+    // Said when it happened, after the traced steps; the run went on.
+    CHECK(contains(trainer.output(), "; training goes on, and the run ends with this error"));
     // In a fresh folder of their own in $TMPDIR (mkdtemp), each under its own name.
     const std::string saved = rescued_file(trainer.output(), "m.safetensors");
     REQUIRE(saved.starts_with(rescue + "/nanoddp-rescue-" + std::to_string(trainer.pid()) + "-"));
-    CHECK(nanoddp::nn::read_safetensors(saved).metadata().at("step") == kLongRun);
+    CHECK(nanoddp::nn::read_safetensors(saved).metadata().at("step") == "30");
     CHECK(fs::file_size(rescued_file(trainer.output(), "t.json")) > 100);
     // The metrics are a record, not the result: a warning, and rescued as well.
     CHECK(contains(trainer.output(),
                    "warning: --metrics '" + out + "/m.jsonl' could not be written"));
     std::ifstream metrics(rescued_file(trainer.output(), "m.jsonl"));
-    CHECK(std::count(std::istreambuf_iterator<char>(metrics), {}, '\n') == kLongRunMetricLines);
+    CHECK(std::count(std::istreambuf_iterator<char>(metrics), {}, '\n') == 4);  // 1, 10, 20, 30
     std::ifstream kept(out);
     CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "a user's file\n");
   }

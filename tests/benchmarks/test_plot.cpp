@@ -1,12 +1,15 @@
 // The chart scripts (benchmarks/plot) on real benchmark output: nanoddp-bench-allreduce on two
 // processes, nanoddp-bench-gemm and 2-rank nanoddp-train --trace runs (plain DDP, --no-overlap,
-// --zero 1 and --zero 2), all on tiny settings, then plot.py / plot_trace.py on their files. The
-// PNGs must be real PNGs with a size, and each chart must be reported. nanoddp-bench-ddp is checked
-// on a hand-written FIXTURE (tests/benchmarks/data/bench_ddp_sample.jsonl, host
-// "hand-written-fixture"): its values are made up to look like this machine's, not measured. No
-// figures are asserted (shared machine).
+// --zero 1 and --zero 2, --optimizer-in-backward), all on tiny settings, then plot.py /
+// plot_trace.py on their files. The PNGs must be real PNGs with a size, and each chart must be
+// reported. nanoddp-bench-ddp is checked on a hand-written FIXTURE
+// (tests/benchmarks/data/bench_ddp_sample.jsonl, host "hand-written-fixture"): its values are made
+// up to look like this machine's, not measured; plot_trace.py also on hand-written traces (damaged
+// ones, a long one, steps of known length). No measured figures are asserted (shared machine).
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdlib>
@@ -99,6 +102,85 @@ void check_chart(const ProcessResult& r, const std::string& path) {
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::trunc);
   out << text;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A hand-written trace in nanoddp-train's shape: per rank and step (1000 µs apart) its data
+// (`data_us`, ending at 400), forward, one backward node and its gradient, bucket 0 ready and its
+// all-reduce, the wait for it and the optimizer step (ending at 950). Each step's own time as
+// nanoddp-train's step_ms counts it (from its data to the end of its optimizer step, the data
+// left out) is 0.55 ms, whatever `data_us` (at most 400).
+std::string crafted_trace(int steps, int ranks = 1, int data_us = 200) {
+  std::string text = R"({"traceEvents": [
+  {"ph": "M", "name": "run_config", "pid": 0, "args": {"batch": 8, "grad_accum": 1}})";
+  const std::array<const char*, 4> tracks = {"compute", "communication", "markers", "data"};
+  for (int r = 0; r < ranks; ++r) {
+    const std::string pid = std::to_string(r);
+    text += ",\n  {\"ph\": \"M\", \"name\": \"process_name\", \"pid\": " + pid +
+            ", \"args\": {\"name\": \"rank " + pid + "\"}}";
+    for (std::size_t t = 0; t < tracks.size(); ++t) {
+      text += ",\n  {\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": " + pid +
+              ", \"tid\": " + std::to_string(t) + ", \"args\": {\"name\": \"" + tracks[t] + "\"}}";
+    }
+  }
+  for (int k = 0; k < steps; ++k) {
+    for (int r = 0; r < ranks; ++r) {
+      const std::string pid = std::to_string(r);
+      const long start = 1000L * k;
+      const auto event = [&](const std::string& name, int tid, long ts, long dur) {
+        text += ",\n  {\"ph\": \"" + std::string(dur < 0 ? "i" : "X") + "\", \"name\": \"" + name +
+                "\", \"pid\": " + pid + ", \"tid\": " + std::to_string(tid) +
+                ", \"ts\": " + std::to_string(start + ts) +
+                (dur < 0 ? "" : ", \"dur\": " + std::to_string(dur)) + "}";
+      };
+      event("data", 3, 400 - data_us, data_us);
+      event("forward", 0, 400, 200);
+      event("backward linear", 0, 600, 150);
+      event("grad layers.0.weight", 2, 750, -1);
+      event("bucket 0 ready", 2, 750, -1);
+      event("all-reduce bucket 0", 1, 760, 100);
+      event("wait for all-reduce", 0, 760, 110);
+      event("optimizer step", 0, 900, 50);
+    }
+  }
+  return text + "\n]}\n";
+}
+
+// `text` with each match of `pattern` replaced by what `with` makes of it.
+template <typename F>
+std::string replace_each(const std::string& text, const std::regex& pattern, F with) {
+  std::string out;
+  std::size_t done = 0;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), pattern);
+       it != std::sregex_iterator(); ++it) {
+    out.append(text, done, static_cast<std::size_t>(it->position()) - done);
+    out += with(*it);
+    done = static_cast<std::size_t>(it->position() + it->length());
+  }
+  return out + text.substr(done);
+}
+
+// Runs plot_trace.py with `args`, expecting bad input: exit 2, the error on one line beginning
+// "plot_trace.py: error: " and holding `expected`, no traceback.
+void check_refused(const std::string& py, const std::vector<std::string>& args,
+                   const std::string& expected, ProcessOptions options = quick()) {
+  std::vector<std::string> argv = {py, script("plot_trace.py")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const ProcessResult r = run_process(argv, options);
+  CAPTURE(expected);
+  INFO(r.output);
+  CHECK(!r.timed_out);
+  CHECK(r.exit_code == 2);
+  const std::size_t at = r.output.find("plot_trace.py: error: ");
+  CHECK(at != std::string::npos);
+  if (at != std::string::npos) {
+    CHECK(contains(r.output.substr(at, r.output.find('\n', at) - at), expected));
+  }
+  CHECK(!contains(r.output, "Traceback"));
 }
 
 }  // namespace
@@ -658,6 +740,362 @@ TEST_CASE("plot_trace.py: timelines of real 2-rank nanoddp-train --zero 1 and --
                                  std::istreambuf_iterator<char>());
   CHECK(contains(overlap_text, "all-gather gN (ZeRO, beside the forward)"));
   CHECK(contains(overlap_text, "launch all-gathers (ZeRO step)"));
+}
+
+// An outside tester: /dev/zero was read until the machine ran out of memory (24 GB), and a FIFO
+// blocked the script for ever. Only a regular file of at most 256 MiB is read.
+TEST_CASE("plot_trace.py: only a regular file of bounded size is read") {
+  const std::string py = python();
+  TempDir dir;
+  const std::string fifo = dir.file("fifo");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  ProcessOptions briefly = quick();
+  briefly.timeout = std::chrono::seconds(20);
+  check_refused(py, {fifo, "--out", dir.file("fifo.png")}, fifo + ": not a regular file (a FIFO)",
+                briefly);
+  check_refused(py, {dir.path(), "--out", dir.file("dir.png")},
+                dir.path() + ": not a regular file (a folder)", briefly);
+  // /dev/zero under a 2 GB address-space limit: a script that reads it fails within seconds
+  // (MemoryError) instead of taking the machine's memory.
+  {
+    const ProcessResult r =
+        run_process({"/bin/sh", "-c", "ulimit -v 2000000 && exec \"$0\" \"$@\"", py,
+                     script("plot_trace.py"), "/dev/zero", "--out", dir.file("zero.png")},
+                    briefly);
+    INFO(r.output);
+    CHECK(!r.timed_out);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output,
+                   "plot_trace.py: error: /dev/zero: not a regular file (a character "
+                   "device)"));
+  }
+  // A sparse file one byte over the bound: refused by its size, before a byte is read.
+  const std::string big = dir.file("big.json");
+  write_file(big, "{");
+  fs::resize_file(big, (std::uintmax_t{256} << 20) + 1);
+  check_refused(py, {big, "--out", dir.file("big.png")},
+                big + ": 268435457 bytes, more than the 268435456 (256 MiB) this script reads",
+                briefly);
+  CHECK(!fs::exists(dir.file("big.png")));
+  // A link to a trace is the trace.
+  write_file(dir.file("real.json"), crafted_trace(3));
+  fs::create_symlink(dir.file("real.json"), dir.file("link.json"));
+  check_chart(
+      run_ok({py, script("plot_trace.py"), dir.file("link.json"), "--out", dir.file("link.png")}),
+      dir.file("link.png"));
+}
+
+// An outside tester: a "dur" of NaN (the bar vanished), 1e300 (it covered everything) or -5, an
+// optimizer step at ts -1e12 ("0.04 ms"), every event at one time ("0.00 ms") were drawn as if
+// fine; every event twice, a "ts" of 401 digits and 100,000 "[" were Python tracebacks.
+// nanoddp-sim refuses such traces, and so does the chart: exit 2, naming the event.
+TEST_CASE("plot_trace.py: damaged times are refused, naming the event") {
+  const std::string py = python();
+  TempDir dir;
+  const std::string good = crafted_trace(4);
+  // traceEvents[0..5] are the metadata, then 8 events a step: step 2's forward is [15], its
+  // optimizer step [21].
+  // Step 2's forward and optimizer step (their times are unique in the trace).
+  const std::string forward = R"("ts": 1400, "dur": 200)";
+  const std::string optimizer = R"("ts": 1900, "dur": 50)";
+  const auto with = [&](const std::string& part, const std::string& replacement) {
+    std::string text = good;
+    const std::size_t at = text.find(part);
+    REQUIRE(at != std::string::npos);
+    return text.replace(at, part.size(), replacement);
+  };
+  std::string at_once = replace_each(good, std::regex(R"("ts": [0-9]+)"),
+                                     [](const std::smatch&) { return R"("ts": 5000)"; });
+  at_once = replace_each(at_once, std::regex(R"("dur": [0-9]+)"),
+                         [](const std::smatch&) { return R"("dur": 0)"; });
+  const std::size_t open = good.find('['), close = good.rfind(']');
+  const std::string events = good.substr(open + 1, close - open - 1);
+  struct Case {
+    std::string name, text, expected;
+  };
+  const std::vector<Case> cases = {
+      {"nan", with(forward, R"("ts": 1400, "dur": NaN)"),
+       R"(traceEvents[15] ('forward'): "dur" is nan; a duration is a finite number of µs >= 0)"},
+      {"inf", with(forward, R"("ts": 1400, "dur": Infinity)"),
+       R"(traceEvents[15] ('forward'): "dur" is inf)"},
+      {"huge", with(forward, R"("ts": 1400, "dur": 1e300)"),
+       "traceEvents[15] ('forward') lasts 1e+300 µs, more than a day"},
+      {"negative", with(forward, R"("ts": 1400, "dur": -5)"),
+       R"(traceEvents[15] ('forward'): "dur" is -5;)"},
+      {"past", with(optimizer, R"("ts": -1e12, "dur": 50)"),
+       R"(traceEvents[21] ('optimizer step'): "ts" is -1e+12; a time is a finite number of µs )"
+       ">= 0"},
+      // Positive, but before step 1's forward: it cannot end a step.
+      {"early", with(optimizer, R"("ts": 100, "dur": 50)"),
+       "step 1 of rank 0, ending with traceEvents[21] ('optimizer step', 0.100 ms), has no "
+       "forward span since the previous optimizer step"},
+      {"digits", with(forward, "\"ts\": 1" + std::string(400, '0') + ", \"dur\": 200"),
+       R"(traceEvents[15] ('forward'): "ts" is inf)"},
+      {"at_once", at_once, "all 24 spans start and end at 5000 µs"},
+      {"twice", "{\"traceEvents\": [" + events + "," + events + "]}",
+       "traceEvents[44] ('data') repeats traceEvents[6] (same pid, thread, time, duration and "
+       "args)"},
+      {"deep", std::string(100000, '['), "not a trace: its JSON nests deeper than Python's parser"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    const std::string path = dir.file(c.name + ".json");
+    write_file(path, c.text);
+    check_refused(py, {path, "--out", dir.file(c.name + ".png")}, path + ": " + c.expected);
+    CHECK(!fs::exists(dir.file(c.name + ".png")));
+  }
+  // The same as the second trace of --compare: named too.
+  write_file(dir.file("good.json"), good);
+  check_refused(
+      py,
+      {dir.file("good.json"), "--compare", dir.file("twice.json"), "--out", dir.file("both.png")},
+      dir.file("twice.json") + ": traceEvents[");
+  // The undamaged trace is drawn.
+  check_chart(
+      run_ok({py, script("plot_trace.py"), dir.file("good.json"), "--out", dir.file("good.png")}),
+      dir.file("good.png"));
+}
+
+// An outside tester: with rank 1's times shifted 5 s (a trace merged from hosts whose steady
+// clocks differ) the header read "5000.79 ms (2 ranks)"; with rank 1 relabelled pid 0 (two ranks
+// merged into one pid) "step 6 of 16 recorded (1 rank(s))". Both are refused: the script cannot
+// tell how far apart the clocks are, nor which events are whose.
+TEST_CASE("plot_trace.py: ranks on different clocks, or two ranks under one pid, are refused") {
+  const std::string py = python();
+  TempDir dir;
+  const std::string trace = dir.file("trace.json");
+  run_ok({bin_path("nanoddp-run"), "--nproc-per-node", "2", bin_path("nanoddp-train"), "--hidden",
+          "64", "--layers", "2", "--batch", "16", "--steps", "4", "--quiet", "--trace", trace});
+  const std::string text = read_text(trace);
+  check_chart(run_ok({py, script("plot_trace.py"), trace, "--out", dir.file("trace.png")}),
+              dir.file("trace.png"));
+  // nanoddp-train writes each event on one line of JSON without spaces: "ph" first, then "ts",
+  // ("dur",) "pid".
+  const std::string shifted =
+      replace_each(text, std::regex(R"xx("ts":([0-9.]+)((,"dur":[0-9.]+)?,"pid":1,))xx"),
+                   [](const std::smatch& m) {
+                     return "\"ts\":" + std::to_string(std::stod(m[1]) + 5e6) + m[2].str();
+                   });
+  REQUIRE(shifted != text);
+  write_file(dir.file("shifted.json"), shifted);
+  check_refused(py, {dir.file("shifted.json"), "--out", dir.file("shifted.png")},
+                "ends before rank 1's starts");
+  check_refused(py, {dir.file("shifted.json"), "--out", dir.file("shifted.png")},
+                "the ranks' times are on different clocks (a trace merged from several hosts?)");
+  // Rank 1 relabelled pid 0, its metadata too: pid 0 named "rank 0" and "rank 1".
+  const std::string relabelled = replace_each(text, std::regex(R"("pid":1,)"),
+                                              [](const std::smatch&) { return "\"pid\":0,"; });
+  write_file(dir.file("relabelled.json"), relabelled);
+  check_refused(py, {dir.file("relabelled.json"), "--out", dir.file("relabelled.png")},
+                "names pid 0 'rank 1', an earlier event 'rank 0': two processes' events under "
+                "one pid");
+  // Only its spans and markers relabelled: one pid with two forwards (or optimizer steps) at a
+  // time, or two forwards in one step.
+  const std::string events_only =
+      replace_each(text, std::regex(R"(("ph":"[Xi]"[^{}]*"pid":)1,)"),
+                   [](const std::smatch& m) { return m[1].str() + "0,"; });
+  REQUIRE(events_only != text);
+  write_file(dir.file("events.json"), events_only);
+  check_refused(py, {dir.file("events.json"), "--out", dir.file("events.png")},
+                "two ranks' events under one pid");
+  // More steps than the trace's run_config says it holds (nanoddp-train writes first_step and
+  // last_step): two ranks' steps under one pid, or two traces joined.
+  std::string counted = crafted_trace(4);
+  const std::string config = R"("grad_accum": 1})";
+  counted.replace(counted.find(config), config.size(),
+                  R"("grad_accum": 1, "first_step": 1, "last_step": 2})");
+  write_file(dir.file("counted.json"), counted);
+  check_refused(py, {dir.file("counted.json"), "--out", dir.file("counted.png")},
+                "rank 0 has 4 steps, but the trace's run_config says it holds steps 1 to 2: two "
+                "ranks' events under one pid");
+  for (const char* name : {"shifted.png", "relabelled.png", "events.png", "counted.png"}) {
+    CHECK(!fs::exists(dir.file(name)));
+  }
+}
+
+// An outside tester: --to-ms inf, --from-ms 1e308 --to-ms 1e309 and --out t.json were Python
+// tracebacks; --out noext printed "wrote noext" and wrote noext.png and noext.svg; --out DIR (a
+// folder) wrote DIR.png beside it; --out /dev/full (as root) wrote /dev/full.png and .svg (not
+// run here: an old script would write into /dev again). --out names a .png.
+TEST_CASE("plot_trace.py: bad windows and outputs are one-line errors; it says what it wrote") {
+  const std::string py = python();
+  TempDir dir;
+  const std::string trace = dir.file("t.json");
+  write_file(trace, crafted_trace(3));
+  fs::create_directory(dir.file("adir"));
+  fs::create_directory(dir.file("bdir.png"));
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{"--from-ms", "0", "--to-ms", "inf"}, "argument --to-ms: inf is not a finite number"},
+      {{"--from-ms", "1e308", "--to-ms", "1e309"}, "argument --to-ms: 1e309 is not a finite"},
+      {{"--from-ms", "1e300", "--to-ms", "1e301"}, "--from-ms 1e+300: " + trace + " lasts 2.75 ms"},
+      {{"--from-ms", "-1", "--to-ms", "1"}, "--from-ms -1: the window starts at or after"},
+      {{"--out", dir.file("t2.json")}, "--out " + dir.file("t2.json") + ": name a .png file"},
+      {{"--out", dir.file("noext")}, "--out " + dir.file("noext") + ": name a .png file"},
+      {{"--out", dir.file("adir")}, "--out " + dir.file("adir") + ": name a .png file"},
+      {{"--out", dir.file("bdir.png")}, dir.file("bdir.png") + " is a folder"},
+      {{"--out", dir.file("missing/x.png")}, "no folder " + dir.file("missing")},
+      {{"--out", "a.png", "--out", "b.png"}, "--out is given twice"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {trace};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    check_refused(py, args, c.expected);
+  }
+  // Nothing was written: the folder holds the trace and the two folders made above.
+  CHECK(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()) == 3);
+  CHECK(fs::is_empty(dir.file("adir")));
+  // A trace named .png: the default --out (its name with .png) is the trace itself.
+  fs::copy_file(trace, dir.file("trace.png"));
+  check_refused(py, {dir.file("trace.png")}, dir.file("trace.png") + " is the trace");
+  CHECK(read_text(dir.file("trace.png")) == read_text(trace));
+  // What it prints is what it writes: the PNG and the SVG beside it, nothing else.
+  fs::create_directory(dir.file("out"));
+  const ProcessResult r =
+      run_ok({py, script("plot_trace.py"), trace, "--out", dir.file("out/chart.png")});
+  INFO(r.output);
+  check_chart(r, dir.file("out/chart.png"));
+  CHECK(contains(r.output, "wrote " + dir.file("out/chart.svg") + ": the same chart as SVG"));
+  CHECK(fs::is_regular_file(dir.file("out/chart.svg")));
+  CHECK(std::distance(fs::directory_iterator(dir.file("out")), fs::directory_iterator()) == 2);
+}
+
+// An outside tester: 800 steps took 1.8 s, 3,200 steps 19.5 s, and 51,008 steps (100 MB) had not
+// finished after 300 s: each step's window was found by a pass over the whole trace. 30,000 steps
+// (240,000 events) must take seconds, not hours.
+TEST_CASE("plot_trace.py: a long trace takes time linear in its steps") {
+  const std::string py = python();
+  TempDir dir;
+  const std::string trace = dir.file("long.json");
+  write_file(trace, crafted_trace(30000));
+  ProcessOptions options = quick();
+  options.timeout = std::chrono::seconds(90);
+  const ProcessResult r =
+      run_process({py, script("plot_trace.py"), trace, "--out", dir.file("long.png")}, options);
+  INFO(r.output);
+  CHECK(!r.timed_out);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, " of 30000 recorded, 0.55 ms"));
+  check_png(dir.file("long.png"));
+}
+
+// An outside tester: the header said 0.70 ms for a step nanoddp-train reported as step_ms
+// 0.526 + data_ms 0.178, and --compare's difference mixed the data time in. The step is counted
+// as step_ms is: from its data to the end of its optimizer step, the data left out.
+TEST_CASE("plot_trace.py: the header's step time is nanoddp-train's step_ms, data apart") {
+  const std::string py = python();
+  TempDir dir;
+  write_file(dir.file("a.json"), crafted_trace(3, 2, 200));
+  write_file(dir.file("b.json"), crafted_trace(3, 2, 350));
+  const ProcessResult one = run_ok(
+      {py, script("plot_trace.py"), dir.file("a.json"), "--step", "2", "--out", dir.file("a.png")});
+  INFO(one.output);
+  CHECK(contains(one.output,
+                 "step 2 of 3 recorded, 0.55 ms (rank 0's, data excluded as in "
+                 "nanoddp-train's step_ms; data 0.20 ms)"));
+  // The same steps after longer data: the same step time, no difference.
+  const ProcessResult both =
+      run_ok({py, script("plot_trace.py"), dir.file("a.json"), "--compare", dir.file("b.json"),
+              "--step", "2", "--labels", "short data,long data", "--out", dir.file("ab.png")});
+  INFO(both.output);
+  check_chart(both, dir.file("ab.png"));
+  CHECK(contains(both.output, "long data (b.json): step 2 of 3 recorded, 0.55 ms"));
+  CHECK(contains(both.output, "data 0.35 ms"));
+  CHECK(contains(both.output, "step long data: 0.55 ms (difference +0.00 ms)"));
+  // A resumed run's trace (run_config: steps 4501 to 4503) names the run's step too.
+  std::string resumed = crafted_trace(3);
+  const std::string config = R"("grad_accum": 1})";
+  resumed.replace(resumed.find(config), config.size(),
+                  R"("grad_accum": 1, "first_step": 4501, "last_step": 4503})");
+  write_file(dir.file("resumed.json"), resumed);
+  const ProcessResult later = run_ok({py, script("plot_trace.py"), dir.file("resumed.json"),
+                                      "--step", "2", "--out", dir.file("resumed.png")});
+  CHECK(contains(later.output, "step 2 of 3 recorded (the run's step 4502), 0.55 ms"));
+}
+
+// An outside tester: an --optimizer-in-backward trace has no "optimizer step" spans, and --step
+// was refused. Its steps are told apart by their forward passes (and, with --grad-accum, by the
+// micro-batch whose backward holds the "optimizer update" spans).
+TEST_CASE("plot_trace.py: --step works on an --optimizer-in-backward trace") {
+  const std::string py = python();
+  TempDir dir;
+  for (const char* accum : {"1", "2"}) {
+    CAPTURE(accum);
+    const std::string trace = dir.file(std::string("oib") + accum + ".json");
+    run_ok({bin_path("nanoddp-run"), "--nproc-per-node", "2", bin_path("nanoddp-train"), "--hidden",
+            "64", "--layers", "2", "--batch", "16", "--steps", "4", "--grad-accum", accum,
+            "--optimizer-in-backward", "--quiet", "--trace", trace});
+    const std::string png = dir.file(std::string("oib") + accum + ".png");
+    const ProcessResult r =
+        run_ok({py, script("plot_trace.py"), trace, "--step", "3", "--out", png});
+    INFO(r.output);
+    check_chart(r, png);
+    CHECK(contains(r.output, "step 3 of 4 recorded, "));
+    CHECK(contains(read_text(png.substr(0, png.size() - 4) + ".svg"),
+                   "optimizer update (in backward)"));
+    // The default (the median step) finds the steps too.
+    check_chart(run_ok({py, script("plot_trace.py"), trace, "--out", png}), png);
+  }
+}
+
+// An outside tester: a 1-rank trace said "1 threads (1 rank(s) x compute + communication)" and its
+// legend listed all-reduces, waits and buckets it did not have; with --prefetch it said nothing
+// of the data thread; the --compare header ran past the right edge of the image.
+TEST_CASE("plot_trace.py: the header and legend say only what the trace holds") {
+  const std::string py = python();
+  TempDir dir;
+  for (const bool prefetch : {false, true}) {
+    CAPTURE(prefetch);
+    const std::string name = prefetch ? "prefetch" : "plain";
+    std::vector<std::string> train = {bin_path("nanoddp-train"),
+                                      "--hidden",
+                                      "64",
+                                      "--layers",
+                                      "2",
+                                      "--batch",
+                                      "16",
+                                      "--steps",
+                                      "4",
+                                      "--quiet",
+                                      "--trace",
+                                      dir.file(name + ".json")};
+    if (prefetch) train.push_back("--prefetch");
+    run_ok(train);
+    const ProcessResult r = run_ok(
+        {py, script("plot_trace.py"), dir.file(name + ".json"), "--out", dir.file(name + ".png")});
+    INFO(r.output);
+    check_chart(r, dir.file(name + ".png"));
+    CHECK(contains(r.output, prefetch ? "  2 threads (compute + data prefetch) on "
+                                      : "  1 thread (compute) on "));
+    const std::string svg = read_text(dir.file(name + ".svg"));
+    for (const char* absent :
+         {"all-reduce", "wait for", "bucket ready", "exposed (after", "rank 0 · communication"}) {
+      CAPTURE(absent);
+      CHECK(!contains(svg, absent));
+    }
+    CHECK(contains(svg, "optimizer step"));
+    CHECK(contains(svg, "gradient final"));
+  }
+  // Two runs compared: every line of the header fits the image (SVG text is text, a line each).
+  write_file(dir.file("a.json"), crafted_trace(3, 2));
+  const ProcessResult both =
+      run_ok({py, script("plot_trace.py"), dir.file("plain.json"), "--compare", dir.file("a.json"),
+              "--cores", "2", "--out", dir.file("both.png")});
+  INFO(both.output);
+  check_chart(both, dir.file("both.png"));
+  const std::string svg = read_text(dir.file("both.svg"));
+  const std::regex text_element(">([^<>]*)</text>");
+  std::size_t longest = 0, lines = 0;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), text_element);
+       it != std::sregex_iterator(); ++it) {
+    longest = std::max(longest, (*it)[1].str().size());
+    ++lines;
+  }
+  CHECK(lines > 10);
+  CHECK(longest <= 140);
 }
 
 TEST_CASE("plot scripts: bad input exits 2 naming the file and the line") {

@@ -77,11 +77,13 @@ ranks whose steps do not overlap in time (their collectives join them, so their 
 trace merged from several hosts). Such traces are refused, not redrawn: the script cannot tell
 which events are whose, nor how far apart the clocks are. Whatever else goes wrong is one line
 naming the file too (exit 1), never a traceback.
+
+This file is the command line and the drawing; trace_file.py reads and checks a trace and finds
+its steps, trace_summary.py puts a step's figures into the header's words.
 """
 
 import argparse
 import bisect
-import json
 import math
 import os
 import re
@@ -89,21 +91,18 @@ import stat
 import sys
 import textwrap
 
+SCRIPT_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, SCRIPT_DIR)
+
+from records import InputError  # noqa: E402
+from trace_file import (  # noqa: E402
+    BUCKET_KINDS, CURRENT_FILE, GATHER, GATHER_BUCKET, HEALTH, LAUNCH_GATHERS, WAITS, Window,
+    bucket_collective, is_bucket_collective, is_parameter_gather, load, reference_pid, visible,
+    window_of)
+from trace_summary import derived_label, pick_step, summary_lines, threads_text  # noqa: E402
+
 PROG = "plot_trace.py"
 TRACKS = ["compute", "communication", "markers", "data", "prefetch"]
-# The file read so far, named by the last-resort error handler.
-CURRENT_FILE = [None]
-
-# Traces of 100 MB (about 50,000 steps of a small model) are real, and take about 10 s and 1 GB
-# of memory here (Python's objects take ~9 times the file's size), so a file of more than 2.5
-# times that is refused before it is read.
-MAX_TRACE_BYTES = 256 * 1024 * 1024
-# As nanoddp-sim: no span of a training step lasts a day (a duration in other units than µs?).
-MAX_SPAN_US = 86400e6
-# Beyond 2^53 a double no longer holds every microsecond (and no steady clock reads that much).
-MAX_TS_US = float(2**53)
-# More rows than this make an image matplotlib refuses to allocate, and no one can read.
-MAX_RANKS = 64
 
 COLOR = {
     "forward": "#4c72b0",
@@ -119,10 +118,6 @@ COLOR = {
     "health": "#cccccc",  # nanoddp-train's per-step health all-reduce (in the legend when drawn)
     "other": "#cccccc",
 }
-
-
-class InputError(Exception):
-    pass
 
 
 def finite_ms(text):
@@ -191,440 +186,7 @@ def parse_args(argv):
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading and checking a trace
-
-
-def read_text(path):
-    """The file's text; refuses anything but a regular file of at most MAX_TRACE_BYTES before
-    reading it (/dev/zero never ends, a FIFO blocks until a writer comes)."""
-    try:
-        info = os.stat(path)  # follows symlinks: a link to a trace is fine
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except OSError as e:
-        raise InputError(f"{path}: cannot read it ({e.strerror})") from None
-    if not stat.S_ISREG(info.st_mode):
-        mode = info.st_mode
-        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
-                "a character device" if stat.S_ISCHR(mode) else
-                "a block device" if stat.S_ISBLK(mode) else
-                "a socket" if stat.S_ISSOCK(mode) else "not a file")
-        raise InputError(f"{path}: not a regular file ({kind}); pass the file written by "
-                         "nanoddp-train --trace")
-    too_big = (f"{path}: {{}} bytes, more than the {MAX_TRACE_BYTES} ({MAX_TRACE_BYTES >> 20} "
-               "MiB) this script reads (it holds the whole trace in memory); record fewer steps "
-               "(nanoddp-train --trace-steps)")
-    if info.st_size > MAX_TRACE_BYTES:
-        raise InputError(too_big.format(info.st_size))
-    try:
-        # O_NONBLOCK: should the path have become a FIFO since stat, opening it does not block.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as e:
-        raise InputError(f"{path}: cannot read it ({e.strerror})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InputError(f"{path}: not a regular file (it changed while opened)")
-        chunks, size = [], 0
-        while size <= MAX_TRACE_BYTES:  # a file still growing stops at the cap too
-            chunk = os.read(fd, min(1 << 24, MAX_TRACE_BYTES + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as e:
-        raise InputError(f"{path}: cannot read it ({e.strerror})") from None
-    finally:
-        os.close(fd)
-    if size > MAX_TRACE_BYTES:
-        raise InputError(too_big.format(f"over {size - 1}"))
-    data = b"".join(chunks)
-    del chunks
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not UTF-8 text (byte {e.start}); expected a file written by "
-                         "nanoddp-train --trace") from None
-
-
-def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _time_field(path, i, e, key, name):
-    """The event's "ts" or "dur" in ms, checked: a finite number of µs >= 0 (a "dur" of at most
-    a day, a "ts" below 2^53)."""
-    where = f"{path}: traceEvents[{i}] ('{name}')"
-    if key not in e or not _is_number(e[key]):
-        raise InputError(f"{where} has no numeric \"{key}\"; not a trace written by "
-                         "nanoddp-train --trace")
-    try:
-        value = float(e[key])
-    except OverflowError:
-        value = math.inf if e[key] > 0 else -math.inf
-    if not math.isfinite(value) or value < 0:
-        what = "time" if key == "ts" else "duration"
-        raise InputError(f"{where}: \"{key}\" is {value:g}; a {what} is a finite number of µs "
-                         ">= 0 (a damaged trace)")
-    if key == "dur" and value > MAX_SPAN_US:
-        raise InputError(f"{where} lasts {value:g} µs, more than a day; no span of a training "
-                         "step does (a damaged trace, or a duration in other units than µs?)")
-    if key == "ts" and value >= MAX_TS_US:
-        raise InputError(f"{where}: \"ts\" is {value:g} µs, more than 2^53 (285 years); not a "
-                         "clock's reading (a damaged trace)")
-    return value / 1000.0
-
-
-class PidEvents:
-    """One rank's events sorted by start, with the indexes the chart's questions need (which
-    spans start in [a, b), the latest launch before a time...), so that each is answered by a
-    binary search instead of a pass over the whole trace (a 50,000-step trace took hours)."""
-
-    def __init__(self, spans, instants):
-        self.spans = sorted(spans, key=lambda e: (e["ts"], -e["dur"]))
-        self.ts = [e["ts"] for e in self.spans]
-        self.max_dur = max((e["dur"] for e in self.spans), default=0.0)
-        self.instants = sorted(instants, key=lambda e: e["ts"])
-        self.instant_ts = [e["ts"] for e in self.instants]
-        self.grads = [e for e in self.instants if e["name"].startswith("grad ")]
-        self.grad_ts = [e["ts"] for e in self.grads]
-        self.forwards = [e for e in self.spans if e["name"] == "forward"]
-        self.optimizer_steps = [e for e in self.spans if e["name"] == "optimizer step"]
-        self.backward_ts = [e["ts"] for e in self.spans if e["name"].startswith("backward")]
-        self.update_ts = [e["ts"] for e in self.spans if e["name"] == "optimizer update"]
-        self.launch_ts = [e["ts"] for e in self.spans if e["name"] == LAUNCH_GATHERS]
-        self.bucket_gathers = [e for e in self.spans if e["name"].startswith(GATHER_BUCKET)
-                               and e["track"] == "communication"]
-        self.bucket_gather_ts = [e["ts"] for e in self.bucket_gathers]
-
-    def spans_starting(self, a, b):
-        """The spans that start in [a, b)."""
-        return self.spans[bisect.bisect_left(self.ts, a):bisect.bisect_left(self.ts, b)]
-
-    def spans_touching(self, a, b):
-        """The spans that start before b and end at or after a."""
-        first = bisect.bisect_left(self.ts, a - self.max_dur)
-        last = bisect.bisect_left(self.ts, b)
-        return [e for e in self.spans[first:last] if e["ts"] + e["dur"] >= a]
-
-    def instants_in(self, a, b):
-        return self.instants[bisect.bisect_left(self.instant_ts, a):
-                             bisect.bisect_right(self.instant_ts, b)]
-
-
-class Trace:
-    pass
-
-
-def load(path):
-    """The trace at `path`, checked (see the module comment): a Trace with ranks [(pid, name)],
-    spans and instants (dicts with ts/dur in ms and a track name), by_pid {pid: PidEvents},
-    grad_accum, start and end (ms)."""
-    CURRENT_FILE[0] = path
-    text = read_text(path)
-    if not text.strip():
-        raise InputError(f"{path}: the file is empty; was it written by nanoddp-train --trace?")
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}: not a JSON trace ({e.msg} at line {e.lineno}, column "
-                         f"{e.colno}); expected a file written by nanoddp-train --trace") from None
-    except RecursionError:
-        raise InputError(f"{path}: not a trace: its JSON nests deeper than Python's parser goes; "
-                         "expected a file written by nanoddp-train --trace") from None
-    except ValueError as e:  # e.g. an integer of more digits than Python converts
-        raise InputError(f"{path}: not a JSON trace ({e}); expected a file written by "
-                         "nanoddp-train --trace") from None
-    del text
-    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
-    if not isinstance(events, list):
-        raise InputError(f"{path}: not a Chrome trace (no \"traceEvents\" list)")
-    process_name, sort_index, track_name = {}, {}, {}
-    grad_accum, recorded = 1, None
-    spans, instants = [], []
-    for i, e in enumerate(events):
-        if not isinstance(e, dict) or not isinstance(e.get("ph"), str) or \
-                not isinstance(e.get("pid"), int) or isinstance(e.get("pid"), bool):
-            raise InputError(f"{path}: traceEvents[{i}] is not a trace event (needs a string "
-                             "\"ph\" and an integer \"pid\")")
-        ph, pid = e["ph"], e["pid"]
-        if not 0 <= pid < 2**31:
-            raise InputError(f"{path}: traceEvents[{i}] has \"pid\" {pid}, which is no rank")
-        args = e.get("args", {})
-        if not isinstance(args, dict):
-            raise InputError(f"{path}: traceEvents[{i}]: \"args\" is not an object")
-        tid = e.get("tid")
-        if tid is not None and (not isinstance(tid, (int, str)) or isinstance(tid, bool)):
-            raise InputError(f"{path}: traceEvents[{i}]: \"tid\" is not an integer")
-        if ph == "M":
-            kind = e.get("name")
-            if kind == "process_name":
-                name = str(args.get("name", f"pid {pid}"))
-                if process_name.get(pid, name) != name:
-                    raise InputError(
-                        f"{path}: traceEvents[{i}] names pid {pid} '{name}', an earlier event "
-                        f"'{process_name[pid]}': two processes' events under one pid (ranks "
-                        "relabelled when traces were merged?); draw the ranks' own trace")
-                process_name[pid] = name
-            elif kind == "process_sort_index":
-                index = args.get("sort_index", pid)
-                sort_index[pid] = index if _is_number(index) and math.isfinite(index) else pid
-            elif kind == "thread_name":
-                name = str(args.get("name", str(tid)))
-                if track_name.get((pid, tid), name) != name:
-                    raise InputError(
-                        f"{path}: traceEvents[{i}] names thread {tid} of pid {pid} '{name}', an "
-                        f"earlier event '{track_name[(pid, tid)]}': two processes' events under "
-                        "one pid (ranks relabelled when traces were merged?)")
-                track_name[(pid, tid)] = name
-            elif kind == "run_config":
-                # nanoddp-train's: the micro-batches per step, and the run's numbers of the
-                # steps traced (a resumed run's first is not 1).
-                for key, least in (("grad_accum", 1), ("first_step", 1), ("last_step", 0)):
-                    value = args.get(key, least)
-                    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                        raise InputError(f"{path}: traceEvents[{i}] ('run_config') has {key} "
-                                         f"{value!r}; expected an integer >= {least}")
-                grad_accum = args.get("grad_accum", 1)
-                if "first_step" in args and "last_step" in args:
-                    recorded = (args["first_step"], args["last_step"])
-        elif ph in ("X", "i", "I"):
-            name = e.get("name")
-            if not isinstance(name, str):
-                raise InputError(f"{path}: traceEvents[{i}] ({ph}) has no string \"name\"")
-            ts = _time_field(path, i, e, "ts", name)
-            dur = _time_field(path, i, e, "dur", name) if ph == "X" else 0.0
-            event = {"name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args,
-                     "i": i}
-            (spans if ph == "X" else instants).append(event)
-    del doc, events
-    if not spans:
-        raise InputError(f"{path}: the trace has no spans (\"ph\": \"X\" events)")
-    for e in spans + instants:
-        e["track"] = track_name.get((e["pid"], e["tid"]), str(e["tid"]))
-        # The --prefetch worker's spans lie on the data track beside (and across) the compute
-        # thread's "data": a row of their own, so neither hides the other.
-        if e["name"] == "prefetch data":
-            e["track"] = "prefetch"
-    with_events = {e["pid"] for e in spans} | {e["pid"] for e in instants}
-    pids = sorted(with_events, key=lambda p: (sort_index.get(p, p), p))
-    if len(pids) > MAX_RANKS:
-        raise InputError(f"{path}: {len(pids)} ranks; this chart draws at most {MAX_RANKS} "
-                         "(one row each per track)")
-    trace = Trace()
-    trace.path = path
-    trace.ranks = [(pid, process_name.get(pid, f"pid {pid}")) for pid in pids]
-    trace.name_of = dict(trace.ranks)
-    trace.spans, trace.instants = spans, instants
-    trace.grad_accum = grad_accum
-    trace.recorded = recorded  # (first, last) step of the run, when run_config says
-    by = {pid: ([], []) for pid in pids}
-    for e in spans:
-        by[e["pid"]][0].append(e)
-    for e in instants:
-        by[e["pid"]][1].append(e)
-    trace.by_pid = {pid: PidEvents(*lists) for pid, lists in by.items()}
-    trace.start = min(e["ts"] for e in spans)
-    trace.end = max(e["ts"] + e["dur"] for e in spans)
-    if trace.end <= trace.start:
-        raise InputError(f"{path}: all {len(spans)} spans start and end at {trace.start * 1000:g} "
-                         "µs: a clock that did not run, not a run's times")
-    check_duplicates(trace)
-    trace.windows = step_windows(trace)
-    return trace
-
-
-def check_duplicates(trace):
-    """The same span twice (a trace concatenated with itself): each step would count double."""
-    for pid, events in trace.by_pid.items():
-        seen = {}
-        for e in events.spans:
-            # Only spans of one start can repeat: keep the index to those.
-            if seen and next(iter(seen))[0] != e["ts"]:
-                seen.clear()
-            key = (e["ts"], e["dur"], e["name"], e["tid"])
-            if key in seen and seen[key]["args"] == e["args"]:
-                raise InputError(
-                    f"{trace.path}: traceEvents[{e['i']}] ('{e['name']}') repeats "
-                    f"traceEvents[{seen[key]['i']}] (same pid, thread, time, duration and args): "
-                    "the trace holds some events twice (two files joined?)")
-            seen[key] = e
-
-
-class Window:
-    """One rank's step: start (its data), end (its optimizer step's end), data_ms (its "data"
-    spans, which nanoddp-train's step_ms leaves out)."""
-
-    def __init__(self, start, end, data_ms):
-        self.start, self.end, self.data_ms = start, end, data_ms
-
-    @property
-    def step_ms(self):
-        return self.end - self.start - self.data_ms
-
-
-def _event(e):
-    return f"traceEvents[{e['i']}] ('{e['name']}', {e['ts']:.3f} ms)"
-
-
-def _check_one_at_a_time(path, rank, spans):
-    """A rank runs one forward, and one optimizer step, at a time: two that overlap are two
-    ranks' (or a damaged trace's)."""
-    for a, b in zip(spans, spans[1:]):
-        if b["ts"] < a["ts"] + a["dur"]:
-            raise InputError(
-                f"{path}: {_event(a)} and {_event(b)} of {rank} overlap in time, yet a rank runs "
-                "one at a time: two ranks' events under one pid (relabelled when traces were "
-                "merged?) or a damaged trace")
-
-
-def _step_start(events, after, before):
-    """Where a step starts: its first data or compute span at or after `after` (the previous
-    step's end), not later than `before` (its first forward). Communication spans are left out: a
-    ZeRO gather launched by the previous step may still start after that step ended."""
-    for e in events.spans_starting(after, before + 1e-9):
-        if e["track"] in ("compute", "data") and e["name"] != "prefetch data":
-            return e["ts"]
-    return before
-
-
-def _data_ms(events, start, end):
-    return sum(e["dur"] for e in events.spans_starting(start, end) if e["name"] == "data"
-               and e["track"] == "data")
-
-
-def rank_steps(trace, pid):
-    """The steps of one rank, as Windows (see the module comment), checked."""
-    path, rank, events = trace.path, trace.name_of[pid], trace.by_pid[pid]
-    forwards = events.forwards
-    _check_one_at_a_time(path, rank, forwards)
-    _check_one_at_a_time(path, rank, events.optimizer_steps)
-    # Every forward is followed by its backward before the next forward starts.
-    for a, b in zip(forwards, forwards[1:]):
-        k = bisect.bisect_left(events.backward_ts, a["ts"])
-        if k == len(events.backward_ts) or events.backward_ts[k] >= b["ts"]:
-            raise InputError(
-                f"{path}: {_event(a)} and {_event(b)} of {rank} follow each other with no "
-                "backward between: two ranks' events under one pid (relabelled when traces "
-                "were merged?) or a damaged trace")
-    forward_ts = [e["ts"] for e in forwards]
-    windows = []
-    if events.optimizer_steps:
-        previous_end = -math.inf
-        for k, opt in enumerate(events.optimizer_steps):
-            where = f"{path}: step {k + 1} of {rank}, ending with {_event(opt)},"
-            passes = bisect.bisect_right(forward_ts, opt["ts"]) - \
-                bisect.bisect_left(forward_ts, previous_end)
-            if passes == 0:
-                raise InputError(f"{where} has no forward span since the previous optimizer step: "
-                                 "its times cannot be a training step's (a damaged trace?)")
-            if passes > trace.grad_accum:
-                raise InputError(
-                    f"{where} has {passes} forward passes, more than --grad-accum "
-                    f"{trace.grad_accum} (the trace's run_config): two ranks' events under one "
-                    "pid (relabelled when traces were merged?), or a step without an optimizer "
-                    "step (skipped by --skip-nonfinite); pass --from-ms and --to-ms")
-            first_forward = forwards[bisect.bisect_left(forward_ts, previous_end)]
-            start = _step_start(events, previous_end, first_forward["ts"])
-            end = opt["ts"] + opt["dur"]
-            windows.append(Window(start, end, _data_ms(events, start, end)))
-            previous_end = end
-    elif forwards:
-        # --optimizer-in-backward: no "optimizer step". A micro-batch is the last of its step
-        # when its backward holds updates ("optimizer update"), or when steps have one each.
-        last_of_step = []
-        for f, forward in enumerate(forwards):
-            until = forwards[f + 1]["ts"] if f + 1 < len(forwards) else math.inf
-            k = bisect.bisect_left(events.update_ts, forward["ts"])
-            updates = k < len(events.update_ts) and events.update_ts[k] < until
-            if trace.grad_accum == 1 or updates:
-                last_of_step.append(f)
-        if not last_of_step:
-            return []  # neither optimizer steps nor updates: the steps cannot be told apart
-        firsts = [0] + [f + 1 for f in last_of_step[:-1]]
-        # Each step from its first micro-batch's data (the last "data" span since the previous
-        # forward ended: the previous micro-batch's backward comes between), else its forward.
-        starts = []
-        for f in firsts:
-            after = forwards[f - 1]["ts"] + forwards[f - 1]["dur"] if f > 0 else -math.inf
-            data = [e["ts"] for e in events.spans_starting(after, forwards[f]["ts"] + 1e-9)
-                    if e["name"] == "data" and e["track"] == "data"]
-            starts.append(data[-1] if data else forwards[f]["ts"])
-        # A step ends with the last compute or communication span before the next step (or the
-        # micro-batches after the last complete step) begins.
-        after_last = last_of_step[-1] + 1
-        ends_at = starts[1:] + [forwards[after_last]["ts"] if after_last < len(forwards)
-                                else math.inf]
-        for start, f, until in zip(starts, firsts, ends_at):
-            end = max((e["ts"] + e["dur"] for e in events.spans_starting(forwards[f]["ts"], until)
-                       if e["track"] in ("compute", "communication")),
-                      default=forwards[f]["ts"] + forwards[f]["dur"])
-            windows.append(Window(start, end, _data_ms(events, start, end)))
-    for k, w in enumerate(windows):
-        where = f"{path}: step {k + 1} of {rank}"
-        if not w.step_ms > 0:
-            raise InputError(
-                f"{where} lasts {w.step_ms:g} ms from its data to its end, data excluded: a step "
-                "takes time; the trace's times are not a run's (all its events at one time?)")
-        if (w.end - w.start) * 1000.0 > MAX_SPAN_US:
-            raise InputError(f"{where} lasts {w.end - w.start:g} ms, more than a day: the trace's "
-                             "times are not a run's (a damaged trace)")
-    return windows
-
-
-def step_windows(trace):
-    """Per recorded step, {pid: Window} on each rank with steps; checks that the ranks' steps
-    overlap in time: a step's collectives join every rank, so a rank cannot end step K before
-    another starts it, unless their clocks differ (a trace merged from several hosts)."""
-    per_rank = {}
-    for pid, name in trace.ranks:
-        windows = rank_steps(trace, pid)
-        if trace.recorded is not None:
-            first, last = trace.recorded
-            if len(windows) > last - first + 1:
-                raise InputError(
-                    f"{trace.path}: {name} has {len(windows)} steps, but the trace's run_config "
-                    f"says it holds steps {first} to {last}: two ranks' events under one pid "
-                    "(relabelled when traces were merged?) or traces joined")
-        if windows:
-            per_rank[pid] = windows
-    if not per_rank:
-        return []
-    count = min(len(w) for w in per_rank.values())
-
-    def ms(t):
-        return f"{t - trace.start:.2f}"
-
-    steps = [{pid: w[k] for pid, w in per_rank.items()} for k in range(count)]
-    for k, own in enumerate(steps):
-        latest = max(own, key=lambda p: own[p].start)
-        earliest = min(own, key=lambda p: own[p].end)
-        if own[latest].start >= own[earliest].end:
-            a, b = own[earliest], own[latest]
-            raise InputError(
-                f"{trace.path}: step {k + 1} of {trace.name_of[earliest]} ({ms(a.start)}–"
-                f"{ms(a.end)} ms into the trace) ends before {trace.name_of[latest]}'s starts "
-                f"({ms(b.start)} ms), yet its collectives join all ranks: the ranks' times are on "
-                "different clocks (a trace merged from several hosts?). This chart needs one "
-                "clock: draw a trace of one host's ranks")
-    return steps
-
-
-def reference_pid(own):
-    """The rank whose step_ms the header states: the first drawn (rank 0, whose step_ms
-    nanoddp-train prints)."""
-    return next(iter(own))
-
-
-def typical_step(windows):
-    """The step of median length, leaving out the first (warm-up: first touches, connections)
-    unless it is the only one: on a shared machine a chosen number may land on an outlier."""
-    lengths = [(w[reference_pid(w)].step_ms, k + 1) for k, w in enumerate(windows)]
-    candidates = sorted(lengths[1:] or lengths)
-    return candidates[(len(candidates) - 1) // 2][1]
-
-
-# ---------------------------------------------------------------------------------------------
-# What the spans are
+# What the bars are
 
 
 def small_int(text):
@@ -669,134 +231,11 @@ def style_of(event):
     return COLOR["other"], name
 
 
-def _union(intervals):
-    merged = []
-    for a, b in sorted(intervals):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    return merged
-
-
-def _overlap(a, b, merged):
-    return sum(max(0.0, min(b, y) - max(a, x)) for x, y in merged)
-
-
-# The Reducer names each bucket's span after the collective that ran (comm/reducer_timeline.cpp):
-# DDP and ZeRO stage 1 all-reduce a bucket, ZeRO stage 2 reduce-scatters it.
-BUCKET_KINDS = ("all-reduce", "reduce-scatter")
-WAITS = ("wait for all-reduce", "wait for reduce-scatter", "wait for all-gather")
-# ZeRO's parameter all-gather (comm/zero.cpp), inside the "optimizer step" span, after the update.
-GATHER = "all-gather parameters"
-# With --zero-overlap-gather: each bucket's gather, running beside the next forward, which waits
-# for it ("wait for all-gather") before the first module that reads it.
-GATHER_BUCKET = "all-gather bucket "
-# ...launched by the step, which returns before they end.
-LAUNCH_GATHERS = "launch all-gathers"
-# nanoddp-train's per-step all-reduce of loss and non-finite counts (apps/train/trainer_health.cpp):
-# a collective of the trainer, not of DDP, drawn so that it is not mistaken for a gap.
-HEALTH = "health all-reduce"
-
-
-def bucket_collective(name):
-    """'reduce-scatter bucket 3' -> ('reduce-scatter', '3'); None for any other name."""
-    for kind in BUCKET_KINDS:
-        if name.startswith(f"{kind} bucket "):
-            return kind, name[len(f"{kind} bucket "):]
-    return None
-
-
-def is_bucket_collective(e):
-    """A bucket's all-reduce or reduce-scatter: both are launched as backward fills the buckets
-    and may overlap it. The communication track also holds nanoddp-train's per-step "health
-    all-reduce", which is neither overlapped with backward nor counted by the Reducer."""
-    return e["track"] == "communication" and bucket_collective(e["name"]) is not None
-
-
-def is_parameter_gather(e):
-    """ZeRO's all-gather of the updated parameters: it needs the update, which needs every
-    bucket's averages, so nothing of the step is left to hide it (the trainer counts all of it as
-    exposed communication)."""
-    return e["track"] == "communication" and (e["name"] == GATHER or
-                                              e["name"].startswith(GATHER_BUCKET))
-
-
 def bucket_kinds(spans):
     """The bucket collectives among the spans, in BUCKET_KINDS order: the legend names those
     drawn (a --compare of DDP with ZeRO-2 has both)."""
     present = {bucket_collective(e["name"])[0] for e in spans if is_bucket_collective(e)}
     return [k for k in BUCKET_KINDS if k in present]
-
-
-def kinds_text(comm):
-    """'3 all-reduce(s)', '3 reduce-scatter(s)', or both kinds in the order they ran."""
-    kinds = []
-    for e in sorted(comm, key=lambda e: e["ts"]):
-        kind = bucket_collective(e["name"])[0]
-        if kind not in kinds:
-            kinds.append(kind)
-    counts = [sum(1 for e in comm if bucket_collective(e["name"])[0] == k) for k in kinds]
-    return " and ".join(f"{n} {k}(s)" for n, k in zip(counts, kinds))
-
-
-def overlap_summary(trace, lo, hi, own):
-    """Per rank, over the bucket collectives that start in the rank's own step (own[pid]; without
-    one, in [lo, hi]): (rank name, their total ms, the spans, how many started before the step's
-    last backward node ended, ms of them during which a backward node was running, ms of ZeRO's
-    parameter all-gather, ms of it after backward ended: measured, not assumed, so that a trace
-    in which it did overlap backward would say so; with --zero-overlap-gather instead the ms the
-    forward waited for it, and True; and how many gathers those ms are)."""
-    out = []
-    for pid, name in trace.ranks:
-        events = trace.by_pid[pid]
-        start, end = window_of(own, pid, lo, hi)
-        inside = events.spans_starting(start, end)
-        backward = _union((e["ts"], e["ts"] + e["dur"]) for e in inside
-                          if e["name"].startswith("backward"))
-        backward_end = backward[-1][1] if backward else float("-inf")
-        comm = [e for e in inside if is_bucket_collective(e)]
-        total = sum(e["dur"] for e in comm)
-        early = sum(1 for e in comm if e["ts"] < backward_end)
-        hidden = sum(_overlap(e["ts"], e["ts"] + e["dur"], backward) for e in comm)
-        gathers = [e for e in inside if is_parameter_gather(e)]
-        # The run's mode, from the whole trace: under load the gathers this step launched at its
-        # end can start after its window, and the step then looked not overlapped (a CI
-        # rehearsal under TSan).
-        overlapped = bool(events.bucket_gathers)
-        if overlapped:
-            gathers = gathers_beside_forward(events, inside)
-        gather = sum(e["dur"] for e in gathers)
-        if overlapped:
-            # Beside the forward: what of it is exposed is the forward's wait for it.
-            gather_after = sum(e["dur"] for e in inside if e["name"] == "wait for all-gather")
-        else:
-            gather_after = sum(e["dur"] if e["ts"] >= backward_end else
-                               max(0.0, e["ts"] + e["dur"] - backward_end) for e in gathers)
-        out.append((name, total, comm, early, hidden, gather, gather_after, overlapped,
-                    len(gathers)))
-    return out
-
-
-def window_of(own, pid, lo, hi):
-    w = own.get(pid)
-    return (w.start, w.end) if w is not None else (lo, hi)
-
-
-def gathers_beside_forward(events, inside):
-    """With --zero-overlap-gather: the gathers this step's forward used, that is those the latest
-    "launch all-gathers" before the forward started (in the previous step) launched, not the ones
-    this step launches at its end for the next forward (an outside reader found the header
-    counting those instead)."""
-    forwards = [e for e in inside if e["name"] == "forward"]
-    if not forwards:
-        return []
-    forward = min(forwards, key=lambda e: e["ts"])
-    k = bisect.bisect_right(events.launch_ts, forward["ts"])
-    since = events.launch_ts[k - 1] if k > 0 else float("-inf")
-    forward_end = forward["ts"] + forward["dur"]
-    ts = events.bucket_gather_ts
-    return events.bucket_gathers[bisect.bisect_left(ts, since):bisect.bisect_left(ts, forward_end)]
 
 
 def module_of(grad_name):
@@ -844,16 +283,6 @@ def exposed_from(pid, spans, instants, start, end):
     return max(ends) if ends else None
 
 
-def visible(trace, lo, hi):
-    """The spans that touch [lo, hi] and the instants in it: all the chart draws."""
-    spans, instants = [], []
-    for pid, _ in trace.ranks:
-        events = trace.by_pid[pid]
-        spans += events.spans_touching(lo, hi)
-        instants += events.instants_in(lo, hi)
-    return spans, instants
-
-
 # ---------------------------------------------------------------------------------------------
 # Drawing
 
@@ -862,7 +291,8 @@ ROW_HEIGHT = {"compute": 1.0, "communication": 1.0, "markers": 0.7, "data": 0.5,
 # in points: enough to tell whether a label fits its bar, and how long a header line or a legend
 # row may be before it runs past the figure's right edge (a --compare header did).
 CHAR_EM = 0.57
-FIGURE_PT = 12 * 72
+FIGURE_INCHES = 12
+FIGURE_PT = FIGURE_INCHES * 72
 
 
 def text_ms(text, fontsize, width_ms, axes_pt):
@@ -891,17 +321,15 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=(), origin=None
          comm_ranks=()):
     """own: {pid: Window} of the chosen step on each rank; other spans are drawn faded. origin:
     the time drawn as 0 (default lo). comm_ranks: the pids given a communication row."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+    # Imported here, not at the top: a bad trace is refused (exit 2) without waiting for
+    # matplotlib, or having it. figure.py picks the headless backend and keeps SVG text as text.
+    from figure import DPI, footnote, new_figure
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     # A "$" in a title, a file or a module name is text, not the start of a formula.
     plt.rcParams["text.parse_math"] = False
-    # For papers, the SVG keeps its text as text.
-    plt.rcParams["svg.fonttype"] = "none"
     t0 = lo if origin is None else origin
     width_ms = hi - lo
     rows = []  # (pid, track, label, centre y, height)
@@ -920,7 +348,8 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=(), origin=None
     # The axes' width: the figure's, less the row labels on the left and a margin.
     axes_pt = FIGURE_PT - max(len(label) for _, _, label, _, _ in rows) * 8 * CHAR_EM - 30
     axes_pt = max(axes_pt, FIGURE_PT / 2)
-    fig, ax = plt.subplots(figsize=(12, 1.9 + 0.42 * y))
+    fig, axes = new_figure(width=FIGURE_INCHES, height=1.9 + 0.42 * y)
+    ax = axes[0][0]
     row_of = {(pid, track): (centre, h) for pid, track, _, centre, h in rows}
 
     def faded(e):
@@ -1068,13 +497,12 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=(), origin=None
     ax.set_title(wrap(title, int((axes_pt + 20) / (9 * CHAR_EM))), fontsize=9,
                  pad=8 + 11 * rows_needed, loc="left")
     if args.footnote:
-        fig.text(0.01, 0.005, args.footnote, fontsize=7, color="#666666", ha="left",
-                 va="bottom")
+        footnote(fig, args.footnote)
         fig.tight_layout(rect=(0, 0.05, 1, 1))
     else:
         fig.tight_layout()
     # "tight": should an estimate above fall short, the figure grows rather than cut the text.
-    fig.savefig(args.out, dpi=100, format="png", bbox_inches="tight", pad_inches=0.1)
+    fig.savefig(args.out, dpi=DPI, format="png", bbox_inches="tight", pad_inches=0.1)
     fig.savefig(args.svg, format="svg", bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
 
@@ -1131,101 +559,7 @@ def legend_entries(drawn, hatched, grads_drawn, ready_drawn, Patch, Line2D):
 
 
 # ---------------------------------------------------------------------------------------------
-# The header and the printed summary
-
-
-def pick_step(args, trace, prefer=None):
-    """(own, lo, hi, what, step) of the chosen step of one trace; raises InputError. Without
-    --step, `prefer` (the first trace's step number, with --compare) wins when this trace has it,
-    so that the two runs show the same step of their runs."""
-    windows = trace.windows
-    if not windows:
-        raise InputError(f"{trace.path}: no \"optimizer step\" spans nor forward passes to tell "
-                         "its steps apart; pass --from-ms and --to-ms")
-    if args.step is not None:
-        step = args.step
-    elif prefer is not None and prefer <= len(windows):
-        step = prefer
-    else:
-        step = typical_step(windows)
-    if step > len(windows):
-        raise InputError(f"--step {step}: {trace.path} records {len(windows)} step(s); pass "
-                         f"1..{len(windows)} (nanoddp-train --trace-steps sets how many)")
-    own = windows[step - 1]
-    lo = min(w.start for w in own.values())
-    hi = max(w.end for w in own.values())
-    ref = reference_pid(own)
-    w = own[ref]
-    # The step as nanoddp-train's step_ms counts it (data excluded), on the rank whose step_ms it
-    # prints; not the drawn window, which adds room on both sides and holds the other ranks.
-    whose = f"{trace.name_of[ref]}'s, " if len(own) > 1 else ""
-    # A resumed run's trace starts after its checkpoint: its steps are named by the run's numbers
-    # too (steps 4501-4503 read as steps 1-3).
-    run_step = ""
-    if trace.recorded is not None and trace.recorded[0] != 1:
-        run_step = f" (the run's step {trace.recorded[0] + step - 1})"
-    what = (f"step {step} of {len(windows)} recorded{run_step}, {w.step_ms:.2f} ms ({whose}data "
-            f"excluded as in nanoddp-train's step_ms; data {w.data_ms:.2f} ms)")
-    return own, lo, hi, what, step
-
-
-def summary_lines(trace, lo, hi, own):
-    lines = []
-    for name, total, comm, early, hidden, gather, gather_after, overlapped, gathers in \
-            overlap_summary(trace, lo, hi, own):
-        parts = []
-        if comm:
-            share = 100 * hidden / total if total > 0 else 0
-            parts.append(f"{kinds_text(comm)}, {early} started before backward ended; "
-                         f"{total:.2f} ms, of which {hidden:.2f} ms ({share:.0f}%) while a "
-                         "backward node ran")
-        if gather > 0 and overlapped:
-            parts.append(f"{gathers} all-gather(s), {gather:.2f} ms in all, beside the forward, "
-                         f"which waited {gather_after:.2f} ms for them")
-        elif gather > 0:
-            exposed = ("all of it exposed" if gather_after == gather else
-                       f"{gather_after:.2f} ms of it after backward ended")
-            parts.append(f"then {GATHER} {gather:.2f} ms, {exposed}")
-        if parts:
-            lines.append(f"{name}: " + "; ".join(parts))
-    return lines
-
-
-def derived_label(trace, lo, hi, own):
-    """What a trace's step shows it ran, for --compare without --labels (a trace holds no command
-    line): "ZeRO-2" (reduce-scatters), "ZeRO-1" (all-reduces, then the parameter all-gather) or
-    "DDP"; then "overlapped" when a bucket collective started before backward ended, "not
-    overlapped" when each rank had several and none did (with one bucket, neither can be told).
-    What the drawn step shows, not the flags: under load an overlap-on step may show none."""
-    summary = overlap_summary(trace, lo, hi, own)
-    kinds = {bucket_collective(e["name"])[0] for row in summary for e in row[2]}
-    gathers = any(row[5] > 0 for row in summary)
-    label = "ZeRO-2" if "reduce-scatter" in kinds else "ZeRO-1" if gathers else "DDP"
-    if any(row[3] > 0 for row in summary):
-        label += ", overlapped"
-    elif summary and all(len(row[2]) > 1 for row in summary):
-        label += ", not overlapped"
-    return label
-
-
-def threads_text(trace):
-    """Per rank, the threads its spans show: compute, the communication worker (with several
-    ranks), the --prefetch worker."""
-    kinds_of = {}
-    for pid, _ in trace.ranks:
-        tracks = {e["track"] for e in trace.by_pid[pid].spans}
-        kinds_of[pid] = tuple(kind for track, kind in (("compute", "compute"),
-                                                       ("communication", "communication"),
-                                                       ("prefetch", "data prefetch"))
-                              if track in tracks)
-    count = sum(len(k) for k in kinds_of.values())
-    threads = f"{count} thread{'' if count == 1 else 's'}"
-    kinds = set(kinds_of.values())
-    if len(trace.ranks) == 1:
-        return f"{threads} ({' + '.join(next(iter(kinds)))})"
-    if len(kinds) == 1:
-        return f"{threads} ({len(trace.ranks)} rank(s) x {' + '.join(next(iter(kinds)))})"
-    return f"{threads} ({len(trace.ranks)} rank(s))"
+# Output and main
 
 
 def check_out(out, inputs):

@@ -11,11 +11,13 @@ Kinds (the field that tells them apart):
 import json
 import math
 import os
+import stat
 import sys
 
 
 class InputError(Exception):
-    """Bad input: the message names the file (and line); the scripts exit 2 with it."""
+    """Bad input: the message names the file (and line, or a trace's event); plot.py and
+    plot_trace.py exit 2 with it."""
 
 
 # Fields each chart reads, per kind. Others are carried along (titles, labels) when present.
@@ -110,17 +112,64 @@ def _note(text):
     print(f"plot.py: note: {text}", file=sys.stderr)
 
 
+# A benchmark's results file is a few MB at most; a trace up to plot_trace.py's own limit.
+MAX_RESULTS_BYTES = 256 * 1024 * 1024
+
+
+def read_regular_file(path, max_bytes, expected, too_big_hint):
+    """The file's text. Anything but a regular file of at most `max_bytes` is refused before it
+    is read: /dev/zero never ends, a FIFO blocks until a writer comes (an outside tester's).
+    `expected` names what to pass instead; `too_big_hint` ends the size refusal."""
+    try:
+        info = os.stat(path)  # follows symlinks: a link to the file is fine
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read it ({e.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        mode = info.st_mode
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                "a character device" if stat.S_ISCHR(mode) else
+                "a block device" if stat.S_ISBLK(mode) else
+                "a socket" if stat.S_ISSOCK(mode) else "not a file")
+        raise InputError(f"{path}: not a regular file ({kind}); pass {expected}")
+    too_big = (f"{path}: {{}} bytes, more than the {max_bytes} ({max_bytes >> 20} MiB) this "
+               f"script reads ({too_big_hint}")
+    if info.st_size > max_bytes:
+        raise InputError(too_big.format(info.st_size))
+    try:
+        # O_NONBLOCK: should the path have become a FIFO since stat, opening it does not block.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise InputError(f"{path}: cannot read it ({e.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{path}: not a regular file (it changed while opened)")
+        chunks, size = [], 0
+        while size <= max_bytes:  # a file still growing stops at the cap too
+            chunk = os.read(fd, min(1 << 24, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read it ({e.strerror})") from None
+    finally:
+        os.close(fd)
+    if size > max_bytes:
+        raise InputError(too_big.format(f"over {size - 1}"))
+    data = b"".join(chunks)
+    del chunks
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text (byte {e.start}); expected {expected}") from None
+
+
 def read_file(path):
     """Returns [(kind, record, "path:line")] for one JSONL file; raises InputError."""
-    if not os.path.exists(path):
-        raise InputError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise InputError(f"{path}: is a directory, expected a JSON-lines file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.readlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read it ({e})") from e
+    lines = read_regular_file(path, MAX_RESULTS_BYTES, "a benchmark's --json file",
+                              "it holds the whole file in memory)").split("\n")
     out = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():

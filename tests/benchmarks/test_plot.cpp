@@ -1109,6 +1109,8 @@ TEST_CASE("plot scripts: bad input exits 2 naming the file and the line") {
                       "\nthis is not json\n");
   const std::string unknown = dir.file("unknown.jsonl");
   write_file(unknown, "\n{\"loss\": 0.5, \"step\": 3}\n");
+  const std::string fifo = dir.file("fifo.jsonl");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   const std::string partial = dir.file("partial.jsonl");
   write_file(partial, R"({"benchmark":"allreduce","backend":"gloo","mode":"nanoddp"})"
                       "\n");
@@ -1125,6 +1127,10 @@ TEST_CASE("plot scripts: bad input exits 2 naming the file and the line") {
       {{partial}, partial + ":1: this nanoddp-bench-allreduce line has no 'ranks' field"},
       // A good file does not excuse a bad one after it.
       {{source_dir() + "/tests/benchmarks/data/bench_ddp_sample.jsonl", garbage}, garbage + ":2:"},
+      // Read before any check: /dev/zero never ended and a FIFO blocked (as in plot_trace.py).
+      {{"/dev/zero"}, "/dev/zero: not a regular file (a character device)"},
+      {{fifo}, fifo + ": not a regular file (a FIFO)"},
+      {{dir.path()}, dir.path() + ": not a regular file (a folder)"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {py, script("plot.py"), "--out", dir.file("out")};

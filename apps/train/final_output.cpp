@@ -288,10 +288,14 @@ pid_t lock_holder(const struct stat& st) {
 // run's output (an outside tester's job waited 30 s without a word, then replaced the file the
 // holder went on to replace too, and one of the two outputs was lost though both jobs said
 // "saved"). "" or why not.
-std::string take_lock(int fd, const std::string& target, const char* flag) {
+std::string take_lock(int fd, const std::string& target, const char* flag,
+                      std::chrono::milliseconds lock_wait) {
   if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return {};
   using Clock = std::chrono::steady_clock;
-  const auto bound = std::min<Clock::duration>(std::chrono::seconds(30), comm::default_timeout());
+  const auto bound =
+      lock_wait > std::chrono::milliseconds(0)
+          ? Clock::duration(lock_wait)
+          : std::min<Clock::duration>(std::chrono::seconds(30), comm::default_timeout());
   const double bound_s = std::chrono::duration<double>(bound).count();
   struct stat st {};
   ::fstat(fd, &st);
@@ -444,7 +448,8 @@ std::string replace_checked(const std::string& staged, const std::string& target
 // given one --save that ended together both said "saved", one job's parameters gone. "" or why
 // not.
 std::string install(const std::string& staged, const std::string& target,
-                    const common::FileState& checked, const struct stat& ours, const char* flag) {
+                    const common::FileState& checked, const struct stat& ours, const char* flag,
+                    std::chrono::milliseconds lock_wait) {
   // A file made append-only, immutable or mounted over during the run changes too (its ctime),
   // but no other job wrote it: said as it is (an outside tester's).
   const auto unreplaceable = not_replaceable(target);
@@ -470,7 +475,7 @@ std::string install(const std::string& staged, const std::string& target,
     int fd = ::open(target.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0 && errno == EACCES) fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd >= 0) {
-      std::string result = take_lock(fd, target, flag);
+      std::string result = take_lock(fd, target, flag, lock_wait);
       struct stat held {};
       const common::FileState now = common::file_state(target);
       if (!result.empty()) {
@@ -551,8 +556,8 @@ std::optional<NotReplaceable> not_replaceable(const std::string& file) {
 
 std::string write_final_output(const char* flag, const std::string& path,
                                const std::function<nn::FileIdentity(const std::string&)>& write,
-                               const common::FileState& checked,
-                               const std::string& checked_target) {
+                               const common::FileState& checked, const std::string& checked_target,
+                               std::chrono::milliseconds lock_wait) {
   const fs::path target = common::resolved_path(path);  // a symlink's target; the link stays
   const fs::path folder = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   const HeldSignals held;  // a signal waits until the output is in place or rescued
@@ -615,7 +620,7 @@ std::string write_final_output(const char* flag, const std::string& path,
         }
       } else {
         ::flock(lock_fd, LOCK_EX | LOCK_NB);
-        problem = install(staged, target.string(), checked, ours, flag);
+        problem = install(staged, target.string(), checked, ours, flag, lock_wait);
       }
     } catch (const std::exception& e) {
       problem = fmt::format("{}; '{}' is left as it was", quoted(e.what()), path);

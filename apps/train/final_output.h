@@ -13,6 +13,7 @@
 //   folder, the staged output is kept beside the target under a plain name.
 // docs/reliability.md (row 71) lists what outside adversaries tried against it.
 
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
@@ -53,10 +54,13 @@ bool is_staged_name(const std::string& filename);
 // Writes the output with `write(path)`, which says which file it made (nn::FileIdentity).
 // `checked_target`: where the path led at its check (a symlink's target), "" when nothing was
 // checked (--metrics). Returns "" when written where asked, else the error to stop with, naming
-// where the output went.
+// where the output went. `lock_wait`: how long to wait for another job's lock on the file (0:
+// NANODDP_TIMEOUT_S, at most 30 s; an output written during training waits less, as the other
+// ranks wait for this one in their next collective).
 std::string write_final_output(const char* flag, const std::string& path,
                                const std::function<nn::FileIdentity(const std::string&)>& write,
                                const common::FileState& checked,
-                               const std::string& checked_target = {});
+                               const std::string& checked_target = {},
+                               std::chrono::milliseconds lock_wait = {});
 
 }  // namespace nanoddp::train

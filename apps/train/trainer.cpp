@@ -202,6 +202,14 @@ int Trainer::run() {
   } catch (...) {
     // A failed rank 0 does not hold the store up for peers that may be dead (~Distributed).
     if (dist_) dist_->abandon();
+    if (tracer_ && !trace_outcome_ && is_main()) {
+      // Said, not left to be found missing (an outside tester's NaN stop inside the window).
+      fmt::print(stderr,
+                 "nanoddp-train: note: --trace '{}' was not written: the run stopped before its "
+                 "traced steps were done (it is written after step {})\n",
+                 o_.trace_path, std::min(start_step_ + o_.trace_steps, steps_));
+      std::fflush(stderr);
+    }
     throw;
   }
 }
@@ -259,9 +267,15 @@ int Trainer::run_steps() {
   std::optional<HeldSignals> held;
   if (is_main()) held.emplace();
   const std::string save_problem = save_parameters();  // in this order
-  // Written after its last traced step; a run with no step left to train (resumed at its end)
-  // writes its empty trace here.
-  const std::string trace_problem = trace_outcome_ ? *trace_outcome_ : write_trace();
+  // Written after its last traced step. A run with no step left to train (resumed at its end)
+  // traced nothing: an empty trace would replace a good one at that path (an outside tester's).
+  if (tracer_ && !trace_outcome_ && is_main()) {
+    fmt::print(
+        "nanoddp-train: note: no step was left to train, so nothing was traced; --trace "
+        "'{}' is left as it is\n",
+        o_.trace_path);
+  }
+  const std::string trace_problem = trace_outcome_.value_or("");
   keep_metrics();
   if (!save_problem.empty() || !trace_problem.empty()) {
     // What did go where it belongs is said too: the error alone left a user unsure whether the
@@ -273,7 +287,7 @@ int Trainer::run_steps() {
     if (save_problem.empty() && !o_.save_path.empty()) {
       parts.push_back(fmt::format("the parameters were saved to {}", o_.save_path));
     }
-    if (trace_problem.empty() && !o_.trace_path.empty() && is_main()) {
+    if (trace_problem.empty() && trace_outcome_ && is_main()) {
       parts.push_back(fmt::format("the trace was written to {}", o_.trace_path));
     }
     fail("{}", fmt::join(parts, "; "));

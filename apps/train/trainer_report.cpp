@@ -392,7 +392,14 @@ std::string Trainer::write_trace() {
         }
         return nn::write_file_atomically(path, chunks);
       },
-      trace_checked_, trace_target_);
+      trace_checked_, trace_target_,
+      // During training the other ranks wait for this one in their next collective, for
+      // NANODDP_TIMEOUT_S: a lock held by another job is waited for a quarter of that at most
+      // (the whole of it timed them out, blaming rank 0: an outside tester's).
+      last_traced_step_ > 0 && last_traced_step_ < steps_
+          ? std::min<std::chrono::milliseconds>(comm::default_timeout() / 4,
+                                                std::chrono::seconds(5))
+          : std::chrono::milliseconds(0));
   if (problem.empty() && !o_.quiet) {
     fmt::print("trace written to {} (steps {} to {})\n", o_.trace_path, first, last);
     std::fflush(stdout);

@@ -599,7 +599,9 @@ def main(argv):
         # A wrong --out is said at once, not after reading a long trace.
         if args.out is not None:
             args.svg = check_out(args.out, inputs)
-        trace = load(args.trace)
+        trace = load(args.trace, windowed=args.from_ms is not None)
+        if trace.windows is None:
+            print(f"plot_trace.py: note: {trace.steps_note}", file=sys.stderr)
         args.trace_start = trace.start
         marks, origin = [], None
         if args.from_ms is not None:

@@ -152,11 +152,12 @@ class Trace:
     pass
 
 
-def load(path):
+def load(path, windowed=False):
     """The trace at `path`, checked (see plot_trace.py's module comment): a Trace with path,
     ranks [(pid, name)] and name_of, spans and instants (dicts with ts/dur in ms and a track
     name), by_pid {pid: PidEvents}, grad_accum, recorded, start and end (ms), and windows (its
-    steps: step_windows)."""
+    steps: step_windows). `windowed` (a window given by time): steps that cannot be told apart
+    leave windows None and the reason in steps_note, instead of refusing the trace."""
     CURRENT_FILE[0] = path
     text = read_text(path)
     if not text.strip():
@@ -267,7 +268,16 @@ def load(path):
         raise InputError(f"{path}: all {len(spans)} spans start and end at {trace.start * 1000:g} "
                          "µs: a clock that did not run, not a run's times")
     check_duplicates(trace)
-    trace.windows = step_windows(trace)
+    try:
+        trace.windows = step_windows(trace)
+    except InputError as e:
+        if not windowed:
+            raise
+        # A window given by time (--from-ms/--to-ms) draws the spans as they are: a step
+        # skipped by --skip-nonfinite (no optimizer step) made every step unfindable, and the
+        # advice to pass a window was refused the same way (an outside tester's).
+        trace.windows = None
+        trace.steps_note = f"its steps cannot be told apart, drawn by time only: {e}"
     return trace
 
 

@@ -893,12 +893,13 @@ SimReport simulate(const CliOptions& o, ComputeProfile& profile) {
     // The profile is compute; its all-reduces are not replayed. But a user who traced a bf16
     // run and predicts it without the flag gets 4-byte buckets without knowing (an outside
     // tester's).
+    const bool known = *profile.comm_hook == "allreduce" || *profile.comm_hook == "bf16";
     warnings.push_back(fmt::format(
         "--profile {}: its all-reduces ran the comm hook '{}', but --comm-hook is '{}': the "
-        "buckets are priced at {} bytes per element; give --comm-hook {} to predict the traced "
-        "run",
+        "buckets are priced at {} bytes per element; {}",
         o.profile_path, *profile.comm_hook, o.comm_hook, o.comm_hook == "bf16" ? 2 : 4,
-        *profile.comm_hook));
+        known ? fmt::format("give --comm-hook {} to predict the traced run", *profile.comm_hook)
+              : std::string("that hook is not one nanoddp-sim models (allreduce, bf16)")));
   }
   const double grad_bytes = o.comm_hook == "bf16" ? 2.0 : 4.0;
   std::vector<std::int64_t> numels;

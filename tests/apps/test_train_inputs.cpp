@@ -1427,6 +1427,58 @@ TEST_CASE("outputs: --trace is written once its steps are done and names them") 
       train({"--steps", "2", "--trace", dir.file("s.json"), "--trace-steps", "5"});
   REQUIRE_MESSAGE(short_run.exit_code == 0, short_run.output);
   CHECK(run_config(dir.file("s.json"))["last_step"] == 2);
+  // A second outside tester: resumed with no step left, the run wrote an empty trace of "steps
+  // 13 to 12" over the good one; now nothing traced is said, and the file left as it is.
+  const ProcessResult nothing_left =
+      train({"--steps", "12", "--checkpoint-dir", ckpt, "--checkpoint-every", "4", "--resume",
+             "--trace", dir.file("r.json"), "--trace-steps", "2"});
+  REQUIRE_MESSAGE(nothing_left.exit_code == 0, nothing_left.output);
+  CHECK(
+      contains(nothing_left.output, "no step was left to train, so nothing was traced; --trace '" +
+                                        dir.file("r.json") + "' is left as it is"));
+  CHECK(run_config(dir.file("r.json"))["first_step"] == 9);
+  // And a run that stops inside its traced steps (a NaN loss at step 2) says the trace was not
+  // written, rather than leave it to be found missing.
+  const ProcessResult stopped =
+      train({"--steps", "50", "--log-every", "1", "--optimizer", "sgd", "--lr", "1e30", "--trace",
+             dir.file("n.json"), "--trace-steps", "20"});
+  CHECK(stopped.exit_code == 1);
+  CHECK_MESSAGE(
+      contains(stopped.output, "--trace '" + dir.file("n.json") +
+                                   "' was not written: the run stopped before its "
+                                   "traced steps were done (it is written after step 20)"),
+      stopped.output);
+  CHECK_FALSE(fs::exists(dir.file("n.json")));
+}
+
+// A second outside tester: a lock another process held on the trace made rank 0 wait
+// NANODDP_TIMEOUT_S for it in the middle of training, and the other rank timed out in its next
+// collective, blaming rank 0. During training the wait is a quarter of that (at most 5 s); then
+// the trace is rescued and training goes on.
+TEST_CASE("outputs: a --trace locked by another process does not stall the job mid-run") {
+  TempDir dir;
+  const std::string trace = dir.file("t.json");
+  std::ofstream(trace) << "{}";
+  const int fd = ::open(trace.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX) == 0);
+  ProcessOptions options;
+  options.timeout = std::chrono::seconds(120);
+  options.env["NANODDP_TIMEOUT_S"] = "8";
+  options.env["TMPDIR"] = dir.path();
+  std::vector<std::string> argv = {bin_path("nanoddp-run"), "--nproc-per-node", "2"};
+  const auto train_args =
+      train_argv({"--steps", "300", "--log-every", "100", "--trace", trace, "--trace-steps", "5"});
+  argv.insert(argv.end(), train_args.begin(), train_args.end());
+  const ProcessResult r = run_process(argv, options);
+  ::close(fd);
+  INFO(r.output);
+  CHECK(r.exit_code == 1);  // the trace could not be written where asked
+  CHECK(contains(r.output, "still after 2 s; it is left as it is"));
+  CHECK(contains(r.output, "training goes on, and the run ends with this error"));
+  CHECK(contains(r.output, "step 300/300"));
+  CHECK_FALSE(contains(r.output, "timed out"));
+  CHECK(fs::file_size(rescued_file(r.output, "t.json")) > 100);
 }
 
 TEST_CASE("outputs: a --save and --metrics folder removed during the run is made again") {

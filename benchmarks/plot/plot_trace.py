@@ -178,8 +178,16 @@ def parse_args(argv):
         parser.error(f"--step {args.step}: steps count from 1")
     if args.compare is not None and args.from_ms is not None:
         parser.error("--compare aligns the two traces' steps; pass --step, not --from-ms/--to-ms")
-    if args.labels is not None and len(args.labels.split(",")) != 2:
+    if args.labels is not None and args.compare is None:
+        parser.error("--labels names the two runs of --compare; without --compare it would be "
+                     "ignored")
+    if args.labels is not None and (len(args.labels.split(",")) != 2 or
+                                    not all(n.strip() for n in args.labels.split(","))):
         parser.error(f"--labels {args.labels!r}: two names separated by a comma")
+    if args.compare is not None and os.path.exists(args.compare) and \
+            os.path.exists(args.trace) and os.path.samefile(args.trace, args.compare):
+        parser.error(f"--compare {args.compare}: the same file as {args.trace}; compare two runs' "
+                     "traces")
     if args.cores is not None and args.cores < 1:
         parser.error(f"--cores {args.cores}: at least 1")
     return args

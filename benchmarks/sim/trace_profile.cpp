@@ -353,6 +353,7 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   std::set<int> ranks;
   std::optional<std::int64_t> batch_per_rank;
   std::optional<std::string> comm_hook;
+  bool seen_run_config = false;
   std::map<int, std::vector<Span>> by_rank;  // only options.rank's unless the peers are wanted
   const json& events = doc["traceEvents"];
   for (std::size_t i = 0; i < events.size(); ++i) {
@@ -377,10 +378,32 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     const std::string ph = e["ph"].get<std::string>();
     // nanoddp-train's own metadata: the run's batch per rank.
     if (ph == "M" && e.contains("name") && e["name"] == "run_config" && e.contains("args") &&
-        e["args"].is_object() && e["args"].contains("batch")) {
-      const std::int64_t batch = integer_arg(e, "batch", name, i, "run_config");
-      if (batch < 1) fail("{}: event {} ('run_config') has batch {}", name, i, batch);
-      batch_per_rank = batch;
+        e["args"].is_object()) {
+      // Checked as plot_trace.py checks it: the two readers of one file agree on what is valid.
+      if (seen_run_config) fail("{}: event {} is a second 'run_config'", name, i);
+      seen_run_config = true;
+      for (const char* key : {"batch", "grad_accum", "first_step"}) {
+        if (e["args"].contains(key) && integer_arg(e, key, name, i, "run_config") < 1) {
+          fail("{}: event {} ('run_config') has {} {}, not a count from 1", name, i, key,
+               e["args"][key].dump());
+        }
+      }
+      if (e["args"].contains("last_step") && e["args"].contains("first_step") &&
+          integer_arg(e, "last_step", name, i, "run_config") <
+              integer_arg(e, "first_step", name, i, "run_config")) {
+        fail("{}: event {} ('run_config') has last_step {} before first_step {}", name, i,
+             e["args"]["last_step"].dump(), e["args"]["first_step"].dump());
+      }
+      if (e["args"].contains("batch")) {
+        batch_per_rank = integer_arg(e, "batch", name, i, "run_config");
+      }
+      if (e["args"].contains("grad_accum") &&
+          integer_arg(e, "grad_accum", name, i, "run_config") > 1) {
+        fail(
+            "{}: a trace of --grad-accum {} (its run_config); the simulator models one "
+            "forward/backward per optimizer step: trace a run without --grad-accum",
+            name, e["args"]["grad_accum"].dump());
+      }
     }
     // A --zero run (comm/zero.cpp, comm/reducer_timeline.cpp) reduce-scatters its buckets and
     // all-gathers the parameters after the optimizer step: read as DDP, its comm would be 0 and

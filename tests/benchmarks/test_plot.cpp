@@ -962,6 +962,10 @@ TEST_CASE("plot_trace.py: bad windows and outputs are one-line errors; it says w
       {{"--out", dir.file("bdir.png")}, dir.file("bdir.png") + " is a folder"},
       {{"--out", dir.file("missing/x.png")}, "no folder " + dir.file("missing")},
       {{"--out", "a.png", "--out", "b.png"}, "--out is given twice"},
+      // A second outside tester: ignored without a word, or a trace compared with itself.
+      {{"--labels", "A,B"}, "--labels names the two runs of --compare"},
+      {{"--compare", trace, "--labels", ","}, "--labels ',': two names separated by a comma"},
+      {{"--compare", trace}, "--compare " + trace + ": the same file as " + trace},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {trace};

@@ -490,6 +490,34 @@ TEST_CASE("trace profile: only a regular file of bounded size is read, pids are 
   }
 }
 
+// A second outside tester: plot_trace.py refused these run_config values, the simulator read
+// on. The two readers of one file agree now.
+TEST_CASE("trace profile: run_config is checked as plot_trace.py checks it") {
+  const TraceProfileOptions o{.shape = kShape};
+  const auto with_config = [](const std::string& args, int copies = 1) {
+    std::string events;
+    for (int k = 0; k < copies; ++k) {
+      events += fmt::format(R"({{"name":"run_config","ph":"M","pid":0,"args":{{{}}}}},)", args);
+    }
+    return R"({"traceEvents": [)" + events +
+           R"({"name": "forward", "ph": "X", "pid": 0, "tid": 0, "ts": 0, "dur": 1}]})";
+  };
+  for (const auto& [args, expected] : std::vector<std::pair<std::string, std::string>>{
+           {R"("batch":8,"first_step":0)", "has first_step 0, not a count from 1"},
+           {R"("batch":8,"first_step":-5)", "has first_step -5, not a count from 1"},
+           {R"("batch":8,"grad_accum":0)", "has grad_accum 0, not a count from 1"},
+           {R"("batch":0)", "has batch 0, not a count from 1"},
+           {R"("batch":8,"first_step":"x")", "\"first_step\": \"x\", not a whole number"},
+           {R"("batch":8,"first_step":5,"last_step":3)", "has last_step 3 before first_step 5"},
+           {R"("batch":8,"grad_accum":2)", "a trace of --grad-accum 2 (its run_config)"}}) {
+    CAPTURE(args);
+    CHECK_THROWS_WITH_AS(profile_from_trace_text(with_config(args), "t.json", o),
+                         doctest::Contains(expected.c_str()), SimError);
+  }
+  CHECK_THROWS_WITH_AS(profile_from_trace_text(with_config(R"("batch":8)", 2), "t.json", o),
+                       doctest::Contains("event 1 is a second 'run_config'"), SimError);
+}
+
 // The same spans with --zero-overlap-gather got through the ZeRO refusal (an outside tester's),
 // and the prediction took the gathers for "other" time.
 TEST_CASE("trace profile: every ZeRO span is refused, the overlapped all-gather's too") {

@@ -208,6 +208,14 @@ void Trainer::check_output_paths() {
     check_output_file("--trace", o_.trace_path, created_folders_);
     trace_target_ = common::resolved_path(o_.trace_path).string();
     trace_checked_ = common::file_state(trace_target_);
+    if (trace_checked_.exists && world_.restart_count > 0 && is_main()) {
+      // A restarted attempt traces its own first steps (run_config's restart says which): the
+      // attempt that failed loses its trace, said rather than found out (an outside tester's).
+      fmt::print(stderr,
+                 "nanoddp-train: note: --trace '{}' exists (an earlier attempt's trace?); this "
+                 "attempt ({} restart(s)) replaces it once its traced steps are done\n",
+                 o_.trace_path, world_.restart_count);
+    }
   }
   if (o_.metrics_path.empty() || common::standard_stream(o_.metrics_path) != 0) {
     // Nothing, or /dev/stdout and the like: written through the program's own stream.

@@ -1427,6 +1427,14 @@ TEST_CASE("outputs: --trace is written once its steps are done and names them") 
       train({"--steps", "2", "--trace", dir.file("s.json"), "--trace-steps", "5"});
   REQUIRE_MESSAGE(short_run.exit_code == 0, short_run.output);
   CHECK(run_config(dir.file("s.json"))["last_step"] == 2);
+  // A restarted attempt replaces the failed attempt's trace: said at its start.
+  const ProcessResult restarted = train({"--steps", "2", "--trace", dir.file("s.json")},
+                                        {.env = {{"NANODDP_RESTART_COUNT", "1"}}});
+  REQUIRE_MESSAGE(restarted.exit_code == 0, restarted.output);
+  CHECK(contains(restarted.output, "--trace '" + dir.file("s.json") +
+                                       "' exists (an earlier attempt's trace?); this attempt (1 "
+                                       "restart(s)) replaces it"));
+  CHECK(run_config(dir.file("s.json"))["restart"] == 1);
   // A second outside tester: resumed with no step left, the run wrote an empty trace of "steps
   // 13 to 12" over the good one; now nothing traced is said, and the file left as it is.
   const ProcessResult nothing_left =

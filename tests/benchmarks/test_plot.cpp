@@ -940,7 +940,7 @@ TEST_CASE("plot_trace.py: ranks on different clocks, or two ranks under one pid,
 // tracebacks; --out noext printed "wrote noext" and wrote noext.png and noext.svg; --out DIR (a
 // folder) wrote DIR.png beside it; --out /dev/full (as root) wrote /dev/full.png and .svg (not
 // run here: an old script would write into /dev again). --out names a .png.
-TEST_CASE("plot_trace.py: bad windows and outputs are one-line errors; it says what it wrote") {
+TEST_CASE("plot_trace.py: bad windows and outputs are one-line errors, and it says what it wrote") {
   const std::string py = python();
   TempDir dir;
   const std::string trace = dir.file("t.json");

@@ -184,6 +184,13 @@ void check_refused(const std::string& py, const std::vector<std::string>& args,
   CHECK(!contains(r.output, "Traceback"));
 }
 
+// Runs plot_trace.py with `args`, which must succeed (run_ok).
+ProcessResult plot_trace(const std::string& py, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {py, script("plot_trace.py")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_ok(argv);
+}
+
 }  // namespace
 
 TEST_CASE("plot.py: charts from real nanoddp-bench-allreduce and nanoddp-bench-gemm runs") {
@@ -497,8 +504,8 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
     run_ok(train);
 
     const std::string png = dir.file(overlap ? "overlap.png" : "no_overlap.png");
-    const ProcessResult r = run_ok({py, script("plot_trace.py"), trace, "--step", "2", "--out", png,
-                                    "--footnote", "commit abc1234, 2026-12-01 18:00 UTC"});
+    const ProcessResult r = plot_trace(py, {trace, "--step", "2", "--out", png, "--footnote",
+                                            "commit abc1234, 2026-12-01 18:00 UTC"});
     INFO(r.output);
     check_chart(r, png);
     // The SVG twin, with the footnote (a trace holds no provenance of its own) as text.
@@ -533,11 +540,10 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
       CHECK(count("of which 0.00 ms (0%) while a backward node ran") == 2);
     }
     // The default window (the step of median length) and the explicit time window work too.
-    const ProcessResult typical =
-        run_ok({py, script("plot_trace.py"), trace, "--out", dir.file("typical.png")});
+    const ProcessResult typical = plot_trace(py, {trace, "--out", dir.file("typical.png")});
     check_chart(typical, dir.file("typical.png"));
-    const ProcessResult window = run_ok({py, script("plot_trace.py"), trace, "--from-ms", "0",
-                                         "--to-ms", "5", "--out", dir.file("window.png")});
+    const ProcessResult window =
+        plot_trace(py, {trace, "--from-ms", "0", "--to-ms", "5", "--out", dir.file("window.png")});
     check_chart(window, dir.file("window.png"));
     // A step the trace does not hold is a usage error naming what it does hold.
     const ProcessResult beyond = run_process(
@@ -548,10 +554,9 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
     CHECK(!fs::exists(dir.file("beyond.png")));
   }
   // Overlap on and off on one time axis: both steps' summaries and their difference.
-  const ProcessResult both =
-      run_ok({py, script("plot_trace.py"), dir.file("overlap.json"), "--compare",
-              dir.file("no_overlap.json"), "--step", "2", "--labels", "overlap on,overlap off",
-              "--cores", "2", "--out", dir.file("both.png")});
+  const ProcessResult both = plot_trace(
+      py, {dir.file("overlap.json"), "--compare", dir.file("no_overlap.json"), "--step", "2",
+           "--labels", "overlap on,overlap off", "--cores", "2", "--out", dir.file("both.png")});
   INFO(both.output);
   check_chart(both, dir.file("both.png"));
   CHECK(contains(both.output, "4 rank(s)"));
@@ -572,9 +577,9 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
   CAPTURE(length);
   CHECK(contains(both.output, "step overlap on: " + length + " ms"));
   // Without --step both runs show the same step number (the first trace's median step).
-  const ProcessResult same = run_ok({py, script("plot_trace.py"), dir.file("overlap.json"),
-                                     "--compare", dir.file("no_overlap.json"), "--labels",
-                                     "overlap on,overlap off", "--out", dir.file("same.png")});
+  const ProcessResult same =
+      plot_trace(py, {dir.file("overlap.json"), "--compare", dir.file("no_overlap.json"),
+                      "--labels", "overlap on,overlap off", "--out", dir.file("same.png")});
   INFO(same.output);
   const std::size_t first = same.output.find("overlap on: step ");
   REQUIRE(first != std::string::npos);
@@ -595,8 +600,7 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
     {"ph": "X", "name": "all-reduce bucket 0", "pid": 0, "tid": 2, "ts": 1500, "dur": 1000},
     )" + optimizer_span + "]}";
   write_file(bare, bare_trace);
-  const ProcessResult plain =
-      run_ok({py, script("plot_trace.py"), bare, "--out", dir.file("bare.png")});
+  const ProcessResult plain = plot_trace(py, {bare, "--out", dir.file("bare.png")});
   INFO(plain.output);
   check_chart(plain, dir.file("bare.png"));
   std::ifstream bare_svg(dir.file("bare.svg"));
@@ -612,8 +616,7 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
       R"({"ph": "X", "name": "health all-reduce", "pid": 0, "tid": 2, "ts": 2550, "dur": 40},
     )");
   write_file(healthy, with_health);
-  check_chart(run_ok({py, script("plot_trace.py"), healthy, "--out", dir.file("health.png")}),
-              dir.file("health.png"));
+  check_chart(plot_trace(py, {healthy, "--out", dir.file("health.png")}), dir.file("health.png"));
   std::ifstream health_svg(dir.file("health.svg"));
   const std::string health_text((std::istreambuf_iterator<char>(health_svg)),
                                 std::istreambuf_iterator<char>());
@@ -652,8 +655,7 @@ TEST_CASE("plot_trace.py: timelines of real 2-rank nanoddp-train --zero 1 and --
     const std::string trace = dir.file(name + ".json");
     train_two_ranks({"--zero", std::to_string(stage), "--trace", trace});
     const std::string png = dir.file(name + ".png");
-    const ProcessResult r =
-        run_ok({py, script("plot_trace.py"), trace, "--step", "2", "--out", png});
+    const ProcessResult r = plot_trace(py, {trace, "--step", "2", "--out", png});
     INFO(r.output);
     check_chart(r, png);
     CHECK(contains(r.output, "step 2 of 4 recorded"));
@@ -683,8 +685,8 @@ TEST_CASE("plot_trace.py: timelines of real 2-rank nanoddp-train --zero 1 and --
   // Stage 1 against stage 2 on one time axis: each run's own collectives, both named in the
   // legend.
   const ProcessResult both =
-      run_ok({py, script("plot_trace.py"), dir.file("zero1.json"), "--compare",
-              dir.file("zero2.json"), "--labels", "zero 1,zero 2", "--out", dir.file("both.png")});
+      plot_trace(py, {dir.file("zero1.json"), "--compare", dir.file("zero2.json"), "--labels",
+                      "zero 1,zero 2", "--out", dir.file("both.png")});
   INFO(both.output);
   check_chart(both, dir.file("both.png"));
   CHECK(contains(both.output, "zero 1: rank 0: 3 all-reduce(s), "));
@@ -697,8 +699,8 @@ TEST_CASE("plot_trace.py: timelines of real 2-rank nanoddp-train --zero 1 and --
   // line), not "overlap on"/"overlap off" whatever it holds.
   train_two_ranks({"--trace", dir.file("ddp.json")});
   const ProcessResult derived =
-      run_ok({py, script("plot_trace.py"), dir.file("zero2.json"), "--compare",
-              dir.file("ddp.json"), "--step", "2", "--out", dir.file("derived.png")});
+      plot_trace(py, {dir.file("zero2.json"), "--compare", dir.file("ddp.json"), "--step", "2",
+                      "--out", dir.file("derived.png")});
   INFO(derived.output);
   check_chart(derived, dir.file("derived.png"));
   CHECK(!contains(derived.output, "overlap on"));
@@ -707,16 +709,16 @@ TEST_CASE("plot_trace.py: timelines of real 2-rank nanoddp-train --zero 1 and --
   CHECK(contains(derived.output, "  DDP"));
   CHECK(contains(derived.output, "rank 0: 3 reduce-scatter(s)"));
   const ProcessResult stages =
-      run_ok({py, script("plot_trace.py"), dir.file("zero1.json"), "--compare",
-              dir.file("zero2.json"), "--step", "2", "--out", dir.file("stages.png")});
+      plot_trace(py, {dir.file("zero1.json"), "--compare", dir.file("zero2.json"), "--step", "2",
+                      "--out", dir.file("stages.png")});
   CHECK(contains(stages.output, "timeline of ZeRO-1"));
   CHECK(contains(stages.output, "; ZeRO-2"));
 
   // --zero-overlap-gather: one gather per bucket beside the next forward, and the forward's
   // waits for them (what of it is exposed), not "all of it exposed".
   train_two_ranks({"--zero", "1", "--zero-overlap-gather", "--trace", dir.file("overlap.json")});
-  const ProcessResult overlap = run_ok({py, script("plot_trace.py"), dir.file("overlap.json"),
-                                        "--step", "3", "--out", dir.file("overlap.png")});
+  const ProcessResult overlap =
+      plot_trace(py, {dir.file("overlap.json"), "--step", "3", "--out", dir.file("overlap.png")});
   INFO(overlap.output);
   check_chart(overlap, dir.file("overlap.png"));
   // Each rank counts the gathers its forward used (those the previous step launched), not this
@@ -781,9 +783,8 @@ TEST_CASE("plot_trace.py: only a regular file of bounded size is read") {
   // A link to a trace is the trace.
   write_file(dir.file("real.json"), crafted_trace(3));
   fs::create_symlink(dir.file("real.json"), dir.file("link.json"));
-  check_chart(
-      run_ok({py, script("plot_trace.py"), dir.file("link.json"), "--out", dir.file("link.png")}),
-      dir.file("link.png"));
+  check_chart(plot_trace(py, {dir.file("link.json"), "--out", dir.file("link.png")}),
+              dir.file("link.png"));
 }
 
 // An outside tester: a "dur" of NaN (the bar vanished), 1e300 (it covered everything) or -5, an
@@ -852,9 +853,8 @@ TEST_CASE("plot_trace.py: damaged times are refused, naming the event") {
       {dir.file("good.json"), "--compare", dir.file("twice.json"), "--out", dir.file("both.png")},
       dir.file("twice.json") + ": traceEvents[");
   // The undamaged trace is drawn.
-  check_chart(
-      run_ok({py, script("plot_trace.py"), dir.file("good.json"), "--out", dir.file("good.png")}),
-      dir.file("good.png"));
+  check_chart(plot_trace(py, {dir.file("good.json"), "--out", dir.file("good.png")}),
+              dir.file("good.png"));
 }
 
 // An outside tester: with rank 1's times shifted 5 s (a trace merged from hosts whose steady
@@ -868,8 +868,7 @@ TEST_CASE("plot_trace.py: ranks on different clocks, or two ranks under one pid,
   run_ok({bin_path("nanoddp-run"), "--nproc-per-node", "2", bin_path("nanoddp-train"), "--hidden",
           "64", "--layers", "2", "--batch", "16", "--steps", "4", "--quiet", "--trace", trace});
   const std::string text = read_text(trace);
-  check_chart(run_ok({py, script("plot_trace.py"), trace, "--out", dir.file("trace.png")}),
-              dir.file("trace.png"));
+  check_chart(plot_trace(py, {trace, "--out", dir.file("trace.png")}), dir.file("trace.png"));
   // nanoddp-train writes each event on one line of JSON without spaces: "ph" first, then "ts",
   // ("dur",) "pid".
   const std::string shifted =
@@ -929,9 +928,8 @@ TEST_CASE("plot_trace.py: ranks on different clocks, or two ranks under one pid,
   write_file(dir.file("skipped.json"), skipped);
   check_refused(py, {dir.file("skipped.json"), "--out", dir.file("skipped.png")},
                 "pass --from-ms and --to-ms");
-  const ProcessResult drawn =
-      run_ok({py, script("plot_trace.py"), dir.file("skipped.json"), "--from-ms", "0", "--to-ms",
-              "50", "--out", dir.file("skipped.png")});
+  const ProcessResult drawn = plot_trace(py, {dir.file("skipped.json"), "--from-ms", "0", "--to-ms",
+                                              "50", "--out", dir.file("skipped.png")});
   CHECK(contains(drawn.output, "note: its steps cannot be told apart, drawn by time only"));
   check_chart(drawn, dir.file("skipped.png"));
 }
@@ -981,8 +979,7 @@ TEST_CASE("plot_trace.py: bad windows and outputs are one-line errors, and it sa
   CHECK(read_text(dir.file("trace.png")) == read_text(trace));
   // What it prints is what it writes: the PNG and the SVG beside it, nothing else.
   fs::create_directory(dir.file("out"));
-  const ProcessResult r =
-      run_ok({py, script("plot_trace.py"), trace, "--out", dir.file("out/chart.png")});
+  const ProcessResult r = plot_trace(py, {trace, "--out", dir.file("out/chart.png")});
   INFO(r.output);
   check_chart(r, dir.file("out/chart.png"));
   CHECK(contains(r.output, "wrote " + dir.file("out/chart.svg") + ": the same chart as SVG"));
@@ -1017,16 +1014,16 @@ TEST_CASE("plot_trace.py: the header's step time is nanoddp-train's step_ms, dat
   TempDir dir;
   write_file(dir.file("a.json"), crafted_trace(3, 2, 200));
   write_file(dir.file("b.json"), crafted_trace(3, 2, 350));
-  const ProcessResult one = run_ok(
-      {py, script("plot_trace.py"), dir.file("a.json"), "--step", "2", "--out", dir.file("a.png")});
+  const ProcessResult one =
+      plot_trace(py, {dir.file("a.json"), "--step", "2", "--out", dir.file("a.png")});
   INFO(one.output);
   CHECK(contains(one.output,
                  "step 2 of 3 recorded, 0.55 ms (rank 0's, data excluded as in "
                  "nanoddp-train's step_ms; data 0.20 ms)"));
   // The same steps after longer data: the same step time, no difference.
   const ProcessResult both =
-      run_ok({py, script("plot_trace.py"), dir.file("a.json"), "--compare", dir.file("b.json"),
-              "--step", "2", "--labels", "short data,long data", "--out", dir.file("ab.png")});
+      plot_trace(py, {dir.file("a.json"), "--compare", dir.file("b.json"), "--step", "2",
+                      "--labels", "short data,long data", "--out", dir.file("ab.png")});
   INFO(both.output);
   check_chart(both, dir.file("ab.png"));
   CHECK(contains(both.output, "long data (b.json): step 2 of 3 recorded, 0.55 ms"));
@@ -1038,8 +1035,8 @@ TEST_CASE("plot_trace.py: the header's step time is nanoddp-train's step_ms, dat
   resumed.replace(resumed.find(config), config.size(),
                   R"("grad_accum": 1, "first_step": 4501, "last_step": 4503})");
   write_file(dir.file("resumed.json"), resumed);
-  const ProcessResult later = run_ok({py, script("plot_trace.py"), dir.file("resumed.json"),
-                                      "--step", "2", "--out", dir.file("resumed.png")});
+  const ProcessResult later =
+      plot_trace(py, {dir.file("resumed.json"), "--step", "2", "--out", dir.file("resumed.png")});
   CHECK(contains(later.output, "step 2 of 3 recorded (the run's step 4502), 0.55 ms"));
 }
 
@@ -1056,15 +1053,14 @@ TEST_CASE("plot_trace.py: --step works on an --optimizer-in-backward trace") {
             "64", "--layers", "2", "--batch", "16", "--steps", "4", "--grad-accum", accum,
             "--optimizer-in-backward", "--quiet", "--trace", trace});
     const std::string png = dir.file(std::string("oib") + accum + ".png");
-    const ProcessResult r =
-        run_ok({py, script("plot_trace.py"), trace, "--step", "3", "--out", png});
+    const ProcessResult r = plot_trace(py, {trace, "--step", "3", "--out", png});
     INFO(r.output);
     check_chart(r, png);
     CHECK(contains(r.output, "step 3 of 4 recorded, "));
     CHECK(contains(read_text(png.substr(0, png.size() - 4) + ".svg"),
                    "optimizer update (in backward)"));
     // The default (the median step) finds the steps too.
-    check_chart(run_ok({py, script("plot_trace.py"), trace, "--out", png}), png);
+    check_chart(plot_trace(py, {trace, "--out", png}), png);
   }
 }
 
@@ -1091,8 +1087,8 @@ TEST_CASE("plot_trace.py: the header and legend say only what the trace holds") 
                                       dir.file(name + ".json")};
     if (prefetch) train.push_back("--prefetch");
     run_ok(train);
-    const ProcessResult r = run_ok(
-        {py, script("plot_trace.py"), dir.file(name + ".json"), "--out", dir.file(name + ".png")});
+    const ProcessResult r =
+        plot_trace(py, {dir.file(name + ".json"), "--out", dir.file(name + ".png")});
     INFO(r.output);
     check_chart(r, dir.file(name + ".png"));
     CHECK(contains(r.output, prefetch ? "  2 threads (compute + data prefetch) on "
@@ -1109,8 +1105,8 @@ TEST_CASE("plot_trace.py: the header and legend say only what the trace holds") 
   // Two runs compared: every line of the header fits the image (SVG text is text, a line each).
   write_file(dir.file("a.json"), crafted_trace(3, 2));
   const ProcessResult both =
-      run_ok({py, script("plot_trace.py"), dir.file("plain.json"), "--compare", dir.file("a.json"),
-              "--cores", "2", "--out", dir.file("both.png")});
+      plot_trace(py, {dir.file("plain.json"), "--compare", dir.file("a.json"), "--cores", "2",
+                      "--out", dir.file("both.png")});
   INFO(both.output);
   check_chart(both, dir.file("both.png"));
   const std::string svg = read_text(dir.file("both.svg"));

@@ -324,6 +324,33 @@ std::vector<double> peers_ready(const std::map<int, std::vector<Span>>& by_rank,
   return ready;
 }
 
+// nanoddp-train's "run_config" event (the trace's metadata: batch per rank, --grad-accum, the
+// steps it holds), checked as plot_trace.py checks it, so that the two readers of one file agree
+// on what is valid. Returns the batch per rank, when given.
+std::optional<std::int64_t> read_run_config(const json& e, const std::string& name, std::size_t i) {
+  const json& args = e["args"];
+  for (const char* key : {"batch", "grad_accum", "first_step"}) {
+    if (args.contains(key) && integer_arg(e, key, name, i, "run_config") < 1) {
+      fail("{}: event {} ('run_config') has {} {}, not a count from 1", name, i, key,
+           args[key].dump());
+    }
+  }
+  if (args.contains("last_step") && args.contains("first_step") &&
+      integer_arg(e, "last_step", name, i, "run_config") <
+          integer_arg(e, "first_step", name, i, "run_config")) {
+    fail("{}: event {} ('run_config') has last_step {} before first_step {}", name, i,
+         args["last_step"].dump(), args["first_step"].dump());
+  }
+  if (args.contains("grad_accum") && integer_arg(e, "grad_accum", name, i, "run_config") > 1) {
+    fail(
+        "{}: a trace of --grad-accum {} (its run_config); the simulator models one "
+        "forward/backward per optimizer step: trace a run without --grad-accum",
+        name, args["grad_accum"].dump());
+  }
+  if (!args.contains("batch")) return std::nullopt;
+  return integer_arg(e, "batch", name, i, "run_config");
+}
+
 }  // namespace
 
 ComputeProfile profile_from_trace(const std::string& path, const TraceProfileOptions& options) {
@@ -379,31 +406,9 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
     // nanoddp-train's own metadata: the run's batch per rank.
     if (ph == "M" && e.contains("name") && e["name"] == "run_config" && e.contains("args") &&
         e["args"].is_object()) {
-      // Checked as plot_trace.py checks it: the two readers of one file agree on what is valid.
       if (seen_run_config) fail("{}: event {} is a second 'run_config'", name, i);
       seen_run_config = true;
-      for (const char* key : {"batch", "grad_accum", "first_step"}) {
-        if (e["args"].contains(key) && integer_arg(e, key, name, i, "run_config") < 1) {
-          fail("{}: event {} ('run_config') has {} {}, not a count from 1", name, i, key,
-               e["args"][key].dump());
-        }
-      }
-      if (e["args"].contains("last_step") && e["args"].contains("first_step") &&
-          integer_arg(e, "last_step", name, i, "run_config") <
-              integer_arg(e, "first_step", name, i, "run_config")) {
-        fail("{}: event {} ('run_config') has last_step {} before first_step {}", name, i,
-             e["args"]["last_step"].dump(), e["args"]["first_step"].dump());
-      }
-      if (e["args"].contains("batch")) {
-        batch_per_rank = integer_arg(e, "batch", name, i, "run_config");
-      }
-      if (e["args"].contains("grad_accum") &&
-          integer_arg(e, "grad_accum", name, i, "run_config") > 1) {
-        fail(
-            "{}: a trace of --grad-accum {} (its run_config); the simulator models one "
-            "forward/backward per optimizer step: trace a run without --grad-accum",
-            name, e["args"]["grad_accum"].dump());
-      }
+      if (const auto batch = read_run_config(e, name, i)) batch_per_rank = batch;
     }
     // A --zero run (comm/zero.cpp, comm/reducer_timeline.cpp) reduce-scatters its buckets and
     // all-gathers the parameters after the optimizer step: read as DDP, its comm would be 0 and

@@ -238,7 +238,11 @@ int Trainer::run_steps() {
     if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
       save_checkpoint(step, epoch, step_in_epoch + 1);
     }
+    if (tracing && step == start_step_ + 1) warn_of_trace_size();
     if (tracing && (step - start_step_ == o_.trace_steps || step == steps_)) {
+      // With --zero-overlap-gather the last traced step's gathers run into the next forward,
+      // which is not traced: they are waited for here, so that the trace holds them.
+      if (o_.zero_overlap_gather) wait_for_parameters();
       trace_scope.reset();
       write_trace_now(step);
     }

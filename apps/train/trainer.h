@@ -145,6 +145,7 @@ class Trainer {
   // run killed later keeps its trace). "" or the problem, kept for the end of the run.
   std::string write_trace();
   void write_trace_now(std::int64_t last_traced_step);
+  void warn_of_trace_size() const;            // after the first traced step, from its size
   std::optional<std::string> trace_outcome_;  // set once the trace was written (or failed)
   std::int64_t last_traced_step_ = 0;
   void check_same_settings();

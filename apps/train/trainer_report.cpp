@@ -342,6 +342,26 @@ void Trainer::keep_metrics() {
   std::fflush(stderr);
 }
 
+// A trace is held in memory on every rank and on rank 0 whole, then read whole by the tools
+// that draw it (plot_trace.py reads up to 256 MiB, nanoddp-sim up to 1 GiB): a --trace-steps far
+// beyond the few steps a timeline needs is said at its first step, not found at the end (an
+// outside tester's 50,000 steps of a tiny model made 65 MB).
+void Trainer::warn_of_trace_size() const {
+  if (!is_main()) return;
+  constexpr double kPlotLimit = 256.0 * (1 << 20);
+  const std::int64_t traced = std::min(o_.trace_steps, steps_ - start_step_);
+  const double bytes = static_cast<double>(tracer_->events_json().size()) *
+                       static_cast<double>(traced) * world_size_;
+  if (bytes <= kPlotLimit) return;
+  fmt::print(stderr,
+             "nanoddp-train: warning: --trace-steps {} will make a trace of about {:.0f} MiB "
+             "(its first step's size x {} steps x {} rank(s)), held in memory until it is "
+             "written; plot_trace.py reads at most 256 MiB and nanoddp-sim 1 GiB. A few steps "
+             "show the timeline: --trace-steps 5\n",
+             o_.trace_steps, bytes / (1 << 20), traced, world_size_);
+  std::fflush(stderr);
+}
+
 std::string Trainer::write_trace() {
   if (!tracer_) return {};
   std::vector<std::string> all;  // each rank's events, on rank 0

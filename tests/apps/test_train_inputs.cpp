@@ -1409,6 +1409,22 @@ TEST_CASE("outputs: --trace is written once its steps are done and names them") 
   CHECK(first["last_step"] == 3);
   CHECK(first["restart"] == 0);
   CHECK(first["optimizer_steps"] == 3);
+  CHECK_FALSE(contains(trainer.output(), "will make a trace of about"));
+  // A --trace-steps far past what the tools read is said at the first step (an outside tester's
+  // 50,000 steps made 65 MB without a word), not found when the trace is written.
+  const std::string most = std::to_string(1 << 20);
+  BackgroundProcess huge(train_argv({"--steps", most, "--log-every", most, "--trace",
+                                     dir.file("h.json"), "--trace-steps", most}));
+  const auto warned = [](const std::string& o) { return contains(o, "will make a trace of"); };
+  REQUIRE_MESSAGE(huge.wait_for_output(warned, std::chrono::seconds(60)), huge.output());
+  huge.send(SIGKILL);
+  (void)huge.wait(kLongRunEnd);
+  CHECK_MESSAGE(std::regex_search(huge.output(),
+                                  std::regex("warning: --trace-steps 1048576 will make a trace of "
+                                             "about [0-9]+ MiB \\(its first step's size x "
+                                             "1048576 steps x 1 rank\\(s\\)\\)")),
+                huge.output());
+  CHECK(contains(huge.output(), "A few steps show the timeline: --trace-steps 5"));
   // A resumed run traces its own next steps, and says which.
   const std::string ckpt = dir.file("ck");
   REQUIRE(train({"--steps", "8", "--checkpoint-dir", ckpt, "--checkpoint-every", "4"}).exit_code ==

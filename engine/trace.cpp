@@ -110,8 +110,9 @@ void Tracer::instant_on(Device device, Clock::time_point host_time, std::string 
       {std::move(name), track, std::move(at), Event(device), std::move(args), /*instant=*/true});
 }
 
-void Tracer::resolve_device_spans() const {
-  if (device_spans_.empty()) return;
+std::size_t Tracer::resolve_device_spans(Pending pending) const {
+  if (device_spans_.empty()) return 0;
+  std::size_t dropped = 0;
   // CPU events are host times: an anchor made now maps them back to within nanoseconds (their
   // intervals to it are negative, which only a GPU's event timer would refuse).
   const ClockAnchor cpu_anchor(Stream::compute(Device::cpu()));
@@ -119,6 +120,10 @@ void Tracer::resolve_device_spans() const {
     // The trace is written after the traced steps: normally the events have happened already.
     const ClockAnchor& anchor =
         d.begin.device().is_cpu() ? cpu_anchor : anchors_.at(d.begin.device().index);
+    if (pending == Pending::kDrop && !(d.instant ? d.begin : d.end).query()) {
+      ++dropped;
+      continue;
+    }
     if (d.instant) {
       d.begin.synchronize();
       events_.push_back({std::move(d.name), d.track, to_us(anchor.host_time_of(d.begin)), -1.0,
@@ -132,6 +137,7 @@ void Tracer::resolve_device_spans() const {
                        std::max(0.0, 1000.0 * d.begin.elapsed_ms(d.end)), std::move(d.args)});
   }
   device_spans_.clear();
+  return dropped;
 }
 
 std::size_t Tracer::size() const {
@@ -139,7 +145,7 @@ std::size_t Tracer::size() const {
   return events_.size();
 }
 
-std::string Tracer::events_json() const {
+std::string Tracer::events_json(Pending pending, std::size_t* dropped) const {
   std::string out = fmt::format(
       R"({{"name":"process_name","ph":"M","pid":{0},"args":{{"name":"rank {0}"}}}},)"
       R"({{"name":"process_sort_index","ph":"M","pid":{0},"args":{{"sort_index":{0}}}}})",
@@ -151,7 +157,8 @@ std::string Tracer::events_json() const {
                     rank_, static_cast<int>(track), quoted(track_name(track)));
   }
   std::lock_guard lock(mutex_);
-  resolve_device_spans();
+  const std::size_t left_out = resolve_device_spans(pending);
+  if (dropped != nullptr) *dropped = left_out;
   for (const Record& e : events_) {
     std::string args;
     for (const auto& [k, v] : e.args) {

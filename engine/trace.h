@@ -54,9 +54,13 @@ class Tracer {
   // for: call it before recording a device span's first event.
   void anchor_for(Device device);
 
+  // What events_json() does with a device span whose events have not happened yet.
+  enum class Pending { kWait, kDrop };
   // This rank's events as a JSON array body (comma-separated objects, no brackets), with the
-  // metadata that names the process ("rank R") and its tracks. Waits for pending device spans.
-  std::string events_json() const;
+  // metadata that names the process ("rank R") and its tracks. Waits for pending device spans,
+  // or leaves them out with kDrop (a failed run's trace: a hung device would never end the
+  // wait); `dropped`, if given, counts those left out.
+  std::string events_json(Pending pending = Pending::kWait, std::size_t* dropped = nullptr) const;
   // A complete trace file from several ranks' events_json() strings, as pieces to write one
   // after another (views into `ranks_events`, which must outlive them). The writing itself is
   // the caller's: the trainer writes atomically and checks which file it made.
@@ -82,8 +86,9 @@ class Tracer {
     bool instant = false;
   };
   double to_us(Clock::time_point t) const;
-  // Turns device spans into events (host times). Called under mutex_.
-  void resolve_device_spans() const;
+  // Turns device spans into events (host times); returns how many kDrop left out. Called under
+  // mutex_.
+  std::size_t resolve_device_spans(Pending pending) const;
 
   int rank_;
   mutable std::mutex mutex_;

@@ -202,13 +202,16 @@ int Trainer::run() {
   } catch (...) {
     // A failed rank 0 does not hold the store up for peers that may be dead (~Distributed).
     if (dist_) dist_->abandon();
-    if (tracer_ && !trace_outcome_ && is_main()) {
+    if (tracer_ && !trace_outcome_) {
       // Said, not left to be found missing (an outside tester's NaN stop inside the window).
-      fmt::print(stderr,
-                 "nanoddp-train: note: --trace '{}' was not written: the run stopped before its "
-                 "traced steps were done (it is written after step {})\n",
-                 o_.trace_path, std::min(start_step_ + o_.trace_steps, steps_));
-      std::fflush(stderr);
+      if (is_main()) {
+        fmt::print(stderr,
+                   "nanoddp-train: note: --trace '{}' was not written: the run stopped before its "
+                   "traced steps were done (it is written after step {})\n",
+                   o_.trace_path, std::min(start_step_ + o_.trace_steps, steps_));
+        std::fflush(stderr);
+      }
+      if (step_ > start_step_) write_partial_trace();
     }
     throw;
   }
@@ -226,6 +229,7 @@ int Trainer::run_steps() {
   for (std::int64_t step = start_step_ + 1; step <= steps_; ++step) {
     const std::int64_t epoch = (step - 1) / steps_per_epoch_;
     const std::int64_t step_in_epoch = (step - 1) % steps_per_epoch_;
+    step_ = step;
     if (epoch != sampler_epoch_) {
       sampler_->set_epoch(epoch);
       sampler_epoch_ = epoch;

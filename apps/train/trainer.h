@@ -145,7 +145,10 @@ class Trainer {
   // run killed later keeps its trace). "" or the problem, kept for the end of the run.
   std::string write_trace();
   void write_trace_now(std::int64_t last_traced_step);
+  // A run that stops inside its traced steps: each rank's own events beside --trace.
+  void write_partial_trace() const noexcept;
   void warn_of_trace_size() const;            // after the first traced step, from its size
+  std::int64_t step_ = 0;                     // the step being trained, once training started
   std::optional<std::string> trace_outcome_;  // set once the trace was written (or failed)
   std::int64_t last_traced_step_ = 0;
   void check_same_settings();

@@ -362,6 +362,54 @@ void Trainer::warn_of_trace_size() const {
   std::fflush(stderr);
 }
 
+// The trace of a run that stopped inside its traced steps (a collective that timed out, a NaN
+// stop, a peer lost) cannot be gathered on rank 0: the peers may be gone or stuck. So each rank
+// writes what it traced itself, as PyTorch's NCCL flight recorder dumps each rank's record, to
+// T.rankR.partial.json beside --trace T: what a hung job's ranks were doing when it stopped is
+// what a trace is most often asked for. --trace itself is left as it was. A device span that
+// never ended (a hung GPU) is left out rather than waited for.
+void Trainer::write_partial_trace() const noexcept {
+  std::string path = o_.trace_path;
+  if (path.ends_with(".json")) path.resize(path.size() - 5);
+  path += fmt::format(".rank{}.partial.json", rank_);
+  try {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      throw std::runtime_error("it exists and is not a regular file; left as it is");
+    }
+    std::size_t dropped = 0;
+    const std::string events = tracer_->events_json(Tracer::Pending::kDrop, &dropped);
+    // partial: the tools refuse to take it for a whole run (nanoddp-sim) or say what it is.
+    const std::string config = fmt::format(
+        R"({{"name":"run_config","ph":"M","pid":{},"args":{{"batch":{},"grad_accum":{},)"
+        R"("first_step":{},"last_step":{},"restart":{},"partial":true,"rank":{},)"
+        R"("world_size":{},"stopped_in_step":{}}}}})",
+        rank_, o_.batch, o_.grad_accum, start_step_ + 1, step_, world_.restart_count, rank_,
+        world_size_, step_);
+    std::vector<std::span<const std::byte>> chunks;
+    const std::vector<std::string> all = {config, events};
+    for (const std::string_view piece : Tracer::file_pieces(all)) {
+      chunks.push_back(std::as_bytes(std::span(piece)));
+    }
+    nn::write_file_atomically(path, chunks);
+    fmt::print(
+        stderr,
+        "nanoddp-train: note: rank {} stopped in step {}, inside its traced steps: what it "
+        "traced is in '{}' (this rank's events alone{})\n",
+        rank_, step_, path,
+        dropped > 0 ? fmt::format("; {} device span(s) that never ended left out", dropped) : "");
+  } catch (const std::exception& e) {
+    try {  // on the way out of a failed run: nothing may replace its error
+      fmt::print(stderr,
+                 "nanoddp-train: note: rank {} could not write what it traced to '{}': {}\n", rank_,
+                 path, e.what());
+    } catch (...) {
+    }
+  } catch (...) {
+  }
+  std::fflush(stderr);
+}
+
 std::string Trainer::write_trace() {
   if (!tracer_) return {};
   std::vector<std::string> all;  // each rank's events, on rank 0

@@ -1473,6 +1473,28 @@ TEST_CASE("outputs: --trace is written once its steps are done and names them") 
                                    "traced steps were done (it is written after step 20)"),
       stopped.output);
   CHECK_FALSE(fs::exists(dir.file("n.json")));
+  // What it traced is written beside it, marked partial, with the step it stopped in.
+  const std::string partial = dir.file("n.rank0.partial.json");
+  CHECK(contains(stopped.output,
+                 "rank 0 stopped in step 2, inside its traced steps: what it "
+                 "traced is in '" +
+                     partial + "'"));
+  const nlohmann::json left = run_config(partial);
+  CHECK(left["partial"] == true);
+  CHECK(left["stopped_in_step"] == 2);
+  CHECK(left["world_size"] == 1);
+  CHECK(left["optimizer_steps"] == 1);
+  // A name already taken by something that is not a file is left alone, and said.
+  fs::remove(partial);
+  fs::create_directory(partial);
+  const ProcessResult blocked =
+      train({"--steps", "50", "--log-every", "1", "--optimizer", "sgd", "--lr", "1e30", "--trace",
+             dir.file("n.json"), "--trace-steps", "20"});
+  CHECK(blocked.exit_code == 1);
+  CHECK_MESSAGE(contains(blocked.output, "rank 0 could not write what it traced to '" + partial +
+                                             "': it exists and is not a regular file"),
+                blocked.output);
+  CHECK(fs::is_directory(partial));
 }
 
 // A second outside tester: a lock another process held on the trace made rank 0 wait

@@ -359,8 +359,15 @@ TEST_CASE("bench-ddp: --optimizer-in-backward on,off sweeps both ways of steppin
                                  path});
   INFO(r.output);
   REQUIRE((!r.timed_out && !r.signaled && r.exit_code == 0));
-  CHECK(r.output.find("inbwd") != std::string::npos);
-  CHECK(r.output.find("after") != std::string::npos);
+  // The optim column of each row (a search for "after" matched the legend's "after 1 warm-up").
+  const auto rows = table_rows(r.output);
+  REQUIRE(rows.size() == 4);  // the header and three rows
+  const auto optim = std::find(rows[0].begin(), rows[0].end(), std::string("optim"));
+  REQUIRE(optim != rows[0].end());
+  const auto at = static_cast<std::size_t>(optim - rows[0].begin());
+  CHECK(rows[1][at] == "plain");
+  CHECK(rows[2][at] == "inbwd");
+  CHECK(rows[3][at] == "after");
   const std::vector<json> lines = read_lines(path);
   REQUIRE(lines.size() == 3);
   // The plain baseline (no DDP, the optimizer after backward) is shared by on and off.

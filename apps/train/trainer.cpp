@@ -20,6 +20,7 @@
 #include "nanoddp/engine/ops.h"
 #include "nanoddp/kernels/error.h"
 #include "nanoddp/nn/checkpoint.h"
+#include "signal_dump.h"
 #include "trainer_internal.h"
 
 namespace nanoddp::train {
@@ -211,7 +212,7 @@ int Trainer::run() {
                    o_.trace_path, std::min(start_step_ + o_.trace_steps, steps_));
         std::fflush(stderr);
       }
-      if (step_ > start_step_) write_partial_trace();
+      if (step_ > start_step_) write_partial_trace("stopped");
     }
     throw;
   }
@@ -223,6 +224,9 @@ int Trainer::run_steps() {
   print_banner();
   const auto run_start = Clock::now();
   Window window;
+  // While the traced steps run, a signal first writes what this rank traced (a launcher
+  // stopping a hung job's workers): the whole trace needs every rank, which a stop rules out.
+  std::optional<SignalDump> signal_dump;
   std::optional<float> first_loss;  // not NaN as "unset": a logged loss can be NaN
   float last_loss = NAN;
   std::optional<double> last_accuracy;  // --task classify
@@ -237,6 +241,11 @@ int Trainer::run_steps() {
     const bool tracing = tracer_ && step - start_step_ <= o_.trace_steps;
     std::optional<TraceScope> trace_scope;
     if (tracing) trace_scope.emplace(tracer_.get());
+    if (tracing && !signal_dump) {
+      signal_dump.emplace([this](int signal_number) {
+        write_partial_trace(fmt::format("got SIG{}", sigabbrev_np(signal_number)));
+      });
+    }
 
     const float world_loss = train_step(step, window);
     if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
@@ -248,6 +257,7 @@ int Trainer::run_steps() {
       // which is not traced: they are waited for here, so that the trace holds them.
       if (o_.zero_overlap_gather) wait_for_parameters();
       trace_scope.reset();
+      signal_dump.reset();  // the whole trace is written now
       write_trace_now(step);
     }
     const bool log_now = is_log_step(step);

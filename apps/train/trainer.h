@@ -2,6 +2,7 @@
 // The training loop of nanoddp-train, on one process or as one rank of a DDP job.
 
 #include <array>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -145,10 +146,12 @@ class Trainer {
   // run killed later keeps its trace). "" or the problem, kept for the end of the run.
   std::string write_trace();
   void write_trace_now(std::int64_t last_traced_step);
-  // A run that stops inside its traced steps: each rank's own events beside --trace.
-  void write_partial_trace() const noexcept;
+  // A run that stops inside its traced steps (`cause`: "stopped", "got SIGTERM"): each rank's
+  // own events beside --trace, once; from the main thread or SignalDump's.
+  void write_partial_trace(const std::string& cause) const noexcept;
+  mutable std::atomic<bool> partial_trace_written_ = false;
   void warn_of_trace_size() const;            // after the first traced step, from its size
-  std::int64_t step_ = 0;                     // the step being trained, once training started
+  std::atomic<std::int64_t> step_ = 0;        // the step being trained, once training started
   std::optional<std::string> trace_outcome_;  // set once the trace was written (or failed)
   std::int64_t last_traced_step_ = 0;
   void check_same_settings();

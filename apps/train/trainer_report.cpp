@@ -368,7 +368,9 @@ void Trainer::warn_of_trace_size() const {
 // T.rankR.partial.json beside --trace T: what a hung job's ranks were doing when it stopped is
 // what a trace is most often asked for. --trace itself is left as it was. A device span that
 // never ended (a hung GPU) is left out rather than waited for.
-void Trainer::write_partial_trace() const noexcept {
+void Trainer::write_partial_trace(const std::string& cause) const noexcept {
+  if (partial_trace_written_.exchange(true)) return;
+  const std::int64_t step = step_;
   std::string path = o_.trace_path;
   if (path.ends_with(".json")) path.resize(path.size() - 5);
   path += fmt::format(".rank{}.partial.json", rank_);
@@ -384,8 +386,8 @@ void Trainer::write_partial_trace() const noexcept {
         R"({{"name":"run_config","ph":"M","pid":{},"args":{{"batch":{},"grad_accum":{},)"
         R"("first_step":{},"last_step":{},"restart":{},"partial":true,"rank":{},)"
         R"("world_size":{},"stopped_in_step":{}}}}})",
-        rank_, o_.batch, o_.grad_accum, start_step_ + 1, step_, world_.restart_count, rank_,
-        world_size_, step_);
+        rank_, o_.batch, o_.grad_accum, start_step_ + 1, step, world_.restart_count, rank_,
+        world_size_, step);
     std::vector<std::span<const std::byte>> chunks;
     const std::vector<std::string> all = {config, events};
     for (const std::string_view piece : Tracer::file_pieces(all)) {
@@ -394,9 +396,9 @@ void Trainer::write_partial_trace() const noexcept {
     nn::write_file_atomically(path, chunks);
     fmt::print(
         stderr,
-        "nanoddp-train: note: rank {} stopped in step {}, inside its traced steps: what it "
+        "nanoddp-train: note: rank {} {} in step {}, inside its traced steps: what it "
         "traced is in '{}' (this rank's events alone{})\n",
-        rank_, step_, path,
+        rank_, cause, step, path,
         dropped > 0 ? fmt::format("; {} device span(s) that never ended left out", dropped) : "");
   } catch (const std::exception& e) {
     try {  // on the way out of a failed run: nothing may replace its error

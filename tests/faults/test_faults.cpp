@@ -133,53 +133,65 @@ TEST_CASE("SIGSTOP of rank 0 (the store host): the other rank exits about one ti
 }
 
 // The hung-job guide (docs/reliability.md) suggests --trace; a job that hung inside its traced
-// steps could not gather them on rank 0 and wrote nothing. Each rank that stops writes what it
-// traced beside --trace: here rank 0, which timed out waiting for a stopped rank 1.
-TEST_CASE("a rank that times out inside its traced steps writes what it traced, alone") {
+// steps could not gather them on rank 0 and wrote nothing. Now each rank writes what it traced
+// beside --trace: under nanoddp-run, rank 0 when its all-reduce times out waiting for a stopped
+// rank 1, and rank 1 when the launcher then stops it (SIGTERM, after a SIGCONT).
+TEST_CASE("a hang inside the traced steps: each rank writes what it traced, alone") {
   TempDir dir;
   const std::string trace = dir.file("t.json");
-  auto ranks = start_ranks(train_argv({"--steps", "100000", "--log-every", "1000", "--trace", trace,
-                                       "--trace-steps", "100000"}),
-                           2, fault_env());
-  REQUIRE_MESSAGE(ranks[0]->wait_for_output(has_progress, 30s), ranks[0]->output());
+  std::vector<std::string> argv = {bin_path("nanoddp-run"), "--nproc-per-node", "2",
+                                   "--grace-period", "10"};
+  for (const auto& a : train_argv({"--steps", "100000", "--log-every", "1000", "--trace", trace,
+                                   "--trace-steps", "100000"})) {
+    argv.push_back(a);
+  }
+  BackgroundProcess launcher(with_env(fault_env(), argv));
+  REQUIRE_MESSAGE(launcher.wait_for_output(has_progress, 30s), launcher.output());
   std::this_thread::sleep_for(200ms);
-  ranks[1]->send(SIGSTOP);
-  const auto status = ranks[0]->wait(kExitWithin);
-  const std::string out = ranks[0]->output();
+  pid_t victim = -1;
+  for (const pid_t child : children_of(launcher.pid())) {
+    if (environ_of(child, "RANK") == "1") victim = child;
+  }
+  REQUIRE(victim > 0);
+  REQUIRE(kill(victim, SIGSTOP) == 0);
+  const auto status = launcher.wait(kExitWithin + 10s);
+  const std::string out = launcher.output();
   INFO(status_text(status), "\n", out);
+  REQUIRE(status.has_value());
   CHECK(exited_with(status, 1));
-  const std::string partial = dir.file("t.rank0.partial.json");
-  std::smatch m;
-  REQUIRE(std::regex_search(
-      out, m,
-      std::regex("rank 0 stopped in step ([0-9]+), inside its traced steps: what it traced is in "
-                 "'" +
-                 partial + "' \\(this rank's events alone\\)")));
-  const long stopped = std::stol(m[1].str());
   CHECK(contains(out, "--trace '" + trace + "' was not written"));
   CHECK_FALSE(fs::exists(trace));
-  std::ifstream in(partial);
-  const nlohmann::json file = nlohmann::json::parse(in);
-  int forwards = 0, optimizer_steps = 0, others = 0;
-  nlohmann::json config;
-  for (const auto& e : file.at("traceEvents")) {
-    others += e.at("pid") != 0;
-    if (e.at("name") == "run_config") config = e.at("args");
-    forwards += e.at("name") == "forward";
-    optimizer_steps += e.at("name") == "optimizer step";
+  for (int rank : {0, 1}) {
+    CAPTURE(rank);
+    const std::string partial = dir.file(fmt::format("t.rank{}.partial.json", rank));
+    std::smatch m;
+    REQUIRE(std::regex_search(
+        out, m,
+        std::regex(fmt::format("rank {} {} in step ([0-9]+), inside its traced steps: what it "
+                               "traced is in '{}' \\(this rank's events alone\\)",
+                               rank, rank == 0 ? "stopped" : "got SIGTERM", partial))));
+    const long stopped = std::stol(m[1].str());
+    std::ifstream in(partial);
+    const nlohmann::json file = nlohmann::json::parse(in);
+    int forwards = 0, optimizer_steps = 0, others = 0;
+    nlohmann::json config;
+    for (const auto& e : file.at("traceEvents")) {
+      others += e.at("pid") != rank;
+      if (e.at("name") == "run_config") config = e.at("args");
+      forwards += e.at("name") == "forward";
+      optimizer_steps += e.at("name") == "optimizer step";
+    }
+    CHECK(others == 0);  // this rank's events alone
+    CHECK(config["partial"] == true);
+    CHECK(config["rank"] == rank);
+    CHECK(config["world_size"] == 2);
+    CHECK(config["first_step"] == 1);
+    CHECK(config["stopped_in_step"] == stopped);
+    CHECK(config["last_step"] == stopped);
+    // The steps before the one it stopped in, whole, and that step's forward.
+    CHECK(optimizer_steps == stopped - 1);
+    CHECK(forwards == stopped);
   }
-  CHECK(others == 0);  // rank 0's events alone
-  CHECK(config["partial"] == true);
-  CHECK(config["rank"] == 0);
-  CHECK(config["world_size"] == 2);
-  CHECK(config["first_step"] == 1);
-  CHECK(config["stopped_in_step"] == stopped);
-  CHECK(config["last_step"] == stopped);
-  // The steps before the one it stopped in, whole, and that step's forward.
-  CHECK(optimizer_steps == stopped - 1);
-  CHECK(forwards == stopped);
-  ranks[1]->send(SIGKILL);
-  CHECK(ranks[1]->wait(10s).has_value());
 }
 
 // An outside tester's Ctrl-Z, held longer than NANODDP_TIMEOUT_S: nanoddp-run stopped every rank

@@ -31,6 +31,7 @@ constexpr int kDataTrack = 3;
 
 struct Span {
   std::string name;
+  std::size_t index = 0;  // in traceEvents, for messages
   int tid = 0;
   double ts_us = 0;
   double dur_us = 0;
@@ -39,6 +40,18 @@ struct Span {
   double end_us() const { return ts_us + dur_us; }
   bool is_grad_marker() const { return tid == kMarkersTrack && name.rfind("grad ", 0) == 0; }
   bool is_backward_node() const { return tid == kComputeTrack && name.rfind("backward ", 0) == 0; }
+  // What nanoddp-train runs one after another on a rank's main thread, never at once (on a GPU:
+  // in order on the compute stream): forward, each backward node, the optimizer step.
+  bool is_exclusive_compute() const {
+    return tid == kComputeTrack &&
+           (name == "forward" || name == "optimizer step" || name.rfind("backward ", 0) == 0);
+  }
+  // A collective that joins every rank: a bucket's all-reduce, or nanoddp-train's health
+  // all-reduce.
+  bool is_collective() const {
+    return tid == kCommTrack &&
+           (name.rfind("all-reduce bucket ", 0) == 0 || name == "health all-reduce");
+  }
 };
 
 // A bound on one marker's `numel` and a span's `elements`, and on their sums: 2^40 elements
@@ -50,6 +63,9 @@ constexpr std::int64_t kMaxTraceElements = std::int64_t{1} << 40;
 constexpr double kMaxSpanUs = 86400e6;
 // A trace's "pid" is its rank.
 constexpr std::int64_t kMaxRank = std::numeric_limits<int>::max();
+// Past 2^53 a double no longer holds every microsecond, and no steady clock reads that much (285
+// years): plot_trace.py's bound too.
+constexpr double kMaxTsUs = 9007199254740992.0;
 // Fewer kept steps than this: a median of almost nothing, warned about.
 constexpr std::size_t kFewSteps = 5;
 
@@ -217,7 +233,7 @@ struct StepSample {
   double optimizer_ms = 0;
   std::map<int, std::pair<std::int64_t, double>> buckets;  // index -> (elements, ms)
   double backward_start_us = 0;                            // on the trace's clock (for the peers)
-  double allreduce_end_us = -1;  // end of the last all-reduce span; -1 without one
+  std::map<std::string, const Span*> collectives;          // by name (for the peers' clocks)
 };
 
 // Where the steps of one rank's spans (sorted by start) begin: at its "forward" spans. Step f
@@ -263,11 +279,101 @@ std::vector<double> step_ready_us(const std::vector<Span>& spans, std::size_t fi
   return grads.ready_us;
 }
 
+// The collectives (Span::is_collective) of the step [first, last) of a rank's spans, by name.
+std::map<std::string, const Span*> step_collectives(const std::vector<Span>& spans,
+                                                    std::size_t first, std::size_t last) {
+  std::map<std::string, const Span*> collectives;
+  for (std::size_t i = first; i < last; ++i) {
+    if (spans[i].is_collective()) collectives[spans[i].name] = &spans[i];
+  }
+  return collectives;
+}
+
+// The ranks' clocks, checked on the collectives of the kept steps, which join every rank. One
+// host's ranks share one (steady_clock); ranks of several hosts, or a rank whose times were
+// shifted, do not, and an offset moves the slowest rank's gradient times, and the predicted step,
+// by up to itself: a 1 ms bound let a shift of half a 1.2 ms step through, and the prediction
+// moved 25 % (an outside tester's). So the bounds scale with what they protect:
+//  - a collective cannot end on one rank before it has started on another (a rank's span starts
+//    before it joins and ends after every rank has): spans that share no moment are refused,
+//    however small the offset is against the step;
+//  - the same collective ends at about the same time on every rank, so the median difference of
+//    the ends estimates the offset: above kMaxClockShare of the median step it is warned about,
+//    above kMaxClockGapMs refused. Not refused by the step's share: on a busy machine a rank's
+//    thread that waited for the others is woken late, and real traces of a 0.7 ms step ended
+//    0.05-0.14 ms apart (median) on one clock.
+// In 3 real 2-rank traces here a rank's times shifted by 10 %, 20 % or 50 % of the step, either
+// way, broke the first rule every time, and by 5 % in 5 of 6 cases.
+constexpr double kClockSlackUs = 20;  // device times are anchored to the host clock per rank
+constexpr double kMaxClockShare = 0.1;
+constexpr double kMaxClockGapMs = 1.0;
+
+void check_one_clock(const std::map<int, std::vector<Span>>& by_rank, int rank,
+                     const std::vector<std::vector<std::map<std::string, const Span*>>>& peers,
+                     const std::vector<StepSample>& samples, std::size_t skip,
+                     const std::string& name, std::vector<std::string>& warnings) {
+  std::vector<double> steps;
+  for (const StepSample& s : samples) steps.push_back(s.step_ms);
+  const double step_ms = median(steps);
+  std::size_t p = 0;
+  for (const auto& [peer, spans] : by_rank) {
+    if (peer == rank) continue;
+    std::vector<double> end_gaps;  // peer's end minus this rank's, ms
+    for (std::size_t s = 0; s < samples.size(); ++s) {
+      for (const auto& [collective, own] : samples[s].collectives) {
+        const auto it = peers[p][s].find(collective);
+        if (it == peers[p][s].end()) continue;
+        const Span* other = it->second;
+        const Span* first = own->end_us() < other->end_us() ? own : other;
+        const Span* second = first == own ? other : own;
+        if (first->end_us() + kClockSlackUs < second->ts_us) {
+          fail(
+              "--peers traced: in {}, step {}: '{}' ends on rank {} (event {}, {:.3f} us) before "
+              "it starts on rank {} (event {}, {:.3f} us); a collective joins every rank, so on "
+              "one clock it cannot: the ranks' clocks differ (traced on several hosts, or times "
+              "edited?). Use --peers identical, or a trace of one host's ranks.",
+              name, s + skip + 1, collective, first == own ? rank : peer, first->index,
+              first->end_us(), first == own ? peer : rank, second->index, second->ts_us);
+        }
+        end_gaps.push_back((other->end_us() - own->end_us()) / 1000.0);
+      }
+    }
+    if (end_gaps.empty()) {
+      fail(
+          "--peers traced: {} has no collective that rank {} and rank {} both ran; the peers "
+          "need a DDP trace",
+          name, rank, peer);
+    }
+    const double gap = median(end_gaps);
+    const std::string apart = fmt::format(
+        "in {} the same collectives end {:.3g} ms {} on rank {} than on rank {} (median of {}), "
+        "{:.0f} % of the median step ({:.3g} ms)",
+        name, std::fabs(gap), gap > 0 ? "later" : "earlier", peer, rank, end_gaps.size(),
+        100 * std::fabs(gap) / step_ms, step_ms);
+    if (std::fabs(gap) > kMaxClockGapMs) {
+      fail(
+          "--peers traced: {}; on one clock they end together, so the ranks' clocks differ by "
+          "about that (traced on several hosts, or times edited?), which moves the slowest "
+          "rank's gradient times and the prediction by as much. Use --peers identical, or a "
+          "trace of one host's ranks.",
+          apart);
+    }
+    if (std::fabs(gap) > kMaxClockShare * step_ms) {
+      warnings.push_back(fmt::format(
+          "--peers traced: {}: a waiting thread woken late on a busy machine, or a clock offset "
+          "between the ranks, which would move the prediction by up to as much",
+          apart));
+    }
+    ++p;
+  }
+}
+
 // Medians over the kept steps of the slowest rank's ready times, from this rank's backward
 // start: one per parameter, in layout order. Checks that the ranks share a clock.
 std::vector<double> peers_ready(const std::map<int, std::vector<Span>>& by_rank, int rank,
                                 const std::vector<StepSample>& samples, std::size_t skip,
-                                const GradSource& source, const std::string& name) {
+                                const GradSource& source, const std::string& name,
+                                std::vector<std::string>& warnings) {
   if (by_rank.size() < 2) {
     fail("--peers traced: {} holds one rank; the slowest rank needs a trace of several", name);
   }
@@ -278,7 +384,8 @@ std::vector<double> peers_ready(const std::map<int, std::vector<Span>>& by_rank,
   for (std::size_t i = 0; i < n; ++i) {
     for (std::size_t s = 0; s < samples.size(); ++s) latest[i][s] = samples[s].ready_ms[i];
   }
-  std::vector<double> clock_gaps;
+  // Per peer (in by_rank's order, this rank left out) and kept step, its collectives.
+  std::vector<std::vector<std::map<std::string, const Span*>>> peer_collectives;
   for (const auto& [peer, spans] : by_rank) {
     if (peer == rank) continue;
     const std::vector<std::size_t> forwards = forward_indices(spans);
@@ -286,6 +393,7 @@ std::vector<double> peers_ready(const std::map<int, std::vector<Span>>& by_rank,
       fail("--peers traced: in {}, rank {} has {} steps and rank {} has {}", name, peer,
            forwards.size(), rank, samples.size() + skip);
     }
+    auto& collectives = peer_collectives.emplace_back();
     for (std::size_t s = 0; s < samples.size(); ++s) {
       const std::size_t f = s + skip;
       const std::size_t last = step_end(forwards, f, spans.size());
@@ -293,35 +401,49 @@ std::vector<double> peers_ready(const std::map<int, std::vector<Span>>& by_rank,
       const std::vector<double> ready =
           step_ready_us(spans, forwards[f], last, source,
                         fmt::format("--peers traced: step {} of rank {} in {}", f + 1, peer, name));
-      double allreduce_end_us = -1;
-      for (std::size_t i = forwards[f]; i < last; ++i) {
-        if (spans[i].tid == kCommTrack && spans[i].name.rfind("all-reduce bucket ", 0) == 0) {
-          allreduce_end_us = std::max(allreduce_end_us, spans[i].end_us());
-        }
-      }
-      if (allreduce_end_us < 0 || own.allreduce_end_us < 0) {
+      collectives.push_back(step_collectives(spans, forwards[f], last));
+      const auto has_allreduce = [](const std::map<std::string, const Span*>& c) {
+        return std::any_of(c.begin(), c.end(),
+                           [](const auto& entry) { return entry.first != "health all-reduce"; });
+      };
+      if (!has_allreduce(collectives.back()) || !has_allreduce(own.collectives)) {
         fail("--peers traced: step {} of {} has no all-reduce span; the peers need a DDP trace",
              f + 1, name);
       }
-      clock_gaps.push_back(std::fabs(allreduce_end_us - own.allreduce_end_us) / 1000.0);
       for (std::size_t i = 0; i < n; ++i) {
         latest[i][s] = std::max(latest[i][s], (ready[i] - own.backward_start_us) / 1000.0);
       }
     }
   }
-  // The last all-reduce of a step ends at the same moment on every rank (within the time a
-  // rank takes to notice); far apart, the ranks' times are not on one clock.
-  constexpr double kMaxClockGapMs = 1.0;
-  const double gap = median(clock_gaps);
-  if (gap > kMaxClockGapMs) {
-    fail(
-        "--peers traced: in {} the same all-reduce ends {:.3g} ms apart on different ranks "
-        "(median); the ranks' clocks differ (traced on several hosts?). Use --peers identical.",
-        name, gap);
-  }
+  check_one_clock(by_rank, rank, peer_collectives, samples, skip, name, warnings);
   std::vector<double> ready;
   for (std::size_t i = 0; i < n; ++i) ready.push_back(median(latest[i]));
   return ready;
+}
+
+// Forward, the backward nodes and the optimizer step of a rank never overlap (Span::
+// is_exclusive_compute): a trace in which they do was damaged or edited (one whose backward
+// spans were moved onto the forward's start was predicted as if fine). `spans` are sorted by
+// start.
+void check_exclusive_compute(const std::vector<Span>& spans, int rank, const std::string& name) {
+  // The trace writes times to the nanosecond: adjacent spans may touch to its rounding.
+  constexpr double kRoundingUs = 0.01;
+  const Span* latest = nullptr;  // the span seen so far that ends last
+  int step = 0;
+  for (const Span& sp : spans) {
+    if (!sp.is_exclusive_compute()) continue;
+    if (sp.name == "forward") ++step;
+    if (latest != nullptr && sp.ts_us < latest->end_us() - kRoundingUs) {
+      fail(
+          "{}: event {} ('{}', ts {:.3f} us) starts {:.3f} us before event {} ('{}', ts {:.3f} "
+          "us, dur {:.3f} us) ends, on rank {}'s compute thread in step {}; nanoddp-train runs "
+          "forward, each backward node and the optimizer step one after another there: a "
+          "damaged or edited trace",
+          name, sp.index, sp.name, sp.ts_us, latest->end_us() - sp.ts_us, latest->index,
+          latest->name, latest->ts_us, latest->dur_us, rank, std::max(step, 1));
+    }
+    if (latest == nullptr || sp.end_us() > latest->end_us()) latest = &sp;
+  }
 }
 
 // nanoddp-train's "run_config" event (the trace's metadata: batch per rank, --grad-accum, the
@@ -378,6 +500,7 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   }
 
   std::set<int> ranks;
+  std::set<int> ranks_with_events;  // spans or instants, not only metadata
   std::optional<std::int64_t> batch_per_rank;
   std::optional<std::string> comm_hook;
   bool seen_run_config = false;
@@ -425,12 +548,24 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
             name, i, span);
       }
     }
-    if ((ph != "X" && ph != "i") || (pid != options.rank && !options.peers)) continue;
-    Span s;
+    if (ph != "X" && ph != "i") continue;
+    ranks_with_events.insert(pid);
     if (!e.contains("name") || !e["name"].is_string()) fail("{}: event {} has no name", name, i);
+    // Every event's time, whoever's: a marker at ts 1e300 sorted after every step and was
+    // blamed on the last step's list of markers.
+    const double ts_us = number(e, "ts", name, i);
+    if (!(ts_us >= 0 && ts_us < kMaxTsUs)) {
+      fail(
+          "{}: event {} ('{}') has \"ts\": {:g} us; a time is a steady clock's reading in "
+          "microseconds, from 0 to 2^53 (285 years): a damaged trace",
+          name, i, e["name"].get_ref<const std::string&>(), ts_us);
+    }
+    if (pid != options.rank && !options.peers) continue;
+    Span s;
     s.name = e["name"].get<std::string>();
+    s.index = i;
     s.tid = static_cast<int>(number(e, "tid", name, i));
-    s.ts_us = number(e, "ts", name, i);
+    s.ts_us = ts_us;
     const bool has_args = e.contains("args") && e["args"].is_object();
     if (ph == "i") {
       // Of the instants only the gradient markers matter ("bucket b ready" is the Reducer's
@@ -478,10 +613,20 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   if (!ranks.contains(options.rank)) {
     fail("--rank {}: the trace {} holds ranks {}", options.rank, name, fmt::join(ranks, ", "));
   }
+  // A rank named only by metadata (its spans cut out, its run_config kept) was blamed for having
+  // no step left after --skip-steps.
+  if (!ranks_with_events.contains(options.rank)) {
+    if (ranks_with_events.empty()) fail("--profile {}: the trace has no events", name);
+    fail(
+        "--profile {}: rank {} has no events, only metadata (\"ph\": \"M\"); the trace holds "
+        "the spans of rank(s) {}: pass one with --rank, or a trace with rank {}'s events",
+        name, options.rank, fmt::join(ranks_with_events, ", "), options.rank);
+  }
   for (auto& [pid, list] : by_rank) {
     // Stable: markers of one microsecond keep the order they were written in.
     std::stable_sort(list.begin(), list.end(),
                      [](const Span& a, const Span& b) { return a.ts_us < b.ts_us; });
+    check_exclusive_compute(list, pid, name);
   }
   const std::vector<Span>& spans = by_rank[options.rank];
 
@@ -592,8 +737,8 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
           fail("{}: unreadable bucket number in '{}'", name, sp.name);
         }
         s.buckets[index] = {sp.elements, sp.dur_us / 1000.0};
-        s.allreduce_end_us = std::max(s.allreduce_end_us, sp.end_us());
       }
+      if (sp.is_collective()) s.collectives[sp.name] = &sp;
     }
     if (!has_optimizer) {
       fail(
@@ -666,7 +811,8 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
   }
   profile.backward_tail_ms = std::max(0.0, backward_end - previous);
   if (options.peers) {
-    profile.peers_ready_ms = peers_ready(by_rank, options.rank, samples, skip, source, name);
+    profile.peers_ready_ms =
+        peers_ready(by_rank, options.rank, samples, skip, source, name, profile.warnings);
   }
 
   // "Other" closes the books: the median step minus the medians of its parts, so that the

@@ -36,8 +36,12 @@
 // produced it (ComputeProfile::peers_ready_ms): in each step, the latest over all ranks (this
 // one included) of the same gradient's ready time, minus this rank's backward start, then the
 // median over the steps. That needs one clock for all ranks (ranks on one host: the trace's
-// times are steady_clock); it is checked on the all-reduce spans, which end together on every
-// rank.
+// times are steady_clock); it is checked on the collectives, which join every rank (see
+// check_one_clock in the .cpp).
+//
+// Refused besides (SimError naming the event): a "ts" that is no time (below 0, from 2^53 us),
+// and spans that overlap on a rank's compute thread where nanoddp-train runs one at a time
+// (forward, each backward node, the optimizer step).
 
 #include <optional>
 #include <string>

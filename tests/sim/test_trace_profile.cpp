@@ -5,7 +5,10 @@
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -326,9 +329,9 @@ namespace {
 // A hand-made two-rank DDP trace of kShape (3 Linear, 11332 parameters in one bucket), 3 steps
 // 1 ms apart. Per step, in microseconds from the step's start: data 0-10, forward 10-110, the
 // three "backward linear" spans end at 200, 300 and 400 (+ `late_us` on rank 1), finalize waits
-// 450-500 and the all-reduce ends at 500 on both ranks (+ `clock_offset_us` on rank 1's clock),
-// optimizer 500-600.
-std::string two_rank_trace(double late_us, double clock_offset_us) {
+// 450-500 and the all-reduce, `allreduce_us` long, ends at 500 on both ranks (+
+// `clock_offset_us` on rank 1's clock), optimizer 500-600. The step (data excluded) is 0.59 ms.
+std::string two_rank_trace(double late_us, double clock_offset_us, double allreduce_us = 350) {
   std::string events;
   const auto add = [&](const std::string& name, int pid, int tid, double ts, double dur,
                        const std::string& args = "") {
@@ -343,7 +346,8 @@ std::string two_rank_trace(double late_us, double clock_offset_us) {
       add("data", pid, 3, t0, 10);
       add("forward", pid, 0, t0 + 10, 100);
       for (int k = 0; k < 3; ++k) add("backward linear", pid, 0, t0 + 110 + 100 * k + late, 90);
-      add("all-reduce bucket 0", pid, 1, t0 + 150, 350, R"(,"args":{"elements":11332})");
+      add("all-reduce bucket 0", pid, 1, t0 + 500 - allreduce_us, allreduce_us,
+          R"(,"args":{"elements":11332})");
       add("wait for all-reduce", pid, 0, t0 + 450, 50);
       add("optimizer step", pid, 0, t0 + 500, 100);
     }
@@ -388,6 +392,208 @@ TEST_CASE("trace profile: the slowest rank's gradient times, by hand") {
   CHECK_NOTHROW(profile_from_trace_text(two_rank_trace(0, 5e6), "hosts.json", {.shape = kShape}));
 }
 
+namespace {
+// `text` with every occurrence of `from` replaced by `to`.
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  for (std::size_t at = text.find(from); at != std::string::npos;
+       at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+// True when one of `warnings` holds `part`.
+bool warned(const std::vector<std::string>& warnings, const std::string& part) {
+  return std::any_of(warnings.begin(), warnings.end(),
+                     [&](const std::string& w) { return w.find(part) != std::string::npos; });
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+}  // namespace
+
+// An outside tester: a clock gap under 1 ms passed, and shifting one rank's times by half a
+// step moved a CPU prediction by 25 % without a word. The bounds scale with the step and the
+// collectives now.
+TEST_CASE("trace profile: --peers traced refuses a clock offset the collectives rule out") {
+  const TraceProfileOptions o{.shape = kShape, .peers = true};
+  // 0.08 ms with all-reduces of 0.05 ms: rank 0's (450-500) ends before rank 1's (530-580)
+  // starts, which no collective does on one clock, however small the offset.
+  CHECK_THROWS_WITH_AS(profile_from_trace_text(two_rank_trace(0, 80, 50), "short.json", o),
+                       doctest::Contains("step 2: 'all-reduce bucket 0' ends on rank 0 (event 13, "
+                                         "1500.000 us) before it starts on rank 1 (event 37, "
+                                         "1530.000 us)"),
+                       SimError);
+  CHECK_THROWS_WITH_AS(profile_from_trace_text(two_rank_trace(0, 80, 50), "short.json", o),
+                       doctest::Contains("the ranks' clocks differ"), SimError);
+  TraceProfileOptions from_rank1 = o;
+  from_rank1.rank = 1;
+  CHECK_THROWS_WITH_AS(profile_from_trace_text(two_rank_trace(0, 80, 50), "short.json", from_rank1),
+                       doctest::Contains("ends on rank 0 (event 13"), SimError);
+  // Half the 0.59 ms step with all-reduces of 0.35 ms (150-500, 450-800 on rank 1): they still
+  // share a moment, but end 0.3 ms apart, 51 % of the step: said.
+  const ComputeProfile half = profile_from_trace_text(two_rank_trace(0, 300), "half.json", o);
+  CHECK(warned(half.warnings,
+               "--peers traced: in half.json the same collectives end 0.3 ms "
+               "later on rank 1 than on rank 0 (median of 2), 51 % of the median "
+               "step (0.59 ms): a waiting thread woken late on a busy machine, or "
+               "a clock offset"));
+  CHECK(warned(profile_from_trace_text(two_rank_trace(0, 300), "half.json", from_rank1).warnings,
+               "end 0.3 ms earlier on rank 0 than on rank 1"));
+  // One clock, rank 1 late by 0.03 ms: nothing to say.
+  CHECK_FALSE(
+      warned(profile_from_trace_text(two_rank_trace(30, 0), "late.json", o).warnings, "--peers"));
+}
+
+TEST_CASE("trace profile: a real two-rank trace has one clock, half a step's shift has not") {
+  TempDir dir;
+  const std::string trace = dir.file("two.json");
+  write_two_rank_trace(trace);
+  for (int rank : {0, 1}) {
+    CAPTURE(rank);
+    CHECK_NOTHROW(profile_from_trace(trace, {.rank = rank, .peers = true}));
+  }
+  const ComputeProfile p = profile_from_trace(trace, {});
+  REQUIRE(p.measured.has_value());
+  // Rank 1's times moved by half the median step, either way.
+  for (const double sign : {1.0, -1.0}) {
+    CAPTURE(sign);
+    nlohmann::json doc = nlohmann::json::parse(slurp(trace));
+    for (auto& e : doc["traceEvents"]) {
+      if (e["pid"] == 1 && e.contains("ts")) {
+        e["ts"] = e["ts"].get<double>() + sign * p.measured->step_ms * 500.0;
+      }
+    }
+    CHECK_THROWS_WITH_AS(profile_from_trace_text(doc.dump(), "shifted.json", {.peers = true}),
+                         doctest::Contains("the ranks' clocks differ"), SimError);
+    // Without the peers the clocks do not matter.
+    CHECK_NOTHROW(profile_from_trace_text(doc.dump(), "shifted.json", {}));
+  }
+}
+
+// An outside tester: a step's backward spans moved onto its forward's start (backward beside
+// forward on one thread) was predicted as if fine.
+TEST_CASE("trace profile: forward, backward and optimizer spans that overlap are refused") {
+  // Step 2 of the hand-made trace (t0 = 1000): its forward is event 10 (1010-1110), "backward
+  // embed" event 11 (1110-1200), the optimizer step event 17 (1500-1600).
+  const std::string trace = marker_trace({});
+  CHECK_NOTHROW(profile_from_trace_text(trace, "m.json", {}));
+  CHECK_THROWS_WITH_AS(
+      profile_from_trace_text(replaced(trace, R"("ts":1110,)", R"("ts":1010,)"), "m.json", {}),
+      doctest::Contains("m.json: event 11 ('backward embed', ts 1010.000 us) starts 100.000 us "
+                        "before event 10 ('forward', ts 1010.000 us, dur 100.000 us) ends, on "
+                        "rank 0's compute thread in step 2"),
+      SimError);
+  CHECK_THROWS_WITH_AS(
+      profile_from_trace_text(replaced(trace, R"("ts":1500,)", R"("ts":1350,)"), "m.json", {}),
+      doctest::Contains("event 17 ('optimizer step', ts 1350.000 us) starts 50.000 us before "
+                        "event 16 ('backward sum'"),
+      SimError);
+  // A real trace: every backward span of rank 0's third step moved onto its forward's start.
+  TempDir dir;
+  const std::string real = dir.file("two.json");
+  write_two_rank_trace(real);
+  CHECK_NOTHROW(profile_from_trace(real, {.peers = true}));
+  nlohmann::json doc = nlohmann::json::parse(slurp(real));
+  int forwards = 0;
+  double forward_ts = 0;
+  for (auto& e : doc["traceEvents"]) {
+    if (e["pid"] != 0 || e["ph"] != "X") continue;
+    const std::string name = e["name"];
+    if (name == "forward" && ++forwards == 3) forward_ts = e["ts"];
+    if (forwards == 3 && name.rfind("backward ", 0) == 0) e["ts"] = forward_ts;
+  }
+  REQUIRE(forward_ts > 0);
+  CHECK_THROWS_WITH_AS(profile_from_trace_text(doc.dump(), "moved.json", {}),
+                       doctest::Contains("on rank 0's compute thread in step 3; nanoddp-train "
+                                         "runs forward, each backward node and the optimizer "
+                                         "step one after another there"),
+                       SimError);
+}
+
+// An outside tester's errors that blamed the wrong thing.
+TEST_CASE("trace profile: an error names what is wrong with the file or the event") {
+  TempDir dir;
+  // Rank 0's spans cut out, its run_config kept: it said no step remained after --skip-steps.
+  nlohmann::json doc = nlohmann::json::parse(two_rank_trace(0, 0));
+  auto& events = doc["traceEvents"];
+  events.erase(std::remove_if(events.begin(), events.end(),
+                              [](const nlohmann::json& e) { return e["pid"] == 0; }),
+               events.end());
+  events.insert(events.begin(),
+                nlohmann::json::parse(R"({"name":"run_config","ph":"M","pid":0,"args":{}})"));
+  CHECK_THROWS_WITH_AS(profile_from_trace_text(doc.dump(), "cut.json", {.shape = kShape}),
+                       doctest::Contains("cut.json: rank 0 has no events, only metadata (\"ph\": "
+                                         "\"M\"); the trace holds the spans of rank(s) 1"),
+                       SimError);
+  CHECK_NOTHROW(profile_from_trace_text(doc.dump(), "cut.json", {.shape = kShape, .rank = 1}));
+
+  // A UNIX socket: open() fails with "No such device or address".
+  const std::string socket_path = dir.file("sock");
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  REQUIRE(socket_path.size() < sizeof(address.sun_path));
+  std::copy(socket_path.begin(), socket_path.end(), address.sun_path);
+  REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0);
+  CHECK_THROWS_WITH_AS(
+      profile_from_trace(socket_path, {}),
+      doctest::Contains(("--profile " + socket_path + ": not a regular file (a socket)").c_str()),
+      SimError);
+  ::close(fd);
+
+  // NUL bytes: inside the text they read as "unexpected end of input", after it they were
+  // ignored.
+  const std::string good = marker_trace({});
+  for (const std::size_t at : {std::size_t{40}, good.size()}) {
+    CAPTURE(at);
+    std::string damaged = good;
+    damaged.insert(at, std::string(3, '\0'));
+    const std::string path = dir.file("nul.json");
+    std::ofstream(path, std::ios::binary) << damaged;
+    CHECK_THROWS_WITH_AS(
+        profile_from_trace(path, {}),
+        doctest::Contains(fmt::format("--profile {}: holds a NUL byte at offset {}: a binary or "
+                                      "damaged file",
+                                      path, at)
+                              .c_str()),
+        SimError);
+  }
+
+  // A marker at ts 1e300 (event 5: step 1's "grad head.proj") sorted after every step, and the
+  // last step's list of markers was blamed.
+  for (const char* ts : {"1e300", "-5"}) {
+    CAPTURE(ts);
+    const std::string bad =
+        replaced(good, R"("tid":2,"ts":301,)", fmt::format(R"("tid":2,"ts":{},)", ts));
+    REQUIRE(bad != good);
+    CHECK_THROWS_WITH_AS(
+        profile_from_trace_text(bad, "m.json", {}),
+        doctest::Contains(fmt::format("m.json: event 5 ('grad head.proj') has \"ts\": {:g} us; a "
+                                      "time is a steady clock's reading",
+                                      std::stod(ts))
+                              .c_str()),
+        SimError);
+  }
+}
+
+// RFC 8259 lets a parser skip a leading byte order mark; plot_trace.py refused one the simulator
+// read. Both read it now.
+TEST_CASE("trace profile: a trace with a UTF-8 byte order mark is read as without") {
+  TempDir dir;
+  const std::string path = dir.file("bom.json");
+  std::ofstream(path, std::ios::binary) << "\xEF\xBB\xBF" << marker_trace({15, 1000});
+  const ComputeProfile with = profile_from_trace(path, {});
+  const ComputeProfile without = profile_from_trace_text(marker_trace({15, 1000}), "m.json", {});
+  REQUIRE(with.grads.size() == without.grads.size());
+  CHECK(with.numel() == without.numel());
+  REQUIRE(with.measured.has_value());
+  CHECK(with.measured->step_ms == without.measured->step_ms);
+}
+
 TEST_CASE("trace profile: files that are not nanoddp traces are refused with a reason") {
   const TraceProfileOptions o{.shape = kShape};
   CHECK_THROWS_WITH_AS(profile_from_trace("/nonexistent/trace.json", o),
@@ -401,6 +607,10 @@ TEST_CASE("trace profile: files that are not nanoddp traces are refused with a r
   CHECK_THROWS_WITH_AS(
       profile_from_trace_text(R"({"traceEvents": [{"name": "forward", "ph": "X", "pid": 0}]})",
                               "t.json", o),
+      doctest::Contains("no numeric \"ts\""), SimError);
+  CHECK_THROWS_WITH_AS(
+      profile_from_trace_text(
+          R"({"traceEvents": [{"name": "forward", "ph": "X", "pid": 0, "ts": 0}]})", "t.json", o),
       doctest::Contains("no numeric \"tid\""), SimError);
   CHECK_THROWS_WITH_AS(profile_from_trace_text(R"({"traceEvents": [{"ph": "X"}]})", "t.json", o),
                        doctest::Contains("integer \"pid\""), SimError);
@@ -536,17 +746,6 @@ TEST_CASE("trace profile: every ZeRO span is refused, the overlapped all-gather'
   }
 }
 
-namespace {
-// `text` with every occurrence of `from` replaced by `to`.
-std::string replaced(std::string text, const std::string& from, const std::string& to) {
-  for (std::size_t at = text.find(from); at != std::string::npos;
-       at = text.find(from, at + to.size())) {
-    text.replace(at, from.size(), to);
-  }
-  return text;
-}
-}  // namespace
-
 TEST_CASE("trace profile: element counts are whole, bounded and summed without wrapping") {
   const std::string trace = marker_trace({});
   // 2^62 and 2^63 - 1 used to wrap the parameter count (0 or -8 elements, an absurd step).
@@ -596,11 +795,12 @@ TEST_CASE("trace profile: a span longer than a day, or steps of no time, are no 
       profile_from_trace_text(replaced(marker_trace({}), R"("dur":100})", R"("dur":1e300})"),
                               "m.json", {}),
       doctest::Contains("('forward') lasts 1e+300 us, more than a day (8.64e+10 us)"), SimError);
-  // Spans of sane length, but a step that ends 1e18 us after it starts.
+  // Spans of sane length, but a step that ends 1e15 us after it starts (below 2^53 us, the
+  // bound on any time).
   CHECK_THROWS_WITH_AS(
-      profile_from_trace_text(replaced(marker_trace({}), R"("ts":2500,)", R"("ts":1e18,)"),
+      profile_from_trace_text(replaced(marker_trace({}), R"("ts":2500,)", R"("ts":1e15,)"),
                               "m.json", {}),
-      doctest::Contains("step 3 of rank 0 runs 1e+15 ms"), SimError);
+      doctest::Contains("step 3 of rank 0 runs 1e+12 ms"), SimError);
   // Every event at one moment and of no length: step 0 ms, efficiency 0 % on one GPU before.
   nlohmann::json zero = nlohmann::json::parse(marker_trace({15, 1000}));
   for (auto& e : zero["traceEvents"]) {

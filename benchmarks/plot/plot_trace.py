@@ -54,16 +54,20 @@ micro-batch whose backward holds updates is the last of its step (--grad-accum, 
 trace's run_config). --step K picks the K-th recorded step (1 = the first; a resumed run's
 trace also names the run's own number, from run_config's first_step); the default is the step of
 median length after the first (a typical one, not the warm-up or an outlier). --from-ms and
---to-ms pick a window instead, in ms from the start of the trace.
+--to-ms pick a window instead, in ms from the start of the trace; a --to-ms past the trace's end
+ends the window there, with a note.
 
 It prints "wrote PATH.png: ..." and "wrote PATH.svg: ..." (the two files it writes; --out must
-name a .png: a new file in an existing folder, or a regular file to replace), then, per rank, how
+name a .png: a new file in an existing folder, or a regular file to replace; in the SVG each bar
+and gradient label has an id, svg_id's, that names what it shows), then, per rank, how
 many of the step's all-reduces (or reduce-scatters) started before its backward pass ended (with
 --no-overlap: none), and how much of their time a backward node was running at the same time (on
 a machine with fewer cores than threads, the compute thread may be descheduled while the
 all-reduce runs, so an early start does not guarantee hidden time); with ZeRO, then the
-all-gather's time, all of it exposed.
+all-gather's time, all of it exposed. With --compare each run is summarised apart, labelled: its
+ranks, step, threads and those lines.
 
+A leading UTF-8 byte order mark is skipped, as nanoddp-sim skips it (RFC 8259 allows it).
 Bad input exits 2 with one line naming the file (and the event, as traceEvents[i], where one is
 at fault), never drawing it: a missing file, anything but a regular file (a FIFO, /dev/zero, a
 folder), a file over 256 MiB (record fewer steps: --trace-steps), not JSON, a span whose ts or dur
@@ -303,6 +307,13 @@ FIGURE_INCHES = 12
 FIGURE_PT = FIGURE_INCHES * 72
 
 
+def svg_id(*parts):
+    """The id of a drawn element in the SVG ("bar.p0.compute.forward.n3"): its parts joined by
+    dots, anything but letters, digits, '.', '_' and '-' made '_' (an XML name), so that a test
+    or a tool can find what was drawn, and where, in the SVG's text."""
+    return ".".join(re.sub(r"[^A-Za-z0-9._-]", "_", str(part)) for part in parts)
+
+
 def text_ms(text, fontsize, width_ms, axes_pt):
     """How many ms of the axis a label of `fontsize` takes."""
     return (len(text) * fontsize * CHAR_EM + 4) * width_ms / axes_pt
@@ -378,9 +389,12 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=(), origin=None
         # the wait the header counts is seen.
         nested = e["name"] == "wait for all-gather"
         height = 0.45 * h if nested else 0.7 * h
+        module = ["of", e["module"]] if "module" in e else []
         ax.broken_barh([(start - t0, end - start)], (centre - height / 2, height),
                        facecolors=color, edgecolor="white", linewidth=0.4, alpha=alpha,
-                       zorder=3 if nested else 2)
+                       zorder=3 if nested else 2,
+                       gid=svg_id("bar", f"p{e['pid']}", e["track"], e["name"], *module,
+                                  f"n{len(drawn)}"))
         if not nested and end - start > text_ms(short, 7, width_ms, axes_pt):
             ax.text((start + end) / 2 - t0, centre, short, ha="center", va="center", fontsize=7,
                     clip_on=True, alpha=alpha, zorder=4)
@@ -448,7 +462,9 @@ def draw(args, ranks, spans, instants, lo, hi, own, title, marks=(), origin=None
             if level_end.get((e["pid"], e["track"], level), -math.inf) <= x - half:
                 level_end[(e["pid"], e["track"], level)] = x + half
                 ax.text(x, row[0] + (0.45 + 0.3 * level) * row[1], label, ha="center",
-                        va="top", fontsize=5.5, color="dimgrey")
+                        va="top", fontsize=5.5, color="dimgrey",
+                        gid=svg_id("grad-label", f"p{e['pid']}", module_of(e["name"]),
+                                   f"n{len(labelled)}"))
                 break
     last_label = {}
     grads_drawn = ready_drawn = False
@@ -611,16 +627,25 @@ def main(argv):
         if trace.windows is None:
             print(f"plot_trace.py: note: {trace.steps_note}", file=sys.stderr)
         args.trace_start = trace.start
-        marks, origin = [], None
+        marks, origin, runs = [], None, None
         if args.from_ms is not None:
             length = trace.end - trace.start
             if args.from_ms >= length:
                 raise InputError(f"--from-ms {args.from_ms:g}: {args.trace} lasts {length:.2f} ms "
                                  "from its first event; start the window before that")
             lo = trace.start + args.from_ms
-            hi = trace.start + min(args.to_ms, length)
             own = {}
-            what = f"{args.from_ms:g}–{args.to_ms:g} ms"
+            if args.to_ms > length:
+                # Past the last event there is nothing to draw: the window ends with the trace,
+                # and the header says where, instead of naming a window the chart does not show.
+                print(f"{PROG}: note: --to-ms {args.to_ms:g} is past the end of {args.trace} "
+                      f"({length:.2f} ms after its first event): the window ends there",
+                      file=sys.stderr)
+                hi = trace.end
+                what = f"{args.from_ms:g}–{length:.2f} ms (the trace's end)"
+            else:
+                hi = trace.start + args.to_ms
+                what = f"{args.from_ms:g}–{args.to_ms:g} ms"
         else:
             own, lo, hi, what, step = pick_step(args, trace)
         comm_ranks = {pid for pid, _ in trace.ranks
@@ -644,8 +669,9 @@ def main(argv):
             threads = f"{names[0]}: {threads}; {names[1]}: {threads_text(trace2)}"
             spans2, instants2 = visible(trace2, lo2, hi2)
             label_backward_spans(trace2, spans2)
-            lines = [f"{names[0]}: {line}" for line in lines] + \
-                [f"{names[1]}: {line}" for line in summary_lines(trace2, lo2, hi2, own2)]
+            lines1 = [f"{names[0]}: {line}" for line in lines]
+            lines2 = [f"{names[1]}: {line}" for line in summary_lines(trace2, lo2, hi2, own2)]
+            lines = lines1 + lines2
             # The second trace's step shifted so that both steps' data end at one time (each
             # rank 0's): from there each step's length is its step_ms, data excluded, so the
             # marked difference holds no data time. Its ranks renamed.
@@ -671,6 +697,10 @@ def main(argv):
                                   f"(difference {difference:+.2f} ms) ")]
             second = names[1] if os.path.basename(args.compare) in names[1] else \
                 f"{names[1]} ({os.path.basename(args.compare)})"
+            # stdout summarises each run apart, its ranks too (the two runs' were added up):
+            # (label, heading, step, ranks, threads, lines).
+            runs = [(names[0], names[0], what, len(trace.ranks), threads_text(trace), lines1),
+                    (names[1], second, what2, len(trace2.ranks), threads_text(trace2), lines2)]
             what = f"{names[0]}: {what}; {second}: {what2}"
             lo, hi = min(lo, lo2 + shift), max(hi, hi2 + shift)
         if args.from_ms is None:
@@ -684,8 +714,8 @@ def main(argv):
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     cores = args.cores or os.cpu_count()
-    machine = (f"{threads} on {cores} core(s)"
-               f"{'' if args.cores else ' (this machine count)'}")
+    on_cores = f" on {cores} core(s){'' if args.cores else ' (this machine count)'}"
+    machine = f"{threads}{on_cores}"
     title = (f"{args.title}\n" if args.title else f"{os.path.basename(args.trace)}: ") + \
         f"{what}\n{machine}"
     if lines:
@@ -701,11 +731,21 @@ def main(argv):
     except OSError as e:
         print(f"{PROG}: error: --out {args.out}: {e.strerror or e}", file=sys.stderr)
         return 2
-    print(f"wrote {args.out}: timeline of {what} ({len(ranks)} rank(s))")
-    print(f"  {machine}")
-    print(f"wrote {args.svg}: the same chart as SVG")
-    for line in lines:
-        print("  " + line)
+    if runs is None:
+        print(f"wrote {args.out}: timeline of {what} ({len(ranks)} rank(s))")
+        print(f"  {machine}")
+        print(f"wrote {args.svg}: the same chart as SVG")
+        for line in lines:
+            print("  " + line)
+    else:
+        print(f"wrote {args.out}: timeline of {runs[0][0]} ({runs[0][3]} rank(s)) and "
+              f"{runs[1][0]} ({runs[1][3]} rank(s)) on one time axis")
+        for name, heading, run_what, _, run_threads, run_lines in runs:
+            print(f"  {heading}: {run_what}")
+            print(f"  {name}: {run_threads}{on_cores}")
+            for line in run_lines:
+                print("  " + line)
+        print(f"wrote {args.svg}: the same chart as SVG")
     for _, text in marks:
         print("  step " + text.strip())
     return 0

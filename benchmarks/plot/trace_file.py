@@ -160,6 +160,10 @@ def load(path, windowed=False):
     leave windows None and the reason in steps_note, instead of refusing the trace."""
     CURRENT_FILE[0] = path
     text = read_text(path)
+    # A leading byte order mark (an editor's): RFC 8259 lets a parser ignore it, and nanoddp-sim
+    # does; json.loads refused it, so the two readers of one file disagreed.
+    if text.startswith("\ufeff"):
+        text = text[1:]
     if not text.strip():
         raise InputError(f"{path}: the file is empty; was it written by nanoddp-train --trace?")
     try:

@@ -191,6 +191,89 @@ ProcessResult plot_trace(const std::string& py, const std::vector<std::string>& 
   return run_ok(argv);
 }
 
+// An element plot_trace.py drew, found in its SVG by id (plot_trace.py's svg_id: a bar is
+// "bar.p<pid>.<track>.<span name>[.of.<module>].n<k>", a gradient label
+// "grad-label.p<pid>.<module>.n<k>"): the rectangle of a bar, the text of a label, and where in
+// the document it is (later is drawn on top).
+struct SvgElement {
+  std::string id;
+  double x0 = 0, x1 = 0, y0 = 0, y1 = 0;  // a bar's corners (SVG points, y down)
+  std::string text;                       // a label's
+  std::size_t at = 0;
+};
+
+// The elements whose id starts with `prefix`.
+std::vector<SvgElement> svg_elements(const std::string& svg, const std::string& prefix) {
+  std::vector<SvgElement> found;
+  const std::string open = "<g id=\"" + prefix;
+  const std::regex number("-?[0-9]+(\\.[0-9]+)?");
+  const auto attribute = [](const std::string& text, const std::string& name) {
+    const std::size_t at = text.find(" " + name + "=\"");
+    if (at == std::string::npos) return std::string();
+    const std::size_t from = at + name.size() + 3;
+    return text.substr(from, text.find('"', from) - from);
+  };
+  for (std::size_t at = svg.find(open); at != std::string::npos; at = svg.find(open, at + 1)) {
+    SvgElement e;
+    e.at = at;
+    e.id = attribute(svg.substr(at, 200), "id");
+    // The group runs to the next element with an id.
+    const std::size_t end = svg.find("<g id=\"", at + 1);
+    const std::string group = svg.substr(at, end == std::string::npos ? end : end - at);
+    if (const std::size_t text = group.find("<text"); text != std::string::npos) {
+      const std::size_t from = group.find('>', text) + 1;
+      e.text = group.substr(from, group.find("</text>", from) - from);
+    }
+    // A bar: a rectangle "M x y L x y ...", placed by a <use x= y=> when it has an edge.
+    const std::string path = attribute(group, "d");
+    std::vector<double> xy;
+    for (auto it = std::sregex_iterator(path.begin(), path.end(), number);
+         it != std::sregex_iterator(); ++it) {
+      xy.push_back(std::stod(it->str()));
+    }
+    if (xy.size() >= 4) {
+      const std::string use = group.substr(std::min(group.find("<use"), group.size()));
+      const double dx = use.empty() ? 0 : std::stod(attribute(use, "x"));
+      const double dy = use.empty() ? 0 : std::stod(attribute(use, "y"));
+      e.x0 = e.x1 = xy[0] + dx;
+      e.y0 = e.y1 = xy[1] + dy;
+      for (std::size_t k = 0; k + 1 < xy.size(); k += 2) {
+        e.x0 = std::min(e.x0, xy[k] + dx);
+        e.x1 = std::max(e.x1, xy[k] + dx);
+        e.y0 = std::min(e.y0, xy[k + 1] + dy);
+        e.y1 = std::max(e.y1, xy[k + 1] + dy);
+      }
+    }
+    found.push_back(e);
+  }
+  return found;
+}
+
+// The gradient labels of a --layers 2 model (Linear modules layers.0, .2, .4) on ranks 0 and 1:
+// each rank's first (layers.4, backward's first gradient) is always drawn, every one reads
+// "∇<module>" for the module its id names, and each Linear's backward bar names its module.
+void check_gradient_labels(const std::string& svg) {
+  for (const char* pid : {"p0", "p1"}) {
+    CAPTURE(pid);
+    const auto labels = svg_elements(svg, std::string("grad-label.") + pid + ".");
+    CHECK(!labels.empty());
+    CHECK(!svg_elements(svg, std::string("grad-label.") + pid + ".layers.4.").empty());
+    for (const SvgElement& label : labels) {
+      CAPTURE(label.id);
+      const std::string rest = label.id.substr(label.id.find('.', 11) + 1);
+      const std::string module = rest.substr(0, rest.rfind(".n"));
+      CHECK((module == "layers.0" || module == "layers.2" || module == "layers.4"));
+      CHECK(label.text == "∇" + module);
+    }
+    for (const char* module : {"layers.0", "layers.2", "layers.4"}) {
+      CAPTURE(module);
+      CHECK(!svg_elements(
+                 svg, std::string("bar.") + pid + ".compute.backward_linear.of." + module + ".n")
+                 .empty());
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("plot.py: charts from real nanoddp-bench-allreduce and nanoddp-bench-gemm runs") {
@@ -520,6 +603,9 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
     CHECK(!contains(svg_text, "all-gather"));
     // nanoddp-train all-reduces its health once a step on 2 ranks: the grey bar is named.
     CHECK(contains(svg_text, "health all-reduce"));
+    // The gradient ticks' labels and the backward bars name their modules (checked by eye
+    // before).
+    check_gradient_labels(svg_text);
     CHECK(!contains(r.output, "all-gather"));
     CHECK(contains(r.output, "step 2 of 4 recorded"));
     CHECK(contains(r.output, "2 rank(s)"));
@@ -559,7 +645,11 @@ TEST_CASE("plot_trace.py: timelines of a real 2-rank nanoddp-train trace, overla
            "--labels", "overlap on,overlap off", "--cores", "2", "--out", dir.file("both.png")});
   INFO(both.output);
   check_chart(both, dir.file("both.png"));
-  CHECK(contains(both.output, "4 rank(s)"));
+  // Each run's ranks apart (they were added up: "4 rank(s)").
+  CHECK(
+      contains(both.output,
+               "timeline of overlap on (2 rank(s)) and overlap off (2 rank(s)) on one time axis"));
+  CHECK(!contains(both.output, "4 rank(s)"));
   CHECK(contains(both.output, "overlap on: rank 0: 3 all-reduce(s)"));
   CHECK(contains(both.output, "overlap off: rank 1: 3 all-reduce(s)"));
   CHECK(contains(both.output, "step overlap off:"));
@@ -712,7 +802,9 @@ TEST_CASE("plot_trace.py: timelines of real 2-rank nanoddp-train --zero 1 and --
       plot_trace(py, {dir.file("zero1.json"), "--compare", dir.file("zero2.json"), "--step", "2",
                       "--out", dir.file("stages.png")});
   CHECK(contains(stages.output, "timeline of ZeRO-1"));
-  CHECK(contains(stages.output, "; ZeRO-2"));
+  CHECK(contains(stages.output, " (2 rank(s)) and ZeRO-2"));
+  CHECK(std::regex_search(stages.output,
+                          std::regex("\n  ZeRO-2[^\n]*\\(zero2\\.json\\): step 2 of 4 recorded")));
 
   // --zero-overlap-gather: one gather per bucket beside the next forward, and the forward's
   // waits for them (what of it is exposed), not "all of it exposed".
@@ -743,6 +835,35 @@ TEST_CASE("plot_trace.py: timelines of real 2-rank nanoddp-train --zero 1 and --
                                  std::istreambuf_iterator<char>());
   CHECK(contains(overlap_text, "all-gather gN (ZeRO, beside the forward)"));
   CHECK(contains(overlap_text, "launch all-gathers (ZeRO step)"));
+  CHECK(contains(overlap_text, "wait for all-reduce / all-gather"));
+  check_gradient_labels(overlap_text);
+  // Each wait for an all-gather is drawn thinner than the compute row's bars, and one inside a
+  // forward (most are: the forward waits for the gathers the previous step launched) on top of
+  // it: inside the forward's bar, after it in the document (checked by eye before).
+  for (const char* pid : {"p0", "p1"}) {
+    CAPTURE(pid);
+    const auto waits =
+        svg_elements(overlap_text, std::string("bar.") + pid + ".compute.wait_for_all-gather.n");
+    const auto forwards =
+        svg_elements(overlap_text, std::string("bar.") + pid + ".compute.forward.n");
+    REQUIRE(!forwards.empty());
+    std::size_t nested = 0;
+    for (const SvgElement& wait : waits) {
+      CAPTURE(wait.id);
+      CHECK(wait.y1 - wait.y0 < forwards[0].y1 - forwards[0].y0);
+      for (const SvgElement& f : forwards) {
+        if (!(wait.x0 < f.x1 && f.x0 < wait.x1)) continue;
+        constexpr double kPt = 0.01;  // the SVG's coordinates are rounded to 1e-6 pt
+        CHECK(f.x0 - kPt <= wait.x0);
+        CHECK(wait.x1 <= f.x1 + kPt);
+        CHECK(f.y0 < wait.y0);
+        CHECK(wait.y1 < f.y1);
+        CHECK(f.at < wait.at);
+        ++nested;
+      }
+    }
+    CHECK(nested > 0);
+  }
 }
 
 // An outside tester: /dev/zero was read until the machine ran out of memory (24 GB), and a FIFO
@@ -977,6 +1098,23 @@ TEST_CASE("plot_trace.py: bad windows and outputs are one-line errors, and it sa
   fs::copy_file(trace, dir.file("trace.png"));
   check_refused(py, {dir.file("trace.png")}, dir.file("trace.png") + " is the trace");
   CHECK(read_text(dir.file("trace.png")) == read_text(trace));
+  // --to-ms past the trace's end (2.75 ms from its first event): the window ends there, and it
+  // says so (the header named 1-100 ms, and the rest of the window held nothing).
+  const ProcessResult past =
+      plot_trace(py, {trace, "--from-ms", "1", "--to-ms", "100", "--out", dir.file("past.png")});
+  INFO(past.output);
+  check_chart(past, dir.file("past.png"));
+  CHECK(contains(past.output, "plot_trace.py: note: --to-ms 100 is past the end of " + trace +
+                                  " (2.75 ms after its first event): the window ends there"));
+  CHECK(contains(past.output, "timeline of 1–2.75 ms (the trace's end)"));
+  CHECK(contains(read_text(dir.file("past.svg")), "1–2.75 ms (the trace's end)"));
+  // Within the trace: no note.
+  const ProcessResult within =
+      plot_trace(py, {trace, "--from-ms", "1", "--to-ms", "2", "--out", dir.file("past.png")});
+  CHECK(contains(within.output, "timeline of 1–2 ms (1 rank(s))"));
+  CHECK(!contains(within.output, "note:"));
+  fs::remove(dir.file("past.png"));
+  fs::remove(dir.file("past.svg"));
   // What it prints is what it writes: the PNG and the SVG beside it, nothing else.
   fs::create_directory(dir.file("out"));
   const ProcessResult r = plot_trace(py, {trace, "--out", dir.file("out/chart.png")});
@@ -1038,6 +1176,68 @@ TEST_CASE("plot_trace.py: the header's step time is nanoddp-train's step_ms, dat
   const ProcessResult later =
       plot_trace(py, {dir.file("resumed.json"), "--step", "2", "--out", dir.file("resumed.png")});
   CHECK(contains(later.output, "step 2 of 3 recorded (the run's step 4502), 0.55 ms"));
+}
+
+// An outside tester: the summary of --compare A B said "(3 rank(s))" for a 1-rank run beside a
+// 2-rank one. Each run is summarised apart, labelled: its step, ranks, threads and collectives.
+TEST_CASE("plot_trace.py: --compare summarises each run apart") {
+  const std::string py = python();
+  TempDir dir;
+  write_file(dir.file("one.json"), crafted_trace(3, 1));
+  write_file(dir.file("two.json"), crafted_trace(3, 2));
+  const ProcessResult r =
+      plot_trace(py, {dir.file("one.json"), "--compare", dir.file("two.json"), "--step", "2",
+                      "--labels", "alone,pair", "--cores", "2", "--out", dir.file("c.png")});
+  INFO(r.output);
+  check_chart(r, dir.file("c.png"));
+  CHECK(contains(r.output, "wrote " + dir.file("c.png") +
+                               ": timeline of alone (1 rank(s)) and pair (2 rank(s)) on one time "
+                               "axis"));
+  CHECK(!contains(r.output, "3 rank(s)"));
+  // Each run's block: its step, its threads, then its ranks' collectives, in that order.
+  const std::vector<std::string> expected = {
+      "  alone: step 2 of 3 recorded, 0.55 ms",
+      "  alone: 2 threads (compute + communication) on 2 core(s)",
+      "  alone: rank 0: 1 all-reduce(s)",
+      "  pair (two.json): step 2 of 3 recorded, 0.55 ms",
+      "  pair: 4 threads (2 rank(s) x compute + communication) on 2 core(s)",
+      "  pair: rank 0: 1 all-reduce(s)",
+      "  pair: rank 1: 1 all-reduce(s)",
+      "  step pair: 0.55 ms (difference +0.00 ms)"};
+  std::size_t at = 0;
+  for (const std::string& line : expected) {
+    CAPTURE(line);
+    const std::size_t found = r.output.find(line, at);
+    CHECK(found != std::string::npos);
+    if (found != std::string::npos) at = found;
+  }
+  CHECK(!contains(r.output, "alone: rank 1"));
+}
+
+// RFC 8259 lets a parser skip a leading byte order mark, and nanoddp-sim did; the script refused
+// it ("Unexpected UTF-8 BOM"). Both read it now.
+TEST_CASE("plot_trace.py: a trace with a UTF-8 byte order mark is drawn as without") {
+  const std::string py = python();
+  TempDir dir;
+  write_file(dir.file("bom.json"), "\xEF\xBB\xBF" + crafted_trace(3, 2));
+  write_file(dir.file("plain.json"), crafted_trace(3, 2));
+  const ProcessResult bom =
+      plot_trace(py, {dir.file("bom.json"), "--step", "2", "--out", dir.file("bom.png")});
+  const ProcessResult plain =
+      plot_trace(py, {dir.file("plain.json"), "--step", "2", "--out", dir.file("plain.png")});
+  INFO(bom.output);
+  check_chart(bom, dir.file("bom.png"));
+  CHECK(contains(bom.output, "step 2 of 3 recorded, 0.55 ms"));
+  // The same summary, but for the file names.
+  const auto without_names = [&](const std::string& text) {
+    std::string out = text;
+    for (const char* name : {"bom", "plain"}) {
+      out = replace_each(out, std::regex(dir.file(name)),
+                         [](const std::smatch&) { return std::string("F"); });
+    }
+    return out;
+  };
+  CHECK(without_names(bom.output) == without_names(plain.output));
 }
 
 // An outside tester: an --optimizer-in-backward trace has no "optimizer step" spans, and --step

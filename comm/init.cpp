@@ -161,10 +161,13 @@ void check_in(Distributed& dist, std::chrono::milliseconds timeout) {
   const std::string me = fmt::format("{} pid {}", host_name(), getpid());
   const Bytes holder = store.compare_set(fmt::format("rank/{}", world.rank), {}, bytes(me));
   if (std::string(holder.begin(), holder.end()) != me) {
+    // Said so that it reads true on every rank that prints it, the holder's too (an outside
+    // operator read "another process (pid P)" printed by pid P itself).
     const std::string why = fmt::format(
-        "RANK={} was given twice: another process ({}) has it. Give every process its own RANK "
-        "(0..{}).",
-        world.rank, std::string(holder.begin(), holder.end()), world.world_size - 1);
+        "RANK={} was given to two processes: {} claimed it first, then {}. Give every process "
+        "its own RANK (0..{}); with a launcher on each node, each node its own --node-rank "
+        "(torchrun: --node_rank).",
+        world.rank, std::string(holder.begin(), holder.end()), me, world.world_size - 1);
     raise(why);
     dist.abandon_setup();
     fail("{}", why);

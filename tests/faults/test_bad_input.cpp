@@ -200,8 +200,20 @@ TEST_CASE("bad input: a RANK given twice is refused, naming it, not blamed on a 
                                             {{"RANK", "1"}, {"WORLD_SIZE", "3"}},
                                             {{"RANK", "1"}, {"WORLD_SIZE", "3"}}});
   // Rank 2 never comes, so the job cannot run: every rank is refused, with the reason.
-  check_all_refused(results, start, "RANK=1 was given twice");
-  for (const auto& r : results) CHECK_FALSE(contains(r.output, "never joined"));
+  check_all_refused(results, start, "RANK=1 was given to two processes: ");
+  // Each says the same two processes, in words true for both (the holder read "another process
+  // (pid P)" about itself: an outside operator's).
+  const std::regex pair("RANK=1 was given to two processes: \\S+ pid ([0-9]+) claimed it first, "
+                        "then \\S+ pid ([0-9]+)\\. .*each node its own --node-rank");
+  std::set<std::string> said;
+  for (const auto& r : results) {
+    CHECK_FALSE(contains(r.output, "never joined"));
+    std::smatch m;
+    REQUIRE_MESSAGE(std::regex_search(r.output, m, pair), r.output);
+    CHECK(m[1].str() != m[2].str());
+    said.insert(m[0].str());
+  }
+  CHECK(said.size() == 1);
 }
 
 // Every rank of a job whose rank `culprit` (its RANK as `culprit_rank`: it may be outside the

@@ -188,8 +188,10 @@ TEST_CASE("a hang inside the traced steps: each rank writes what it traced, alon
     CHECK(config["first_step"] == 1);
     CHECK(config["stopped_in_step"] == stopped);
     CHECK(config["last_step"] == stopped);
-    // The steps before the one it stopped in, whole, and that step's forward.
-    CHECK(optimizer_steps == stopped - 1);
+    // The steps before the one it stopped in, whole, and that step's forward; a rank stopped
+    // after its step's optimizer (logging, before the next step) has that step whole too.
+    CHECK(optimizer_steps >= stopped - 1);
+    CHECK(optimizer_steps <= stopped);
     CHECK(forwards == stopped);
   }
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <sstream>
 #include <thread>
 
 #include "classification.h"
@@ -325,6 +326,37 @@ void Trainer::check_same_settings() {
   };
   comm::check_same_on_all_ranks(*dist_->store, rank_, world_size_, "train/settings",
                                 "command-line setting", settings);
+  // What rank 0 alone writes: another value on another rank is no error (a node-local path per
+  // host is common), but it is not used either, which is said rather than left to be found (an
+  // outside operator's wrapper gave --metrics to rank 1 alone, and no file came).
+  const std::vector<std::pair<const char*, std::string>> outputs = {
+      {"--save", o_.save_path},
+      {"--metrics", o_.metrics_path},
+      {"--keep", o_.checkpoint_every > 0 ? std::to_string(o_.keep) : ""}};
+  std::string mine;
+  for (const auto& [flag, value] : outputs) mine += value + '\n';
+  const std::vector<std::string> all =
+      comm::exchange_on_all_ranks(*dist_->store, rank_, world_size_, "train/outputs", mine);
+  if (!is_main()) return;
+  const auto given = [](const std::string& value) {
+    return value.empty() ? std::string("none") : fmt::format("'{}'", value);
+  };
+  for (int r = 1; r < world_size_; ++r) {
+    std::vector<std::string> theirs;
+    std::string line;
+    for (std::istringstream in(all[static_cast<std::size_t>(r)]); std::getline(in, line);) {
+      theirs.push_back(line);
+    }
+    for (std::size_t k = 0; k < outputs.size() && k < theirs.size(); ++k) {
+      if (theirs[k] == outputs[k].second) continue;
+      fmt::print(stderr,
+                 "nanoddp-train: note: rank {} gives {} {}, rank 0 {}: only rank 0 writes {}, so "
+                 "rank {}'s is not used\n",
+                 r, outputs[k].first, given(theirs[k]), given(outputs[k].second),
+                 outputs[k].first, r);
+    }
+  }
+  std::fflush(stderr);
 }
 
 // The --init header and the data set, read by every rank from its own files.

@@ -487,6 +487,31 @@ TEST_CASE("bad input: under nanoddp-run a rank with other settings than most is 
   }
 }
 
+// An outside operator's wrapper gave --metrics to rank 1 alone: exit 0, and no metrics file,
+// without a word. What only rank 0 writes is not refused when it differs (a node-local path per
+// host is common), but said.
+TEST_CASE("bad input: an output only rank 0 writes, given otherwise on another rank, is said") {
+  TempDir dir;
+  const auto base = train_argv({"--steps", "4", "--quiet"});
+  auto one = base;
+  for (const std::string& a : {std::string("--metrics"), dir.file("m1.jsonl"),
+                               std::string("--save"), dir.file("p1.safetensors")}) {
+    one.push_back(a);
+  }
+  const auto results = ranks_by_hand({base, one}, {{{"RANK", "0"}, {"WORLD_SIZE", "2"}},
+                                                   {{"RANK", "1"}, {"WORLD_SIZE", "2"}}});
+  INFO(results[0].output, results[1].output);
+  CHECK(results[0].exit_code == 0);
+  CHECK(results[1].exit_code == 0);
+  CHECK(contains(results[0].output,
+                 "note: rank 1 gives --metrics '" + dir.file("m1.jsonl") +
+                     "', rank 0 none: only rank 0 writes --metrics, so rank 1's is not used"));
+  CHECK(contains(results[0].output, "note: rank 1 gives --save '" + dir.file("p1.safetensors") +
+                                        "', rank 0 none"));
+  CHECK_FALSE(contains(results[0].output, "--keep"));  // the same (no checkpoints) on both
+  CHECK_FALSE(fs::exists(dir.file("m1.jsonl")));
+}
+
 TEST_CASE("bad input: malformed or missing launcher variables name the variable (exit 2)") {
   struct Case {
     std::map<std::string, std::string> env;

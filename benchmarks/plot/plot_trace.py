@@ -67,6 +67,20 @@ all-reduce runs, so an early start does not guarantee hidden time); with ZeRO, t
 all-gather's time, all of it exposed. With --compare each run is summarised apart, labelled: its
 ranks, step, threads and those lines.
 
+A partial trace (T.rankR.partial.json: nanoddp-train writes one per rank when a run stops inside
+its traced steps, a collective timed out, a NaN, a lost peer or a SIGINT/SIGTERM/SIGHUP; its
+run_config says partial, rank, world_size and stopped_in_step) holds one rank's events: the steps
+before the one it stopped in whole, that one cut short (no optimizer step). The header and the
+summary say so ("partial trace: rank R of W alone, written when the run stopped in step S"), and
+by default it draws the step the run stopped in, from its start to the rank's last event, with
+how the rank stopped there (its last event; the buckets ready whose collective never ended, since
+a span is recorded when it ends); --step K draws a whole earlier step. --compare of two ranks'
+partial traces of one stopped run draws both at their own times (one host, one clock: no shift),
+each row labelled by its rank and how it stopped, the step each stopped in as the window and each
+last event dashed; files of different runs (run_config's world_size, restart or first_step
+differ, the same rank twice, or times that do not overlap) are refused, as is a partial trace
+compared with a whole one.
+
 A leading UTF-8 byte order mark is skipped, as nanoddp-sim skips it (RFC 8259 allows it).
 Bad input exits 2 with one line naming the file (and the event, as traceEvents[i], where one is
 at fault), never drawing it: a missing file, anything but a regular file (a FIFO, /dev/zero, a
@@ -103,7 +117,8 @@ from trace_file import (  # noqa: E402
     BUCKET_KINDS, CURRENT_FILE, GATHER, GATHER_BUCKET, HEALTH, LAUNCH_GATHERS, WAITS, Window,
     bucket_collective, is_bucket_collective, is_parameter_gather, load, reference_pid, visible,
     window_of)
-from trace_summary import derived_label, pick_step, summary_lines, threads_text  # noqa: E402
+from trace_summary import (  # noqa: E402
+    derived_label, partial_text, pick_step, stop_label, stop_text, summary_lines, threads_text)
 
 PROG = "plot_trace.py"
 TRACKS = ["compute", "communication", "markers", "data", "prefetch"]
@@ -583,6 +598,57 @@ def legend_entries(drawn, hatched, grads_drawn, ready_drawn, Patch, Line2D):
 
 
 # ---------------------------------------------------------------------------------------------
+# Partial traces: a rank's own events, written when its run stopped inside the traced steps
+
+
+def partial_lines(trace, own):
+    """The header's and the summary's first lines for a partial trace: what it is and, when the
+    step it stopped in is drawn, how the rank stopped there."""
+    if trace.partial is None:
+        return []
+    lines = [partial_text(trace)]
+    if own == trace.stopped:
+        lines.append(stop_text(trace))
+    return lines
+
+
+def partial_pair_text(trace, trace2):
+    """--compare of two ranks' partial traces: what the two files are, in one line."""
+    p, p2 = trace.partial, trace2.partial
+    steps = f"step {p['stopped_in_step']}" if p["stopped_in_step"] == p2["stopped_in_step"] \
+        else f"steps {p['stopped_in_step']} and {p2['stopped_in_step']}"
+    return (f"partial traces: rank {p['rank']} and rank {p2['rank']} of {p['world_size']}, each "
+            f"alone, written when the run stopped in {steps}; one clock (one host), not shifted")
+
+
+def check_same_run(trace, trace2):
+    """--compare of partial traces: two ranks of one stopped run, on one clock."""
+    if trace.partial is None or trace2.partial is None:
+        partial, other = (trace, trace2) if trace.partial is not None else (trace2, trace)
+        raise InputError(
+            f"--compare: {partial.path} is a partial trace (one rank of a stopped run) and "
+            f"{other.path} is not; compare two ranks' partial traces of one stopped run "
+            "(T.rank0.partial.json and T.rank1.partial.json), or two whole traces")
+    p, p2 = trace.partial, trace2.partial
+    for key in ("world_size", "restart", "first_step"):
+        if p[key] != p2[key]:
+            raise InputError(
+                f"--compare: {trace.path} and {trace2.path} are partial traces of different runs "
+                f"(their run_config has {key} {p[key]} and {p2[key]}); compare two ranks of one "
+                "stopped run")
+    if p["rank"] == p2["rank"]:
+        raise InputError(
+            f"--compare: {trace.path} and {trace2.path} are both rank {p['rank']}'s partial "
+            "traces (of two runs?); compare two ranks of one stopped run")
+    if trace.end < trace2.start or trace2.end < trace.start:
+        raise InputError(
+            f"--compare: {trace.path} and {trace2.path} do not overlap in time, yet the ranks of "
+            "one run ran their steps together (their collectives join them): partial traces of "
+            "two runs, or of two hosts (whose clocks differ)? Compare two ranks of one stopped "
+            "run on one host")
+
+
+# ---------------------------------------------------------------------------------------------
 # Output and main
 
 
@@ -628,6 +694,7 @@ def main(argv):
             print(f"plot_trace.py: note: {trace.steps_note}", file=sys.stderr)
         args.trace_start = trace.start
         marks, origin, runs = [], None, None
+        title_name = os.path.basename(args.trace)
         if args.from_ms is not None:
             length = trace.end - trace.start
             if args.from_ms >= length:
@@ -653,10 +720,67 @@ def main(argv):
         threads = threads_text(trace)
         spans, instants = visible(trace, lo, hi)
         label_backward_spans(trace, spans)
-        lines = summary_lines(trace, lo, hi, own)
+        lines = partial_lines(trace, own) + summary_lines(trace, lo, hi, own)
         ranks = trace.ranks
+        mark_heading = "step (dashed lines)"
+        if trace.partial is not None and own == trace.stopped and args.compare is None:
+            end = own[trace.partial["rank"]].end
+            marks = [(end, f"{trace.name_of[trace.partial['rank']]}'s, {end - lo:.2f} ms into "
+                           "the step ")]
+            mark_heading = "last event (dashed line)"
         if args.compare is not None:
             trace2 = load(args.compare)
+        if args.compare is not None and (trace.partial is not None or
+                                         trace2.partial is not None):
+            # Two ranks of one stopped run (T.rank0.partial.json, T.rank1.partial.json): on one
+            # host they share a clock, so each is drawn at its own times, without a shift: where
+            # each rank was when the run stopped, the one waiting for the other.
+            check_same_run(trace, trace2)
+            # Each side: (trace, its file, own, lo, hi, what, label); drawn in rank order,
+            # whichever file was named first (--compare T.rank0... T.rank1... names rank 1's
+            # file as TRACE.json).
+            sides = []
+            for k, (t, path) in enumerate(((trace, args.trace), (trace2, args.compare))):
+                t_own, t_lo, t_hi, t_what, _ = pick_step(args, t)
+                label = args.labels.split(",")[k] if args.labels is not None else \
+                    stop_label(t) if t_own == t.stopped else t.name_of[t.partial["rank"]]
+                sides.append((t, path, t_own, t_lo, t_hi, t_what, label))
+            sides.sort(key=lambda side: side[0].partial["rank"])
+            names = [side[6] for side in sides]
+            title_name = " and ".join(os.path.basename(side[1]) for side in sides)
+            spans, instants, own, lines, runs, marks = [], [], {}, [], [], []
+            comm_ranks, ranks = set(), []
+            for t, path, t_own, t_lo, t_hi, t_what, label in sides:
+                t_spans, t_instants = visible(t, t_lo, t_hi)
+                label_backward_spans(t, t_spans)
+                spans += t_spans
+                instants += t_instants
+                own.update(t_own)
+                t_lines = partial_lines(t, t_own)[1:] + summary_lines(t, t_lo, t_hi, t_own)
+                lines += t_lines
+                runs.append((label, f"{label} ({os.path.basename(path)})", t_what, 1,
+                             threads_text(t), t_lines))
+                comm_ranks |= {pid for pid, _ in t.ranks
+                               if any(e["track"] == "communication" for e in t.by_pid[pid].spans)}
+                ranks.append((t.partial["rank"], label))
+            # One line says what the two files are; then each rank's own.
+            lines.insert(0, partial_pair_text(sides[0][0], sides[1][0]))
+            threads = "; ".join(f"{run[0]}: {run[4]}" for run in runs)
+            lo = min(side[3] for side in sides)
+            hi = max(side[4] for side in sides)
+            args.trace_start = min(trace.start, trace2.start)
+            if all(side[2] == side[0].stopped for side in sides):
+                # Each rank's last event: how long one went on, or waited, after the other's.
+                (first, *_), (second, *_) = sides
+                end = first.stopped[first.partial["rank"]].end
+                end2 = second.stopped[second.partial["rank"]].end
+                later = round(end2 - end, 2) + 0.0
+                marks = [(end, f"{first.name_of[first.partial['rank']]}'s "),
+                         (end2, f"{second.name_of[second.partial['rank']]}'s, {abs(later):.2f} "
+                                f"ms {'after' if later >= 0 else 'before'} it ")]
+                mark_heading = "last events (dashed lines)"
+            what = "; ".join(f"{run[0]}: {run[2]}" for run in runs)
+        elif args.compare is not None:
             own2, lo2, hi2, what2, _ = pick_step(args, trace2, prefer=step)
             if args.labels is not None:
                 names = args.labels.split(",")
@@ -716,12 +840,12 @@ def main(argv):
     cores = args.cores or os.cpu_count()
     on_cores = f" on {cores} core(s){'' if args.cores else ' (this machine count)'}"
     machine = f"{threads}{on_cores}"
-    title = (f"{args.title}\n" if args.title else f"{os.path.basename(args.trace)}: ") + \
+    title = (f"{args.title}\n" if args.title else f"{title_name}: ") + \
         f"{what}\n{machine}"
     if lines:
         title += "\n" + "\n".join(lines)
     if marks:
-        title += "\nstep (dashed lines): " + ", ".join(text.strip() for _, text in marks)
+        title += f"\n{mark_heading}: " + ", ".join(text.strip() for _, text in marks)
     try:
         draw(args, ranks, spans, instants, lo, hi, own, title, marks, origin, comm_ranks)
     except ImportError as e:
@@ -738,16 +862,24 @@ def main(argv):
         for line in lines:
             print("  " + line)
     else:
-        print(f"wrote {args.out}: timeline of {runs[0][0]} ({runs[0][3]} rank(s)) and "
-              f"{runs[1][0]} ({runs[1][3]} rank(s)) on one time axis")
+        if trace.partial is not None:
+            print(f"wrote {args.out}: timeline of {runs[0][0]} and {runs[1][0]} on one time "
+                  "axis")
+            print("  " + lines[0])
+        else:
+            print(f"wrote {args.out}: timeline of {runs[0][0]} ({runs[0][3]} rank(s)) and "
+                  f"{runs[1][0]} ({runs[1][3]} rank(s)) on one time axis")
         for name, heading, run_what, _, run_threads, run_lines in runs:
             print(f"  {heading}: {run_what}")
             print(f"  {name}: {run_threads}{on_cores}")
             for line in run_lines:
                 print("  " + line)
         print(f"wrote {args.svg}: the same chart as SVG")
-    for _, text in marks:
-        print("  step " + text.strip())
+    if mark_heading != "step (dashed lines)":
+        print(f"  {mark_heading}: " + ", ".join(text.strip() for _, text in marks))
+    else:
+        for _, text in marks:
+            print("  step " + text.strip())
     return 0
 
 

@@ -182,7 +182,7 @@ def load(path, windowed=False):
     if not isinstance(events, list):
         raise InputError(f"{path}: not a Chrome trace (no \"traceEvents\" list)")
     process_name, sort_index, track_name = {}, {}, {}
-    grad_accum, recorded = 1, None
+    grad_accum, recorded, partial = 1, None, None
     spans, instants = [], []
     for i, e in enumerate(events):
         if not isinstance(e, dict) or not isinstance(e.get("ph"), str) or \
@@ -230,6 +230,8 @@ def load(path, windowed=False):
                 grad_accum = args.get("grad_accum", 1)
                 if "first_step" in args and "last_step" in args:
                     recorded = (args["first_step"], args["last_step"])
+                if "partial" in args:
+                    partial = _partial_config(path, i, args)
         elif ph in ("X", "i", "I"):
             name = e.get("name")
             if not isinstance(name, str):
@@ -260,6 +262,10 @@ def load(path, windowed=False):
     trace.spans, trace.instants = spans, instants
     trace.grad_accum = grad_accum
     trace.recorded = recorded  # (first, last) step of the run, when run_config says
+    trace.partial = partial  # a rank's own trace of a run that stopped: _partial_config's
+    trace.stopped = None  # then {pid: Window} of the step it stopped in (stopped_step)
+    if partial is not None:
+        _check_partial(trace, pids, spans + instants)
     by = {pid: ([], []) for pid in pids}
     for e in spans:
         by[e["pid"]][0].append(e)
@@ -282,7 +288,89 @@ def load(path, windowed=False):
         # advice to pass a window was refused the same way (an outside tester's).
         trace.windows = None
         trace.steps_note = f"its steps cannot be told apart, drawn by time only: {e}"
+    if partial is not None and trace.windows is not None:
+        trace.stopped = stopped_step(trace)
     return trace
+
+
+def _partial_config(path, i, args):
+    """A partial trace's run_config (nanoddp-train writes T.rankR.partial.json when a run stops
+    inside its traced steps: that rank's events alone, up to where it stopped): {rank,
+    world_size, stopped_in_step, restart, first_step}, checked."""
+    where = f"{path}: traceEvents[{i}] ('run_config')"
+    if args["partial"] is not True:
+        raise InputError(f"{where} has partial {args['partial']!r}; expected true (a rank's own "
+                         "trace of a run that stopped) or no partial at all")
+    config = {}
+    for key, least in (("rank", 0), ("world_size", 1), ("stopped_in_step", 1), ("restart", 0),
+                       ("first_step", 1)):
+        value = args.get(key, 1 if key == "first_step" else None)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise InputError(f"{where} of a partial trace has {key} {value!r}; expected an "
+                             f"integer >= {least}")
+        config[key] = value
+    if config["rank"] >= config["world_size"]:
+        raise InputError(f"{where}: rank {config['rank']} of world_size "
+                         f"{config['world_size']}; a rank is below the world size")
+    last = args.get("last_step", config["stopped_in_step"])
+    if not config["first_step"] <= config["stopped_in_step"] <= last:
+        raise InputError(f"{where}: stopped_in_step {config['stopped_in_step']} is not among "
+                         f"the steps it holds ({config['first_step']} to {last})")
+    # The step it stopped in, counted among the recorded steps (from 1).
+    config["index"] = config["stopped_in_step"] - config["first_step"] + 1
+    return config
+
+
+def _check_partial(trace, pids, events):
+    """A partial trace holds its own rank's events, under its pid: another pid's are another
+    rank's (files joined?)."""
+    rank = trace.partial["rank"]
+    for e in sorted(events, key=lambda e: e["i"]):
+        if e["pid"] != rank:
+            raise InputError(
+                f"{trace.path}: traceEvents[{e['i']}] ('{e['name']}') is pid {e['pid']}'s, but "
+                f"the trace is partial, rank {rank}'s events alone (its run_config): two ranks' "
+                "files joined? Draw two ranks' partial traces with --compare")
+
+
+def last_event(events):
+    """(ms, event) of the rank's last event: the latest span end or instant."""
+    candidates = [(e["ts"] + e["dur"], e) for e in events.spans] + \
+        [(e["ts"], e) for e in events.instants]
+    return max(candidates, key=lambda c: c[0])
+
+
+def stopped_step(trace):
+    """{pid: Window} of the step a partial trace's rank stopped in: from that step's start (its
+    first data or compute span after the previous step's end) to the rank's last event. The
+    usual step finding ends a step with its optimizer step, which the step a run stopped in has
+    not (unless it stopped after it, before the next step: then that step is whole). A rank
+    that stopped before anything of the step was recorded gets its previous step's start, with
+    trace.partial["empty"] set."""
+    pid = trace.partial["rank"]
+    events, k = trace.by_pid[pid], trace.partial["index"]
+    whole = [own[pid] for own in trace.windows if pid in own]
+    if not k - 1 <= len(whole) <= k:
+        raise InputError(
+            f"{trace.path}: its run_config says the run stopped in step "
+            f"{trace.partial['stopped_in_step']} (recorded step {k}), but rank {pid} has "
+            f"{len(whole)} whole step(s) before it; expected {k - 1} (a damaged trace, or a "
+            "step skipped by --skip-nonfinite: pass --from-ms and --to-ms)")
+    end = last_event(events)[0]
+    trace.partial["empty"] = False
+    if len(whole) == k:
+        start = whole[k - 1].start
+    else:
+        previous_end = whole[-1].end if whole else -math.inf
+        after = [e["ts"] for e in events.spans if e["ts"] >= previous_end and
+                 e["track"] in ("compute", "data") and
+                 e["name"] != "prefetch data"]
+        if after and min(after) < end:
+            start = min(after)
+        else:
+            trace.partial["empty"] = True
+            start = whole[-1].start if whole else trace.start
+    return {pid: Window(start, end, _data_ms(events, start, end))}
 
 
 def check_duplicates(trace):

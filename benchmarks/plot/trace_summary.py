@@ -8,13 +8,16 @@ import bisect
 
 from records import InputError
 from trace_file import (GATHER, bucket_collective, is_bucket_collective, is_parameter_gather,
-                        reference_pid, typical_step, window_of)
+                        last_event, reference_pid, typical_step, window_of)
 
 
 def pick_step(args, trace, prefer=None):
     """(own, lo, hi, what, step) of the chosen step of one trace; raises InputError. Without
     --step, `prefer` (the first trace's step number, with --compare) wins when this trace has it,
-    so that the two runs show the same step of their runs."""
+    so that the two runs show the same step of their runs. A partial trace's default is the step
+    its run stopped in (stopped_step)."""
+    if trace.stopped is not None:
+        return _pick_partial_step(args, trace)
     windows = trace.windows
     if not windows:
         raise InputError(f"{trace.path}: no \"optimizer step\" spans nor forward passes to tell "
@@ -38,12 +41,113 @@ def pick_step(args, trace, prefer=None):
     whose = f"{trace.name_of[ref]}'s, " if len(own) > 1 else ""
     # A resumed run's trace starts after its checkpoint: its steps are named by the run's numbers
     # too (steps 4501-4503 read as steps 1-3).
-    run_step = ""
-    if trace.recorded is not None and trace.recorded[0] != 1:
-        run_step = f" (the run's step {trace.recorded[0] + step - 1})"
+    run_step = _run_step(trace, step)
     what = (f"step {step} of {len(windows)} recorded{run_step}, {w.step_ms:.2f} ms ({whose}data "
             f"excluded as in nanoddp-train's step_ms; data {w.data_ms:.2f} ms)")
     return own, lo, hi, what, step
+
+
+def _run_step(trace, step):
+    """' (the run's step N)' for a resumed run's recorded step `step`, else ''."""
+    if trace.recorded is not None and trace.recorded[0] != 1:
+        return f" (the run's step {trace.recorded[0] + step - 1})"
+    return ""
+
+
+def _pick_partial_step(args, trace):
+    """pick_step for a partial trace: by default the step its run stopped in, from its start to
+    the rank's last event (where it waited); --step K a whole step before it."""
+    k = trace.partial["index"]
+    whole = len(trace.windows)
+    step = args.step if args.step is not None else k
+    if step > k:
+        raise InputError(f"--step {step}: {trace.path} is a partial trace of {k} step(s): "
+                         f"1..{k - 1} whole and {k}, where the run stopped; pass 1..{k}")
+    if step <= whole and step != k:
+        own = trace.windows[step - 1]
+        w = own[reference_pid(own)]
+        what = (f"step {step} of {k} recorded{_run_step(trace, step)}, {w.step_ms:.2f} ms (data "
+                f"excluded as in nanoddp-train's step_ms; data {w.data_ms:.2f} ms)")
+        return own, w.start, w.end, what, step
+    own = trace.stopped
+    w = own[reference_pid(own)]
+    if trace.partial["empty"]:
+        what = (f"step {k} of {k} recorded{_run_step(trace, k)}, where the run stopped: nothing "
+                f"of it traced, drawn from step {k - 1}'s start to the rank's last event, "
+                f"{w.end - w.start:.2f} ms" if k > 1 else
+                f"step {k}, where the run stopped: nothing of it traced")
+    else:
+        cut = "whole: it stopped after its optimizer step" if whole >= k else \
+            "cut short: no optimizer step"
+        what = (f"step {k} of {k} recorded{_run_step(trace, k)}, where the run stopped: "
+                f"{w.end - w.start:.2f} ms from its start to the rank's last event (data "
+                f"{w.data_ms:.2f} ms; {cut})")
+    return own, w.start, w.end, what, k
+
+
+def partial_text(trace):
+    """What a partial trace is, for the header and the summary."""
+    p = trace.partial
+    recorded = f" (recorded step {p['index']})" if p["index"] != p["stopped_in_step"] else ""
+    return (f"partial trace: rank {p['rank']} of {p['world_size']} alone, written when the run "
+            f"stopped in step {p['stopped_in_step']}{recorded}")
+
+
+def _stop_state(trace):
+    """(last event's end, the event, the waiting buckets' names, the collective's kind) of a
+    partial trace's rank in the step it stopped in."""
+    pid = trace.partial["rank"]
+    w = trace.stopped[pid]
+    events = trace.by_pid[pid]
+    end, last = last_event(events)
+    if trace.partial["empty"] or len(trace.windows) >= trace.partial["index"]:
+        return end, last, [], None
+    ready = {}
+    for e in events.instants_in(w.start, w.end):
+        if e["name"].startswith("bucket ") and e["name"].endswith(" ready"):
+            ready.setdefault(e["name"][len("bucket "):-len(" ready")], e["ts"])
+    ran = {bucket_collective(e["name"])[1] for e in events.spans_starting(w.start, w.end + 1e-6)
+           if is_bucket_collective(e)}
+    # The collective's name from the rank's earlier steps (DDP all-reduces, ZeRO-2
+    # reduce-scatters); none ended in a trace that stopped in its first step.
+    kinds = {bucket_collective(e["name"])[0] for e in events.spans if is_bucket_collective(e)}
+    kind = next(iter(kinds)) if len(kinds) == 1 else "collective"
+    return end, last, [b for b in ready if b not in ran], kind
+
+
+def stop_label(trace):
+    """A partial trace's rank and how it stopped, short (a row's label): "rank 1, stopped in
+    b0's all-reduce"."""
+    end, last, waiting, kind = _stop_state(trace)
+    rank = trace.name_of[trace.partial["rank"]]
+    if trace.partial["empty"]:
+        return f"{rank}, stopped before its step"
+    if len(trace.windows) >= trace.partial["index"]:
+        return f"{rank}, stopped after its step"
+    if waiting:
+        return f"{rank}, stopped in {', '.join('b' + b for b in waiting)}'s {kind}"
+    name = last["name"] if len(last["name"]) <= 24 else last["name"][:23] + "…"
+    return f"{rank}, stopped after {name}"
+
+
+def stop_text(trace):
+    """How a partial trace's rank stopped, from what it recorded in the step it stopped in (its
+    run_config does not say why: a signal, a timeout or a NaN): its last event, and the buckets
+    ready there whose collective never ended (a span is recorded when it ends: the rank was
+    still in it, waiting for its peers, or was stopped before it ran)."""
+    p = trace.partial
+    w = trace.stopped[p["rank"]]
+    end, last, waiting, kind = _stop_state(trace)
+    text = (f"{trace.name_of[p['rank']]} stopped in step {p['stopped_in_step']}: its last event "
+            f"'{last['name']}' at {end - w.start:.2f} ms into the step")
+    if p["empty"]:
+        return text + " (before it: nothing of the step was traced)"
+    if len(trace.windows) >= p["index"]:
+        return text + " (after its optimizer step: the step is whole)"
+    if waiting:
+        buckets = ", ".join(f"b{b}" for b in waiting)
+        text += f"; bucket(s) {buckets} ready, their {kind} not ended when it stopped"
+    return text
 
 
 def _union(intervals):

@@ -473,6 +473,30 @@ std::optional<std::int64_t> read_run_config(const json& e, const std::string& na
   return integer_arg(e, "batch", name, i, "run_config");
 }
 
+// A rank's own trace of a run that stopped inside its traced steps (nanoddp-train writes
+// T.rankR.partial.json, its run_config saying "partial": true): one rank's events, and the step
+// it stopped in has no optimizer step. It was refused, but blamed on a missing optimizer step,
+// --grad-accum or skipped (NaN) steps; it is refused up front, saying what it is.
+void refuse_partial_trace(const json& events, const std::string& name) {
+  for (const json& e : events) {
+    if (!e.is_object() || !e.contains("ph") || e["ph"] != "M" || !e.contains("name") ||
+        e["name"] != "run_config" || !e.contains("args") || !e["args"].is_object()) {
+      continue;
+    }
+    const json& args = e["args"];
+    if (!args.contains("partial") || args["partial"] != true) return;
+    const auto value = [&](const char* key) {
+      return args.contains(key) ? args[key].dump() : std::string("?");
+    };
+    fail(
+        "{}: a partial trace (its run_config says \"partial\": true): the events of rank {} "
+        "of {} alone, written when the run stopped in step {}, which it holds cut short; not a "
+        "whole run to profile. Profile the trace of a run that finished its --trace-steps (draw "
+        "this one with benchmarks/plot/plot_trace.py)",
+        name, value("rank"), value("world_size"), value("stopped_in_step"));
+  }
+}
+
 }  // namespace
 
 ComputeProfile profile_from_trace(const std::string& path, const TraceProfileOptions& options) {
@@ -498,6 +522,8 @@ ComputeProfile profile_from_trace_text(const std::string& text, const std::strin
         "nanoddp-train --trace",
         name);
   }
+
+  refuse_partial_trace(doc["traceEvents"], name);
 
   std::set<int> ranks;
   std::set<int> ranks_with_events;  // spans or instants, not only metadata

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -19,8 +21,10 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "support/background_process.h"
 #include "support/subprocess.h"
 
 using namespace nanoddp::testing;
@@ -1216,6 +1220,168 @@ TEST_CASE("plot_trace.py: --compare summarises each run apart") {
 
 // RFC 8259 lets a parser skip a leading byte order mark, and nanoddp-sim did; the script refused
 // it ("Unexpected UTF-8 BOM"). Both read it now.
+// nanoddp-train writes T.rankR.partial.json, its own events, when a run stops inside its traced
+// steps. Drawn as a whole one-rank trace, its only whole step was drawn, silently: not where it
+// stopped. A real one: a NaN stop in step 2 (the loss of --lr 1e30), so its step 2 has a forward
+// and backward but no optimizer step.
+TEST_CASE("plot_trace.py: a partial trace says so and draws the step its run stopped in") {
+  const std::string py = python();
+  TempDir dir;
+  const ProcessResult train =
+      run_process({bin_path("nanoddp-train"), "--steps", "50", "--log-every", "1", "--optimizer",
+                   "sgd", "--lr", "1e30", "--trace", dir.file("n.json"), "--trace-steps", "20"},
+                  quick());
+  INFO(train.output);
+  REQUIRE(train.exit_code != 0);
+  const std::string partial = dir.file("n.rank0.partial.json");
+  REQUIRE(fs::is_regular_file(partial));
+  const nlohmann::json config = nlohmann::json::parse(read_text(partial))["traceEvents"][0];
+  REQUIRE(config["name"] == "run_config");
+  REQUIRE(config["args"]["stopped_in_step"] == 2);
+
+  const ProcessResult r = plot_trace(py, {partial, "--out", dir.file("n.png")});
+  INFO(r.output);
+  check_chart(r, dir.file("n.png"));
+  const std::string said =
+      "partial trace: rank 0 of 1 alone, written when the run stopped in step 2";
+  CHECK(contains(r.output, said));
+  // The step it stopped in (was: step 1, the only one with an optimizer step), to its last event.
+  CHECK(contains(r.output, "timeline of step 2 of 2 recorded, where the run stopped: "));
+  CHECK(contains(r.output, "cut short: no optimizer step"));
+  CHECK(contains(r.output, "rank 0 stopped in step 2: its last event '"));
+  CHECK(contains(r.output, "last event (dashed line): rank 0's, "));
+  const std::string svg = read_text(dir.file("n.svg"));
+  CHECK(contains(svg, said));  // the chart's header says it too
+  // Its forward and backward drawn in full, no optimizer step, and nothing of step 1 (the window
+  // starts at step 2's data).
+  CHECK(svg_elements(svg, "bar.p0.compute.forward.").size() == 1);
+  CHECK(!svg_elements(svg, "bar.p0.compute.backward_linear.of.layers.0.").empty());
+  CHECK(svg_elements(svg, "bar.p0.compute.optimizer_step.").empty());
+
+  // --step 1 still draws the whole step before it; past the step it stopped in is refused.
+  const ProcessResult first = plot_trace(py, {partial, "--step", "1", "--out", dir.file("1.png")});
+  INFO(first.output);
+  CHECK(contains(first.output, "timeline of step 1 of 2 recorded, "));
+  CHECK(contains(first.output, "data excluded as in nanoddp-train's step_ms"));
+  CHECK(contains(first.output, said));
+  CHECK(!contains(first.output, "last event"));
+  CHECK(svg_elements(read_text(dir.file("1.svg")), "bar.p0.compute.optimizer_step.").size() == 1);
+  check_refused(py, {partial, "--step", "3", "--out", dir.file("3.png")},
+                "--step 3: " + partial +
+                    " is a partial trace of 2 step(s): 1..1 whole and 2, "
+                    "where the run stopped");
+  // A partial trace holds its rank's events alone: another pid's are refused (files joined).
+  std::string joined = read_text(partial);
+  joined.insert(joined.rfind(']'),
+                R"(, {"ph": "X", "name": "forward", "pid": 1, "tid": 0, "ts": 5, "dur": 1})");
+  write_file(dir.file("joined.json"), joined);
+  check_refused(py, {dir.file("joined.json"), "--out", dir.file("j.png")},
+                "('forward') is pid 1's, but the trace is partial, rank 0's events alone");
+}
+
+// A hung job stopped by its launcher: each rank writes its own partial trace, and the two drawn
+// on one time axis show where each was. Here a 2-rank run is stopped by a SIGTERM to nanoddp-run
+// (as a user stopping a hung job would), both ranks inside their traced steps.
+TEST_CASE("plot_trace.py: --compare draws two ranks of a stopped run on their one clock") {
+  using namespace std::chrono_literals;
+  const std::string py = python();
+  TempDir dir;
+  BackgroundProcess launcher({"/usr/bin/env", "NANODDP_TIMEOUT_S=4", bin_path("nanoddp-run"),
+                              "--nproc-per-node", "2", bin_path("nanoddp-train"), "--steps",
+                              "100000", "--log-every", "100000", "--trace", dir.file("t.json"),
+                              "--trace-steps", "100000"});
+  REQUIRE_MESSAGE(launcher.wait_for_output(
+                      [](const std::string& out) { return contains(out, " 1/100000"); }, 30s),
+                  launcher.output());
+  std::this_thread::sleep_for(1s);
+  launcher.send(SIGTERM);
+  const auto status = launcher.wait(30s);
+  INFO(launcher.output());
+  REQUIRE(status.has_value());
+  const std::string rank0 = dir.file("t.rank0.partial.json");
+  const std::string rank1 = dir.file("t.rank1.partial.json");
+  REQUIRE(fs::is_regular_file(rank0));
+  REQUIRE(fs::is_regular_file(rank1));
+  // Each rank's last event, in ms, from the files themselves.
+  const auto last_ms = [](const std::string& path) {
+    const nlohmann::json doc = nlohmann::json::parse(read_text(path));
+    double last = 0;
+    for (const auto& e : doc["traceEvents"]) {
+      if (e["ph"] == "M") continue;
+      last = std::max(last, e["ts"].get<double>() + e.value("dur", 0.0));
+    }
+    return last / 1000.0;
+  };
+  const auto stopped_in = [](const std::string& path) {
+    return nlohmann::json::parse(read_text(path))["traceEvents"][0]["args"]["stopped_in_step"]
+        .get<long>();
+  };
+
+  // As docs/reliability.md gives it: rank 1's file is the positional TRACE.json; drawn in rank
+  // order all the same.
+  const ProcessResult r =
+      plot_trace(py, {"--compare", rank0, rank1, "--out", dir.file("hang.png")});
+  INFO(r.output);
+  check_chart(r, dir.file("hang.png"));
+  CHECK(contains(r.output,
+                 "partial traces: rank 0 and rank 1 of 2, each alone, written when the "
+                 "run stopped in step"));
+  // Each rank labelled by its rank and how it stopped, with the step it stopped in as its window.
+  for (const auto& [rank, path] : {std::pair{0, rank0}, std::pair{1, rank1}}) {
+    CAPTURE(rank);
+    CHECK(contains(r.output, "rank " + std::to_string(rank) + ", stopped "));
+    CHECK(contains(r.output, "rank " + std::to_string(rank) + " stopped in step " +
+                                 std::to_string(stopped_in(path)) + ": its last event '"));
+    CHECK(contains(r.output, "step " + std::to_string(stopped_in(path)) + " of " +
+                                 std::to_string(stopped_in(path)) +
+                                 " recorded, where the run "
+                                 "stopped"));
+  }
+  const std::string svg = read_text(dir.file("hang.svg"));
+  const auto forward0 = svg_elements(svg, "bar.p0.compute.forward.");
+  const auto forward1 = svg_elements(svg, "bar.p1.compute.forward.");
+  REQUIRE(!forward0.empty());
+  REQUIRE(!forward1.empty());
+  CHECK(forward0.front().y1 < forward1.front().y0);  // rank 0's rows above rank 1's
+  CHECK(contains(r.output, "timeline of rank 0, stopped "));
+  CHECK(contains(svg, "partial traces: rank 0 and rank 1 of 2"));
+  CHECK(contains(svg, "t.rank0.partial.json and t.rank1.partial.json: "));
+  // One clock, not shifted: the gap between the ranks' last events is the files' own.
+  std::smatch m;
+  REQUIRE(std::regex_search(r.output, m,
+                            std::regex("last events \\(dashed lines\\): rank 0's, rank 1's, "
+                                       "([0-9.]+) ms (after|before) it")));
+  const double gap = last_ms(rank1) - last_ms(rank0);
+  CHECK(std::fabs(std::stod(m[1].str()) - std::fabs(gap)) <= 0.0051);
+  CHECK((m[2].str() == "after") == (gap >= 0));
+
+  // Not two ranks of one run: refused, naming what differs.
+  const auto edited = [&](const std::string& name, const std::string& key, int value) {
+    nlohmann::json doc = nlohmann::json::parse(read_text(rank1));
+    doc["traceEvents"][0]["args"][key] = value;
+    write_file(dir.file(name), doc.dump());
+    return dir.file(name);
+  };
+  check_refused(py, {rank0, "--compare", edited("restart.json", "restart", 1)},
+                "are partial traces of different runs (their run_config has restart 0 and 1)");
+  check_refused(py, {rank0, "--compare", edited("world.json", "world_size", 3)},
+                "are partial traces of different runs (their run_config has world_size 2 and 3)");
+  fs::copy_file(rank0, dir.file("again.json"));
+  check_refused(py, {rank0, "--compare", dir.file("again.json")},
+                "are both rank 0's partial traces");
+  nlohmann::json later = nlohmann::json::parse(read_text(rank1));
+  for (auto& e : later["traceEvents"]) {
+    if (e["ph"] != "M") e["ts"] = e["ts"].get<double>() + 3.6e9;  // an hour later
+  }
+  write_file(dir.file("later.json"), later.dump());
+  check_refused(py, {rank0, "--compare", dir.file("later.json")}, "do not overlap in time");
+  // A partial trace beside a whole one.
+  write_file(dir.file("whole.json"), crafted_trace(3));
+  check_refused(py, {dir.file("whole.json"), "--compare", rank1},
+                rank1 + " is a partial trace (one rank of a stopped run) and " +
+                    dir.file("whole.json") + " is not");
+}
+
 TEST_CASE("plot_trace.py: a trace with a UTF-8 byte order mark is drawn as without") {
   const std::string py = python();
   TempDir dir;

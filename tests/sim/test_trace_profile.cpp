@@ -728,6 +728,43 @@ TEST_CASE("trace profile: run_config is checked as plot_trace.py checks it") {
                        doctest::Contains("event 1 is a second 'run_config'"), SimError);
 }
 
+// nanoddp-train writes T.rankR.partial.json, a rank's own events, when a run stops inside its
+// traced steps; the step it stopped in has no optimizer step. It was refused for that, blamed on
+// --grad-accum or skipped (NaN) steps: said up front now, for what it is. A real one: a NaN stop
+// in step 2 (the loss of --lr 1e30).
+TEST_CASE("trace profile: a partial trace of a stopped run is refused for what it is") {
+  TempDir dir;
+  std::vector<std::string> args = train_args(dir.file("n.json"));
+  args.insert(args.end(), {"--optimizer", "sgd", "--lr", "1e30", "--log-every", "1"});
+  const ProcessResult run = run_process(args, quick());
+  INFO(run.output);
+  REQUIRE(run.exit_code != 0);
+  const std::string partial = dir.file("n.rank0.partial.json");
+  REQUIRE(std::filesystem::is_regular_file(partial));
+  const ProcessResult r = sim({"--profile", partial, "--gpus-per-node", "2"});
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  const std::string expected =
+      partial +
+      ": a partial trace (its run_config says \"partial\": true): the events of rank 0 of 1 "
+      "alone, written when the run stopped in step 2, which it holds cut short; not a whole run "
+      "to profile. Profile the trace of a run that finished its --trace-steps";
+  CHECK(r.output.find(expected) != std::string::npos);
+  CHECK(r.output.find("optimizer step") == std::string::npos);
+  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);  // one line
+  // Up front: before what else its run_config or spans would be refused for.
+  const std::string grad_accum =
+      R"({"traceEvents": [{"name":"run_config","ph":"M","pid":1,"args":{"batch":8,)"
+      R"("grad_accum":2,"first_step":1,"last_step":3,"restart":0,"partial":true,"rank":1,)"
+      R"("world_size":4,"stopped_in_step":3}},)"
+      R"({"name": "reduce-scatter bucket 0", "ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 1}]})";
+  CHECK_THROWS_WITH_AS(profile_from_trace_text(grad_accum, "g.json", {.rank = 1}),
+                       doctest::Contains("g.json: a partial trace (its run_config says "
+                                         "\"partial\": true): the events of rank 1 of 4 alone, "
+                                         "written when the run stopped in step 3"),
+                       SimError);
+}
+
 // The same spans with --zero-overlap-gather got through the ZeRO refusal (an outside tester's),
 // and the prediction took the gathers for "other" time.
 TEST_CASE("trace profile: every ZeRO span is refused, the overlapped all-gather's too") {

@@ -19,8 +19,10 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -433,6 +435,28 @@ class SilentRound {
   std::vector<Beat> beats_;
 };
 
+// "; of round R's nodes, node 1 (ADDR) left, node 2 (ADDR) was lost" for the nodes of ended
+// round `number` that will not come back by themselves; empty when none did.
+std::string departed(comm::Store& store, int number) {
+  if (!store.check({key(number, "closed")})) return {};
+  const std::vector<int> members = parse_members(store.get_string(key(number, "closed")));
+  std::vector<std::string> keys;
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    keys.push_back(key(number, fmt::format("left/{}", k)));
+    keys.push_back(key(number, fmt::format("lost/{}", k)));
+  }
+  const std::vector<std::string> texts = read_many(store, keys);
+  std::string text;
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    const bool left = !texts[2 * k].empty(), lost = !texts[2 * k + 1].empty();
+    if (!left && !lost) continue;
+    text += fmt::format("{}node {} ({}) {}", text.empty() ? "" : ", ", k,
+                        node_address(store, number, members, static_cast<int>(k)),
+                        lost ? "was lost" : "left");
+  }
+  return text.empty() ? text : fmt::format("; of round {}'s nodes, {}", number, text);
+}
+
 // Joins round `number` (or, arriving after it closed, the next ones) and returns it once node 0
 // has published its record. `arrived`: the index this node already has in round `number`.
 // `member`: whether this launcher took part in a round already (a newcomer that finds the job
@@ -466,7 +490,7 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
       bool moved = false;         // it has moved since this launcher first read it
     };
     std::vector<Watch> watches;
-    bool undecided = false;  // some arrival's liveness is not known yet
+    bool undecided = false;     // some arrival's liveness is not known yet
     double stale = kStaleWait;  // ten of this launcher's longest passes, at least kStaleWait
     const auto live_arrivals = [&](int count) {
       std::vector<int> live;
@@ -501,6 +525,10 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
     };
     std::optional<Clock::time_point> last_pass;
     SilentRound silent_previous;  // the round before, while it runs (this launcher a standby)
+    // A wait for too few nodes is said (what for, until when) once nobody could merely be
+    // slow, then every minute: it may last --rdzv-join-timeout (600 s by default), and an
+    // outside operator found a launcher waiting silently for a node that had exited for good.
+    auto next_report = Clock::now() + millis(o.heartbeat_timeout_s) + last_call;
     while (!store.check({key(number, "closed")})) {
       const auto pass = Clock::now();
       if (last_pass) {
@@ -557,6 +585,15 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
       }
       std::vector<int> live = live_arrivals(count);
       const int size = std::min(static_cast<int>(live.size()), o.nnodes);
+      if (settled && size < o.min_nodes && Clock::now() >= next_report) {
+        next_report = Clock::now() + 60s;
+        say("round {}: waiting for {} more node(s) (--nnodes {}:{}; {} here){}: a replacement, or "
+            "a node restarted with the same --rdzv-endpoint and --rdzv-id, until "
+            "--rdzv-join-timeout {} s ({:.0f} s left)",
+            number, o.min_nodes - size, o.min_nodes, o.nnodes, size,
+            number > 0 ? departed(store, number - 1) : std::string(), o.join_timeout_s,
+            o.join_timeout_s - std::chrono::duration<double>(Clock::now() - started).count());
+      }
       if (settled && !undecided &&
           (size >= o.nnodes || (size >= o.min_nodes && Clock::now() - last_arrival >= last_call))) {
         live.resize(static_cast<std::size_t>(size));
@@ -620,16 +657,26 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
   }
 }
 
+// Whether a round's end names a failure that another rank's caused (a local worker's "after a
+// communication failure" or "because rank R failed", launcher.cpp's cause_text): the rank that
+// failed on its own is elsewhere, perhaps on a node that died whole and will never say so.
+bool is_consequence(const std::string& reason) {
+  static const std::regex pattern(
+      ", (after a communication failure|because another rank failed|because rank [0-9]+ failed)$");
+  return std::regex_search(reason, pattern);
+}
+
 // Beats for this node and watches the others during one round, on a thread of its own with its
-// own store client (a blocking call on the main thread's client must not delay a beat).
+// own store client (a blocking call on the main thread's client must not delay a beat). After a
+// round that ended on a consequence, it lingers into the next round (linger()) until every other
+// node has been seen alive or lost, and names a lost node as the cause.
 class Monitor {
  public:
   Monitor(const comm::TcpStoreOptions& store_options, const std::string& prefix, const Round& round,
-          const RunOptions& o, const std::string& address, StopRequest& stop)
+          const RunOptions& o, const std::string& address)
       : address_(address),
         round_(round),
         o_(o),
-        stop_(stop),
         store_(prefix, std::make_shared<comm::TcpStore>(store_options)),
         thread_([this] { loop(); }) {}
   ~Monitor() {
@@ -641,8 +688,29 @@ class Monitor {
     thread_.join();
   }
 
+  // Ends this round's workers (run_round's RoundSpec::stop).
+  StopRequest& stop() { return stop_; }
   // A local worker failed; `usage`: with exit code 2 (a 'U' end, see usage_verdict()).
   void local_failure(const std::string& what, bool usage) { publish(usage ? 'U' : 'F', what); }
+  // A local worker failed because of another rank: another node's verdict may follow at once,
+  // so the round's end is read every kWaitPass instead of every interval until the round ends.
+  void hurry() {
+    {
+      const std::lock_guard lock(mutex_);
+      hurry_ = poke_ = true;
+    }
+    changed_.notify_all();
+  }
+  // The main thread has moved on to the next round: from now on this monitor only watches for
+  // a node of its round lost (to name it as the cause of a consequence end), and its loop ends
+  // once every other node is settled, or T + 2 intervals after the end (see lost_nodes()).
+  void linger() {
+    {
+      const std::lock_guard lock(mutex_);
+      lingering_ = poke_ = true;
+    }
+    changed_.notify_all();
+  }
   void local_done() {
     const std::lock_guard lock(mutex_);
     done_ = true;
@@ -739,15 +807,18 @@ class Monitor {
   void loop();
 
   const std::string address_;
-  const Round& round_;
+  const Round round_;  // a copy: the monitor may outlive the main thread's round (linger())
   const RunOptions& o_;
-  StopRequest& stop_;
+  StopRequest stop_;
   comm::PrefixStore store_;
   std::mutex mutex_;
   std::condition_variable changed_;
   bool quit_ = false;
   bool done_ = false;
   bool leaving_ = false;
+  bool hurry_ = false;
+  bool lingering_ = false;
+  bool poke_ = false;  // hurry() or linger() came: the loop's wait ends
   std::optional<int> next_index_;
   std::optional<std::string> pending_;
   bool published_ = false;  // pending_ is in the store
@@ -775,11 +846,12 @@ void Monitor::loop() {
   bool done_published = false, over_published = false;
   std::optional<End> end;
   std::optional<Clock::time_point> end_seen_at;  // when this launcher read the round's end
-  std::optional<int> arrived_next;  // this node's arrival index at the next round
-  constexpr int kNotTaken = -2;     // the next round closed without this node
-  int next_rank = -1;               // its node rank there, once known
-  std::string seen_changes = "?";   // "changes" at the last full look (never this text)
-  int watched = -1;                 // the node whose beat this one watches, if any
+  std::optional<int> arrived_next;               // this node's arrival index at the next round
+  constexpr int kNotTaken = -2;                  // the next round closed without this node
+  int next_rank = -1;                            // its node rank there, once known
+  std::string seen_changes = "?";  // "changes" at the last full look (never this text)
+  int watched = -1;                // the node whose beat this one watches, if any
+  bool cause_named = false;        // a lost node was named as the cause of a consequence end
   // Per node: its workers exited 0, it left, its workers have all ended, its beat, and the
   // verdict of the launcher that found it lost ("SECONDS NODE"), which the others take as theirs.
   static constexpr const char* kFields[] = {"done", "left", "over", "hb", "lost"};
@@ -815,7 +887,7 @@ void Monitor::loop() {
     int verdict_by = -1;
     const bool found_elsewhere =
         std::sscanf(text[4].c_str(), "%lf %d", &verdict_s, &verdict_by) == 2;
-    bool newly_lost = false;
+    bool newly_lost = false, newly_found_elsewhere = false;
     {
       const std::lock_guard lock(mutex_);
       if (lost && !lost_[k]) {
@@ -823,7 +895,7 @@ void Monitor::loop() {
         say("node {} ({}) is lost: no heartbeat for {:.1f} s", k, round_.members[k].address,
             silent);
       } else if (found_elsewhere && !lost_[k]) {
-        lost_[k] = true;
+        lost_[k] = newly_found_elsewhere = true;
         say("node {} ({}) is lost: no heartbeat for {:.1f} s, seen by node {}", k,
             round_.members[k].address, verdict_s, verdict_by);
       }
@@ -832,6 +904,20 @@ void Monitor::loop() {
     }
     if (newly_lost && !found_elsewhere) {
       store_.set(key(r, fmt::format("lost/{}", k)), fmt::format("{:.1f} {}", silent, me));
+    }
+    // The round ended on a failure another rank caused (its workers lost their peers), before
+    // a silent node could be found lost: that node is the cause. Said once per round, by every
+    // node (the first to say it records it in "cause"), while the next round already runs.
+    if ((newly_lost || newly_found_elsewhere) && end && end->kind == 'F' &&
+        is_consequence(end->reason) && !cause_named) {
+      cause_named = true;
+      const std::string cause =
+          set_once(store_, key(r, "cause"),
+                   fmt::format("node {} ({}) is lost: no heartbeat for {:.1f} s", k,
+                               round_.members[k].address, found_elsewhere ? verdict_s : silent));
+      say("round {} failed because {} (the failure that ended it, {}, is a consequence: its "
+          "workers lost their peers there)",
+          r, cause, end->reason);
     }
     if (lost && !end) {
       set_once(store_, key(r, "end"),
@@ -866,6 +952,7 @@ void Monitor::loop() {
       bool local_done = false, published = false, local_over = false;
       {
         const std::lock_guard lock(mutex_);
+        poke_ = false;
         pending = pending_;
         local_done = done_;
         published = published_;
@@ -980,9 +1067,18 @@ void Monitor::loop() {
     }
     std::unique_lock lock(mutex_);
     changed_.notify_all();
-    if (changed_.wait_for(
-            lock, heartbeat_interval(o_),
-            [this] { return quit_ || (pending_ && !published_) || (over_ && !over_written_); }) &&
+    if (lingering_ && end) {
+      bool settled = true;
+      for (int k = 0; k < n; ++k) settled = settled && (k == me || settled_[k]);
+      const auto until = *end_seen_at + millis(o_.heartbeat_timeout_s) + 2 * heartbeat_interval(o_);
+      if (settled || Clock::now() >= until) return;  // the next round's monitor beats now
+    }
+    const auto pass = hurry_ && !end ? kWaitPass : heartbeat_interval(o_);
+    if (changed_.wait_for(lock, pass,
+                          [this] {
+                            return quit_ || poke_ || (pending_ && !published_) ||
+                                   (over_ && !over_written_);
+                          }) &&
         quit_) {
       // The main thread moved on as soon as it saw the end, which this beat may have read
       // before local_over() came: "over" is written now, or a node still waiting out its grace
@@ -1002,6 +1098,57 @@ void Monitor::loop() {
   }
 }
 
+// A store refusal without its advice to set NANODDP_STORE_TOKEN, wrong for a port held by
+// another job's store.
+std::string without_advice(std::string refusal) {
+  if (const auto at = refusal.find(" (set NANODDP_STORE_TOKEN"); at != std::string::npos) {
+    refusal.resize(at);
+  }
+  return refusal;
+}
+
+// After this node lost the store mid-round ('X': its calls timed out, the store's launcher
+// stalled or the link broke) with restarts left: tries to reach it again until
+// --rdzv-join-timeout, a request at a time (each waits up to the client's timeout), as
+// torchrun's agent retries its store. The round is ended there with the reason (the others
+// would otherwise find this node lost only after T); the caller then joins the next round.
+void reach_store_again(comm::Store& store, const Round& round, const std::string& address,
+                       const std::string& why, const RunOptions& o, SignalInbox& signals) {
+  say("round {}: {}; this node's workers are stopped. Trying to reach the store again for up to "
+      "--rdzv-join-timeout {} s, to join the next round (restarts used {} of {})",
+      round.number, why, o.join_timeout_s, round.restarts_used, o.max_restarts);
+  const auto until = Clock::now() + millis(o.join_timeout_s);
+  for (;;) {
+    for (const int signo : signals.drain()) {
+      if (signo == SIGCHLD) continue;
+      throw JobEnds(128 + signo, fmt::format("got {} while trying to reach the rendezvous "
+                                             "store again",
+                                             signal_name(signo)));
+    }
+    try {
+      set_once(store, key(round.number, "end"),
+               fmt::format("F|node {} ({}) {}", round.node_rank, address, why));
+      say("reached the rendezvous store again: joining round {}", round.number + 1);
+      return;
+    } catch (const comm::StoreError& e) {
+      // A refused connection: the store's host answers, and nothing listens on the port; its
+      // launcher has exited (killed, or ended) and no other can serve the job's store. Only a
+      // store that does not answer (stopped, swapping, a link down) may come back.
+      if (std::string_view(e.what()).find("connection refused") != std::string_view::npos) {
+        throw JobEnds(1, fmt::format("{}; the launcher serving it has exited (connection "
+                                     "refused at {}): start the job again",
+                                     why, o.rdzv_endpoint));
+      }
+      if (Clock::now() >= until) {
+        throw JobEnds(1, fmt::format("{}; and could not reach it again within "
+                                     "--rdzv-join-timeout {} s: {}",
+                                     why, o.join_timeout_s, e.what()));
+      }
+      std::this_thread::sleep_for(5 * kWaitPass);
+    }
+  }
+}
+
 }  // namespace
 
 int run_elastic(const LaunchPlan& plan) {
@@ -1011,12 +1158,15 @@ int run_elastic(const LaunchPlan& plan) {
   const Endpoint endpoint = parse_endpoint(o.rdzv_endpoint);
   const std::string address = local_address_towards(endpoint.host);
   std::unique_ptr<comm::TcpStoreServer> server;
+  std::optional<std::string> bind_error;  // the port is held on this machine: by whom?
   if (is_local_address(endpoint.host)) {
     try {
       server = std::make_unique<comm::TcpStoreServer>(comm::TcpStoreOptions{
           .host = endpoint.host, .port = static_cast<std::uint16_t>(endpoint.port)});
     } catch (const comm::StoreError&) {
-      // Another launcher on this machine serves it.
+      // Another launcher on this machine serves it, or a stranger holds the port. (The
+      // store's own hint names MASTER_PORT, the workers' setting: not repeated.)
+      bind_error = "address already in use";
     }
   }
   // Which store and job this launcher is part of, before anything can keep it waiting.
@@ -1025,9 +1175,12 @@ int run_elastic(const LaunchPlan& plan) {
         "other launchers connect to it)",
         o.rdzv_id, o.rdzv_endpoint);
   } else {
-    say("job '{}': a client of the rendezvous store on {} (another launcher serves it; "
-        "waiting up to --rdzv-join-timeout {} s to reach it)",
-        o.rdzv_id, o.rdzv_endpoint, o.join_timeout_s);
+    say("job '{}': a client of the rendezvous store on {} ({}; waiting up to "
+        "--rdzv-join-timeout {} s to reach it)",
+        o.rdzv_id, o.rdzv_endpoint,
+        bind_error ? "its port is held on this machine: by another launcher, if it answers as one"
+                   : "another launcher serves it",
+        o.join_timeout_s);
   }
   const comm::TcpStoreOptions client_options{
       .host = endpoint.host,
@@ -1042,6 +1195,19 @@ int run_elastic(const LaunchPlan& plan) {
   // so a signal meanwhile ends the wait at once. Later requests wait a heartbeat.
   std::shared_ptr<comm::TcpStore> client;
   const auto connect_until = Clock::now() + millis(o.join_timeout_s);
+  // On the endpoint's own host the port is held by a process that is already listening: a
+  // launcher's store answers its handshake at once. One that does not for kForeignPort is not
+  // a nanoddp-run rendezvous store (a silent listener, another protocol), and waiting
+  // --rdzv-join-timeout for it would only delay the same error (an outside operator's).
+  constexpr auto kForeignPort = 3s;
+  const auto foreign_after = Clock::now() + kForeignPort;
+  const auto foreign = [&](const std::string& answer) {
+    say("error: port {} on {} (--rdzv-endpoint {}) is in use by a process that is not a "
+        "nanoddp-run rendezvous store ({}; {}). Stop that process (`ss -ltnp 'sport = :{}'` "
+        "names it), or give every launcher of this job another --rdzv-endpoint port",
+        endpoint.port, endpoint.host, o.rdzv_endpoint, *bind_error, answer, endpoint.port);
+    return 1;
+  };
   for (;;) {
     for (const int signo : signals.drain()) {
       if (signo == SIGCHLD) continue;
@@ -1057,9 +1223,24 @@ int run_elastic(const LaunchPlan& plan) {
       client->set_timeout(client_options.timeout);
       break;
     } catch (const comm::StoreRefused& e) {
-      say("error: the rendezvous store at {} (--rdzv-endpoint): {}", o.rdzv_endpoint, e.what());
+      // A nanoddp store with a token this launcher lacks: on this machine, with the port taken,
+      // most likely another job's workers' store (its token is random), not this job's.
+      if (bind_error) {
+        return foreign(
+            fmt::format("it is a nanoddp store that refused this launcher, such as "
+                        "another job's workers' store: {}",
+                        without_advice(e.what())));
+      }
+      say("error: the rendezvous store at {} (--rdzv-endpoint): {} (if it is this job's "
+          "rendezvous store, give every launcher the same NANODDP_STORE_TOKEN, or none; if it "
+          "is another job's store, give this job another --rdzv-endpoint port)",
+          o.rdzv_endpoint, e.what());
       return 1;
     } catch (const comm::StoreError& e) {
+      if (bind_error && Clock::now() >= foreign_after) {
+        return foreign(fmt::format("it did not complete a store handshake within {} s: {}",
+                                   kForeignPort.count(), e.what()));
+      }
       if (Clock::now() < connect_until) continue;
       say("error: cannot reach the rendezvous store at {} (--rdzv-endpoint) within "
           "--rdzv-join-timeout {} s: is nanoddp-run running on {} with the same "
@@ -1112,6 +1293,8 @@ int run_elastic(const LaunchPlan& plan) {
   int exit_code = 0;
   int last_round = -1, last_node = 0;
   std::optional<int> next_index;  // this node's arrival at round `number`, if made already
+  // The last round's monitor, lingering after a consequence end to name a lost node (linger()).
+  std::unique_ptr<Monitor> previous;
   try {
     for (int number = 0;;) {
       const Round round = join(store, number, address, o, next_index, signals, last_round >= 0);
@@ -1129,8 +1312,8 @@ int run_elastic(const LaunchPlan& plan) {
       say("round {}: node {} of {} (ranks {}..{} of {}), restarts used {} of {}", round.number,
           round.node_rank, round.members.size(), offset, offset + o.nproc_per_node - 1, world,
           round.restarts_used, o.max_restarts);
-      StopRequest stop;
-      Monitor monitor(client_options, prefix, round, o, address, stop);
+      auto watch = std::make_unique<Monitor>(client_options, prefix, round, o, address);
+      Monitor& monitor = *watch;
       const RoundSpec spec{.node_rank = round.node_rank,
                            .rank_offset = offset,
                            .world_size = world,
@@ -1139,12 +1322,14 @@ int run_elastic(const LaunchPlan& plan) {
                            .store_token = round.token,
                            .restart_count = round.number,
                            .label = fmt::format("round {}", round.number),
-                           .stop = &stop,
-                           .on_failure = [&](const std::string& what, int code) {
-                             monitor.local_failure(
-                                 fmt::format("node {} ({}): {}", round.node_rank, address, what),
-                                 code == kUsageExitCode);
-                           }};
+                           .stop = &monitor.stop(),
+                           .on_failure =
+                               [&](const std::string& what, int code) {
+                                 monitor.local_failure(fmt::format("node {} ({}): {}",
+                                                                   round.node_rank, address, what),
+                                                       code == kUsageExitCode);
+                               },
+                           .on_settle = [&] { monitor.hurry(); }};
       const AttemptOutcome outcome = run_round(plan, spec, signals);
       if (outcome.outcome == Outcome::kInterrupted) {
         monitor.leave();
@@ -1174,22 +1359,45 @@ int run_elastic(const LaunchPlan& plan) {
         say("round {}: every node's workers exited 0", round.number);
         break;
       }
-      if (end.kind == 'X') throw JobEnds(1, end.reason);
+      if (end.kind == 'X') {
+        if (round.restarts_used >= o.max_restarts) throw JobEnds(1, end.reason);
+        // The store's launcher may only have stalled (SIGSTOP, swapping): while restarts remain,
+        // this node tries to reach it again and joins the next round, as a lost node that came
+        // back would (the others find it lost after T, or read the end it writes on return).
+        number = round.number + 1;
+        next_index.reset();
+        previous.reset();
+        reach_store_again(store, round, address, end.reason, o, signals);
+        continue;
+      }
       if (end.kind == 'F' && round.restarts_used >= o.max_restarts) {
+        // A round that ended on a consequence (this node's workers lost their peers) was caused
+        // by the node lost, if one is: named first.
         std::string lost;
         for (const int k : monitor.lost_nodes()) {
-          lost += fmt::format("; node {} ({}) is lost", k, round.members[k].address);
+          lost += fmt::format("{}node {} ({}) is lost", lost.empty() ? "" : "; ", k,
+                              round.members[k].address);
         }
+        const std::string why =
+            lost.empty() ? end.reason
+            : is_consequence(end.reason)
+                ? fmt::format("{} (and, as a consequence, {})", lost, end.reason)
+                : fmt::format("{}; {}", end.reason, lost);
         exit_code = outcome.outcome == Outcome::kFailed ? outcome.exit_code : 1;
-        throw JobEnds(exit_code, fmt::format("round {} ended: {}{}; no restarts left "
+        throw JobEnds(exit_code, fmt::format("round {} ended: {}; no restarts left "
                                              "(--max-restarts {})",
-                                             round.number, end.reason, lost, o.max_restarts));
+                                             round.number, why, o.max_restarts));
       }
       say("round {} ended: {}; {}", round.number, end.reason,
           end.kind == 'F' ? fmt::format("restart {} of {}", round.restarts_used + 1, o.max_restarts)
                           : std::string("the next round takes it in"));
       number = round.number + 1;
       next_index = monitor.next_index();
+      // Recovery does not wait for the cause: when the end was a consequence (this node's
+      // workers lost their peers) and a node of the round is silent, the monitor names it lost
+      // while the next round forms and runs (at most T + 2 intervals after the end).
+      monitor.linger();
+      previous = std::move(watch);
     }
   } catch (const JobEnds& e) {
     if (e.code == 0) {
@@ -1202,6 +1410,7 @@ int run_elastic(const LaunchPlan& plan) {
     say("error: {}", e.what());
     exit_code = 1;
   }
+  previous.reset();  // its connection would hold the server's wait below
   // Leaving: not lost. The launcher serving the store stays until every other connection to it
   // has closed, so no launcher loses the store while it finishes: the last round's nodes
   // (which need not include this one) write their last beats and "left", and the launchers

@@ -147,6 +147,12 @@ class Attempt {
   // How long a worker that failed because another rank did waits, at most, for the rank that
   // failed first to exit on its own (consider_failures()).
   static constexpr std::chrono::seconds kSettle{3};
+  // The same in elastic rounds for a bare communication failure (no rank named: a peer's
+  // process or node went away). A peer that failed on its own is reported by its launcher at
+  // once, so its verdict arrives within this; a node that died whole never reports, and
+  // waiting kSettle for it only delayed the recovery (an outside operator measured the round's
+  // end at 3.0-3.1 s after a kill, every time). Its loss is named later, from its silence.
+  static constexpr std::chrono::milliseconds kCommSettle{500};
   void handle_signals();
   void poll_once();
   void reap();
@@ -166,11 +172,11 @@ class Attempt {
   std::vector<Worker> workers_;
 
   bool stopping_ = false;
-  bool killed_ = false;               // SIGKILL sent to every group
-  Clock::time_point killed_at_;       // when
-  Clock::time_point deadline_;        // of the grace period, while stopping
-  int launcher_signal_ = 0;           // the first SIGINT/SIGTERM/SIGHUP the launcher got
-  int first_failed_ = -1;             // index into workers_
+  bool killed_ = false;          // SIGKILL sent to every group
+  Clock::time_point killed_at_;  // when
+  Clock::time_point deadline_;   // of the grace period, while stopping
+  int launcher_signal_ = 0;      // the first SIGINT/SIGTERM/SIGHUP the launcher got
+  int first_failed_ = -1;        // index into workers_
   // Workers that failed on their own (not stopped by this launcher), in the order they were
   // reaped, until one is named as the first to fail; with their error files and exit times.
   ErrorFolder errors_;
@@ -348,7 +354,11 @@ void Attempt::reap() {
         record = common::FailureRecord{.time_ns = realtime_ns()};  // when it was seen to exit
       } else if (record->caused_by_peer) {
         w.result.cause = cause_text(*record, w.result.rank);
-        if (failed_.empty()) settle_until_ = Clock::now() + kSettle;
+        if (failed_.empty()) {
+          const bool bare = round_.stop != nullptr && !record->peer_rank;
+          settle_until_ = Clock::now() + (bare ? Clock::duration(kCommSettle) : kSettle);
+          if (round_.on_settle) round_.on_settle();
+        }
       }
       w.result.message = record->message;
       records_[i] = std::move(record);
@@ -412,7 +422,9 @@ void Attempt::consider_failures() {
   say("rank {} (pid {}) failed: {}; stopping the other workers (SIGTERM, SIGKILL after {} s)",
       w.rank, w.pid, describe(w), options_.grace_period_s);
   if (round_.on_failure && !ended_) {
-    round_.on_failure(fmt::format("rank {} failed: {}", w.rank, describe(w)), exit_code_of(w));
+    round_.on_failure(fmt::format("rank {} failed: {}{}", w.rank, describe(w),
+                                  w.cause.empty() ? std::string() : ", " + w.cause),
+                      exit_code_of(w));
   }
   begin_stop(SIGTERM);
 }
@@ -562,11 +574,17 @@ AttemptOutcome Attempt::finish(Clock::time_point started) {
   }
   if (first_failed_ >= 0) {
     WorkerResult& first = results[static_cast<std::size_t>(first_failed_)];
-    first.failed_first = true;
+    // In elastic rounds a local rank that failed because of another is not marked as the one
+    // that failed first: that rank is on another node (which may be lost, and is named when
+    // its silence shows it), not here.
+    const auto& record = records_[static_cast<std::size_t>(first_failed_)];
+    const bool consequence = round_.stop != nullptr && record && record->caused_by_peer;
+    first.failed_first = !consequence;
     say("{} failed after {:.1f} s", round_.label, seconds);
     Console::err().write(result_table(results), false);
-    say("rank {} (pid {}) failed first: {}{}{}", first.rank, first.pid, describe(first),
-        first.cause.empty() ? std::string() : ", " + first.cause,
+    say("rank {} (pid {}) failed {}: {}{}{}", first.rank, first.pid,
+        consequence ? "first on this node, as a consequence of a failure on another node" : "first",
+        describe(first), first.cause.empty() ? std::string() : ", " + first.cause,
         first.message.empty() ? std::string() : ": " + one_line(first.message));
     return {Outcome::kFailed, exit_code_of(first), {}};
   }

@@ -55,8 +55,13 @@ struct RoundSpec {
   std::string label;  // "attempt 1 of 2", "round 3": in messages and log headers
   const StopRequest* stop = nullptr;
   // Called once, at the first local worker that fails, with what happened to it ("rank 3
-  // failed: exit code 1") and its exit code (exit_code_of: 128 + S for a signal).
+  // failed: exit code 1", followed by ", after a communication failure" or ", because rank R
+  // failed" when the worker said another rank's failure caused its own) and its exit code
+  // (exit_code_of: 128 + S for a signal).
   std::function<void(const std::string&, int exit_code)> on_failure;
+  // Elastic rounds: called when a local worker failed because of another rank and the launcher
+  // waits for another node's verdict (the elastic agent then reads the round's end often).
+  std::function<void()> on_settle;
 };
 
 enum class Outcome { kSucceeded, kFailed, kInterrupted, kEnded };

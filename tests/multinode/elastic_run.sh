@@ -164,7 +164,9 @@ fi
 # 4. --nnodes 1:2, the link cut (nothing is killed): node 0 (the store's side) declares node 1
 # lost by its heartbeat and goes on alone; node 1 loses the store and ends non-zero.
 for node in 0 1; do
-  run_on $node cut --nnodes 1:2 --max-restarts 3 $(job cut)
+  # Node 1, which loses the store, tries to reach it again for --rdzv-join-timeout (the link
+  # might come back); kept short here.
+  run_on $node cut --nnodes 1:2 --max-restarts 3 --rdzv-join-timeout 8 $(job cut)
   pids[$node]=$started
 done
 wait_for_checkpoint "$work/ckpt-cut" "$work"/cut-?.log && ip -n "$ns_a" link set "$veth_a" down

@@ -165,8 +165,7 @@ void check_in(Distributed& dist, std::chrono::milliseconds timeout) {
     // operator read "another process (pid P)" printed by pid P itself).
     const std::string why = fmt::format(
         "RANK={} was given to two processes: {} claimed it first, then {}. Give every process "
-        "its own RANK (0..{}); with a launcher on each node, each node its own --node-rank "
-        "(torchrun: --node_rank).",
+        "its own RANK (0..{}); with a launcher on each node, each node its own node rank.",
         world.rank, std::string(holder.begin(), holder.end()), me, world.world_size - 1);
     raise(why);
     dist.abandon_setup();

@@ -204,7 +204,7 @@ TEST_CASE("bad input: a RANK given twice is refused, naming it, not blamed on a 
   // Each says the same two processes, in words true for both (the holder read "another process
   // (pid P)" about itself: an outside operator's).
   const std::regex pair("RANK=1 was given to two processes: \\S+ pid ([0-9]+) claimed it first, "
-                        "then \\S+ pid ([0-9]+)\\. .*each node its own --node-rank");
+                        "then \\S+ pid ([0-9]+)\\. .*each node its own node rank");
   std::set<std::string> said;
   for (const auto& r : results) {
     CHECK_FALSE(contains(r.output, "never joined"));

@@ -181,13 +181,13 @@ Tensor Trainer::count_correct(const Tensor& logits) const {
   return count;
 }
 
-void Trainer::write_trace_now(std::int64_t last_traced_step) {
+void Trainer::write_trace_now(std::int64_t last_traced_step, std::vector<std::string> all) {
   last_traced_step_ = last_traced_step;
   // On rank 0, which writes it, a SIGTERM waits until the file is in place (or rescued), as at
   // the end of the run.
   std::optional<HeldSignals> held;
   if (is_main()) held.emplace();
-  trace_outcome_ = write_trace();
+  trace_outcome_ = write_trace(std::move(all));
   if (!trace_outcome_->empty() && is_main()) {
     fmt::print(stderr,
                "nanoddp-train: warning: {}; training goes on, and the run ends with this error "
@@ -197,6 +197,17 @@ void Trainer::write_trace_now(std::int64_t last_traced_step) {
   }
 }
 
+// Said, not left to be found missing (an outside tester's NaN stop inside the window), once,
+// by rank 0, from the main thread or SignalDump's.
+void Trainer::note_trace_not_written() const {
+  if (!is_main() || trace_not_written_noted_.exchange(true)) return;
+  fmt::print(stderr,
+             "nanoddp-train: note: --trace '{}' was not written: the run stopped before its "
+             "traced steps were done (it is written after step {})\n",
+             o_.trace_path, std::min(start_step_ + o_.trace_steps, steps_));
+  std::fflush(stderr);
+}
+
 int Trainer::run() {
   try {
     return run_steps();
@@ -204,14 +215,7 @@ int Trainer::run() {
     // A failed rank 0 does not hold the store up for peers that may be dead (~Distributed).
     if (dist_) dist_->abandon();
     if (tracer_ && !trace_outcome_) {
-      // Said, not left to be found missing (an outside tester's NaN stop inside the window).
-      if (is_main()) {
-        fmt::print(stderr,
-                   "nanoddp-train: note: --trace '{}' was not written: the run stopped before its "
-                   "traced steps were done (it is written after step {})\n",
-                   o_.trace_path, std::min(start_step_ + o_.trace_steps, steps_));
-        std::fflush(stderr);
-      }
+      note_trace_not_written();
       if (step_ > start_step_) write_partial_trace("stopped");
     }
     throw;
@@ -243,6 +247,7 @@ int Trainer::run_steps() {
     if (tracing) trace_scope.emplace(tracer_.get());
     if (tracing && !signal_dump) {
       signal_dump.emplace([this](int signal_number) {
+        note_trace_not_written();
         write_partial_trace(fmt::format("got SIG{}", sigabbrev_np(signal_number)));
       });
     }
@@ -257,8 +262,12 @@ int Trainer::run_steps() {
       // which is not traced: they are waited for here, so that the trace holds them.
       if (o_.zero_overlap_gather) wait_for_parameters();
       trace_scope.reset();
-      signal_dump.reset();  // the whole trace is written now
-      write_trace_now(step);
+      // The ranks hand their events to rank 0 while a signal still writes this rank's own: a
+      // peer stuck here held rank 0 for NANODDP_TIMEOUT_S, its signals held for a write that
+      // had not begun, and a launcher's SIGKILL then left no trace at all (an outside tester's).
+      std::vector<std::string> all = gather_trace_events();
+      signal_dump.reset();  // rank 0 now writes the whole trace, its signals held meanwhile
+      write_trace_now(step, std::move(all));
     }
     const bool log_now = is_log_step(step);
     if (!log_now) continue;

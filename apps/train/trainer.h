@@ -144,12 +144,16 @@ class Trainer {
   void check_same_newest_checkpoint(const std::string& newest);
   // --trace: every rank's events, written by rank 0, as soon as the traced steps are done (a
   // run killed later keeps its trace). "" or the problem, kept for the end of the run.
-  std::string write_trace();
-  void write_trace_now(std::int64_t last_traced_step);
+  // Every rank's events, on rank 0 (a collective through the store; empty on the others).
+  std::vector<std::string> gather_trace_events();
+  std::string write_trace(std::vector<std::string> all);
+  void write_trace_now(std::int64_t last_traced_step, std::vector<std::string> all);
   // A run that stops inside its traced steps (`cause`: "stopped", "got SIGTERM"): each rank's
   // own events beside --trace, once; from the main thread or SignalDump's.
   void write_partial_trace(const std::string& cause) const noexcept;
   mutable std::atomic<bool> partial_trace_written_ = false;
+  void note_trace_not_written() const;
+  mutable std::atomic<bool> trace_not_written_noted_ = false;
   void warn_of_trace_size() const;            // after the first traced step, from its size
   std::atomic<std::int64_t> step_ = 0;        // the step being trained, once training started
   std::optional<std::string> trace_outcome_;  // set once the trace was written (or failed)

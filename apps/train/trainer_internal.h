@@ -34,4 +34,9 @@ std::string model_difference(const std::string& recorded, const std::string& cur
 // every rank fails together instead of one failing alone and the others waiting).
 std::string file_fingerprint(const std::string& path);
 
+// --trace T: where rank R writes what it traced when the run stops inside its traced steps
+// (T.rankR.partial.json), and the removal of such writes' leftovers from killed writers.
+std::string partial_trace_path(const std::string& trace_path, int rank);
+void remove_stale_partial_traces(const std::string& trace_path);
+
 }  // namespace nanoddp::train

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@
 
 #include "common/memory_report.h"
 #include "common/output_files.h"
+#include "common/rescue.h"
 #include "final_output.h"
 #include "nanoddp/config.h"
 #include "nanoddp/engine/host_sync.h"
@@ -368,16 +370,49 @@ void Trainer::warn_of_trace_size() const {
 // T.rankR.partial.json beside --trace T: what a hung job's ranks were doing when it stopped is
 // what a trace is most often asked for. --trace itself is left as it was. A device span that
 // never ended (a hung GPU) is left out rather than waited for.
+std::string partial_trace_path(const std::string& trace_path, int rank) {
+  std::string path = trace_path;
+  if (path.ends_with(".json")) path.resize(path.size() - 5);
+  return path + fmt::format(".rank{}.partial.json", rank);
+}
+
+// A writer killed mid-write (a second Ctrl-C: the launcher's SIGKILL) leaves its hidden
+// temporary, ".T.rankR.partial.json.tmp.HOST.PID.K", tens of megabytes that nothing listed (an
+// outside tester's): removed at the next run's start when its writer, on this host, is gone.
+void remove_stale_partial_traces(const std::string& trace_path) {
+  namespace fs = std::filesystem;
+  // ".T.rank": every rank's, by the name's part before its rank (built by append: GCC 12 warns
+  // falsely of an overlapping copy for "." + a substring).
+  const std::string name0 = fs::path(partial_trace_path(trace_path, 0)).filename().string();
+  std::string prefix(1, '.');
+  prefix.append(name0, 0, name0.rfind(".rank0.") + 5);
+  const fs::path folder = fs::path(trace_path).parent_path();
+  std::error_code ec;
+  const std::string host = nn::this_host();
+  for (const auto& entry : fs::directory_iterator(folder.empty() ? "." : folder, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix) || name.find(".partial.json.tmp.") == std::string::npos) {
+      continue;
+    }
+    const std::optional<nn::TemporaryWriter> writer = nn::temporary_writer(name);
+    if (!writer || writer->host != host || writer->pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<pid_t>(writer->pid), 0) != 0 && errno == ESRCH) {
+      std::error_code ignored;
+      fs::remove(entry.path(), ignored);
+    }
+  }
+}
+
 void Trainer::write_partial_trace(const std::string& cause) const noexcept {
   if (partial_trace_written_.exchange(true)) return;
   const std::int64_t step = step_;
-  std::string path = o_.trace_path;
-  if (path.ends_with(".json")) path.resize(path.size() - 5);
-  path += fmt::format(".rank{}.partial.json", rank_);
+  const std::string path = partial_trace_path(o_.trace_path, rank_);
   try {
     struct stat st {};
     if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-      throw std::runtime_error("it exists and is not a regular file; left as it is");
+      throw std::runtime_error(S_ISLNK(st.st_mode)
+                                   ? "it is a symbolic link; left as it is"
+                                   : "it exists and is not a regular file; left as it is");
     }
     std::size_t dropped = 0;
     const std::string events = tracer_->events_json(Tracer::Pending::kDrop, &dropped);
@@ -393,12 +428,31 @@ void Trainer::write_partial_trace(const std::string& cause) const noexcept {
     for (const std::string_view piece : Tracer::file_pieces(all)) {
       chunks.push_back(std::as_bytes(std::span(piece)));
     }
-    nn::write_file_atomically(path, chunks);
+    // Its folder was checked before step 1: one removed since (a clean-up job) is made again,
+    // and a write that fails goes to a rescue folder, as the whole trace's would (an outside
+    // tester lost both ranks' partial traces to a folder removed during the run).
+    std::string written = path;
+    try {
+      const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+      std::error_code ignored;
+      if (!folder.empty()) std::filesystem::create_directories(folder, ignored);
+      nn::write_file_atomically(path, chunks);
+    } catch (const std::exception& e) {
+      std::string problem;
+      const std::string name = std::filesystem::path(path).filename().string();
+      const std::string rescued = common::rescue(
+          [&](const std::string& into) { nn::write_file_atomically(into + "/" + name, chunks); },
+          &problem);
+      if (rescued.empty()) throw std::runtime_error(fmt::format("{}; {}", e.what(), problem));
+      written = rescued + "/" + name;
+      fmt::print(stderr, "nanoddp-train: warning: rank {} could not write '{}': {}\n", rank_, path,
+                 e.what());
+    }
     fmt::print(
         stderr,
         "nanoddp-train: note: rank {} {} in step {}, inside its traced steps: what it "
         "traced is in '{}' (this rank's events alone{})\n",
-        rank_, cause, step, path,
+        rank_, cause, step, written,
         dropped > 0 ? fmt::format("; {} device span(s) that never ended left out", dropped) : "");
   } catch (const std::exception& e) {
     try {  // on the way out of a failed run: nothing may replace its error
@@ -412,8 +466,7 @@ void Trainer::write_partial_trace(const std::string& cause) const noexcept {
   std::fflush(stderr);
 }
 
-std::string Trainer::write_trace() {
-  if (!tracer_) return {};
+std::vector<std::string> Trainer::gather_trace_events() {
   std::vector<std::string> all;  // each rank's events, on rank 0
   if (!distributed_) {
     all.push_back(tracer_->events_json());
@@ -442,6 +495,10 @@ std::string Trainer::write_trace() {
       }
     }
   }
+  return all;
+}
+
+std::string Trainer::write_trace(std::vector<std::string> all) {
   if (!is_main()) return {};
   // What the events alone do not say: nanoddp-sim checks a scaling baseline's batch with it;
   // the steps traced are the run's own numbers (a resumed or restarted run's first traced step

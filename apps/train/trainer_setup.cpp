@@ -260,7 +260,10 @@ void Trainer::set_up() {
       });
     }
   }
-  if (!o_.trace_path.empty()) tracer_ = std::make_unique<Tracer>(rank_);
+  if (!o_.trace_path.empty()) {
+    tracer_ = std::make_unique<Tracer>(rank_);
+    remove_stale_partial_traces(o_.trace_path);
+  }
   if (!o_.metrics_path.empty() && is_main()) open_metrics();
 }
 

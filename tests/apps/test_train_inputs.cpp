@@ -1383,6 +1383,40 @@ TEST_CASE("outputs: --trace and --save through a symlink write the file it point
 // An outside tester: the trace was written only at the end of the run, so a run killed (or
 // failing) after its traced steps lost them all, and a resumed run's trace said nothing of which
 // steps it held (a plot labelled steps 4501-4503 "step 1 of 3").
+// Outside testers': a folder removed during the run lost both ranks' partial traces (the whole
+// trace makes its folder again); a writer killed mid-write (a second Ctrl-C) left its hidden
+// temporary, tens of megabytes, for good.
+TEST_CASE("outputs: a partial trace remakes a removed folder, and a killed writer's leftover goes") {
+  TempDir dir;
+  const std::string out = dir.file("out");
+  fs::create_directory(out);
+  // A dead writer's temporary is removed at the start; a live one's (this test's) is left.
+  BackgroundProcess gone({"/bin/true"});
+  REQUIRE(gone.wait(std::chrono::seconds(10)).has_value());
+  const std::string host = nanoddp::nn::this_host();
+  const std::string dead =
+      out + fmt::format("/.t.rank0.partial.json.tmp.{}.{}.0", host, gone.pid());
+  const std::string live =
+      out + fmt::format("/.t.rank1.partial.json.tmp.{}.{}.0", host, ::getpid());
+  std::ofstream(dead) << "{";
+  std::ofstream(live) << "{";
+  BackgroundProcess trainer(train_argv({"--steps", kLongRun, "--log-every", kLongRun, "--trace",
+                                        out + "/t.json", "--trace-steps", kLongRun}));
+  REQUIRE_MESSAGE(trainer.wait_for_output([](const std::string& o) { return contains(o, "step "); },
+                                          std::chrono::seconds(60)),
+                  trainer.output());
+  CHECK_FALSE(fs::exists(dead));
+  CHECK(fs::exists(live));
+  fs::remove_all(out);
+  trainer.send(SIGTERM);
+  const auto status = trainer.wait(kLongRunEnd);
+  INFO(trainer.output());
+  REQUIRE(status.has_value());
+  CHECK(WIFSIGNALED(*status));
+  CHECK(contains(trainer.output(), "what it traced is in '" + out + "/t.rank0.partial.json'"));
+  CHECK(fs::is_regular_file(out + "/t.rank0.partial.json"));
+}
+
 TEST_CASE("outputs: --trace is written once its steps are done and names them") {
   TempDir dir;
   const auto run_config = [](const std::string& path) {

@@ -587,11 +587,14 @@ Round join(comm::Store& store, int number, const std::string& address, const Run
       const int size = std::min(static_cast<int>(live.size()), o.nnodes);
       if (settled && size < o.min_nodes && Clock::now() >= next_report) {
         next_report = Clock::now() + 60s;
-        say("round {}: waiting for {} more node(s) (--nnodes {}:{}; {} here){}: a replacement, or "
-            "a node restarted with the same --rdzv-endpoint and --rdzv-id, until "
+        say("round {}: waiting for {} more node(s) (--nnodes {}:{}; {} here){}: {}, until "
             "--rdzv-join-timeout {} s ({:.0f} s left)",
             number, o.min_nodes - size, o.min_nodes, o.nnodes, size,
-            number > 0 ? departed(store, number - 1) : std::string(), o.join_timeout_s,
+            number > 0 ? departed(store, number - 1) : std::string(),
+            number > 0 ? "a replacement, or a node restarted with the same --rdzv-endpoint and "
+                         "--rdzv-id"
+                       : "the job's other launchers (the same --rdzv-endpoint and --rdzv-id)",
+            o.join_timeout_s,
             o.join_timeout_s - std::chrono::duration<double>(Clock::now() - started).count());
       }
       if (settled && !undecided &&
@@ -1227,8 +1230,8 @@ int run_elastic(const LaunchPlan& plan) {
       // most likely another job's workers' store (its token is random), not this job's.
       if (bind_error) {
         return foreign(
-            fmt::format("it is a nanoddp store that refused this launcher, such as "
-                        "another job's workers' store: {}",
+            fmt::format("it answered and refused this launcher: another job's workers' store, "
+                        "or another protocol: {}",
                         without_advice(e.what())));
       }
       say("error: the rendezvous store at {} (--rdzv-endpoint): {} (if it is this job's "
@@ -1396,8 +1399,15 @@ int run_elastic(const LaunchPlan& plan) {
       // Recovery does not wait for the cause: when the end was a consequence (this node's
       // workers lost their peers) and a node of the round is silent, the monitor names it lost
       // while the next round forms and runs (at most T + 2 intervals after the end).
-      monitor.linger();
-      previous = std::move(watch);
+      // Only then: a node that ended the round itself (it lost the store, it left) goes on to
+      // the next round, and a lingering monitor took its silence in this one for a loss (an
+      // outside tester's "node 1 is lost" about a node running round 1).
+      if (end.kind == 'F' && is_consequence(end.reason)) {
+        monitor.linger();
+        previous = std::move(watch);
+      } else {
+        previous.reset();
+      }
     }
   } catch (const JobEnds& e) {
     if (e.code == 0) {

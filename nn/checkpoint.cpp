@@ -91,25 +91,6 @@ std::string optimizer_kind(const Optimizer& optimizer) {
   return d.substr(0, d.find('('));
 }
 
-// A writer killed in the middle of a checkpoint leaves its temporary file behind
-// (".step-N.safetensors.tmp.HOST.PID.K", see file_io.h): never listed as a checkpoint, but tens
-// of megabytes each. Remove those whose writer is dead; a live writer's (another process saving
-// into this directory) is left alone, and so is another host's, whose pids cannot be checked.
-void remove_stale_temporaries(const fs::path& dir) {
-  std::error_code ec;
-  const std::string host = this_host();
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!name.starts_with(".step-")) continue;
-    const std::optional<TemporaryWriter> writer = temporary_writer(name);
-    if (!writer || writer->host != host || writer->pid == static_cast<long>(::getpid())) continue;
-    if (::kill(static_cast<pid_t>(writer->pid), 0) != 0 && errno == ESRCH) {
-      std::error_code ignored;
-      fs::remove(entry.path(), ignored);
-    }
-  }
-}
-
 // "3,3,1": each count a number in [0, optimizer_steps].
 std::vector<std::int64_t> parse_param_steps(const std::string& path, const std::string& text,
                                             std::int64_t optimizer_steps) {
@@ -163,7 +144,9 @@ std::string save_checkpoint(const std::string& dir, const Module& model, const O
     }
     fail("cannot create the checkpoint directory '{}': {}", dir, ec.message());
   }
-  remove_stale_temporaries(dir);
+  // A killed writer's temporary (".step-N.safetensors.tmp.HOST.PID.K"): never listed as a
+  // checkpoint, but tens of megabytes.
+  remove_stale_temporaries(dir, ".step-");
 
   std::vector<HostTensor> tensors = gather(model, optimizer, optimizer_state);
   std::vector<SafetensorsEntry> entries;

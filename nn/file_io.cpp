@@ -1,6 +1,7 @@
 #include "nanoddp/nn/file_io.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -99,6 +100,21 @@ std::optional<TemporaryWriter> temporary_writer(const std::string& filename) {
   const auto [end, ec] = std::from_chars(pid.data(), pid.data() + pid.size(), writer.pid);
   if (ec != std::errc() || end != pid.data() + pid.size() || writer.pid <= 0) return std::nullopt;
   return writer;
+}
+
+void remove_stale_temporaries(const std::filesystem::path& dir, std::string_view prefix) {
+  std::error_code ec;
+  const std::string host = this_host();
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const std::optional<TemporaryWriter> writer = temporary_writer(name);
+    if (!writer || writer->host != host || writer->pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<pid_t>(writer->pid), 0) != 0 && errno == ESRCH) {
+      std::error_code ignored;
+      std::filesystem::remove(entry.path(), ignored);
+    }
+  }
 }
 
 std::int64_t shape_numel_checked(std::span<const std::int64_t> shape) {

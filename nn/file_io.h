@@ -47,6 +47,10 @@ struct TemporaryWriter {
   long pid = 0;
 };
 std::optional<TemporaryWriter> temporary_writer(const std::string& filename);
+// Removes the temporaries in `dir` whose name starts with `prefix` (".step-") and whose writer,
+// a process of this host, is gone: checkpoints' and traces' leftovers from killed writers. A live
+// writer's, this process's and another host's are left alone.
+void remove_stale_temporaries(const std::filesystem::path& dir, std::string_view prefix);
 std::string this_host();  // gethostname(), or "localhost"
 
 // At most the first `max_chars` characters of untrusted `text` (a file's header, a metadata

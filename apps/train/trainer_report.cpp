@@ -9,7 +9,6 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -387,20 +386,7 @@ void remove_stale_partial_traces(const std::string& trace_path) {
   std::string prefix(1, '.');
   prefix.append(name0, 0, name0.rfind(".rank0.") + 5);
   const fs::path folder = fs::path(trace_path).parent_path();
-  std::error_code ec;
-  const std::string host = nn::this_host();
-  for (const auto& entry : fs::directory_iterator(folder.empty() ? "." : folder, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!name.starts_with(prefix) || name.find(".partial.json.tmp.") == std::string::npos) {
-      continue;
-    }
-    const std::optional<nn::TemporaryWriter> writer = nn::temporary_writer(name);
-    if (!writer || writer->host != host || writer->pid == static_cast<long>(::getpid())) continue;
-    if (::kill(static_cast<pid_t>(writer->pid), 0) != 0 && errno == ESRCH) {
-      std::error_code ignored;
-      fs::remove(entry.path(), ignored);
-    }
-  }
+  nn::remove_stale_temporaries(folder.empty() ? fs::path(".") : folder, prefix);
 }
 
 void Trainer::write_partial_trace(const std::string& cause) const noexcept {
